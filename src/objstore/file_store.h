@@ -1,0 +1,18 @@
+// file://DIR: the embedded default ObjectStore, one file per key under DIR.
+// Thread-safe. Durable: Put writes a temp file under DIR/.weir-tmp, fsyncs it,
+// then link(2)s it into place (create-only: EEXIST -> kPreconditionFailed,
+// atomically) or rename(2)s it (overwrite), and fsyncs the parent directory
+// (and any directory it had to create). Keys whose first segment is ".weir-tmp"
+// are reserved and rejected.
+#pragma once
+
+#include <string>
+
+#include "objstore/object_store.h"
+
+namespace weir::objstore {
+
+// Creates DIR if missing. Fails if DIR cannot be created or is not writable.
+Result<std::shared_ptr<ObjectStore>> OpenFileStore(const std::string& dir);
+
+}  // namespace weir::objstore

@@ -1,0 +1,120 @@
+// Kafka RecordBatch v2 (magic 2): the chunk layout of every WAL slot and
+// segment. Kafka batches are stored as sent; other front-ends encode records
+// with EncodeRecordBatch. Stateless functions, thread-safe.
+//
+// Layout (big-endian), 61-byte header then the records:
+//   baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8 (=2)
+//   | crc uint32 (CRC-32C of everything from attributes to the end)
+//   | attributes int16 | lastOffsetDelta int32 | baseTimestamp int64 | maxTimestamp int64
+//   | producerId int64 | producerEpoch int16 | baseSequence int32 | recordCount int32
+//   | records...
+// Each record: length varint | attributes int8 | timestampDelta varint
+//   | offsetDelta varint | keyLength varint (-1 = null) | key | valueLength varint
+//   | value | headerCount varint | headers (keyLen varint, key, valueLen varint, value)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace weir::wal {
+
+inline constexpr size_t kRecordBatchHeaderSize = 61;
+inline constexpr int8_t kRecordBatchMagic = 2;
+inline constexpr int64_t kNoProducerId = -1;
+inline constexpr int16_t kNoProducerEpoch = -1;
+inline constexpr int32_t kNoSequence = -1;
+
+// attributes bits (Kafka): 0-2 compression, 3 timestamp type, 4 transactional, 5 control.
+inline constexpr int16_t kCompressionMask = 0x07;
+inline constexpr int16_t kTimestampLogAppendTime = 0x08;
+inline constexpr int16_t kTransactionalFlag = 0x10;
+inline constexpr int16_t kControlFlag = 0x20;
+
+struct RecordHeader {
+  std::string key;
+  std::optional<std::string> value;  // Kafka allows null header values
+};
+
+// One record as a front-end hands it over / a reader gets it back.
+struct Record {
+  int64_t timestamp = 0;               // Unix ms
+  std::optional<std::string> key;      // nullopt = null key
+  std::optional<std::string> value;    // nullopt = null value (a Kafka tombstone)
+  std::vector<RecordHeader> headers;
+};
+
+// The fixed fields of a batch header.
+struct BatchHeader {
+  int64_t base_offset = 0;
+  int32_t batch_length = 0;  // bytes after the batchLength field
+  int32_t partition_leader_epoch = 0;
+  int8_t magic = kRecordBatchMagic;
+  uint32_t crc = 0;
+  int16_t attributes = 0;
+  int32_t last_offset_delta = 0;
+  int64_t base_timestamp = 0;
+  int64_t max_timestamp = 0;
+  int64_t producer_id = kNoProducerId;
+  int16_t producer_epoch = kNoProducerEpoch;
+  int32_t base_sequence = kNoSequence;
+  int32_t record_count = 0;
+
+  size_t total_size() const { return 12 + static_cast<size_t>(batch_length); }
+  int64_t last_offset() const { return base_offset + last_offset_delta; }
+  int compression() const { return attributes & kCompressionMask; }
+};
+
+struct EncodeOptions {
+  int64_t base_offset = 0;
+  int32_t partition_leader_epoch = 0;
+  int64_t producer_id = kNoProducerId;
+  int16_t producer_epoch = kNoProducerEpoch;
+  int32_t base_sequence = kNoSequence;
+  int16_t attributes = 0;  // compression bits must be 0: EncodeRecordBatch writes uncompressed
+};
+
+// Appends one uncompressed batch holding `records` (offsets base_offset + i) to
+// *out. Fails with kInvalidArgument for an empty record list or compression bits.
+Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions& options, std::string* out);
+
+// Parses and checks the 61-byte header at the start of `data` (magic, length
+// bounds); does not verify the CRC.
+Result<BatchHeader> ParseBatchHeader(std::string_view data);
+
+// Parses the header and verifies the CRC of the first batch in `data`.
+// kCorruption names the field or CRC that failed.
+Result<BatchHeader> VerifyBatch(std::string_view data);
+
+// Decodes the records of one verified, uncompressed batch (kNotSupported for a
+// compressed one). Offsets are base_offset + offsetDelta of each record.
+struct DecodedRecord {
+  int64_t offset = 0;
+  Record record;
+};
+Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch);
+
+// Rewrites baseOffset and partitionLeaderEpoch in place (they are outside the CRC).
+void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
+
+// Walks a concatenation of batches, verifying each; calls fn(header, bytes) for
+// each. Stops at the first failure, naming the batch index and byte position.
+template <typename Fn>
+Status ForEachBatch(std::string_view data, Fn&& fn) {
+  size_t pos = 0;
+  size_t index = 0;
+  while (pos < data.size()) {
+    auto h = VerifyBatch(data.substr(pos));
+    if (!h.ok()) return h.status().WithContext("batch " + std::to_string(index) + " at byte " + std::to_string(pos));
+    WEIR_RETURN_IF_ERROR(fn(*h, data.substr(pos, h->total_size())));
+    pos += h->total_size();
+    ++index;
+  }
+  return Status::Ok();
+}
+
+}  // namespace weir::wal
