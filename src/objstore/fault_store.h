@@ -41,10 +41,12 @@ class FaultStore : public ObjectStore {
   FaultStore(std::shared_ptr<ObjectStore> inner, FaultOptions options);
   ~FaultStore() override;
 
-  Status Put(std::string_view key, std::string_view data, const PutOptions& options) override;
-  Result<std::string> Get(std::string_view key, std::optional<ByteRange> range) override;
+  // Same defaults as ObjectStore, so calls through a FaultStore& compile too.
+  Status Put(std::string_view key, std::string_view data, const PutOptions& options = {}) override;
+  Result<std::string> Get(std::string_view key, std::optional<ByteRange> range = std::nullopt) override;
   Result<ObjectInfo> Head(std::string_view key) override;
-  Result<ListPage> List(std::string_view prefix, std::string_view start_after, size_t max_keys) override;
+  Result<ListPage> List(std::string_view prefix, std::string_view start_after = {},
+                        size_t max_keys = 1000) override;
   Status Delete(std::string_view key) override;
   Status DeleteMany(std::span<const std::string> keys) override;
   std::string Describe() const override;

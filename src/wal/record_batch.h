@@ -98,7 +98,7 @@ struct DecodedRecord {
 };
 Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch);
 
-// Rewrites baseOffset and partitionLeaderEpoch in place (they are outside the CRC).
+// Rewrites baseOffset of the batch starting at byte pos, in place (it is outside the CRC).
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
 
 // Walks a concatenation of batches, verifying each; calls fn(header, bytes) for

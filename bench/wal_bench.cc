@@ -1,0 +1,177 @@
+#include "bench/wal_bench.h"
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "objstore/fault_store.h"
+#include "objstore/file_store.h"
+#include "objstore/mem_store.h"
+#include "wal/record_batch.h"
+#include "wal/writer.h"
+
+namespace weir::bench {
+
+namespace {
+
+// One appender: a thread that keeps up to `inflight` appends unacknowledged,
+// like a producer pipelining batches. Its counters are touched by the thread
+// and by the WAL's release callbacks.
+struct Appender {
+  std::mutex mu;
+  std::condition_variable cv;
+  int inflight = 0;
+  bool waiting = false;
+  std::atomic<uint64_t> failures{0};
+};
+
+}  // namespace
+
+Status RunWalBench(const WalBenchOptions& o) {
+  if (o.appenders < 1 || o.appenders > 4096) return InvalidArgument("--appenders must be 1..4096");
+  if (o.inflight < 1 || o.inflight > 100000) return InvalidArgument("--inflight must be 1..100000");
+  if (o.record_bytes < 1 || o.record_bytes > (4u << 20)) return InvalidArgument("--record-bytes must be 1..4194304");
+  if (o.duration_s <= 0) return InvalidArgument("--duration must be positive");
+
+  std::shared_ptr<objstore::ObjectStore> store;
+  std::string temp_dir;
+  if (o.store == "mem") {
+    store = objstore::NewMemStore();
+  } else if (o.store == "file") {
+    std::string dir = o.dir;
+    if (dir.empty()) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / "weir-bench-XXXXXX").string();
+      if (mkdtemp(tmpl.data()) == nullptr) return IOError("cannot create a temp dir for the file store");
+      dir = temp_dir = tmpl;
+    }
+    WEIR_ASSIGN_OR_RETURN(store, objstore::OpenFileStore(dir));
+  } else {
+    return InvalidArgument("--store must be mem or file, got \"{}\"", o.store);
+  }
+  if (o.put_latency_ms > 0) {
+    objstore::FaultOptions fo;
+    fo.put_latency = objstore::LatencySpec::Fixed(o.put_latency_ms);
+    store = std::make_shared<objstore::FaultStore>(store, fo);
+  }
+
+  wal::WriterOptions wo;
+  wo.node = "bench";
+  wo.epoch = 1;
+  wo.window = o.window;
+  wo.slot_cap_bytes = o.slot_cap_bytes;
+  wo.budget_bytes = o.budget_bytes;
+  wo.linger = std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(o.linger_ms));
+  WEIR_ASSIGN_OR_RETURN(auto writer, wal::Writer::Start(store, wo));
+
+  int streams = o.streams > 0 ? o.streams : o.appenders;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> acked{0};
+  std::vector<std::unique_ptr<Appender>> apps;
+  for (int i = 0; i < o.appenders; ++i) apps.push_back(std::make_unique<Appender>());
+  std::vector<std::thread> threads;
+  for (int i = 0; i < o.appenders; ++i) {
+    threads.emplace_back([&, i] {
+      Appender& a = *apps[static_cast<size_t>(i)];
+      std::mt19937_64 rng(static_cast<uint64_t>(i) + 1);
+      std::vector<wal::Record> recs(1);
+      recs[0].value = std::string(o.record_bytes, '\0');
+      for (char& c : *recs[0].value) c = static_cast<char>(rng());
+      recs[0].key = "k" + std::to_string(i);
+      uint64_t stream = static_cast<uint64_t>(i % streams);
+      int64_t offset = 0;
+      const int low_water = o.inflight / 2;
+      auto done = [&a, &acked, low_water](const Status& st, const wal::AckInfo&) {
+        (st.ok() ? acked : a.failures).fetch_add(1, std::memory_order_relaxed);
+        std::lock_guard lk(a.mu);
+        --a.inflight;
+        if (a.waiting && a.inflight <= low_water) a.cv.notify_one();
+      };
+      while (!stop.load(std::memory_order_relaxed)) {
+        {
+          std::unique_lock lk(a.mu);
+          if (a.inflight >= o.inflight) {
+            a.waiting = true;
+            a.cv.wait(lk, [&] { return a.inflight <= low_water || stop.load(); });
+            a.waiting = false;
+            if (stop.load()) break;
+          }
+          ++a.inflight;
+        }
+        wal::EncodeOptions eo;
+        eo.base_offset = offset++;
+        recs[0].timestamp = WallMillis();
+        std::string batch;
+        Status st = wal::EncodeRecordBatch(recs, eo, &batch);
+        if (st.ok()) st = writer->Append(stream, std::move(batch), done, Now() + std::chrono::seconds(60));
+        if (!st.ok()) {
+          a.failures.fetch_add(1);
+          std::lock_guard lk(a.mu);
+          --a.inflight;
+        }
+      }
+    });
+  }
+
+  auto& m = writer->metrics();
+  auto sleep_s = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
+  sleep_s(o.warmup_s);
+  m.ack_latency_ns.Reset();
+  uint64_t acked0 = acked.load(), slots0 = m.slots.load(), slot_bytes0 = m.slot_bytes.load();
+  TimePoint t0 = Now();
+  sleep_s(o.duration_s);
+  uint64_t acked1 = acked.load(), slots1 = m.slots.load(), slot_bytes1 = m.slot_bytes.load();
+  double elapsed = std::chrono::duration<double>(Now() - t0).count();
+  double p50 = static_cast<double>(m.ack_latency_ns.Quantile(0.50)) / 1e6;
+  double p99 = static_cast<double>(m.ack_latency_ns.Quantile(0.99)) / 1e6;
+  double p999 = static_cast<double>(m.ack_latency_ns.Quantile(0.999)) / 1e6;
+
+  stop.store(true);
+  for (auto& a : apps) {
+    std::lock_guard lk(a->mu);
+    a->cv.notify_all();
+  }
+  for (auto& t : threads) t.join();
+  writer->Close();
+  uint64_t failures = 0;
+  for (auto& a : apps) failures += a->failures.load();
+  if (!temp_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(temp_dir, ec);
+  }
+
+  double appends = static_cast<double>(acked1 - acked0);
+  double slots = static_cast<double>(slots1 - slots0);
+  nlohmann::json j;
+  j["appends_per_s"] = appends / elapsed;
+  j["mb_per_s"] = appends * static_cast<double>(o.record_bytes) / 1e6 / elapsed;
+  j["p50_ms"] = p50;
+  j["p99_ms"] = p99;
+  j["p999_ms"] = p999;
+  j["puts_per_s"] = slots / elapsed;
+  j["bytes_per_put"] = slots > 0 ? static_cast<double>(slot_bytes1 - slot_bytes0) / slots : 0.0;
+  j["store"] = o.store;
+  j["put_latency_ms"] = o.put_latency_ms;
+  j["appenders"] = o.appenders;
+  j["inflight"] = o.inflight;
+  j["record_bytes"] = o.record_bytes;
+  j["failures"] = failures;
+  j["stall_window"] = m.stall_window.load();
+  j["put_p50_ms"] = static_cast<double>(m.put_latency_ns.Quantile(0.5)) / 1e6;
+  j["put_p99_ms"] = static_cast<double>(m.put_latency_ns.Quantile(0.99)) / 1e6;
+  j["slot_entries_p50"] = m.slot_entries.Quantile(0.5);
+  j["stall_budget"] = m.stall_budget_uploads.load() + m.stall_budget_halted.load();
+  std::cout << j.dump() << std::endl;
+  if (failures > 0) return Internal("{} appends failed during the benchmark", failures);
+  return Status::Ok();
+}
+
+}  // namespace weir::bench

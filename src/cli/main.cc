@@ -1,0 +1,45 @@
+// The weir command line: `weir --version`, `weir bench wal ...`.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "bench/wal_bench.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"weir: an object-storage-native stream and table store"};
+  app.set_version_flag("--version", std::string("weir ") + WEIR_VERSION);
+  app.require_subcommand(1);
+
+  auto* bench = app.add_subcommand("bench", "Run a benchmark and print one JSON line");
+  bench->require_subcommand(1);
+  weir::bench::WalBenchOptions wal;
+  auto* wal_cmd = bench->add_subcommand("wal", "Drive the WAL writer with concurrent appenders");
+  wal_cmd->add_option("--store", wal.store, "Object store: mem or file")->check(CLI::IsMember({"mem", "file"}));
+  wal_cmd->add_option("--dir", wal.dir, "Directory for --store file (default: a temp dir, removed after)");
+  wal_cmd->add_option("--put-latency-ms", wal.put_latency_ms, "Injected fixed PUT latency in ms")
+      ->check(CLI::Range(0.0, 60000.0));
+  wal_cmd->add_option("--appenders", wal.appenders, "Concurrent appenders")->check(CLI::Range(1, 4096));
+  wal_cmd->add_option("--inflight", wal.inflight, "Unacknowledged appends per appender")
+      ->check(CLI::Range(1, 100000));
+  wal_cmd->add_option("--streams", wal.streams, "Distinct streams (default: one per appender)")
+      ->check(CLI::Range(0, 1000000));
+  wal_cmd->add_option("--record-bytes", wal.record_bytes, "Record value size in bytes")
+      ->check(CLI::Range(1, 4 << 20));
+  wal_cmd->add_option("--duration", wal.duration_s, "Measured seconds")->check(CLI::Range(0.1, 3600.0));
+  wal_cmd->add_option("--warmup", wal.warmup_s, "Warm-up seconds before measuring")->check(CLI::Range(0.0, 600.0));
+  wal_cmd->add_option("--linger-ms", wal.linger_ms, "WAL linger in ms")->check(CLI::Range(0.0, 10000.0));
+  wal_cmd->add_option("--window", wal.window, "Slots in flight")->check(CLI::Range(1, 1024));
+  wal_cmd->add_option("--slot-cap-bytes", wal.slot_cap_bytes, "Slot size cap");
+  wal_cmd->add_option("--budget-bytes", wal.budget_bytes, "Pool memory budget");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (wal_cmd->parsed()) {
+    weir::Status st = weir::bench::RunWalBench(wal);
+    if (!st.ok()) {
+      std::cerr << "weir bench wal: " << st.ToString() << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,538 @@
+// file://DIR: one regular file per key under DIR, published atomically from a
+// fsynced temp file in DIR/.weir-tmp.
+#include "objstore/file_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <system_error>
+#include <unordered_set>
+#include <utility>
+
+#include "objstore/internal.h"
+
+namespace weir::objstore {
+
+namespace {
+
+using internal::CatchAll;
+using internal::QuoteKey;
+
+constexpr std::string_view kTmpDirName = ".weir-tmp";
+constexpr size_t kMaxSegmentBytes = 255;  // NAME_MAX on the filesystems we target
+// Temp files older than this at open are leftovers of a crashed writer.
+constexpr auto kStaleTmpAge = std::chrono::hours(1);
+
+std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+Status ErrnoStatus(int err, std::string_view what, std::string_view path) {
+  return IOError("{} {}: {}", what, path, ErrnoText(err));
+}
+
+template <typename F>
+auto RetryEintr(F&& f) {
+  while (true) {
+    auto r = f();
+    if (r == -1 && errno == EINTR) continue;
+    return r;
+  }
+}
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  // Closes now; returns close(2)'s result (no retry: Linux closes even on EINTR).
+  int Close() { return ::close(std::exchange(fd_, -1)); }
+
+ private:
+  int fd_;
+};
+
+// Owns a DIR* from fdopendir.
+struct DirCloser {
+  void operator()(DIR* d) const { ::closedir(d); }
+};
+using DirPtr = std::unique_ptr<DIR, DirCloser>;
+
+Status WriteAll(int fd, std::string_view data, std::string_view path) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "write", path);
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
+Status Fsync(int fd, std::string_view path) {
+  if (RetryEintr([&] { return ::fsync(fd); }) != 0) return ErrnoStatus(errno, "fsync", path);
+  return Status::Ok();
+}
+
+Status FsyncDir(const std::string& path) {
+  Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); }));
+  if (!fd.valid()) return ErrnoStatus(errno, "open directory", path);
+  return Fsync(fd.get(), path);
+}
+
+std::string_view ParentOf(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string_view::npos) return {};
+  return slash == 0 ? path.substr(0, 1) : path.substr(0, slash);
+}
+
+// Whether `dir` (a prefix's directory part, "" or ending in '/') could name a
+// directory of keys: valid segments and not the reserved temp dir.
+bool IsListableDir(std::string_view dir) {
+  if (dir.empty()) return true;
+  dir.remove_suffix(1);  // the trailing '/'
+  if (dir.find('\0') != std::string_view::npos) return false;
+  if (!ValidateKey(dir).ok()) return false;
+  return dir.substr(0, dir.find('/')) != kTmpDirName;
+}
+
+// FileStore: owned by its shared_ptr holders; called from any thread. Objects
+// are immutable files replaced by link/rename, so readers see old or new bytes;
+// a successful Put is fsynced (file, and every directory entry leading to it).
+// Other processes may use the same DIR: nothing relies on in-process locking
+// for correctness; the directory cache only skips redundant mkdir/fsync work.
+class FileStore final : public ObjectStore {
+ public:
+  FileStore(std::string root, uint64_t salt)
+      : root_(std::move(root)), tmp_dir_(Join(root_, kTmpDirName)), salt_(salt) {}
+
+  Status Put(std::string_view key, std::string_view data, const PutOptions& options) override {
+    return CatchAll("file:// Put", [&] { return DoPut(key, data, options); });
+  }
+
+  Result<std::string> Get(std::string_view key, std::optional<ByteRange> range) override {
+    return CatchAll("file:// Get", [&] { return DoGet(key, range); });
+  }
+
+  Result<ObjectInfo> Head(std::string_view key) override {
+    return CatchAll("file:// Head", [&]() -> Result<ObjectInfo> {
+      WEIR_RETURN_IF_ERROR(CheckKey(key));
+      const std::string path = Join(root_, key);
+      struct stat st{};
+      if (RetryEintr([&] { return ::stat(path.c_str(), &st); }) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return NotFoundError(key);
+        return ErrnoStatus(errno, "stat", path);
+      }
+      if (!S_ISREG(st.st_mode)) return NotFoundError(key);
+      return ObjectInfo{std::string(key), static_cast<uint64_t>(st.st_size)};
+    });
+  }
+
+  Result<ListPage> List(std::string_view prefix, std::string_view start_after, size_t max_keys) override {
+    return CatchAll("file:// List", [&] { return DoList(prefix, start_after, max_keys); });
+  }
+
+  Status Delete(std::string_view key) override {
+    return CatchAll("file:// Delete", [&]() -> Status {
+      bool removed = false;
+      WEIR_RETURN_IF_ERROR(Unlink(key, &removed));
+      if (!removed) return Status::Ok();
+      return FsyncDir(std::string(ParentOf(Join(root_, key))));
+    });
+  }
+
+  Status DeleteMany(std::span<const std::string> keys) override {
+    return CatchAll("file:// DeleteMany", [&]() -> Status {
+      Status first;
+      std::vector<std::string> dirs;  // parents to fsync once each, at the end
+      for (const std::string& key : keys) {
+        bool removed = false;
+        Status st = Unlink(key, &removed);
+        if (first.ok() && !st.ok()) first = std::move(st);
+        if (removed) dirs.emplace_back(ParentOf(Join(root_, key)));
+      }
+      std::sort(dirs.begin(), dirs.end());
+      dirs.erase(std::unique(dirs.begin(), dirs.end()), dirs.end());
+      for (const std::string& dir : dirs) {
+        Status st = FsyncDir(dir);
+        if (first.ok() && !st.ok()) first = std::move(st);
+      }
+      return first;
+    });
+  }
+
+  std::string Describe() const override { return "file://" + root_; }
+
+ private:
+  static std::string Join(std::string_view dir, std::string_view rel) {
+    std::string out(dir);
+    if (out.empty() || out.back() != '/') out += '/';
+    out += rel;
+    return out;
+  }
+
+  Status NotFoundError(std::string_view key) const {
+    return NotFound("object {} not found in file://{}", key, root_);
+  }
+
+  // ValidateKey plus the file:// rules: the reserved temp dir, NAME_MAX segments.
+  static Status CheckKey(std::string_view key) {
+    WEIR_RETURN_IF_ERROR(ValidateKey(key));
+    size_t start = 0;
+    while (start <= key.size()) {
+      size_t slash = key.find('/', start);
+      if (slash == std::string_view::npos) slash = key.size();
+      const std::string_view segment = key.substr(start, slash - start);
+      if (start == 0 && segment == kTmpDirName) {
+        return InvalidArgument("invalid object key {}: the first segment \".weir-tmp\" is reserved by file://",
+                               QuoteKey(key));
+      }
+      if (segment.size() > kMaxSegmentBytes) {
+        return InvalidArgument("invalid object key {}: file:// allows at most {} bytes per path segment",
+                               QuoteKey(key), kMaxSegmentBytes);
+      }
+      start = slash + 1;
+    }
+    return Status::Ok();
+  }
+
+  Status ConflictError(std::string_view key, std::string_view what) const {
+    return NotSupported(
+        "object {} conflicts with {} in file://{}: a key cannot also be the directory of other keys", key, what,
+        root_);
+  }
+
+  // mkdir -p of the key directory `rel` ("" is the root). Each directory not yet
+  // known is created if needed and its parent fsynced, so its entry is durable
+  // even if another thread or process created it and has not synced yet.
+  Status EnsureDir(std::string_view key, std::string_view rel) {
+    if (rel.empty()) return Status::Ok();
+    {
+      std::lock_guard lock(dirs_mu_);
+      if (known_dirs_.contains(std::string(rel))) return Status::Ok();
+    }
+    size_t end = 0;
+    while (end < rel.size()) {
+      end = rel.find('/', end + 1);
+      if (end == std::string_view::npos) end = rel.size();
+      const std::string sub(rel.substr(0, end));
+      {
+        std::lock_guard lock(dirs_mu_);
+        if (known_dirs_.contains(sub)) continue;
+      }
+      const std::string path = Join(root_, sub);
+      if (::mkdir(path.c_str(), 0755) != 0) {
+        if (errno != EEXIST) return ErrnoStatus(errno, "mkdir", path);
+        struct stat st{};
+        if (RetryEintr([&] { return ::stat(path.c_str(), &st); }) != 0) return ErrnoStatus(errno, "stat", path);
+        if (!S_ISDIR(st.st_mode)) return ConflictError(key, fmt::format("object {}", sub));
+      }
+      WEIR_RETURN_IF_ERROR(FsyncDir(std::string(ParentOf(path))));
+      std::lock_guard lock(dirs_mu_);
+      known_dirs_.insert(sub);
+    }
+    return Status::Ok();
+  }
+
+  void ForgetDirs() {
+    std::lock_guard lock(dirs_mu_);
+    known_dirs_.clear();
+  }
+
+  // Creates and fills a fsynced temp file; returns its path.
+  Result<std::string> WriteTemp(std::string_view data) {
+    for (int attempt = 0;; ++attempt) {
+      const uint64_t n = tmp_counter_.fetch_add(1, std::memory_order_relaxed);
+      const std::string path =
+          Join(tmp_dir_, fmt::format("{}-{}-{:016x}.tmp", ::getpid(), n, salt_ ^ (n * 0x9e3779b97f4a7c15ULL)));
+      Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); }));
+      if (!fd.valid()) {
+        if (errno == EEXIST && attempt < 3) continue;
+        return ErrnoStatus(errno, "create temp file", path);
+      }
+      Status st = WriteAll(fd.get(), data, path);
+      if (st.ok()) st = Fsync(fd.get(), path);
+      if (st.ok() && fd.Close() != 0) st = ErrnoStatus(errno, "close", path);
+      if (!st.ok()) {
+        ::unlink(path.c_str());
+        return st;
+      }
+      return path;
+    }
+  }
+
+  Status DoPut(std::string_view key, std::string_view data, const PutOptions& options) {
+    WEIR_RETURN_IF_ERROR(CheckKey(key));
+    const std::string_view parent_rel = ParentOf(key);
+    WEIR_RETURN_IF_ERROR(EnsureDir(key, parent_rel));
+    WEIR_ASSIGN_OR_RETURN(const std::string tmp, WriteTemp(data));
+    const std::string path = Join(root_, key);
+
+    bool tmp_consumed = false;  // rename moved the temp file into place
+    Status st;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      int rc;
+      if (options.if_none_match) {
+        rc = ::link(tmp.c_str(), path.c_str());
+      } else {
+        rc = ::rename(tmp.c_str(), path.c_str());
+        tmp_consumed = rc == 0;
+      }
+      if (rc == 0) {
+        st = Status::Ok();
+        break;
+      }
+      const int err = errno;
+      if (err == ENOENT && attempt == 0) {
+        // A directory vanished behind our cache (removed externally): rebuild it.
+        ForgetDirs();
+        st = EnsureDir(key, parent_rel);
+        if (!st.ok()) break;
+        continue;
+      }
+      struct stat existing{};
+      const bool is_dir = ::lstat(path.c_str(), &existing) == 0 && S_ISDIR(existing.st_mode);
+      if (is_dir || err == EISDIR || err == ENOTDIR) {
+        st = ConflictError(key, "a directory of the same name");
+      } else if (err == EEXIST && options.if_none_match) {
+        st = PreconditionFailed("object {} already exists", key);
+      } else {
+        st = ErrnoStatus(err, options.if_none_match ? "link" : "rename", path);
+      }
+      break;
+    }
+    if (!tmp_consumed) ::unlink(tmp.c_str());
+    if (!st.ok()) return st;
+    return FsyncDir(std::string(ParentOf(path)));
+  }
+
+  Result<std::string> DoGet(std::string_view key, std::optional<ByteRange> range) {
+    WEIR_RETURN_IF_ERROR(CheckKey(key));
+    const std::string path = Join(root_, key);
+    Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
+    if (!fd.valid()) {
+      if (errno == ENOENT || errno == ENOTDIR) return NotFoundError(key);
+      return ErrnoStatus(errno, "open", path);
+    }
+    struct stat st{};
+    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", path);
+    if (!S_ISREG(st.st_mode)) return NotFoundError(key);
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    uint64_t offset = 0;
+    uint64_t want = size;
+    if (range) {
+      if (range->offset > 0 && range->offset >= size) {
+        return OutOfRange("range offset {} is past the end of object {} ({} bytes)", range->offset, key, size);
+      }
+      offset = range->offset;
+      want = std::min(range->length, size - offset);
+    }
+    std::string out(want, '\0');
+    size_t got = 0;
+    while (got < out.size()) {
+      const ssize_t n = ::pread(fd.get(), out.data() + got, out.size() - got, static_cast<off_t>(offset + got));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus(errno, "read", path);
+      }
+      if (n == 0) break;  // truncated behind our back; return what exists
+      got += static_cast<size_t>(n);
+    }
+    out.resize(got);
+    return out;
+  }
+
+  Status Unlink(std::string_view key, bool* removed) {
+    *removed = false;
+    WEIR_RETURN_IF_ERROR(CheckKey(key));
+    const std::string path = Join(root_, key);
+    if (::unlink(path.c_str()) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) return Status::Ok();
+      return ErrnoStatus(errno, "unlink", path);
+    }
+    *removed = true;
+    return Status::Ok();
+  }
+
+  struct Walk {
+    std::string_view start_after;
+    std::vector<ObjectInfo>* out;
+  };
+
+  // Collects regular files under the open directory `dirfd` (whose keys start
+  // with `rel`, "" or ending in '/'); at the top level only names starting
+  // with `name_prefix`. Takes ownership of dirfd.
+  Status WalkDir(int dirfd, const std::string& rel, std::string_view name_prefix, const Walk& walk) {
+    DirPtr dir(::fdopendir(dirfd));
+    if (!dir) {
+      const int err = errno;
+      ::close(dirfd);
+      return ErrnoStatus(err, "opendir", Join(root_, rel));
+    }
+    while (true) {
+      errno = 0;
+      const dirent* entry = ::readdir(dir.get());
+      if (entry == nullptr) {
+        if (errno != 0) return ErrnoStatus(errno, "readdir", Join(root_, rel));
+        return Status::Ok();
+      }
+      const std::string_view name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      if (rel.empty() && name == kTmpDirName) continue;
+      if (!name.starts_with(name_prefix)) continue;
+      std::string key = rel + std::string(name);
+      if (key.size() > 1024) continue;  // not a key this store could have written
+
+      unsigned char type = entry->d_type;
+      struct stat st{};
+      bool have_stat = false;
+      if (type == DT_UNKNOWN || type == DT_REG) {
+        if (::fstatat(::dirfd(dir.get()), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+          if (errno == ENOENT) continue;  // deleted while listing
+          return ErrnoStatus(errno, "stat", Join(root_, key));
+        }
+        have_stat = true;
+        type = S_ISREG(st.st_mode) ? DT_REG : S_ISDIR(st.st_mode) ? DT_DIR : DT_UNKNOWN;
+      }
+      if (type == DT_DIR) {
+        key += '/';
+        // Every key below starts with `key`; skip the subtree if all of them
+        // sort at or before start_after.
+        if (walk.start_after > key && !walk.start_after.starts_with(key)) continue;
+        const int sub = RetryEintr([&] {
+          return ::openat(::dirfd(dir.get()), entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        });
+        if (sub < 0) {
+          if (errno == ENOENT || errno == ENOTDIR) continue;
+          return ErrnoStatus(errno, "open directory", Join(root_, key));
+        }
+        WEIR_RETURN_IF_ERROR(WalkDir(sub, key, {}, walk));
+      } else if (type == DT_REG && have_stat) {
+        if (key <= walk.start_after) continue;
+        walk.out->push_back(ObjectInfo{std::move(key), static_cast<uint64_t>(st.st_size)});
+      }
+    }
+  }
+
+  Result<ListPage> DoList(std::string_view prefix, std::string_view start_after, size_t max_keys) {
+    if (max_keys < 1 || max_keys > 1000) return InvalidArgument("List max_keys {} is not in 1..1000", max_keys);
+    ListPage page;
+    const size_t slash = prefix.rfind('/');
+    const std::string dir_rel(slash == std::string_view::npos ? std::string_view() : prefix.substr(0, slash + 1));
+    const std::string_view name_prefix = prefix.substr(dir_rel.size());
+    if (!IsListableDir(dir_rel) || name_prefix.find('\0') != std::string_view::npos) return page;
+
+    const std::string dir_path = dir_rel.empty() ? root_ : Join(root_, dir_rel);
+    const int fd = RetryEintr([&] { return ::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); });
+    if (fd < 0) {
+      if (errno == ENOENT || errno == ENOTDIR || errno == ENAMETOOLONG) return page;
+      return ErrnoStatus(errno, "open directory", dir_path);
+    }
+    std::vector<ObjectInfo> found;
+    WEIR_RETURN_IF_ERROR(WalkDir(fd, dir_rel, name_prefix, Walk{start_after, &found}));
+    std::sort(found.begin(), found.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
+    if (found.size() > max_keys) {
+      found.resize(max_keys);
+      page.next_start_after = found.back().key;
+    }
+    page.objects = std::move(found);
+    return page;
+  }
+
+  const std::string root_;     // absolute, no trailing '/' (unless it is "/")
+  const std::string tmp_dir_;  // root_/.weir-tmp
+  const uint64_t salt_;        // random per store: temp names stay unique across pid reuse
+  std::atomic<uint64_t> tmp_counter_{0};
+  std::mutex dirs_mu_;
+  std::unordered_set<std::string> known_dirs_;  // key directories known to exist and be synced
+};
+
+// mkdir -p for the store root, fsyncing the parent of each directory it creates.
+Status MakeRoot(const std::string& root) {
+  struct stat st{};
+  if (::stat(root.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) return InvalidArgument("file://{}: not a directory", root);
+    return Status::Ok();
+  }
+  if (errno != ENOENT) return ErrnoStatus(errno, "stat", root);
+  size_t end = 0;
+  while (end < root.size()) {
+    end = root.find('/', end + 1);
+    if (end == std::string::npos) end = root.size();
+    const std::string sub = root.substr(0, end);
+    if (::stat(sub.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) return InvalidArgument("file://{}: {} is not a directory", root, sub);
+      continue;
+    }
+    if (::mkdir(sub.c_str(), 0755) == 0) {
+      WEIR_RETURN_IF_ERROR(FsyncDir(std::string(ParentOf(sub))));
+    } else if (errno != EEXIST) {
+      return ErrnoStatus(errno, "mkdir", sub);
+    }
+  }
+  return Status::Ok();
+}
+
+// Removes temp files old enough to be leftovers of a crashed writer.
+void RemoveStaleTemps(const std::string& tmp_dir) {
+  std::error_code ec;
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (std::filesystem::directory_iterator it(tmp_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code ec2;
+    if (!it->is_regular_file(ec2)) continue;
+    const auto mtime = it->last_write_time(ec2);
+    if (!ec2 && now - mtime > kStaleTmpAge) std::filesystem::remove(it->path(), ec2);
+  }
+}
+
+}  // namespace
+
+Result<std::shared_ptr<ObjectStore>> OpenFileStore(const std::string& dir) {
+  return CatchAll("OpenFileStore", [&]() -> Result<std::shared_ptr<ObjectStore>> {
+    if (dir.empty()) return InvalidArgument("file:// store directory is empty");
+    if (dir.find('\0') != std::string::npos) return InvalidArgument("file:// store directory contains a NUL byte");
+    std::error_code ec;
+    std::string root = std::filesystem::absolute(dir, ec).lexically_normal().string();
+    if (ec) return IOError("file://{}: cannot make the path absolute: {}", dir, ec.message());
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
+
+    WEIR_RETURN_IF_ERROR(MakeRoot(root));
+    const std::string tmp_dir = root + (root == "/" ? "" : "/") + std::string(kTmpDirName);
+    if (::mkdir(tmp_dir.c_str(), 0755) == 0) {
+      WEIR_RETURN_IF_ERROR(FsyncDir(root));
+    } else if (errno != EEXIST) {
+      return ErrnoStatus(errno, "mkdir", tmp_dir);
+    }
+    struct stat st{};
+    if (::stat(tmp_dir.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", tmp_dir);
+    if (!S_ISDIR(st.st_mode)) return InvalidArgument("file://{}: {} is not a directory", root, tmp_dir);
+    for (const std::string& d : {root, tmp_dir}) {
+      if (::access(d.c_str(), W_OK | X_OK) != 0) {
+        return IOError("file://{} is not writable: {}: {}", root, d, ErrnoText(errno));
+      }
+    }
+    RemoveStaleTemps(tmp_dir);
+
+    std::random_device rd;
+    const uint64_t salt = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    return std::shared_ptr<ObjectStore>(std::make_shared<FileStore>(std::move(root), salt));
+  });
+}
+
+}  // namespace weir::objstore

@@ -1,0 +1,82 @@
+// Key validation and URI dispatch for the ObjectStore interface.
+#include "objstore/object_store.h"
+
+#include "objstore/file_store.h"
+#include "objstore/internal.h"
+#include "objstore/mem_store.h"
+
+namespace weir::objstore {
+
+namespace internal {
+
+std::string QuoteKey(std::string_view key) {
+  constexpr size_t kMaxShown = 80;
+  std::string out = "\"";
+  const std::string_view shown = key.substr(0, kMaxShown);
+  for (unsigned char c : shown) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += '"';
+  if (shown.size() < key.size()) out += fmt::format("... ({} bytes)", key.size());
+  return out;
+}
+
+}  // namespace internal
+
+namespace {
+constexpr size_t kMaxKeyBytes = 1024;
+}  // namespace
+
+Status ValidateKey(std::string_view key) {
+  auto bad = [&](std::string_view rule) {
+    return InvalidArgument("invalid object key {}: {}", internal::QuoteKey(key), rule);
+  };
+  if (key.empty()) return bad("keys must not be empty");
+  if (key.size() > kMaxKeyBytes) return bad("keys must be at most 1024 bytes");
+  if (key.find('\0') != std::string_view::npos) return bad("NUL bytes are not allowed");
+  if (key.front() == '/') return bad("keys must not start with '/'");
+  size_t start = 0;
+  while (true) {
+    const size_t slash = key.find('/', start);
+    const std::string_view segment =
+        key.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    if (segment.empty()) return bad("empty path segments ('//' or a trailing '/') are not allowed");
+    if (segment == ".") return bad("'.' segments are not allowed");
+    if (segment == "..") return bad("'..' segments are not allowed");
+    if (slash == std::string_view::npos) break;
+    start = slash + 1;
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri) {
+  return internal::CatchAll("OpenObjectStore", [&]() -> Result<std::shared_ptr<ObjectStore>> {
+    constexpr std::string_view kMem = "mem://";
+    constexpr std::string_view kFile = "file://";
+    if (uri.starts_with(kMem)) {
+      if (uri.size() != kMem.size()) {
+        return InvalidArgument("object store URI \"{}\": mem:// takes no path", uri);
+      }
+      return NewMemStore();
+    }
+    if (uri.starts_with(kFile)) {
+      const std::string_view dir = uri.substr(kFile.size());
+      if (dir.empty()) {
+        return InvalidArgument("object store URI \"{}\": file:// needs a directory (file:///abs/dir or file://rel/dir)",
+                               uri);
+      }
+      return OpenFileStore(std::string(dir));
+    }
+    return InvalidArgument(
+        "unsupported object store URI scheme in \"{}\"; supported: file://DIR, mem:// (s3:// arrives later)", uri);
+  });
+}
+
+}  // namespace weir::objstore

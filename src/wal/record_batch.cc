@@ -1,0 +1,328 @@
+#include "wal/record_batch.h"
+
+#include <algorithm>
+#include <cassert>
+#include <limits>
+#include <utility>
+
+#include "base/bytes.h"
+#include "base/crc32c.h"
+
+namespace weir::wal {
+namespace {
+
+// Byte offsets of the header fields.
+constexpr size_t kBaseOffsetPos = 0;
+constexpr size_t kBatchLengthPos = 8;
+constexpr size_t kLeaderEpochPos = 12;
+constexpr size_t kMagicPos = 16;
+constexpr size_t kCrcPos = 17;
+constexpr size_t kAttributesPos = 21;  // the CRC covers [21, end)
+constexpr size_t kLastOffsetDeltaPos = 23;
+constexpr size_t kBaseTimestampPos = 27;
+constexpr size_t kMaxTimestampPos = 35;
+constexpr size_t kProducerIdPos = 43;
+constexpr size_t kProducerEpochPos = 51;
+constexpr size_t kBaseSequencePos = 53;
+constexpr size_t kRecordCountPos = 57;
+
+// batchLength counts the bytes after itself, so a record-less batch has 49.
+constexpr int32_t kMinBatchLength = static_cast<int32_t>(kRecordBatchHeaderSize - 12);
+// Smallest encoded record: a one-byte length varint and six one-byte fields.
+constexpr size_t kMinRecordSize = 7;
+constexpr uint64_t kMaxInt32 = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
+
+// Wrapping arithmetic, so timestamp deltas round-trip even at the int64 extremes.
+int64_t WrapSub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+}
+int64_t WrapAdd(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+
+size_t NullableSize(const std::optional<std::string>& s) {
+  return s ? VarintSize(static_cast<int64_t>(s->size())) + s->size() : VarintSize(-1);
+}
+void PutNullable(std::string* out, const std::optional<std::string>& s) {
+  if (!s) {
+    PutVarint(out, -1);
+    return;
+  }
+  PutVarint(out, static_cast<int64_t>(s->size()));
+  out->append(*s);
+}
+
+// Rejects what a batch cannot represent: Kafka lengths and counts are int32.
+Status CheckEncodable(const Record& r, size_t index) {
+  auto too_big = [&](std::string_view field, size_t n) {
+    return InvalidArgument("record {}: {} of {} bytes exceeds the int32 limit", index, field, n);
+  };
+  if (r.key && r.key->size() > kMaxInt32) return too_big("key", r.key->size());
+  if (r.value && r.value->size() > kMaxInt32) return too_big("value", r.value->size());
+  if (r.headers.size() > kMaxInt32) return InvalidArgument("record {}: too many headers", index);
+  for (const RecordHeader& h : r.headers) {
+    if (h.key.size() > kMaxInt32) return too_big("header key", h.key.size());
+    if (h.value && h.value->size() > kMaxInt32) return too_big("header value", h.value->size());
+  }
+  return Status::Ok();
+}
+
+// Bytes of a record after its length varint.
+size_t RecordBodySize(const Record& r, int64_t timestamp_delta, int64_t offset_delta) {
+  size_t n = 1 /* attributes */ + VarintSize(timestamp_delta) + VarintSize(offset_delta) + NullableSize(r.key) +
+             NullableSize(r.value) + VarintSize(static_cast<int64_t>(r.headers.size()));
+  for (const RecordHeader& h : r.headers) {
+    n += VarintSize(static_cast<int64_t>(h.key.size())) + h.key.size() + NullableSize(h.value);
+  }
+  return n;
+}
+
+// Reads the fields of one record body; every error names the record index.
+class RecordReader {
+ public:
+  RecordReader(std::string_view body, int32_t index) : r_(body), size_(body.size()), index_(index) {}
+
+  size_t remaining() const { return r_.remaining(); }
+
+  Status U8(std::string_view field, uint8_t* v) {
+    if (!r_.GetU8(v)) return Overrun(field);
+    return Status::Ok();
+  }
+  Status Varint(std::string_view field, int64_t* v) {
+    if (!r_.GetVarint(v)) return Overrun(field);
+    return Status::Ok();
+  }
+  // A length-prefixed byte string; -1 is null where `nullable`.
+  Status Bytes(std::string_view field, bool nullable, std::optional<std::string>* out) {
+    int64_t len = 0;
+    WEIR_RETURN_IF_ERROR(Varint(field, &len));
+    if (len == -1 && nullable) {
+      out->reset();
+      return Status::Ok();
+    }
+    if (len < 0) return Corruption("record {}: {} length {} is invalid", index_, field, len);
+    if (static_cast<uint64_t>(len) > r_.remaining()) {
+      return Corruption("record {}: {} length {} exceeds the {} bytes left in the record", index_, field, len,
+                        r_.remaining());
+    }
+    std::string_view bytes;
+    r_.GetBytes(static_cast<size_t>(len), &bytes);
+    out->emplace(bytes);
+    return Status::Ok();
+  }
+
+ private:
+  Status Overrun(std::string_view field) const {
+    return Corruption("record {}: {} is truncated or malformed (record length {})", index_, field, size_);
+  }
+
+  ByteReader r_;
+  size_t size_;
+  int32_t index_;
+};
+
+Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out) {
+  int64_t length = 0;
+  if (!batch->GetVarint(&length)) {
+    return Corruption("record {}: length is truncated or malformed ({} bytes left in the batch)", index,
+                      batch->remaining());
+  }
+  if (length < 0 || static_cast<uint64_t>(length) > batch->remaining()) {
+    return Corruption("record {}: length {} does not fit the {} bytes left in the batch", index, length,
+                      batch->remaining());
+  }
+  std::string_view body;
+  batch->GetBytes(static_cast<size_t>(length), &body);
+  RecordReader r(body, index);
+
+  uint8_t attributes = 0;  // unused by Kafka v2
+  int64_t timestamp_delta = 0;
+  int64_t offset_delta = 0;
+  WEIR_RETURN_IF_ERROR(r.U8("attributes", &attributes));
+  WEIR_RETURN_IF_ERROR(r.Varint("timestampDelta", &timestamp_delta));
+  WEIR_RETURN_IF_ERROR(r.Varint("offsetDelta", &offset_delta));
+  if (offset_delta < 0 || offset_delta > h.last_offset_delta) {
+    return Corruption("record {}: offsetDelta {} is outside [0, lastOffsetDelta {}]", index, offset_delta,
+                      h.last_offset_delta);
+  }
+  Record& rec = out->record;
+  WEIR_RETURN_IF_ERROR(r.Bytes("key", true, &rec.key));
+  WEIR_RETURN_IF_ERROR(r.Bytes("value", true, &rec.value));
+
+  int64_t header_count = 0;
+  WEIR_RETURN_IF_ERROR(r.Varint("headerCount", &header_count));
+  // Each header takes at least two bytes (two one-byte length varints).
+  if (header_count < 0 || static_cast<uint64_t>(header_count) > r.remaining() / 2) {
+    return Corruption("record {}: headerCount {} does not fit the {} bytes left in the record", index, header_count,
+                      r.remaining());
+  }
+  rec.headers.resize(static_cast<size_t>(header_count));
+  for (RecordHeader& hdr : rec.headers) {
+    std::optional<std::string> key;
+    WEIR_RETURN_IF_ERROR(r.Bytes("header key", false, &key));
+    hdr.key = std::move(*key);
+    WEIR_RETURN_IF_ERROR(r.Bytes("header value", true, &hdr.value));
+  }
+  if (r.remaining() != 0) {
+    return Corruption("record {}: {} bytes left over after its fields (length {})", index, r.remaining(), length);
+  }
+
+  out->offset = h.base_offset + offset_delta;
+  rec.timestamp =
+      (h.attributes & kTimestampLogAppendTime) ? h.max_timestamp : WrapAdd(h.base_timestamp, timestamp_delta);
+  return Status::Ok();
+}
+
+// Reads the header and checks what locating the batch needs: size, magic, length.
+Result<BatchHeader> ParseFraming(std::string_view data) {
+  if (data.size() < kRecordBatchHeaderSize) {
+    return Corruption("record batch truncated: {} bytes, header needs {}", data.size(), kRecordBatchHeaderSize);
+  }
+  const char* p = data.data();
+  BatchHeader h;
+  h.base_offset = static_cast<int64_t>(LoadBE64(p + kBaseOffsetPos));
+  h.batch_length = static_cast<int32_t>(LoadBE32(p + kBatchLengthPos));
+  h.partition_leader_epoch = static_cast<int32_t>(LoadBE32(p + kLeaderEpochPos));
+  h.magic = static_cast<int8_t>(p[kMagicPos]);
+  h.crc = LoadBE32(p + kCrcPos);
+  h.attributes = static_cast<int16_t>(LoadBE16(p + kAttributesPos));
+  h.last_offset_delta = static_cast<int32_t>(LoadBE32(p + kLastOffsetDeltaPos));
+  h.base_timestamp = static_cast<int64_t>(LoadBE64(p + kBaseTimestampPos));
+  h.max_timestamp = static_cast<int64_t>(LoadBE64(p + kMaxTimestampPos));
+  h.producer_id = static_cast<int64_t>(LoadBE64(p + kProducerIdPos));
+  h.producer_epoch = static_cast<int16_t>(LoadBE16(p + kProducerEpochPos));
+  h.base_sequence = static_cast<int32_t>(LoadBE32(p + kBaseSequencePos));
+  h.record_count = static_cast<int32_t>(LoadBE32(p + kRecordCountPos));
+
+  if (h.magic != kRecordBatchMagic) {
+    return Corruption("record batch magic {} is not supported (want {})", h.magic, kRecordBatchMagic);
+  }
+  if (h.batch_length < kMinBatchLength) {
+    return Corruption("record batch length {} is below the minimum {}", h.batch_length, kMinBatchLength);
+  }
+  if (h.total_size() > data.size()) {
+    return Corruption("record batch truncated: header says {} bytes, have {}", h.total_size(), data.size());
+  }
+  return h;
+}
+
+// Checks the CRC-covered header fields.
+Status CheckFields(const BatchHeader& h) {
+  if (h.record_count < 0) return Corruption("record batch recordCount {} is negative", h.record_count);
+  if (h.last_offset_delta < 0) return Corruption("record batch lastOffsetDelta {} is negative", h.last_offset_delta);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions& options, std::string* out) {
+  if (records.empty()) return InvalidArgument("record batch needs at least one record");
+  if (options.attributes & kCompressionMask) {
+    return InvalidArgument("cannot encode compressed record batches (codec {})", options.attributes & kCompressionMask);
+  }
+  if (options.attributes & kControlFlag) return InvalidArgument("cannot encode control record batches");
+  if (records.size() - 1 > kMaxInt32) return InvalidArgument("record batch of {} records is too large", records.size());
+
+  // Kafka producers: baseTimestamp is the first record's, deltas may be negative.
+  const int64_t base_timestamp = records.front().timestamp;
+  int64_t max_timestamp = base_timestamp;
+  std::vector<size_t> body_sizes;
+  body_sizes.reserve(records.size());
+  uint64_t batch_length = kMinBatchLength;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    WEIR_RETURN_IF_ERROR(CheckEncodable(r, i));
+    max_timestamp = std::max(max_timestamp, r.timestamp);
+    const size_t body = RecordBodySize(r, WrapSub(r.timestamp, base_timestamp), static_cast<int64_t>(i));
+    body_sizes.push_back(body);
+    batch_length += VarintSize(static_cast<int64_t>(body)) + body;
+    if (batch_length > kMaxInt32) return InvalidArgument("record batch exceeds the int32 length limit");
+  }
+
+  const size_t start = out->size();
+  out->reserve(start + 12 + batch_length);
+  PutBE64(out, static_cast<uint64_t>(options.base_offset));
+  PutBE32(out, static_cast<uint32_t>(batch_length));
+  PutBE32(out, static_cast<uint32_t>(options.partition_leader_epoch));
+  out->push_back(static_cast<char>(kRecordBatchMagic));
+  PutBE32(out, 0);  // CRC, filled in below
+  PutBE16(out, static_cast<uint16_t>(options.attributes));
+  PutBE32(out, static_cast<uint32_t>(records.size() - 1));
+  PutBE64(out, static_cast<uint64_t>(base_timestamp));
+  PutBE64(out, static_cast<uint64_t>(max_timestamp));
+  PutBE64(out, static_cast<uint64_t>(options.producer_id));
+  PutBE16(out, static_cast<uint16_t>(options.producer_epoch));
+  PutBE32(out, static_cast<uint32_t>(options.base_sequence));
+  PutBE32(out, static_cast<uint32_t>(records.size()));
+
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    PutVarint(out, static_cast<int64_t>(body_sizes[i]));
+    out->push_back(0);  // record attributes
+    PutVarint(out, WrapSub(r.timestamp, base_timestamp));
+    PutVarint(out, static_cast<int64_t>(i));
+    PutNullable(out, r.key);
+    PutNullable(out, r.value);
+    PutVarint(out, static_cast<int64_t>(r.headers.size()));
+    for (const RecordHeader& h : r.headers) {
+      PutVarint(out, static_cast<int64_t>(h.key.size()));
+      out->append(h.key);
+      PutNullable(out, h.value);
+    }
+  }
+  assert(out->size() - start == 12 + batch_length);
+
+  char* batch = out->data() + start;
+  StoreBE32(batch + kCrcPos, Crc32c(batch + kAttributesPos, out->size() - start - kAttributesPos));
+  return Status::Ok();
+}
+
+Result<BatchHeader> ParseBatchHeader(std::string_view data) {
+  WEIR_ASSIGN_OR_RETURN(BatchHeader h, ParseFraming(data));
+  WEIR_RETURN_IF_ERROR(CheckFields(h));
+  return h;
+}
+
+// Checks the CRC before the covered fields, so a damaged byte reads as a CRC mismatch.
+Result<BatchHeader> VerifyBatch(std::string_view data) {
+  WEIR_ASSIGN_OR_RETURN(BatchHeader h, ParseFraming(data));
+  const uint32_t computed = Crc32c(data.substr(kAttributesPos, h.total_size() - kAttributesPos));
+  if (computed != h.crc) {
+    return Corruption("record batch CRC mismatch: stored 0x{:08x}, computed 0x{:08x}", h.crc, computed);
+  }
+  WEIR_RETURN_IF_ERROR(CheckFields(h));
+  return h;
+}
+
+// Decodes the first batch in `batch`; bytes after it are ignored, as in VerifyBatch.
+Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch) {
+  WEIR_ASSIGN_OR_RETURN(BatchHeader h, VerifyBatch(batch));
+  if (h.compression() != 0) {
+    return NotSupported("compressed record batches (codec {}) cannot be decoded yet", h.compression());
+  }
+  const std::string_view body = batch.substr(kRecordBatchHeaderSize, h.total_size() - kRecordBatchHeaderSize);
+  // Bound recordCount by the bytes present before reserving for it.
+  if (static_cast<size_t>(h.record_count) > body.size() / kMinRecordSize) {
+    return Corruption("record batch recordCount {} does not fit its {} bytes of records", h.record_count, body.size());
+  }
+  std::vector<DecodedRecord> records(static_cast<size_t>(h.record_count));
+  ByteReader reader(body);
+  for (int32_t i = 0; i < h.record_count; ++i) {
+    WEIR_RETURN_IF_ERROR(DecodeRecord(&reader, h, i, &records[static_cast<size_t>(i)]));
+  }
+  if (reader.remaining() != 0) {
+    if (h.record_count == 0) return Corruption("record batch of 0 records has {} bytes of records", reader.remaining());
+    return Corruption("record batch has {} trailing bytes after record {}", reader.remaining(), h.record_count - 1);
+  }
+  return records;
+}
+
+void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset) {
+  assert(pos <= batch->size() && batch->size() - pos >= kRecordBatchHeaderSize);
+  if (pos > batch->size() || batch->size() - pos < 8) return;
+  const auto v = static_cast<uint64_t>(base_offset);
+  char* p = batch->data() + pos + kBaseOffsetPos;
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * (7 - i)));
+}
+
+}  // namespace weir::wal

@@ -1,0 +1,518 @@
+#include "wal/writer.h"
+
+#include <algorithm>
+#include <random>
+#include <unordered_set>
+
+#include "base/log.h"
+#include "wal/record_batch.h"
+#include "wal/slot_format.h"
+
+namespace weir::wal {
+
+namespace {
+// Bytes charged against the budget per entry beyond its payload (the entry,
+// its callback and its bookkeeping).
+constexpr size_t kEntryOverhead = 64;
+
+uint64_t RandomNonce() {
+  std::random_device rd;
+  uint64_t n = 0;
+  while (n == 0) n = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return n;
+}
+}  // namespace
+
+struct Writer::Entry {
+  uint64_t stream_id = 0;
+  std::string bytes;  // emptied once the slot is built; see offset/length
+  uint32_t length = 0;
+  uint32_t batch_count = 0;
+  uint32_t record_count = 0;
+  uint64_t offset = 0;  // object-absolute, once built
+  AckCallback done;
+  TimePoint submitted;
+};
+
+struct Writer::Slot {
+  uint64_t epoch = 0;
+  uint64_t seq = 0;
+  std::vector<Entry> entries;
+  size_t charge = 0;
+  TimePoint claimed;
+  // Guarded by build_mu: the serialized object and the entries' positions.
+  std::mutex build_mu;
+  bool built = false;
+  std::shared_ptr<const std::string> bytes;
+  // Guarded by Writer::mu_.
+  bool durable = false;
+  bool abandoned = false;  // superseded by Resume/Abandon/Close: uploader stops
+  uint64_t attempts = 0;
+  Status last_error;
+};
+
+Result<std::unique_ptr<Writer>> Writer::Start(std::shared_ptr<objstore::ObjectStore> store,
+                                              WriterOptions options) {
+  WEIR_RETURN_IF_ERROR(ValidateNodeId(options.node));
+  if (!store) return InvalidArgument("WAL writer needs an object store");
+  if (options.window < 1 || options.window > 1024) {
+    return InvalidArgument("WAL pipeline window must be 1..1024, got {}", options.window);
+  }
+  size_t min_cap = kEnvelopeSize + kFooterFixedSize + kFooterEntrySize + kRecordBatchHeaderSize;
+  if (options.slot_cap_bytes < min_cap || options.slot_cap_bytes > (1u << 30)) {
+    return InvalidArgument("WAL slot size cap must be {}..{} bytes, got {}", min_cap, 1u << 30,
+                           options.slot_cap_bytes);
+  }
+  if (options.budget_bytes < options.slot_cap_bytes) {
+    return InvalidArgument("WAL pool budget ({} bytes) must be at least the slot size cap ({} bytes)",
+                           options.budget_bytes, options.slot_cap_bytes);
+  }
+  if (options.linger < Duration::zero()) return InvalidArgument("WAL linger must not be negative");
+  if (options.nonce == 0) options.nonce = RandomNonce();
+  std::unique_ptr<Writer> w(new Writer(std::move(store), std::move(options)));
+  w->flusher_ = std::thread([p = w.get()] { p->FlusherLoop(); });
+  for (int i = 0; i < w->options_.window; ++i) {
+    w->uploaders_.emplace_back([p = w.get()] { p->UploaderLoop(); });
+  }
+  return w;
+}
+
+Writer::Writer(std::shared_ptr<objstore::ObjectStore> store, WriterOptions options)
+    : store_(std::move(store)),
+      options_(std::move(options)),
+      epoch_(options_.epoch),
+      next_seq_(options_.first_seq) {}
+
+Writer::~Writer() { Close(); }
+
+uint64_t Writer::epoch() const {
+  std::lock_guard lk(mu_);
+  return epoch_;
+}
+
+std::optional<uint64_t> Writer::halted_seq() const {
+  std::lock_guard lk(mu_);
+  return halted_seq_;
+}
+
+Status Writer::Append(uint64_t stream_id, std::string batches, AckCallback done, TimePoint deadline) {
+  TimePoint start = Now();
+  if (batches.empty()) return InvalidArgument("WAL append of stream {}: no record batches", stream_id);
+  Entry e;
+  size_t pos = 0;
+  while (pos < batches.size()) {
+    auto h = ParseBatchHeader(std::string_view(batches).substr(pos));
+    if (!h.ok()) {
+      return InvalidArgument("WAL append of stream {}: batch {} at byte {}: {}", stream_id, e.batch_count, pos,
+                             h.status().message());
+    }
+    ++e.batch_count;
+    e.record_count += static_cast<uint32_t>(h->record_count);
+    pos += h->total_size();
+  }
+  size_t max_payload = options_.slot_cap_bytes - kEnvelopeSize - kFooterFixedSize - kFooterEntrySize;
+  if (batches.size() > max_payload) {
+    return InvalidArgument("WAL append of stream {}: {} bytes exceeds the largest slot payload ({} bytes)",
+                           stream_id, batches.size(), max_payload);
+  }
+  e.stream_id = stream_id;
+  e.length = static_cast<uint32_t>(batches.size());
+  e.bytes = std::move(batches);
+  e.done = std::move(done);
+  e.submitted = start;
+  size_t charge = e.length + kEntryOverhead;
+
+  std::unique_lock lk(mu_);
+  if (closing_) {
+    return dead_reason_.ok() ? Cancelled("WAL writer {} is closed", options_.node) : dead_reason_;
+  }
+  if (held_bytes_ + charge > options_.budget_bytes) {
+    (halted_seq_ ? metrics_.stall_budget_halted : metrics_.stall_budget_uploads).fetch_add(1);
+    auto has_room = [&] { return closing_ || held_bytes_ + charge <= options_.budget_bytes; };
+    bool room = true;
+    if (deadline == TimePoint::max()) {
+      space_cv_.wait(lk, has_room);
+    } else {
+      room = space_cv_.wait_until(lk, deadline, has_room);
+    }
+    if (closing_) return Cancelled("WAL writer {} is closed", options_.node);
+    if (!room) {
+      metrics_.admission_timeouts.fetch_add(1);
+      return ResourceExhausted("WAL admission timed out after {:.0f} ms: {}", ToMillis(Now() - start),
+                               DiagnoseStall(Now()));
+    }
+  }
+  held_bytes_ += charge;
+  pool_uncut_bytes_ += e.length;
+  metrics_.appends.fetch_add(1, std::memory_order_relaxed);
+  metrics_.append_bytes.fetch_add(e.length, std::memory_order_relaxed);
+  metrics_.records.fetch_add(e.record_count, std::memory_order_relaxed);
+  metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
+  pool_.push_back(std::move(e));
+  bool wake = flusher_waiting_;
+  lk.unlock();
+  if (wake) flush_cv_.notify_one();
+  return Status::Ok();
+}
+
+void Writer::FlusherLoop() {
+  std::unique_lock lk(mu_);
+  bool window_stalled = false;
+  std::unordered_set<uint64_t> streams;
+  while (!stop_) {
+    bool have = !pool_.empty() && !halted_seq_;
+    if (have && slots_.size() >= static_cast<size_t>(options_.window)) {
+      if (!window_stalled) metrics_.stall_window.fetch_add(1, std::memory_order_relaxed);
+      window_stalled = true;
+    }
+    if (!have || slots_.size() >= static_cast<size_t>(options_.window)) {
+      flusher_waiting_ = true;
+      flush_cv_.wait(lk);
+      flusher_waiting_ = false;
+      continue;
+    }
+    window_stalled = false;
+    if (options_.linger > Duration::zero() && !closing_ &&
+        pool_uncut_bytes_ + kEnvelopeSize + kFooterFixedSize < options_.slot_cap_bytes) {
+      TimePoint due = pool_.front().submitted + options_.linger;
+      if (Now() < due) {
+        flusher_waiting_ = true;
+        flush_cv_.wait_until(lk, due);
+        flusher_waiting_ = false;
+        continue;
+      }
+    }
+    // Cut and claim in one step: cut order is slot order.
+    auto slot = std::make_shared<Slot>();
+    slot->epoch = epoch_;
+    slot->seq = next_seq_++;
+    slot->claimed = Now();
+    size_t size = kEnvelopeSize + kFooterFixedSize;
+    streams.clear();
+    while (!pool_.empty()) {
+      Entry& e = pool_.front();
+      size_t add = e.length + (streams.count(e.stream_id) ? 0 : kFooterEntrySize);
+      if (!slot->entries.empty() && size + add > options_.slot_cap_bytes) break;
+      size += add;
+      streams.insert(e.stream_id);
+      pool_uncut_bytes_ -= e.length;
+      slot->charge += e.length + kEntryOverhead;
+      slot->entries.push_back(std::move(e));
+      pool_.pop_front();
+    }
+    slots_.push_back(slot);
+    jobs_.push_back(slot);
+    metrics_.slots_in_flight.store(static_cast<int64_t>(slots_.size()), std::memory_order_relaxed);
+    upload_cv_.notify_one();
+  }
+}
+
+void Writer::UploaderLoop() {
+  std::unique_lock lk(mu_);
+  while (true) {
+    upload_cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stop_
+    std::shared_ptr<Slot> slot = std::move(jobs_.front());
+    jobs_.pop_front();
+    if (slot->abandoned) continue;
+    lk.unlock();
+    Upload(slot);
+    lk.lock();
+  }
+}
+
+void Writer::BuildSlot(Slot& slot) {
+  std::lock_guard lk(slot.build_mu);
+  if (slot.built) return;
+  SlotBuilder b;
+  for (const Entry& e : slot.entries) b.Add(e.stream_id, e.bytes, e.batch_count, e.record_count);
+  auto bytes = std::make_shared<std::string>(b.Finish(slot.epoch, slot.seq, options_.nonce));
+  for (size_t i = 0; i < slot.entries.size(); ++i) {
+    slot.entries[i].offset = b.position(i);
+    std::string().swap(slot.entries[i].bytes);  // the slot holds the only copy now
+  }
+  metrics_.slot_size_bytes.Record(bytes->size());
+  metrics_.slot_entries.Record(slot.entries.size());
+  slot.bytes = std::move(bytes);
+  slot.built = true;
+}
+
+bool Writer::SleepUnlessStopped(Duration d) {
+  std::unique_lock lk(mu_);
+  return !idle_cv_.wait_for(lk, d, [&] { return stop_; });
+}
+
+void Writer::Upload(const std::shared_ptr<Slot>& slot) {
+  BuildSlot(*slot);
+  const std::string key = SlotKey(options_.node, slot->epoch, slot->seq);
+  const std::string& bytes = *slot->bytes;
+  TimePoint start = Now();
+  Duration backoff = options_.retry_initial;
+  std::minstd_rand jitter(static_cast<uint32_t>(slot->seq ^ options_.nonce));
+  auto wait_backoff = [&] {
+    std::uniform_real_distribution<double> u(0.5, 1.0);
+    auto d = std::chrono::duration_cast<Duration>(backoff * u(jitter));
+    backoff = std::min<Duration>(backoff * 2, options_.retry_max);
+    return SleepUnlessStopped(d);
+  };
+  bool durable = false;
+  while (!durable) {
+    {
+      std::lock_guard lk(mu_);
+      if (slot->abandoned || stop_) return;
+      // A halt at or below this slot means it can never be acknowledged in this epoch.
+      if (halted_seq_ && slot->epoch == epoch_ && slot->seq >= *halted_seq_) return;
+      if (slot->attempts++ > 0) metrics_.put_retries.fetch_add(1, std::memory_order_relaxed);
+    }
+    metrics_.put_attempts.fetch_add(1, std::memory_order_relaxed);
+    objstore::PutOptions po;
+    po.if_none_match = true;
+    Status st = store_->Put(key, bytes, po);
+    if (st.ok()) {
+      durable = true;
+      break;
+    }
+    if (st.code() == Code::kPreconditionFailed) {
+      // Our earlier attempt may have landed (ambiguous), or someone else owns the slot.
+      auto head = store_->Get(key, objstore::ByteRange{0, kEnvelopeSize});
+      if (head.ok()) {
+        auto env = DecodeEnvelope(*head);
+        if (env.ok() && env->kind == SlotKind::kFlight && env->nonce == options_.nonce &&
+            env->epoch == slot->epoch && env->seq == slot->seq) {
+          metrics_.put_ambiguous_resolved.fetch_add(1, std::memory_order_relaxed);
+          durable = true;
+          break;
+        }
+        Status why = !env.ok() ? Fenced("slot {} holds an unreadable envelope ({})", key, env.status().message())
+                     : env->kind == SlotKind::kPoison
+                         ? Fenced("slot {} was poisoned by a fencer (nonce {:#x})", key, env->nonce)
+                         : Fenced("slot {} holds another writer's flight (nonce {:#x}, ours {:#x})", key,
+                                  env->nonce, options_.nonce);
+        Halt(slot, why);
+        return;
+      }
+      if (head.status().code() != Code::kNotFound) st = head.status().WithContext("reading envelope after 412");
+      // kNotFound: the occupant vanished; simply try the PUT again.
+    }
+    {
+      std::lock_guard lk(mu_);
+      slot->last_error = st;
+    }
+    if (slot->attempts == 1 || slot->attempts % 10 == 0) {
+      Log().warn("WAL PUT {} failed (attempt {}): {}; retrying", key, slot->attempts, st.ToString());
+    }
+    if (!wait_backoff()) return;
+  }
+  metrics_.put_latency_ns.Record(static_cast<uint64_t>((Now() - start).count()));
+  metrics_.slots.fetch_add(1, std::memory_order_relaxed);
+  metrics_.slot_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
+  {
+    std::lock_guard lk(mu_);
+    if (slot->abandoned) return;
+    slot->durable = true;
+  }
+  DrainReleases();
+}
+
+void Writer::Halt(const std::shared_ptr<Slot>& slot, const Status& reason) {
+  bool first = false;
+  uint64_t epoch = 0;
+  uint64_t seq = 0;
+  {
+    std::lock_guard lk(mu_);
+    if (slot->abandoned || slot->epoch != epoch_) return;
+    first = !halted_seq_;
+    if (!halted_seq_ || slot->seq < *halted_seq_) {
+      halted_seq_ = slot->seq;
+      halt_reason_ = reason;
+    }
+    epoch = epoch_;
+    seq = *halted_seq_;
+    if (first) metrics_.halts.fetch_add(1);
+  }
+  Log().error("WAL chain {}/{} halted at slot {}: {}", options_.node, epoch, seq, reason.message());
+  if (first && options_.on_halt) options_.on_halt(epoch, seq, reason);
+  idle_cv_.notify_all();
+}
+
+void Writer::DrainReleases() {
+  std::unique_lock lk(mu_);
+  if (releasing_) {
+    release_again_ = true;
+    return;
+  }
+  releasing_ = true;
+  std::vector<std::shared_ptr<Slot>> ready;
+  while (true) {
+    ready.clear();
+    while (!slots_.empty() && slots_.front()->durable) {
+      ready.push_back(std::move(slots_.front()));
+      slots_.pop_front();
+    }
+    release_again_ = false;
+    if (ready.empty()) break;
+    metrics_.slots_in_flight.store(static_cast<int64_t>(slots_.size()), std::memory_order_relaxed);
+    lk.unlock();
+    flush_cv_.notify_one();  // window room
+    size_t freed = 0;
+    TimePoint now = Now();
+    for (const auto& slot : ready) {
+      for (Entry& e : slot->entries) {
+        metrics_.ack_latency_ns.Record(static_cast<uint64_t>((now - e.submitted).count()));
+        if (e.done) e.done(Status::Ok(), AckInfo{slot->epoch, slot->seq, e.offset, e.length});
+      }
+      freed += slot->charge;
+    }
+    ready.clear();  // free the slot bytes before admitting more
+    lk.lock();
+    held_bytes_ -= freed;
+    metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
+    space_cv_.notify_all();
+    idle_cv_.notify_all();
+  }
+  releasing_ = false;
+}
+
+std::string Writer::DiagnoseStall(TimePoint now) const {
+  if (halted_seq_) {
+    return fmt::format("the WAL chain {}/{} halted at slot {} ({}); waiting for fence and resume", options_.node,
+                       epoch_, *halted_seq_, halt_reason_.message());
+  }
+  std::string s = fmt::format(
+      "pool budget of {} bytes is full: {} pooled entries ({} bytes) and {} slots in flight (window {})",
+      options_.budget_bytes, pool_.size(), pool_uncut_bytes_, slots_.size(), options_.window);
+  if (!slots_.empty()) {
+    const Slot& oldest = *slots_.front();
+    s += fmt::format("; uploads are slow: oldest slot {} claimed {:.0f} ms ago, {} PUT attempts", oldest.seq,
+                     ToMillis(now - oldest.claimed), oldest.attempts);
+    if (!oldest.last_error.ok()) s += fmt::format(", last error: {}", oldest.last_error.ToString());
+  }
+  return s;
+}
+
+void Writer::Requeue(std::vector<std::shared_ptr<Slot>>& slots) {
+  for (auto it = slots.rbegin(); it != slots.rend(); ++it) {
+    Slot& slot = **it;
+    std::lock_guard blk(slot.build_mu);
+    for (auto e = slot.entries.rbegin(); e != slot.entries.rend(); ++e) {
+      if (slot.built) e->bytes.assign(*slot.bytes, e->offset, e->length);
+      pool_uncut_bytes_ += e->length;
+      pool_.push_front(std::move(*e));
+      metrics_.republished_entries.fetch_add(1, std::memory_order_relaxed);
+    }
+    slot.entries.clear();
+  }
+}
+
+Status Writer::Resume(uint64_t new_epoch, uint64_t cut) {
+  {
+    std::lock_guard lk(mu_);
+    if (!halted_seq_) return PreconditionFailed("WAL chain {}/{} is not halted", options_.node, epoch_);
+    if (cut > *halted_seq_) {
+      return InvalidArgument("fence cut {} is past the halted slot {}", cut, *halted_seq_);
+    }
+    if (new_epoch <= epoch_) return InvalidArgument("new epoch {} must exceed {}", new_epoch, epoch_);
+    std::vector<std::shared_ptr<Slot>> requeue;
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      Slot& slot = **it;
+      if (slot.epoch == epoch_ && slot.seq >= cut) {
+        slot.abandoned = true;
+        requeue.push_back(*it);
+        it = slots_.erase(it);
+        continue;
+      }
+      if (slot.epoch == epoch_) {
+        slot.durable = true;  // committed: the fence found it
+        slot.abandoned = true;
+      }
+      ++it;
+    }
+    std::erase_if(jobs_, [](const auto& s) { return s->abandoned; });
+    Requeue(requeue);
+    Log().warn("WAL chain {} resumes in epoch {}: {} slots committed below cut {}, {} slots re-published",
+               options_.node, new_epoch, cut, cut, requeue.size());
+    epoch_ = new_epoch;
+    next_seq_ = 0;
+    halted_seq_.reset();
+    halt_reason_ = Status::Ok();
+    metrics_.slots_in_flight.store(static_cast<int64_t>(slots_.size()), std::memory_order_relaxed);
+  }
+  flush_cv_.notify_one();
+  DrainReleases();
+  return Status::Ok();
+}
+
+Status Writer::Abandon(uint64_t cut, const Status& reason) {
+  std::vector<Entry> failed;
+  {
+    std::lock_guard lk(mu_);
+    if (!halted_seq_) return PreconditionFailed("WAL chain {}/{} is not halted", options_.node, epoch_);
+    if (cut > *halted_seq_) return InvalidArgument("fence cut {} is past the halted slot {}", cut, *halted_seq_);
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      Slot& slot = **it;
+      slot.abandoned = true;
+      if (slot.epoch == epoch_ && slot.seq >= cut) {
+        std::lock_guard blk(slot.build_mu);
+        for (Entry& e : slot.entries) failed.push_back(std::move(e));
+        held_bytes_ -= slot.charge;
+        it = slots_.erase(it);
+        continue;
+      }
+      slot.durable = true;
+      ++it;
+    }
+    std::erase_if(jobs_, [](const auto& s) { return s->abandoned; });
+    for (Entry& e : pool_) {
+      held_bytes_ -= e.length + kEntryOverhead;
+      failed.push_back(std::move(e));
+    }
+    pool_.clear();
+    pool_uncut_bytes_ = 0;
+    closing_ = true;
+    dead_reason_ = reason.ok() ? Fenced("WAL chain {} was abandoned", options_.node) : reason;
+    metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
+  }
+  space_cv_.notify_all();
+  DrainReleases();
+  Status why;
+  {
+    std::lock_guard lk(mu_);
+    why = dead_reason_;
+  }
+  for (Entry& e : failed) {
+    if (e.done) e.done(why, AckInfo{});
+  }
+  return Status::Ok();
+}
+
+void Writer::Close() {
+  std::unique_lock lk(mu_);
+  if (stop_) return;
+  closing_ = true;
+  space_cv_.notify_all();
+  flush_cv_.notify_all();
+  // Drain: everything admitted is cut, uploaded and released, unless the chain halts.
+  idle_cv_.wait(lk, [&] { return (slots_.empty() && pool_.empty()) || halted_seq_.has_value(); });
+  if (halted_seq_) {
+    uint64_t cut = *halted_seq_;
+    lk.unlock();
+    // Slots below the halt are committed or will be: let them finish, then fail the rest.
+    {
+      std::unique_lock lk2(mu_);
+      idle_cv_.wait(lk2, [&] { return slots_.empty() || slots_.front()->seq >= cut; });
+    }
+    Abandon(cut, Cancelled("WAL writer {} closed while halted", options_.node)).IgnoreError();
+    lk.lock();
+  }
+  stop_ = true;
+  lk.unlock();
+  flush_cv_.notify_all();
+  upload_cv_.notify_all();
+  idle_cv_.notify_all();
+  if (flusher_.joinable()) flusher_.join();
+  for (auto& t : uploaders_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+}  // namespace weir::wal

@@ -1,0 +1,165 @@
+// The WAL writer: the node-wide pool, the flusher, the slot uploads and the
+// ordered release of acknowledgements (DESIGN.md §3, docs/wal.md).
+//
+// Ownership and threads: one Writer per node epoch chain, owned by the node
+// (the stream engine). Append/Resume/Abandon/Close may be called from any
+// thread. The Writer runs one flusher thread and `window` upload threads;
+// acknowledgement callbacks run on an upload thread, outside every Writer lock,
+// strictly in slot order, and must not block for long.
+//
+// Guarantees:
+//  - An entry's callback gets OK only after its slot and every slot cut before
+//    it are durable in the store; callbacks of one Writer are invoked in the
+//    order the entries were appended (FIFO), and an OK is never taken back.
+//  - Slots are written create-only at wal/<node>/<epoch>/<seq>, seq dense from
+//    first_seq, in cut order; a failed PUT is retried with the same key and
+//    bytes; an ambiguous 412 is settled by the envelope's nonce.
+//  - A foreign occupant (a poison or another writer's flight) halts the chain:
+//    no OK is released at or after that slot until Resume re-publishes it.
+//  - Memory held by admitted, unacknowledged entries stays under budget_bytes;
+//    Append blocks for room until its deadline, then fails with a diagnosis.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/histogram.h"
+#include "base/status.h"
+#include "objstore/object_store.h"
+
+namespace weir::wal {
+
+struct WriterOptions {
+  std::string node;       // node id (ValidateNodeId)
+  uint64_t epoch = 0;     // this incarnation's epoch
+  uint64_t first_seq = 0;
+  uint64_t nonce = 0;     // 0 = pick a random one
+  size_t budget_bytes = 256u << 20;  // admitted, unacknowledged bytes (entries + 64 B each)
+  size_t slot_cap_bytes = 8u << 20;  // a slot is cut at this size
+  Duration linger = Duration::zero();  // wait this long for more data before cutting
+  int window = 8;                      // slots claimed but not yet released
+  Duration retry_initial = std::chrono::milliseconds(20);
+  Duration retry_max = std::chrono::seconds(2);
+  // Called once, from an upload thread, when the chain halts (foreign occupant).
+  // The owner is expected to fence and then call Resume or Abandon.
+  std::function<void(uint64_t epoch, uint64_t seq, const Status& reason)> on_halt;
+};
+
+// Where an acknowledged entry lives: its slot and byte range in the slot object.
+struct AckInfo {
+  uint64_t epoch = 0;
+  uint64_t seq = 0;
+  uint64_t offset = 0;
+  uint32_t length = 0;
+};
+using AckCallback = std::function<void(const Status&, const AckInfo&)>;
+
+// Counters and histograms; read them from any thread.
+struct WalMetrics {
+  std::atomic<uint64_t> appends{0}, append_bytes{0}, records{0};
+  std::atomic<uint64_t> slots{0}, slot_bytes{0};
+  std::atomic<uint64_t> put_attempts{0}, put_retries{0}, put_ambiguous_resolved{0};
+  std::atomic<uint64_t> halts{0}, republished_entries{0};
+  // Stalls by cause: an Append that waited for budget, by what held the budget;
+  // and flusher cuts delayed by a full pipeline window.
+  std::atomic<uint64_t> stall_budget_uploads{0}, stall_budget_halted{0}, stall_window{0};
+  std::atomic<uint64_t> admission_timeouts{0};
+  std::atomic<int64_t> pool_bytes{0}, slots_in_flight{0};
+  Histogram put_latency_ns;    // each successful or resolved PUT, first attempt to durable
+  Histogram ack_latency_ns;    // Append call to callback
+  Histogram slot_size_bytes;
+  Histogram slot_entries;
+};
+
+class Writer {
+ public:
+  static Result<std::unique_ptr<Writer>> Start(std::shared_ptr<objstore::ObjectStore> store,
+                                               WriterOptions options);
+  ~Writer();  // Close()
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
+  // Admits `batches` (one or more whole Kafka v2 record batches of one stream)
+  // and returns at once; `done` runs later, exactly once, with OK (durable) or
+  // an error. Blocks while the pool is over budget, until `deadline`: then
+  // kResourceExhausted with the cause, and `done` is never called. Bad input is
+  // kInvalidArgument; after Close kCancelled.
+  Status Append(uint64_t stream_id, std::string batches, AckCallback done, TimePoint deadline);
+
+  // After a halt, and after the owner fenced the halted epoch and found every
+  // slot below `cut` committed: acknowledges those, and re-publishes the entries
+  // of the slots at or after `cut` (and everything still pooled) into
+  // `new_epoch`, from seq 0, in their original order.
+  Status Resume(uint64_t new_epoch, uint64_t cut);
+  // After a halt, when this node lost its streams: acknowledges slots below
+  // `cut` (committed), fails every other pending entry with `reason`.
+  Status Abandon(uint64_t cut, const Status& reason);
+
+  // Stops admission and waits until everything admitted is acknowledged (or,
+  // if halted, fails what cannot be acknowledged with kCancelled); joins threads.
+  void Close();
+
+  uint64_t epoch() const;
+  uint64_t nonce() const { return options_.nonce; }
+  std::optional<uint64_t> halted_seq() const;
+  WalMetrics& metrics() { return metrics_; }
+  const WriterOptions& options() const { return options_; }
+
+ private:
+  struct Entry;
+  struct Slot;
+
+  Writer(std::shared_ptr<objstore::ObjectStore> store, WriterOptions options);
+  void FlusherLoop();
+  void UploaderLoop();
+  void Upload(const std::shared_ptr<Slot>& slot);
+  void BuildSlot(Slot& slot);
+  // Marks a halt at (epoch, seq) if it is the first or an earlier one.
+  void Halt(const std::shared_ptr<Slot>& slot, const Status& reason);
+  // Releases every slot at the front that is durable; one thread at a time.
+  void DrainReleases();
+  std::string DiagnoseStall(TimePoint now) const;  // needs mu_
+  void Requeue(std::vector<std::shared_ptr<Slot>>& slots);  // needs mu_
+  bool SleepUnlessStopped(Duration d);
+
+  std::shared_ptr<objstore::ObjectStore> store_;
+  WriterOptions options_;
+  WalMetrics metrics_;
+
+  mutable std::mutex mu_;
+  std::condition_variable flush_cv_;   // flusher: pool or window changed
+  std::condition_variable upload_cv_;  // uploaders: job queued
+  std::condition_variable space_cv_;   // appenders: budget freed
+  std::condition_variable idle_cv_;    // Close: everything released
+  std::deque<Entry> pool_;             // admitted, not yet cut (FIFO)
+  size_t pool_uncut_bytes_ = 0;
+  size_t held_bytes_ = 0;              // admitted and not yet released (budget)
+  std::deque<std::shared_ptr<Slot>> slots_;  // claimed, unreleased, claim order
+  std::deque<std::shared_ptr<Slot>> jobs_;   // claimed, waiting for an uploader
+  uint64_t epoch_;
+  uint64_t next_seq_;
+  std::optional<uint64_t> halted_seq_;
+  Status halt_reason_;
+  bool closing_ = false;
+  bool stop_ = false;
+  bool flusher_waiting_ = false;
+  Status dead_reason_;  // set by Abandon: why Append now fails
+  bool releasing_ = false;
+  bool release_again_ = false;
+
+  std::thread flusher_;
+  std::vector<std::thread> uploaders_;
+};
+
+}  // namespace weir::wal

@@ -1,0 +1,685 @@
+// One conformance suite, run against every ObjectStore backend. To cover a new
+// backend (s3://), add one factory to Backends() below.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <latch>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "objstore/fault_store.h"
+#include "objstore/file_store.h"
+#include "objstore/mem_store.h"
+#include "objstore/object_store.h"
+
+namespace weir {
+// Lets gtest print codes by name in failed EXPECT_EQs.
+inline void PrintTo(Code code, std::ostream* os) { *os << CodeName(code); }
+}  // namespace weir
+
+namespace weir::objstore {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define ASSERT_OK(expr)                                   \
+  do {                                                    \
+    const ::weir::Status _st = (expr);                    \
+    ASSERT_TRUE(_st.ok()) << #expr << ": " << _st.ToString(); \
+  } while (0)
+#define EXPECT_OK(expr)                                   \
+  do {                                                    \
+    const ::weir::Status _st = (expr);                    \
+    EXPECT_TRUE(_st.ok()) << #expr << ": " << _st.ToString(); \
+  } while (0)
+
+// A fresh directory under /tmp, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = "/tmp/weir-objstore-test-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// One backend under test: the store plus whatever it lives in (a temp dir).
+struct BackendEnv {
+  std::unique_ptr<TempDir> dir;  // destroyed after the store (declared first)
+  std::shared_ptr<ObjectStore> store;
+};
+
+struct BackendFactory {
+  std::string name;
+  // Returns an env with a null store to skip (e.g. s3 with no endpoint configured).
+  std::function<BackendEnv()> make;
+};
+
+std::vector<BackendFactory> Backends() {
+  return {
+      {"mem", [] { return BackendEnv{nullptr, NewMemStore()}; }},
+      {"file",
+       [] {
+         auto dir = std::make_unique<TempDir>();
+         auto store = OpenFileStore(dir->path() + "/store");
+         if (!store.ok()) {
+           ADD_FAILURE() << store.status().ToString();
+           return BackendEnv{std::move(dir), nullptr};
+         }
+         return BackendEnv{std::move(dir), *store};
+       }},
+      {"fault_over_mem",
+       [] { return BackendEnv{nullptr, std::make_shared<FaultStore>(NewMemStore(), FaultOptions{})}; }},
+  };
+}
+
+class ObjectStoreConformance : public ::testing::TestWithParam<BackendFactory> {
+ protected:
+  void SetUp() override {
+    env_ = GetParam().make();
+    if (!env_.store) GTEST_SKIP() << "backend " << GetParam().name << " is not available";
+  }
+  void TearDown() override { env_.store.reset(); }
+
+  ObjectStore& s() { return *env_.store; }
+
+  std::string MustGet(std::string_view key, std::optional<ByteRange> range = std::nullopt) {
+    auto r = s().Get(key, range);
+    EXPECT_TRUE(r.ok()) << "Get " << key << ": " << r.status().ToString();
+    return r.ok() ? *r : std::string("<error>");
+  }
+
+  Code GetCode(std::string_view key, std::optional<ByteRange> range = std::nullopt) {
+    return s().Get(key, range).status().code();
+  }
+
+  // Keys of one List call.
+  std::vector<std::string> Keys(std::string_view prefix, std::string_view start_after = {}) {
+    auto page = s().List(prefix, start_after, 1000);
+    EXPECT_TRUE(page.ok()) << "List " << prefix << ": " << page.status().ToString();
+    std::vector<std::string> keys;
+    if (!page.ok()) return keys;
+    EXPECT_TRUE(page->next_start_after.empty());
+    for (const ObjectInfo& o : page->objects) keys.push_back(o.key);
+    return keys;
+  }
+
+  BackendEnv env_;
+};
+
+TEST_P(ObjectStoreConformance, PutGetRoundTrip) {
+  ASSERT_OK(s().Put("a/b/hello", "hello world"));
+  EXPECT_EQ(MustGet("a/b/hello"), "hello world");
+
+  ASSERT_OK(s().Put("empty", ""));
+  EXPECT_EQ(MustGet("empty"), "");
+
+  std::string binary;
+  for (int i = 0; i < 256; ++i) binary += static_cast<char>(i);
+  binary += std::string("\0\0\0tail\0", 8);
+  ASSERT_OK(s().Put("bin/all-bytes", binary));
+  EXPECT_EQ(MustGet("bin/all-bytes"), binary);
+
+  std::string big(3 * 1024 * 1024 + 17, '\0');
+  std::mt19937_64 rng(42);
+  for (char& c : big) c = static_cast<char>(rng());
+  ASSERT_OK(s().Put("bin/big", big));
+  EXPECT_TRUE(MustGet("bin/big") == big);
+}
+
+TEST_P(ObjectStoreConformance, OverwriteReplacesWholeObject) {
+  ASSERT_OK(s().Put("k", "a much longer first version"));
+  ASSERT_OK(s().Put("k", "short"));
+  EXPECT_EQ(MustGet("k"), "short");
+  ASSERT_OK(s().Put("k", "longer again, longer than before"));
+  EXPECT_EQ(MustGet("k"), "longer again, longer than before");
+  ASSERT_OK(s().Put("k", ""));
+  EXPECT_EQ(MustGet("k"), "");
+}
+
+TEST_P(ObjectStoreConformance, CreateOnly) {
+  const PutOptions create_only{.if_none_match = true};
+  ASSERT_OK(s().Put("wal/n1/00000001", "first", create_only));
+  EXPECT_EQ(MustGet("wal/n1/00000001"), "first");
+
+  const Status again = s().Put("wal/n1/00000001", "second", create_only);
+  EXPECT_EQ(again.code(), Code::kPreconditionFailed) << again.ToString();
+  EXPECT_EQ(MustGet("wal/n1/00000001"), "first");
+
+  // A plain Put still overwrites.
+  ASSERT_OK(s().Put("wal/n1/00000001", "third"));
+  EXPECT_EQ(MustGet("wal/n1/00000001"), "third");
+
+  // Create-only of an empty object.
+  ASSERT_OK(s().Put("wal/n1/empty", "", create_only));
+  EXPECT_EQ(s().Put("wal/n1/empty", "x", create_only).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(MustGet("wal/n1/empty"), "");
+}
+
+TEST_P(ObjectStoreConformance, ConcurrentCreateOnlyHasExactlyOneWinner) {
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 10;
+  for (int round = 0; round < kRounds; ++round) {
+    const std::string key = "race/r" + std::to_string(round) + "/slot";
+    std::latch start(kThreads);
+    std::vector<Status> results(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        start.arrive_and_wait();
+        results[t] = s().Put(key, "writer-" + std::to_string(t), PutOptions{.if_none_match = true});
+      });
+    }
+    for (auto& th : threads) th.join();
+    int winner = -1;
+    for (int t = 0; t < kThreads; ++t) {
+      if (results[t].ok()) {
+        EXPECT_EQ(winner, -1) << "two winners for " << key;
+        winner = t;
+      } else {
+        EXPECT_EQ(results[t].code(), Code::kPreconditionFailed) << results[t].ToString();
+      }
+    }
+    ASSERT_NE(winner, -1) << "no winner for " << key;
+    EXPECT_EQ(MustGet(key), "writer-" + std::to_string(winner));
+  }
+}
+
+TEST_P(ObjectStoreConformance, ConcurrentPutsIntoNewDirectories) {
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 6;
+  std::latch start(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::string suffix = std::to_string(t) + "-" + std::to_string(i);
+        if (!s().Put("shared/deep/dir/" + suffix, suffix).ok()) ++failures;
+        if (!s().Put("own/" + std::to_string(t) + "/" + std::to_string(i), suffix).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(Keys("shared/").size(), size_t{kThreads * kPerThread});
+  EXPECT_EQ(Keys("own/").size(), size_t{kThreads * kPerThread});
+  EXPECT_EQ(MustGet("shared/deep/dir/3-4"), "3-4");
+}
+
+TEST_P(ObjectStoreConformance, ReadersSeeOldOrNewBytesNeverAMix) {
+  const std::string a(256 * 1024, 'A');
+  const std::string b(256 * 1024, 'B');
+  ASSERT_OK(s().Put("atomic", a));
+  std::atomic<bool> done{false};
+  std::atomic<int> torn{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      auto r = s().Get("atomic");
+      if (!r.ok() || (*r != a && *r != b)) ++torn;
+    }
+  });
+  for (int i = 0; i < 30; ++i) {
+    EXPECT_OK(s().Put("atomic", i % 2 ? a : b));
+  }
+  done = true;
+  reader.join();
+  EXPECT_EQ(torn.load(), 0);
+}
+
+TEST_P(ObjectStoreConformance, MissingKeys) {
+  EXPECT_EQ(GetCode("nope"), Code::kNotFound);
+  EXPECT_EQ(GetCode("no/such/dir/key"), Code::kNotFound);
+  EXPECT_EQ(GetCode("nope", ByteRange{0, 1}), Code::kNotFound);
+  EXPECT_EQ(s().Head("nope").status().code(), Code::kNotFound);
+  ASSERT_OK(s().Put("dir/key", "x"));
+  // "dir" is only a prefix, not an object.
+  EXPECT_EQ(GetCode("dir"), Code::kNotFound);
+  EXPECT_EQ(s().Head("dir").status().code(), Code::kNotFound);
+  // A key below an existing object.
+  EXPECT_EQ(GetCode("dir/key/below"), Code::kNotFound);
+  EXPECT_EQ(s().Head("dir/key/below").status().code(), Code::kNotFound);
+}
+
+TEST_P(ObjectStoreConformance, HeadReportsSize) {
+  ASSERT_OK(s().Put("h/ten", "0123456789"));
+  ASSERT_OK(s().Put("h/empty", ""));
+  auto ten = s().Head("h/ten");
+  ASSERT_TRUE(ten.ok()) << ten.status().ToString();
+  EXPECT_EQ(ten->key, "h/ten");
+  EXPECT_EQ(ten->size, 10u);
+  auto empty = s().Head("h/empty");
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ(empty->size, 0u);
+}
+
+TEST_P(ObjectStoreConformance, ByteRanges) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  ASSERT_OK(s().Put("r", "0123456789"));
+  EXPECT_EQ(MustGet("r", ByteRange{2, 3}), "234");
+  EXPECT_EQ(MustGet("r", ByteRange{0, 10}), "0123456789");
+  EXPECT_EQ(MustGet("r", ByteRange{9, 1}), "9");
+  EXPECT_EQ(MustGet("r", ByteRange{7, 100}), "789");  // truncated at the end
+  EXPECT_EQ(MustGet("r", ByteRange{0, kMax}), "0123456789");
+  EXPECT_EQ(MustGet("r", ByteRange{5, kMax}), "56789");
+  EXPECT_EQ(MustGet("r", ByteRange{3, 0}), "");
+  EXPECT_EQ(GetCode("r", ByteRange{10, 1}), Code::kOutOfRange);
+  EXPECT_EQ(GetCode("r", ByteRange{11, 1}), Code::kOutOfRange);
+  EXPECT_EQ(GetCode("r", ByteRange{kMax, 1}), Code::kOutOfRange);
+
+  ASSERT_OK(s().Put("r-empty", ""));
+  EXPECT_EQ(MustGet("r-empty", ByteRange{0, 5}), "");
+  EXPECT_EQ(GetCode("r-empty", ByteRange{1, 1}), Code::kOutOfRange);
+}
+
+class ListTest : public ObjectStoreConformance {
+ protected:
+  void SetUp() override {
+    ObjectStoreConformance::SetUp();
+    if (IsSkipped()) return;
+    for (const std::string& key : kKeys) ASSERT_OK(s().Put(key, "v:" + key));
+  }
+
+  // Expected result: kKeys filtered and sorted by byte order.
+  static std::vector<std::string> Expected(std::string_view prefix, std::string_view start_after = {}) {
+    std::vector<std::string> out;
+    for (const std::string& k : kKeys) {
+      if (k.starts_with(prefix) && k > start_after) out.push_back(k);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  inline static const std::vector<std::string> kKeys = {
+      "wal/n1/00000002", "wal/n1/00010000", "wal/n1/00000001", "wal/n10/00000001", "wal/n2/00000001",
+      "walrus",          "meta/streams/x",  "a0",              "a/b",              "a.b",
+      "a-b",             "a/b.c/d",         "z",
+  };
+};
+
+TEST_P(ListTest, ByteOrder) {
+  const std::vector<std::string> all = Keys("");
+  EXPECT_EQ(all, Expected(""));
+  // '-' < '.' < '/' < '0': a directory walk that lists "a/" as a unit must not
+  // put "a/b" before "a-b" or after "a0".
+  EXPECT_EQ(Keys("a"), (std::vector<std::string>{"a-b", "a.b", "a/b", "a/b.c/d", "a0"}));
+}
+
+TEST_P(ListTest, Prefixes) {
+  EXPECT_EQ(Keys("wal/n1/0000"), (std::vector<std::string>{"wal/n1/00000001", "wal/n1/00000002"}));
+  EXPECT_EQ(Keys("wal/n1/0001"), (std::vector<std::string>{"wal/n1/00010000"}));
+  EXPECT_EQ(Keys("wal/n1/"), Expected("wal/n1/"));
+  EXPECT_EQ(Keys("wal/n1"), Expected("wal/n1"));  // includes wal/n10/
+  EXPECT_EQ(Keys("wal/n1").size(), 4u);
+  EXPECT_EQ(Keys("wal"), Expected("wal"));  // includes walrus
+  EXPECT_EQ(Keys("wal/"), Expected("wal/"));
+  EXPECT_EQ(Keys("a/"), (std::vector<std::string>{"a/b", "a/b.c/d"}));
+  EXPECT_EQ(Keys("a/b"), (std::vector<std::string>{"a/b", "a/b.c/d"}));
+  EXPECT_EQ(Keys("wal/n1/00000001"), (std::vector<std::string>{"wal/n1/00000001"}));
+  for (const char* none : {"zz", "wal/n3/", "wal/n1/00000001/", "nothing/here/", "../", "/", "a//", "./a"}) {
+    EXPECT_TRUE(Keys(none).empty()) << none;
+  }
+  EXPECT_TRUE(Keys(std::string_view("a\0", 2)).empty());
+}
+
+TEST_P(ListTest, ReportsSizes) {
+  auto page = s().List("wal/n1/", {}, 1000);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  ASSERT_EQ(page->objects.size(), 3u);
+  for (const ObjectInfo& o : page->objects) EXPECT_EQ(o.size, ("v:" + o.key).size()) << o.key;
+}
+
+TEST_P(ListTest, PagesOfTwoCoverEverythingOnce) {
+  for (std::string_view prefix : {"", "wal/", "a", "wal/n1/0000"}) {
+    std::vector<std::string> seen;
+    std::string start_after;
+    int pages = 0;
+    while (true) {
+      auto page = s().List(prefix, start_after, 2);
+      ASSERT_TRUE(page.ok()) << page.status().ToString();
+      ASSERT_LE(page->objects.size(), 2u);
+      ++pages;
+      ASSERT_LE(pages, 20) << "paging does not terminate";
+      for (const ObjectInfo& o : page->objects) seen.push_back(o.key);
+      if (page->next_start_after.empty()) break;
+      ASSERT_FALSE(page->objects.empty());
+      EXPECT_EQ(page->next_start_after, page->objects.back().key);
+      start_after = page->next_start_after;
+    }
+    EXPECT_EQ(seen, Expected(prefix)) << "prefix " << prefix;
+    EXPECT_EQ(pages, std::max<int>(1, static_cast<int>((Expected(prefix).size() + 1) / 2))) << prefix;
+  }
+}
+
+TEST_P(ListTest, StartAfter) {
+  EXPECT_EQ(Keys("", "a0"), Expected("", "a0"));
+  EXPECT_EQ(Keys("wal/", "wal/n1/00000002"), Expected("wal/", "wal/n1/00000002"));
+  EXPECT_EQ(Keys("wal/", "wal/n1/00000001x"), Expected("wal/", "wal/n1/00000001x"));  // not a key
+  EXPECT_EQ(Keys("wal/", "wal/n1/"), Expected("wal/", "wal/n1/"));
+  EXPECT_EQ(Keys("wal/", "wal/n1"), Expected("wal/", "wal/n1"));
+  EXPECT_EQ(Keys("wal", "a"), Expected("wal"));  // start_after before the prefix
+  EXPECT_TRUE(Keys("a", "b").empty());              // start_after past the prefix
+  EXPECT_TRUE(Keys("", "z").empty());
+  EXPECT_EQ(Keys("", "a/b"), Expected("", "a/b"));
+}
+
+TEST_P(ListTest, MaxKeysLimits) {
+  EXPECT_EQ(s().List("", {}, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(s().List("", {}, 1001).status().code(), Code::kInvalidArgument);
+  auto one = s().List("", {}, 1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  ASSERT_EQ(one->objects.size(), 1u);
+  EXPECT_EQ(one->objects[0].key, Expected("")[0]);
+  EXPECT_EQ(one->next_start_after, Expected("")[0]);
+}
+
+TEST_P(ObjectStoreConformance, ListEmptyStore) {
+  auto page = s().List("", {}, 1000);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  EXPECT_TRUE(page->objects.empty());
+  EXPECT_TRUE(page->next_start_after.empty());
+}
+
+TEST_P(ObjectStoreConformance, Delete) {
+  ASSERT_OK(s().Put("d/one", "1"));
+  ASSERT_OK(s().Put("d/two", "2"));
+  ASSERT_OK(s().Delete("d/one"));
+  EXPECT_EQ(GetCode("d/one"), Code::kNotFound);
+  EXPECT_EQ(s().Head("d/one").status().code(), Code::kNotFound);
+  EXPECT_EQ(Keys("d/"), (std::vector<std::string>{"d/two"}));
+  EXPECT_OK(s().Delete("d/one"));             // again
+  EXPECT_OK(s().Delete("never/existed/key"));  // missing, missing parents
+  EXPECT_OK(s().Delete("d"));                  // a prefix, not an object: nothing happens
+  EXPECT_EQ(MustGet("d/two"), "2");
+  // The key can be created again, create-only.
+  ASSERT_OK(s().Put("d/one", "1 again", PutOptions{.if_none_match = true}));
+  EXPECT_EQ(MustGet("d/one"), "1 again");
+}
+
+TEST_P(ObjectStoreConformance, DeleteMany) {
+  for (int i = 1; i <= 5; ++i) ASSERT_OK(s().Put("m/k" + std::to_string(i), "v"));
+  const std::vector<std::string> doomed = {"m/k1", "m/k3", "m/missing", "gone/too", "m/k5"};
+  ASSERT_OK(s().DeleteMany(doomed));
+  EXPECT_EQ(Keys("m/"), (std::vector<std::string>{"m/k2", "m/k4"}));
+  ASSERT_OK(s().DeleteMany(std::vector<std::string>{}));
+
+  // A bad key fails the call, but every other key is still attempted.
+  const std::vector<std::string> mixed = {"m/k2", "bad//key", "m/k4"};
+  EXPECT_EQ(s().DeleteMany(mixed).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Keys("m/").empty());
+}
+
+TEST_P(ObjectStoreConformance, InvalidKeysAreRejectedAndNothingIsWritten) {
+  const std::vector<std::string> bad = {
+      "",     "/a",  "/",    "..",  ".",    "a/..", "a/../b", "./a", "a/.", "a//b",
+      "a/",   "//",  "a/b/", std::string("a\0b", 3), std::string("\0", 1), std::string(1025, 'k'),
+  };
+  for (const std::string& key : bad) {
+    SCOPED_TRACE(testing::PrintToString(key));
+    EXPECT_EQ(s().Put(key, "data").code(), Code::kInvalidArgument);
+    EXPECT_EQ(s().Put(key, "data", PutOptions{.if_none_match = true}).code(), Code::kInvalidArgument);
+    EXPECT_EQ(GetCode(key), Code::kInvalidArgument);
+    EXPECT_EQ(s().Head(key).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(s().Delete(key).code(), Code::kInvalidArgument);
+    EXPECT_EQ(s().DeleteMany(std::vector<std::string>{key}).code(), Code::kInvalidArgument);
+  }
+  auto page = s().List("", {}, 1000);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  EXPECT_TRUE(page->objects.empty());
+}
+
+TEST_P(ObjectStoreConformance, LongestValidKey) {
+  // 1024 bytes in segments short enough for any filesystem.
+  std::string key;
+  while (key.size() + 201 <= 1024) key += std::string(200, 's') + "/";
+  key += std::string(1024 - key.size(), 'e');
+  ASSERT_EQ(key.size(), 1024u);
+  ASSERT_OK(s().Put(key, "long"));
+  EXPECT_EQ(MustGet(key), "long");
+  EXPECT_EQ(Keys(key.substr(0, 500)), (std::vector<std::string>{key}));
+  ASSERT_OK(s().Delete(key));
+}
+
+TEST_P(ObjectStoreConformance, DescribeIsNotEmpty) { EXPECT_FALSE(s().Describe().empty()); }
+
+std::string BackendName(const ::testing::TestParamInfo<BackendFactory>& p) { return p.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Backends, ObjectStoreConformance, ::testing::ValuesIn(Backends()), BackendName);
+INSTANTIATE_TEST_SUITE_P(Backends, ListTest, ::testing::ValuesIn(Backends()), BackendName);
+
+// ---- ValidateKey messages ---------------------------------------------------
+
+TEST(ValidateKeyTest, MessagesNameTheRuleAndTheKey) {
+  const Status dots = ValidateKey("a/../b");
+  EXPECT_EQ(dots.code(), Code::kInvalidArgument);
+  EXPECT_EQ(dots.message(), "invalid object key \"a/../b\": '..' segments are not allowed");
+  EXPECT_NE(ValidateKey("a//b").message().find("empty path segment"), std::string::npos);
+  EXPECT_NE(ValidateKey("/a").message().find("'/'"), std::string::npos);
+  EXPECT_NE(ValidateKey("./a").message().find("'.'"), std::string::npos);
+  EXPECT_NE(ValidateKey("").message().find("empty"), std::string::npos);
+  const Status nul = ValidateKey(std::string("a\0b", 3));
+  EXPECT_NE(nul.message().find("NUL"), std::string::npos);
+  EXPECT_NE(nul.message().find("a\\x00b"), std::string::npos) << nul.message();
+  const Status longer = ValidateKey(std::string(2000, 'k'));
+  EXPECT_NE(longer.message().find("1024"), std::string::npos);
+  EXPECT_LT(longer.message().size(), 300u) << "long keys are abbreviated";
+  EXPECT_OK(ValidateKey("wal/n1/00000001"));
+  EXPECT_OK(ValidateKey("a..b/.c/..d/e."));
+  EXPECT_OK(ValidateKey(std::string(1024, 'k')));
+}
+
+// ---- file:// specifics ------------------------------------------------------
+
+class FileStoreTest : public ::testing::Test {
+ protected:
+  std::string Root() const { return tmp_.path() + "/store"; }
+  std::shared_ptr<ObjectStore> Open() {
+    auto r = OpenFileStore(Root());
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : nullptr;
+  }
+  std::vector<std::string> TempFiles() const {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (fs::directory_iterator it(Root() + "/.weir-tmp", ec), end; !ec && it != end; it.increment(ec)) {
+      names.push_back(it->path().filename().string());
+    }
+    EXPECT_FALSE(ec) << ec.message();
+    return names;
+  }
+
+  TempDir tmp_;
+};
+
+TEST_F(FileStoreTest, DataSurvivesReopen) {
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    ASSERT_OK(store->Put("wal/n1/00000001", "persisted"));
+    ASSERT_OK(store->Put("top", ""));
+  }
+  auto store = Open();
+  ASSERT_TRUE(store);
+  auto got = store->Get("wal/n1/00000001");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "persisted");
+  auto page = store->List("", {}, 1000);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->objects.size(), 2u);
+  EXPECT_EQ(page->objects[0].key, "top");
+  EXPECT_EQ(page->objects[1].key, "wal/n1/00000001");
+  EXPECT_EQ(store->Put("top", "x", PutOptions{.if_none_match = true}).code(), Code::kPreconditionFailed);
+}
+
+TEST_F(FileStoreTest, OneFilePerKeyAndNoTempFilesLeft) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  const PutOptions create_only{.if_none_match = true};
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_OK(store->Put("k/" + std::to_string(i % 5), std::string(i * 100, 'x')));
+    EXPECT_EQ(store->Put("k/0", "y", create_only).code(), Code::kPreconditionFailed);
+    ASSERT_OK(store->Put("c/" + std::to_string(i), "z", create_only));
+  }
+  EXPECT_EQ(store->Put("bad//key", "q").code(), Code::kInvalidArgument);
+  EXPECT_TRUE(TempFiles().empty()) << TempFiles().size() << " temp files left";
+  EXPECT_TRUE(fs::is_regular_file(Root() + "/k/3"));
+  EXPECT_EQ(fs::file_size(Root() + "/k/4"), 1900u);
+}
+
+TEST_F(FileStoreTest, ReservedTempDirKeys) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  for (const char* key : {".weir-tmp/x", ".weir-tmp", ".weir-tmp/a/b"}) {
+    SCOPED_TRACE(key);
+    const Status put = store->Put(key, "data");
+    EXPECT_EQ(put.code(), Code::kInvalidArgument);
+    EXPECT_NE(put.message().find("reserved"), std::string::npos) << put.message();
+    EXPECT_EQ(store->Get(key).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(store->Head(key).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(store->Delete(key).code(), Code::kInvalidArgument);
+  }
+  // Only the first segment is reserved.
+  ASSERT_OK(store->Put(".weir-tmpx", "ok"));
+  ASSERT_OK(store->Put("a/.weir-tmp/b", "ok"));
+  // A stray file in the temp dir is never listed.
+  { std::ofstream(Root() + "/.weir-tmp/stray") << "junk"; }
+  auto all = store->List("", {}, 1000);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->objects.size(), 2u);
+  EXPECT_EQ(all->objects[0].key, ".weir-tmpx");
+  EXPECT_EQ(all->objects[1].key, "a/.weir-tmp/b");
+  auto tmp = store->List(".weir-tmp/", {}, 1000);
+  ASSERT_TRUE(tmp.ok());
+  EXPECT_TRUE(tmp->objects.empty());
+  auto dot = store->List(".weir", {}, 1000);
+  ASSERT_TRUE(dot.ok());
+  ASSERT_EQ(dot->objects.size(), 1u);
+}
+
+TEST_F(FileStoreTest, SegmentsLongerThanNameMaxAreInvalid) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  const std::string key = "a/" + std::string(256, 'n');
+  EXPECT_EQ(store->Put(key, "x").code(), Code::kInvalidArgument);
+  ASSERT_OK(store->Put("a/" + std::string(255, 'n'), "x"));
+  auto page = store->List("a/" + std::string(300, 'n') + "/", {}, 1000);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  EXPECT_TRUE(page->objects.empty());
+}
+
+TEST_F(FileStoreTest, KeyThatIsAlsoADirectoryIsNotSupported) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  ASSERT_OK(store->Put("a", "file a"));
+  EXPECT_EQ(store->Put("a/b", "x").code(), Code::kNotSupported);
+  EXPECT_EQ(store->Put("a/b/c", "x").code(), Code::kNotSupported);
+  EXPECT_EQ(store->Get("a/b").status().code(), Code::kNotFound);
+
+  ASSERT_OK(store->Put("d/e", "file d/e"));
+  EXPECT_EQ(store->Put("d", "x").code(), Code::kNotSupported);
+  EXPECT_EQ(store->Put("d", "x", PutOptions{.if_none_match = true}).code(), Code::kNotSupported);
+  EXPECT_EQ(store->Get("d").status().code(), Code::kNotFound);
+  EXPECT_OK(store->Delete("d"));
+  auto e = store->Get("d/e");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(*e, "file d/e");
+  auto a = store->Get("a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, "file a");
+  EXPECT_TRUE(TempFiles().empty());
+}
+
+TEST_F(FileStoreTest, StaleTempFilesAreRemovedOnOpen) {
+  ASSERT_TRUE(Open());
+  const std::string stale = Root() + "/.weir-tmp/999-1-00.tmp";
+  const std::string fresh = Root() + "/.weir-tmp/999-2-00.tmp";
+  { std::ofstream(stale) << "old"; }
+  { std::ofstream(fresh) << "new"; }
+  const timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 2 * 3600, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, stale.c_str(), times, 0), 0);
+  ASSERT_TRUE(Open());
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(fresh));
+}
+
+TEST_F(FileStoreTest, OpenCreatesNestedDirsAndRejectsFiles) {
+  auto r = OpenFileStore(tmp_.path() + "/x/y/z/");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->Describe(), "file://" + tmp_.path() + "/x/y/z");
+  EXPECT_TRUE(fs::is_directory(tmp_.path() + "/x/y/z/.weir-tmp"));
+
+  { std::ofstream(tmp_.path() + "/plain") << "not a dir"; }
+  EXPECT_FALSE(OpenFileStore(tmp_.path() + "/plain").ok());
+  EXPECT_FALSE(OpenFileStore(tmp_.path() + "/plain/sub").ok());
+  EXPECT_EQ(OpenFileStore("").status().code(), Code::kInvalidArgument);
+}
+
+// ---- OpenObjectStore ----------------------------------------------------------
+
+TEST(OpenObjectStoreTest, MemSchemeGivesFreshStores) {
+  auto a = OpenObjectStore("mem://");
+  auto b = OpenObjectStore("mem://");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->Describe(), "mem://");
+  ASSERT_OK((*a)->Put("k", "v"));
+  EXPECT_EQ((*b)->Get("k").status().code(), Code::kNotFound);
+  EXPECT_EQ(OpenObjectStore("mem://extra").status().code(), Code::kInvalidArgument);
+}
+
+TEST(OpenObjectStoreTest, FileSchemeAbsoluteAndRelative) {
+  TempDir tmp;
+  auto abs = OpenObjectStore("file://" + tmp.path() + "/abs");
+  ASSERT_TRUE(abs.ok()) << abs.status().ToString();
+  EXPECT_EQ((*abs)->Describe(), "file://" + tmp.path() + "/abs");
+  ASSERT_OK((*abs)->Put("x/y", "abs"));
+  EXPECT_TRUE(fs::is_regular_file(tmp.path() + "/abs/x/y"));
+
+  const fs::path old_cwd = fs::current_path();
+  fs::current_path(tmp.path());
+  auto rel = OpenObjectStore("file://rel/dir");
+  fs::current_path(old_cwd);
+  ASSERT_TRUE(rel.ok()) << rel.status().ToString();
+  EXPECT_EQ((*rel)->Describe(), "file://" + tmp.path() + "/rel/dir");
+  ASSERT_OK((*rel)->Put("k", "rel"));  // the path was made absolute at open
+  EXPECT_TRUE(fs::is_regular_file(tmp.path() + "/rel/dir/k"));
+}
+
+TEST(OpenObjectStoreTest, BadUris) {
+  for (const char* uri : {"", "file://", "s3://bucket/prefix", "/tmp/no-scheme", "mem:", "FILE:///x", "http://x"}) {
+    SCOPED_TRACE(uri);
+    const Status st = OpenObjectStore(uri).status();
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  }
+  const std::string msg = OpenObjectStore("s3://bucket/prefix").status().message();
+  EXPECT_NE(msg.find("file://DIR"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("mem://"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("s3://bucket/prefix"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace weir::objstore
