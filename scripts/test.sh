@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds with warnings as errors, runs every test,
+# then runs the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/deps.sh"
+jobs=$(nproc)
+export WEIR_LOG_LEVEL=${WEIR_LOG_LEVEL:-warn}
+
+echo "== build (warnings are errors)"
+"$root/scripts/build.sh" "$root/build/ci" -DWEIR_WERROR=ON
+echo "== all tests"
+ctest --test-dir "$root/build/ci" --output-on-failure -j"$jobs" --timeout 600
+
+echo "== build with ASan + UBSan"
+"$root/scripts/build.sh" "$root/build/asan" -DWEIR_WERROR=ON -DWEIR_SANITIZE=ON
+echo "== unit tests under ASan + UBSan"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir "$root/build/asan" --output-on-failure -j"$jobs" -L unit --timeout 900

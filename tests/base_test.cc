@@ -1,0 +1,168 @@
+// base: Status/Result, CRC-32C, byte encoding, histogram.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "base/bytes.h"
+#include "base/crc32c.h"
+#include "base/histogram.h"
+#include "base/status.h"
+
+namespace weir {
+namespace {
+
+TEST(Status, OkIsCheapAndNamed) {
+  Status ok;
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(ok.code(), Code::kOk);
+  EXPECT_EQ(ok.ToString(), "OK");
+  EXPECT_TRUE(ok.message().empty());
+}
+
+TEST(Status, CodesMessagesAndRetryability) {
+  Status st = NotFound("object {} not found", "a/b");
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Code::kNotFound);
+  EXPECT_EQ(st.ToString(), "NotFound: object a/b not found");
+  EXPECT_FALSE(st.retryable());
+  EXPECT_TRUE(Timeout("t").retryable());
+  EXPECT_TRUE(Unavailable("u").retryable());
+  EXPECT_TRUE(ResourceExhausted("r").retryable());
+  for (Status s : {InvalidArgument("x"), AlreadyExists("x"), PreconditionFailed("x"), Corruption("x"),
+                   Fenced("x"), IOError("x"), Internal("x"), OutOfRange("x")}) {
+    EXPECT_FALSE(s.retryable()) << s.ToString();
+  }
+  EXPECT_EQ(st.WithContext("reading").ToString(), "NotFound: reading: object a/b not found");
+  EXPECT_TRUE(Status().WithContext("ctx").ok());
+  EXPECT_EQ(CodeName(Code::kPreconditionFailed), "PreconditionFailed");
+}
+
+Result<int> Half(int x) {
+  if (x % 2) return InvalidArgument("{} is odd", x);
+  return x / 2;
+}
+
+Result<int> Quarter(int x) {
+  WEIR_ASSIGN_OR_RETURN(int h, Half(x));
+  WEIR_ASSIGN_OR_RETURN(int q, Half(h));
+  return q;
+}
+
+Status CheckEven(int x) {
+  WEIR_RETURN_IF_ERROR(Half(x).status());
+  return Status::Ok();
+}
+
+TEST(Result, ValueOrStatusAndMacros) {
+  auto r = Quarter(8);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 2);
+  auto bad = Quarter(6);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "3 is odd");
+  EXPECT_TRUE(CheckEven(4).ok());
+  EXPECT_EQ(CheckEven(5).code(), Code::kInvalidArgument);
+  Result<std::string> s = std::string("move me");
+  std::string taken = std::move(s).value();
+  EXPECT_EQ(taken, "move me");
+}
+
+TEST(Crc32c, KnownVectorsAndExtension) {
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
+  EXPECT_EQ(Crc32c(""), 0u);
+  std::string zeros(32, '\0');
+  EXPECT_EQ(Crc32c(zeros), 0x8A9136AAu);  // RFC 3720 B.4
+  std::string ones(32, '\xff');
+  EXPECT_EQ(Crc32c(ones), 0x62A8AB43u);
+  std::mt19937 rng(1);
+  std::string data(100000, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{99999}}) {
+    uint32_t a = Crc32c(data.data(), cut);
+    EXPECT_EQ(Crc32cExtend(a, data.data() + cut, data.size() - cut), Crc32c(data));
+  }
+}
+
+TEST(Bytes, FixedWidthRoundTrip) {
+  std::string b;
+  PutLE16(&b, 0x1234);
+  PutLE32(&b, 0xdeadbeef);
+  PutLE64(&b, 0x0102030405060708ull);
+  PutBE16(&b, 0x1234);
+  PutBE32(&b, 0xdeadbeef);
+  PutBE64(&b, 0x0102030405060708ull);
+  EXPECT_EQ(static_cast<uint8_t>(b[0]), 0x34);
+  EXPECT_EQ(static_cast<uint8_t>(b[14]), 0x12);
+  ByteReader r(b);
+  uint16_t a16;
+  uint32_t a32;
+  uint64_t a64;
+  ASSERT_TRUE(r.GetLE16(&a16) && r.GetLE32(&a32) && r.GetLE64(&a64));
+  EXPECT_EQ(a16, 0x1234);
+  EXPECT_EQ(a32, 0xdeadbeefu);
+  EXPECT_EQ(a64, 0x0102030405060708ull);
+  ASSERT_TRUE(r.GetBE16(&a16) && r.GetBE32(&a32) && r.GetBE64(&a64));
+  EXPECT_EQ(a16, 0x1234);
+  EXPECT_EQ(a32, 0xdeadbeefu);
+  EXPECT_EQ(a64, 0x0102030405060708ull);
+  EXPECT_EQ(r.remaining(), 0u);
+  EXPECT_FALSE(r.GetU8(nullptr));
+  EXPECT_TRUE(r.failed());
+}
+
+TEST(Bytes, VarintsRoundTripAndSizes) {
+  const std::vector<int64_t> values = {0, 1, -1, 63, -64, 64, 300, -300, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN};
+  std::string b;
+  for (int64_t v : values) {
+    size_t before = b.size();
+    PutVarint(&b, v);
+    EXPECT_EQ(b.size() - before, VarintSize(v)) << v;
+  }
+  ByteReader r(b);
+  for (int64_t v : values) {
+    int64_t got;
+    ASSERT_TRUE(r.GetVarint(&got));
+    EXPECT_EQ(got, v);
+  }
+  std::string one;
+  PutVarint(&one, -1);
+  EXPECT_EQ(one, std::string("\x01", 1));  // zigzag
+  ByteReader bad(std::string(11, '\x80'));
+  uint64_t u;
+  EXPECT_FALSE(bad.GetUVarint(&u));
+  ByteReader truncated(std::string("\x80", 1));
+  EXPECT_FALSE(truncated.GetUVarint(&u));
+}
+
+TEST(Histogram, BucketsBoundRelativeError) {
+  for (uint64_t v : std::vector<uint64_t>{0, 1, 15, 16, 17, 1000, 123456789, UINT64_MAX}) {
+    int b = Histogram::BucketOf(v);
+    ASSERT_LT(b, Histogram::kBuckets);
+    uint64_t ub = Histogram::BucketUpperBound(b);
+    EXPECT_GE(ub, v);
+    EXPECT_LE(static_cast<double>(ub - v), static_cast<double>(v) / 16.0 + 1) << v;
+  }
+}
+
+TEST(Histogram, QuantilesAndConcurrentRecords) {
+  Histogram h;
+  EXPECT_EQ(h.Quantile(0.5), 0u);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&] {
+      for (uint64_t v = 1; v <= 10000; ++v) h.Record(v);
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(h.count(), 40000u);
+  EXPECT_EQ(h.max(), 10000u);
+  EXPECT_NEAR(static_cast<double>(h.Quantile(0.5)), 5000, 5000 * 0.07);
+  EXPECT_NEAR(static_cast<double>(h.Quantile(0.99)), 9900, 9900 * 0.07);
+  EXPECT_EQ(h.Quantile(1.0), 10000u);
+  h.Reset();
+  EXPECT_EQ(h.count(), 0u);
+}
+
+}  // namespace
+}  // namespace weir
