@@ -128,10 +128,11 @@ TEST(Bytes, VarintsRoundTripAndSizes) {
   std::string one;
   PutVarint(&one, -1);
   EXPECT_EQ(one, std::string("\x01", 1));  // zigzag
-  ByteReader bad(std::string(11, '\x80'));
+  const std::string too_long(11, '\x80'), cut("\x80", 1);
+  ByteReader bad(too_long);
   uint64_t u;
   EXPECT_FALSE(bad.GetUVarint(&u));
-  ByteReader truncated(std::string("\x80", 1));
+  ByteReader truncated(cut);
   EXPECT_FALSE(truncated.GetUVarint(&u));
 }
 
