@@ -17,21 +17,31 @@
 #include "objstore/file_store.h"
 #include "objstore/mem_store.h"
 #include "wal/record_batch.h"
+#include "wal/slot_format.h"
 #include "wal/writer.h"
 
 namespace weir::bench {
 
 namespace {
 
-// One appender: a thread that keeps up to `inflight` appends unacknowledged,
-// like a producer pipelining batches. Its counters are touched by the thread
-// and by the WAL's release callbacks.
+// One appender: a logical producer with its own stream, offsets and window of
+// unacknowledged appends. Appenders are multiplexed over a few driver threads,
+// as a server multiplexes connections over a few I/O threads.
 struct Appender {
+  std::atomic<int> inflight{0};
+  std::atomic<uint64_t> failures{0};
+  uint64_t stream = 0;
+  int64_t next_offset = 0;
+  std::vector<wal::Record> records;
+};
+
+// A driver thread: fills its appenders' windows, sleeps until an ack brings one
+// of them down to its low-water mark.
+struct Driver {
   std::mutex mu;
   std::condition_variable cv;
-  int inflight = 0;
-  bool waiting = false;
-  std::atomic<uint64_t> failures{0};
+  int ready = 0;
+  std::vector<Appender*> appenders;
 };
 
 }  // namespace
@@ -40,6 +50,7 @@ Status RunWalBench(const WalBenchOptions& o) {
   if (o.appenders < 1 || o.appenders > 4096) return InvalidArgument("--appenders must be 1..4096");
   if (o.inflight < 1 || o.inflight > 100000) return InvalidArgument("--inflight must be 1..100000");
   if (o.record_bytes < 1 || o.record_bytes > (4u << 20)) return InvalidArgument("--record-bytes must be 1..4194304");
+  if (o.threads < 1 || o.threads > 256) return InvalidArgument("--threads must be 1..256");
   if (o.duration_s <= 0) return InvalidArgument("--duration must be positive");
 
   std::shared_ptr<objstore::ObjectStore> store;
@@ -75,47 +86,77 @@ Status RunWalBench(const WalBenchOptions& o) {
   int streams = o.streams > 0 ? o.streams : o.appenders;
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> acked{0};
+  // Stands in for settle + trim: deletes acknowledged slots so the store's
+  // memory (mem://) or disk (file://) stays bounded during long runs.
+  std::atomic<uint64_t> released_below{0};
+  std::thread trimmer([&] {
+    uint64_t next = 0;
+    std::vector<std::string> keys;
+    while (!stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      uint64_t upto = released_below.load();
+      keys.clear();
+      for (; next < upto; ++next) keys.push_back(wal::SlotKey(wo.node, wo.epoch, next));
+      if (!keys.empty()) store->DeleteMany(keys).IgnoreError();
+    }
+  });
+  const int low_water = o.inflight / 2;
+  const int driver_count = std::min(o.appenders, o.threads);
   std::vector<std::unique_ptr<Appender>> apps;
-  for (int i = 0; i < o.appenders; ++i) apps.push_back(std::make_unique<Appender>());
-  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<Driver>> drivers;
+  for (int d = 0; d < driver_count; ++d) drivers.push_back(std::make_unique<Driver>());
+  std::mt19937_64 rng(1);
   for (int i = 0; i < o.appenders; ++i) {
-    threads.emplace_back([&, i] {
-      Appender& a = *apps[static_cast<size_t>(i)];
-      std::mt19937_64 rng(static_cast<uint64_t>(i) + 1);
-      std::vector<wal::Record> recs(1);
-      recs[0].value = std::string(o.record_bytes, '\0');
-      for (char& c : *recs[0].value) c = static_cast<char>(rng());
-      recs[0].key = "k" + std::to_string(i);
-      uint64_t stream = static_cast<uint64_t>(i % streams);
-      int64_t offset = 0;
-      const int low_water = o.inflight / 2;
-      auto done = [&a, &acked, low_water](const Status& st, const wal::AckInfo&) {
-        (st.ok() ? acked : a.failures).fetch_add(1, std::memory_order_relaxed);
-        std::lock_guard lk(a.mu);
-        --a.inflight;
-        if (a.waiting && a.inflight <= low_water) a.cv.notify_one();
-      };
+    auto a = std::make_unique<Appender>();
+    a->stream = static_cast<uint64_t>(i % streams);
+    a->records.resize(1);
+    a->records[0].key = "k" + std::to_string(i);
+    a->records[0].value = std::string(o.record_bytes, '\0');
+    for (char& c : *a->records[0].value) c = static_cast<char>(rng());
+    drivers[static_cast<size_t>(i % driver_count)]->appenders.push_back(a.get());
+    apps.push_back(std::move(a));
+  }
+  std::vector<std::thread> threads;
+  for (int d = 0; d < driver_count; ++d) {
+    threads.emplace_back([&, d] {
+      Driver& drv = *drivers[static_cast<size_t>(d)];
+      for (Appender* ap : drv.appenders) {
+        ap->records[0].timestamp = WallMillis();
+      }
       while (!stop.load(std::memory_order_relaxed)) {
-        {
-          std::unique_lock lk(a.mu);
-          if (a.inflight >= o.inflight) {
-            a.waiting = true;
-            a.cv.wait(lk, [&] { return a.inflight <= low_water || stop.load(); });
-            a.waiting = false;
-            if (stop.load()) break;
+        bool submitted = false;
+        for (Appender* ap : drv.appenders) {
+          Appender& a = *ap;
+          while (a.inflight.load(std::memory_order_relaxed) < o.inflight && !stop.load(std::memory_order_relaxed)) {
+            a.inflight.fetch_add(1, std::memory_order_relaxed);
+            wal::EncodeOptions eo;
+            eo.base_offset = a.next_offset++;
+            a.records[0].timestamp = WallMillis();
+            std::string batch;
+            Status st = wal::EncodeRecordBatch(a.records, eo, &batch);
+            auto done = [&a, &drv, &acked, &released_below, low_water](const Status& s, const wal::AckInfo& info) {
+              (s.ok() ? acked : a.failures).fetch_add(1, std::memory_order_relaxed);
+              // Slots release in order: every slot below this one is acknowledged.
+              if (s.ok() && released_below.load(std::memory_order_relaxed) < info.seq) {
+                released_below.store(info.seq, std::memory_order_relaxed);
+              }
+              if (a.inflight.fetch_sub(1, std::memory_order_relaxed) == low_water + 1) {
+                std::lock_guard lk(drv.mu);
+                if (drv.ready++ == 0) drv.cv.notify_one();
+              }
+            };
+            if (st.ok()) st = writer->Append(a.stream, std::move(batch), std::move(done), Now() + std::chrono::seconds(60));
+            if (!st.ok()) {
+              a.failures.fetch_add(1);
+              a.inflight.fetch_sub(1);
+            }
+            submitted = true;
           }
-          ++a.inflight;
         }
-        wal::EncodeOptions eo;
-        eo.base_offset = offset++;
-        recs[0].timestamp = WallMillis();
-        std::string batch;
-        Status st = wal::EncodeRecordBatch(recs, eo, &batch);
-        if (st.ok()) st = writer->Append(stream, std::move(batch), done, Now() + std::chrono::seconds(60));
-        if (!st.ok()) {
-          a.failures.fetch_add(1);
-          std::lock_guard lk(a.mu);
-          --a.inflight;
+        if (!submitted) {
+          std::unique_lock lk(drv.mu);
+          drv.cv.wait_for(lk, std::chrono::milliseconds(5), [&] { return drv.ready > 0 || stop.load(); });
+          drv.ready = 0;
         }
       }
     });
@@ -135,11 +176,12 @@ Status RunWalBench(const WalBenchOptions& o) {
   double p999 = static_cast<double>(m.ack_latency_ns.Quantile(0.999)) / 1e6;
 
   stop.store(true);
-  for (auto& a : apps) {
-    std::lock_guard lk(a->mu);
-    a->cv.notify_all();
+  for (auto& d : drivers) {
+    std::lock_guard lk(d->mu);
+    d->cv.notify_all();
   }
   for (auto& t : threads) t.join();
+  trimmer.join();
   writer->Close();
   uint64_t failures = 0;
   for (auto& a : apps) failures += a->failures.load();
@@ -162,6 +204,7 @@ Status RunWalBench(const WalBenchOptions& o) {
   j["put_latency_ms"] = o.put_latency_ms;
   j["appenders"] = o.appenders;
   j["inflight"] = o.inflight;
+  j["threads"] = driver_count;
   j["record_bytes"] = o.record_bytes;
   j["failures"] = failures;
   j["stall_window"] = m.stall_window.load();

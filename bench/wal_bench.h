@@ -13,7 +13,8 @@ struct WalBenchOptions {
   std::string dir;            // file store directory (default: a fresh temp dir, removed after)
   double put_latency_ms = 0;  // injected fixed PUT latency (FaultStore), 0 = none
   int appenders = 16;
-  int inflight = 64;          // unacknowledged appends each appender keeps in flight
+  int inflight = 32;          // unacknowledged appends each appender keeps in flight
+  int threads = 2;            // driver threads the appenders are multiplexed over
   int streams = 0;            // distinct streams (0 = one per appender)
   size_t record_bytes = 1024;
   double duration_s = 10;

@@ -1,6 +1,6 @@
 // Histogram: a lock-free log-linear histogram of non-negative integer values
-// (latencies in nanoseconds, sizes in bytes). 16 linear sub-buckets per power
-// of two, so a reported percentile is within ~6% of the true value. Any
+// (latencies in nanoseconds, sizes in bytes). 32 linear sub-buckets per power
+// of two, so a reported percentile is within ~3% of the true value. Any
 // thread may Record concurrently; readers get a consistent-enough snapshot.
 #pragma once
 
@@ -13,7 +13,7 @@ namespace weir {
 
 class Histogram {
  public:
-  static constexpr int kSubBits = 4;
+  static constexpr int kSubBits = 5;
   static constexpr int kSub = 1 << kSubBits;
   static constexpr int kBuckets = (64 - kSubBits + 1) * kSub;
 

@@ -1,4 +1,6 @@
 // The weir command line: `weir --version`, `weir bench wal ...`.
+#include <malloc.h>
+
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -6,6 +8,10 @@
 #include "bench/wal_bench.h"
 
 int main(int argc, char** argv) {
+  // Slot-sized buffers (up to 8 MiB) come from the heap and freed memory stays
+  // mapped for reuse, instead of an mmap/munmap and page faults per slot.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   CLI::App app{"weir: an object-storage-native stream and table store"};
   app.set_version_flag("--version", std::string("weir ") + WEIR_VERSION);
   app.require_subcommand(1);
@@ -21,6 +27,8 @@ int main(int argc, char** argv) {
   wal_cmd->add_option("--appenders", wal.appenders, "Concurrent appenders")->check(CLI::Range(1, 4096));
   wal_cmd->add_option("--inflight", wal.inflight, "Unacknowledged appends per appender")
       ->check(CLI::Range(1, 100000));
+  wal_cmd->add_option("--threads", wal.threads, "Driver threads the appenders are multiplexed over")
+      ->check(CLI::Range(1, 256));
   wal_cmd->add_option("--streams", wal.streams, "Distinct streams (default: one per appender)")
       ->check(CLI::Range(0, 1000000));
   wal_cmd->add_option("--record-bytes", wal.record_bytes, "Record value size in bytes")

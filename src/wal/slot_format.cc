@@ -121,6 +121,13 @@ size_t SlotBuilder::EncodedSize() const {
 // bytes before it.
 std::string SlotBuilder::Finish(uint64_t epoch, uint64_t seq, uint64_t nonce) {
   std::string out;
+  FinishInto(epoch, seq, nonce, &out);
+  return out;
+}
+
+void SlotBuilder::FinishInto(uint64_t epoch, uint64_t seq, uint64_t nonce, std::string* dst) {
+  std::string& out = *dst;
+  out.clear();
   out.reserve(EncodedSize());
   out.resize(kEnvelopeSize);
   positions_.assign(pieces_.size(), 0);
@@ -160,7 +167,6 @@ std::string SlotBuilder::Finish(uint64_t epoch, uint64_t seq, uint64_t nonce) {
   env.footer_offset = footer_offset;
   env.footer_length = static_cast<uint32_t>(out.size() - footer_offset);
   EncodeEnvelope(env, out.data());
-  return out;
 }
 
 Result<SlotIndex> DecodeSlot(std::string_view key, std::string_view data) {

@@ -73,6 +73,8 @@ class SlotBuilder {
   // Serializes the slot. position(i) is then the object-absolute offset of the
   // i-th added piece.
   std::string Finish(uint64_t epoch, uint64_t seq, uint64_t nonce);
+  // Same, into *out (its old contents are discarded, its capacity reused).
+  void FinishInto(uint64_t epoch, uint64_t seq, uint64_t nonce, std::string* out);
   uint64_t position(size_t i) const { return positions_[i]; }
   size_t piece_count() const { return pieces_.size(); }
 

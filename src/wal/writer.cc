@@ -14,6 +14,9 @@ namespace {
 // Bytes charged against the budget per entry beyond its payload (the entry,
 // its callback and its bookkeeping).
 constexpr size_t kEntryOverhead = 64;
+// Released slot buffers kept for reuse (at most this many, each up to the cap):
+// building into warm memory avoids page faults on every slot.
+constexpr size_t kMaxSpareBuffers = 4;
 
 uint64_t RandomNonce() {
   std::random_device rd;
@@ -43,9 +46,10 @@ struct Writer::Slot {
   // Guarded by build_mu: the serialized object and the entries' positions.
   std::mutex build_mu;
   bool built = false;
-  std::shared_ptr<const std::string> bytes;
+  std::string bytes;
   // Guarded by Writer::mu_.
   bool durable = false;
+  bool recyclable = false;  // durable through its own upload: no thread reads bytes any more
   bool abandoned = false;  // superseded by Resume/Abandon/Close: uploader stops
   uint64_t attempts = 0;
   Status last_error;
@@ -149,7 +153,8 @@ Status Writer::Append(uint64_t stream_id, std::string batches, AckCallback done,
   metrics_.records.fetch_add(e.record_count, std::memory_order_relaxed);
   metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
   pool_.push_back(std::move(e));
-  bool wake = flusher_waiting_;
+  bool wake = pool_uncut_bytes_ >= flusher_wake_at_;
+  if (wake) flusher_wake_at_ = SIZE_MAX;  // one signal per flusher wait
   lk.unlock();
   if (wake) flush_cv_.notify_one();
   return Status::Ok();
@@ -166,19 +171,21 @@ void Writer::FlusherLoop() {
       window_stalled = true;
     }
     if (!have || slots_.size() >= static_cast<size_t>(options_.window)) {
-      flusher_waiting_ = true;
+      flusher_wake_at_ = pool_.empty() && !halted_seq_ ? 1 : SIZE_MAX;
       flush_cv_.wait(lk);
-      flusher_waiting_ = false;
+      flusher_wake_at_ = SIZE_MAX;
       continue;
     }
     window_stalled = false;
-    if (options_.linger > Duration::zero() && !closing_ &&
-        pool_uncut_bytes_ + kEnvelopeSize + kFooterFixedSize < options_.slot_cap_bytes) {
-      TimePoint due = pool_.front().submitted + options_.linger;
+    if (!closing_ && pool_uncut_bytes_ + kEnvelopeSize + kFooterFixedSize < options_.slot_cap_bytes) {
+      // Not yet a full slot: wait for the linger deadline (anchored by the
+      // oldest byte) and for the pace; an idle node has passed both already.
+      TimePoint due = std::max(pool_.front().submitted + options_.linger,
+                               last_cut_ + put_ewma_ / options_.window);
       if (Now() < due) {
-        flusher_waiting_ = true;
+        flusher_wake_at_ = options_.slot_cap_bytes - kEnvelopeSize - kFooterFixedSize;
         flush_cv_.wait_until(lk, due);
-        flusher_waiting_ = false;
+        flusher_wake_at_ = SIZE_MAX;
         continue;
       }
     }
@@ -186,7 +193,7 @@ void Writer::FlusherLoop() {
     auto slot = std::make_shared<Slot>();
     slot->epoch = epoch_;
     slot->seq = next_seq_++;
-    slot->claimed = Now();
+    slot->claimed = last_cut_ = Now();
     size_t size = kEnvelopeSize + kFooterFixedSize;
     streams.clear();
     while (!pool_.empty()) {
@@ -221,19 +228,19 @@ void Writer::UploaderLoop() {
   }
 }
 
-void Writer::BuildSlot(Slot& slot) {
+void Writer::BuildSlot(Slot& slot, std::string buffer) {
   std::lock_guard lk(slot.build_mu);
   if (slot.built) return;
   SlotBuilder b;
   for (const Entry& e : slot.entries) b.Add(e.stream_id, e.bytes, e.batch_count, e.record_count);
-  auto bytes = std::make_shared<std::string>(b.Finish(slot.epoch, slot.seq, options_.nonce));
+  b.FinishInto(slot.epoch, slot.seq, options_.nonce, &buffer);
   for (size_t i = 0; i < slot.entries.size(); ++i) {
     slot.entries[i].offset = b.position(i);
     std::string().swap(slot.entries[i].bytes);  // the slot holds the only copy now
   }
-  metrics_.slot_size_bytes.Record(bytes->size());
+  metrics_.slot_size_bytes.Record(buffer.size());
   metrics_.slot_entries.Record(slot.entries.size());
-  slot.bytes = std::move(bytes);
+  slot.bytes = std::move(buffer);
   slot.built = true;
 }
 
@@ -243,9 +250,17 @@ bool Writer::SleepUnlessStopped(Duration d) {
 }
 
 void Writer::Upload(const std::shared_ptr<Slot>& slot) {
-  BuildSlot(*slot);
+  std::string buffer;
+  {
+    std::lock_guard lk(mu_);
+    if (!spare_buffers_.empty()) {
+      buffer = std::move(spare_buffers_.back());
+      spare_buffers_.pop_back();
+    }
+  }
+  BuildSlot(*slot, std::move(buffer));
   const std::string key = SlotKey(options_.node, slot->epoch, slot->seq);
-  const std::string& bytes = *slot->bytes;
+  const std::string& bytes = slot->bytes;
   TimePoint start = Now();
   Duration backoff = options_.retry_initial;
   std::minstd_rand jitter(static_cast<uint32_t>(slot->seq ^ options_.nonce));
@@ -303,13 +318,16 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
     }
     if (!wait_backoff()) return;
   }
-  metrics_.put_latency_ns.Record(static_cast<uint64_t>((Now() - start).count()));
+  Duration took = Now() - start;
+  metrics_.put_latency_ns.Record(static_cast<uint64_t>(took.count()));
   metrics_.slots.fetch_add(1, std::memory_order_relaxed);
   metrics_.slot_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
   {
     std::lock_guard lk(mu_);
+    put_ewma_ = put_ewma_ == Duration::zero() ? took : (put_ewma_ * 7 + took) / 8;
     if (slot->abandoned) return;
     slot->durable = true;
+    slot->recyclable = true;
   }
   DrainReleases();
 }
@@ -356,15 +374,21 @@ void Writer::DrainReleases() {
     flush_cv_.notify_one();  // window room
     size_t freed = 0;
     TimePoint now = Now();
+    std::vector<std::string> spares;
     for (const auto& slot : ready) {
       for (Entry& e : slot->entries) {
         metrics_.ack_latency_ns.Record(static_cast<uint64_t>((now - e.submitted).count()));
         if (e.done) e.done(Status::Ok(), AckInfo{slot->epoch, slot->seq, e.offset, e.length});
       }
       freed += slot->charge;
+      if (slot->recyclable && spares.size() < kMaxSpareBuffers) spares.push_back(std::move(slot->bytes));
     }
-    ready.clear();  // free the slot bytes before admitting more
+    ready.clear();  // free the slots before admitting more
     lk.lock();
+    for (auto& buf : spares) {
+      if (spare_buffers_.size() >= kMaxSpareBuffers) break;
+      spare_buffers_.push_back(std::move(buf));
+    }
     held_bytes_ -= freed;
     metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
     space_cv_.notify_all();
@@ -395,7 +419,7 @@ void Writer::Requeue(std::vector<std::shared_ptr<Slot>>& slots) {
     Slot& slot = **it;
     std::lock_guard blk(slot.build_mu);
     for (auto e = slot.entries.rbegin(); e != slot.entries.rend(); ++e) {
-      if (slot.built) e->bytes.assign(*slot.bytes, e->offset, e->length);
+      if (slot.built) e->bytes.assign(slot.bytes, e->offset, e->length);
       pool_uncut_bytes_ += e->length;
       pool_.push_front(std::move(*e));
       metrics_.republished_entries.fetch_add(1, std::memory_order_relaxed);

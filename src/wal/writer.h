@@ -24,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -124,7 +125,7 @@ class Writer {
   void FlusherLoop();
   void UploaderLoop();
   void Upload(const std::shared_ptr<Slot>& slot);
-  void BuildSlot(Slot& slot);
+  void BuildSlot(Slot& slot, std::string buffer);
   // Marks a halt at (epoch, seq) if it is the first or an earlier one.
   void Halt(const std::shared_ptr<Slot>& slot, const Status& reason);
   // Releases every slot at the front that is durable; one thread at a time.
@@ -153,7 +154,15 @@ class Writer {
   Status halt_reason_;
   bool closing_ = false;
   bool stop_ = false;
-  bool flusher_waiting_ = false;
+  // Append wakes the flusher once the uncut pool reaches this many bytes
+  // (1 when it waits for data, the cut size under linger, max while it waits
+  // for window room, which releases signal).
+  size_t flusher_wake_at_ = SIZE_MAX;
+  std::vector<std::string> spare_buffers_;
+  // Cut pacing: under load, cuts are spaced put_ewma_/window apart so the
+  // window holds slots evenly spread in time instead of in waves.
+  Duration put_ewma_ = Duration::zero();
+  TimePoint last_cut_;  // released slot buffers, reused by BuildSlot
   Status dead_reason_;  // set by Abandon: why Append now fails
   bool releasing_ = false;
   bool release_again_ = false;
