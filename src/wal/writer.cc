@@ -355,10 +355,7 @@ void Writer::Halt(const std::shared_ptr<Slot>& slot, const Status& reason) {
 
 void Writer::DrainReleases() {
   std::unique_lock lk(mu_);
-  if (releasing_) {
-    release_again_ = true;
-    return;
-  }
+  if (releasing_) return;  // that thread loops until nothing is releasable
   releasing_ = true;
   std::vector<std::shared_ptr<Slot>> ready;
   while (true) {
@@ -367,7 +364,6 @@ void Writer::DrainReleases() {
       ready.push_back(std::move(slots_.front()));
       slots_.pop_front();
     }
-    release_again_ = false;
     if (ready.empty()) break;
     metrics_.slots_in_flight.store(static_cast<int64_t>(slots_.size()), std::memory_order_relaxed);
     lk.unlock();

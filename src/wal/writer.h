@@ -164,8 +164,7 @@ class Writer {
   Duration put_ewma_ = Duration::zero();
   TimePoint last_cut_;  // released slot buffers, reused by BuildSlot
   Status dead_reason_;  // set by Abandon: why Append now fails
-  bool releasing_ = false;
-  bool release_again_ = false;
+  bool releasing_ = false;  // a thread is running release callbacks
 
   std::thread flusher_;
   std::vector<std::thread> uploaders_;
