@@ -127,9 +127,10 @@ Status Writer::Append(uint64_t stream_id, std::string batches, AckCallback done,
   size_t charge = e.length + kEntryOverhead;
 
   std::unique_lock lk(mu_);
-  if (closing_) {
+  auto closed = [&] {
     return dead_reason_.ok() ? Cancelled("WAL writer {} is closed", options_.node) : dead_reason_;
-  }
+  };
+  if (closing_) return closed();
   if (held_bytes_ + charge > options_.budget_bytes) {
     (halted_seq_ ? metrics_.stall_budget_halted : metrics_.stall_budget_uploads).fetch_add(1);
     auto has_room = [&] { return closing_ || held_bytes_ + charge <= options_.budget_bytes; };
@@ -139,7 +140,7 @@ Status Writer::Append(uint64_t stream_id, std::string batches, AckCallback done,
     } else {
       room = space_cv_.wait_until(lk, deadline, has_room);
     }
-    if (closing_) return Cancelled("WAL writer {} is closed", options_.node);
+    if (closing_) return closed();
     if (!room) {
       metrics_.admission_timeouts.fetch_add(1);
       return ResourceExhausted("WAL admission timed out after {:.0f} ms: {}", ToMillis(Now() - start),
