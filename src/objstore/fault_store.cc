@@ -59,13 +59,25 @@ struct FaultStore::Impl {
     double latency_ms;
   };
 
-  // Each draw consumes exactly three PRNG outputs: the decision, then two for latency.
-  PutDraw DrawPut() {
+  // Each draw consumes exactly three PRNG outputs: the decision, then two for
+  // latency. Returns them with the options they apply to, read under mu.
+  struct Uniforms {
+    double decision, u1, u2;
+    FaultOptions options;
+  };
+  Uniforms Draw() {
     std::lock_guard lock(mu);
     const double u = Uniform(rng);
     const double u1 = Uniform(rng);
     const double u2 = Uniform(rng);
-    PutDraw d{PutFault::kNone, SampleLatencyMs(options.put_latency, u1, u2)};
+    return Uniforms{u, u1, u2, options};
+  }
+
+  PutDraw DrawPut() {
+    const Uniforms r = Draw();
+    const double u = r.decision;
+    const FaultOptions& options = r.options;
+    PutDraw d{PutFault::kNone, SampleLatencyMs(options.put_latency, r.u1, r.u2)};
     double edge = options.put_error_rate;
     if (u < edge) {
       d.fault = PutFault::kError;
@@ -78,11 +90,8 @@ struct FaultStore::Impl {
   }
 
   GetDraw DrawGet() {
-    std::lock_guard lock(mu);
-    const double u = Uniform(rng);
-    const double u1 = Uniform(rng);
-    const double u2 = Uniform(rng);
-    return GetDraw{u < options.get_error_rate, SampleLatencyMs(options.get_latency, u1, u2)};
+    const Uniforms r = Draw();
+    return GetDraw{r.decision < r.options.get_error_rate, SampleLatencyMs(r.options.get_latency, r.u1, r.u2)};
   }
 };
 
