@@ -3,7 +3,7 @@
 # Runs `apt-get update` once, only when something has to be installed.
 set -euo pipefail
 pkgs=(g++ cmake ninja-build ccache pkg-config python3
-      libisal-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
+      libisal-dev libsqlite3-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev libgmock-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,195 @@
+// The stream engine: basins and streams on top of the WAL writer and the
+// metastore (DESIGN.md §2–§3, §5). Front-ends (REST, Kafka, Flight) call it.
+//
+// Ownership and threads: one Engine per node (process), owned by the server.
+// Every public method is thread-safe. Append completion callbacks run on a WAL
+// upload thread and must not block.
+//
+// Guarantees:
+//  - An append is acknowledged only after its WAL slot and every earlier slot
+//    are durable; offsets are dense per stream and acknowledged in order.
+//  - Sequencing (match_seq_num, fencing token, producer window, offsets,
+//    timestamps) happens under the stream's short lock; the wait for
+//    durability happens outside it, so pipelined appends share a slot.
+//  - Reads never return a record that is not yet acknowledged.
+//  - Open() recovers every acknowledged record of earlier epochs of this node:
+//    it mints a new epoch, fences each earlier chain from the checkpoint and
+//    replays every committed slot. Offsets, producer windows, fencing tokens
+//    and trim points come back exactly.
+#pragma once
+
+#include <cstdint>
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "metastore/metastore.h"
+#include "objstore/object_store.h"
+#include "wal/record_batch.h"
+#include "wal/writer.h"
+
+namespace weir::log {
+
+struct EngineOptions {
+  std::string node = "node-1";
+  wal::WriterOptions wal;  // node and epoch are filled in by Open
+  size_t max_append_records = 1000;
+  size_t max_append_bytes = 1 << 20;  // metered: body + header names and values + 8 per record
+  size_t log_cache_bytes = 64u << 20; // recent acknowledged batches kept in memory
+  size_t max_read_records = 1000;
+  size_t max_read_bytes = 1 << 20;
+  Duration admission_timeout = std::chrono::seconds(10);
+};
+
+// One record as a front-end hands it in. S2 command records have exactly one
+// header with an empty name whose value is "fence" or "trim"; the body is the
+// new fencing token (fence) or an 8-byte big-endian offset (trim).
+struct AppendRecord {
+  std::optional<int64_t> timestamp_ms;
+  std::optional<std::string> key;
+  std::vector<wal::RecordHeader> headers;
+  std::string body;
+};
+
+struct ProducerRef {
+  uint64_t id = 0;
+  int16_t epoch = 0;
+  int32_t seq = 0;  // sequence of the batch's first record (Kafka baseSequence)
+};
+
+struct AppendOptions {
+  std::optional<uint64_t> match_seq_num;
+  std::optional<std::string> fencing_token;
+  std::optional<ProducerRef> producer;
+};
+
+struct AppendAck {
+  uint64_t start_offset = 0;
+  uint64_t end_offset = 0;  // exclusive
+  uint64_t tail = 0;        // the stream's next offset when this ack was issued
+  int64_t first_timestamp_ms = 0;
+  int64_t last_timestamp_ms = 0;
+  bool duplicated = false;
+};
+
+// The outcome of an append. On kPreconditionFailed exactly one of the
+// mismatch fields says which condition failed and what the stream holds.
+struct AppendOutcome {
+  Status status;
+  AppendAck ack;
+  std::optional<uint64_t> seq_num_mismatch;  // the stream's tail
+  std::optional<std::string> fencing_token_mismatch;  // the current token
+};
+using AppendCallback = std::function<void(AppendOutcome)>;
+
+struct ReadStart {
+  enum Kind { kOffset, kTimestamp, kTailOffset } kind = kOffset;
+  uint64_t value = 0;  // offset, timestamp (ms) or records back from the tail
+};
+
+struct ReadRecord {
+  uint64_t offset = 0;
+  wal::Record record;
+};
+
+struct ReadResult {
+  std::vector<ReadRecord> records;
+  uint64_t tail = 0;  // next offset to be acknowledged
+};
+
+struct StreamSummary {
+  metastore::StreamInfo info;
+  uint64_t tail = 0;
+  uint64_t trim_point = 0;
+  std::string fencing_token;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Open(EngineOptions options,
+                                              std::shared_ptr<objstore::ObjectStore> store,
+                                              std::shared_ptr<metastore::Metastore> meta);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Basins: names are 8..48 characters of [a-z0-9-], no leading or trailing '-'.
+  Status CreateBasin(const std::string& name);
+  Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
+                                                       size_t limit);
+  Status DeleteBasin(const std::string& name);
+
+  // Streams: names are 1..512 bytes of UTF-8 without NUL.
+  Result<metastore::StreamInfo> CreateStream(const std::string& basin, const std::string& name,
+                                             const metastore::StreamConfig& config);
+  Result<StreamSummary> GetStream(const std::string& basin, const std::string& name);
+  Result<std::vector<metastore::StreamInfo>> ListStreams(const std::string& basin, const std::string& prefix,
+                                                         const std::string& start_after, size_t limit);
+  Status ReconfigureStream(const std::string& basin, const std::string& name, const metastore::StreamConfig& config);
+  Status DeleteStream(const std::string& basin, const std::string& name);
+
+  // Appends a batch of records; `done` runs once the batch is durable (or failed).
+  void AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
+                   const AppendOptions& options, AppendCallback done);
+  AppendOutcome Append(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
+                       const AppendOptions& options = {});
+
+  // Reads acknowledged records from `start`, at most `max_records` / `max_bytes`
+  // (clamped to the engine limits). If none are available and `wait_until` is
+  // set, waits until one is acknowledged or the deadline passes. Reading from
+  // an offset past the tail is kOutOfRange (S2's 416); below the trim point
+  // starts at the trim point.
+  Result<ReadResult> Read(const std::string& basin, const std::string& stream, const ReadStart& start,
+                          size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until = std::nullopt);
+  Result<uint64_t> CheckTail(const std::string& basin, const std::string& stream);
+
+  Result<uint64_t> AllocateProducerId();
+
+  uint64_t epoch() const { return epoch_.load(); }
+  wal::Writer& wal() { return *wal_; }
+  void Close();
+
+ private:
+  struct Stream;
+  struct Pending;
+  Engine(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
+         std::shared_ptr<metastore::Metastore> meta);
+  Status Recover();
+  Status ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where);
+  Result<std::shared_ptr<Stream>> Find(const std::string& basin, const std::string& name);
+  void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
+                 const wal::AckInfo& where);
+  Result<std::string> FetchBatch(const Stream& s, size_t index);
+  void EvictCache();
+  // After the WAL halts: fence our own epoch, mint the next one and resume the
+  // writer into it, or abandon the writer if a successor holds the node.
+  void HandleHalt(uint64_t epoch);
+
+  EngineOptions options_;
+  std::shared_ptr<objstore::ObjectStore> store_;
+  std::shared_ptr<metastore::Metastore> meta_;
+  std::unique_ptr<wal::Writer> wal_;
+  std::atomic<uint64_t> epoch_{0};
+  uint64_t nonce_ = 0;  // this process's fencer nonce
+
+  std::mutex mu_;  // guards the maps and halt_thread_
+  std::map<uint64_t, std::shared_ptr<Stream>> by_id_;
+  std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
+  std::atomic<size_t> cache_bytes_{0};
+  std::atomic<bool> closing_{false};
+  std::thread halt_thread_;
+};
+
+// Validation shared with front-ends.
+Status ValidateBasinName(const std::string& name);
+Status ValidateStreamName(const std::string& name);
+
+}  // namespace weir::log

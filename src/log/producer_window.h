@@ -1,0 +1,63 @@
+// Idempotent-producer windows (Kafka semantics): per producer id, the epoch
+// and the last 5 batches appended to one stream. Decides whether a batch is
+// new, a retry of a recent batch (return its original offsets), out of order,
+// or from a fenced (older) producer epoch. Sequences count records, as Kafka's
+// baseSequence does: a batch of n records starting at s covers s..s+n-1 and
+// the next batch must start at s+n (mod 2^31).
+//
+// Owned by one stream; not thread-safe (the stream's sequencer lock guards it).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+
+#include "base/status.h"
+
+namespace weir::log {
+
+inline constexpr size_t kProducerWindowBatches = 5;
+
+struct ProducerBatch {
+  int32_t first_seq = 0;
+  int32_t last_seq = 0;
+  uint64_t start_offset = 0;
+  uint64_t end_offset = 0;  // exclusive
+  int64_t first_timestamp_ms = 0;
+  int64_t last_timestamp_ms = 0;
+};
+
+struct ProducerCheck {
+  enum Kind { kNew, kDuplicate } kind = kNew;
+  ProducerBatch original;  // for kDuplicate
+};
+
+class ProducerWindows {
+ public:
+  // kNew, kDuplicate, or an error: kFenced (epoch older than the producer's
+  // current one), kOutOfRange (sequence gap or too old to tell: out of order).
+  Result<ProducerCheck> Check(uint64_t producer_id, int16_t epoch, int32_t first_seq, int32_t count) const;
+  // Records an appended batch (after Check said kNew).
+  void Record(uint64_t producer_id, int16_t epoch, const ProducerBatch& batch);
+
+  bool empty() const { return producers_.empty(); }
+  size_t size() const { return producers_.size(); }
+
+  // Compact binary form for the stream's settled state, and back.
+  std::string Serialize() const;
+  static Result<ProducerWindows> Deserialize(std::string_view data);
+
+  friend bool operator==(const ProducerWindows& a, const ProducerWindows& b);
+
+ private:
+  struct Producer {
+    int16_t epoch = 0;
+    std::deque<ProducerBatch> batches;  // oldest first, at most kProducerWindowBatches
+  };
+  std::map<uint64_t, Producer> producers_;
+};
+
+bool operator==(const ProducerBatch& a, const ProducerBatch& b);
+
+}  // namespace weir::log

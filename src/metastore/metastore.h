@@ -1,0 +1,186 @@
+// The Metastore interface: weir's catalog. Basins, streams and their config,
+// node epochs (minted by compare-and-swap), the producer-id allocator, each
+// stream's settled state, the segment index and the WAL chain checkpoint.
+//
+// Ownership: one Metastore per process, shared (std::shared_ptr) by the engine.
+// Every method is thread-safe and blocking and returns Status/Result; no
+// exception escapes. Multi-row changes (CommitSettle, DeleteStream) are one
+// transaction: either all of it is visible or none.
+//
+// The metastore is off the append path (DESIGN.md §2.8): the engine calls it
+// for admin operations, at start-up, and once per settle cycle.
+//
+// Backends: sqlite://PATH (embedded default), later postgres://...; one
+// conformance suite (tests/metastore_conformance_test.cc) runs against each.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace weir::metastore {
+
+// ---- Basins ---------------------------------------------------------------
+
+struct BasinInfo {
+  std::string name;
+  int64_t created_at_ms = 0;
+};
+
+// ---- Streams --------------------------------------------------------------
+
+enum class StorageClass { kStandard, kExpress };
+// S2 timestamping modes: client-prefer (client's if given, else arrival),
+// client-require (reject appends without one), arrival (always arrival time).
+enum class TimestampingMode { kClientPrefer, kClientRequire, kArrival };
+
+struct StreamConfig {
+  StorageClass storage_class = StorageClass::kStandard;
+  int64_t retention_age_s = 7 * 24 * 3600;  // 0 = keep forever
+  TimestampingMode timestamping = TimestampingMode::kClientPrefer;
+  // With client timestamps: allow timestamps in the future of arrival time.
+  bool uncapped_timestamps = false;
+};
+
+std::string_view StorageClassName(StorageClass c);              // "standard" | "express"
+std::string_view TimestampingModeName(TimestampingMode m);       // "client-prefer" | ...
+Result<StorageClass> ParseStorageClass(std::string_view s);      // kInvalidArgument if unknown
+Result<TimestampingMode> ParseTimestampingMode(std::string_view s);
+
+struct StreamInfo {
+  uint64_t id = 0;  // allocated by the metastore, never reused
+  std::string basin;
+  std::string name;
+  StreamConfig config;
+  int64_t created_at_ms = 0;
+};
+
+// A stream's state as of its last settle: everything recovery needs besides
+// the unsettled WAL slots.
+struct StreamState {
+  uint64_t stream_id = 0;
+  uint64_t settled_offset = 0;  // next offset after the last settled record
+  uint64_t trim_point = 0;      // records below this offset are trimmed
+  std::string fencing_token;    // empty = none
+  int64_t last_timestamp_ms = 0;
+  // Opaque to the metastore: the engine's serialized producer windows.
+  std::string producer_state;
+};
+
+// ---- Segments ---------------------------------------------------------------
+
+// One settled segment object: a stream's records [start_offset, end_offset).
+struct SegmentInfo {
+  uint64_t stream_id = 0;
+  uint64_t start_offset = 0;
+  uint64_t end_offset = 0;  // exclusive
+  int64_t first_timestamp_ms = 0;
+  int64_t last_timestamp_ms = 0;
+  std::string object_key;
+  uint64_t size_bytes = 0;
+};
+
+// ---- Nodes, epochs and the chain checkpoint ---------------------------------
+
+// A position in a node's WAL chain: every slot before (epoch, seq) is settled.
+struct ChainPosition {
+  uint64_t epoch = 0;
+  uint64_t seq = 0;
+  friend bool operator==(const ChainPosition&, const ChainPosition&) = default;
+};
+
+struct NodeState {
+  std::string node;
+  uint64_t epoch = 0;        // current (latest minted) epoch; 0 = never minted
+  uint32_t window = 0;       // pipeline window recorded with that epoch
+  ChainPosition checkpoint;  // settle progress of this node's chain
+};
+
+// Operation counters, for the "O(1) per settle cycle" check and /metrics.
+struct MetastoreCounters {
+  std::atomic<uint64_t> reads{0};         // read method calls
+  std::atomic<uint64_t> writes{0};        // write method calls (a CommitSettle is one)
+  std::atomic<uint64_t> transactions{0};  // committed write transactions
+};
+
+class Metastore {
+ public:
+  virtual ~Metastore() = default;
+
+  // Basins. Names are validated by the engine, not here.
+  virtual Status CreateBasin(const BasinInfo& basin) = 0;  // kAlreadyExists
+  virtual Result<BasinInfo> GetBasin(std::string_view name) = 0;  // kNotFound
+  // Basins with names > start_after that start with prefix (byte-wise; '%'
+  // and '_' are literal), ascending, at most limit (1..1000, else
+  // kInvalidArgument). ListStreams likewise, within one basin (kNotFound).
+  virtual Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix, std::string_view start_after,
+                                                    size_t limit) = 0;
+  // kNotFound if missing; kPreconditionFailed if it still has streams.
+  virtual Status DeleteBasin(std::string_view name) = 0;
+
+  // Streams. CreateStream allocates the id (ignores info.id) and creates the
+  // stream's state row (all zero) in the same transaction; the basin must exist
+  // (kNotFound) and the name be free (kAlreadyExists).
+  virtual Result<StreamInfo> CreateStream(const StreamInfo& info) = 0;
+  virtual Result<StreamInfo> GetStream(std::string_view basin, std::string_view name) = 0;
+  virtual Result<StreamInfo> GetStreamById(uint64_t id) = 0;
+  virtual Result<std::vector<StreamInfo>> ListStreams(std::string_view basin, std::string_view prefix,
+                                                      std::string_view start_after, size_t limit) = 0;
+  virtual Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) = 0;  // kNotFound
+  // Removes the stream, its state and its segment rows in one transaction and
+  // returns the segment object keys so the caller can delete the objects.
+  virtual Result<std::vector<std::string>> DeleteStream(uint64_t id) = 0;
+
+  virtual Result<StreamState> GetStreamState(uint64_t id) = 0;
+  // Every stream's state, for recovery.
+  virtual Result<std::vector<StreamState>> ListStreamStates() = 0;
+
+  // Nodes. GetNode of an unknown node returns a zero NodeState (epoch 0).
+  virtual Result<NodeState> GetNode(std::string_view node) = 0;
+  // Compare-and-swap: if the node's current epoch is `expected`, sets it to
+  // expected + 1 with `window`, keeps the checkpoint, and returns the new
+  // state; otherwise kPreconditionFailed naming the current epoch (a
+  // successor exists). The first mint of a node expects 0.
+  virtual Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) = 0;
+
+  // Producer ids: unique, increasing, never reused across restarts.
+  virtual Result<uint64_t> AllocateProducerId() = 0;
+
+  // One settle cycle, one transaction: inserts `segments`, replaces the given
+  // stream states, and moves the node's checkpoint from `expected` to `next`.
+  // kPreconditionFailed (changing nothing) if the checkpoint is not `expected`
+  // or the node's epoch is no longer `epoch` (this node was superseded).
+  // kInvalidArgument if `next` is before `expected` in (epoch, seq) order or a
+  // segment is malformed; kAlreadyExists (changing nothing) if a segment
+  // overlaps one already indexed (segments of a stream never overlap).
+  // Segments and states of streams that no longer exist are skipped.
+  virtual Status CommitSettle(std::string_view node, uint64_t epoch, const ChainPosition& expected,
+                              const ChainPosition& next, const std::vector<SegmentInfo>& segments,
+                              const std::vector<StreamState>& states) = 0;
+
+  // Segments of a stream overlapping [from_offset, ...) (end_offset >
+  // from_offset), ascending, at most limit (>= 1, else kInvalidArgument).
+  virtual Result<std::vector<SegmentInfo>> FindSegments(uint64_t stream_id, uint64_t from_offset,
+                                                        size_t limit) = 0;
+  // The first segment of a stream whose last_timestamp_ms >= timestamp_ms.
+  virtual Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id,
+                                                                    int64_t timestamp_ms) = 0;
+  // Removes segment rows of a stream that end at or below `below_offset` and
+  // returns them (retention and trim); one transaction.
+  virtual Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) = 0;
+
+  virtual const MetastoreCounters& counters() const = 0;
+  virtual std::string Describe() const = 0;
+};
+
+// Opens a backend from a URI: sqlite://PATH (file created if missing; the
+// parent directory must exist) or sqlite://:memory: for tests.
+Result<std::shared_ptr<Metastore>> OpenMetastore(std::string_view uri);
+
+}  // namespace weir::metastore

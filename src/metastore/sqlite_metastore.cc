@@ -1,0 +1,967 @@
+// sqlite://PATH: the Metastore on one SQLite database, through the C API.
+#include "metastore/sqlite_metastore.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <limits>
+#include <new>
+#include <optional>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace weir::metastore {
+
+namespace {
+
+constexpr size_t kMaxListLimit = 1000;
+constexpr int kBusyTimeoutMs = 5000;
+// Offsets are compared in SQL as int64, so they must stay below 2^63.
+constexpr uint64_t kMaxOffset = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+int64_t I64(uint64_t v) { return static_cast<int64_t>(v); }
+uint64_t U64(int64_t v) { return static_cast<uint64_t>(v); }
+
+bool Before(const ChainPosition& a, const ChainPosition& b) {
+  return a.epoch != b.epoch ? a.epoch < b.epoch : a.seq < b.seq;
+}
+
+// The smallest string above every string that starts with prefix, or nullopt
+// if there is none (prefix empty or all 0xff bytes).
+std::optional<std::string> PrefixEnd(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    const auto last = static_cast<unsigned char>(end.back());
+    if (last != 0xff) {
+      end.back() = static_cast<char>(last + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::nullopt;
+}
+
+Status CheckListLimit(size_t limit) {
+  if (limit < 1 || limit > kMaxListLimit) {
+    return InvalidArgument("list limit {} is out of range; it must be 1..{}", limit, kMaxListLimit);
+  }
+  return Status::Ok();
+}
+
+Status ValidateConfig(const StreamConfig& c) {
+  if (StorageClassName(c.storage_class) == "unknown") {
+    return InvalidArgument("invalid storage class value {}", static_cast<int>(c.storage_class));
+  }
+  if (TimestampingModeName(c.timestamping) == "unknown") {
+    return InvalidArgument("invalid timestamping mode value {}", static_cast<int>(c.timestamping));
+  }
+  if (c.retention_age_s < 0) {
+    return InvalidArgument("retention_age_s must be >= 0 (0 = keep forever), got {}", c.retention_age_s);
+  }
+  return Status::Ok();
+}
+
+Status ValidateSegment(const SegmentInfo& s) {
+  if (s.start_offset >= s.end_offset) {
+    return InvalidArgument("segment of stream {} has an empty or inverted range [{}, {})", s.stream_id,
+                           s.start_offset, s.end_offset);
+  }
+  if (s.end_offset > kMaxOffset) {
+    return InvalidArgument("segment of stream {} ends at {}, beyond the largest offset 2^63-1", s.stream_id,
+                           s.end_offset);
+  }
+  if (s.object_key.empty()) {
+    return InvalidArgument("segment [{}, {}) of stream {} has an empty object key", s.start_offset, s.end_offset,
+                           s.stream_id);
+  }
+  return Status::Ok();
+}
+
+std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// Makes a newly created file's directory entry durable.
+Status FsyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return IOError("open directory {}: {}", dir, ErrnoText(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return IOError("fsync directory {}: {}", dir, ErrnoText(err));
+  return Status::Ok();
+}
+
+// ---- SQL ------------------------------------------------------------------
+// Every statement binds its inputs as parameters; none is assembled from data.
+
+constexpr const char* kSchema[] = {
+    "CREATE TABLE IF NOT EXISTS basins(name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS streams(id INTEGER PRIMARY KEY, basin TEXT NOT NULL REFERENCES basins(name), "
+    "name TEXT NOT NULL, storage_class TEXT NOT NULL, retention_age_s INTEGER NOT NULL, "
+    "timestamping TEXT NOT NULL, uncapped INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, UNIQUE(basin, name))",
+    "CREATE TABLE IF NOT EXISTS stream_states(stream_id INTEGER PRIMARY KEY REFERENCES streams(id), "
+    "settled_offset INTEGER NOT NULL, trim_point INTEGER NOT NULL, fencing_token BLOB NOT NULL, "
+    "last_timestamp_ms INTEGER NOT NULL, producer_state BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS segments(stream_id INTEGER NOT NULL, start_offset INTEGER NOT NULL, "
+    "end_offset INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL, "
+    "object_key TEXT NOT NULL, size_bytes INTEGER NOT NULL, PRIMARY KEY(stream_id, start_offset)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS nodes(node TEXT PRIMARY KEY, epoch INTEGER NOT NULL, window INTEGER NOT NULL, "
+    "ckpt_epoch INTEGER NOT NULL, ckpt_seq INTEGER NOT NULL) WITHOUT ROWID",
+    // Allocators: value = the last id handed out; only ever increases.
+    "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+};
+
+constexpr const char kCreateSchemaVersion[] = "CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)";
+constexpr const char kGetSchemaVersion[] = "SELECT version FROM schema_version";
+constexpr const char kSetSchemaVersion[] = "INSERT INTO schema_version(version) VALUES(?1)";
+
+constexpr const char kBumpCounter[] =
+    "INSERT INTO counters(name, value) VALUES(?1, 1) "
+    "ON CONFLICT(name) DO UPDATE SET value = value + 1 RETURNING value";
+constexpr std::string_view kStreamIdCounter = "stream_id";
+constexpr std::string_view kProducerIdCounter = "producer_id";
+
+constexpr const char kInsertBasin[] = "INSERT INTO basins(name, created_at_ms) VALUES(?1, ?2)";
+constexpr const char kGetBasin[] = "SELECT created_at_ms FROM basins WHERE name = ?1";
+constexpr const char kListBasinsBounded[] =
+    "SELECT name, created_at_ms FROM basins WHERE name > ?1 AND name >= ?2 AND name < ?3 ORDER BY name LIMIT ?4";
+constexpr const char kListBasinsOpen[] =
+    "SELECT name, created_at_ms FROM basins WHERE name > ?1 AND name >= ?2 ORDER BY name LIMIT ?4";
+constexpr const char kFirstStreamOfBasin[] = "SELECT name FROM streams WHERE basin = ?1 ORDER BY name LIMIT 1";
+constexpr const char kDeleteBasin[] = "DELETE FROM basins WHERE name = ?1";
+
+#define WEIR_STREAM_COLUMNS "id, basin, name, storage_class, retention_age_s, timestamping, uncapped, created_at_ms"
+constexpr const char kStreamByName[] = "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE basin = ?1 AND name = ?2";
+constexpr const char kStreamById[] = "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE id = ?1";
+constexpr const char kListStreamsBounded[] =
+    "SELECT " WEIR_STREAM_COLUMNS
+    " FROM streams WHERE basin = ?1 AND name > ?2 AND name >= ?3 AND name < ?4 ORDER BY name LIMIT ?5";
+constexpr const char kListStreamsOpen[] =
+    "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE basin = ?1 AND name > ?2 AND name >= ?3 ORDER BY name LIMIT ?5";
+constexpr const char kInsertStream[] =
+    "INSERT INTO streams(" WEIR_STREAM_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+#undef WEIR_STREAM_COLUMNS
+constexpr const char kStreamExists[] = "SELECT 1 FROM streams WHERE id = ?1";
+constexpr const char kUpdateConfig[] =
+    "UPDATE streams SET storage_class = ?2, retention_age_s = ?3, timestamping = ?4, uncapped = ?5 WHERE id = ?1";
+constexpr const char kDeleteStream[] = "DELETE FROM streams WHERE id = ?1";
+
+#define WEIR_STATE_COLUMNS "stream_id, settled_offset, trim_point, fencing_token, last_timestamp_ms, producer_state"
+constexpr const char kInsertZeroState[] =
+    "INSERT INTO stream_states(" WEIR_STATE_COLUMNS ") VALUES(?1, 0, 0, x'', 0, x'')";
+constexpr const char kGetState[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states WHERE stream_id = ?1";
+constexpr const char kListStates[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states ORDER BY stream_id";
+#undef WEIR_STATE_COLUMNS
+constexpr const char kUpdateState[] =
+    "UPDATE stream_states SET settled_offset = ?2, trim_point = ?3, fencing_token = ?4, last_timestamp_ms = ?5, "
+    "producer_state = ?6 WHERE stream_id = ?1";
+constexpr const char kDeleteState[] = "DELETE FROM stream_states WHERE stream_id = ?1";
+
+constexpr const char kGetNode[] = "SELECT epoch, window, ckpt_epoch, ckpt_seq FROM nodes WHERE node = ?1";
+constexpr const char kUpsertEpoch[] =
+    "INSERT INTO nodes(node, epoch, window, ckpt_epoch, ckpt_seq) VALUES(?1, ?2, ?3, 0, 0) "
+    "ON CONFLICT(node) DO UPDATE SET epoch = excluded.epoch, window = excluded.window";
+constexpr const char kSetCheckpoint[] = "UPDATE nodes SET ckpt_epoch = ?2, ckpt_seq = ?3 WHERE node = ?1";
+
+#define WEIR_SEGMENT_COLUMNS "stream_id, start_offset, end_offset, first_ts, last_ts, object_key, size_bytes"
+constexpr const char kInsertSegment[] =
+    "INSERT INTO segments(" WEIR_SEGMENT_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+// Neighbours of a new segment, for the overlap check.
+constexpr const char kSegmentAtOrBefore[] =
+    "SELECT start_offset, end_offset FROM segments WHERE stream_id = ?1 AND start_offset <= ?2 "
+    "ORDER BY start_offset DESC LIMIT 1";
+constexpr const char kSegmentAfter[] =
+    "SELECT start_offset, end_offset FROM segments WHERE stream_id = ?1 AND start_offset > ?2 "
+    "ORDER BY start_offset LIMIT 1";
+// Segments never overlap (checked on insert), so every segment ending after
+// ?2 starts at or after the one containing ?2: an index seek, not a scan.
+constexpr const char kFindSegments[] =
+    "SELECT " WEIR_SEGMENT_COLUMNS " FROM segments WHERE stream_id = ?1 AND end_offset > ?2 AND start_offset >= "
+    "coalesce((SELECT start_offset FROM segments WHERE stream_id = ?1 AND start_offset <= ?2 "
+    "ORDER BY start_offset DESC LIMIT 1), 0) ORDER BY start_offset LIMIT ?3";
+constexpr const char kSegmentByTimestamp[] =
+    "SELECT " WEIR_SEGMENT_COLUMNS
+    " FROM segments WHERE stream_id = ?1 AND last_ts >= ?2 ORDER BY start_offset LIMIT 1";
+// "start_offset < ?2" is implied by "end_offset <= ?2"; it bounds the index range.
+constexpr const char kSegmentsBelow[] =
+    "SELECT " WEIR_SEGMENT_COLUMNS " FROM segments WHERE stream_id = ?1 AND start_offset < ?2 AND end_offset <= ?2 "
+    "ORDER BY start_offset";
+#undef WEIR_SEGMENT_COLUMNS
+constexpr const char kDeleteSegmentsBelow[] =
+    "DELETE FROM segments WHERE stream_id = ?1 AND start_offset < ?2 AND end_offset <= ?2";
+constexpr const char kSegmentKeysOfStream[] =
+    "SELECT object_key FROM segments WHERE stream_id = ?1 ORDER BY start_offset";
+constexpr const char kDeleteSegmentsOfStream[] = "DELETE FROM segments WHERE stream_id = ?1";
+
+}  // namespace
+
+// A cached prepared statement borrowed for one use: bind, step, read columns.
+// Owned by the calling method (mu_ held); resets the statement and clears its
+// bindings when destroyed. A bind failure is reported by the next Step.
+class SqliteMetastore::Stmt {
+ public:
+  Stmt(const SqliteMetastore* owner, sqlite3_stmt* stmt) : owner_(owner), stmt_(stmt) {}
+  Stmt(Stmt&& other) noexcept
+      : owner_(other.owner_), stmt_(std::exchange(other.stmt_, nullptr)), bind_rc_(other.bind_rc_) {}
+  Stmt& operator=(Stmt&&) = delete;
+  ~Stmt() {
+    if (stmt_ != nullptr) {
+      sqlite3_reset(stmt_);
+      sqlite3_clear_bindings(stmt_);
+    }
+  }
+
+  Stmt& Int(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_, i, v)); }
+  Stmt& Text(int i, std::string_view v) {
+    // A null data pointer would bind SQL NULL; an empty view binds ''.
+    return Check(sqlite3_bind_text64(stmt_, i, v.empty() ? "" : v.data(), v.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
+  }
+  Stmt& Blob(int i, std::string_view v) {
+    return Check(sqlite3_bind_blob64(stmt_, i, v.empty() ? "" : v.data(), v.size(), SQLITE_TRANSIENT));
+  }
+
+  // true: a row is ready; false: done.
+  Result<bool> Step(std::string_view what) {
+    if (bind_rc_ != SQLITE_OK) return owner_->Error(bind_rc_, what);
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return owner_->Error(rc, what);
+  }
+  // Steps a statement that returns no rows.
+  Status Run(std::string_view what) {
+    auto r = Step(what);
+    if (!r.ok()) return r.status();
+    return Status::Ok();
+  }
+  int Changes() const { return sqlite3_changes(sqlite3_db_handle(stmt_)); }
+
+  int64_t ColInt(int c) const { return sqlite3_column_int64(stmt_, c); }
+  std::string ColText(int c) const {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, c));
+    const int n = sqlite3_column_bytes(stmt_, c);
+    return p == nullptr ? std::string() : std::string(p, static_cast<size_t>(n));
+  }
+  std::string ColBlob(int c) const {
+    const auto* p = static_cast<const char*>(sqlite3_column_blob(stmt_, c));
+    const int n = sqlite3_column_bytes(stmt_, c);
+    return p == nullptr ? std::string() : std::string(p, static_cast<size_t>(n));
+  }
+
+ private:
+  Stmt& Check(int rc) {
+    if (rc != SQLITE_OK && bind_rc_ == SQLITE_OK) bind_rc_ = rc;
+    return *this;
+  }
+
+  const SqliteMetastore* owner_;
+  sqlite3_stmt* stmt_;
+  int bind_rc_ = SQLITE_OK;
+};
+
+namespace {
+
+// Row readers, in the column order of the SQL above (templates, because Stmt
+// is private to SqliteMetastore).
+template <typename Row>
+Result<StreamInfo> ReadStream(const Row& st) {
+  StreamInfo s;
+  s.id = U64(st.ColInt(0));
+  s.basin = st.ColText(1);
+  s.name = st.ColText(2);
+  auto storage_class = ParseStorageClass(st.ColText(3));
+  if (!storage_class.ok()) return Corruption("stream {}: {}", s.id, storage_class.status().message());
+  s.config.storage_class = *storage_class;
+  s.config.retention_age_s = st.ColInt(4);
+  auto timestamping = ParseTimestampingMode(st.ColText(5));
+  if (!timestamping.ok()) return Corruption("stream {}: {}", s.id, timestamping.status().message());
+  s.config.timestamping = *timestamping;
+  s.config.uncapped_timestamps = st.ColInt(6) != 0;
+  s.created_at_ms = st.ColInt(7);
+  return s;
+}
+
+template <typename Row>
+StreamState ReadState(const Row& st) {
+  StreamState s;
+  s.stream_id = U64(st.ColInt(0));
+  s.settled_offset = U64(st.ColInt(1));
+  s.trim_point = U64(st.ColInt(2));
+  s.fencing_token = st.ColBlob(3);
+  s.last_timestamp_ms = st.ColInt(4);
+  s.producer_state = st.ColBlob(5);
+  return s;
+}
+
+template <typename Row>
+SegmentInfo ReadSegment(const Row& st) {
+  SegmentInfo s;
+  s.stream_id = U64(st.ColInt(0));
+  s.start_offset = U64(st.ColInt(1));
+  s.end_offset = U64(st.ColInt(2));
+  s.first_timestamp_ms = st.ColInt(3);
+  s.last_timestamp_ms = st.ColInt(4);
+  s.object_key = st.ColText(5);
+  s.size_bytes = U64(st.ColInt(6));
+  return s;
+}
+
+}  // namespace
+
+// ---- Plumbing ---------------------------------------------------------------
+
+SqliteMetastore::SqliteMetastore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+
+SqliteMetastore::~SqliteMetastore() {
+  for (auto& [sql, stmt] : statements_) sqlite3_finalize(stmt);
+  statements_.clear();
+  sqlite3_close_v2(db_);
+}
+
+Result<std::shared_ptr<SqliteMetastore>> SqliteMetastore::Open(const std::string& path) {
+  try {
+    const std::string uri = "sqlite://" + path;
+    if (path.empty()) return InvalidArgument("metastore {}: empty database path", uri);
+    const bool memory = path == ":memory:";
+    std::string filename = path;
+    bool created = false;
+    std::string parent;
+    if (!memory) {
+      if (path.back() == '/') {
+        return InvalidArgument("metastore {}: the path names a directory; name the database file, e.g. {}meta.db",
+                               uri, path);
+      }
+      parent = std::filesystem::path(path).parent_path().string();
+      if (parent.empty()) parent = ".";
+      struct stat st {};
+      if (::stat(parent.c_str(), &st) != 0) {
+        const int err = errno;
+        if (err == ENOENT) return InvalidArgument("metastore {}: parent directory {} does not exist", uri, parent);
+        return IOError("metastore {}: stat parent directory {}: {}", uri, parent, ErrnoText(err));
+      }
+      if (!S_ISDIR(st.st_mode)) return InvalidArgument("metastore {}: {} is not a directory", uri, parent);
+      if (::stat(path.c_str(), &st) == 0) {
+        if (S_ISDIR(st.st_mode)) {
+          return InvalidArgument("metastore {}: {} is a directory; name the database file, e.g. {}/meta.db", uri,
+                                 path, path);
+        }
+      } else if (errno == ENOENT) {
+        created = true;
+      }
+      // SQLite reads names starting with "file:" as URIs; "./" keeps a path a path.
+      if (path.front() != '/') filename = "./" + path;
+    }
+
+    sqlite3* db = nullptr;
+    const int rc = sqlite3_open_v2(filename.c_str(), &db,
+                                   SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+    if (rc != SQLITE_OK) {
+      const int sys_errno = db != nullptr ? sqlite3_system_errno(db) : 0;
+      std::string msg = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+      sqlite3_close_v2(db);
+      if (sys_errno != 0) msg += ": " + ErrnoText(sys_errno);
+      if ((rc & 0xff) == SQLITE_NOMEM) return ResourceExhausted("metastore {}: open: {}", uri, msg);
+      return IOError("metastore {}: open: {}", uri, msg);
+    }
+    std::shared_ptr<SqliteMetastore> store;
+    try {
+      store.reset(new SqliteMetastore(path, db));
+    } catch (...) {
+      sqlite3_close_v2(db);
+      throw;
+    }
+    {
+      std::lock_guard lock(store->mu_);
+      WEIR_RETURN_IF_ERROR(store->Init());
+    }
+    if (created) WEIR_RETURN_IF_ERROR(FsyncDir(parent).WithContext("metastore " + uri));
+    return store;
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("metastore sqlite://{}: open: out of memory", path);
+  } catch (const std::exception& e) {
+    return Internal("metastore sqlite://{}: open: unexpected exception: {}", path, e.what());
+  }
+}
+
+Status SqliteMetastore::Init() {
+  sqlite3_extended_result_codes(db_, 1);
+  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  WEIR_RETURN_IF_ERROR(Exec("PRAGMA foreign_keys = ON", "enable foreign keys"));
+  {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare("PRAGMA journal_mode = WAL"));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("enable the WAL journal"));
+    const std::string mode = row ? st.ColText(0) : std::string();
+    if (path_ != ":memory:" && mode != "wal") {
+      return IOError("metastore {}: could not enable the WAL journal (journal_mode is \"{}\")", Describe(), mode);
+    }
+  }
+  WEIR_RETURN_IF_ERROR(Exec("PRAGMA synchronous = FULL", "set synchronous=FULL"));
+
+  WEIR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin schema transaction"));
+  Status st = [&]() -> Status {
+    WEIR_RETURN_IF_ERROR(Exec(kCreateSchemaVersion, "create schema_version"));
+    std::vector<int64_t> versions;
+    {
+      WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kGetSchemaVersion));
+      while (true) {
+        WEIR_ASSIGN_OR_RETURN(const bool row, get.Step("read schema version"));
+        if (!row) break;
+        versions.push_back(get.ColInt(0));
+      }
+    }
+    if (versions.size() > 1) {
+      return Corruption("metastore {}: schema_version has {} rows, expected one", Describe(), versions.size());
+    }
+    if (!versions.empty() && versions[0] > kSchemaVersion) {
+      return NotSupported("metastore {}: schema version {} is newer than this build supports ({}); upgrade weir",
+                          Describe(), versions[0], kSchemaVersion);
+    }
+    if (!versions.empty() && versions[0] < 1) {
+      return Corruption("metastore {}: invalid schema version {}", Describe(), versions[0]);
+    }
+    for (const char* sql : kSchema) WEIR_RETURN_IF_ERROR(Exec(sql, "create schema"));
+    if (versions.empty()) {
+      WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kSetSchemaVersion));
+      WEIR_RETURN_IF_ERROR(set.Int(1, kSchemaVersion).Run("write schema version"));
+    }
+    return Exec("COMMIT", "commit schema");
+  }();
+  if (!st.ok()) RollbackIfActive();
+  return st;
+}
+
+Status SqliteMetastore::Exec(const char* sql, std::string_view what) {
+  const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
+  return rc == SQLITE_OK ? Status::Ok() : Error(rc, what);
+}
+
+Result<SqliteMetastore::Stmt> SqliteMetastore::Prepare(const char* sql) {
+  auto it = statements_.find(sql);
+  if (it == statements_.end()) {
+    sqlite3_stmt* stmt = nullptr;
+    const int rc = sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+    if (rc != SQLITE_OK) {
+      Status st = Error(rc, fmt::format("prepare \"{}\"", sql));
+      sqlite3_finalize(stmt);
+      return st;
+    }
+    try {
+      it = statements_.emplace(sql, stmt).first;
+    } catch (...) {
+      sqlite3_finalize(stmt);
+      throw;
+    }
+  } else if (sqlite3_stmt_busy(it->second)) {
+    return Internal("metastore {}: statement \"{}\" is already in use", Describe(), sql);
+  }
+  return Stmt(this, it->second);
+}
+
+Status SqliteMetastore::Error(int rc, std::string_view what) const {
+  const std::string text = fmt::format("metastore {}: {}: {}", Describe(), what, sqlite3_errmsg(db_));
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return Unavailable("{} (another connection holds the database lock; retry)", text);
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return Corruption("{}", text);
+    case SQLITE_NOMEM:
+      return ResourceExhausted("{}", text);
+    case SQLITE_CONSTRAINT:
+      if (rc == SQLITE_CONSTRAINT_UNIQUE || rc == SQLITE_CONSTRAINT_PRIMARYKEY) return AlreadyExists("{}", text);
+      if (rc == SQLITE_CONSTRAINT_FOREIGNKEY) return PreconditionFailed("{}", text);
+      return Internal("{}", text);
+    default:
+      return IOError("{}", text);
+  }
+}
+
+void SqliteMetastore::RollbackIfActive() {
+  // Some errors (disk full, I/O) already rolled the transaction back.
+  if (sqlite3_get_autocommit(db_) == 0) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
+template <typename F>
+Status SqliteMetastore::InTransaction(std::string_view what, F&& body) {
+  WEIR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", fmt::format("{}: begin", what)));
+  Status st = body();
+  if (st.ok()) {
+    st = Exec("COMMIT", fmt::format("{}: commit", what));
+    if (st.ok()) {
+      counters_.transactions.fetch_add(1, std::memory_order_relaxed);
+      return st;
+    }
+  }
+  RollbackIfActive();
+  return st;
+}
+
+template <typename F>
+auto SqliteMetastore::Locked(std::string_view op, F&& body) -> decltype(body()) {
+  try {
+    std::lock_guard lock(mu_);
+    try {
+      return body();
+    } catch (...) {
+      RollbackIfActive();
+      throw;
+    }
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("metastore sqlite://{}: {}: out of memory", path_, op);
+  } catch (const std::exception& e) {
+    return Internal("metastore sqlite://{}: {}: unexpected exception: {}", path_, op, e.what());
+  }
+}
+
+Result<bool> SqliteMetastore::StreamExists(uint64_t id) {
+  WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamExists));
+  return st.Int(1, I64(id)).Step("look up stream");
+}
+
+Result<uint64_t> SqliteMetastore::NextCounter(std::string_view name) {
+  WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kBumpCounter));
+  const std::string what = fmt::format("allocate {}", name);
+  WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, name).Step(what));
+  if (!row) return Internal("metastore {}: {}: no value returned", Describe(), what);
+  const uint64_t value = U64(st.ColInt(0));
+  WEIR_ASSIGN_OR_RETURN(const bool more, st.Step(what));
+  if (more) return Internal("metastore {}: {}: more than one value returned", Describe(), what);
+  return value;
+}
+
+Result<std::optional<NodeState>> SqliteMetastore::ReadNode(std::string_view node) {
+  WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetNode));
+  WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, node).Step("read node"));
+  if (!row) return std::optional<NodeState>();
+  NodeState n;
+  n.node = std::string(node);
+  n.epoch = U64(st.ColInt(0));
+  n.window = static_cast<uint32_t>(st.ColInt(1));
+  n.checkpoint = {U64(st.ColInt(2)), U64(st.ColInt(3))};
+  return std::optional<NodeState>(std::move(n));
+}
+
+
+// ---- Basins -----------------------------------------------------------------
+
+Status SqliteMetastore::CreateBasin(const BasinInfo& basin) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("CreateBasin", [&]() -> Status {
+    return InTransaction("create basin", [&]() -> Status {
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kGetBasin));
+        WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, basin.name).Step("look up basin"));
+        if (exists) return AlreadyExists("basin {} already exists", basin.name);
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertBasin));
+      return ins.Text(1, basin.name).Int(2, basin.created_at_ms).Run("insert basin");
+    });
+  });
+}
+
+Result<BasinInfo> SqliteMetastore::GetBasin(std::string_view name) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("GetBasin", [&]() -> Result<BasinInfo> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetBasin));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, name).Step("read basin"));
+    if (!row) return NotFound("basin {} does not exist", name);
+    return BasinInfo{std::string(name), st.ColInt(0)};
+  });
+}
+
+Result<std::vector<BasinInfo>> SqliteMetastore::ListBasins(std::string_view prefix, std::string_view start_after,
+                                                           size_t limit) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ListBasins", [&]() -> Result<std::vector<BasinInfo>> {
+    WEIR_RETURN_IF_ERROR(CheckListLimit(limit));
+    const std::optional<std::string> end = PrefixEnd(prefix);
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(end ? kListBasinsBounded : kListBasinsOpen));
+    st.Text(1, start_after).Text(2, prefix).Int(4, static_cast<int64_t>(limit));
+    if (end) st.Text(3, *end);
+    std::vector<BasinInfo> out;
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list basins"));
+      if (!row) break;
+      out.push_back(BasinInfo{st.ColText(0), st.ColInt(1)});
+    }
+    return out;
+  });
+}
+
+Status SqliteMetastore::DeleteBasin(std::string_view name) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeleteBasin", [&]() -> Status {
+    return InTransaction("delete basin", [&]() -> Status {
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt first, Prepare(kFirstStreamOfBasin));
+        WEIR_ASSIGN_OR_RETURN(const bool has_stream, first.Text(1, name).Step("look up streams of basin"));
+        if (has_stream) {
+          return PreconditionFailed("basin {} still has streams (e.g. {}); delete them first", name,
+                                    first.ColText(0));
+        }
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteBasin));
+      WEIR_RETURN_IF_ERROR(del.Text(1, name).Run("delete basin"));
+      if (del.Changes() == 0) return NotFound("basin {} does not exist", name);
+      return Status::Ok();
+    });
+  });
+}
+
+// ---- Streams ----------------------------------------------------------------
+
+Result<StreamInfo> SqliteMetastore::CreateStream(const StreamInfo& info) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("CreateStream", [&]() -> Result<StreamInfo> {
+    WEIR_RETURN_IF_ERROR(ValidateConfig(info.config));
+    StreamInfo created = info;
+    const Status txn = InTransaction("create stream", [&]() -> Status {
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt basin, Prepare(kGetBasin));
+        WEIR_ASSIGN_OR_RETURN(const bool exists, basin.Text(1, info.basin).Step("look up basin"));
+        if (!exists) return NotFound("basin {} does not exist", info.basin);
+      }
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kStreamByName));
+        WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, info.basin).Text(2, info.name).Step("look up stream"));
+        if (exists) return AlreadyExists("stream {}/{} already exists", info.basin, info.name);
+      }
+      WEIR_ASSIGN_OR_RETURN(created.id, NextCounter(kStreamIdCounter));
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertStream));
+        ins.Int(1, I64(created.id))
+            .Text(2, info.basin)
+            .Text(3, info.name)
+            .Text(4, StorageClassName(info.config.storage_class))
+            .Int(5, info.config.retention_age_s)
+            .Text(6, TimestampingModeName(info.config.timestamping))
+            .Int(7, info.config.uncapped_timestamps ? 1 : 0)
+            .Int(8, info.created_at_ms);
+        WEIR_RETURN_IF_ERROR(ins.Run("insert stream"));
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt state, Prepare(kInsertZeroState));
+      return state.Int(1, I64(created.id)).Run("insert stream state");
+    });
+    if (!txn.ok()) return txn;
+    return created;
+  });
+}
+
+Result<StreamInfo> SqliteMetastore::GetStream(std::string_view basin, std::string_view name) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("GetStream", [&]() -> Result<StreamInfo> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamByName));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, basin).Text(2, name).Step("read stream"));
+    if (!row) return NotFound("stream {}/{} does not exist", basin, name);
+    return ReadStream(st);
+  });
+}
+
+Result<StreamInfo> SqliteMetastore::GetStreamById(uint64_t id) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("GetStreamById", [&]() -> Result<StreamInfo> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamById));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Int(1, I64(id)).Step("read stream"));
+    if (!row) return NotFound("stream id {} does not exist", id);
+    return ReadStream(st);
+  });
+}
+
+Result<std::vector<StreamInfo>> SqliteMetastore::ListStreams(std::string_view basin, std::string_view prefix,
+                                                             std::string_view start_after, size_t limit) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ListStreams", [&]() -> Result<std::vector<StreamInfo>> {
+    WEIR_RETURN_IF_ERROR(CheckListLimit(limit));
+    {
+      WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kGetBasin));
+      WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, basin).Step("look up basin"));
+      if (!exists) return NotFound("basin {} does not exist", basin);
+    }
+    const std::optional<std::string> end = PrefixEnd(prefix);
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(end ? kListStreamsBounded : kListStreamsOpen));
+    st.Text(1, basin).Text(2, start_after).Text(3, prefix).Int(5, static_cast<int64_t>(limit));
+    if (end) st.Text(4, *end);
+    std::vector<StreamInfo> out;
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list streams"));
+      if (!row) break;
+      WEIR_ASSIGN_OR_RETURN(StreamInfo s, ReadStream(st));
+      out.push_back(std::move(s));
+    }
+    return out;
+  });
+}
+
+Status SqliteMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& config) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("UpdateStreamConfig", [&]() -> Status {
+    WEIR_RETURN_IF_ERROR(ValidateConfig(config));
+    return InTransaction("update stream config", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateConfig));
+      st.Int(1, I64(id))
+          .Text(2, StorageClassName(config.storage_class))
+          .Int(3, config.retention_age_s)
+          .Text(4, TimestampingModeName(config.timestamping))
+          .Int(5, config.uncapped_timestamps ? 1 : 0);
+      WEIR_RETURN_IF_ERROR(st.Run("update stream config"));
+      if (st.Changes() == 0) return NotFound("stream id {} does not exist", id);
+      return Status::Ok();
+    });
+  });
+}
+
+Result<std::vector<std::string>> SqliteMetastore::DeleteStream(uint64_t id) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeleteStream", [&]() -> Result<std::vector<std::string>> {
+    std::vector<std::string> keys;
+    const Status txn = InTransaction("delete stream", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(const bool exists, StreamExists(id));
+      if (!exists) return NotFound("stream id {} does not exist", id);
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentKeysOfStream));
+        st.Int(1, I64(id));
+        while (true) {
+          WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list segments of stream"));
+          if (!row) break;
+          keys.push_back(st.ColText(0));
+        }
+      }
+      for (const char* sql : {kDeleteSegmentsOfStream, kDeleteState, kDeleteStream}) {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(sql));
+        WEIR_RETURN_IF_ERROR(st.Int(1, I64(id)).Run("delete stream"));
+      }
+      return Status::Ok();
+    });
+    if (!txn.ok()) return txn;
+    return keys;
+  });
+}
+
+Result<StreamState> SqliteMetastore::GetStreamState(uint64_t id) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("GetStreamState", [&]() -> Result<StreamState> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetState));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Int(1, I64(id)).Step("read stream state"));
+    if (!row) return NotFound("stream id {} does not exist", id);
+    return ReadState(st);
+  });
+}
+
+Result<std::vector<StreamState>> SqliteMetastore::ListStreamStates() {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ListStreamStates", [&]() -> Result<std::vector<StreamState>> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kListStates));
+    std::vector<StreamState> out;
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list stream states"));
+      if (!row) break;
+      out.push_back(ReadState(st));
+    }
+    return out;
+  });
+}
+
+// ---- Nodes and producers ------------------------------------------------------
+
+Result<NodeState> SqliteMetastore::GetNode(std::string_view node) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("GetNode", [&]() -> Result<NodeState> {
+    WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> n, ReadNode(node));
+    if (n) return std::move(*n);
+    NodeState fresh;
+    fresh.node = std::string(node);
+    return fresh;
+  });
+}
+
+Result<NodeState> SqliteMetastore::MintEpoch(std::string_view node, uint64_t expected, uint32_t window) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("MintEpoch", [&]() -> Result<NodeState> {
+    if (expected == std::numeric_limits<uint64_t>::max()) {
+      return InvalidArgument("node {}: epoch {} cannot be incremented", node, expected);
+    }
+    NodeState minted;
+    const Status txn = InTransaction("mint epoch", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
+      const uint64_t epoch = current ? current->epoch : 0;
+      if (epoch != expected) {
+        return PreconditionFailed("node {} epoch is {}, expected {}: {}", node, epoch, expected,
+                                  epoch > expected ? "a successor minted a newer epoch"
+                                                   : "the expected epoch was never minted");
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpsertEpoch));
+      WEIR_RETURN_IF_ERROR(st.Text(1, node).Int(2, I64(expected + 1)).Int(3, window).Run("mint epoch"));
+      minted.node = std::string(node);
+      minted.epoch = expected + 1;
+      minted.window = window;
+      if (current) minted.checkpoint = current->checkpoint;
+      return Status::Ok();
+    });
+    if (!txn.ok()) return txn;
+    return minted;
+  });
+}
+
+Result<uint64_t> SqliteMetastore::AllocateProducerId() {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("AllocateProducerId", [&]() -> Result<uint64_t> {
+    uint64_t id = 0;
+    const Status txn = InTransaction("allocate producer id", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(id, NextCounter(kProducerIdCounter));
+      return Status::Ok();
+    });
+    if (!txn.ok()) return txn;
+    return id;
+  });
+}
+
+// ---- Settle -------------------------------------------------------------------
+
+Status SqliteMetastore::CommitSettle(std::string_view node, uint64_t epoch, const ChainPosition& expected,
+                                     const ChainPosition& next, const std::vector<SegmentInfo>& segments,
+                                     const std::vector<StreamState>& states) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("CommitSettle", [&]() -> Status {
+    if (epoch == 0) return InvalidArgument("node {}: settle at epoch 0 (no epoch was minted)", node);
+    if (Before(next, expected)) {
+      return InvalidArgument("node {}: settle moves the checkpoint backwards, from ({}, {}) to ({}, {})", node,
+                             expected.epoch, expected.seq, next.epoch, next.seq);
+    }
+    for (const SegmentInfo& s : segments) WEIR_RETURN_IF_ERROR(ValidateSegment(s));
+
+    return InTransaction("commit settle", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
+      const uint64_t current_epoch = current ? current->epoch : 0;
+      if (current_epoch != epoch) {
+        return PreconditionFailed("node {} epoch is {}, not {}: {}", node, current_epoch, epoch,
+                                  current_epoch > epoch ? "this node was superseded" : "that epoch was never minted");
+      }
+      if (current->checkpoint != expected) {
+        return PreconditionFailed("node {} checkpoint is ({}, {}), expected ({}, {})", node,
+                                  current->checkpoint.epoch, current->checkpoint.seq, expected.epoch, expected.seq);
+      }
+
+      std::unordered_map<uint64_t, bool> exists;  // stream id -> still exists
+      auto stream_exists = [&](uint64_t id) -> Result<bool> {
+        auto it = exists.find(id);
+        if (it != exists.end()) return it->second;
+        WEIR_ASSIGN_OR_RETURN(const bool e, StreamExists(id));
+        exists.emplace(id, e);
+        return e;
+      };
+
+      for (const SegmentInfo& s : segments) {
+        WEIR_ASSIGN_OR_RETURN(const bool live, stream_exists(s.stream_id));
+        if (!live) continue;
+        // Segments never overlap: check the neighbours on either side.
+        for (const char* sql : {kSegmentAtOrBefore, kSegmentAfter}) {
+          WEIR_ASSIGN_OR_RETURN(Stmt nb, Prepare(sql));
+          WEIR_ASSIGN_OR_RETURN(const bool row,
+                                nb.Int(1, I64(s.stream_id)).Int(2, I64(s.start_offset)).Step("check segment overlap"));
+          if (!row) continue;
+          const uint64_t start = U64(nb.ColInt(0));
+          const uint64_t end = U64(nb.ColInt(1));
+          if (start == s.start_offset) {
+            return AlreadyExists("stream {}: a segment starting at offset {} is already indexed ([{}, {}))",
+                                 s.stream_id, start, start, end);
+          }
+          if (start < s.end_offset && s.start_offset < end) {
+            return AlreadyExists("stream {}: segment [{}, {}) overlaps the indexed segment [{}, {})", s.stream_id,
+                                 s.start_offset, s.end_offset, start, end);
+          }
+        }
+        WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertSegment));
+        ins.Int(1, I64(s.stream_id))
+            .Int(2, I64(s.start_offset))
+            .Int(3, I64(s.end_offset))
+            .Int(4, s.first_timestamp_ms)
+            .Int(5, s.last_timestamp_ms)
+            .Text(6, s.object_key)
+            .Int(7, I64(s.size_bytes));
+        WEIR_RETURN_IF_ERROR(ins.Run("insert segment"));
+      }
+
+      for (const StreamState& s : states) {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateState));
+        st.Int(1, I64(s.stream_id))
+            .Int(2, I64(s.settled_offset))
+            .Int(3, I64(s.trim_point))
+            .Blob(4, s.fencing_token)
+            .Int(5, s.last_timestamp_ms)
+            .Blob(6, s.producer_state);
+        // No row changed: the stream was deleted (its state row went with it).
+        WEIR_RETURN_IF_ERROR(st.Run("update stream state"));
+      }
+
+      WEIR_ASSIGN_OR_RETURN(Stmt ckpt, Prepare(kSetCheckpoint));
+      return ckpt.Text(1, node).Int(2, I64(next.epoch)).Int(3, I64(next.seq)).Run("move checkpoint");
+    });
+  });
+}
+
+// ---- Segments -----------------------------------------------------------------
+
+Result<std::vector<SegmentInfo>> SqliteMetastore::FindSegments(uint64_t stream_id, uint64_t from_offset,
+                                                               size_t limit) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("FindSegments", [&]() -> Result<std::vector<SegmentInfo>> {
+    if (limit < 1) return InvalidArgument("FindSegments: limit must be >= 1");
+    std::vector<SegmentInfo> out;
+    if (from_offset >= kMaxOffset) return out;  // every segment ends at or below 2^63-1
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kFindSegments));
+    st.Int(1, I64(stream_id))
+        .Int(2, I64(from_offset))
+        .Int(3, static_cast<int64_t>(std::min<uint64_t>(limit, kMaxOffset)));
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("find segments"));
+      if (!row) break;
+      out.push_back(ReadSegment(st));
+    }
+    return out;
+  });
+}
+
+Result<std::optional<SegmentInfo>> SqliteMetastore::FindSegmentByTimestamp(uint64_t stream_id, int64_t timestamp_ms) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("FindSegmentByTimestamp", [&]() -> Result<std::optional<SegmentInfo>> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentByTimestamp));
+    WEIR_ASSIGN_OR_RETURN(const bool row,
+                          st.Int(1, I64(stream_id)).Int(2, timestamp_ms).Step("find segment by timestamp"));
+    if (!row) return std::optional<SegmentInfo>();
+    return std::optional<SegmentInfo>(ReadSegment(st));
+  });
+}
+
+Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeleteSegmentsBelow", [&]() -> Result<std::vector<SegmentInfo>> {
+    const int64_t below = I64(std::min(below_offset, kMaxOffset));
+    std::vector<SegmentInfo> removed;
+    const Status txn = InTransaction("delete segments", [&]() -> Status {
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentsBelow));
+        st.Int(1, I64(stream_id)).Int(2, below);
+        while (true) {
+          WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list segments to delete"));
+          if (!row) break;
+          removed.push_back(ReadSegment(st));
+        }
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteSegmentsBelow));
+      return del.Int(1, I64(stream_id)).Int(2, below).Run("delete segments");
+    });
+    if (!txn.ok()) return txn;
+    return removed;
+  });
+}
+
+}  // namespace weir::metastore

@@ -1,0 +1,106 @@
+// sqlite://PATH: the embedded default Metastore, one SQLite database file.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "metastore/metastore.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace weir::metastore {
+
+// A Metastore in one SQLite database (WAL journal, synchronous=FULL, so a
+// committed transaction survives a crash or power loss).
+//
+// Ownership: created by Open (usually via OpenMetastore) and shared by the
+// engine. Threads: any; every method is blocking and serialized on one
+// connection by a mutex. Other processes may open the same file: SQLite
+// serializes their writers, and a lock held longer than 5 s surfaces as
+// kUnavailable (retryable). Guarantees: each write method is one
+// BEGIN IMMEDIATE transaction, all or nothing; reads += 1 per read method call,
+// writes += 1 per write method call, transactions += 1 per committed write.
+//
+// Storage: u64 values are stored as SQLite INTEGER (int64) by two's-complement
+// cast and read back by the reverse cast. Segment offsets must be below 2^63
+// because SQL compares them; they are validated on insert.
+class SqliteMetastore final : public Metastore {
+ public:
+  // Current schema; Open refuses a database with a newer one (kNotSupported).
+  static constexpr int kSchemaVersion = 1;
+
+  // Opens PATH (created if missing; its parent directory must exist) or, for
+  // ":memory:", a private in-memory database. Creates the schema if missing.
+  static Result<std::shared_ptr<SqliteMetastore>> Open(const std::string& path);
+
+  ~SqliteMetastore() override;
+  SqliteMetastore(const SqliteMetastore&) = delete;
+  SqliteMetastore& operator=(const SqliteMetastore&) = delete;
+
+  Status CreateBasin(const BasinInfo& basin) override;
+  Result<BasinInfo> GetBasin(std::string_view name) override;
+  Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix, std::string_view start_after,
+                                            size_t limit) override;
+  Status DeleteBasin(std::string_view name) override;
+
+  Result<StreamInfo> CreateStream(const StreamInfo& info) override;
+  Result<StreamInfo> GetStream(std::string_view basin, std::string_view name) override;
+  Result<StreamInfo> GetStreamById(uint64_t id) override;
+  Result<std::vector<StreamInfo>> ListStreams(std::string_view basin, std::string_view prefix,
+                                              std::string_view start_after, size_t limit) override;
+  Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) override;
+  Result<std::vector<std::string>> DeleteStream(uint64_t id) override;
+
+  Result<StreamState> GetStreamState(uint64_t id) override;
+  Result<std::vector<StreamState>> ListStreamStates() override;
+
+  Result<NodeState> GetNode(std::string_view node) override;
+  Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) override;
+
+  Result<uint64_t> AllocateProducerId() override;
+
+  Status CommitSettle(std::string_view node, uint64_t epoch, const ChainPosition& expected,
+                      const ChainPosition& next, const std::vector<SegmentInfo>& segments,
+                      const std::vector<StreamState>& states) override;
+
+  Result<std::vector<SegmentInfo>> FindSegments(uint64_t stream_id, uint64_t from_offset, size_t limit) override;
+  Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id, int64_t timestamp_ms) override;
+  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) override;
+
+  const MetastoreCounters& counters() const override { return counters_; }
+  std::string Describe() const override { return "sqlite://" + path_; }
+
+ private:
+  class Stmt;
+
+  SqliteMetastore(std::string path, sqlite3* db);
+
+  // All below: mu_ held.
+  Status Init();
+  Status Exec(const char* sql, std::string_view what);
+  Result<Stmt> Prepare(const char* sql);
+  Status Error(int rc, std::string_view what) const;
+  // Runs body inside BEGIN IMMEDIATE ... COMMIT; rolls back if it fails.
+  template <typename F>
+  Status InTransaction(std::string_view what, F&& body);
+  void RollbackIfActive();
+  Result<bool> StreamExists(uint64_t id);
+  Result<uint64_t> NextCounter(std::string_view name);
+  Result<std::optional<NodeState>> ReadNode(std::string_view node);
+
+  // Locks mu_ and runs body, turning exceptions into a Status.
+  template <typename F>
+  auto Locked(std::string_view op, F&& body) -> decltype(body());
+
+  const std::string path_;
+  MetastoreCounters counters_;
+  std::mutex mu_;
+  sqlite3* db_;                                                // guarded by mu_
+  std::unordered_map<std::string, sqlite3_stmt*> statements_;  // by SQL text; guarded by mu_
+};
+
+}  // namespace weir::metastore

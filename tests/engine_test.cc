@@ -1,0 +1,400 @@
+// The stream engine: sequencing, conditions, producers, timestamps, commands,
+// reads, recovery and halts.
+#include "log/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "base/bytes.h"
+#include "objstore/mem_store.h"
+#include "test_util.h"
+#include "wal/fence.h"
+#include "wal/slot_format.h"
+
+namespace weir::log {
+namespace {
+
+using namespace std::chrono_literals;
+using metastore::StreamConfig;
+using metastore::TimestampingMode;
+
+const std::string kBasin = "test-basin";
+
+std::vector<AppendRecord> Bodies(std::initializer_list<std::string> bodies) {
+  std::vector<AppendRecord> out;
+  for (const auto& b : bodies) {
+    AppendRecord r;
+    r.body = b;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+AppendRecord Command(const std::string& name, const std::string& body) {
+  AppendRecord r;
+  r.headers.push_back(wal::RecordHeader{"", name});
+  r.body = body;
+  return r;
+}
+
+std::string Be64(uint64_t v) {
+  std::string s;
+  PutBE64(&s, v);
+  return s;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = objstore::NewMemStore();
+    auto meta = metastore::OpenMetastore("sqlite://:memory:");
+    ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+    meta_ = *meta;
+    Start();
+    ASSERT_TRUE(engine_->CreateBasin(kBasin).ok());
+    ASSERT_TRUE(engine_->CreateStream(kBasin, "s", StreamConfig{}).ok());
+  }
+
+  void Start(std::shared_ptr<objstore::ObjectStore> store = nullptr) {
+    EngineOptions o;
+    o.node = "n1";
+    o.wal.retry_initial = 1ms;
+    o.wal.retry_max = 5ms;
+    o.log_cache_bytes = cache_bytes_;
+    auto e = Engine::Open(o, store ? store : store_, meta_);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(*e);
+  }
+
+  void Restart() {
+    engine_->Close();
+    engine_.reset();
+    Start();
+  }
+
+  std::vector<std::string> ReadAll(const std::string& stream, uint64_t from = 0) {
+    auto r = engine_->Read(kBasin, stream, ReadStart{ReadStart::kOffset, from}, 1000, 1 << 20);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<std::string> out;
+    if (r.ok()) {
+      for (auto& rec : r->records) out.push_back(rec.record.value.value_or("<null>"));
+    }
+    return out;
+  }
+
+  std::shared_ptr<objstore::ObjectStore> store_;
+  std::shared_ptr<metastore::Metastore> meta_;
+  std::unique_ptr<Engine> engine_;
+  size_t cache_bytes_ = 64 << 20;
+};
+
+TEST_F(EngineTest, NamesAreValidated) {
+  EXPECT_EQ(engine_->CreateBasin("short").code(), Code::kInvalidArgument);
+  EXPECT_EQ(engine_->CreateBasin("Upper-case-basin").code(), Code::kInvalidArgument);
+  EXPECT_EQ(engine_->CreateBasin("-leading-hyphen").code(), Code::kInvalidArgument);
+  EXPECT_EQ(engine_->CreateBasin(kBasin).code(), Code::kAlreadyExists);
+  EXPECT_EQ(engine_->CreateStream(kBasin, "", StreamConfig{}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(engine_->CreateStream(kBasin, "s", StreamConfig{}).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(engine_->CreateStream("no-such-basin", "s", StreamConfig{}).status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->Append(kBasin, "missing", Bodies({"x"})).status.code(), Code::kNotFound);
+}
+
+TEST_F(EngineTest, AppendsGetDenseOffsetsAndReadBack) {
+  auto a = engine_->Append(kBasin, "s", Bodies({"a", "b", "c"}));
+  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+  EXPECT_EQ(a.ack.start_offset, 0u);
+  EXPECT_EQ(a.ack.end_offset, 3u);
+  EXPECT_EQ(a.ack.tail, 3u);
+  EXPECT_FALSE(a.ack.duplicated);
+  auto b = engine_->Append(kBasin, "s", Bodies({"d"}));
+  EXPECT_EQ(b.ack.start_offset, 3u);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c", "d"}));
+  EXPECT_EQ(ReadAll("s", 2), (std::vector<std::string>{"c", "d"}));
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 4u);
+  auto past = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 5}, 10, 1000);
+  EXPECT_EQ(past.status().code(), Code::kOutOfRange);
+  auto tail2 = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTailOffset, 2}, 10, 1000);
+  ASSERT_TRUE(tail2.ok());
+  ASSERT_EQ(tail2->records.size(), 2u);
+  EXPECT_EQ(tail2->records[0].offset, 2u);
+  auto limited = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 2, 1000);
+  ASSERT_TRUE(limited.ok());
+  EXPECT_EQ(limited->records.size(), 2u);
+}
+
+TEST_F(EngineTest, LimitsAreEnforcedAndChangeNothing) {
+  std::vector<AppendRecord> many(1001);
+  EXPECT_EQ(engine_->Append(kBasin, "s", std::move(many)).status.code(), Code::kInvalidArgument);
+  auto big = Bodies({std::string(1 << 20, 'x')});
+  EXPECT_EQ(engine_->Append(kBasin, "s", std::move(big)).status.code(), Code::kInvalidArgument);
+  EXPECT_EQ(engine_->Append(kBasin, "s", {}).status.code(), Code::kInvalidArgument);
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 0u);
+}
+
+TEST_F(EngineTest, MatchSeqNumMissRejectsOnlyThatBatch) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  AppendOptions o;
+  o.match_seq_num = 0;
+  auto miss = engine_->Append(kBasin, "s", Bodies({"b"}), o);
+  EXPECT_EQ(miss.status.code(), Code::kPreconditionFailed);
+  ASSERT_TRUE(miss.seq_num_mismatch.has_value());
+  EXPECT_EQ(*miss.seq_num_mismatch, 1u);
+  o.match_seq_num = 1;
+  auto hit = engine_->Append(kBasin, "s", Bodies({"b"}), o);
+  ASSERT_TRUE(hit.status.ok());
+  EXPECT_EQ(hit.ack.start_offset, 1u);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(EngineTest, FenceCommandSetsTheTokenAndTrimAdvancesTheTrimPoint) {
+  std::vector<AppendRecord> batch;
+  batch.push_back(Command("fence", "tok-1"));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(batch)).status.ok());
+  auto miss = engine_->Append(kBasin, "s", Bodies({"x"}), AppendOptions{std::nullopt, "wrong", std::nullopt});
+  EXPECT_EQ(miss.status.code(), Code::kPreconditionFailed);
+  ASSERT_TRUE(miss.fencing_token_mismatch.has_value());
+  EXPECT_EQ(*miss.fencing_token_mismatch, "tok-1");
+  auto ok = engine_->Append(kBasin, "s", Bodies({"x", "y", "z"}), AppendOptions{std::nullopt, "tok-1", std::nullopt});
+  ASSERT_TRUE(ok.status.ok()) << ok.status.ToString();
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(2)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(trim), AppendOptions{std::nullopt, "tok-1", std::nullopt})
+                  .status.ok());
+  auto info = engine_->GetStream(kBasin, "s");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->trim_point, 2u);
+  EXPECT_EQ(info->fencing_token, "tok-1");
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 100, 1 << 20);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->records.front().offset, 2u);
+  // Bad commands are rejected and change nothing.
+  std::vector<AppendRecord> bad;
+  bad.push_back(Command("trim", "short"));
+  EXPECT_EQ(engine_->Append(kBasin, "s", std::move(bad), AppendOptions{std::nullopt, "tok-1", std::nullopt}).status.code(),
+            Code::kInvalidArgument);
+  std::vector<AppendRecord> unknown;
+  unknown.push_back(Command("explode", ""));
+  EXPECT_EQ(engine_->Append(kBasin, "s", std::move(unknown), AppendOptions{std::nullopt, "tok-1", std::nullopt}).status.code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 5u);
+}
+
+TEST_F(EngineTest, IdempotentProducers) {
+  auto pid = engine_->AllocateProducerId();
+  ASSERT_TRUE(pid.ok());
+  AppendOptions o;
+  o.producer = ProducerRef{*pid, 0, 0};
+  auto first = engine_->Append(kBasin, "s", Bodies({"a", "b"}), o);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  auto retry = engine_->Append(kBasin, "s", Bodies({"a", "b"}), o);
+  ASSERT_TRUE(retry.status.ok());
+  EXPECT_TRUE(retry.ack.duplicated);
+  EXPECT_EQ(retry.ack.start_offset, first.ack.start_offset);
+  EXPECT_EQ(retry.ack.end_offset, first.ack.end_offset);
+  o.producer->seq = 5;  // gap: expected 2
+  EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({"c"}), o).status.code(), Code::kOutOfRange);
+  o.producer->seq = 2;
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"c"}), o).status.ok());
+  // A new epoch starts at 0 and fences the old one.
+  AppendOptions e1;
+  e1.producer = ProducerRef{*pid, 1, 0};
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"d"}), e1).status.ok());
+  o.producer->seq = 3;
+  EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({"e"}), o).status.code(), Code::kFenced);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c", "d"}));
+}
+
+TEST_F(EngineTest, ProducerWindowKeepsFiveBatches) {
+  AppendOptions o;
+  o.producer = ProducerRef{77, 0, 0};
+  for (int i = 0; i < 7; ++i) {
+    o.producer->seq = i;
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"v" + std::to_string(i)}), o).status.ok());
+  }
+  o.producer->seq = 2;  // the 5 newest are 2..6
+  auto dup = engine_->Append(kBasin, "s", Bodies({"v2"}), o);
+  ASSERT_TRUE(dup.status.ok());
+  EXPECT_TRUE(dup.ack.duplicated);
+  EXPECT_EQ(dup.ack.start_offset, 2u);
+  o.producer->seq = 1;  // fell out of the window: cannot be told from out of order
+  EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({"v1"}), o).status.code(), Code::kOutOfRange);
+}
+
+TEST_F(EngineTest, TimestampModes) {
+  StreamConfig require;
+  require.timestamping = TimestampingMode::kClientRequire;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "req", require).ok());
+  EXPECT_EQ(engine_->Append(kBasin, "req", Bodies({"x"})).status.code(), Code::kInvalidArgument);
+  auto recs = Bodies({"x", "y"});
+  recs[0].timestamp_ms = 1000;
+  recs[1].timestamp_ms = 500;  // goes backwards: clamped to stay monotonic
+  auto a = engine_->Append(kBasin, "req", std::move(recs));
+  ASSERT_TRUE(a.status.ok());
+  EXPECT_EQ(a.ack.first_timestamp_ms, 1000);
+  EXPECT_EQ(a.ack.last_timestamp_ms, 1000);
+
+  StreamConfig arrival;
+  arrival.timestamping = TimestampingMode::kArrival;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "arr", arrival).ok());
+  auto r2 = Bodies({"x"});
+  r2[0].timestamp_ms = 5;
+  int64_t before = WallMillis();
+  auto b = engine_->Append(kBasin, "arr", std::move(r2));
+  ASSERT_TRUE(b.status.ok());
+  EXPECT_GE(b.ack.first_timestamp_ms, before);
+
+  // Client-prefer caps future timestamps at arrival.
+  auto r3 = Bodies({"x"});
+  r3[0].timestamp_ms = WallMillis() + 3600 * 1000;
+  auto c = engine_->Append(kBasin, "s", std::move(r3));
+  ASSERT_TRUE(c.status.ok());
+  EXPECT_LE(c.ack.first_timestamp_ms, WallMillis());
+}
+
+TEST_F(EngineTest, ReadFromTimestamp) {
+  for (int64_t ts : {100, 200, 300}) {
+    auto r = Bodies({"t" + std::to_string(ts)});
+    r[0].timestamp_ms = ts;
+    ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(r)).status.ok());
+  }
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 150}, 10, 1000);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->records.size(), 2u);
+  EXPECT_EQ(r->records[0].offset, 1u);
+}
+
+TEST_F(EngineTest, TailingReadWaitsForTheNextAck) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  std::thread writer([&] {
+    std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(engine_->Append(kBasin, "s", Bodies({"b"})).status.ok());
+  });
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 1}, 10, 1000, Now() + 60s);
+  writer.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 1u);
+  EXPECT_EQ(r->records[0].record.value, "b");
+  // With nothing new, a wait ends empty at its deadline.
+  auto none = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 2}, 10, 1000, Now() + 20ms);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->records.empty());
+  EXPECT_EQ(none->tail, 2u);
+}
+
+TEST_F(EngineTest, EvictedBatchesAreReadFromTheirWalSlot) {
+  cache_bytes_ = 4096;
+  Restart();
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({std::string(500, static_cast<char>('a' + i % 26))})).status.ok());
+  }
+  auto all = ReadAll("s");
+  ASSERT_EQ(all.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], std::string(500, static_cast<char>('a' + i % 26)));
+}
+
+TEST_F(EngineTest, RecoveryRestoresOffsetsTokensTrimAndProducers) {
+  AppendOptions p;
+  p.producer = ProducerRef{9, 0, 0};
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"}), p).status.ok());
+  std::vector<AppendRecord> cmds;
+  cmds.push_back(Command("fence", "tok"));
+  cmds.push_back(Command("trim", Be64(1)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(cmds)).status.ok());
+  p.producer->seq = 2;
+  p.fencing_token = "tok";
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"c"}), p).status.ok());
+  uint64_t epoch = engine_->epoch();
+  Restart();
+  EXPECT_GT(engine_->epoch(), epoch);
+  auto info = engine_->GetStream(kBasin, "s");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->tail, 5u);
+  EXPECT_EQ(info->fencing_token, "tok");
+  EXPECT_EQ(info->trim_point, 1u);
+  // The producer window survived: a retry of the last batch is a duplicate.
+  auto dup = engine_->Append(kBasin, "s", Bodies({"c"}), p);
+  ASSERT_TRUE(dup.status.ok()) << dup.status.ToString();
+  EXPECT_TRUE(dup.ack.duplicated);
+  EXPECT_EQ(dup.ack.start_offset, 4u);
+  p.producer->seq = 3;
+  auto next = engine_->Append(kBasin, "s", Bodies({"d"}), p);
+  ASSERT_TRUE(next.status.ok());
+  EXPECT_EQ(next.ack.start_offset, 5u);
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 100, 1 << 20);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->records.size(), 5u);  // offsets 1..5 (0 is trimmed)
+  EXPECT_EQ(r->records.back().record.value, "d");
+  // And again: two epochs to replay.
+  Restart();
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 6u);
+}
+
+TEST_F(EngineTest, DuplicateOfAPendingBatchWaitsForItsDurability) {
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(gated);
+  uint64_t epoch = engine_->epoch();
+  const std::string slot0 = wal::SlotKey("n1", epoch, 0);
+  gated->Gate(slot0);
+  AppendOptions p;
+  p.producer = ProducerRef{5, 0, 0};
+  std::promise<AppendOutcome> first, second;
+  engine_->AppendAsync(kBasin, "s", Bodies({"x"}), p, [&](AppendOutcome o) { first.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  engine_->AppendAsync(kBasin, "s", Bodies({"x"}), p, [&](AppendOutcome o) { second.set_value(std::move(o)); });
+  auto f2 = second.get_future();
+  EXPECT_EQ(f2.wait_for(50ms), std::future_status::timeout) << "duplicate acknowledged before the original";
+  gated->Open(slot0);
+  auto a = first.get_future().get();
+  auto b = f2.get();
+  ASSERT_TRUE(a.status.ok());
+  ASSERT_TRUE(b.status.ok());
+  EXPECT_FALSE(a.ack.duplicated);
+  EXPECT_TRUE(b.ack.duplicated);
+  EXPECT_EQ(a.ack.start_offset, b.ack.start_offset);
+}
+
+TEST_F(EngineTest, PoisonedEpochResumesInTheNextEpochWithoutErrors) {
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(gated);
+  uint64_t epoch = engine_->epoch();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());  // slot 0
+  const std::string slot1 = wal::SlotKey("n1", epoch, 1);
+  gated->Gate(slot1);
+  std::promise<AppendOutcome> pending;
+  engine_->AppendAsync(kBasin, "s", Bodies({"b"}), {}, [&](AppendOutcome o) { pending.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot1));
+  // Someone fences our live epoch without taking the node over.
+  auto fence = wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242);
+  ASSERT_TRUE(fence.ok());
+  EXPECT_EQ(fence->cut, 1u);
+  gated->Open(slot1);
+  auto o = pending.get_future().get();
+  ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(o.ack.start_offset, 1u);
+  EXPECT_EQ(engine_->epoch(), epoch + 1);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+  Restart();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(EngineTest, DeleteStreamWakesReadersAndForgetsTheName) {
+  std::thread deleter([&] {
+    std::this_thread::sleep_for(30ms);
+    EXPECT_TRUE(engine_->DeleteStream(kBasin, "s").ok());
+  });
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 100, Now() + 60s);
+  deleter.join();
+  EXPECT_EQ(r.status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->GetStream(kBasin, "s").status().code(), Code::kNotFound);
+  EXPECT_TRUE(engine_->CreateStream(kBasin, "s", StreamConfig{}).ok());
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 0u);
+}
+
+}  // namespace
+}  // namespace weir::log

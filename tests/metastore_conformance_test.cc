@@ -1,0 +1,1089 @@
+// One conformance suite, run against every Metastore backend. To cover a new
+// backend (postgres://), add one factory to Backends() below.
+#include <sqlite3.h>
+#include <stdlib.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <latch>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "metastore/metastore.h"
+#include "metastore/sqlite_metastore.h"
+
+namespace weir {
+// Lets gtest print codes by name in failed EXPECT_EQs.
+inline void PrintTo(Code code, std::ostream* os) { *os << CodeName(code); }
+}  // namespace weir
+
+namespace weir::metastore {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define ASSERT_OK(expr)                                           \
+  do {                                                            \
+    const ::weir::Status _st = (expr);                            \
+    ASSERT_TRUE(_st.ok()) << #expr << ": " << _st.ToString();     \
+  } while (0)
+#define EXPECT_OK(expr)                                           \
+  do {                                                            \
+    const ::weir::Status _st = (expr);                            \
+    EXPECT_TRUE(_st.ok()) << #expr << ": " << _st.ToString();     \
+  } while (0)
+// Declares `lhs` from a Result, failing the test if it is an error.
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) ASSERT_OK_AND_ASSIGN_IMPL(WEIR_CONCAT(_res_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr)                        \
+  auto tmp = (expr);                                                     \
+  ASSERT_TRUE(tmp.ok()) << #expr << ": " << tmp.status().ToString();     \
+  lhs = std::move(tmp).value()
+
+// A fresh directory under /tmp, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = "/tmp/weir-metastore-test-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// One backend under test: the metastore plus whatever it lives in.
+struct BackendEnv {
+  std::unique_ptr<TempDir> dir;  // destroyed after the metastore (declared first)
+  std::string uri;               // reopens the same data; empty if the backend is not persistent
+  std::shared_ptr<Metastore> meta;
+};
+
+struct BackendFactory {
+  std::string name;
+  // Returns an env with a null metastore to skip (e.g. postgres not configured).
+  std::function<BackendEnv()> make;
+  // Optional: with the metastore closed, marks the stored schema as newer than
+  // this build understands.
+  std::function<void(const BackendEnv&)> bump_schema_version;
+};
+
+BackendEnv OpenEnv(std::unique_ptr<TempDir> dir, std::string uri, bool persistent) {
+  auto meta = OpenMetastore(uri);
+  if (!meta.ok()) {
+    ADD_FAILURE() << uri << ": " << meta.status().ToString();
+    return BackendEnv{std::move(dir), "", nullptr};
+  }
+  return BackendEnv{std::move(dir), persistent ? uri : "", *meta};
+}
+
+void SqliteBumpSchemaVersion(const BackendEnv& env) {
+  const std::string path = env.uri.substr(std::string_view("sqlite://").size());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const int rc = sqlite3_exec(db, "UPDATE schema_version SET version = version + 1", nullptr, nullptr, nullptr);
+  EXPECT_EQ(rc, SQLITE_OK) << sqlite3_errmsg(db);
+  sqlite3_close(db);
+}
+
+std::vector<BackendFactory> Backends() {
+  return {
+      {"sqlite_memory", [] { return OpenEnv(nullptr, "sqlite://:memory:", false); }, nullptr},
+      {"sqlite_file",
+       [] {
+         auto dir = std::make_unique<TempDir>();
+         std::string uri = "sqlite://" + dir->path() + "/meta.db";
+         return OpenEnv(std::move(dir), std::move(uri), true);
+       },
+       SqliteBumpSchemaVersion},
+  };
+}
+
+std::string BackendName(const ::testing::TestParamInfo<BackendFactory>& info) { return info.param.name; }
+
+SegmentInfo Seg(uint64_t stream, uint64_t start, uint64_t end, int64_t first_ts = 0, int64_t last_ts = 0) {
+  SegmentInfo s;
+  s.stream_id = stream;
+  s.start_offset = start;
+  s.end_offset = end;
+  s.first_timestamp_ms = first_ts;
+  s.last_timestamp_ms = last_ts;
+  s.object_key = "segments/" + std::to_string(stream) + "/" + std::to_string(start);
+  s.size_bytes = (end - start) * 100;
+  return s;
+}
+
+StreamState State(uint64_t stream, uint64_t settled, std::string token = "", std::string producers = "") {
+  StreamState s;
+  s.stream_id = stream;
+  s.settled_offset = settled;
+  s.trim_point = settled / 2;
+  s.fencing_token = std::move(token);
+  s.last_timestamp_ms = 1700000000000 + static_cast<int64_t>(settled);
+  s.producer_state = std::move(producers);
+  return s;
+}
+
+std::string Str(const SegmentInfo& s) {
+  return fmt::format("seg(stream={} [{},{}) ts={}..{} key={} size={})", s.stream_id, s.start_offset, s.end_offset,
+                     s.first_timestamp_ms, s.last_timestamp_ms, s.object_key, s.size_bytes);
+}
+std::string Str(const StreamState& s) {
+  return fmt::format("state(stream={} settled={} trim={} token={:?} ts={} producers={:?})", s.stream_id,
+                     s.settled_offset, s.trim_point, s.fencing_token, s.last_timestamp_ms, s.producer_state);
+}
+std::string Str(const NodeState& n) {
+  return fmt::format("node({} epoch={} window={} ckpt=({},{}))", n.node, n.epoch, n.window, n.checkpoint.epoch,
+                     n.checkpoint.seq);
+}
+std::string Str(const StreamInfo& s) {
+  return fmt::format("stream({} {}/{} class={} retention={} ts={} uncapped={} created={})", s.id, s.basin, s.name,
+                     StorageClassName(s.config.storage_class), s.config.retention_age_s,
+                     TimestampingModeName(s.config.timestamping), s.config.uncapped_timestamps, s.created_at_ms);
+}
+template <typename T>
+std::string Str(const std::vector<T>& v) {
+  std::string out = "[";
+  for (const T& x : v) out += Str(x) + " ";
+  return out + "]";
+}
+
+class MetastoreConformance : public ::testing::TestWithParam<BackendFactory> {
+ protected:
+  void SetUp() override {
+    env_ = GetParam().make();
+    if (!env_.meta) GTEST_SKIP() << "backend " << GetParam().name << " is not available";
+  }
+  void TearDown() override { env_.meta.reset(); }
+
+  Metastore& m() { return *env_.meta; }
+  bool persistent() const { return !env_.uri.empty(); }
+
+  // Closes the metastore and opens the same data again.
+  void Reopen() {
+    env_.meta.reset();
+    auto meta = OpenMetastore(env_.uri);
+    ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+    env_.meta = *meta;
+  }
+
+  void MakeBasin(const std::string& name, int64_t created = 1000) {
+    ASSERT_OK(m().CreateBasin(BasinInfo{name, created}));
+  }
+
+  // Creates basin/name (and the basin if missing); returns the new stream's id.
+  uint64_t MakeStream(const std::string& basin, const std::string& name) {
+    if (!m().GetBasin(basin).ok()) {
+      EXPECT_OK(m().CreateBasin(BasinInfo{basin, 1}));
+    }
+    StreamInfo info;
+    info.basin = basin;
+    info.name = name;
+    info.created_at_ms = 2000;
+    auto created = m().CreateStream(info);
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    return created.ok() ? created->id : 0;
+  }
+
+  std::vector<std::string> BasinNames(std::string_view prefix, std::string_view start_after = {},
+                                      size_t limit = 1000) {
+    auto r = m().ListBasins(prefix, start_after, limit);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<std::string> names;
+    if (r.ok()) {
+      for (const BasinInfo& b : *r) names.push_back(b.name);
+    }
+    return names;
+  }
+
+  std::vector<std::string> StreamNames(std::string_view basin, std::string_view prefix,
+                                       std::string_view start_after = {}, size_t limit = 1000) {
+    auto r = m().ListStreams(basin, prefix, start_after, limit);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<std::string> names;
+    if (r.ok()) {
+      for (const StreamInfo& s : *r) {
+        EXPECT_EQ(s.basin, basin);
+        names.push_back(s.name);
+      }
+    }
+    return names;
+  }
+
+  std::vector<SegmentInfo> Segments(uint64_t stream, uint64_t from = 0, size_t limit = 1000) {
+    auto r = m().FindSegments(stream, from, limit);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : std::vector<SegmentInfo>{};
+  }
+
+  std::vector<uint64_t> Starts(uint64_t stream, uint64_t from = 0, size_t limit = 1000) {
+    std::vector<uint64_t> starts;
+    for (const SegmentInfo& s : Segments(stream, from, limit)) starts.push_back(s.start_offset);
+    return starts;
+  }
+
+  NodeState Node(std::string_view node) {
+    auto r = m().GetNode(node);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : NodeState{};
+  }
+
+  // Everything a settle may touch, printed: compare before and after.
+  std::string Snapshot(std::string_view node, const std::vector<uint64_t>& streams) {
+    std::string out = Str(Node(node));
+    auto states = m().ListStreamStates();
+    EXPECT_TRUE(states.ok()) << states.status().ToString();
+    if (states.ok()) out += Str(*states);
+    for (uint64_t id : streams) out += Str(Segments(id));
+    return out;
+  }
+
+  // Mints epochs of `node` until it is at `epoch`.
+  void MintTo(std::string_view node, uint64_t epoch, uint32_t window = 4) {
+    for (uint64_t e = Node(node).epoch; e < epoch; ++e) {
+      ASSERT_TRUE(m().MintEpoch(node, e, window).ok());
+    }
+  }
+
+  BackendEnv env_;
+};
+
+// ---- Basins -------------------------------------------------------------------
+
+TEST_P(MetastoreConformance, BasinCreateGetDelete) {
+  ASSERT_OK(m().CreateBasin(BasinInfo{"orders", 1234}));
+  ASSERT_OK_AND_ASSIGN(BasinInfo b, m().GetBasin("orders"));
+  EXPECT_EQ(b.name, "orders");
+  EXPECT_EQ(b.created_at_ms, 1234);
+
+  const Status dup = m().CreateBasin(BasinInfo{"orders", 99});
+  EXPECT_EQ(dup.code(), Code::kAlreadyExists) << dup.ToString();
+  EXPECT_EQ(m().GetBasin("orders")->created_at_ms, 1234);
+
+  EXPECT_EQ(m().GetBasin("nope").status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteBasin("nope").code(), Code::kNotFound);
+
+  ASSERT_OK(m().DeleteBasin("orders"));
+  EXPECT_EQ(m().GetBasin("orders").status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteBasin("orders").code(), Code::kNotFound);
+  ASSERT_OK(m().CreateBasin(BasinInfo{"orders", 5}));
+  EXPECT_EQ(m().GetBasin("orders")->created_at_ms, 5);
+}
+
+TEST_P(MetastoreConformance, ListBasinsPagesInOrder) {
+  for (int i = 24; i >= 0; --i) MakeBasin(fmt::format("b{:02}", i), i);
+  MakeBasin("a");
+  MakeBasin("c");
+
+  std::vector<std::string> all;
+  std::string after;
+  int pages = 0;
+  while (true) {
+    ASSERT_OK_AND_ASSIGN(std::vector<BasinInfo> page, m().ListBasins("b", after, 10));
+    if (page.empty()) break;
+    ++pages;
+    EXPECT_LE(page.size(), 10u);
+    for (const BasinInfo& b : page) all.push_back(b.name);
+    after = page.back().name;
+  }
+  EXPECT_EQ(pages, 3);
+  ASSERT_EQ(all.size(), 25u);
+  for (int i = 0; i < 25; ++i) EXPECT_EQ(all[i], fmt::format("b{:02}", i));
+  EXPECT_EQ(m().ListBasins("b", "", 10)->at(3).created_at_ms, 3);
+
+  EXPECT_EQ(BasinNames("b1").size(), 10u);
+  EXPECT_EQ(BasinNames("").size(), 27u);
+  EXPECT_EQ(BasinNames("", "b24"), (std::vector<std::string>{"c"}));
+  EXPECT_EQ(BasinNames("", "", 2), (std::vector<std::string>{"a", "b00"}));
+  EXPECT_EQ(BasinNames("b2", "b21"), (std::vector<std::string>{"b22", "b23", "b24"}));
+  // start_after before the prefix range, and after it.
+  EXPECT_EQ(BasinNames("b0", "a").size(), 10u);
+  EXPECT_TRUE(BasinNames("b0", "b1").empty());
+  EXPECT_TRUE(BasinNames("x").empty());
+  EXPECT_EQ(BasinNames("c"), (std::vector<std::string>{"c"}));
+  EXPECT_EQ(BasinNames("", "", 1000).size(), 27u);
+
+  EXPECT_EQ(m().ListBasins("", "", 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ListBasins("", "", 1001).status().code(), Code::kInvalidArgument);
+}
+
+TEST_P(MetastoreConformance, ListPrefixMatchesLiterally) {
+  for (const char* name : {"a", "a%", "a%b", "a_c", "abc", "axb", "a\\x", "ab", "b%", "caf\xc3\xa9", "caf\xc3\xa9s",
+                           "cafe", "caf\xc3\xaa"}) {
+    MakeBasin(name);
+  }
+  EXPECT_EQ(BasinNames("a%"), (std::vector<std::string>{"a%", "a%b"}));
+  EXPECT_EQ(BasinNames("a_"), (std::vector<std::string>{"a_c"}));
+  EXPECT_EQ(BasinNames("a\\"), (std::vector<std::string>{"a\\x"}));
+  EXPECT_EQ(BasinNames("%"), std::vector<std::string>{});
+  EXPECT_EQ(BasinNames("_"), std::vector<std::string>{});
+  EXPECT_EQ(BasinNames("ab"), (std::vector<std::string>{"ab", "abc"}));
+  EXPECT_EQ(BasinNames("caf\xc3\xa9"), (std::vector<std::string>{"caf\xc3\xa9", "caf\xc3\xa9s"}));
+  // Byte-wise order: "cafe" < "café" < "cafê".
+  EXPECT_EQ(BasinNames("caf"), (std::vector<std::string>{"cafe", "caf\xc3\xa9", "caf\xc3\xa9s", "caf\xc3\xaa"}));
+
+  for (const char* name : {"s%", "s%1", "sx1", "s_1", "s1"}) MakeStream("a", name);
+  MakeStream("ab", "s%2");  // another basin: never listed with "a"
+  EXPECT_EQ(StreamNames("a", "s%"), (std::vector<std::string>{"s%", "s%1"}));
+  EXPECT_EQ(StreamNames("a", "s_"), (std::vector<std::string>{"s_1"}));
+  EXPECT_EQ(StreamNames("a", "s"), (std::vector<std::string>{"s%", "s%1", "s1", "s_1", "sx1"}));
+}
+
+TEST_P(MetastoreConformance, DeleteBasinWithStreamsIsRefused) {
+  const uint64_t id = MakeStream("logs", "app");
+  const Status st = m().DeleteBasin("logs");
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_NE(st.message().find("logs"), std::string::npos) << st.ToString();
+  ASSERT_TRUE(m().GetBasin("logs").ok());
+  ASSERT_TRUE(m().GetStreamById(id).ok());
+
+  ASSERT_TRUE(m().DeleteStream(id).ok());
+  ASSERT_OK(m().DeleteBasin("logs"));
+  EXPECT_EQ(m().GetBasin("logs").status().code(), Code::kNotFound);
+}
+
+// ---- Streams ------------------------------------------------------------------
+
+TEST_P(MetastoreConformance, CreateStreamAllocatesIdAndZeroState) {
+  MakeBasin("b");
+  StreamInfo info;
+  info.id = 999999;  // ignored
+  info.basin = "b";
+  info.name = "s1";
+  info.config.storage_class = StorageClass::kExpress;
+  info.config.retention_age_s = 3600;
+  info.config.timestamping = TimestampingMode::kArrival;
+  info.config.uncapped_timestamps = true;
+  info.created_at_ms = 424242;
+  ASSERT_OK_AND_ASSIGN(StreamInfo created, m().CreateStream(info));
+  EXPECT_NE(created.id, 0u);
+  EXPECT_NE(created.id, 999999u);
+  info.id = created.id;
+  EXPECT_EQ(Str(created), Str(info));
+
+  ASSERT_OK_AND_ASSIGN(StreamInfo by_name, m().GetStream("b", "s1"));
+  EXPECT_EQ(Str(by_name), Str(info));
+  ASSERT_OK_AND_ASSIGN(StreamInfo by_id, m().GetStreamById(created.id));
+  EXPECT_EQ(Str(by_id), Str(info));
+
+  ASSERT_OK_AND_ASSIGN(StreamState state, m().GetStreamState(created.id));
+  StreamState zero;
+  zero.stream_id = created.id;
+  EXPECT_EQ(Str(state), Str(zero));
+
+  // Ids are unique; the same name in another basin is a different stream.
+  const uint64_t other = MakeStream("c", "s1");
+  EXPECT_NE(other, created.id);
+  const uint64_t s2 = MakeStream("b", "s2");
+  EXPECT_NE(s2, created.id);
+  EXPECT_NE(s2, other);
+}
+
+TEST_P(MetastoreConformance, CreateStreamErrors) {
+  MakeBasin("b");
+  StreamInfo info;
+  info.basin = "b";
+  info.name = "s";
+  ASSERT_TRUE(m().CreateStream(info).ok());
+
+  auto dup = m().CreateStream(info);
+  EXPECT_EQ(dup.status().code(), Code::kAlreadyExists) << dup.status().ToString();
+
+  info.basin = "missing";
+  auto no_basin = m().CreateStream(info);
+  EXPECT_EQ(no_basin.status().code(), Code::kNotFound) << no_basin.status().ToString();
+  EXPECT_EQ(m().GetStream("missing", "s").status().code(), Code::kNotFound);
+
+  info.basin = "b";
+  info.name = "neg";
+  info.config.retention_age_s = -1;
+  EXPECT_EQ(m().CreateStream(info).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().GetStream("b", "neg").status().code(), Code::kNotFound);
+
+  EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"s"}));
+}
+
+TEST_P(MetastoreConformance, StreamIdsAreNeverReused) {
+  std::set<uint64_t> seen;
+  uint64_t last = 0;
+  for (int i = 0; i < 5; ++i) {
+    const uint64_t id = MakeStream("b", "same-name");
+    EXPECT_TRUE(seen.insert(id).second) << "id " << id << " reused";
+    EXPECT_GT(id, last);
+    last = id;
+    ASSERT_TRUE(m().DeleteStream(id).ok());
+    EXPECT_EQ(m().GetStreamById(id).status().code(), Code::kNotFound);
+  }
+  if (persistent()) {
+    Reopen();
+    const uint64_t id = MakeStream("b", "same-name");
+    EXPECT_GT(id, last);
+  }
+}
+
+TEST_P(MetastoreConformance, GetStreamMissing) {
+  MakeStream("b", "s");
+  EXPECT_EQ(m().GetStream("b", "t").status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetStream("c", "s").status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetStreamById(123456).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetStreamState(123456).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().UpdateStreamConfig(123456, StreamConfig{}).code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteStream(123456).status().code(), Code::kNotFound);
+}
+
+TEST_P(MetastoreConformance, ListStreamsPagesWithinABasin) {
+  for (int i = 0; i < 23; ++i) MakeStream("b", fmt::format("s{:02}", i));
+  MakeStream("b", "t");
+  MakeStream("bb", "s99");
+
+  std::vector<std::string> all;
+  std::string after;
+  while (true) {
+    ASSERT_OK_AND_ASSIGN(std::vector<StreamInfo> page, m().ListStreams("b", "s", after, 5));
+    if (page.empty()) break;
+    EXPECT_LE(page.size(), 5u);
+    for (const StreamInfo& s : page) {
+      EXPECT_EQ(s.basin, "b");
+      all.push_back(s.name);
+    }
+    after = page.back().name;
+  }
+  ASSERT_EQ(all.size(), 23u);
+  for (int i = 0; i < 23; ++i) EXPECT_EQ(all[i], fmt::format("s{:02}", i));
+
+  EXPECT_EQ(StreamNames("b", "").size(), 24u);
+  EXPECT_EQ(StreamNames("b", "s1").size(), 10u);
+  EXPECT_EQ(StreamNames("b", "", "s22"), (std::vector<std::string>{"t"}));
+  EXPECT_EQ(StreamNames("bb", ""), (std::vector<std::string>{"s99"}));
+  EXPECT_EQ(StreamNames("b", "", "", 1), (std::vector<std::string>{"s00"}));
+
+  EXPECT_EQ(m().ListStreams("b", "", "", 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ListStreams("b", "", "", 1001).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ListStreams("nope", "", "", 10).status().code(), Code::kNotFound);
+  MakeBasin("empty");
+  EXPECT_TRUE(StreamNames("empty", "").empty());
+}
+
+TEST_P(MetastoreConformance, UpdateStreamConfigRoundTripsEveryField) {
+  const uint64_t id = MakeStream("b", "s");
+  const StreamConfig defaults;
+  ASSERT_OK_AND_ASSIGN(StreamInfo before, m().GetStreamById(id));
+  EXPECT_EQ(before.config.storage_class, defaults.storage_class);
+  EXPECT_EQ(before.config.retention_age_s, defaults.retention_age_s);
+  EXPECT_EQ(before.config.timestamping, defaults.timestamping);
+  EXPECT_EQ(before.config.uncapped_timestamps, defaults.uncapped_timestamps);
+
+  const StreamConfig configs[] = {
+      {StorageClass::kExpress, 0, TimestampingMode::kClientRequire, true},
+      {StorageClass::kStandard, 86400, TimestampingMode::kArrival, false},
+      {StorageClass::kExpress, std::numeric_limits<int64_t>::max(), TimestampingMode::kClientPrefer, true},
+      {StorageClass::kStandard, 1, TimestampingMode::kClientRequire, false},
+  };
+  for (const StreamConfig& c : configs) {
+    ASSERT_OK(m().UpdateStreamConfig(id, c));
+    ASSERT_OK_AND_ASSIGN(StreamInfo after, m().GetStreamById(id));
+    EXPECT_EQ(after.config.storage_class, c.storage_class);
+    EXPECT_EQ(after.config.retention_age_s, c.retention_age_s);
+    EXPECT_EQ(after.config.timestamping, c.timestamping);
+    EXPECT_EQ(after.config.uncapped_timestamps, c.uncapped_timestamps);
+    // Identity does not change.
+    EXPECT_EQ(after.basin, "b");
+    EXPECT_EQ(after.name, "s");
+    EXPECT_EQ(after.created_at_ms, before.created_at_ms);
+  }
+
+  StreamConfig bad;
+  bad.retention_age_s = -5;
+  EXPECT_EQ(m().UpdateStreamConfig(id, bad).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().GetStreamById(id)->config.retention_age_s, 1);
+}
+
+TEST_P(MetastoreConformance, DeleteStreamRemovesStateAndSegments) {
+  const uint64_t a = MakeStream("b", "a");
+  const uint64_t keep = MakeStream("b", "keep");
+  MintTo("n1", 1);
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 3}, {Seg(a, 0, 10), Seg(a, 10, 20), Seg(keep, 0, 5)},
+                             {State(a, 20, "tok"), State(keep, 5)}));
+
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteStream(a));
+  EXPECT_EQ(keys, (std::vector<std::string>{Seg(a, 0, 10).object_key, Seg(a, 10, 20).object_key}));
+  EXPECT_EQ(m().GetStreamById(a).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetStream("b", "a").status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetStreamState(a).status().code(), Code::kNotFound);
+  EXPECT_TRUE(Segments(a).empty());
+  EXPECT_FALSE(m().FindSegmentByTimestamp(a, 0)->has_value());
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates());
+  ASSERT_EQ(states.size(), 1u);
+  EXPECT_EQ(states[0].stream_id, keep);
+  EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"keep"}));
+
+  // The other stream is untouched.
+  EXPECT_EQ(Starts(keep), (std::vector<uint64_t>{0}));
+  EXPECT_EQ(m().GetStreamState(keep)->settled_offset, 5u);
+
+  EXPECT_EQ(m().DeleteStream(a).status().code(), Code::kNotFound);
+  // A stream without segments returns no keys.
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> none, m().DeleteStream(MakeStream("b", "fresh")));
+  EXPECT_TRUE(none.empty());
+}
+
+TEST_P(MetastoreConformance, ListStreamStatesReturnsEveryStream) {
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> empty, m().ListStreamStates());
+  EXPECT_TRUE(empty.empty());
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(MakeStream("b" + std::to_string(i % 2), "s" + std::to_string(i)));
+  MintTo("n", 1);
+  ASSERT_OK(m().CommitSettle("n", 1, {0, 0}, {1, 1}, {}, {State(ids[2], 77, "fence", std::string("\0\1\2", 3))}));
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates());
+  ASSERT_EQ(states.size(), 5u);
+  std::set<uint64_t> got;
+  for (const StreamState& s : states) {
+    got.insert(s.stream_id);
+    if (s.stream_id == ids[2]) {
+      EXPECT_EQ(Str(s), Str(State(ids[2], 77, "fence", std::string("\0\1\2", 3))));
+    } else {
+      EXPECT_EQ(s.settled_offset, 0u);
+    }
+  }
+  EXPECT_EQ(got, std::set<uint64_t>(ids.begin(), ids.end()));
+}
+
+// ---- Nodes, epochs, producer ids ----------------------------------------------------
+
+TEST_P(MetastoreConformance, UnknownNodeIsZero) {
+  const NodeState n = Node("never-seen");
+  EXPECT_EQ(n.node, "never-seen");
+  EXPECT_EQ(n.epoch, 0u);
+  EXPECT_EQ(n.window, 0u);
+  EXPECT_EQ(n.checkpoint, (ChainPosition{0, 0}));
+}
+
+TEST_P(MetastoreConformance, MintEpochIsACompareAndSwap) {
+  ASSERT_OK_AND_ASSIGN(NodeState first, m().MintEpoch("n1", 0, 8));
+  EXPECT_EQ(Str(first), "node(n1 epoch=1 window=8 ckpt=(0,0))");
+  EXPECT_EQ(Str(Node("n1")), Str(first));
+
+  // A stale mint changes nothing and names the current epoch.
+  auto stale = m().MintEpoch("n1", 0, 99);
+  EXPECT_EQ(stale.status().code(), Code::kPreconditionFailed);
+  EXPECT_NE(stale.status().message().find("epoch is 1"), std::string::npos) << stale.status().ToString();
+  auto ahead = m().MintEpoch("n1", 5, 99);
+  EXPECT_EQ(ahead.status().code(), Code::kPreconditionFailed) << ahead.status().ToString();
+  EXPECT_EQ(Str(Node("n1")), Str(first));
+
+  // The checkpoint survives a mint; the window is replaced.
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 7}, {}, {}));
+  ASSERT_OK_AND_ASSIGN(NodeState second, m().MintEpoch("n1", 1, 16));
+  EXPECT_EQ(Str(second), "node(n1 epoch=2 window=16 ckpt=(1,7))");
+  EXPECT_EQ(Str(Node("n1")), Str(second));
+  auto old = m().MintEpoch("n1", 1, 16);
+  EXPECT_EQ(old.status().code(), Code::kPreconditionFailed);
+  EXPECT_NE(old.status().message().find("epoch is 2, expected 1"), std::string::npos) << old.status().ToString();
+
+  // Nodes are independent; the first mint of a node must expect 0.
+  EXPECT_EQ(m().MintEpoch("n2", 1, 4).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(Node("n2").epoch, 0u);
+  ASSERT_OK_AND_ASSIGN(NodeState n2, m().MintEpoch("n2", 0, 4));
+  EXPECT_EQ(n2.epoch, 1u);
+  EXPECT_EQ(Node("n1").epoch, 2u);
+}
+
+TEST_P(MetastoreConformance, ConcurrentMintHasExactlyOneWinner) {
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 5;
+  // Persistent backends also race through a second, independent handle.
+  std::shared_ptr<Metastore> other = env_.meta;
+  if (persistent()) {
+    auto second = OpenMetastore(env_.uri);
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    other = *second;
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    std::latch start(kThreads);
+    std::vector<Result<NodeState>> results(kThreads, Result<NodeState>(Internal("not run")));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        Metastore& meta = t % 2 ? *other : m();
+        start.arrive_and_wait();
+        results[t] = meta.MintEpoch("racer", static_cast<uint64_t>(round), static_cast<uint32_t>(t));
+      });
+    }
+    for (auto& th : threads) th.join();
+    int winner = -1;
+    for (int t = 0; t < kThreads; ++t) {
+      if (results[t].ok()) {
+        EXPECT_EQ(winner, -1) << "two winners in round " << round;
+        winner = t;
+        EXPECT_EQ(results[t]->epoch, static_cast<uint64_t>(round + 1));
+      } else {
+        EXPECT_EQ(results[t].status().code(), Code::kPreconditionFailed) << results[t].status().ToString();
+      }
+    }
+    ASSERT_NE(winner, -1) << "no winner in round " << round;
+    const NodeState n = Node("racer");
+    EXPECT_EQ(n.epoch, static_cast<uint64_t>(round + 1));
+    EXPECT_EQ(n.window, static_cast<uint32_t>(winner));
+  }
+}
+
+TEST_P(MetastoreConformance, ProducerIdsAreUniqueAndIncreasing) {
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 40;
+  std::latch start(kThreads);
+  std::vector<std::vector<uint64_t>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      for (int i = 0; i < kPerThread; ++i) {
+        auto id = m().AllocateProducerId();
+        if (id.ok()) got[t].push_back(*id);
+        else ADD_FAILURE() << id.status().ToString();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<uint64_t> all;
+  for (const auto& ids : got) {
+    EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+    for (uint64_t id : ids) EXPECT_TRUE(all.insert(id).second) << "producer id " << id << " handed out twice";
+  }
+  EXPECT_EQ(all.size(), size_t{kThreads * kPerThread});
+  const uint64_t max = *all.rbegin();
+  ASSERT_OK_AND_ASSIGN(uint64_t next, m().AllocateProducerId());
+  EXPECT_GT(next, max);
+  if (persistent()) {
+    Reopen();
+    ASSERT_OK_AND_ASSIGN(uint64_t after_reopen, m().AllocateProducerId());
+    EXPECT_GT(after_reopen, next);
+  }
+}
+
+// ---- CommitSettle ---------------------------------------------------------------
+
+TEST_P(MetastoreConformance, CommitSettleMakesEverythingVisible) {
+  const uint64_t a = MakeStream("b", "a");
+  const uint64_t c = MakeStream("b", "c");
+  MintTo("n1", 1);
+  const std::vector<SegmentInfo> segs = {Seg(a, 0, 10, 100, 109), Seg(c, 0, 3, 50, 52), Seg(a, 10, 25, 110, 124)};
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 4}, segs, {State(a, 25, "tok-a", "p1"), State(c, 3)}));
+
+  EXPECT_EQ(Str(Segments(a)), Str(std::vector<SegmentInfo>{segs[0], segs[2]}));
+  EXPECT_EQ(Str(Segments(c)), Str(std::vector<SegmentInfo>{segs[1]}));
+  EXPECT_EQ(Str(*m().GetStreamState(a)), Str(State(a, 25, "tok-a", "p1")));
+  EXPECT_EQ(Str(*m().GetStreamState(c)), Str(State(c, 3)));
+  EXPECT_EQ(Node("n1").checkpoint, (ChainPosition{1, 4}));
+
+  // The next cycle continues from there; an empty cycle only moves the checkpoint.
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 4}, {1, 6}, {Seg(a, 25, 30)}, {State(a, 30)}));
+  EXPECT_EQ(Starts(a), (std::vector<uint64_t>{0, 10, 25}));
+  EXPECT_EQ(m().GetStreamState(a)->settled_offset, 30u);
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 6}, {1, 6}, {}, {}));
+  EXPECT_EQ(Node("n1").checkpoint, (ChainPosition{1, 6}));
+
+  // After a takeover the successor settles from the same checkpoint into a newer epoch.
+  MintTo("n1", 2);
+  ASSERT_OK(m().CommitSettle("n1", 2, {1, 6}, {2, 0}, {Seg(c, 3, 9)}, {State(c, 9)}));
+  EXPECT_EQ(Node("n1").checkpoint, (ChainPosition{2, 0}));
+  EXPECT_EQ(Node("n1").epoch, 2u);
+  EXPECT_EQ(m().GetStreamState(c)->settled_offset, 9u);
+}
+
+TEST_P(MetastoreConformance, CommitSettlePreconditionFailuresChangeNothing) {
+  const uint64_t a = MakeStream("b", "a");
+  MintTo("n1", 2);
+  ASSERT_OK(m().CommitSettle("n1", 2, {0, 0}, {2, 3}, {Seg(a, 0, 10)}, {State(a, 10)}));
+  const std::string before = Snapshot("n1", {a});
+
+  const std::vector<SegmentInfo> segs = {Seg(a, 10, 20)};
+  const std::vector<StreamState> states = {State(a, 20, "t")};
+
+  // Wrong expected checkpoint.
+  Status st = m().CommitSettle("n1", 2, {2, 2}, {2, 5}, segs, states);
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_EQ(Snapshot("n1", {a}), before);
+  st = m().CommitSettle("n1", 2, {0, 0}, {2, 5}, segs, states);
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_EQ(Snapshot("n1", {a}), before);
+
+  // Stale epoch: a successor minted epoch 3.
+  ASSERT_TRUE(m().MintEpoch("n1", 2, 4).ok());
+  const std::string after_mint = Snapshot("n1", {a});
+  st = m().CommitSettle("n1", 2, {2, 3}, {2, 5}, segs, states);
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_NE(st.message().find("superseded"), std::string::npos) << st.ToString();
+  EXPECT_EQ(Snapshot("n1", {a}), after_mint);
+  // An epoch from the future is not this node's either.
+  st = m().CommitSettle("n1", 4, {2, 3}, {2, 5}, segs, states);
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_EQ(Snapshot("n1", {a}), after_mint);
+
+  // A node that never minted an epoch.
+  st = m().CommitSettle("ghost", 1, {0, 0}, {1, 1}, segs, states);
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_EQ(Snapshot("n1", {a}), after_mint);
+  EXPECT_EQ(Node("ghost").epoch, 0u);
+}
+
+TEST_P(MetastoreConformance, CommitSettleBadInputChangesNothing) {
+  const uint64_t a = MakeStream("b", "a");
+  MintTo("n1", 1);
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 3}, {Seg(a, 0, 10)}, {State(a, 10)}));
+  const std::string before = Snapshot("n1", {a});
+
+  // The checkpoint never moves backwards.
+  EXPECT_EQ(m().CommitSettle("n1", 1, {1, 3}, {1, 2}, {}, {}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().CommitSettle("n1", 1, {1, 3}, {0, 9}, {}, {}).code(), Code::kInvalidArgument);
+  // Epoch 0 is never minted.
+  EXPECT_EQ(m().CommitSettle("n1", 0, {1, 3}, {1, 4}, {}, {}).code(), Code::kInvalidArgument);
+  // Malformed segments.
+  SegmentInfo empty_range = Seg(a, 10, 10);
+  SegmentInfo inverted = Seg(a, 20, 10);
+  SegmentInfo no_key = Seg(a, 10, 20);
+  no_key.object_key.clear();
+  SegmentInfo huge = Seg(a, 10, 20);
+  huge.end_offset = std::numeric_limits<uint64_t>::max();
+  for (const SegmentInfo& bad : {empty_range, inverted, no_key, huge}) {
+    const Status st = m().CommitSettle("n1", 1, {1, 3}, {1, 4}, {Seg(a, 30, 40), bad}, {State(a, 40)});
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << Str(bad) << ": " << st.ToString();
+  }
+  EXPECT_EQ(Snapshot("n1", {a}), before);
+}
+
+TEST_P(MetastoreConformance, DuplicateOrOverlappingSegmentRollsBack) {
+  const uint64_t a = MakeStream("b", "a");
+  const uint64_t c = MakeStream("b", "c");
+  MintTo("n1", 1);
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1}, {Seg(a, 0, 10), Seg(a, 20, 30)}, {State(a, 30)}));
+  const std::string before = Snapshot("n1", {a, c});
+
+  const std::vector<SegmentInfo> bad_batches[] = {
+      {Seg(c, 0, 5), Seg(a, 0, 10)},          // exact duplicate
+      {Seg(c, 0, 5), Seg(a, 0, 7)},           // same start, other end
+      {Seg(c, 0, 5), Seg(a, 5, 15)},          // overlaps [0,10)
+      {Seg(c, 0, 5), Seg(a, 15, 21)},         // overlaps [20,30)
+      {Seg(c, 0, 5), Seg(a, 10, 20), Seg(c, 4, 8)},  // overlaps a segment of the same batch
+  };
+  for (const auto& batch : bad_batches) {
+    const Status st = m().CommitSettle("n1", 1, {1, 1}, {1, 2}, batch, {State(a, 40), State(c, 5)});
+    EXPECT_EQ(st.code(), Code::kAlreadyExists) << Str(batch) << ": " << st.ToString();
+    EXPECT_EQ(Snapshot("n1", {a, c}), before) << Str(batch);
+  }
+  // Filling the gap exactly is fine.
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(a, 10, 20), Seg(c, 0, 5)}, {}));
+  EXPECT_EQ(Starts(a), (std::vector<uint64_t>{0, 10, 20}));
+}
+
+TEST_P(MetastoreConformance, CommitSettleSkipsDeletedStreams) {
+  const uint64_t gone = MakeStream("b", "gone");
+  const uint64_t live = MakeStream("b", "live");
+  MintTo("n1", 1);
+  ASSERT_TRUE(m().DeleteStream(gone).ok());
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 2}, {Seg(gone, 0, 10), Seg(live, 0, 4)},
+                             {State(gone, 10), State(live, 4)}));
+  EXPECT_EQ(m().GetStreamState(gone).status().code(), Code::kNotFound);
+  EXPECT_TRUE(Segments(gone).empty());
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates());
+  ASSERT_EQ(states.size(), 1u);
+  EXPECT_EQ(Str(states[0]), Str(State(live, 4)));
+  EXPECT_EQ(Starts(live), (std::vector<uint64_t>{0}));
+  EXPECT_EQ(Node("n1").checkpoint, (ChainPosition{1, 2}));
+}
+
+TEST_P(MetastoreConformance, CountersShowOneTransactionPerSettle) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(MakeStream("b", "s" + std::to_string(i)));
+  MintTo("n1", 1);
+  std::vector<SegmentInfo> segs;
+  for (int i = 0; i < 50; ++i) {
+    const uint64_t id = ids[static_cast<size_t>(i) % ids.size()];
+    const uint64_t start = static_cast<uint64_t>(i / 20) * 10;
+    segs.push_back(Seg(id, start, start + 10));
+  }
+  std::vector<StreamState> states;
+  for (uint64_t id : ids) states.push_back(State(id, 30));
+
+  const MetastoreCounters& c = m().counters();
+  const uint64_t reads = c.reads.load();
+  const uint64_t writes = c.writes.load();
+  const uint64_t txns = c.transactions.load();
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1}, segs, states));
+  EXPECT_EQ(c.transactions.load() - txns, 1u);
+  EXPECT_EQ(c.writes.load() - writes, 1u);
+  EXPECT_EQ(c.reads.load() - reads, 0u);
+
+  // A refused settle commits nothing.
+  EXPECT_FALSE(m().CommitSettle("n1", 1, {0, 0}, {1, 2}, segs, states).ok());
+  EXPECT_EQ(c.transactions.load() - txns, 1u);
+  EXPECT_EQ(c.writes.load() - writes, 2u);
+
+  EXPECT_EQ(Segments(ids[0]).size(), 3u);
+  EXPECT_EQ(Segments(ids[19]).size(), 2u);
+  EXPECT_EQ(c.reads.load() - reads, 2u);
+  ASSERT_TRUE(m().GetNode("n1").ok());
+  EXPECT_EQ(c.reads.load() - reads, 3u);
+  ASSERT_TRUE(m().AllocateProducerId().ok());
+  EXPECT_EQ(c.writes.load() - writes, 3u);
+  EXPECT_EQ(c.transactions.load() - txns, 2u);
+}
+
+// ---- Segment index --------------------------------------------------------------
+
+class SegmentIndexTest : public MetastoreConformance {
+ protected:
+  void SetUp() override {
+    MetastoreConformance::SetUp();
+    if (IsSkipped()) return;
+    a_ = MakeStream("b", "a");
+    other_ = MakeStream("b", "other");
+    MintTo("n1", 1);
+    // [0,10) [10,20) [20,35) gap [40,50); timestamps rise with offsets.
+    ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1},
+                               {Seg(a_, 0, 10, 100, 200), Seg(a_, 10, 20, 200, 300), Seg(a_, 20, 35, 300, 400),
+                                Seg(a_, 40, 50, 500, 600), Seg(other_, 0, 100, 0, 1000)},
+                               {}));
+  }
+  uint64_t a_ = 0;
+  uint64_t other_ = 0;
+};
+
+TEST_P(SegmentIndexTest, FindSegmentsFromAnOffset) {
+  using V = std::vector<uint64_t>;
+  EXPECT_EQ(Starts(a_, 0), (V{0, 10, 20, 40}));
+  EXPECT_EQ(Starts(a_, 9), (V{0, 10, 20, 40}));
+  EXPECT_EQ(Starts(a_, 10), (V{10, 20, 40}));  // end is exclusive
+  EXPECT_EQ(Starts(a_, 19), (V{10, 20, 40}));
+  EXPECT_EQ(Starts(a_, 34), (V{20, 40}));
+  EXPECT_EQ(Starts(a_, 35), (V{40}));  // in the gap
+  EXPECT_EQ(Starts(a_, 39), (V{40}));
+  EXPECT_EQ(Starts(a_, 49), (V{40}));
+  EXPECT_EQ(Starts(a_, 50), V{});
+  EXPECT_EQ(Starts(a_, std::numeric_limits<uint64_t>::max()), V{});
+  EXPECT_EQ(Starts(a_, 0, 2), (V{0, 10}));
+  EXPECT_EQ(Starts(a_, 15, 1), (V{10}));
+  EXPECT_EQ(Starts(other_, 0), (V{0}));
+  EXPECT_EQ(Starts(other_, 99), (V{0}));
+  EXPECT_EQ(Starts(123456, 0), V{});
+  EXPECT_EQ(Str(Segments(a_, 12, 1)), Str(std::vector<SegmentInfo>{Seg(a_, 10, 20, 200, 300)}));
+  EXPECT_EQ(m().FindSegments(a_, 0, 0).status().code(), Code::kInvalidArgument);
+}
+
+TEST_P(SegmentIndexTest, FindSegmentByTimestamp) {
+  auto start_for = [&](uint64_t stream, int64_t ts) -> int64_t {
+    auto r = m().FindSegmentByTimestamp(stream, ts);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok() || !r->has_value()) return -1;
+    return static_cast<int64_t>((*r)->start_offset);
+  };
+  EXPECT_EQ(start_for(a_, std::numeric_limits<int64_t>::min()), 0);
+  EXPECT_EQ(start_for(a_, 50), 0);
+  EXPECT_EQ(start_for(a_, 200), 0);  // last_timestamp_ms >= t: the first segment still qualifies
+  EXPECT_EQ(start_for(a_, 201), 10);
+  EXPECT_EQ(start_for(a_, 400), 20);
+  EXPECT_EQ(start_for(a_, 401), 40);
+  EXPECT_EQ(start_for(a_, 600), 40);
+  EXPECT_EQ(start_for(a_, 601), -1);
+  EXPECT_EQ(start_for(other_, 1000), 0);
+  EXPECT_EQ(start_for(123456, 0), -1);
+  auto full = m().FindSegmentByTimestamp(a_, 250);
+  ASSERT_TRUE(full.ok() && full->has_value());
+  EXPECT_EQ(Str(**full), Str(Seg(a_, 10, 20, 200, 300)));
+}
+
+TEST_P(SegmentIndexTest, DeleteSegmentsBelow) {
+  using V = std::vector<uint64_t>;
+  auto starts_of = [](const std::vector<SegmentInfo>& segs) {
+    V out;
+    for (const SegmentInfo& s : segs) out.push_back(s.start_offset);
+    return out;
+  };
+  const uint64_t txns = m().counters().transactions.load();
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> none, m().DeleteSegmentsBelow(a_, 9));
+  EXPECT_TRUE(none.empty());
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> first, m().DeleteSegmentsBelow(a_, 10));  // ends at or below
+  EXPECT_EQ(Str(first), Str(std::vector<SegmentInfo>{Seg(a_, 0, 10, 100, 200)}));
+  EXPECT_EQ(Starts(a_), (V{10, 20, 40}));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> mid, m().DeleteSegmentsBelow(a_, 34));
+  EXPECT_EQ(starts_of(mid), (V{10}));  // [20,35) still holds offset 34
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> gap, m().DeleteSegmentsBelow(a_, 39));
+  EXPECT_EQ(starts_of(gap), (V{20}));
+  EXPECT_EQ(Starts(a_), (V{40}));
+  EXPECT_EQ(Starts(other_), (V{0}));  // other streams untouched
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> rest,
+                       m().DeleteSegmentsBelow(a_, std::numeric_limits<uint64_t>::max()));
+  EXPECT_EQ(starts_of(rest), (V{40}));
+  EXPECT_TRUE(Starts(a_).empty());
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> empty, m().DeleteSegmentsBelow(a_, 1000));
+  EXPECT_TRUE(empty.empty());
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> unknown, m().DeleteSegmentsBelow(123456, 1000));
+  EXPECT_TRUE(unknown.empty());
+  EXPECT_EQ(m().counters().transactions.load() - txns, 7u);
+  // The stream and its state are not touched by trimming.
+  EXPECT_TRUE(m().GetStreamById(a_).ok());
+  EXPECT_TRUE(m().GetStreamState(a_).ok());
+  // Trimmed offsets can be settled again only above what remains (none here).
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(a_, 50, 60)}, {}));
+  EXPECT_EQ(Starts(a_), (V{50}));
+}
+
+// ---- Persistence ------------------------------------------------------------------
+
+TEST_P(MetastoreConformance, EverythingSurvivesReopen) {
+  if (!persistent()) GTEST_SKIP() << "backend " << GetParam().name << " does not persist";
+  MakeBasin("keep", 777);
+  StreamInfo info;
+  info.basin = "keep";
+  info.name = "s";
+  info.config = {StorageClass::kExpress, 12345, TimestampingMode::kClientRequire, true};
+  info.created_at_ms = 888;
+  ASSERT_OK_AND_ASSIGN(StreamInfo created, m().CreateStream(info));
+  const uint64_t dropped = MakeStream("keep", "dropped");
+  ASSERT_TRUE(m().DeleteStream(dropped).ok());
+  EXPECT_EQ(m().DeleteBasin("keep").code(), Code::kPreconditionFailed);
+  ASSERT_OK_AND_ASSIGN(NodeState node, m().MintEpoch("n1", 0, 6));
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 9}, {Seg(created.id, 0, 10, 5, 6)},
+                             {State(created.id, 10, "fence", std::string("\0bin\xff", 5))}));
+  ASSERT_OK_AND_ASSIGN(uint64_t producer, m().AllocateProducerId());
+  const std::string before = Snapshot("n1", {created.id});
+
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(BasinInfo b, m().GetBasin("keep"));
+  EXPECT_EQ(b.created_at_ms, 777);
+  ASSERT_OK_AND_ASSIGN(StreamInfo s, m().GetStream("keep", "s"));
+  EXPECT_EQ(Str(s), Str(created));
+  EXPECT_EQ(m().GetStreamById(dropped).status().code(), Code::kNotFound);
+  EXPECT_EQ(Snapshot("n1", {created.id}), before);
+  EXPECT_EQ(Node("n1").epoch, node.epoch);
+  EXPECT_EQ(Node("n1").window, 6u);
+  EXPECT_EQ(Node("n1").checkpoint, (ChainPosition{1, 9}));
+  ASSERT_OK_AND_ASSIGN(uint64_t next_producer, m().AllocateProducerId());
+  EXPECT_GT(next_producer, producer);
+  EXPECT_GT(MakeStream("keep", "new"), dropped);
+  // The CAS continues from the stored epoch.
+  EXPECT_EQ(m().MintEpoch("n1", 0, 6).status().code(), Code::kPreconditionFailed);
+  EXPECT_TRUE(m().MintEpoch("n1", 1, 6).ok());
+}
+
+TEST_P(MetastoreConformance, NewerSchemaRefusesToOpen) {
+  if (!persistent() || !GetParam().bump_schema_version) {
+    GTEST_SKIP() << "backend " << GetParam().name << " cannot be reopened with a newer schema";
+  }
+  MakeBasin("b");
+  env_.meta.reset();
+  GetParam().bump_schema_version(env_);
+  auto reopened = OpenMetastore(env_.uri);
+  EXPECT_EQ(reopened.status().code(), Code::kNotSupported) << reopened.status().ToString();
+  EXPECT_NE(reopened.status().message().find("newer"), std::string::npos) << reopened.status().ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, MetastoreConformance, ::testing::ValuesIn(Backends()), BackendName);
+INSTANTIATE_TEST_SUITE_P(Backends, SegmentIndexTest, ::testing::ValuesIn(Backends()), BackendName);
+
+// ---- Names and URIs (backend-independent) --------------------------------------------
+
+TEST(MetastoreNames, EnumsRoundTrip) {
+  for (StorageClass c : {StorageClass::kStandard, StorageClass::kExpress}) {
+    EXPECT_EQ(*ParseStorageClass(StorageClassName(c)), c);
+  }
+  EXPECT_EQ(StorageClassName(StorageClass::kStandard), "standard");
+  EXPECT_EQ(StorageClassName(StorageClass::kExpress), "express");
+  for (TimestampingMode m :
+       {TimestampingMode::kClientPrefer, TimestampingMode::kClientRequire, TimestampingMode::kArrival}) {
+    EXPECT_EQ(*ParseTimestampingMode(TimestampingModeName(m)), m);
+  }
+  EXPECT_EQ(TimestampingModeName(TimestampingMode::kClientPrefer), "client-prefer");
+  EXPECT_EQ(TimestampingModeName(TimestampingMode::kClientRequire), "client-require");
+  EXPECT_EQ(TimestampingModeName(TimestampingMode::kArrival), "arrival");
+
+  auto bad_class = ParseStorageClass("Standard");
+  EXPECT_EQ(bad_class.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad_class.status().message().find("standard, express"), std::string::npos);
+  auto bad_mode = ParseTimestampingMode("");
+  EXPECT_EQ(bad_mode.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad_mode.status().message().find("client-prefer, client-require, arrival"), std::string::npos);
+}
+
+TEST(OpenMetastoreTest, UriErrors) {
+  TempDir dir;
+  auto code_of = [](std::string_view uri) { return OpenMetastore(uri).status().code(); };
+  EXPECT_EQ(code_of(""), Code::kInvalidArgument);
+  EXPECT_EQ(code_of("sqlite://"), Code::kInvalidArgument);
+  EXPECT_EQ(code_of("sqlite:"), Code::kInvalidArgument);
+  auto pg = OpenMetastore("postgres://localhost/weir");
+  EXPECT_EQ(pg.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(pg.status().message().find("sqlite://"), std::string::npos) << pg.status().ToString();
+  EXPECT_NE(pg.status().message().find("postgres:// arrives later"), std::string::npos) << pg.status().ToString();
+
+  auto missing_parent = OpenMetastore("sqlite://" + dir.path() + "/no/such/dir/meta.db");
+  EXPECT_EQ(missing_parent.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(missing_parent.status().message().find("does not exist"), std::string::npos)
+      << missing_parent.status().ToString();
+  EXPECT_EQ(code_of("sqlite://" + dir.path()), Code::kInvalidArgument);        // a directory
+  EXPECT_EQ(code_of("sqlite://" + dir.path() + "/"), Code::kInvalidArgument);  // names a directory
+  {
+    std::ofstream(dir.path() + "/file") << "x";
+  }
+  EXPECT_EQ(code_of("sqlite://" + dir.path() + "/file/meta.db"), Code::kInvalidArgument);  // parent is a file
+}
+
+TEST(OpenMetastoreTest, AbsoluteAndRelativePaths) {
+  TempDir dir;
+  const std::string abs_uri = "sqlite://" + dir.path() + "/abs.db";
+  {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(abs_uri));
+    EXPECT_EQ(meta->Describe(), abs_uri);
+    ASSERT_OK(meta->CreateBasin(BasinInfo{"x", 1}));
+  }
+  EXPECT_TRUE(fs::exists(dir.path() + "/abs.db"));
+
+  const std::string rel = fs::relative(dir.path(), fs::current_path()).string() + "/rel.db";
+  ASSERT_FALSE(rel.starts_with("/"));
+  const std::string rel_uri = "sqlite://" + rel;
+  {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(rel_uri));
+    EXPECT_EQ(meta->Describe(), rel_uri);
+    ASSERT_OK(meta->CreateBasin(BasinInfo{"y", 1}));
+  }
+  EXPECT_TRUE(fs::exists(dir.path() + "/rel.db"));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> again, OpenMetastore(rel_uri));
+  EXPECT_TRUE(again->GetBasin("y").ok());
+  EXPECT_EQ(again->GetBasin("x").status().code(), Code::kNotFound);
+
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> mem, OpenMetastore("sqlite://:memory:"));
+  EXPECT_EQ(mem->Describe(), "sqlite://:memory:");
+  // Each in-memory metastore is private.
+  ASSERT_OK(mem->CreateBasin(BasinInfo{"m", 1}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> mem2, OpenMetastore("sqlite://:memory:"));
+  EXPECT_EQ(mem2->GetBasin("m").status().code(), Code::kNotFound);
+}
+
+TEST(OpenMetastoreTest, NotADatabaseIsCorruption) {
+  TempDir dir;
+  const std::string path = dir.path() + "/garbage.db";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << std::string(8192, 'G');
+  }
+  auto r = OpenMetastore("sqlite://" + path);
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+}
+
+}  // namespace
+}  // namespace weir::metastore

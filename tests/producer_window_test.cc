@@ -1,0 +1,67 @@
+// Producer windows: Kafka idempotence rules and their serialized form.
+#include "log/producer_window.h"
+
+#include <gtest/gtest.h>
+
+namespace weir::log {
+namespace {
+
+ProducerBatch B(int32_t first, int32_t last, uint64_t start) {
+  return ProducerBatch{first, last, start, start + static_cast<uint64_t>(last - first + 1), 10, 20};
+}
+
+TEST(ProducerWindows, NewProducerStartsAtZero) {
+  ProducerWindows w;
+  EXPECT_EQ(w.Check(1, 0, 0, 3)->kind, ProducerCheck::kNew);
+  EXPECT_EQ(w.Check(1, 0, 4, 3).status().code(), Code::kOutOfRange);
+  EXPECT_EQ(w.Check(1, -1, 0, 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(w.Check(1, 0, 0, 0).status().code(), Code::kInvalidArgument);
+}
+
+TEST(ProducerWindows, SequenceDuplicateGapAndEpochs) {
+  ProducerWindows w;
+  w.Record(1, 0, B(0, 2, 100));
+  EXPECT_EQ(w.Check(1, 0, 3, 1)->kind, ProducerCheck::kNew);
+  auto dup = w.Check(1, 0, 0, 3);
+  ASSERT_TRUE(dup.ok());
+  EXPECT_EQ(dup->kind, ProducerCheck::kDuplicate);
+  EXPECT_EQ(dup->original.start_offset, 100u);
+  EXPECT_EQ(w.Check(1, 0, 0, 2).status().code(), Code::kOutOfRange);  // same seq, other count
+  EXPECT_EQ(w.Check(1, 0, 4, 1).status().code(), Code::kOutOfRange);  // gap
+  EXPECT_EQ(w.Check(1, 1, 0, 1)->kind, ProducerCheck::kNew);           // new epoch
+  EXPECT_EQ(w.Check(1, 1, 3, 1).status().code(), Code::kOutOfRange);  // new epoch must start at 0
+  w.Record(1, 1, B(0, 0, 103));
+  EXPECT_EQ(w.Check(1, 0, 3, 1).status().code(), Code::kFenced);
+  EXPECT_EQ(w.Check(2, 0, 0, 1)->kind, ProducerCheck::kNew);  // producers are independent
+}
+
+TEST(ProducerWindows, KeepsTheLastFiveBatches) {
+  ProducerWindows w;
+  for (int32_t i = 0; i < 7; ++i) w.Record(1, 0, B(i, i, static_cast<uint64_t>(i)));
+  for (int32_t i = 2; i < 7; ++i) EXPECT_EQ(w.Check(1, 0, i, 1)->kind, ProducerCheck::kDuplicate) << i;
+  EXPECT_EQ(w.Check(1, 0, 1, 1).status().code(), Code::kOutOfRange);
+  EXPECT_EQ(w.Check(1, 0, 7, 1)->kind, ProducerCheck::kNew);
+}
+
+TEST(ProducerWindows, SequencesWrapAtInt32Max) {
+  ProducerWindows w;
+  w.Record(1, 0, B(INT32_MAX - 1, INT32_MAX, 0));
+  EXPECT_EQ(w.Check(1, 0, 0, 1)->kind, ProducerCheck::kNew);
+}
+
+TEST(ProducerWindows, SerializeRoundTripAndCorruption) {
+  ProducerWindows w;
+  for (int32_t i = 0; i < 7; ++i) w.Record(static_cast<uint64_t>(i % 3), static_cast<int16_t>(i % 2), B(i, i, 5));
+  std::string bytes = w.Serialize();
+  auto back = ProducerWindows::Deserialize(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == w);
+  EXPECT_TRUE(ProducerWindows::Deserialize("")->empty());
+  for (size_t n = 1; n < bytes.size(); ++n) {
+    EXPECT_FALSE(ProducerWindows::Deserialize(bytes.substr(0, n)).ok()) << n;
+  }
+  EXPECT_FALSE(ProducerWindows::Deserialize(bytes + "x").ok());
+}
+
+}  // namespace
+}  // namespace weir::log
