@@ -10,6 +10,7 @@
 
 #include "base/bytes.h"
 #include "base/log.h"
+#include "log/engine_internal.h"
 #include "log/producer_window.h"
 #include "wal/fence.h"
 #include "wal/slot_format.h"
@@ -18,16 +19,6 @@ namespace weir::log {
 
 namespace {
 
-// An acknowledged batch: its offsets, timestamps, where it lives in the WAL,
-// and its bytes while the log cache holds them.
-struct BatchRef {
-  uint64_t start = 0;
-  uint64_t end = 0;  // exclusive
-  int64_t max_timestamp_ms = 0;
-  wal::AckInfo where;
-  std::shared_ptr<const std::string> bytes;  // null once evicted from the cache
-};
-
 // Bytes S2 meters for a record: body, header names and values, 8 per record.
 size_t MeteredBytes(const AppendRecord& r) {
   size_t n = 8 + r.body.size() + (r.key ? r.key->size() : 0);
@@ -35,39 +26,12 @@ size_t MeteredBytes(const AppendRecord& r) {
   return n;
 }
 
-// A command record: exactly one header, with an empty name.
-bool IsCommand(const wal::Record& r) { return r.headers.size() == 1 && r.headers[0].key.empty(); }
-
 uint64_t RandomNonce() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 1;
 }
 
 }  // namespace
-
-struct Engine::Pending {
-  uint64_t start = 0;
-  uint64_t end = 0;
-  int64_t first_timestamp_ms = 0;
-  int64_t last_timestamp_ms = 0;
-  std::shared_ptr<const std::string> bytes;
-  std::vector<std::pair<AppendCallback, bool>> waiters;  // (callback, duplicated)
-};
-
-struct Engine::Stream {
-  std::mutex mu;
-  std::condition_variable cv;  // readers waiting for the tail to move
-  metastore::StreamInfo info;
-  uint64_t next_offset = 0;  // assigned, including pending appends
-  uint64_t tail = 0;         // acknowledged
-  uint64_t trim_point = 0;
-  std::string fencing_token;
-  int64_t last_timestamp_ms = 0;
-  ProducerWindows producers;
-  std::deque<BatchRef> durable;  // acknowledged batches, offset order
-  std::deque<std::shared_ptr<Pending>> pending;  // assigned, not yet acknowledged
-  bool deleted = false;
-};
 
 Status ValidateBasinName(const std::string& name) {
   if (name.size() < 8 || name.size() > 48) {
@@ -97,26 +61,41 @@ Engine::Engine(EngineOptions options, std::shared_ptr<objstore::ObjectStore> sto
 Engine::~Engine() { Close(); }
 
 void Engine::Close() {
-  closing_ = true;
+  if (closing_.exchange(true)) return;
+  {
+    std::lock_guard lk(settle_wait_mu_);
+    settle_cv_.notify_all();
+  }
+  if (settle_thread_.joinable()) settle_thread_.join();
   std::thread halt;
   {
     std::lock_guard lk(mu_);
     halt = std::move(halt_thread_);
   }
   if (halt.joinable()) halt.join();
-  if (wal_) wal_->Close();
+  if (!wal_) return;
+  wal_->Close();  // drains: every admitted append is acknowledged (or failed)
+  if (!options_.settle_on_close) return;
+  // Settle what was acknowledged, so the next start has little to replay.
+  Status st = SettleNow();
+  if (!st.ok()) Log().warn("final settle: {}", st.ToString());
 }
 
 void Engine::HandleHalt(uint64_t epoch) {
   wal::ChainRef chain{options_.node, epoch};
+  std::lock_guard settle(settle_mu_);  // the checkpoint must not move meanwhile
+  uint64_t from = checkpoint_.epoch == epoch ? checkpoint_.seq : 0;
   Result<wal::FenceResult> fence = Status();
   for (;;) {
-    fence = wal::Fence(*store_, chain, 0, nonce_);
+    fence = wal::Fence(*store_, chain, from, nonce_);
     if (fence.ok() || closing_) break;
     Log().error("fencing our own halted epoch {}: {}; retrying", epoch, fence.status().ToString());
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (!fence.ok()) return;  // closing: Close fails what cannot be acknowledged
+  epoch_cuts_[epoch] = fence->cut;
+  auto garbage = wal::DeleteGarbage(*store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
+  if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
   auto minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window));
   if (minted.ok()) {
     epoch_ = minted->epoch;
@@ -149,11 +128,18 @@ Status Engine::Recover() {
     WEIR_ASSIGN_OR_RETURN(auto info, meta_->GetStreamById(st.stream_id));
     auto s = std::make_shared<Stream>();
     s->info = info;
-    s->next_offset = s->tail = st.settled_offset;
-    s->trim_point = st.trim_point;
-    s->fencing_token = st.fencing_token;
-    s->last_timestamp_ms = st.last_timestamp_ms;
-    WEIR_ASSIGN_OR_RETURN(s->producers, ProducerWindows::Deserialize(st.producer_state));
+    s->live.next_offset = s->tail = st.settled_offset;
+    s->live.trim_point = st.trim_point;
+    s->live.fencing_token = st.fencing_token;
+    s->live.last_timestamp_ms = st.last_timestamp_ms;
+    WEIR_ASSIGN_OR_RETURN(s->live.producers, ProducerWindows::Deserialize(st.producer_state));
+    s->settled = s->live;
+    for (uint64_t from = 0;;) {
+      WEIR_ASSIGN_OR_RETURN(auto segs, meta_->FindSegments(info.id, from, 1000));
+      if (segs.empty()) break;
+      from = segs.back().end_offset;
+      for (auto& seg : segs) s->segments.push_back(std::move(seg));
+    }
     by_name_[{info.basin, info.name}] = info.id;
     by_id_[info.id] = std::move(s);
   }
@@ -184,6 +170,7 @@ Status Engine::Recover() {
                             return Status::Ok();
                           });
     if (!st.ok()) return st.WithContext(fmt::format("replaying WAL epoch {}", e));
+    epoch_cuts_[e] = fence.cut;
     uint64_t garbage_window = e + 1 == epoch_ && prev.window > 0 ? prev.window : window;
     auto garbage = wal::DeleteGarbage(*store_, chain, fence.cut, garbage_window);
     if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, e, garbage.status().ToString());
@@ -203,6 +190,37 @@ Status Engine::Recover() {
     halt_thread_ = std::thread([this, epoch] { HandleHalt(epoch); });
   };
   WEIR_ASSIGN_OR_RETURN(wal_, wal::Writer::Start(store_, wo));
+  checkpoint_ = prev.checkpoint;
+  last_retention_ = Now();
+  if (options_.settle_interval > Duration::zero()) settle_thread_ = std::thread([this] { SettleLoop(); });
+  return Status::Ok();
+}
+
+Status ApplyBatch(StreamFacts* f, std::string_view batch) {
+  WEIR_ASSIGN_OR_RETURN(wal::BatchHeader h, wal::VerifyBatch(batch));
+  uint64_t base = static_cast<uint64_t>(h.base_offset);
+  uint64_t end = static_cast<uint64_t>(h.last_offset()) + 1;
+  if (end <= f->next_offset) return Status::Ok();  // already applied
+  if (base != f->next_offset) {
+    return Corruption("batch at offset {} does not follow offset {}", base, f->next_offset);
+  }
+  WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(batch));
+  for (const auto& r : records) {
+    if (!IsCommand(r.record)) continue;
+    const auto& cmd = r.record.headers[0].value;
+    if (cmd == "fence") f->fencing_token = r.record.value.value_or("");
+    if (cmd == "trim" && r.record.value && r.record.value->size() == 8) {
+      f->trim_point = std::max(f->trim_point, std::min(LoadBE64(r.record.value->data()), static_cast<uint64_t>(r.offset)));
+    }
+  }
+  if (h.producer_id >= 0) {
+    int32_t last_seq = static_cast<int32_t>((static_cast<int64_t>(h.base_sequence) + h.record_count - 1) %
+                                            (int64_t{INT32_MAX} + 1));
+    f->producers.Record(static_cast<uint64_t>(h.producer_id), h.producer_epoch,
+                        ProducerBatch{h.base_sequence, last_seq, base, end, h.base_timestamp, h.max_timestamp});
+  }
+  f->next_offset = end;
+  f->last_timestamp_ms = std::max(f->last_timestamp_ms, h.max_timestamp);
   return Status::Ok();
 }
 
@@ -210,36 +228,18 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
   auto it = by_id_.find(stream_id);
   if (it == by_id_.end()) return Status::Ok();  // the stream was deleted
   Stream& s = *it->second;
-  WEIR_ASSIGN_OR_RETURN(wal::BatchHeader h, wal::VerifyBatch(batch));
-  uint64_t base = static_cast<uint64_t>(h.base_offset);
-  uint64_t end = static_cast<uint64_t>(h.last_offset()) + 1;
-  if (end <= s.next_offset) return Status::Ok();  // already settled
-  if (base != s.next_offset) {
-    return Corruption("stream {}: WAL batch at offset {} does not follow offset {}", stream_id, base, s.next_offset);
-  }
-  WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(batch));
-  for (const auto& r : records) {
-    if (!IsCommand(r.record)) continue;
-    const auto& cmd = r.record.headers[0].value;
-    if (cmd == "fence") s.fencing_token = r.record.value.value_or("");
-    if (cmd == "trim" && r.record.value && r.record.value->size() == 8) {
-      s.trim_point = std::max(s.trim_point, std::min(LoadBE64(r.record.value->data()), static_cast<uint64_t>(r.offset)));
-    }
-  }
-  if (h.producer_id >= 0) {
-    ProducerBatch pb{h.base_sequence, static_cast<int32_t>((static_cast<int64_t>(h.base_sequence) + h.record_count - 1) %
-                                                           (int64_t{INT32_MAX} + 1)),
-                     base, end, h.base_timestamp, h.max_timestamp};
-    s.producers.Record(static_cast<uint64_t>(h.producer_id), h.producer_epoch, pb);
-  }
-  s.next_offset = s.tail = end;
-  s.last_timestamp_ms = std::max(s.last_timestamp_ms, h.max_timestamp);
+  uint64_t before = s.live.next_offset;
+  Status st = ApplyBatch(&s.live, batch);
+  if (!st.ok()) return st.WithContext(fmt::format("stream {}", stream_id));
+  if (s.live.next_offset == before) return Status::Ok();  // already settled
+  s.tail = s.live.next_offset;
   std::shared_ptr<const std::string> bytes;
   if (cache_bytes_.load() + batch.size() <= options_.log_cache_bytes) {
     bytes = std::make_shared<const std::string>(batch);
     cache_bytes_ += batch.size();
   }
-  s.durable.push_back(BatchRef{base, end, h.max_timestamp, where, std::move(bytes)});
+  auto h = wal::ParseBatchHeader(batch);
+  s.durable.push_back(BatchRef{before, s.live.next_offset, h->max_timestamp, where, std::move(bytes)});
   return Status::Ok();
 }
 
@@ -284,7 +284,7 @@ Result<std::shared_ptr<Engine::Stream>> Engine::Find(const std::string& basin, c
 Result<StreamSummary> Engine::GetStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   std::lock_guard lk(s->mu);
-  return StreamSummary{s->info, s->tail, s->trim_point, s->fencing_token};
+  return StreamSummary{s->info, s->tail, s->live.trim_point, s->live.fencing_token};
 }
 
 Result<std::vector<metastore::StreamInfo>> Engine::ListStreams(const std::string& basin, const std::string& prefix,
@@ -343,21 +343,21 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
 
   std::unique_lock lk(s->mu);
   if (s->deleted) return fail(NotFound("stream \"{}\" was deleted", stream));
-  if (options.fencing_token && *options.fencing_token != s->fencing_token) {
-    AppendOutcome o{PreconditionFailed("fencing token mismatch"), {}, std::nullopt, s->fencing_token};
+  if (options.fencing_token && *options.fencing_token != s->live.fencing_token) {
+    AppendOutcome o{PreconditionFailed("fencing token mismatch"), {}, std::nullopt, s->live.fencing_token};
     lk.unlock();
     return done(std::move(o));
   }
-  if (options.match_seq_num && *options.match_seq_num != s->next_offset) {
+  if (options.match_seq_num && *options.match_seq_num != s->live.next_offset) {
     AppendOutcome o{PreconditionFailed("match_seq_num {} does not match the tail {}", *options.match_seq_num,
-                                       s->next_offset),
-                    {}, s->next_offset, std::nullopt};
+                                       s->live.next_offset),
+                    {}, s->live.next_offset, std::nullopt};
     lk.unlock();
     return done(std::move(o));
   }
   if (options.producer) {
     const ProducerRef& p = *options.producer;
-    auto check = s->producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(records.size()));
+    auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(records.size()));
     if (!check.ok()) {
       lk.unlock();
       return fail(check.status());
@@ -384,10 +384,10 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   // never below the stream's last timestamp.
   const metastore::StreamConfig& cfg = s->info.config;
   int64_t arrival = WallMillis();
-  int64_t last_ts = s->last_timestamp_ms;
+  int64_t last_ts = s->live.last_timestamp_ms;
   std::vector<wal::Record> recs(records.size());
-  std::string token = s->fencing_token;
-  uint64_t trim_point = s->trim_point;
+  std::string token = s->live.fencing_token;
+  uint64_t trim_point = s->live.trim_point;
   for (size_t i = 0; i < records.size(); ++i) {
     AppendRecord& in = records[i];
     int64_t ts = arrival;
@@ -418,7 +418,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
           lk.unlock();
           return fail(InvalidArgument("record {}: a trim command's body is an 8-byte big-endian offset", i));
         }
-        trim_point = std::max(trim_point, std::min(LoadBE64(r.value->data()), s->next_offset + i));
+        trim_point = std::max(trim_point, std::min(LoadBE64(r.value->data()), s->live.next_offset + i));
       } else {
         lk.unlock();
         return fail(InvalidArgument("record {}: unknown command \"{}\"", i, cmd.value_or("")));
@@ -427,7 +427,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
 
   wal::EncodeOptions eo;
-  eo.base_offset = static_cast<int64_t>(s->next_offset);
+  eo.base_offset = static_cast<int64_t>(s->live.next_offset);
   if (options.producer) {
     eo.producer_id = static_cast<int64_t>(options.producer->id);
     eo.producer_epoch = options.producer->epoch;
@@ -440,8 +440,8 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     return fail(st);
   }
   auto pend = std::make_shared<Pending>();
-  pend->start = s->next_offset;
-  pend->end = s->next_offset + recs.size();
+  pend->start = s->live.next_offset;
+  pend->end = s->live.next_offset + recs.size();
   pend->first_timestamp_ms = recs.front().timestamp;
   pend->last_timestamp_ms = last_ts;
   pend->bytes = std::make_shared<const std::string>(batch);
@@ -460,16 +460,16 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   // Commit the sequencer state only once the WAL has admitted the batch.
   if (options.producer) {
     const ProducerRef& p = *options.producer;
-    s->producers.Record(p.id, p.epoch,
+    s->live.producers.Record(p.id, p.epoch,
                         ProducerBatch{p.seq,
                                       static_cast<int32_t>((static_cast<int64_t>(p.seq) + static_cast<int64_t>(recs.size()) - 1) %
                                                            (int64_t{INT32_MAX} + 1)),
                                       pend->start, pend->end, pend->first_timestamp_ms, pend->last_timestamp_ms});
   }
-  s->next_offset = pend->end;
-  s->last_timestamp_ms = last_ts;
-  s->fencing_token = std::move(token);
-  s->trim_point = trim_point;
+  s->live.next_offset = pend->end;
+  s->live.last_timestamp_ms = last_ts;
+  s->live.fencing_token = std::move(token);
+  s->live.trim_point = trim_point;
   s->pending.push_back(std::move(pend));
 }
 
@@ -549,6 +549,7 @@ Result<ReadResult> Engine::Read(const std::string& basin, const std::string& str
   max_records = std::clamp<size_t>(max_records, 1, options_.max_read_records);
   max_bytes = std::clamp<size_t>(max_bytes, 1, options_.max_read_bytes);
   std::vector<BatchRef> refs;
+  std::vector<metastore::SegmentInfo> segments;
   uint64_t from = 0;
   ReadResult out;
   {
@@ -562,42 +563,72 @@ Result<ReadResult> Engine::Read(const std::string& basin, const std::string& str
         break;
       case ReadStart::kTimestamp: {
         from = s->tail;
-        for (const auto& b : s->durable) {
-          if (b.max_timestamp_ms >= static_cast<int64_t>(start.value)) {
-            from = b.start;
+        bool found = false;
+        for (const auto& seg : s->segments) {
+          if (seg.last_timestamp_ms >= static_cast<int64_t>(start.value)) {
+            from = seg.start_offset;
+            found = true;
             break;
+          }
+        }
+        for (size_t i = 0; !found && i < s->durable.size(); ++i) {
+          if (s->durable[i].max_timestamp_ms >= static_cast<int64_t>(start.value)) {
+            from = s->durable[i].start;
+            found = true;
           }
         }
         break;
       }
     }
     if (from > s->tail) return OutOfRange("offset {} is past the tail {}", from, s->tail);
-    from = std::max(from, s->trim_point);
-    if (from == s->tail && wait_until) {
+    // Below the trim point, or below what retention kept, reads start at the first record held.
+    uint64_t low = !s->segments.empty() ? s->segments.front().start_offset
+                   : !s->durable.empty() ? s->durable.front().start
+                                         : s->tail;
+    from = std::max({from, s->live.trim_point, low});
+    if (from >= s->tail && wait_until) {
       s->cv.wait_until(lk, *wait_until, [&] { return s->deleted || s->tail > from; });
       if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
     }
     out.tail = s->tail;
-    auto it = std::upper_bound(s->durable.begin(), s->durable.end(), from,
-                               [](uint64_t off, const BatchRef& b) { return off < b.end; });
+    // Sources in offset order, until they surely cover the limits: settled
+    // segments, then acknowledged batches still in the WAL.
     size_t bytes = 0;
     uint64_t count = 0;
+    auto seg = std::upper_bound(s->segments.begin(), s->segments.end(), from,
+                                [](uint64_t off, const metastore::SegmentInfo& g) { return off < g.end_offset; });
+    for (; seg != s->segments.end() && count < max_records && bytes < max_bytes; ++seg) {
+      segments.push_back(*seg);
+      count += seg->end_offset - std::max(seg->start_offset, from);
+      bytes += seg->size_bytes;
+    }
+    auto it = std::upper_bound(s->durable.begin(), s->durable.end(), from,
+                               [](uint64_t off, const BatchRef& b) { return off < b.end; });
     for (; it != s->durable.end() && count < max_records && bytes < max_bytes; ++it) {
       refs.push_back(*it);
       count += it->end - std::max(it->start, from);
       bytes += it->where.length;
     }
   }
-  // Decode outside the lock, fetching evicted batches from their WAL slot.
-  size_t bytes = 0;
+  // Fetch and decode outside the lock: settled batches from their segment,
+  // evicted ones from their WAL slot.
+  std::vector<std::string> fetched;
+  std::vector<std::shared_ptr<const std::string>> batches;
+  for (const auto& seg : segments) {
+    fetched.clear();
+    WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, &fetched));
+    for (auto& b : fetched) batches.push_back(std::make_shared<const std::string>(std::move(b)));
+  }
   for (const BatchRef& ref : refs) {
-    std::shared_ptr<const std::string> data = ref.bytes;
-    if (!data) {
-      auto got = store_->Get(wal::SlotKey(options_.node, ref.where.epoch, ref.where.seq),
-                             objstore::ByteRange{ref.where.offset, ref.where.length});
-      if (!got.ok()) return got.status().WithContext("reading an unsettled batch");
-      data = std::make_shared<const std::string>(std::move(*got));
+    if (ref.bytes) {
+      batches.push_back(ref.bytes);
+    } else {
+      WEIR_ASSIGN_OR_RETURN(std::string b, ReadSlotBatch(ref));
+      batches.push_back(std::make_shared<const std::string>(std::move(b)));
     }
+  }
+  size_t bytes = 0;
+  for (const auto& data : batches) {
     WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(*data));
     for (auto& r : records) {
       if (static_cast<uint64_t>(r.offset) < from) continue;

@@ -18,6 +18,7 @@
 //    and trim points come back exactly.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <atomic>
 #include <functional>
@@ -38,6 +39,8 @@
 
 namespace weir::log {
 
+struct BatchRef;
+
 struct EngineOptions {
   std::string node = "node-1";
   wal::WriterOptions wal;  // node and epoch are filled in by Open
@@ -47,6 +50,17 @@ struct EngineOptions {
   size_t max_read_records = 1000;
   size_t max_read_bytes = 1 << 20;
   Duration admission_timeout = std::chrono::seconds(10);
+  // Settle: every interval, acknowledged WAL slots become per-stream segments
+  // in one metastore transaction; then the slots are deleted. 0 = only SettleNow.
+  Duration settle_interval = std::chrono::seconds(1);
+  // Retention and trim: expired or trimmed segments are deleted this often.
+  Duration retention_interval = std::chrono::seconds(60);
+  bool settle_on_close = true;  // false: leave acknowledged slots for the next start to replay
+};
+
+struct EngineMetrics {
+  std::atomic<uint64_t> settle_cycles{0}, segments_written{0}, segment_bytes{0};
+  std::atomic<uint64_t> slots_deleted{0}, segments_deleted{0}, settle_failures{0};
 };
 
 // One record as a front-end hands it in. S2 command records have exactly one
@@ -153,7 +167,16 @@ class Engine {
 
   Result<uint64_t> AllocateProducerId();
 
+  // Runs one settle cycle now (the background task calls it too): moves
+  // every released WAL slot's batches into segments, commits them with the
+  // streams' states and the new chain checkpoint in one metastore
+  // transaction, then deletes the settled slots.
+  Status SettleNow();
+  // Deletes segments that are past retention or wholly below the trim point.
+  Status ApplyRetention();
+
   uint64_t epoch() const { return epoch_.load(); }
+  EngineMetrics& metrics() { return metrics_; }
   wal::Writer& wal() { return *wal_; }
   void Close();
 
@@ -167,11 +190,16 @@ class Engine {
   Result<std::shared_ptr<Stream>> Find(const std::string& basin, const std::string& name);
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                  const wal::AckInfo& where);
-  Result<std::string> FetchBatch(const Stream& s, size_t index);
   void EvictCache();
   // After the WAL halts: fence our own epoch, mint the next one and resume the
   // writer into it, or abandon the writer if a successor holds the node.
   void HandleHalt(uint64_t epoch);
+  void SettleLoop();
+  Result<std::string> ReadSlotBatch(const BatchRef& ref);
+  Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
+                     std::vector<std::string>* batches);
+  // Deletes WAL slots from `from` up to `to` (exclusive), across epochs.
+  void DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to);
 
   EngineOptions options_;
   std::shared_ptr<objstore::ObjectStore> store_;
@@ -186,6 +214,15 @@ class Engine {
   std::atomic<size_t> cache_bytes_{0};
   std::atomic<bool> closing_{false};
   std::thread halt_thread_;
+  EngineMetrics metrics_;
+
+  std::mutex settle_mu_;  // one settle cycle at a time; guards the fields below
+  metastore::ChainPosition checkpoint_;
+  std::map<uint64_t, uint64_t> epoch_cuts_;  // fenced epochs of this node -> cut
+  TimePoint last_retention_;
+  std::mutex settle_wait_mu_;
+  std::condition_variable settle_cv_;
+  std::thread settle_thread_;
 };
 
 // Validation shared with front-ends.

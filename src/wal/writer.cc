@@ -85,7 +85,8 @@ Writer::Writer(std::shared_ptr<objstore::ObjectStore> store, WriterOptions optio
     : store_(std::move(store)),
       options_(std::move(options)),
       epoch_(options_.epoch),
-      next_seq_(options_.first_seq) {}
+      next_seq_(options_.first_seq),
+      released_below_(options_.epoch, options_.first_seq) {}
 
 Writer::~Writer() { Close(); }
 
@@ -97,6 +98,11 @@ uint64_t Writer::epoch() const {
 std::optional<uint64_t> Writer::halted_seq() const {
   std::lock_guard lk(mu_);
   return halted_seq_;
+}
+
+std::pair<uint64_t, uint64_t> Writer::released_below() const {
+  std::lock_guard lk(mu_);
+  return released_below_;
 }
 
 Status Writer::Append(uint64_t stream_id, std::string batches, AckCallback done, TimePoint deadline) {
@@ -380,8 +386,10 @@ void Writer::DrainReleases() {
       freed += slot->charge;
       if (slot->recyclable && spares.size() < kMaxSpareBuffers) spares.push_back(std::move(slot->bytes));
     }
+    std::pair<uint64_t, uint64_t> below{ready.back()->epoch, ready.back()->seq + 1};
     ready.clear();  // free the slots before admitting more
     lk.lock();
+    released_below_ = std::max(released_below_, below);
     for (auto& buf : spares) {
       if (spare_buffers_.size() >= kMaxSpareBuffers) break;
       spare_buffers_.push_back(std::move(buf));

@@ -114,6 +114,9 @@ class Writer {
   uint64_t epoch() const;
   uint64_t nonce() const { return options_.nonce; }
   std::optional<uint64_t> halted_seq() const;
+  // (epoch, seq): every slot before it in chain order is released and its
+  // acknowledgement callbacks have returned. The settle task's target.
+  std::pair<uint64_t, uint64_t> released_below() const;
   WalMetrics& metrics() { return metrics_; }
   const WriterOptions& options() const { return options_; }
 
@@ -158,11 +161,14 @@ class Writer {
   // (1 when it waits for data, the cut size under linger, max while it waits
   // for window room, which releases signal).
   size_t flusher_wake_at_ = SIZE_MAX;
-  std::vector<std::string> spare_buffers_;
+  std::vector<std::string> spare_buffers_;  // released slot buffers, reused by BuildSlot
   // Cut pacing: under load, cuts are spaced put_ewma_/window apart so the
   // window holds slots evenly spread in time instead of in waves.
   Duration put_ewma_ = Duration::zero();
-  TimePoint last_cut_;  // released slot buffers, reused by BuildSlot
+  TimePoint last_cut_;
+  // Every slot before (epoch, seq) in chain order has been released and its
+  // callbacks have returned.
+  std::pair<uint64_t, uint64_t> released_below_;
   Status dead_reason_;  // set by Abandon: why Append now fails
   bool releasing_ = false;  // a thread is running release callbacks
 

@@ -1,0 +1,74 @@
+// Engine internals shared by engine.cc (appends, reads, recovery) and
+// settle.cc (settle, trim, retention). Not part of the module's interface.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "log/engine.h"
+#include "log/producer_window.h"
+#include "log/segment_format.h"
+
+namespace weir::log {
+
+// What a run of batches leaves behind besides its records: the next offset,
+// the trim point and fencing token set by command records, the last
+// timestamp, and the producer windows.
+struct StreamFacts {
+  uint64_t next_offset = 0;
+  uint64_t trim_point = 0;
+  std::string fencing_token;
+  int64_t last_timestamp_ms = 0;
+  ProducerWindows producers;
+};
+
+// Applies one verified batch to `facts`. A batch that ends at or below
+// next_offset is skipped (already applied); one that does not start at
+// next_offset is kCorruption.
+Status ApplyBatch(StreamFacts* facts, std::string_view batch);
+
+// A command record: exactly one header, with an empty name.
+inline bool IsCommand(const wal::Record& r) { return r.headers.size() == 1 && r.headers[0].key.empty(); }
+
+// An acknowledged batch: its offsets, timestamps, where it lives in the WAL,
+// and its bytes while the log cache holds them.
+struct BatchRef {
+  uint64_t start = 0;
+  uint64_t end = 0;  // exclusive
+  int64_t max_timestamp_ms = 0;
+  wal::AckInfo where;
+  std::shared_ptr<const std::string> bytes;  // null once evicted from the cache
+};
+
+struct Engine::Pending {
+  uint64_t start = 0;
+  uint64_t end = 0;
+  int64_t first_timestamp_ms = 0;
+  int64_t last_timestamp_ms = 0;
+  std::shared_ptr<const std::string> bytes;
+  std::vector<std::pair<AppendCallback, bool>> waiters;  // (callback, duplicated)
+};
+
+// One stream in memory. `mu` guards everything except `settled`, which only
+// the settle task (and recovery, before it starts) touches.
+struct Engine::Stream {
+  std::mutex mu;
+  std::condition_variable cv;  // readers waiting for the tail to move
+  metastore::StreamInfo info;
+  StreamFacts live;          // as sequenced, including pending appends
+  uint64_t tail = 0;         // acknowledged
+  std::vector<metastore::SegmentInfo> segments;  // settled, offset order
+  std::deque<BatchRef> durable;  // acknowledged, not yet settled, offset order
+  std::deque<std::shared_ptr<Pending>> pending;  // assigned, not yet acknowledged
+  bool deleted = false;
+  StreamFacts settled;       // as of the last settle (offset == first durable batch)
+};
+
+// Object key of a settled segment: seg/<stream id>/<start>-<end>, zero-padded.
+std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end);
+
+}  // namespace weir::log

@@ -1,0 +1,219 @@
+// Settle, trim and retention: acknowledged WAL slots become per-stream
+// segments; the metastore learns about them in one transaction per cycle.
+#include <algorithm>
+
+#include "base/log.h"
+#include "log/engine_internal.h"
+#include "wal/fence.h"
+#include "wal/slot_format.h"
+
+namespace weir::log {
+
+namespace {
+bool Before(const wal::AckInfo& where, const metastore::ChainPosition& p) {
+  return std::pair(where.epoch, where.seq) < std::pair(p.epoch, p.seq);
+}
+}  // namespace
+
+std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end) {
+  return fmt::format("seg/{:020}/{:020}-{:020}", stream_id, start, end);
+}
+
+Result<std::string> Engine::ReadSlotBatch(const BatchRef& ref) {
+  auto got = store_->Get(wal::SlotKey(options_.node, ref.where.epoch, ref.where.seq),
+                         objstore::ByteRange{ref.where.offset, ref.where.length});
+  if (!got.ok()) return got.status().WithContext("reading an unsettled batch");
+  if (got->size() != ref.where.length) {
+    return Corruption("WAL slot {}/{}: batch at byte {} is cut short", ref.where.epoch, ref.where.seq,
+                      ref.where.offset);
+  }
+  return got;
+}
+
+void Engine::SettleLoop() {
+  std::unique_lock lk(settle_wait_mu_);
+  while (!closing_) {
+    settle_cv_.wait_for(lk, options_.settle_interval, [&] { return closing_.load(); });
+    if (closing_) break;
+    lk.unlock();
+    Status st = SettleNow();
+    if (st.ok() && Now() - last_retention_ >= options_.retention_interval) st = ApplyRetention();
+    if (!st.ok()) {
+      metrics_.settle_failures.fetch_add(1);
+      Log().warn("settle: {}", st.ToString());
+    }
+    lk.lock();
+  }
+}
+
+Status Engine::SettleNow() {
+  std::lock_guard settle(settle_mu_);
+  auto [rel_epoch, rel_seq] = wal_->released_below();
+  metastore::ChainPosition target{rel_epoch, rel_seq};
+  if (std::pair(target.epoch, target.seq) <= std::pair(checkpoint_.epoch, checkpoint_.seq)) return Status::Ok();
+
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [id, s] : by_id_) streams.push_back(s);
+  }
+  struct Work {
+    std::shared_ptr<Stream> stream;
+    size_t batches = 0;
+    size_t cached_bytes = 0;
+    StreamFacts settled;
+    metastore::SegmentInfo segment;
+  };
+  std::vector<Work> work;
+  std::vector<metastore::SegmentInfo> segments;
+  std::vector<metastore::StreamState> states;
+  for (auto& s : streams) {
+    std::vector<BatchRef> refs;
+    {
+      std::lock_guard lk(s->mu);
+      for (const BatchRef& b : s->durable) {
+        if (!Before(b.where, target)) break;
+        refs.push_back(b);
+      }
+    }
+    if (refs.empty()) continue;
+    Work w{s, refs.size(), 0, s->settled, {}};
+    SegmentBuilder builder(s->info.id);
+    for (const BatchRef& ref : refs) {
+      std::string fetched;
+      std::string_view bytes;
+      if (ref.bytes) {
+        bytes = *ref.bytes;
+        w.cached_bytes += ref.bytes->size();
+      } else {
+        WEIR_ASSIGN_OR_RETURN(fetched, ReadSlotBatch(ref));
+        bytes = fetched;
+      }
+      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, bytes).WithContext(fmt::format("settling stream {}", s->info.id)));
+      WEIR_RETURN_IF_ERROR(builder.Add(bytes));
+    }
+    WEIR_ASSIGN_OR_RETURN(std::string object, builder.Finish());
+    const SegmentFooter& f = builder.footer();
+    metastore::SegmentInfo seg{s->info.id, f.start_offset, f.end_offset, f.first_timestamp_ms,
+                               f.last_timestamp_ms, SegmentKey(s->info.id, f.start_offset, f.end_offset),
+                               object.size()};
+    objstore::PutOptions po;
+    po.if_none_match = true;  // a retry after a failed commit finds identical bytes
+    Status put = store_->Put(seg.object_key, object, po);
+    if (!put.ok() && put.code() != Code::kPreconditionFailed) return put.WithContext("writing segment");
+    metrics_.segments_written.fetch_add(1);
+    metrics_.segment_bytes.fetch_add(object.size());
+    w.segment = seg;
+    segments.push_back(seg);
+    states.push_back(metastore::StreamState{s->info.id, w.settled.next_offset, w.settled.trim_point,
+                                            w.settled.fencing_token, w.settled.last_timestamp_ms,
+                                            w.settled.producers.Serialize()});
+    work.push_back(std::move(w));
+  }
+
+  WEIR_RETURN_IF_ERROR(meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states)
+                           .WithContext("committing settle"));
+  metastore::ChainPosition old = checkpoint_;
+  checkpoint_ = target;
+  metrics_.settle_cycles.fetch_add(1);
+  for (Work& w : work) {
+    Stream& s = *w.stream;
+    s.settled = std::move(w.settled);
+    std::lock_guard lk(s.mu);
+    for (size_t i = 0; i < w.batches && !s.durable.empty(); ++i) {
+      if (s.durable.front().bytes) cache_bytes_ -= s.durable.front().bytes->size();
+      s.durable.pop_front();
+    }
+    s.segments.push_back(w.segment);
+  }
+  DeleteSlots(old, target);
+  return Status::Ok();
+}
+
+void Engine::DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to) {
+  std::vector<std::string> keys;
+  for (uint64_t e = std::max<uint64_t>(from.epoch, 1); e <= to.epoch; ++e) {
+    uint64_t first = e == from.epoch ? from.seq : 0;
+    uint64_t last = to.seq;  // exclusive, for the target's epoch
+    if (e < to.epoch) {
+      auto cut = epoch_cuts_.find(e);
+      if (cut == epoch_cuts_.end()) continue;  // an epoch this process never fenced: left to recovery
+      last = cut->second;
+    }
+    for (uint64_t q = first; q < last; ++q) keys.push_back(wal::SlotKey(options_.node, e, q));
+  }
+  if (keys.empty()) return;
+  Status st = store_->DeleteMany(keys);
+  if (!st.ok()) {
+    Log().warn("deleting {} settled WAL slots: {}", keys.size(), st.ToString());
+    return;
+  }
+  metrics_.slots_deleted.fetch_add(keys.size());
+}
+
+Status Engine::ApplyRetention() {
+  last_retention_ = Now();
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [id, s] : by_id_) streams.push_back(s);
+  }
+  int64_t now_ms = WallMillis();
+  for (auto& s : streams) {
+    uint64_t below = 0;
+    {
+      std::lock_guard lk(s->mu);
+      int64_t age = s->info.config.retention_age_s;
+      for (const auto& seg : s->segments) {
+        bool expired = age > 0 && seg.last_timestamp_ms < now_ms - age * 1000;
+        bool trimmed = seg.end_offset <= s->live.trim_point;
+        if (!expired && !trimmed) break;
+        below = seg.end_offset;
+      }
+    }
+    if (below == 0) continue;
+    WEIR_ASSIGN_OR_RETURN(auto removed, meta_->DeleteSegmentsBelow(s->info.id, below));
+    std::vector<std::string> keys;
+    for (const auto& seg : removed) keys.push_back(seg.object_key);
+    {
+      std::lock_guard lk(s->mu);
+      std::erase_if(s->segments, [&](const metastore::SegmentInfo& seg) { return seg.end_offset <= below; });
+    }
+    Status st = store_->DeleteMany(keys);
+    if (!st.ok()) Log().warn("deleting expired segments of stream {}: {}", s->info.id, st.ToString());
+    metrics_.segments_deleted.fetch_add(keys.size());
+  }
+  return Status::Ok();
+}
+
+Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
+                           std::vector<std::string>* batches) {
+  uint64_t tail_len = std::min<uint64_t>(seg.size_bytes, kSegmentFooterSize);
+  WEIR_ASSIGN_OR_RETURN(std::string tail,
+                        store_->Get(seg.object_key, objstore::ByteRange{seg.size_bytes - tail_len, tail_len}));
+  WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(tail, seg.size_bytes));
+  WEIR_ASSIGN_OR_RETURN(std::string index_bytes,
+                        store_->Get(seg.object_key, objstore::ByteRange{footer.data_end, seg.size_bytes - footer.data_end}));
+  WEIR_ASSIGN_OR_RETURN(auto index, DecodeSegmentIndex(footer, index_bytes));
+  uint64_t pos = SeekOffset(index, from);
+  // Enough for the requested bytes plus one whole batch (an append is at most ~1 MiB).
+  uint64_t want = std::min<uint64_t>(footer.data_end - pos, max_bytes + (2u << 20));
+  WEIR_ASSIGN_OR_RETURN(std::string data, store_->Get(seg.object_key, objstore::ByteRange{pos, want}));
+  size_t at = 0;
+  size_t taken = 0;
+  while (at < data.size() && taken < max_bytes) {
+    auto h = wal::ParseBatchHeader(std::string_view(data).substr(at));
+    if (!h.ok() || at + h->total_size() > data.size()) break;  // the window ended mid-batch
+    if (static_cast<uint64_t>(h->last_offset()) >= from) {
+      batches->push_back(data.substr(at, h->total_size()));
+      taken += h->total_size();
+    }
+    at += h->total_size();
+  }
+  if (batches->empty() && footer.data_end > pos) {
+    return Corruption("segment {}: no whole batch at byte {}", seg.object_key, pos);
+  }
+  return Status::Ok();
+}
+
+}  // namespace weir::log
