@@ -1,6 +1,9 @@
 #include "wal/fence.h"
 
+#include <algorithm>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "base/log.h"
 
@@ -47,41 +50,77 @@ Result<SlotProbe> ProbeSlot(objstore::ObjectStore& store, const ChainRef& chain,
   return probe;
 }
 
+namespace {
+
+// Runs fn(seq) for seqs [first, first + n) concurrently, one thread each, and
+// returns the results in seq order. n is small (RetryPolicy::parallelism).
+template <typename Fn>
+auto InParallel(uint64_t first, uint64_t n, Fn&& fn) -> std::vector<decltype(fn(first))> {
+  std::vector<std::optional<decltype(fn(first))>> slots(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) threads.emplace_back([&, i] { slots[i].emplace(fn(first + i)); });
+  for (auto& t : threads) t.join();
+  std::vector<decltype(fn(first))> out;
+  out.reserve(n);
+  for (auto& r : slots) out.push_back(std::move(*r));
+  return out;
+}
+
+}  // namespace
+
 Result<FenceResult> Fence(objstore::ObjectStore& store, const ChainRef& chain, uint64_t from,
                           uint64_t fencer_nonce, const RetryPolicy& retry) {
   WEIR_RETURN_IF_ERROR(ValidateNodeId(chain.node));
-  for (uint64_t seq = from;; ++seq) {
-    WEIR_ASSIGN_OR_RETURN(SlotProbe probe, ProbeSlot(store, chain, seq, retry));
-    if (probe.state == SlotState::kFlight) continue;
-    if (probe.state == SlotState::kPoison) return FenceResult{seq, false};
-    std::string key = SlotKey(chain.node, chain.epoch, seq);
-    std::string poison = EncodePoison(chain.epoch, seq, fencer_nonce);
-    objstore::PutOptions po;
-    po.if_none_match = true;
-    auto put = WithRetry(retry, [&] { return StatusBox{store.Put(key, poison, po)}; });
-    if (put.ok()) {
-      Log().info("fenced WAL chain {}/{} at slot {}", chain.node, chain.epoch, seq);
-      return FenceResult{seq, true};
+  const uint64_t width = static_cast<uint64_t>(std::max(retry.parallelism, 1));
+  for (uint64_t base = from;; base += width) {
+    // Probe a run of seqs at once; decide in order.
+    auto probes = InParallel(base, width, [&](uint64_t seq) { return ProbeSlot(store, chain, seq, retry); });
+    for (uint64_t i = 0; i < width; ++i) {
+      uint64_t seq = base + i;
+      if (!probes[i].ok()) return probes[i].status();
+      SlotProbe probe = *probes[i];
+      while (true) {
+        if (probe.state == SlotState::kFlight) break;
+        if (probe.state == SlotState::kPoison) return FenceResult{seq, false};
+        std::string key = SlotKey(chain.node, chain.epoch, seq);
+        std::string poison = EncodePoison(chain.epoch, seq, fencer_nonce);
+        objstore::PutOptions po;
+        po.if_none_match = true;
+        auto put = WithRetry(retry, [&] { return StatusBox{store.Put(key, poison, po)}; });
+        if (put.ok()) {
+          Log().info("fenced WAL chain {}/{} at slot {}", chain.node, chain.epoch, seq);
+          return FenceResult{seq, true};
+        }
+        if (put.st.code() != Code::kPreconditionFailed) return put.st.WithContext("writing poison " + key);
+        // Someone wrote the slot meanwhile (the writer's flight, another
+        // fencer's poison, or our own ambiguous poison): look again.
+        WEIR_ASSIGN_OR_RETURN(probe, ProbeSlot(store, chain, seq, retry));
+      }
     }
-    if (put.st.code() != Code::kPreconditionFailed) return put.st.WithContext("writing poison " + key);
-    // Someone wrote the slot meanwhile (the writer's flight, another fencer's
-    // poison, or our own ambiguous poison): look again at the same seq.
-    --seq;
   }
 }
 
 Status Walk(objstore::ObjectStore& store, const ChainRef& chain, uint64_t from, uint64_t cut,
             const SlotVisitor& visit, const RetryPolicy& retry) {
-  for (uint64_t seq = from; seq < cut; ++seq) {
-    std::string key = SlotKey(chain.node, chain.epoch, seq);
-    auto data = WithRetry(retry, [&] { return store.Get(key); });
-    if (!data.ok()) return data.status().WithContext("walking committed slot " + key);
-    WEIR_ASSIGN_OR_RETURN(SlotIndex index, DecodeSlot(key, *data));
-    if (index.envelope.kind != SlotKind::kFlight || index.envelope.epoch != chain.epoch ||
-        index.envelope.seq != seq) {
-      return Corruption("slot {} below the cut is not this chain's flight", key);
+  const uint64_t width = static_cast<uint64_t>(std::max(retry.parallelism, 1));
+  for (uint64_t base = from; base < cut; base += width) {
+    uint64_t n = std::min(width, cut - base);
+    auto objects = InParallel(base, n, [&](uint64_t seq) {
+      return WithRetry(retry, [&] { return store.Get(SlotKey(chain.node, chain.epoch, seq)); });
+    });
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t seq = base + i;
+      std::string key = SlotKey(chain.node, chain.epoch, seq);
+      if (!objects[i].ok()) return objects[i].status().WithContext("walking committed slot " + key);
+      const std::string& data = *objects[i];
+      WEIR_ASSIGN_OR_RETURN(SlotIndex index, DecodeSlot(key, data));
+      if (index.envelope.kind != SlotKind::kFlight || index.envelope.epoch != chain.epoch ||
+          index.envelope.seq != seq) {
+        return Corruption("slot {} below the cut is not this chain's flight", key);
+      }
+      WEIR_RETURN_IF_ERROR(visit(seq, index, data));
     }
-    WEIR_RETURN_IF_ERROR(visit(seq, index, *data));
   }
   return Status::Ok();
 }

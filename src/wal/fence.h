@@ -23,6 +23,7 @@ struct ChainRef {
 
 struct RetryPolicy {
   int attempts = 8;  // per store call
+  int parallelism = 16;  // point GETs in flight during Fence and Walk
   Duration initial = std::chrono::milliseconds(20);
   Duration max = std::chrono::seconds(1);
 };
@@ -43,13 +44,15 @@ struct FenceResult {
   bool poisoned_here = false;  // false: a poison was already at `cut`
 };
 
-// Walks the chain from `from` (the checkpoint) by point GETs and writes a
+// Walks the chain from `from` (the checkpoint) by point GETs (`parallelism`
+// probes at a time, decided in seq order) and writes a
 // poison (create-only, carrying `fencer_nonce`) into the first missing seq.
 // Afterwards the chain's owner can never extend it past `cut`.
 Result<FenceResult> Fence(objstore::ObjectStore& store, const ChainRef& chain, uint64_t from,
                           uint64_t fencer_nonce, const RetryPolicy& retry = {});
 
-// Reads, verifies and hands over every committed slot in [from, cut), in order.
+// Reads, verifies and hands over every committed slot in [from, cut), in
+// order, fetching up to `parallelism` slots at once.
 // A missing or corrupt slot stops the walk with its error.
 using SlotVisitor = std::function<Status(uint64_t seq, const SlotIndex& index, std::string_view bytes)>;
 Status Walk(objstore::ObjectStore& store, const ChainRef& chain, uint64_t from, uint64_t cut,
