@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/engine_bench.h"
 #include "bench/wal_bench.h"
 
 int main(int argc, char** argv) {
@@ -40,14 +41,40 @@ int main(int argc, char** argv) {
   wal_cmd->add_option("--slot-cap-bytes", wal.slot_cap_bytes, "Slot size cap");
   wal_cmd->add_option("--budget-bytes", wal.budget_bytes, "Pool memory budget");
 
+  weir::bench::EngineBenchOptions eng;
+  auto* eng_cmd = bench->add_subcommand("engine", "Sustained appends through the stream engine: metastore ops, cache reads");
+  eng_cmd->add_option("--streams", eng.streams, "Streams")->check(CLI::Range(1, 100000));
+  eng_cmd->add_option("--appenders", eng.appenders, "Appending threads")->check(CLI::Range(1, 1024));
+  eng_cmd->add_option("--record-bytes", eng.record_bytes, "Record size")->check(CLI::Range(1, 1 << 20));
+  eng_cmd->add_option("--batch", eng.batch, "Records per append")->check(CLI::Range(1, 1000));
+  eng_cmd->add_option("--duration", eng.duration_s, "Measured seconds")->check(CLI::Range(0.1, 3600.0));
+  eng_cmd->add_option("--put-latency-ms", eng.put_latency_ms, "Injected PUT latency")->check(CLI::Range(0.0, 60000.0));
+
+  weir::bench::RecoveryBenchOptions rec;
+  auto* rec_cmd = bench->add_subcommand("recovery", "Time to recover N MiB of unsettled WAL");
+  rec_cmd->add_option("--unsettled-mib", rec.unsettled_mib, "Unsettled WAL payload in MiB")->check(CLI::Range(1, 65536));
+  rec_cmd->add_option("--get-latency-ms", rec.get_latency_ms, "Injected GET latency during recovery")
+      ->check(CLI::Range(0.0, 60000.0));
+  rec_cmd->add_option("--record-bytes", rec.record_bytes, "Record size")->check(CLI::Range(1, 1 << 20));
+  rec_cmd->add_option("--batch", rec.batch, "Records per append")->check(CLI::Range(1, 1000));
+
   CLI11_PARSE(app, argc, argv);
 
+  weir::Status st;
+  std::string what;
   if (wal_cmd->parsed()) {
-    weir::Status st = weir::bench::RunWalBench(wal);
-    if (!st.ok()) {
-      std::cerr << "weir bench wal: " << st.ToString() << "\n";
-      return 1;
-    }
+    what = "wal";
+    st = weir::bench::RunWalBench(wal);
+  } else if (eng_cmd->parsed()) {
+    what = "engine";
+    st = weir::bench::RunEngineBench(eng);
+  } else if (rec_cmd->parsed()) {
+    what = "recovery";
+    st = weir::bench::RunRecoveryBench(rec);
+  }
+  if (!st.ok()) {
+    std::cerr << "weir bench " << what << ": " << st.ToString() << "\n";
+    return 1;
   }
   return 0;
 }

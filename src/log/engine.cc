@@ -196,6 +196,31 @@ Status Engine::Recover() {
   return Status::Ok();
 }
 
+bool MayHoldCommands(std::string_view batch) {
+  // Walks the records without decoding them: a command record has exactly one
+  // header, whose key is empty. Compressed or malformed batches answer true.
+  auto h = wal::ParseBatchHeader(batch);
+  if (!h.ok() || h->compression() != 0) return true;
+  ByteReader r(batch.substr(wal::kRecordBatchHeaderSize, h->total_size() - wal::kRecordBatchHeaderSize));
+  for (int32_t i = 0; i < h->record_count; ++i) {
+    int64_t len = 0, key_len = 0, value_len = 0, headers = 0, ts = 0, off = 0;
+    uint8_t attrs = 0;
+    if (!r.GetVarint(&len) || len < 0) return true;
+    size_t end = r.position() + static_cast<size_t>(len);
+    if (!r.GetU8(&attrs) || !r.GetVarint(&ts) || !r.GetVarint(&off) || !r.GetVarint(&key_len)) return true;
+    if (key_len > 0 && !r.Skip(static_cast<size_t>(key_len))) return true;
+    if (!r.GetVarint(&value_len)) return true;
+    if (value_len > 0 && !r.Skip(static_cast<size_t>(value_len))) return true;
+    if (!r.GetVarint(&headers)) return true;
+    if (headers == 1) {
+      int64_t hk = 0;
+      if (!r.GetVarint(&hk) || hk == 0) return true;
+    }
+    if (end < r.position() || !r.Skip(end - r.position())) return true;
+  }
+  return false;
+}
+
 Status ApplyBatch(StreamFacts* f, std::string_view batch) {
   WEIR_ASSIGN_OR_RETURN(wal::BatchHeader h, wal::VerifyBatch(batch));
   uint64_t base = static_cast<uint64_t>(h.base_offset);
@@ -204,7 +229,10 @@ Status ApplyBatch(StreamFacts* f, std::string_view batch) {
   if (base != f->next_offset) {
     return Corruption("batch at offset {} does not follow offset {}", base, f->next_offset);
   }
-  WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(batch));
+  std::vector<wal::DecodedRecord> records;
+  if (MayHoldCommands(batch)) {
+    WEIR_ASSIGN_OR_RETURN(records, wal::DecodeRecords(batch));
+  }
   for (const auto& r : records) {
     if (!IsCommand(r.record)) continue;
     const auto& cmd = r.record.headers[0].value;

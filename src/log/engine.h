@@ -198,6 +198,7 @@ class Engine {
   Result<std::string> ReadSlotBatch(const BatchRef& ref);
   Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
                      std::vector<std::string>* batches);
+  Status UploadSegments(const std::vector<metastore::SegmentInfo>& segments, const std::vector<std::string>& objects);
   // Deletes WAL slots from `from` up to `to` (exclusive), across epochs.
   void DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to);
 

@@ -31,6 +31,10 @@ struct StreamFacts {
 // next_offset is kCorruption.
 Status ApplyBatch(StreamFacts* facts, std::string_view batch);
 
+// False only if no record of this uncompressed batch can be a command record
+// (checked without decoding the records).
+bool MayHoldCommands(std::string_view batch);
+
 // A command record: exactly one header, with an empty name.
 inline bool IsCommand(const wal::Record& r) { return r.headers.size() == 1 && r.headers[0].key.empty(); }
 

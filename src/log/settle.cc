@@ -1,6 +1,7 @@
 // Settle, trim and retention: acknowledged WAL slots become per-stream
 // segments; the metastore learns about them in one transaction per cycle.
 #include <algorithm>
+#include <thread>
 
 #include "base/log.h"
 #include "log/engine_internal.h"
@@ -65,6 +66,7 @@ Status Engine::SettleNow() {
     metastore::SegmentInfo segment;
   };
   std::vector<Work> work;
+  std::vector<std::string> objects;  // parallel to segments
   std::vector<metastore::SegmentInfo> segments;
   std::vector<metastore::StreamState> states;
   for (auto& s : streams) {
@@ -97,12 +99,7 @@ Status Engine::SettleNow() {
     metastore::SegmentInfo seg{s->info.id, f.start_offset, f.end_offset, f.first_timestamp_ms,
                                f.last_timestamp_ms, SegmentKey(s->info.id, f.start_offset, f.end_offset),
                                object.size()};
-    objstore::PutOptions po;
-    po.if_none_match = true;  // a retry after a failed commit finds identical bytes
-    Status put = store_->Put(seg.object_key, object, po);
-    if (!put.ok() && put.code() != Code::kPreconditionFailed) return put.WithContext("writing segment");
-    metrics_.segments_written.fetch_add(1);
-    metrics_.segment_bytes.fetch_add(object.size());
+    objects.push_back(std::move(object));
     w.segment = seg;
     segments.push_back(seg);
     states.push_back(metastore::StreamState{s->info.id, w.settled.next_offset, w.settled.trim_point,
@@ -111,6 +108,7 @@ Status Engine::SettleNow() {
     work.push_back(std::move(w));
   }
 
+  WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects));
   WEIR_RETURN_IF_ERROR(meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states)
                            .WithContext("committing settle"));
   metastore::ChainPosition old = checkpoint_;
@@ -127,6 +125,32 @@ Status Engine::SettleNow() {
     s.segments.push_back(w.segment);
   }
   DeleteSlots(old, target);
+  return Status::Ok();
+}
+
+Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
+                              const std::vector<std::string>& objects) {
+  // Create-only PUTs, kSegmentUploads at a time. A 412 means an earlier cycle
+  // wrote the same key before its commit failed: same range, same bytes.
+  constexpr size_t kSegmentUploads = 16;
+  std::vector<Status> results(segments.size());
+  for (size_t base = 0; base < segments.size(); base += kSegmentUploads) {
+    std::vector<std::thread> threads;
+    for (size_t i = base; i < std::min(segments.size(), base + kSegmentUploads); ++i) {
+      threads.emplace_back([&, i] {
+        objstore::PutOptions po;
+        po.if_none_match = true;
+        Status st = store_->Put(segments[i].object_key, objects[i], po);
+        results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    WEIR_RETURN_IF_ERROR(results[i].WithContext("writing segment " + segments[i].object_key));
+    metrics_.segments_written.fetch_add(1);
+    metrics_.segment_bytes.fetch_add(objects[i].size());
+  }
   return Status::Ok();
 }
 
