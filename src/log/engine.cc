@@ -147,13 +147,14 @@ Status Engine::Recover() {
   // Fence and replay every earlier epoch of this node from the checkpoint.
   nonce_ = RandomNonce();
   const uint64_t nonce = nonce_;
+  wal::RetryPolicy retry;
+  retry.parallelism = 32;
   uint64_t first = std::max<uint64_t>(prev.checkpoint.epoch, 1);
   uint64_t slots = 0;
   for (uint64_t e = first; e < epoch_; ++e) {
     wal::ChainRef chain{options_.node, e};
     uint64_t from = e == prev.checkpoint.epoch ? prev.checkpoint.seq : 0;
-    WEIR_ASSIGN_OR_RETURN(wal::FenceResult fence, wal::Fence(*store_, chain, from, nonce));
-    Status st = wal::Walk(*store_, chain, from, fence.cut,
+    auto fenced = wal::FenceAndWalk(*store_, chain, from, nonce,
                           [&](uint64_t seq, const wal::SlotIndex& index, std::string_view bytes) {
                             ++slots;
                             for (const auto& c : index.chunks) {
@@ -168,8 +169,9 @@ Status Engine::Recover() {
                               if (!bs.ok()) return bs;
                             }
                             return Status::Ok();
-                          });
-    if (!st.ok()) return st.WithContext(fmt::format("replaying WAL epoch {}", e));
+                          }, retry);
+    if (!fenced.ok()) return fenced.status().WithContext(fmt::format("replaying WAL epoch {}", e));
+    const wal::FenceResult& fence = *fenced;
     epoch_cuts_[e] = fence.cut;
     uint64_t garbage_window = e + 1 == epoch_ && prev.window > 0 ? prev.window : window;
     auto garbage = wal::DeleteGarbage(*store_, chain, fence.cut, garbage_window);

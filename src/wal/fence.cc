@@ -125,6 +125,39 @@ Status Walk(objstore::ObjectStore& store, const ChainRef& chain, uint64_t from, 
   return Status::Ok();
 }
 
+Result<FenceResult> FenceAndWalk(objstore::ObjectStore& store, const ChainRef& chain, uint64_t from,
+                                 uint64_t fencer_nonce, const SlotVisitor& visit, const RetryPolicy& retry) {
+  WEIR_RETURN_IF_ERROR(ValidateNodeId(chain.node));
+  const uint64_t width = static_cast<uint64_t>(std::max(retry.parallelism, 1));
+  for (uint64_t base = from;; base += width) {
+    auto objects = InParallel(base, width, [&](uint64_t seq) {
+      return WithRetry(retry, [&] { return store.Get(SlotKey(chain.node, chain.epoch, seq)); });
+    });
+    for (uint64_t i = 0; i < width; ++i) {
+      uint64_t seq = base + i;
+      std::string key = SlotKey(chain.node, chain.epoch, seq);
+      if (!objects[i].ok() && objects[i].status().code() != Code::kNotFound) {
+        return objects[i].status().WithContext("reading slot " + key);
+      }
+      if (!objects[i].ok()) {
+        // The first missing seq: poison it (Fence settles a race with a late writer).
+        WEIR_ASSIGN_OR_RETURN(FenceResult fence, Fence(store, chain, seq, fencer_nonce, retry));
+        if (fence.cut == seq) return fence;
+        // A flight landed there meanwhile: it and what follows are committed; walk them too.
+        WEIR_RETURN_IF_ERROR(Walk(store, chain, seq, fence.cut, visit, retry));
+        return fence;
+      }
+      const std::string& data = *objects[i];
+      WEIR_ASSIGN_OR_RETURN(SlotIndex index, DecodeSlot(key, data));
+      if (index.envelope.epoch != chain.epoch || index.envelope.seq != seq) {
+        return Corruption("slot {}: envelope names epoch {} seq {}", key, index.envelope.epoch, index.envelope.seq);
+      }
+      if (index.envelope.kind == SlotKind::kPoison) return FenceResult{seq, false};
+      WEIR_RETURN_IF_ERROR(visit(seq, index, data));
+    }
+  }
+}
+
 Result<uint64_t> DeleteGarbage(objstore::ObjectStore& store, const ChainRef& chain, uint64_t cut,
                                uint64_t window, const RetryPolicy& retry) {
   uint64_t deleted = 0;
