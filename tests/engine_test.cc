@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <random>
 #include <thread>
 
 #include "base/bytes.h"
@@ -495,6 +496,63 @@ TEST_F(EngineTest, RetentionAndTrimDeleteSettledSegments) {
   EXPECT_EQ(r->records[0].offset, 3u);
   Restart();
   EXPECT_EQ(ReadAll("ret"), (std::vector<std::string>{"new"}));
+}
+
+TEST_F(EngineTest, ConcurrentAppendsReadsAndSettles) {
+  cache_bytes_ = 8 << 10;  // most reads go to WAL slots or segments
+  Restart();
+  const int streams = 4;
+  for (int i = 0; i < streams; ++i) ASSERT_TRUE(engine_->CreateStream(kBasin, "c" + std::to_string(i), StreamConfig{}).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  // One appender per stream, so record k of stream i is at offset k.
+  for (int i = 0; i < streams; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < 150; ++k) {
+        auto o = engine_->Append(kBasin, "c" + std::to_string(i), Bodies({"c" + std::to_string(i) + "-" + std::to_string(k)}));
+        if (!o.status.ok() || o.ack.start_offset != static_cast<uint64_t>(k)) ++errors;
+      }
+    });
+  }
+  std::thread settler([&] {
+    while (!stop) {
+      if (!engine_->SettleNow().ok()) ++errors;
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      std::mt19937 rng(static_cast<uint32_t>(r));
+      while (!stop) {
+        int i = static_cast<int>(rng() % streams);
+        auto tail = engine_->CheckTail(kBasin, "c" + std::to_string(i));
+        if (!tail.ok() || *tail == 0) continue;
+        uint64_t from = rng() % *tail;
+        auto got = engine_->Read(kBasin, "c" + std::to_string(i), ReadStart{ReadStart::kOffset, from}, 50, 1 << 20);
+        if (!got.ok()) {
+          ADD_FAILURE() << got.status().ToString();
+          ++errors;
+          continue;
+        }
+        for (size_t j = 0; j < got->records.size(); ++j) {
+          const auto& rec = got->records[j];
+          if (rec.offset != from + j || rec.record.value != "c" + std::to_string(i) + "-" + std::to_string(rec.offset)) {
+            ++errors;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  stop = true;
+  settler.join();
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  for (int i = 0; i < streams; ++i) EXPECT_EQ(ReadAll("c" + std::to_string(i)).size(), 150u);
+  EXPECT_GT(engine_->metrics().settle_cycles.load(), 1u);
 }
 
 TEST_F(EngineTest, ReadsSpanSegmentsAndTheWal) {

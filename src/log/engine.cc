@@ -575,6 +575,17 @@ Result<uint64_t> Engine::CheckTail(const std::string& basin, const std::string& 
 
 Result<ReadResult> Engine::Read(const std::string& basin, const std::string& stream, const ReadStart& start,
                                 size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until) {
+  // A settle (slot deleted after its batches moved into a segment) or
+  // retention (segment deleted) can race with a read's fetch: look again.
+  for (int attempt = 1;; ++attempt) {
+    auto r = ReadOnce(basin, stream, start, max_records, max_bytes, wait_until);
+    if (r.ok() || r.status().code() != Code::kNotFound || attempt == 3) return r;
+    if (!Find(basin, stream).ok()) return r;  // the stream itself is gone
+  }
+}
+
+Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
+                                    size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
   max_records = std::clamp<size_t>(max_records, 1, options_.max_read_records);
   max_bytes = std::clamp<size_t>(max_bytes, 1, options_.max_read_bytes);

@@ -196,6 +196,8 @@ class Engine {
   void HandleHalt(uint64_t epoch);
   void SettleLoop();
   Result<std::string> ReadSlotBatch(const BatchRef& ref);
+  Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
+                              size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until);
   Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
                      std::vector<std::string>* batches);
   Status UploadSegments(const std::vector<metastore::SegmentInfo>& segments, const std::vector<std::string>& objects);
