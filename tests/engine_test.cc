@@ -555,6 +555,37 @@ TEST_F(EngineTest, ConcurrentAppendsReadsAndSettles) {
   EXPECT_GT(engine_->metrics().settle_cycles.load(), 1u);
 }
 
+TEST_F(EngineTest, PipelinedAppendsOnOneStreamShareASlot) {
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(gated);
+  uint64_t epoch = engine_->epoch();
+  const std::string slot0 = wal::SlotKey("n1", epoch, 0);
+  gated->Gate(slot0);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<AppendOutcome> outs;
+  auto collect = [&](AppendOutcome o) {
+    std::lock_guard lk(mu);
+    outs.push_back(std::move(o));
+    cv.notify_all();
+  };
+  engine_->AppendAsync(kBasin, "s", Bodies({"first"}), {}, collect);
+  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  for (int i = 0; i < 20; ++i) engine_->AppendAsync(kBasin, "s", Bodies({"p" + std::to_string(i)}), {}, collect);
+  gated->Open(slot0);
+  std::unique_lock lk(mu);
+  ASSERT_TRUE(cv.wait_for(lk, 60s, [&] { return outs.size() == 21; }));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    ASSERT_TRUE(outs[i].status.ok());
+    EXPECT_EQ(outs[i].ack.start_offset, i) << "acks in offset order";
+  }
+  // While slot 0 was stuck at most 7 more slots could be claimed (window 8),
+  // so the 20 pipelined appends shared slots: at most 9 slots for 21 appends.
+  EXPECT_LE(engine_->wal().metrics().slots.load(), 9u);
+}
+
 TEST_F(EngineTest, ReadsSpanSegmentsAndTheWal) {
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"v" + std::to_string(i)})).status.ok());
