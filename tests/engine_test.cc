@@ -12,6 +12,7 @@
 #include "objstore/mem_store.h"
 #include "test_util.h"
 #include "wal/fence.h"
+#include "log/engine_internal.h"
 #include "wal/slot_format.h"
 
 namespace weir::log {
@@ -584,6 +585,32 @@ TEST_F(EngineTest, PipelinedAppendsOnOneStreamShareASlot) {
   // While slot 0 was stuck at most 7 more slots could be claimed (window 8),
   // so the 20 pipelined appends shared slots: at most 9 slots for 21 appends.
   EXPECT_LE(engine_->wal().metrics().slots.load(), 9u);
+}
+
+TEST_F(EngineTest, StartSweepsObjectsNoCommittedStateNames) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"b"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  uint64_t id = engine_->GetStream(kBasin, "s")->info.id;
+  uint64_t epoch = engine_->epoch();
+  // Left behind by a crash: an uncommitted segment and a settled flight that
+  // was never deleted.
+  const std::string orphan = SegmentKey(id, 2, 9);
+  ASSERT_TRUE(store_->Put(orphan, "partial").ok());
+  const std::string stale = wal::SlotKey("n1", epoch, 0);
+  ASSERT_TRUE(store_->Put(stale, std::string(100, 'f')).ok());
+  Restart();
+  Restart();
+  EXPECT_EQ(store_->Head(orphan).status().code(), Code::kNotFound);
+  EXPECT_EQ(store_->Head(stale).status().code(), Code::kNotFound);
+  // The poisons each recovery wrote into the epochs it fenced stay.
+  auto page = store_->List("wal/n1/", "", 1000);
+  ASSERT_TRUE(page.ok());
+  size_t poisons = 0;
+  for (const auto& obj : page->objects) poisons += obj.size == wal::kEnvelopeSize;
+  EXPECT_EQ(poisons, 2u);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
 }
 
 TEST_F(EngineTest, ReadsSpanSegmentsAndTheWal) {

@@ -193,6 +193,8 @@ Status Engine::Recover() {
   };
   WEIR_ASSIGN_OR_RETURN(wal_, wal::Writer::Start(store_, wo));
   checkpoint_ = prev.checkpoint;
+  Status swept = SweepGarbage();
+  if (!swept.ok()) Log().warn("sweeping garbage: {}", swept.ToString());
   last_retention_ = Now();
   if (options_.settle_interval > Duration::zero()) settle_thread_ = std::thread([this] { SettleLoop(); });
   return Status::Ok();

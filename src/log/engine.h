@@ -200,6 +200,7 @@ class Engine {
                               size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until);
   Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
                      std::vector<std::string>* batches);
+  Status SweepGarbage();
   Status UploadSegments(const std::vector<metastore::SegmentInfo>& segments, const std::vector<std::string>& objects);
   // Deletes WAL slots from `from` up to `to` (exclusive), across epochs.
   void DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to);

@@ -1,6 +1,9 @@
 // Settle, trim and retention: acknowledged WAL slots become per-stream
 // segments; the metastore learns about them in one transaction per cycle.
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <set>
 #include <thread>
 
 #include "base/log.h"
@@ -109,8 +112,17 @@ Status Engine::SettleNow() {
   }
 
   WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects));
-  WEIR_RETURN_IF_ERROR(meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states)
-                           .WithContext("committing settle"));
+  Status committed = meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states);
+  if (!committed.ok()) {
+    if (committed.code() != Code::kUnavailable && committed.code() != Code::kTimeout) {
+      // Definitely not committed: the uploaded objects are garbage. (After a
+      // timeout the commit may have landed; recovery's sweep decides.)
+      std::vector<std::string> keys;
+      for (const auto& seg : segments) keys.push_back(seg.object_key);
+      store_->DeleteMany(keys).IgnoreError();
+    }
+    return committed.WithContext("committing settle");
+  }
   metastore::ChainPosition old = checkpoint_;
   checkpoint_ = target;
   metrics_.settle_cycles.fetch_add(1);
@@ -140,14 +152,30 @@ Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segment
       threads.emplace_back([&, i] {
         objstore::PutOptions po;
         po.if_none_match = true;
-        Status st = store_->Put(segments[i].object_key, objects[i], po);
-        results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
+        Duration backoff = std::chrono::milliseconds(20);
+        for (int attempt = 1;; ++attempt) {
+          Status st = store_->Put(segments[i].object_key, objects[i], po);
+          results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
+          if (results[i].ok() || !results[i].retryable() || attempt == 5 || closing_) break;
+          std::this_thread::sleep_for(backoff);
+          backoff *= 2;
+        }
       });
     }
     for (auto& t : threads) t.join();
   }
+  Status first;
   for (size_t i = 0; i < segments.size(); ++i) {
-    WEIR_RETURN_IF_ERROR(results[i].WithContext("writing segment " + segments[i].object_key));
+    if (!results[i].ok() && first.ok()) first = results[i].WithContext("writing segment " + segments[i].object_key);
+  }
+  if (!first.ok()) {
+    // Nothing of this cycle is committed: its objects are garbage now.
+    std::vector<std::string> keys;
+    for (const auto& seg : segments) keys.push_back(seg.object_key);
+    store_->DeleteMany(keys).IgnoreError();
+    return first;
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
     metrics_.segments_written.fetch_add(1);
     metrics_.segment_bytes.fetch_add(objects[i].size());
   }
@@ -173,6 +201,44 @@ void Engine::DeleteSlots(const metastore::ChainPosition& from, const metastore::
     return;
   }
   metrics_.slots_deleted.fetch_add(keys.size());
+}
+
+Status Engine::SweepGarbage() {
+  // Runs at start, before the settle task: lists what earlier processes may
+  // have left behind and deletes what no committed state refers to.
+  // 1. WAL flights below the checkpoint (a crash between the settle commit and
+  //    the slot deletes). Poisons (exactly an envelope) stay: they keep zombie
+  //    writers of old epochs from extending their chains.
+  std::vector<std::string> garbage;
+  std::string prefix = fmt::format("wal/{}/", options_.node);
+  for (std::string after;;) {
+    WEIR_ASSIGN_OR_RETURN(auto page, store_->List(prefix, after, 1000));
+    for (const auto& obj : page.objects) {
+      uint64_t epoch = 0, seq = 0;
+      if (std::sscanf(obj.key.c_str() + prefix.size(), "%20" SCNu64 "/%20" SCNu64, &epoch, &seq) != 2) continue;
+      bool below = std::pair(epoch, seq) < std::pair(checkpoint_.epoch, checkpoint_.seq);
+      if (below && obj.size > wal::kEnvelopeSize) garbage.push_back(obj.key);
+    }
+    if (page.next_start_after.empty()) break;
+    after = page.next_start_after;
+  }
+  // 2. Segment objects no index row names (a crash between upload and commit).
+  for (auto& [id, s] : by_id_) {
+    std::set<std::string> known;
+    for (const auto& seg : s->segments) known.insert(seg.object_key);
+    std::string seg_prefix = fmt::format("seg/{:020}/", id);
+    for (std::string after;;) {
+      WEIR_ASSIGN_OR_RETURN(auto page, store_->List(seg_prefix, after, 1000));
+      for (const auto& obj : page.objects) {
+        if (!known.count(obj.key)) garbage.push_back(obj.key);
+      }
+      if (page.next_start_after.empty()) break;
+      after = page.next_start_after;
+    }
+  }
+  if (garbage.empty()) return Status::Ok();
+  Log().info("deleting {} objects left behind by earlier runs", garbage.size());
+  return store_->DeleteMany(garbage);
 }
 
 Status Engine::ApplyRetention() {
