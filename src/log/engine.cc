@@ -374,7 +374,10 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   std::shared_ptr<Stream> s = *found;
 
   std::unique_lock lk(s->mu);
-  if (s->deleted) return fail(NotFound("stream \"{}\" was deleted", stream));
+  if (s->deleted) {
+    lk.unlock();  // callbacks never run under a stream lock
+    return fail(NotFound("stream \"{}\" was deleted", stream));
+  }
   if (options.fencing_token && *options.fencing_token != s->live.fencing_token) {
     AppendOutcome o{PreconditionFailed("fencing token mismatch"), {}, std::nullopt, s->live.fencing_token};
     lk.unlock();
