@@ -101,7 +101,10 @@ std::optional<uint64_t> Writer::halted_seq() const {
 }
 
 std::pair<uint64_t, uint64_t> Writer::released_below() const {
-  std::lock_guard lk(mu_);
+  // If callbacks are running, wait (briefly) for that round to finish so
+  // every acknowledgement already delivered is covered by the answer.
+  std::unique_lock lk(mu_);
+  idle_cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return !releasing_; });
   return released_below_;
 }
 
@@ -400,6 +403,7 @@ void Writer::DrainReleases() {
     idle_cv_.notify_all();
   }
   releasing_ = false;
+  idle_cv_.notify_all();
 }
 
 std::string Writer::DiagnoseStall(TimePoint now) const {

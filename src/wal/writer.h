@@ -115,7 +115,9 @@ class Writer {
   uint64_t nonce() const { return options_.nonce; }
   std::optional<uint64_t> halted_seq() const;
   // (epoch, seq): every slot before it in chain order is released and its
-  // acknowledgement callbacks have returned. The settle task's target.
+  // acknowledgement callbacks have returned; every acknowledgement delivered
+  // before the call is covered (waits up to 100 ms for a running release
+  // round). The settle task's target.
   std::pair<uint64_t, uint64_t> released_below() const;
   WalMetrics& metrics() { return metrics_; }
   const WriterOptions& options() const { return options_; }
@@ -145,7 +147,7 @@ class Writer {
   std::condition_variable flush_cv_;   // flusher: pool or window changed
   std::condition_variable upload_cv_;  // uploaders: job queued
   std::condition_variable space_cv_;   // appenders: budget freed
-  std::condition_variable idle_cv_;    // Close: everything released
+  mutable std::condition_variable idle_cv_;  // releases done, halts, stop
   std::deque<Entry> pool_;             // admitted, not yet cut (FIFO)
   size_t pool_uncut_bytes_ = 0;
   size_t held_bytes_ = 0;              // admitted and not yet released (budget)
