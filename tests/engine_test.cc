@@ -78,6 +78,15 @@ class EngineTest : public ::testing::Test {
     Start();
   }
 
+  // Restarts the engine over a store whose PUTs the test can hold.
+  std::shared_ptr<testing::GatedStore> RestartGated() {
+    auto gated = std::make_shared<testing::GatedStore>(store_);
+    engine_->Close();
+    engine_.reset();
+    Start(gated);
+    return gated;
+  }
+
   std::vector<std::string> ReadAll(const std::string& stream, uint64_t from = 0) {
     auto r = engine_->Read(kBasin, stream, ReadStart{ReadStart::kOffset, from}, 1000, 1 << 20);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -342,10 +351,7 @@ TEST_F(EngineTest, RecoveryRestoresOffsetsTokensTrimAndProducers) {
 }
 
 TEST_F(EngineTest, DuplicateOfAPendingBatchWaitsForItsDurability) {
-  auto gated = std::make_shared<testing::GatedStore>(store_);
-  engine_->Close();
-  engine_.reset();
-  Start(gated);
+  auto gated = RestartGated();
   uint64_t epoch = engine_->epoch();
   const std::string slot0 = wal::SlotKey("n1", epoch, 0);
   gated->Gate(slot0);
@@ -368,10 +374,7 @@ TEST_F(EngineTest, DuplicateOfAPendingBatchWaitsForItsDurability) {
 }
 
 TEST_F(EngineTest, PoisonedEpochResumesInTheNextEpochWithoutErrors) {
-  auto gated = std::make_shared<testing::GatedStore>(store_);
-  engine_->Close();
-  engine_.reset();
-  Start(gated);
+  auto gated = RestartGated();
   uint64_t epoch = engine_->epoch();
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());  // slot 0
   const std::string slot1 = wal::SlotKey("n1", epoch, 1);
@@ -557,10 +560,7 @@ TEST_F(EngineTest, ConcurrentAppendsReadsAndSettles) {
 }
 
 TEST_F(EngineTest, PipelinedAppendsOnOneStreamShareASlot) {
-  auto gated = std::make_shared<testing::GatedStore>(store_);
-  engine_->Close();
-  engine_.reset();
-  Start(gated);
+  auto gated = RestartGated();
   uint64_t epoch = engine_->epoch();
   const std::string slot0 = wal::SlotKey("n1", epoch, 0);
   gated->Gate(slot0);

@@ -21,51 +21,18 @@
 #include <thread>
 #include <vector>
 
+#include "test_support.h"
 #include "objstore/fault_store.h"
 #include "objstore/file_store.h"
 #include "objstore/mem_store.h"
 #include "objstore/object_store.h"
-
-namespace weir {
-// Lets gtest print codes by name in failed EXPECT_EQs.
-inline void PrintTo(Code code, std::ostream* os) { *os << CodeName(code); }
-}  // namespace weir
 
 namespace weir::objstore {
 namespace {
 
 namespace fs = std::filesystem;
 
-#define ASSERT_OK(expr)                                   \
-  do {                                                    \
-    const ::weir::Status _st = (expr);                    \
-    ASSERT_TRUE(_st.ok()) << #expr << ": " << _st.ToString(); \
-  } while (0)
-#define EXPECT_OK(expr)                                   \
-  do {                                                    \
-    const ::weir::Status _st = (expr);                    \
-    EXPECT_TRUE(_st.ok()) << #expr << ": " << _st.ToString(); \
-  } while (0)
-
-// A fresh directory under /tmp, removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/tmp/weir-objstore-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = ::weir::testing::TempDir;
 
 // One backend under test: the store plus whatever it lives in (a temp dir).
 struct BackendEnv {
@@ -440,7 +407,7 @@ TEST_P(ObjectStoreConformance, InvalidKeysAreRejectedAndNothingIsWritten) {
       "a/",   "//",  "a/b/", std::string("a\0b", 3), std::string("\0", 1), std::string(1025, 'k'),
   };
   for (const std::string& key : bad) {
-    SCOPED_TRACE(testing::PrintToString(key));
+    SCOPED_TRACE(::testing::PrintToString(key));
     EXPECT_EQ(s().Put(key, "data").code(), Code::kInvalidArgument);
     EXPECT_EQ(s().Put(key, "data", PutOptions{.if_none_match = true}).code(), Code::kInvalidArgument);
     EXPECT_EQ(GetCode(key), Code::kInvalidArgument);

@@ -131,16 +131,19 @@ Status FaultStore::Put(std::string_view key, std::string_view data, const PutOpt
   });
 }
 
+Status FaultStore::ReadFault(std::string_view op, std::string_view key) {
+  counters_.gets.fetch_add(1, std::memory_order_relaxed);
+  const Impl::GetDraw d = impl_->DrawGet();
+  SleepMs(d.latency_ms);
+  if (!d.error) return Status::Ok();
+  counters_.get_errors.fetch_add(1, std::memory_order_relaxed);
+  return Unavailable("injected {} error for {}", op, internal::QuoteKey(key));
+}
+
 Result<std::string> FaultStore::Get(std::string_view key, std::optional<ByteRange> range) {
   return internal::CatchAll("fault Get", [&]() -> Result<std::string> {
     WEIR_RETURN_IF_ERROR(ValidateKey(key));
-    counters_.gets.fetch_add(1, std::memory_order_relaxed);
-    const Impl::GetDraw d = impl_->DrawGet();
-    SleepMs(d.latency_ms);
-    if (d.error) {
-      counters_.get_errors.fetch_add(1, std::memory_order_relaxed);
-      return Unavailable("injected GET error for {}", key);
-    }
+    WEIR_RETURN_IF_ERROR(ReadFault("GET", key));
     return inner_->Get(key, range);
   });
 }
@@ -148,26 +151,14 @@ Result<std::string> FaultStore::Get(std::string_view key, std::optional<ByteRang
 Result<ObjectInfo> FaultStore::Head(std::string_view key) {
   return internal::CatchAll("fault Head", [&]() -> Result<ObjectInfo> {
     WEIR_RETURN_IF_ERROR(ValidateKey(key));
-    counters_.gets.fetch_add(1, std::memory_order_relaxed);
-    const Impl::GetDraw d = impl_->DrawGet();
-    SleepMs(d.latency_ms);
-    if (d.error) {
-      counters_.get_errors.fetch_add(1, std::memory_order_relaxed);
-      return Unavailable("injected HEAD error for {}", key);
-    }
+    WEIR_RETURN_IF_ERROR(ReadFault("HEAD", key));
     return inner_->Head(key);
   });
 }
 
 Result<ListPage> FaultStore::List(std::string_view prefix, std::string_view start_after, size_t max_keys) {
   return internal::CatchAll("fault List", [&]() -> Result<ListPage> {
-    counters_.gets.fetch_add(1, std::memory_order_relaxed);
-    const Impl::GetDraw d = impl_->DrawGet();
-    SleepMs(d.latency_ms);
-    if (d.error) {
-      counters_.get_errors.fetch_add(1, std::memory_order_relaxed);
-      return Unavailable("injected LIST error for prefix {}", internal::QuoteKey(prefix));
-    }
+    WEIR_RETURN_IF_ERROR(ReadFault("LIST", prefix));
     return inner_->List(prefix, start_after, max_keys);
   });
 }

@@ -58,6 +58,8 @@ class FaultStore : public ObjectStore {
 
  private:
   struct Impl;
+  // Counts a read, sleeps its latency, and maybe fails it (kUnavailable).
+  Status ReadFault(std::string_view op, std::string_view key);
   std::shared_ptr<ObjectStore> inner_;
   std::unique_ptr<Impl> impl_;
   FaultCounters counters_;
