@@ -246,10 +246,9 @@ Status ApplyBatch(StreamFacts* f, std::string_view batch) {
     }
   }
   if (h.producer_id >= 0) {
-    int32_t last_seq = static_cast<int32_t>((static_cast<int64_t>(h.base_sequence) + h.record_count - 1) %
-                                            (int64_t{INT32_MAX} + 1));
     f->producers.Record(static_cast<uint64_t>(h.producer_id), h.producer_epoch,
-                        ProducerBatch{h.base_sequence, last_seq, base, end, h.base_timestamp, h.max_timestamp});
+                        ProducerBatch{h.base_sequence, LastSeq(h.base_sequence, h.record_count), base, end,
+                                      h.base_timestamp, h.max_timestamp});
   }
   f->next_offset = end;
   f->last_timestamp_ms = std::max(f->last_timestamp_ms, h.max_timestamp);
@@ -496,10 +495,8 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   if (options.producer) {
     const ProducerRef& p = *options.producer;
     s->live.producers.Record(p.id, p.epoch,
-                        ProducerBatch{p.seq,
-                                      static_cast<int32_t>((static_cast<int64_t>(p.seq) + static_cast<int64_t>(recs.size()) - 1) %
-                                                           (int64_t{INT32_MAX} + 1)),
-                                      pend->start, pend->end, pend->first_timestamp_ms, pend->last_timestamp_ms});
+                             ProducerBatch{p.seq, LastSeq(p.seq, static_cast<int64_t>(recs.size())), pend->start,
+                                           pend->end, pend->first_timestamp_ms, pend->last_timestamp_ms});
   }
   s->live.next_offset = pend->end;
   s->live.last_timestamp_ms = last_ts;

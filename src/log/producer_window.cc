@@ -43,8 +43,7 @@ Result<ProducerCheck> ProducerWindows::Check(uint64_t producer_id, int16_t epoch
   }
   for (const ProducerBatch& b : p.batches) {
     if (b.first_seq == first_seq) {
-      int32_t expect_last = static_cast<int32_t>((static_cast<int64_t>(first_seq) + count - 1) % (int64_t{INT32_MAX} + 1));
-      if (b.last_seq != expect_last) {
+      if (b.last_seq != LastSeq(first_seq, count)) {
         return OutOfRange("producer {}: retry of sequence {} has {} records, the original had a different count",
                           producer_id, first_seq, count);
       }

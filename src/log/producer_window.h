@@ -19,6 +19,12 @@ namespace weir::log {
 
 inline constexpr size_t kProducerWindowBatches = 5;
 
+// Sequence of the last record of a batch of `count` records starting at
+// `first` (sequences wrap from INT32_MAX to 0, as Kafka's do).
+inline int32_t LastSeq(int32_t first, int64_t count) {
+  return static_cast<int32_t>((static_cast<int64_t>(first) + count - 1) % (int64_t{INT32_MAX} + 1));
+}
+
 struct ProducerBatch {
   int32_t first_seq = 0;
   int32_t last_seq = 0;
