@@ -49,6 +49,14 @@ uint64_t Histogram::Quantile(double q) const {
   return max();
 }
 
+uint64_t Histogram::CountAtOrBelow(uint64_t value) const {
+  uint64_t n = 0;
+  for (int i = 0; i < kBuckets && BucketUpperBound(i) <= value; ++i) {
+    n += buckets_[static_cast<size_t>(i)].load(std::memory_order_relaxed);
+  }
+  return n;
+}
+
 void Histogram::Reset() {
   for (auto& b : buckets_) b.store(0, std::memory_order_relaxed);
   count_.store(0);

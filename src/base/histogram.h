@@ -24,6 +24,9 @@ class Histogram {
   uint64_t max() const { return max_.load(std::memory_order_relaxed); }
   // Value at quantile q in [0,1] (upper edge of its bucket, capped at max); 0 if empty.
   uint64_t Quantile(double q) const;
+  // Recorded values whose bucket lies wholly at or below `value` (for
+  // exporting cumulative buckets; exact when `value` is a bucket bound).
+  uint64_t CountAtOrBelow(uint64_t value) const;
   void Reset();
 
   // Bucket helpers, exposed for tests and exporters.

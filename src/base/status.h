@@ -128,10 +128,12 @@ class [[nodiscard]] Result {
 #define WEIR_CONCAT(a, b) WEIR_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if it is not OK.
-#define WEIR_RETURN_IF_ERROR(expr)            \
-  do {                                        \
-    ::weir::Status _weir_st = (expr);         \
-    if (!_weir_st.ok()) return _weir_st;      \
+// (The temporary is named per line: a lambda inside `expr` may use it too.)
+#define WEIR_RETURN_IF_ERROR(expr) WEIR_RETURN_IF_ERROR_IMPL(WEIR_CONCAT(_weir_st_, __LINE__), expr)
+#define WEIR_RETURN_IF_ERROR_IMPL(tmp, expr) \
+  do {                                       \
+    ::weir::Status tmp = (expr);             \
+    if (!tmp.ok()) return tmp;               \
   } while (0)
 
 // WEIR_ASSIGN_OR_RETURN(auto x, Foo()); declares x from a Result or returns its Status.

@@ -1,4 +1,4 @@
-// The weir command line: `weir --version`, `weir bench wal ...`.
+// The weir command line: `weir serve`, `weir bench ...`, `weir --version`.
 #include <malloc.h>
 
 #include <iostream>
@@ -7,6 +7,48 @@
 
 #include "bench/engine_bench.h"
 #include "bench/wal_bench.h"
+#include "server/serve.h"
+
+namespace {
+
+// Registers `weir serve` and its flags; each flag NAME also reads WEIR_NAME.
+CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
+  auto* cmd = app.add_subcommand("serve", "Run a weir node: the S2-compatible HTTP API over the WAL");
+  auto opt = [&](const std::string& flag, auto& value, const std::string& help) {
+    std::string env = "WEIR_";
+    for (char c : flag.substr(2)) env += c == '-' ? '_' : static_cast<char>(std::toupper(c));
+    return cmd->add_option(flag, value, help)->envname(env)->capture_default_str();
+  };
+  opt("--data-dir", o.data_dir, "Data directory (embedded default: DIR/objects and DIR/meta.db)");
+  opt("--http-addr", o.http_addr, "HTTP listen address HOST:PORT (port 0 picks a free one)");
+  opt("--object-store", o.object_store, "Object store URI (file://DIR, mem://); default file://DATA_DIR/objects");
+  opt("--metastore", o.metastore, "Metastore URI (sqlite://PATH); default sqlite://DATA_DIR/meta.db");
+  opt("--node-id", o.node_id, "This node's id in the WAL and metastore");
+  opt("--pipeline-window", o.pipeline_window, "WAL slots in flight")->check(CLI::Range(1, 1024));
+  opt("--max-slot-bytes", o.max_slot_bytes, "WAL slot size cap in bytes")->check(CLI::Range(4096, 1 << 30));
+  opt("--linger-ms", o.linger_ms, "WAL linger: wait this long for more data before cutting a slot")
+      ->check(CLI::Range(0.0, 10000.0));
+  opt("--pool-budget-mib", o.pool_budget_mib, "Admitted, unacknowledged bytes (MiB) before appends wait")
+      ->check(CLI::Range(1, 1 << 20));
+  opt("--admission-timeout-ms", o.admission_timeout_ms, "How long an append waits for pool budget before 429")
+      ->check(CLI::Range(0.0, 600000.0));
+  opt("--auth-token-file", o.auth_token_file, "Require Authorization: Bearer <token in this file>");
+  opt("--max-request-bytes", o.max_request_bytes, "Largest accepted request body")->check(CLI::Range(1024, 1 << 30));
+  opt("--http-threads", o.http_threads, "Network I/O threads")->check(CLI::Range(1, 64));
+  opt("--worker-threads", o.worker_threads, "Request handler threads")->check(CLI::Range(1, 256));
+  opt("--inject-put-latency-ms", o.inject_put_latency_ms, "Test/bench: object store PUT latency P50[,P99] in ms")
+      ->delimiter(',')
+      ->expected(1, 2)
+      ->check(CLI::Range(0.0, 600000.0));
+  opt("--inject-put-error-rate", o.inject_put_error_rate, "Test/bench: fraction of PUTs that fail")
+      ->check(CLI::Range(0.0, 1.0));
+  opt("--inject-put-ambiguous-rate", o.inject_put_ambiguous_rate,
+      "Test/bench: fraction of PUTs applied but reported as timed out")
+      ->check(CLI::Range(0.0, 1.0));
+  return cmd;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Slot-sized buffers (up to 8 MiB) come from the heap and freed memory stays
@@ -16,6 +58,9 @@ int main(int argc, char** argv) {
   CLI::App app{"weir: an object-storage-native stream and table store"};
   app.set_version_flag("--version", std::string("weir ") + WEIR_VERSION);
   app.require_subcommand(1);
+
+  weir::server::ServeOptions serve;
+  auto* serve_cmd = AddServe(app, serve);
 
   auto* bench = app.add_subcommand("bench", "Run a benchmark and print one JSON line");
   bench->require_subcommand(1);
@@ -59,6 +104,8 @@ int main(int argc, char** argv) {
   rec_cmd->add_option("--batch", rec.batch, "Records per append")->check(CLI::Range(1, 1000));
 
   CLI11_PARSE(app, argc, argv);
+
+  if (serve_cmd->parsed()) return weir::server::RunServe(serve);
 
   weir::Status st;
   std::string what;

@@ -131,7 +131,7 @@ Status Engine::Recover() {
     s->live.next_offset = s->tail = st.settled_offset;
     s->live.trim_point = st.trim_point;
     s->live.fencing_token = st.fencing_token;
-    s->live.last_timestamp_ms = st.last_timestamp_ms;
+    s->live.last_timestamp_ms = s->tail_timestamp_ms = st.last_timestamp_ms;
     WEIR_ASSIGN_OR_RETURN(s->live.producers, ProducerWindows::Deserialize(st.producer_state));
     s->settled = s->live;
     for (uint64_t from = 0;;) {
@@ -264,6 +264,7 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
   if (!st.ok()) return st.WithContext(fmt::format("stream {}", stream_id));
   if (s.live.next_offset == before) return Status::Ok();  // already settled
   s.tail = s.live.next_offset;
+  s.tail_timestamp_ms = s.live.last_timestamp_ms;
   std::shared_ptr<const std::string> bytes;
   if (cache_bytes_.load() + batch.size() <= options_.log_cache_bytes) {
     bytes = std::make_shared<const std::string>(batch);
@@ -285,6 +286,8 @@ Result<std::vector<metastore::BasinInfo>> Engine::ListBasins(const std::string& 
                                                              size_t limit) {
   return meta_->ListBasins(prefix, start_after, limit);
 }
+
+Result<metastore::BasinInfo> Engine::GetBasin(const std::string& name) { return meta_->GetBasin(name); }
 
 Status Engine::DeleteBasin(const std::string& name) { return meta_->DeleteBasin(name); }
 
@@ -315,7 +318,7 @@ Result<std::shared_ptr<Engine::Stream>> Engine::Find(const std::string& basin, c
 Result<StreamSummary> Engine::GetStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   std::lock_guard lk(s->mu);
-  return StreamSummary{s->info, s->tail, s->live.trim_point, s->live.fencing_token};
+  return StreamSummary{s->info, s->tail, s->tail_timestamp_ms, s->live.trim_point, s->live.fencing_token};
 }
 
 Result<std::vector<metastore::StreamInfo>> Engine::ListStreams(const std::string& basin, const std::string& prefix,
@@ -344,9 +347,14 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
     by_name_.erase({basin, name});
     by_id_.erase(s->info.id);
   }
-  std::lock_guard lk(s->mu);
-  s->deleted = true;
-  s->cv.notify_all();
+  std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
+  {
+    std::lock_guard lk(s->mu);
+    s->deleted = true;
+    s->cv.notify_all();
+    watchers.swap(s->watchers);
+  }
+  for (auto& w : watchers) std::get<2>(w)();
   return Status::Ok();
 }
 
@@ -508,6 +516,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
 void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                        const wal::AckInfo& where) {
   std::vector<std::pair<AppendCallback, bool>> waiters;
+  std::vector<TailCallback> woken;
   AppendAck ack;
   bool evict = false;
   {
@@ -517,6 +526,12 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     waiters = std::move(p->waiters);
     if (st.ok()) {
       s->tail = p->end;
+      s->tail_timestamp_ms = p->last_timestamp_ms;
+      std::erase_if(s->watchers, [&](auto& w) {
+        if (std::get<1>(w) >= s->tail) return false;
+        woken.push_back(std::move(std::get<2>(w)));
+        return true;
+      });
       size_t size = p->bytes->size();
       bool cache = cache_bytes_.load() + size <= options_.log_cache_bytes;
       s->durable.push_back(BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr});
@@ -530,6 +545,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     }
     p->bytes.reset();
   }
+  for (auto& fn : woken) fn();
   for (auto& [cb, dup] : waiters) {
     AppendAck a = ack;
     a.duplicated = dup;
@@ -573,6 +589,23 @@ Result<uint64_t> Engine::CheckTail(const std::string& basin, const std::string& 
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
   std::lock_guard lk(s->mu);
   return s->tail;
+}
+
+Result<uint64_t> Engine::WatchTail(const std::string& basin, const std::string& stream, uint64_t offset,
+                                   TailCallback fn) {
+  WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
+  std::lock_guard lk(s->mu);
+  if (s->deleted || s->tail > offset) return uint64_t{0};
+  uint64_t id = next_watch_id_++;
+  s->watchers.emplace_back(id, offset, std::move(fn));
+  return id;
+}
+
+void Engine::UnwatchTail(const std::string& basin, const std::string& stream, uint64_t id) {
+  auto s = Find(basin, stream);
+  if (!s.ok()) return;
+  std::lock_guard lk((*s)->mu);
+  std::erase_if((*s)->watchers, [&](const auto& w) { return std::get<0>(w) == id; });
 }
 
 Result<ReadResult> Engine::Read(const std::string& basin, const std::string& stream, const ReadStart& start,
@@ -634,6 +667,7 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
       if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
     }
     out.tail = s->tail;
+    out.tail_timestamp_ms = s->tail_timestamp_ms;
     // Sources in offset order, until they surely cover the limits: settled
     // segments, then acknowledged batches still in the WAL.
     size_t bytes = 0;

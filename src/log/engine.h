@@ -117,14 +117,20 @@ struct ReadRecord {
 struct ReadResult {
   std::vector<ReadRecord> records;
   uint64_t tail = 0;  // next offset to be acknowledged
+  int64_t tail_timestamp_ms = 0;  // timestamp of the last acknowledged record
 };
 
 struct StreamSummary {
   metastore::StreamInfo info;
   uint64_t tail = 0;
+  int64_t tail_timestamp_ms = 0;  // timestamp of the last acknowledged record
   uint64_t trim_point = 0;
   std::string fencing_token;
 };
+
+// Runs once when a watched stream's tail moves past the watched offset, or the
+// stream is deleted. Called on a WAL upload thread: must not block.
+using TailCallback = std::function<void()>;
 
 class Engine {
  public:
@@ -139,6 +145,7 @@ class Engine {
   Status CreateBasin(const std::string& name);
   Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
                                                        size_t limit);
+  Result<metastore::BasinInfo> GetBasin(const std::string& name);
   Status DeleteBasin(const std::string& name);
 
   // Streams: names are 1..512 bytes of UTF-8 without NUL.
@@ -164,6 +171,14 @@ class Engine {
   Result<ReadResult> Read(const std::string& basin, const std::string& stream, const ReadStart& start,
                           size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until = std::nullopt);
   Result<uint64_t> CheckTail(const std::string& basin, const std::string& stream);
+
+  // For front-ends that wait without a thread (long polls, read sessions):
+  // registers `fn` to run once the acknowledged tail passes `offset` or the
+  // stream is deleted, and returns a watch id. Returns 0 without registering
+  // when that has already happened (the caller reads at once).
+  Result<uint64_t> WatchTail(const std::string& basin, const std::string& stream, uint64_t offset, TailCallback fn);
+  // Drops a watch that has not fired (a timed-out long poll); a no-op otherwise.
+  void UnwatchTail(const std::string& basin, const std::string& stream, uint64_t id);
 
   Result<uint64_t> AllocateProducerId();
 
@@ -217,6 +232,7 @@ class Engine {
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
   std::atomic<size_t> cache_bytes_{0};
   std::atomic<bool> closing_{false};
+  std::atomic<uint64_t> next_watch_id_{1};
   std::thread halt_thread_;
   EngineMetrics metrics_;
 

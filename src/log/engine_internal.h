@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "log/engine.h"
@@ -65,6 +66,9 @@ struct Engine::Stream {
   metastore::StreamInfo info;
   StreamFacts live;          // as sequenced, including pending appends
   uint64_t tail = 0;         // acknowledged
+  int64_t tail_timestamp_ms = 0;  // of the last acknowledged record
+  // One-shot watchers of the tail: (id, offset, callback), fired outside `mu`.
+  std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
   std::vector<metastore::SegmentInfo> segments;  // settled, offset order
   std::deque<BatchRef> durable;  // acknowledged, not yet settled, offset order
   std::deque<std::shared_ptr<Pending>> pending;  // assigned, not yet acknowledged

@@ -1,0 +1,894 @@
+#include "http/rest.h"
+
+#include <charconv>
+#include <ctime>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "base/base64.h"
+#include "base/log.h"
+#include "http/s2_proto.h"
+
+namespace weir::http {
+
+using Json = nlohmann::json;
+
+// What every handler needs to answer: the exchange, the basin, the metrics.
+// Cheap to copy into completion callbacks.
+struct RestApi::Ctx {
+  std::shared_ptr<Exchange> ex;
+  RestMetrics* metrics = nullptr;
+  std::string basin;
+  TimePoint started;
+
+  void Send(Response r) const {
+    if (r.status < 300) {
+      metrics->responses_2xx++;
+    } else if (r.status < 500) {
+      metrics->responses_4xx++;
+    } else {
+      metrics->responses_5xx++;
+    }
+    ex->Respond(std::move(r));
+  }
+  void Reply(int status, const Json& body, HeaderList headers = {}) const {
+    Send(Response{status, "application/json", body.dump(-1, ' ', false, Json::error_handler_t::replace),
+                  std::move(headers)});
+  }
+  void NoContent(int status) const { Send(Response{status, "application/json", "", {}}); }
+  void Error(int status, std::string_view code, std::string_view message, HeaderList headers = {}) const {
+    Reply(status, Json{{"code", code}, {"message", message}}, std::move(headers));
+  }
+  // Maps an engine or metastore status to the HTTP status and error code of
+  // docs/http-api.md; `not_found` names what a kNotFound is about.
+  void Fail(const Status& st, std::string_view not_found = "not_found") const {
+    switch (st.code()) {
+      case Code::kInvalidArgument: return Error(422, "invalid", st.message());
+      case Code::kNotFound: return Error(404, not_found, st.message());
+      case Code::kAlreadyExists: return Error(409, "resource_already_exists", st.message());
+      case Code::kPreconditionFailed: return Error(409, "conflict", st.message());
+      case Code::kResourceExhausted:
+        metrics->backpressure++;
+        return Error(429, "backpressure", st.message(), {{"Retry-After", "1"}});
+      case Code::kNotSupported: return Error(422, "not_supported", st.message());
+      case Code::kTimeout:
+      case Code::kUnavailable:
+      case Code::kCancelled:
+      case Code::kFenced:
+      case Code::kIOError: return Error(503, "unavailable", st.message(), {{"Retry-After", "1"}});
+      default: return Error(500, "internal", st.message());
+    }
+  }
+};
+
+namespace {
+
+// Thrown inside this file only, for malformed requests: becomes a 400.
+struct BadRequest {
+  std::string message;
+};
+
+std::string Rfc3339(int64_t ms) {
+  time_t secs = static_cast<time_t>(ms / 1000);
+  struct tm tm {};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03}Z", buf, ms % 1000);
+}
+
+std::vector<std::string> SplitPath(std::string_view path) {
+  std::vector<std::string> parts;
+  while (!path.empty()) {
+    if (path.front() == '/') {
+      path.remove_prefix(1);
+      continue;
+    }
+    auto slash = path.find('/');
+    auto seg = PercentDecode(path.substr(0, slash), false);
+    if (!seg.ok()) throw BadRequest{seg.status().message()};
+    parts.push_back(std::move(*seg));
+    path = slash == std::string_view::npos ? std::string_view() : path.substr(slash);
+  }
+  return parts;
+}
+
+uint64_t ParseU64(std::string_view s, std::string_view what) {
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) {
+    throw BadRequest{fmt::format("{} must be a non-negative integer, got \"{}\"", what, s)};
+  }
+  return v;
+}
+
+bool ParseBool(std::string_view s, std::string_view what) {
+  if (s == "true" || s == "1") return true;
+  if (s == "false" || s == "0") return false;
+  throw BadRequest{fmt::format("{} must be true or false, got \"{}\"", what, s)};
+}
+
+std::optional<uint64_t> QueryU64(const Request& req, std::string_view name) {
+  const std::string* v = req.Query(name);
+  if (!v) return std::nullopt;
+  return ParseU64(*v, name);
+}
+
+Json Position(uint64_t seq, int64_t ts) {
+  return Json{{"seq_num", seq}, {"timestamp", static_cast<uint64_t>(std::max<int64_t>(ts, 0))}};
+}
+
+Json BasinInfoJson(const metastore::BasinInfo& b) {
+  return Json{{"name", b.name}, {"created_at", Rfc3339(b.created_at_ms)}, {"deleted_at", nullptr}, {"scope", nullptr}};
+}
+
+Json StreamInfoJson(const metastore::StreamInfo& s) {
+  return Json{{"name", s.name}, {"created_at", Rfc3339(s.created_at_ms)}, {"deleted_at", nullptr}, {"cipher", nullptr}};
+}
+
+Json StreamConfigJson(const metastore::StreamConfig& c) {
+  Json retention = c.retention_age_s == 0 ? Json{{"infinite", Json::object()}} : Json{{"age", c.retention_age_s}};
+  return Json{{"storage_class", metastore::StorageClassName(c.storage_class)},
+              {"retention_policy", retention},
+              {"timestamping",
+               Json{{"mode", metastore::TimestampingModeName(c.timestamping)}, {"uncapped", c.uncapped_timestamps}}},
+              {"delete_on_empty", nullptr}};
+}
+
+// Applies the non-null fields of a StreamConfig / StreamReconfiguration.
+// Bad values are kInvalidArgument (422); wrong JSON types throw (400).
+Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
+  if (j.is_null()) return Status::Ok();
+  if (!j.is_object()) throw BadRequest{"stream config must be an object"};
+  if (auto it = j.find("storage_class"); it != j.end() && !it->is_null()) {
+    WEIR_ASSIGN_OR_RETURN(c->storage_class, metastore::ParseStorageClass(it->get<std::string>()));
+  }
+  if (auto it = j.find("retention_policy"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) throw BadRequest{"retention_policy must be an object"};
+    if (it->contains("age")) {
+      int64_t age = (*it)["age"].get<int64_t>();
+      if (age <= 0) return InvalidArgument("retention_policy.age must be greater than 0 seconds");
+      c->retention_age_s = age;
+    } else if (it->contains("infinite")) {
+      c->retention_age_s = 0;
+    } else {
+      return InvalidArgument("retention_policy needs \"age\" or \"infinite\"");
+    }
+  }
+  if (auto it = j.find("timestamping"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) throw BadRequest{"timestamping must be an object"};
+    if (auto m = it->find("mode"); m != it->end() && !m->is_null()) {
+      WEIR_ASSIGN_OR_RETURN(c->timestamping, metastore::ParseTimestampingMode(m->get<std::string>()));
+    }
+    if (auto u = it->find("uncapped"); u != it->end() && !u->is_null()) c->uncapped_timestamps = u->get<bool>();
+  }
+  if (auto it = j.find("delete_on_empty"); it != j.end() && !it->is_null()) {
+    auto age = it->value("min_age_secs", Json());
+    if (!age.is_null() && age.get<int64_t>() != 0) return NotSupported("delete_on_empty is not supported");
+  }
+  return Status::Ok();
+}
+
+// Basin configs: weir keeps none; only the defaults are accepted.
+Status CheckBasinConfig(const Json& j) {
+  if (j.is_null()) return Status::Ok();
+  if (!j.is_object()) throw BadRequest{"basin config must be an object"};
+  for (const char* flag : {"create_stream_on_append", "create_stream_on_read"}) {
+    auto it = j.find(flag);
+    if (it != j.end() && !it->is_null() && it->get<bool>()) return NotSupported("{} is not supported", flag);
+  }
+  if (auto it = j.find("default_stream_config"); it != j.end() && !it->is_null()) {
+    return NotSupported("default_stream_config is not supported");
+  }
+  if (auto it = j.find("stream_cipher"); it != j.end() && !it->is_null()) {
+    return NotSupported("stream encryption is not supported");
+  }
+  return Status::Ok();
+}
+
+Json BasinConfigJson() {
+  return Json{{"create_stream_on_append", false},
+              {"create_stream_on_read", false},
+              {"default_stream_config", nullptr},
+              {"stream_cipher", nullptr}};
+}
+
+enum class Format { kRaw, kBase64 };
+
+Format ParseFormat(const Request& req) {
+  const std::string* f = req.Header("s2-format");
+  if (!f || *f == "raw") return Format::kRaw;
+  if (*f == "base64") return Format::kBase64;
+  throw BadRequest{fmt::format("s2-format must be raw or base64, got \"{}\"", *f)};
+}
+
+std::string DecodeField(const Json& j, Format f, std::string_view what) {
+  if (!j.is_string()) throw BadRequest{fmt::format("{} must be a string", what)};
+  const auto& s = j.get_ref<const std::string&>();
+  if (f == Format::kRaw) return s;
+  auto d = Base64Decode(s);
+  if (!d.ok()) throw BadRequest{fmt::format("{}: {}", what, d.status().message())};
+  return std::move(*d);
+}
+
+std::string EncodeField(std::string_view s, Format f) { return f == Format::kRaw ? std::string(s) : Base64Encode(s); }
+
+AppendInput ParseJsonAppend(const std::string& body, Format f) {
+  Json j = Json::parse(body, nullptr, false);
+  if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
+  if (!j.is_object() || !j.contains("records") || !j["records"].is_array()) {
+    throw BadRequest{"AppendInput needs a \"records\" array"};
+  }
+  AppendInput in;
+  for (const auto& r : j["records"]) {
+    if (!r.is_object()) throw BadRequest{"each record must be an object"};
+    log::AppendRecord rec;
+    if (auto it = r.find("timestamp"); it != r.end() && !it->is_null()) {
+      if (!it->is_number_unsigned()) throw BadRequest{"timestamp must be a non-negative integer"};
+      auto ts = it->get<uint64_t>();
+      if (ts > uint64_t{INT64_MAX}) throw BadRequest{"timestamp is out of range"};
+      rec.timestamp_ms = static_cast<int64_t>(ts);
+    }
+    if (auto it = r.find("body"); it != r.end() && !it->is_null()) rec.body = DecodeField(*it, f, "body");
+    if (auto it = r.find("headers"); it != r.end() && !it->is_null()) {
+      if (!it->is_array()) throw BadRequest{"headers must be an array of [name, value] pairs"};
+      for (const auto& h : *it) {
+        if (!h.is_array() || h.size() != 2) throw BadRequest{"each header must be a [name, value] pair"};
+        rec.headers.push_back(wal::RecordHeader{DecodeField(h[0], f, "header name"), DecodeField(h[1], f, "header value")});
+      }
+    }
+    in.records.push_back(std::move(rec));
+  }
+  if (auto it = j.find("match_seq_num"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_unsigned()) throw BadRequest{"match_seq_num must be a non-negative integer"};
+    in.options.match_seq_num = it->get<uint64_t>();
+  }
+  if (auto it = j.find("fencing_token"); it != j.end() && !it->is_null()) {
+    in.options.fencing_token = it->get<std::string>();
+  }
+  return in;
+}
+
+size_t MeteredBytes(const wal::Record& r) {
+  size_t size = 8 + (r.value ? r.value->size() : 0);
+  for (const auto& h : r.headers) size += h.key.size() + (h.value ? h.value->size() : 0);
+  return size;
+}
+
+Json RecordJson(const log::ReadRecord& r, Format f) {
+  Json headers = Json::array();
+  for (const auto& h : r.record.headers) {
+    headers.push_back(Json::array({EncodeField(h.key, f), EncodeField(h.value.value_or(""), f)}));
+  }
+  return Json{{"seq_num", r.offset},
+              {"timestamp", static_cast<uint64_t>(std::max<int64_t>(r.record.timestamp, 0))},
+              {"headers", std::move(headers)},
+              {"body", EncodeField(r.record.value.value_or(""), f)}};
+}
+
+bool WantsProto(const Request& req) {
+  const std::string* a = req.Header("accept");
+  return a && a->find("application/protobuf") != std::string::npos;
+}
+
+// Parameters of a read, as sent.
+struct ReadParams {
+  log::ReadStart start;
+  bool clamp = false;
+  std::optional<uint64_t> count, bytes, until;
+  std::optional<uint64_t> wait_s;
+  Format format = Format::kRaw;
+  bool proto = false;
+};
+
+ReadParams ParseReadParams(const Request& req) {
+  ReadParams p;
+  p.start = {log::ReadStart::kOffset, 0};
+  int starts = 0;
+  if (auto v = QueryU64(req, "seq_num")) p.start = {log::ReadStart::kOffset, *v}, ++starts;
+  if (auto v = QueryU64(req, "timestamp")) p.start = {log::ReadStart::kTimestamp, *v}, ++starts;
+  if (auto v = QueryU64(req, "tail_offset")) p.start = {log::ReadStart::kTailOffset, *v}, ++starts;
+  if (starts > 1) throw BadRequest{"give at most one of seq_num, timestamp and tail_offset"};
+  if (const std::string* c = req.Query("clamp")) p.clamp = ParseBool(*c, "clamp");
+  p.count = QueryU64(req, "count");
+  p.bytes = QueryU64(req, "bytes");
+  p.until = QueryU64(req, "until");
+  p.wait_s = QueryU64(req, "wait");
+  if (p.wait_s && *p.wait_s > 60) throw BadRequest{"wait must be at most 60 seconds"};
+  p.format = ParseFormat(req);
+  p.proto = WantsProto(req);
+  return p;
+}
+
+// Drops records at or past `until`; true if any were dropped (the read is done).
+bool CutAtUntil(std::vector<log::ReadRecord>* records, const std::optional<uint64_t>& until) {
+  if (!until) return false;
+  for (size_t i = 0; i < records->size(); ++i) {
+    if ((*records)[i].record.timestamp >= static_cast<int64_t>(*until)) {
+      records->resize(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+Status DeleteBasinStreams(log::Engine* engine, const std::string& basin) {
+  for (;;) {
+    WEIR_ASSIGN_OR_RETURN(auto streams, engine->ListStreams(basin, "", "", 1000));
+    if (streams.empty()) return Status::Ok();
+    for (const auto& s : streams) {
+      Status st = engine->DeleteStream(basin, s.name);
+      if (!st.ok() && st.code() != Code::kNotFound) return st;
+    }
+  }
+}
+
+}  // namespace
+
+RestApi::RestApi(log::Engine* engine, RestOptions options) : engine_(engine), options_(std::move(options)) {}
+RestApi::~RestApi() = default;
+
+void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
+  metrics_.requests++;
+  Ctx c{std::move(ex), &metrics_, options_.default_basin, Now()};
+  try {
+    if (req.path == "/health") {
+      if (req.method != "GET") return c.Error(405, "method_not_allowed", "use GET", {{"Allow", "GET"}});
+      if (ready_ && !draining_) return c.Reply(200, Json{{"status", "ok"}});
+      return c.Reply(503, Json{{"status", draining_ ? "draining" : "starting"}});
+    }
+    if (options_.auth_token) {
+      const std::string* auth = req.Header("authorization");
+      if (!auth || *auth != "Bearer " + *options_.auth_token) {
+        return c.Error(401, "unauthorized", auth ? "the bearer token is not valid" : "a bearer token is required",
+                       {{"WWW-Authenticate", "Bearer"}});
+      }
+    }
+    if (req.path == "/metrics") {
+      if (req.method != "GET") return c.Error(405, "method_not_allowed", "use GET", {{"Allow", "GET"}});
+      return Metrics(c);
+    }
+    if (!ready_) return c.Error(503, "unavailable", "the server is still recovering", {{"Retry-After", "1"}});
+    if (draining_) return c.Error(503, "unavailable", "the server is shutting down", {{"Retry-After", "1"}});
+    if (const std::string* b = req.Header("s2-basin")) c.basin = *b;
+    Route(req, c);
+  } catch (const BadRequest& e) {
+    c.Error(400, "bad_request", e.message);
+  } catch (const Json::exception& e) {
+    c.Error(400, "bad_request", fmt::format("bad JSON field: {}", e.what()));
+  }
+}
+
+void RestApi::Route(Request& req, const Ctx& c) {
+  auto parts = SplitPath(req.path);
+  auto method_not_allowed = [&](const char* allow) {
+    c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method), {{"Allow", allow}});
+  };
+  if (parts.empty() || parts[0] != "v1") return c.Error(404, "not_found", fmt::format("no route for {}", req.path));
+  if (parts.size() >= 2 && parts[1] == "basins" && parts.size() <= 3) {
+    return Basins(req, c, parts.size() == 3 ? &parts[2] : nullptr);
+  }
+  if (parts.size() >= 2 && parts[1] == "streams") {
+    if (parts.size() <= 3) return Streams(req, c, parts.size() == 3 ? &parts[2] : nullptr);
+    if (parts.size() == 4 && parts[3] == "records") {
+      if (req.method == "POST") return Append(req, c, parts[2]);
+      if (req.method == "GET") return Read(req, c, parts[2]);
+      return method_not_allowed("GET, POST");
+    }
+    if (parts.size() == 5 && parts[3] == "records" && parts[4] == "tail") {
+      if (req.method == "GET") return Tail(c, parts[2]);
+      return method_not_allowed("GET");
+    }
+  }
+  if (parts.size() == 2 && parts[1] == "producers") {
+    if (req.method == "POST") return Producers(c);
+    return method_not_allowed("POST");
+  }
+  c.Error(404, "not_found", fmt::format("no route for {}", req.path));
+}
+
+// ---- Basins -----------------------------------------------------------------
+
+void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
+  if (!name) {
+    if (req.method == "GET") {
+      std::string prefix = req.Query("prefix") ? *req.Query("prefix") : "";
+      std::string after = req.Query("start_after") ? *req.Query("start_after") : "";
+      uint64_t limit = QueryU64(req, "limit").value_or(1000);
+      limit = std::clamp<uint64_t>(limit, 1, 1000);
+      auto r = engine_->ListBasins(prefix, after, limit + 1);
+      if (!r.ok() && r.status().code() == Code::kInvalidArgument) {
+        r = engine_->ListBasins(prefix, after, limit);  // the metastore caps at 1000
+      }
+      if (!r.ok()) return c.Fail(r.status());
+      Json list = Json::array();
+      for (size_t i = 0; i < r->size() && i < limit; ++i) list.push_back(BasinInfoJson((*r)[i]));
+      return c.Reply(200, Json{{"basins", list}, {"has_more", r->size() > limit}});
+    }
+    if (req.method == "POST") {
+      Json j = Json::parse(req.body, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
+      if (!j.contains("basin") || !j["basin"].is_string()) throw BadRequest{"CreateBasinRequest needs \"basin\""};
+      std::string basin = j["basin"].get<std::string>();
+      if (Status st = CheckBasinConfig(j.value("config", Json())); !st.ok()) return c.Fail(st);
+      if (Status st = engine_->CreateBasin(basin); !st.ok()) return c.Fail(st);
+      auto info = engine_->GetBasin(basin);
+      if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
+      return c.Reply(201, BasinInfoJson(*info));
+    }
+    return c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),
+                   {{"Allow", "GET, POST"}});
+  }
+  if (req.method == "GET") {
+    auto info = engine_->GetBasin(*name);
+    if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
+    return c.Reply(200, BasinConfigJson());
+  }
+  if (req.method == "PUT") {
+    Json j = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
+    if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
+    if (j.is_object()) {
+      if (Status st = CheckBasinConfig(j.value("config", Json())); !st.ok()) return c.Fail(st);
+    }
+    Status st = engine_->CreateBasin(*name);
+    if (!st.ok() && st.code() != Code::kAlreadyExists) return c.Fail(st);
+    auto info = engine_->GetBasin(*name);
+    if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
+    return c.Reply(st.ok() ? 201 : 200, BasinInfoJson(*info));
+  }
+  if (req.method == "PATCH") {
+    Json j = Json::parse(req.body, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
+    auto info = engine_->GetBasin(*name);
+    if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
+    if (Status st = CheckBasinConfig(j); !st.ok()) return c.Fail(st);
+    return c.Reply(200, BasinConfigJson());
+  }
+  if (req.method == "DELETE") {
+    if (*name == options_.default_basin) {
+      return c.Error(422, "invalid", fmt::format("the default basin \"{}\" cannot be deleted", *name));
+    }
+    auto info = engine_->GetBasin(*name);
+    if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
+    if (Status st = DeleteBasinStreams(engine_, *name); !st.ok()) return c.Fail(st);
+    if (Status st = engine_->DeleteBasin(*name); !st.ok()) return c.Fail(st, "basin_not_found");
+    return c.NoContent(202);
+  }
+  c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),
+          {{"Allow", "GET, PUT, PATCH, DELETE"}});
+}
+
+// ---- Streams ----------------------------------------------------------------
+
+void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
+  if (!name) {
+    if (req.method == "GET") {
+      std::string prefix = req.Query("prefix") ? *req.Query("prefix") : "";
+      std::string after = req.Query("start_after") ? *req.Query("start_after") : "";
+      uint64_t limit = std::clamp<uint64_t>(QueryU64(req, "limit").value_or(1000), 1, 1000);
+      auto r = engine_->ListStreams(c.basin, prefix, after, limit + 1);
+      if (!r.ok() && r.status().code() == Code::kInvalidArgument) r = engine_->ListStreams(c.basin, prefix, after, limit);
+      if (!r.ok()) return c.Fail(r.status(), "basin_not_found");
+      Json list = Json::array();
+      for (size_t i = 0; i < r->size() && i < limit; ++i) list.push_back(StreamInfoJson((*r)[i]));
+      return c.Reply(200, Json{{"streams", list}, {"has_more", r->size() > limit}});
+    }
+    if (req.method == "POST") {
+      Json j = Json::parse(req.body, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
+      if (!j.contains("stream") || !j["stream"].is_string()) throw BadRequest{"CreateStreamRequest needs \"stream\""};
+      metastore::StreamConfig config;
+      if (Status st = ApplyStreamConfig(j.value("config", Json()), &config); !st.ok()) return c.Fail(st);
+      auto info = engine_->CreateStream(c.basin, j["stream"].get<std::string>(), config);
+      if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
+      return c.Reply(201, StreamInfoJson(*info));
+    }
+    return c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),
+                   {{"Allow", "GET, POST"}});
+  }
+  if (req.method == "GET") {
+    auto s = engine_->GetStream(c.basin, *name);
+    if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
+    return c.Reply(200, StreamConfigJson(s->info.config));
+  }
+  if (req.method == "PUT" || req.method == "PATCH") {
+    Json j = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
+    if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
+    auto s = engine_->GetStream(c.basin, *name);
+    if (req.method == "PATCH") {
+      if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
+      metastore::StreamConfig config = s->info.config;
+      if (Status st = ApplyStreamConfig(j, &config); !st.ok()) return c.Fail(st);
+      if (Status st = engine_->ReconfigureStream(c.basin, *name, config); !st.ok()) {
+        return c.Fail(st, "stream_not_found");
+      }
+      return c.Reply(200, StreamConfigJson(config));
+    }
+    // PUT: create with this config, or replace the config of the existing stream.
+    metastore::StreamConfig config;
+    if (Status st = ApplyStreamConfig(j, &config); !st.ok()) return c.Fail(st);
+    if (!s.ok()) {
+      if (s.status().code() != Code::kNotFound) return c.Fail(s.status());
+      auto info = engine_->CreateStream(c.basin, *name, config);
+      if (info.ok()) return c.Reply(201, StreamInfoJson(*info));
+      if (info.status().code() != Code::kAlreadyExists) return c.Fail(info.status(), "basin_not_found");
+      s = engine_->GetStream(c.basin, *name);  // lost a race with another create
+      if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
+    }
+    if (Status st = engine_->ReconfigureStream(c.basin, *name, config); !st.ok()) {
+      return c.Fail(st, "stream_not_found");
+    }
+    return c.Reply(200, StreamInfoJson(s->info));
+  }
+  if (req.method == "DELETE") {
+    if (Status st = engine_->DeleteStream(c.basin, *name); !st.ok()) return c.Fail(st, "stream_not_found");
+    return c.NoContent(202);
+  }
+  c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),
+          {{"Allow", "GET, PUT, PATCH, DELETE"}});
+}
+
+// ---- Appends ----------------------------------------------------------------
+
+void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
+  const std::string* ctype = req.Header("content-type");
+  bool proto_in = ctype && ctype->find("application/protobuf") != std::string::npos;
+  AppendInput in;
+  if (proto_in) {
+    auto r = DecodeProtoAppendInput(req.body);
+    if (!r.ok()) throw BadRequest{r.status().message()};
+    in = std::move(*r);
+  } else {
+    in = ParseJsonAppend(req.body, ParseFormat(req));
+  }
+  if (in.options.fencing_token && in.options.fencing_token->size() > 36) {
+    return c.Error(422, "invalid", "fencing_token must be at most 36 bytes");
+  }
+  const std::string* pid = req.Header("weir-producer-id");
+  const std::string* pepoch = req.Header("weir-producer-epoch");
+  const std::string* pseq = req.Header("weir-producer-seq");
+  if (pid || pepoch || pseq) {
+    if (!pid || !pepoch || !pseq) {
+      throw BadRequest{"weir-producer-id, weir-producer-epoch and weir-producer-seq go together"};
+    }
+    uint64_t epoch = ParseU64(*pepoch, "weir-producer-epoch");
+    uint64_t seq = ParseU64(*pseq, "weir-producer-seq");
+    if (epoch > INT16_MAX) throw BadRequest{"weir-producer-epoch must be at most 32767"};
+    if (seq > INT32_MAX) throw BadRequest{"weir-producer-seq must be at most 2147483647"};
+    in.options.producer = log::ProducerRef{ParseU64(*pid, "weir-producer-id"), static_cast<int16_t>(epoch),
+                                           static_cast<int32_t>(seq)};
+  }
+  size_t records = in.records.size();
+  size_t bytes = 0;
+  for (const auto& r : in.records) {
+    bytes += 8 + r.body.size();
+    for (const auto& h : r.headers) bytes += h.key.size() + (h.value ? h.value->size() : 0);
+  }
+  bool proto_out = WantsProto(req);
+  RestMetrics* m = &metrics_;
+  engine_->AppendAsync(
+      c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes, m](log::AppendOutcome o) {
+        if (!o.status.ok()) {
+          if (o.seq_num_mismatch) return c.Reply(412, Json{{"seq_num_mismatch", *o.seq_num_mismatch}});
+          if (o.fencing_token_mismatch) return c.Reply(412, Json{{"fencing_token_mismatch", *o.fencing_token_mismatch}});
+          if (o.status.code() == Code::kOutOfRange) return c.Error(409, "out_of_order_sequence", o.status.message());
+          if (o.status.code() == Code::kFenced) return c.Error(409, "invalid_producer_epoch", o.status.message());
+          return c.Fail(o.status, "stream_not_found");
+        }
+        const auto& a = o.ack;
+        m->appends++;
+        m->append_records += records;
+        m->append_bytes += bytes;
+        if (a.duplicated) m->append_duplicates++;
+        m->append_latency_ns.Record(static_cast<uint64_t>(std::chrono::nanoseconds(Now() - c.started).count()));
+        if (proto_out) {
+          return c.Send(Response{200, "application/protobuf",
+                                 EncodeProtoAppendAck({a.start_offset, static_cast<uint64_t>(a.first_timestamp_ms)},
+                                                      {a.end_offset, static_cast<uint64_t>(a.last_timestamp_ms)},
+                                                      {a.tail, static_cast<uint64_t>(a.last_timestamp_ms)}),
+                                 {}});
+        }
+        c.Reply(200, Json{{"start", Position(a.start_offset, a.first_timestamp_ms)},
+                          {"end", Position(a.end_offset, a.last_timestamp_ms)},
+                          {"tail", Position(a.tail, a.last_timestamp_ms)},
+                          {"duplicated", a.duplicated}});
+      });
+}
+
+// ---- Reads ------------------------------------------------------------------
+
+// A read that may wait: a long poll (one response) or an SSE session (many
+// events). Steps run on worker threads; between steps it waits on a tail
+// watch and a timer tick, whichever comes first. Owned by the callbacks that
+// hold it.
+class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSession> {
+ public:
+  ReadSession(RestApi* api, Ctx c, std::string stream, ReadParams p, bool sse)
+      : api_(api), c_(std::move(c)), stream_(std::move(stream)), p_(std::move(p)), sse_(sse) {}
+
+  // Resume point of an SSE session: "SEQ,COUNT,BYTES".
+  void Resume(const std::string& last_event_id) {
+    std::vector<uint64_t> v;
+    std::string_view s = last_event_id;
+    while (true) {
+      auto comma = s.find(',');
+      v.push_back(ParseU64(s.substr(0, comma), "Last-Event-ID"));
+      if (comma == std::string_view::npos) break;
+      s.remove_prefix(comma + 1);
+    }
+    if (v.size() != 3) throw BadRequest{"Last-Event-ID must be SEQ,COUNT,BYTES"};
+    p_.start = {log::ReadStart::kOffset, v[0]};
+    p_.clamp = true;
+    sent_records_ = v[1];
+    sent_bytes_ = v[2];
+  }
+
+  void Start() {
+    if (p_.wait_s) wait_ = std::chrono::seconds(*p_.wait_s);
+    last_record_ = Now();
+    if (sse_) api_->metrics_.read_sessions++;
+    Step();
+  }
+
+  ~ReadSession() {
+    if (sse_) api_->metrics_.read_sessions--;
+  }
+
+ private:
+  // One read; then answer, send an event, or wait.
+  void Step() {
+    if (sse_ && (c_.ex->closed() || api_->draining_)) return Finish(api_->draining_ ? "the server is shutting down" : "");
+    size_t max_records = 1000, max_bytes = 1 << 20;
+    if (p_.count) {
+      if (*p_.count <= sent_records_) return Done();
+      max_records = std::min<uint64_t>(max_records, *p_.count - sent_records_);
+    }
+    if (p_.bytes) {
+      if (*p_.bytes <= sent_bytes_) return Done();
+      max_bytes = std::min<uint64_t>(max_bytes, *p_.bytes - sent_bytes_);
+    }
+    auto r = api_->engine_->Read(c_.basin, stream_, p_.start, max_records, max_bytes);
+    if (!r.ok() && r.status().code() == Code::kOutOfRange && (p_.clamp || started_)) {
+      auto tail = api_->engine_->CheckTail(c_.basin, stream_);
+      if (tail.ok()) {
+        p_.start = {log::ReadStart::kOffset, *tail};
+        r = api_->engine_->Read(c_.basin, stream_, p_.start, max_records, max_bytes);
+      }
+    }
+    if (!r.ok()) {
+      if (r.status().code() == Code::kOutOfRange && !started_) {
+        auto s = api_->engine_->GetStream(c_.basin, stream_);
+        Json tail = s.ok() ? Position(s->tail, s->tail_timestamp_ms) : Json();
+        return c_.Reply(416, Json{{"code", "range_not_satisfiable"}, {"message", r.status().message()}, {"tail", tail}});
+      }
+      if (!started_) return c_.Fail(r.status(), "stream_not_found");
+      return Finish(r.status().ToString());
+    }
+    bool done = CutAtUntil(&r->records, p_.until);
+    size_t bytes = 0;
+    for (const auto& rec : r->records) bytes += MeteredBytes(rec.record);
+    if (!r->records.empty()) {
+      p_.start = {log::ReadStart::kOffset, r->records.back().offset + 1};
+      sent_records_ += r->records.size();
+      sent_bytes_ += bytes;
+      last_record_ = Now();
+      api_->metrics_.read_records += r->records.size();
+      api_->metrics_.read_bytes += bytes;
+    }
+    bool caught_up = r->records.empty() || r->records.back().offset + 1 >= r->tail;
+    if (!sse_) {
+      bool expired = !p_.wait_s || *p_.wait_s == 0 || Now() >= deadline();
+      if (!r->records.empty() || done || expired || api_->draining_) return Answer(*r, caught_up);
+      return Wait(r->tail);
+    }
+    if (!started_) Begin();
+    if (!r->records.empty()) {
+      auto self = shared_from_this();
+      std::string event = fmt::format("event: batch\nid: {},{},{}\ndata: {}\n\n", p_.start.value, sent_records_,
+                                      sent_bytes_, BatchJson(*r, caught_up).dump(-1, ' ', false,
+                                                                               Json::error_handler_t::replace));
+      c_.ex->Write(std::move(event), [self, done](bool ok) {
+        if (!ok) return self->Finish("");
+        if (done) return self->Done();
+        self->Step();
+      });
+      return;
+    }
+    if (done) return Done();
+    if (wait_ && Now() - last_record_ >= *wait_) return Done();
+    Wait(r->tail);
+  }
+
+  TimePoint deadline() const { return start_ + std::chrono::seconds(p_.wait_s.value_or(0)); }
+
+  Json BatchJson(const log::ReadResult& r, bool caught_up) const {
+    Json records = Json::array();
+    for (const auto& rec : r.records) records.push_back(RecordJson(rec, p_.format));
+    Json batch{{"records", std::move(records)}};
+    if (caught_up) batch["tail"] = Position(r.tail, r.tail_timestamp_ms);
+    return batch;
+  }
+
+  void Answer(const log::ReadResult& r, bool caught_up) {
+    api_->metrics_.reads++;
+    if (p_.proto) {
+      std::optional<StreamPosition> tail;
+      if (caught_up) tail = StreamPosition{r.tail, static_cast<uint64_t>(std::max<int64_t>(r.tail_timestamp_ms, 0))};
+      return c_.Send(Response{200, "application/protobuf", EncodeProtoReadBatch(r.records, tail), {}});
+    }
+    c_.Reply(200, BatchJson(r, caught_up));
+  }
+
+  void Begin() {
+    started_ = true;
+    api_->metrics_.reads++;
+    c_.ex->BeginStream(200, "text/event-stream", {});
+  }
+
+  // Waits for the tail to pass `tail`, the next timer tick, or the deadline.
+  void Wait(uint64_t tail) {
+    auto self = shared_from_this();
+    {
+      std::lock_guard lk(mu_);
+      waiting_ = true;
+    }
+    auto id = api_->engine_->WatchTail(c_.basin, stream_, tail, [self] {
+      if (self->TakeWait()) self->c_.ex->Post([self] { self->Step(); });
+    });
+    if (!id.ok()) {
+      TakeWait();
+      if (!started_) return c_.Fail(id.status(), "stream_not_found");
+      return Finish(id.status().ToString());
+    }
+    if (*id == 0) {  // the tail moved already
+      TakeWait();
+      return c_.ex->Post([self] { self->Step(); });
+    }
+    {
+      std::lock_guard lk(mu_);
+      watch_id_ = *id;
+    }
+    Tick();
+  }
+
+  // Once a second: a ping when due, the deadline, the client, draining.
+  void Tick() {
+    auto self = shared_from_this();
+    c_.ex->After(std::chrono::seconds(1), [self] {
+      {
+        std::lock_guard lk(self->mu_);
+        if (!self->waiting_) return;
+      }
+      auto now = Now();
+      bool stop = self->api_->draining_ || self->c_.ex->closed() || (!self->sse_ && now >= self->deadline()) ||
+                  (self->sse_ && self->wait_ && now - self->last_record_ >= *self->wait_);
+      if (stop) {
+        if (!self->TakeWait()) return;
+        self->api_->engine_->UnwatchTail(self->c_.basin, self->stream_, self->watch_id_);
+        return self->Step();
+      }
+      if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
+        self->last_ping_ = now;
+        self->c_.ex->Write(fmt::format("event: ping\ndata: {{\"timestamp\":{}}}\n\n", WallMillis()), nullptr);
+      }
+      self->Tick();
+    });
+  }
+
+  bool TakeWait() {
+    std::lock_guard lk(mu_);
+    bool was = waiting_;
+    waiting_ = false;
+    return was;
+  }
+
+  // The session reached its count, bytes or until limit (or its wait bound).
+  void Done() {
+    if (!sse_) return;
+    c_.ex->Write("event: done\ndata: [DONE]\n\n", nullptr);
+    c_.ex->End();
+  }
+
+  void Finish(const std::string& error) {
+    if (!error.empty()) c_.ex->Write(fmt::format("event: error\ndata: {}\n\n", error), nullptr);
+    c_.ex->End();
+  }
+
+  RestApi* api_;
+  Ctx c_;
+  std::string stream_;
+  ReadParams p_;
+  bool sse_;
+  bool started_ = false;  // SSE headers sent (steps run one at a time)
+  TimePoint start_ = Now();
+  TimePoint last_record_;
+  TimePoint last_ping_ = Now();
+  std::optional<Duration> wait_;
+  uint64_t sent_records_ = 0, sent_bytes_ = 0;
+  std::mutex mu_;
+  bool waiting_ = false;
+  uint64_t watch_id_ = 0;
+};
+
+void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
+  ReadParams p = ParseReadParams(req);
+  const std::string* accept = req.Header("accept");
+  bool sse = accept && accept->find("text/event-stream") != std::string::npos;
+  if (!sse) {
+    // Non-streaming reads are bounded: 1000 records, 1 MiB at most.
+    p.count = std::min<uint64_t>(p.count.value_or(1000), 1000);
+    p.bytes = std::min<uint64_t>(p.bytes.value_or(1 << 20), 1 << 20);
+    if (*p.count == 0) p.count = 1000;
+    if (*p.bytes == 0) p.bytes = 1 << 20;
+  } else {
+    if (p.count == uint64_t{0}) p.count.reset();
+    if (p.bytes == uint64_t{0}) p.bytes.reset();
+  }
+  auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), sse);
+  if (const std::string* id = req.Header("last-event-id"); sse && id) session->Resume(*id);
+  session->Start();
+}
+
+void RestApi::Tail(const Ctx& c, const std::string& stream) {
+  auto s = engine_->GetStream(c.basin, stream);
+  if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
+  c.Reply(200, Json{{"tail", Position(s->tail, s->tail_timestamp_ms)}});
+}
+
+void RestApi::Producers(const Ctx& c) {
+  auto id = engine_->AllocateProducerId();
+  if (!id.ok()) return c.Fail(id.status());
+  c.Reply(201, Json{{"id", *id}, {"epoch", 0}});
+}
+
+// ---- Metrics ----------------------------------------------------------------
+
+void PromCounter(std::string* out, std::string_view name, std::string_view help, double value) {
+  *out += fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, value);
+}
+
+void PromGauge(std::string* out, std::string_view name, std::string_view help, double value) {
+  *out += fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n{0} {2}\n", name, help, value);
+}
+
+void PromHistogramSeconds(std::string* out, std::string_view name, std::string_view help, const Histogram& h) {
+  *out += fmt::format("# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
+  // Fixed exported buckets, in seconds; counts come from the fine-grained histogram.
+  static constexpr double kBounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                       0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+  uint64_t total = 0;
+  for (double b : kBounds) {
+    total = h.CountAtOrBelow(static_cast<uint64_t>(b * 1e9));
+    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, b, total);
+  }
+  total = h.count();
+  *out += fmt::format("{0}_bucket{{le=\"+Inf\"}} {1}\n{0}_sum {2}\n{0}_count {1}\n", name, total,
+                      static_cast<double>(h.sum()) / 1e9);
+}
+
+void RestApi::Metrics(const Ctx& c) {
+  std::string out;
+  const auto& m = metrics_;
+  PromCounter(&out, "weir_http_requests_total", "HTTP requests received", m.requests.load());
+  out += "# HELP weir_http_responses_total HTTP responses by status class\n# TYPE weir_http_responses_total counter\n";
+  out += fmt::format("weir_http_responses_total{{class=\"2xx\"}} {}\n", m.responses_2xx.load());
+  out += fmt::format("weir_http_responses_total{{class=\"4xx\"}} {}\n", m.responses_4xx.load());
+  out += fmt::format("weir_http_responses_total{{class=\"5xx\"}} {}\n", m.responses_5xx.load());
+  PromCounter(&out, "weir_appends_total", "Acknowledged append requests", m.appends.load());
+  PromCounter(&out, "weir_append_records_total", "Records in acknowledged appends", m.append_records.load());
+  PromCounter(&out, "weir_append_bytes_total", "Metered bytes in acknowledged appends", m.append_bytes.load());
+  PromCounter(&out, "weir_append_duplicates_total", "Producer retries answered with the original ack",
+              m.append_duplicates.load());
+  PromCounter(&out, "weir_backpressure_total", "Requests refused with 429", m.backpressure.load());
+  PromCounter(&out, "weir_reads_total", "Read requests and sessions", m.reads.load());
+  PromCounter(&out, "weir_read_records_total", "Records returned by reads", m.read_records.load());
+  PromCounter(&out, "weir_read_bytes_total", "Metered bytes returned by reads", m.read_bytes.load());
+  PromGauge(&out, "weir_read_sessions", "Open SSE read sessions", static_cast<double>(m.read_sessions.load()));
+  PromHistogramSeconds(&out, "weir_append_ack_seconds", "HTTP append latency, request to acknowledgement",
+                       m.append_latency_ns);
+  if (ready_ && render_metrics_) out += render_metrics_();
+  c.Send(Response{200, "text/plain; version=0.0.4", std::move(out), {}});
+}
+
+}  // namespace weir::http

@@ -1,0 +1,89 @@
+// The S2 v1 REST API over the stream engine (docs/http-api.md), plus weir's
+// extensions: idempotent producers, /health, /metrics and bearer-token auth.
+//
+// Ownership and threads: the server front-end owns one RestApi and hands it
+// to the HttpServer as its Handler; Handle runs on HTTP worker threads and
+// may block briefly on the metastore or the object store. Appends never wait
+// for durability on a worker thread: the response is sent from the engine's
+// completion callback. Long polls and read sessions wait on tail watches and
+// timers, not threads.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "base/histogram.h"
+#include "http/server.h"
+#include "log/engine.h"
+
+namespace weir::http {
+
+struct RestOptions {
+  std::string default_basin = "weir-default";
+  std::optional<std::string> auth_token;  // set: every request but /health needs it
+  Duration ping_interval = std::chrono::seconds(5);  // read sessions: idle keep-alive
+  size_t max_append_records = 1000;
+  size_t max_append_bytes = 1 << 20;
+};
+
+// Counters for /metrics; read from any thread.
+struct RestMetrics {
+  std::atomic<uint64_t> requests{0}, responses_2xx{0}, responses_4xx{0}, responses_5xx{0};
+  std::atomic<uint64_t> appends{0}, append_records{0}, append_bytes{0}, append_duplicates{0};
+  std::atomic<uint64_t> backpressure{0};  // 429s
+  std::atomic<uint64_t> reads{0}, read_records{0}, read_bytes{0};
+  std::atomic<int64_t> read_sessions{0};
+  Histogram append_latency_ns;  // request parsed to ack sent
+};
+
+class RestApi : public Handler {
+ public:
+  RestApi(log::Engine* engine, RestOptions options);
+  ~RestApi() override;
+
+  void Handle(Request req, std::shared_ptr<Exchange> ex) override;
+
+  // Attaches the engine (once recovered); call before SetReady.
+  void SetEngine(log::Engine* engine) { engine_ = engine; }
+  // /health answers 200 only between SetReady and SetDraining; the API
+  // answers 503 before SetReady.
+  void SetReady() { ready_ = true; }
+  // Long polls answer now; read sessions end; new requests get 503.
+  void SetDraining() { draining_ = true; }
+  bool draining() const { return draining_; }
+  // Renders the process-wide part of /metrics (WAL, metastore, engine); call before SetReady.
+  void SetMetricsRenderer(std::function<std::string()> render) { render_metrics_ = std::move(render); }
+
+  RestMetrics& metrics() { return metrics_; }
+
+  struct Ctx;
+  class ReadSession;
+
+ private:
+  void Route(Request& req, const Ctx& c);
+  void Basins(Request& req, const Ctx& c, const std::string* name);
+  void Streams(Request& req, const Ctx& c, const std::string* name);
+  void Append(Request& req, const Ctx& c, const std::string& stream);
+  void Read(Request& req, const Ctx& c, const std::string& stream);
+  void Tail(const Ctx& c, const std::string& stream);
+  void Producers(const Ctx& c);
+  void Metrics(const Ctx& c);
+
+  log::Engine* engine_;
+  RestOptions options_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  std::function<std::string()> render_metrics_;
+  RestMetrics metrics_;
+};
+
+// Prometheus text helpers shared with the server's metrics renderer.
+void PromCounter(std::string* out, std::string_view name, std::string_view help, double value);
+void PromGauge(std::string* out, std::string_view name, std::string_view help, double value);
+// A histogram of nanoseconds exported in seconds, with cumulative buckets.
+void PromHistogramSeconds(std::string* out, std::string_view name, std::string_view help, const Histogram& h);
+
+}  // namespace weir::http

@@ -1,0 +1,437 @@
+// The only translation unit that includes Boost.Beast / Asio.
+#include "http/server.h"
+
+#include <cctype>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "base/log.h"
+
+namespace weir::http {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = net::ip::tcp;
+
+const std::string* Request::Header(std::string_view lower_name) const {
+  for (const auto& [k, v] : headers) {
+    if (k == lower_name) return &v;
+  }
+  return nullptr;
+}
+
+const std::string* Request::Query(std::string_view name) const {
+  for (const auto& [k, v] : query) {
+    if (k == name) return &v;
+  }
+  return nullptr;
+}
+
+Result<std::string> PercentDecode(std::string_view s, bool plus) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '%') {
+      auto hex = [](char h) -> int {
+        if (h >= '0' && h <= '9') return h - '0';
+        if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+        if (h >= 'A' && h <= 'F') return h - 'A' + 10;
+        return -1;
+      };
+      if (i + 2 >= s.size()) return InvalidArgument("bad percent escape in URL");
+      int hi = hex(s[i + 1]), lo = hex(s[i + 2]);
+      if (hi < 0 || lo < 0) return InvalidArgument("bad percent escape in URL");
+      out.push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else if (c == '+' && plus) {
+      out.push_back(' ');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+std::string StatusLine(int status) {
+  auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(status));
+  return fmt::format("HTTP/1.1 {} {}\r\n", status, std::string_view(reason.data(), reason.size()));
+}
+
+class Conn;
+
+}  // namespace
+
+class HttpServer::Impl {
+ public:
+  Impl(const ServerOptions& o, Handler* h)
+      : options(o), handler(h), acceptor(ioc), workers(static_cast<size_t>(std::max(1, o.worker_threads))) {}
+
+  Status Listen() {
+    beast::error_code ec;
+    auto addr = net::ip::make_address(options.host, ec);
+    if (ec) return InvalidArgument("bad listen address \"{}\": {}", options.host, ec.message());
+    tcp::endpoint ep(addr, options.port);
+    acceptor.open(ep.protocol(), ec);
+    if (!ec) acceptor.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor.bind(ep, ec);
+    if (!ec) acceptor.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) return Unavailable("cannot listen on {}:{}: {}", options.host, options.port, ec.message());
+    bound = acceptor.local_endpoint(ec);
+    return Status::Ok();
+  }
+
+  void Accept();
+  void Run() {
+    for (int i = 0; i < std::max(1, options.io_threads); ++i) {
+      threads.emplace_back([this] { ioc.run(); });
+    }
+  }
+
+  ServerOptions options;
+  Handler* handler;
+  net::io_context ioc;
+  net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
+  tcp::acceptor acceptor;
+  tcp::endpoint bound;
+  net::thread_pool workers;
+  std::vector<std::thread> threads;
+  std::atomic<int64_t> in_flight{0};
+  std::mutex conns_mu;
+  std::vector<std::weak_ptr<Conn>> conns;
+  std::atomic<bool> stopped{false};
+};
+
+namespace {
+
+// One TCP connection. Lives while an async operation or an Exchange holds it;
+// all its state is touched on its strand only.
+class Conn : public std::enable_shared_from_this<Conn> {
+ public:
+  Conn(tcp::socket socket, HttpServer::Impl* srv) : stream_(std::move(socket)), srv_(srv) {}
+
+  void Start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); }); }
+  void Close() {
+    net::post(stream_.get_executor(), [self = shared_from_this()] { self->Shutdown(); });
+  }
+  bool closed() const { return closed_.load(); }
+  auto executor() { return stream_.get_executor(); }
+
+  // Strand only: queue bytes for the socket; `then` runs after they are written.
+  void Send(std::string bytes, std::function<void(bool)> then, bool response_done, bool keep_alive) {
+    if (closed_) {
+      if (then) then(false);
+      return;
+    }
+    out_.push_back(Out{std::move(bytes), std::move(then), response_done, keep_alive});
+    if (!writing_) WriteNext();
+  }
+
+ private:
+  struct Out {
+    std::string bytes;
+    std::function<void(bool)> then;
+    bool response_done;
+    bool keep_alive;
+  };
+
+  void ReadHeader() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->header_limit(64 * 1024);
+    parser_->body_limit(srv_->options.max_request_bytes);
+    stream_.expires_after(srv_->options.idle_timeout);
+    bhttp::async_read_header(stream_, buf_, *parser_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    if (ec) return Fail(ec);
+    auto& req = parser_->get();
+    auto len = parser_->content_length();
+    if (len && *len > srv_->options.max_request_bytes) {
+      return Reject(413, "request_too_large",
+                    fmt::format("request body of {} bytes is over the limit of {} bytes", *len,
+                                srv_->options.max_request_bytes));
+    }
+    if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
+      Send("HTTP/1.1 100 Continue\r\n\r\n", nullptr, false, true);
+    }
+    stream_.expires_after(std::chrono::seconds(60));
+    bhttp::async_read(stream_, buf_, *parser_,
+                      [self = shared_from_this()](beast::error_code e, size_t) { self->OnBody(e); });
+  }
+
+  void OnBody(beast::error_code ec) {
+    if (ec == bhttp::error::body_limit) {
+      return Reject(413, "request_too_large",
+                    fmt::format("request body is over the limit of {} bytes", srv_->options.max_request_bytes));
+    }
+    if (ec) return Fail(ec);
+    stream_.expires_never();
+    auto msg = parser_->release();
+    parser_.reset();
+    keep_alive_ = msg.keep_alive();
+    Request req;
+    req.method = std::string(msg.method_string());
+    std::string_view target(msg.target().data(), msg.target().size());
+    auto q = target.find('?');
+    req.path = std::string(target.substr(0, q));
+    if (q != std::string_view::npos) {
+      std::string_view rest = target.substr(q + 1);
+      while (!rest.empty()) {
+        auto amp = rest.find('&');
+        auto part = rest.substr(0, amp);
+        rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+        if (part.empty()) continue;
+        auto eq = part.find('=');
+        auto k = PercentDecode(part.substr(0, eq), true);
+        auto v = PercentDecode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1), true);
+        if (!k.ok() || !v.ok()) return Reject(400, "bad_request", "bad percent escape in the query string");
+        req.query.emplace_back(std::move(*k), std::move(*v));
+      }
+    }
+    for (const auto& f : msg) {
+      std::string name(f.name_string());
+      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      req.headers.emplace_back(std::move(name), std::string(f.value()));
+    }
+    req.body = std::move(msg.body());
+    Dispatch(std::move(req));
+  }
+
+  void Dispatch(Request req);
+
+  // Answers an unreadable request and closes the connection after.
+  void Reject(int status, std::string_view code, std::string_view message) {
+    std::string body = fmt::format(R"({{"code":"{}","message":"{}"}})", code, message);
+    std::string bytes = StatusLine(status) +
+                        fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                    body.size()) +
+                        body;
+    Send(std::move(bytes), nullptr, true, false);
+  }
+
+  void WriteNext() {
+    if (out_.empty() || closed_) return;
+    writing_ = true;
+    stream_.expires_after(std::chrono::seconds(60));
+    net::async_write(stream_, net::buffer(out_.front().bytes),
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); });
+  }
+
+  void OnWritten(beast::error_code ec) {
+    writing_ = false;
+    Out done = std::move(out_.front());
+    out_.pop_front();
+    if (ec) {
+      if (done.then) done.then(false);
+      return Fail(ec);
+    }
+    if (done.then) done.then(true);
+    if (done.response_done) {
+      if (!done.keep_alive || srv_->stopped) return Shutdown();
+      ReadHeader();
+    }
+    WriteNext();
+  }
+
+  void Fail(beast::error_code ec) {
+    if (ec != bhttp::error::end_of_stream && ec != net::error::eof && ec != net::error::operation_aborted &&
+        ec != beast::error::timeout && ec != net::error::connection_reset) {
+      Log().debug("http connection: {}", ec.message());
+    }
+    Shutdown();
+  }
+
+  void Shutdown() {
+    if (closed_.exchange(true)) return;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+    for (auto& o : out_) {
+      if (o.then) o.then(false);
+    }
+    out_.clear();
+  }
+
+  beast::tcp_stream stream_;
+  HttpServer::Impl* srv_;
+  beast::flat_buffer buf_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::deque<Out> out_;
+  bool writing_ = false;
+  bool keep_alive_ = true;
+  std::atomic<bool> closed_{false};
+
+  friend class ExchangeImpl;
+};
+
+// The Exchange of one request. Calls from any thread hop onto the
+// connection's strand; completion callbacks hop onto the worker pool.
+class ExchangeImpl : public Exchange {
+ public:
+  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive)
+      : conn_(std::move(conn)), srv_(srv), keep_alive_(keep_alive) {
+    srv_->in_flight++;
+  }
+  ~ExchangeImpl() override {
+    if (!answered_.exchange(true)) {
+      Log().error("http: a request was dropped without a response");
+      Emit(StatusLine(500) + "Content-Type: application/json\r\nContent-Length: 55\r\nConnection: close\r\n\r\n" +
+               R"({"code":"internal","message":"no response was produced"})",
+           nullptr, true, false);
+    }
+    if (!finished_) srv_->in_flight--;
+  }
+
+  void Respond(Response r) override {
+    if (answered_.exchange(true)) return;
+    bool keep = keep_alive_ && !srv_->stopped;
+    std::string head = StatusLine(r.status);
+    head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
+    for (const auto& [k, v] : r.headers) head += fmt::format("{}: {}\r\n", k, v);
+    if (!keep) head += "Connection: close\r\n";
+    head += "\r\n";
+    head += r.body;
+    Finish();
+    Emit(std::move(head), nullptr, true, keep);
+  }
+
+  void BeginStream(int status, std::string content_type, HeaderList headers) override {
+    if (answered_.exchange(true)) return;
+    std::string head = StatusLine(status);
+    head += fmt::format("Content-Type: {}\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n", content_type);
+    for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
+    head += "\r\n";
+    streaming_ = true;
+    Emit(std::move(head), nullptr, false, true);
+  }
+
+  void Write(std::string chunk, std::function<void(bool)> written) override {
+    if (chunk.empty()) {  // an empty chunk would end the body
+      if (written) Post([written] { written(true); });
+      return;
+    }
+    std::string bytes = fmt::format("{:x}\r\n", chunk.size());
+    bytes += chunk;
+    bytes += "\r\n";
+    auto* pool = &srv_->workers;
+    std::function<void(bool)> then;
+    if (written) then = [pool, written](bool ok) { net::post(*pool, [written, ok] { written(ok); }); };
+    Emit(std::move(bytes), std::move(then), false, true);
+  }
+
+  void End() override {
+    if (!streaming_ || finished_) return;
+    Finish();
+    bool keep = keep_alive_ && !srv_->stopped;
+    Emit("0\r\n\r\n", nullptr, true, keep);
+  }
+
+  void After(Duration delay, std::function<void()> fn) override {
+    auto timer = std::make_shared<net::steady_timer>(srv_->ioc, delay);
+    auto* pool = &srv_->workers;
+    timer->async_wait([timer, pool, fn = std::move(fn)](beast::error_code) { net::post(*pool, fn); });
+  }
+
+  void Post(std::function<void()> fn) override { net::post(srv_->workers, std::move(fn)); }
+
+  bool closed() const override { return conn_->closed(); }
+
+ private:
+  void Finish() {
+    if (!finished_.exchange(true)) srv_->in_flight--;
+  }
+  void Emit(std::string bytes, std::function<void(bool)> then, bool done, bool keep) {
+    net::dispatch(conn_->executor(), [c = conn_, b = std::move(bytes), t = std::move(then), done, keep]() mutable {
+      c->Send(std::move(b), std::move(t), done, keep);
+    });
+  }
+
+  std::shared_ptr<Conn> conn_;
+  HttpServer::Impl* srv_;
+  bool keep_alive_;
+  std::atomic<bool> answered_{false};
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> streaming_{false};
+};
+
+void Conn::Dispatch(Request req) {
+  auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_);
+  net::post(srv_->workers, [h = srv_->handler, r = std::move(req), ex]() mutable { h->Handle(std::move(r), ex); });
+}
+
+}  // namespace
+
+void HttpServer::Impl::Accept() {
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+      Log().warn("http accept: {}", ec.message());
+    } else {
+      beast::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      auto conn = std::make_shared<Conn>(std::move(socket), this);
+      {
+        std::lock_guard lk(conns_mu);
+        std::erase_if(conns, [](const std::weak_ptr<Conn>& w) { return w.expired(); });
+        conns.push_back(conn);
+      }
+      conn->Start();
+    }
+    Accept();
+  });
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options, Handler* handler) {
+  auto impl = std::make_unique<Impl>(options, handler);
+  WEIR_RETURN_IF_ERROR(impl->Listen());
+  impl->Accept();
+  impl->Run();
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+std::string HttpServer::address() const {
+  return fmt::format("{}:{}", impl_->bound.address().to_string(), impl_->bound.port());
+}
+
+int64_t HttpServer::in_flight() const { return impl_->in_flight.load(); }
+
+void HttpServer::StopAccepting() {
+  net::post(impl_->ioc, [i = impl_.get()] {
+    beast::error_code ec;
+    i->acceptor.close(ec);
+  });
+}
+
+void HttpServer::Stop() {
+  if (impl_->stopped.exchange(true)) return;
+  StopAccepting();
+  {
+    std::lock_guard lk(impl_->conns_mu);
+    for (auto& w : impl_->conns) {
+      if (auto c = w.lock()) c->Close();
+    }
+  }
+  impl_->workers.join();
+  impl_->guard.reset();
+  impl_->ioc.stop();
+  for (auto& t : impl_->threads) t.join();
+  impl_->threads.clear();
+}
+
+}  // namespace weir::http

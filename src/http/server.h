@@ -1,0 +1,113 @@
+// A small HTTP/1.1 server on Boost.Beast. Beast stays inside server.cc; the
+// rest of weir sees plain Request/Response values and an Exchange to answer on.
+//
+// Ownership and threads: the process's server front-end owns one HttpServer.
+// Network I/O runs on `io_threads`; every request is handed to the Handler on
+// one of `worker_threads`, so handlers may block briefly (metastore, object
+// store reads). Requests on one connection are served one at a time, in order.
+//
+// Guarantees: a request body over max_request_bytes gets 413 and the
+// connection is closed without reading the rest; a malformed request gets 400
+// and the connection is closed; every request gets exactly one response (an
+// Exchange dropped without one answers 500).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+
+namespace weir::http {
+
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+struct Request {
+  std::string method;  // upper case, as sent
+  std::string path;    // as sent (still percent-encoded), without the query
+  HeaderList query;    // percent-decoded name/value pairs, in order
+  HeaderList headers;  // names lower-cased
+  std::string body;
+
+  // First value, or nullptr.
+  const std::string* Header(std::string_view lower_name) const;
+  const std::string* Query(std::string_view name) const;
+};
+
+struct Response {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  HeaderList headers;
+};
+
+// One request's way back to its client. Thread-safe; any thread may call it.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  // A whole response; call once (or use the streaming calls instead).
+  virtual void Respond(Response r) = 0;
+  // A chunked streaming response: BeginStream once, Write any number of
+  // times, then End. `written(ok)` runs on a worker thread once the chunk is
+  // on the wire (ok) or the connection has failed (not ok).
+  virtual void BeginStream(int status, std::string content_type, HeaderList headers) = 0;
+  virtual void Write(std::string chunk, std::function<void(bool ok)> written) = 0;
+  virtual void End() = 0;
+  // Runs `fn` on a worker thread after `delay` (whether or not the client is still there).
+  virtual void After(Duration delay, std::function<void()> fn) = 0;
+  // Runs `fn` on a worker thread soon.
+  virtual void Post(std::function<void()> fn) = 0;
+  // The connection is gone: further writes are dropped.
+  virtual bool closed() const = 0;
+};
+
+class Handler {
+ public:
+  virtual ~Handler() = default;
+  // Called on a worker thread. Must eventually answer on `ex`.
+  virtual void Handle(Request req, std::shared_ptr<Exchange> ex) = 0;
+};
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;  // 0 = the OS picks
+  size_t max_request_bytes = 8u << 20;
+  int io_threads = 2;
+  int worker_threads = 8;
+  Duration idle_timeout = std::chrono::seconds(120);  // keep-alive connections with no request
+};
+
+class HttpServer {
+ public:
+  static Result<std::unique_ptr<HttpServer>> Start(const ServerOptions& options, Handler* handler);
+  ~HttpServer();  // Stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // "host:port" actually bound.
+  std::string address() const;
+  // Requests handed to the handler and not yet answered (streams count until End).
+  int64_t in_flight() const;
+  // Closes the listening socket; connections already open keep being served.
+  void StopAccepting();
+  // Closes every connection and joins all threads.
+  void Stop();
+
+  class Impl;
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Percent-decoding of a URL component ("%2F" → "/", and '+' → ' ' if `plus`);
+// kInvalidArgument on a bad escape.
+Result<std::string> PercentDecode(std::string_view s, bool plus);
+
+}  // namespace weir::http

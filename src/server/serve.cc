@@ -1,0 +1,219 @@
+#include "server/serve.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "base/log.h"
+#include "http/rest.h"
+#include "http/server.h"
+#include "log/engine.h"
+#include "metastore/metastore.h"
+#include "objstore/fault_store.h"
+#include "objstore/object_store.h"
+
+namespace weir::server {
+namespace {
+
+// An exclusive advisory lock on DATA_DIR/LOCK, held for the process's life.
+class DataDirLock {
+ public:
+  ~DataDirLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Status Acquire(const std::string& dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return IOError("cannot create data dir {}: {}", dir, ec.message());
+    std::string path = dir + "/LOCK";
+    fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return IOError("cannot open {}: {}", path, strerror(errno));
+    if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) {
+        return PreconditionFailed("another weir server is using data dir {} (it holds {})", dir, path);
+      }
+      return IOError("cannot lock {}: {}", path, strerror(errno));
+    }
+    std::string pid = std::to_string(getpid()) + "\n";
+    if (ftruncate(fd_, 0) != 0 || pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+      Log().warn("cannot record the pid in {}", path);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& addr) {
+  auto colon = addr.rfind(':');
+  if (colon == std::string::npos) return InvalidArgument("--http-addr must be HOST:PORT, got \"{}\"", addr);
+  std::string host = addr.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) host = "0.0.0.0";
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(addr.substr(colon + 1), &used);
+    if (used != addr.size() - colon - 1) port = -1;
+  } catch (...) {
+    port = -1;
+  }
+  if (port < 0 || port > 65535) return InvalidArgument("--http-addr has a bad port: \"{}\"", addr);
+  return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+Result<std::optional<std::string>> ReadToken(const std::string& file) {
+  if (file.empty()) return std::optional<std::string>();
+  std::ifstream in(file);
+  if (!in) return IOError("cannot read --auth-token-file {}", file);
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  while (!token.empty() && isspace(static_cast<unsigned char>(token.front()))) token.erase(token.begin());
+  if (token.empty()) return InvalidArgument("--auth-token-file {} is empty", file);
+  return std::optional<std::string>(token);
+}
+
+Result<std::shared_ptr<objstore::ObjectStore>> OpenStore(const ServeOptions& o) {
+  std::string uri = o.object_store.empty() ? "file://" + std::filesystem::absolute(o.data_dir).string() + "/objects"
+                                           : o.object_store;
+  WEIR_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri));
+  bool faults = !o.inject_put_latency_ms.empty() || o.inject_put_error_rate > 0 || o.inject_put_ambiguous_rate > 0;
+  if (!faults) return store;
+  objstore::FaultOptions f;
+  f.seed = static_cast<uint64_t>(getpid());
+  if (!o.inject_put_latency_ms.empty()) {
+    f.put_latency.p50_ms = o.inject_put_latency_ms[0];
+    f.put_latency.p99_ms = o.inject_put_latency_ms.size() > 1 ? o.inject_put_latency_ms[1] : o.inject_put_latency_ms[0];
+  }
+  f.put_error_rate = o.inject_put_error_rate;
+  f.put_ambiguous_rate = o.inject_put_ambiguous_rate;
+  Log().warn("object store faults injected: PUT latency p50 {} ms p99 {} ms, error rate {}, ambiguous rate {}",
+             f.put_latency.p50_ms, f.put_latency.p99_ms, f.put_error_rate, f.put_ambiguous_rate);
+  return std::shared_ptr<objstore::ObjectStore>(std::make_shared<objstore::FaultStore>(store, f));
+}
+
+// The part of /metrics the HTTP layer does not own: WAL, engine, metastore.
+std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta) {
+  std::string out;
+  const auto& w = engine->wal().metrics();
+  http::PromCounter(&out, "weir_wal_slots_total", "WAL slots written", w.slots.load());
+  http::PromCounter(&out, "weir_wal_slot_bytes_total", "Bytes in WAL slots written", w.slot_bytes.load());
+  http::PromCounter(&out, "weir_wal_put_attempts_total", "WAL slot PUT attempts", w.put_attempts.load());
+  http::PromCounter(&out, "weir_wal_put_retries_total", "WAL slot PUT retries", w.put_retries.load());
+  http::PromCounter(&out, "weir_wal_put_ambiguous_resolved_total", "Ambiguous PUTs resolved by reading back",
+                    w.put_ambiguous_resolved.load());
+  http::PromCounter(&out, "weir_wal_halts_total", "WAL chain halts (foreign slot occupant)", w.halts.load());
+  out += "# HELP weir_wal_stalls_total Appends or cuts that waited, by cause\n# TYPE weir_wal_stalls_total counter\n";
+  out += fmt::format("weir_wal_stalls_total{{cause=\"budget_uploads\"}} {}\n", w.stall_budget_uploads.load());
+  out += fmt::format("weir_wal_stalls_total{{cause=\"budget_halted\"}} {}\n", w.stall_budget_halted.load());
+  out += fmt::format("weir_wal_stalls_total{{cause=\"window\"}} {}\n", w.stall_window.load());
+  out += fmt::format("weir_wal_stalls_total{{cause=\"admission_timeout\"}} {}\n", w.admission_timeouts.load());
+  http::PromGauge(&out, "weir_wal_pool_bytes", "Admitted, unacknowledged bytes in the WAL pool",
+                  static_cast<double>(w.pool_bytes.load()));
+  http::PromGauge(&out, "weir_wal_slots_in_flight", "WAL slots being uploaded",
+                  static_cast<double>(w.slots_in_flight.load()));
+  http::PromHistogramSeconds(&out, "weir_wal_put_seconds", "WAL slot PUT latency, first attempt to durable",
+                             w.put_latency_ns);
+  http::PromHistogramSeconds(&out, "weir_wal_ack_seconds", "WAL latency, append to acknowledgement", w.ack_latency_ns);
+  const auto& e = engine->metrics();
+  http::PromCounter(&out, "weir_settle_cycles_total", "Settle cycles", e.settle_cycles.load());
+  http::PromCounter(&out, "weir_settle_failures_total", "Settle cycles that failed", e.settle_failures.load());
+  http::PromCounter(&out, "weir_segments_written_total", "Segments written", e.segments_written.load());
+  http::PromCounter(&out, "weir_segment_bytes_total", "Bytes in segments written", e.segment_bytes.load());
+  const auto& m = meta->counters();
+  out += "# HELP weir_metastore_ops_total Metastore operations\n# TYPE weir_metastore_ops_total counter\n";
+  out += fmt::format("weir_metastore_ops_total{{op=\"read\"}} {}\n", m.reads.load());
+  out += fmt::format("weir_metastore_ops_total{{op=\"write\"}} {}\n", m.writes.load());
+  http::PromCounter(&out, "weir_metastore_transactions_total", "Metastore write transactions", m.transactions.load());
+  return out;
+}
+
+}  // namespace
+
+int RunServe(const ServeOptions& o) {
+  // Signals are taken by sigwait below; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto fail = [](const Status& st) {
+    Log().error("weir serve: {}", st.message());
+    return 1;
+  };
+  DataDirLock lock;
+  if (Status st = lock.Acquire(o.data_dir); !st.ok()) return fail(st);
+  auto addr = ParseHostPort(o.http_addr);
+  if (!addr.ok()) return fail(addr.status());
+  auto token = ReadToken(o.auth_token_file);
+  if (!token.ok()) return fail(token.status());
+
+  auto store = OpenStore(o);
+  if (!store.ok()) return fail(store.status().WithContext("object store"));
+  std::string meta_uri = o.metastore.empty()
+                             ? "sqlite://" + std::filesystem::absolute(o.data_dir).string() + "/meta.db"
+                             : o.metastore;
+  auto meta = metastore::OpenMetastore(meta_uri);
+  if (!meta.ok()) return fail(meta.status().WithContext("metastore"));
+
+  log::EngineOptions eo;
+  eo.node = o.node_id;
+  eo.wal.window = o.pipeline_window;
+  eo.wal.slot_cap_bytes = o.max_slot_bytes;
+  eo.wal.linger = std::chrono::microseconds(static_cast<int64_t>(o.linger_ms * 1000));
+  eo.wal.budget_bytes = o.pool_budget_mib << 20;
+  eo.admission_timeout = std::chrono::microseconds(static_cast<int64_t>(o.admission_timeout_ms * 1000));
+
+  http::RestOptions ro;
+  ro.auth_token = *token;
+  ro.max_append_records = eo.max_append_records;
+  ro.max_append_bytes = eo.max_append_bytes;
+  // Listen first, so /health answers 503 during recovery; the engine is
+  // attached once it has recovered.
+  http::RestApi rest(nullptr, ro);
+  http::ServerOptions so;
+  so.host = addr->first;
+  so.port = addr->second;
+  so.max_request_bytes = o.max_request_bytes;
+  so.io_threads = o.http_threads;
+  so.worker_threads = o.worker_threads;
+
+  Log().info("weir serve: recovering (object store {}, metastore {})", (*store)->Describe(), meta_uri);
+  auto server = http::HttpServer::Start(so, &rest);
+  if (!server.ok()) return fail(server.status());
+  auto started = Now();
+  auto engine = log::Engine::Open(eo, *store, *meta);
+  if (!engine.ok()) return fail(engine.status().WithContext("recovery"));
+  Status basin = (*engine)->CreateBasin(ro.default_basin);
+  if (!basin.ok() && basin.code() != Code::kAlreadyExists) return fail(basin);
+  rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get()] { return RenderEngineMetrics(e, m); });
+  rest.SetEngine((*engine).get());
+  rest.SetReady();
+  Log().info("weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}", ToMillis(Now() - started),
+             (*engine)->epoch(), (*server)->address());
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  Log().info("weir serve: {} received, draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->StopAccepting();
+  rest.SetDraining();
+  // In-flight appends finish (their acks are released); waits end within a tick.
+  auto deadline = Now() + std::chrono::seconds(30);
+  while ((*server)->in_flight() > 0 && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if ((*server)->in_flight() > 0) Log().warn("weir serve: {} requests still open at exit", (*server)->in_flight());
+  (*server)->Stop();
+  (*engine)->Close();  // flushes the WAL, settles
+  Log().info("weir serve: stopped");
+  return 0;
+}
+
+}  // namespace weir::server

@@ -1,0 +1,41 @@
+// `weir serve`: one node's process. Opens the object store, the metastore and
+// the engine (recovering), takes the data dir's lock, serves the HTTP API,
+// and drains on SIGTERM/SIGINT.
+//
+// Ownership and threads: RunServe is called once, from main, and blocks until
+// the server has drained; it owns every component it starts.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace weir::server {
+
+struct ServeOptions {
+  std::string data_dir = "./weir-data";
+  std::string http_addr = "127.0.0.1:8080";
+  std::string object_store;  // empty: file://DATA_DIR/objects
+  std::string metastore;     // empty: sqlite://DATA_DIR/meta.db
+  std::string node_id = "node-1";
+  // WAL tuning.
+  int pipeline_window = 8;
+  size_t max_slot_bytes = 8u << 20;
+  double linger_ms = 1;
+  size_t pool_budget_mib = 256;
+  double admission_timeout_ms = 500;  // a full pool answers 429 after this
+  // HTTP.
+  std::string auth_token_file;
+  size_t max_request_bytes = 8u << 20;
+  int http_threads = 2;
+  int worker_threads = 8;
+  // Object-store fault injection, for tests and benchmarks.
+  std::vector<double> inject_put_latency_ms;  // P50 or P50,P99
+  double inject_put_error_rate = 0;
+  double inject_put_ambiguous_rate = 0;
+};
+
+// Returns the process exit code: 0 after a clean drain, non-zero (with one
+// clear line logged) if the server could not start.
+int RunServe(const ServeOptions& options);
+
+}  // namespace weir::server
