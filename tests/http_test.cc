@@ -1,0 +1,268 @@
+// Unit tests of the HTTP front-end's pieces: base64, S2 protobuf, percent
+// decoding, and the REST handlers driven through a recording Exchange over a
+// real engine (mem:// store, in-memory SQLite).
+#include <condition_variable>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "base/base64.h"
+#include "http/rest.h"
+#include "http/s2_proto.h"
+#include "http/server.h"
+#include "metastore/metastore.h"
+#include "objstore/object_store.h"
+#include "test_support.h"
+
+namespace weir::http {
+namespace {
+
+using Json = nlohmann::json;
+
+TEST(Base64, RoundTripsEveryLength) {
+  std::string data;
+  for (int n = 0; n < 70; ++n) {
+    auto enc = Base64Encode(data);
+    EXPECT_EQ(enc.size() % 4, 0u);
+    ASSERT_OK_AND_ASSIGN(auto dec, Base64Decode(enc));
+    EXPECT_EQ(dec, data);
+    data.push_back(static_cast<char>(n * 37));
+  }
+  EXPECT_EQ(Base64Encode("hi"), "aGk=");
+  EXPECT_EQ(*Base64Decode("aGk"), "hi");
+  EXPECT_EQ(Base64Decode("a*k=").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Base64Decode("a").status().code(), Code::kInvalidArgument);
+}
+
+TEST(PercentDecode, DecodesAndRejectsBadEscapes) {
+  EXPECT_EQ(*PercentDecode("a%2Fb%20c", false), "a/b c");
+  EXPECT_EQ(*PercentDecode("a+b", true), "a b");
+  EXPECT_EQ(*PercentDecode("a+b", false), "a+b");
+  EXPECT_FALSE(PercentDecode("%4", false).ok());
+  EXPECT_FALSE(PercentDecode("%zz", false).ok());
+}
+
+std::string Varint(uint64_t v) {
+  std::string s;
+  while (v >= 0x80) {
+    s.push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  s.push_back(static_cast<char>(v));
+  return s;
+}
+std::string Field(int n, std::string_view bytes) { return Varint(uint64_t(n) << 3 | 2) + Varint(bytes.size()) + std::string(bytes); }
+
+TEST(S2Proto, DecodesAppendInput) {
+  std::string header = Field(1, "k") + Field(2, "v");
+  std::string rec = Varint(1 << 3) + Varint(1234) + Field(2, header) + Field(3, std::string("b\0dy", 4));
+  std::string in = Field(1, rec) + Field(1, Field(3, "second")) + Varint(2 << 3) + Varint(7) + Field(3, "tok") +
+                   Varint(99 << 3) + Varint(5);  // an unknown field is skipped
+  ASSERT_OK_AND_ASSIGN(auto got, DecodeProtoAppendInput(in));
+  ASSERT_EQ(got.records.size(), 2u);
+  EXPECT_EQ(got.records[0].timestamp_ms, 1234);
+  ASSERT_EQ(got.records[0].headers.size(), 1u);
+  EXPECT_EQ(got.records[0].headers[0].key, "k");
+  EXPECT_EQ(*got.records[0].headers[0].value, "v");
+  EXPECT_EQ(got.records[0].body, std::string("b\0dy", 4));
+  EXPECT_FALSE(got.records[1].timestamp_ms.has_value());
+  EXPECT_EQ(got.records[1].body, "second");
+  EXPECT_EQ(got.options.match_seq_num, 7u);
+  EXPECT_EQ(got.options.fencing_token, "tok");
+}
+
+TEST(S2Proto, RejectsMalformedInput) {
+  std::string rec = Field(3, "body");
+  for (size_t cut = 1; cut < rec.size() + 2; ++cut) {
+    std::string in = Field(1, rec).substr(0, cut);
+    if (cut == Field(1, rec).size()) continue;
+    EXPECT_FALSE(DecodeProtoAppendInput(in).ok()) << cut;
+  }
+  EXPECT_FALSE(DecodeProtoAppendInput(Varint(1 << 3 | 0) + Varint(5)).ok());  // records as a varint
+  EXPECT_FALSE(DecodeProtoAppendInput(std::string(1, '\x0f')).ok());          // wire type 7
+}
+
+TEST(S2Proto, EncodesReadBatch) {
+  std::vector<log::ReadRecord> records(1);
+  records[0].offset = 5;
+  records[0].record.timestamp = 9;
+  records[0].record.value = "v";
+  auto out = EncodeProtoReadBatch(records, StreamPosition{6, 9});
+  std::string rec = Varint(1 << 3) + Varint(5) + Varint(2 << 3) + Varint(9) + Field(4, "v");
+  std::string tail = Varint(1 << 3) + Varint(6) + Varint(2 << 3) + Varint(9);
+  EXPECT_EQ(out, Field(1, rec) + Field(2, tail));
+}
+
+// Records the response of one request.
+class FakeExchange : public Exchange {
+ public:
+  void Respond(Response r) override {
+    std::lock_guard lk(mu_);
+    response_ = std::move(r);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void BeginStream(int status, std::string, HeaderList) override {
+    std::lock_guard lk(mu_);
+    response_.status = status;
+  }
+  void Write(std::string chunk, std::function<void(bool)> written) override {
+    {
+      std::lock_guard lk(mu_);
+      response_.body += chunk;
+    }
+    if (written) written(true);
+  }
+  void End() override {
+    std::lock_guard lk(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void After(Duration, std::function<void()> fn) override { fn(); }
+  void Post(std::function<void()> fn) override { fn(); }
+  bool closed() const override { return false; }
+
+  Response Wait() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return done_; });
+    return response_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Response response_;
+};
+
+class RestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = objstore::OpenObjectStore("mem://");
+    auto meta = metastore::OpenMetastore("sqlite://:memory:");
+    ASSERT_TRUE(store.ok() && meta.ok());
+    log::EngineOptions o;
+    o.settle_interval = Duration::zero();
+    auto e = log::Engine::Open(o, *store, *meta);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(*e);
+    ASSERT_OK(engine_->CreateBasin("weir-default"));
+    api_ = std::make_unique<RestApi>(engine_.get(), RestOptions{});
+    api_->SetReady();
+  }
+
+  Response Call(std::string method, std::string path, std::string body = "", HeaderList headers = {}) {
+    Request req;
+    req.method = std::move(method);
+    auto q = path.find('?');
+    req.path = path.substr(0, q);
+    if (q != std::string::npos) {
+      std::string rest = path.substr(q + 1);
+      size_t pos = 0;
+      while (pos <= rest.size()) {
+        auto amp = rest.find('&', pos);
+        std::string part = rest.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
+        auto eq = part.find('=');
+        req.query.emplace_back(part.substr(0, eq), eq == std::string::npos ? "" : part.substr(eq + 1));
+        if (amp == std::string::npos) break;
+        pos = amp + 1;
+      }
+    }
+    req.headers = std::move(headers);
+    req.body = std::move(body);
+    auto ex = std::make_shared<FakeExchange>();
+    api_->Handle(std::move(req), ex);
+    return ex->Wait();
+  }
+
+  std::unique_ptr<log::Engine> engine_;
+  std::unique_ptr<RestApi> api_;
+};
+
+TEST_F(RestTest, AppendReadAndConditions) {
+  EXPECT_EQ(Call("POST", "/v1/streams", R"({"stream":"s"})").status, 201);
+  EXPECT_EQ(Call("POST", "/v1/streams", R"({"stream":"s"})").status, 409);
+  auto r = Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"aGk=","headers":[["aw==","dg=="]]}]})",
+                {{"s2-format", "base64"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["end"]["seq_num"], 1);
+  r = Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"x"}],"match_seq_num":0})");
+  EXPECT_EQ(r.status, 412);
+  EXPECT_EQ(Json::parse(r.body)["seq_num_mismatch"], 1);
+  r = Call("GET", "/v1/streams/s/records?seq_num=0");
+  ASSERT_EQ(r.status, 200);
+  auto batch = Json::parse(r.body);
+  EXPECT_EQ(batch["records"][0]["body"], "hi");
+  EXPECT_EQ(batch["records"][0]["headers"][0][0], "k");
+  EXPECT_EQ(batch["tail"]["seq_num"], 1);
+  r = Call("GET", "/v1/streams/s/records?seq_num=3");
+  EXPECT_EQ(r.status, 416);
+  EXPECT_EQ(Json::parse(r.body)["tail"]["seq_num"], 1);
+  EXPECT_EQ(Call("GET", "/v1/streams/s/records?seq_num=3&clamp=true").status, 200);
+}
+
+TEST_F(RestTest, BadInputIsRejectedAndChangesNothing) {
+  ASSERT_EQ(Call("POST", "/v1/streams", R"({"stream":"s"})").status, 201);
+  EXPECT_EQ(Call("POST", "/v1/streams/s/records", "{not json").status, 400);
+  EXPECT_EQ(Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"%%"}]})", {{"s2-format", "base64"}}).status,
+            400);
+  EXPECT_EQ(Call("POST", "/v1/streams/s/records", R"({"records":[]})").status, 422);
+  EXPECT_EQ(Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"x"}]})", {{"s2-format", "hex"}}).status,
+            400);
+  EXPECT_EQ(Call("GET", "/v1/streams/s/records?seq_num=-1").status, 400);
+  EXPECT_EQ(Call("GET", "/v1/streams/s/records?seq_num=0&timestamp=0").status, 400);
+  EXPECT_EQ(Call("POST", "/v1/streams/nope/records", R"({"records":[{"body":"x"}]})").status, 404);
+  EXPECT_EQ(Call("POST", "/v1/basins", R"({"basin":"short"})").status, 422);
+  EXPECT_EQ(Call("DELETE", "/v1/streams/s/records").status, 405);
+  auto tail = Json::parse(Call("GET", "/v1/streams/s/records/tail").body);
+  EXPECT_EQ(tail["tail"]["seq_num"], 0);
+}
+
+TEST_F(RestTest, ProducerRetriesAreDuplicates) {
+  ASSERT_EQ(Call("POST", "/v1/streams", R"({"stream":"s"})").status, 201);
+  auto p = Json::parse(Call("POST", "/v1/producers").body);
+  std::string id = std::to_string(p["id"].get<uint64_t>());
+  HeaderList h{{"weir-producer-id", id}, {"weir-producer-epoch", "0"}, {"weir-producer-seq", "0"}};
+  auto a = Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"x"},{"body":"y"}]})", h);
+  auto b = Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"x"},{"body":"y"}]})", h);
+  EXPECT_EQ(Json::parse(a.body)["duplicated"], false);
+  EXPECT_EQ(Json::parse(b.body)["duplicated"], true);
+  EXPECT_EQ(Json::parse(b.body)["start"], Json::parse(a.body)["start"]);
+  h[2].second = "5";
+  EXPECT_EQ(Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"z"}]})", h).status, 409);
+  h.pop_back();
+  EXPECT_EQ(Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"z"}]})", h).status, 400);
+}
+
+TEST_F(RestTest, SessionStopsAtCount) {
+  ASSERT_EQ(Call("POST", "/v1/streams", R"({"stream":"s"})").status, 201);
+  ASSERT_EQ(Call("POST", "/v1/streams/s/records", R"({"records":[{"body":"a"},{"body":"b"},{"body":"c"}]})").status,
+            200);
+  auto r = Call("GET", "/v1/streams/s/records?seq_num=1&count=2", "", {{"accept", "text/event-stream"}});
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("id: 3,2,"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("[DONE]"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("\"body\":\"a\""), std::string::npos) << r.body;
+}
+
+TEST_F(RestTest, AuthTokenIsRequired) {
+  RestOptions o;
+  o.auth_token = "secret";
+  RestApi api(engine_.get(), o);
+  api.SetReady();
+  auto call = [&](HeaderList h) {
+    Request req;
+    req.method = "GET";
+    req.path = "/v1/basins";
+    req.headers = std::move(h);
+    auto ex = std::make_shared<FakeExchange>();
+    api.Handle(std::move(req), ex);
+    return ex->Wait().status;
+  };
+  EXPECT_EQ(call({}), 401);
+  EXPECT_EQ(call({{"authorization", "Bearer nope"}}), 401);
+  EXPECT_EQ(call({{"authorization", "Bearer secret"}}), 200);
+}
+
+}  // namespace
+}  // namespace weir::http
