@@ -330,6 +330,19 @@ RestApi::RestApi(log::Engine* engine, RestOptions options) : engine_(engine), op
 RestApi::~RestApi() = default;
 
 void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
+  // Appends run here, on the I/O thread: they only wait for durability
+  // through a callback. Everything else may block and moves to a worker.
+  bool append = req.method == "POST" && req.path.size() > 8 && req.path.ends_with("/records");
+  if (!append) {
+    auto* e = ex.get();
+    return e->Post([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {
+      Serve(std::move(*r), std::move(ex));
+    });
+  }
+  Serve(std::move(req), std::move(ex));
+}
+
+void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
   metrics_.requests++;
   Ctx c{std::move(ex), &metrics_, options_.default_basin, Now()};
   try {

@@ -2,10 +2,11 @@
 // extensions: idempotent producers, /health, /metrics and bearer-token auth.
 //
 // Ownership and threads: the server front-end owns one RestApi and hands it
-// to the HttpServer as its Handler; Handle runs on HTTP worker threads and
-// may block briefly on the metastore or the object store. Appends never wait
-// for durability on a worker thread: the response is sent from the engine's
-// completion callback. Long polls and read sessions wait on tail watches and
+// to the HttpServer as its Handler. Appends are served on the HTTP I/O thread
+// (admission may wait briefly for WAL pool room, bounded by the engine's
+// admission timeout); the response is sent from the engine's completion
+// callback. Every other request moves to an HTTP worker thread, where it may
+// block briefly on the metastore or the object store. Long polls and read sessions wait on tail watches and
 // timers, not threads.
 #pragma once
 
@@ -63,6 +64,7 @@ class RestApi : public Handler {
   class ReadSession;
 
  private:
+  void Serve(Request req, std::shared_ptr<Exchange> ex);
   void Route(Request& req, const Ctx& c);
   void Basins(Request& req, const Ctx& c, const std::string* name);
   void Streams(Request& req, const Ctx& c, const std::string* name);

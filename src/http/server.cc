@@ -368,7 +368,7 @@ class ExchangeImpl : public Exchange {
 
 void Conn::Dispatch(Request req) {
   auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_);
-  net::post(srv_->workers, [h = srv_->handler, r = std::move(req), ex]() mutable { h->Handle(std::move(r), ex); });
+  srv_->handler->Handle(std::move(req), std::move(ex));
 }
 
 }  // namespace

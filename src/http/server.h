@@ -2,9 +2,10 @@
 // rest of weir sees plain Request/Response values and an Exchange to answer on.
 //
 // Ownership and threads: the process's server front-end owns one HttpServer.
-// Network I/O runs on `io_threads`; every request is handed to the Handler on
-// one of `worker_threads`, so handlers may block briefly (metastore, object
-// store reads). Requests on one connection are served one at a time, in order.
+// Network I/O runs on `io_threads`. Requests are handed to the Handler on an
+// I/O thread; a handler that may block (metastore, object store reads) moves
+// the work to one of `worker_threads` with Exchange::Post. Requests on one
+// connection are served one at a time, in order.
 //
 // Guarantees: a request body over max_request_bytes gets 413 and the
 // connection is closed without reading the rest; a malformed request gets 400
@@ -70,7 +71,8 @@ class Exchange {
 class Handler {
  public:
   virtual ~Handler() = default;
-  // Called on a worker thread. Must eventually answer on `ex`.
+  // Called on an I/O thread; must not block (Post blocking work). Must
+  // eventually answer on `ex`.
   virtual void Handle(Request req, std::shared_ptr<Exchange> ex) = 0;
 };
 
