@@ -5,7 +5,8 @@ set -euo pipefail
 pkgs=(g++ cmake ninja-build ccache pkg-config python3
       libisal-dev libsqlite3-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev libgmock-dev
-      libboost-dev)  # Boost.Asio/Beast for the HTTP server (headers only)
+      libboost-dev     # Boost.Asio/Beast for the HTTP server (headers only)
+      libsimdjson-dev) # the append body parser
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include <nlohmann/json.hpp>
+#include <simdjson.h>
 
 #include "base/base64.h"
 #include "base/log.h"
@@ -203,10 +204,10 @@ Format ParseFormat(const Request& req) {
   throw BadRequest{fmt::format("s2-format must be raw or base64, got \"{}\"", *f)};
 }
 
-std::string DecodeField(const Json& j, Format f, std::string_view what) {
-  if (!j.is_string()) throw BadRequest{fmt::format("{} must be a string", what)};
-  const auto& s = j.get_ref<const std::string&>();
-  if (f == Format::kRaw) return s;
+std::string DecodeField(simdjson::dom::element j, Format f, std::string_view what) {
+  std::string_view s;
+  if (j.get_string().get(s)) throw BadRequest{fmt::format("{} must be a string", what)};
+  if (f == Format::kRaw) return std::string(s);
   auto d = Base64Decode(s);
   if (!d.ok()) throw BadRequest{fmt::format("{}: {}", what, d.status().message())};
   return std::move(*d);
@@ -214,38 +215,54 @@ std::string DecodeField(const Json& j, Format f, std::string_view what) {
 
 std::string EncodeField(std::string_view s, Format f) { return f == Format::kRaw ? std::string(s) : Base64Encode(s); }
 
+// The append body is the hot path: parsed with simdjson, not nlohmann.
 AppendInput ParseJsonAppend(const std::string& body, Format f) {
-  Json j = Json::parse(body, nullptr, false);
-  if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
-  if (!j.is_object() || !j.contains("records") || !j["records"].is_array()) {
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(body.data(), body.size()).get(doc)) throw BadRequest{"the body is not valid JSON"};
+  simdjson::dom::object obj;
+  simdjson::dom::array records;
+  if (doc.get_object().get(obj) || obj["records"].get_array().get(records)) {
     throw BadRequest{"AppendInput needs a \"records\" array"};
   }
   AppendInput in;
-  for (const auto& r : j["records"]) {
-    if (!r.is_object()) throw BadRequest{"each record must be an object"};
+  in.records.reserve(records.size());
+  for (simdjson::dom::element r : records) {
+    simdjson::dom::object ro;
+    if (r.get_object().get(ro)) throw BadRequest{"each record must be an object"};
     log::AppendRecord rec;
-    if (auto it = r.find("timestamp"); it != r.end() && !it->is_null()) {
-      if (!it->is_number_unsigned()) throw BadRequest{"timestamp must be a non-negative integer"};
-      auto ts = it->get<uint64_t>();
-      if (ts > uint64_t{INT64_MAX}) throw BadRequest{"timestamp is out of range"};
-      rec.timestamp_ms = static_cast<int64_t>(ts);
-    }
-    if (auto it = r.find("body"); it != r.end() && !it->is_null()) rec.body = DecodeField(*it, f, "body");
-    if (auto it = r.find("headers"); it != r.end() && !it->is_null()) {
-      if (!it->is_array()) throw BadRequest{"headers must be an array of [name, value] pairs"};
-      for (const auto& h : *it) {
-        if (!h.is_array() || h.size() != 2) throw BadRequest{"each header must be a [name, value] pair"};
-        rec.headers.push_back(wal::RecordHeader{DecodeField(h[0], f, "header name"), DecodeField(h[1], f, "header value")});
+    for (auto field : ro) {
+      if (field.value.is_null()) continue;
+      if (field.key == "timestamp") {
+        uint64_t ts = 0;
+        if (field.value.get_uint64().get(ts)) throw BadRequest{"timestamp must be a non-negative integer"};
+        if (ts > uint64_t{INT64_MAX}) throw BadRequest{"timestamp is out of range"};
+        rec.timestamp_ms = static_cast<int64_t>(ts);
+      } else if (field.key == "body") {
+        rec.body = DecodeField(field.value, f, "body");
+      } else if (field.key == "headers") {
+        simdjson::dom::array headers;
+        if (field.value.get_array().get(headers)) throw BadRequest{"headers must be an array of [name, value] pairs"};
+        for (simdjson::dom::element h : headers) {
+          simdjson::dom::array pair;
+          if (h.get_array().get(pair) || pair.size() != 2) throw BadRequest{"each header must be a [name, value] pair"};
+          rec.headers.push_back(
+              wal::RecordHeader{DecodeField(pair.at(0).value_unsafe(), f, "header name"),
+                                DecodeField(pair.at(1).value_unsafe(), f, "header value")});
+        }
       }
     }
     in.records.push_back(std::move(rec));
   }
-  if (auto it = j.find("match_seq_num"); it != j.end() && !it->is_null()) {
-    if (!it->is_number_unsigned()) throw BadRequest{"match_seq_num must be a non-negative integer"};
-    in.options.match_seq_num = it->get<uint64_t>();
+  if (auto m = obj["match_seq_num"]; !m.error() && !m.is_null()) {
+    uint64_t v = 0;
+    if (m.get_uint64().get(v)) throw BadRequest{"match_seq_num must be a non-negative integer"};
+    in.options.match_seq_num = v;
   }
-  if (auto it = j.find("fencing_token"); it != j.end() && !it->is_null()) {
-    in.options.fencing_token = it->get<std::string>();
+  if (auto t = obj["fencing_token"]; !t.error() && !t.is_null()) {
+    std::string_view v;
+    if (t.get_string().get(v)) throw BadRequest{"fencing_token must be a string"};
+    in.options.fencing_token = std::string(v);
   }
   return in;
 }
