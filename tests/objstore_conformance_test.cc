@@ -1,5 +1,6 @@
 // One conformance suite, run against every ObjectStore backend. To cover a new
-// backend (s3://), add one factory to Backends() below.
+// backend, add one factory to Backends() below. s3:// runs when the s3 CTest
+// fixture provides a server (WEIR_TEST_S3_ENV; see s3_test_env.h).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "s3_test_env.h"
 #include "test_support.h"
 #include "objstore/fault_store.h"
 #include "objstore/file_store.h"
@@ -47,7 +49,7 @@ struct BackendFactory {
 };
 
 std::vector<BackendFactory> Backends() {
-  return {
+  std::vector<BackendFactory> backends = {
       {"mem", [] { return BackendEnv{nullptr, NewMemStore()}; }},
       {"file",
        [] {
@@ -62,6 +64,18 @@ std::vector<BackendFactory> Backends() {
       {"fault_over_mem",
        [] { return BackendEnv{nullptr, std::make_shared<FaultStore>(NewMemStore(), FaultOptions{})}; }},
   };
+  if (auto s3 = ::weir::testing::LoadS3TestEnv()) {
+    // Each test gets a fresh bucket (emptied and removed afterwards).
+    backends.push_back({"s3", [env = *s3] {
+                          auto store = ::weir::testing::NewS3TestStore(env);
+                          if (!store.ok()) {
+                            ADD_FAILURE() << store.status().ToString();
+                            return BackendEnv{nullptr, nullptr};
+                          }
+                          return BackendEnv{nullptr, *store};
+                        }});
+  }
+  return backends;
 }
 
 class ObjectStoreConformance : public ::testing::TestWithParam<BackendFactory> {
@@ -637,15 +651,18 @@ TEST(OpenObjectStoreTest, FileSchemeAbsoluteAndRelative) {
 }
 
 TEST(OpenObjectStoreTest, BadUris) {
-  for (const char* uri : {"", "file://", "s3://bucket/prefix", "/tmp/no-scheme", "mem:", "FILE:///x", "http://x"}) {
+  for (const char* uri : {"", "file://", "/tmp/no-scheme", "mem:", "FILE:///x", "http://x", "s3://", "s3:///prefix",
+                          "s3://b?endpoint=ftp://x&access_key=a&secret_key=s", "s3://b?bogus=1",
+                          "s3://b?path_style=maybe&access_key=a&secret_key=s", "s3://b/a//b?access_key=a&secret_key=s"}) {
     SCOPED_TRACE(uri);
     const Status st = OpenObjectStore(uri).status();
     EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
   }
-  const std::string msg = OpenObjectStore("s3://bucket/prefix").status().message();
+  const std::string msg = OpenObjectStore("gopher://bucket/prefix").status().message();
   EXPECT_NE(msg.find("file://DIR"), std::string::npos) << msg;
   EXPECT_NE(msg.find("mem://"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("s3://bucket/prefix"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("s3://"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gopher://bucket/prefix"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "objstore/file_store.h"
 #include "objstore/internal.h"
 #include "objstore/mem_store.h"
+#include "objstore/s3_store.h"
 
 namespace weir::objstore {
 
@@ -56,10 +57,17 @@ Status ValidateKey(std::string_view key) {
   return Status::Ok();
 }
 
-Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri) {
+Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri, const OpenOptions& options) {
   return internal::CatchAll("OpenObjectStore", [&]() -> Result<std::shared_ptr<ObjectStore>> {
     constexpr std::string_view kMem = "mem://";
     constexpr std::string_view kFile = "file://";
+    constexpr std::string_view kS3 = "s3://";
+    if (uri.starts_with(kS3)) {
+      WEIR_ASSIGN_OR_RETURN(S3Options s3, ParseS3Uri(uri));
+      if (options.allow_unconditional_put) s3.allow_unconditional_put = true;
+      WEIR_ASSIGN_OR_RETURN(std::shared_ptr<S3Store> store, OpenS3Store(s3));
+      return std::shared_ptr<ObjectStore>(std::move(store));
+    }
     if (uri.starts_with(kMem)) {
       if (uri.size() != kMem.size()) {
         return InvalidArgument("object store URI \"{}\": mem:// takes no path", uri);
@@ -75,7 +83,8 @@ Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri) {
       return OpenFileStore(std::string(dir));
     }
     return InvalidArgument(
-        "unsupported object store URI scheme in \"{}\"; supported: file://DIR, mem:// (s3:// arrives later)", uri);
+        "unsupported object store URI scheme in \"{}\"; supported: file://DIR, mem://, s3://BUCKET[/PREFIX]?...",
+        uri);
   });
 }
 

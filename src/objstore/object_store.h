@@ -73,9 +73,20 @@ class ObjectStore {
 // rejected). Returns kInvalidArgument naming the rule broken.
 Status ValidateKey(std::string_view key);
 
+// Options for OpenObjectStore that do not belong in a URI.
+struct OpenOptions {
+  // s3:// only: start even if the service ignores If-None-Match: * (create-only
+  // PUTs are then emulated, racily; safe for a single node only). The URI
+  // parameter allow_unconditional_put=true does the same. See s3_store.h.
+  bool allow_unconditional_put = false;
+};
+
 // Opens a backend from a URI:
 //   file:///abs/dir  or  file://relative/dir   durable local directory (created if missing)
 //   mem://            a fresh in-memory store (each call is a new, empty store)
-Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri);
+//   s3://BUCKET[/PREFIX]?endpoint=URL&region=R&path_style=true|false
+//                     any S3-compatible service; probes create-only PUTs first
+//                     (parameters and credentials: s3_store.h, docs/s3.md)
+Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri, const OpenOptions& options = {});
 
 }  // namespace weir::objstore

@@ -1,0 +1,213 @@
+// The pooled libcurl client behind s3:// (see http_client.h).
+#include "objstore/http_client.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <mutex>
+
+namespace weir::objstore::http {
+
+namespace {
+
+void GlobalInit() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct SlistFree {
+  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+};
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+size_t OnBody(char* data, size_t size, size_t n, void* user) {
+  static_cast<Response*>(user)->body.append(data, size * n);
+  return size * n;
+}
+
+// Collects "Name: value" lines; a new status line (after a 100 Continue)
+// starts over. Reserves the body from Content-Length.
+size_t OnHeader(char* data, size_t size, size_t n, void* user) {
+  auto* r = static_cast<Response*>(user);
+  std::string_view line(data, size * n);
+  if (line.starts_with("HTTP/")) {
+    r->headers.clear();
+    return size * n;
+  }
+  const size_t colon = line.find(':');
+  if (colon == std::string_view::npos) return size * n;
+  std::string name(Trim(line.substr(0, colon)));
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::string_view value = Trim(line.substr(colon + 1));
+  if (name == "content-length") {
+    uint64_t len = 0;
+    auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), len);
+    if (ec == std::errc() && len <= (uint64_t{1} << 30)) r->body.reserve(static_cast<size_t>(len));
+  }
+  r->headers.emplace_back(std::move(name), std::string(value));
+  return size * n;
+}
+
+// Called before each time the request is sent; a second call in one perform
+// is a hidden resend.
+int OnPrereq(void* user, char* /*conn_primary_ip*/, char* /*conn_local_ip*/, int /*primary*/, int /*local*/) {
+  ++*static_cast<int*>(user);
+  return CURL_PREREQFUNC_OK;
+}
+
+TransportError MapCurlError(CURLcode code, const char* detail, bool sent, std::string_view method,
+                            std::string_view url) {
+  const std::string what = fmt::format("{} {}: {} ({})", method, url, curl_easy_strerror(code), detail);
+  switch (code) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_COULDNT_CONNECT:
+      return {Unavailable("{}", what), false};
+    case CURLE_OPERATION_TIMEDOUT:
+      return {Timeout("{}", what), sent};
+    case CURLE_URL_MALFORMAT:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+      return {InvalidArgument("{}", what), false};
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CERTPROBLEM:
+      return {IOError("{} (TLS certificate)", what), false};
+    case CURLE_OUT_OF_MEMORY:
+      return {ResourceExhausted("{}", what), sent};
+    default:  // send/receive errors, resets, empty replies, partial bodies
+      return {Unavailable("{}", what), sent};
+  }
+}
+
+}  // namespace
+
+std::string_view Response::Header(std::string_view lowercase_name) const {
+  for (const auto& [name, value] : headers) {
+    if (name == lowercase_name) return value;
+  }
+  return {};
+}
+
+struct Client::Handle {
+  CURL* curl = nullptr;
+  char error[CURL_ERROR_SIZE] = {};
+  Handle() : curl(curl_easy_init()) {}
+  ~Handle() {
+    if (curl) curl_easy_cleanup(curl);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+};
+
+Client::Client(const ClientOptions& options) : options_(options) { GlobalInit(); }
+
+Client::~Client() = default;
+
+std::unique_ptr<Client::Handle> Client::Acquire() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return busy_ < options_.max_connections; });
+  ++busy_;
+  if (!idle_.empty()) {
+    auto h = std::move(idle_.back());
+    idle_.pop_back();
+    return h;
+  }
+  lk.unlock();
+  return std::make_unique<Handle>();
+}
+
+void Client::Release(std::unique_ptr<Handle> handle) {
+  std::lock_guard lk(mu_);
+  --busy_;
+  if (handle && handle->curl) idle_.push_back(std::move(handle));
+  cv_.notify_one();
+}
+
+Result<Response> Client::Perform(const Request& request, TransportError* error) {
+  std::unique_ptr<Handle> h = Acquire();
+  struct Returner {
+    Client* self;
+    std::unique_ptr<Handle>* h;
+    ~Returner() { self->Release(std::move(*h)); }
+  } returner{this, &h};
+  if (!h->curl) {
+    *error = {ResourceExhausted("cannot create a curl handle"), false};
+    return error->status;
+  }
+  CURL* c = h->curl;
+  curl_easy_reset(c);  // keeps the handle's live connections
+  Response response;
+  if (request.expected_bytes > 0) response.body.reserve(request.expected_bytes);
+  std::unique_ptr<curl_slist, SlistFree> headers;
+  auto add_header = [&](const std::string& line) {
+    curl_slist* next = curl_slist_append(headers.get(), line.c_str());
+    if (next) {
+      (void)headers.release();
+      headers.reset(next);
+    }
+  };
+  for (const auto& [name, value] : request.headers) add_header(name + ": " + value);
+  add_header("Expect:");  // no 100-continue round trip before bodies
+
+  curl_easy_setopt(c, CURLOPT_URL, request.url.c_str());
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, h->error);
+  h->error[0] = '\0';
+  curl_easy_setopt(c, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout.count()));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.request_timeout.count()));
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, options_.low_speed_bytes);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(options_.low_speed_time.count()));
+  curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &response);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &response);
+  int sends = 0;
+  curl_easy_setopt(c, CURLOPT_PREREQFUNCTION, OnPrereq);
+  curl_easy_setopt(c, CURLOPT_PREREQDATA, &sends);
+  if (request.method == "GET") {
+    curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
+  } else if (request.method == "HEAD") {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (request.method == "PUT" || request.method == "POST") {
+    // The body is sent from the caller's buffer (no copy), with Content-Length.
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    if (request.method == "PUT") curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "PUT");
+  } else {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+  }
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
+
+  const CURLcode rc = curl_easy_perform(c);
+  long connects = 0;
+  curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &connects);
+  response.new_connection = connects > 0;
+  response.resent = sends > 1;
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, nullptr);  // the list dies with this call
+  if (rc != CURLE_OK) {
+    curl_off_t pretransfer = 0;
+    curl_easy_getinfo(c, CURLINFO_PRETRANSFER_TIME_T, &pretransfer);
+    *error = MapCurlError(rc, h->error[0] ? h->error : "no detail", pretransfer > 0 || sends > 1, request.method,
+                          request.url);
+    if (rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) {
+      // The connection is in an unknown state: drop it rather than pool it.
+      curl_easy_cleanup(h->curl);
+      h->curl = nullptr;
+    }
+    return error->status;
+  }
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &response.status);
+  return response;
+}
+
+}  // namespace weir::objstore::http

@@ -1,0 +1,104 @@
+// XML to a tree with expat's push parser (see xml.h).
+#include "objstore/xml.h"
+
+#include <expat.h>
+
+#include <memory>
+
+namespace weir::objstore::xml {
+
+namespace {
+
+constexpr size_t kMaxDepth = 64;
+
+// Parser state: open elements on a stack; a closed element moves into its
+// parent (or becomes the root).
+struct Builder {
+  XML_Parser parser = nullptr;
+  std::vector<Element> open;
+  Element root;
+  bool have_root = false;
+  bool too_deep = false;
+};
+
+void XMLCALL OnStart(void* data, const XML_Char* name, const XML_Char** /*attributes*/) {
+  auto* b = static_cast<Builder*>(data);
+  if (b->open.size() >= kMaxDepth) {
+    b->too_deep = true;
+    XML_StopParser(b->parser, XML_FALSE);
+    return;
+  }
+  b->open.push_back(Element{name, {}, {}});
+}
+
+void XMLCALL OnEnd(void* data, const XML_Char* /*name*/) {
+  auto* b = static_cast<Builder*>(data);
+  Element done = std::move(b->open.back());
+  b->open.pop_back();
+  if (b->open.empty()) {
+    b->root = std::move(done);
+    b->have_root = true;
+  } else {
+    b->open.back().children.push_back(std::move(done));
+  }
+}
+
+void XMLCALL OnText(void* data, const XML_Char* s, int len) {
+  auto* b = static_cast<Builder*>(data);
+  if (!b->open.empty()) b->open.back().text.append(s, static_cast<size_t>(len));
+}
+
+struct ParserFree {
+  void operator()(XML_Parser p) const { XML_ParserFree(p); }
+};
+
+}  // namespace
+
+const Element* Element::Find(std::string_view child) const {
+  for (const Element& e : children) {
+    if (e.name == child) return &e;
+  }
+  return nullptr;
+}
+
+std::string_view Element::TextOf(std::string_view child) const {
+  const Element* e = Find(child);
+  return e ? std::string_view(e->text) : std::string_view();
+}
+
+Result<Element> Parse(std::string_view document) {
+  std::unique_ptr<std::remove_pointer_t<XML_Parser>, ParserFree> parser(XML_ParserCreate("UTF-8"));
+  if (!parser) return ResourceExhausted("cannot create an XML parser");
+  Builder b;
+  b.parser = parser.get();
+  XML_SetUserData(parser.get(), &b);
+  XML_SetElementHandler(parser.get(), OnStart, OnEnd);
+  XML_SetCharacterDataHandler(parser.get(), OnText);
+  if (document.size() > static_cast<size_t>(INT32_MAX)) return Corruption("XML document too large");
+  const XML_Status st = XML_Parse(parser.get(), document.data(), static_cast<int>(document.size()), XML_TRUE);
+  if (b.too_deep) return Corruption("XML document nested deeper than {} elements", kMaxDepth);
+  if (st != XML_STATUS_OK) {
+    return Corruption("malformed XML at line {} column {}: {}", XML_GetCurrentLineNumber(parser.get()),
+                      XML_GetCurrentColumnNumber(parser.get()), XML_ErrorString(XML_GetErrorCode(parser.get())));
+  }
+  if (!b.have_root) return Corruption("XML document has no root element");
+  return std::move(b.root);
+}
+
+std::string Escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace weir::objstore::xml

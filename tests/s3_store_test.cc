@@ -1,0 +1,272 @@
+// The S3 client's behaviour under scripted faults, against FakeS3 (no real
+// server needed): retries and their bounds, ambiguous create-only PUTs (never
+// reported as success; the WAL settles them by nonce), connection reuse,
+// bounded concurrency, timeouts, and the conditional-PUT probe.
+#include "objstore/s3_store.h"
+
+#include <gtest/gtest.h>
+
+#include <latch>
+#include <thread>
+
+#include "fake_s3.h"
+#include "test_support.h"
+#include "test_util.h"
+#include "wal/writer.h"
+
+namespace weir::objstore {
+namespace {
+
+using namespace std::chrono_literals;
+using Fault = ::weir::testing::FakeS3::Fault;
+
+S3Options FakeOptions(const ::weir::testing::FakeS3& fake) {
+  S3Options o;
+  o.bucket = "bkt";
+  o.prefix = "pre";
+  o.endpoint = fake.endpoint();
+  o.access_key = "AKFAKE";
+  o.secret_key = "secret";
+  o.retry_initial = 1ms;
+  o.retry_max = 5ms;
+  o.probe_conditional_put = false;
+  return o;
+}
+
+std::shared_ptr<S3Store> Open(const S3Options& o) {
+  auto s = OpenS3Store(o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? *s : nullptr;
+}
+
+uint64_t Count(const S3Store& s, S3Metrics::Op op, S3Metrics::Outcome outcome) {
+  return s.metrics().requests[op][outcome].load();
+}
+
+TEST(S3Client, BasicOperationsAgainstTheFake) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  ASSERT_TRUE(s);
+  ASSERT_OK(s->Put("a/b", "hello"));
+  auto got = s->Get("a/b");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "hello");
+  EXPECT_EQ(*s->Get("a/b", ByteRange{1, 3}), "ell");
+  EXPECT_EQ(s->Head("a/b")->size, 5u);
+  EXPECT_EQ(s->Get("missing").status().code(), Code::kNotFound);
+  EXPECT_EQ(s->Head("missing").status().code(), Code::kNotFound);
+  EXPECT_EQ(s->Put("a/b", "x", PutOptions{.if_none_match = true}).code(), Code::kPreconditionFailed);
+  ASSERT_OK(s->Delete("a/b"));
+  EXPECT_EQ(fake.objects(), 0u);
+  EXPECT_EQ(Count(*s, S3Metrics::kPut, S3Metrics::k2xx), 1u);
+  EXPECT_EQ(Count(*s, S3Metrics::kPut, S3Metrics::k412), 1u);
+  EXPECT_EQ(Count(*s, S3Metrics::kGet, S3Metrics::k404), 1u);
+  EXPECT_EQ(s->metrics().bytes_sent.load(), 6u);
+  EXPECT_GE(s->metrics().latency_ns[S3Metrics::kGet].count(), 3u);
+}
+
+TEST(S3Client, RetriesThrottlingAndCountsIt) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  fake.Inject(Fault::k503SlowDown);
+  fake.Inject(Fault::k503SlowDown);
+  ASSERT_OK(s->Put("k", "v"));
+  EXPECT_EQ(s->metrics().retries[S3Metrics::kPut].load(), 2u);
+  EXPECT_EQ(Count(*s, S3Metrics::kPut, S3Metrics::k503), 2u);
+  EXPECT_EQ(Count(*s, S3Metrics::kPut, S3Metrics::k2xx), 1u);
+}
+
+TEST(S3Client, RetriesAreBounded) {
+  ::weir::testing::FakeS3 fake;
+  S3Options o = FakeOptions(fake);
+  o.max_attempts = 3;
+  auto s = Open(o);
+  for (int i = 0; i < 5; ++i) fake.Inject(Fault::k503SlowDown);
+  const Status st = s->Put("k", "v");
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("SlowDown"), std::string::npos) << st.ToString();
+  EXPECT_EQ(fake.requests(), 3);
+}
+
+TEST(S3Client, RetriesDroppedConnections) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  ASSERT_OK(s->Put("k", "value"));
+  fake.Inject(Fault::kDropBeforeApply);
+  auto got = s->Get("k");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "value");
+  // On a kept-alive connection libcurl resends by itself; counted as a retry.
+  EXPECT_EQ(s->metrics().retries[S3Metrics::kGet].load(), 1u);
+  fake.Inject(Fault::kDropBeforeApply);
+  ASSERT_OK(s->Put("k2", "v2", PutOptions{.if_none_match = true}));
+}
+
+TEST(S3Client, AmbiguousCreateIsNeverReportedAsSuccess) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  // The first attempt lands but its answer is lost; the retry meets our own object.
+  fake.Inject(Fault::kDropAfterApply);
+  const Status st = s->Put("wal/1", "mine", PutOptions{.if_none_match = true});
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
+  EXPECT_NE(st.message().find("may have been applied"), std::string::npos) << st.ToString();
+  EXPECT_EQ(s->metrics().ambiguous_creates.load(), 1u);
+  EXPECT_EQ(*s->Get("wal/1"), "mine");
+  // Asked again, the store gives the plain answer: it exists.
+  EXPECT_EQ(s->Put("wal/1", "mine", PutOptions{.if_none_match = true}).code(), Code::kPreconditionFailed);
+
+  // A 500 may have been applied too.
+  fake.Inject(Fault::k500AfterApply);
+  EXPECT_EQ(s->Put("wal/2", "mine", PutOptions{.if_none_match = true}).code(), Code::kTimeout);
+  // A plain PUT retried after an applied attempt simply succeeds.
+  fake.Inject(Fault::kDropAfterApply);
+  ASSERT_OK(s->Put("wal/3", "v"));
+  EXPECT_EQ(s->metrics().ambiguous_creates.load(), 2u);
+}
+
+TEST(S3Client, AmbiguousCreateOnAKeptAliveConnection) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  ASSERT_OK(s->Put("warm", "x"));  // the next request reuses this connection
+  // libcurl itself resends a request whose reused connection died; that copy's
+  // 412 must not pass for a definite answer either.
+  fake.Inject(Fault::kDropAfterApply);
+  const Status st = s->Put("wal/1", "mine", PutOptions{.if_none_match = true});
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
+  EXPECT_EQ(s->metrics().ambiguous_creates.load(), 1u);
+  EXPECT_EQ(fake.connections(), 2);
+}
+
+TEST(S3Client, ConflictIsRetriedAndA412AfterItIsDefinite) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  ASSERT_OK(s->Put("k", "first", PutOptions{.if_none_match = true}));
+  // 409 ConditionalRequestConflict means "not applied": the 412 after it is real.
+  fake.Inject(Fault::k409Conflict);
+  EXPECT_EQ(s->Put("k", "second", PutOptions{.if_none_match = true}).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(s->metrics().retries[S3Metrics::kPut].load(), 1u);
+  EXPECT_EQ(Count(*s, S3Metrics::kPut, S3Metrics::k409), 1u);
+  EXPECT_EQ(*s->Get("k"), "first");
+}
+
+TEST(S3Client, ReusesConnections) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_OK(s->Put("k" + std::to_string(i), "v"));
+    ASSERT_TRUE(s->Get("k" + std::to_string(i)).ok());
+  }
+  EXPECT_EQ(fake.requests(), 100);
+  EXPECT_EQ(fake.connections(), 1);
+  EXPECT_EQ(s->metrics().connections_opened.load(), 1u);
+}
+
+TEST(S3Client, BoundsConcurrency) {
+  ::weir::testing::FakeS3 fake;
+  fake.SetDelay(20ms);
+  S3Options o = FakeOptions(fake);
+  o.max_connections = 3;
+  auto s = Open(o);
+  constexpr int kThreads = 12;
+  std::latch start(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      for (int i = 0; i < 4; ++i) {
+        if (!s->Put(fmt::format("c/{}/{}", t, i), "v").ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(fake.requests(), kThreads * 4);
+  EXPECT_LE(fake.max_concurrent(), 3);
+  EXPECT_GE(fake.max_concurrent(), 2);
+  EXPECT_LE(fake.connections(), 3);
+}
+
+TEST(S3Client, RequestTimeout) {
+  ::weir::testing::FakeS3 fake;
+  S3Options o = FakeOptions(fake);
+  o.request_timeout = 300ms;
+  o.max_attempts = 1;
+  auto s = Open(o);
+  ASSERT_OK(s->Put("k", "v"));
+  fake.Inject(Fault::kStall);
+  const TimePoint t0 = Now();
+  const Status st = s->Get("k").status();
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
+  EXPECT_LT(Now() - t0, 900ms);
+}
+
+TEST(S3Client, ProbeAcceptsAStoreThatHonoursIfNoneMatch) {
+  ::weir::testing::FakeS3 fake;
+  S3Options o = FakeOptions(fake);
+  o.probe_conditional_put = true;
+  auto s = OpenS3Store(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(fake.objects(), 0u);  // the probe object is removed
+}
+
+TEST(S3Client, ProbeRefusesAStoreThatIgnoresIfNoneMatch) {
+  ::weir::testing::FakeS3 fake(/*honour_if_none_match=*/false);
+  S3Options o = FakeOptions(fake);
+  o.probe_conditional_put = true;
+  const Status st = OpenS3Store(o).status();
+  EXPECT_EQ(st.code(), Code::kNotSupported) << st.ToString();
+  EXPECT_NE(st.message().find("ignores If-None-Match"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("fencing"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("--allow-unconditional-put"), std::string::npos) << st.message();
+
+  // Allowed: create-only PUTs are emulated (HEAD, then PUT).
+  o.allow_unconditional_put = true;
+  auto s = OpenS3Store(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK((*s)->Put("k", "first", PutOptions{.if_none_match = true}));
+  EXPECT_EQ((*s)->Put("k", "second", PutOptions{.if_none_match = true}).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(*(*s)->Get("k"), "first");
+
+  // The same through OpenObjectStore's option.
+  const std::string uri = fmt::format("s3://bkt/pre?endpoint={}&access_key=a&secret_key=s", fake.endpoint());
+  EXPECT_EQ(OpenObjectStore(uri).status().code(), Code::kNotSupported);
+  EXPECT_TRUE(OpenObjectStore(uri, OpenOptions{.allow_unconditional_put = true}).ok());
+  EXPECT_TRUE(OpenObjectStore(uri + "&allow_unconditional_put=true").ok());
+}
+
+// The WAL over s3://: a slot PUT that lands but loses its answer is resolved by
+// reading the envelope back (our nonce), acknowledged once, not duplicated.
+TEST(S3Client, WalResolvesAnAmbiguousSlotPutByNonce) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  wal::WriterOptions wo;
+  wo.node = "n1";
+  wo.epoch = 1;
+  wo.retry_initial = 1ms;
+  wo.retry_max = 5ms;
+  auto w = wal::Writer::Start(s, wo);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  fake.Inject(Fault::kDropAfterApply);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Status> ack;
+  ASSERT_OK((*w)->Append(1, ::weir::testing::OneRecordBatch("x"),
+                         [&](const Status& st, const wal::AckInfo&) {
+                           std::lock_guard lk(mu);
+                           ack = st;
+                           cv.notify_all();
+                         },
+                         Now() + 30s));
+  {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 30s, [&] { return ack.has_value(); }));
+  }
+  EXPECT_TRUE(ack->ok()) << ack->ToString();
+  EXPECT_EQ((*w)->metrics().put_ambiguous_resolved.load(), 1u);
+  EXPECT_EQ(s->metrics().ambiguous_creates.load(), 1u);
+  (*w)->Close();
+}
+
+}  // namespace
+}  // namespace weir::objstore
