@@ -19,6 +19,10 @@ namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
+// Concrete executor types (not any_io_executor): no type erasure per operation.
+using Strand = net::strand<net::io_context::executor_type>;
+using Socket = net::basic_stream_socket<tcp, Strand>;
+using Stream = beast::basic_stream<tcp, Strand>;
 
 const std::string* Request::Header(std::string_view lower_name) const {
   for (const auto& [k, v] : headers) {
@@ -117,7 +121,7 @@ namespace {
 // all its state is touched on its strand only.
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
-  Conn(tcp::socket socket, HttpServer::Impl* srv) : stream_(std::move(socket)), srv_(srv) {}
+  Conn(Socket socket, HttpServer::Impl* srv) : stream_(std::move(socket)), srv_(srv) {}
 
   void Start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); }); }
   void Close() {
@@ -264,7 +268,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     out_.clear();
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   HttpServer::Impl* srv_;
   beast::flat_buffer buf_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
@@ -374,7 +378,7 @@ void Conn::Dispatch(Request req) {
 }  // namespace
 
 void HttpServer::Impl::Accept() {
-  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+  acceptor.async_accept(net::make_strand(ioc.get_executor()), [this](beast::error_code ec, Socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
       Log().warn("http accept: {}", ec.message());
