@@ -9,7 +9,7 @@
 namespace weir::bench {
 
 struct WalBenchOptions {
-  std::string store = "mem";  // mem | file
+  std::string store = "mem";  // mem | file | an object store URI (s3://...)
   std::string dir;            // file store directory (default: a fresh temp dir, removed after)
   double put_latency_ms = 0;  // injected fixed PUT latency (FaultStore), 0 = none
   int appenders = 16;

@@ -1,10 +1,13 @@
 // Fence, walk and the garbage probe over a chain in a store.
+// Runs on mem://, and on s3:// (radosgw) under the s3 CTest fixture: each
+// test's store comes from testing::NewTestStore().
 #include "wal/fence.h"
 
 #include <gtest/gtest.h>
 
 #include "objstore/fault_store.h"
 #include "objstore/mem_store.h"
+#include "s3_test_env.h"
 #include "test_util.h"
 #include "wal/writer.h"
 
@@ -26,7 +29,7 @@ void WriteChain(objstore::ObjectStore& store, const ChainRef& c, uint64_t from, 
 }
 
 TEST(Fence, EmptyChainIsPoisonedAtTheCheckpoint) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   ChainRef c{"n1", 4};
   auto f = Fence(*mem, c, 10, 5);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
@@ -39,7 +42,7 @@ TEST(Fence, EmptyChainIsPoisonedAtTheCheckpoint) {
 }
 
 TEST(Fence, FindsTheFirstMissingSlotAndIsIdempotent) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   ChainRef c{"n1", 2};
   WriteChain(*mem, c, 3, 5, 77);  // slots 3..7
   auto f = Fence(*mem, c, 3, 1);
@@ -57,7 +60,7 @@ TEST(Fence, FindsTheFirstMissingSlotAndIsIdempotent) {
 }
 
 TEST(Fence, RetriesTransientErrorsAndAmbiguousPoison) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   ChainRef c{"n1", 1};
   WriteChain(*mem, c, 0, 3, 77);
   objstore::FaultOptions fo;
@@ -78,7 +81,7 @@ TEST(Fence, RetriesTransientErrorsAndAmbiguousPoison) {
 }
 
 TEST(Fence, CorruptEnvelopeStopsTheFence) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   ChainRef c{"n1", 1};
   WriteChain(*mem, c, 0, 2, 77);
   ASSERT_TRUE(mem->Put(SlotKey("n1", 1, 1), std::string(80, 'z')).ok());
@@ -91,7 +94,7 @@ TEST(Fence, CorruptEnvelopeStopsTheFence) {
 }
 
 TEST(Fence, EnvelopeMustMatchItsKey) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   SlotBuilder b;
   std::string batch = OneRecordBatch("x");
   b.Add(1, batch, 1, 1);
@@ -100,7 +103,7 @@ TEST(Fence, EnvelopeMustMatchItsKey) {
 }
 
 TEST(Walk, VisitsCommittedSlotsInOrderAndVerifiesThem) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   ChainRef c{"n1", 1};
   WriteChain(*mem, c, 0, 6, 77);
   auto f = Fence(*mem, c, 2, 1);
@@ -135,7 +138,7 @@ TEST(Walk, VisitsCommittedSlotsInOrderAndVerifiesThem) {
 }
 
 TEST(DeleteGarbage, RemovesFlightsPastTheCutWithinTheWindow) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   ChainRef c{"n1", 1};
   WriteChain(*mem, c, 0, 2, 77);   // 0, 1 committed
   WriteChain(*mem, c, 3, 2, 77);   // 3, 4 landed after a gap at 2
@@ -152,7 +155,7 @@ TEST(DeleteGarbage, RemovesFlightsPastTheCutWithinTheWindow) {
 }
 
 TEST(Fence, RealWriterChainRecoversEveryAcknowledgedEntry) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   WriterOptions o;
   o.node = "n9";
   o.epoch = 3;
@@ -187,7 +190,7 @@ TEST(Fence, RealWriterChainRecoversEveryAcknowledgedEntry) {
 }
 
 TEST(FenceAndWalk, VisitsInOrderAcrossParallelBatchesAndPoisonsTheGap) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   ChainRef c{"n1", 2};
   WriteChain(*mem, c, 0, 40, 77);
   WriteChain(*mem, c, 41, 3, 77);  // landed past a gap: never acknowledged
@@ -218,7 +221,7 @@ TEST(FenceAndWalk, VisitsInOrderAcrossParallelBatchesAndPoisonsTheGap) {
 }
 
 TEST(FenceAndWalk, StopsOnCorruptionAndVisitorErrors) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   ChainRef c{"n1", 1};
   WriteChain(*mem, c, 0, 5, 77);
   auto obj = mem->Get(SlotKey("n1", 1, 3));

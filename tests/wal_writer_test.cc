@@ -1,5 +1,7 @@
 // Writer behaviour: ordered release, group commit, size cap, linger, budget,
 // retries, ambiguous PUTs, halts on a foreign occupant, resume, stress.
+// Runs on mem://, and on s3:// (radosgw) under the s3 CTest fixture: each
+// test's store comes from testing::NewTestStore().
 #include "wal/writer.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 
 #include "objstore/fault_store.h"
 #include "objstore/mem_store.h"
+#include "s3_test_env.h"
 #include "test_util.h"
 #include "wal/fence.h"
 #include "wal/slot_format.h"
@@ -78,7 +81,7 @@ std::string Stored(objstore::ObjectStore& store, const std::string& node, const 
 }
 
 TEST(WalWriter, AcksAfterDurableAndPointsAtStoredBytes) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto w = Writer::Start(mem, Opts());
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   Acks acks;
@@ -100,7 +103,7 @@ TEST(WalWriter, AcksAfterDurableAndPointsAtStoredBytes) {
 }
 
 TEST(WalWriter, OrderedReleaseWhenPutsCompleteOutOfOrder) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto gated = std::make_shared<GatedStore>(mem);
   gated->Gate(SlotKey("n1", 1, 0));
   auto w = Writer::Start(gated, Opts());
@@ -140,7 +143,7 @@ TEST(WalWriter, OrderedReleaseWhenPutsCompleteOutOfOrder) {
 }
 
 TEST(WalWriter, SizeCapBoundsEverySlot) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto gated = std::make_shared<GatedStore>(mem);
   gated->Gate(SlotKey("n1", 1, 0));
   WriterOptions o = Opts();
@@ -177,7 +180,7 @@ TEST(WalWriter, RejectsAppendLargerThanASlot) {
   WriterOptions o = Opts();
   o.slot_cap_bytes = 4096;
   o.budget_bytes = 1 << 20;
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto w = Writer::Start(mem, o);
   ASSERT_TRUE(w.ok());
   Status st = (*w)->Append(1, OneRecordBatch(std::string(5000, 'x')), nullptr, Later());
@@ -187,7 +190,7 @@ TEST(WalWriter, RejectsAppendLargerThanASlot) {
 }
 
 TEST(WalWriter, RejectsBadInputAndChangesNothing) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto w = Writer::Start(mem, Opts());
   ASSERT_TRUE(w.ok());
   EXPECT_EQ((*w)->Append(1, "", nullptr, Later()).code(), Code::kInvalidArgument);
@@ -204,7 +207,7 @@ TEST(WalWriter, RejectsBadInputAndChangesNothing) {
 }
 
 TEST(WalWriter, RejectsBadOptions) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   WriterOptions o = Opts();
   o.node = "bad/node";
   EXPECT_EQ(Writer::Start(mem, o).status().code(), Code::kInvalidArgument);
@@ -217,7 +220,7 @@ TEST(WalWriter, RejectsBadOptions) {
 }
 
 TEST(WalWriter, LingerGroupsAppendsIntoOneSlot) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   WriterOptions o = Opts();
   o.linger = 3s;  // long enough that a loaded machine still appends all five inside it
   auto w = Writer::Start(mem, o);
@@ -234,7 +237,7 @@ TEST(WalWriter, LingerGroupsAppendsIntoOneSlot) {
 
 TEST(WalWriter, IdleWriterFlushesAtOnceWithoutLinger) {
   // With linger 0 a lone append is cut immediately: it acks although nothing else arrives.
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto w = Writer::Start(mem, Opts());
   ASSERT_TRUE(w.ok());
   Acks acks;
@@ -246,7 +249,7 @@ TEST(WalWriter, IdleWriterFlushesAtOnceWithoutLinger) {
 }
 
 TEST(WalWriter, BudgetBlocksThenFailsWithDiagnosis) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto gated = std::make_shared<GatedStore>(mem);
   gated->Gate(SlotKey("n1", 1, 0));
   WriterOptions o = Opts();
@@ -311,7 +314,7 @@ void ExpectEachValueOnce(objstore::ObjectStore& store, const std::string& prefix
 }
 
 TEST(WalWriter, TransientPutErrorsAreRetriedWithoutDuplicateSlots) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   objstore::FaultOptions fo;
   fo.seed = 42;
   fo.put_error_rate = 0.3;
@@ -346,7 +349,7 @@ TEST(WalWriter, TransientPutErrorsAreRetriedWithoutDuplicateSlots) {
 }
 
 TEST(WalWriter, AmbiguousPutsAreResolvedByNonce) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   objstore::FaultOptions fo;
   fo.seed = 7;
   fo.put_ambiguous_rate = 0.5;
@@ -371,7 +374,7 @@ TEST(WalWriter, AmbiguousPutsAreResolvedByNonce) {
 }
 
 TEST(WalWriter, ForeignFlightHaltsTheChain) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   // Another writer (same node and epoch, different nonce) already owns slot 0.
   SlotBuilder b;
   std::string other = OneRecordBatch("other");
@@ -406,7 +409,7 @@ class PoisonTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(PoisonTest, SuccessorPoisonHaltsWriterAndNoLaterAckIsReleased) {
   const bool resume = GetParam();
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto gated = std::make_shared<GatedStore>(mem);
   const std::string slot2 = SlotKey("n1", 1, 2);
   gated->Gate(slot2);
@@ -473,7 +476,7 @@ INSTANTIATE_TEST_SUITE_P(ResumeOrAbandon, PoisonTest, ::testing::Bool());
 TEST(WalWriter, ResumeAcksSlotsBelowTheCutEvenIfTheirPutIsStuck) {
   // Slot 0 landed but its PUT has not returned; slot 1 gets poisoned. The fence
   // finds 0 committed, so Resume acknowledges it and re-publishes slot 1's entry.
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   auto gated = std::make_shared<GatedStore>(mem);
   const std::string s0 = SlotKey("n1", 1, 0), s1 = SlotKey("n1", 1, 1);
   gated->Gate(s0, /*after_apply=*/true);
@@ -512,7 +515,7 @@ TEST(WalWriter, ResumeAcksSlotsBelowTheCutEvenIfTheirPutIsStuck) {
 }
 
 TEST(WalWriter, ConcurrentAppendersStress) {
-  auto mem = objstore::NewMemStore();
+  auto mem = testing::NewTestStore();
   objstore::FaultOptions fo;
   fo.seed = 3;
   fo.put_latency = objstore::LatencySpec{0.2, 2};

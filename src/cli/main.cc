@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/engine_bench.h"
+#include "bench/s3_bench.h"
 #include "bench/wal_bench.h"
 #include "server/serve.h"
 
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   weir::bench::WalBenchOptions wal;
   auto* wal_cmd = bench->add_subcommand("wal", "Drive the WAL writer with concurrent appenders");
-  wal_cmd->add_option("--store", wal.store, "Object store: mem or file")->check(CLI::IsMember({"mem", "file"}));
+  wal_cmd->add_option("--store", wal.store, "Object store: mem, file, or a URI (s3://BUCKET/PREFIX?endpoint=...)");
   wal_cmd->add_option("--dir", wal.dir, "Directory for --store file (default: a temp dir, removed after)");
   wal_cmd->add_option("--put-latency-ms", wal.put_latency_ms, "Injected fixed PUT latency in ms")
       ->check(CLI::Range(0.0, 60000.0));
@@ -103,6 +104,16 @@ int main(int argc, char** argv) {
   rec_cmd->add_option("--record-bytes", rec.record_bytes, "Record size")->check(CLI::Range(1, 1 << 20));
   rec_cmd->add_option("--batch", rec.batch, "Records per append")->check(CLI::Range(1, 1000));
 
+  weir::bench::S3BenchOptions s3b;
+  auto* s3_cmd = bench->add_subcommand("s3", "Object store PUT MB/s at several concurrencies, ranged GETs/s");
+  s3_cmd->add_option("--object-store", s3b.store, "Object store URI, e.g. s3://BUCKET/PREFIX?endpoint=URL")->required();
+  s3_cmd->add_option("--object-bytes", s3b.object_bytes, "PUT object size")->check(CLI::Range(1, 1 << 30));
+  s3_cmd->add_option("--inflight", s3b.inflight, "PUT concurrency levels")->delimiter(',');
+  s3_cmd->add_option("--step-seconds", s3b.step_s, "Seconds per PUT level")->check(CLI::Range(0.1, 3600.0));
+  s3_cmd->add_option("--range-bytes", s3b.range_bytes, "Ranged GET size")->check(CLI::Range(1, 1 << 30));
+  s3_cmd->add_option("--range-inflight", s3b.range_inflight, "Concurrent ranged GETs")->check(CLI::Range(1, 1024));
+  s3_cmd->add_option("--range-seconds", s3b.range_s, "Seconds of ranged GETs")->check(CLI::Range(0.1, 3600.0));
+
   CLI11_PARSE(app, argc, argv);
 
   if (serve_cmd->parsed()) return weir::server::RunServe(serve);
@@ -118,6 +129,9 @@ int main(int argc, char** argv) {
   } else if (rec_cmd->parsed()) {
     what = "recovery";
     st = weir::bench::RunRecoveryBench(rec);
+  } else if (s3_cmd->parsed()) {
+    what = "s3";
+    st = weir::bench::RunS3Bench(s3b);
   }
   if (!st.ok()) {
     std::cerr << "weir bench " << what << ": " << st.ToString() << "\n";

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts a disposable S3 server for the tests: one Ceph monitor, one OSD on
-# memstore (RAM, at most 2 GiB) and radosgw, all on 127.0.0.1 with free ports,
+# memstore (RAM, at most 4 GiB) and radosgw, all on 127.0.0.1 with free ports,
 # everything under DIR. Creates an S3 user and the bucket "weir-test".
 #
 #   tests/s3/ceph-s3-start.sh DIR      (DIR is wiped first; a stale server in it is stopped)
@@ -78,12 +78,18 @@ osd pool default pgp num = 8
 osd pool default pg autoscale mode = off
 osd crush chooseleaf type = 0
 osd objectstore = memstore
-memstore device bytes = 2147483648
+memstore device bytes = 4294967296
 
 [client.rgw.a]
 rgw data = $dir/rgw
-rgw frontends = beast endpoint=127.0.0.1:$rgw_port
+# tcp_nodelay: without it beast holds the body behind the headers until our
+# delayed ACK (40 ms per small response on a kept-alive connection)
+rgw frontends = beast endpoint=127.0.0.1:$rgw_port tcp_nodelay=1
 rgw thread pool size = 64
+# reclaim deleted and overwritten objects' data within seconds, not hours
+# (everything lives in RAM)
+rgw gc obj min wait = 5
+rgw gc processor period = 5
 CONF
 
 # Daemons run in the foreground (-f) of their own session, output to files,
