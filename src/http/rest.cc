@@ -20,6 +20,7 @@ using Json = nlohmann::json;
 struct RestApi::Ctx {
   std::shared_ptr<Exchange> ex;
   RestMetrics* metrics = nullptr;
+  log::Engine* engine = nullptr;  // to tell a missing basin from a missing stream
   std::string basin;
   TimePoint started;
 
@@ -44,6 +45,10 @@ struct RestApi::Ctx {
   // Maps an engine or metastore status to the HTTP status and error code of
   // docs/http-api.md; `not_found` names what a kNotFound is about.
   void Fail(const Status& st, std::string_view not_found = "not_found") const {
+    if (st.code() == Code::kNotFound && not_found == "stream_not_found" && engine &&
+        engine->GetBasin(basin).status().code() == Code::kNotFound) {
+      return Error(404, "basin_not_found", fmt::format("basin \"{}\" does not exist", basin));
+    }
     switch (st.code()) {
       case Code::kInvalidArgument: return Error(422, "invalid", st.message());
       case Code::kNotFound: return Error(404, not_found, st.message());
@@ -361,7 +366,7 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
 
 void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
   metrics_.requests++;
-  Ctx c{std::move(ex), &metrics_, options_.default_basin, Now()};
+  Ctx c{std::move(ex), &metrics_, engine_, options_.default_basin, Now()};
   try {
     if (req.path == "/health") {
       if (req.method != "GET") return c.Error(405, "method_not_allowed", "use GET", {{"Allow", "GET"}});

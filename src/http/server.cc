@@ -1,6 +1,7 @@
 // The only translation unit that includes Boost.Beast / Asio.
 #include "http/server.h"
 
+#include <array>
 #include <cctype>
 #include <deque>
 #include <mutex>
@@ -159,6 +160,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   }
 
   void OnHeader(beast::error_code ec) {
+    if (ec == bhttp::error::body_limit) {  // the Content-Length is over the limit
+      return Reject(413, "request_too_large",
+                    fmt::format("request body is over the limit of {} bytes", srv_->options.max_request_bytes));
+    }
     if (ec) return Fail(ec);
     auto& req = parser_->get();
     auto len = parser_->content_length();
@@ -215,8 +220,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
 
   void Dispatch(Request req);
 
-  // Answers an unreadable request and closes the connection after.
+  // Answers an unreadable request and closes the connection after, reading
+  // (and dropping) what the client still sends for a while first, so the
+  // close does not reset the connection before the client reads the answer.
   void Reject(int status, std::string_view code, std::string_view message) {
+    linger_close_ = true;
     std::string body = fmt::format(R"({{"code":"{}","message":"{}"}})", code, message);
     std::string bytes = StatusLine(status) +
                         fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -243,10 +251,25 @@ class Conn : public std::enable_shared_from_this<Conn> {
     }
     if (done.then) done.then(true);
     if (done.response_done) {
+      if (linger_close_) return LingerClose();
       if (!done.keep_alive || srv_->stopped) return Shutdown();
       ReadHeader();
     }
     WriteNext();
+  }
+
+  void LingerClose() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(std::chrono::seconds(2));
+    Discard();
+  }
+  void Discard() {
+    stream_.async_read_some(net::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->discarded_ += n;
+      if (ec || self->discarded_ > (64u << 20)) return self->Shutdown();
+      self->Discard();
+    });
   }
 
   void Fail(beast::error_code ec) {
@@ -275,6 +298,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::deque<Out> out_;
   bool writing_ = false;
   bool keep_alive_ = true;
+  bool linger_close_ = false;
+  std::array<char, 16384> discard_;
+  size_t discarded_ = 0;
   std::atomic<bool> closed_{false};
 
   friend class ExchangeImpl;
