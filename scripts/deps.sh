@@ -5,6 +5,7 @@ set -euo pipefail
 pkgs=(g++ cmake ninja-build ccache pkg-config python3
       libisal-dev libsqlite3-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev libgmock-dev
+      libcurl4-openssl-dev libssl-dev libexpat1-dev curl radosgw ceph-mon ceph-osd  # s3://, and radosgw for its tests
       libboost-dev     # Boost.Asio/Beast for the HTTP server (headers only)
       libsimdjson-dev) # the append body parser
 missing=()

@@ -46,6 +46,7 @@ const std::string kBasin = "crash-basin";
 
 struct Flags {
   std::string dir;
+  std::string object_store;  // URI; default file://DIR/objects
   std::string mode;
   int threads = 8;
   int streams = 4;
@@ -151,11 +152,15 @@ std::vector<std::string> ReadLog(const std::string& path, uint64_t* torn, bool* 
 
 Result<std::unique_ptr<wl::Engine>> OpenEngine(const Flags& f, bool faults, size_t cache_bytes,
                                                 weir::Duration settle_interval) {
-  std::error_code ec;
-  std::filesystem::create_directories(f.dir + "/objects", ec);
-  if (ec) return weir::IOError("creating {}/objects: {}", f.dir, ec.message());
-  WEIR_ASSIGN_OR_RETURN(std::shared_ptr<weir::objstore::ObjectStore> store,
-                        weir::objstore::OpenFileStore(f.dir + "/objects"));
+  std::shared_ptr<weir::objstore::ObjectStore> store;
+  if (f.object_store.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(f.dir + "/objects", ec);
+    if (ec) return weir::IOError("creating {}/objects: {}", f.dir, ec.message());
+    WEIR_ASSIGN_OR_RETURN(store, weir::objstore::OpenFileStore(f.dir + "/objects"));
+  } else {
+    WEIR_ASSIGN_OR_RETURN(store, weir::objstore::OpenObjectStore(f.object_store));
+  }
   if (faults && (f.put_error_rate > 0 || f.put_timeout_rate > 0 || f.put_ambiguous_rate > 0)) {
     weir::objstore::FaultOptions fo;
     fo.seed = f.seed;
@@ -767,6 +772,7 @@ int main(int argc, char** argv) {
   CLI::App app{"weir crash-test child"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag wins
   app.add_option("--dir", f.dir, "state directory")->required();
+  app.add_option("--object-store", f.object_store, "object store URI (default: file://DIR/objects)");
   app.add_option("--mode", f.mode, "append | verify")->required()->check(CLI::IsMember({"append", "verify"}));
   app.add_option("--threads", f.threads)->check(CLI::Range(1, 256));
   app.add_option("--streams", f.streams)->check(CLI::Range(1, 1000));

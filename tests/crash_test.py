@@ -3,7 +3,10 @@
 crash_child in append mode, SIGKILL it after a random delay, repeat; then run
 it in verify mode, which recovers and checks every stream against the ack log.
 
-Usage: crash_test.py CRASH_CHILD
+Usage: crash_test.py CRASH_CHILD [--s3-env FILE]
+With --s3-env (the KEY=VALUE file tests/s3/ceph-s3-start.sh writes), each
+scenario's objects live on that S3 server under a fresh prefix of its bucket
+(s3://); otherwise in DIR/objects (file://).
 Environment: WEIR_CRASH_SEED (default random; printed), WEIR_CRASH_CYCLES
 (default 30), WEIR_CRASH_KEEP=1 keeps the directory of a failed scenario,
 WEIR_CRASH_EXTRA adds append-mode flags (e.g. "--threads 16 --cache-bytes 65536")."""
@@ -18,6 +21,7 @@ import tempfile
 import time
 
 CHILD = sys.argv[1]
+S3_ENV = sys.argv[sys.argv.index("--s3-env") + 1] if "--s3-env" in sys.argv else None
 SEED = int(os.environ.get("WEIR_CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
 CYCLES = int(os.environ.get("WEIR_CRASH_CYCLES", "30"))
 KEEP = os.environ.get("WEIR_CRASH_KEEP") == "1"
@@ -61,9 +65,33 @@ def wait_ready(proc, deadline):
     return True
 
 
+def read_s3_env(path):
+    """The S3 server's endpoint, bucket and credentials, from KEY=VALUE lines."""
+    env = {}
+    with open(path) as f:
+        for line in f:
+            name, sep, value = line.strip().partition("=")
+            if sep:
+                env[name] = value
+    return env
+
+
+def store_for(name, seed):
+    """Child flags and environment for one scenario's object store."""
+    if S3_ENV is None:
+        return [], None
+    s3 = read_s3_env(S3_ENV)
+    uri = (f"s3://{s3['S3_BUCKET']}/crash-{name}-{seed}-{os.getpid()}"
+           f"?endpoint={s3['S3_ENDPOINT']}&region={s3.get('AWS_DEFAULT_REGION', 'us-east-1')}")
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=s3["AWS_ACCESS_KEY_ID"], AWS_SECRET_ACCESS_KEY=s3["AWS_SECRET_ACCESS_KEY"])
+    env.pop("AWS_SESSION_TOKEN", None)
+    return ["--object-store", uri], env
+
+
 def slots_past_a_hole(d):
     """Whether the newest epoch's chain has a slot above a missing seq (a
-    flight that landed past the hole the next start will poison)."""
+    flight that landed past the hole the next start will poison). Only
+    looked at on file://."""
     chain = os.path.join(d, "objects", "wal", "crash-node")
     if not os.path.isdir(chain):
         return False
@@ -75,15 +103,15 @@ def slots_past_a_hole(d):
     return bool(seqs) and seqs[-1] - seqs[0] + 1 != len(seqs)
 
 
-def cycle(rng, d, ack_log, extra, i, log):
+def cycle(rng, d, ack_log, extra, i, log, store):
     """One append run, killed at a random moment."""
     args = [CHILD, "--dir", d, "--mode", "append", "--ack-log", ack_log,
-            "--seed", str(rng.randrange(1, 1 << 62))] + extra + EXTRA
+            "--seed", str(rng.randrange(1, 1 << 62))] + store[0] + extra + EXTRA
     err_path = os.path.join(d, "append.err")
     with open(err_path, "ab") as err:
         err.write(f"--- cycle {i}\n".encode())
         err.flush()
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, env=store[1])
     try:
         if rng.random() < 1 / 6:
             # Sometimes kill during start-up or recovery.
@@ -129,20 +157,21 @@ def scenario(name, extra, seed):
     ack_log = os.path.join(d, "acks.log")
     ok = False
     start = time.monotonic()
+    store = store_for(name, seed)
     try:
         kills = []
         for i in range(CYCLES):
-            cycle(rng, d, ack_log, extra, i, kills)
+            cycle(rng, d, ack_log, extra, i, kills, store)
         # Verify twice: after the kills, and again after the first verify's clean close.
         for attempt in ("after the last kill", "after a clean close"):
-            verify = subprocess.run([CHILD, "--dir", d, "--mode", "verify", "--ack-log", ack_log],
-                                    capture_output=True, text=True, timeout=600)
+            verify = subprocess.run([CHILD, "--dir", d, "--mode", "verify", "--ack-log", ack_log] + store[0],
+                                    capture_output=True, text=True, timeout=600, env=store[1])
             summary = verify.stdout.strip()
             if verify.returncode != 0:
                 raise Failure(f"verify {attempt} failed ({verify.returncode}):\n{summary}\n"
                               f"{verify.stderr[-3000:]}")
         acks, dups, resends, resend_dups = count_log(ack_log)
-        holes = sum(1 for k in kills if k[2])
+        holes = str(sum(1 for k in kills if k[2])) if S3_ENV is None else "n/a on s3://"
         print(f"  {len(kills)} kills ({sum(1 for k in kills if k[0] == 'start')} during start-up, "
               f"{holes} left slots past a hole); {acks} acks, {dups} duplicated (re-sends after restart: {resends}, "
               f"{resend_dups} duplicated); {time.monotonic() - start:.1f}s")
@@ -166,7 +195,7 @@ def scenario(name, extra, seed):
 
 def main():
     print(f"crash test: seed {SEED} (WEIR_CRASH_SEED={SEED} repeats the kill schedule and fault seeds), "
-          f"{CYCLES} cycles per scenario")
+          f"{CYCLES} cycles per scenario, on {'s3:// (' + S3_ENV + ')' if S3_ENV else 'file://'}")
     passed = failed = 0
     for n, (name, extra) in enumerate(SCENARIOS):
         print(f"scenario {name}")
