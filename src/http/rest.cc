@@ -624,10 +624,13 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
                                                       {a.tail, static_cast<uint64_t>(a.last_timestamp_ms)}),
                                  {}});
         }
-        c.Reply(200, Json{{"start", Position(a.start_offset, a.first_timestamp_ms)},
-                          {"end", Position(a.end_offset, a.last_timestamp_ms)},
-                          {"tail", Position(a.tail, a.last_timestamp_ms)},
-                          {"duplicated", a.duplicated}});
+        // The hot path: formatted directly rather than through a JSON tree.
+        auto first = std::max<int64_t>(a.first_timestamp_ms, 0), last = std::max<int64_t>(a.last_timestamp_ms, 0);
+        c.Send(Response{200, "application/json",
+                        fmt::format(R"({{"start":{{"seq_num":{},"timestamp":{}}},"end":{{"seq_num":{},"timestamp":{}}},)"
+                                    R"("tail":{{"seq_num":{},"timestamp":{}}},"duplicated":{}}})",
+                                    a.start_offset, first, a.end_offset, last, a.tail, last, a.duplicated),
+                        {}});
       });
 }
 
