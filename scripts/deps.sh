@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages weir needs to build and test, if missing.
 # Runs `apt-get update` once, only when something has to be installed.
 set -euo pipefail
-pkgs=(g++ cmake ninja-build ccache pkg-config python3
+pkgs=(g++ cmake ninja-build ccache pkg-config python3 python3-requests
       libisal-dev libsqlite3-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev libgmock-dev
       libcurl4-openssl-dev libssl-dev libexpat1-dev curl radosgw ceph-mon ceph-osd  # s3://, and radosgw for its tests
@@ -18,4 +18,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# The SDK suite (tests/js) needs Node.js 20+ and npm, which these machines
+# carry outside Debian's packages: check only.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "deps: node and npm are needed for tests/js (Node.js 20 or newer)" >&2
+  exit 1
+fi
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$node_major" -lt 20 ]; then
+  echo "deps: Node.js $(node --version) is too old for tests/js; need 20 or newer" >&2
+  exit 1
 fi

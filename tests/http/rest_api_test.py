@@ -1,0 +1,1376 @@
+#!/usr/bin/python3
+"""Integration tests of `weir serve`'s HTTP API (docs/http-api.md): every
+endpoint and every error status, against the real binary on a free port.
+
+Usage: rest_api_test.py WEIR_BINARY [unittest arguments, e.g. -k Sse -v]
+(or WEIR_BIN=... rest_api_test.py). Needs python3-requests (Debian).
+
+Most tests share one server; auth + request limits, backpressure and the
+restart/drain/lock tests start their own. Names are unique per test, so the
+shared server's state does not couple tests. No test asserts an upper bound
+on time; waits are generous (CI is a loaded 2-core machine).
+"""
+import base64
+import datetime
+import http.client
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.parse
+import uuid
+
+import requests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from weir_server import ServerError, WeirServer, run_expecting_exit  # noqa: E402
+
+WEIR = os.environ.get("WEIR_BIN")
+REQ_TIMEOUT = 60           # seconds per plain request
+ALL_SERVERS = []           # every server started, for log dumps on failure
+SHARED = None              # the shared server (setUpModule)
+DEFAULT_BASIN = "weir-default"
+
+
+# --------------------------------------------------------------------------
+# S2 protobuf messages (s2/v1/s2.proto), hand-encoded.
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _key(num, wire):
+    return _varint((num << 3) | wire)
+
+
+def _f_varint(num, n):
+    return _key(num, 0) + _varint(n)
+
+
+def _f_bytes(num, b):
+    if isinstance(b, str):
+        b = b.encode()
+    return _key(num, 2) + _varint(len(b)) + b
+
+
+def pb_append_record(body=b"", headers=(), timestamp=None):
+    """AppendRecord{timestamp=1 (optional), headers=2, body=3}"""
+    out = b""
+    if timestamp is not None:
+        out += _f_varint(1, timestamp)
+    for name, value in headers:
+        out += _f_bytes(2, _f_bytes(1, name) + _f_bytes(2, value))  # Header{name=1,value=2}
+    return out + _f_bytes(3, body)
+
+
+def pb_append_input(records, match_seq_num=None, fencing_token=None):
+    """AppendInput{records=1, match_seq_num=2 (optional), fencing_token=3 (optional)}"""
+    out = b"".join(_f_bytes(1, r) for r in records)
+    if match_seq_num is not None:
+        out += _f_varint(2, match_seq_num)
+    if fencing_token is not None:
+        out += _f_bytes(3, fencing_token)
+    return out
+
+
+def pb_parse(buf):
+    """Field number -> list of values (int for varints, bytes for length-delimited)."""
+    fields, i = {}, 0
+
+    def varint():
+        nonlocal i
+        shift = n = 0
+        while True:
+            b = buf[i]
+            i += 1
+            n |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return n
+
+    while i < len(buf):
+        key = varint()
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            val = varint()
+        elif wire == 2:
+            ln = varint()
+            val = bytes(buf[i:i + ln])
+            i += ln
+        elif wire == 1:
+            val = bytes(buf[i:i + 8])
+            i += 8
+        elif wire == 5:
+            val = bytes(buf[i:i + 4])
+            i += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        fields.setdefault(num, []).append(val)
+    return fields
+
+
+def _last(fields, num, default):
+    return fields.get(num, [default])[-1]
+
+
+def pb_position(buf):
+    """StreamPosition{seq_num=1, timestamp=2}"""
+    f = pb_parse(buf)
+    return {"seq_num": _last(f, 1, 0), "timestamp": _last(f, 2, 0)}
+
+
+def pb_append_ack(buf):
+    """AppendAck{start=1, end=2, tail=3}; each must be present."""
+    f = pb_parse(buf)
+    return {k: pb_position(f[n][-1]) for k, n in (("start", 1), ("end", 2), ("tail", 3))}
+
+
+def pb_read_batch(buf):
+    """ReadBatch{records=1, tail=2 (optional)} of
+    SequencedRecord{seq_num=1, timestamp=2, headers=3, body=4}"""
+    f = pb_parse(buf)
+    records = []
+    for rb in f.get(1, []):
+        r = pb_parse(rb)
+        headers = []
+        for hb in r.get(3, []):
+            h = pb_parse(hb)
+            headers.append((_last(h, 1, b""), _last(h, 2, b"")))
+        records.append({"seq_num": _last(r, 1, 0), "timestamp": _last(r, 2, 0),
+                        "headers": headers, "body": _last(r, 4, b"")})
+    tail = pb_position(f[2][-1]) if 2 in f else None
+    return {"records": records, "tail": tail}
+
+
+# --------------------------------------------------------------------------
+# Helpers
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def q(name):
+    return urllib.parse.quote(name, safe="")
+
+
+def metered(body, headers=()):
+    """S2's metered size of a record (bytes)."""
+    if isinstance(body, str):
+        body = body.encode()
+    size = 8 + len(body)
+    for n, v in headers:
+        size += 2 + len(n.encode() if isinstance(n, str) else n) + len(v.encode() if isinstance(v, str) else v)
+    return size
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def b64(b):
+    return base64.b64encode(b if isinstance(b, bytes) else b.encode()).decode()
+
+
+class Client:
+    """A keep-alive session against one server; `basin` sets s2-basin."""
+
+    def __init__(self, server, basin=None, token=None):
+        self.server = server
+        self.s = requests.Session()
+        self.basin = basin
+        self.token = token
+
+    def request(self, method, path, headers=None, timeout=REQ_TIMEOUT, **kw):
+        h = {}
+        if self.basin:
+            h["s2-basin"] = self.basin
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        h.update(headers or {})
+        return self.s.request(method, self.server.url(path), headers=h, timeout=timeout, **kw)
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, **kw):
+        return self.request("POST", path, **kw)
+
+    def put(self, path, **kw):
+        return self.request("PUT", path, **kw)
+
+    def patch(self, path, **kw):
+        return self.request("PATCH", path, **kw)
+
+    def delete(self, path, **kw):
+        return self.request("DELETE", path, **kw)
+
+    # Stream shortcuts --------------------------------------------------
+    def create_stream(self, name, config=None):
+        body = {"stream": name}
+        if config is not None:
+            body["config"] = config
+        r = self.post("/v1/streams", json=body)
+        assert r.status_code == 201, f"create stream {name!r}: {r.status_code} {r.text}"
+        return r.json()
+
+    def append(self, stream, records, fmt=None, expect=200, **extra):
+        headers = {"s2-format": fmt} if fmt else {}
+        headers.update(extra.pop("headers", {}))
+        body = {"records": records}
+        body.update(extra)
+        r = self.post(f"/v1/streams/{q(stream)}/records", json=body, headers=headers)
+        assert r.status_code == expect, f"append to {stream!r}: {r.status_code} {r.text}"
+        return r.json()
+
+    def read(self, stream, params=None, fmt=None, expect=200, timeout=REQ_TIMEOUT):
+        headers = {"s2-format": fmt} if fmt else {}
+        r = self.get(f"/v1/streams/{q(stream)}/records", params=params or {}, headers=headers,
+                     timeout=timeout)
+        assert r.status_code == expect, f"read {stream!r} {params}: {r.status_code} {r.text}"
+        return r.json()
+
+    def tail(self, stream):
+        r = self.get(f"/v1/streams/{q(stream)}/records/tail")
+        assert r.status_code == 200, f"tail of {stream!r}: {r.status_code} {r.text}"
+        return r.json()["tail"]
+
+    def read_all(self, stream, fmt=None):
+        """Every record from the first retained one to the tail, page by page."""
+        out, params = [], {}
+        while True:
+            batch = self.read(stream, params, fmt=fmt)["records"]
+            if not batch:
+                return out
+            out += batch
+            params = {"seq_num": batch[-1]["seq_num"] + 1}
+
+
+class ApiTestCase(unittest.TestCase):
+    maxDiff = 4000
+
+    def setUp(self):
+        self.c = Client(SHARED)
+
+    def assertJson(self, r):
+        ctype = r.headers.get("Content-Type", "")
+        self.assertTrue(ctype.startswith("application/json"),
+                        f"{r.request.method} {r.request.url}: Content-Type {ctype!r}, body {r.text[:200]!r}")
+        return r.json()
+
+    def assertError(self, r, status, code=None):
+        """Status, JSON content type, and the {code, message} body."""
+        self.assertEqual(r.status_code, status, f"{r.request.method} {r.request.url}: {r.text[:500]}")
+        body = self.assertJson(r)
+        self.assertIsInstance(body.get("message"), str, body)
+        self.assertIsInstance(body.get("code"), str, body)
+        if code is not None:
+            self.assertEqual(body["code"], code, body)
+        return body
+
+    def assertPosition(self, pos):
+        self.assertIsInstance(pos, dict)
+        self.assertIsInstance(pos.get("seq_num"), int, pos)
+        self.assertIsInstance(pos.get("timestamp"), int, pos)
+
+    def assertRfc3339(self, value):
+        self.assertIsInstance(value, str)
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        self.assertIsNotNone(parsed.tzinfo, value)
+
+    def new_stream(self, prefix="s", config=None, client=None):
+        name = unique(prefix)
+        (client or self.c).create_stream(name, config)
+        return name
+
+    def wait_for_status(self, fn, status, timeout=30):
+        """Polls fn() until it returns `status` (deletion may be asynchronous)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = fn()
+            if r.status_code == status or time.monotonic() > deadline:
+                return r
+            time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------
+# Operations
+
+class HealthAndMetricsTest(ApiTestCase):
+    def test_health(self):
+        r = self.c.get("/health")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(self.assertJson(r), {"status": "ok"})
+
+    @staticmethod
+    def scrape(c):
+        r = c.get("/metrics")
+        assert r.status_code == 200, r.text
+        return r
+
+    @staticmethod
+    def samples(text):
+        """{series: value} of every sample line; raises on a malformed line."""
+        out = {}
+        line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+-?\d+)?$')
+        for line in text.splitlines():
+            if not line.strip() or line.startswith("#"):
+                continue
+            m = line_re.match(line)
+            if not m:
+                raise AssertionError(f"not a Prometheus sample line: {line!r}")
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+        return out
+
+    def test_metrics_text_and_counters(self):
+        first = self.scrape(self.c)
+        self.assertTrue(first.headers.get("Content-Type", "").startswith("text/plain"),
+                        first.headers.get("Content-Type"))
+        before = self.samples(first.text)
+        self.assertIn("# TYPE", first.text)
+        self.assertRegex(first.text, r"(?m)^# TYPE \S+ histogram$", "no histogram (PUT/ack latency)")
+
+        s = self.new_stream("metrics")
+        appends, per_append, body = 3, 4, "m" * 100
+        for _ in range(appends):
+            self.c.append(s, [{"body": body}] * per_append)
+        after = self.samples(self.scrape(self.c).text)
+
+        def grew(pred, by):
+            return [k for k in after if pred(k) and after[k] - before.get(k, 0) >= by]
+
+        plain = lambda k: not re.search(r"_(bucket|sum|count)\b|latency|seconds", k)  # noqa: E731
+        self.assertTrue(grew(lambda k: "append" in k and not re.search("bytes|record", k) and plain(k), appends),
+                        f"no appends counter grew by {appends}: {sorted(after)}")
+        self.assertTrue(grew(lambda k: "record" in k and "bytes" not in k and plain(k), appends * per_append),
+                        f"no records counter grew by {appends * per_append}: {sorted(after)}")
+        self.assertTrue(grew(lambda k: "bytes" in k and "pool" not in k and plain(k),
+                             appends * per_append * len(body)),
+                        f"no bytes counter grew by {appends * per_append * len(body)}: {sorted(after)}")
+
+
+# --------------------------------------------------------------------------
+# Basins
+
+class BasinTest(ApiTestCase):
+    def list_basins(self, **params):
+        r = self.c.get("/v1/basins", params=params)
+        self.assertEqual(r.status_code, 200, r.text)
+        body = self.assertJson(r)
+        self.assertIsInstance(body.get("has_more"), bool, body)
+        return body
+
+    def assertBasinInfo(self, info, name):
+        self.assertEqual(info["name"], name)
+        self.assertRfc3339(info["created_at"])
+        self.assertIsNone(info.get("deleted_at"))
+
+    def test_default_basin_exists(self):
+        names = [b["name"] for b in self.list_basins()["basins"]]
+        self.assertIn(DEFAULT_BASIN, names)
+        r = self.c.get(f"/v1/basins/{DEFAULT_BASIN}")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertIsInstance(self.assertJson(r), dict)
+
+    def test_create_get_list_delete(self):
+        name = unique("basin")
+        r = self.c.post("/v1/basins", json={"basin": name})
+        self.assertEqual(r.status_code, 201, r.text)
+        self.assertBasinInfo(self.assertJson(r), name)
+
+        self.assertError(self.c.post("/v1/basins", json={"basin": name}), 409, "resource_already_exists")
+
+        r = self.c.get(f"/v1/basins/{name}")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertIsInstance(self.assertJson(r), dict)
+
+        listed = [b for b in self.list_basins(prefix=name)["basins"]]
+        self.assertEqual([b["name"] for b in listed], [name])
+        self.assertBasinInfo(listed[0], name)
+
+        r = self.c.delete(f"/v1/basins/{name}")
+        self.assertEqual(r.status_code, 202, r.text)
+        r = self.wait_for_status(lambda: self.c.get(f"/v1/basins/{name}"), 404)
+        self.assertError(r, 404, "basin_not_found")
+        self.assertNotIn(name, [b["name"] for b in self.list_basins(prefix=name)["basins"]])
+
+    def test_missing_basin(self):
+        name = unique("nobasin")
+        self.assertError(self.c.get(f"/v1/basins/{name}"), 404, "basin_not_found")
+        self.assertError(self.c.delete(f"/v1/basins/{name}"), 404, "basin_not_found")
+
+    def test_put_creates_then_reports_existing(self):
+        name = unique("ensure")
+        r = self.c.put(f"/v1/basins/{name}", json={})
+        self.assertEqual(r.status_code, 201, r.text)
+        self.assertBasinInfo(self.assertJson(r), name)
+        r = self.c.put(f"/v1/basins/{name}", json={})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertBasinInfo(self.assertJson(r), name)
+
+    def test_list_pagination(self):
+        prefix = unique("page")
+        names = [f"{prefix}-{c}" for c in "abc"]
+        for n in reversed(names):
+            self.assertEqual(self.c.post("/v1/basins", json={"basin": n}).status_code, 201)
+        page = self.list_basins(prefix=prefix, limit=2)
+        self.assertEqual([b["name"] for b in page["basins"]], names[:2])
+        self.assertTrue(page["has_more"])
+        page = self.list_basins(prefix=prefix, start_after=names[1])
+        self.assertEqual([b["name"] for b in page["basins"]], names[2:])
+        self.assertFalse(page["has_more"])
+        page = self.list_basins(prefix=prefix, limit=5000)  # capped at 1000, not an error
+        self.assertEqual([b["name"] for b in page["basins"]], names)
+
+    def test_name_rules(self):
+        ok = ["a" * 8, "b" * 48, "a1-b2-c3", "12345678"]
+        bad = ["a" * 7, "b" * 49, "Upper-case", "-leading-hyphen", "trailing-hyphen-", "under_score",
+               "dot.ted.name", ""]
+        for name in ok:  # each server run starts with an empty data dir
+            r = self.c.post("/v1/basins", json={"basin": name})
+            self.assertEqual(r.status_code, 201, f"{name!r}: {r.text}")
+        for name in bad:
+            with self.subTest(name=name):
+                self.assertError(self.c.post("/v1/basins", json={"basin": name}), 422, "invalid")
+        self.assertError(self.c.put("/v1/basins/Bad_Name_Here", json={}), 422, "invalid")
+
+
+# --------------------------------------------------------------------------
+# Streams
+
+DEFAULT_CONFIG = {
+    "storage_class": "standard",
+    "retention_policy": {"age": 7 * 24 * 3600},
+    "timestamping": {"mode": "client-prefer", "uncapped": False},
+}
+
+
+class StreamTest(ApiTestCase):
+    def config(self, name, client=None):
+        r = (client or self.c).get(f"/v1/streams/{q(name)}")
+        self.assertEqual(r.status_code, 200, r.text)
+        return self.assertJson(r)
+
+    def assertConfigHas(self, config, expected):
+        for k, v in expected.items():
+            self.assertEqual(config.get(k), v, f"{k} in {config}")
+
+    def test_create_get_delete(self):
+        name = unique("stream")
+        r = self.c.post("/v1/streams", json={"stream": name})
+        self.assertEqual(r.status_code, 201, r.text)
+        info = self.assertJson(r)
+        self.assertEqual(info["name"], name)
+        self.assertRfc3339(info["created_at"])
+        self.assertIsNone(info.get("deleted_at"))
+
+        self.assertError(self.c.post("/v1/streams", json={"stream": name}), 409, "resource_already_exists")
+        self.assertConfigHas(self.config(name), DEFAULT_CONFIG)
+
+        r = self.c.delete(f"/v1/streams/{q(name)}")
+        self.assertEqual(r.status_code, 202, r.text)
+        r = self.wait_for_status(lambda: self.c.get(f"/v1/streams/{q(name)}"), 404)
+        self.assertError(r, 404, "stream_not_found")
+
+    def test_missing_stream(self):
+        name = unique("nostream")
+        p = f"/v1/streams/{q(name)}"
+        self.assertError(self.c.get(p), 404, "stream_not_found")
+        self.assertError(self.c.delete(p), 404, "stream_not_found")
+        self.assertError(self.c.patch(p, json={"retention_policy": {"age": 60}}), 404, "stream_not_found")
+        self.assertError(self.c.post(p + "/records", json={"records": [{"body": "x"}]}), 404,
+                         "stream_not_found")
+        self.assertError(self.c.get(p + "/records"), 404, "stream_not_found")
+        self.assertError(self.c.get(p + "/records/tail"), 404, "stream_not_found")
+
+    def test_create_with_config(self):
+        config = {"storage_class": "express", "retention_policy": {"infinite": {}},
+                  "timestamping": {"mode": "arrival", "uncapped": True}}
+        name = self.new_stream("configured", config)
+        self.assertConfigHas(self.config(name), config)
+
+    def test_put_creates_then_reconfigures(self):
+        name = unique("put")
+        r = self.c.put(f"/v1/streams/{q(name)}", json={})
+        self.assertEqual(r.status_code, 201, r.text)
+        self.assertJson(r)  # docs: StreamConfig; S2's spec: StreamInfo (see report)
+        self.assertConfigHas(self.config(name), DEFAULT_CONFIG)
+        r = self.c.put(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 7200}})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(self.config(name)["retention_policy"], {"age": 7200})
+
+    def test_patch(self):
+        name = self.new_stream("patch")
+        r = self.c.patch(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 3600}})
+        self.assertEqual(r.status_code, 200, r.text)
+        out = self.assertJson(r)
+        self.assertEqual(out["retention_policy"], {"age": 3600})
+        self.assertEqual(out["storage_class"], "standard")  # untouched fields stay
+        self.assertEqual(self.config(name)["retention_policy"], {"age": 3600})
+        r = self.c.patch(f"/v1/streams/{q(name)}", json={"timestamping": {"mode": "client-require"}})
+        self.assertEqual(r.status_code, 200, r.text)
+        cfg = self.config(name)
+        self.assertEqual(cfg["timestamping"]["mode"], "client-require")
+        self.assertEqual(cfg["retention_policy"], {"age": 3600})
+
+    def test_list_pagination(self):
+        prefix = unique("list")
+        names = [f"{prefix}/{c}" for c in "abc"]
+        for n in reversed(names):
+            self.c.create_stream(n)
+        r = self.c.get("/v1/streams", params={"prefix": prefix, "limit": 2})
+        self.assertEqual(r.status_code, 200, r.text)
+        page = self.assertJson(r)
+        self.assertEqual([s["name"] for s in page["streams"]], names[:2])
+        self.assertIs(page["has_more"], True)
+        for s in page["streams"]:
+            self.assertRfc3339(s["created_at"])
+            self.assertIsNone(s.get("deleted_at"))
+        page = self.c.get("/v1/streams", params={"prefix": prefix, "start_after": names[1]}).json()
+        self.assertEqual([s["name"] for s in page["streams"]], names[2:])
+        self.assertIs(page["has_more"], False)
+
+    def test_name_needing_url_encoding(self):
+        name = unique("odd name/with?chars#and%é")
+        self.c.create_stream(name)
+        ack = self.c.append(name, [{"body": "x"}])
+        self.assertEqual(ack["end"]["seq_num"], 1)
+        self.assertEqual([r["body"] for r in self.c.read(name)["records"]], ["x"])
+        listed = self.c.get("/v1/streams", params={"prefix": name}).json()["streams"]
+        self.assertEqual([s["name"] for s in listed], [name])
+
+    def test_invalid_names_and_config(self):
+        for bad in ["", "x" * 513, "nul\u0000byte"]:
+            with self.subTest(name=bad[:20]):
+                self.assertError(self.c.post("/v1/streams", json={"stream": bad}), 422, "invalid")
+        self.c.create_stream(unique("y" * 490))  # 501 bytes: allowed
+        self.assertError(self.c.post("/v1/streams", json={"stream": unique("cfg"),
+                                                          "config": {"retention_policy": {"age": 0}}}),
+                         422, "invalid")
+
+
+class BasinRoutingTest(ApiTestCase):
+    def test_s2_basin_header_selects_basin(self):
+        basin = unique("route")
+        self.assertEqual(self.c.post("/v1/basins", json={"basin": basin}).status_code, 201)
+        in_basin = Client(SHARED, basin=basin)
+        default = Client(SHARED)
+        explicit_default = Client(SHARED, basin=DEFAULT_BASIN)
+        name = unique("same-name")
+        in_basin.create_stream(name)
+        default.create_stream(name)
+        in_basin.append(name, [{"body": "in-basin"}])
+        default.append(name, [{"body": "in-default"}, {"body": "two"}])
+
+        self.assertEqual([r["body"] for r in in_basin.read(name)["records"]], ["in-basin"])
+        self.assertEqual([r["body"] for r in default.read(name)["records"]], ["in-default", "two"])
+        self.assertEqual([r["body"] for r in explicit_default.read(name)["records"]], ["in-default", "two"])
+        self.assertEqual(in_basin.tail(name)["seq_num"], 1)
+        listed = in_basin.get("/v1/streams", params={"prefix": name}).json()["streams"]
+        self.assertEqual(len(listed), 1)
+
+        only_here = unique("only-in-basin")
+        in_basin.create_stream(only_here)
+        self.assertError(default.get(f"/v1/streams/{q(only_here)}"), 404, "stream_not_found")
+
+    def test_missing_basin_header(self):
+        ghost = Client(SHARED, basin=unique("ghost"))
+        self.assertError(ghost.get("/v1/streams"), 404, "basin_not_found")
+        self.assertError(ghost.post("/v1/streams", json={"stream": "x"}), 404, "basin_not_found")
+        self.assertError(ghost.get("/v1/streams/x/records"), 404, "basin_not_found")
+
+
+# --------------------------------------------------------------------------
+# Appends and reads (JSON)
+
+class AppendReadJsonTest(ApiTestCase):
+    def test_append_ack_and_read_raw(self):
+        s = self.new_stream("raw")
+        ack = self.c.append(s, [{"body": "hello", "headers": [["k", "v"], ["k2", ""]]}, {"body": "wörld"}])
+        for k in ("start", "end", "tail"):
+            self.assertPosition(ack[k])
+        self.assertEqual((ack["start"]["seq_num"], ack["end"]["seq_num"], ack["tail"]["seq_num"]), (0, 2, 2))
+        self.assertIs(ack["duplicated"], False)
+        self.assertLessEqual(ack["start"]["timestamp"], ack["end"]["timestamp"])
+
+        ack2 = self.c.append(s, [{"body": ""}])
+        self.assertEqual((ack2["start"]["seq_num"], ack2["end"]["seq_num"]), (2, 3))
+
+        r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 0})
+        self.assertEqual(r.status_code, 200, r.text)
+        recs = self.assertJson(r)["records"]
+        self.assertEqual([x["seq_num"] for x in recs], [0, 1, 2])
+        self.assertEqual([x.get("body", "") for x in recs], ["hello", "wörld", ""])
+        self.assertEqual(recs[0]["headers"], [["k", "v"], ["k2", ""]])
+        self.assertEqual(recs[1].get("headers") or [], [])
+        ts = [x["timestamp"] for x in recs]
+        self.assertEqual(ts, sorted(ts))
+
+        tail = self.c.tail(s)
+        self.assertPosition(tail)
+        self.assertEqual(tail["seq_num"], 3)
+        self.assertEqual(tail["timestamp"], recs[-1]["timestamp"])
+
+    def test_base64(self):
+        s = self.new_stream("b64")
+        body = bytes(range(256))
+        hname, hval = b"\x00bin\xff", b"\xfe\x01"
+        ack = self.c.append(s, [{"body": b64(body), "headers": [[b64(hname), b64(hval)]]}], fmt="base64")
+        self.assertEqual(ack["end"]["seq_num"], 1)
+        self.c.append(s, [{"body": "plain text"}], fmt="raw")
+        recs = self.c.read(s, fmt="base64")["records"]
+        self.assertEqual(base64.b64decode(recs[0]["body"]), body)
+        self.assertEqual([[base64.b64decode(n), base64.b64decode(v)] for n, v in recs[0]["headers"]],
+                         [[hname, hval]])
+        self.assertEqual(base64.b64decode(recs[1]["body"]), b"plain text")
+        raw = self.c.read(s, {"seq_num": 1})["records"]  # text record back as raw
+        self.assertEqual(raw[0]["body"], "plain text")
+
+    def test_empty_stream_tail(self):
+        s = self.new_stream("empty")
+        self.assertEqual(self.c.tail(s)["seq_num"], 0)
+        self.assertEqual(self.c.read(s)["records"], [])
+
+    def test_client_timestamps(self):
+        s = self.new_stream("ts")
+        t = now_ms() - 3_600_000
+        ack = self.c.append(s, [{"body": "a", "timestamp": t}])
+        self.assertEqual(ack["start"]["timestamp"], t)
+        self.c.append(s, [{"body": "b", "timestamp": t - 5000}])  # older: raised to the previous
+        self.c.append(s, [{"body": "c"}])                         # none: arrival time
+        recs = self.c.read(s)["records"]
+        self.assertEqual(recs[0]["timestamp"], t)
+        self.assertEqual(recs[1]["timestamp"], t)
+        self.assertGreater(recs[2]["timestamp"], t + 1_800_000)
+
+    def test_arrival_timestamping_ignores_client_value(self):
+        s = self.new_stream("arrival", {"timestamping": {"mode": "arrival"}})
+        start = now_ms()
+        self.c.append(s, [{"body": "x", "timestamp": 1000}])
+        ts = self.c.read(s)["records"][0]["timestamp"]
+        self.assertGreater(ts, start - 600_000)
+
+    def test_read_start_and_limits(self):
+        s = self.new_stream("limits")
+        base = now_ms() - 3_600_000
+        self.c.append(s, [{"body": f"r{i}", "timestamp": base + i * 1000} for i in range(10)])
+
+        def seqs(params):
+            return [x["seq_num"] for x in self.c.read(s, params)["records"]]
+
+        self.assertEqual(seqs({}), list(range(10)))
+        self.assertEqual(seqs({"seq_num": 3, "count": 4}), [3, 4, 5, 6])
+        self.assertEqual(seqs({"timestamp": base + 5000}), [5, 6, 7, 8, 9])
+        self.assertEqual(seqs({"timestamp": base + 4500, "count": 2}), [5, 6])
+        self.assertEqual(seqs({"tail_offset": 3}), [7, 8, 9])
+        self.assertEqual(seqs({"seq_num": 0, "until": base + 3000}), [0, 1, 2])
+        one = metered("r0")
+        self.assertEqual(seqs({"seq_num": 0, "bytes": 3 * one + one // 2}), [0, 1, 2])
+        self.assertEqual(seqs({"seq_num": 10}), [])                 # at the tail: empty, no wait
+        self.assertEqual(seqs({"seq_num": 99, "clamp": "true"}), [])  # past the tail, clamped
+
+        r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 11})
+        self.assertEqual(r.status_code, 416, r.text)
+        body = self.assertJson(r)
+        self.assertEqual(body.get("code"), "range_not_satisfiable", body)
+        self.assertPosition(body["tail"])
+        self.assertEqual(body["tail"]["seq_num"], 10)
+
+    def test_default_count_and_bytes_caps(self):
+        s = self.new_stream("caps")
+        for _ in range(2):
+            self.c.append(s, [{"body": "c"}] * 600)
+        recs = self.c.read(s, {"seq_num": 0})["records"]
+        self.assertEqual([x["seq_num"] for x in recs], list(range(1000)))
+
+        big = self.new_stream("bigcaps")
+        body = "x" * 400_000  # 3 records exceed the 1 MiB metered default, 2 do not
+        for _ in range(3):
+            self.c.append(big, [{"body": body}])
+        self.assertEqual([x["seq_num"] for x in self.c.read(big, {"seq_num": 0})["records"]], [0, 1])
+
+    def test_append_limits(self):
+        s = self.new_stream("alimits")
+        self.c.append(s, [{"body": "x"}] * 1000)
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}] * 1001}),
+                         422, "invalid")
+        exact = "y" * (1024 * 1024 - 8)  # metered size exactly 1 MiB
+        self.c.append(s, [{"body": exact}])
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": exact + "y"}]}),
+                         422, "invalid")
+        self.assertEqual(self.c.tail(s)["seq_num"], 1001)
+
+    def test_long_poll(self):
+        s = self.new_stream("poll")
+        self.c.append(s, [{"body": "first"}])
+        result = {}
+
+        def reader():
+            c = Client(SHARED)
+            result["r"] = c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 1, "wait": 30},
+                                timeout=REQ_TIMEOUT + 30)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        time.sleep(1.0)
+        self.c.append(s, [{"body": "late"}])
+        t.join(REQ_TIMEOUT + 40)
+        self.assertFalse(t.is_alive())
+        r = result["r"]
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual([(x["seq_num"], x["body"]) for x in r.json()["records"]], [(1, "late")])
+
+    def test_wait_times_out_empty(self):
+        s = self.new_stream("pollempty")
+        t0 = time.monotonic()
+        recs = self.c.read(s, {"seq_num": 0, "wait": 1}, timeout=REQ_TIMEOUT + 1)["records"]
+        self.assertEqual(recs, [])
+        self.assertGreaterEqual(time.monotonic() - t0, 0.9)  # it did wait
+
+
+# --------------------------------------------------------------------------
+# Protobuf
+
+class ProtobufTest(ApiTestCase):
+    PB = "application/protobuf"
+
+    def post_pb(self, s, payload, accept=PB):
+        return self.c.post(f"/v1/streams/{q(s)}/records", data=payload,
+                           headers={"Content-Type": self.PB, "Accept": accept})
+
+    def test_append_and_read(self):
+        s = self.new_stream("pb")
+        t = now_ms() - 60_000
+        recs = [pb_append_record(b"\x00\xffbinary", [(b"h\x00", b"\x01v")], timestamp=t),
+                pb_append_record(b"second"),
+                pb_append_record(b"")]
+        r = self.post_pb(s, pb_append_input(recs))
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertTrue(r.headers.get("Content-Type", "").startswith(self.PB), r.headers)
+        ack = pb_append_ack(r.content)
+        self.assertEqual((ack["start"]["seq_num"], ack["end"]["seq_num"], ack["tail"]["seq_num"]), (0, 3, 3))
+        self.assertEqual(ack["start"]["timestamp"], t)
+
+        r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 0}, headers={"Accept": self.PB})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertTrue(r.headers.get("Content-Type", "").startswith(self.PB), r.headers)
+        batch = pb_read_batch(r.content)
+        self.assertEqual([x["seq_num"] for x in batch["records"]], [0, 1, 2])
+        self.assertEqual([x["body"] for x in batch["records"]], [b"\x00\xffbinary", b"second", b""])
+        self.assertEqual(batch["records"][0]["headers"], [(b"h\x00", b"\x01v")])
+        self.assertEqual(batch["records"][0]["timestamp"], t)
+
+        # JSON (base64) sees the same bytes.
+        j = self.c.read(s, {"seq_num": 0, "count": 1}, fmt="base64")["records"][0]
+        self.assertEqual(base64.b64decode(j["body"]), b"\x00\xffbinary")
+
+    def test_conditions_fail_with_json_412(self):
+        s = self.new_stream("pbcond")
+        self.assertEqual(self.post_pb(s, pb_append_input([pb_append_record(b"a")])).status_code, 200)
+        r = self.post_pb(s, pb_append_input([pb_append_record(b"b")], match_seq_num=7))
+        self.assertEqual(r.status_code, 412, r.content)
+        self.assertEqual(self.assertJson(r), {"seq_num_mismatch": 1})
+        r = self.post_pb(s, pb_append_input([pb_append_record(b"b")], match_seq_num=1, fencing_token="nope"))
+        self.assertEqual(r.status_code, 412, r.content)
+        self.assertEqual(self.assertJson(r), {"fencing_token_mismatch": ""})
+        r = self.post_pb(s, pb_append_input([pb_append_record(b"b")], match_seq_num=1))
+        self.assertEqual(r.status_code, 200, r.content)
+        self.assertEqual(pb_append_ack(r.content)["start"]["seq_num"], 1)
+
+    def test_malformed(self):
+        s = self.new_stream("pbbad")
+        r = self.post_pb(s, b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", accept="application/json")
+        self.assertError(r, 400, "bad_request")
+        r = self.post_pb(s, _f_bytes(1, b"\x1a\x05ab"), accept="application/json")  # body length past the end
+        self.assertError(r, 400, "bad_request")
+
+
+# --------------------------------------------------------------------------
+# Conditions and command records
+
+def fence(token):
+    return {"headers": [["", "fence"]], "body": token}
+
+
+def trim_b64(seq):
+    return {"headers": [[b64(b""), b64(b"trim")]], "body": b64(seq.to_bytes(8, "big"))}
+
+
+class ConditionsAndCommandsTest(ApiTestCase):
+    def test_match_seq_num(self):
+        s = self.new_stream("match")
+        self.c.append(s, [{"body": "a"}, {"body": "b"}], match_seq_num=0)
+        body = self.c.append(s, [{"body": "c"}], expect=412, match_seq_num=0)
+        self.assertEqual(body, {"seq_num_mismatch": 2})
+        ack = self.c.append(s, [{"body": "c"}], match_seq_num=2)
+        self.assertEqual(ack["start"]["seq_num"], 2)
+        self.assertEqual(self.c.tail(s)["seq_num"], 3)
+
+    def test_fence(self):
+        s = self.new_stream("fence")
+        self.c.append(s, [{"body": "before"}], fencing_token="")  # initial token is empty
+        self.c.append(s, [fence("tok-1")])
+        body = self.c.append(s, [{"body": "x"}], expect=412, fencing_token="wrong")
+        self.assertEqual(body, {"fencing_token_mismatch": "tok-1"})
+        self.c.append(s, [{"body": "fenced-ok"}], fencing_token="tok-1")
+        self.c.append(s, [{"body": "no-token"}])  # no fencing_token: not checked
+        # Re-fencing needs the current token when one is given.
+        self.c.append(s, [fence("tok-2")], fencing_token="tok-1")
+        self.assertEqual(self.c.append(s, [{"body": "x"}], expect=412, fencing_token="tok-1"),
+                         {"fencing_token_mismatch": "tok-2"})
+        recs = self.c.read(s)["records"]
+        self.assertEqual([x.get("body", "") for x in recs], ["before", "tok-1", "fenced-ok", "no-token", "tok-2"])
+        self.assertEqual(recs[1]["headers"], [["", "fence"]])  # command records are records
+
+    def test_trim(self):
+        s = self.new_stream("trim")
+        self.c.append(s, [{"body": f"r{i}"} for i in range(5)])
+        ack = self.c.append(s, [trim_b64(3)], fmt="base64")
+        self.assertEqual(ack["start"]["seq_num"], 5)
+        recs = self.c.read(s, {"seq_num": 0})["records"]
+        self.assertEqual([x["seq_num"] for x in recs], [3, 4, 5])
+        self.assertEqual(self.c.tail(s)["seq_num"], 6)
+
+    def test_invalid_command_records(self):
+        s = self.new_stream("badcmd")
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [fence("t" * 37)]}),
+                         422, "invalid")
+        short_trim = {"headers": [[b64(b""), b64(b"trim")]], "body": b64(b"\x00\x01\x02")}
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [short_trim]},
+                                     headers={"s2-format": "base64"}), 422, "invalid")
+        unknown = {"headers": [["", "explode"]], "body": ""}
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [unknown]}),
+                         422, "invalid")
+        self.assertEqual(self.c.tail(s)["seq_num"], 0)
+
+
+# --------------------------------------------------------------------------
+# Idempotent producers (weir extension)
+
+def producer_headers(pid, epoch, seq):
+    return {"weir-producer-id": str(pid), "weir-producer-epoch": str(epoch), "weir-producer-seq": str(seq)}
+
+
+class ProducerTest(ApiTestCase):
+    def new_producer(self):
+        r = self.c.post("/v1/producers")
+        self.assertEqual(r.status_code, 201, r.text)
+        body = self.assertJson(r)
+        self.assertIsInstance(body["id"], int)
+        self.assertEqual(body["epoch"], 0)
+        return body["id"]
+
+    def test_ids_are_distinct(self):
+        self.assertNotEqual(self.new_producer(), self.new_producer())
+
+    def test_dedup_and_order(self):
+        s = self.new_stream("prod")
+        pid = self.new_producer()
+        two = [{"body": "p0"}, {"body": "p1"}]
+        first = self.c.append(s, two, headers=producer_headers(pid, 0, 0))
+        self.assertIs(first["duplicated"], False)
+        again = self.c.append(s, two, headers=producer_headers(pid, 0, 0))
+        self.assertIs(again["duplicated"], True)
+        self.assertEqual((again["start"]["seq_num"], again["end"]["seq_num"]),
+                         (first["start"]["seq_num"], first["end"]["seq_num"]))
+        self.assertEqual(self.c.tail(s)["seq_num"], 2)  # nothing appended twice
+
+        nxt = self.c.append(s, [{"body": "p2"}], headers=producer_headers(pid, 0, 2))
+        self.assertIs(nxt["duplicated"], False)
+        self.assertEqual(nxt["start"]["seq_num"], 2)
+
+        gap = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "gap"}]},
+                          headers=producer_headers(pid, 0, 10))
+        self.assertError(gap, 409, "out_of_order_sequence")
+
+        bumped = self.c.append(s, [{"body": "e1"}], headers=producer_headers(pid, 1, 0))
+        self.assertIs(bumped["duplicated"], False)
+        old = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "old"}]},
+                          headers=producer_headers(pid, 0, 3))
+        self.assertError(old, 409, "invalid_producer_epoch")
+        self.assertEqual([x["body"] for x in self.c.read(s)["records"]], ["p0", "p1", "p2", "e1"])
+
+    def test_plain_ack_not_duplicated(self):
+        s = self.new_stream("noprod")
+        self.assertIs(self.c.append(s, [{"body": "x"}])["duplicated"], False)
+
+    def test_malformed_producer_headers(self):
+        s = self.new_stream("badprod")
+        r = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]},
+                        headers=producer_headers("abc", 0, 0))
+        self.assertError(r, 400, "bad_request")
+
+
+# --------------------------------------------------------------------------
+# SSE read sessions
+
+class Sse:
+    """One SSE session over http.client, read event by event."""
+
+    def __init__(self, server, stream, params, headers=None, timeout=60):
+        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
+        h = {"Accept": "text/event-stream"}
+        h.update(headers or {})
+        self.conn.request("GET", f"/v1/streams/{q(stream)}/records?" + urllib.parse.urlencode(params), headers=h)
+        self.resp = self.conn.getresponse()
+
+    def events(self):
+        """Yields {event, data, id} dicts until the server ends the response."""
+        ev = {}
+        while True:
+            line = self.resp.readline()
+            if not line:
+                return
+            line = line.decode().rstrip("\r\n")
+            if line == "":
+                if ev:
+                    yield ev
+                ev = {}
+                continue
+            if line.startswith(":"):
+                continue
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "data":
+                ev["data"] = ev["data"] + "\n" + value if "data" in ev else value
+            elif field in ("event", "id"):
+                ev[field] = value
+
+    def close(self):
+        self.conn.close()
+
+
+class SseTest(ApiTestCase):
+    def setUp(self):
+        super().setUp()
+        self.sessions = []
+
+    def tearDown(self):
+        for s in self.sessions:
+            s.close()
+
+    def open(self, stream, params, headers=None, timeout=60):
+        sse = Sse(SHARED, stream, params, headers, timeout)
+        self.sessions.append(sse)
+        return sse
+
+    def collect(self, sse):
+        """Every event until the server closes: (records, batch ids, events)."""
+        records, ids, events = [], [], []
+        for ev in sse.events():
+            events.append(ev)
+            if ev.get("event") == "batch":
+                records += json.loads(ev["data"])["records"]
+                ids.append(ev.get("id"))
+        return records, ids, events
+
+    def filled(self, n):
+        s = self.new_stream("sse")
+        base = now_ms() - 3_600_000
+        self.c.append(s, [{"body": f"e{i}", "timestamp": base + i * 1000} for i in range(n)])
+        return s, base
+
+    def test_bounded_session(self):
+        s, _ = self.filled(5)
+        sse = self.open(s, {"seq_num": 0, "count": 5})
+        self.assertEqual(sse.resp.status, 200)
+        self.assertTrue(sse.resp.getheader("Content-Type", "").startswith("text/event-stream"))
+        records, ids, events = self.collect(sse)
+        self.assertEqual([r["seq_num"] for r in records], list(range(5)))
+        self.assertEqual([r["body"] for r in records], [f"e{i}" for i in range(5)])
+        for i in ids:
+            self.assertRegex(i or "", r"^\d+,\d+,\d+$")
+        self.assertEqual(ids[-1], f"5,5,{5 * metered('e0')}")
+        kinds = [e.get("event") for e in events]
+        self.assertEqual(kinds[-1], "done", kinds)
+        self.assertEqual(events[-1].get("data"), "[DONE]")
+        self.assertTrue(set(kinds) <= {"batch", "ping", "done"}, kinds)
+
+    def test_resume_with_last_event_id(self):
+        s, _ = self.filled(5)
+        one = metered("e0")
+        sse = self.open(s, {"seq_num": 0, "count": 5}, headers={"Last-Event-ID": f"3,3,{3 * one}"})
+        records, ids, events = self.collect(sse)
+        self.assertEqual([r["seq_num"] for r in records], [3, 4])
+        self.assertEqual(ids[-1], f"5,5,{5 * one}")
+        self.assertEqual(events[-1].get("event"), "done")
+
+    def test_until_and_bytes(self):
+        s, base = self.filled(6)
+        records, _, events = self.collect(self.open(s, {"seq_num": 0, "until": base + 3000}))
+        self.assertEqual([r["seq_num"] for r in records], [0, 1, 2])
+        self.assertEqual(events[-1].get("event"), "done")
+        records, _, events = self.collect(self.open(s, {"seq_num": 1, "bytes": 2 * metered("e0")}))
+        self.assertEqual([r["seq_num"] for r in records], [1, 2])
+        self.assertEqual(events[-1].get("event"), "done")
+
+    def test_base64_session(self):
+        s = self.new_stream("sse64")
+        self.c.append(s, [{"body": b64(b"\x00\x01\xfe")}], fmt="base64")
+        records, _, _ = self.collect(self.open(s, {"seq_num": 0, "count": 1}, headers={"s2-format": "base64"}))
+        self.assertEqual([base64.b64decode(r["body"]) for r in records], [b"\x00\x01\xfe"])
+
+    def test_live_tail_with_ping(self):
+        s, _ = self.filled(2)
+        sse = self.open(s, {"seq_num": 2}, timeout=60)
+        self.assertEqual(sse.resp.status, 200)
+        events = sse.events()
+        ping = None
+        for ev in events:  # the server pings every 5 s while idle
+            if ev.get("event") == "ping":
+                ping = json.loads(ev["data"])
+                break
+            self.assertNotEqual(ev.get("event"), "error", ev)
+        self.assertIsNotNone(ping, "session ended without a ping")
+        self.assertIsInstance(ping.get("timestamp"), int, ping)
+
+        self.c.append(s, [{"body": "live"}])
+        got = None
+        for ev in events:
+            if ev.get("event") == "batch":
+                recs = json.loads(ev["data"])["records"]
+                if recs:
+                    got = recs
+                    break
+        self.assertIsNotNone(got, "no batch after the append")
+        self.assertEqual([(r["seq_num"], r["body"]) for r in got], [(2, "live")])
+
+    def test_wait_ends_idle_session(self):
+        s, _ = self.filled(1)
+        records, _, events = self.collect(self.open(s, {"seq_num": 0, "wait": 1}, timeout=120))
+        self.assertEqual([r["seq_num"] for r in records], [0])
+        self.assertNotIn("error", [e.get("event") for e in events])
+
+    def test_errors_before_the_session(self):
+        missing = self.open(unique("nosuch"), {"seq_num": 0})
+        self.assertEqual(missing.resp.status, 404)
+        self.assertEqual(json.loads(missing.resp.read())["code"], "stream_not_found")
+        s, _ = self.filled(1)
+        past = self.open(s, {"seq_num": 5})
+        self.assertEqual(past.resp.status, 416)
+        self.assertEqual(json.loads(past.resp.read())["tail"]["seq_num"], 1)
+        bad = self.open(s, {"seq_num": 0}, headers={"Last-Event-ID": "not-an-id"})
+        self.assertEqual(bad.resp.status, 400)
+        self.assertEqual(json.loads(bad.resp.read())["code"], "bad_request")
+
+
+# --------------------------------------------------------------------------
+# Remaining error statuses: 400, 404 not_found, 405
+
+class ErrorStatusTest(ApiTestCase):
+    def test_not_found_paths(self):
+        for path in ("/v1/nothing-here", "/nothing", "/v1/streams/a/records/tail/more"):
+            with self.subTest(path=path):
+                self.assertError(self.c.get(path), 404)
+        self.assertError(self.c.get("/v1/nothing-here"), 404, "not_found")
+
+    def test_method_not_allowed(self):
+        s = self.new_stream("methods")
+        for method, path in (("PUT", f"/v1/streams/{q(s)}/records"),
+                             ("DELETE", f"/v1/streams/{q(s)}/records"),
+                             ("POST", f"/v1/streams/{q(s)}/records/tail"),
+                             ("DELETE", "/v1/basins"),
+                             ("PATCH", "/v1/streams"),
+                             ("GET", "/v1/producers")):
+            with self.subTest(method=method, path=path):
+                self.assertError(self.c.request(method, path), 405, "method_not_allowed")
+
+    def test_bad_requests(self):
+        s = self.new_stream("bad")
+        rec = f"/v1/streams/{q(s)}/records"
+        cases = [
+            ("malformed JSON", lambda: self.c.post(rec, data=b'{"records": [',
+                                                   headers={"Content-Type": "application/json"})),
+            ("body of the wrong type", lambda: self.c.post(rec, json={"records": [{"body": 5}]})),
+            ("records not a list", lambda: self.c.post(rec, json={"records": "x"})),
+            ("bad s2-format", lambda: self.c.post(rec, json={"records": [{"body": "x"}]},
+                                                  headers={"s2-format": "hex"})),
+            ("bad base64", lambda: self.c.post(rec, json={"records": [{"body": "!!not base64!!"}]},
+                                               headers={"s2-format": "base64"})),
+            ("count not a number", lambda: self.c.get(rec, params={"count": "abc"})),
+            ("negative seq_num", lambda: self.c.get(rec, params={"seq_num": "-1"})),
+            ("clamp not a bool", lambda: self.c.get(rec, params={"clamp": "maybe"})),
+            ("bad list limit", lambda: self.c.get("/v1/streams", params={"limit": "lots"})),
+            ("malformed create", lambda: self.c.post("/v1/streams", data=b"{",
+                                                     headers={"Content-Type": "application/json"})),
+            ("malformed basin create", lambda: self.c.post("/v1/basins", data=b"[1,",
+                                                           headers={"Content-Type": "application/json"})),
+        ]
+        for what, fn in cases:
+            with self.subTest(what):
+                self.assertError(fn(), 400, "bad_request")
+        self.assertEqual(self.c.tail(s)["seq_num"], 0)
+
+    def test_ambiguous_invalid_reads(self):
+        # Several start positions, or wait out of range: the docs do not say 400
+        # or 422; either is a client error, never a read.
+        s = self.new_stream("ambig")
+        rec = f"/v1/streams/{q(s)}/records"
+        for params in ({"seq_num": 0, "timestamp": 0}, {"seq_num": 0, "tail_offset": 0}, {"wait": 61}):
+            with self.subTest(params=params):
+                r = self.c.get(rec, params=params)
+                self.assertIn(r.status_code, (400, 422), r.text)
+                self.assertJson(r)
+
+
+# --------------------------------------------------------------------------
+# Servers of their own: auth + request size limit, backpressure, lifecycle
+
+class AuthAndRequestLimitTest(unittest.TestCase):
+    TOKEN = "s3cret-token-42"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="weir-auth-")
+        token_file = os.path.join(cls.tmp, "token")
+        with open(token_file, "w") as f:
+            f.write(cls.TOKEN + "\n")  # trimmed by the server
+        cls.server = start_server(args=["--auth-token-file", token_file, "--max-request-bytes", "65536"])
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_server(cls.server)
+
+    def check_401(self, r):
+        self.assertEqual(r.status_code, 401, r.text)
+        self.assertEqual(r.json()["code"], "unauthorized")
+
+    def test_bearer_token(self):
+        anon = Client(self.server)
+        wrong = Client(self.server, token="not-it")
+        right = Client(self.server, token=self.TOKEN)
+        r = anon.get("/health")
+        self.assertEqual(r.status_code, 200, r.text)  # /health needs no token
+        for path in ("/v1/basins", "/v1/streams", "/metrics"):
+            with self.subTest(path=path):
+                self.check_401(anon.get(path))
+                self.check_401(wrong.get(path))
+                self.check_401(anon.get(path, headers={"Authorization": f"Basic {self.TOKEN}"}))
+                self.check_401(anon.get(path, headers={"Authorization": f"Bearer {self.TOKEN}x"}))
+                self.assertEqual(right.get(path).status_code, 200)
+        self.check_401(anon.post("/v1/streams", json={"stream": "x"}))
+        self.check_401(anon.post("/v1/producers"))
+        name = unique("authed")
+        right.create_stream(name)
+        self.check_401(anon.post(f"/v1/streams/{q(name)}/records", json={"records": [{"body": "x"}]}))
+        self.check_401(anon.get(f"/v1/streams/{q(name)}/records"))
+        right.append(name, [{"body": "x"}])
+        self.assertEqual(right.tail(name)["seq_num"], 1)
+
+    def test_request_too_large(self):
+        c = Client(self.server, token=self.TOKEN)
+        name = unique("big")
+        c.create_stream(name)
+        c.append(name, [{"body": "z" * 60_000}])  # under the 64 KiB limit
+        r = c.post(f"/v1/streams/{q(name)}/records", json={"records": [{"body": "z" * 70_000}]})
+        self.assertEqual(r.status_code, 413, r.text)
+        self.assertEqual(r.json()["code"], "request_too_large")
+        # Nothing appended; the server still serves (on a fresh connection, if it closed this one).
+        self.assertEqual(Client(self.server, token=self.TOKEN).tail(name)["seq_num"], 1)
+
+
+class BackpressureTest(unittest.TestCase):
+    """A 1 MiB write pool and a 60 s PUT: while one large append waits for its
+    PUT, another cannot be admitted; after the admission timeout it must get
+    429 backpressure with Retry-After, long before the first PUT finishes."""
+
+    def test_429_when_pool_full(self):
+        server = start_server(args=["--pool-budget-mib", "1", "--inject-put-latency-ms", "60000,60000"])
+        try:
+            c = Client(server)
+            name = unique("bp")
+            c.create_stream(name)
+            body = {"records": [{"body": "b" * 700_000}]}
+            results = []
+
+            def append():
+                try:
+                    r = Client(server).post(f"/v1/streams/{q(name)}/records", json=body, timeout=120)
+                    results.append(r)
+                except requests.RequestException as e:  # the server is killed at the end
+                    results.append(e)
+
+            first = threading.Thread(target=append, daemon=True)
+            first.start()
+            time.sleep(1.0)
+            others = [threading.Thread(target=append, daemon=True) for _ in range(3)]
+            for t in others:
+                t.start()
+            deadline = time.monotonic() + 50  # the first PUT lands after 60 s
+            while time.monotonic() < deadline and not any(
+                    isinstance(r, requests.Response) and r.status_code == 429 for r in results):
+                time.sleep(0.2)
+            got = [r.status_code if isinstance(r, requests.Response) else repr(r) for r in results]
+            too_many = [r for r in results if isinstance(r, requests.Response) and r.status_code == 429]
+            self.assertTrue(too_many, f"no 429 while the pool was full; responses so far: {got}")
+            r = too_many[0]
+            self.assertEqual(r.headers.get("Retry-After"), "1", r.headers)
+            self.assertEqual(r.json()["code"], "backpressure")
+            for r in results:
+                if isinstance(r, requests.Response):
+                    self.assertIn(r.status_code, (200, 429), r.text)
+        finally:
+            server.kill()  # a drain would wait out the slow PUT
+            if sys.exc_info()[0] is not None:
+                print(server.log_tail())
+            server.cleanup()
+
+
+class LifecycleTest(unittest.TestCase):
+    """Restart, SIGTERM drain and the data-dir lock, on a server of its own."""
+
+    def test_restart_drain_and_lock(self):
+        server = start_server()
+        self.addCleanup(server.cleanup)
+        c = Client(server)
+        basin = unique("life")
+        self.assertEqual(c.post("/v1/basins", json={"basin": basin}).status_code, 201)
+        bc = Client(server, basin=basin)
+        cfg_stream = unique("cfg")
+        bc.create_stream(cfg_stream, {"retention_policy": {"age": 3600}, "storage_class": "express"})
+        bc.append(cfg_stream, [{"body": "in-basin"}])
+
+        s = unique("life")
+        c.create_stream(s)
+        c.append(s, [{"body": "r0", "headers": [["h", "v"]]}, {"body": "r1"}])
+        c.append(s, [{"body": b64(b"\x00\xff"), "headers": []}], fmt="base64")
+        c.append(s, [fence("life-token")])
+        pid = c.post("/v1/producers").json()["id"]
+        c.append(s, [{"body": "prod"}], headers=producer_headers(pid, 0, 0), fencing_token="life-token")
+        trimmed = unique("trimmed")
+        c.create_stream(trimmed)
+        c.append(trimmed, [{"body": f"t{i}"} for i in range(4)])
+        c.append(trimmed, [trim_b64(2)], fmt="base64")
+        before = {"s": c.read_all(s, fmt="base64"), "trimmed": c.read_all(trimmed),
+                  "basin": bc.read_all(cfg_stream)}
+
+        # A second server on the same data dir refuses to start: flags, then env vars.
+        code, out = run_expecting_exit(server.command())
+        self.assertIsNotNone(code, f"a second server started on a locked data dir:\n{out}")
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("lock", out.lower(), out)
+        with tempfile.TemporaryDirectory() as cwd:
+            code, out = run_expecting_exit([WEIR, "serve"], cwd=cwd, env={
+                "WEIR_DATA_DIR": server.data_dir, "WEIR_HTTP_ADDR": "127.0.0.1:0"})
+            self.assertIsNotNone(code, f"a second server (env vars) started on a locked data dir:\n{out}")
+            self.assertNotEqual(code, 0, out)
+            self.assertIn("lock", out.lower(), out)
+        self.assertEqual(c.get("/health").status_code, 200)  # the first one is unharmed
+
+        # SIGTERM while appenders run: every acked record survives the restart.
+        acked, stop = [], threading.Event()
+        busy = unique("busy")
+        c.create_stream(busy)
+
+        def appender(k):
+            w = Client(server)
+            i = 0
+            while not stop.is_set():
+                body = f"w{k}-{i}"
+                try:
+                    r = w.post(f"/v1/streams/{q(busy)}/records", json={"records": [{"body": body}]}, timeout=60)
+                except requests.RequestException:
+                    return
+                if r.status_code != 200:
+                    return  # 503 while draining
+                acked.append((r.json()["start"]["seq_num"], body))
+                i += 1
+
+        threads = [threading.Thread(target=appender, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while len(acked) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            server.stop()  # SIGTERM mid-traffic; exit status 0
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(120)
+        self.assertGreaterEqual(len(acked), 20)
+
+        server.start()
+        c = Client(server)
+        bc = Client(server, basin=basin)
+        self.assertEqual(c.get("/health").status_code, 200)
+        stored = {r["seq_num"]: r["body"] for r in c.read_all(busy)}
+        for seq, body in acked:
+            self.assertEqual(stored.get(seq), body, f"acked record {seq} lost or changed")
+        self.assertEqual(len(set(stored.values())), len(stored), "a record was stored twice")
+
+        # Everything else is as it was.
+        self.assertEqual(c.read_all(s, fmt="base64"), before["s"])
+        self.assertEqual(c.read_all(trimmed), before["trimmed"])
+        self.assertEqual(bc.read_all(cfg_stream), before["basin"])
+        self.assertIn(basin, [b["name"] for b in c.get("/v1/basins", params={"prefix": basin}).json()["basins"]])
+        cfg = bc.get(f"/v1/streams/{q(cfg_stream)}").json()
+        self.assertEqual((cfg["retention_policy"], cfg["storage_class"]), ({"age": 3600}, "express"))
+        self.assertEqual(c.tail(s)["seq_num"], 5)
+        self.assertEqual(c.append(s, [{"body": "x"}], expect=412, fencing_token="stale"),
+                         {"fencing_token_mismatch": "life-token"})
+        dup = c.append(s, [{"body": "prod"}], headers=producer_headers(pid, 0, 0))
+        self.assertIs(dup["duplicated"], True)
+        self.assertEqual(dup["start"]["seq_num"], 4)
+        self.assertEqual(c.tail(s)["seq_num"], 5)
+
+        # Restart once more, idle: still the same, and a clean exit.
+        server.restart()
+        self.assertEqual(Client(server).read_all(s, fmt="base64"), before["s"])
+        stop_server(server)
+
+
+# --------------------------------------------------------------------------
+
+def start_server(args=()):
+    server = WeirServer(WEIR, args=args)
+    ALL_SERVERS.append(server)
+    server.start()
+    return server
+
+
+def stop_server(server):
+    try:
+        server.stop()
+    finally:
+        server.cleanup()
+
+
+def setUpModule():
+    global SHARED
+    SHARED = start_server()
+
+
+def tearDownModule():
+    stop_server(SHARED)
+
+
+def main():
+    global WEIR
+    args = sys.argv[1:]
+    if args and not args[0].startswith("-"):
+        WEIR = args.pop(0)
+    if not WEIR or not os.access(WEIR, os.X_OK):
+        sys.exit("usage: rest_api_test.py WEIR_BINARY [unittest args] (or set WEIR_BIN)")
+    WEIR = os.path.abspath(WEIR)
+    prog = unittest.main(argv=[sys.argv[0]] + args, exit=False, verbosity=2)
+    ok = prog.result.wasSuccessful()
+    if not ok:
+        for server in ALL_SERVERS:
+            print(f"\n{server.log_tail(40)}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

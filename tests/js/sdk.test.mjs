@@ -1,0 +1,294 @@
+// S2's TypeScript SDK (@s2-dev/streamstore, pinned) against a real weir
+// server, over the fetch transport (HTTP/1.1, JSON, protobuf and SSE).
+// Run: WEIR_BIN=/path/to/weir node --test sdk.test.mjs  (or ./run.sh WEIR)
+// The tests in the first suite share one server and build on each other;
+// halfway, the server restarts on the same data dir and everything is read back.
+import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, it } from "node:test";
+
+import {
+  AppendInput,
+  AppendRecord,
+  FencingTokenMismatchError,
+  RangeNotSatisfiableError,
+  S2,
+  S2Error,
+  SeqNumMismatchError,
+} from "@s2-dev/streamstore";
+
+import { WeirServer } from "./weir_server.mjs";
+
+const BIN = process.env.WEIR_BIN;
+const T = { timeout: 180_000 };
+const BASIN = "js-sdk-basin";
+const STREAM = "js/sdk stream?#1"; // needs URL encoding in paths
+const TOKEN = "js-secret-token";
+
+function client(server, accessToken = "ignored-when-auth-is-off") {
+  return new S2({
+    accessToken,
+    endpoints: { account: `${server.url}/v1`, basin: `${server.url}/v1` },
+    requestTimeoutMillis: 60_000, // generous: CI is a loaded 2-core machine
+    connectionTimeoutMillis: 30_000,
+  });
+}
+
+const text = (s) => new TextEncoder().encode(s);
+const bodies = (records) => records.map((r) => r.body);
+const seqs = (records) => records.map((r) => r.seqNum);
+
+async function collect(session, n) {
+  const out = [];
+  for await (const record of session) {
+    out.push(record);
+    if (out.length >= n) break;
+  }
+  return out;
+}
+
+describe("S2 SDK against weir", () => {
+  let server;
+  let s2;
+  let stream; // STREAM in BASIN, fetch transport
+  let snapshot; // what was read before the restart
+
+  const open = () => {
+    s2 = client(server);
+    stream = s2.basin(BASIN).stream(STREAM, { forceTransport: "fetch" });
+  };
+
+  before(async () => {
+    server = new WeirServer(BIN);
+    await server.start();
+    open();
+  });
+
+  after(async () => {
+    try {
+      await stream?.close();
+      await server.stop();
+    } finally {
+      server.cleanup();
+    }
+  });
+
+  it("creates a basin and a stream; weir-default exists", T, async () => {
+    const info = await s2.basins.create({ basin: BASIN });
+    assert.equal(info.name, BASIN);
+    const names = (await s2.basins.list()).basins.map((b) => b.name);
+    assert.ok(names.includes("weir-default"), names.join(","));
+    assert.ok(names.includes(BASIN), names.join(","));
+
+    const created = await s2.basin(BASIN).streams.create({ stream: STREAM });
+    assert.equal(created.name, STREAM);
+    const listed = await s2.basin(BASIN).streams.list({ prefix: "js/" });
+    assert.deepEqual(listed.streams.map((s) => s.name), [STREAM]);
+    // Routing: the default basin does not see the stream.
+    const inDefault = await s2.basin("weir-default").streams.list({ prefix: "js/" });
+    assert.deepEqual(inDefault.streams.map((s) => s.name), []);
+    const cfg = await s2.basin(BASIN).streams.getConfig({ stream: STREAM });
+    assert.equal(cfg.storageClass, "standard");
+  });
+
+  it("appends string records (JSON) and bytes records (protobuf)", T, async () => {
+    const ack1 = await stream.append(AppendInput.create([
+      AppendRecord.string({ body: "hello", headers: [["k", "v"]] }),
+      AppendRecord.string({ body: "world" }),
+    ]));
+    assert.equal(ack1.start.seqNum, 0);
+    assert.equal(ack1.end.seqNum, 2);
+    assert.equal(ack1.tail.seqNum, 2);
+    assert.ok(ack1.start.timestamp instanceof Date);
+
+    const ack2 = await stream.append(AppendInput.create([
+      AppendRecord.bytes({ body: new Uint8Array([0, 1, 2, 255]), headers: [[text("bin"), new Uint8Array([254])]] }),
+    ]));
+    assert.equal(ack2.start.seqNum, 2);
+    assert.equal(ack2.end.seqNum, 3);
+
+    // An older client timestamp is raised: timestamps never go backwards.
+    const past = Date.now() - 3_600_000;
+    const ack3 = await stream.append(AppendInput.create([AppendRecord.string({ body: "dated", timestamp: past })]));
+    assert.equal(ack3.start.seqNum, 3);
+    assert.ok(ack3.start.timestamp.getTime() >= ack2.end.timestamp.getTime());
+  });
+
+  it("reads as strings (JSON) and as bytes (protobuf)", T, async () => {
+    const strings = await stream.read({ start: { from: { seqNum: 0 } }, stop: { limits: { count: 2 } } });
+    assert.deepEqual(seqs(strings.records), [0, 1]);
+    assert.deepEqual(bodies(strings.records), ["hello", "world"]);
+    assert.deepEqual(strings.records[0].headers, [["k", "v"]]);
+
+    const bytes = await stream.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
+    assert.deepEqual(seqs(bytes.records), [0, 1, 2, 3]);
+    assert.deepEqual(bytes.records[0].body, text("hello"));
+    assert.deepEqual(bytes.records[2].body, new Uint8Array([0, 1, 2, 255]));
+    assert.deepEqual(bytes.records[2].headers, [[text("bin"), new Uint8Array([254])]]);
+
+    const fromTail = await stream.read({ start: { from: { tailOffset: 1 } } });
+    assert.deepEqual(bodies(fromTail.records), ["dated"]);
+
+    await assert.rejects(stream.read({ start: { from: { seqNum: 100 } } }), (e) => {
+      assert.ok(e instanceof RangeNotSatisfiableError, String(e));
+      assert.equal(e.tail?.seqNum, 4);
+      return true;
+    });
+    const clamped = await stream.read({ start: { from: { seqNum: 100 }, clamp: true } });
+    assert.deepEqual(clamped.records, []);
+  });
+
+  it("checks the tail", T, async () => {
+    const { tail } = await stream.checkTail();
+    assert.equal(tail.seqNum, 4);
+    assert.ok(tail.timestamp instanceof Date);
+  });
+
+  it("reads through an SSE session (strings, bytes, live tail)", T, async () => {
+    const first = await collect(await stream.readSession({
+      start: { from: { seqNum: 0 } }, stop: { limits: { count: 2 } },
+    }), 2);
+    assert.deepEqual(bodies(first), ["hello", "world"]);
+
+    const all = await collect(await stream.readSession({
+      start: { from: { seqNum: 0 } }, stop: { limits: { count: 4 } },
+    }, { as: "bytes" }), 4);
+    assert.deepEqual(seqs(all), [0, 1, 2, 3]);
+    assert.deepEqual(all[2].body, new Uint8Array([0, 1, 2, 255]));
+
+    // A session at the tail, then an append: the session delivers it.
+    const live = await stream.readSession({ start: { from: { seqNum: 4 } } });
+    const next = collect(live, 1);
+    await new Promise((r) => setTimeout(r, 500));
+    await stream.append(AppendInput.create([AppendRecord.string({ body: "live" })]));
+    const got = await next;
+    assert.deepEqual(seqs(got), [4]);
+    assert.deepEqual(bodies(got), ["live"]);
+  });
+
+  it("rejects a matchSeqNum miss (412)", T, async () => {
+    await assert.rejects(
+      stream.append(AppendInput.create([AppendRecord.string({ body: "nope" })], { matchSeqNum: 1 })),
+      (e) => {
+        assert.ok(e instanceof SeqNumMismatchError, String(e));
+        assert.equal(e.status, 412);
+        assert.equal(e.expectedSeqNum, 5);
+        return true;
+      });
+    const ok = await stream.append(AppendInput.create([AppendRecord.string({ body: "matched" })], { matchSeqNum: 5 }));
+    assert.equal(ok.start.seqNum, 5);
+  });
+
+  it("fences and rejects a fencing-token miss (412), JSON and protobuf", T, async () => {
+    await stream.append(AppendInput.create([AppendRecord.fence("js-token")]));
+    const miss = (e) => {
+      assert.ok(e instanceof FencingTokenMismatchError, String(e));
+      assert.equal(e.status, 412);
+      assert.equal(e.expectedFencingToken, "js-token");
+      return true;
+    };
+    await assert.rejects(
+      stream.append(AppendInput.create([AppendRecord.string({ body: "x" })], { fencingToken: "wrong" })), miss);
+    await assert.rejects(
+      stream.append(AppendInput.create([AppendRecord.bytes({ body: new Uint8Array([1]) })], { fencingToken: "wrong" })),
+      miss);
+    const ok = await stream.append(
+      AppendInput.create([AppendRecord.string({ body: "fenced" })], { fencingToken: "js-token" }));
+    assert.equal(ok.start.seqNum, 7);
+  });
+
+  it("trims (a protobuf command record) in the default basin", T, async () => {
+    const other = s2.basin("weir-default").stream("js-trimmed", { forceTransport: "fetch" });
+    await s2.basin("weir-default").streams.create({ stream: "js-trimmed" });
+    await other.append(AppendInput.create(["a", "b", "c"].map((body) => AppendRecord.string({ body }))));
+    await other.append(AppendInput.create([AppendRecord.trim(2)]));
+    const rest = await other.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
+    assert.deepEqual(seqs(rest.records), [2, 3]);
+    await other.close();
+  });
+
+  it("restarts the server mid-suite (SIGTERM, same data dir)", T, async () => {
+    const bytes = await stream.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
+    const tail = (await stream.checkTail()).tail;
+    snapshot = { bytes, tail };
+    assert.equal(tail.seqNum, 8);
+    await stream.close();
+    await server.stop();
+    await server.start(); // a new port: new clients
+    open();
+  });
+
+  it("reads everything back after the restart", T, async () => {
+    const bytes = await stream.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
+    assert.deepEqual(bytes, snapshot.bytes);
+    assert.deepEqual((await stream.checkTail()).tail, snapshot.tail);
+
+    const strings = await stream.read({ start: { from: { seqNum: 0 } }, stop: { limits: { count: 2 } } });
+    assert.deepEqual(bodies(strings.records), ["hello", "world"]);
+
+    const session = await collect(await stream.readSession({
+      start: { from: { seqNum: 0 } }, stop: { limits: { count: 8 } },
+    }, { as: "bytes" }), 8);
+    assert.deepEqual(seqs(session), [0, 1, 2, 3, 4, 5, 6, 7]);
+    assert.deepEqual(session.map((r) => r.body), snapshot.bytes.records.map((r) => r.body));
+
+    const names = (await s2.basins.list({ prefix: BASIN })).basins.map((b) => b.name);
+    assert.deepEqual(names, [BASIN]);
+    const trimmed = await s2.basin("weir-default").stream("js-trimmed", { forceTransport: "fetch" })
+      .read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
+    assert.deepEqual(seqs(trimmed.records), [2, 3]);
+  });
+
+  it("still enforces the fencing token and match_seq_num after the restart", T, async () => {
+    await assert.rejects(
+      stream.append(AppendInput.create([AppendRecord.string({ body: "x" })], { fencingToken: "wrong" })),
+      FencingTokenMismatchError);
+    await assert.rejects(
+      stream.append(AppendInput.create([AppendRecord.string({ body: "x" })], { matchSeqNum: 0 })),
+      SeqNumMismatchError);
+    const ack = await stream.append(AppendInput.create([AppendRecord.string({ body: "after" })],
+      { fencingToken: "js-token", matchSeqNum: 8 }));
+    assert.equal(ack.start.seqNum, 8);
+  });
+});
+
+describe("S2 SDK with bearer auth", () => {
+  let server;
+
+  before(async () => {
+    // The token file lives outside the data dir; WeirServer gives a fresh temp dir.
+    const probe = new WeirServer(BIN);
+    const tokenFile = join(probe.tmp, "token");
+    writeFileSync(tokenFile, `${TOKEN}\n`);
+    probe.args = ["--auth-token-file", tokenFile];
+    server = probe;
+    await server.start();
+  });
+
+  after(async () => {
+    try {
+      await server.stop();
+    } finally {
+      server.cleanup();
+    }
+  });
+
+  it("accepts the right token and refuses a wrong one (401)", T, async () => {
+    const good = client(server, TOKEN);
+    const names = (await good.basins.list()).basins.map((b) => b.name);
+    assert.ok(names.includes("weir-default"));
+    const s = good.basin("weir-default").stream("authed", { forceTransport: "fetch" });
+    await good.basin("weir-default").streams.create({ stream: "authed" });
+    await s.append(AppendInput.create([AppendRecord.string({ body: "x" })]));
+    assert.equal((await s.checkTail()).tail.seqNum, 1);
+    await s.close();
+
+    const bad = client(server, "wrong-token");
+    await assert.rejects(bad.basins.list(), (e) => {
+      assert.ok(e instanceof S2Error, String(e));
+      assert.equal(e.status, 401);
+      return true;
+    });
+  });
+});

@@ -1,0 +1,93 @@
+// Runs a real `weir serve` for the SDK tests: a temp data dir, port 0, ready
+// when the server logs `listening on http://HOST:PORT`; stop() sends SIGTERM
+// and expects exit status 0; start() again reuses the same data dir.
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const READY_RE = /listening on (http:\/\/[^\s/]+:(\d+))/;
+const START_TIMEOUT_MS = 120_000; // a loaded 2-core machine recovers slowly
+const STOP_TIMEOUT_MS = 120_000;
+
+export class WeirServer {
+  constructor(binary, { args = [] } = {}) {
+    if (!binary) throw new Error("set WEIR_BIN to the weir binary");
+    this.binary = binary;
+    this.args = args;
+    this.tmp = mkdtempSync(join(tmpdir(), "weir-js-"));
+    this.dataDir = join(this.tmp, "data");
+    this.log = "";
+    this.proc = null;
+    this.url = null;
+  }
+
+  logTail(lines = 60) {
+    return `--- weir serve log, last ${lines} lines ---\n` +
+      this.log.split("\n").slice(-lines).join("\n");
+  }
+
+  start() {
+    const args = ["serve", "--data-dir", this.dataDir, "--http-addr", "127.0.0.1:0", ...this.args];
+    this.log += `\n===== start: ${this.binary} ${args.join(" ")}\n`;
+    const from = this.log.length;
+    const proc = spawn(this.binary, args, { stdio: ["ignore", "pipe", "pipe"] });
+    this.proc = proc;
+    this.exit = new Promise((resolve) => proc.on("exit", (code, signal) => resolve({ code, signal })));
+    return new Promise((resolve, reject) => {
+      let done = false;
+      const finish = (err) => {
+        if (done) return;
+        done = true;
+        clearTimeout(timer);
+        if (err) {
+          this.kill();
+          reject(new Error(`${err}\n${this.logTail()}`));
+        } else {
+          resolve(this);
+        }
+      };
+      const onData = (chunk) => {
+        this.log += chunk.toString();
+        const m = READY_RE.exec(this.log.slice(from));
+        if (m && !done) {
+          this.url = m[1];
+          finish();
+        }
+      };
+      proc.stdout.on("data", onData);
+      proc.stderr.on("data", onData);
+      proc.on("error", (e) => finish(`cannot run ${this.binary}: ${e.message}`));
+      proc.on("exit", (code, signal) => finish(`weir serve exited (${code ?? signal}) before it was ready`));
+      const timer = setTimeout(() => finish(`weir serve not ready after ${START_TIMEOUT_MS} ms`), START_TIMEOUT_MS);
+    });
+  }
+
+  async stop() {
+    const proc = this.proc;
+    if (!proc) return;
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGTERM");
+    let timer;
+    const timeout = new Promise((resolve) => { timer = setTimeout(() => resolve(null), STOP_TIMEOUT_MS); });
+    const result = await Promise.race([this.exit, timeout]);
+    clearTimeout(timer);
+    this.proc = null;
+    if (result === null) {
+      proc.kill("SIGKILL");
+      throw new Error(`weir serve did not exit within ${STOP_TIMEOUT_MS} ms of SIGTERM\n${this.logTail()}`);
+    }
+    if (result.code !== 0) {
+      throw new Error(`weir serve exited with ${result.code ?? result.signal} after SIGTERM\n${this.logTail()}`);
+    }
+  }
+
+  kill() {
+    if (this.proc && this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill("SIGKILL");
+    this.proc = null;
+  }
+
+  cleanup() {
+    this.kill();
+    rmSync(this.tmp, { recursive: true, force: true });
+  }
+}
