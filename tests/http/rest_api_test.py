@@ -183,12 +183,16 @@ def b64(b):
     return base64.b64encode(b if isinstance(b, bytes) else b.encode()).decode()
 
 
+OPEN_CLIENTS = []  # closed after each test
+
+
 class Client:
     """A keep-alive session against one server; `basin` sets s2-basin."""
 
     def __init__(self, server, basin=None, token=None):
         self.server = server
         self.s = requests.Session()
+        OPEN_CLIENTS.append(self.s)
         self.basin = basin
         self.token = token
 
@@ -257,7 +261,15 @@ class Client:
             params = {"seq_num": batch[-1]["seq_num"] + 1}
 
 
-class ApiTestCase(unittest.TestCase):
+class ClosingTestCase(unittest.TestCase):
+    """Closes every Client's connections after each test."""
+
+    def tearDown(self):
+        while OPEN_CLIENTS:
+            OPEN_CLIENTS.pop().close()
+
+
+class ApiTestCase(ClosingTestCase):
     maxDiff = 4000
 
     def setUp(self):
@@ -1127,7 +1139,7 @@ class ErrorStatusTest(ApiTestCase):
 # --------------------------------------------------------------------------
 # Servers of their own: auth + request size limit, backpressure, lifecycle
 
-class AuthAndRequestLimitTest(unittest.TestCase):
+class AuthAndRequestLimitTest(ClosingTestCase):
     TOKEN = "s3cret-token-42"
 
     @classmethod
@@ -1173,25 +1185,31 @@ class AuthAndRequestLimitTest(unittest.TestCase):
         name = unique("big")
         c.create_stream(name)
         c.append(name, [{"body": "z" * 60_000}])  # under the 64 KiB limit
-        r = c.post(f"/v1/streams/{q(name)}/records", json={"records": [{"body": "z" * 70_000}]})
+        try:
+            r = c.post(f"/v1/streams/{q(name)}/records", json={"records": [{"body": "z" * 70_000}]})
+        except requests.ConnectionError as e:
+            self.fail(f"no 413 response: the server closed the connection ({e})")
         self.assertEqual(r.status_code, 413, r.text)
         self.assertEqual(r.json()["code"], "request_too_large")
         # Nothing appended; the server still serves (on a fresh connection, if it closed this one).
         self.assertEqual(Client(self.server, token=self.TOKEN).tail(name)["seq_num"], 1)
 
 
-class BackpressureTest(unittest.TestCase):
-    """A 1 MiB write pool and a 60 s PUT: while one large append waits for its
-    PUT, another cannot be admitted; after the admission timeout it must get
-    429 backpressure with Retry-After, long before the first PUT finishes."""
+class BackpressureTest(ClosingTestCase):
+    """A 2 MiB write pool (and 2 MiB slots, as the pool must hold one) and
+    60 s PUTs: six concurrent appends of 900 KB cannot all be admitted while
+    the first ones wait for their PUT; those left out must get 429
+    backpressure with Retry-After after the admission timeout, long before
+    any PUT finishes."""
 
     def test_429_when_pool_full(self):
-        server = start_server(args=["--pool-budget-mib", "1", "--inject-put-latency-ms", "60000,60000"])
+        server = start_server(args=["--pool-budget-mib", "2", "--max-slot-bytes", str(2 << 20),
+                                    "--inject-put-latency-ms", "60000,60000"])
         try:
             c = Client(server)
             name = unique("bp")
             c.create_stream(name)
-            body = {"records": [{"body": "b" * 700_000}]}
+            body = {"records": [{"body": "b" * 900_000}]}
             results = []
 
             def append():
@@ -1201,12 +1219,8 @@ class BackpressureTest(unittest.TestCase):
                 except requests.RequestException as e:  # the server is killed at the end
                     results.append(e)
 
-            first = threading.Thread(target=append, daemon=True)
-            first.start()
-            time.sleep(1.0)
-            others = [threading.Thread(target=append, daemon=True) for _ in range(3)]
-            for t in others:
-                t.start()
+            for _ in range(6):
+                threading.Thread(target=append, daemon=True).start()
             deadline = time.monotonic() + 50  # the first PUT lands after 60 s
             while time.monotonic() < deadline and not any(
                     isinstance(r, requests.Response) and r.status_code == 429 for r in results):
@@ -1227,7 +1241,7 @@ class BackpressureTest(unittest.TestCase):
             server.cleanup()
 
 
-class LifecycleTest(unittest.TestCase):
+class LifecycleTest(ClosingTestCase):
     """Restart, SIGTERM drain and the data-dir lock, on a server of its own."""
 
     def test_restart_drain_and_lock(self):
