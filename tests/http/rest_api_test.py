@@ -12,6 +12,7 @@ on time; waits are generous (CI is a loaded 2-core machine).
 """
 import base64
 import datetime
+import functools
 import http.client
 import json
 import os
@@ -157,6 +158,25 @@ def pb_read_batch(buf):
 # --------------------------------------------------------------------------
 # Helpers
 
+KNOWN_SERVER_BUGS = {}  # test name -> note, printed with the summary
+
+
+def server_bug(note):
+    """Marks a test that fails because of a known server bug: it still runs
+    and still fails (or passes once fixed); a failure message carries the note."""
+    def deco(fn):
+        KNOWN_SERVER_BUGS[fn.__name__] = note
+
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except AssertionError as e:
+                raise AssertionError(f"[known server bug: {note}]\n{e}") from e
+        return wrapper
+    return deco
+
+
 def unique(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
@@ -166,12 +186,14 @@ def q(name):
 
 
 def metered(body, headers=()):
-    """S2's metered size of a record (bytes)."""
+    """Metered size of a record as docs/http-api.md defines it: 8 + body +
+    header names and values. (S2's SDK also adds 2 per header; the tests
+    that use this have no headers.)"""
     if isinstance(body, str):
         body = body.encode()
     size = 8 + len(body)
     for n, v in headers:
-        size += 2 + len(n.encode() if isinstance(n, str) else n) + len(v.encode() if isinstance(v, str) else v)
+        size += len(n.encode() if isinstance(n, str) else n) + len(v.encode() if isinstance(v, str) else v)
     return size
 
 
@@ -516,10 +538,13 @@ class StreamTest(ApiTestCase):
         name = unique("put")
         r = self.c.put(f"/v1/streams/{q(name)}", json={})
         self.assertEqual(r.status_code, 201, r.text)
-        self.assertJson(r)  # docs: StreamConfig; S2's spec: StreamInfo (see report)
+        info = self.assertJson(r)  # StreamInfo
+        self.assertEqual(info["name"], name)
+        self.assertRfc3339(info["created_at"])
         self.assertConfigHas(self.config(name), DEFAULT_CONFIG)
         r = self.c.put(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 7200}})
         self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(self.assertJson(r)["name"], name)
         self.assertEqual(self.config(name)["retention_policy"], {"age": 7200})
 
     def test_patch(self):
@@ -596,11 +621,16 @@ class BasinRoutingTest(ApiTestCase):
         in_basin.create_stream(only_here)
         self.assertError(default.get(f"/v1/streams/{q(only_here)}"), 404, "stream_not_found")
 
+    @server_bug("/v1/streams/{s}... in a missing basin answers 404 stream_not_found, not basin_not_found")
     def test_missing_basin_header(self):
         ghost = Client(SHARED, basin=unique("ghost"))
         self.assertError(ghost.get("/v1/streams"), 404, "basin_not_found")
         self.assertError(ghost.post("/v1/streams", json={"stream": "x"}), 404, "basin_not_found")
-        self.assertError(ghost.get("/v1/streams/x/records"), 404, "basin_not_found")
+        for method, path in (("GET", "/v1/streams/x"), ("DELETE", "/v1/streams/x"),
+                             ("GET", "/v1/streams/x/records"), ("GET", "/v1/streams/x/records/tail")):
+            self.assertError(ghost.request(method, path), 404, "basin_not_found")
+        self.assertError(ghost.post("/v1/streams/x/records", json={"records": [{"body": "x"}]}), 404,
+                         "basin_not_found")
 
 
 # --------------------------------------------------------------------------
@@ -715,6 +745,7 @@ class AppendReadJsonTest(ApiTestCase):
     def test_append_limits(self):
         s = self.new_stream("alimits")
         self.c.append(s, [{"body": "x"}] * 1000)
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": []}), 422, "invalid")
         self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}] * 1001}),
                          422, "invalid")
         exact = "y" * (1024 * 1024 - 8)  # metered size exactly 1 MiB
@@ -1180,6 +1211,8 @@ class AuthAndRequestLimitTest(ClosingTestCase):
         right.append(name, [{"body": "x"}])
         self.assertEqual(right.tail(name)["seq_num"], 1)
 
+    @server_bug("a Content-Length over --max-request-bytes fails the header read "
+                "(beast body_limit in OnHeader): the connection closes without the 413")
     def test_request_too_large(self):
         c = Client(self.server, token=self.TOKEN)
         name = unique("big")
@@ -1383,6 +1416,10 @@ def main():
     if not ok:
         for server in ALL_SERVERS:
             print(f"\n{server.log_tail(40)}")
+        failed = [t.id() for t, _ in prog.result.failures + prog.result.errors]
+        for name, note in KNOWN_SERVER_BUGS.items():
+            if any(f".{name}" in f for f in failed):
+                print(f"known server bug, {name}: {note}")
     sys.exit(0 if ok else 1)
 
 
