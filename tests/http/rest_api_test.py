@@ -621,7 +621,6 @@ class BasinRoutingTest(ApiTestCase):
         in_basin.create_stream(only_here)
         self.assertError(default.get(f"/v1/streams/{q(only_here)}"), 404, "stream_not_found")
 
-    @server_bug("/v1/streams/{s}... in a missing basin answers 404 stream_not_found, not basin_not_found")
     def test_missing_basin_header(self):
         ghost = Client(SHARED, basin=unique("ghost"))
         self.assertError(ghost.get("/v1/streams"), 404, "basin_not_found")
@@ -1211,8 +1210,6 @@ class AuthAndRequestLimitTest(ClosingTestCase):
         right.append(name, [{"body": "x"}])
         self.assertEqual(right.tail(name)["seq_num"], 1)
 
-    @server_bug("a Content-Length over --max-request-bytes fails the header read "
-                "(beast body_limit in OnHeader): the connection closes without the 413")
     def test_request_too_large(self):
         c = Client(self.server, token=self.TOKEN)
         name = unique("big")
