@@ -237,6 +237,16 @@ struct S3Store::Impl {
     return fmt::format("{} s3://{}/{}{}", method, o.bucket, key_prefix, key);
   }
 
+  // A request on one object.
+  Call ObjectCall(S3Metrics::Op op, std::string_view method, std::string_view key) const {
+    Call call;
+    call.op = op;
+    call.method = method;
+    call.path = ObjectPath(key);
+    call.what = What(method, key);
+    return call;
+  }
+
   // Checks S3's own key rules on top of ValidateKey.
   Status CheckKey(std::string_view key) const {
     WEIR_RETURN_IF_ERROR(ValidateKey(key));
@@ -260,7 +270,9 @@ struct S3Store::Impl {
   // backoff, up to max_attempts. Returns the last HTTP response (any status),
   // or the transport error when the last attempt got none. *maybe_applied
   // tells whether a failed earlier attempt may have been applied anyway.
-  Result<http::Response> Send(const Call& call, bool* maybe_applied) {
+  Result<http::Response> Send(const Call& call, bool* maybe_applied_out = nullptr) {
+    bool ignored = false;
+    bool* maybe_applied = maybe_applied_out ? maybe_applied_out : &ignored;
     *maybe_applied = false;
     const std::string query = sigv4::CanonicalQuery(call.query);
     http::Request req;
@@ -315,7 +327,7 @@ struct S3Store::Impl {
       metrics.bytes_received.fetch_add(resp->body.size(), std::memory_order_relaxed);
       if (resp->new_connection) metrics.connections_opened.fetch_add(1, std::memory_order_relaxed);
       if (resp->status < 300) return resp;
-      const s3::Error err = s3::ParseError(resp->status, resp->body, resp->Header("x-amz-request-id"));
+      const s3::Error err = ErrorOf(*resp);
       if (!s3::IsRetryable(err) || attempt == attempts) return resp;
       if (s3::MayHaveBeenApplied(err)) *maybe_applied = true;
       last = s3::ToStatus(err, call.what);
@@ -324,21 +336,18 @@ struct S3Store::Impl {
     return last.WithContext(fmt::format("after {} attempts", attempts));
   }
 
-  // The Status for a non-2xx response.
-  Status ErrorStatus(const http::Response& r, std::string_view what) const {
-    return s3::ToStatus(s3::ParseError(r.status, r.body, r.Header("x-amz-request-id")), what);
+  static s3::Error ErrorOf(const http::Response& r) {
+    return s3::ParseError(r.status, r.body, r.Header("x-amz-request-id"));
   }
+  // The Status for a non-2xx response.
+  static Status ErrorStatus(const http::Response& r, std::string_view what) { return s3::ToStatus(ErrorOf(r), what); }
 
   Status PutObject(std::string_view key, std::string_view data, bool create_only) {
-    Call call;
-    call.op = S3Metrics::kPut;
-    call.method = "PUT";
-    call.path = ObjectPath(key);
+    Call call = ObjectCall(S3Metrics::kPut, "PUT", key);
     call.body = data;
     call.payload_sha256 = sigv4::Sha256Hex(data);
     call.headers.emplace_back("content-type", "application/octet-stream");
     if (create_only) call.headers.emplace_back("if-none-match", "*");
-    call.what = What("PUT", key);
     bool maybe_applied = false;
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
     if (r.status < 300) return Status::Ok();
@@ -353,13 +362,8 @@ struct S3Store::Impl {
   }
 
   Result<ObjectInfo> HeadObject(std::string_view key) {
-    Call call;
-    call.op = S3Metrics::kHead;
-    call.method = "HEAD";
-    call.path = ObjectPath(key);
-    call.what = What("HEAD", key);
-    bool maybe_applied = false;
-    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
+    const Call call = ObjectCall(S3Metrics::kHead, "HEAD", key);
+    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
     if (r.status >= 300) return ErrorStatus(r, call.what);
     const std::string_view len = r.Header("content-length");
     ObjectInfo info{std::string(key), 0};
@@ -379,19 +383,14 @@ struct S3Store::Impl {
       }
       return std::string();
     }
-    Call call;
-    call.op = S3Metrics::kGet;
-    call.method = "GET";
-    call.path = ObjectPath(key);
-    call.what = What("GET", key);
+    Call call = ObjectCall(S3Metrics::kGet, "GET", key);
     if (range) {
       const uint64_t last = range->length > UINT64_MAX - range->offset ? UINT64_MAX : range->offset + range->length - 1;
       call.headers.emplace_back("range", last >= (uint64_t{1} << 62) ? fmt::format("bytes={}-", range->offset)
                                                                       : fmt::format("bytes={}-{}", range->offset, last));
       call.expected_bytes = static_cast<size_t>(std::min<uint64_t>(range->length, 64u << 20));
     }
-    bool maybe_applied = false;
-    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
+    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
     if (r.status == 206) return std::move(r.body);
     if (r.status == 200) {
       if (!range) return std::move(r.body);
@@ -424,8 +423,7 @@ struct S3Store::Impl {
       call.query.emplace_back("start-after", start_after);
     }
     call.what = fmt::format("LIST s3://{}/{}*", o.bucket, full_prefix);
-    bool maybe_applied = false;
-    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
+    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
     if (r.status >= 300) return ErrorStatus(r, call.what);
     auto parsed = s3::ParseListObjectsV2(r.body);
     if (!parsed.ok()) return parsed.status().WithContext(call.what);
@@ -433,15 +431,10 @@ struct S3Store::Impl {
   }
 
   Status DeleteObject(std::string_view key) {
-    Call call;
-    call.op = S3Metrics::kDelete;
-    call.method = "DELETE";
-    call.path = ObjectPath(key);
-    call.what = What("DELETE", key);
-    bool maybe_applied = false;
-    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
+    const Call call = ObjectCall(S3Metrics::kDelete, "DELETE", key);
+    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
     if (r.status < 300) return Status::Ok();
-    const s3::Error e = s3::ParseError(r.status, r.body, r.Header("x-amz-request-id"));
+    const s3::Error e = ErrorOf(r);
     if (r.status == 404 && e.code != "NoSuchBucket") return Status::Ok();  // already gone
     return s3::ToStatus(e, call.what);
   }
@@ -462,8 +455,7 @@ struct S3Store::Impl {
     call.headers.emplace_back("content-md5", sigv4::Md5Base64(body));
     call.headers.emplace_back("content-type", "application/xml");
     call.what = fmt::format("DeleteObjects s3://{}/ ({} keys from {})", o.bucket, keys.size(), full.front());
-    bool maybe_applied = false;
-    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
+    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
     if (r.status >= 300) return ErrorStatus(r, call.what);
     auto errors = s3::ParseDeleteResult(r.body);
     if (!errors.ok()) return errors.status().WithContext(call.what);
@@ -482,10 +474,9 @@ struct S3Store::Impl {
     call.body = body;
     call.payload_sha256 = sigv4::Sha256Hex(body);
     call.what = fmt::format("{} bucket s3://{}", method, o.bucket);
-    bool maybe_applied = false;
-    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
+    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
     if (r.status < 300) return Status::Ok();
-    const s3::Error e = s3::ParseError(r.status, r.body, r.Header("x-amz-request-id"));
+    const s3::Error e = ErrorOf(r);
     if (method == "PUT" && e.code == "BucketAlreadyOwnedByYou") return Status::Ok();
     if (method == "DELETE" && r.status == 404 && e.code == "NoSuchBucket") return Status::Ok();
     return s3::ToStatus(e, call.what);
