@@ -367,6 +367,8 @@ TEST_P(ListTest, StartAfter) {
   EXPECT_TRUE(Keys("a", "b").empty());              // start_after past the prefix
   EXPECT_TRUE(Keys("", "z").empty());
   EXPECT_EQ(Keys("", "a/b"), Expected("", "a/b"));
+  EXPECT_TRUE(Keys("wal/n1/00000001", "wal/n1/00000001").empty());  // start_after equal to the prefix
+  EXPECT_EQ(Keys("wal/n1/", "wal/n1/"), Expected("wal/n1/"));
 }
 
 TEST_P(ListTest, MaxKeysLimits) {

@@ -153,6 +153,9 @@ TEST(S3Protocol, ErrorsMapToStatus) {
   EXPECT_EQ(s3::ToStatus(Err(409, "ConditionalRequestConflict"), "x").code(), Code::kUnavailable);
   EXPECT_EQ(s3::ToStatus(Err(409, "BucketNotEmpty"), "x").code(), Code::kPreconditionFailed);
   EXPECT_EQ(s3::ToStatus(Err(501, "NotImplemented"), "x").code(), Code::kNotSupported);
+  const Status moved = s3::ToStatus(Err(301, "PermanentRedirect"), "x");
+  EXPECT_EQ(moved.code(), Code::kIOError);  // a wrong region is not worth retrying
+  EXPECT_NE(moved.message().find("region="), std::string::npos) << moved.message();
 
   for (auto [status, code] : std::vector<std::pair<long, std::string>>{
            {500, "InternalError"}, {503, "SlowDown"}, {400, "RequestTimeout"}, {409, "ConditionalRequestConflict"}}) {

@@ -77,6 +77,9 @@ Status ToStatus(const Error& e, std::string_view what) {
       e.code == "InvalidToken" || e.code == "AuthorizationHeaderMalformed" || e.code == "RequestTimeTooSkewed") {
     return IOError("{}: {} ({})", what, AuthHint(e.code), detail);
   }
+  if (s >= 300 && s < 400) {
+    return IOError("{}: the service redirected the request ({}); check region= and endpoint=", what, detail);
+  }
   if (s == 404) return NotFound("{}: not found ({})", what, detail);
   if (s == 412) return PreconditionFailed("{}: the object already exists ({})", what, detail);
   if (s == 416) return OutOfRange("{}: the range starts past the end of the object ({})", what, detail);

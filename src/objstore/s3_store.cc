@@ -203,8 +203,9 @@ Result<S3Options> ParseS3Uri(std::string_view uri) {
 
 // ---- the store ----------------------------------------------------------------
 
-// Immutable configuration plus the thread-safe client and metrics; shared by
-// every calling thread without locks.
+// Configuration (immutable after OpenS3Store, but for emulate_create_only,
+// which the probe sets once) plus the thread-safe client and metrics; shared
+// by every calling thread without locks.
 struct S3Store::Impl {
   S3Options o;
   sigv4::Credentials credentials;
@@ -564,7 +565,10 @@ Result<ListPage> S3Store::List(std::string_view prefix, std::string_view start_a
     if (prefix.find('\0') != std::string_view::npos) return page;
     if (impl_->key_prefix.size() + prefix.size() > kMaxS3KeyBytes) return page;
     const std::string full_prefix = impl_->FullKey(prefix);
-    const std::string full_start = start_after > prefix ? impl_->FullKey(start_after) : std::string();
+    // start_after below the prefix excludes nothing; at or above it, it does
+    // (a key equal to start_after is never listed).
+    const std::string full_start =
+        !start_after.empty() && start_after >= prefix ? impl_->FullKey(start_after) : std::string();
     // One key more than asked tells exactly whether more follow.
     const size_t want = max_keys < 1000 ? max_keys + 1 : max_keys;
     std::vector<ObjectInfo> found;
