@@ -272,12 +272,6 @@ AppendInput ParseJsonAppend(const std::string& body, Format f) {
   return in;
 }
 
-size_t MeteredBytes(const wal::Record& r) {
-  size_t size = 8 + (r.value ? r.value->size() : 0);
-  for (const auto& h : r.headers) size += h.key.size() + (h.value ? h.value->size() : 0);
-  return size;
-}
-
 Json RecordJson(const log::ReadRecord& r, Format f) {
   Json headers = Json::array();
   for (const auto& h : r.record.headers) {
@@ -596,10 +590,7 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   }
   size_t records = in.records.size();
   size_t bytes = 0;
-  for (const auto& r : in.records) {
-    bytes += 8 + r.body.size();
-    for (const auto& h : r.headers) bytes += h.key.size() + (h.value ? h.value->size() : 0);
-  }
+  for (const auto& r : in.records) bytes += log::MeteredBytes(r);
   bool proto_out = WantsProto(req);
   RestMetrics* m = &metrics_;
   engine_->AppendAsync(
@@ -705,7 +696,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     }
     bool done = CutAtUntil(&r->records, p_.until);
     size_t bytes = 0;
-    for (const auto& rec : r->records) bytes += MeteredBytes(rec.record);
+    for (const auto& rec : r->records) bytes += log::MeteredBytes(rec.record);
     if (!r->records.empty()) {
       p_.start = {log::ReadStart::kOffset, r->records.back().offset + 1};
       sent_records_ += r->records.size();

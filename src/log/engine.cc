@@ -17,14 +17,19 @@
 
 namespace weir::log {
 
-namespace {
-
-// Bytes S2 meters for a record: body, header names and values, 8 per record.
 size_t MeteredBytes(const AppendRecord& r) {
   size_t n = 8 + r.body.size() + (r.key ? r.key->size() : 0);
-  for (const auto& h : r.headers) n += h.key.size() + (h.value ? h.value->size() : 0);
+  for (const auto& h : r.headers) n += 2 + h.key.size() + (h.value ? h.value->size() : 0);
   return n;
 }
+
+size_t MeteredBytes(const wal::Record& r) {
+  size_t n = 8 + (r.value ? r.value->size() : 0) + (r.key ? r.key->size() : 0);
+  for (const auto& h : r.headers) n += 2 + h.key.size() + (h.value ? h.value->size() : 0);
+  return n;
+}
+
+namespace {
 
 uint64_t RandomNonce() {
   std::random_device rd;
@@ -710,8 +715,7 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
     for (auto& r : records) {
       if (static_cast<uint64_t>(r.offset) < from) continue;
       if (start.kind == ReadStart::kTimestamp && r.record.timestamp < static_cast<int64_t>(start.value)) continue;
-      size_t size = 8 + (r.record.value ? r.record.value->size() : 0);
-      for (const auto& h : r.record.headers) size += h.key.size() + (h.value ? h.value->size() : 0);
+      size_t size = MeteredBytes(r.record);
       if (out.records.size() >= max_records || (bytes + size > max_bytes && !out.records.empty())) return out;
       bytes += size;
       out.records.push_back(ReadRecord{static_cast<uint64_t>(r.offset), std::move(r.record)});

@@ -45,7 +45,7 @@ struct EngineOptions {
   std::string node = "node-1";
   wal::WriterOptions wal;  // node and epoch are filled in by Open
   size_t max_append_records = 1000;
-  size_t max_append_bytes = 1 << 20;  // metered: body + header names and values + 8 per record
+  size_t max_append_bytes = 1 << 20;  // metered (MeteredBytes)
   size_t log_cache_bytes = 64u << 20; // recent acknowledged batches kept in memory
   size_t max_read_records = 1000;
   size_t max_read_bytes = 1 << 20;
@@ -244,6 +244,11 @@ class Engine {
   std::condition_variable settle_cv_;
   std::thread settle_thread_;
 };
+
+// The size S2 meters for a record, used by every limit on bytes: 8 + body +
+// for each header 2 + name + value (+ the Kafka key, which S2 records lack).
+size_t MeteredBytes(const AppendRecord& r);
+size_t MeteredBytes(const wal::Record& r);
 
 // Validation shared with front-ends.
 Status ValidateBasinName(const std::string& name);

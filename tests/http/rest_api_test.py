@@ -186,14 +186,13 @@ def q(name):
 
 
 def metered(body, headers=()):
-    """Metered size of a record as docs/http-api.md defines it: 8 + body +
-    header names and values. (S2's SDK also adds 2 per header; the tests
-    that use this have no headers.)"""
+    """Metered size of a record as docs/http-api.md (and S2) define it:
+    8 + body + for each header 2 + name + value."""
     if isinstance(body, str):
         body = body.encode()
     size = 8 + len(body)
     for n, v in headers:
-        size += len(n.encode() if isinstance(n, str) else n) + len(v.encode() if isinstance(v, str) else v)
+        size += 2 + len(n.encode() if isinstance(n, str) else n) + len(v.encode() if isinstance(v, str) else v)
     return size
 
 
