@@ -379,7 +379,8 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
       return Metrics(c);
     }
     if (!ready_) return c.Error(503, "unavailable", "the server is still recovering", {{"Retry-After", "1"}});
-    if (draining_) return c.Error(503, "unavailable", "the server is shutting down", {{"Retry-After", "1"}});
+    // S2's SDK reconnects at once (without spending a retry) on this code.
+    if (draining_) return c.Error(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}});
     if (const std::string* b = req.Header("s2-basin")) c.basin = *b;
     Route(req, c);
   } catch (const BadRequest& e) {
