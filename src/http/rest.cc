@@ -759,9 +759,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // Waits for the tail to pass `tail`, the next timer tick, or the deadline.
   void Wait(uint64_t tail) {
     auto self = shared_from_this();
+    uint64_t gen;
     {
       std::lock_guard lk(mu_);
       waiting_ = true;
+      gen = ++wait_gen_;
     }
     auto id = api_->engine_->WatchTail(c_.basin, stream_, tail, [self] {
       if (self->TakeWait()) self->c_.ex->Post([self] { self->Step(); });
@@ -779,30 +781,39 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       std::lock_guard lk(mu_);
       watch_id_ = *id;
     }
-    Tick();
+    Tick(gen);
   }
 
-  // Once a second: a ping when due, the deadline, the client, draining.
-  void Tick() {
+  // Once a second (or at the deadline, if sooner) while wait `gen` lasts: a
+  // ping when due, the deadline, the client, draining.
+  void Tick(uint64_t gen) {
     auto self = shared_from_this();
-    c_.ex->After(std::chrono::seconds(1), [self] {
+    Duration delay = std::chrono::seconds(1);
+    if (!sse_) delay = std::clamp<Duration>(deadline() - Now(), Duration::zero(), delay);
+    c_.ex->After(delay, [self, gen] {
       {
         std::lock_guard lk(self->mu_);
-        if (!self->waiting_) return;
+        if (!self->waiting_ || self->wait_gen_ != gen) return;  // this wait is over
       }
       auto now = Now();
       bool stop = self->api_->draining_ || self->c_.ex->closed() || (!self->sse_ && now >= self->deadline()) ||
                   (self->sse_ && self->wait_ && now - self->last_record_ >= *self->wait_);
       if (stop) {
-        if (!self->TakeWait()) return;
-        self->api_->engine_->UnwatchTail(self->c_.basin, self->stream_, self->watch_id_);
+        uint64_t watch;
+        {
+          std::lock_guard lk(self->mu_);
+          if (!self->waiting_ || self->wait_gen_ != gen) return;
+          self->waiting_ = false;
+          watch = self->watch_id_;
+        }
+        self->api_->engine_->UnwatchTail(self->c_.basin, self->stream_, watch);
         return self->Step();
       }
       if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
         self->last_ping_ = now;
         self->c_.ex->Write(fmt::format("event: ping\ndata: {{\"timestamp\":{}}}\n\n", WallMillis()), nullptr);
       }
-      self->Tick();
+      self->Tick(gen);
     });
   }
 
@@ -838,6 +849,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   uint64_t sent_records_ = 0, sent_bytes_ = 0;
   std::mutex mu_;
   bool waiting_ = false;
+  uint64_t wait_gen_ = 0;  // which wait the running tick chain belongs to
   uint64_t watch_id_ = 0;
 };
 
