@@ -79,7 +79,9 @@ Status RunWalBench(const WalBenchOptions& o) {
   }
 
   wal::WriterOptions wo;
-  wo.node = "bench";
+  // A shared store (s3://) may hold earlier runs' slots: each run its own chain.
+  const bool shared_store = o.store.find("://") != std::string::npos;
+  wo.node = shared_store ? fmt::format("bench-{:08x}", std::random_device{}()) : "bench";
   wo.epoch = 1;
   wo.window = o.window;
   wo.slot_cap_bytes = o.slot_cap_bytes;
@@ -187,6 +189,15 @@ Status RunWalBench(const WalBenchOptions& o) {
   for (auto& t : threads) t.join();
   trimmer.join();
   writer->Close();
+  if (shared_store) {
+    // Remove what the trimmer left: the last slots of this run's chain.
+    const std::string chain = "wal/" + wo.node + "/";
+    for (auto page = store->List(chain); page.ok() && !page->objects.empty(); page = store->List(chain)) {
+      std::vector<std::string> keys;
+      for (const auto& obj : page->objects) keys.push_back(obj.key);
+      if (!store->DeleteMany(keys).ok()) break;
+    }
+  }
   uint64_t failures = 0;
   for (auto& a : apps) failures += a->failures.load();
   if (!temp_dir.empty()) {
@@ -204,7 +215,7 @@ Status RunWalBench(const WalBenchOptions& o) {
   j["p999_ms"] = p999;
   j["puts_per_s"] = slots / elapsed;
   j["bytes_per_put"] = slots > 0 ? static_cast<double>(slot_bytes1 - slot_bytes0) / slots : 0.0;
-  j["store"] = o.store.find("://") != std::string::npos ? store->Describe() : o.store;  // no secrets
+  j["store"] = shared_store ? store->Describe() : o.store;  // no secrets
   j["ack_p50_over_put_p50"] = m.put_latency_ns.Quantile(0.5) > 0 ? p50 * 1e6 / static_cast<double>(m.put_latency_ns.Quantile(0.5)) : 0.0;
   if (auto* s3 = dynamic_cast<objstore::S3Store*>(s3_inner.get())) {
     // Raw HTTP PUT attempts, as the S3 client saw them.
@@ -219,6 +230,8 @@ Status RunWalBench(const WalBenchOptions& o) {
   j["failures"] = failures;
   j["stall_window"] = m.stall_window.load();
   j["put_p50_ms"] = static_cast<double>(m.put_latency_ns.Quantile(0.5)) / 1e6;
+  j["put_mean_ms"] = m.put_latency_ns.count() ? static_cast<double>(m.put_latency_ns.sum()) / 1e6 / static_cast<double>(m.put_latency_ns.count()) : 0.0;
+  j["ack_mean_ms"] = m.ack_latency_ns.count() ? static_cast<double>(m.ack_latency_ns.sum()) / 1e6 / static_cast<double>(m.ack_latency_ns.count()) : 0.0;
   j["put_p99_ms"] = static_cast<double>(m.put_latency_ns.Quantile(0.99)) / 1e6;
   j["slot_entries_p50"] = m.slot_entries.Quantile(0.5);
   j["stall_budget"] = m.stall_budget_uploads.load() + m.stall_budget_halted.load();
