@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -33,7 +34,7 @@ class FakeS3 {
     k503SlowDown,      // answer 503 SlowDown, not applied
     k500AfterApply,    // apply, then answer 500 InternalError
     k409Conflict,      // answer 409 ConditionalRequestConflict, not applied
-    kStall,            // wait 1 s, then answer normally
+    kStall,            // wait 10 s (or until the server stops), then answer normally
   };
 
   explicit FakeS3(bool honour_if_none_match = true) : honour_(honour_if_none_match) {
@@ -50,7 +51,11 @@ class FakeS3 {
   }
 
   ~FakeS3() {
-    stopping_ = true;
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    stop_cv_.notify_all();
     ::shutdown(listen_fd_, SHUT_RDWR);
     acceptor_.join();
     {
@@ -166,7 +171,10 @@ class FakeS3 {
       }
       bool keep = true;
       if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_.load()));
-      if (fault == Fault::kStall) std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (fault == Fault::kStall) {
+        std::unique_lock lk(mu_);
+        stop_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return stopping_.load(); });
+      }
       if (fault == Fault::kDropBeforeApply) {
         keep = false;
       } else if (fault == Fault::k503SlowDown) {
@@ -233,6 +241,7 @@ class FakeS3 {
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   std::mutex mu_;
+  std::condition_variable stop_cv_;  // wakes stalled requests at destruction
   std::vector<std::thread> workers_;
   std::vector<int> open_fds_;
   std::deque<Fault> faults_;

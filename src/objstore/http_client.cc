@@ -95,6 +95,8 @@ std::string_view Response::Header(std::string_view lowercase_name) const {
   return {};
 }
 
+// One easy handle (and the live connection it keeps) with its error buffer.
+// Owned by the idle pool or by the one request using it.
 struct Client::Handle {
   CURL* curl = nullptr;
   char error[CURL_ERROR_SIZE] = {};
