@@ -246,13 +246,19 @@ TEST(S3Uri, ErrorsNameTheProblemAndHideSecrets) {
   }
 }
 
+// Options for bucket `bucket` at `endpoint` ("" = AWS) with dummy credentials.
+S3Options DummyOptions(std::string bucket, std::string endpoint) {
+  S3Options o;
+  o.bucket = std::move(bucket);
+  o.endpoint = std::move(endpoint);
+  o.access_key = "a";
+  o.secret_key = "topsecret";
+  return o;
+}
+
 TEST(S3Uri, AStoreThatCannotConnectFailsToOpenClearly) {
   // Port 1 on loopback refuses connections: the probe fails with the cause.
-  S3Options o;
-  o.bucket = "b";
-  o.endpoint = "http://127.0.0.1:1";
-  o.access_key = "a";
-  o.secret_key = "s";
+  S3Options o = DummyOptions("b", "http://127.0.0.1:1");
   o.max_attempts = 2;
   o.retry_initial = std::chrono::milliseconds(1);
   auto store = OpenS3Store(o);
@@ -264,11 +270,8 @@ TEST(S3Uri, AStoreThatCannotConnectFailsToOpenClearly) {
 }
 
 TEST(S3Uri, DescribeShowsWhereButNoSecrets) {
-  S3Options o;
-  o.bucket = "bkt";
+  S3Options o = DummyOptions("bkt", "");
   o.prefix = "pre";
-  o.access_key = "a";
-  o.secret_key = "topsecret";
   o.probe_conditional_put = false;
   auto aws = OpenS3Store(o);
   ASSERT_TRUE(aws.ok());
