@@ -25,6 +25,9 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
   opt("--object-store", o.object_store, "Object store URI (file://DIR, mem://); default file://DATA_DIR/objects");
   opt("--metastore", o.metastore, "Metastore URI (sqlite://PATH); default sqlite://DATA_DIR/meta.db");
   opt("--node-id", o.node_id, "This node's id in the WAL and metastore");
+  cmd->add_flag("--allow-unconditional-put", o.allow_unconditional_put,
+                "s3:// only: start even if the store ignores If-None-Match: * (unsafe with several nodes)")
+      ->envname("WEIR_ALLOW_UNCONDITIONAL_PUT");
   opt("--pipeline-window", o.pipeline_window, "WAL slots in flight")->check(CLI::Range(1, 1024));
   opt("--max-slot-bytes", o.max_slot_bytes, "WAL slot size cap in bytes")->check(CLI::Range(4096, 1 << 30));
   opt("--linger-ms", o.linger_ms, "WAL linger: wait this long for more data before cutting a slot")

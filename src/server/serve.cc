@@ -18,6 +18,7 @@
 #include "metastore/metastore.h"
 #include "objstore/fault_store.h"
 #include "objstore/object_store.h"
+#include "objstore/s3_store.h"
 
 namespace weir::server {
 namespace {
@@ -84,7 +85,9 @@ Result<std::optional<std::string>> ReadToken(const std::string& file) {
 Result<std::shared_ptr<objstore::ObjectStore>> OpenStore(const ServeOptions& o) {
   std::string uri = o.object_store.empty() ? "file://" + std::filesystem::absolute(o.data_dir).string() + "/objects"
                                            : o.object_store;
-  WEIR_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri));
+  objstore::OpenOptions open;
+  open.allow_unconditional_put = o.allow_unconditional_put;
+  WEIR_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri, open));
   bool faults = !o.inject_put_latency_ms.empty() || o.inject_put_error_rate > 0 || o.inject_put_ambiguous_rate > 0;
   if (!faults) return store;
   objstore::FaultOptions f;
@@ -100,9 +103,37 @@ Result<std::shared_ptr<objstore::ObjectStore>> OpenStore(const ServeOptions& o) 
   return std::shared_ptr<objstore::ObjectStore>(std::make_shared<objstore::FaultStore>(store, f));
 }
 
-// The part of /metrics the HTTP layer does not own: WAL, engine, metastore.
-std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta) {
+// S3 requests by operation and outcome, latency, retries, bytes.
+void RenderS3Metrics(const objstore::S3Metrics& m, std::string* out) {
+  using M = objstore::S3Metrics;
+  *out += "# HELP weir_s3_requests_total S3 HTTP attempts by operation and outcome\n"
+          "# TYPE weir_s3_requests_total counter\n";
+  for (int op = 0; op < M::kOpCount; ++op) {
+    for (int oc = 0; oc < M::kOutcomeCount; ++oc) {
+      uint64_t n = m.requests[op][oc].load();
+      if (n) *out += fmt::format("weir_s3_requests_total{{op=\"{}\",outcome=\"{}\"}} {}\n", M::OpName(op), M::OutcomeName(oc), n);
+    }
+  }
+  *out += "# HELP weir_s3_retries_total S3 retries by operation\n# TYPE weir_s3_retries_total counter\n";
+  for (int op = 0; op < M::kOpCount; ++op) {
+    *out += fmt::format("weir_s3_retries_total{{op=\"{}\"}} {}\n", M::OpName(op), m.retries[op].load());
+  }
+  for (int op : {M::kPut, M::kGet}) {
+    http::PromHistogramSeconds(out, fmt::format("weir_s3_{}_seconds", M::OpName(op)),
+                               fmt::format("S3 {} latency per attempt", M::OpName(op)), m.latency_ns[op]);
+  }
+  http::PromCounter(out, "weir_s3_bytes_sent_total", "S3 request body bytes", m.bytes_sent.load());
+  http::PromCounter(out, "weir_s3_bytes_received_total", "S3 response body bytes", m.bytes_received.load());
+  http::PromCounter(out, "weir_s3_connections_opened_total", "New TCP connections to S3", m.connections_opened.load());
+  http::PromCounter(out, "weir_s3_ambiguous_creates_total", "Create-only PUTs retried into a 412",
+                    m.ambiguous_creates.load());
+}
+
+// The part of /metrics the HTTP layer does not own: WAL, engine, metastore, S3.
+std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta, objstore::ObjectStore* store) {
   std::string out;
+  if (auto* f = dynamic_cast<objstore::FaultStore*>(store)) store = &f->inner();
+  if (auto* s3 = dynamic_cast<objstore::S3Store*>(store)) RenderS3Metrics(s3->metrics(), &out);
   const auto& w = engine->wal().metrics();
   http::PromCounter(&out, "weir_wal_slots_total", "WAL slots written", w.slots.load());
   http::PromCounter(&out, "weir_wal_slot_bytes_total", "Bytes in WAL slots written", w.slot_bytes.load());
@@ -195,7 +226,9 @@ int RunServe(const ServeOptions& o) {
   if (!engine.ok()) return fail(engine.status().WithContext("recovery"));
   Status basin = (*engine)->CreateBasin(ro.default_basin);
   if (!basin.ok() && basin.code() != Code::kAlreadyExists) return fail(basin);
-  rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get()] { return RenderEngineMetrics(e, m); });
+  rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get()] {
+    return RenderEngineMetrics(e, m, s);
+  });
   rest.SetEngine((*engine).get());
   rest.SetReady();
   Log().info("weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}", ToMillis(Now() - started),

@@ -17,6 +17,8 @@ struct ServeOptions {
   std::string object_store;  // empty: file://DATA_DIR/objects
   std::string metastore;     // empty: sqlite://DATA_DIR/meta.db
   std::string node_id = "node-1";
+  // s3:// only: start even if the store ignores If-None-Match: * (one node only; docs/s3.md).
+  bool allow_unconditional_put = false;
   // WAL tuning.
   int pipeline_window = 8;
   size_t max_slot_bytes = 8u << 20;
