@@ -176,11 +176,25 @@ class Conn : public std::enable_shared_from_this<Conn> {
       Send("HTTP/1.1 100 Continue\r\n\r\n", nullptr, false, true);
     }
     stream_.expires_after(std::chrono::seconds(60));
+    if (!parser_->chunked()) {
+      // A sized body (the common case) is read straight into its string:
+      // one copy, no per-chunk parsing.
+      size_t n = len.value_or(0);
+      body_.resize(n);
+      size_t have = std::min(buf_.size(), n);
+      net::buffer_copy(net::buffer(body_.data(), have), buf_.data());
+      buf_.consume(have);
+      if (have == n) return OnBody({}, true);
+      net::async_read(stream_, net::buffer(body_.data() + have, n - have),
+                      [self = shared_from_this()](beast::error_code e, size_t) { self->OnBody(e, true); });
+      return;
+    }
     bhttp::async_read(stream_, buf_, *parser_,
-                      [self = shared_from_this()](beast::error_code e, size_t) { self->OnBody(e); });
+                      [self = shared_from_this()](beast::error_code e, size_t) { self->OnBody(e, false); });
   }
 
-  void OnBody(beast::error_code ec) {
+  // `sized`: the body is in body_; otherwise the parser holds it.
+  void OnBody(beast::error_code ec, bool sized) {
     if (ec == bhttp::error::body_limit) {
       return Reject(413, "request_too_large",
                     fmt::format("request body is over the limit of {} bytes", srv_->options.max_request_bytes));
@@ -189,6 +203,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
     stream_.expires_never();
     auto msg = parser_->release();
     parser_.reset();
+    if (sized) msg.body() = std::move(body_);
+    body_ = std::string();
     keep_alive_ = msg.keep_alive();
     Request req;
     req.method = std::string(msg.method_string());
@@ -295,6 +311,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   HttpServer::Impl* srv_;
   beast::flat_buffer buf_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::string body_;  // a sized request body being read
   std::deque<Out> out_;
   bool writing_ = false;
   bool keep_alive_ = true;
