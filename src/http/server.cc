@@ -67,6 +67,10 @@ Result<std::string> PercentDecode(std::string_view s, bool plus) {
 
 namespace {
 
+// Spare capacity after a request body, so a JSON parser that reads ahead
+// (simdjson needs 64 bytes) can parse it in place.
+constexpr size_t kBodyPadding = 64;
+
 std::string StatusLine(int status) {
   auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(status));
   return fmt::format("HTTP/1.1 {} {}\r\n", status, std::string_view(reason.data(), reason.size()));
@@ -180,6 +184,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
       // A sized body (the common case) is read straight into its string:
       // one copy, no per-chunk parsing.
       size_t n = len.value_or(0);
+      body_.reserve(n + kBodyPadding);
       body_.resize(n);
       size_t have = std::min(buf_.size(), n);
       net::buffer_copy(net::buffer(body_.data(), have), buf_.data());
