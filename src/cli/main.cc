@@ -8,6 +8,7 @@
 #include "bench/engine_bench.h"
 #include "bench/s3_bench.h"
 #include "bench/wal_bench.h"
+#include "cli/client_commands.h"
 #include "server/serve.h"
 
 namespace {
@@ -117,7 +118,9 @@ int main(int argc, char** argv) {
   s3_cmd->add_option("--range-inflight", s3b.range_inflight, "Concurrent ranged GETs")->check(CLI::Range(1, 1024));
   s3_cmd->add_option("--range-seconds", s3b.range_s, "Seconds of ranged GETs")->check(CLI::Range(0.1, 3600.0));
 
+  weir::cli::ClientCommands client(app, *bench);  // basin, stream, append, read, tail, bench http
   CLI11_PARSE(app, argc, argv);
+  if (auto rc = client.Run()) return *rc;
 
   if (serve_cmd->parsed()) return weir::server::RunServe(serve);
 

@@ -1,0 +1,31 @@
+// `weir bench http`: a closed-loop load generator against a running
+// `weir serve`. N clients, each one keep-alive connection with one append in
+// flight, all driven by one thread through the curl multi interface so the
+// generator leaves the server its CPU. Prints one JSON line.
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+
+namespace weir::bench {
+
+struct HttpBenchOptions {
+  std::string server = "http://127.0.0.1:8080";
+  std::string basin;        // "" = the server's default basin
+  std::string auth_token;   // "" = none
+  int clients = 64;
+  size_t record_bytes = 1024;
+  int batch = 1;            // records per request
+  double duration_s = 10;
+  double warmup_s = 1;
+  int streams = 0;          // 0 = one per client; clients are spread round-robin
+  std::string stream_prefix = "bench-";
+};
+
+// Creates the streams if missing, runs the load, prints the JSON result line
+// to stdout (and a progress line once a second on a TTY stderr). Fails if the
+// server cannot be reached or no append succeeded.
+Status RunHttpBench(const HttpBenchOptions& options);
+
+}  // namespace weir::bench

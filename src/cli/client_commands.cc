@@ -1,0 +1,442 @@
+#include "cli/client_commands.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "base/clock.h"
+#include "bench/http_bench.h"
+#include "client/client.h"
+#include "client/codec.h"
+
+namespace weir::cli {
+
+using client::Client;
+using json = nlohmann::json;
+
+// Every flag of every command registered here; one command runs per process.
+struct ClientCommandsState {
+  client::ClientOptions conn;
+  bool json_out = false;
+  std::string name;    // NAME or STREAM
+  std::string prefix;  // list --prefix
+  // append
+  bool producer = false;
+  std::optional<uint64_t> match_seq_num;
+  std::optional<std::string> fencing_token;
+  double linger_ms = 10;
+  size_t max_batch_records = 1000;
+  size_t max_batch_bytes = 512 << 10;
+  // read
+  std::optional<uint64_t> from, tail_offset, timestamp, count;
+  bool follow = false;
+
+  bench::HttpBenchOptions bench;
+
+  CLI::App* basin_create = nullptr;
+  CLI::App* basin_list = nullptr;
+  CLI::App* basin_delete = nullptr;
+  CLI::App* stream_create = nullptr;
+  CLI::App* stream_list = nullptr;
+  CLI::App* stream_info = nullptr;
+  CLI::App* stream_delete = nullptr;
+  CLI::App* append = nullptr;
+  CLI::App* read = nullptr;
+  CLI::App* tail = nullptr;
+  CLI::App* bench_http = nullptr;
+};
+
+namespace {
+
+void AddConnectionFlags(CLI::App* cmd, ClientCommandsState& s, bool json_flag = true) {
+  cmd->add_option("--server", s.conn.server, "weir server URL")->envname("WEIR_SERVER")->capture_default_str();
+  cmd->add_option("--basin", s.conn.basin, "Basin (s2-basin header; default: the server's weir-default)")
+      ->envname("WEIR_BASIN");
+  cmd->add_option("--auth-token", s.conn.auth_token, "Bearer token")->envname("WEIR_AUTH_TOKEN");
+  if (json_flag) cmd->add_flag("--json", s.json_out, "One JSON object per line, for scripts");
+}
+
+CLI::App* Leaf(CLI::App* parent, ClientCommandsState& s, const std::string& name, const std::string& help,
+               const char* positional) {
+  CLI::App* cmd = parent->add_subcommand(name, help);
+  AddConnectionFlags(cmd, s);
+  if (positional != nullptr) cmd->add_option(positional, s.name, positional)->required();
+  return cmd;
+}
+
+// One error line on stderr; exit status 1.
+int Fail(const ClientCommandsState& s, const Status& st) {
+  std::string msg = st.message();
+  if (st.code() == Code::kUnavailable && msg.starts_with("cannot connect to")) {
+    msg = fmt::format("cannot reach the weir server at {} ({}); is `weir serve` running there? (--server or WEIR_SERVER)",
+                      s.conn.server, msg.substr(msg.find(": ") + 2));
+  }
+  std::cerr << "weir: " << msg << "\n";
+  return 1;
+}
+
+bool IsUtf8(const std::string& s) {
+  try {
+    (void)json(s).dump();
+    return true;
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+void PrintJson(const json& j) { std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n"; }
+
+// A record as one JSON line: text as is, or (if any of it is not UTF-8)
+// body and headers in base64 with "encoding": "base64".
+json RecordJson(const client::SequencedRecord& r) {
+  bool text = IsUtf8(r.body);
+  for (const auto& [k, v] : r.headers) text = text && IsUtf8(k) && IsUtf8(v);
+  auto enc = [text](const std::string& b) { return text ? b : client::Base64Encode(b); };
+  json headers = json::array();
+  for (const auto& [k, v] : r.headers) headers.push_back({enc(k), enc(v)});
+  json j = {{"seq_num", r.seq_num}, {"timestamp", r.timestamp}, {"headers", headers}, {"body", enc(r.body)}};
+  if (!text) j["encoding"] = "base64";
+  return j;
+}
+
+// Prints a batch: raw bodies one per line (command records skipped), or JSON.
+void PrintRecords(const ClientCommandsState& s, const client::ReadBatch& batch) {
+  for (const auto& r : batch.records) {
+    if (s.json_out) {
+      PrintJson(RecordJson(r));
+    } else if (!r.IsCommand()) {
+      std::fwrite(r.body.data(), 1, r.body.size(), stdout);
+      std::fputc('\n', stdout);
+    }
+  }
+  std::cout.flush();
+  std::fflush(stdout);
+}
+
+int PrintNamed(const ClientCommandsState& s, const Result<std::vector<client::NamedInfo>>& list) {
+  if (!list.ok()) return Fail(s, list.status());
+  for (const auto& e : *list) {
+    if (s.json_out) {
+      PrintJson({{"name", e.name}, {"created_at", e.created_at}});
+    } else {
+      std::cout << e.name << "\n";
+    }
+  }
+  return 0;
+}
+
+int PrintDone(const ClientCommandsState& s, const Status& st, const char* kind, const char* verb) {
+  if (!st.ok()) return Fail(s, st);
+  if (s.json_out) {
+    PrintJson({{kind, s.name}, {verb, true}});
+  } else {
+    std::cout << kind << " " << json(s.name).dump(-1, ' ', false, json::error_handler_t::replace) << " " << verb << "\n";
+  }
+  return 0;
+}
+
+std::string RetentionText(const client::StreamConfig& c) {
+  if (!c.retention_age_s) return "infinite";
+  int64_t s = *c.retention_age_s;
+  if (s % 86400 == 0) return fmt::format("{}d ({} s)", s / 86400, s);
+  return fmt::format("{} s", s);
+}
+
+int StreamInfo(ClientCommandsState& s, Client& c) {
+  auto config = c.GetStreamConfig(s.name);
+  if (!config.ok()) return Fail(s, config.status());
+  auto tail = c.CheckTail(s.name);
+  if (!tail.ok()) return Fail(s, tail.status());
+  if (s.json_out) {
+    PrintJson({{"stream", s.name},
+               {"config", json::parse(config->json)},
+               {"tail", {{"seq_num", tail->seq_num}, {"timestamp", tail->timestamp}}}});
+    return 0;
+  }
+  std::cout << "stream         " << s.name << "\n"
+            << "storage class  " << config->storage_class << "\n"
+            << "retention      " << RetentionText(*config) << "\n"
+            << "timestamping   " << config->timestamping_mode << (config->timestamping_uncapped ? " (uncapped)" : "")
+            << "\n"
+            << "tail           " << tail->seq_num << "\n";
+  return 0;
+}
+
+// Metered size of one record (S2's): 8 + body + per header 2 + name + value.
+size_t Metered(const client::AppendRecord& r) {
+  size_t n = 8 + r.body.size();
+  for (const auto& [k, v] : r.headers) n += 2 + k.size() + v.size();
+  return n;
+}
+
+// Sends one batch; with a producer (or on 429, where nothing was appended) it
+// retries retryable failures with the same producer sequence, so a retry of an
+// append that did land comes back as a duplicate instead of a second copy.
+Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, const std::vector<client::AppendRecord>& batch,
+                                          const client::AppendOptions& ao) {
+  auto backoff = std::chrono::milliseconds(100);
+  for (int attempt = 1;; ++attempt) {
+    auto ack = c.Append(s.name, batch, ao);
+    if (ack.ok()) return ack;
+    const Status& st = ack.status();
+    bool safe = s.producer ? st.retryable() : st.code() == Code::kResourceExhausted;
+    if (!safe || attempt >= 10) return st;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+int Append(ClientCommandsState& s, Client& c) {
+  client::AppendOptions ao;
+  ao.match_seq_num = s.match_seq_num;
+  ao.fencing_token = s.fencing_token;
+  if (s.producer) {
+    auto p = c.AllocateProducer();
+    if (!p.ok()) return Fail(s, p.status());
+    ao.producer = *p;
+  }
+  std::vector<client::AppendRecord> batch;
+  size_t batch_bytes = 0;
+  TimePoint deadline;  // linger deadline of the pending batch
+  auto flush = [&]() -> Status {
+    if (batch.empty()) return Status::Ok();
+    WEIR_ASSIGN_OR_RETURN(client::AppendAck ack, AppendWithRetry(s, c, batch, ao));
+    if (s.json_out) {
+      PrintJson({{"stream", s.name},
+                 {"start", ack.start.seq_num},
+                 {"end", ack.end.seq_num},
+                 {"tail", ack.tail.seq_num},
+                 {"duplicated", ack.duplicated}});
+    } else {
+      std::cout << s.name << " " << ack.start.seq_num << ".." << ack.end.seq_num
+                << (ack.duplicated ? " (duplicate)" : "") << "\n";
+    }
+    std::cout.flush();
+    if (ao.match_seq_num) ao.match_seq_num = ack.end.seq_num;  // the next batch follows this one
+    ao.producer_seq += batch.size();
+    batch.clear();
+    batch_bytes = 0;
+    return Status::Ok();
+  };
+  auto add = [&](std::string line) -> Status {
+    client::AppendRecord r;
+    r.body = std::move(line);
+    size_t m = Metered(r);
+    if (!batch.empty() && batch_bytes + m > s.max_batch_bytes) WEIR_RETURN_IF_ERROR(flush());
+    if (batch.empty()) deadline = Now() + std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(s.linger_ms));
+    batch.push_back(std::move(r));
+    batch_bytes += m;
+    if (batch.size() >= s.max_batch_records) return flush();
+    return Status::Ok();
+  };
+
+  std::string pending;  // an incomplete last line
+  std::string buf(64 << 10, '\0');
+  for (;;) {
+    int timeout = -1;
+    if (!batch.empty()) {
+      timeout = static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Now()).count()));
+    }
+    pollfd pfd{STDIN_FILENO, POLLIN, 0};
+    int ready = poll(&pfd, 1, timeout);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {  // linger expired
+      if (Status st = flush(); !st.ok()) return Fail(s, st);
+      continue;
+    }
+    ssize_t n = ::read(STDIN_FILENO, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Fail(s, IOError("reading stdin: {}", std::strerror(errno)));
+    if (n == 0) break;
+    std::string_view chunk(buf.data(), static_cast<size_t>(n));
+    for (size_t nl; (nl = chunk.find('\n')) != std::string_view::npos; chunk.remove_prefix(nl + 1)) {
+      pending.append(chunk.substr(0, nl));
+      if (Status st = add(std::move(pending)); !st.ok()) return Fail(s, st);
+      pending.clear();
+    }
+    pending.append(chunk);
+  }
+  if (!pending.empty()) {
+    if (Status st = add(std::move(pending)); !st.ok()) return Fail(s, st);
+  }
+  if (Status st = flush(); !st.ok()) return Fail(s, st);
+  return 0;
+}
+
+client::ReadStart StartOf(const ClientCommandsState& s) {
+  using K = client::ReadStart::Kind;
+  if (s.from) return {K::kSeqNum, *s.from};
+  if (s.tail_offset) return {K::kTailOffset, *s.tail_offset};
+  if (s.timestamp) return {K::kTimestamp, *s.timestamp};
+  return {K::kFirst, 0};
+}
+
+// Follows the stream through a read session, reconnecting (from the last
+// event id) when the connection drops, for up to 30 s of failed attempts.
+int Follow(ClientCommandsState& s, Client& c) {
+  client::ReadOptions ro;
+  ro.start = StartOf(s);
+  ro.count = s.count;
+  std::string last_event_id;
+  TimePoint failing_since{};
+  for (bool first = true;; first = false) {
+    Status st = c.ReadSession(s.name, ro, &last_event_id, [&](const client::ReadBatch& b) {
+      failing_since = TimePoint{};
+      PrintRecords(s, b);
+      return true;
+    });
+    if (st.ok()) return 0;
+    bool transient = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
+    if (!transient || (first && st.message().starts_with("cannot connect"))) return Fail(s, st);
+    if (failing_since == TimePoint{}) failing_since = Now();
+    if (Now() - failing_since > std::chrono::seconds(30)) return Fail(s, st);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+// Reads from the start position up to the tail (or --count records), one
+// request of at most 1000 records at a time.
+int Read(ClientCommandsState& s, Client& c) {
+  if (s.follow) return Follow(s, c);
+  client::ReadOptions ro;
+  ro.start = StartOf(s);
+  std::optional<uint64_t> left = s.count;
+  while (!left || *left > 0) {
+    ro.count = left ? std::optional<uint64_t>(std::min<uint64_t>(*left, 1000)) : std::nullopt;
+    auto batch = c.Read(s.name, ro);
+    if (!batch.ok()) return Fail(s, batch.status());
+    PrintRecords(s, *batch);
+    if (batch->records.empty()) break;
+    if (left) *left -= batch->records.size();
+    uint64_t next = batch->records.back().seq_num + 1;
+    if (batch->tail && next >= batch->tail->seq_num) break;
+    ro.start = {client::ReadStart::Kind::kSeqNum, next};
+  }
+  return 0;
+}
+
+int Tail(ClientCommandsState& s, Client& c) {
+  auto tail = c.CheckTail(s.name);
+  if (!tail.ok()) return Fail(s, tail.status());
+  if (s.json_out) {
+    PrintJson({{"seq_num", tail->seq_num}, {"timestamp", tail->timestamp}});
+  } else {
+    std::cout << tail->seq_num << "\n";
+  }
+  return 0;
+}
+
+void AddBenchHttp(CLI::App& bench, ClientCommandsState& s) {
+  auto& b = s.bench;
+  auto* cmd = bench.add_subcommand("http", "Closed-loop appends against a running weir serve");
+  s.bench_http = cmd;
+  cmd->add_option("--server", b.server, "weir server URL")->envname("WEIR_SERVER")->capture_default_str();
+  cmd->add_option("--basin", b.basin, "Basin (default: the server's weir-default)")->envname("WEIR_BASIN");
+  cmd->add_option("--auth-token", b.auth_token, "Bearer token")->envname("WEIR_AUTH_TOKEN");
+  cmd->add_option("--clients", b.clients, "Concurrent clients, one append in flight each")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--record-bytes", b.record_bytes, "Record body size")->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--batch", b.batch, "Records per append")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->add_option("--duration", b.duration_s, "Measured seconds")->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--warmup", b.warmup_s, "Warm-up seconds before measuring")->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
+  cmd->add_option("--streams", b.streams, "Streams, created if missing (default: one per client)")
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--stream-prefix", b.stream_prefix, "Stream names: PREFIX0, PREFIX1, ...")->capture_default_str();
+}
+
+}  // namespace
+
+ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_unique<ClientCommandsState>()) {
+  auto& s = *s_;
+  auto* basin = app.add_subcommand("basin", "Create, list and delete basins");
+  basin->require_subcommand(1);
+  s.basin_create = Leaf(basin, s, "create", "Create a basin", "NAME");
+  s.basin_list = Leaf(basin, s, "list", "List basins", nullptr);
+  s.basin_list->add_option("--prefix", s.prefix, "Only names starting with this");
+  s.basin_delete = Leaf(basin, s, "delete", "Delete a basin", "NAME");
+
+  auto* stream = app.add_subcommand("stream", "Create, list, inspect and delete streams");
+  stream->require_subcommand(1);
+  s.stream_create = Leaf(stream, s, "create", "Create a stream", "NAME");
+  s.stream_list = Leaf(stream, s, "list", "List streams", nullptr);
+  s.stream_list->add_option("--prefix", s.prefix, "Only names starting with this");
+  s.stream_info = Leaf(stream, s, "info", "A stream's configuration and tail", "NAME");
+  s.stream_delete = Leaf(stream, s, "delete", "Delete a stream", "NAME");
+
+  s.append = Leaf(&app, s, "append", "Append stdin to a stream, one record per line; prints acks", "STREAM");
+  s.append->add_flag("--producer", s.producer, "Idempotent: allocate a producer id so retries are deduplicated");
+  s.append->add_option("--match-seq-num", s.match_seq_num, "The first record must land at this seq_num");
+  s.append->add_option("--fencing-token", s.fencing_token, "Append only if the stream's fencing token is this");
+  s.append->add_option("--linger-ms", s.linger_ms, "Wait this long for more lines before sending a batch")
+      ->check(CLI::Range(0.0, 60000.0))->capture_default_str();
+  s.append->add_option("--max-batch-records", s.max_batch_records, "Records per append at most")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  s.append->add_option("--max-batch-bytes", s.max_batch_bytes, "Metered bytes per append at most")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+
+  s.read = Leaf(&app, s, "read", "Print a stream's records, one per line", "STREAM");
+  auto* from = s.read->add_option("--from", s.from, "Start at this seq_num");
+  auto* tail_offset = s.read->add_option("--tail-offset", s.tail_offset, "Start this many records before the tail");
+  auto* ts = s.read->add_option("--timestamp", s.timestamp, "Start at the first record at or after this time (ms)");
+  from->excludes(tail_offset)->excludes(ts);
+  tail_offset->excludes(ts);
+  s.read->add_option("--count", s.count, "Stop after this many records");
+  s.read->add_flag("--follow,-f", s.follow, "Keep reading new records until interrupted (an SSE session)");
+
+  s.tail = Leaf(&app, s, "tail", "Print the stream's next seq_num", "STREAM");
+  AddBenchHttp(bench, s);
+}
+
+ClientCommands::~ClientCommands() = default;
+
+std::optional<int> ClientCommands::Run() {
+  auto& s = *s_;
+  if (s.bench_http->parsed()) {
+    Status st = bench::RunHttpBench(s.bench);
+    if (!st.ok()) {
+      std::cerr << "weir bench http: " << st.message() << "\n";
+      return 1;
+    }
+    return 0;
+  }
+  CLI::App* cmds[] = {s.basin_create, s.basin_list, s.basin_delete, s.stream_create, s.stream_list,
+                      s.stream_info,  s.stream_delete, s.append,     s.read,          s.tail};
+  CLI::App* cmd = nullptr;
+  for (CLI::App* c : cmds) {
+    if (c->parsed()) cmd = c;
+  }
+  if (cmd == nullptr) return std::nullopt;
+  auto connected = Client::Connect(s.conn);
+  if (!connected.ok()) return Fail(s, connected.status());
+  Client& c = **connected;
+  if (cmd == s.basin_create) {
+    auto r = c.CreateBasin(s.name);
+    return PrintDone(s, r.status(), "basin", "created");
+  }
+  if (cmd == s.basin_list) return PrintNamed(s, c.ListBasins(s.prefix));
+  if (cmd == s.basin_delete) return PrintDone(s, c.DeleteBasin(s.name), "basin", "deleted");
+  if (cmd == s.stream_create) {
+    auto r = c.CreateStream(s.name);
+    return PrintDone(s, r.status(), "stream", "created");
+  }
+  if (cmd == s.stream_list) return PrintNamed(s, c.ListStreams(s.prefix));
+  if (cmd == s.stream_info) return StreamInfo(s, c);
+  if (cmd == s.stream_delete) return PrintDone(s, c.DeleteStream(s.name), "stream", "deleted");
+  if (cmd == s.append) return Append(s, c);
+  if (cmd == s.read) return Read(s, c);
+  return Tail(s, c);
+}
+
+}  // namespace weir::cli

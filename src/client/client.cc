@@ -1,0 +1,183 @@
+#include "client/client.h"
+
+#include "client/codec.h"
+
+namespace weir::client {
+
+namespace {
+
+bool Is2xx(long status) { return status >= 200 && status < 300; }
+
+std::string StreamPath(std::string_view stream) { return "/v1/streams/" + UrlEncode(stream); }
+
+}  // namespace
+
+std::string ReadTarget(std::string_view stream, const ReadOptions& o) {
+  std::string q;
+  auto add = [&q](std::string_view k, auto v) { fmt::format_to(std::back_inserter(q), "{}{}={}", q.empty() ? '?' : '&', k, v); };
+  switch (o.start.kind) {
+    case ReadStart::Kind::kFirst: break;
+    case ReadStart::Kind::kSeqNum: add("seq_num", o.start.value); break;
+    case ReadStart::Kind::kTimestamp: add("timestamp", o.start.value); break;
+    case ReadStart::Kind::kTailOffset: add("tail_offset", o.start.value); break;
+  }
+  if (o.count) add("count", *o.count);
+  if (o.bytes) add("bytes", *o.bytes);
+  if (o.until) add("until", *o.until);
+  if (o.clamp) add("clamp", "true");
+  if (o.wait_s) add("wait", *o.wait_s);
+  return StreamPath(stream) + "/records" + q;
+}
+
+Client::Client(ClientOptions options, std::unique_ptr<HttpConnection> http)
+    : options_(std::move(options)), http_(std::move(http)) {}
+
+Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  WEIR_ASSIGN_OR_RETURN(auto http, HttpConnection::Open(options.server));
+  options.server = http->base_url();
+  return std::unique_ptr<Client>(new Client(std::move(options), std::move(http)));
+}
+
+HttpRequest Client::Request(std::string method, std::string target) const {
+  HttpRequest req;
+  req.method = std::move(method);
+  req.target = std::move(target);
+  req.timeout_ms = options_.timeout_ms;
+  req.headers.emplace_back("s2-format", "base64");
+  if (!options_.basin.empty()) req.headers.emplace_back("s2-basin", options_.basin);
+  if (!options_.auth_token.empty()) req.headers.emplace_back("Authorization", "Bearer " + options_.auth_token);
+  return req;
+}
+
+Result<HttpResponse> Client::Call(const HttpRequest& req, std::string_view stream, std::string_view basin) {
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Do(req));
+  if (!Is2xx(resp.status)) {
+    return ApiError(resp.status, resp.body, ErrorSubject{basin.empty() ? options_.basin : basin, stream});
+  }
+  return resp;
+}
+
+Result<std::vector<NamedInfo>> Client::List(std::string_view path, std::string_view key, std::string_view prefix) {
+  std::vector<NamedInfo> all;
+  std::string start_after;
+  for (;;) {
+    std::string target = fmt::format("{}?limit=1000", path);
+    if (!prefix.empty()) target += "&prefix=" + UrlEncode(prefix);
+    if (!start_after.empty()) target += "&start_after=" + UrlEncode(start_after);
+    WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(Request("GET", target), {}));
+    bool has_more = false;
+    WEIR_ASSIGN_OR_RETURN(auto page, DecodeNamedList(resp.body, key, &has_more));
+    if (page.empty()) return all;
+    start_after = page.back().name;
+    for (auto& e : page) all.push_back(std::move(e));
+    if (!has_more) return all;
+  }
+}
+
+Result<BasinInfo> Client::CreateBasin(std::string_view name) {
+  HttpRequest req = Request("POST", "/v1/basins");
+  req.headers.emplace_back("Content-Type", "application/json");
+  req.body = EncodeCreate("basin", name);
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, {}, name));
+  return DecodeNamedInfo(resp.body);
+}
+
+Result<std::vector<BasinInfo>> Client::ListBasins(std::string_view prefix) {
+  return List("/v1/basins", "basins", prefix);
+}
+
+Status Client::DeleteBasin(std::string_view name) {
+  return Call(Request("DELETE", "/v1/basins/" + UrlEncode(name)), {}, name).status();
+}
+
+Result<StreamInfo> Client::CreateStream(std::string_view name) {
+  HttpRequest req = Request("POST", "/v1/streams");
+  req.headers.emplace_back("Content-Type", "application/json");
+  req.body = EncodeCreate("stream", name);
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, name));
+  return DecodeNamedInfo(resp.body);
+}
+
+Result<std::vector<StreamInfo>> Client::ListStreams(std::string_view prefix) {
+  return List("/v1/streams", "streams", prefix);
+}
+
+Result<StreamConfig> Client::GetStreamConfig(std::string_view name) {
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(Request("GET", StreamPath(name)), name));
+  return DecodeStreamConfig(resp.body);
+}
+
+Status Client::DeleteStream(std::string_view name) {
+  return Call(Request("DELETE", StreamPath(name)), name).status();
+}
+
+Result<AppendAck> Client::Append(std::string_view stream, const std::vector<AppendRecord>& records,
+                                 const AppendOptions& options) {
+  HttpRequest req = Request("POST", StreamPath(stream) + "/records");
+  req.headers.emplace_back("Content-Type", "application/json");
+  if (options.producer) {
+    req.headers.emplace_back("weir-producer-id", std::to_string(options.producer->id));
+    req.headers.emplace_back("weir-producer-epoch", std::to_string(options.producer->epoch));
+    req.headers.emplace_back("weir-producer-seq", std::to_string(options.producer_seq));
+  }
+  req.body = EncodeAppendInput(records, options);
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, stream));
+  return DecodeAppendAck(resp.body);
+}
+
+Result<ReadBatch> Client::Read(std::string_view stream, const ReadOptions& options) {
+  HttpRequest req = Request("GET", ReadTarget(stream, options));
+  if (options.wait_s) req.timeout_ms += *options.wait_s * 1000;
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, stream));
+  return DecodeReadBatch(resp.body);
+}
+
+Result<StreamPosition> Client::CheckTail(std::string_view stream) {
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(Request("GET", StreamPath(stream) + "/records/tail"), stream));
+  return DecodeTail(resp.body);
+}
+
+Result<ProducerId> Client::AllocateProducer() {
+  HttpRequest req = Request("POST", "/v1/producers");
+  req.headers.emplace_back("Content-Type", "application/json");
+  req.body = "{}";
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, {}));
+  return DecodeProducer(resp.body);
+}
+
+Status Client::ReadSession(std::string_view stream, const ReadOptions& options, std::string* last_event_id,
+                           const std::function<bool(const ReadBatch&)>& on_batch) {
+  HttpRequest req = Request("GET", ReadTarget(stream, options));
+  req.timeout_ms = 0;  // a session lasts as long as it lasts
+  req.headers.emplace_back("Accept", "text/event-stream");
+  if (!last_event_id->empty()) req.headers.emplace_back("Last-Event-ID", *last_event_id);
+  SseParser parser;
+  Status outcome = Unavailable("the read session from {} ended without [DONE]", http_->base_url());
+  auto on_event = [&](const SseEvent& ev) {
+    if (ev.event == "batch") {
+      auto batch = DecodeReadBatch(ev.data);
+      if (!batch.ok()) {
+        outcome = batch.status();
+        return false;
+      }
+      if (!ev.id.empty()) *last_event_id = ev.id;
+      if (!on_batch(*batch)) {
+        outcome = Status::Ok();
+        return false;
+      }
+    } else if (ev.event == "error") {
+      outcome = Unavailable("read session error from the server: {}", ev.data);
+      return false;
+    } else if (ev.event == "done") {
+      outcome = Status::Ok();
+      return false;
+    }
+    return true;  // ping, or an event this client does not know
+  };
+  auto on_data = [&](std::string_view chunk) { return parser.Feed(chunk, on_event); };
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Stream(req, on_data));
+  if (!Is2xx(resp.status)) return ApiError(resp.status, resp.body, ErrorSubject{options_.basin, stream});
+  return outcome;
+}
+
+}  // namespace weir::client

@@ -1,0 +1,71 @@
+// weir's client for the S2 v1 REST API (docs/http-api.md): one blocking call
+// per endpoint, each returning Status or Result. Bodies travel as JSON with
+// `s2-format: base64`, so any bytes round-trip.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "client/http.h"
+#include "client/types.h"
+
+namespace weir::client {
+
+struct ClientOptions {
+  std::string server = "http://127.0.0.1:8080";
+  std::string basin;       // sent as `s2-basin`; "" = the server's default basin
+  std::string auth_token;  // sent as `Authorization: Bearer`; "" = none
+  int timeout_ms = 60000;  // per request (not per read session)
+};
+
+// Owned by one caller, used from one thread at a time (it holds one
+// keep-alive connection). Errors are one-line messages a person can act on
+// (codec.h ApiError); transport failures are Unavailable or Timeout.
+class Client {
+ public:
+  static Result<std::unique_ptr<Client>> Connect(ClientOptions options);
+
+  const ClientOptions& options() const { return options_; }
+
+  Result<BasinInfo> CreateBasin(std::string_view name);
+  Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix = "");  // every page
+  Status DeleteBasin(std::string_view name);
+
+  Result<StreamInfo> CreateStream(std::string_view name);
+  Result<std::vector<StreamInfo>> ListStreams(std::string_view prefix = "");  // every page
+  Result<StreamConfig> GetStreamConfig(std::string_view name);
+  Status DeleteStream(std::string_view name);
+
+  Result<AppendAck> Append(std::string_view stream, const std::vector<AppendRecord>& records,
+                           const AppendOptions& options = {});
+  // One read request (at most 1000 records / 1 MiB, per the server).
+  Result<ReadBatch> Read(std::string_view stream, const ReadOptions& options);
+  Result<StreamPosition> CheckTail(std::string_view stream);
+  Result<ProducerId> AllocateProducer();
+
+  // A read session (SSE). Calls `on_batch` for each batch until it returns
+  // false, the server sends `done` (OK), an `error` event (Unavailable with its
+  // message), or the connection ends (Unavailable). `*last_event_id` is kept
+  // current; pass it back to resume where the session stopped.
+  Status ReadSession(std::string_view stream, const ReadOptions& options, std::string* last_event_id,
+                     const std::function<bool(const ReadBatch&)>& on_batch);
+
+ private:
+  Client(ClientOptions options, std::unique_ptr<HttpConnection> http);
+  HttpRequest Request(std::string method, std::string target) const;
+  // Sends `req`; a 2xx response comes back, anything else as ApiError about `subject`.
+  Result<HttpResponse> Call(const HttpRequest& req, std::string_view stream, std::string_view basin = {});
+  Result<std::vector<NamedInfo>> List(std::string_view path, std::string_view key, std::string_view prefix);
+
+  ClientOptions options_;
+  std::unique_ptr<HttpConnection> http_;
+};
+
+// "/v1/streams/NAME/records?seq_num=5&count=10" for `options` (no session).
+std::string ReadTarget(std::string_view stream, const ReadOptions& options);
+
+}  // namespace weir::client

@@ -1,0 +1,181 @@
+// client: base64, the JSON codec, S2 error bodies as Status, the SSE parser,
+// URL building. No network: the end-to-end CLI test is cli_test.py.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "client/client.h"
+#include "client/codec.h"
+#include "client/http.h"
+#include "test_support.h"
+
+namespace weir::client {
+namespace {
+
+TEST(Base64, KnownVectors) {  // RFC 4648 §10
+  const std::pair<const char*, const char*> cases[] = {
+      {"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},        {"foo", "Zm9v"},
+      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"},
+  };
+  for (auto [plain, coded] : cases) {
+    EXPECT_EQ(Base64Encode(plain), coded);
+    ASSERT_OK_AND_ASSIGN(std::string back, Base64Decode(coded));
+    EXPECT_EQ(back, plain);
+  }
+}
+
+TEST(Base64, EveryByteRoundTrips) {
+  std::mt19937 rng(7);
+  for (size_t n = 0; n < 300; ++n) {
+    std::string bytes(n, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    ASSERT_OK_AND_ASSIGN(std::string back, Base64Decode(Base64Encode(bytes)));
+    ASSERT_EQ(back, bytes) << n;
+  }
+}
+
+TEST(Base64, RejectsMalformed) {
+  for (const char* bad : {"Zg=", "Zm9v!A==", "Z===", "=Zm9", "Zg==Zg==", "Zm 9"}) {
+    EXPECT_EQ(Base64Decode(bad).status().code(), Code::kInvalidArgument) << bad;
+  }
+}
+
+TEST(Codec, AppendInputIsBase64WithConditions) {
+  AppendRecord r;
+  r.body = std::string("\0\xff", 2);
+  r.headers = {{"k", "v"}};
+  r.timestamp = 5;
+  AppendOptions o;
+  o.match_seq_num = 3;
+  o.fencing_token = "tok";
+  EXPECT_EQ(EncodeAppendInput({r, AppendRecord{}}, o),
+            R"({"fencing_token":"tok","match_seq_num":3,"records":[{"body":"AP8=","headers":[["aw==","dg=="]],)"
+            R"("timestamp":5},{"body":""}]})");
+}
+
+TEST(Codec, DecodesReadBatchAndAck) {
+  ASSERT_OK_AND_ASSIGN(
+      ReadBatch b,
+      DecodeReadBatch(R"({"records":[{"seq_num":7,"timestamp":9,"headers":[["","dHJpbQ=="]],"body":"AP8="},)"
+                      R"({"seq_num":8,"timestamp":9,"headers":[],"body":"aGk="}],"tail":{"seq_num":9,"timestamp":9}})"));
+  ASSERT_EQ(b.records.size(), 2u);
+  EXPECT_EQ(b.records[0].seq_num, 7u);
+  EXPECT_EQ(b.records[0].body, std::string("\0\xff", 2));
+  EXPECT_TRUE(b.records[0].IsCommand());
+  EXPECT_EQ(b.records[1].body, "hi");
+  EXPECT_FALSE(b.records[1].IsCommand());
+  ASSERT_TRUE(b.tail.has_value());
+  EXPECT_EQ(b.tail->seq_num, 9u);
+
+  ASSERT_OK_AND_ASSIGN(AppendAck ack, DecodeAppendAck(R"({"start":{"seq_num":1,"timestamp":2},)"
+                                                      R"("end":{"seq_num":3,"timestamp":2},)"
+                                                      R"("tail":{"seq_num":3,"timestamp":2},"duplicated":true})"));
+  EXPECT_EQ(ack.start.seq_num, 1u);
+  EXPECT_EQ(ack.end.seq_num, 3u);
+  EXPECT_TRUE(ack.duplicated);
+
+  EXPECT_EQ(DecodeReadBatch(R"({"records":[{"seq_num":1,"body":"not base64!"}]})").status().code(), Code::kInternal);
+  EXPECT_EQ(DecodeAppendAck("<html>").status().code(), Code::kInternal);
+}
+
+TEST(Codec, StreamConfigDefaultsAndInfinite) {
+  ASSERT_OK_AND_ASSIGN(StreamConfig c, DecodeStreamConfig(R"({"storage_class":"express",)"
+                                                          R"("retention_policy":{"infinite":{}},)"
+                                                          R"("timestamping":{"mode":"arrival","uncapped":true}})"));
+  EXPECT_EQ(c.storage_class, "express");
+  EXPECT_FALSE(c.retention_age_s.has_value());
+  EXPECT_EQ(c.timestamping_mode, "arrival");
+  EXPECT_TRUE(c.timestamping_uncapped);
+  ASSERT_OK_AND_ASSIGN(StreamConfig d, DecodeStreamConfig("{}"));
+  EXPECT_EQ(d.retention_age_s, 7 * 24 * 3600);
+  EXPECT_EQ(d.timestamping_mode, "client-prefer");
+}
+
+TEST(Codec, ErrorsAreOneLineNamingTheSubject) {
+  Status st = ApiError(404, R"({"code":"stream_not_found","message":"no such stream"})", {"", "s1"});
+  EXPECT_EQ(st.code(), Code::kNotFound);
+  EXPECT_EQ(st.message(), R"(stream "s1" not found (404 stream_not_found))");
+  st = ApiError(404, R"({"code":"basin_not_found","message":"x"})", {"my-basin", "s1"});
+  EXPECT_EQ(st.message(), R"(basin "my-basin" not found (404 basin_not_found))");
+  st = ApiError(409, R"({"code":"resource_already_exists","message":"x"})", {"", "s1"});
+  EXPECT_EQ(st.code(), Code::kAlreadyExists);
+  EXPECT_EQ(st.message(), R"(stream "s1" already exists (409 resource_already_exists))");
+  st = ApiError(412, R"({"seq_num_mismatch":5})", {"", "s1"});
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed);
+  EXPECT_EQ(st.message(), R"(seq_num mismatch: stream "s1" has its tail at 5 (412 seq_num_mismatch))");
+  st = ApiError(412, R"({"fencing_token_mismatch":"abc"})", {"", "s1"});
+  EXPECT_EQ(st.message(), R"(fencing token mismatch: stream "s1" has token "abc" (412 fencing_token_mismatch))");
+  st = ApiError(416, R"({"code":"range_not_satisfiable","tail":{"seq_num":4,"timestamp":0}})", {"", "s1"});
+  EXPECT_EQ(st.code(), Code::kOutOfRange);
+  EXPECT_EQ(st.message(),
+            R"(the read starts past the tail of stream "s1" (next seq_num 4) (416 range_not_satisfiable))");
+  st = ApiError(422, R"({"code":"invalid","message":"basin name too short"})", {"ab", ""});
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), "basin name too short (422 invalid)");
+  EXPECT_EQ(ApiError(429, R"({"code":"backpressure","message":"busy"})", {}).code(), Code::kResourceExhausted);
+  EXPECT_EQ(ApiError(503, "", {}).code(), Code::kUnavailable);
+  EXPECT_EQ(ApiError(503, "", {}).message(), "the server answered HTTP 503 (503)");
+  EXPECT_EQ(ApiError(502, "<html>\nbad gateway</html>", {}).message(),
+            "the server answered HTTP 502: <html> bad gateway</html> (502)");
+  EXPECT_EQ(ApiError(409, R"({"code":"invalid_producer_epoch","message":"m"})", {}).code(), Code::kFenced);
+  EXPECT_EQ(ApiError(409, R"({"code":"out_of_order_sequence","message":"m"})", {}).code(),
+            Code::kPreconditionFailed);
+  EXPECT_NE(ApiError(401, R"({"code":"unauthorized","message":"bad token"})", {}).message().find("--auth-token"),
+            std::string::npos);
+}
+
+std::vector<SseEvent> ParseInChunks(std::string_view text, size_t chunk) {
+  SseParser p;
+  std::vector<SseEvent> out;
+  for (size_t i = 0; i < text.size(); i += chunk) {
+    p.Feed(text.substr(i, chunk), [&](const SseEvent& e) {
+      out.push_back(e);
+      return true;
+    });
+  }
+  return out;
+}
+
+TEST(Sse, ParsesEventsSplitAnywhere) {
+  const std::string text =
+      ": a comment\r\n"
+      "event: batch\r\nid: 3,3,30\r\ndata: {\"records\":[]}\r\n\r\n"
+      "event: ping\ndata: {\"timestamp\": 1}\n\n"
+      "data: line1\rdata:line2\r\r"
+      "event: done\ndata: [DONE]\n\n";
+  for (size_t chunk = 1; chunk <= text.size(); ++chunk) {
+    auto ev = ParseInChunks(text, chunk);
+    ASSERT_EQ(ev.size(), 4u) << chunk;
+    EXPECT_EQ(ev[0].event, "batch");
+    EXPECT_EQ(ev[0].id, "3,3,30");
+    EXPECT_EQ(ev[0].data, "{\"records\":[]}");
+    EXPECT_EQ(ev[1].event, "ping");
+    EXPECT_EQ(ev[1].id, "");
+    EXPECT_EQ(ev[2].event, "message");
+    EXPECT_EQ(ev[2].data, "line1\nline2");
+    EXPECT_EQ(ev[3].event, "done");
+    EXPECT_EQ(ev[3].data, "[DONE]");
+  }
+}
+
+TEST(Sse, StopsWhenTheCallbackSaysSo) {
+  SseParser p;
+  int seen = 0;
+  EXPECT_FALSE(p.Feed("data: a\n\ndata: b\n\n", [&](const SseEvent&) { return ++seen < 1; }));
+  EXPECT_EQ(seen, 1);
+}
+
+TEST(Url, EncodesNamesAndReadTargets) {
+  EXPECT_EQ(UrlEncode("a b/c%é"), "a%20b%2Fc%25%C3%A9");
+  EXPECT_EQ(UrlEncode("Az09-._~"), "Az09-._~");
+  ReadOptions o;
+  EXPECT_EQ(ReadTarget("s 1", o), "/v1/streams/s%201/records");
+  o.start = {ReadStart::Kind::kTailOffset, 5};
+  o.count = 10;
+  o.clamp = true;
+  o.wait_s = 2;
+  EXPECT_EQ(ReadTarget("s", o), "/v1/streams/s/records?tail_offset=5&count=10&clamp=true&wait=2");
+}
+
+}  // namespace
+}  // namespace weir::client
