@@ -20,7 +20,7 @@
 namespace weir::cli {
 
 using client::Client;
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // Every flag of every command registered here; one command runs per process.
 struct ClientCommandsState {

@@ -1,0 +1,318 @@
+#!/usr/bin/python3
+"""Integration: starts the real `weir serve` on a free loopback port in a temp
+dir and drives the weir CLI end to end: basins, streams, append (batched,
+--producer, --match-seq-num, --fencing-token), read with every start option
+and --follow, tail, --json, error lines and exit codes (missing stream, bad
+names, auth, server down), and a short `weir bench http`.
+
+Usage: cli_test.py WEIR_BINARY"""
+import json
+import os
+import queue
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+WEIR = sys.argv[1]
+failures = []
+passed = 0
+
+
+class Server:
+    """`weir serve` in a temp data dir; stderr is drained by a thread."""
+
+    def __init__(self, data_dir, extra=()):
+        self.proc = subprocess.Popen([WEIR, "serve", "--data-dir", data_dir, "--http-addr", "127.0.0.1:0", *extra],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        self.log = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.time() + 60
+        self.url = None
+        while self.url is None:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.time()))
+            except queue.Empty:
+                line = None
+            if line is None or time.time() > deadline:
+                self.proc.kill()
+                sys.exit("weir serve did not start:\n" + "".join(self.log))
+            m = re.search(r"listening on (http://[0-9.]+:[0-9]+)", line)
+            if m:
+                self.url = m.group(1)
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=60)
+        assert rc == 0, f"weir serve exited {rc} after SIGTERM:\n" + "".join(self.log[-20:])
+
+
+def weir(*args, input=None, server=None, ok=True, binary=False, timeout=120):
+    env = dict(os.environ)
+    env.pop("WEIR_BASIN", None)
+    env.pop("WEIR_AUTH_TOKEN", None)
+    env["WEIR_SERVER"] = server or SERVER.url
+    out = subprocess.run([WEIR, *args], input=input, capture_output=True, env=env, timeout=timeout,
+                         text=not binary)
+    if ok and out.returncode != 0:
+        raise AssertionError(f"weir {' '.join(args)} exited {out.returncode}: {out.stderr}")
+    if not ok and out.returncode == 0:
+        raise AssertionError(f"weir {' '.join(args)} succeeded, expected a failure: {out.stdout}")
+    return out
+
+
+def error_line(out):
+    """The one stderr line of a failed command."""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("weir: "), f"not one error line: {out.stderr!r}"
+    return lines[0]
+
+
+def case(fn):
+    global passed
+    try:
+        fn()
+        passed += 1
+        print(f"ok   {fn.__name__}", flush=True)
+    except Exception as e:  # report every case, fail at the end
+        failures.append(fn.__name__)
+        print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
+    return fn
+
+
+def jsonl(text):
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+tmp = tempfile.TemporaryDirectory(prefix="weir-cli-test-")
+SERVER = Server(os.path.join(tmp.name, "data"))
+
+
+@case
+def done_when_of_the_issue():
+    assert weir("stream", "create", "s1").stdout == 'stream "s1" created\n'
+    assert weir("append", "s1", input="hi\n").stdout == "s1 0..1\n"
+    assert weir("read", "s1").stdout == "hi\n"
+
+
+@case
+def basins():
+    assert weir("basin", "create", "cli-test-basin").stdout == 'basin "cli-test-basin" created\n'
+    names = weir("basin", "list").stdout.split()
+    assert "cli-test-basin" in names and "weir-default" in names, names
+    listed = jsonl(weir("basin", "list", "--json", "--prefix", "cli-test").stdout)
+    assert [b["name"] for b in listed] == ["cli-test-basin"], listed
+    assert listed[0]["created_at"], listed
+    dup = weir("basin", "create", "cli-test-basin", ok=False)
+    assert error_line(dup) == 'weir: basin "cli-test-basin" already exists (409 resource_already_exists)', dup.stderr
+    for bad in ("ab", "Upper-Case-Name", "-leading-hyphen", "x" * 49):
+        out = weir("basin", "create", "--", bad, ok=False)
+        assert error_line(out).endswith("(422 invalid)"), out.stderr
+    # Streams live in a basin named by --basin (s2-basin).
+    weir("stream", "create", "in-basin", "--basin", "cli-test-basin")
+    assert weir("stream", "list", "--basin", "cli-test-basin").stdout == "in-basin\n"
+    assert "in-basin" not in weir("stream", "list").stdout.split()
+    weir("append", "in-basin", "--basin", "cli-test-basin", input="x\n")
+    assert weir("read", "in-basin", "--basin", "cli-test-basin").stdout == "x\n"
+    missing = weir("stream", "list", "--basin", "no-such-basin", ok=False)
+    assert error_line(missing) == 'weir: basin "no-such-basin" not found (404 basin_not_found)', missing.stderr
+    assert weir("basin", "delete", "cli-test-basin").stdout == 'basin "cli-test-basin" deleted\n'
+    assert jsonl(weir("basin", "delete", "never-was-a-basin", "--json", ok=False).stdout) == []
+
+
+@case
+def streams():
+    weir("stream", "create", "st-a")
+    weir("stream", "create", "st-b")
+    names = weir("stream", "list", "--prefix", "st-").stdout.split()
+    assert names == ["st-a", "st-b"], names
+    listed = jsonl(weir("stream", "list", "--json", "--prefix", "st-").stdout)
+    assert [s["name"] for s in listed] == ["st-a", "st-b"] and all(s["created_at"] for s in listed), listed
+    info = weir("stream", "info", "st-a").stdout
+    assert re.search(r"^storage class\s+standard$", info, re.M), info
+    assert re.search(r"^tail\s+0$", info, re.M), info
+    j = jsonl(weir("stream", "info", "st-a", "--json").stdout)[0]
+    assert j["stream"] == "st-a" and j["tail"]["seq_num"] == 0 and "storage_class" in j["config"], j
+    dup = weir("stream", "create", "st-a", ok=False)
+    assert error_line(dup) == 'weir: stream "st-a" already exists (409 resource_already_exists)', dup.stderr
+    assert weir("stream", "delete", "st-b", "--json").stdout.strip() == '{"stream":"st-b","deleted":true}'
+    gone = weir("tail", "st-b", ok=False)
+    assert error_line(gone) == 'weir: stream "st-b" not found (404 stream_not_found)', gone.stderr
+    bad = weir("stream", "create", "n" * 600, ok=False)
+    assert error_line(bad).endswith("(422 invalid)"), bad.stderr
+    odd = "a stream/with spaces?&é"
+    weir("stream", "create", odd)
+    weir("append", odd, input="odd\n")
+    assert weir("read", odd).stdout == "odd\n"
+    assert odd in weir("stream", "list").stdout.splitlines()
+
+
+@case
+def append_batches_and_reads():
+    weir("stream", "create", "many")
+    lines = [f"line-{i}" for i in range(2500)]
+    acks = jsonl(weir("append", "many", "--json", input="\n".join(lines) + "\n").stdout)
+    assert acks[0]["start"] == 0 and acks[-1]["end"] == 2500, acks
+    assert all(a["end"] - a["start"] <= 1000 for a in acks), acks
+    assert all(acks[i]["end"] == acks[i + 1]["start"] for i in range(len(acks) - 1)), acks
+    assert all(a["stream"] == "many" and a["duplicated"] is False for a in acks), acks
+    assert weir("read", "many").stdout.splitlines() == lines
+    assert weir("read", "many", "--count", "1500").stdout.splitlines() == lines[:1500]
+    assert weir("read", "many", "--from", "2490").stdout.splitlines() == lines[2490:]
+    assert weir("read", "many", "--from", "10", "--count", "3").stdout.splitlines() == lines[10:13]
+    assert weir("read", "many", "--tail-offset", "3").stdout.splitlines() == lines[-3:]
+    assert weir("tail", "many").stdout == "2500\n"
+    tail = jsonl(weir("tail", "many", "--json").stdout)[0]
+    assert tail["seq_num"] == 2500 and tail["timestamp"] > 0, tail
+    recs = jsonl(weir("read", "many", "--json", "--from", "2498").stdout)
+    assert [(r["seq_num"], r["body"]) for r in recs] == [(2498, "line-2498"), (2499, "line-2499")], recs
+    # --timestamp: the first record at or after the time.
+    time.sleep(0.05)
+    t = int(time.time() * 1000) + 1
+    time.sleep(0.05)
+    weir("append", "many", input="late\n")
+    got = weir("read", "many", "--timestamp", str(t)).stdout
+    assert got == "late\n", got
+    past = weir("read", "many", "--from", "999999", ok=False)
+    assert "(416 range_not_satisfiable)" in error_line(past), past.stderr
+    # An incomplete last line and empty lines are records too.
+    weir("stream", "create", "partial")
+    weir("append", "partial", input="a\n\nb")
+    assert weir("read", "partial", "--json").stdout.count('"body"') == 3
+    assert weir("read", "partial").stdout == "a\n\nb\n"
+
+
+@case
+def bytes_round_trip():
+    weir("stream", "create", "bin")
+    rng = random.Random(4)
+    body = bytes(rng.choice([b for b in range(256) if b != 10]) for _ in range(5000))
+    weir("append", "bin", input=body + b"\n", binary=True)
+    assert weir("read", "bin", binary=True).stdout == body + b"\n"
+    rec = jsonl(weir("read", "bin", "--json").stdout)[0]
+    assert rec["encoding"] == "base64", rec
+
+
+@case
+def conditions():
+    weir("stream", "create", "cond")
+    weir("append", "cond", input="a\nb\n")
+    ack = jsonl(weir("append", "cond", "--match-seq-num", "2", "--json", input="c\n").stdout)[0]
+    assert (ack["start"], ack["end"]) == (2, 3), ack
+    miss = weir("append", "cond", "--match-seq-num", "1", input="d\n", ok=False)
+    assert error_line(miss) == 'weir: seq_num mismatch: stream "cond" has its tail at 3 (412 seq_num_mismatch)', \
+        miss.stderr
+    fenced = weir("append", "cond", "--fencing-token", "not-the-token", input="e\n", ok=False)
+    assert "fencing token mismatch" in error_line(fenced) and "(412 fencing_token_mismatch)" in fenced.stderr, \
+        fenced.stderr
+    assert weir("read", "cond").stdout == "a\nb\nc\n"
+
+
+@case
+def producer():
+    weir("stream", "create", "prod")
+    acks = jsonl(weir("append", "prod", "--producer", "--json", "--max-batch-records", "2",
+                      input="1\n2\n3\n4\n5\n").stdout)
+    assert [(a["start"], a["end"]) for a in acks] == [(0, 2), (2, 4), (4, 5)], acks
+    assert all(a["duplicated"] is False for a in acks), acks
+    # A second producer appends after the first.
+    assert weir("append", "prod", "--producer", input="6\n").stdout == "prod 5..6\n"
+    assert weir("read", "prod").stdout.split() == ["1", "2", "3", "4", "5", "6"]
+
+
+@case
+def follow():
+    weir("stream", "create", "live")
+    weir("append", "live", input="before\n")
+    env = dict(os.environ, WEIR_SERVER=SERVER.url)
+    proc = subprocess.Popen([WEIR, "read", "live", "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    got = queue.Queue()
+    threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
+    try:
+        assert got.get(timeout=30) == "before\n"
+        weir("append", "live", input="one\n")
+        weir("append", "live", input="two\n")
+        assert got.get(timeout=30) == "one\n"
+        assert got.get(timeout=30) == "two\n"
+        assert proc.poll() is None, "the follower exited on its own"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    # With --count the session ends by itself.
+    out = weir("read", "live", "-f", "--count", "2", timeout=60).stdout
+    assert out == "before\none\n", out
+    out = weir("read", "live", "-f", "--tail-offset", "1", "--count", "1", timeout=60).stdout
+    assert out == "two\n", out
+
+
+@case
+def errors():
+    out = weir("read", "s-missing", ok=False)
+    assert out.returncode == 1 and error_line(out) == 'weir: stream "s-missing" not found (404 stream_not_found)'
+    out = weir("append", "s-missing", input="x\n", ok=False)
+    assert error_line(out) == 'weir: stream "s-missing" not found (404 stream_not_found)', out.stderr
+    out = weir("stream", "info", "s-missing", ok=False)
+    assert error_line(out) == 'weir: stream "s-missing" not found (404 stream_not_found)', out.stderr
+    out = weir("tail", "s1", "--server", "ftp://nowhere", ok=False)
+    assert "bad server URL" in error_line(out), out.stderr
+    out = weir("read", "s1", "--from", "1", "--tail-offset", "1", ok=False)
+    assert "excludes" in out.stderr, out.stderr
+
+
+@case
+def bench_http_smoke():
+    out = weir("bench", "http", "--clients", "4", "--streams", "2", "--duration", "1", "--warmup", "0.2",
+               "--record-bytes", "100", "--batch", "3", timeout=120).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    for f in ("appends_per_s", "records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "errors"):
+        assert f in r, f"missing {f}: {r}"
+    assert r["appends_per_s"] > 0 and r["errors"] == 0, r
+    assert abs(r["records_per_s"] - 3 * r["appends_per_s"]) < 1e-6 * r["records_per_s"] + 1, r
+    assert weir("tail", "bench-1").stdout.strip() != "0"
+
+
+SERVER.stop()
+
+
+@case
+def server_down():
+    out = weir("tail", "s1", ok=False)
+    line = error_line(out)
+    assert f"cannot reach the weir server at {SERVER.url}" in line and "weir serve" in line, line
+    out = weir("bench", "http", "--duration", "1", ok=False)
+    assert "cannot connect" in out.stderr, out.stderr
+
+
+@case
+def auth_token():
+    token_file = os.path.join(tmp.name, "token")
+    with open(token_file, "w") as f:
+        f.write("s3cret\n")
+    srv = Server(os.path.join(tmp.name, "data-auth"), ["--auth-token-file", token_file])
+    try:
+        out = weir("stream", "list", server=srv.url, ok=False)
+        line = error_line(out)
+        assert "(401 unauthorized)" in line and "--auth-token" in line, line
+        weir("stream", "create", "authed", "--auth-token", "s3cret", server=srv.url)
+        env_out = subprocess.run([WEIR, "stream", "list"], capture_output=True, text=True, timeout=60,
+                                 env=dict(os.environ, WEIR_SERVER=srv.url, WEIR_AUTH_TOKEN="s3cret"))
+        assert env_out.returncode == 0 and env_out.stdout == "authed\n", env_out
+    finally:
+        srv.stop()
+
+
+tmp.cleanup()
+print(f"{passed} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)
