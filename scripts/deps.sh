@@ -6,8 +6,10 @@ pkgs=(g++ cmake ninja-build ccache pkg-config python3 python3-requests
       libisal-dev libsqlite3-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev libgmock-dev
       libcurl4-openssl-dev libssl-dev libexpat1-dev curl radosgw ceph-mon ceph-osd  # s3://, and radosgw for its tests
-      libboost-dev     # Boost.Asio/Beast for the HTTP server (headers only)
-      libsimdjson-dev) # the append body parser
+      libboost-dev          # Boost.Asio/Beast for the HTTP server (headers only)
+      libsimdjson-dev       # the append body parser
+      libcurl4-openssl-dev  # also the HTTP client of the weir CLI and `weir bench http` (src/client)
+      )
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
