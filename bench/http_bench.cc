@@ -218,7 +218,7 @@ Status RunHttpBench(const HttpBenchOptions& o) {
   if (!measuring) return Internal("no request finished in the measured window");
   const double appends = static_cast<double>(window.appends);
   const double records = appends * o.batch;
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   j["appends_per_s"] = appends / elapsed;
   j["records_per_s"] = records / elapsed;
   j["mb_per_s"] = records * static_cast<double>(o.record_bytes) / 1e6 / elapsed;
@@ -236,7 +236,7 @@ Status RunHttpBench(const HttpBenchOptions& o) {
   j["batch"] = o.batch;
   j["duration_s"] = elapsed;
   j["server"] = base;
-  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
   std::fflush(stdout);
   if (window.appends == 0) {
     return Unavailable("no append succeeded ({} errors; first: {})", window.errors, first_error);

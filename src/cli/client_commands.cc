@@ -72,6 +72,18 @@ CLI::App* Leaf(CLI::App* parent, ClientCommandsState& s, const std::string& name
   return cmd;
 }
 
+// `weir KIND create NAME | list [--prefix P] | delete NAME`.
+CLI::App* Group(CLI::App& app, ClientCommandsState& s, const std::string& kind, const std::string& help,
+                CLI::App** create, CLI::App** list, CLI::App** del) {
+  CLI::App* group = app.add_subcommand(kind, help);
+  group->require_subcommand(1);
+  *create = Leaf(group, s, "create", "Create a " + kind, "NAME");
+  *list = Leaf(group, s, "list", "List " + kind + "s", nullptr);
+  (*list)->add_option("--prefix", s.prefix, "Only names starting with this");
+  *del = Leaf(group, s, "delete", "Delete a " + kind, "NAME");
+  return group;
+}
+
 // One error line on stderr; exit status 1.
 int Fail(const ClientCommandsState& s, const Status& st) {
   std::string msg = st.message();
@@ -360,20 +372,10 @@ void AddBenchHttp(CLI::App& bench, ClientCommandsState& s) {
 
 ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_unique<ClientCommandsState>()) {
   auto& s = *s_;
-  auto* basin = app.add_subcommand("basin", "Create, list and delete basins");
-  basin->require_subcommand(1);
-  s.basin_create = Leaf(basin, s, "create", "Create a basin", "NAME");
-  s.basin_list = Leaf(basin, s, "list", "List basins", nullptr);
-  s.basin_list->add_option("--prefix", s.prefix, "Only names starting with this");
-  s.basin_delete = Leaf(basin, s, "delete", "Delete a basin", "NAME");
-
-  auto* stream = app.add_subcommand("stream", "Create, list, inspect and delete streams");
-  stream->require_subcommand(1);
-  s.stream_create = Leaf(stream, s, "create", "Create a stream", "NAME");
-  s.stream_list = Leaf(stream, s, "list", "List streams", nullptr);
-  s.stream_list->add_option("--prefix", s.prefix, "Only names starting with this");
+  Group(app, s, "basin", "Create, list and delete basins", &s.basin_create, &s.basin_list, &s.basin_delete);
+  CLI::App* stream = Group(app, s, "stream", "Create, list, inspect and delete streams", &s.stream_create,
+                           &s.stream_list, &s.stream_delete);
   s.stream_info = Leaf(stream, s, "info", "A stream's configuration and tail", "NAME");
-  s.stream_delete = Leaf(stream, s, "delete", "Delete a stream", "NAME");
 
   s.append = Leaf(&app, s, "append", "Append stdin to a stream, one record per line; prints acks", "STREAM");
   s.append->add_flag("--producer", s.producer, "Idempotent: allocate a producer id so retries are deduplicated");
