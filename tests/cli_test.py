@@ -28,7 +28,8 @@ class Server:
 
     def __init__(self, data_dir, extra=()):
         self.proc = subprocess.Popen([WEIR, "serve", "--data-dir", data_dir, "--http-addr", "127.0.0.1:0", *extra],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, WEIR_LOG_LEVEL="info"))  # the "listening on" line
         self.lines = queue.Queue()
         self.log = []
         threading.Thread(target=self._drain, daemon=True).start()
