@@ -1,6 +1,7 @@
 #include "bench/http_bench.h"
 
 #include <curl/curl.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +49,42 @@ struct Tally {
     latency_ns.Reset();
   }
 };
+
+// The event loop under curl's multi_socket API: curl says which sockets to
+// watch (an epoll set) and when to call back on a timer. Touched only by the
+// driver thread.
+struct Loop {
+  CURLM* multi = nullptr;
+  int epoll_fd = -1;
+  long timer_ms = -1;  // curl's next timeout; -1 = none
+  TimePoint timer_set;
+};
+
+// `registered` is curl's per-socket pointer: non-null once the socket is in the epoll set.
+int OnSocket(CURL*, curl_socket_t fd, int what, void* user, void* registered) {
+  auto* loop = static_cast<Loop*>(user);
+  if (what == CURL_POLL_REMOVE) {
+    epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+    return 0;
+  }
+  epoll_event ev{};
+  ev.data.fd = fd;
+  ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) | (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
+  if (registered != nullptr) {
+    epoll_ctl(loop->epoll_fd, EPOLL_CTL_MOD, fd, &ev);
+  } else if (epoll_ctl(loop->epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0 ||
+             epoll_ctl(loop->epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0) {
+    curl_multi_assign(loop->multi, fd, loop);
+  }
+  return 0;
+}
+
+int OnTimer(CURLM*, long timeout_ms, void* user) {
+  auto* loop = static_cast<Loop*>(user);
+  loop->timer_ms = timeout_ms;
+  loop->timer_set = Now();
+  return 0;
+}
 
 double Ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
 
@@ -102,8 +139,16 @@ Status RunHttpBench(const HttpBenchOptions& o) {
   if (!o.basin.empty()) headers = curl_slist_append(headers, ("s2-basin: " + o.basin).c_str());
   if (!o.auth_token.empty()) headers = curl_slist_append(headers, ("Authorization: Bearer " + o.auth_token).c_str());
 
+  Loop loop;
+  loop.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (loop.epoll_fd < 0) return IOError("epoll_create1 failed");
   CURLM* multi = curl_multi_init();
+  loop.multi = multi;
   curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, static_cast<long>(o.clients + 8));
+  curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, OnSocket);
+  curl_multi_setopt(multi, CURLMOPT_SOCKETDATA, &loop);
+  curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, OnTimer);
+  curl_multi_setopt(multi, CURLMOPT_TIMERDATA, &loop);
   std::vector<BenchClient> clients(static_cast<size_t>(o.clients));
   for (size_t i = 0; i < clients.size(); ++i) {
     BenchClient& c = clients[i];
@@ -140,9 +185,9 @@ Status RunHttpBench(const HttpBenchOptions& o) {
   TimePoint next_tick = start + std::chrono::seconds(1);
   std::deque<std::pair<TimePoint, BenchClient*>> backoff;  // clients pausing after a transport error
 
+  std::vector<epoll_event> events(static_cast<size_t>(o.clients) + 16);
+  int running = 0;
   while (Now() < end) {
-    int running = 0;
-    curl_multi_perform(multi, &running);
     int left = 0;
     while (CURLMsg* msg = curl_multi_info_read(multi, &left)) {
       if (msg->msg != CURLMSG_DONE) continue;
@@ -202,8 +247,20 @@ Status RunHttpBench(const HttpBenchOptions& o) {
     }
     auto wake = std::min(end, next_tick);
     if (!backoff.empty()) wake = std::min(wake, backoff.front().first);
-    int timeout_ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count()) + 1;
-    curl_multi_poll(multi, nullptr, 0, std::max(timeout_ms, 0), nullptr);
+    if (loop.timer_ms >= 0) wake = std::min(wake, loop.timer_set + std::chrono::milliseconds(loop.timer_ms));
+    int timeout_ms = static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - Now()).count()));
+    int n = epoll_wait(loop.epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
+    for (int i = 0; i < n; ++i) {
+      const epoll_event& ev = events[static_cast<size_t>(i)];
+      int mask = (ev.events & EPOLLIN ? CURL_CSELECT_IN : 0) | (ev.events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
+                 (ev.events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+      curl_multi_socket_action(multi, ev.data.fd, mask, &running);
+    }
+    if (loop.timer_ms >= 0 && Now() >= loop.timer_set + std::chrono::milliseconds(loop.timer_ms)) {
+      loop.timer_ms = -1;
+      curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    }
   }
   const double elapsed = std::chrono::duration<double>(Now() - measured_at).count();
   if (tty) std::fprintf(stderr, "\n");
@@ -214,6 +271,7 @@ Status RunHttpBench(const HttpBenchOptions& o) {
   }
   curl_multi_cleanup(multi);
   curl_slist_free_all(headers);
+  close(loop.epoll_fd);
 
   if (!measuring) return Internal("no request finished in the measured window");
   const double appends = static_cast<double>(window.appends);

@@ -1,6 +1,7 @@
 // `weir bench http`: a closed-loop load generator against a running
 // `weir serve`. N clients, each one keep-alive connection with one append in
-// flight, all driven by one thread through the curl multi interface so the
+// flight, all driven by one thread through the curl multi interface (the
+// socket API over epoll, so each wake-up costs what is ready) so the
 // generator leaves the server its CPU. Prints one JSON line.
 #pragma once
 
