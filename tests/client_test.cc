@@ -1,8 +1,6 @@
-// client: base64, the JSON codec, S2 error bodies as Status, the SSE parser,
+// client: the JSON codec, S2 error bodies as Status, the SSE parser,
 // URL building. No network: the end-to-end CLI test is cli_test.py.
 #include <gtest/gtest.h>
-
-#include <random>
 
 #include "client/client.h"
 #include "client/codec.h"
@@ -11,34 +9,6 @@
 
 namespace weir::client {
 namespace {
-
-TEST(Base64, KnownVectors) {  // RFC 4648 §10
-  const std::pair<const char*, const char*> cases[] = {
-      {"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},        {"foo", "Zm9v"},
-      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"},
-  };
-  for (auto [plain, coded] : cases) {
-    EXPECT_EQ(Base64Encode(plain), coded);
-    ASSERT_OK_AND_ASSIGN(std::string back, Base64Decode(coded));
-    EXPECT_EQ(back, plain);
-  }
-}
-
-TEST(Base64, EveryByteRoundTrips) {
-  std::mt19937 rng(7);
-  for (size_t n = 0; n < 300; ++n) {
-    std::string bytes(n, '\0');
-    for (char& c : bytes) c = static_cast<char>(rng());
-    ASSERT_OK_AND_ASSIGN(std::string back, Base64Decode(Base64Encode(bytes)));
-    ASSERT_EQ(back, bytes) << n;
-  }
-}
-
-TEST(Base64, RejectsMalformed) {
-  for (const char* bad : {"Zg=", "Zm9v!A==", "Z===", "=Zm9", "Zg==Zg==", "Zm 9"}) {
-    EXPECT_EQ(Base64Decode(bad).status().code(), Code::kInvalidArgument) << bad;
-  }
-}
 
 TEST(Codec, AppendInputIsBase64WithConditions) {
   AppendRecord r;

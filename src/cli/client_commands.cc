@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "base/base64.h"
 #include "base/clock.h"
 #include "bench/http_bench.h"
 #include "client/client.h"
@@ -111,7 +112,7 @@ void PrintJson(const json& j) { std::cout << j.dump(-1, ' ', false, json::error_
 json RecordJson(const client::SequencedRecord& r) {
   bool text = IsUtf8(r.body);
   for (const auto& [k, v] : r.headers) text = text && IsUtf8(k) && IsUtf8(v);
-  auto enc = [text](const std::string& b) { return text ? b : client::Base64Encode(b); };
+  auto enc = [text](const std::string& b) { return text ? b : Base64Encode(b); };
   json headers = json::array();
   for (const auto& [k, v] : r.headers) headers.push_back({enc(k), enc(v)});
   json j = {{"seq_num", r.seq_num}, {"timestamp", r.timestamp}, {"headers", headers}, {"body", enc(r.body)}};

@@ -1,24 +1,14 @@
 #include "client/codec.h"
 
-#include <array>
-
 #include <nlohmann/json.hpp>
+
+#include "base/base64.h"
 
 namespace weir::client {
 
 using json = nlohmann::json;
 
 namespace {
-
-constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-constexpr std::array<int8_t, 256> MakeDecodeTable() {
-  std::array<int8_t, 256> t{};
-  for (auto& v : t) v = -1;
-  for (int i = 0; i < 64; ++i) t[static_cast<unsigned char>(kAlphabet[i])] = static_cast<int8_t>(i);
-  return t;
-}
-constexpr auto kDecode = MakeDecodeTable();
 
 // Parses `text` as JSON and runs `fn` on it; any parse or type error becomes
 // an Internal status naming `what` (the server sent something unexpected).
@@ -46,49 +36,6 @@ std::string Bytes(const json& j) {
 std::string Quoted(std::string_view s) { return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace); }
 
 }  // namespace
-
-std::string Base64Encode(std::string_view bytes) {
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  auto at = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(bytes[k])); };
-  for (; i + 3 <= bytes.size(); i += 3) {
-    uint32_t v = at(i) << 16 | at(i + 1) << 8 | at(i + 2);
-    for (int s = 18; s >= 0; s -= 6) out.push_back(kAlphabet[(v >> s) & 63]);
-  }
-  size_t rest = bytes.size() - i;
-  if (rest > 0) {
-    uint32_t v = at(i) << 16 | (rest == 2 ? at(i + 1) << 8 : 0);
-    out.push_back(kAlphabet[(v >> 18) & 63]);
-    out.push_back(kAlphabet[(v >> 12) & 63]);
-    out.push_back(rest == 2 ? kAlphabet[(v >> 6) & 63] : '=');
-    out.push_back('=');
-  }
-  return out;
-}
-
-Result<std::string> Base64Decode(std::string_view text) {
-  if (text.size() % 4 != 0) return InvalidArgument("base64 length {} is not a multiple of 4", text.size());
-  size_t pad = 0;
-  if (!text.empty() && text.back() == '=') pad = text[text.size() - 2] == '=' ? 2 : 1;
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  for (size_t i = 0; i < text.size(); i += 4) {
-    bool last = i + 4 == text.size();
-    uint32_t v = 0;
-    for (size_t k = 0; k < 4; ++k) {
-      char c = text[i + k];
-      int d = kDecode[static_cast<unsigned char>(c)];
-      if (c == '=' && last && k >= 4 - pad) d = 0;
-      if (d < 0) return InvalidArgument("invalid base64 character at offset {}", i + k);
-      v = v << 6 | static_cast<uint32_t>(d);
-    }
-    out.push_back(static_cast<char>(v >> 16));
-    if (!(last && pad == 2)) out.push_back(static_cast<char>(v >> 8 & 255));
-    if (!(last && pad >= 1)) out.push_back(static_cast<char>(v & 255));
-  }
-  return out;
-}
 
 std::string EncodeCreate(std::string_view key, std::string_view name) {
   return json{{std::string(key), std::string(name)}}.dump(-1, ' ', false, json::error_handler_t::replace);

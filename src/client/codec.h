@@ -1,4 +1,4 @@
-// The client's wire codec: base64, JSON bodies with `s2-format: base64`, S2
+// The client's wire codec: JSON bodies with `s2-format: base64`, S2
 // error bodies mapped to Status, and an incremental Server-Sent Events parser.
 // Pure functions (no I/O), safe from any thread; the SseParser is one
 // caller's.
@@ -13,10 +13,6 @@
 #include "client/types.h"
 
 namespace weir::client {
-
-std::string Base64Encode(std::string_view bytes);
-// Standard alphabet with padding; InvalidArgument on anything else.
-Result<std::string> Base64Decode(std::string_view text);
 
 // `{"KEY": "NAME"}`, the body that creates a basin or a stream.
 std::string EncodeCreate(std::string_view key, std::string_view name);
