@@ -248,8 +248,9 @@ Status RunHttpBench(const HttpBenchOptions& o) {
     auto wake = std::min(end, next_tick);
     if (!backoff.empty()) wake = std::min(wake, backoff.front().first);
     if (loop.timer_ms >= 0) wake = std::min(wake, loop.timer_set + std::chrono::milliseconds(loop.timer_ms));
+    // Rounded up: waking before a timer is due would spin until it is.
     int timeout_ms = static_cast<int>(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - Now()).count()));
+        0, std::chrono::ceil<std::chrono::milliseconds>(wake - Now()).count()));
     int n = epoll_wait(loop.epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
     for (int i = 0; i < n; ++i) {
       const epoll_event& ev = events[static_cast<size_t>(i)];
