@@ -16,6 +16,7 @@
 #   CLIENTS=64         concurrent clients for both
 #   REQUESTS=200000    XADD requests redis-benchmark sends
 #   DURATION=10        seconds each weir run is measured (after WARMUP=2)
+#   SERVE_ARGS="..."   extra `weir serve` flags, e.g. "--inject-put-latency-ms 50,120"
 #   KEEP=1             keep the temp dir (data, logs) and print its path
 # Prints a table, then one JSON line with every figure.
 set -euo pipefail
@@ -66,7 +67,9 @@ IFS=, read -r _ redis_rps _ _ redis_p50 _ redis_p99 _ <<<"$(tr -d '"' <<<"$redis
 
 # --- weir: weir serve on file:// in a temp dir, then weir bench http.
 weir_port=$(free_port)
-"$WEIR" serve --data-dir "$tmp/weir" --http-addr "127.0.0.1:$weir_port" 2>"$tmp/weir.log" &
+# shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
+WEIR_LOG_LEVEL=info "$WEIR" serve --data-dir "$tmp/weir" --http-addr "127.0.0.1:$weir_port" ${SERVE_ARGS:-} \
+  2>"$tmp/weir.log" &
 weir_pid=$!
 for _ in $(seq 300); do
   grep -q "listening on" "$tmp/weir.log" && break

@@ -148,7 +148,8 @@ Result<ProducerId> Client::AllocateProducer() {
 Status Client::ReadSession(std::string_view stream, const ReadOptions& options, std::string* last_event_id,
                            const std::function<bool(const ReadBatch&)>& on_batch) {
   HttpRequest req = Request("GET", ReadTarget(stream, options));
-  req.timeout_ms = 0;  // a session lasts as long as it lasts
+  req.timeout_ms = 0;        // a session lasts as long as it lasts,
+  req.idle_timeout_s = 30;   // but the server pings every 5 s: silence means a dead connection
   req.headers.emplace_back("Accept", "text/event-stream");
   if (!last_event_id->empty()) req.headers.emplace_back("Last-Event-ID", *last_event_id);
   SseParser parser;

@@ -20,7 +20,8 @@ struct HttpRequest {
   std::string target;  // path and query, e.g. "/v1/streams?limit=10"; already URL-encoded
   Headers headers;
   std::string body;
-  int timeout_ms = 0;  // whole request; 0 = no limit
+  int timeout_ms = 0;      // whole request; 0 = no limit
+  int idle_timeout_s = 0;  // give up when no byte arrives for this long; 0 = never
 };
 
 struct HttpResponse {
