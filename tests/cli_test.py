@@ -18,52 +18,24 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "http"))
+from weir_server import WeirServer  # noqa: E402
+
 WEIR = sys.argv[1]
 failures = []
 passed = 0
 
 
-class Server:
-    """`weir serve` in a temp data dir; stderr is drained by a thread."""
-
-    def __init__(self, data_dir, extra=()):
-        self.proc = subprocess.Popen([WEIR, "serve", "--data-dir", data_dir, "--http-addr", "127.0.0.1:0", *extra],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, WEIR_LOG_LEVEL="info"))  # the "listening on" line
-        self.lines = queue.Queue()
-        self.log = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.time() + 60
-        self.url = None
-        while self.url is None:
-            try:
-                line = self.lines.get(timeout=max(0.1, deadline - time.time()))
-            except queue.Empty:
-                line = None
-            if line is None or time.time() > deadline:
-                self.proc.kill()
-                sys.exit("weir serve did not start:\n" + "".join(self.log))
-            m = re.search(r"listening on (http://[0-9.]+:[0-9]+)", line)
-            if m:
-                self.url = m.group(1)
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.log.append(line)
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=60)
-        assert rc == 0, f"weir serve exited {rc} after SIGTERM:\n" + "".join(self.log[-20:])
+def start_server(data_dir, extra=()):
+    # At info level the server prints its "listening on" line.
+    return WeirServer(WEIR, data_dir=data_dir, args=extra, env={"WEIR_LOG_LEVEL": "info"}).start()
 
 
 def weir(*args, input=None, server=None, ok=True, binary=False, timeout=120):
     env = dict(os.environ)
     env.pop("WEIR_BASIN", None)
     env.pop("WEIR_AUTH_TOKEN", None)
-    env["WEIR_SERVER"] = server or SERVER.url
+    env["WEIR_SERVER"] = server or SERVER.base_url
     out = subprocess.run([WEIR, *args], input=input, capture_output=True, env=env, timeout=timeout,
                          text=not binary)
     if ok and out.returncode != 0:
@@ -97,7 +69,7 @@ def jsonl(text):
 
 
 tmp = tempfile.TemporaryDirectory(prefix="weir-cli-test-")
-SERVER = Server(os.path.join(tmp.name, "data"))
+SERVER = start_server(os.path.join(tmp.name, "data"))
 
 
 @case
@@ -236,7 +208,7 @@ def producer():
 def follow():
     weir("stream", "create", "live")
     weir("append", "live", input="before\n")
-    env = dict(os.environ, WEIR_SERVER=SERVER.url)
+    env = dict(os.environ, WEIR_SERVER=SERVER.base_url)
     proc = subprocess.Popen([WEIR, "read", "live", "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     got = queue.Queue()
@@ -291,7 +263,7 @@ SERVER.stop()
 def server_down():
     out = weir("tail", "s1", ok=False)
     line = error_line(out)
-    assert f"cannot reach the weir server at {SERVER.url}" in line and "weir serve" in line, line
+    assert f"cannot reach the weir server at {SERVER.base_url}" in line and "weir serve" in line, line
     out = weir("bench", "http", "--duration", "1", ok=False)
     assert "cannot connect" in out.stderr, out.stderr
 
@@ -301,14 +273,14 @@ def auth_token():
     token_file = os.path.join(tmp.name, "token")
     with open(token_file, "w") as f:
         f.write("s3cret\n")
-    srv = Server(os.path.join(tmp.name, "data-auth"), ["--auth-token-file", token_file])
+    srv = start_server(os.path.join(tmp.name, "data-auth"), ["--auth-token-file", token_file])
     try:
-        out = weir("stream", "list", server=srv.url, ok=False)
+        out = weir("stream", "list", server=srv.base_url, ok=False)
         line = error_line(out)
         assert "(401 unauthorized)" in line and "--auth-token" in line, line
-        weir("stream", "create", "authed", "--auth-token", "s3cret", server=srv.url)
+        weir("stream", "create", "authed", "--auth-token", "s3cret", server=srv.base_url)
         env_out = subprocess.run([WEIR, "stream", "list"], capture_output=True, text=True, timeout=60,
-                                 env=dict(os.environ, WEIR_SERVER=srv.url, WEIR_AUTH_TOKEN="s3cret"))
+                                 env=dict(os.environ, WEIR_SERVER=srv.base_url, WEIR_AUTH_TOKEN="s3cret"))
         assert env_out.returncode == 0 and env_out.stdout == "authed\n", env_out
     finally:
         srv.stop()
