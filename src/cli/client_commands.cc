@@ -183,10 +183,10 @@ int StreamInfo(ClientCommandsState& s, Client& c) {
   return 0;
 }
 
-// Metered size of one record (S2's): 8 + body + per header name + value.
+// Metered size of one record (S2's): 8 + body + per header 2 + name + value.
 size_t Metered(const client::AppendRecord& r) {
   size_t n = 8 + r.body.size();
-  for (const auto& [k, v] : r.headers) n += k.size() + v.size();
+  for (const auto& [k, v] : r.headers) n += 2 + k.size() + v.size();
   return n;
 }
 
