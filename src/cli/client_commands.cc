@@ -16,7 +16,6 @@
 #include "base/clock.h"
 #include "bench/http_bench.h"
 #include "client/client.h"
-#include "client/codec.h"
 
 namespace weir::cli {
 
@@ -57,14 +56,17 @@ struct ClientCommandsState {
 
 namespace {
 
-void AddConnectionFlags(CLI::App* cmd, ClientCommandsState& s, bool json_flag = true) {
+// --server, --basin, --auth-token and --json, on every client command.
+void AddConnectionFlags(CLI::App* cmd, ClientCommandsState& s) {
   cmd->add_option("--server", s.conn.server, "weir server URL")->envname("WEIR_SERVER")->capture_default_str();
   cmd->add_option("--basin", s.conn.basin, "Basin (s2-basin header; default: the server's weir-default)")
       ->envname("WEIR_BASIN");
   cmd->add_option("--auth-token", s.conn.auth_token, "Bearer token")->envname("WEIR_AUTH_TOKEN");
-  if (json_flag) cmd->add_flag("--json", s.json_out, "One JSON object per line, for scripts");
+  cmd->add_flag("--json", s.json_out, "One JSON object per line, for scripts");
 }
 
+// A client command under `parent`, with the connection flags and, if given, a
+// required positional argument (into s.name).
 CLI::App* Leaf(CLI::App* parent, ClientCommandsState& s, const std::string& name, const std::string& help,
                const char* positional) {
   CLI::App* cmd = parent->add_subcommand(name, help);
