@@ -231,8 +231,10 @@ int RunServe(const ServeOptions& o) {
   });
   rest.SetEngine((*engine).get());
   rest.SetReady();
-  Log().info("weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}", ToMillis(Now() - started),
-             (*engine)->epoch(), (*server)->address());
+  // Printed at every log level: scripts and tests wait for this line.
+  fmt::print(stderr, "weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}\n",
+             ToMillis(Now() - started), (*engine)->epoch(), (*server)->address());
+  fflush(stderr);
 
   int sig = 0;
   sigwait(&signals, &sig);
