@@ -13,18 +13,10 @@ import uuid
 
 import requests
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "http"))
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [here, os.path.join(here, "http")]
+from crash_test import read_s3_env  # noqa: E402
 from weir_server import WeirServer  # noqa: E402
-
-
-def load_env():
-    env = {}
-    with open(os.environ["WEIR_TEST_S3_ENV"]) as f:
-        for line in f:
-            k, _, v = line.strip().partition("=")
-            if k:
-                env[k] = v
-    return env
 
 
 def store_uri(env, prefix):
@@ -34,7 +26,7 @@ def store_uri(env, prefix):
 
 def main():
     binary = sys.argv[1]
-    env = load_env()
+    env = read_s3_env(os.environ["WEIR_TEST_S3_ENV"])
     prefix = "serve-" + uuid.uuid4().hex[:8]
     proc_env = dict(os.environ, AWS_ACCESS_KEY_ID=env["AWS_ACCESS_KEY_ID"],
                     AWS_SECRET_ACCESS_KEY=env["AWS_SECRET_ACCESS_KEY"])

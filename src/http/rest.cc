@@ -330,6 +330,22 @@ bool CutAtUntil(std::vector<log::ReadRecord>* records, const std::optional<uint6
   return false;
 }
 
+// One page of a list endpoint (`prefix`, `start_after`, `limit` ≤ 1000) and
+// whether more items follow it.
+template <typename Info, typename ListFn>
+Result<std::pair<std::vector<Info>, bool>> ListPage(const Request& req, ListFn list) {
+  std::string prefix = req.Query("prefix") ? *req.Query("prefix") : "";
+  std::string after = req.Query("start_after") ? *req.Query("start_after") : "";
+  size_t limit = std::clamp<uint64_t>(QueryU64(req, "limit").value_or(1000), 1, 1000);
+  WEIR_ASSIGN_OR_RETURN(auto items, list(prefix, after, limit));
+  bool more = false;
+  if (items.size() == limit) {
+    WEIR_ASSIGN_OR_RETURN(auto next, list(prefix, items.back().name, 1));
+    more = !next.empty();
+  }
+  return std::make_pair(std::move(items), more);
+}
+
 Status DeleteBasinStreams(log::Engine* engine, const std::string& basin) {
   for (;;) {
     WEIR_ASSIGN_OR_RETURN(auto streams, engine->ListStreams(basin, "", "", 1000));
@@ -424,18 +440,14 @@ void RestApi::Route(Request& req, const Ctx& c) {
 void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
   if (!name) {
     if (req.method == "GET") {
-      std::string prefix = req.Query("prefix") ? *req.Query("prefix") : "";
-      std::string after = req.Query("start_after") ? *req.Query("start_after") : "";
-      uint64_t limit = QueryU64(req, "limit").value_or(1000);
-      limit = std::clamp<uint64_t>(limit, 1, 1000);
-      auto r = engine_->ListBasins(prefix, after, limit + 1);
-      if (!r.ok() && r.status().code() == Code::kInvalidArgument) {
-        r = engine_->ListBasins(prefix, after, limit);  // the metastore caps at 1000
-      }
-      if (!r.ok()) return c.Fail(r.status());
+      auto page = ListPage<metastore::BasinInfo>(req, [&](const std::string& prefix, const std::string& after,
+                                                          size_t limit) {
+        return engine_->ListBasins(prefix, after, limit);
+      });
+      if (!page.ok()) return c.Fail(page.status());
       Json list = Json::array();
-      for (size_t i = 0; i < r->size() && i < limit; ++i) list.push_back(BasinInfoJson((*r)[i]));
-      return c.Reply(200, Json{{"basins", list}, {"has_more", r->size() > limit}});
+      for (const auto& b : page->first) list.push_back(BasinInfoJson(b));
+      return c.Reply(200, Json{{"basins", list}, {"has_more", page->second}});
     }
     if (req.method == "POST") {
       Json j = Json::parse(req.body, nullptr, false);
@@ -495,15 +507,14 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
 void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
   if (!name) {
     if (req.method == "GET") {
-      std::string prefix = req.Query("prefix") ? *req.Query("prefix") : "";
-      std::string after = req.Query("start_after") ? *req.Query("start_after") : "";
-      uint64_t limit = std::clamp<uint64_t>(QueryU64(req, "limit").value_or(1000), 1, 1000);
-      auto r = engine_->ListStreams(c.basin, prefix, after, limit + 1);
-      if (!r.ok() && r.status().code() == Code::kInvalidArgument) r = engine_->ListStreams(c.basin, prefix, after, limit);
-      if (!r.ok()) return c.Fail(r.status(), "basin_not_found");
+      auto page = ListPage<metastore::StreamInfo>(req, [&](const std::string& prefix, const std::string& after,
+                                                           size_t limit) {
+        return engine_->ListStreams(c.basin, prefix, after, limit);
+      });
+      if (!page.ok()) return c.Fail(page.status(), "basin_not_found");
       Json list = Json::array();
-      for (size_t i = 0; i < r->size() && i < limit; ++i) list.push_back(StreamInfoJson((*r)[i]));
-      return c.Reply(200, Json{{"streams", list}, {"has_more", r->size() > limit}});
+      for (const auto& s : page->first) list.push_back(StreamInfoJson(s));
+      return c.Reply(200, Json{{"streams", list}, {"has_more", page->second}});
     }
     if (req.method == "POST") {
       Json j = Json::parse(req.body, nullptr, false);
