@@ -283,10 +283,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.expires_after(std::chrono::seconds(2));
+    discard_ = std::make_unique<std::array<char, 16384>>();
     Discard();
   }
   void Discard() {
-    stream_.async_read_some(net::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+    stream_.async_read_some(net::buffer(*discard_), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->discarded_ += n;
       if (ec || self->discarded_ > (64u << 20)) return self->Shutdown();
       self->Discard();
@@ -321,7 +322,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool writing_ = false;
   bool keep_alive_ = true;
   bool linger_close_ = false;
-  std::array<char, 16384> discard_;
+  std::unique_ptr<std::array<char, 16384>> discard_;  // only while closing after a Reject
   size_t discarded_ = 0;
   std::atomic<bool> closed_{false};
 
