@@ -17,17 +17,16 @@
 
 namespace weir::log {
 
-size_t MeteredBytes(const AppendRecord& r) {
-  size_t n = 8 + r.body.size() + (r.key ? r.key->size() : 0);
-  for (const auto& h : r.headers) n += 2 + h.key.size() + (h.value ? h.value->size() : 0);
+namespace {
+size_t Metered(size_t body, const std::optional<std::string>& key, const std::vector<wal::RecordHeader>& headers) {
+  size_t n = 8 + body + (key ? key->size() : 0);
+  for (const auto& h : headers) n += 2 + h.key.size() + (h.value ? h.value->size() : 0);
   return n;
 }
+}  // namespace
 
-size_t MeteredBytes(const wal::Record& r) {
-  size_t n = 8 + (r.value ? r.value->size() : 0) + (r.key ? r.key->size() : 0);
-  for (const auto& h : r.headers) n += 2 + h.key.size() + (h.value ? h.value->size() : 0);
-  return n;
-}
+size_t MeteredBytes(const AppendRecord& r) { return Metered(r.body.size(), r.key, r.headers); }
+size_t MeteredBytes(const wal::Record& r) { return Metered(r.value ? r.value->size() : 0, r.key, r.headers); }
 
 namespace {
 
