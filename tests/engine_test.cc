@@ -629,5 +629,168 @@ TEST_F(EngineTest, ReadsSpanSegmentsAndTheWal) {
   EXPECT_EQ(ts->records[0].offset, 1u);
 }
 
+// ---- Raw RecordBatches (the Kafka front-end) ----------------------------------
+
+// A batch as a Kafka producer builds it: base offset 0, its own timestamps.
+std::string KafkaBatch(std::vector<std::string> values, int64_t ts = 1000, int64_t pid = -1, int16_t epoch = -1,
+                       int32_t seq = -1) {
+  std::vector<wal::Record> recs;
+  for (size_t i = 0; i < values.size(); ++i) {
+    wal::Record r;
+    r.timestamp = ts + static_cast<int64_t>(i);
+    r.key = "k" + std::to_string(i);
+    r.value = values[i];
+    recs.push_back(std::move(r));
+  }
+  wal::EncodeOptions o;
+  o.producer_id = pid;
+  o.producer_epoch = epoch;
+  o.base_sequence = seq;
+  std::string out;
+  EXPECT_TRUE(wal::EncodeRecordBatch(recs, o, &out).ok());
+  return out;
+}
+
+AppendOutcome AppendRaw(Engine& e, const std::string& stream, std::string batch) {
+  std::promise<AppendOutcome> done;
+  e.AppendBatchAsync(kBasin, stream, std::move(batch), [&](AppendOutcome o) { done.set_value(std::move(o)); });
+  return done.get_future().get();
+}
+
+TEST_F(EngineTest, RawBatchesAreStoredAsSentWithOffsetsAssigned) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"rest"})).status.ok());
+  std::string sent = KafkaBatch({"a", "b", "c"});
+  auto o = AppendRaw(*engine_, "s", sent);
+  ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(o.ack.start_offset, 1u);
+  EXPECT_EQ(o.ack.end_offset, 4u);
+  EXPECT_EQ(o.ack.first_timestamp_ms, 1000);
+  EXPECT_EQ(o.ack.last_timestamp_ms, 1002);
+  EXPECT_EQ(o.ack.log_start, 0u);
+  // Byte for byte as sent, but for the base offset (outside the CRC).
+  auto r = engine_->ReadBatches(kBasin, "s", 2, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->batches.size(), 1u);  // the batch holding offset 2
+  std::string expect = sent;
+  wal::SetBaseOffset(&expect, 0, 1);
+  EXPECT_EQ(*r->batches[0], expect);
+  EXPECT_EQ(r->tail, 4u);
+  // And the records are readable as S2 records, keys and timestamps intact.
+  auto rec = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 1}, 10, 1 << 20);
+  ASSERT_TRUE(rec.ok());
+  ASSERT_EQ(rec->records.size(), 3u);
+  EXPECT_EQ(rec->records[1].record.key, "k1");
+  EXPECT_EQ(rec->records[1].record.value, "b");
+  EXPECT_EQ(rec->records[1].record.timestamp, 1001);
+  // All batches from 0, and survive settle + restart.
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  Restart();
+  r = engine_->ReadBatches(kBasin, "s", 0, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->batches.size(), 2u);
+  EXPECT_EQ(*r->batches[1], expect);
+}
+
+TEST_F(EngineTest, RawBatchesAreVerified) {
+  std::string good = KafkaBatch({"a"});
+  std::string bad_crc = good;
+  bad_crc.back() ^= 1;
+  EXPECT_EQ(AppendRaw(*engine_, "s", bad_crc).status.code(), Code::kCorruption);
+  EXPECT_EQ(AppendRaw(*engine_, "s", good + "x").status.code(), Code::kInvalidArgument);
+  EXPECT_EQ(AppendRaw(*engine_, "s", good.substr(0, 40)).status.code(), Code::kCorruption);
+  std::vector<wal::Record> cmd(1);
+  cmd[0].value = "tok";
+  cmd[0].headers.push_back(wal::RecordHeader{"", "fence"});
+  std::string cmd_batch;
+  ASSERT_TRUE(wal::EncodeRecordBatch(cmd, {}, &cmd_batch).ok());
+  EXPECT_EQ(AppendRaw(*engine_, "s", cmd_batch).status.code(), Code::kInvalidArgument);
+  std::vector<wal::Record> one(1);
+  one[0].value = "v";
+  std::string txn;
+  wal::EncodeOptions eo;
+  eo.attributes = wal::kTransactionalFlag;
+  eo.producer_id = 5;
+  eo.producer_epoch = 0;
+  eo.base_sequence = 0;
+  ASSERT_TRUE(wal::EncodeRecordBatch(one, eo, &txn).ok());
+  EXPECT_EQ(AppendRaw(*engine_, "s", txn).status.code(), Code::kNotSupported);
+  EXPECT_EQ(AppendRaw(*engine_, "missing", good).status.code(), Code::kNotFound);
+  // Nothing of the above changed the stream.
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 0u);
+  EXPECT_EQ(engine_->GetStream(kBasin, "s")->fencing_token, "");
+}
+
+TEST_F(EngineTest, RawBatchIdempotence) {
+  auto first = AppendRaw(*engine_, "s", KafkaBatch({"a", "b"}, 1000, 42, 0, 0));
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  auto second = AppendRaw(*engine_, "s", KafkaBatch({"c"}, 1000, 42, 0, 2));
+  ASSERT_TRUE(second.status.ok());
+  EXPECT_EQ(second.ack.start_offset, 2u);
+  // A retry returns the original offsets and appends nothing.
+  auto retry = AppendRaw(*engine_, "s", KafkaBatch({"a", "b"}, 1000, 42, 0, 0));
+  ASSERT_TRUE(retry.status.ok());
+  EXPECT_TRUE(retry.ack.duplicated);
+  EXPECT_EQ(retry.ack.start_offset, 0u);
+  EXPECT_EQ(retry.ack.end_offset, 2u);
+  // A gap is out of order; an older epoch is fenced; an unknown producer not at 0 is flagged.
+  auto gap = AppendRaw(*engine_, "s", KafkaBatch({"x"}, 1000, 42, 0, 7));
+  EXPECT_EQ(gap.status.code(), Code::kOutOfRange);
+  EXPECT_FALSE(gap.unknown_producer);
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"d"}, 1000, 42, 1, 0)).status.ok());
+  EXPECT_EQ(AppendRaw(*engine_, "s", KafkaBatch({"e"}, 1000, 42, 0, 3)).status.code(), Code::kFenced);
+  auto unknown = AppendRaw(*engine_, "s", KafkaBatch({"y"}, 1000, 77, 0, 5));
+  EXPECT_EQ(unknown.status.code(), Code::kOutOfRange);
+  EXPECT_TRUE(unknown.unknown_producer);
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 4u);
+  // The window survives a restart (replayed from the batches' own headers).
+  Restart();
+  auto again = AppendRaw(*engine_, "s", KafkaBatch({"d"}, 1000, 42, 1, 0));
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_TRUE(again.ack.duplicated);
+  EXPECT_EQ(again.ack.start_offset, 3u);
+}
+
+TEST_F(EngineTest, ArrivalStreamsStampRawBatchesWithLogAppendTime) {
+  StreamConfig cfg;
+  cfg.timestamping = TimestampingMode::kArrival;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "arrival", cfg).ok());
+  int64_t before = WallMillis();
+  auto o = AppendRaw(*engine_, "arrival", KafkaBatch({"a", "b"}, 5));
+  ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_GE(o.ack.last_timestamp_ms, before);
+  auto r = engine_->ReadBatches(kBasin, "arrival", 0, 1 << 20);
+  ASSERT_TRUE(r.ok());
+  auto h = wal::VerifyBatch(*r->batches[0]);  // resealed: the CRC still holds
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_TRUE(h->attributes & wal::kTimestampLogAppendTime);
+  auto rec = engine_->Read(kBasin, "arrival", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->records[0].record.timestamp, o.ack.last_timestamp_ms);
+}
+
+TEST_F(EngineTest, ReadBatchesBoundsAndLimits) {
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({std::string(100, 'a' + i)})).status.ok());
+  EXPECT_EQ(engine_->ReadBatches(kBasin, "s", 6, 100).status().code(), Code::kOutOfRange);
+  auto at_tail = engine_->ReadBatches(kBasin, "s", 5, 100);
+  ASSERT_TRUE(at_tail.ok());
+  EXPECT_TRUE(at_tail->batches.empty());
+  // At least one batch even when it exceeds max_bytes; then whole batches within it.
+  auto one = engine_->ReadBatches(kBasin, "s", 0, 1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->batches.size(), 1u);
+  auto two = engine_->ReadBatches(kBasin, "s", 1, 2 * one->batches[0]->size());
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->batches.size(), 2u);
+  // Below the trim point is out of range; the log start moves.
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(3)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(trim)).status.ok());
+  EXPECT_EQ(engine_->ReadBatches(kBasin, "s", 2, 100).status().code(), Code::kOutOfRange);
+  auto offs = engine_->Offsets(kBasin, "s");
+  ASSERT_TRUE(offs.ok());
+  EXPECT_EQ(offs->log_start, 3u);
+  EXPECT_EQ(offs->tail, 6u);
+}
+
 }  // namespace
 }  // namespace weir::log

@@ -206,9 +206,12 @@ Status Engine::Recover() {
 
 bool MayHoldCommands(std::string_view batch) {
   // Walks the records without decoding them: a command record has exactly one
-  // header, whose key is empty. Compressed or malformed batches answer true.
+  // header, whose key is empty. Malformed batches answer true. Compressed
+  // ones answer false: weir writes command records uncompressed only, and
+  // records of a compressed (Kafka) batch are never commands.
   auto h = wal::ParseBatchHeader(batch);
-  if (!h.ok() || h->compression() != 0) return true;
+  if (!h.ok()) return true;
+  if (h->compression() != 0) return false;
   ByteReader r(batch.substr(wal::kRecordBatchHeaderSize, h->total_size() - wal::kRecordBatchHeaderSize));
   for (int32_t i = 0; i < h->record_count; ++i) {
     int64_t len = 0, key_len = 0, value_len = 0, headers = 0, ts = 0, off = 0;
@@ -401,30 +404,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     lk.unlock();
     return done(std::move(o));
   }
-  if (options.producer) {
-    const ProducerRef& p = *options.producer;
-    auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(records.size()));
-    if (!check.ok()) {
-      lk.unlock();
-      return fail(check.status());
-    }
-    if (check->kind == ProducerCheck::kDuplicate) {
-      const ProducerBatch& b = check->original;
-      AppendAck ack{b.start_offset, b.end_offset, s->tail, b.first_timestamp_ms, b.last_timestamp_ms, true};
-      if (b.end_offset <= s->tail) {
-        lk.unlock();
-        return done(AppendOutcome{Status::Ok(), ack, std::nullopt, std::nullopt});
-      }
-      for (auto& pend : s->pending) {
-        if (pend->start == b.start_offset) {
-          pend->waiters.emplace_back(std::move(done), true);
-          return;
-        }
-      }
-      lk.unlock();
-      return fail(Internal("producer window names offset {} but no append is pending there", b.start_offset));
-    }
-  }
+  if (options.producer && HandledByProducerWindow(lk, s, *options.producer, records.size(), done)) return;
 
   // Timestamps: per the stream's mode, capped at arrival unless uncapped, and
   // never below the stream's last timestamp.
@@ -485,36 +465,133 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     lk.unlock();
     return fail(st);
   }
+  Submit(lk, s, std::move(batch), recs.size(), recs.front().timestamp, last_ts, options.producer, std::move(token),
+         trim_point, std::move(done));
+}
+
+bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
+                                     const ProducerRef& p, size_t count, AppendCallback& done) {
+  auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
+  if (!check.ok()) {
+    AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
+    o.unknown_producer = check.status().code() == Code::kOutOfRange && !s->live.producers.Knows(p.id);
+    lk.unlock();
+    done(std::move(o));
+    return true;
+  }
+  if (check->kind != ProducerCheck::kDuplicate) return false;
+  const ProducerBatch& b = check->original;
+  if (b.end_offset <= s->tail) {
+    AppendAck ack{b.start_offset, b.end_offset, s->tail, b.first_timestamp_ms, b.last_timestamp_ms, true,
+                  LogStart(*s)};
+    lk.unlock();
+    done(AppendOutcome{Status::Ok(), ack, std::nullopt, std::nullopt});
+    return true;
+  }
+  for (auto& pend : s->pending) {
+    if (pend->start == b.start_offset) {
+      pend->waiters.emplace_back(std::move(done), true);
+      return true;
+    }
+  }
+  lk.unlock();
+  done(AppendOutcome{Internal("producer window names offset {} but no append is pending there", b.start_offset),
+                     {}, std::nullopt, std::nullopt});
+  return true;
+}
+
+void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s, std::string batch,
+                    size_t count, int64_t first_ts, int64_t last_ts, const std::optional<ProducerRef>& producer,
+                    std::string token, uint64_t trim_point, AppendCallback done) {
   auto pend = std::make_shared<Pending>();
   pend->start = s->live.next_offset;
-  pend->end = s->live.next_offset + recs.size();
-  pend->first_timestamp_ms = recs.front().timestamp;
+  pend->end = s->live.next_offset + count;
+  pend->first_timestamp_ms = first_ts;
   pend->last_timestamp_ms = last_ts;
   pend->bytes = std::make_shared<const std::string>(batch);
   pend->waiters.emplace_back(std::move(done), false);
   // Submitting under the stream lock keeps pool order == offset order.
-  st = wal_->Append(s->info.id, std::move(batch),
-                    [this, s, pend](const Status& result, const wal::AckInfo& where) {
-                      OnDurable(s, pend, result, where);
-                    },
-                    Now() + options_.admission_timeout);
+  Status st = wal_->Append(s->info.id, std::move(batch),
+                           [this, s, pend](const Status& result, const wal::AckInfo& where) {
+                             OnDurable(s, pend, result, where);
+                           },
+                           Now() + options_.admission_timeout);
   if (!st.ok()) {
     AppendCallback cb = std::move(pend->waiters.front().first);
     lk.unlock();
     return cb(AppendOutcome{st, {}, std::nullopt, std::nullopt});
   }
   // Commit the sequencer state only once the WAL has admitted the batch.
-  if (options.producer) {
-    const ProducerRef& p = *options.producer;
-    s->live.producers.Record(p.id, p.epoch,
-                             ProducerBatch{p.seq, LastSeq(p.seq, static_cast<int64_t>(recs.size())), pend->start,
-                                           pend->end, pend->first_timestamp_ms, pend->last_timestamp_ms});
+  if (producer) {
+    s->live.producers.Record(producer->id, producer->epoch,
+                             ProducerBatch{producer->seq, LastSeq(producer->seq, static_cast<int64_t>(count)),
+                                           pend->start, pend->end, first_ts, last_ts});
   }
   s->live.next_offset = pend->end;
-  s->live.last_timestamp_ms = last_ts;
+  s->live.last_timestamp_ms = std::max(s->live.last_timestamp_ms, last_ts);
   s->live.fencing_token = std::move(token);
   s->live.trim_point = trim_point;
   s->pending.push_back(std::move(pend));
+}
+
+void Engine::AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
+                              AppendCallback done) {
+  auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
+  if (batch.size() > options_.max_batch_bytes) {
+    return fail(InvalidArgument("a record batch holds at most {} bytes, got {}", options_.max_batch_bytes,
+                                batch.size()));
+  }
+  auto verified = wal::VerifyBatch(batch);
+  if (!verified.ok()) return fail(verified.status());
+  wal::BatchHeader h = *verified;
+  if (h.total_size() != batch.size()) {
+    return fail(InvalidArgument("{} bytes follow the record batch", batch.size() - h.total_size()));
+  }
+  if (h.record_count <= 0 || h.last_offset_delta != h.record_count - 1) {
+    return fail(InvalidArgument("record batch: {} records with lastOffsetDelta {}", h.record_count,
+                                h.last_offset_delta));
+  }
+  if (h.attributes & (wal::kTransactionalFlag | wal::kControlFlag)) {
+    return fail(NotSupported("transactional and control batches are not supported"));
+  }
+  if (h.compression() > 4) return fail(InvalidArgument("unknown compression codec {}", h.compression()));
+  if (MayHoldCommands(batch)) {
+    auto records = wal::DecodeRecords(batch);
+    if (!records.ok()) return fail(records.status());
+    for (const auto& r : *records) {
+      if (IsCommand(r.record)) {
+        return fail(InvalidArgument("record at offset delta {} has one header with an empty name, which is "
+                                    "reserved for S2 command records",
+                                    r.offset - h.base_offset));
+      }
+    }
+  }
+  std::optional<ProducerRef> producer;
+  if (h.producer_id >= 0) {
+    producer = ProducerRef{static_cast<uint64_t>(h.producer_id), h.producer_epoch, h.base_sequence};
+  } else if (h.producer_epoch != wal::kNoProducerEpoch || h.base_sequence != wal::kNoSequence) {
+    return fail(InvalidArgument("a batch without a producer id must carry producer epoch and sequence -1"));
+  }
+  auto found = Find(basin, stream);
+  if (!found.ok()) return fail(found.status());
+  std::shared_ptr<Stream> s = *found;
+
+  std::unique_lock lk(s->mu);
+  if (s->deleted) {
+    lk.unlock();
+    return fail(NotFound("stream \"{}\" was deleted", stream));
+  }
+  if (producer && HandledByProducerWindow(lk, s, *producer, static_cast<size_t>(h.record_count), done)) return;
+  int64_t first_ts = h.base_timestamp;
+  int64_t last_ts = h.max_timestamp;
+  if (s->info.config.timestamping == metastore::TimestampingMode::kArrival) {
+    // Kafka's LogAppendTime: the broker's clock stamps the batch.
+    last_ts = first_ts = std::max(WallMillis(), s->live.last_timestamp_ms);
+    wal::SetLogAppendTime(&batch, last_ts);
+  }
+  wal::SetBaseOffset(&batch, 0, static_cast<int64_t>(s->live.next_offset));
+  Submit(lk, s, std::move(batch), static_cast<size_t>(h.record_count), first_ts, last_ts, producer,
+         s->live.fencing_token, s->live.trim_point, std::move(done));
 }
 
 void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
@@ -545,7 +622,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
         evict = true;
       }
       s->cv.notify_all();
-      ack = AppendAck{p->start, p->end, s->tail, p->first_timestamp_ms, p->last_timestamp_ms, false};
+      ack = AppendAck{p->start, p->end, s->tail, p->first_timestamp_ms, p->last_timestamp_ms, false, LogStart(*s)};
     }
     p->bytes.reset();
   }
@@ -662,52 +739,17 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
     }
     if (from > s->tail) return OutOfRange("offset {} is past the tail {}", from, s->tail);
     // Below the trim point, or below what retention kept, reads start at the first record held.
-    uint64_t low = !s->segments.empty() ? s->segments.front().start_offset
-                   : !s->durable.empty() ? s->durable.front().start
-                                         : s->tail;
-    from = std::max({from, s->live.trim_point, low});
+    from = std::max(from, LogStart(*s));
     if (from >= s->tail && wait_until) {
       s->cv.wait_until(lk, *wait_until, [&] { return s->deleted || s->tail > from; });
       if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
     }
     out.tail = s->tail;
     out.tail_timestamp_ms = s->tail_timestamp_ms;
-    // Sources in offset order, until they surely cover the limits: settled
-    // segments, then acknowledged batches still in the WAL.
-    size_t bytes = 0;
-    uint64_t count = 0;
-    auto seg = std::upper_bound(s->segments.begin(), s->segments.end(), from,
-                                [](uint64_t off, const metastore::SegmentInfo& g) { return off < g.end_offset; });
-    for (; seg != s->segments.end() && count < max_records && bytes < max_bytes; ++seg) {
-      segments.push_back(*seg);
-      count += seg->end_offset - std::max(seg->start_offset, from);
-      bytes += seg->size_bytes;
-    }
-    auto it = std::upper_bound(s->durable.begin(), s->durable.end(), from,
-                               [](uint64_t off, const BatchRef& b) { return off < b.end; });
-    for (; it != s->durable.end() && count < max_records && bytes < max_bytes; ++it) {
-      refs.push_back(*it);
-      count += it->end - std::max(it->start, from);
-      bytes += it->where.length;
-    }
+    CollectSources(*s, from, max_records, max_bytes, &segments, &refs);
   }
-  // Fetch and decode outside the lock: settled batches from their segment,
-  // evicted ones from their WAL slot.
-  std::vector<std::string> fetched;
   std::vector<std::shared_ptr<const std::string>> batches;
-  for (const auto& seg : segments) {
-    fetched.clear();
-    WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, &fetched));
-    for (auto& b : fetched) batches.push_back(std::make_shared<const std::string>(std::move(b)));
-  }
-  for (const BatchRef& ref : refs) {
-    if (ref.bytes) {
-      batches.push_back(ref.bytes);
-    } else {
-      WEIR_ASSIGN_OR_RETURN(std::string b, ReadSlotBatch(ref));
-      batches.push_back(std::make_shared<const std::string>(std::move(b)));
-    }
-  }
+  WEIR_RETURN_IF_ERROR(FetchSources(segments, refs, from, max_bytes, &batches));
   size_t bytes = 0;
   for (const auto& data : batches) {
     WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(*data));
@@ -721,6 +763,103 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
     }
   }
   return out;
+}
+
+uint64_t Engine::LogStart(const Stream& s) {
+  uint64_t low = !s.segments.empty() ? s.segments.front().start_offset
+                 : !s.durable.empty()  ? s.durable.front().start
+                                       : s.tail;
+  return std::max(low, s.live.trim_point);
+}
+
+void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, size_t max_bytes,
+                            std::vector<metastore::SegmentInfo>* segments, std::vector<BatchRef>* refs) {
+  // Sources in offset order, until they surely cover the limits: settled
+  // segments, then acknowledged batches still in the WAL.
+  size_t bytes = 0;
+  uint64_t count = 0;
+  auto seg = std::upper_bound(s.segments.begin(), s.segments.end(), from,
+                              [](uint64_t off, const metastore::SegmentInfo& g) { return off < g.end_offset; });
+  for (; seg != s.segments.end() && count < max_records && bytes < max_bytes; ++seg) {
+    segments->push_back(*seg);
+    count += seg->end_offset - std::max(seg->start_offset, from);
+    bytes += seg->size_bytes;
+  }
+  auto it = std::upper_bound(s.durable.begin(), s.durable.end(), from,
+                             [](uint64_t off, const BatchRef& b) { return off < b.end; });
+  for (; it != s.durable.end() && count < max_records && bytes < max_bytes; ++it) {
+    refs->push_back(*it);
+    count += it->end - std::max(it->start, from);
+    bytes += it->where.length;
+  }
+}
+
+Status Engine::FetchSources(const std::vector<metastore::SegmentInfo>& segments, const std::vector<BatchRef>& refs,
+                            uint64_t from, size_t max_bytes,
+                            std::vector<std::shared_ptr<const std::string>>* batches) {
+  // Outside the stream lock: settled batches from their segment, evicted ones
+  // from their WAL slot.
+  std::vector<std::string> fetched;
+  for (const auto& seg : segments) {
+    fetched.clear();
+    WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, &fetched));
+    for (auto& b : fetched) batches->push_back(std::make_shared<const std::string>(std::move(b)));
+  }
+  for (const BatchRef& ref : refs) {
+    if (ref.bytes) {
+      batches->push_back(ref.bytes);
+    } else {
+      WEIR_ASSIGN_OR_RETURN(std::string b, ReadSlotBatch(ref));
+      batches->push_back(std::make_shared<const std::string>(std::move(b)));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<BatchReadResult> Engine::Offsets(const std::string& basin, const std::string& stream) {
+  WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
+  std::lock_guard lk(s->mu);
+  BatchReadResult out;
+  out.tail = s->tail;
+  out.log_start = std::min(LogStart(*s), s->tail);
+  return out;
+}
+
+Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std::string& stream, uint64_t from,
+                                            size_t max_bytes) {
+  max_bytes = std::max<size_t>(max_bytes, 1);
+  for (int attempt = 1;; ++attempt) {
+    WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
+    std::vector<metastore::SegmentInfo> segments;
+    std::vector<BatchRef> refs;
+    BatchReadResult out;
+    {
+      std::lock_guard lk(s->mu);
+      out.tail = s->tail;
+      out.log_start = std::min(LogStart(*s), s->tail);
+      if (from > out.tail || from < out.log_start) {
+        return OutOfRange("offset {} is outside [{}, {}]", from, out.log_start, out.tail);
+      }
+      CollectSources(*s, from, SIZE_MAX, max_bytes, &segments, &refs);
+    }
+    std::vector<std::shared_ptr<const std::string>> batches;
+    Status st = FetchSources(segments, refs, from, max_bytes, &batches);
+    if (!st.ok()) {
+      // A settle or retention raced with the fetch: look again.
+      if (st.code() == Code::kNotFound && attempt < 3) continue;
+      return st;
+    }
+    size_t bytes = 0;
+    for (auto& b : batches) {
+      auto h = wal::ParseBatchHeader(*b);
+      if (!h.ok()) return h.status();
+      if (static_cast<uint64_t>(h->last_offset()) < from) continue;
+      if (!out.batches.empty() && bytes + b->size() > max_bytes) break;
+      bytes += b->size();
+      out.batches.push_back(std::move(b));
+    }
+    return out;
+  }
 }
 
 }  // namespace weir::log

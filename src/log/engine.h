@@ -46,6 +46,9 @@ struct EngineOptions {
   wal::WriterOptions wal;  // node and epoch are filled in by Open
   size_t max_append_records = 1000;
   size_t max_append_bytes = 1 << 20;  // metered (MeteredBytes)
+  // A RecordBatch appended as sent (AppendBatchAsync): Kafka's default
+  // max.message.bytes.
+  size_t max_batch_bytes = 1048588;
   size_t log_cache_bytes = 64u << 20; // recent acknowledged batches kept in memory
   size_t max_read_records = 1000;
   size_t max_read_bytes = 1 << 20;
@@ -92,6 +95,7 @@ struct AppendAck {
   int64_t first_timestamp_ms = 0;
   int64_t last_timestamp_ms = 0;
   bool duplicated = false;
+  uint64_t log_start = 0;  // the first offset still held (trim point, retention)
 };
 
 // The outcome of an append. On kPreconditionFailed exactly one of the
@@ -101,6 +105,9 @@ struct AppendOutcome {
   AppendAck ack;
   std::optional<uint64_t> seq_num_mismatch;  // the stream's tail
   std::optional<std::string> fencing_token_mismatch;  // the current token
+  // With a producer: the producer has no window on this stream and the batch
+  // does not start at sequence 0 (Kafka's UNKNOWN_PRODUCER_ID); status is kOutOfRange.
+  bool unknown_producer = false;
 };
 using AppendCallback = std::function<void(AppendOutcome)>;
 
@@ -118,6 +125,14 @@ struct ReadResult {
   std::vector<ReadRecord> records;
   uint64_t tail = 0;  // next offset to be acknowledged
   int64_t tail_timestamp_ms = 0;  // timestamp of the last acknowledged record
+};
+
+// Raw batches for a Kafka fetch: whole RecordBatches as stored (base offsets
+// set), in offset order; the first one may start before the requested offset.
+struct BatchReadResult {
+  std::vector<std::shared_ptr<const std::string>> batches;
+  uint64_t tail = 0;       // high watermark: next offset to be acknowledged
+  uint64_t log_start = 0;  // first offset held
 };
 
 struct StreamSummary {
@@ -163,6 +178,25 @@ class Engine {
   AppendOutcome Append(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                        const AppendOptions& options = {});
 
+  // Appends one Kafka RecordBatch v2 as a producer sent it: verified (CRC,
+  // lengths, record count), never re-encoded; only baseOffset is rewritten
+  // (and, on an arrival-timestamped stream, maxTimestamp with the
+  // log-append-time bit, resealed). Idempotence comes from the batch's own
+  // producer id, epoch and base sequence. Transactional and control batches
+  // are kNotSupported; an uncompressed batch holding a record shaped like an
+  // S2 command record (one header, empty name) is kInvalidArgument. At most
+  // max_batch_bytes. `done` runs as for AppendAsync.
+  void AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
+                        AppendCallback done);
+
+  // Whole stored batches from `from` (the first may start before it), at
+  // least one if any is available, then up to `max_bytes` in all. kOutOfRange
+  // if `from` is past the tail or below the first offset held.
+  Result<BatchReadResult> ReadBatches(const std::string& basin, const std::string& stream, uint64_t from,
+                                      size_t max_bytes);
+  // The first offset held and the tail, without reading.
+  Result<BatchReadResult> Offsets(const std::string& basin, const std::string& stream);
+
   // Reads acknowledged records from `start`, at most `max_records` / `max_bytes`
   // (clamped to the engine limits). If none are available and `wait_until` is
   // set, waits until one is acknowledged or the deadline passes. Reading from
@@ -206,6 +240,25 @@ class Engine {
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                  const wal::AckInfo& where);
   void EvictCache();
+  // Under s->mu (held by lk): applies the producer window to an append of
+  // `count` records. True when it took `done` (a duplicate, queued or
+  // answered, or a failure; lk is then released unless the duplicate is
+  // queued); false for a new batch.
+  bool HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
+                               const ProducerRef& p, size_t count, AppendCallback& done);
+  // Under s->mu: hands a sealed batch to the WAL and commits the sequencer
+  // state once it is admitted; `done` runs when it is durable or failed.
+  void Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s, std::string batch, size_t count,
+              int64_t first_ts, int64_t last_ts, const std::optional<ProducerRef>& producer, std::string token,
+              uint64_t trim_point, AppendCallback done);
+  // Under s->mu: the first offset still held (trim point, retention).
+  static uint64_t LogStart(const Stream& s);
+  // Under s->mu: the sources covering [from, ...) up to the limits.
+  static void CollectSources(const Stream& s, uint64_t from, size_t max_records, size_t max_bytes,
+                             std::vector<metastore::SegmentInfo>* segments, std::vector<BatchRef>* refs);
+  // Fetches the batches of those sources, in offset order.
+  Status FetchSources(const std::vector<metastore::SegmentInfo>& segments, const std::vector<BatchRef>& refs,
+                      uint64_t from, size_t max_bytes, std::vector<std::shared_ptr<const std::string>>* batches);
   // After the WAL halts: fence our own epoch, mint the next one and resume the
   // writer into it, or abandon the writer if a successor holds the node.
   void HandleHalt(uint64_t epoch);

@@ -32,8 +32,8 @@ struct StreamFacts {
 // next_offset is kCorruption.
 Status ApplyBatch(StreamFacts* facts, std::string_view batch);
 
-// False only if no record of this uncompressed batch can be a command record
-// (checked without decoding the records).
+// False only if no record of this batch can be a command record (checked
+// without decoding the records). Records of compressed batches never are.
 bool MayHoldCommands(std::string_view batch);
 
 // A command record: exactly one header, with an empty name.

@@ -47,6 +47,7 @@ class ProducerWindows {
   // Records an appended batch (after Check said kNew).
   void Record(uint64_t producer_id, int16_t epoch, const ProducerBatch& batch);
 
+  bool Knows(uint64_t producer_id) const { return producers_.count(producer_id) != 0; }
   bool empty() const { return producers_.empty(); }
   size_t size() const { return producers_.size(); }
 

@@ -101,6 +101,11 @@ Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch);
 // Rewrites baseOffset of the batch starting at byte pos, in place (it is outside the CRC).
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
 
+// Stamps a whole batch (starting at byte 0) with the broker's clock, as
+// Kafka's LogAppendTime does: sets the timestamp-type bit and maxTimestamp,
+// then recomputes the CRC.
+void SetLogAppendTime(std::string* batch, int64_t timestamp_ms);
+
 // Walks a concatenation of batches, verifying each; calls fn(header, bytes) for
 // each. Stops at the first failure, naming the batch index and byte position.
 template <typename Fn>
