@@ -118,6 +118,14 @@ std::string Str(const StreamInfo& s) {
                      StorageClassName(s.config.storage_class), s.config.retention_age_s,
                      TimestampingModeName(s.config.timestamping), s.config.uncapped_timestamps, s.created_at_ms);
 }
+std::string Str(const TableInfo& t) {
+  return fmt::format("table({} {}/{} kind={} buckets={} config={:?} created={})", t.id, t.basin, t.name, t.kind,
+                     t.bucket_count, t.config, t.created_at_ms);
+}
+std::string Str(const GroupOffset& o) {
+  return fmt::format("offset({}/{}={} epoch={} meta={:?} at={})", o.topic, o.partition, o.offset, o.leader_epoch,
+                     o.metadata, o.commit_time_ms);
+}
 template <typename T>
 std::string Str(const std::vector<T>& v) {
   std::string out = "[";
@@ -185,6 +193,43 @@ class MetastoreConformance : public ::testing::TestWithParam<BackendFactory> {
       }
     }
     return names;
+  }
+
+  // Creates basin/name with `buckets` buckets (and the basin if missing).
+  std::pair<TableInfo, std::vector<StreamInfo>> MakeTable(const std::string& basin, const std::string& name,
+                                                          uint32_t buckets, std::string config = "{}") {
+    if (!m().GetBasin(basin).ok()) {
+      EXPECT_OK(m().CreateBasin(BasinInfo{basin, 1}));
+    }
+    TableInfo t;
+    t.basin = basin;
+    t.name = name;
+    t.bucket_count = buckets;
+    t.config = std::move(config);
+    t.created_at_ms = 3000;
+    auto created = m().CreateTable(t, StreamConfig{});
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    return created.ok() ? *created : std::pair<TableInfo, std::vector<StreamInfo>>{};
+  }
+
+  std::vector<std::string> TableNames(std::string_view basin, std::string_view prefix,
+                                      std::string_view start_after = {}, size_t limit = 1000) {
+    auto r = m().ListTables(basin, prefix, start_after, limit);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<std::string> names;
+    if (r.ok()) {
+      for (const TableInfo& t : *r) {
+        EXPECT_EQ(t.basin, basin);
+        names.push_back(t.name);
+      }
+    }
+    return names;
+  }
+
+  std::string Offsets(std::string_view group) {
+    auto r = m().FetchGroupOffsets(group);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? Str(*r) : "error";
   }
 
   std::vector<SegmentInfo> Segments(uint64_t stream, uint64_t from = 0, size_t limit = 1000) {
@@ -904,6 +949,403 @@ TEST_P(SegmentIndexTest, DeleteSegmentsBelow) {
   EXPECT_EQ(Starts(a_), (V{50}));
 }
 
+// ---- Tables ---------------------------------------------------------------------
+
+TEST(BucketStreamNameTest, FormatsAndParses) {
+  EXPECT_EQ(BucketStreamName("orders", 0), "orders/0");
+  EXPECT_EQ(BucketStreamName("orders", 11), "orders/11");
+  EXPECT_EQ(BucketStreamName("a/b", 9999), "a/b/9999");
+  for (uint32_t b : {0u, 1u, 10u, 9999u}) {
+    const std::string name = BucketStreamName("t.x", b);
+    auto ref = ParseBucketStreamName(name);
+    ASSERT_TRUE(ref.has_value()) << name;
+    EXPECT_EQ(ref->table, "t.x");
+    EXPECT_EQ(ref->bucket, b);
+  }
+  auto nested = ParseBucketStreamName("a/b/3");
+  ASSERT_TRUE(nested.has_value());
+  EXPECT_EQ(nested->table, "a/b");
+  EXPECT_EQ(nested->bucket, 3u);
+  for (const char* not_bucket : {"t", "t/", "/0", "t/01", "t/00", "t/-1", "t/+1", "t/1x", "t/ 1", "t/10000",
+                                 "t/99999999999", ""}) {
+    EXPECT_FALSE(ParseBucketStreamName(not_bucket).has_value()) << not_bucket;
+  }
+}
+
+TEST_P(MetastoreConformance, CreateTableCreatesBucketStreams) {
+  MakeBasin("weir-kafka");
+  TableInfo t;
+  t.id = 424242;  // ignored
+  t.basin = "weir-kafka";
+  t.name = "orders";
+  t.bucket_count = 3;
+  t.config = std::string("{\"retention.ms\":\"-1\"}\0bin", 25);  // binary-safe
+  t.created_at_ms = 5555;
+  StreamConfig sc;
+  sc.storage_class = StorageClass::kExpress;
+  sc.retention_age_s = 0;
+  sc.timestamping = TimestampingMode::kArrival;
+  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, sc));
+  const auto& [table, streams] = created;
+  EXPECT_NE(table.id, 0u);
+  EXPECT_NE(table.id, 424242u);
+  t.id = table.id;
+  EXPECT_EQ(Str(table), Str(t));
+  EXPECT_EQ(table.kind, "log");
+  ASSERT_OK_AND_ASSIGN(TableInfo got, m().GetTable("weir-kafka", "orders"));
+  EXPECT_EQ(Str(got), Str(t));
+
+  ASSERT_EQ(streams.size(), 3u);
+  std::set<uint64_t> ids;
+  for (uint32_t b = 0; b < 3; ++b) {
+    const StreamInfo& s = streams[b];
+    StreamInfo want;
+    want.id = s.id;
+    want.basin = "weir-kafka";
+    want.name = "orders/" + std::to_string(b);
+    want.config = sc;
+    want.created_at_ms = 5555;
+    EXPECT_EQ(Str(s), Str(want));
+    EXPECT_TRUE(ids.insert(s.id).second);
+    ASSERT_OK_AND_ASSIGN(StreamInfo by_name, m().GetStream("weir-kafka", BucketStreamName("orders", b)));
+    EXPECT_EQ(Str(by_name), Str(want));
+    ASSERT_OK_AND_ASSIGN(StreamState state, m().GetStreamState(s.id));
+    StreamState zero;
+    zero.stream_id = s.id;
+    EXPECT_EQ(Str(state), Str(zero));
+  }
+  EXPECT_EQ(StreamNames("weir-kafka", ""), (std::vector<std::string>{"orders/0", "orders/1", "orders/2"}));
+  EXPECT_EQ(m().ListStreamStates()->size(), 3u);
+
+  // Stream and table ids come from different allocators; both are unique.
+  const uint64_t plain = MakeStream("weir-kafka", "plain");
+  EXPECT_EQ(ids.count(plain), 0u);
+  auto second = MakeTable("weir-kafka", "payments", 1);
+  EXPECT_NE(second.first.id, table.id);
+  EXPECT_EQ(second.second.at(0).name, "payments/0");
+  // The same table name in another basin is another table.
+  auto elsewhere = MakeTable("other", "orders", 2);
+  EXPECT_NE(elsewhere.first.id, table.id);
+  EXPECT_EQ(m().GetTable("other", "orders")->bucket_count, 2u);
+  EXPECT_EQ(m().GetTable("weir-kafka", "orders")->bucket_count, 3u);
+}
+
+TEST_P(MetastoreConformance, CreateTableKindAndMaximumBuckets) {
+  MakeBasin("b");
+  TableInfo t;
+  t.basin = "b";
+  t.name = "pk";
+  t.kind = "primary-key";
+  t.bucket_count = kMaxTableBuckets;
+  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, StreamConfig{}));
+  EXPECT_EQ(created.first.kind, "primary-key");
+  EXPECT_EQ(created.second.size(), size_t{kMaxTableBuckets});
+  EXPECT_EQ(created.second.back().name, "pk/9999");
+  EXPECT_EQ(m().GetTable("b", "pk")->kind, "primary-key");
+  EXPECT_TRUE(m().GetStream("b", "pk/9999").ok());
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(created.first.id));
+  EXPECT_TRUE(keys.empty());
+  EXPECT_TRUE(StreamNames("b", "").empty());
+}
+
+TEST_P(MetastoreConformance, CreateTableErrorsCreateNothing) {
+  MakeBasin("b");
+  auto attempt = [&](const std::string& basin, const std::string& name, uint32_t buckets, std::string kind = "log",
+                     StreamConfig sc = {}) {
+    TableInfo t;
+    t.basin = basin;
+    t.name = name;
+    t.bucket_count = buckets;
+    t.kind = std::move(kind);
+    return m().CreateTable(t, sc).status();
+  };
+  const MetastoreCounters& c = m().counters();
+  const uint64_t txns = c.transactions.load();
+
+  Status st = attempt("missing", "t", 1);
+  EXPECT_EQ(st.code(), Code::kNotFound) << st.ToString();
+  EXPECT_NE(st.message().find("missing"), std::string::npos) << st.ToString();
+  for (uint32_t buckets : {0u, kMaxTableBuckets + 1, std::numeric_limits<uint32_t>::max()}) {
+    st = attempt("b", "t", buckets);
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << buckets << ": " << st.ToString();
+    EXPECT_NE(st.message().find("bucket count"), std::string::npos) << st.ToString();
+  }
+  st = attempt("b", "t", 1, "");
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  StreamConfig bad;
+  bad.retention_age_s = -1;
+  EXPECT_EQ(attempt("b", "t", 1, "log", bad).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().GetTable("b", "t").status().code(), Code::kNotFound);
+  EXPECT_EQ(c.transactions.load(), txns);
+
+  // A bucket stream name taken by a plain stream: nothing is created, not even bucket 0.
+  const uint64_t squatter = MakeStream("b", "t/2");
+  st = attempt("b", "t", 4);
+  EXPECT_EQ(st.code(), Code::kAlreadyExists) << st.ToString();
+  EXPECT_NE(st.message().find("t/2"), std::string::npos) << st.ToString();
+  EXPECT_EQ(m().GetTable("b", "t").status().code(), Code::kNotFound);
+  EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"t/2"}));
+  EXPECT_EQ(m().ListStreamStates()->size(), 1u);
+  EXPECT_TRUE(TableNames("b", "").empty());
+  // With fewer buckets the name is free, and the squatter is not a bucket.
+  auto two = MakeTable("b", "t", 2);
+  EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"t/0", "t/1", "t/2"}));
+  ASSERT_TRUE(m().DeleteStream(squatter).ok());
+
+  // The table exists.
+  st = attempt("b", "t", 2);
+  EXPECT_EQ(st.code(), Code::kAlreadyExists) << st.ToString();
+  st = attempt("b", "t", 7);
+  EXPECT_EQ(st.code(), Code::kAlreadyExists) << st.ToString();
+  EXPECT_EQ(m().GetTable("b", "t")->bucket_count, 2u);
+  EXPECT_EQ(m().GetTable("b", "t")->id, two.first.id);
+  EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"t/0", "t/1"}));
+  EXPECT_EQ(m().GetTable("b", "nope").status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetTable("nope", "t").status().code(), Code::kNotFound);
+}
+
+TEST_P(MetastoreConformance, ListTablesPagesWithinABasin) {
+  for (int i = 0; i < 13; ++i) MakeTable("b", fmt::format("t{:02}", i), 1);
+  MakeTable("b", "u", 2);
+  MakeTable("b", "t%", 1);
+  MakeTable("bb", "t99", 1);
+  MakeStream("b", "t-stream");  // streams are not tables
+
+  std::vector<std::string> all;
+  std::string after;
+  while (true) {
+    ASSERT_OK_AND_ASSIGN(std::vector<TableInfo> page, m().ListTables("b", "t0", after, 4));
+    if (page.empty()) break;
+    EXPECT_LE(page.size(), 4u);
+    for (const TableInfo& t : page) all.push_back(t.name);
+    after = page.back().name;
+  }
+  ASSERT_EQ(all.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(all[i], fmt::format("t{:02}", i));
+
+  EXPECT_EQ(TableNames("b", "").size(), 15u);
+  EXPECT_EQ(TableNames("b", "t%"), (std::vector<std::string>{"t%"}));
+  EXPECT_EQ(TableNames("b", "t_"), std::vector<std::string>{});
+  EXPECT_EQ(TableNames("b", "", "t12"), (std::vector<std::string>{"u"}));
+  EXPECT_EQ(TableNames("b", "", "", 2), (std::vector<std::string>{"t%", "t00"}));
+  EXPECT_EQ(TableNames("bb", ""), (std::vector<std::string>{"t99"}));
+  ASSERT_OK_AND_ASSIGN(std::vector<TableInfo> u, m().ListTables("b", "u", "", 10));
+  ASSERT_EQ(u.size(), 1u);
+  EXPECT_EQ(Str(u[0]), Str(*m().GetTable("b", "u")));
+
+  EXPECT_EQ(m().ListTables("b", "", "", 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ListTables("b", "", "", 1001).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ListTables("nope", "", "", 10).status().code(), Code::kNotFound);
+  MakeBasin("empty");
+  EXPECT_TRUE(TableNames("empty", "").empty());
+}
+
+TEST_P(MetastoreConformance, DeleteTableRemovesBucketsStatesAndSegments) {
+  auto [orders, buckets] = MakeTable("k", "orders", 3);
+  auto [keep, keep_buckets] = MakeTable("k", "keep", 1);
+  const uint64_t plain = MakeStream("k", "orders/3");  // not a bucket of a 3-bucket table
+  const uint64_t b0 = buckets[0].id;
+  const uint64_t b2 = buckets[2].id;
+  const uint64_t k0 = keep_buckets[0].id;
+  MintTo("n1", 1);
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1}, {Seg(b0, 0, 10), Seg(b2, 0, 5), Seg(b0, 10, 20), Seg(k0, 0, 1)},
+                             {State(b0, 20), State(b2, 5), State(k0, 1)}));
+
+  const MetastoreCounters& c = m().counters();
+  const uint64_t txns = c.transactions.load();
+  const uint64_t writes = c.writes.load();
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(orders.id));
+  EXPECT_EQ(c.transactions.load() - txns, 1u);
+  EXPECT_EQ(c.writes.load() - writes, 1u);
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::string> want = {Seg(b0, 0, 10).object_key, Seg(b0, 10, 20).object_key, Seg(b2, 0, 5).object_key};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(keys, want);
+
+  EXPECT_EQ(m().GetTable("k", "orders").status().code(), Code::kNotFound);
+  for (const StreamInfo& s : buckets) {
+    EXPECT_EQ(m().GetStreamById(s.id).status().code(), Code::kNotFound);
+    EXPECT_EQ(m().GetStreamState(s.id).status().code(), Code::kNotFound);
+    EXPECT_TRUE(Segments(s.id).empty());
+  }
+  EXPECT_EQ(StreamNames("k", ""), (std::vector<std::string>{"keep/0", "orders/3"}));
+  EXPECT_EQ(TableNames("k", ""), (std::vector<std::string>{"keep"}));
+  EXPECT_EQ(Starts(k0), (std::vector<uint64_t>{0}));
+  EXPECT_EQ(m().GetStreamState(k0)->settled_offset, 1u);
+  EXPECT_TRUE(m().GetStreamById(plain).ok());
+
+  EXPECT_EQ(m().DeleteTable(orders.id).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteTable(123456).status().code(), Code::kNotFound);
+  // A settle of a deleted bucket is skipped, like any deleted stream.
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(b0, 20, 30)}, {State(b0, 30)}));
+  EXPECT_TRUE(Segments(b0).empty());
+
+  // The name is free again; the new table and its streams get new ids.
+  auto again = MakeTable("k", "orders", 2);
+  EXPECT_GT(again.first.id, keep.id);
+  for (const StreamInfo& s : again.second) EXPECT_GT(s.id, plain);
+  if (persistent()) {
+    const uint64_t last = again.first.id;
+    ASSERT_TRUE(m().DeleteTable(last).ok());
+    Reopen();
+    EXPECT_GT(MakeTable("k", "orders", 1).first.id, last);
+  }
+}
+
+TEST_P(MetastoreConformance, DeleteStreamOfABucketIsRefused) {
+  auto [t, buckets] = MakeTable("k", "t", 2);
+  const std::string before = Str(*m().ListStreamStates());
+  for (const StreamInfo& s : buckets) {
+    auto st = m().DeleteStream(s.id);
+    EXPECT_EQ(st.status().code(), Code::kPreconditionFailed) << st.status().ToString();
+    EXPECT_NE(st.status().message().find("k/" + s.name), std::string::npos) << st.status().ToString();
+    EXPECT_NE(st.status().message().find("table t"), std::string::npos) << st.status().ToString();
+    EXPECT_TRUE(m().GetStreamById(s.id).ok());
+  }
+  EXPECT_EQ(Str(*m().ListStreamStates()), before);
+
+  // Names that only look like buckets are ordinary streams.
+  for (const char* name : {"t/2", "t/01", "u/0", "t/0/0"}) {
+    const uint64_t id = MakeStream("k", name);
+    EXPECT_TRUE(m().DeleteStream(id).ok()) << name;
+  }
+  // The same bucket name in another basin without the table is ordinary too.
+  EXPECT_TRUE(m().DeleteStream(MakeStream("other", "t/0")).ok());
+  // Other writes to a bucket stream are allowed.
+  StreamConfig sc;
+  sc.retention_age_s = 60;
+  ASSERT_OK(m().UpdateStreamConfig(buckets[1].id, sc));
+  EXPECT_EQ(m().GetStreamById(buckets[1].id)->config.retention_age_s, 60);
+
+  ASSERT_TRUE(m().DeleteTable(t.id).ok());
+  EXPECT_EQ(m().DeleteStream(buckets[0].id).status().code(), Code::kNotFound);
+}
+
+TEST_P(MetastoreConformance, DeleteBasinWithTablesIsRefused) {
+  auto [t, buckets] = MakeTable("k", "topic", 2);
+  const Status st = m().DeleteBasin("k");
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_NE(st.message().find("tables"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("topic"), std::string::npos) << st.ToString();
+  ASSERT_TRUE(m().GetTable("k", "topic").ok());
+  ASSERT_TRUE(m().DeleteTable(t.id).ok());
+  ASSERT_OK(m().DeleteBasin("k"));
+  EXPECT_EQ(m().GetBasin("k").status().code(), Code::kNotFound);
+}
+
+// ---- Consumer-group offsets ------------------------------------------------------
+
+GroupOffset Offset(std::string topic, int32_t partition, int64_t offset, std::string metadata = "",
+                   int32_t epoch = -1, int64_t at = 1700000000000) {
+  GroupOffset o;
+  o.topic = std::move(topic);
+  o.partition = partition;
+  o.offset = offset;
+  o.leader_epoch = epoch;
+  o.metadata = std::move(metadata);
+  o.commit_time_ms = at;
+  return o;
+}
+
+TEST_P(MetastoreConformance, GroupOffsetsCommitFetchUpsert) {
+  EXPECT_EQ(Offsets("g"), "[]");
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("b", 10, 5), Offset("b", 2, 7, "m", 3), Offset("a", 0, 0),
+                                         Offset("b", 9, -1), Offset("a\xc3\xa9", 0, 1)}));
+  // Sorted by (topic bytes, partition as a number).
+  const std::vector<GroupOffset> want = {Offset("a", 0, 0), Offset("a\xc3\xa9", 0, 1), Offset("b", 2, 7, "m", 3),
+                                         Offset("b", 9, -1), Offset("b", 10, 5)};
+  EXPECT_EQ(Offsets("g"), Str(want));
+
+  // Upsert: replaces every field of the committed partitions, keeps the others.
+  ASSERT_OK(m().CommitGroupOffsets(
+      "g", {Offset("b", 2, 100, std::string("x\0y", 3), 4, 42), Offset("c", 0, 1, "", -1, 43)}));
+  EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("a", 0, 0), Offset("a\xc3\xa9", 0, 1),
+                                                       Offset("b", 2, 100, std::string("x\0y", 3), 4, 42),
+                                                       Offset("b", 9, -1), Offset("b", 10, 5),
+                                                       Offset("c", 0, 1, "", -1, 43)}));
+  // The last entry for a partition in one commit wins; an empty commit is fine.
+  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 1), Offset("t", 0, 2)}));
+  EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 2)}));
+  ASSERT_OK(m().CommitGroupOffsets("h", {}));
+  EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 2)}));
+
+  // Groups are independent, including the empty group id and prefixes of names.
+  ASSERT_OK(m().CommitGroupOffsets("", {Offset("t", 0, 9)}));
+  EXPECT_EQ(Offsets(""), Str(std::vector<GroupOffset>{Offset("t", 0, 9)}));
+  EXPECT_EQ(Offsets("g2"), "[]");
+  EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 2)}));
+  // Extremes round-trip.
+  const GroupOffset big = Offset("t", std::numeric_limits<int32_t>::max(), std::numeric_limits<int64_t>::max(),
+                                 std::string(10000, 'm'), std::numeric_limits<int32_t>::max(),
+                                 std::numeric_limits<int64_t>::min());
+  ASSERT_OK(m().CommitGroupOffsets("x", {big}));
+  EXPECT_EQ(Offsets("x"), Str(std::vector<GroupOffset>{big}));
+}
+
+TEST_P(MetastoreConformance, GroupOffsetsBadCommitStoresNothing) {
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1)}));
+  const std::string before = Offsets("g");
+  const uint64_t txns = m().counters().transactions.load();
+  Status st = m().CommitGroupOffsets("g", {Offset("t", 0, 50), Offset("u", -1, 5)});
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("partition -1"), std::string::npos) << st.ToString();
+  st = m().CommitGroupOffsets("g", {Offset("t", 0, 50), Offset("", 0, 5)});
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  EXPECT_EQ(Offsets("g"), before);
+  EXPECT_EQ(m().counters().transactions.load(), txns);
+}
+
+TEST_P(MetastoreConformance, DeleteGroupOffsetsOfATopic) {
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 2), Offset("t2", 0, 3), Offset("u", 0, 4)}));
+  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 5)}));
+  ASSERT_OK(m().DeleteGroupOffsets("g", "t"));
+  EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("t2", 0, 3), Offset("u", 0, 4)}));
+  EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 5)}));
+  // Nothing to delete is not an error.
+  ASSERT_OK(m().DeleteGroupOffsets("g", "t"));
+  ASSERT_OK(m().DeleteGroupOffsets("nobody", "t"));
+  ASSERT_OK(m().DeleteGroupOffsets("g", ""));
+  ASSERT_OK(m().DeleteGroupOffsets("g", "u"));
+  ASSERT_OK(m().DeleteGroupOffsets("g", "t2"));
+  EXPECT_EQ(Offsets("g"), "[]");
+  // A deleted partition can be committed again.
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 7)}));
+  EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("t", 0, 7)}));
+}
+
+TEST_P(MetastoreConformance, CountersForTablesAndGroupOffsets) {
+  MakeBasin("k");
+  const MetastoreCounters& c = m().counters();
+  const uint64_t reads = c.reads.load();
+  const uint64_t writes = c.writes.load();
+  const uint64_t txns = c.transactions.load();
+  auto delta = [&] {
+    return fmt::format("r{} w{} t{}", c.reads.load() - reads, c.writes.load() - writes,
+                       c.transactions.load() - txns);
+  };
+  TableInfo t;
+  t.basin = "k";
+  t.name = "t";
+  t.bucket_count = 8;
+  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, StreamConfig{}));
+  EXPECT_EQ(delta(), "r0 w1 t1");  // one transaction for the table and its 8 streams
+  EXPECT_EQ(m().CreateTable(t, StreamConfig{}).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(delta(), "r0 w2 t1");
+  ASSERT_TRUE(m().GetTable("k", "t").ok());
+  ASSERT_TRUE(m().ListTables("k", "", "", 10).ok());
+  EXPECT_EQ(delta(), "r2 w2 t1");
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 1), Offset("t", 2, 1)}));
+  EXPECT_EQ(delta(), "r2 w3 t2");
+  ASSERT_TRUE(m().FetchGroupOffsets("g").ok());
+  EXPECT_EQ(delta(), "r3 w3 t2");
+  ASSERT_OK(m().DeleteGroupOffsets("g", "t"));
+  EXPECT_EQ(delta(), "r3 w4 t3");
+  EXPECT_EQ(m().DeleteStream(created.second[0].id).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(delta(), "r3 w5 t3");
+  ASSERT_TRUE(m().DeleteTable(created.first.id).ok());
+  EXPECT_EQ(delta(), "r3 w6 t4");
+}
+
 // ---- Persistence ------------------------------------------------------------------
 
 TEST_P(MetastoreConformance, EverythingSurvivesReopen) {
@@ -942,6 +1384,34 @@ TEST_P(MetastoreConformance, EverythingSurvivesReopen) {
   EXPECT_TRUE(m().MintEpoch("n1", 1, 6).ok());
 }
 
+TEST_P(MetastoreConformance, TablesAndGroupOffsetsSurviveReopen) {
+  if (!persistent()) GTEST_SKIP() << "backend " << GetParam().name << " does not persist";
+  auto [t, buckets] = MakeTable("weir-kafka", "events", 3, "{\"cleanup.policy\":\"delete\"}");
+  auto [gone, gone_buckets] = MakeTable("weir-kafka", "gone", 1);
+  ASSERT_TRUE(m().DeleteTable(gone.id).ok());
+  const std::vector<GroupOffset> offsets = {Offset("events", 0, 10, "m0", 2, 111), Offset("events", 2, 30),
+                                            Offset("other", 0, 1, std::string("\0\xff", 2), -1, 222)};
+  ASSERT_OK(m().CommitGroupOffsets("g1", offsets));
+  ASSERT_OK(m().CommitGroupOffsets("g2", {Offset("events", 1, 5)}));
+  ASSERT_OK(m().DeleteGroupOffsets("g2", "events"));
+
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(TableInfo got, m().GetTable("weir-kafka", "events"));
+  EXPECT_EQ(Str(got), Str(t));
+  EXPECT_EQ(m().GetTable("weir-kafka", "gone").status().code(), Code::kNotFound);
+  EXPECT_EQ(TableNames("weir-kafka", ""), (std::vector<std::string>{"events"}));
+  for (const StreamInfo& s : buckets) {
+    ASSERT_OK_AND_ASSIGN(StreamInfo after, m().GetStreamById(s.id));
+    EXPECT_EQ(Str(after), Str(s));
+  }
+  EXPECT_EQ(StreamNames("weir-kafka", ""), (std::vector<std::string>{"events/0", "events/1", "events/2"}));
+  EXPECT_EQ(Offsets("g1"), Str(offsets));
+  EXPECT_EQ(Offsets("g2"), "[]");
+  // Bucket streams are still protected, and allocators continue.
+  EXPECT_EQ(m().DeleteStream(buckets[1].id).status().code(), Code::kPreconditionFailed);
+  EXPECT_GT(MakeTable("weir-kafka", "next", 1).first.id, gone.id);
+}
+
 TEST_P(MetastoreConformance, NewerSchemaRefusesToOpen) {
   if (!persistent() || !GetParam().bump_schema_version) {
     GTEST_SKIP() << "backend " << GetParam().name << " cannot be reopened with a newer schema";
@@ -956,6 +1426,93 @@ TEST_P(MetastoreConformance, NewerSchemaRefusesToOpen) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, MetastoreConformance, ::testing::ValuesIn(Backends()), BackendName);
 INSTANTIATE_TEST_SUITE_P(Backends, SegmentIndexTest, ::testing::ValuesIn(Backends()), BackendName);
+
+// ---- SQLite schema upgrades ---------------------------------------------------------
+
+// A database as schema version 1 (the first release) wrote it, verbatim.
+constexpr const char* kSqliteSchemaV1[] = {
+    "CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS basins(name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS streams(id INTEGER PRIMARY KEY, basin TEXT NOT NULL REFERENCES basins(name), "
+    "name TEXT NOT NULL, storage_class TEXT NOT NULL, retention_age_s INTEGER NOT NULL, "
+    "timestamping TEXT NOT NULL, uncapped INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, UNIQUE(basin, name))",
+    "CREATE TABLE IF NOT EXISTS stream_states(stream_id INTEGER PRIMARY KEY REFERENCES streams(id), "
+    "settled_offset INTEGER NOT NULL, trim_point INTEGER NOT NULL, fencing_token BLOB NOT NULL, "
+    "last_timestamp_ms INTEGER NOT NULL, producer_state BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS segments(stream_id INTEGER NOT NULL, start_offset INTEGER NOT NULL, "
+    "end_offset INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL, "
+    "object_key TEXT NOT NULL, size_bytes INTEGER NOT NULL, PRIMARY KEY(stream_id, start_offset)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS nodes(node TEXT PRIMARY KEY, epoch INTEGER NOT NULL, window INTEGER NOT NULL, "
+    "ckpt_epoch INTEGER NOT NULL, ckpt_seq INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+    "INSERT INTO schema_version(version) VALUES(1)",
+    // Some data: a basin with a stream (id 7) and its state, a segment, a node, allocators.
+    "INSERT INTO basins VALUES('weir-kafka', 11)",
+    "INSERT INTO streams VALUES(7, 'weir-kafka', 'legacy', 'standard', 3600, 'arrival', 0, 12)",
+    "INSERT INTO stream_states VALUES(7, 10, 0, x'', 13, x'')",
+    "INSERT INTO segments VALUES(7, 0, 10, 1, 2, 'segments/7/0', 1000)",
+    "INSERT INTO nodes VALUES('n1', 3, 4, 3, 9)",
+    "INSERT INTO counters VALUES('stream_id', 7), ('producer_id', 5)",
+};
+
+int64_t SqliteSchemaVersion(const std::string& path) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  int64_t version = -1;
+  if (sqlite3_prepare_v2(db, "SELECT version FROM schema_version", -1, &st, nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW) {
+    version = sqlite3_column_int64(st, 0);
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return version;
+}
+
+TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
+  TempDir dir;
+  const std::string path = dir.path() + "/meta.db";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    for (const char* sql : kSqliteSchemaV1) {
+      ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db);
+    }
+    sqlite3_close(db);
+  }
+  ASSERT_EQ(SqliteSchemaVersion(path), 1);
+
+  const std::string uri = "sqlite://" + path;
+  {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(uri));
+    // The old data is intact.
+    ASSERT_OK_AND_ASSIGN(StreamInfo legacy, meta->GetStream("weir-kafka", "legacy"));
+    EXPECT_EQ(legacy.id, 7u);
+    EXPECT_EQ(legacy.config.timestamping, TimestampingMode::kArrival);
+    EXPECT_EQ(meta->GetStreamState(7)->settled_offset, 10u);
+    EXPECT_EQ(meta->FindSegments(7, 0, 10)->size(), 1u);
+    EXPECT_EQ(meta->GetNode("n1")->checkpoint, (ChainPosition{3, 9}));
+    EXPECT_EQ(*meta->AllocateProducerId(), 6u);
+    // The new tables work.
+    TableInfo t;
+    t.basin = "weir-kafka";
+    t.name = "topic";
+    t.bucket_count = 2;
+    ASSERT_OK_AND_ASSIGN(auto created, meta->CreateTable(t, StreamConfig{}));
+    EXPECT_EQ(created.first.id, 1u);
+    EXPECT_EQ(created.second[0].id, 8u);  // the stream allocator continues
+    ASSERT_OK(meta->CommitGroupOffsets("g", {GroupOffset{"topic", 1, 42, -1, "", 5}}));
+  }
+  EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
+  // Opening the upgraded file again changes nothing.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(uri));
+  EXPECT_EQ(meta->GetTable("weir-kafka", "topic")->bucket_count, 2u);
+  ASSERT_OK_AND_ASSIGN(std::vector<GroupOffset> offsets, meta->FetchGroupOffsets("g"));
+  ASSERT_EQ(offsets.size(), 1u);
+  EXPECT_EQ(offsets[0].offset, 42);
+  EXPECT_TRUE(meta->GetStream("weir-kafka", "legacy").ok());
+  EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
+}
 
 // ---- Names and URIs (backend-independent) --------------------------------------------
 

@@ -4,6 +4,8 @@
 #include <exception>
 #include <new>
 
+#include <fmt/format.h>
+
 #include "metastore/sqlite_metastore.h"
 
 namespace weir::metastore {
@@ -43,6 +45,25 @@ Result<TimestampingMode> ParseTimestampingMode(std::string_view s) {
     if (s == TimestampingModeName(m)) return m;
   }
   return InvalidArgument("unknown timestamping mode \"{}\"; valid: client-prefer, client-require, arrival", s);
+}
+
+std::string BucketStreamName(std::string_view table, uint32_t bucket) {
+  return fmt::format("{}/{}", table, bucket);
+}
+
+std::optional<BucketRef> ParseBucketStreamName(std::string_view stream) {
+  const size_t slash = stream.rfind('/');
+  if (slash == std::string_view::npos || slash == 0) return std::nullopt;
+  const std::string_view digits = stream.substr(slash + 1);
+  // At most 5 digits: kMaxTableBuckets - 1 = 9999.
+  if (digits.empty() || digits.size() > 5 || (digits.size() > 1 && digits[0] == '0')) return std::nullopt;
+  uint32_t bucket = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    bucket = bucket * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (bucket >= kMaxTableBuckets) return std::nullopt;
+  return BucketRef{stream.substr(0, slash), bucket};
 }
 
 namespace {

@@ -1,11 +1,13 @@
 // The Metastore interface: weir's catalog. Basins, streams and their config,
 // node epochs (minted by compare-and-swap), the producer-id allocator, each
-// stream's settled state, the segment index and the WAL chain checkpoint.
+// stream's settled state, the segment index, the WAL chain checkpoint, the
+// table catalog (tables whose buckets are streams) and consumer-group offsets.
 //
 // Ownership: one Metastore per process, shared (std::shared_ptr) by the engine.
 // Every method is thread-safe and blocking and returns Status/Result; no
-// exception escapes. Multi-row changes (CommitSettle, DeleteStream) are one
-// transaction: either all of it is visible or none.
+// exception escapes. Multi-row changes (CommitSettle, DeleteStream,
+// CreateTable, DeleteTable, CommitGroupOffsets) are one transaction: either
+// all of it is visible or none.
 //
 // The metastore is off the append path (DESIGN.md §2.8): the engine calls it
 // for admin operations, at start-up, and once per settle cycle.
@@ -20,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -86,6 +89,49 @@ struct SegmentInfo {
   uint64_t size_bytes = 0;
 };
 
+// ---- Tables -----------------------------------------------------------------
+
+// A table: a named set of buckets, each bucket one stream of the same basin.
+// Kafka topics are log tables of the `weir-kafka` basin whose buckets are the
+// partitions; later, primary-key tables (schemas, partitions) extend this row.
+struct TableInfo {
+  uint64_t id = 0;  // allocated by the metastore, never reused
+  std::string basin;
+  std::string name;
+  std::string kind = "log";  // "log" today; later "primary-key"
+  uint32_t bucket_count = 1;
+  // Opaque to the metastore: the front-end's description (Kafka topic
+  // configs as JSON; later the schema).
+  std::string config;
+  int64_t created_at_ms = 0;
+};
+
+inline constexpr uint32_t kMaxTableBuckets = 10000;
+
+// The stream that backs bucket `bucket` of table `table`: "<table>/<bucket>",
+// the bucket in decimal without padding ("orders/0", "orders/11").
+std::string BucketStreamName(std::string_view table, uint32_t bucket);
+// The inverse: (table, bucket) if `stream` has that form ("<table>/<decimal>",
+// table non-empty, bucket below kMaxTableBuckets, no leading zeros except
+// "0"); nullopt otherwise. Whether such a table exists is the metastore's to say.
+struct BucketRef {
+  std::string_view table;
+  uint32_t bucket = 0;
+};
+std::optional<BucketRef> ParseBucketStreamName(std::string_view stream);
+
+// ---- Consumer-group offsets -------------------------------------------------
+
+// One committed offset of a Kafka consumer group (the next offset to consume).
+struct GroupOffset {
+  std::string topic;
+  int32_t partition = 0;
+  int64_t offset = 0;
+  int32_t leader_epoch = -1;  // -1 = unknown
+  std::string metadata;       // the client's opaque string; a null one is stored as ""
+  int64_t commit_time_ms = 0;
+};
+
 // ---- Nodes, epochs and the chain checkpoint ---------------------------------
 
 // A position in a node's WAL chain: every slot before (epoch, seq) is settled.
@@ -121,7 +167,7 @@ class Metastore {
   // kInvalidArgument). ListStreams likewise, within one basin (kNotFound).
   virtual Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix, std::string_view start_after,
                                                     size_t limit) = 0;
-  // kNotFound if missing; kPreconditionFailed if it still has streams.
+  // kNotFound if missing; kPreconditionFailed if it still has tables or streams.
   virtual Status DeleteBasin(std::string_view name) = 0;
 
   // Streams. CreateStream allocates the id (ignores info.id) and creates the
@@ -135,11 +181,46 @@ class Metastore {
   virtual Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) = 0;  // kNotFound
   // Removes the stream, its state and its segment rows in one transaction and
   // returns the segment object keys so the caller can delete the objects.
+  // kNotFound if missing; kPreconditionFailed if the stream backs a bucket of
+  // a table (its basin has a table T and its name is BucketStreamName(T, b)
+  // with b < T's bucket_count): such a stream goes only with DeleteTable.
   virtual Result<std::vector<std::string>> DeleteStream(uint64_t id) = 0;
 
   virtual Result<StreamState> GetStreamState(uint64_t id) = 0;
   // Every stream's state, for recovery.
   virtual Result<std::vector<StreamState>> ListStreamStates() = 0;
+
+  // Tables. CreateTable allocates the table id (ignores table.id) and, in the
+  // same transaction, creates one stream per bucket, named BucketStreamName
+  // and configured with stream_config, each with its zero state row as
+  // CreateStream does; returns the table and its streams in bucket order.
+  // kInvalidArgument for an empty kind, a bucket_count of 0 or above
+  // kMaxTableBuckets, or an invalid stream_config; kNotFound if the basin is
+  // missing; kAlreadyExists if the table or any bucket stream name exists
+  // (nothing is created). Tables and streams have separate namespaces within
+  // a basin; only the bucket stream names are shared.
+  virtual Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& table,
+                                                                            const StreamConfig& stream_config) = 0;
+  virtual Result<TableInfo> GetTable(std::string_view basin, std::string_view name) = 0;  // kNotFound
+  // Same paging rules as ListStreams (kNotFound for a missing basin).
+  virtual Result<std::vector<TableInfo>> ListTables(std::string_view basin, std::string_view prefix,
+                                                    std::string_view start_after, size_t limit) = 0;
+  // One transaction: removes the table row and its bucket streams (found by
+  // name), their states and segment rows; returns the segment object keys, as
+  // DeleteStream does. kNotFound if the table is missing. Consumer-group
+  // offsets of the topic are not touched (DeleteGroupOffsets).
+  virtual Result<std::vector<std::string>> DeleteTable(uint64_t table_id) = 0;
+  // Later: AddBuckets (Kafka CreatePartitions).
+
+  // Consumer-group offsets (Kafka OffsetCommit / OffsetFetch), keyed by
+  // (group, topic, partition). Commit upserts every entry in one transaction
+  // (a later entry for the same key wins); kInvalidArgument (nothing stored)
+  // for an empty topic or a negative partition. Fetch returns all of a
+  // group's offsets sorted by (topic bytes, partition), empty if none. Delete
+  // removes a group's offsets of one topic (topic deletion); no error if none.
+  virtual Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) = 0;
+  virtual Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) = 0;
+  virtual Status DeleteGroupOffsets(std::string_view group, std::string_view topic) = 0;
 
   // Nodes. GetNode of an unknown node returns a zero NodeState (epoch 0).
   virtual Result<NodeState> GetNode(std::string_view node) = 0;

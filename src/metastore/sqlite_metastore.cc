@@ -117,17 +117,26 @@ constexpr const char* kSchema[] = {
     "ckpt_epoch INTEGER NOT NULL, ckpt_seq INTEGER NOT NULL) WITHOUT ROWID",
     // Allocators: value = the last id handed out; only ever increases.
     "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+    // Schema 2. A table's bucket streams are found by name (BucketStreamName).
+    "CREATE TABLE IF NOT EXISTS tables(id INTEGER PRIMARY KEY, basin TEXT NOT NULL REFERENCES basins(name), "
+    "name TEXT NOT NULL, kind TEXT NOT NULL, bucket_count INTEGER NOT NULL, config BLOB NOT NULL, "
+    "created_at_ms INTEGER NOT NULL, UNIQUE(basin, name))",
+    "CREATE TABLE IF NOT EXISTS group_offsets(group_id TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, "
+    "committed_offset INTEGER NOT NULL, leader_epoch INTEGER NOT NULL, metadata BLOB NOT NULL, "
+    "commit_time_ms INTEGER NOT NULL, PRIMARY KEY(group_id, topic, part)) WITHOUT ROWID",
 };
 
 constexpr const char kCreateSchemaVersion[] = "CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)";
 constexpr const char kGetSchemaVersion[] = "SELECT version FROM schema_version";
 constexpr const char kSetSchemaVersion[] = "INSERT INTO schema_version(version) VALUES(?1)";
+constexpr const char kUpgradeSchemaVersion[] = "UPDATE schema_version SET version = ?1";
 
 constexpr const char kBumpCounter[] =
     "INSERT INTO counters(name, value) VALUES(?1, 1) "
     "ON CONFLICT(name) DO UPDATE SET value = value + 1 RETURNING value";
 constexpr std::string_view kStreamIdCounter = "stream_id";
 constexpr std::string_view kProducerIdCounter = "producer_id";
+constexpr std::string_view kTableIdCounter = "table_id";
 
 constexpr const char kInsertBasin[] = "INSERT INTO basins(name, created_at_ms) VALUES(?1, ?2)";
 constexpr const char kGetBasin[] = "SELECT created_at_ms FROM basins WHERE name = ?1";
@@ -200,6 +209,29 @@ constexpr const char kDeleteSegmentsBelow[] =
 constexpr const char kSegmentKeysOfStream[] =
     "SELECT object_key FROM segments WHERE stream_id = ?1 ORDER BY start_offset";
 constexpr const char kDeleteSegmentsOfStream[] = "DELETE FROM segments WHERE stream_id = ?1";
+
+#define WEIR_TABLE_COLUMNS "id, basin, name, kind, bucket_count, config, created_at_ms"
+constexpr const char kInsertTable[] = "INSERT INTO tables(" WEIR_TABLE_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+constexpr const char kTableByName[] = "SELECT " WEIR_TABLE_COLUMNS " FROM tables WHERE basin = ?1 AND name = ?2";
+constexpr const char kTableById[] = "SELECT " WEIR_TABLE_COLUMNS " FROM tables WHERE id = ?1";
+constexpr const char kListTablesBounded[] =
+    "SELECT " WEIR_TABLE_COLUMNS
+    " FROM tables WHERE basin = ?1 AND name > ?2 AND name >= ?3 AND name < ?4 ORDER BY name LIMIT ?5";
+constexpr const char kListTablesOpen[] =
+    "SELECT " WEIR_TABLE_COLUMNS " FROM tables WHERE basin = ?1 AND name > ?2 AND name >= ?3 ORDER BY name LIMIT ?5";
+#undef WEIR_TABLE_COLUMNS
+constexpr const char kFirstTableOfBasin[] = "SELECT name FROM tables WHERE basin = ?1 ORDER BY name LIMIT 1";
+constexpr const char kDeleteTable[] = "DELETE FROM tables WHERE id = ?1";
+
+constexpr const char kUpsertGroupOffset[] =
+    "INSERT INTO group_offsets(group_id, topic, part, committed_offset, leader_epoch, metadata, commit_time_ms) "
+    "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(group_id, topic, part) DO UPDATE SET "
+    "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "
+    "metadata = excluded.metadata, commit_time_ms = excluded.commit_time_ms";
+constexpr const char kFetchGroupOffsets[] =
+    "SELECT topic, part, committed_offset, leader_epoch, metadata, commit_time_ms FROM group_offsets "
+    "WHERE group_id = ?1 ORDER BY topic, part";
+constexpr const char kDeleteGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1 AND topic = ?2";
 
 }  // namespace
 
@@ -299,6 +331,23 @@ StreamState ReadState(const Row& st) {
   s.last_timestamp_ms = st.ColInt(4);
   s.producer_state = st.ColBlob(5);
   return s;
+}
+
+template <typename Row>
+Result<TableInfo> ReadTable(const Row& st) {
+  TableInfo t;
+  t.id = U64(st.ColInt(0));
+  t.basin = st.ColText(1);
+  t.name = st.ColText(2);
+  t.kind = st.ColText(3);
+  const int64_t buckets = st.ColInt(4);
+  if (buckets < 1 || buckets > kMaxTableBuckets) {
+    return Corruption("table {} ({}/{}): stored bucket_count {} is out of range", t.id, t.basin, t.name, buckets);
+  }
+  t.bucket_count = static_cast<uint32_t>(buckets);
+  t.config = st.ColBlob(5);
+  t.created_at_ms = st.ColInt(6);
+  return t;
 }
 
 template <typename Row>
@@ -427,10 +476,15 @@ Status SqliteMetastore::Init() {
     if (!versions.empty() && versions[0] < 1) {
       return Corruption("metastore {}: invalid schema version {}", Describe(), versions[0]);
     }
+    // Every schema change so far only adds tables, so creating what is
+    // missing upgrades any older version.
     for (const char* sql : kSchema) WEIR_RETURN_IF_ERROR(Exec(sql, "create schema"));
     if (versions.empty()) {
       WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kSetSchemaVersion));
       WEIR_RETURN_IF_ERROR(set.Int(1, kSchemaVersion).Run("write schema version"));
+    } else if (versions[0] < kSchemaVersion) {
+      WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kUpgradeSchemaVersion));
+      WEIR_RETURN_IF_ERROR(set.Int(1, kSchemaVersion).Run("upgrade schema version"));
     }
     return Exec("COMMIT", "commit schema");
   }();
@@ -527,6 +581,62 @@ Result<bool> SqliteMetastore::StreamExists(uint64_t id) {
   return st.Int(1, I64(id)).Step("look up stream");
 }
 
+Result<bool> SqliteMetastore::BasinExists(std::string_view name) {
+  WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetBasin));
+  return st.Text(1, name).Step("look up basin");
+}
+
+Status SqliteMetastore::InsertStream(StreamInfo* info) {
+  {
+    WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kStreamByName));
+    WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, info->basin).Text(2, info->name).Step("look up stream"));
+    if (exists) return AlreadyExists("stream {}/{} already exists", info->basin, info->name);
+  }
+  WEIR_ASSIGN_OR_RETURN(info->id, NextCounter(kStreamIdCounter));
+  {
+    WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertStream));
+    ins.Int(1, I64(info->id))
+        .Text(2, info->basin)
+        .Text(3, info->name)
+        .Text(4, StorageClassName(info->config.storage_class))
+        .Int(5, info->config.retention_age_s)
+        .Text(6, TimestampingModeName(info->config.timestamping))
+        .Int(7, info->config.uncapped_timestamps ? 1 : 0)
+        .Int(8, info->created_at_ms);
+    WEIR_RETURN_IF_ERROR(ins.Run("insert stream"));
+  }
+  WEIR_ASSIGN_OR_RETURN(Stmt state, Prepare(kInsertZeroState));
+  return state.Int(1, I64(info->id)).Run("insert stream state");
+}
+
+Status SqliteMetastore::RemoveStream(uint64_t id, std::vector<std::string>* keys) {
+  {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentKeysOfStream));
+    st.Int(1, I64(id));
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list segments of stream"));
+      if (!row) break;
+      keys->push_back(st.ColText(0));
+    }
+  }
+  for (const char* sql : {kDeleteSegmentsOfStream, kDeleteState, kDeleteStream}) {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(sql));
+    WEIR_RETURN_IF_ERROR(st.Int(1, I64(id)).Run("delete stream"));
+  }
+  return Status::Ok();
+}
+
+Result<std::optional<TableInfo>> SqliteMetastore::TableOfBucket(std::string_view basin, std::string_view stream) {
+  const std::optional<BucketRef> ref = ParseBucketStreamName(stream);
+  if (!ref) return std::optional<TableInfo>();
+  WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kTableByName));
+  WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, basin).Text(2, ref->table).Step("look up table"));
+  if (!row) return std::optional<TableInfo>();
+  WEIR_ASSIGN_OR_RETURN(TableInfo table, ReadTable(st));
+  if (ref->bucket >= table.bucket_count) return std::optional<TableInfo>();
+  return std::optional<TableInfo>(std::move(table));
+}
+
 Result<uint64_t> SqliteMetastore::NextCounter(std::string_view name) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kBumpCounter));
   const std::string what = fmt::format("allocate {}", name);
@@ -602,6 +712,13 @@ Status SqliteMetastore::DeleteBasin(std::string_view name) {
   return Locked("DeleteBasin", [&]() -> Status {
     return InTransaction("delete basin", [&]() -> Status {
       {
+        WEIR_ASSIGN_OR_RETURN(Stmt first, Prepare(kFirstTableOfBasin));
+        WEIR_ASSIGN_OR_RETURN(const bool has_table, first.Text(1, name).Step("look up tables of basin"));
+        if (has_table) {
+          return PreconditionFailed("basin {} still has tables (e.g. {}); delete them first", name, first.ColText(0));
+        }
+      }
+      {
         WEIR_ASSIGN_OR_RETURN(Stmt first, Prepare(kFirstStreamOfBasin));
         WEIR_ASSIGN_OR_RETURN(const bool has_stream, first.Text(1, name).Step("look up streams of basin"));
         if (has_stream) {
@@ -625,31 +742,9 @@ Result<StreamInfo> SqliteMetastore::CreateStream(const StreamInfo& info) {
     WEIR_RETURN_IF_ERROR(ValidateConfig(info.config));
     StreamInfo created = info;
     const Status txn = InTransaction("create stream", [&]() -> Status {
-      {
-        WEIR_ASSIGN_OR_RETURN(Stmt basin, Prepare(kGetBasin));
-        WEIR_ASSIGN_OR_RETURN(const bool exists, basin.Text(1, info.basin).Step("look up basin"));
-        if (!exists) return NotFound("basin {} does not exist", info.basin);
-      }
-      {
-        WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kStreamByName));
-        WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, info.basin).Text(2, info.name).Step("look up stream"));
-        if (exists) return AlreadyExists("stream {}/{} already exists", info.basin, info.name);
-      }
-      WEIR_ASSIGN_OR_RETURN(created.id, NextCounter(kStreamIdCounter));
-      {
-        WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertStream));
-        ins.Int(1, I64(created.id))
-            .Text(2, info.basin)
-            .Text(3, info.name)
-            .Text(4, StorageClassName(info.config.storage_class))
-            .Int(5, info.config.retention_age_s)
-            .Text(6, TimestampingModeName(info.config.timestamping))
-            .Int(7, info.config.uncapped_timestamps ? 1 : 0)
-            .Int(8, info.created_at_ms);
-        WEIR_RETURN_IF_ERROR(ins.Run("insert stream"));
-      }
-      WEIR_ASSIGN_OR_RETURN(Stmt state, Prepare(kInsertZeroState));
-      return state.Int(1, I64(created.id)).Run("insert stream state");
+      WEIR_ASSIGN_OR_RETURN(const bool basin_exists, BasinExists(info.basin));
+      if (!basin_exists) return NotFound("basin {} does not exist", info.basin);
+      return InsertStream(&created);
     });
     if (!txn.ok()) return txn;
     return created;
@@ -724,22 +819,21 @@ Result<std::vector<std::string>> SqliteMetastore::DeleteStream(uint64_t id) {
   return Locked("DeleteStream", [&]() -> Result<std::vector<std::string>> {
     std::vector<std::string> keys;
     const Status txn = InTransaction("delete stream", [&]() -> Status {
-      WEIR_ASSIGN_OR_RETURN(const bool exists, StreamExists(id));
-      if (!exists) return NotFound("stream id {} does not exist", id);
+      std::string basin;
+      std::string name;
       {
-        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentKeysOfStream));
-        st.Int(1, I64(id));
-        while (true) {
-          WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list segments of stream"));
-          if (!row) break;
-          keys.push_back(st.ColText(0));
-        }
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamById));
+        WEIR_ASSIGN_OR_RETURN(const bool row, st.Int(1, I64(id)).Step("read stream"));
+        if (!row) return NotFound("stream id {} does not exist", id);
+        basin = st.ColText(1);
+        name = st.ColText(2);
       }
-      for (const char* sql : {kDeleteSegmentsOfStream, kDeleteState, kDeleteStream}) {
-        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(sql));
-        WEIR_RETURN_IF_ERROR(st.Int(1, I64(id)).Run("delete stream"));
+      WEIR_ASSIGN_OR_RETURN(const std::optional<TableInfo> table, TableOfBucket(basin, name));
+      if (table) {
+        return PreconditionFailed("stream {}/{} backs a bucket of table {}; delete the table instead", basin, name,
+                                  table->name);
       }
-      return Status::Ok();
+      return RemoveStream(id, &keys);
     });
     if (!txn.ok()) return txn;
     return keys;
@@ -961,6 +1055,187 @@ Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(uint64_t s
     });
     if (!txn.ok()) return txn;
     return removed;
+  });
+}
+
+// ---- Tables -------------------------------------------------------------------
+
+Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::CreateTable(const TableInfo& table,
+                                                                                   const StreamConfig& stream_config) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  using Created = std::pair<TableInfo, std::vector<StreamInfo>>;
+  return Locked("CreateTable", [&]() -> Result<Created> {
+    if (table.kind.empty()) return InvalidArgument("table {}/{}: empty kind", table.basin, table.name);
+    if (table.bucket_count < 1 || table.bucket_count > kMaxTableBuckets) {
+      return InvalidArgument("table {}/{}: bucket count {} is out of range; it must be 1..{}", table.basin,
+                             table.name, table.bucket_count, kMaxTableBuckets);
+    }
+    WEIR_RETURN_IF_ERROR(ValidateConfig(stream_config));
+    Created created{table, {}};
+    const Status txn = InTransaction("create table", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(const bool basin_exists, BasinExists(table.basin));
+      if (!basin_exists) return NotFound("basin {} does not exist", table.basin);
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kTableByName));
+        WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, table.basin).Text(2, table.name).Step("look up table"));
+        if (exists) return AlreadyExists("table {}/{} already exists", table.basin, table.name);
+      }
+      WEIR_ASSIGN_OR_RETURN(created.first.id, NextCounter(kTableIdCounter));
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertTable));
+        ins.Int(1, I64(created.first.id))
+            .Text(2, table.basin)
+            .Text(3, table.name)
+            .Text(4, table.kind)
+            .Int(5, table.bucket_count)
+            .Blob(6, table.config)
+            .Int(7, table.created_at_ms);
+        WEIR_RETURN_IF_ERROR(ins.Run("insert table"));
+      }
+      created.second.reserve(table.bucket_count);
+      for (uint32_t b = 0; b < table.bucket_count; ++b) {
+        StreamInfo stream;
+        stream.basin = table.basin;
+        stream.name = BucketStreamName(table.name, b);
+        stream.config = stream_config;
+        stream.created_at_ms = table.created_at_ms;
+        Status st = InsertStream(&stream);
+        if (!st.ok()) {
+          return st.code() == Code::kAlreadyExists
+                     ? AlreadyExists("table {}/{}: the name of its bucket {} stream, {}, is taken by another stream",
+                                     table.basin, table.name, b, stream.name)
+                     : st;
+        }
+        created.second.push_back(std::move(stream));
+      }
+      return Status::Ok();
+    });
+    if (!txn.ok()) return txn;
+    return created;
+  });
+}
+
+Result<TableInfo> SqliteMetastore::GetTable(std::string_view basin, std::string_view name) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("GetTable", [&]() -> Result<TableInfo> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kTableByName));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, basin).Text(2, name).Step("read table"));
+    if (!row) return NotFound("table {}/{} does not exist", basin, name);
+    return ReadTable(st);
+  });
+}
+
+Result<std::vector<TableInfo>> SqliteMetastore::ListTables(std::string_view basin, std::string_view prefix,
+                                                           std::string_view start_after, size_t limit) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ListTables", [&]() -> Result<std::vector<TableInfo>> {
+    WEIR_RETURN_IF_ERROR(CheckListLimit(limit));
+    WEIR_ASSIGN_OR_RETURN(const bool basin_exists, BasinExists(basin));
+    if (!basin_exists) return NotFound("basin {} does not exist", basin);
+    const std::optional<std::string> end = PrefixEnd(prefix);
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(end ? kListTablesBounded : kListTablesOpen));
+    st.Text(1, basin).Text(2, start_after).Text(3, prefix).Int(5, static_cast<int64_t>(limit));
+    if (end) st.Text(4, *end);
+    std::vector<TableInfo> out;
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list tables"));
+      if (!row) break;
+      WEIR_ASSIGN_OR_RETURN(TableInfo t, ReadTable(st));
+      out.push_back(std::move(t));
+    }
+    return out;
+  });
+}
+
+Result<std::vector<std::string>> SqliteMetastore::DeleteTable(uint64_t table_id) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeleteTable", [&]() -> Result<std::vector<std::string>> {
+    std::vector<std::string> keys;
+    const Status txn = InTransaction("delete table", [&]() -> Status {
+      TableInfo table;
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kTableById));
+        WEIR_ASSIGN_OR_RETURN(const bool row, st.Int(1, I64(table_id)).Step("read table"));
+        if (!row) return NotFound("table id {} does not exist", table_id);
+        WEIR_ASSIGN_OR_RETURN(table, ReadTable(st));
+      }
+      for (uint32_t b = 0; b < table.bucket_count; ++b) {
+        std::optional<uint64_t> stream_id;
+        {
+          WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamByName));
+          WEIR_ASSIGN_OR_RETURN(const bool row,
+                                st.Text(1, table.basin).Text(2, BucketStreamName(table.name, b)).Step("read stream"));
+          if (row) stream_id = U64(st.ColInt(0));
+        }
+        // DeleteStream refuses bucket streams, so each is there; skip one that is not.
+        if (stream_id) WEIR_RETURN_IF_ERROR(RemoveStream(*stream_id, &keys));
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteTable));
+      return del.Int(1, I64(table_id)).Run("delete table");
+    });
+    if (!txn.ok()) return txn;
+    return keys;
+  });
+}
+
+// ---- Consumer-group offsets ------------------------------------------------------
+
+Status SqliteMetastore::CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("CommitGroupOffsets", [&]() -> Status {
+    for (const GroupOffset& o : offsets) {
+      if (o.topic.empty()) return InvalidArgument("group {}: offset commit with an empty topic", group);
+      if (o.partition < 0) {
+        return InvalidArgument("group {}: offset commit for {} partition {}: negative partition", group, o.topic,
+                               o.partition);
+      }
+    }
+    return InTransaction("commit group offsets", [&]() -> Status {
+      for (const GroupOffset& o : offsets) {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpsertGroupOffset));
+        st.Text(1, group)
+            .Text(2, o.topic)
+            .Int(3, o.partition)
+            .Int(4, o.offset)
+            .Int(5, o.leader_epoch)
+            .Blob(6, o.metadata)
+            .Int(7, o.commit_time_ms);
+        WEIR_RETURN_IF_ERROR(st.Run("upsert group offset"));
+      }
+      return Status::Ok();
+    });
+  });
+}
+
+Result<std::vector<GroupOffset>> SqliteMetastore::FetchGroupOffsets(std::string_view group) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("FetchGroupOffsets", [&]() -> Result<std::vector<GroupOffset>> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kFetchGroupOffsets));
+    st.Text(1, group);
+    std::vector<GroupOffset> out;
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("fetch group offsets"));
+      if (!row) break;
+      GroupOffset o;
+      o.topic = st.ColText(0);
+      o.partition = static_cast<int32_t>(st.ColInt(1));
+      o.offset = st.ColInt(2);
+      o.leader_epoch = static_cast<int32_t>(st.ColInt(3));
+      o.metadata = st.ColBlob(4);
+      o.commit_time_ms = st.ColInt(5);
+      out.push_back(std::move(o));
+    }
+    return out;
+  });
+}
+
+Status SqliteMetastore::DeleteGroupOffsets(std::string_view group, std::string_view topic) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeleteGroupOffsets", [&]() -> Status {
+    return InTransaction("delete group offsets", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteGroupOffsets));
+      return st.Text(1, group).Text(2, topic).Run("delete group offsets");
+    });
   });
 }
 

@@ -30,8 +30,12 @@ namespace weir::metastore {
 // because SQL compares them; they are validated on insert.
 class SqliteMetastore final : public Metastore {
  public:
-  // Current schema; Open refuses a database with a newer one (kNotSupported).
-  static constexpr int kSchemaVersion = 1;
+  // Current schema; Open refuses a database with a newer one (kNotSupported)
+  // and upgrades an older one in place, in one transaction:
+  //   1: basins, streams, stream_states, segments, nodes, counters
+  //   2: + tables, group_offsets (new tables only, so a v1 database just
+  //      gains them; a v1 build then refuses the upgraded file)
+  static constexpr int kSchemaVersion = 2;
 
   // Opens PATH (created if missing; its parent directory must exist) or, for
   // ":memory:", a private in-memory database. Creates the schema if missing.
@@ -71,6 +75,17 @@ class SqliteMetastore final : public Metastore {
   Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id, int64_t timestamp_ms) override;
   Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) override;
 
+  Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& table,
+                                                                    const StreamConfig& stream_config) override;
+  Result<TableInfo> GetTable(std::string_view basin, std::string_view name) override;
+  Result<std::vector<TableInfo>> ListTables(std::string_view basin, std::string_view prefix,
+                                            std::string_view start_after, size_t limit) override;
+  Result<std::vector<std::string>> DeleteTable(uint64_t table_id) override;
+
+  Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) override;
+  Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;
+  Status DeleteGroupOffsets(std::string_view group, std::string_view topic) override;
+
   const MetastoreCounters& counters() const override { return counters_; }
   std::string Describe() const override { return "sqlite://" + path_; }
 
@@ -89,6 +104,13 @@ class SqliteMetastore final : public Metastore {
   Status InTransaction(std::string_view what, F&& body);
   void RollbackIfActive();
   Result<bool> StreamExists(uint64_t id);
+  Result<bool> BasinExists(std::string_view name);
+  // Inserts a stream row (new id) and its zero state; kAlreadyExists if the name is taken.
+  Status InsertStream(StreamInfo* info);
+  // Deletes a stream's segment rows, state and row; appends the segment object keys.
+  Status RemoveStream(uint64_t id, std::vector<std::string>* keys);
+  // The table whose bucket `stream` backs, if any.
+  Result<std::optional<TableInfo>> TableOfBucket(std::string_view basin, std::string_view stream);
   Result<uint64_t> NextCounter(std::string_view name);
   Result<std::optional<NodeState>> ReadNode(std::string_view node);
 
