@@ -792,5 +792,34 @@ TEST_F(EngineTest, ReadBatchesBoundsAndLimits) {
   EXPECT_EQ(offs->tail, 6u);
 }
 
+TEST_F(EngineTest, TablesCreateAndDeleteTheirBucketStreams) {
+  metastore::TableInfo t;
+  t.basin = kBasin;
+  t.name = "orders";
+  t.bucket_count = 3;
+  t.config = "{}";
+  auto created = engine_->CreateTable(t, StreamConfig{});
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_EQ(created->bucket_count, 3u);
+  EXPECT_EQ(engine_->CreateTable(t, StreamConfig{}).status().code(), Code::kAlreadyExists);
+  t.name = "a/b";
+  EXPECT_EQ(engine_->CreateTable(t, StreamConfig{}).status().code(), Code::kInvalidArgument);
+  // Each bucket is an ordinary stream, appendable at once and after a restart.
+  ASSERT_TRUE(AppendRaw(*engine_, "orders/2", KafkaBatch({"x"})).status.ok());
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "orders/2", Bodies({"y"})).status.ok());
+  EXPECT_EQ(ReadAll("orders/2"), (std::vector<std::string>{"x", "y"}));
+  auto tables = engine_->ListTables(kBasin, "", "", 10);
+  ASSERT_TRUE(tables.ok());
+  ASSERT_EQ(tables->size(), 1u);
+  EXPECT_EQ(engine_->DeleteStream(kBasin, "orders/0").code(), Code::kPreconditionFailed);
+  ASSERT_TRUE(engine_->DeleteTable(kBasin, "orders").ok());
+  EXPECT_EQ(engine_->CheckTail(kBasin, "orders/2").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->GetTable(kBasin, "orders").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->DeleteTable(kBasin, "orders").code(), Code::kNotFound);
+  Restart();
+  EXPECT_EQ(engine_->CheckTail(kBasin, "orders/0").status().code(), Code::kNotFound);
+}
+
 }  // namespace
 }  // namespace weir::log

@@ -349,9 +349,14 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
     Status st = store_->DeleteMany(keys);
     if (!st.ok()) Log().warn("deleting segments of stream {}: {}", name, st.ToString());
   }
+  Forget(s);
+  return Status::Ok();
+}
+
+void Engine::Forget(const std::shared_ptr<Stream>& s) {
   {
     std::lock_guard lk(mu_);
-    by_name_.erase({basin, name});
+    by_name_.erase({s->info.basin, s->info.name});
     by_id_.erase(s->info.id);
   }
   std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
@@ -362,6 +367,47 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
     watchers.swap(s->watchers);
   }
   for (auto& w : watchers) std::get<2>(w)();
+}
+
+Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& table,
+                                                 const metastore::StreamConfig& config) {
+  if (table.name.empty() || table.name.find('/') != std::string::npos) {
+    return InvalidArgument("table name \"{}\" must be non-empty and must not contain '/'", table.name);
+  }
+  WEIR_RETURN_IF_ERROR(ValidateStreamName(metastore::BucketStreamName(table.name, table.bucket_count)));
+  metastore::TableInfo t = table;
+  t.created_at_ms = WallMillis();
+  WEIR_ASSIGN_OR_RETURN(auto created, meta_->CreateTable(t, config));
+  std::lock_guard lk(mu_);
+  for (auto& info : created.second) {
+    auto s = std::make_shared<Stream>();
+    s->info = info;
+    by_name_[{info.basin, info.name}] = info.id;
+    by_id_[info.id] = std::move(s);
+  }
+  return created.first;
+}
+
+Result<metastore::TableInfo> Engine::GetTable(const std::string& basin, const std::string& name) {
+  return meta_->GetTable(basin, name);
+}
+
+Result<std::vector<metastore::TableInfo>> Engine::ListTables(const std::string& basin, const std::string& prefix,
+                                                             const std::string& start_after, size_t limit) {
+  return meta_->ListTables(basin, prefix, start_after, limit);
+}
+
+Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
+  WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
+  WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteTable(table.id));
+  if (!keys.empty()) {
+    Status st = store_->DeleteMany(keys);
+    if (!st.ok()) Log().warn("deleting segments of table {}: {}", name, st.ToString());
+  }
+  for (uint32_t b = 0; b < table.bucket_count; ++b) {
+    auto s = Find(basin, metastore::BucketStreamName(name, b));
+    if (s.ok()) Forget(*s);
+  }
   return Status::Ok();
 }
 

@@ -172,6 +172,16 @@ class Engine {
   Status ReconfigureStream(const std::string& basin, const std::string& name, const metastore::StreamConfig& config);
   Status DeleteStream(const std::string& basin, const std::string& name);
 
+  // Tables (DESIGN.md §9): a table's buckets are streams named
+  // metastore::BucketStreamName(table, b). Kafka topics are log tables of the
+  // weir-kafka basin. CreateTable creates the table and its bucket streams in
+  // one metastore transaction; DeleteTable removes them all.
+  Result<metastore::TableInfo> CreateTable(const metastore::TableInfo& table, const metastore::StreamConfig& config);
+  Result<metastore::TableInfo> GetTable(const std::string& basin, const std::string& name);
+  Result<std::vector<metastore::TableInfo>> ListTables(const std::string& basin, const std::string& prefix,
+                                                       const std::string& start_after, size_t limit);
+  Status DeleteTable(const std::string& basin, const std::string& name);
+
   // Appends a batch of records; `done` runs once the batch is durable (or failed).
   void AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                    const AppendOptions& options, AppendCallback done);
@@ -237,6 +247,8 @@ class Engine {
   Status Recover();
   Status ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where);
   Result<std::shared_ptr<Stream>> Find(const std::string& basin, const std::string& name);
+  // Drops a deleted stream from memory and wakes its readers and watchers.
+  void Forget(const std::shared_ptr<Stream>& s);
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                  const wal::AckInfo& where);
   void EvictCache();
