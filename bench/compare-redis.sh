@@ -68,7 +68,7 @@ IFS=, read -r _ redis_rps _ _ redis_p50 _ redis_p99 _ <<<"$(tr -d '"' <<<"$redis
 # --- weir: weir serve on file:// in a temp dir, then weir bench http.
 weir_port=$(free_port)
 # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
-WEIR_LOG_LEVEL=info "$WEIR" serve --data-dir "$tmp/weir" --http-addr "127.0.0.1:$weir_port" ${SERVE_ARGS:-} \
+WEIR_LOG_LEVEL=info "$WEIR" serve --data-dir "$tmp/weir" --http-addr "127.0.0.1:$weir_port" --kafka-addr "" ${SERVE_ARGS:-} \
   2>"$tmp/weir.log" &
 weir_pid=$!
 for _ in $(seq 300); do

@@ -72,7 +72,7 @@ def main():
 
     # A wrong secret: the probe fails, the server refuses to start, naming the cause.
     bad_env = dict(proc_env, AWS_SECRET_ACCESS_KEY="wrong" + env["AWS_SECRET_ACCESS_KEY"])
-    out = subprocess.run([binary, "serve", "--data-dir", server.data_dir + "-bad", "--http-addr", "127.0.0.1:0",
+    out = subprocess.run([binary, "serve", "--data-dir", server.data_dir + "-bad", "--http-addr", "127.0.0.1:0", "--kafka-addr", "",
                           "--object-store", store_uri(env, prefix)], env=bad_env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode != 0, out

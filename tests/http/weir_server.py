@@ -1,7 +1,9 @@
 """Runs a real `weir serve` for integration tests.
 
 WeirServer(binary) owns a temporary data dir (or uses the one given), starts
-the server on 127.0.0.1:0, waits for its `listening on http://HOST:PORT` line,
+the server on 127.0.0.1:0 (HTTP, and Kafka on another free port unless the
+args name --kafka-addr), waits for its `listening on http://HOST:PORT` line
+(which also names `kafka://HOST:PORT`; see kafka_addr),
 and stops it with SIGTERM, expecting exit status 0. Every start appends the
 server's stdout and stderr to one log file next to the data dir; a failed
 start or stop raises ServerError carrying the end of that log, and the
@@ -16,6 +18,7 @@ import tempfile
 import time
 
 READY_RE = re.compile(r"listening on (http://[^\s/]+:(\d+))")
+KAFKA_RE = re.compile(r"kafka://([^\s/]+):(\d+)")
 START_TIMEOUT = 120  # seconds; recovery on a loaded 2-core machine can be slow
 STOP_TIMEOUT = 120
 
@@ -39,12 +42,14 @@ class WeirServer:
         self.proc = None
         self.base_url = None
         self.port = None
+        self.kafka_addr = None  # "host:port" of the Kafka listener, if on
         self.starts = 0
 
     # --- lifecycle -------------------------------------------------------
     def command(self):
+        kafka = [] if any(a.startswith("--kafka-addr") for a in self.args) else ["--kafka-addr", "127.0.0.1:0"]
         return [self.binary, "serve", "--data-dir", self.data_dir,
-                "--http-addr", "127.0.0.1:0"] + self.args
+                "--http-addr", "127.0.0.1:0"] + kafka + self.args
 
     def start(self, timeout=START_TIMEOUT):
         if self.proc is not None and self.proc.poll() is None:
@@ -69,6 +74,8 @@ class WeirServer:
             text = self._log_from(offset)
             m = READY_RE.search(text)
             if m:
+                k = KAFKA_RE.search(text[m.start():].split("\n", 1)[0])
+                self.kafka_addr = f"{k.group(1)}:{k.group(2)}" if k else None
                 return m.group(1), int(m.group(2))
             if self.proc.poll() is not None:
                 raise ServerError(f"weir serve exited with {self.proc.returncode} before it was ready\n"

@@ -28,7 +28,7 @@ export class WeirServer {
   }
 
   start() {
-    const args = ["serve", "--data-dir", this.dataDir, "--http-addr", "127.0.0.1:0", ...this.args];
+    const args = ["serve", "--data-dir", this.dataDir, "--http-addr", "127.0.0.1:0", "--kafka-addr", "127.0.0.1:0", ...this.args];
     this.log += `\n===== start: ${this.binary} ${args.join(" ")}\n`;
     const from = this.log.length;
     const proc = spawn(this.binary, args, { stdio: ["ignore", "pipe", "pipe"] });
