@@ -1,0 +1,120 @@
+// The Kafka APIs and versions weir speaks, and whole-request decoding: one
+// frame body in, the header and the typed request out. Stateless functions
+// and constant data; thread-safe. docs/format/kafka-wire.md.
+//
+// Framing: on the socket every request and response is an int32 size and then
+// that many bytes, the frame body. Everything here works on frame bodies
+// (without the size); the server reads and writes the size (for a response,
+// Writer::ReserveLength / PatchLength). A request body is header v1 + request;
+// a response body is the correlation id (header v0) + response.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "base/status.h"
+#include "kafka/messages.h"
+
+namespace weir::kafka {
+
+enum class ApiKey : int16_t {
+  kProduce = 0,
+  kFetch = 1,
+  kListOffsets = 2,
+  kMetadata = 3,
+  kOffsetCommit = 8,
+  kOffsetFetch = 9,
+  kFindCoordinator = 10,
+  kJoinGroup = 11,
+  kHeartbeat = 12,
+  kLeaveGroup = 13,
+  kSyncGroup = 14,
+  kApiVersions = 18,
+  kCreateTopics = 19,
+  kDeleteTopics = 20,
+  kInitProducerId = 22,
+};
+
+// One supported API: requests with `key` and a version in
+// [min_version, max_version] are decoded; every other request is not. None of
+// these versions is flexible (no compact strings, no tagged fields).
+struct ApiInfo {
+  int16_t key;
+  const char* name;
+  int16_t min_version;
+  int16_t max_version;
+};
+
+// {key, name, min_version, max_version}
+inline constexpr ApiInfo kSupportedApis[] = {
+    {0,   "Produce",         3,  7},
+    {1,   "Fetch",           4,  11},
+    {2,   "ListOffsets",     0,  3},
+    {3,   "Metadata",        0,  6},
+    {8,   "OffsetCommit",    0,  7},
+    {9,   "OffsetFetch",     1,  5},
+    {10,  "FindCoordinator", 0,  2},
+    {11,  "JoinGroup",       0,  5},
+    {12,  "Heartbeat",       0,  3},
+    {13,  "LeaveGroup",      0,  3},
+    {14,  "SyncGroup",       0,  3},
+    {18,  "ApiVersions",     0,  2},
+    {19,  "CreateTopics",    0,  4},
+    {20,  "DeleteTopics",    0,  3},
+    {22,  "InitProducerId",  0,  1},
+};
+
+// The row for `key`, or nullptr if weir does not speak that API.
+const ApiInfo* FindApi(int16_t key);
+// Whether `key` is supported at `version`.
+bool IsSupported(int16_t key, int16_t version);
+
+// An ApiVersions response (error NONE) listing every row of kSupportedApis.
+ApiVersionsResponse SupportedApiVersions();
+
+// The response body for an ApiVersions request whose version weir does not
+// support (e.g. v3, which is flexible): the correlation id, then the v0
+// layout with error UNSUPPORTED_VERSION (35) and our ranges, which is what
+// clients expect so they can retry with a version from the list.
+std::string EncodeApiVersionsUnsupported(int32_t correlation_id);
+
+// One decoded request. `records` views inside it point into the frame it was
+// decoded from.
+using RequestBody =
+    std::variant<ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+                 OffsetFetchRequest, FindCoordinatorRequest, JoinGroupRequest, HeartbeatRequest, LeaveGroupRequest,
+                 SyncGroupRequest, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
+                 InitProducerIdRequest>;
+
+struct DecodedRequest {
+  RequestHeader header;
+  RequestBody body;
+  bool operator==(const DecodedRequest&) const = default;
+};
+
+// Decodes a request frame body: header v1, then the request its key and
+// version name. Errors:
+// - NotSupported (IsUnsupportedApi): the header was read but its key or
+//   version is not in kSupportedApis. The server answers an ApiVersions request
+//   with EncodeApiVersionsUnsupported (PeekRequestHeader gives the correlation
+//   id) and closes the connection for any other.
+// - InvalidArgument: malformed bytes (truncated, a length past the frame, a
+//   bad string, an impossible array count, bytes left over), naming the field.
+Result<DecodedRequest> DecodeRequest(std::string_view frame);
+inline bool IsUnsupportedApi(const Status& s) { return s.code() == Code::kNotSupported; }
+
+// Reads only the header at the start of a frame body (also for versions that
+// DecodeRequest rejects: the v2 header of flexible versions starts the same).
+Result<RequestHeader> PeekRequestHeader(std::string_view frame);
+
+// The API key of the request type held by `body`.
+ApiKey RequestKey(const RequestBody& body);
+
+// Encodes a request frame body: header (api_key taken from the body's type,
+// the rest from `header`) and body at header.api_version. InvalidArgument
+// only for a value the wire cannot carry (see Writer). For tests and clients.
+Result<std::string> EncodeRequest(const RequestHeader& header, const RequestBody& body);
+
+}  // namespace weir::kafka
