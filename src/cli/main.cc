@@ -41,6 +41,14 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
   opt("--max-request-bytes", o.max_request_bytes, "Largest accepted request body")->check(CLI::Range(1024, 1 << 30));
   opt("--http-threads", o.http_threads, "Network I/O threads")->check(CLI::Range(1, 64));
   opt("--worker-threads", o.worker_threads, "Request handler threads")->check(CLI::Range(1, 256));
+  opt("--kafka-addr", o.kafka_addr, "Kafka listen address HOST:PORT (port 0 picks a free one; \"\" turns it off)");
+  opt("--kafka-advertised-addr", o.kafka_advertised_addr,
+      "Kafka address given to clients in metadata (default: the bound address)");
+  opt("--kafka-auto-create-partitions", o.kafka_auto_create_partitions,
+      "Partitions of a topic created on first use (0: no auto-creation)")
+      ->check(CLI::Range(0, 10000));
+  opt("--kafka-max-request-bytes", o.kafka_max_request_bytes, "Largest accepted Kafka request")
+      ->check(CLI::Range(1024, 1 << 30));
   opt("--inject-put-latency-ms", o.inject_put_latency_ms, "Test/bench: object store PUT latency P50[,P99] in ms")
       ->delimiter(',')
       ->expected(1, 2)

@@ -14,6 +14,9 @@
 #include "base/log.h"
 #include "http/rest.h"
 #include "http/server.h"
+#include "kafka/api_table.h"
+#include "kafka/broker.h"
+#include "kafka/tcp_server.h"
 #include "log/engine.h"
 #include "metastore/metastore.h"
 #include "objstore/fault_store.h"
@@ -53,9 +56,9 @@ class DataDirLock {
   int fd_ = -1;
 };
 
-Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& addr) {
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& addr, const char* flag) {
   auto colon = addr.rfind(':');
-  if (colon == std::string::npos) return InvalidArgument("--http-addr must be HOST:PORT, got \"{}\"", addr);
+  if (colon == std::string::npos) return InvalidArgument("{} must be HOST:PORT, got \"{}\"", flag, addr);
   std::string host = addr.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host.empty()) host = "0.0.0.0";
@@ -67,7 +70,7 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& addr) 
   } catch (...) {
     port = -1;
   }
-  if (port < 0 || port > 65535) return InvalidArgument("--http-addr has a bad port: \"{}\"", addr);
+  if (port < 0 || port > 65535) return InvalidArgument("{} has a bad port: \"{}\"", flag, addr);
   return std::make_pair(host, static_cast<uint16_t>(port));
 }
 
@@ -169,6 +172,33 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
 
 }  // namespace
 
+namespace {
+
+void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::TcpServer& k) {
+  const auto& m = b.metrics();
+  for (const auto& api : kafka::kSupportedApis) {
+    http::PromCounter(out, fmt::format("weir_kafka_requests_total{{api=\"{}\"}}", api.name), "Kafka requests by API",
+                      static_cast<double>(m.requests_by_api[api.key].load()));
+  }
+  http::PromCounter(out, "weir_kafka_bad_requests_total", "Kafka requests that could not be decoded (connection closed)",
+                    m.bad_requests.load());
+  http::PromCounter(out, "weir_kafka_produce_batches_total", "Record batches produced", m.produce_batches.load());
+  http::PromCounter(out, "weir_kafka_produce_bytes_total", "Record batch bytes produced", m.produce_bytes.load());
+  http::PromCounter(out, "weir_kafka_produce_errors_total", "Produced batches that failed", m.produce_errors.load());
+  http::PromCounter(out, "weir_kafka_fetch_bytes_total", "Record batch bytes fetched", m.fetch_bytes.load());
+  http::PromCounter(out, "weir_kafka_offset_commits_total", "Committed group offsets", m.offset_commits.load());
+  http::PromCounter(out, "weir_kafka_connections_total", "Kafka connections accepted", k.metrics().connections.load());
+  http::PromGauge(out, "weir_kafka_open_connections", "Open Kafka connections", k.metrics().open_connections.load());
+  http::PromGauge(out, "weir_kafka_requests_in_flight", "Kafka requests not yet answered", k.metrics().in_flight.load());
+  auto stats = b.groups().Stats();
+  http::PromGauge(out, "weir_kafka_groups", "Consumer groups", static_cast<double>(stats.groups));
+  http::PromGauge(out, "weir_kafka_group_members", "Consumer group members", static_cast<double>(stats.members));
+  http::PromCounter(out, "weir_kafka_rebalances_total", "Group rebalances completed",
+                    static_cast<double>(stats.rebalances_completed));
+}
+
+}  // namespace
+
 int RunServe(const ServeOptions& o) {
   // Signals are taken by sigwait below; block them before any thread starts.
   sigset_t signals;
@@ -183,8 +213,19 @@ int RunServe(const ServeOptions& o) {
   };
   DataDirLock lock;
   if (Status st = lock.Acquire(o.data_dir); !st.ok()) return fail(st);
-  auto addr = ParseHostPort(o.http_addr);
+  auto addr = ParseHostPort(o.http_addr, "--http-addr");
   if (!addr.ok()) return fail(addr.status());
+  std::optional<std::pair<std::string, uint16_t>> kafka_addr, kafka_advertised;
+  if (!o.kafka_addr.empty()) {
+    auto a = ParseHostPort(o.kafka_addr, "--kafka-addr");
+    if (!a.ok()) return fail(a.status());
+    kafka_addr = *a;
+  }
+  if (!o.kafka_advertised_addr.empty()) {
+    auto a = ParseHostPort(o.kafka_advertised_addr, "--kafka-advertised-addr");
+    if (!a.ok()) return fail(a.status());
+    kafka_advertised = *a;
+  }
   auto token = ReadToken(o.auth_token_file);
   if (!token.ok()) return fail(token.status());
 
@@ -226,26 +267,60 @@ int RunServe(const ServeOptions& o) {
   if (!engine.ok()) return fail(engine.status().WithContext("recovery"));
   Status basin = (*engine)->CreateBasin(ro.default_basin);
   if (!basin.ok() && basin.code() != Code::kAlreadyExists) return fail(basin);
-  rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get()] {
-    return RenderEngineMetrics(e, m, s);
+  // Kafka: after recovery (clients retry their connections meanwhile).
+  std::unique_ptr<kafka::Broker> broker;
+  std::unique_ptr<kafka::TcpServer> kafka_server;
+  if (kafka_addr) {
+    kafka::BrokerOptions bo;
+    bo.auto_create_partitions = o.kafka_auto_create_partitions;
+    bo.max_batch_bytes = eo.max_batch_bytes;
+    broker = std::make_unique<kafka::Broker>(bo, (*engine).get(), *meta);
+    if (Status st = broker->Init(); !st.ok()) return fail(st);
+    kafka::TcpServerOptions ko;
+    ko.host = kafka_addr->first;
+    ko.port = kafka_addr->second;
+    ko.max_request_bytes = o.kafka_max_request_bytes;
+    ko.worker_threads = std::max(2, o.worker_threads / 2);
+    auto ks = kafka::TcpServer::Start(ko, broker.get());
+    if (!ks.ok()) return fail(ks.status());
+    kafka_server = std::move(*ks);
+    auto bound = ParseHostPort(kafka_server->address(), "kafka");
+    bo.advertised_host = kafka_advertised ? kafka_advertised->first : bound->first;
+    bo.advertised_port = kafka_advertised ? kafka_advertised->second : bound->second;
+    broker->SetAdvertised(bo.advertised_host, bo.advertised_port);
+  }
+  rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get(), b = broker.get(),
+                           k = kafka_server.get()] {
+    std::string out = RenderEngineMetrics(e, m, s);
+    if (b) RenderKafkaMetrics(&out, *b, *k);
+    return out;
   });
   rest.SetEngine((*engine).get());
   rest.SetReady();
   // Printed at every log level: scripts and tests wait for this line.
-  fmt::print(stderr, "weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}\n",
-             ToMillis(Now() - started), (*engine)->epoch(), (*server)->address());
+  fmt::print(stderr, "weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}{}\n",
+             ToMillis(Now() - started), (*engine)->epoch(), (*server)->address(),
+             kafka_server ? " and kafka://" + kafka_server->address() : std::string());
   fflush(stderr);
 
   int sig = 0;
   sigwait(&signals, &sig);
   Log().info("weir serve: {} received, draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   (*server)->StopAccepting();
+  if (kafka_server) kafka_server->StopAccepting();
   rest.SetDraining();
-  // In-flight appends finish (their acks are released); waits end within a tick.
+  // Group joins waiting for a rebalance are answered (clients retry).
+  if (broker) broker->Stop();
+  // In-flight appends finish (their acks are released); waits end within a
+  // tick (HTTP) or at the fetch's max wait (Kafka).
+  auto open = [&] {
+    return (*server)->in_flight() + (kafka_server ? kafka_server->metrics().in_flight.load() : 0);
+  };
   auto deadline = Now() + std::chrono::seconds(30);
-  while ((*server)->in_flight() > 0 && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if ((*server)->in_flight() > 0) Log().warn("weir serve: {} requests still open at exit", (*server)->in_flight());
+  while (open() > 0 && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (open() > 0) Log().warn("weir serve: {} requests still open at exit", open());
   (*server)->Stop();
+  if (kafka_server) kafka_server->Stop();
   (*engine)->Close();  // flushes the WAL, settles
   Log().info("weir serve: stopped");
   return 0;

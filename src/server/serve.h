@@ -30,6 +30,12 @@ struct ServeOptions {
   size_t max_request_bytes = 8u << 20;
   int http_threads = 2;
   int worker_threads = 8;
+  // Kafka listener ("" = off) and the address given to clients in Metadata
+  // and FindCoordinator ("" = the bound address).
+  std::string kafka_addr = "127.0.0.1:9092";
+  std::string kafka_advertised_addr;
+  int kafka_auto_create_partitions = 1;  // 0 = no auto-creation
+  size_t kafka_max_request_bytes = 100u << 20;
   // Object-store fault injection, for tests and benchmarks.
   std::vector<double> inject_put_latency_ms;  // P50 or P50,P99
   double inject_put_error_rate = 0;

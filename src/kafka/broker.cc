@@ -1,0 +1,663 @@
+#include "kafka/broker.h"
+
+#include <algorithm>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "kafka/api_table.h"
+#include "kafka/broker_internal.h"
+#include "wal/record_batch.h"
+
+namespace weir::kafka {
+
+namespace {
+
+ErrorCode AppendError(const log::AppendOutcome& o) {
+  switch (o.status.code()) {
+    case Code::kOk:
+      return ErrorCode::kNone;
+    case Code::kCorruption:
+      return ErrorCode::kCorruptMessage;
+    case Code::kInvalidArgument:
+      return ErrorCode::kInvalidRecord;
+    case Code::kNotSupported:
+      return ErrorCode::kTransactionalIdAuthorizationFailed;
+    case Code::kOutOfRange:
+      return o.unknown_producer ? ErrorCode::kUnknownProducerId : ErrorCode::kOutOfOrderSequenceNumber;
+    case Code::kFenced:
+      return ErrorCode::kInvalidProducerEpoch;
+    case Code::kNotFound:
+      return ErrorCode::kUnknownTopicOrPartition;
+    case Code::kTimeout:
+    case Code::kUnavailable:
+    case Code::kResourceExhausted:
+      return ErrorCode::kRequestTimedOut;
+    case Code::kCancelled:
+      return ErrorCode::kNotLeaderOrFollower;
+    default:
+      return ErrorCode::kKafkaStorageError;
+  }
+}
+
+}  // namespace
+
+Status ValidateTopicName(const std::string& name) {
+  if (name.empty() || name.size() > 249) return InvalidArgument("topic name must be 1 to 249 characters");
+  if (name == "." || name == "..") return InvalidArgument("topic name cannot be \"{}\"", name);
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-';
+    if (!ok) return InvalidArgument("topic name \"{}\" may hold only ASCII letters, digits, '.', '_' and '-'", name);
+  }
+  return Status::Ok();
+}
+
+Broker::Broker(BrokerOptions options, log::Engine* engine, std::shared_ptr<metastore::Metastore> meta)
+    : options_(std::move(options)), engine_(engine), meta_(std::move(meta)), groups_(options_.groups) {
+  tick_thread_ = std::thread([this] { TickLoop(); });
+}
+
+Broker::~Broker() { Stop(); }
+
+void Broker::Stop() {
+  {
+    std::lock_guard lk(tick_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  tick_cv_.notify_all();
+  if (tick_thread_.joinable()) tick_thread_.join();
+  groups_.Shutdown();
+}
+
+void Broker::TickLoop() {
+  std::unique_lock lk(tick_mu_);
+  while (!stopping_) {
+    tick_cv_.wait_for(lk, std::chrono::milliseconds(100));
+    if (stopping_) break;
+    lk.unlock();
+    groups_.Tick(Now());
+    lk.lock();
+  }
+}
+
+Status Broker::Init() {
+  Status st = engine_->CreateBasin(options_.basin);
+  if (!st.ok() && st.code() != Code::kAlreadyExists) return st.WithContext("creating the Kafka basin");
+  return Status::Ok();
+}
+
+void Broker::Handle(std::string frame, std::shared_ptr<Reply> reply) {
+  auto req = std::make_shared<Request>();
+  req->frame = std::move(frame);
+  req->reply = std::move(reply);
+  auto decoded = DecodeRequest(req->frame);
+  if (!decoded.ok()) {
+    metrics_.bad_requests++;
+    auto header = PeekRequestHeader(req->frame);
+    if (IsUnsupportedApi(decoded.status()) && header.ok() &&
+        header->api_key == static_cast<int16_t>(ApiKey::kApiVersions)) {
+      return req->reply->Respond(EncodeApiVersionsUnsupported(header->correlation_id));
+    }
+    Log().warn("kafka: closing the connection of {}: {}", req->reply->peer(), decoded.status().ToString());
+    return req->reply->Close();
+  }
+  req->decoded = std::move(*decoded);
+  auto key = static_cast<size_t>(req->decoded.header.api_key);
+  if (key < std::size(metrics_.requests_by_api)) metrics_.requests_by_api[key]++;
+  Dispatch(req);
+}
+
+// One handler per API; the versions each accepts are the rows of
+// kSupportedApis (api_table.h), checked by DecodeRequest.
+void Broker::Dispatch(const std::shared_ptr<Request>& req) {
+  switch (RequestKey(req->decoded.body)) {
+    case ApiKey::kProduce:         return Produce(req);
+    case ApiKey::kFetch:           return req->reply->Post([this, req] { Fetch(req); });
+    case ApiKey::kListOffsets:     return req->reply->Post([this, req] { ListOffsets(req); });
+    case ApiKey::kMetadata:        return req->reply->Post([this, req] { Metadata(req); });
+    case ApiKey::kOffsetCommit:    return req->reply->Post([this, req] { OffsetCommit(req); });
+    case ApiKey::kOffsetFetch:     return req->reply->Post([this, req] { OffsetFetch(req); });
+    case ApiKey::kFindCoordinator: return FindCoordinator(req);
+    case ApiKey::kJoinGroup:       return JoinGroup(req);
+    case ApiKey::kHeartbeat:       return Heartbeat(req);
+    case ApiKey::kLeaveGroup:      return LeaveGroup(req);
+    case ApiKey::kSyncGroup:       return SyncGroup(req);
+    case ApiKey::kApiVersions:     return ApiVersions(req);
+    case ApiKey::kCreateTopics:    return req->reply->Post([this, req] { CreateTopics(req); });
+    case ApiKey::kDeleteTopics:    return req->reply->Post([this, req] { DeleteTopics(req); });
+    case ApiKey::kInitProducerId:  return req->reply->Post([this, req] { InitProducerId(req); });
+  }
+  req->reply->Close();
+}
+
+// ---- Topics -------------------------------------------------------------------
+
+Status Broker::CreateTopic(const std::string& topic, int32_t partitions, const std::string& config_json,
+                           const metastore::StreamConfig& stream_config) {
+  WEIR_RETURN_IF_ERROR(ValidateTopicName(topic));
+  if (partitions < 1 || partitions > options_.max_partitions) {
+    return InvalidArgument("a topic has 1 to {} partitions, not {}", options_.max_partitions, partitions);
+  }
+  metastore::TableInfo t;
+  t.basin = options_.basin;
+  t.name = topic;
+  t.kind = "log";
+  t.bucket_count = static_cast<uint32_t>(partitions);
+  t.config = config_json;
+  auto created = engine_->CreateTable(t, stream_config);
+  if (!created.ok()) return created.status();
+  metrics_.topics_created++;
+  Log().info("kafka: created topic {} with {} partitions", topic, partitions);
+  return Status::Ok();
+}
+
+Result<uint32_t> Broker::TopicPartitions(const std::string& topic, int32_t create_partitions) {
+  auto t = engine_->GetTable(options_.basin, topic);
+  if (t.ok()) return t->bucket_count;
+  if (t.status().code() != Code::kNotFound || create_partitions <= 0) return t.status();
+  WEIR_RETURN_IF_ERROR(ValidateTopicName(topic));
+  std::lock_guard lk(create_mu_);
+  Status st = CreateTopic(topic, create_partitions, "{}", metastore::StreamConfig{});
+  if (!st.ok() && st.code() != Code::kAlreadyExists) return st;
+  WEIR_ASSIGN_OR_RETURN(auto made, engine_->GetTable(options_.basin, topic));
+  return made.bucket_count;
+}
+
+// ---- Produce ------------------------------------------------------------------
+
+struct ProduceJob {
+  size_t topic = 0, partition = 0;  // indexes into the response
+  std::string stream;
+  std::string batch;
+};
+
+void Broker::Produce(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<ProduceRequest>();
+  auto resp = std::make_shared<ProduceResponse>();
+  // Per-request checks that fail every partition alike.
+  ErrorCode all = ErrorCode::kNone;
+  if (in.transactional_id) all = ErrorCode::kTransactionalIdAuthorizationFailed;
+  if (in.acks != 0 && in.acks != 1 && in.acks != -1) all = ErrorCode::kInvalidRequiredAcks;
+  std::vector<ProduceJob> jobs;
+  bool missing = false;
+  for (auto& t : in.topic_data) {
+    ProduceTopicResponse tr;
+    tr.name = t.name;
+    bool valid_topic = ValidateTopicName(t.name).ok();
+    for (auto& p : t.partition_data) {
+      ProducePartitionResponse pr;
+      pr.index = p.index;
+      pr.error_code = all;
+      if (pr.error_code != ErrorCode::kNone) {
+      } else if (!valid_topic) {
+        pr.error_code = ErrorCode::kInvalidTopicException;
+      } else if (p.index < 0) {
+        pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+      } else if (!p.records || p.records->size() < wal::kRecordBatchHeaderSize) {
+        pr.error_code = ErrorCode::kCorruptMessage;
+      } else if (p.records->size() > options_.max_batch_bytes) {
+        pr.error_code = ErrorCode::kMessageTooLarge;
+      } else {
+        ProduceJob job{resp->responses.size(), tr.partition_responses.size(),
+                       metastore::BucketStreamName(t.name, static_cast<uint32_t>(p.index)), std::string(*p.records)};
+        if (options_.auto_create_partitions > 0 && !missing) {
+          missing = engine_->CheckTail(options_.basin, job.stream).status().code() == Code::kNotFound;
+        }
+        jobs.push_back(std::move(job));
+      }
+      tr.partition_responses.push_back(pr);
+    }
+    resp->responses.push_back(std::move(tr));
+  }
+  if (in.acks == 0) req->reply->NoResponse();
+  if (!missing) return ProduceAppend(req, std::move(resp), std::move(jobs));
+  // A topic is missing: create it off the I/O thread, then append.
+  auto shared_jobs = std::make_shared<std::vector<ProduceJob>>(std::move(jobs));
+  req->reply->Post([this, req, resp, shared_jobs]() mutable {
+    std::map<std::string, bool> tried;
+    for (const auto& job : *shared_jobs) {
+      const std::string& topic = resp->responses[job.topic].name;
+      if (!tried.emplace(topic, true).second) continue;
+      auto n = TopicPartitions(topic, options_.auto_create_partitions);
+      if (!n.ok() && n.status().code() != Code::kNotFound) {
+        Log().warn("kafka: auto-creating topic {}: {}", topic, n.status().ToString());
+      }
+    }
+    ProduceAppend(req, std::move(resp), std::move(*shared_jobs));
+  });
+}
+
+void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
+                           std::vector<ProduceJob> jobs) {
+  const bool respond = req->body<ProduceRequest>().acks != 0;
+  if (jobs.empty()) {
+    if (respond) Send(req, *resp, EncodeProduceResponse);
+    return;
+  }
+  struct State {
+    std::mutex mu;
+    size_t outstanding = 0;
+  };
+  auto state = std::make_shared<State>();
+  state->outstanding = jobs.size();
+  for (auto& job : jobs) {
+    metrics_.produce_batches++;
+    metrics_.produce_bytes += job.batch.size();
+    size_t ti = job.topic, pi = job.partition;
+    engine_->AppendBatchAsync(
+        options_.basin, job.stream, std::move(job.batch),
+        [this, req, resp, state, ti, pi, respond](log::AppendOutcome o) {
+          bool last = false;
+          {
+            std::lock_guard lk(state->mu);
+            auto& pr = resp->responses[ti].partition_responses[pi];
+            pr.error_code = AppendError(o);
+            if (o.status.ok()) {
+              pr.base_offset = static_cast<int64_t>(o.ack.start_offset);
+              pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
+            } else {
+              metrics_.produce_errors++;
+              Log().debug("kafka: produce to {}[{}] from {}: {}", resp->responses[ti].name, pr.index,
+                          req->reply->peer(), o.status.ToString());
+            }
+            last = --state->outstanding == 0;
+          }
+          if (last && respond) Send(req, *resp, EncodeProduceResponse);
+        });
+  }
+}
+
+// ---- Fetch --------------------------------------------------------------------
+
+// One Fetch in flight: its response is built once, when enough bytes are
+// available, the wait ends, or a partition fails.
+// A longer max_wait_ms is cut to this (an earlier empty answer is legal).
+constexpr int32_t kMaxFetchWaitMs = 30000;
+
+struct FetchState {
+  std::mutex mu;
+  bool done = false;
+  std::vector<std::pair<std::string, uint64_t>> watches;  // (stream, watch id)
+};
+
+void Broker::Fetch(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<FetchRequest>();
+  if (in.session_id != 0 && in.session_epoch > 0) {
+    // weir creates no fetch sessions (it answers session id 0), so a client
+    // cannot hold one.
+    FetchResponse resp;
+    resp.error_code = ErrorCode::kFetchSessionIdNotFound;
+    return Send(req, resp, EncodeFetchResponse);
+  }
+  auto state = std::make_shared<FetchState>();
+  FetchOnce(req, state, /*final=*/in.max_wait_ms <= 0);
+}
+
+void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final) {
+  auto& in = req->body<FetchRequest>();
+  FetchResponse resp;
+  std::vector<std::shared_ptr<const std::string>> hold;  // keeps the views in resp alive
+  size_t budget = std::min<size_t>(static_cast<size_t>(std::max(in.max_bytes, 1)), options_.max_fetch_bytes);
+  size_t total = 0;
+  bool error = false;
+  // Where to watch if the fetch has to wait: (stream, offset).
+  std::vector<std::pair<std::string, uint64_t>> waits;
+  for (auto& t : in.topics) {
+    FetchableTopicResponse tr;
+    tr.topic = t.topic;
+    for (auto& p : t.partitions) {
+      FetchPartitionData pd;
+      pd.partition_index = p.partition;
+      pd.aborted_transactions = std::vector<AbortedTransaction>{};
+      std::string stream = metastore::BucketStreamName(t.topic, static_cast<uint32_t>(std::max(p.partition, 0)));
+      if (p.partition < 0 || p.fetch_offset < 0) {
+        pd.error_code = p.partition < 0 ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kOffsetOutOfRange;
+        error = true;
+        tr.partitions.push_back(std::move(pd));
+        continue;
+      }
+      size_t want = std::min<size_t>(static_cast<size_t>(std::max(p.partition_max_bytes, 1)),
+                                     budget > total ? budget - total : 0);
+      Result<log::BatchReadResult> r = Status();
+      if (want == 0) {
+        r = engine_->Offsets(options_.basin, stream);
+      } else {
+        r = engine_->ReadBatches(options_.basin, stream, static_cast<uint64_t>(p.fetch_offset), want);
+      }
+      if (!r.ok()) {
+        error = true;
+        if (r.status().code() == Code::kOutOfRange) {
+          pd.error_code = ErrorCode::kOffsetOutOfRange;
+          auto offs = engine_->Offsets(options_.basin, stream);
+          if (offs.ok()) {
+            pd.high_watermark = pd.last_stable_offset = static_cast<int64_t>(offs->tail);
+            pd.log_start_offset = static_cast<int64_t>(offs->log_start);
+          }
+        } else if (r.status().code() == Code::kNotFound) {
+          pd.error_code = ErrorCode::kUnknownTopicOrPartition;
+        } else {
+          Log().warn("kafka: fetch {} at {}: {}", stream, p.fetch_offset, r.status().ToString());
+          pd.error_code = ErrorCode::kKafkaStorageError;
+        }
+        tr.partitions.push_back(std::move(pd));
+        continue;
+      }
+      pd.high_watermark = pd.last_stable_offset = static_cast<int64_t>(r->tail);
+      pd.log_start_offset = static_cast<int64_t>(r->log_start);
+      for (auto& b : r->batches) {
+        total += b->size();
+        pd.records.emplace_back(*b);
+        hold.push_back(std::move(b));
+      }
+      if (r->batches.empty()) waits.emplace_back(stream, static_cast<uint64_t>(p.fetch_offset));
+      tr.partitions.push_back(std::move(pd));
+    }
+    resp.responses.push_back(std::move(tr));
+  }
+  bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 1)) || waits.empty();
+  if (!final && !enough) {
+    // Long poll: wake on the first partition whose high watermark moves, or
+    // at max_wait_ms, whichever is first; then answer with what is there.
+    std::lock_guard lk(state->mu);
+    if (state->done) return;
+    auto wake = [this, req, state] {
+      {
+        std::lock_guard lk2(state->mu);
+        if (state->done) return;
+        state->done = true;
+      }
+      req->reply->Post([this, req, state] { FinishFetch(req, state); });
+    };
+    for (auto& [stream, offset] : waits) {
+      auto id = engine_->WatchTail(options_.basin, stream, offset, wake);
+      if (id.ok() && *id != 0) {
+        state->watches.emplace_back(stream, *id);
+      } else {
+        // Moved already (or gone): answer now.
+        state->done = true;
+        req->reply->Post([this, req, state] { FinishFetch(req, state); });
+        return;
+      }
+    }
+    req->reply->After(std::chrono::milliseconds(std::min(in.max_wait_ms, kMaxFetchWaitMs)), wake);
+    return;
+  }
+  {
+    std::lock_guard lk(state->mu);
+    state->done = true;
+  }
+  metrics_.fetch_bytes += total;
+  Send(req, resp, EncodeFetchResponse);
+}
+
+void Broker::FinishFetch(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state) {
+  std::vector<std::pair<std::string, uint64_t>> watches;
+  {
+    std::lock_guard lk(state->mu);
+    watches.swap(state->watches);
+  }
+  for (auto& [stream, id] : watches) engine_->UnwatchTail(options_.basin, stream, id);
+  FetchOnce(req, state, /*final=*/true);
+}
+
+// ---- ListOffsets ----------------------------------------------------------------
+
+void Broker::ListOffsets(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<ListOffsetsRequest>();
+  ListOffsetsResponse resp;
+  for (auto& t : in.topics) {
+    ListOffsetsTopicResponse tr;
+    tr.name = t.name;
+    for (auto& p : t.partitions) {
+      ListOffsetsPartitionResponse pr;
+      pr.partition_index = p.partition_index;
+      std::string stream = metastore::BucketStreamName(t.name, static_cast<uint32_t>(std::max(p.partition_index, 0)));
+      auto offs = p.partition_index < 0 ? Result<log::BatchReadResult>(NotFound("partition"))
+                                        : engine_->Offsets(options_.basin, stream);
+      if (!offs.ok()) {
+        pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+        tr.partitions.push_back(std::move(pr));
+        continue;
+      }
+      int64_t offset = -1, timestamp = -1;
+      if (p.timestamp == kListOffsetsLatest) {
+        offset = static_cast<int64_t>(offs->tail);
+      } else if (p.timestamp == kListOffsetsEarliest) {
+        offset = static_cast<int64_t>(offs->log_start);
+      } else if (p.timestamp < 0) {
+        pr.error_code = ErrorCode::kInvalidRequest;
+      } else {
+        auto r = engine_->Read(options_.basin, stream,
+                               log::ReadStart{log::ReadStart::kTimestamp, static_cast<uint64_t>(p.timestamp)}, 1,
+                               1 << 20);
+        if (!r.ok()) {
+          pr.error_code = r.status().code() == Code::kNotFound ? ErrorCode::kUnknownTopicOrPartition
+                                                                : ErrorCode::kKafkaStorageError;
+        } else if (!r->records.empty()) {
+          offset = static_cast<int64_t>(r->records[0].offset);
+          timestamp = r->records[0].record.timestamp;
+        }
+      }
+      if (req->version() == 0) {
+        if (offset >= 0 && p.max_num_offsets > 0) pr.old_style_offsets.push_back(offset);
+      } else {
+        pr.offset = offset;
+        pr.timestamp = timestamp;
+      }
+      tr.partitions.push_back(std::move(pr));
+    }
+    resp.topics.push_back(std::move(tr));
+  }
+  Send(req, resp, EncodeListOffsetsResponse);
+}
+
+// ---- Metadata -----------------------------------------------------------------
+
+void Broker::Metadata(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<MetadataRequest>();
+  MetadataResponse resp;
+  resp.brokers.push_back(MetadataResponseBroker{options_.node_id, options_.advertised_host, options_.advertised_port,
+                                                std::nullopt});
+  resp.cluster_id = options_.cluster_id;
+  resp.controller_id = options_.node_id;
+  auto describe = [&](const std::string& name, ErrorCode err, uint32_t partitions) {
+    MetadataResponseTopic t;
+    t.name = name;
+    t.error_code = err;
+    for (uint32_t p = 0; p < partitions; ++p) {
+      MetadataResponsePartition mp;
+      mp.partition_index = static_cast<int32_t>(p);
+      mp.leader_id = options_.node_id;
+      mp.replica_nodes = {options_.node_id};
+      mp.isr_nodes = {options_.node_id};
+      t.partitions.push_back(std::move(mp));
+    }
+    resp.topics.push_back(std::move(t));
+  };
+  bool all = !in.topics || (req->version() == 0 && in.topics->empty());
+  if (all) {
+    std::string after;
+    for (;;) {
+      auto page = engine_->ListTables(options_.basin, "", after, 1000);
+      if (!page.ok()) {
+        Log().warn("kafka: listing topics: {}", page.status().ToString());
+        break;
+      }
+      for (auto& t : *page) {
+        if (t.kind == "log") describe(t.name, ErrorCode::kNone, t.bucket_count);
+      }
+      if (page->size() < 1000) break;
+      after = page->back().name;
+    }
+  } else {
+    // Auto-creation: on by the broker's setting, and (v4+) if the client allows it.
+    bool create = options_.auto_create_partitions > 0 && in.allow_auto_topic_creation;
+    for (auto& t : *in.topics) {
+      if (!ValidateTopicName(t.name).ok()) {
+        describe(t.name, ErrorCode::kInvalidTopicException, 0);
+        continue;
+      }
+      auto n = TopicPartitions(t.name, create ? options_.auto_create_partitions : 0);
+      if (n.ok()) {
+        describe(t.name, ErrorCode::kNone, *n);
+      } else if (n.status().code() == Code::kNotFound) {
+        describe(t.name, ErrorCode::kUnknownTopicOrPartition, 0);
+      } else {
+        Log().warn("kafka: metadata of topic {}: {}", t.name, n.status().ToString());
+        describe(t.name, ErrorCode::kLeaderNotAvailable, 0);
+      }
+    }
+  }
+  Send(req, resp, EncodeMetadataResponse);
+}
+
+// ---- Admin --------------------------------------------------------------------
+
+void Broker::ApiVersions(const std::shared_ptr<Request>& req) {
+  Send(req, SupportedApiVersions(), EncodeApiVersionsResponse);
+}
+
+void Broker::FindCoordinator(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<FindCoordinatorRequest>();
+  FindCoordinatorResponse resp;
+  if (in.key_type != kCoordinatorKeyGroup) {
+    resp.error_code = ErrorCode::kTransactionalIdAuthorizationFailed;
+    resp.error_message = "weir does not support Kafka transactions";
+  } else if (in.key.empty()) {
+    resp.error_code = ErrorCode::kInvalidGroupId;
+    resp.error_message = "the group id is empty";
+  } else {
+    resp.node_id = options_.node_id;
+    resp.host = options_.advertised_host;
+    resp.port = options_.advertised_port;
+  }
+  if (resp.error_code != ErrorCode::kNone) resp.node_id = -1, resp.port = -1;
+  Send(req, resp, EncodeFindCoordinatorResponse);
+}
+
+void Broker::InitProducerId(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<InitProducerIdRequest>();
+  InitProducerIdResponse resp;
+  if (in.transactional_id) {
+    resp.error_code = ErrorCode::kTransactionalIdAuthorizationFailed;
+  } else {
+    auto id = engine_->AllocateProducerId();
+    if (!id.ok() || *id > static_cast<uint64_t>(INT64_MAX)) {
+      Log().warn("kafka: allocating a producer id: {}", id.status().ToString());
+      resp.error_code = ErrorCode::kCoordinatorNotAvailable;
+    } else {
+      resp.producer_id = static_cast<int64_t>(*id);
+      resp.producer_epoch = 0;
+    }
+  }
+  Send(req, resp, EncodeInitProducerIdResponse);
+}
+
+namespace {
+
+// Kafka topic configs weir applies to the partition streams; every other
+// config is kept in the catalog entry and has no effect (replication and
+// segment settings belong to the object store and the WAL here).
+Status ApplyTopicConfig(const std::string& name, const std::optional<std::string>& value,
+                        metastore::StreamConfig* cfg) {
+  if (!value) return Status::Ok();
+  if (name == "retention.ms") {
+    char* end = nullptr;
+    long long ms = std::strtoll(value->c_str(), &end, 10);
+    if (value->empty() || *end != '\0' || ms < -1) return InvalidArgument("retention.ms must be -1 or a number of ms");
+    cfg->retention_age_s = ms == -1 ? 0 : std::max<int64_t>(1, ms / 1000);
+  } else if (name == "message.timestamp.type") {
+    if (*value == "CreateTime") {
+      cfg->timestamping = metastore::TimestampingMode::kClientPrefer;
+      cfg->uncapped_timestamps = true;
+    } else if (*value == "LogAppendTime") {
+      cfg->timestamping = metastore::TimestampingMode::kArrival;
+    } else {
+      return InvalidArgument("message.timestamp.type must be CreateTime or LogAppendTime");
+    }
+  } else if (name == "cleanup.policy") {
+    if (*value != "delete") return InvalidArgument("cleanup.policy {} is not supported (only delete)", *value);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<CreateTopicsRequest>();
+  CreateTopicsResponse resp;
+  std::map<std::string, int> seen;
+  for (auto& t : in.topics) seen[t.name]++;
+  for (auto& t : in.topics) {
+    CreatableTopicResult r;
+    r.name = t.name;
+    auto fail = [&](ErrorCode code, std::string message) {
+      r.error_code = code;
+      r.error_message = std::move(message);
+    };
+    int32_t partitions = t.num_partitions == -1 ? options_.default_partitions : t.num_partitions;
+    metastore::StreamConfig cfg;
+    cfg.timestamping = metastore::TimestampingMode::kClientPrefer;
+    cfg.uncapped_timestamps = true;  // Kafka keeps producer timestamps as sent
+    nlohmann::json config = nlohmann::json::object();
+    Status valid = ValidateTopicName(t.name);
+    if (seen[t.name] > 1) {
+      fail(ErrorCode::kInvalidRequest, "the topic is named more than once in the request");
+    } else if (!valid.ok()) {
+      fail(ErrorCode::kInvalidTopicException, valid.message());
+    } else if (partitions < 1 || partitions > options_.max_partitions) {
+      fail(ErrorCode::kInvalidPartitions, fmt::format("partitions must be 1 to {}", options_.max_partitions));
+    } else if (t.replication_factor == 0 || t.replication_factor < -1) {
+      fail(ErrorCode::kInvalidReplicationFactor, "replication factor must be -1 or at least 1");
+    } else if (!t.assignments.empty()) {
+      fail(ErrorCode::kInvalidReplicaAssignment, "weir places partitions itself; manual assignments are not supported");
+    } else {
+      for (auto& c : t.configs) {
+        Status st = ApplyTopicConfig(c.name, c.value, &cfg);
+        if (!st.ok()) {
+          fail(ErrorCode::kInvalidConfig, st.message());
+          break;
+        }
+        config[c.name] = c.value ? nlohmann::json(*c.value) : nlohmann::json(nullptr);
+      }
+    }
+    if (r.error_code == ErrorCode::kNone && !in.validate_only) {
+      std::lock_guard lk(create_mu_);
+      Status st = CreateTopic(t.name, partitions, config.dump(), cfg);
+      if (st.code() == Code::kAlreadyExists) {
+        fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
+      } else if (!st.ok()) {
+        fail(ErrorCode::kUnknownServerError, st.ToString());
+      }
+    } else if (r.error_code == ErrorCode::kNone && engine_->GetTable(options_.basin, t.name).ok()) {
+      fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
+    }
+    resp.topics.push_back(std::move(r));
+  }
+  Send(req, resp, EncodeCreateTopicsResponse);
+}
+
+void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<DeleteTopicsRequest>();
+  DeleteTopicsResponse resp;
+  for (auto& name : in.topic_names) {
+    DeletableTopicResult r;
+    r.name = name;
+    Status st = engine_->DeleteTable(options_.basin, name);
+    if (st.code() == Code::kNotFound) {
+      r.error_code = ErrorCode::kUnknownTopicOrPartition;
+    } else if (!st.ok()) {
+      Log().warn("kafka: deleting topic {}: {}", name, st.ToString());
+      r.error_code = ErrorCode::kUnknownServerError;
+    } else {
+      metrics_.topics_deleted++;
+    }
+    resp.responses.push_back(std::move(r));
+  }
+  Send(req, resp, EncodeDeleteTopicsResponse);
+}
+
+}  // namespace weir::kafka

@@ -1,0 +1,135 @@
+// The Kafka broker: decodes request frames, runs one handler per API on the
+// stream engine, and encodes the responses (DESIGN.md §8, docs/kafka.md).
+// Topics are log tables of the `weir-kafka` basin; partition p of topic t is
+// the stream "t/p". Produce goes through the same append path (one WAL,
+// group-committed) as the REST API.
+//
+// Ownership and threads: the server front-end owns one Broker and hands it
+// to its TcpServer. Handle runs on an I/O thread; handlers that may block
+// (metastore, reads from the object store) move to a worker thread with
+// Reply::Post; append completions arrive on WAL threads. One internal thread
+// ticks the group coordinator.
+//
+// Guarantees: a produced batch is acknowledged only once durable; a request
+// that cannot be decoded closes its connection and changes nothing; every
+// decoded request gets exactly one response (none for acks=0).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "kafka/group_coordinator.h"
+#include "kafka/messages.h"
+#include "kafka/tcp_server.h"
+#include "log/engine.h"
+#include "metastore/metastore.h"
+
+namespace weir::kafka {
+
+inline constexpr const char* kKafkaBasin = "weir-kafka";
+
+struct ProduceJob;
+struct FetchState;
+
+struct BrokerOptions {
+  int32_t node_id = 1;
+  std::string advertised_host = "127.0.0.1";
+  int32_t advertised_port = 9092;
+  std::string cluster_id = "weir";
+  std::string basin = kKafkaBasin;
+  // Partitions of a topic created on first use (Metadata, Produce); 0 = no auto-creation.
+  int32_t auto_create_partitions = 1;
+  // Partitions of a CreateTopics request that asks for the default (-1).
+  int32_t default_partitions = 1;
+  int32_t max_partitions = 10000;
+  // A Fetch response holds at most this many bytes whatever the client asks.
+  size_t max_fetch_bytes = 64u << 20;
+  size_t max_offset_metadata_bytes = 4096;  // Kafka's offset.metadata.max.bytes
+  // A produced batch larger than this gets MESSAGE_TOO_LARGE (keep it equal
+  // to the engine's max_batch_bytes).
+  size_t max_batch_bytes = 1048588;
+  GroupOptions groups;
+};
+
+struct BrokerMetrics {
+  std::atomic<uint64_t> requests_by_api[32] = {};
+  std::atomic<uint64_t> bad_requests{0}, produce_batches{0}, produce_bytes{0}, produce_errors{0};
+  std::atomic<uint64_t> fetch_bytes{0}, topics_created{0}, topics_deleted{0}, offset_commits{0};
+};
+
+class Broker : public FrameHandler {
+ public:
+  Broker(BrokerOptions options, log::Engine* engine, std::shared_ptr<metastore::Metastore> meta);
+  ~Broker() override;
+  Broker(const Broker&) = delete;
+  Broker& operator=(const Broker&) = delete;
+
+  // Creates the Kafka basin if missing. Call once before serving.
+  Status Init();
+  // The address clients are told to use (Metadata, FindCoordinator); call
+  // before serving.
+  void SetAdvertised(std::string host, int32_t port) {
+    options_.advertised_host = std::move(host);
+    options_.advertised_port = port;
+  }
+  void Handle(std::string frame, std::shared_ptr<Reply> reply) override;
+  // Answers waiting group joins and stops the coordinator's ticks.
+  void Stop();
+
+  const BrokerMetrics& metrics() const { return metrics_; }
+  const GroupCoordinator& groups() const { return groups_; }
+
+  struct Request;  // one decoded request in flight (broker.cc)
+
+ private:
+  void Dispatch(const std::shared_ptr<Request>& req);
+  void Produce(const std::shared_ptr<Request>& req);
+  void ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
+                     std::vector<ProduceJob> jobs);
+  void Fetch(const std::shared_ptr<Request>& req);
+  // Reads every partition once; answers, or (unless final) waits for data.
+  void FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);
+  void FinishFetch(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state);
+  void ListOffsets(const std::shared_ptr<Request>& req);
+  void Metadata(const std::shared_ptr<Request>& req);
+  void OffsetCommit(const std::shared_ptr<Request>& req);
+  void OffsetFetch(const std::shared_ptr<Request>& req);
+  void FindCoordinator(const std::shared_ptr<Request>& req);
+  void JoinGroup(const std::shared_ptr<Request>& req);
+  void Heartbeat(const std::shared_ptr<Request>& req);
+  void LeaveGroup(const std::shared_ptr<Request>& req);
+  void SyncGroup(const std::shared_ptr<Request>& req);
+  void ApiVersions(const std::shared_ptr<Request>& req);
+  void CreateTopics(const std::shared_ptr<Request>& req);
+  void DeleteTopics(const std::shared_ptr<Request>& req);
+  void InitProducerId(const std::shared_ptr<Request>& req);
+
+  // The partition count of a topic, creating it with `partitions` if it is
+  // missing and partitions > 0. kNotFound if missing (and not created).
+  Result<uint32_t> TopicPartitions(const std::string& topic, int32_t create_partitions);
+  Status CreateTopic(const std::string& topic, int32_t partitions, const std::string& config_json,
+                     const metastore::StreamConfig& stream_config);
+  void TickLoop();
+
+  BrokerOptions options_;
+  log::Engine* engine_;
+  std::shared_ptr<metastore::Metastore> meta_;
+  GroupCoordinator groups_;
+  BrokerMetrics metrics_;
+  std::mutex create_mu_;  // one topic creation at a time (check, then create)
+
+  std::mutex tick_mu_;
+  std::condition_variable tick_cv_;
+  bool stopping_ = false;
+  std::thread tick_thread_;
+};
+
+// Kafka's topic name rule: 1..249 of [a-zA-Z0-9._-], not "." or "..".
+Status ValidateTopicName(const std::string& name);
+
+}  // namespace weir::kafka

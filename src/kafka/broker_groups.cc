@@ -1,0 +1,198 @@
+// Consumer groups: membership through the GroupCoordinator (in memory), and
+// committed offsets in the metastore (durable: they survive a restart).
+#include <map>
+#include <set>
+
+#include "base/log.h"
+#include "kafka/broker_internal.h"
+
+namespace weir::kafka {
+
+namespace {
+ErrorCode E(int16_t code) { return static_cast<ErrorCode>(code); }
+}  // namespace
+
+void Broker::JoinGroup(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<JoinGroupRequest>();
+  JoinGroupInput j;
+  j.group_id = in.group_id;
+  j.session_timeout_ms = in.session_timeout_ms;
+  j.rebalance_timeout_ms = in.rebalance_timeout_ms;
+  j.member_id = in.member_id;
+  j.group_instance_id = in.group_instance_id;
+  j.protocol_type = in.protocol_type;
+  for (auto& p : in.protocols) j.protocols.emplace_back(p.name, p.metadata);
+  j.version = req->version();
+  j.client_id = req->decoded.header.client_id.value_or("");
+  j.client_host = req->reply->peer();
+  groups_.JoinGroup(j, Now(), [req](JoinGroupResult r) {
+    JoinGroupResponse resp;
+    resp.error_code = E(r.error_code);
+    resp.generation_id = r.generation_id;
+    resp.protocol_name = r.protocol_name;
+    resp.leader = r.leader;
+    resp.member_id = r.member_id;
+    for (auto& m : r.members) resp.members.push_back(JoinGroupResponseMember{m.member_id, m.group_instance_id, m.metadata});
+    Send(req, resp, EncodeJoinGroupResponse);
+  });
+}
+
+void Broker::SyncGroup(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<SyncGroupRequest>();
+  SyncGroupInput s;
+  s.group_id = in.group_id;
+  s.generation_id = in.generation_id;
+  s.member_id = in.member_id;
+  s.group_instance_id = in.group_instance_id;
+  for (auto& a : in.assignments) s.assignments.emplace_back(a.member_id, a.assignment);
+  groups_.SyncGroup(s, Now(), [req](SyncGroupResult r) {
+    SyncGroupResponse resp;
+    resp.error_code = E(r.error_code);
+    resp.assignment = r.assignment;
+    Send(req, resp, EncodeSyncGroupResponse);
+  });
+}
+
+void Broker::Heartbeat(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<HeartbeatRequest>();
+  HeartbeatResponse resp;
+  resp.error_code = E(groups_.Heartbeat(in.group_id, in.generation_id, in.member_id, in.group_instance_id, Now()));
+  Send(req, resp, EncodeHeartbeatResponse);
+}
+
+void Broker::LeaveGroup(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<LeaveGroupRequest>();
+  LeaveGroupInput l;
+  l.group_id = in.group_id;
+  l.version = req->version();
+  if (req->version() < 3) {
+    l.members.push_back(LeaveGroupMember{in.member_id, std::nullopt});
+  } else {
+    for (auto& m : in.members) l.members.push_back(LeaveGroupMember{m.member_id, m.group_instance_id});
+  }
+  LeaveGroupResult r = groups_.LeaveGroup(l, Now());
+  LeaveGroupResponse resp;
+  resp.error_code = E(r.error_code);
+  for (auto& m : r.members) {
+    resp.members.push_back(LeaveGroupMemberResponse{m.member_id, m.group_instance_id, E(m.error_code)});
+  }
+  Send(req, resp, EncodeLeaveGroupResponse);
+}
+
+// Runs on a worker thread (a metastore write).
+void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<OffsetCommitRequest>();
+  OffsetCommitResponse resp;
+  ErrorCode all = ErrorCode::kNone;
+  if (in.group_id.empty()) {
+    all = ErrorCode::kInvalidGroupId;
+  } else if (req->version() > 0) {
+    all = E(groups_.ValidateCommit(in.group_id, in.generation_id, in.member_id, in.group_instance_id, Now()));
+  }
+  std::vector<metastore::GroupOffset> offsets;
+  std::vector<std::pair<size_t, size_t>> slots;  // response (topic, partition) of each offset
+  int64_t now_ms = WallMillis();
+  for (auto& t : in.topics) {
+    OffsetCommitResponseTopic tr;
+    tr.name = t.name;
+    for (auto& p : t.partitions) {
+      OffsetCommitResponsePartition pr;
+      pr.partition_index = p.partition_index;
+      pr.error_code = all;
+      if (all == ErrorCode::kNone) {
+        std::string stream = metastore::BucketStreamName(t.name, static_cast<uint32_t>(std::max(p.partition_index, 0)));
+        if (p.partition_index < 0 || !engine_->CheckTail(options_.basin, stream).ok()) {
+          pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+        } else if (p.committed_metadata && p.committed_metadata->size() > options_.max_offset_metadata_bytes) {
+          pr.error_code = ErrorCode::kOffsetMetadataTooLarge;
+        } else {
+          metastore::GroupOffset o;
+          o.topic = t.name;
+          o.partition = p.partition_index;
+          o.offset = p.committed_offset;
+          o.leader_epoch = p.committed_leader_epoch;
+          o.metadata = p.committed_metadata.value_or("");
+          o.commit_time_ms = now_ms;
+          offsets.push_back(std::move(o));
+          slots.emplace_back(resp.topics.size(), tr.partitions.size());
+        }
+      }
+      tr.partitions.push_back(pr);
+    }
+    resp.topics.push_back(std::move(tr));
+  }
+  if (!offsets.empty()) {
+    Status st = meta_->CommitGroupOffsets(in.group_id, offsets);
+    if (!st.ok()) {
+      Log().warn("kafka: committing offsets of group {}: {}", in.group_id, st.ToString());
+      for (auto [ti, pi] : slots) resp.topics[ti].partitions[pi].error_code = ErrorCode::kCoordinatorNotAvailable;
+    } else {
+      metrics_.offset_commits += offsets.size();
+    }
+  }
+  Send(req, resp, EncodeOffsetCommitResponse);
+}
+
+// Runs on a worker thread (a metastore read).
+void Broker::OffsetFetch(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<OffsetFetchRequest>();
+  OffsetFetchResponse resp;
+  auto fail = [&](ErrorCode code) {
+    // v2+ carry a top-level error; v1 only per partition.
+    resp.error_code = code;
+    if (in.topics) {
+      for (auto& t : *in.topics) {
+        OffsetFetchResponseTopic tr;
+        tr.name = t.name;
+        for (int32_t p : t.partition_indexes) {
+          OffsetFetchResponsePartition pr;
+          pr.partition_index = p;
+          pr.error_code = code;
+          tr.partitions.push_back(pr);
+        }
+        resp.topics.push_back(std::move(tr));
+      }
+    }
+    Send(req, resp, EncodeOffsetFetchResponse);
+  };
+  if (in.group_id.empty()) return fail(ErrorCode::kInvalidGroupId);
+  auto committed = meta_->FetchGroupOffsets(in.group_id);
+  if (!committed.ok()) {
+    Log().warn("kafka: fetching offsets of group {}: {}", in.group_id, committed.status().ToString());
+    return fail(ErrorCode::kCoordinatorNotAvailable);
+  }
+  std::map<std::pair<std::string, int32_t>, const metastore::GroupOffset*> by_key;
+  for (const auto& o : *committed) by_key[{o.topic, o.partition}] = &o;
+  auto partition = [&](const std::string& topic, int32_t p) {
+    OffsetFetchResponsePartition pr;
+    pr.partition_index = p;
+    auto it = by_key.find({topic, p});
+    if (it == by_key.end()) {
+      pr.committed_offset = -1;
+      pr.metadata = "";
+    } else {
+      pr.committed_offset = it->second->offset;
+      pr.committed_leader_epoch = it->second->leader_epoch;
+      pr.metadata = it->second->metadata;
+    }
+    return pr;
+  };
+  if (in.topics) {
+    for (auto& t : *in.topics) {
+      OffsetFetchResponseTopic tr;
+      tr.name = t.name;
+      for (int32_t p : t.partition_indexes) tr.partitions.push_back(partition(t.name, p));
+      resp.topics.push_back(std::move(tr));
+    }
+  } else {
+    for (const auto& o : *committed) {
+      if (resp.topics.empty() || resp.topics.back().name != o.topic) {
+        resp.topics.push_back(OffsetFetchResponseTopic{o.topic, {}});
+      }
+      resp.topics.back().partitions.push_back(partition(o.topic, o.partition));
+    }
+  }
+  Send(req, resp, EncodeOffsetFetchResponse);
+}
+
+}  // namespace weir::kafka

@@ -1,0 +1,357 @@
+#include "kafka/tcp_server.h"
+
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+
+#include "base/log.h"
+
+namespace weir::kafka {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using ErrorCode = boost::system::error_code;
+
+class Connection;
+
+class TcpServer::Impl {
+ public:
+  TcpServerOptions options;
+  FrameHandler* handler = nullptr;
+  net::io_context ioc;
+  net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
+  tcp::acceptor acceptor{ioc};
+  std::vector<std::thread> io_threads;
+  std::unique_ptr<net::thread_pool> workers;
+  TcpServerMetrics metrics;
+  std::string bound;
+  std::mutex mu;  // guards conns and stopped
+  std::set<std::shared_ptr<Connection>> conns;
+  bool stopped = false;
+
+  void Accept();
+  void Forget(const std::shared_ptr<Connection>& c) {
+    std::lock_guard lk(mu);
+    conns.erase(c);
+  }
+};
+
+// One client connection. All state is touched on the connection's strand.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(TcpServer::Impl* srv, tcp::socket socket)
+      : srv_(srv), socket_(std::move(socket)), idle_(socket_.get_executor()) {
+    ErrorCode ec;
+    auto ep = socket_.remote_endpoint(ec);
+    peer_ = ec ? "unknown" : ep.address().to_string() + ":" + std::to_string(ep.port());
+    socket_.set_option(tcp::no_delay(true), ec);
+  }
+
+  void Start() {
+    srv_->metrics.connections++;
+    srv_->metrics.open_connections++;
+    ArmIdle();
+    ReadHeader();
+  }
+
+  // From any thread: closes the socket on the strand.
+  void Shutdown() {
+    net::post(socket_.get_executor(), [self = shared_from_this()] { self->CloseNow(); });
+  }
+
+  void Answer(uint64_t seq, std::string response, bool respond, bool close) {
+    net::post(socket_.get_executor(), [self = shared_from_this(), seq, response = std::move(response), respond,
+                                       close]() mutable {
+      self->OnAnswer(seq, std::move(response), respond, close);
+    });
+  }
+
+  TcpServer::Impl* srv() const { return srv_; }
+  const std::string& peer() const { return peer_; }
+  bool closed() const { return closed_.load(); }
+
+ private:
+  struct Slot {
+    bool done = false;
+    bool respond = false;
+    bool close = false;
+    char prefix[4] = {};
+    std::string bytes;
+  };
+
+  void ArmIdle() {
+    idle_.expires_after(srv_->options.idle_timeout);
+    idle_.async_wait([self = shared_from_this()](ErrorCode ec) {
+      if (ec) return;
+      if (self->slots_.empty() && !self->writing_) {
+        self->CloseNow();
+      } else {
+        self->ArmIdle();
+      }
+    });
+  }
+
+  void ReadHeader() {
+    if (closed_ || reading_ || stop_reading_) return;
+    if (slots_.size() >= srv_->options.max_in_flight) return;  // resumed by OnAnswer
+    reading_ = true;
+    net::async_read(socket_, net::buffer(size_buf_, 4), [self = shared_from_this()](ErrorCode ec, size_t) {
+      self->reading_ = false;
+      if (ec) return self->CloseNow();
+      uint32_t n = (static_cast<uint32_t>(static_cast<uint8_t>(self->size_buf_[0])) << 24) |
+                   (static_cast<uint32_t>(static_cast<uint8_t>(self->size_buf_[1])) << 16) |
+                   (static_cast<uint32_t>(static_cast<uint8_t>(self->size_buf_[2])) << 8) |
+                   static_cast<uint32_t>(static_cast<uint8_t>(self->size_buf_[3]));
+      if (n > self->srv_->options.max_request_bytes || static_cast<int32_t>(n) < 0) {
+        self->srv_->metrics.oversized++;
+        Log().warn("kafka: {} sent a {}-byte request (limit {}); closing", self->peer_, n,
+                   self->srv_->options.max_request_bytes);
+        return self->CloseAfterPending();
+      }
+      self->ReadBody(n);
+    });
+  }
+
+  void ReadBody(uint32_t n) {
+    reading_ = true;
+    auto frame = std::make_shared<std::string>(n, '\0');
+    net::async_read(socket_, net::buffer(frame->data(), n),
+                    [self = shared_from_this(), frame](ErrorCode ec, size_t) {
+                      self->reading_ = false;
+                      if (ec) return self->CloseNow();
+                      self->ArmIdle();
+                      self->Dispatch(std::move(*frame));
+                      self->ReadHeader();
+                    });
+  }
+
+  void Dispatch(std::string frame);
+
+  void OnAnswer(uint64_t seq, std::string response, bool respond, bool close) {
+    if (seq < first_seq_ || seq - first_seq_ >= slots_.size()) return;  // closed meanwhile
+    Slot& s = slots_[seq - first_seq_];
+    s.done = true;
+    s.respond = respond;
+    s.close = close;
+    if (close) stop_reading_ = true;
+    if (respond) {
+      uint32_t n = static_cast<uint32_t>(response.size());
+      s.prefix[0] = static_cast<char>(n >> 24);
+      s.prefix[1] = static_cast<char>(n >> 16);
+      s.prefix[2] = static_cast<char>(n >> 8);
+      s.prefix[3] = static_cast<char>(n);
+      s.bytes = std::move(response);
+    }
+    srv_->metrics.in_flight--;
+    Flush();
+  }
+
+  // Writes the answered responses at the front, in order.
+  void Flush() {
+    if (writing_ || closed_) return;
+    std::vector<net::const_buffer> bufs;
+    size_t count = 0;
+    bool close_after = false;
+    for (auto& s : slots_) {
+      if (!s.done) break;
+      ++count;
+      if (s.respond) {
+        bufs.emplace_back(s.prefix, 4);
+        bufs.emplace_back(s.bytes.data(), s.bytes.size());
+      }
+      if (s.close) {
+        close_after = true;
+        break;
+      }
+    }
+    if (count == 0) return;
+    if (bufs.empty()) {
+      Pop(count);
+      if (close_after) return CloseNow();
+      ReadHeader();
+      return Flush();
+    }
+    writing_ = true;
+    net::async_write(socket_, bufs, [self = shared_from_this(), count, close_after](ErrorCode ec, size_t) {
+      self->writing_ = false;
+      self->Pop(count);
+      if (ec || close_after) return self->CloseNow();
+      self->ReadHeader();
+      self->Flush();
+    });
+  }
+
+  void Pop(size_t count) {
+    for (size_t i = 0; i < count; ++i) slots_.pop_front();
+    first_seq_ += count;
+  }
+
+  // Stops reading; closes once everything before is answered and written.
+  void CloseAfterPending() {
+    stop_reading_ = true;
+    slots_.emplace_back();
+    slots_.back().done = true;
+    slots_.back().close = true;
+    ++next_seq_;
+    Flush();
+  }
+
+  void CloseNow() {
+    if (closed_.exchange(true)) return;
+    ErrorCode ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    idle_.cancel();
+    for (auto& s : slots_) {
+      if (!s.done) srv_->metrics.in_flight--;
+    }
+    first_seq_ += slots_.size();
+    slots_.clear();
+    srv_->metrics.open_connections--;
+    srv_->Forget(shared_from_this());
+  }
+
+  TcpServer::Impl* srv_;
+  tcp::socket socket_;
+  net::steady_timer idle_;
+  std::string peer_;
+  char size_buf_[4] = {};
+  std::deque<Slot> slots_;
+  uint64_t first_seq_ = 0;  // seq of slots_.front()
+  uint64_t next_seq_ = 0;
+  bool reading_ = false;
+  bool writing_ = false;
+  bool stop_reading_ = false;  // a close is queued: read no further request
+  std::atomic<bool> closed_{false};
+};
+
+namespace {
+
+class ReplyImpl : public Reply {
+ public:
+  ReplyImpl(std::shared_ptr<Connection> conn, uint64_t seq) : conn_(std::move(conn)), seq_(seq) {}
+  ~ReplyImpl() override {
+    if (!answered_.exchange(true)) {
+      Log().error("kafka: a request from {} got no response; closing the connection", conn_->peer());
+      conn_->Answer(seq_, {}, false, true);
+    }
+  }
+  void Respond(std::string response) override {
+    if (!answered_.exchange(true)) conn_->Answer(seq_, std::move(response), true, false);
+  }
+  void NoResponse() override {
+    if (!answered_.exchange(true)) conn_->Answer(seq_, {}, false, false);
+  }
+  void Close() override {
+    if (!answered_.exchange(true)) {
+      conn_->srv()->metrics.closed_by_handler++;
+      conn_->Answer(seq_, {}, false, true);
+    }
+  }
+  void Post(std::function<void()> fn) override { net::post(*conn_->srv()->workers, std::move(fn)); }
+  void After(Duration delay, std::function<void()> fn) override {
+    auto* srv = conn_->srv();
+    auto timer = std::make_shared<net::steady_timer>(srv->ioc, delay);
+    timer->async_wait([timer, srv, fn = std::move(fn)](ErrorCode) mutable {
+      net::post(*srv->workers, std::move(fn));
+    });
+  }
+  const std::string& peer() const override { return conn_->peer(); }
+  bool closed() const override { return conn_->closed(); }
+
+ private:
+  std::shared_ptr<Connection> conn_;
+  uint64_t seq_;
+  std::atomic<bool> answered_{false};
+};
+
+}  // namespace
+
+void Connection::Dispatch(std::string frame) {
+  uint64_t seq = next_seq_++;
+  slots_.emplace_back();
+  srv_->metrics.requests++;
+  srv_->metrics.in_flight++;
+  srv_->handler->Handle(std::move(frame), std::make_shared<ReplyImpl>(shared_from_this(), seq));
+}
+
+void TcpServer::Impl::Accept() {
+  acceptor.async_accept(net::make_strand(ioc.get_executor()), [this](ErrorCode ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted) return;
+      Log().warn("kafka: accept: {}", ec.message());
+    } else {
+      auto c = std::make_shared<Connection>(this, std::move(socket));
+      {
+        std::lock_guard lk(mu);
+        if (stopped) return;
+        conns.insert(c);
+      }
+      c->Start();
+    }
+    if (acceptor.is_open()) Accept();
+  });
+}
+
+TcpServer::TcpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpServer::~TcpServer() { Stop(); }
+
+Result<std::unique_ptr<TcpServer>> TcpServer::Start(const TcpServerOptions& options, FrameHandler* handler) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->handler = handler;
+  ErrorCode ec;
+  auto addr = net::ip::make_address(options.host, ec);
+  if (ec) return InvalidArgument("kafka address \"{}\": {}", options.host, ec.message());
+  tcp::endpoint ep(addr, options.port);
+  impl->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(ep, ec);
+  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return Unavailable("kafka listener on {}:{}: {}", options.host, options.port, ec.message());
+  auto local = impl->acceptor.local_endpoint();
+  impl->bound = (local.address().is_v6() ? "[" + local.address().to_string() + "]" : local.address().to_string()) +
+                ":" + std::to_string(local.port());
+  impl->workers = std::make_unique<net::thread_pool>(static_cast<size_t>(std::max(1, options.worker_threads)));
+  impl->Accept();
+  for (int i = 0; i < std::max(1, options.io_threads); ++i) {
+    impl->io_threads.emplace_back([io = &impl->ioc] { io->run(); });
+  }
+  return std::unique_ptr<TcpServer>(new TcpServer(std::move(impl)));
+}
+
+std::string TcpServer::address() const { return impl_->bound; }
+const TcpServerMetrics& TcpServer::metrics() const { return impl_->metrics; }
+
+void TcpServer::StopAccepting() {
+  net::post(impl_->ioc, [impl = impl_.get()] {
+    ErrorCode ec;
+    impl->acceptor.close(ec);
+  });
+}
+
+void TcpServer::Stop() {
+  if (!impl_) return;
+  std::set<std::shared_ptr<Connection>> conns;
+  {
+    std::lock_guard lk(impl_->mu);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+    conns = impl_->conns;
+  }
+  StopAccepting();
+  for (auto& c : conns) c->Shutdown();
+  // Workers first: their callbacks may still post answers to the I/O threads.
+  impl_->workers->join();
+  impl_->guard.reset();
+  impl_->ioc.stop();
+  for (auto& t : impl_->io_threads) t.join();
+  std::lock_guard lk(impl_->mu);
+  impl_->conns.clear();
+}
+
+}  // namespace weir::kafka

@@ -1,0 +1,93 @@
+// The Kafka listener's transport: a TCP server for size-prefixed request
+// frames (Kafka's framing: a 4-byte big-endian length, then the request).
+// Boost.Asio stays inside tcp_server.cc; the broker sees whole frames and a
+// Reply to answer on.
+//
+// Ownership and threads: the server front-end owns one TcpServer. Network I/O
+// runs on `io_threads`; frames are handed to the FrameHandler on an I/O
+// thread, and blocking work moves to `worker_threads` with Reply::Post.
+//
+// Guarantees: requests on one connection may be handled concurrently
+// (pipelining), but their responses are written in request order, as Kafka
+// clients require; a request that gets no response (acks=0) keeps its place
+// until answered with NoResponse. A frame over max_request_bytes, or a Reply
+// that asks to Close, closes the connection after the responses before it are
+// written. At most max_in_flight requests per connection are outstanding;
+// reading pauses until one is answered. A Reply dropped unanswered closes
+// the connection (the client would otherwise wait forever).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/clock.h"
+#include "base/status.h"
+
+namespace weir::kafka {
+
+// One request's way back to its client. Thread-safe; call exactly one of
+// Respond, NoResponse or Close, once.
+class Reply {
+ public:
+  virtual ~Reply() = default;
+  // The whole response after the size prefix (correlation id, then the body).
+  virtual void Respond(std::string response) = 0;
+  virtual void NoResponse() = 0;
+  // Closes the connection once the responses before this request are written.
+  virtual void Close() = 0;
+  // Runs `fn` on a worker thread soon / after `delay`.
+  virtual void Post(std::function<void()> fn) = 0;
+  virtual void After(Duration delay, std::function<void()> fn) = 0;
+  // "ip:port" of the client.
+  virtual const std::string& peer() const = 0;
+  // The connection is gone; a response would be dropped.
+  virtual bool closed() const = 0;
+};
+
+class FrameHandler {
+ public:
+  virtual ~FrameHandler() = default;
+  // Called on an I/O thread with one request frame (without its size
+  // prefix); must not block. Must eventually answer on `reply`.
+  virtual void Handle(std::string frame, std::shared_ptr<Reply> reply) = 0;
+};
+
+struct TcpServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 9092;  // 0 = the OS picks
+  size_t max_request_bytes = 100u << 20;
+  int io_threads = 1;
+  int worker_threads = 4;
+  size_t max_in_flight = 64;                           // per connection
+  Duration idle_timeout = std::chrono::minutes(10);    // Kafka's connections.max.idle.ms
+};
+
+struct TcpServerMetrics {
+  std::atomic<uint64_t> connections{0}, requests{0}, oversized{0}, closed_by_handler{0};
+  std::atomic<int64_t> open_connections{0}, in_flight{0};
+};
+
+class TcpServer {
+ public:
+  static Result<std::unique_ptr<TcpServer>> Start(const TcpServerOptions& options, FrameHandler* handler);
+  ~TcpServer();  // Stop()
+  TcpServer(const TcpServer&) = delete;
+  TcpServer& operator=(const TcpServer&) = delete;
+
+  std::string address() const;  // "host:port" actually bound
+  const TcpServerMetrics& metrics() const;
+  void StopAccepting();
+  // Closes every connection and joins all threads.
+  void Stop();
+
+  class Impl;
+
+ private:
+  explicit TcpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weir::kafka
