@@ -218,8 +218,7 @@ class GroupCoordinator {
   // members. A member's commit renews its session.
   int16_t ValidateCommit(std::string_view group_id, int32_t generation_id, std::string_view member_id,
                          const std::optional<std::string>& group_instance_id, TimePoint now);
-  // For DeleteGroups: NONE (forgotten), GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP or
-  // INVALID_GROUP_ID.
+  // For DeleteGroups: NONE (forgotten), GROUP_ID_NOT_FOUND or NON_EMPTY_GROUP.
   int16_t DeleteGroup(std::string_view group_id);
 
   // Expires sessions and member ids, completes rebalances whose delay or
