@@ -8,7 +8,6 @@ namespace {
 // Smallest wire size of each kind of field, for the array-count check: an
 // element's minimum is the sum over its fields in the lowest supported
 // version (an empty or null string, array or bytes included).
-constexpr size_t kI8 = 1;
 constexpr size_t kI16 = 2;
 constexpr size_t kI32 = 4;
 constexpr size_t kI64 = 8;
