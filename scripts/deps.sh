@@ -9,6 +9,7 @@ pkgs=(g++ cmake ninja-build ccache pkg-config python3 python3-requests
       libboost-dev          # Boost.Asio/Beast for the HTTP server (headers only)
       libsimdjson-dev       # the append body parser
       libcurl4-openssl-dev  # also the HTTP client of the weir CLI and `weir bench http` (src/client)
+      clang libclang-rt-14-dev  # libFuzzer for scripts/fuzz.sh
       )
 missing=()
 for p in "${pkgs[@]}"; do
