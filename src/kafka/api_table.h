@@ -103,6 +103,8 @@ struct DecodedRequest {
 // - InvalidArgument: malformed bytes (truncated, a length past the frame, a
 //   bad string, an impossible array count, bytes left over), naming the field.
 Result<DecodedRequest> DecodeRequest(std::string_view frame);
+// The records views would dangle: decode from a buffer that outlives the result.
+Result<DecodedRequest> DecodeRequest(std::string&& frame) = delete;
 inline bool IsUnsupportedApi(const Status& s) { return s.code() == Code::kNotSupported; }
 
 // Reads only the header at the start of a frame body (also for versions that

@@ -34,6 +34,8 @@ inline constexpr size_t kMaxStringSize = 32767;
 class Reader {
  public:
   explicit Reader(std::string_view data) : data_(data) {}
+  // Views returned would dangle: keep the input alive in a named buffer.
+  explicit Reader(std::string&&) = delete;
 
   // `field` names the value in error messages; it must be a string literal
   // (or otherwise outlive the Reader).
