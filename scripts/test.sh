@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds with warnings as errors, runs every test,
-# then runs the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# then runs the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
+# then fuzzes the Kafka request decoder for WEIR_FUZZ_SECONDS (default 60).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh"
@@ -17,3 +18,6 @@ echo "== build with ASan + UBSan"
 echo "== unit tests under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build/asan" --output-on-failure -j"$jobs" -L unit --timeout 900
+
+echo "== fuzz the Kafka request decoder (bounded)"
+"$root/scripts/fuzz.sh" "${WEIR_FUZZ_SECONDS:-60}"

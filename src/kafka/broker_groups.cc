@@ -83,10 +83,9 @@ void Broker::LeaveGroup(const std::shared_ptr<Request>& req) {
 void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
   auto& in = req->body<OffsetCommitRequest>();
   OffsetCommitResponse resp;
+  // An empty group id is valid for offsets (Kafka keeps it for old clients).
   ErrorCode all = ErrorCode::kNone;
-  if (in.group_id.empty()) {
-    all = ErrorCode::kInvalidGroupId;
-  } else if (req->version() > 0) {
+  if (req->version() > 0) {
     all = E(groups_.ValidateCommit(in.group_id, in.generation_id, in.member_id, in.group_instance_id, Now()));
   }
   std::vector<metastore::GroupOffset> offsets;
@@ -155,7 +154,6 @@ void Broker::OffsetFetch(const std::shared_ptr<Request>& req) {
     }
     Send(req, resp, EncodeOffsetFetchResponse);
   };
-  if (in.group_id.empty()) return fail(ErrorCode::kInvalidGroupId);
   auto committed = meta_->FetchGroupOffsets(in.group_id);
   if (!committed.ok()) {
     Log().warn("kafka: fetching offsets of group {}: {}", in.group_id, committed.status().ToString());
