@@ -7,6 +7,7 @@
 
 #include "base/bytes.h"
 #include "base/crc32c.h"
+#include "wal/compression.h"
 
 namespace weir::wal {
 namespace {
@@ -213,14 +214,41 @@ Status CheckFields(const BatchHeader& h) {
   return Status::Ok();
 }
 
+// Encodes the batch uncompressed, then replaces its record section with the
+// compressed one and reseals it, as a Kafka producer does.
+Status EncodeCompressed(const std::vector<Record>& records, const EncodeOptions& options, std::string* out) {
+  const int codec = options.attributes & kCompressionMask;
+  EncodeOptions plain_options = options;
+  plain_options.attributes = static_cast<int16_t>(options.attributes & ~kCompressionMask);
+  std::string plain;
+  WEIR_RETURN_IF_ERROR(EncodeRecordBatch(records, plain_options, &plain));
+  WEIR_ASSIGN_OR_RETURN(const std::string compressed,
+                        CompressRecords(codec, std::string_view(plain).substr(kRecordBatchHeaderSize)));
+  const uint64_t batch_length = static_cast<uint64_t>(kMinBatchLength) + compressed.size();
+  if (batch_length > kMaxInt32) return InvalidArgument("record batch exceeds the int32 length limit");
+
+  const size_t start = out->size();
+  out->reserve(start + 12 + batch_length);
+  out->append(plain, 0, kRecordBatchHeaderSize);
+  out->append(compressed);
+  char* batch = out->data() + start;
+  StoreBE32(batch + kBatchLengthPos, static_cast<uint32_t>(batch_length));
+  batch[kAttributesPos] = static_cast<char>(static_cast<uint16_t>(options.attributes) >> 8);
+  batch[kAttributesPos + 1] = static_cast<char>(options.attributes & 0xff);
+  StoreBE32(batch + kCrcPos, Crc32c(batch + kAttributesPos, out->size() - start - kAttributesPos));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions& options, std::string* out) {
   if (records.empty()) return InvalidArgument("record batch needs at least one record");
-  if (options.attributes & kCompressionMask) {
-    return InvalidArgument("cannot encode compressed record batches (codec {})", options.attributes & kCompressionMask);
+  const int codec = options.attributes & kCompressionMask;
+  if (codec > kCodecZstd) {
+    return InvalidArgument("unknown compression codec {} (known: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd)", codec);
   }
   if (options.attributes & kControlFlag) return InvalidArgument("cannot encode control record batches");
+  if (codec != kCodecNone) return EncodeCompressed(records, options, out);
   if (records.size() - 1 > kMaxInt32) return InvalidArgument("record batch of {} records is too large", records.size());
 
   // Kafka producers: baseTimestamp is the first record's, deltas may be negative.
@@ -295,12 +323,16 @@ Result<BatchHeader> VerifyBatch(std::string_view data) {
 }
 
 // Decodes the first batch in `batch`; bytes after it are ignored, as in VerifyBatch.
-Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch) {
+Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch, size_t max_decompressed) {
   WEIR_ASSIGN_OR_RETURN(BatchHeader h, VerifyBatch(batch));
-  if (h.compression() != 0) {
-    return NotSupported("compressed record batches (codec {}) cannot be decoded yet", h.compression());
+  std::string_view body = batch.substr(kRecordBatchHeaderSize, h.total_size() - kRecordBatchHeaderSize);
+  std::string decompressed;
+  if (h.compression() != kCodecNone) {
+    auto d = DecompressRecords(h.compression(), body, max_decompressed);
+    if (!d.ok()) return d.status().WithContext("record batch");
+    decompressed = std::move(d).value();
+    body = decompressed;
   }
-  const std::string_view body = batch.substr(kRecordBatchHeaderSize, h.total_size() - kRecordBatchHeaderSize);
   // Bound recordCount by the bytes present before reserving for it.
   if (static_cast<size_t>(h.record_count) > body.size() / kMinRecordSize) {
     return Corruption("record batch recordCount {} does not fit its {} bytes of records", h.record_count, body.size());

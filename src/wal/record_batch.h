@@ -29,6 +29,11 @@ inline constexpr int64_t kNoProducerId = -1;
 inline constexpr int16_t kNoProducerEpoch = -1;
 inline constexpr int32_t kNoSequence = -1;
 
+// DecodeRecords refuses a compressed batch whose records decompress to more
+// than this (a decompression bomb). Kafka producers' default batch sizes are
+// around 1 MB, so real batches stay well below it.
+inline constexpr size_t kMaxDecompressedRecordsBytes = 64 * 1024 * 1024;
+
 // attributes bits (Kafka): 0-2 compression, 3 timestamp type, 4 transactional, 5 control.
 inline constexpr int16_t kCompressionMask = 0x07;
 inline constexpr int16_t kTimestampLogAppendTime = 0x08;
@@ -75,11 +80,14 @@ struct EncodeOptions {
   int64_t producer_id = kNoProducerId;
   int16_t producer_epoch = kNoProducerEpoch;
   int32_t base_sequence = kNoSequence;
-  int16_t attributes = 0;  // compression bits must be 0: EncodeRecordBatch writes uncompressed
+  // Compression bits 1-4 compress the record section with that codec
+  // (compression.h) as a Kafka producer does; the CRC covers the compressed bytes.
+  int16_t attributes = 0;
 };
 
-// Appends one uncompressed batch holding `records` (offsets base_offset + i) to
-// *out. Fails with kInvalidArgument for an empty record list or compression bits.
+// Appends one batch holding `records` (offsets base_offset + i) to *out.
+// Fails with kInvalidArgument (appending nothing) for an empty record list, an
+// unknown codec (5-7), the control flag, or a batch past the int32 length limit.
 Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions& options, std::string* out);
 
 // Parses and checks the 61-byte header at the start of `data` (magic, length
@@ -90,13 +98,17 @@ Result<BatchHeader> ParseBatchHeader(std::string_view data);
 // kCorruption names the field or CRC that failed.
 Result<BatchHeader> VerifyBatch(std::string_view data);
 
-// Decodes the records of one verified, uncompressed batch (kNotSupported for a
-// compressed one). Offsets are base_offset + offsetDelta of each record.
+// Verifies one batch and decodes its records, decompressing the record section
+// first if the batch is compressed (its records may take at most
+// `max_decompressed` bytes, else kCorruption naming the limit). Offsets are
+// base_offset + offsetDelta of each record. kCorruption for damaged bytes,
+// kNotSupported for an unknown codec (5-7).
 struct DecodedRecord {
   int64_t offset = 0;
   Record record;
 };
-Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch);
+Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch,
+                                                 size_t max_decompressed = kMaxDecompressedRecordsBytes);
 
 // Rewrites baseOffset of the batch starting at byte pos, in place (it is outside the CRC).
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
