@@ -187,7 +187,9 @@ Result<std::string> UnsnappyRecords(std::string_view in, size_t max_output) {
                                  in.size() - pos));
     }
     Status st = UnsnappyBlock(in.substr(pos, len), max_output, &out);
-    if (!st.ok()) return st.code() == Code::kCorruption ? st.WithContext(fmt::format("snappy-java block {}", index)) : st;
+    if (!st.ok()) {
+      return st.code() == Code::kCorruption ? st.WithContext(fmt::format("snappy-java block {}", index)) : st;
+    }
     pos += len;
     ++index;
   }
