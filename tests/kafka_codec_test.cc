@@ -775,12 +775,12 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
       "00000009"  // correlation_id
       "0023"      // error_code 35 UNSUPPORTED_VERSION
       "0000000f"  // 15 APIs
-      "0000 0003 0007"
-      "0001 0004 000b"
+      "0000 0000 0007"  // Produce: decoded from v3, advertised from v0
+      "0001 0000 000b"  // Fetch: decoded from v4
       "0002 0000 0003"
       "0003 0000 0006"
       "0008 0000 0007"
-      "0009 0001 0005"
+      "0009 0000 0005"  // OffsetFetch: decoded from v1
       "000a 0000 0002"
       "000b 0000 0005"
       "000c 0000 0003"

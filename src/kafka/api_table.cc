@@ -90,7 +90,7 @@ bool IsSupported(int16_t key, int16_t version) {
 
 ApiVersionsResponse SupportedApiVersions() {
   ApiVersionsResponse resp;
-  for (const ApiInfo& api : kSupportedApis) resp.api_keys.push_back({api.key, api.min_version, api.max_version});
+  for (const ApiInfo& api : kSupportedApis) resp.api_keys.push_back({api.key, api.advertised_min, api.max_version});
   return resp;
 }
 

@@ -40,30 +40,36 @@ enum class ApiKey : int16_t {
 // One supported API: requests with `key` and a version in
 // [min_version, max_version] are decoded; every other request is not. None of
 // these versions is flexible (no compact strings, no tagged fields).
+// ApiVersions advertises [advertised_min, max_version]: librdkafka enables
+// features by overlap with old versions (gzip/snappy/lz4 need Produce v0,
+// throttle times Produce/Fetch v1-2), so the range starts at 0 wherever the
+// API has a v0. Clients always pick the highest common version; a request
+// below min_version still closes the connection.
 struct ApiInfo {
   int16_t key;
   const char* name;
   int16_t min_version;
   int16_t max_version;
+  int16_t advertised_min;
 };
 
-// {key, name, min_version, max_version}
+// {key, name, min_version, max_version, advertised_min}
 inline constexpr ApiInfo kSupportedApis[] = {
-    {0,   "Produce",         3,  7},
-    {1,   "Fetch",           4,  11},
-    {2,   "ListOffsets",     0,  3},
-    {3,   "Metadata",        0,  6},
-    {8,   "OffsetCommit",    0,  7},
-    {9,   "OffsetFetch",     1,  5},
-    {10,  "FindCoordinator", 0,  2},
-    {11,  "JoinGroup",       0,  5},
-    {12,  "Heartbeat",       0,  3},
-    {13,  "LeaveGroup",      0,  3},
-    {14,  "SyncGroup",       0,  3},
-    {18,  "ApiVersions",     0,  2},
-    {19,  "CreateTopics",    0,  4},
-    {20,  "DeleteTopics",    0,  3},
-    {22,  "InitProducerId",  0,  1},
+    {0,   "Produce",         3,  7,   0},
+    {1,   "Fetch",           4,  11,  0},
+    {2,   "ListOffsets",     0,  3,   0},
+    {3,   "Metadata",        0,  6,   0},
+    {8,   "OffsetCommit",    0,  7,   0},
+    {9,   "OffsetFetch",     1,  5,   0},
+    {10,  "FindCoordinator", 0,  2,   0},
+    {11,  "JoinGroup",       0,  5,   0},
+    {12,  "Heartbeat",       0,  3,   0},
+    {13,  "LeaveGroup",      0,  3,   0},
+    {14,  "SyncGroup",       0,  3,   0},
+    {18,  "ApiVersions",     0,  2,   0},
+    {19,  "CreateTopics",    0,  4,   0},
+    {20,  "DeleteTopics",    0,  3,   0},
+    {22,  "InitProducerId",  0,  1,   0},
 };
 
 // The row for `key`, or nullptr if weir does not speak that API.
@@ -71,7 +77,8 @@ const ApiInfo* FindApi(int16_t key);
 // Whether `key` is supported at `version`.
 bool IsSupported(int16_t key, int16_t version);
 
-// An ApiVersions response (error NONE) listing every row of kSupportedApis.
+// An ApiVersions response (error NONE) listing every row of kSupportedApis
+// with its advertised range.
 ApiVersionsResponse SupportedApiVersions();
 
 // The response body for an ApiVersions request whose version weir does not
