@@ -346,7 +346,16 @@ Result<std::pair<std::vector<Info>, bool>> ListPage(const Request& req, ListFn l
   return std::make_pair(std::move(items), more);
 }
 
+// Deletes a basin's tables (with their bucket streams), then its streams.
 Status DeleteBasinStreams(log::Engine* engine, const std::string& basin) {
+  for (;;) {
+    WEIR_ASSIGN_OR_RETURN(auto tables, engine->ListTables(basin, "", "", 1000));
+    if (tables.empty()) break;
+    for (const auto& t : tables) {
+      Status st = engine->DeleteTable(basin, t.name);
+      if (!st.ok() && st.code() != Code::kNotFound) return st;
+    }
+  }
   for (;;) {
     WEIR_ASSIGN_OR_RETURN(auto streams, engine->ListStreams(basin, "", "", 1000));
     if (streams.empty()) return Status::Ok();

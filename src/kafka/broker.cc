@@ -148,6 +148,11 @@ Status Broker::CreateTopic(const std::string& topic, int32_t partitions, const s
   t.bucket_count = static_cast<uint32_t>(partitions);
   t.config = config_json;
   auto created = engine_->CreateTable(t, stream_config);
+  if (!created.ok() && created.status().code() == Code::kNotFound) {
+    // The basin was deleted (through the REST API): bring it back.
+    WEIR_RETURN_IF_ERROR(Init());
+    created = engine_->CreateTable(t, stream_config);
+  }
   if (!created.ok()) return created.status();
   metrics_.topics_created++;
   Log().info("kafka: created topic {} with {} partitions", topic, partitions);
