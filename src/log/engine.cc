@@ -554,10 +554,11 @@ void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stre
   pend->end = s->live.next_offset + count;
   pend->first_timestamp_ms = first_ts;
   pend->last_timestamp_ms = last_ts;
-  pend->bytes = std::make_shared<const std::string>(batch);
+  // One copy of the bytes, shared by the WAL pool and (once durable) the log cache.
+  pend->bytes = std::make_shared<const std::string>(std::move(batch));
   pend->waiters.emplace_back(std::move(done), false);
   // Submitting under the stream lock keeps pool order == offset order.
-  Status st = wal_->Append(s->info.id, std::move(batch),
+  Status st = wal_->Append(s->info.id, pend->bytes,
                            [this, s, pend](const Status& result, const wal::AckInfo& where) {
                              OnDurable(s, pend, result, where);
                            },

@@ -57,6 +57,9 @@ class SegmentBuilder {
   // Appends one or more whole, verified batches. kInvalidArgument if a batch
   // is malformed or its offsets are not contiguous with what came before.
   Status Add(std::string_view batches);
+  // Sizes the buffer once for `data_bytes` of batches in `batches` batches
+  // plus the index and footer, so Add and Finish never copy it again.
+  void Reserve(size_t data_bytes, size_t batches);
 
   bool empty() const;
   uint64_t start_offset() const;

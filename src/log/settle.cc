@@ -84,6 +84,9 @@ Status Engine::SettleNow() {
     if (refs.empty()) continue;
     Work w{s, refs.size(), 0, s->settled, {}};
     SegmentBuilder builder(s->info.id);
+    size_t total = 0;
+    for (const BatchRef& ref : refs) total += ref.where.length;
+    builder.Reserve(total, refs.size());
     for (const BatchRef& ref : refs) {
       std::string fetched;
       std::string_view bytes;

@@ -28,7 +28,7 @@ uint64_t RandomNonce() {
 
 struct Writer::Entry {
   uint64_t stream_id = 0;
-  std::string bytes;  // emptied once the slot is built; see offset/length
+  std::shared_ptr<const std::string> bytes;  // dropped once the slot is built; see offset/length
   uint32_t length = 0;
   uint32_t batch_count = 0;
   uint32_t record_count = 0;
@@ -109,7 +109,14 @@ std::pair<uint64_t, uint64_t> Writer::released_below() const {
 }
 
 Status Writer::Append(uint64_t stream_id, std::string batches, AckCallback done, TimePoint deadline) {
+  return Append(stream_id, std::make_shared<const std::string>(std::move(batches)), std::move(done), deadline);
+}
+
+Status Writer::Append(uint64_t stream_id, std::shared_ptr<const std::string> shared, AckCallback done,
+                      TimePoint deadline) {
   TimePoint start = Now();
+  if (!shared) return InvalidArgument("WAL append of stream {}: no record batches", stream_id);
+  const std::string& batches = *shared;
   if (batches.empty()) return InvalidArgument("WAL append of stream {}: no record batches", stream_id);
   Entry e;
   size_t pos = 0;
@@ -130,7 +137,7 @@ Status Writer::Append(uint64_t stream_id, std::string batches, AckCallback done,
   }
   e.stream_id = stream_id;
   e.length = static_cast<uint32_t>(batches.size());
-  e.bytes = std::move(batches);
+  e.bytes = std::move(shared);
   e.done = std::move(done);
   e.submitted = start;
   size_t charge = e.length + kEntryOverhead;
@@ -242,11 +249,11 @@ void Writer::BuildSlot(Slot& slot, std::string buffer) {
   std::lock_guard lk(slot.build_mu);
   if (slot.built) return;
   SlotBuilder b;
-  for (const Entry& e : slot.entries) b.Add(e.stream_id, e.bytes, e.batch_count, e.record_count);
+  for (const Entry& e : slot.entries) b.Add(e.stream_id, *e.bytes, e.batch_count, e.record_count);
   b.FinishInto(slot.epoch, slot.seq, options_.nonce, &buffer);
   for (size_t i = 0; i < slot.entries.size(); ++i) {
     slot.entries[i].offset = b.position(i);
-    std::string().swap(slot.entries[i].bytes);  // the slot holds the only copy now
+    slot.entries[i].bytes.reset();  // the slot holds the writer's copy now
   }
   metrics_.slot_size_bytes.Record(buffer.size());
   metrics_.slot_entries.Record(slot.entries.size());
@@ -428,7 +435,7 @@ void Writer::Requeue(std::vector<std::shared_ptr<Slot>>& slots) {
     Slot& slot = **it;
     std::lock_guard blk(slot.build_mu);
     for (auto e = slot.entries.rbegin(); e != slot.entries.rend(); ++e) {
-      if (slot.built) e->bytes.assign(slot.bytes, e->offset, e->length);
+      if (slot.built) e->bytes = std::make_shared<const std::string>(slot.bytes, e->offset, e->length);
       pool_uncut_bytes_ += e->length;
       pool_.push_front(std::move(*e));
       metrics_.republished_entries.fetch_add(1, std::memory_order_relaxed);

@@ -97,6 +97,10 @@ class Writer {
   // kResourceExhausted with the cause, and `done` is never called. Bad input is
   // kInvalidArgument; after Close kCancelled.
   Status Append(uint64_t stream_id, std::string batches, AckCallback done, TimePoint deadline);
+  // The same for bytes the caller keeps sharing (the engine's log cache):
+  // the writer only reads them, and drops its reference once the slot is built.
+  Status Append(uint64_t stream_id, std::shared_ptr<const std::string> batches, AckCallback done,
+                TimePoint deadline);
 
   // After a halt, and after the owner fenced the halted epoch and found every
   // slot below `cut` committed: acknowledges those, and re-publishes the entries
