@@ -48,8 +48,7 @@ SHARED = None
 
 def common(addr):
     # Generous socket and request timeouts: CI is a loaded 2-core machine.
-    return {"bootstrap.servers": addr, "socket.timeout.ms": 60000, "metadata.request.timeout.ms": 60000,
-            "api.version.request.timeout.ms": 60000}
+    return {"bootstrap.servers": addr, "socket.timeout.ms": 60000, "api.version.request.timeout.ms": 60000}
 
 
 def admin(server):
@@ -57,7 +56,8 @@ def admin(server):
 
 
 def create_topic(server, topic, partitions):
-    futures = admin(server).create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+    a = admin(server)  # held until the result is in (a collected client cancels it)
+    futures = a.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
                                           operation_timeout=60, request_timeout=OP_TIMEOUT)
     futures[topic].result(timeout=OP_TIMEOUT)
 
@@ -224,7 +224,7 @@ def setUpModule():
     global SHARED
     if Producer is None:
         raise unittest.SkipTest("python3-confluent-kafka is not installed (apt-get install python3-confluent-kafka)")
-    SHARED = ks.start_server()
+    SHARED = ks.start_server(shared=True)
 
 
 def tearDownModule():
@@ -233,7 +233,7 @@ def tearDownModule():
 
 # --------------------------------------------------------------------------
 
-class Admin(unittest.TestCase):
+class Admin(ks.TestCase):
     def test_create_list_delete(self):
         topic = unique("admin")
         create_topic(SHARED, topic, 4)
@@ -259,14 +259,15 @@ class Admin(unittest.TestCase):
         p = producer(SHARED)
         produce_all(p, topic, [(b"k%d" % i, b"v%d" % i) for i in range(40)], rep)
         self.assertEqual(len(rep.ok), 40)
-        futures = admin(SHARED).delete_topics([topic], operation_timeout=60, request_timeout=OP_TIMEOUT)
+        a = admin(SHARED)
+        futures = a.delete_topics([topic], operation_timeout=60, request_timeout=OP_TIMEOUT)
         futures[topic].result(timeout=OP_TIMEOUT)
         deadline = time.monotonic() + OP_TIMEOUT
         while topic in admin(SHARED).list_topics(timeout=OP_TIMEOUT).topics:
             self.assertLess(time.monotonic(), deadline, f"{topic} still listed {OP_TIMEOUT} s after its deletion")
             time.sleep(0.5)
         with self.assertRaises(KafkaException) as cm:
-            f = admin(SHARED).delete_topics([topic], operation_timeout=60, request_timeout=OP_TIMEOUT)
+            f = a.delete_topics([topic], operation_timeout=60, request_timeout=OP_TIMEOUT)
             f[topic].result(timeout=OP_TIMEOUT)
         self.assertEqual(error_code(cm.exception), KafkaError.UNKNOWN_TOPIC_OR_PART, cm.exception)
 
@@ -276,7 +277,7 @@ class Admin(unittest.TestCase):
             self.assertEqual(watermarks(SHARED, topic, part), (0, 0), f"partition {part} of the re-created topic")
 
 
-class IdempotentProducer(unittest.TestCase):
+class IdempotentProducer(ks.TestCase):
     def test_keyed_records_across_four_partitions(self):
         topic = unique("idem")
         create_topic(SHARED, topic, 4)
@@ -312,7 +313,7 @@ class IdempotentProducer(unittest.TestCase):
                              [v for _, _, v in recs], f"partition {part}")
 
 
-class ConsumerGroup(unittest.TestCase):
+class ConsumerGroup(ks.TestCase):
     def test_two_members_exactly_once_then_resume_after_restart(self):
         topic, group = unique("grp"), unique("group")
         create_topic(SHARED, topic, 4)
@@ -388,7 +389,7 @@ class ConsumerGroup(unittest.TestCase):
             c.c.close()
 
 
-class Restart(unittest.TestCase):
+class Restart(ks.TestCase):
     def test_restart_between_produce_and_consume_loses_nothing(self):
         server = ks.start_server()
         try:
@@ -457,7 +458,7 @@ class Restart(unittest.TestCase):
             ks.stop_server(server)
 
 
-class ListOffsets(unittest.TestCase):
+class ListOffsets(ks.TestCase):
     def test_watermarks_and_offsets_for_times(self):
         topic = unique("times")
         create_topic(SHARED, topic, 1)
@@ -487,7 +488,7 @@ class ListOffsets(unittest.TestCase):
         self.assertEqual([got[(0, i)][1] for i in range(20)], [f"t{i}".encode() for i in range(20)])
 
 
-class Transactions(unittest.TestCase):
+class Transactions(ks.TestCase):
     def test_transactional_producer_is_rejected(self):
         p = Producer(dict(common(SHARED.kafka_addr), **{"transactional.id": unique("txn"),
                                                         "transaction.timeout.ms": 60000}))

@@ -23,6 +23,7 @@ from weir_server import ServerError, WeirServer  # noqa: E402,F401
 KAFKA_BASIN = "weir-kafka"
 REQ_TIMEOUT = 60        # seconds per REST request
 READ_TIMEOUT = 180      # seconds to wait for records to show up through REST
+LOG_LINES = int(os.environ.get("WEIR_TEST_LOG_LINES", "60"))  # server log lines shown on a failure
 SERVERS = []            # every server started, for log dumps and cleanup
 KNOWN_SERVER_BUGS = {}  # test name -> note, printed with the summary
 WEIR = None             # the binary, set by main()
@@ -52,9 +53,11 @@ def server_bug(note):
 # --------------------------------------------------------------------------
 # Servers
 
-def start_server(args=(), data_dir=None):
-    """A running `weir serve` with its Kafka listener on a free port."""
+def start_server(args=(), data_dir=None, shared=False):
+    """A running `weir serve` with its Kafka listener on a free port. A
+    shared server that dies is started again (see TestCase)."""
     server = WeirServer(WEIR, data_dir=data_dir, args=list(args))
+    server.shared = shared
     SERVERS.append(server)
     server.start()
     if not server.kafka_addr:
@@ -74,6 +77,47 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+CRASHES = []            # servers found dead between tests: they fail the run
+_last_test = None
+
+
+def _reap_dead():
+    """Notes for every server that died (not stopped), and starts the shared
+    ones again on their data dirs so that later tests still run."""
+    notes = []
+    for s in SERVERS:
+        if s.proc is None or s.proc.poll() is None:
+            continue
+        notes.append(f"weir serve died with exit status {s.proc.returncode}\n" + s.log_tail(LOG_LINES))
+        s.proc = None
+        if getattr(s, "shared", False):
+            try:
+                s.start()
+            except Exception as e:  # the next tests will fail on their own
+                notes.append(f"starting it again failed: {e}")
+    return notes
+
+
+class TestCase(unittest.TestCase):
+    """Fails the test during which a server died (a crash, not a stop), with
+    its exit status and log; a death noticed before a test (after the
+    previous one passed) fails the run at the end. A shared server is started
+    again on its data dir so that the tests after it still run."""
+
+    def setUp(self):
+        global _last_test
+        notes = _reap_dead()
+        if notes:
+            CRASHES.append(f"between {_last_test} and {self.id()}:\n" + "\n".join(notes))
+            print(f"\n!!! {CRASHES[-1]}", flush=True)
+        _last_test = self.id()
+
+    def tearDown(self):
+        notes = _reap_dead()
+        if notes:
+            self.fail("during this test: " + "\n".join(notes))
 
 
 # --------------------------------------------------------------------------
@@ -153,7 +197,7 @@ class _Result(unittest.TextTestResult):
 
     def _dump(self):
         for s in SERVERS:
-            print("\n" + s.log_tail(60), flush=True)
+            print("\n" + s.log_tail(LOG_LINES), flush=True)
 
     def addFailure(self, test, err):
         super().addFailure(test, err)
@@ -179,6 +223,9 @@ def main(usage):
         runner = unittest.TextTestRunner(verbosity=2, resultclass=_Result)
         prog = unittest.main(module="__main__", argv=[sys.argv[0]] + args, exit=False, testRunner=runner)
         ok = prog.result.wasSuccessful()
+        if CRASHES:
+            print(f"\n{len(CRASHES)} server death(s) outside any test's own run (see the !!! lines above)")
+            ok = False
         if not ok:
             failed = [t.id() for t, _ in prog.result.failures + prog.result.errors]
             for name, note in KNOWN_SERVER_BUGS.items():

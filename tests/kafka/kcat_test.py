@@ -122,14 +122,14 @@ def setUpModule():
     global SHARED
     if not os.access(KCAT, os.X_OK):
         raise unittest.SkipTest(f"{KCAT} not found (apt-get install kcat)")
-    SHARED = ks.start_server()
+    SHARED = ks.start_server(shared=True)
 
 
 def tearDownModule():
     ks.stop_server(SHARED)
 
 
-class Metadata(unittest.TestCase):
+class Metadata(ks.TestCase):
     def test_broker_and_auto_created_topic(self):
         topic = unique("meta")
         produce(SHARED, topic, [b"hello"])  # auto-creates it with 1 partition (the default)
@@ -161,7 +161,7 @@ class Metadata(unittest.TestCase):
         self.assertIn("partition 0, leader", text)
 
 
-class ProduceConsume(unittest.TestCase):
+class ProduceConsume(ks.TestCase):
     def test_file_round_trip_exact(self):
         topic = unique("file")
         lines = sample_lines(1000, "file")
@@ -221,7 +221,7 @@ def header_pairs(msg):
     return list(zip(h[0::2], h[1::2]))
 
 
-class MultiPartition(unittest.TestCase):
+class MultiPartition(ks.TestCase):
     """A server that auto-creates topics with 3 partitions."""
 
     @classmethod
@@ -256,7 +256,9 @@ class MultiPartition(unittest.TestCase):
         s = self.server
         topic = unique("spread")
         lines = [f"r{i}".encode() for i in range(600)]
-        produce(s, topic, lines, "-p", "-1")  # random partitioner
+        # Random partitioner, record by record (librdkafka's sticky
+        # partitioning would send a quick burst of keyless records to one or two).
+        produce(s, topic, lines, "-p", "-1", "-X", "sticky.partitioning.linger.ms=0")
         msgs = consume_json(s, topic)
         self.assertEqual(sorted(m["payload"] for m in msgs), sorted(x.decode() for x in lines))
         parts = {m["partition"] for m in msgs}
@@ -266,34 +268,55 @@ class MultiPartition(unittest.TestCase):
             self.assertEqual(offs, list(range(len(offs))), f"partition {p}")
 
 
-class Compression(unittest.TestCase):
+APIVERSIONS_BUG = ("ApiVersions advertises Produce 3-7 (and Fetch 4-11): librdkafka <= 2.11 only compresses "
+                   "gzip/snappy/lz4 if the broker supports Produce in [0, 0], so it silently sends those batches "
+                   "uncompressed (debug: 'Broker does not support compression type gzip: not compressing batch'); "
+                   "the issue asks for minimum version 0 where the API has one. Once they are compressed, the "
+                   "REST read meets the decoding bug of test_zstd too")
+ZSTD_BUG = ("REST read of a zstd batch: 422 not_supported \"compressed record batches (codec 4) cannot be decoded "
+            "yet\" (wal::DecodeRecords decodes no compressed batch; docs/kafka.md says the REST API decompresses "
+            "all four codecs)")
+
+
+class Compression(ks.TestCase):
     def _codec(self, codec):
         topic = unique(f"z-{codec}")
-        # Compressible lines, so librdkafka does compress (it sends a batch
-        # uncompressed when compression does not make it smaller).
+        # Compressible lines: librdkafka sends a batch uncompressed when
+        # compression does not make it smaller. -d msg logs each produced
+        # batch with its codec, so the test knows the batches were compressed.
         lines = [f"k{i % 7}:{codec} record {i} ".encode() + b"abcdefgh" * (10 + i % 20) for i in range(2000)]
         lines += [b"", b"no key here " * 20]
-        produce(SHARED, topic, lines, "-K:", "-z", codec, "-X", "linger.ms=50")
+        out = produce(SHARED, topic, lines, "-K:", "-z", codec, "-X", "linger.ms=50", "-d", "msg")
         self.assertEqual(consume(SHARED, topic), expected_output(lines))
+        log = out.stderr.decode(errors="replace")
+        batches = [line for line in log.splitlines() if "Produce MessageSet" in line]
+        self.assertTrue(batches, log[-3000:])
+        self.assertEqual([b for b in batches if not b.endswith(f", {codec})")], [],
+                         f"batches not sent with {codec}:\n" +
+                         "\n".join(line for line in log.splitlines() if "compress" in line.lower())[:2000])
         vals = values_of(lines)
         recs = rest_read(SHARED, topic, 0, len(vals))
         self.assertEqual([r["body"] for r in recs], vals, "REST bodies of a compressed topic")
         self.assertEqual([r["seq_num"] for r in recs], list(range(len(vals))))
 
+    @ks.server_bug(APIVERSIONS_BUG)
     def test_gzip(self):
         self._codec("gzip")
 
+    @ks.server_bug(APIVERSIONS_BUG)
     def test_snappy(self):
         self._codec("snappy")
 
+    @ks.server_bug(APIVERSIONS_BUG)
     def test_lz4(self):
         self._codec("lz4")
 
+    @ks.server_bug(ZSTD_BUG)
     def test_zstd(self):
         self._codec("zstd")
 
 
-class RestInterop(unittest.TestCase):
+class RestInterop(ks.TestCase):
     def test_rest_appends_read_by_kcat(self):
         topic = unique("rest")
         produce(SHARED, topic, [b"k0:from kafka"], "-K:")  # creates the topic
@@ -317,7 +340,7 @@ class RestInterop(unittest.TestCase):
             self.assertGreater(ts, 1_600_000_000_000, stamps)
 
 
-class AdvertisedAddr(unittest.TestCase):
+class AdvertisedAddr(ks.TestCase):
     def test_metadata_names_the_advertised_address(self):
         port = ks.free_port()
         s = ks.start_server(["--kafka-addr", f"127.0.0.1:{port}", "--kafka-advertised-addr", f"localhost:{port}"])
