@@ -268,16 +268,6 @@ class MultiPartition(ks.TestCase):
             self.assertEqual(offs, list(range(len(offs))), f"partition {p}")
 
 
-APIVERSIONS_BUG = ("ApiVersions advertises Produce 3-7 (and Fetch 4-11): librdkafka <= 2.11 only compresses "
-                   "gzip/snappy/lz4 if the broker supports Produce in [0, 0], so it silently sends those batches "
-                   "uncompressed (debug: 'Broker does not support compression type gzip: not compressing batch'); "
-                   "the issue asks for minimum version 0 where the API has one. Once they are compressed, the "
-                   "REST read meets the decoding bug of test_zstd too")
-ZSTD_BUG = ("REST read of a zstd batch: 422 not_supported \"compressed record batches (codec 4) cannot be decoded "
-            "yet\" (wal::DecodeRecords decodes no compressed batch; docs/kafka.md says the REST API decompresses "
-            "all four codecs)")
-
-
 class Compression(ks.TestCase):
     def _codec(self, codec):
         topic = unique(f"z-{codec}")
@@ -299,19 +289,15 @@ class Compression(ks.TestCase):
         self.assertEqual([r["body"] for r in recs], vals, "REST bodies of a compressed topic")
         self.assertEqual([r["seq_num"] for r in recs], list(range(len(vals))))
 
-    @ks.server_bug(APIVERSIONS_BUG)
     def test_gzip(self):
         self._codec("gzip")
 
-    @ks.server_bug(APIVERSIONS_BUG)
     def test_snappy(self):
         self._codec("snappy")
 
-    @ks.server_bug(APIVERSIONS_BUG)
     def test_lz4(self):
         self._codec("lz4")
 
-    @ks.server_bug(ZSTD_BUG)
     def test_zstd(self):
         self._codec("zstd")
 
