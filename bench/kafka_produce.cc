@@ -18,7 +18,12 @@
 // line on stdout:
 //   {"records_per_s", "mb_per_s" (record values, 10^6 bytes), "p50_ms",
 //    "p99_ms", "p999_ms", "max_ms", "mean_ms", "errors", "first_error", ...}
-// and the parameters. Exit status 1 if nothing was acknowledged or librdkafka
+// and the parameters. "broker_rtt_p50_ms"/"broker_rtt_p99_ms" come from
+// librdkafka's statistics: request round trips on the broker connection (the
+// median of per-second p50s, the largest per-second p99), i.e. the broker's
+// share of the latency without the time records wait in librdkafka (an
+// idempotent librdkafka 2.0 producer keeps one request in flight per
+// partition, so at load records wait for the previous request). Exit status 1 if nothing was acknowledged or librdkafka
 // raised a fatal error.
 //
 // Usage (one command line):
@@ -29,6 +34,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -72,6 +78,9 @@ struct Run {
   uint64_t acked_total = 0;
   uint64_t errors = 0;
   std::string first_error;
+  // Broker round trips from librdkafka's statistics (one window a second,
+  // windows inside the measured one): per-window p50 and p99, in ms.
+  std::vector<double> rtt_p50, rtt_p99;
   // One-second progress on a TTY.
   uint64_t acked_last = 0;
   int64_t progress_ns = 0;
@@ -94,6 +103,24 @@ void OnDelivery(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque) {
   if (sent >= run->window_start_ns && sent < run->window_end_ns) {
     run->latency_ms.push_back(static_cast<float>(static_cast<double>(now - sent) / 1e6));
   }
+}
+
+// librdkafka's statistics JSON: brokers.<name>.rtt holds the window's
+// request round-trip percentiles in microseconds (Produce requests here).
+int OnStats(rd_kafka_t*, char* json, size_t len, void* opaque) {
+  auto* run = static_cast<Run*>(opaque);
+  const int64_t now = run->Now();
+  if (now <= run->window_start_ns + 1'000'000'000 || now > run->window_end_ns) return 0;
+  auto doc = nlohmann::json::parse(json, json + len, nullptr, false);
+  if (doc.is_discarded() || !doc.contains("brokers")) return 0;
+  for (const auto& [name, b] : doc["brokers"].items()) {
+    if (b.value("nodeid", -1) < 0 || !b.contains("rtt")) continue;  // bootstrap entries
+    const auto& rtt = b["rtt"];
+    if (rtt.value("cnt", 0) == 0) continue;
+    run->rtt_p50.push_back(rtt.value("p50", 0) / 1000.0);
+    run->rtt_p99.push_back(rtt.value("p99", 0) / 1000.0);
+  }
+  return 0;  // librdkafka frees json
 }
 
 void OnError(rd_kafka_t*, int err, const char* reason, void* opaque) {
@@ -236,7 +263,7 @@ int main(int argc, char** argv) {
             Set(conf, "linger.ms", Num(o.linger_ms)) && Set(conf, "compression.codec", o.compression) &&
             Set(conf, "queue.buffering.max.messages", std::to_string(o.queue_messages)) &&
             Set(conf, "queue.buffering.max.kbytes", "2097151") && Set(conf, "message.timeout.ms", "120000") &&
-            Set(conf, "socket.timeout.ms", "60000") && Set(conf, "message.max.bytes", std::to_string(std::max<size_t>(
+            Set(conf, "socket.timeout.ms", "60000") && Set(conf, "statistics.interval.ms", "1000") && Set(conf, "message.max.bytes", std::to_string(std::max<size_t>(
                                                                                            1000000, o.record_bytes + 4096)));
   for (const auto& kv : o.set) {
     auto eq = kv.find('=');
@@ -249,6 +276,7 @@ int main(int argc, char** argv) {
   if (!ok) return 2;
   rd_kafka_conf_set_dr_msg_cb(conf, OnDelivery);
   rd_kafka_conf_set_error_cb(conf, OnError);
+  rd_kafka_conf_set_stats_cb(conf, OnStats);
   rd_kafka_conf_set_opaque(conf, &run);
   rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
   if (!rk) {
@@ -332,15 +360,19 @@ int main(int argc, char** argv) {
   }
   if (!lat.empty()) mean /= static_cast<double>(lat.size());
   const double rps = static_cast<double>(run.acked_in_window) / o.duration_s;
+  // Broker round trips: the median of the per-second p50s, the largest p99.
+  std::sort(run.rtt_p50.begin(), run.rtt_p50.end());
+  const double rtt_p50 = run.rtt_p50.empty() ? 0 : run.rtt_p50[run.rtt_p50.size() / 2];
+  const double rtt_p99 = run.rtt_p99.empty() ? 0 : *std::max_element(run.rtt_p99.begin(), run.rtt_p99.end());
   const double p50 = Percentile(lat, 0.50), p99 = Percentile(lat, 0.99), p999 = Percentile(lat, 0.999);
   std::printf(
       "{\"records_per_s\":%s,\"mb_per_s\":%s,\"p50_ms\":%s,\"p99_ms\":%s,\"p999_ms\":%s,\"max_ms\":%s,"
-      "\"mean_ms\":%s,\"errors\":%" PRIu64 ",\"first_error\":%s,\"acked\":%" PRIu64 ",\"produced\":%" PRIu64
+      "\"mean_ms\":%s,\"broker_rtt_p50_ms\":%s,\"broker_rtt_p99_ms\":%s,\"errors\":%" PRIu64 ",\"first_error\":%s,\"acked\":%" PRIu64 ",\"produced\":%" PRIu64
       ",\"unflushed\":%d,\"record_bytes\":%zu,\"duration_s\":%s,\"linger_ms\":%s,\"acks\":%s,"
       "\"idempotent\":%s,\"compression\":%s,\"partitions\":%d,\"queue_messages\":%d,\"rate\":%s,"
       "\"topic\":%s}\n",
       Num(rps).c_str(), Num(rps * static_cast<double>(o.record_bytes) / 1e6).c_str(), Num(p50).c_str(),
-      Num(p99).c_str(), Num(p999).c_str(), Num(max).c_str(), Num(mean).c_str(), run.errors,
+      Num(p99).c_str(), Num(p999).c_str(), Num(max).c_str(), Num(mean).c_str(), Num(rtt_p50).c_str(), Num(rtt_p99).c_str(), run.errors,
       run.first_error.empty() ? "null" : Quote(run.first_error).c_str(), run.acked_total, produced, left,
       o.record_bytes, Num(o.duration_s).c_str(), Num(o.linger_ms).c_str(), Quote(o.acks).c_str(),
       o.idempotent ? "true" : "false", Quote(o.compression).c_str(), o.partitions, o.queue_messages,
