@@ -90,7 +90,8 @@ def _reap_dead():
     for s in SERVERS:
         if s.proc is None or s.proc.poll() is None:
             continue
-        notes.append(f"weir serve died with exit status {s.proc.returncode}\n" + s.log_tail(LOG_LINES))
+        notes.append(f"weir serve{' (shared)' if getattr(s, 'shared', False) else ''} on {s.data_dir} died "
+                     f"with exit status {s.proc.returncode}\n" + s.log_tail(LOG_LINES))
         s.proc = None
         if getattr(s, "shared", False):
             try:
@@ -117,7 +118,7 @@ class TestCase(unittest.TestCase):
     def tearDown(self):
         notes = _reap_dead()
         if notes:
-            self.fail("during this test: " + "\n".join(notes))
+            self.fail("noticed at the end of this test (it died during it or just before): " + "\n".join(notes))
 
 
 # --------------------------------------------------------------------------
