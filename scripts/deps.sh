@@ -11,6 +11,7 @@ pkgs=(g++ cmake ninja-build ccache pkg-config python3 python3-requests
       zlib1g-dev libsnappy-dev liblz4-dev libzstd-dev  # Kafka batch compression (src/wal/compression.cc)
       libcurl4-openssl-dev  # also the HTTP client of the weir CLI and `weir bench http` (src/client)
       clang libclang-rt-14-dev  # libFuzzer for scripts/fuzz.sh
+      kcat librdkafka-dev python3-confluent-kafka  # Kafka client suites (tests/kafka), weir_kafka_bench
       )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -23,7 +24,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# The SDK suite (tests/js) needs Node.js 20+ and npm, which these machines
+# The SDK and kafkajs suites (tests/js, tests/kafka/js) need Node.js 20+ and npm, which these machines
 # carry outside Debian's packages: check only.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "deps: node and npm are needed for tests/js (Node.js 20 or newer)" >&2

@@ -1,12 +1,16 @@
 // Runs a real `weir serve` for the SDK tests: a temp data dir, port 0, ready
-// when the server logs `listening on http://HOST:PORT`; stop() sends SIGTERM
-// and expects exit status 0; start() again reuses the same data dir.
+// when the server logs `listening on http://HOST:PORT` (the same line names
+// `kafka://HOST:PORT`: kafkaAddr, "host:port", or null when the listener is
+// off); the Kafka listener takes a free port unless args name --kafka-addr.
+// stop() sends SIGTERM and expects exit status 0; start() again reuses the
+// same data dir.
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 const READY_RE = /listening on (http:\/\/[^\s/]+:(\d+))/;
+const KAFKA_RE = /kafka:\/\/([^\s/]+:\d+)/;
 const START_TIMEOUT_MS = 120_000; // a loaded 2-core machine recovers slowly
 const STOP_TIMEOUT_MS = 120_000;
 
@@ -20,6 +24,7 @@ export class WeirServer {
     this.log = "";
     this.proc = null;
     this.url = null;
+    this.kafkaAddr = null;
   }
 
   logTail(lines = 60) {
@@ -28,7 +33,8 @@ export class WeirServer {
   }
 
   start() {
-    const args = ["serve", "--data-dir", this.dataDir, "--http-addr", "127.0.0.1:0", "--kafka-addr", "127.0.0.1:0", ...this.args];
+    const kafka = this.args.some((a) => a.startsWith("--kafka-addr")) ? [] : ["--kafka-addr", "127.0.0.1:0"];
+    const args = ["serve", "--data-dir", this.dataDir, "--http-addr", "127.0.0.1:0", ...kafka, ...this.args];
     this.log += `\n===== start: ${this.binary} ${args.join(" ")}\n`;
     const from = this.log.length;
     const proc = spawn(this.binary, args, { stdio: ["ignore", "pipe", "pipe"] });
@@ -49,9 +55,14 @@ export class WeirServer {
       };
       const onData = (chunk) => {
         this.log += chunk.toString();
-        const m = READY_RE.exec(this.log.slice(from));
+        const text = this.log.slice(from);
+        const m = READY_RE.exec(text);
         if (m && !done) {
+          const line = text.slice(m.index);
+          if (!line.includes("\n")) return; // the rest of the line is on its way
           this.url = m[1];
+          const k = KAFKA_RE.exec(line.split("\n", 1)[0]);
+          this.kafkaAddr = k ? k[1] : null;
           finish();
         }
       };
