@@ -366,7 +366,8 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
     }
     resp.responses.push_back(std::move(tr));
   }
-  bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 1)) || waits.empty();
+  // min_bytes 0 answers at once, as in Kafka.
+  bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 0)) || waits.empty();
   if (!final && !enough) {
     // Long poll: wake on the first partition whose high watermark moves, or
     // at max_wait_ms, whichever is first; then answer with what is there.
