@@ -990,6 +990,23 @@ TEST_F(BrokerTest, IdempotentProduce) {
   EXPECT_EQ(got[2], WithBaseOffset(epoch1, 4));
 }
 
+TEST_F(BrokerTest, ConcurrentProducesAutoCreateATopicOnce) {
+  std::vector<std::string> batches;
+  for (int i = 0; i < 8; ++i) batches.push_back(Batch({"v" + std::to_string(i)}));
+  std::vector<Pending> pending;
+  for (auto& b : batches) pending.push_back(Start(ProduceReq("born", 0, b), 7));
+  std::set<int64_t> offsets;
+  for (auto& p : pending) {
+    auto resp = Finish(p, DecodeProduceResponse);
+    auto& pr = resp.responses.at(0).partition_responses.at(0);
+    EXPECT_EQ(pr.error_code, ErrorCode::kNone);
+    offsets.insert(pr.base_offset);
+  }
+  EXPECT_EQ(offsets, (std::set<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(Latest("born"), 8);
+  EXPECT_EQ(Metadata(std::nullopt).topics.size(), 1u);
+}
+
 TEST_F(BrokerTest, ConcurrentRetriesOfOneBatchGetOneOffset) {
   ASSERT_EQ(CreateTopic("race", 1).error_code, ErrorCode::kNone);
   auto init = InitProducerId();
@@ -1365,10 +1382,11 @@ class GroupTest : public BrokerTest {
  protected:
   static constexpr const char* kGroup = "readers";
 
-  JoinGroupRequest JoinReq(const std::string& member_id, const std::string& metadata) {
+  JoinGroupRequest JoinReq(const std::string& member_id, const std::string& metadata,
+                           int32_t session_timeout_ms = 30000) {
     JoinGroupRequest m;
     m.group_id = kGroup;
-    m.session_timeout_ms = 30000;
+    m.session_timeout_ms = session_timeout_ms;
     m.rebalance_timeout_ms = 60000;
     m.member_id = member_id;
     m.protocol_type = "consumer";
@@ -1378,12 +1396,13 @@ class GroupTest : public BrokerTest {
 
   // The v4+ handshake: MEMBER_ID_REQUIRED with an id, then the real join
   // (returned pending: it may wait for the rebalance).
-  Pending JoinNew(const std::string& metadata, std::string* member_id, int16_t version = 5) {
-    auto first = Call(JoinReq("", metadata), version, DecodeJoinGroupResponse);
+  Pending JoinNew(const std::string& metadata, std::string* member_id, int16_t version = 5,
+                  int32_t session_timeout_ms = 30000) {
+    auto first = Call(JoinReq("", metadata, session_timeout_ms), version, DecodeJoinGroupResponse);
     EXPECT_EQ(first.error_code, ErrorCode::kMemberIdRequired);
     EXPECT_FALSE(first.member_id.empty());
     *member_id = first.member_id;
-    return Start(JoinReq(first.member_id, metadata), version);
+    return Start(JoinReq(first.member_id, metadata, session_timeout_ms), version);
   }
 
   SyncGroupRequest SyncReq(const std::string& member_id, int32_t generation,
@@ -1493,6 +1512,12 @@ TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
   EXPECT_EQ(metadata, (std::map<std::string, std::string>{{a, "meta-A"}, {b, "meta-B"}}));
   EXPECT_TRUE(follower_view.members.empty());
 
+  // Until the leader syncs, commits get REBALANCE_IN_PROGRESS; syncs with a
+  // stale generation or from a stranger fail.
+  EXPECT_EQ(Commit(a, gen2, "events", 0, 1), ErrorCode::kRebalanceInProgress);
+  EXPECT_EQ(Call(SyncReq(a, gen1), 3, DecodeSyncGroupResponse).error_code, ErrorCode::kIllegalGeneration);
+  EXPECT_EQ(Call(SyncReq("stranger", gen2), 3, DecodeSyncGroupResponse).error_code, ErrorCode::kUnknownMemberId);
+
   // The follower's sync waits for the leader's assignment.
   const std::string& leader = leader_view.member_id;
   const std::string& follower = follower_view.member_id;
@@ -1574,6 +1599,51 @@ TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
   ASSERT_EQ(everything.topics.size(), 1u);
   EXPECT_EQ(everything.topics[0].name, "events");
   EXPECT_EQ(everything.topics[0].partitions.size(), 2u);
+}
+
+TEST_F(GroupTest, ASilentMemberExpiresAndTheOthersRebalance) {
+  BrokerOptions o = Options();
+  o.groups.min_session_timeout = 10ms;
+  RestartBroker(o);
+  std::string a, b;
+  Pending join_a = JoinNew("meta-A", &a, 5, /*session_timeout_ms=*/300);
+  auto ja = Finish(join_a, DecodeJoinGroupResponse);
+  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
+  Pending join_b = JoinNew("meta-B", &b);
+  Pending rejoin_a = Start(JoinReq(a, "meta-A", 300), 5);
+  auto jb = Finish(join_b, DecodeJoinGroupResponse);
+  auto ja2 = Finish(rejoin_a, DecodeJoinGroupResponse);
+  ASSERT_EQ(jb.error_code, ErrorCode::kNone);
+  ASSERT_EQ(ja2.error_code, ErrorCode::kNone);
+  const int32_t gen = jb.generation_id;
+  Pending sync_follower = Start(SyncReq(jb.leader == a ? b : a, gen), 3);
+  EXPECT_EQ(Call(SyncReq(jb.leader, gen, {{a, "A"}, {b, "B"}}), 3, DecodeSyncGroupResponse).error_code,
+            ErrorCode::kNone);
+  EXPECT_EQ(Finish(sync_follower, DecodeSyncGroupResponse).error_code, ErrorCode::kNone);
+
+  // A goes silent; B's heartbeats tell it to rejoin once A's session ends.
+  ErrorCode hb = ErrorCode::kNone;
+  auto deadline = Now() + kAnswerTimeout;
+  while (Now() < deadline && (hb = Heartbeat(b, gen)) == ErrorCode::kNone) std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(hb, ErrorCode::kRebalanceInProgress);
+  auto jb2 = Call(JoinReq(b, "meta-B"), 5, DecodeJoinGroupResponse);
+  ASSERT_EQ(jb2.error_code, ErrorCode::kNone);
+  EXPECT_GT(jb2.generation_id, gen);
+  EXPECT_EQ(jb2.leader, b);
+  ASSERT_EQ(jb2.members.size(), 1u);
+  EXPECT_EQ(jb2.members[0].member_id, b);
+  EXPECT_EQ(Heartbeat(a, gen), ErrorCode::kUnknownMemberId);
+}
+
+TEST_F(GroupTest, StopAnswersWaitingJoins) {
+  std::string a, b;
+  Pending join_a = JoinNew("meta-A", &a);
+  ASSERT_EQ(Finish(join_a, DecodeJoinGroupResponse).error_code, ErrorCode::kNone);
+  Pending join_b = JoinNew("meta-B", &b);  // waits for A to rejoin
+  EXPECT_FALSE(join_b.answered());
+  broker_->Stop();
+  EXPECT_EQ(Finish(join_b, DecodeJoinGroupResponse).error_code, ErrorCode::kCoordinatorNotAvailable);
+  EXPECT_EQ(Heartbeat(a, 1), ErrorCode::kCoordinatorNotAvailable);
 }
 
 TEST_F(GroupTest, OldJoinVersionsGetAMemberIdAtOnce) {
