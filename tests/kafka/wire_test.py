@@ -126,6 +126,13 @@ def produce(cid, topic, batch, acks=1, partition=0):
     return request(API_PRODUCE, 3, cid, body)
 
 
+def fetch(cid, topic, offset, max_wait_ms=0, min_bytes=1, partition=0):
+    """Fetch v4."""
+    body = (i32(-1) + i32(max_wait_ms) + i32(min_bytes) + i32(1 << 20) + i8(0)
+            + array([string(topic) + array([i32(partition) + i64(offset) + i32(1 << 20)])]))
+    return request(1, 4, cid, body)
+
+
 def list_offsets(cid, topic, timestamp=-1, partition=0):
     body = i32(-1) + array([string(topic) + array([i32(partition) + i64(timestamp)])])
     return request(API_LIST_OFFSETS, 1, cid, body)
@@ -185,6 +192,16 @@ def decode_list_offsets(r):
     r.done()
     (_, [(_, err, _, offset)]), = out
     return err, offset
+
+
+def decode_fetch(r):
+    """(error, high watermark, records bytes) of the only partition."""
+    r.i32()  # throttle
+    out = r.array(lambda: (r.string(), r.array(lambda: (
+        r.i32(), r.i16(), r.i64(), r.i64(), r.array(lambda: (r.i64(), r.i64())), r.take(max(r.i32(), 0))))))
+    r.done()
+    (_, [(_, err, high, _, _, records)]), = out
+    return err, high, records
 
 
 def decode_metadata(r):
@@ -338,6 +355,34 @@ class WireTest(unittest.TestCase):
             self.assertEqual(read_response(s)[0], 999)
         WireTest.expected = base + produced
         self.assertEqual(wait_latest(WireTest.expected), WireTest.expected)
+
+    def test_more_requests_in_flight_than_the_window(self):
+        # More than the per-connection in-flight limit (64) in one write:
+        # reading pauses and resumes; every response comes, in order.
+        n = 150
+        with connect() as s:
+            s.sendall(b"".join(frame(api_versions(1000 + i, i % 3)) for i in range(n)))
+            for i in range(n):
+                cid, r = read_response(s)
+                self.assertEqual(cid, 1000 + i)
+                self.assertEqual(decode_api_versions(r, i % 3)[0], 0)
+
+    def test_long_poll_fetch_wakes_on_a_produce_from_another_connection(self):
+        offset = WireTest.expected
+        with connect() as waiting, connect() as producer:
+            waiting.sendall(frame(fetch(300, TOPIC, offset, max_wait_ms=10000, min_bytes=1)))
+            producer.sendall(frame(produce(301, TOPIC, record_batch([b"wake up"]), acks=-1)))
+            self.assertEqual(decode_produce(read_response(producer, 301)[1]), (0, offset))
+            WireTest.expected += 1
+            err, high, records = decode_fetch(read_response(waiting, 300)[1])
+            self.assertEqual(err, 0)
+            self.assertEqual(high, offset + 1)
+            self.assertIn(b"wake up", records)
+            # The same connection serves the next request.
+            waiting.sendall(frame(fetch(302, TOPIC, offset + 2)))
+            err, _, records = decode_fetch(read_response(waiting, 302)[1])
+            self.assertEqual(err, 1)  # OFFSET_OUT_OF_RANGE
+            self.assertEqual(records, b"")
 
     def test_frames_split_across_writes(self):
         payload = frame(api_versions(7, 1)) + frame(metadata(8, [TOPIC]))
@@ -529,7 +574,13 @@ def tearDownModule():
         return
     try:
         alive = SERVER.running()
+        # Stop with a long poll still waiting: the drain ends it.
+        poll = connect() if alive else None
+        if poll:
+            poll.sendall(frame(fetch(9, TOPIC, latest(), max_wait_ms=5000)))
         SERVER.stop()  # SIGTERM; exit status 0 expected
+        if poll:
+            poll.close()
         if not alive:
             raise AssertionError("the server was not running at the end")
     finally:
