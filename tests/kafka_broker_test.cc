@@ -1687,7 +1687,22 @@ TEST_F(GroupTest, OldJoinVersionsGetAMemberIdAtOnce) {
   JoinGroupRequest odd = JoinReq("", "x");
   odd.protocols = {{"sticky-only", "x"}};
   EXPECT_EQ(Call(odd, 5, DecodeJoinGroupResponse).error_code, ErrorCode::kInconsistentGroupProtocol);
+  // Session timeouts outside the broker's range.
+  EXPECT_EQ(Call(JoinReq("", "x", 1000), 5, DecodeJoinGroupResponse).error_code, ErrorCode::kInvalidSessionTimeout);
+  EXPECT_EQ(Call(JoinReq("", "x", 24 * 3600 * 1000), 5, DecodeJoinGroupResponse).error_code,
+            ErrorCode::kInvalidSessionTimeout);
+  // Leaving with one known and one unknown member (v3): per-member errors.
+  LeaveGroupRequest leave;
+  leave.group_id = kGroup;
+  leave.members = {{"nobody", std::nullopt}, {r.member_id, std::nullopt}};
+  auto lr = Call(leave, 3, DecodeLeaveGroupResponse);
+  EXPECT_EQ(lr.error_code, ErrorCode::kNone);
+  ASSERT_EQ(lr.members.size(), 2u);
+  EXPECT_EQ(lr.members[0].error_code, ErrorCode::kUnknownMemberId);
+  EXPECT_EQ(lr.members[1].error_code, ErrorCode::kNone);
   // Empty group ids.
+  HeartbeatRequest hb{"", 1, r.member_id, std::nullopt};
+  EXPECT_EQ(Call(hb, 3, DecodeHeartbeatResponse).error_code, ErrorCode::kInvalidGroupId);
   JoinGroupRequest nameless = JoinReq("", "x");
   nameless.group_id = "";
   EXPECT_EQ(Call(nameless, 5, DecodeJoinGroupResponse).error_code, ErrorCode::kInvalidGroupId);
