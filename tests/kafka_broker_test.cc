@@ -1706,10 +1706,17 @@ TEST_F(GroupTest, OldJoinVersionsGetAMemberIdAtOnce) {
   JoinGroupRequest nameless = JoinReq("", "x");
   nameless.group_id = "";
   EXPECT_EQ(Call(nameless, 5, DecodeJoinGroupResponse).error_code, ErrorCode::kInvalidGroupId);
+  // Offsets take an empty group id, as in Kafka (old clients commit with one).
+  ASSERT_EQ(CreateTopic("t", 1).error_code, ErrorCode::kNone);
+  OffsetCommitRequest c;
+  c.topics.push_back(OffsetCommitRequestTopic{"t", {OffsetCommitRequestPartition{0, 5, -1, -1, ""}}});
+  EXPECT_EQ(Call(c, 2, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
   OffsetFetchRequest f;
   f.group_id = "";
   f.topics = std::vector<OffsetFetchRequestTopic>{{"t", {0}}};
-  EXPECT_EQ(Call(f, 5, DecodeOffsetFetchResponse).error_code, ErrorCode::kInvalidGroupId);
+  auto fr = Call(f, 5, DecodeOffsetFetchResponse);
+  EXPECT_EQ(fr.error_code, ErrorCode::kNone);
+  EXPECT_EQ(fr.topics.at(0).partitions.at(0).committed_offset, 5);
 }
 
 TEST_F(GroupTest, OffsetsOfManyPartitionsInOneCommit) {
