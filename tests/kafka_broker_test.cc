@@ -1,8 +1,8 @@
 // The Kafka broker at the protocol level: request frames in through
 // Broker::Handle, response frames out through a fake Reply, over a real
-// engine on an in-memory store and metastore. Every error code of issue #6
-// items 3-6 that a well-formed request can provoke is checked here; the
-// transport (framing, pipelining, hostile bytes) is tests/kafka/wire_test.py.
+// engine on an in-memory store and metastore. The error codes of issue #6
+// items 3-6 are checked here; what only the transport shows (framing,
+// pipelining, hostile bytes on a socket) is in tests/kafka/wire_test.py.
 #include "kafka/broker.h"
 
 #include <gtest/gtest.h>
@@ -28,7 +28,9 @@
 
 namespace weir::kafka {
 
-inline void PrintTo(ErrorCode code, std::ostream* os) { *os << ErrorName(code) << " (" << static_cast<int>(code) << ")"; }
+inline void PrintTo(ErrorCode code, std::ostream* os) {
+  *os << ErrorName(code) << " (" << static_cast<int>(code) << ")";
+}
 
 namespace {
 
