@@ -352,17 +352,22 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
       }
       pd.high_watermark = pd.last_stable_offset = static_cast<int64_t>(r->tail);
       pd.log_start_offset = static_cast<int64_t>(r->log_start);
+      const bool at_end = r->batches.empty();
+      // Only the first partition with data may go past the limits, by its
+      // first batch (KIP-74); later ones get nothing rather than too much.
+      if (total > 0 && !at_end && r->batches.front()->size() > want) r->batches.clear();
       for (auto& b : r->batches) {
         total += b->size();
         pd.records.emplace_back(*b);
         hold.push_back(std::move(b));
       }
-      if (r->batches.empty()) waits.emplace_back(stream, static_cast<uint64_t>(p.fetch_offset));
+      if (at_end) waits.emplace_back(stream, static_cast<uint64_t>(p.fetch_offset));
       tr.partitions.push_back(std::move(pd));
     }
     resp.responses.push_back(std::move(tr));
   }
-  bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 1)) || waits.empty();
+  // min_bytes 0 answers at once, as in Kafka.
+  bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 0)) || waits.empty();
   if (!final && !enough) {
     // Long poll: wake on the first partition whose high watermark moves, or
     // at max_wait_ms, whichever is first; then answer with what is there.

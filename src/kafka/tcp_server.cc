@@ -102,6 +102,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     net::async_read(socket_, net::buffer(size_buf_, 4), [self = shared_from_this()](ErrorCode ec, size_t) {
       self->reading_ = false;
       if (ec) return self->CloseNow();
+      // A close was queued while this read was in flight: read no further.
+      if (self->stop_reading_ || self->closed_) return;
       uint32_t n = (static_cast<uint32_t>(static_cast<uint8_t>(self->size_buf_[0])) << 24) |
                    (static_cast<uint32_t>(static_cast<uint8_t>(self->size_buf_[1])) << 16) |
                    (static_cast<uint32_t>(static_cast<uint8_t>(self->size_buf_[2])) << 8) |
@@ -123,6 +125,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
                     [self = shared_from_this(), frame](ErrorCode ec, size_t) {
                       self->reading_ = false;
                       if (ec) return self->CloseNow();
+                      // Not handled once a close is queued: its client never
+                      // learns the outcome, so it must have none.
+                      if (self->stop_reading_ || self->closed_) return;
                       self->ArmIdle();
                       self->Dispatch(std::move(*frame));
                       self->ReadHeader();

@@ -1,0 +1,1747 @@
+// The Kafka broker at the protocol level: request frames in through
+// Broker::Handle, response frames out through a fake Reply, over a real
+// engine on an in-memory store and metastore. The error codes of issue #6
+// items 3-6 are checked here; what only the transport shows (framing,
+// pipelining, hostile bytes on a socket) is in tests/kafka/wire_test.py.
+#include "kafka/broker.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <list>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "base/bytes.h"
+#include "base/crc32c.h"
+#include "kafka/api_table.h"
+#include "metastore/metastore.h"
+#include "objstore/mem_store.h"
+#include "test_support.h"
+#include "wal/record_batch.h"
+
+namespace weir::kafka {
+
+inline void PrintTo(ErrorCode code, std::ostream* os) {
+  *os << ErrorName(code) << " (" << static_cast<int>(code) << ")";
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int32_t kNodeId = 7;
+constexpr auto kAnswerTimeout = 60s;  // a bound on waits, not a timing assertion
+
+// ---- A fake transport -----------------------------------------------------------
+
+// Runs what the broker posts on threads of its own; timers sleep on a thread
+// and can be cut short by Stop (their work is then dropped). Stop joins
+// everything. Posts from the test's own thread run inline when inline_posts
+// is set, so a test can see what a handler did by the time Handle returns.
+class Executor {
+ public:
+  explicit Executor(std::thread::id test_thread) : test_thread_(test_thread) {}
+  ~Executor() { Stop(); }
+
+  void set_inline_posts(bool on) { inline_posts_ = on; }
+
+  void Post(std::function<void()> fn) {
+    if (inline_posts_ && std::this_thread::get_id() == test_thread_) return fn();
+    Spawn([fn = std::move(fn)] { fn(); });
+  }
+
+  void After(Duration delay, std::function<void()> fn) {
+    Spawn([this, delay, fn = std::move(fn)] {
+      {
+        std::unique_lock lk(mu_);
+        if (cv_.wait_for(lk, delay, [&] { return stopped_; })) return;
+      }
+      fn();
+    });
+  }
+
+  void Stop() {
+    {
+      std::lock_guard lk(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    for (;;) {
+      std::list<Worker> workers;
+      {
+        std::lock_guard lk(mu_);
+        workers.swap(workers_);
+      }
+      if (workers.empty()) break;
+      for (auto& w : workers) w.thread.join();
+    }
+  }
+
+ private:
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+
+  void Spawn(std::function<void()> fn) {
+    std::lock_guard lk(mu_);
+    if (stopped_) return;
+    // Join the workers that have finished, so threads do not pile up.
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    workers_.push_back(Worker{std::thread([fn = std::move(fn), done] {
+                                fn();
+                                done->store(true);
+                              }),
+                              done});
+  }
+
+  const std::thread::id test_thread_;
+  std::atomic<bool> inline_posts_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  std::list<Worker> workers_;
+};
+
+struct Answer {
+  enum Kind { kPending, kResponse, kNoResponse, kClose, kDropped } kind = kPending;
+  std::string bytes;
+};
+
+std::string KindName(Answer::Kind k) {
+  switch (k) {
+    case Answer::kPending: return "pending";
+    case Answer::kResponse: return "response";
+    case Answer::kNoResponse: return "no response";
+    case Answer::kClose: return "close";
+    case Answer::kDropped: return "dropped unanswered";
+  }
+  return "?";
+}
+
+// One request's Reply: the first answer fulfils the promise; a Reply
+// destroyed unanswered reports kDropped (the real server would close).
+class FakeReply : public Reply {
+ public:
+  FakeReply(std::shared_ptr<Executor> exec, std::promise<Answer> promise)
+      : exec_(std::move(exec)), promise_(std::move(promise)) {}
+  ~FakeReply() override { Finish(Answer{Answer::kDropped, {}}); }
+
+  void Respond(std::string response) override { Finish(Answer{Answer::kResponse, std::move(response)}); }
+  void NoResponse() override { Finish(Answer{Answer::kNoResponse, {}}); }
+  void Close() override { Finish(Answer{Answer::kClose, {}}); }
+  void Post(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
+  void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
+  const std::string& peer() const override { return peer_; }
+  bool closed() const override { return false; }
+
+ private:
+  void Finish(Answer a) {
+    if (!answered_.exchange(true)) promise_.set_value(std::move(a));
+  }
+
+  std::shared_ptr<Executor> exec_;
+  std::promise<Answer> promise_;
+  std::atomic<bool> answered_{false};
+  std::string peer_ = "127.0.0.1:40000";
+};
+
+// A request handed to the broker whose answer may still be coming.
+struct Pending {
+  std::future<Answer> future;
+  int32_t correlation_id = 0;
+  int16_t version = 0;
+
+  bool answered() { return future.wait_for(0s) == std::future_status::ready; }
+};
+
+// ---- Record batches ---------------------------------------------------------------
+
+struct BatchSpec {
+  std::vector<std::string> values;
+  int64_t first_timestamp = 1700000000000;
+  int64_t timestamp_step = 0;  // record i has first_timestamp + i * step
+  int64_t producer_id = wal::kNoProducerId;
+  int16_t producer_epoch = wal::kNoProducerEpoch;
+  int32_t base_sequence = wal::kNoSequence;
+  int16_t attributes = 0;
+};
+
+std::string Batch(const BatchSpec& spec) {
+  std::vector<wal::Record> recs;
+  for (size_t i = 0; i < spec.values.size(); ++i) {
+    wal::Record r;
+    r.key = "k" + std::to_string(i);
+    r.value = spec.values[i];
+    r.timestamp = spec.first_timestamp + static_cast<int64_t>(i) * spec.timestamp_step;
+    r.headers.push_back(wal::RecordHeader{"h", std::string("v")});
+    recs.push_back(std::move(r));
+  }
+  wal::EncodeOptions eo;
+  eo.producer_id = spec.producer_id;
+  eo.producer_epoch = spec.producer_epoch;
+  eo.base_sequence = spec.base_sequence;
+  eo.attributes = spec.attributes;
+  std::string out;
+  Status st = wal::EncodeRecordBatch(recs, eo, &out);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+std::string Batch(std::vector<std::string> values) { return Batch(BatchSpec{std::move(values)}); }
+
+// The batch with other attributes, resealed (the encoder makes no control batches).
+std::string WithAttributes(std::string batch, int attributes) {
+  batch[21] = static_cast<char>(attributes >> 8);
+  batch[22] = static_cast<char>(attributes);
+  StoreBE32(batch.data() + 17, Crc32c(std::string_view(batch).substr(21)));
+  return batch;
+}
+
+// CRC-32 (IEEE), for the gzip trailer.
+uint32_t Crc32Ieee(std::string_view data) {
+  uint32_t crc = 0xffffffffu;
+  for (unsigned char c : data) {
+    crc ^= c;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+// A gzip member holding `data` in stored (uncompressed) deflate blocks: a
+// valid gzip stream without a compressor.
+std::string GzipStored(std::string_view data) {
+  std::string out("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff", 10);
+  size_t pos = 0;
+  do {
+    size_t n = std::min<size_t>(data.size() - pos, 65535);
+    bool last = pos + n == data.size();
+    out.push_back(last ? '\x01' : '\x00');
+    PutLE16(&out, static_cast<uint16_t>(n));
+    PutLE16(&out, static_cast<uint16_t>(~n));
+    out.append(data.substr(pos, n));
+    pos += n;
+  } while (pos < data.size());
+  PutLE32(&out, Crc32Ieee(data));
+  PutLE32(&out, static_cast<uint32_t>(data.size()));
+  return out;
+}
+
+// The same records as Batch(spec), gzip-compressed (codec 1) as a producer
+// with compression.type=gzip would send them.
+std::string GzipBatch(const BatchSpec& spec) {
+  std::string plain = Batch(spec);
+  std::string batch = plain.substr(0, wal::kRecordBatchHeaderSize) +
+                      GzipStored(std::string_view(plain).substr(wal::kRecordBatchHeaderSize));
+  StoreBE32(batch.data() + 8, static_cast<uint32_t>(batch.size() - 12));  // batchLength
+  return WithAttributes(std::move(batch), (spec.attributes & ~wal::kCompressionMask) | 1);
+}
+
+// Splits a run of record batches (a Fetch response's records) into batches.
+std::vector<std::string> SplitBatches(std::string_view data) {
+  std::vector<std::string> out;
+  Status st = wal::ForEachBatch(data, [&](const wal::BatchHeader&, std::string_view bytes) {
+    out.emplace_back(bytes);
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+int64_t BaseOffset(std::string_view batch) {
+  auto h = wal::ParseBatchHeader(batch);
+  EXPECT_TRUE(h.ok()) << h.status().ToString();
+  return h.ok() ? h->base_offset : -1;
+}
+
+// The batch as produced, with the base offset the log gave it.
+std::string WithBaseOffset(std::string batch, int64_t base) {
+  wal::SetBaseOffset(&batch, 0, base);
+  return batch;
+}
+
+std::string Be64(uint64_t v) {
+  std::string s;
+  PutBE64(&s, v);
+  return s;
+}
+
+// ---- The fixture ------------------------------------------------------------------
+
+class BrokerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = objstore::NewMemStore();
+    auto meta = metastore::OpenMetastore("sqlite://:memory:");
+    ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+    meta_ = *meta;
+    OpenEngine();
+    StartBroker(Options());
+  }
+
+  void TearDown() override { StopAll(); }
+
+  static BrokerOptions Options() {
+    BrokerOptions o;
+    o.node_id = kNodeId;
+    o.advertised_host = "broker.test";
+    o.advertised_port = 19092;
+    o.groups.initial_rebalance_delay = Duration::zero();
+    o.groups.member_id_seed = 42;
+    return o;
+  }
+
+  void OpenEngine() {
+    log::EngineOptions o;
+    o.node = "n1";
+    o.settle_interval = Duration::zero();
+    o.wal.retry_initial = 1ms;
+    o.wal.retry_max = 5ms;
+    auto e = log::Engine::Open(o, store_, meta_);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(*e);
+  }
+
+  void StartBroker(BrokerOptions options) {
+    exec_ = std::make_shared<Executor>(std::this_thread::get_id());
+    broker_ = std::make_unique<Broker>(std::move(options), engine_.get(), meta_);
+    ASSERT_OK(broker_->Init());
+  }
+
+  // Answers waiting joins, joins the posted work, lets in-flight appends
+  // finish (their callbacks use the broker), then drops broker and engine.
+  void StopAll() {
+    if (broker_) broker_->Stop();
+    if (exec_) exec_->Stop();
+    if (engine_) engine_->Close();
+    broker_.reset();
+    engine_.reset();
+  }
+
+  // A new broker on the same engine (nothing may be in flight).
+  void RestartBroker(BrokerOptions options) {
+    broker_->Stop();
+    exec_->Stop();
+    broker_.reset();
+    StartBroker(std::move(options));
+  }
+
+  // A process restart: new engine and broker over the same store and metastore.
+  void RestartAll() {
+    StopAll();
+    OpenEngine();
+    StartBroker(Options());
+  }
+
+  Pending StartRaw(std::string frame, int32_t correlation_id = 0, int16_t version = 0) {
+    std::promise<Answer> promise;
+    Pending p{promise.get_future(), correlation_id, version};
+    broker_->Handle(std::move(frame), std::make_shared<FakeReply>(exec_, std::move(promise)));
+    return p;
+  }
+
+  template <typename Req>
+  Pending Start(const Req& body, int16_t version) {
+    RequestHeader h;
+    h.api_version = version;
+    h.correlation_id = next_correlation_id_++;
+    h.client_id = "broker-test";
+    auto frame = EncodeRequest(h, RequestBody(body));
+    EXPECT_TRUE(frame.ok()) << frame.status().ToString();
+    return StartRaw(frame.ok() ? *frame : std::string(), h.correlation_id, version);
+  }
+
+  template <typename Req>
+  std::string Frame(const Req& body, int16_t version) {
+    RequestHeader h;
+    h.api_version = version;
+    h.correlation_id = next_correlation_id_++;
+    h.client_id = "broker-test";
+    auto frame = EncodeRequest(h, RequestBody(body));
+    EXPECT_TRUE(frame.ok()) << frame.status().ToString();
+    return frame.ok() ? *frame : std::string();
+  }
+
+  static Answer Wait(Pending& p) {
+    if (p.future.wait_for(kAnswerTimeout) != std::future_status::ready) {
+      ADD_FAILURE() << "no answer within " << kAnswerTimeout.count() << " s";
+      return Answer{};
+    }
+    return p.future.get();
+  }
+
+  // Waits for a response and decodes it; the bytes stay alive for the test
+  // (decoded record views point into them).
+  template <typename Resp>
+  Resp Finish(Pending& p, Status (*decode)(Reader&, int16_t, Resp*)) {
+    Answer a = Wait(p);
+    Resp out{};
+    EXPECT_EQ(a.kind, Answer::kResponse) << KindName(a.kind);
+    if (a.kind != Answer::kResponse) return out;
+    const std::string& bytes = kept_.emplace_back(std::move(a.bytes));
+    Reader r(bytes);
+    int32_t correlation_id = 0;
+    EXPECT_OK(DecodeResponseHeader(r, &correlation_id));
+    EXPECT_EQ(correlation_id, p.correlation_id);
+    Status st = decode(r, p.version, &out);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return out;
+  }
+
+  template <typename Req, typename Resp>
+  Resp Call(const Req& req, int16_t version, Status (*decode)(Reader&, int16_t, Resp*)) {
+    Pending p = Start(req, version);
+    return Finish(p, decode);
+  }
+
+  // ---- API shorthands ----
+
+  MetadataResponse Metadata(std::optional<std::vector<std::string>> topics, int16_t version = 6,
+                            bool allow_auto_create = true) {
+    MetadataRequest m;
+    if (topics) {
+      m.topics.emplace();
+      for (auto& t : *topics) m.topics->push_back(MetadataRequestTopic{t});
+    }
+    m.allow_auto_topic_creation = allow_auto_create;
+    return Call(m, version, DecodeMetadataResponse);
+  }
+
+  CreatableTopicResult CreateTopic(const std::string& name, int32_t partitions, int16_t replication = 1,
+                                   std::vector<CreatableTopicConfig> configs = {}, bool validate_only = false) {
+    CreateTopicsRequest m;
+    m.topics.push_back(CreatableTopic{name, partitions, replication, {}, std::move(configs)});
+    m.validate_only = validate_only;
+    auto resp = Call(m, 4, DecodeCreateTopicsResponse);
+    EXPECT_EQ(resp.topics.size(), 1u);
+    return resp.topics.empty() ? CreatableTopicResult{} : resp.topics[0];
+  }
+
+  static ProduceRequest ProduceReq(const std::string& topic, int32_t partition, std::string_view batch,
+                                   int16_t acks = -1) {
+    ProduceRequest m;
+    m.acks = acks;
+    m.timeout_ms = 30000;
+    m.topic_data.push_back(ProduceTopicData{topic, {ProducePartitionData{partition, batch}}});
+    return m;
+  }
+
+  // Produces one batch; the partition's response.
+  ProducePartitionResponse Produce(const std::string& topic, int32_t partition, std::string_view batch,
+                                   int16_t version = 7) {
+    auto resp = Call(ProduceReq(topic, partition, batch), version, DecodeProduceResponse);
+    if (resp.responses.size() != 1 || resp.responses[0].partition_responses.size() != 1) {
+      ADD_FAILURE() << "produce response has the wrong shape";
+      return {};
+    }
+    EXPECT_EQ(resp.responses[0].name, topic);
+    EXPECT_EQ(resp.responses[0].partition_responses[0].index, partition);
+    return resp.responses[0].partition_responses[0];
+  }
+
+  static FetchRequest FetchReq(const std::string& topic, std::vector<std::pair<int32_t, int64_t>> partitions,
+                               int32_t max_wait_ms = 0, int32_t min_bytes = 1, int32_t max_bytes = 1 << 20,
+                               int32_t partition_max_bytes = 1 << 20) {
+    FetchRequest m;
+    m.max_wait_ms = max_wait_ms;
+    m.min_bytes = min_bytes;
+    m.max_bytes = max_bytes;
+    FetchTopic t{topic, {}};
+    for (auto [p, offset] : partitions) t.partitions.push_back(FetchPartition{p, -1, offset, -1, partition_max_bytes});
+    m.topics.push_back(std::move(t));
+    return m;
+  }
+
+  // Fetches one partition; its data.
+  FetchPartitionData Fetch(const std::string& topic, int32_t partition, int64_t offset, int16_t version = 11,
+                           int32_t partition_max_bytes = 1 << 20) {
+    auto resp = Call(FetchReq(topic, {{partition, offset}}, 0, 1, 1 << 20, partition_max_bytes), version,
+                     DecodeFetchResponse);
+    EXPECT_EQ(resp.error_code, ErrorCode::kNone);
+    if (resp.responses.size() != 1 || resp.responses[0].partitions.size() != 1) {
+      ADD_FAILURE() << "fetch response has the wrong shape";
+      return {};
+    }
+    return resp.responses[0].partitions[0];
+  }
+
+  static std::vector<std::string> Batches(const FetchPartitionData& pd) {
+    std::vector<std::string> out;
+    for (auto piece : pd.records) {
+      for (auto& b : SplitBatches(piece)) out.push_back(std::move(b));
+    }
+    return out;
+  }
+
+  ListOffsetsPartitionResponse ListOffset(const std::string& topic, int32_t partition, int64_t timestamp,
+                                          int16_t version = 3) {
+    ListOffsetsRequest m;
+    m.topics.push_back(ListOffsetsTopic{topic, {ListOffsetsPartition{partition, timestamp, 1}}});
+    auto resp = Call(m, version, DecodeListOffsetsResponse);
+    if (resp.topics.size() != 1 || resp.topics[0].partitions.size() != 1) {
+      ADD_FAILURE() << "list offsets response has the wrong shape";
+      return {};
+    }
+    return resp.topics[0].partitions[0];
+  }
+
+  int64_t Latest(const std::string& topic, int32_t partition = 0) {
+    auto r = ListOffset(topic, partition, kListOffsetsLatest);
+    EXPECT_EQ(r.error_code, ErrorCode::kNone);
+    return r.offset;
+  }
+  int64_t Earliest(const std::string& topic, int32_t partition = 0) {
+    auto r = ListOffset(topic, partition, kListOffsetsEarliest);
+    EXPECT_EQ(r.error_code, ErrorCode::kNone);
+    return r.offset;
+  }
+
+  // Polls until the partition's high watermark reaches `offset` (bounded).
+  bool WaitForLatest(const std::string& topic, int64_t offset) {
+    auto deadline = Now() + kAnswerTimeout;
+    while (Now() < deadline) {
+      if (Latest(topic) >= offset) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }
+
+  InitProducerIdResponse InitProducerId(std::optional<std::string> transactional_id = std::nullopt,
+                                        int16_t version = 1) {
+    InitProducerIdRequest m;
+    m.transactional_id = std::move(transactional_id);
+    m.transaction_timeout_ms = 60000;
+    return Call(m, version, DecodeInitProducerIdResponse);
+  }
+
+  std::shared_ptr<objstore::ObjectStore> store_;
+  std::shared_ptr<metastore::Metastore> meta_;
+  std::unique_ptr<log::Engine> engine_;
+  std::shared_ptr<Executor> exec_;
+  std::unique_ptr<Broker> broker_;
+  std::deque<std::string> kept_;
+  int32_t next_correlation_id_ = 100;
+};
+
+// ---- ApiVersions and unsupported requests -------------------------------------------
+
+TEST_F(BrokerTest, ApiVersionsListsExactlyTheSupportedApis) {
+  for (int16_t v = 0; v <= 2; ++v) {
+    SCOPED_TRACE("ApiVersions v" + std::to_string(v));
+    auto resp = Call(ApiVersionsRequest{}, v, DecodeApiVersionsResponse);
+    EXPECT_EQ(resp.error_code, ErrorCode::kNone);
+    ASSERT_EQ(resp.api_keys.size(), std::size(kSupportedApis));
+    for (size_t i = 0; i < std::size(kSupportedApis); ++i) {
+      EXPECT_EQ(resp.api_keys[i].api_key, kSupportedApis[i].key);
+      EXPECT_EQ(resp.api_keys[i].min_version, kSupportedApis[i].advertised_min);
+      EXPECT_EQ(resp.api_keys[i].max_version, kSupportedApis[i].max_version);
+    }
+  }
+}
+
+// A v3 (flexible) ApiVersions request: header v2 with tagged fields, and a
+// body of compact strings.
+std::string ApiVersionsV3Frame(int32_t correlation_id) {
+  std::string f;
+  PutBE16(&f, 18);
+  PutBE16(&f, 3);
+  PutBE32(&f, static_cast<uint32_t>(correlation_id));
+  PutBE16(&f, 4);
+  f += "test";
+  f.push_back('\0');  // header tagged fields
+  f.push_back(static_cast<char>(1 + 4));
+  f += "weir";
+  f.push_back(static_cast<char>(1 + 3));
+  f += "1.0";
+  f.push_back('\0');  // body tagged fields
+  return f;
+}
+
+TEST_F(BrokerTest, ApiVersionsV3GetsUnsupportedVersionInTheV0Layout) {
+  Pending p = StartRaw(ApiVersionsV3Frame(77), 77, /*version=*/0);  // decoded as v0
+  auto resp = Finish(p, DecodeApiVersionsResponse);
+  EXPECT_EQ(resp.error_code, ErrorCode::kUnsupportedVersion);
+  ASSERT_EQ(resp.api_keys.size(), std::size(kSupportedApis));
+  EXPECT_EQ(resp.api_keys[0].api_key, kSupportedApis[0].key);
+}
+
+TEST_F(BrokerTest, UnknownKeysAndUnsupportedVersionsCloseAndChangeNothing) {
+  ASSERT_EQ(CreateTopic("t", 1).error_code, ErrorCode::kNone);
+  std::string batch = Batch({"a"});
+  ASSERT_EQ(Produce("t", 0, batch).error_code, ErrorCode::kNone);
+
+  // Produce v2: the v3 frame without the (null) transactional id.
+  std::string v3 = Frame(ProduceReq("t", 0, batch), 3);
+  size_t body = 2 + 2 + 4 + 2 + std::string("broker-test").size();
+  std::string v2 = v3.substr(0, body) + v3.substr(body + 2);
+  v2[3] = 2;
+  Pending produce_v2 = StartRaw(v2);
+  EXPECT_EQ(Wait(produce_v2).kind, Answer::kClose);
+
+  // Fetch v12 (flexible, not supported).
+  std::string fetch = Frame(FetchReq("t", {{0, 0}}), 11);
+  fetch[3] = 12;
+  Pending fetch_v12 = StartRaw(fetch);
+  EXPECT_EQ(Wait(fetch_v12).kind, Answer::kClose);
+
+  // Produce v8 is past our range.
+  std::string produce_v8 = Frame(ProduceReq("t", 0, batch), 7);
+  produce_v8[3] = 8;
+  Pending p8 = StartRaw(produce_v8);
+  EXPECT_EQ(Wait(p8).kind, Answer::kClose);
+
+  // Unknown API keys: one never assigned, and real ones weir does not speak
+  // (4 LeaderAndIsr, 32 DescribeConfigs).
+  for (int16_t key : {int16_t{4}, int16_t{32}, int16_t{999}, int16_t{-1}}) {
+    SCOPED_TRACE("key " + std::to_string(key));
+    std::string f = Frame(ApiVersionsRequest{}, 0);
+    f[0] = static_cast<char>(static_cast<uint16_t>(key) >> 8);
+    f[1] = static_cast<char>(key);
+    Pending p = StartRaw(f);
+    EXPECT_EQ(Wait(p).kind, Answer::kClose);
+  }
+  EXPECT_EQ(Latest("t"), 1);
+  EXPECT_GE(broker_->metrics().bad_requests.load(), 7u);
+}
+
+TEST_F(BrokerTest, MalformedFramesClose) {
+  ASSERT_EQ(CreateTopic("t", 1).error_code, ErrorCode::kNone);
+  std::string batch = Batch({"a"});
+  std::string good = Frame(ProduceReq("t", 0, batch), 7);
+  std::vector<std::string> bad = {
+      "",                                     // no header
+      good.substr(0, 5),                      // a header cut short
+      good.substr(0, good.size() - 1),        // the records cut short
+      good + "x",                             // a byte left over
+  };
+  // A topic name that is not UTF-8.
+  std::string not_utf8 = Frame(MetadataRequest{std::vector<MetadataRequestTopic>{{"abcdef"}}, true}, 1);
+  not_utf8.replace(not_utf8.size() - 6, 6, "ab\xc3\x28" "ef");
+  bad.push_back(not_utf8);
+  for (size_t i = 0; i < bad.size(); ++i) {
+    SCOPED_TRACE("frame " + std::to_string(i));
+    Pending p = StartRaw(bad[i]);
+    EXPECT_EQ(Wait(p).kind, Answer::kClose);
+  }
+  EXPECT_EQ(Latest("t"), 0);
+  auto md = Metadata(std::nullopt);
+  ASSERT_EQ(md.topics.size(), 1u);  // the bad name created nothing
+}
+
+// ---- Metadata ---------------------------------------------------------------------
+
+TEST_F(BrokerTest, MetadataListsTopicsLedByThisBroker) {
+  ASSERT_EQ(CreateTopic("alpha", 3).error_code, ErrorCode::kNone);
+  ASSERT_EQ(CreateTopic("beta", 1).error_code, ErrorCode::kNone);
+  for (int16_t v = 0; v <= 6; ++v) {
+    SCOPED_TRACE("Metadata v" + std::to_string(v));
+    // v0: an empty list means all topics; v1+: null does.
+    auto md = v == 0 ? Metadata(std::vector<std::string>{}, v) : Metadata(std::nullopt, v);
+    ASSERT_EQ(md.brokers.size(), 1u);
+    EXPECT_EQ(md.brokers[0].node_id, kNodeId);
+    EXPECT_EQ(md.brokers[0].host, "broker.test");
+    EXPECT_EQ(md.brokers[0].port, 19092);
+    if (v >= 1) {
+      EXPECT_EQ(md.controller_id, kNodeId);
+    }
+    if (v >= 2) {
+      EXPECT_EQ(md.cluster_id, std::optional<std::string>("weir"));
+    }
+    ASSERT_EQ(md.topics.size(), 2u);
+    std::map<std::string, const MetadataResponseTopic*> by_name;
+    for (auto& t : md.topics) by_name[t.name] = &t;
+    ASSERT_TRUE(by_name.count("alpha") && by_name.count("beta"));
+    const auto& alpha = *by_name["alpha"];
+    EXPECT_EQ(alpha.error_code, ErrorCode::kNone);
+    ASSERT_EQ(alpha.partitions.size(), 3u);
+    for (int32_t p = 0; p < 3; ++p) {
+      EXPECT_EQ(alpha.partitions[p].partition_index, p);
+      EXPECT_EQ(alpha.partitions[p].error_code, ErrorCode::kNone);
+      EXPECT_EQ(alpha.partitions[p].leader_id, kNodeId);
+      EXPECT_EQ(alpha.partitions[p].replica_nodes, std::vector<int32_t>{kNodeId});
+      EXPECT_EQ(alpha.partitions[p].isr_nodes, std::vector<int32_t>{kNodeId});
+    }
+    EXPECT_EQ(by_name["beta"]->partitions.size(), 1u);
+  }
+  // v1+: an empty list asks for no topic.
+  EXPECT_TRUE(Metadata(std::vector<std::string>{}, 1).topics.empty());
+  // Named topics, in the order asked.
+  auto md = Metadata(std::vector<std::string>{"beta", "alpha"}, 5, /*allow_auto_create=*/false);
+  ASSERT_EQ(md.topics.size(), 2u);
+  EXPECT_EQ(md.topics[0].name, "beta");
+  EXPECT_EQ(md.topics[1].name, "alpha");
+  EXPECT_EQ(md.topics[1].partitions.size(), 3u);
+}
+
+TEST_F(BrokerTest, MetadataAutoCreatesTopics) {
+  auto md = Metadata(std::vector<std::string>{"fresh"}, 1);
+  ASSERT_EQ(md.topics.size(), 1u);
+  EXPECT_EQ(md.topics[0].error_code, ErrorCode::kNone);
+  EXPECT_EQ(md.topics[0].partitions.size(), 1u);
+  EXPECT_TRUE(engine_->GetTable(kKafkaBasin, "fresh").ok());
+  EXPECT_TRUE(engine_->GetStream(kKafkaBasin, "fresh/0").ok());
+
+  // v4+ may forbid it.
+  md = Metadata(std::vector<std::string>{"forbidden"}, 4, /*allow_auto_create=*/false);
+  ASSERT_EQ(md.topics.size(), 1u);
+  EXPECT_EQ(md.topics[0].error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_TRUE(md.topics[0].partitions.empty());
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "forbidden").status().code(), Code::kNotFound);
+
+  // An invalid name is never created.
+  md = Metadata(std::vector<std::string>{"bad/name", "", "..", std::string(250, 'x')}, 6);
+  ASSERT_EQ(md.topics.size(), 4u);
+  for (auto& t : md.topics) EXPECT_EQ(t.error_code, ErrorCode::kInvalidTopicException) << t.name;
+  EXPECT_EQ(Metadata(std::nullopt).topics.size(), 1u);
+}
+
+TEST_F(BrokerTest, MetadataAutoCreationFollowsTheBrokerOptions) {
+  BrokerOptions off = Options();
+  off.auto_create_partitions = 0;
+  RestartBroker(off);
+  auto md = Metadata(std::vector<std::string>{"nope"}, 6, /*allow_auto_create=*/true);
+  ASSERT_EQ(md.topics.size(), 1u);
+  EXPECT_EQ(md.topics[0].error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "nope").status().code(), Code::kNotFound);
+  // Produce does not create it either.
+  std::string batch = Batch({"a"});
+  EXPECT_EQ(Produce("nope", 0, batch).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "nope").status().code(), Code::kNotFound);
+
+  BrokerOptions three = Options();
+  three.auto_create_partitions = 3;
+  RestartBroker(three);
+  md = Metadata(std::vector<std::string>{"wide"}, 0);
+  ASSERT_EQ(md.topics.size(), 1u);
+  EXPECT_EQ(md.topics[0].error_code, ErrorCode::kNone);
+  EXPECT_EQ(md.topics[0].partitions.size(), 3u);
+}
+
+// ---- Produce ----------------------------------------------------------------------
+
+TEST_F(BrokerTest, ProduceAssignsDenseOffsetsAndFetchReturnsTheBatchesAsSent) {
+  std::vector<std::string> sent = {Batch({"a", "b", "c"}), Batch({"d"}), Batch({"e", "f"}), Batch({"g"})};
+  // acks=1 and acks=-1, Produce v3 and v7; the first one auto-creates the topic.
+  std::vector<int64_t> bases;
+  int16_t versions[] = {3, 5, 7, 7};
+  int16_t acks[] = {1, -1, 1, -1};
+  for (size_t i = 0; i < sent.size(); ++i) {
+    auto resp = Call(ProduceReq("dense", 0, sent[i], acks[i]), versions[i], DecodeProduceResponse);
+    ASSERT_EQ(resp.responses.size(), 1u);
+    auto& pr = resp.responses[0].partition_responses.at(0);
+    EXPECT_EQ(pr.error_code, ErrorCode::kNone);
+    if (versions[i] >= 5) {
+      EXPECT_EQ(pr.log_start_offset, 0);
+    }
+    bases.push_back(pr.base_offset);
+  }
+  EXPECT_EQ(bases, (std::vector<int64_t>{0, 3, 4, 6}));
+  EXPECT_EQ(Latest("dense"), 7);
+
+  // Byte for byte, but for the base offset; from the log cache, then from
+  // segments after a settle, then after a restart.
+  auto check = [&](const char* where) {
+    SCOPED_TRACE(where);
+    auto pd = Fetch("dense", 0, 0);
+    EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+    EXPECT_EQ(pd.high_watermark, 7);
+    EXPECT_EQ(pd.last_stable_offset, 7);
+    EXPECT_EQ(pd.log_start_offset, 0);
+    auto got = Batches(pd);
+    ASSERT_EQ(got.size(), sent.size());
+    for (size_t i = 0; i < sent.size(); ++i) {
+      EXPECT_EQ(BaseOffset(got[i]), bases[i]);
+      EXPECT_EQ(got[i], WithBaseOffset(sent[i], bases[i])) << "batch " << i;
+    }
+    // From the middle of a batch: the whole batch that holds the offset.
+    auto mid = Batches(Fetch("dense", 0, 4 + 1, 4));
+    ASSERT_FALSE(mid.empty());
+    EXPECT_EQ(mid[0], WithBaseOffset(sent[2], 4));
+  };
+  check("log cache");
+  ASSERT_OK(engine_->SettleNow());
+  check("segments");
+  RestartAll();
+  check("after a restart");
+}
+
+TEST_F(BrokerTest, ProduceToSeveralPartitionsAndTopicsInOneRequest) {
+  ASSERT_EQ(CreateTopic("multi", 2).error_code, ErrorCode::kNone);
+  std::string b0 = Batch({"x"}), b1 = Batch({"y", "z"}), b2 = Batch({"w"});
+  ProduceRequest m;
+  m.acks = -1;
+  m.timeout_ms = 1000;
+  m.topic_data.push_back(ProduceTopicData{"multi", {{0, b0}, {1, b1}, {5, b2}}});
+  m.topic_data.push_back(ProduceTopicData{"other", {{0, b2}}});
+  auto resp = Call(m, 7, DecodeProduceResponse);
+  ASSERT_EQ(resp.responses.size(), 2u);
+  auto& multi = resp.responses[0].partition_responses;
+  ASSERT_EQ(multi.size(), 3u);
+  EXPECT_EQ(multi[0].error_code, ErrorCode::kNone);
+  EXPECT_EQ(multi[1].error_code, ErrorCode::kNone);
+  EXPECT_EQ(multi[1].index, 1);
+  // An unknown partition of an existing topic.
+  EXPECT_EQ(multi[2].index, 5);
+  EXPECT_EQ(multi[2].error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(resp.responses[1].partition_responses.at(0).error_code, ErrorCode::kNone);  // auto-created
+  EXPECT_EQ(Latest("multi", 0), 1);
+  EXPECT_EQ(Latest("multi", 1), 2);
+  EXPECT_EQ(Latest("other", 0), 1);
+  EXPECT_EQ(engine_->GetStream(kKafkaBasin, "multi/5").status().code(), Code::kNotFound);
+  // Negative partition indexes too.
+  EXPECT_EQ(Produce("multi", -1, b0).error_code, ErrorCode::kUnknownTopicOrPartition);
+}
+
+TEST_F(BrokerTest, ProduceWithAcksZeroSendsNoResponseAndTheDataLands) {
+  ASSERT_EQ(CreateTopic("quiet", 1).error_code, ErrorCode::kNone);
+  std::string batch = Batch({"silent"});
+  Pending p = Start(ProduceReq("quiet", 0, batch, /*acks=*/0), 7);
+  EXPECT_EQ(Wait(p).kind, Answer::kNoResponse);
+  EXPECT_TRUE(WaitForLatest("quiet", 1));
+  auto got = Batches(Fetch("quiet", 0, 0));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], batch);
+
+  // Also when the topic has to be created first.
+  Pending q = Start(ProduceReq("quiet-new", 0, batch, /*acks=*/0), 7);
+  EXPECT_EQ(Wait(q).kind, Answer::kNoResponse);
+  auto deadline = Now() + kAnswerTimeout;
+  while (Now() < deadline) {
+    auto offs = engine_->Offsets(kKafkaBasin, "quiet-new/0");
+    if (offs.ok() && offs->tail == 1) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(Latest("quiet-new"), 1);
+}
+
+TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {
+  ASSERT_EQ(CreateTopic("strict", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("strict", 0, Batch({"ok"})).error_code, ErrorCode::kNone);
+
+  // A flipped bit in a record: the CRC no longer matches.
+  std::string corrupt = Batch({"payload"});
+  corrupt[corrupt.size() - 3] ^= 0x01;
+  EXPECT_EQ(Produce("strict", 0, corrupt).error_code, ErrorCode::kCorruptMessage);
+  // A wrong CRC field.
+  std::string bad_crc = Batch({"payload"});
+  bad_crc[17] ^= 0x40;
+  EXPECT_EQ(Produce("strict", 0, bad_crc).error_code, ErrorCode::kCorruptMessage);
+  // Shorter than a batch header, and no records at all.
+  EXPECT_EQ(Produce("strict", 0, std::string_view(corrupt).substr(0, 30)).error_code, ErrorCode::kCorruptMessage);
+  {
+    auto resp = Call(ProduceReq("strict", 0, std::string_view()), 7, DecodeProduceResponse);
+    EXPECT_EQ(resp.responses.at(0).partition_responses.at(0).error_code, ErrorCode::kCorruptMessage);
+    ProduceRequest null_records = ProduceReq("strict", 0, "");
+    null_records.topic_data[0].partition_data[0].records = std::nullopt;
+    resp = Call(null_records, 7, DecodeProduceResponse);
+    EXPECT_EQ(resp.responses.at(0).partition_responses.at(0).error_code, ErrorCode::kCorruptMessage);
+  }
+  // Magic 1 (an old message set): not a v2 batch.
+  std::string magic1 = Batch({"old"});
+  magic1[16] = 1;
+  EXPECT_NE(Produce("strict", 0, magic1).error_code, ErrorCode::kNone);
+  // A batch whose records are not all there (batchLength past the bytes sent).
+  std::string truncated = Batch({"aaaa", "bbbb"});
+  truncated.resize(truncated.size() - 4);
+  EXPECT_NE(Produce("strict", 0, truncated).error_code, ErrorCode::kNone);
+  // Two batches in one partition's records (Kafka allows it; weir takes one).
+  std::string two = Batch({"one"}) + Batch({"two"});
+  auto two_err = Produce("strict", 0, two).error_code;
+  if (two_err == ErrorCode::kNone) {
+    EXPECT_EQ(Latest("strict"), 3);  // both landed
+  }
+
+  // acks other than 0, 1 and -1.
+  {
+    std::string b = Batch({"x"});
+    auto resp = Call(ProduceReq("strict", 0, b, /*acks=*/2), 7, DecodeProduceResponse);
+    EXPECT_EQ(resp.responses.at(0).partition_responses.at(0).error_code, ErrorCode::kInvalidRequiredAcks);
+    resp = Call(ProduceReq("strict", 0, b, /*acks=*/-2), 3, DecodeProduceResponse);
+    EXPECT_EQ(resp.responses.at(0).partition_responses.at(0).error_code, ErrorCode::kInvalidRequiredAcks);
+  }
+  // A transactional producer.
+  {
+    std::string b = Batch({"x"});
+    ProduceRequest m = ProduceReq("strict", 0, b);
+    m.transactional_id = "tx-1";
+    auto resp = Call(m, 7, DecodeProduceResponse);
+    EXPECT_EQ(resp.responses.at(0).partition_responses.at(0).error_code,
+              ErrorCode::kTransactionalIdAuthorizationFailed);
+  }
+  // Transactional and control batches.
+  auto pid = InitProducerId();
+  ASSERT_EQ(pid.error_code, ErrorCode::kNone);
+  std::string txn = Batch(BatchSpec{{"t"}, 1700000000000, 0, pid.producer_id, 0, 0, wal::kTransactionalFlag});
+  EXPECT_EQ(Produce("strict", 0, txn).error_code, ErrorCode::kTransactionalIdAuthorizationFailed);
+  std::string control = WithAttributes(Batch(BatchSpec{{"c"}, 1700000000000, 0, pid.producer_id, 0, 0}),
+                                       wal::kTransactionalFlag | wal::kControlFlag);
+  EXPECT_NE(Produce("strict", 0, control).error_code, ErrorCode::kNone);
+  // Larger than max.message.bytes.
+  std::string big = Batch({std::string(1100 * 1024, 'x')});
+  EXPECT_EQ(Produce("strict", 0, big).error_code, ErrorCode::kMessageTooLarge);
+  // A record shaped like an S2 command record (one header, empty name).
+  {
+    std::vector<wal::Record> recs(1);
+    recs[0].value = Be64(0);
+    recs[0].headers.push_back(wal::RecordHeader{"", std::string("trim")});
+    std::string cmd;
+    ASSERT_OK(wal::EncodeRecordBatch(recs, wal::EncodeOptions{}, &cmd));
+    EXPECT_NE(Produce("strict", 0, cmd).error_code, ErrorCode::kNone);
+  }
+  // An invalid topic name.
+  EXPECT_EQ(Produce("no/slash", 0, Batch({"x"})).error_code, ErrorCode::kInvalidTopicException);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "no").status().code(), Code::kNotFound);
+
+  EXPECT_EQ(Latest("strict"), two_err == ErrorCode::kNone ? 3 : 1);
+  EXPECT_EQ(Earliest("strict"), 0);
+}
+
+TEST_F(BrokerTest, CompressedBatchesAreStoredAsSent) {
+  ASSERT_EQ(CreateTopic("zipped", 1).error_code, ErrorCode::kNone);
+  std::string gz = GzipBatch(BatchSpec{{"one", "two", "three"}, 1000, 1000});
+  ASSERT_TRUE(wal::VerifyBatch(gz).ok());
+  auto pr = Produce("zipped", 0, gz);
+  ASSERT_EQ(pr.error_code, ErrorCode::kNone);
+  EXPECT_EQ(pr.base_offset, 0);
+  EXPECT_EQ(Latest("zipped"), 3);
+  auto got = Batches(Fetch("zipped", 0, 0));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], gz);
+  // An unknown codec (7) is refused.
+  std::string bad = WithAttributes(gz, 0x07);
+  EXPECT_NE(Produce("zipped", 0, bad).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Latest("zipped"), 3);
+}
+
+TEST_F(BrokerTest, IdempotentProduce) {
+  ASSERT_EQ(CreateTopic("idem", 1).error_code, ErrorCode::kNone);
+  auto init = InitProducerId();
+  ASSERT_EQ(init.error_code, ErrorCode::kNone);
+  const int64_t pid = init.producer_id;
+  ASSERT_GE(pid, 0);
+  EXPECT_EQ(init.producer_epoch, 0);
+  // Someone else's batch first, so the producer's offsets do not start at 0.
+  ASSERT_EQ(Produce("idem", 0, Batch({"before"})).error_code, ErrorCode::kNone);
+
+  std::string first = Batch(BatchSpec{{"a", "b"}, 1700000000000, 0, pid, 0, 0});
+  auto r0 = Produce("idem", 0, first);
+  ASSERT_EQ(r0.error_code, ErrorCode::kNone);
+  EXPECT_EQ(r0.base_offset, 1);
+  // A retry of the same batch: the original offset, nothing appended.
+  auto retry = Produce("idem", 0, first);
+  EXPECT_EQ(retry.error_code, ErrorCode::kNone);
+  EXPECT_EQ(retry.base_offset, 1);
+  EXPECT_EQ(Latest("idem"), 3);
+
+  std::string second = Batch(BatchSpec{{"c"}, 1700000000000, 0, pid, 0, 2});
+  auto r1 = Produce("idem", 0, second);
+  ASSERT_EQ(r1.error_code, ErrorCode::kNone);
+  EXPECT_EQ(r1.base_offset, 3);
+  // The older batch is still known as a duplicate.
+  EXPECT_EQ(Produce("idem", 0, first).base_offset, 1);
+
+  // A gap: sequence 3 is next, 5 is out of order.
+  std::string gap = Batch(BatchSpec{{"d"}, 1700000000000, 0, pid, 0, 5});
+  EXPECT_EQ(Produce("idem", 0, gap).error_code, ErrorCode::kOutOfOrderSequenceNumber);
+  EXPECT_EQ(Latest("idem"), 4);
+
+  // A newer epoch starts at 0; the older epoch is fenced afterwards.
+  std::string epoch1 = Batch(BatchSpec{{"e"}, 1700000000000, 0, pid, 1, 0});
+  auto r2 = Produce("idem", 0, epoch1);
+  EXPECT_EQ(r2.error_code, ErrorCode::kNone);
+  EXPECT_EQ(r2.base_offset, 4);
+  std::string stale = Batch(BatchSpec{{"f"}, 1700000000000, 0, pid, 0, 3});
+  EXPECT_EQ(Produce("idem", 0, stale).error_code, ErrorCode::kInvalidProducerEpoch);
+
+  // A producer id this partition has never seen, starting past 0.
+  auto other = InitProducerId();
+  ASSERT_EQ(other.error_code, ErrorCode::kNone);
+  std::string unknown = Batch(BatchSpec{{"g"}, 1700000000000, 0, other.producer_id, 0, 5});
+  EXPECT_EQ(Produce("idem", 0, unknown).error_code, ErrorCode::kUnknownProducerId);
+  EXPECT_EQ(Latest("idem"), 5);
+
+  // The window survives a restart: a retry still gets its original offset,
+  // and the old epoch stays fenced.
+  RestartAll();
+  auto after = Produce("idem", 0, epoch1);
+  EXPECT_EQ(after.error_code, ErrorCode::kNone);
+  EXPECT_EQ(after.base_offset, 4);
+  EXPECT_EQ(Produce("idem", 0, stale).error_code, ErrorCode::kInvalidProducerEpoch);
+  EXPECT_EQ(Latest("idem"), 5);
+
+  // Every batch fetched back as sent.
+  auto got = Batches(Fetch("idem", 0, 1));
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], WithBaseOffset(first, 1));
+  EXPECT_EQ(got[1], WithBaseOffset(second, 3));
+  EXPECT_EQ(got[2], WithBaseOffset(epoch1, 4));
+}
+
+TEST_F(BrokerTest, ConcurrentProducesAutoCreateATopicOnce) {
+  std::vector<std::string> batches;
+  for (int i = 0; i < 8; ++i) batches.push_back(Batch({"v" + std::to_string(i)}));
+  std::vector<Pending> pending;
+  for (auto& b : batches) pending.push_back(Start(ProduceReq("born", 0, b), 7));
+  std::set<int64_t> offsets;
+  for (auto& p : pending) {
+    auto resp = Finish(p, DecodeProduceResponse);
+    auto& pr = resp.responses.at(0).partition_responses.at(0);
+    EXPECT_EQ(pr.error_code, ErrorCode::kNone);
+    offsets.insert(pr.base_offset);
+  }
+  EXPECT_EQ(offsets, (std::set<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(Latest("born"), 8);
+  EXPECT_EQ(Metadata(std::nullopt).topics.size(), 1u);
+}
+
+TEST_F(BrokerTest, ConcurrentRetriesOfOneBatchGetOneOffset) {
+  ASSERT_EQ(CreateTopic("race", 1).error_code, ErrorCode::kNone);
+  auto init = InitProducerId();
+  ASSERT_EQ(init.error_code, ErrorCode::kNone);
+  std::string batch = Batch(BatchSpec{{"r"}, 1700000000000, 0, init.producer_id, 0, 0});
+  std::vector<Pending> pending;
+  for (int i = 0; i < 8; ++i) pending.push_back(Start(ProduceReq("race", 0, batch), 7));
+  for (auto& p : pending) {
+    auto resp = Finish(p, DecodeProduceResponse);
+    auto& pr = resp.responses.at(0).partition_responses.at(0);
+    EXPECT_EQ(pr.error_code, ErrorCode::kNone);
+    EXPECT_EQ(pr.base_offset, 0);
+  }
+  EXPECT_EQ(Latest("race"), 1);
+}
+
+// ---- InitProducerId ---------------------------------------------------------------
+
+TEST_F(BrokerTest, InitProducerIdHandsOutIncreasingIds) {
+  int64_t last = -1;
+  std::set<int64_t> seen;
+  for (int i = 0; i < 10; ++i) {
+    auto r = InitProducerId(std::nullopt, static_cast<int16_t>(i % 2));
+    ASSERT_EQ(r.error_code, ErrorCode::kNone);
+    EXPECT_GT(r.producer_id, last);
+    EXPECT_EQ(r.producer_epoch, 0);
+    EXPECT_TRUE(seen.insert(r.producer_id).second);
+    last = r.producer_id;
+  }
+  auto tx = InitProducerId(std::string("my-transaction"));
+  EXPECT_EQ(tx.error_code, ErrorCode::kTransactionalIdAuthorizationFailed);
+  EXPECT_EQ(tx.producer_id, -1);
+  // Ids stay unique across a restart.
+  RestartAll();
+  auto r = InitProducerId();
+  ASSERT_EQ(r.error_code, ErrorCode::kNone);
+  EXPECT_GT(r.producer_id, last);
+}
+
+// ---- Fetch ------------------------------------------------------------------------
+
+TEST_F(BrokerTest, FetchOffsetsOutOfRangeAndUnknownPartitions) {
+  ASSERT_EQ(CreateTopic("f", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("f", 0, Batch({"a", "b"})).error_code, ErrorCode::kNone);
+  // At the tail: nothing, no error.
+  auto tail = Fetch("f", 0, 2);
+  EXPECT_EQ(tail.error_code, ErrorCode::kNone);
+  EXPECT_TRUE(Batches(tail).empty());
+  EXPECT_EQ(tail.high_watermark, 2);
+  // Past the tail, or negative.
+  for (int64_t offset : {int64_t{3}, int64_t{1000}, int64_t{-1}}) {
+    auto pd = Fetch("f", 0, offset);
+    EXPECT_EQ(pd.error_code, ErrorCode::kOffsetOutOfRange) << offset;
+    EXPECT_TRUE(Batches(pd).empty());
+  }
+  EXPECT_EQ(Fetch("f", 0, 3).high_watermark, 2);
+  // Missing partitions and topics.
+  EXPECT_EQ(Fetch("f", 1, 0).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(Fetch("f", -1, 0).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(Fetch("missing", 0, 0).error_code, ErrorCode::kUnknownTopicOrPartition);
+  // v4 reads the same.
+  auto v4 = Fetch("f", 0, 0, 4);
+  EXPECT_EQ(v4.error_code, ErrorCode::kNone);
+  EXPECT_EQ(Batches(v4).size(), 1u);
+}
+
+TEST_F(BrokerTest, FetchHonoursPartitionAndResponseLimits) {
+  ASSERT_EQ(CreateTopic("lim", 2).error_code, ErrorCode::kNone);
+  std::vector<std::string> p0 = {Batch({std::string(200, 'a')}), Batch({std::string(200, 'b')}),
+                                 Batch({std::string(200, 'c')})};
+  for (auto& b : p0) ASSERT_EQ(Produce("lim", 0, b).error_code, ErrorCode::kNone);
+  std::string p1 = Batch({std::string(200, 'z')});
+  ASSERT_EQ(Produce("lim", 1, p1).error_code, ErrorCode::kNone);
+  const int32_t one = static_cast<int32_t>(p0[0].size());
+
+  // partition_max_bytes below one batch: the first batch anyway, only it.
+  EXPECT_EQ(Batches(Fetch("lim", 0, 0, 11, 1)).size(), 1u);
+  EXPECT_EQ(Batches(Fetch("lim", 0, 0, 11, one + 10)).size(), 1u);
+  EXPECT_EQ(Batches(Fetch("lim", 0, 0, 11, 2 * one)).size(), 2u);
+  EXPECT_EQ(Batches(Fetch("lim", 0, 0, 11, 100 * one)).size(), 3u);
+
+  // max_bytes: the first batch of the first partition always; nothing past
+  // the budget for the partitions after it.
+  auto limited = [&](int32_t max_bytes) {
+    auto resp = Call(FetchReq("lim", {{0, 0}, {1, 0}}, 0, 1, max_bytes), 11, DecodeFetchResponse);
+    EXPECT_EQ(resp.responses.size(), 1u);
+    std::vector<size_t> counts;
+    size_t bytes = 0;
+    for (auto& pd : resp.responses.at(0).partitions) {
+      EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+      auto got = Batches(pd);
+      counts.push_back(got.size());
+      for (auto& b : got) bytes += b.size();
+    }
+    EXPECT_EQ(resp.responses.at(0).partitions.at(1).high_watermark, 1);
+    return std::make_pair(counts, bytes);
+  };
+  EXPECT_EQ(limited(1).first, (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(limited(one).first, (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(limited(4 * one).first, (std::vector<size_t>{3, 1}));
+  // Half a batch left for the second partition: not enough for its batch.
+  auto [counts, bytes] = limited(one + one / 2);
+  EXPECT_EQ(counts, (std::vector<size_t>{1, 0}));
+  EXPECT_LE(bytes, static_cast<size_t>(one + one / 2));
+}
+
+TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {
+  ASSERT_EQ(CreateTopic("poll", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("poll", 0, Batch({"old"})).error_code, ErrorCode::kNone);
+  Pending waiting = Start(FetchReq("poll", {{0, 1}}, /*max_wait_ms=*/5000, /*min_bytes=*/1), 11);
+  std::string fresh = Batch({"new"});
+  ASSERT_EQ(Produce("poll", 0, fresh).error_code, ErrorCode::kNone);
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  auto& pd = resp.responses.at(0).partitions.at(0);
+  EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+  auto got = Batches(pd);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], WithBaseOffset(fresh, 1));
+  EXPECT_EQ(pd.high_watermark, 2);
+}
+
+TEST_F(BrokerTest, FetchLongPollEndsEmptyAtMaxWait) {
+  ASSERT_EQ(CreateTopic("idle", 2).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("idle", 1, Batch({"x"})).error_code, ErrorCode::kNone);
+  auto resp = Call(FetchReq("idle", {{0, 0}, {1, 1}}, /*max_wait_ms=*/50, /*min_bytes=*/1), 11,
+                   DecodeFetchResponse);
+  EXPECT_EQ(resp.error_code, ErrorCode::kNone);
+  ASSERT_EQ(resp.responses.at(0).partitions.size(), 2u);
+  for (auto& pd : resp.responses[0].partitions) {
+    EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+    EXPECT_TRUE(Batches(pd).empty());
+  }
+  EXPECT_EQ(resp.responses[0].partitions[1].high_watermark, 1);
+  // Nothing produced meanwhile.
+  EXPECT_EQ(Latest("idle", 0), 0);
+}
+
+TEST_F(BrokerTest, FetchWithMinBytesZeroAnswersAtOnce) {
+  // Kafka answers at once when min_bytes is 0, whatever max_wait_ms says.
+  ASSERT_EQ(CreateTopic("eager", 1).error_code, ErrorCode::kNone);
+  exec_->set_inline_posts(true);
+  Pending p = Start(FetchReq("eager", {{0, 0}}, /*max_wait_ms=*/30000, /*min_bytes=*/0), 11);
+  EXPECT_TRUE(p.answered()) << "a min_bytes=0 fetch waited for data";
+  exec_->set_inline_posts(false);
+  auto resp = Finish(p, DecodeFetchResponse);
+  EXPECT_TRUE(Batches(resp.responses.at(0).partitions.at(0)).empty());
+}
+
+TEST_F(BrokerTest, FetchLongPollAnswersWhenTheTopicIsDeleted) {
+  ASSERT_EQ(CreateTopic("doomed", 1).error_code, ErrorCode::kNone);
+  Pending waiting = Start(FetchReq("doomed", {{0, 0}}, /*max_wait_ms=*/20000, /*min_bytes=*/1), 11);
+  DeleteTopicsRequest del;
+  del.topic_names = {"doomed"};
+  auto dr = Call(del, 3, DecodeDeleteTopicsResponse);
+  ASSERT_EQ(dr.responses.at(0).error_code, ErrorCode::kNone);
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  auto& pd = resp.responses.at(0).partitions.at(0);
+  // Either it saw the topic empty, or gone.
+  EXPECT_TRUE(pd.error_code == ErrorCode::kNone || pd.error_code == ErrorCode::kUnknownTopicOrPartition)
+      << ErrorName(pd.error_code);
+  EXPECT_TRUE(Batches(pd).empty());
+}
+
+TEST_F(BrokerTest, FetchSessionsAreNotKept) {
+  ASSERT_EQ(CreateTopic("sess", 1).error_code, ErrorCode::kNone);
+  FetchRequest m = FetchReq("sess", {{0, 0}});
+  m.session_id = 0;
+  m.session_epoch = -1;  // full fetch, no session: fine
+  auto resp = Call(m, 7, DecodeFetchResponse);
+  EXPECT_EQ(resp.error_code, ErrorCode::kNone);
+  EXPECT_EQ(resp.session_id, 0);
+  m.session_id = 1234;
+  m.session_epoch = 3;
+  resp = Call(m, 7, DecodeFetchResponse);
+  EXPECT_EQ(resp.error_code, ErrorCode::kFetchSessionIdNotFound);
+}
+
+TEST_F(BrokerTest, TrimMovesTheLogStartOffset) {
+  ASSERT_EQ(CreateTopic("trimmed", 1).error_code, ErrorCode::kNone);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(Produce("trimmed", 0, Batch({"r" + std::to_string(i)})).error_code,
+                                        ErrorCode::kNone);
+  std::vector<log::AppendRecord> trim(1);
+  trim[0].headers.push_back(wal::RecordHeader{"", std::string("trim")});
+  trim[0].body = Be64(2);
+  auto o = engine_->Append(kKafkaBasin, "trimmed/0", std::move(trim));
+  ASSERT_OK(o.status);
+  EXPECT_EQ(o.ack.start_offset, 4u);  // the command record takes an offset
+
+  EXPECT_EQ(Earliest("trimmed"), 2);
+  EXPECT_EQ(Latest("trimmed"), 5);
+  auto below = Fetch("trimmed", 0, 1);
+  EXPECT_EQ(below.error_code, ErrorCode::kOffsetOutOfRange);
+  EXPECT_EQ(below.log_start_offset, 2);
+  auto from = Fetch("trimmed", 0, 2);
+  EXPECT_EQ(from.error_code, ErrorCode::kNone);
+  EXPECT_EQ(from.log_start_offset, 2);
+  auto got = Batches(from);
+  ASSERT_GE(got.size(), 2u);
+  EXPECT_EQ(BaseOffset(got[0]), 2);
+  // Produce acknowledges with the new log start.
+  auto pr = Produce("trimmed", 0, Batch({"after"}));
+  EXPECT_EQ(pr.base_offset, 5);
+  EXPECT_EQ(pr.log_start_offset, 2);
+  // v0 ListOffsets too.
+  auto v0 = ListOffset("trimmed", 0, kListOffsetsEarliest, 0);
+  EXPECT_EQ(v0.old_style_offsets, std::vector<int64_t>{2});
+}
+
+// ---- ListOffsets ------------------------------------------------------------------
+
+TEST_F(BrokerTest, ListOffsetsEarliestLatestAndByTimestamp) {
+  ASSERT_EQ(CreateTopic("times", 1).error_code, ErrorCode::kNone);
+  // Offsets 0-2 at 1000, 2000, 3000; offset 3 at 3000; offsets 4-5 at 5000, 6000.
+  ASSERT_EQ(Produce("times", 0, Batch(BatchSpec{{"a", "b", "c"}, 1000, 1000})).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("times", 0, Batch(BatchSpec{{"d"}, 3000})).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("times", 0, Batch(BatchSpec{{"e", "f"}, 5000, 1000})).error_code, ErrorCode::kNone);
+
+  for (int16_t v = 1; v <= 3; ++v) {
+    SCOPED_TRACE("ListOffsets v" + std::to_string(v));
+    auto latest = ListOffset("times", 0, kListOffsetsLatest, v);
+    EXPECT_EQ(latest.error_code, ErrorCode::kNone);
+    EXPECT_EQ(latest.offset, 6);
+    EXPECT_EQ(latest.timestamp, -1);
+    EXPECT_EQ(ListOffset("times", 0, kListOffsetsEarliest, v).offset, 0);
+    struct Case {
+      int64_t ts, offset, found_ts;
+    } cases[] = {{0, 0, 1000},    {1000, 0, 1000}, {1001, 1, 2000}, {2500, 2, 3000},
+                 {3000, 2, 3000}, {3001, 4, 5000}, {6000, 5, 6000}, {6001, -1, -1}};
+    for (auto c : cases) {
+      auto r = ListOffset("times", 0, c.ts, v);
+      EXPECT_EQ(r.error_code, ErrorCode::kNone) << c.ts;
+      EXPECT_EQ(r.offset, c.offset) << c.ts;
+      EXPECT_EQ(r.timestamp, c.found_ts) << c.ts;
+    }
+  }
+  // v0: a list of offsets.
+  auto v0 = ListOffset("times", 0, kListOffsetsLatest, 0);
+  EXPECT_EQ(v0.error_code, ErrorCode::kNone);
+  EXPECT_EQ(v0.old_style_offsets, std::vector<int64_t>{6});
+  EXPECT_EQ(ListOffset("times", 0, kListOffsetsEarliest, 0).old_style_offsets, std::vector<int64_t>{0});
+  // Unknown partitions and topics.
+  EXPECT_EQ(ListOffset("times", 1, kListOffsetsLatest).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(ListOffset("times", -1, kListOffsetsLatest).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(ListOffset("nowhere", 0, kListOffsetsLatest, 0).error_code, ErrorCode::kUnknownTopicOrPartition);
+  // By timestamp, also once the batches are in segments.
+  ASSERT_OK(engine_->SettleNow());
+  EXPECT_EQ(ListOffset("times", 0, 2500).offset, 2);
+  EXPECT_EQ(ListOffset("times", 0, 6001).offset, -1);
+}
+
+TEST_F(BrokerTest, ListOffsetsByTimestampSeesCompressedBatches) {
+  // Producers with compression.type set send compressed batches; looking up
+  // a time in them (offsetsForTimes, kcat -o s@ts) must still work.
+  ASSERT_EQ(CreateTopic("ztimes", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("ztimes", 0, GzipBatch(BatchSpec{{"a", "b", "c"}, 1000, 1000})).error_code, ErrorCode::kNone);
+  auto r = ListOffset("ztimes", 0, 1500);
+  EXPECT_EQ(r.error_code, ErrorCode::kNone);
+  EXPECT_EQ(r.offset, 1);
+  EXPECT_EQ(r.timestamp, 2000);
+  auto none = ListOffset("ztimes", 0, 9000);
+  EXPECT_EQ(none.error_code, ErrorCode::kNone);
+  EXPECT_EQ(none.offset, -1);
+}
+
+TEST_F(BrokerTest, LogAppendTimeTopicsStampBatchesAndSayWhen) {
+  ASSERT_EQ(CreateTopic("stamped", 1, 1, {{"message.timestamp.type", "LogAppendTime"}}).error_code,
+            ErrorCode::kNone);
+  const int64_t before = WallMillis();
+  std::string sent = Batch(BatchSpec{{"a", "b"}, 1000, 10});
+  auto pr = Produce("stamped", 0, sent);
+  ASSERT_EQ(pr.error_code, ErrorCode::kNone);
+  auto got = Batches(Fetch("stamped", 0, 0));
+  ASSERT_EQ(got.size(), 1u);
+  auto h = wal::VerifyBatch(got[0]);  // resealed: the CRC holds
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_TRUE(h->attributes & wal::kTimestampLogAppendTime);
+  EXPECT_GE(h->max_timestamp, before);
+  // The Produce response (v2+) carries the time the broker stamped.
+  EXPECT_EQ(pr.log_append_time_ms, h->max_timestamp);
+  // ListOffsets finds records by that time, not the producer's.
+  EXPECT_EQ(ListOffset("stamped", 0, 1005).offset, 0);
+  EXPECT_EQ(ListOffset("stamped", 0, 1005).timestamp, h->max_timestamp);
+  EXPECT_EQ(ListOffset("stamped", 0, h->max_timestamp + 1).offset, -1);
+  EXPECT_EQ(CreateTopic("odd-time", 1, 1, {{"message.timestamp.type", "Sometime"}}).error_code,
+            ErrorCode::kInvalidConfig);
+}
+
+// ---- CreateTopics / DeleteTopics ----------------------------------------------------
+
+TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
+  EXPECT_EQ(CreateTopic("made", 4).error_code, ErrorCode::kNone);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "made")->bucket_count, 4u);
+  for (int p = 0; p < 4; ++p) EXPECT_TRUE(engine_->GetStream(kKafkaBasin, "made/" + std::to_string(p)).ok());
+  EXPECT_EQ(CreateTopic("made", 4).error_code, ErrorCode::kTopicAlreadyExists);
+  EXPECT_EQ(CreateTopic("made", 2, 1, {}, /*validate_only=*/true).error_code, ErrorCode::kTopicAlreadyExists);
+
+  EXPECT_EQ(CreateTopic("p0", 0).error_code, ErrorCode::kInvalidPartitions);
+  EXPECT_EQ(CreateTopic("pneg", -2).error_code, ErrorCode::kInvalidPartitions);
+  EXPECT_EQ(CreateTopic("pmax", Options().max_partitions + 1).error_code, ErrorCode::kInvalidPartitions);
+  EXPECT_EQ(CreateTopic("rf0", 1, 0).error_code, ErrorCode::kInvalidReplicationFactor);
+  EXPECT_EQ(CreateTopic("rfneg", 1, -2).error_code, ErrorCode::kInvalidReplicationFactor);
+  EXPECT_EQ(CreateTopic("bad name", 1).error_code, ErrorCode::kInvalidTopicException);
+  EXPECT_EQ(CreateTopic("..", 1).error_code, ErrorCode::kInvalidTopicException);
+  EXPECT_EQ(CreateTopic(std::string(250, 'n'), 1).error_code, ErrorCode::kInvalidTopicException);
+  // Defaults (-1) are fine.
+  EXPECT_EQ(CreateTopic("defaults", -1, -1).error_code, ErrorCode::kNone);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "defaults")->bucket_count, 1u);
+
+  // validate_only creates nothing.
+  auto v = CreateTopic("dry", 3, 1, {}, /*validate_only=*/true);
+  EXPECT_EQ(v.error_code, ErrorCode::kNone);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "dry").status().code(), Code::kNotFound);
+  EXPECT_EQ(CreateTopic("dry0", 0, 1, {}, true).error_code, ErrorCode::kInvalidPartitions);
+
+  // Configs.
+  EXPECT_EQ(CreateTopic("compacted", 1, 1, {{"cleanup.policy", "compact"}}).error_code, ErrorCode::kInvalidConfig);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "compacted").status().code(), Code::kNotFound);
+  EXPECT_EQ(CreateTopic("badret", 1, 1, {{"retention.ms", "soon"}}).error_code, ErrorCode::kInvalidConfig);
+  auto kept = CreateTopic("kept", 2, 1, {{"retention.ms", "3600000"}, {"cleanup.policy", "delete"}});
+  EXPECT_EQ(kept.error_code, ErrorCode::kNone);
+  auto s = engine_->GetStream(kKafkaBasin, "kept/1");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->info.config.retention_age_s, 3600);
+  auto forever = CreateTopic("forever", 1, 1, {{"retention.ms", "-1"}});
+  EXPECT_EQ(forever.error_code, ErrorCode::kNone);
+  EXPECT_EQ(engine_->GetStream(kKafkaBasin, "forever/0")->info.config.retention_age_s, 0);
+
+  // A name twice in one request, and older versions.
+  CreateTopicsRequest twice;
+  twice.topics.push_back(CreatableTopic{"dup", 1, 1, {}, {}});
+  twice.topics.push_back(CreatableTopic{"dup", 1, 1, {}, {}});
+  auto tr = Call(twice, 2, DecodeCreateTopicsResponse);
+  ASSERT_EQ(tr.topics.size(), 2u);
+  EXPECT_NE(tr.topics[0].error_code, ErrorCode::kNone);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "dup").status().code(), Code::kNotFound);
+  CreateTopicsRequest v0;
+  v0.topics.push_back(CreatableTopic{"old-style", 2, 1, {}, {}});
+  EXPECT_EQ(Call(v0, 0, DecodeCreateTopicsResponse).topics.at(0).error_code, ErrorCode::kNone);
+
+  // Every topic made here and nothing else.
+  auto md = Metadata(std::nullopt);
+  std::set<std::string> names;
+  for (auto& t : md.topics) names.insert(t.name);
+  EXPECT_EQ(names, (std::set<std::string>{"made", "defaults", "kept", "forever", "old-style"}));
+}
+
+TEST_F(BrokerTest, DeleteTopicsRemovesThePartitionStreams) {
+  ASSERT_EQ(CreateTopic("gone", 2).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("gone", 1, Batch({"x"})).error_code, ErrorCode::kNone);
+  DeleteTopicsRequest m;
+  m.topic_names = {"gone", "never"};
+  m.timeout_ms = 1000;
+  auto resp = Call(m, 3, DecodeDeleteTopicsResponse);
+  ASSERT_EQ(resp.responses.size(), 2u);
+  EXPECT_EQ(resp.responses[0].name, "gone");
+  EXPECT_EQ(resp.responses[0].error_code, ErrorCode::kNone);
+  EXPECT_EQ(resp.responses[1].error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(engine_->GetStream(kKafkaBasin, "gone/0").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->GetStream(kKafkaBasin, "gone/1").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "gone").status().code(), Code::kNotFound);
+  // Again: gone.
+  m.topic_names = {"gone"};
+  resp = Call(m, 0, DecodeDeleteTopicsResponse);
+  EXPECT_EQ(resp.responses.at(0).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(Fetch("gone", 1, 0).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(ListOffset("gone", 1, kListOffsetsLatest).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_TRUE(Metadata(std::nullopt).topics.empty());
+  // A new topic of the same name starts empty.
+  ASSERT_EQ(CreateTopic("gone", 2).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Latest("gone", 1), 0);
+}
+
+TEST_F(BrokerTest, DeletedTopicsLoseTheirCommittedOffsets) {
+  // Kafka drops a deleted topic's committed offsets; otherwise a group
+  // resumes a new topic of the same name at the old topic's offset.
+  ASSERT_EQ(CreateTopic("reborn", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("reborn", 0, Batch({"a", "b", "c"})).error_code, ErrorCode::kNone);
+  OffsetCommitRequest c;
+  c.group_id = "g-reborn";
+  c.topics.push_back(OffsetCommitRequestTopic{"reborn", {OffsetCommitRequestPartition{0, 3, -1, -1, ""}}});
+  ASSERT_EQ(Call(c, 2, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  DeleteTopicsRequest d;
+  d.topic_names = {"reborn"};
+  ASSERT_EQ(Call(d, 1, DecodeDeleteTopicsResponse).responses.at(0).error_code, ErrorCode::kNone);
+  ASSERT_EQ(CreateTopic("reborn", 1).error_code, ErrorCode::kNone);
+  OffsetFetchRequest f;
+  f.group_id = "g-reborn";
+  f.topics = std::vector<OffsetFetchRequestTopic>{{"reborn", {0}}};
+  auto resp = Call(f, 5, DecodeOffsetFetchResponse);
+  EXPECT_EQ(resp.topics.at(0).partitions.at(0).committed_offset, -1);
+}
+
+// ---- Consumer groups ------------------------------------------------------------------
+
+class GroupTest : public BrokerTest {
+ protected:
+  static constexpr const char* kGroup = "readers";
+
+  JoinGroupRequest JoinReq(const std::string& member_id, const std::string& metadata,
+                           int32_t session_timeout_ms = 30000) {
+    JoinGroupRequest m;
+    m.group_id = kGroup;
+    m.session_timeout_ms = session_timeout_ms;
+    m.rebalance_timeout_ms = 60000;
+    m.member_id = member_id;
+    m.protocol_type = "consumer";
+    m.protocols = {{"range", metadata}, {"roundrobin", "rr-" + metadata}};
+    return m;
+  }
+
+  // The v4+ handshake: MEMBER_ID_REQUIRED with an id, then the real join
+  // (returned pending: it may wait for the rebalance).
+  Pending JoinNew(const std::string& metadata, std::string* member_id, int16_t version = 5,
+                  int32_t session_timeout_ms = 30000) {
+    auto first = Call(JoinReq("", metadata, session_timeout_ms), version, DecodeJoinGroupResponse);
+    EXPECT_EQ(first.error_code, ErrorCode::kMemberIdRequired);
+    EXPECT_FALSE(first.member_id.empty());
+    *member_id = first.member_id;
+    return Start(JoinReq(first.member_id, metadata, session_timeout_ms), version);
+  }
+
+  SyncGroupRequest SyncReq(const std::string& member_id, int32_t generation,
+                           std::vector<SyncGroupRequestAssignment> assignments = {}) {
+    SyncGroupRequest m;
+    m.group_id = kGroup;
+    m.generation_id = generation;
+    m.member_id = member_id;
+    m.assignments = std::move(assignments);
+    return m;
+  }
+
+  ErrorCode Heartbeat(const std::string& member_id, int32_t generation, int16_t version = 3) {
+    HeartbeatRequest m{kGroup, generation, member_id, std::nullopt};
+    return Call(m, version, DecodeHeartbeatResponse).error_code;
+  }
+
+  OffsetCommitRequest CommitReq(const std::string& member_id, int32_t generation, const std::string& topic,
+                                int32_t partition, int64_t offset, std::optional<std::string> metadata = "m") {
+    OffsetCommitRequest m;
+    m.group_id = kGroup;
+    m.generation_id = generation;
+    m.member_id = member_id;
+    m.topics.push_back(
+        OffsetCommitRequestTopic{topic, {OffsetCommitRequestPartition{partition, offset, 9, -1, metadata}}});
+    return m;
+  }
+
+  ErrorCode Commit(const std::string& member_id, int32_t generation, const std::string& topic, int32_t partition,
+                   int64_t offset, std::optional<std::string> metadata = "m", int16_t version = 7) {
+    auto resp = Call(CommitReq(member_id, generation, topic, partition, offset, std::move(metadata)), version,
+                     DecodeOffsetCommitResponse);
+    if (resp.topics.size() != 1 || resp.topics[0].partitions.size() != 1) {
+      ADD_FAILURE() << "offset commit response has the wrong shape";
+      return ErrorCode::kUnknownServerError;
+    }
+    return resp.topics[0].partitions[0].error_code;
+  }
+
+  OffsetFetchResponsePartition Committed(const std::string& topic, int32_t partition, int16_t version = 5) {
+    OffsetFetchRequest m;
+    m.group_id = kGroup;
+    m.topics = std::vector<OffsetFetchRequestTopic>{{topic, {partition}}};
+    auto resp = Call(m, version, DecodeOffsetFetchResponse);
+    EXPECT_EQ(resp.error_code, ErrorCode::kNone);
+    if (resp.topics.size() != 1 || resp.topics[0].partitions.size() != 1) {
+      ADD_FAILURE() << "offset fetch response has the wrong shape";
+      return {};
+    }
+    return resp.topics[0].partitions[0];
+  }
+};
+
+TEST_F(GroupTest, FindCoordinatorNamesThisBroker) {
+  for (int16_t v = 0; v <= 2; ++v) {
+    FindCoordinatorRequest m{kGroup, kCoordinatorKeyGroup};
+    auto resp = Call(m, v, DecodeFindCoordinatorResponse);
+    EXPECT_EQ(resp.error_code, ErrorCode::kNone);
+    EXPECT_EQ(resp.node_id, kNodeId);
+    EXPECT_EQ(resp.host, "broker.test");
+    EXPECT_EQ(resp.port, 19092);
+  }
+  FindCoordinatorRequest txn{"tx", kCoordinatorKeyTransaction};
+  EXPECT_NE(Call(txn, 1, DecodeFindCoordinatorResponse).error_code, ErrorCode::kNone);
+}
+
+TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
+  ASSERT_EQ(CreateTopic("events", 2).error_code, ErrorCode::kNone);
+
+  // A alone: generation 1, A leads.
+  std::string a, b;
+  Pending join_a = JoinNew("meta-A", &a);
+  auto ja = Finish(join_a, DecodeJoinGroupResponse);
+  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
+  EXPECT_EQ(ja.member_id, a);
+  EXPECT_EQ(ja.leader, a);
+  EXPECT_EQ(ja.protocol_name, "range");
+  ASSERT_EQ(ja.members.size(), 1u);
+  EXPECT_EQ(ja.members[0].metadata, "meta-A");
+  const int32_t gen1 = ja.generation_id;
+  auto sa = Call(SyncReq(a, gen1, {{a, "A-gets-all"}}), 3, DecodeSyncGroupResponse);
+  EXPECT_EQ(sa.error_code, ErrorCode::kNone);
+  EXPECT_EQ(sa.assignment, "A-gets-all");
+  EXPECT_EQ(Heartbeat(a, gen1), ErrorCode::kNone);
+
+  // B joins: A learns of the rebalance from its heartbeat and rejoins.
+  Pending join_b = JoinNew("meta-B", &b);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(Heartbeat(a, gen1), ErrorCode::kRebalanceInProgress);
+  Pending rejoin_a = Start(JoinReq(a, "meta-A"), 5);
+  auto jb = Finish(join_b, DecodeJoinGroupResponse);
+  auto ja2 = Finish(rejoin_a, DecodeJoinGroupResponse);
+  ASSERT_EQ(ja2.error_code, ErrorCode::kNone);
+  ASSERT_EQ(jb.error_code, ErrorCode::kNone);
+  const int32_t gen2 = ja2.generation_id;
+  EXPECT_GT(gen2, gen1);
+  EXPECT_EQ(jb.generation_id, gen2);
+  EXPECT_EQ(ja2.leader, jb.leader);
+  const bool a_leads = ja2.leader == a;
+  ASSERT_TRUE(a_leads || ja2.leader == b);
+  auto& leader_view = a_leads ? ja2 : jb;
+  auto& follower_view = a_leads ? jb : ja2;
+  // The leader gets every member's metadata, the follower none.
+  ASSERT_EQ(leader_view.members.size(), 2u);
+  std::map<std::string, std::string> metadata;
+  for (auto& m : leader_view.members) metadata[m.member_id] = m.metadata;
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{{a, "meta-A"}, {b, "meta-B"}}));
+  EXPECT_TRUE(follower_view.members.empty());
+
+  // Until the leader syncs, commits get REBALANCE_IN_PROGRESS; syncs with a
+  // stale generation or from a stranger fail.
+  EXPECT_EQ(Commit(a, gen2, "events", 0, 1), ErrorCode::kRebalanceInProgress);
+  EXPECT_EQ(Call(SyncReq(a, gen1), 3, DecodeSyncGroupResponse).error_code, ErrorCode::kIllegalGeneration);
+  EXPECT_EQ(Call(SyncReq("stranger", gen2), 3, DecodeSyncGroupResponse).error_code, ErrorCode::kUnknownMemberId);
+
+  // The follower's sync waits for the leader's assignment.
+  const std::string& leader = leader_view.member_id;
+  const std::string& follower = follower_view.member_id;
+  Pending follower_sync = Start(SyncReq(follower, gen2), 3);
+  auto leader_sync = Call(SyncReq(leader, gen2, {{a, "to-A"}, {b, "to-B"}}), 3, DecodeSyncGroupResponse);
+  auto fs = Finish(follower_sync, DecodeSyncGroupResponse);
+  EXPECT_EQ(leader_sync.error_code, ErrorCode::kNone);
+  EXPECT_EQ(fs.error_code, ErrorCode::kNone);
+  EXPECT_EQ(leader == a ? leader_sync.assignment : fs.assignment, "to-A");
+  EXPECT_EQ(leader == b ? leader_sync.assignment : fs.assignment, "to-B");
+  EXPECT_EQ(Heartbeat(a, gen2), ErrorCode::kNone);
+  EXPECT_EQ(Heartbeat(b, gen2, 0), ErrorCode::kNone);
+  EXPECT_EQ(Heartbeat(a, gen1), ErrorCode::kIllegalGeneration);
+  EXPECT_EQ(Heartbeat("stranger", gen2), ErrorCode::kUnknownMemberId);
+
+  // Commits: the right generation persists; others fail.
+  EXPECT_EQ(Commit(a, gen2, "events", 0, 42), ErrorCode::kNone);
+  EXPECT_EQ(Commit(b, gen2, "events", 1, 7, std::nullopt, 2), ErrorCode::kNone);
+  auto c0 = Committed("events", 0);
+  EXPECT_EQ(c0.error_code, ErrorCode::kNone);
+  EXPECT_EQ(c0.committed_offset, 42);
+  EXPECT_EQ(c0.committed_leader_epoch, 9);
+  EXPECT_EQ(c0.metadata, std::optional<std::string>("m"));
+  EXPECT_EQ(Committed("events", 1, 1).committed_offset, 7);
+  EXPECT_EQ(Commit(a, gen2 + 5, "events", 0, 50), ErrorCode::kIllegalGeneration);
+  EXPECT_EQ(Commit(a, gen1, "events", 0, 50), ErrorCode::kIllegalGeneration);
+  EXPECT_EQ(Commit("stranger", gen2, "events", 0, 50), ErrorCode::kUnknownMemberId);
+  EXPECT_EQ(Commit(a, gen2, "no-such-topic", 0, 50), ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(Commit(a, gen2, "events", 2, 50), ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(Commit(a, gen2, "events", 0, 50, std::string(4097, 'm')), ErrorCode::kOffsetMetadataTooLarge);
+  EXPECT_EQ(Committed("events", 0).committed_offset, 42);
+  EXPECT_EQ(Commit(a, gen2, "events", 0, 51, std::string(4096, 'm')), ErrorCode::kNone);
+  EXPECT_EQ(Committed("events", 0).committed_offset, 51);
+  // Never committed: -1.
+  EXPECT_EQ(Committed("other", 0).committed_offset, -1);
+  EXPECT_EQ(Committed("other", 0).error_code, ErrorCode::kNone);
+
+  // A third member: everyone is told to rejoin.
+  std::string c;
+  Pending join_c = JoinNew("meta-C", &c);
+  EXPECT_EQ(Heartbeat(a, gen2), ErrorCode::kRebalanceInProgress);
+  EXPECT_EQ(Heartbeat(b, gen2), ErrorCode::kRebalanceInProgress);
+  // As in Kafka, the old generation may still commit while the group prepares.
+  EXPECT_EQ(Commit(a, gen2, "events", 0, 60), ErrorCode::kNone);
+  // A and B leave instead (v3: a batch of members); C's join completes alone.
+  LeaveGroupRequest leave;
+  leave.group_id = kGroup;
+  leave.members = {{a, std::nullopt}, {b, std::nullopt}};
+  auto lr = Call(leave, 3, DecodeLeaveGroupResponse);
+  EXPECT_EQ(lr.error_code, ErrorCode::kNone);
+  ASSERT_EQ(lr.members.size(), 2u);
+  EXPECT_EQ(lr.members[0].error_code, ErrorCode::kNone);
+  EXPECT_EQ(lr.members[1].error_code, ErrorCode::kNone);
+  auto jc = Finish(join_c, DecodeJoinGroupResponse);
+  ASSERT_EQ(jc.error_code, ErrorCode::kNone);
+  EXPECT_GT(jc.generation_id, gen2);
+  EXPECT_EQ(jc.leader, c);
+  ASSERT_EQ(jc.members.size(), 1u);
+  EXPECT_EQ(jc.members[0].member_id, c);
+  EXPECT_EQ(Heartbeat(a, jc.generation_id), ErrorCode::kUnknownMemberId);
+  // v0 LeaveGroup for the last one; then the group is empty and a
+  // standalone commit (generation -1, no member) is allowed.
+  LeaveGroupRequest leave_c;
+  leave_c.group_id = kGroup;
+  leave_c.member_id = c;
+  EXPECT_EQ(Call(leave_c, 0, DecodeLeaveGroupResponse).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Call(leave_c, 1, DecodeLeaveGroupResponse).error_code, ErrorCode::kUnknownMemberId);
+  EXPECT_EQ(Commit("", -1, "events", 0, 99), ErrorCode::kNone);
+  EXPECT_EQ(Committed("events", 0).committed_offset, 99);
+
+  // Committed offsets survive a restart; group membership does not.
+  RestartAll();
+  EXPECT_EQ(Committed("events", 0).committed_offset, 99);
+  EXPECT_EQ(Committed("events", 1, 3).committed_offset, 7);
+  OffsetFetchRequest all;
+  all.group_id = kGroup;
+  all.topics = std::nullopt;  // v2+: every committed offset
+  auto everything = Call(all, 2, DecodeOffsetFetchResponse);
+  ASSERT_EQ(everything.topics.size(), 1u);
+  EXPECT_EQ(everything.topics[0].name, "events");
+  EXPECT_EQ(everything.topics[0].partitions.size(), 2u);
+}
+
+TEST_F(GroupTest, ASilentMemberExpiresAndTheOthersRebalance) {
+  BrokerOptions o = Options();
+  o.groups.min_session_timeout = 10ms;
+  RestartBroker(o);
+  std::string a, b;
+  Pending join_a = JoinNew("meta-A", &a, 5, /*session_timeout_ms=*/300);
+  auto ja = Finish(join_a, DecodeJoinGroupResponse);
+  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
+  Pending join_b = JoinNew("meta-B", &b);
+  Pending rejoin_a = Start(JoinReq(a, "meta-A", 300), 5);
+  auto jb = Finish(join_b, DecodeJoinGroupResponse);
+  auto ja2 = Finish(rejoin_a, DecodeJoinGroupResponse);
+  ASSERT_EQ(jb.error_code, ErrorCode::kNone);
+  ASSERT_EQ(ja2.error_code, ErrorCode::kNone);
+  const int32_t gen = jb.generation_id;
+  Pending sync_follower = Start(SyncReq(jb.leader == a ? b : a, gen), 3);
+  EXPECT_EQ(Call(SyncReq(jb.leader, gen, {{a, "A"}, {b, "B"}}), 3, DecodeSyncGroupResponse).error_code,
+            ErrorCode::kNone);
+  EXPECT_EQ(Finish(sync_follower, DecodeSyncGroupResponse).error_code, ErrorCode::kNone);
+
+  // A goes silent; B's heartbeats tell it to rejoin once A's session ends.
+  ErrorCode hb = ErrorCode::kNone;
+  auto deadline = Now() + kAnswerTimeout;
+  while (Now() < deadline && (hb = Heartbeat(b, gen)) == ErrorCode::kNone) std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(hb, ErrorCode::kRebalanceInProgress);
+  auto jb2 = Call(JoinReq(b, "meta-B"), 5, DecodeJoinGroupResponse);
+  ASSERT_EQ(jb2.error_code, ErrorCode::kNone);
+  EXPECT_GT(jb2.generation_id, gen);
+  EXPECT_EQ(jb2.leader, b);
+  ASSERT_EQ(jb2.members.size(), 1u);
+  EXPECT_EQ(jb2.members[0].member_id, b);
+  EXPECT_EQ(Heartbeat(a, gen), ErrorCode::kUnknownMemberId);
+}
+
+TEST_F(GroupTest, StopAnswersWaitingJoins) {
+  std::string a, b;
+  Pending join_a = JoinNew("meta-A", &a);
+  ASSERT_EQ(Finish(join_a, DecodeJoinGroupResponse).error_code, ErrorCode::kNone);
+  Pending join_b = JoinNew("meta-B", &b);  // waits for A to rejoin
+  EXPECT_FALSE(join_b.answered());
+  broker_->Stop();
+  EXPECT_EQ(Finish(join_b, DecodeJoinGroupResponse).error_code, ErrorCode::kCoordinatorNotAvailable);
+  EXPECT_EQ(Heartbeat(a, 1), ErrorCode::kCoordinatorNotAvailable);
+}
+
+TEST_F(GroupTest, OldJoinVersionsGetAMemberIdAtOnce) {
+  JoinGroupRequest m = JoinReq("", "meta-old");
+  auto r = Call(m, 3, DecodeJoinGroupResponse);
+  ASSERT_EQ(r.error_code, ErrorCode::kNone);
+  EXPECT_FALSE(r.member_id.empty());
+  EXPECT_EQ(r.leader, r.member_id);
+  auto s = Call(SyncReq(r.member_id, r.generation_id, {{r.member_id, "mine"}}), 0, DecodeSyncGroupResponse);
+  EXPECT_EQ(s.error_code, ErrorCode::kNone);
+  EXPECT_EQ(s.assignment, "mine");
+  // A v0 join has no rebalance timeout.
+  JoinGroupRequest v0 = JoinReq("", "meta-v0");
+  v0.group_id = "another";
+  auto r0 = Call(v0, 0, DecodeJoinGroupResponse);
+  EXPECT_EQ(r0.error_code, ErrorCode::kNone);
+  // Protocol mismatch with the group.
+  JoinGroupRequest odd = JoinReq("", "x");
+  odd.protocols = {{"sticky-only", "x"}};
+  EXPECT_EQ(Call(odd, 5, DecodeJoinGroupResponse).error_code, ErrorCode::kInconsistentGroupProtocol);
+  // Session timeouts outside the broker's range.
+  EXPECT_EQ(Call(JoinReq("", "x", 1000), 5, DecodeJoinGroupResponse).error_code, ErrorCode::kInvalidSessionTimeout);
+  EXPECT_EQ(Call(JoinReq("", "x", 24 * 3600 * 1000), 5, DecodeJoinGroupResponse).error_code,
+            ErrorCode::kInvalidSessionTimeout);
+  // Leaving with one known and one unknown member (v3): per-member errors.
+  LeaveGroupRequest leave;
+  leave.group_id = kGroup;
+  leave.members = {{"nobody", std::nullopt}, {r.member_id, std::nullopt}};
+  auto lr = Call(leave, 3, DecodeLeaveGroupResponse);
+  EXPECT_EQ(lr.error_code, ErrorCode::kNone);
+  ASSERT_EQ(lr.members.size(), 2u);
+  EXPECT_EQ(lr.members[0].error_code, ErrorCode::kUnknownMemberId);
+  EXPECT_EQ(lr.members[1].error_code, ErrorCode::kNone);
+  // Empty group ids.
+  HeartbeatRequest hb{"", 1, r.member_id, std::nullopt};
+  EXPECT_EQ(Call(hb, 3, DecodeHeartbeatResponse).error_code, ErrorCode::kInvalidGroupId);
+  JoinGroupRequest nameless = JoinReq("", "x");
+  nameless.group_id = "";
+  EXPECT_EQ(Call(nameless, 5, DecodeJoinGroupResponse).error_code, ErrorCode::kInvalidGroupId);
+  // Offsets take an empty group id, as in Kafka (old clients commit with one).
+  ASSERT_EQ(CreateTopic("t", 1).error_code, ErrorCode::kNone);
+  OffsetCommitRequest c;
+  c.topics.push_back(OffsetCommitRequestTopic{"t", {OffsetCommitRequestPartition{0, 5, -1, -1, ""}}});
+  EXPECT_EQ(Call(c, 2, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  OffsetFetchRequest f;
+  f.group_id = "";
+  f.topics = std::vector<OffsetFetchRequestTopic>{{"t", {0}}};
+  auto fr = Call(f, 5, DecodeOffsetFetchResponse);
+  EXPECT_EQ(fr.error_code, ErrorCode::kNone);
+  EXPECT_EQ(fr.topics.at(0).partitions.at(0).committed_offset, 5);
+}
+
+TEST_F(GroupTest, OffsetsOfManyPartitionsInOneCommit) {
+  ASSERT_EQ(CreateTopic("wide", 3).error_code, ErrorCode::kNone);
+  OffsetCommitRequest m;
+  m.group_id = kGroup;
+  m.topics.push_back(OffsetCommitRequestTopic{
+      "wide", {{0, 10, -1, -1, ""}, {1, 11, -1, -1, ""}, {2, 12, -1, -1, ""}, {3, 13, -1, -1, ""}}});
+  auto resp = Call(m, 5, DecodeOffsetCommitResponse);
+  ASSERT_EQ(resp.topics.at(0).partitions.size(), 4u);
+  EXPECT_EQ(resp.topics[0].partitions[0].error_code, ErrorCode::kNone);
+  EXPECT_EQ(resp.topics[0].partitions[2].error_code, ErrorCode::kNone);
+  EXPECT_EQ(resp.topics[0].partitions[3].error_code, ErrorCode::kUnknownTopicOrPartition);
+  OffsetFetchRequest f;
+  f.group_id = kGroup;
+  f.topics = std::vector<OffsetFetchRequestTopic>{{"wide", {2, 1, 0, 3}}};
+  auto got = Call(f, 4, DecodeOffsetFetchResponse);
+  ASSERT_EQ(got.topics.at(0).partitions.size(), 4u);
+  EXPECT_EQ(got.topics[0].partitions[0].committed_offset, 12);
+  EXPECT_EQ(got.topics[0].partitions[1].committed_offset, 11);
+  EXPECT_EQ(got.topics[0].partitions[2].committed_offset, 10);
+  EXPECT_EQ(got.topics[0].partitions[3].committed_offset, -1);
+}
+
+}  // namespace
+}  // namespace weir::kafka
