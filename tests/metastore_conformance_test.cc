@@ -1311,6 +1311,12 @@ TEST_P(MetastoreConformance, DeleteGroupOffsetsOfATopic) {
   // A deleted partition can be committed again.
   ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 7)}));
   EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("t", 0, 7)}));
+  // A topic's offsets of every group go at once.
+  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 3, 8), Offset("u", 0, 9)}));
+  ASSERT_OK(m().DeleteTopicOffsets("t"));
+  EXPECT_EQ(Offsets("g"), "[]");
+  EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("u", 0, 9)}));
+  ASSERT_OK(m().DeleteTopicOffsets("nothing"));
 }
 
 TEST_P(MetastoreConformance, CountersForTablesAndGroupOffsets) {

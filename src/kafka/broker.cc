@@ -263,7 +263,9 @@ void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<
             if (o.status.ok()) {
               pr.base_offset = static_cast<int64_t>(o.ack.start_offset);
               pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
+              if (o.ack.log_append_time) pr.log_append_time_ms = o.ack.last_timestamp_ms;
             } else {
+              pr.base_offset = -1;
               metrics_.produce_errors++;
               Log().debug("kafka: produce to {}[{}] from {}: {}", resp->responses[ti].name, pr.index,
                           req->reply->peer(), o.status.ToString());
@@ -664,6 +666,9 @@ void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {
       r.error_code = ErrorCode::kUnknownServerError;
     } else {
       metrics_.topics_deleted++;
+      // A topic created again under the name starts with no committed offsets.
+      Status offsets = meta_->DeleteTopicOffsets(name);
+      if (!offsets.ok()) Log().warn("kafka: deleting offsets of topic {}: {}", name, offsets.ToString());
     }
     resp.responses.push_back(std::move(r));
   }

@@ -137,7 +137,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Dispatch(std::string frame);
 
   void OnAnswer(uint64_t seq, std::string response, bool respond, bool close) {
-    if (seq < first_seq_ || seq - first_seq_ >= slots_.size()) return;  // closed meanwhile
+    // After a close, CloseNow has already settled every unanswered slot.
+    if (closed_ || seq < first_seq_ || seq - first_seq_ >= slots_.size()) return;
     Slot& s = slots_[seq - first_seq_];
     s.done = true;
     s.respond = respond;
@@ -183,6 +184,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     writing_ = true;
     net::async_write(socket_, bufs, [self = shared_from_this(), count, close_after](ErrorCode ec, size_t) {
       self->writing_ = false;
+      if (self->closed_) return self->DropSlots();  // closed while the write used the slots' buffers
       self->Pop(count);
       if (ec || close_after) return self->CloseNow();
       self->ReadHeader();
@@ -205,6 +207,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Flush();
   }
 
+  void DropSlots() {
+    first_seq_ += slots_.size();
+    slots_.clear();
+  }
+
   void CloseNow() {
     if (closed_.exchange(true)) return;
     ErrorCode ec;
@@ -213,9 +220,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     idle_.cancel();
     for (auto& s : slots_) {
       if (!s.done) srv_->metrics.in_flight--;
+      s.done = true;
     }
-    first_seq_ += slots_.size();
-    slots_.clear();
+    // A write in progress still points into the slots: its handler drops them.
+    if (!writing_) DropSlots();
     srv_->metrics.open_connections--;
     srv_->Forget(shared_from_this());
   }

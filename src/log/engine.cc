@@ -548,8 +548,9 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
 
 void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s, std::string batch,
                     size_t count, int64_t first_ts, int64_t last_ts, const std::optional<ProducerRef>& producer,
-                    std::string token, uint64_t trim_point, AppendCallback done) {
+                    std::string token, uint64_t trim_point, AppendCallback done, bool log_append_time) {
   auto pend = std::make_shared<Pending>();
+  pend->log_append_time = log_append_time;
   pend->start = s->live.next_offset;
   pend->end = s->live.next_offset + count;
   pend->first_timestamp_ms = first_ts;
@@ -637,8 +638,9 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
     wal::SetLogAppendTime(&batch, last_ts);
   }
   wal::SetBaseOffset(&batch, 0, static_cast<int64_t>(s->live.next_offset));
+  bool stamped = s->info.config.timestamping == metastore::TimestampingMode::kArrival;
   Submit(lk, s, std::move(batch), static_cast<size_t>(h.record_count), first_ts, last_ts, producer,
-         s->live.fencing_token, s->live.trim_point, std::move(done));
+         s->live.fencing_token, s->live.trim_point, std::move(done), stamped);
 }
 
 void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
@@ -670,6 +672,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
       }
       s->cv.notify_all();
       ack = AppendAck{p->start, p->end, s->tail, p->first_timestamp_ms, p->last_timestamp_ms, false, LogStart(*s)};
+      ack.log_append_time = p->log_append_time;
     }
     p->bytes.reset();
   }

@@ -96,6 +96,9 @@ struct AppendAck {
   int64_t last_timestamp_ms = 0;
   bool duplicated = false;
   uint64_t log_start = 0;  // the first offset still held (trim point, retention)
+  // The stream stamped the batch on arrival (Kafka's LogAppendTime): every
+  // record's timestamp is last_timestamp_ms.
+  bool log_append_time = false;
 };
 
 // The outcome of an append. On kPreconditionFailed exactly one of the
@@ -262,7 +265,7 @@ class Engine {
   // state once it is admitted; `done` runs when it is durable or failed.
   void Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s, std::string batch, size_t count,
               int64_t first_ts, int64_t last_ts, const std::optional<ProducerRef>& producer, std::string token,
-              uint64_t trim_point, AppendCallback done);
+              uint64_t trim_point, AppendCallback done, bool log_append_time = false);
   // Under s->mu: the first offset still held (trim point, retention).
   static uint64_t LogStart(const Stream& s);
   // Under s->mu: the sources covering [from, ...) up to the limits.

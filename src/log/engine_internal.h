@@ -50,6 +50,7 @@ struct BatchRef {
 };
 
 struct Engine::Pending {
+  bool log_append_time = false;
   uint64_t start = 0;
   uint64_t end = 0;
   int64_t first_timestamp_ms = 0;

@@ -221,6 +221,8 @@ class Metastore {
   virtual Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) = 0;
   virtual Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) = 0;
   virtual Status DeleteGroupOffsets(std::string_view group, std::string_view topic) = 0;
+  // Removes every group's offsets of one topic (the topic was deleted).
+  virtual Status DeleteTopicOffsets(std::string_view topic) = 0;
 
   // Nodes. GetNode of an unknown node returns a zero NodeState (epoch 0).
   virtual Result<NodeState> GetNode(std::string_view node) = 0;

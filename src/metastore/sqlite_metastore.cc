@@ -232,6 +232,7 @@ constexpr const char kFetchGroupOffsets[] =
     "SELECT topic, part, committed_offset, leader_epoch, metadata, commit_time_ms FROM group_offsets "
     "WHERE group_id = ?1 ORDER BY topic, part";
 constexpr const char kDeleteGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1 AND topic = ?2";
+constexpr const char kDeleteTopicOffsets[] = "DELETE FROM group_offsets WHERE topic = ?1";
 
 }  // namespace
 
@@ -1235,6 +1236,16 @@ Status SqliteMetastore::DeleteGroupOffsets(std::string_view group, std::string_v
     return InTransaction("delete group offsets", [&]() -> Status {
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteGroupOffsets));
       return st.Text(1, group).Text(2, topic).Run("delete group offsets");
+    });
+  });
+}
+
+Status SqliteMetastore::DeleteTopicOffsets(std::string_view topic) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeleteTopicOffsets", [&]() -> Status {
+    return InTransaction("delete topic offsets", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteTopicOffsets));
+      return st.Text(1, topic).Run("delete topic offsets");
     });
   });
 }

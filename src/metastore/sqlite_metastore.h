@@ -85,6 +85,7 @@ class SqliteMetastore final : public Metastore {
   Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) override;
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;
   Status DeleteGroupOffsets(std::string_view group, std::string_view topic) override;
+  Status DeleteTopicOffsets(std::string_view topic) override;
 
   const MetastoreCounters& counters() const override { return counters_; }
   std::string Describe() const override { return "sqlite://" + path_; }
