@@ -305,6 +305,7 @@ class Engine {
   EngineMetrics metrics_;
 
   std::mutex settle_mu_;  // one settle cycle at a time; guards the fields below
+  std::vector<std::string> segment_spares_;  // segment buffers kept for the next cycle
   metastore::ChainPosition checkpoint_;
   std::map<uint64_t, uint64_t> epoch_cuts_;  // fenced epochs of this node -> cut
   TimePoint last_retention_;

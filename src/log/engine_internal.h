@@ -30,7 +30,9 @@ struct StreamFacts {
 // Applies one verified batch to `facts`. A batch that ends at or below
 // next_offset is skipped (already applied); one that does not start at
 // next_offset is kCorruption.
-Status ApplyBatch(StreamFacts* facts, std::string_view batch);
+// `verified`: the batch's CRC was checked already (on append), so only its
+// header is parsed.
+Status ApplyBatch(StreamFacts* facts, std::string_view batch, bool verified = false);
 
 // False only if no record of this batch can be a command record (checked
 // without decoding the records). Records of compressed batches never are.

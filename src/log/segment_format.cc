@@ -67,6 +67,12 @@ SegmentBuilder::SegmentBuilder(uint64_t stream_id, size_t index_interval_bytes)
   footer_.stream_id = stream_id;
 }
 
+void SegmentBuilder::Adopt(std::string buffer) {
+  if (data_bytes_ != 0) return;
+  data_ = std::move(buffer);
+  data_.clear();
+}
+
 void SegmentBuilder::Reserve(size_t data_bytes, size_t batches) {
   size_t index_entries = std::min(batches, data_bytes / std::max<size_t>(index_interval_bytes_, 1) + 1);
   data_.reserve(data_bytes + index_entries * kSegmentIndexEntrySize + kSegmentFooterSize + 4);

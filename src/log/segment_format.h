@@ -60,6 +60,9 @@ class SegmentBuilder {
   // Sizes the buffer once for `data_bytes` of batches in `batches` batches
   // plus the index and footer, so Add and Finish never copy it again.
   void Reserve(size_t data_bytes, size_t batches);
+  // Builds into `buffer` (cleared), keeping its capacity: a buffer reused
+  // from an earlier segment costs no fresh pages. Call before Add.
+  void Adopt(std::string buffer);
 
   bool empty() const;
   uint64_t start_offset() const;

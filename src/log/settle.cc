@@ -23,6 +23,12 @@ std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end) {
   return fmt::format("seg/{:020}/{:020}-{:020}", stream_id, start, end);
 }
 
+namespace {
+// Segment buffers settle keeps between cycles: at most this many, this many bytes.
+constexpr size_t kMaxSegmentSpares = 8;
+constexpr size_t kMaxSegmentSpareBytes = 64u << 20;
+}  // namespace
+
 Result<std::string> Engine::ReadSlotBatch(const BatchRef& ref) {
   auto got = store_->Get(wal::SlotKey(options_.node, ref.where.epoch, ref.where.seq),
                          objstore::ByteRange{ref.where.offset, ref.where.length});
@@ -84,6 +90,10 @@ Status Engine::SettleNow() {
     if (refs.empty()) continue;
     Work w{s, refs.size(), 0, s->settled, {}};
     SegmentBuilder builder(s->info.id);
+    if (!segment_spares_.empty()) {
+      builder.Adopt(std::move(segment_spares_.back()));
+      segment_spares_.pop_back();
+    }
     size_t total = 0;
     for (const BatchRef& ref : refs) total += ref.where.length;
     builder.Reserve(total, refs.size());
@@ -97,7 +107,9 @@ Status Engine::SettleNow() {
         WEIR_ASSIGN_OR_RETURN(fetched, ReadSlotBatch(ref));
         bytes = fetched;
       }
-      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, bytes).WithContext(fmt::format("settling stream {}", s->info.id)));
+      // Cached bytes were verified on append; bytes read back are checked again.
+      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, bytes, ref.bytes != nullptr)
+                               .WithContext(fmt::format("settling stream {}", s->info.id)));
       WEIR_RETURN_IF_ERROR(builder.Add(bytes));
     }
     WEIR_ASSIGN_OR_RETURN(std::string object, builder.Finish());
@@ -115,6 +127,14 @@ Status Engine::SettleNow() {
   }
 
   WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects));
+  // Keep a few uploaded buffers (bounded) for the next cycle's segments.
+  size_t kept = 0;
+  for (const auto& b : segment_spares_) kept += b.capacity();
+  for (auto& object : objects) {
+    if (segment_spares_.size() >= kMaxSegmentSpares || kept + object.capacity() > kMaxSegmentSpareBytes) break;
+    kept += object.capacity();
+    segment_spares_.push_back(std::move(object));
+  }
   Status committed = meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states);
   if (!committed.ok()) {
     if (committed.code() != Code::kUnavailable && committed.code() != Code::kTimeout) {
