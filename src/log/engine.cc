@@ -375,6 +375,7 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
     return InvalidArgument("table name \"{}\" must be non-empty and must not contain '/'", table.name);
   }
   WEIR_RETURN_IF_ERROR(ValidateStreamName(metastore::BucketStreamName(table.name, table.bucket_count)));
+  std::lock_guard tables(tables_mu_);
   metastore::TableInfo t = table;
   t.created_at_ms = WallMillis();
   WEIR_ASSIGN_OR_RETURN(auto created, meta_->CreateTable(t, config));
@@ -389,15 +390,18 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
 }
 
 Result<metastore::TableInfo> Engine::GetTable(const std::string& basin, const std::string& name) {
+  std::lock_guard tables(tables_mu_);
   return meta_->GetTable(basin, name);
 }
 
 Result<std::vector<metastore::TableInfo>> Engine::ListTables(const std::string& basin, const std::string& prefix,
                                                              const std::string& start_after, size_t limit) {
+  std::lock_guard tables(tables_mu_);
   return meta_->ListTables(basin, prefix, start_after, limit);
 }
 
 Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
+  std::lock_guard tables(tables_mu_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteTable(table.id));
   if (!keys.empty()) {

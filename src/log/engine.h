@@ -295,6 +295,10 @@ class Engine {
   std::atomic<uint64_t> epoch_{0};
   uint64_t nonce_ = 0;  // this process's fencer nonce
 
+  // Held across a table's metastore change and its streams' (un)registration,
+  // and by the table reads: a table is never seen before its bucket streams
+  // can take appends.
+  std::mutex tables_mu_;
   std::mutex mu_;  // guards the maps and halt_thread_
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_;
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
