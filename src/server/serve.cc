@@ -176,9 +176,10 @@ namespace {
 
 void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::TcpServer& k) {
   const auto& m = b.metrics();
+  *out += "# HELP weir_kafka_requests_total Kafka requests by API\n# TYPE weir_kafka_requests_total counter\n";
   for (const auto& api : kafka::kSupportedApis) {
-    http::PromCounter(out, fmt::format("weir_kafka_requests_total{{api=\"{}\"}}", api.name), "Kafka requests by API",
-                      static_cast<double>(m.requests_by_api[api.key].load()));
+    *out += fmt::format("weir_kafka_requests_total{{api=\"{}\"}} {}\n", api.name,
+                        m.requests_by_api[api.key].load());
   }
   http::PromCounter(out, "weir_kafka_bad_requests_total", "Kafka requests that could not be decoded (connection closed)",
                     m.bad_requests.load());
@@ -285,6 +286,7 @@ int RunServe(const ServeOptions& o) {
     if (!ks.ok()) return fail(ks.status());
     kafka_server = std::move(*ks);
     auto bound = ParseHostPort(kafka_server->address(), "kafka");
+    if (!bound.ok()) return fail(bound.status());
     bo.advertised_host = kafka_advertised ? kafka_advertised->first : bound->first;
     bo.advertised_port = kafka_advertised ? kafka_advertised->second : bound->second;
     broker->SetAdvertised(bo.advertised_host, bo.advertised_port);
