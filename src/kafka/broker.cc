@@ -394,7 +394,23 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
         return;
       }
     }
-    req->reply->After(std::chrono::milliseconds(std::min(in.max_wait_ms, kMaxFetchWaitMs)), wake);
+    // The timer holds the fetch only weakly: once it is answered (a watch
+    // fired), its request is freed at once, not when max_wait_ms expires.
+    // Until then the registered watches keep it alive.
+    std::weak_ptr<Request> weak_req = req;
+    std::weak_ptr<FetchState> weak_state = state;
+    req->reply->After(std::chrono::milliseconds(std::min(in.max_wait_ms, kMaxFetchWaitMs)),
+                      [this, weak_req, weak_state] {
+                        auto r = weak_req.lock();
+                        auto st = weak_state.lock();
+                        if (!r || !st) return;
+                        {
+                          std::lock_guard lk2(st->mu);
+                          if (st->done) return;
+                          st->done = true;
+                        }
+                        r->reply->Post([this, r, st] { FinishFetch(r, st); });
+                      });
     return;
   }
   {
