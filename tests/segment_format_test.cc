@@ -16,6 +16,7 @@
 #include "base/bytes.h"
 #include "base/crc32c.h"
 #include "wal/record_batch.h"
+#include "test_support.h"
 
 namespace weir::log {
 namespace {
@@ -400,6 +401,35 @@ TEST(SegmentBuilder, RejectsMalformedBatches) {
 
   EXPECT_EQ(b.data_bytes(), bytes);
   ASSERT_TRUE(b.Add(s.batches[1]).ok());
+}
+
+// AddView + FinishTail describe exactly the bytes Add + Finish produce.
+TEST(SegmentBuilder, ViewsAndTailMakeTheSameObject) {
+  const Stream st = MakeStream(40, 30, 9);
+  SegmentBuilder copied(kStream, 1000);
+  SegmentBuilder viewed(kStream, 1000);
+  for (const std::string& b : st.batches) {
+    ASSERT_OK(copied.Add(b));
+    ASSERT_OK(viewed.AddView(b));
+  }
+  auto whole = copied.Finish();
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  auto tail = viewed.FinishTail();
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  std::string joined;
+  for (std::string_view v : viewed.views()) joined.append(v);
+  joined += *tail;
+  EXPECT_TRUE(joined == *whole);
+  EXPECT_EQ(viewed.views().size(), st.batches.size());
+
+  // A view builder has no whole object to return; the modes do not mix.
+  SegmentBuilder v2(kStream);
+  ASSERT_OK(v2.AddView(st.batches[0]));
+  EXPECT_EQ(v2.Add(st.batches[1]).code(), Code::kInvalidArgument);
+  EXPECT_EQ(v2.Finish().status().code(), Code::kInvalidArgument);
+  SegmentBuilder c2(kStream);
+  ASSERT_OK(c2.Add(st.batches[0]));
+  EXPECT_EQ(c2.AddView(st.batches[1]).code(), Code::kInvalidArgument);
 }
 
 TEST(SegmentBuilder, FinishRules) {

@@ -35,6 +35,9 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
       ->check(CLI::Range(0.0, 10000.0));
   opt("--pool-budget-mib", o.pool_budget_mib, "Admitted, unacknowledged bytes (MiB) before appends wait")
       ->check(CLI::Range(1, 1 << 20));
+  opt("--log-cache-mib", o.log_cache_mib,
+      "Memory (MiB) for acknowledged, unsettled records; settle starts early when half is used")
+      ->check(CLI::Range(1, 1 << 20));
   opt("--admission-timeout-ms", o.admission_timeout_ms, "How long an append waits for pool budget before 429")
       ->check(CLI::Range(0.0, 600000.0));
   opt("--auth-token-file", o.auth_token_file, "Require Authorization: Bearer <token in this file>");

@@ -13,6 +13,7 @@
 #include <boost/beast/http.hpp>
 
 #include "base/log.h"
+#include "base/thread.h"
 
 namespace weir::http {
 
@@ -102,7 +103,10 @@ class HttpServer::Impl {
   void Accept();
   void Run() {
     for (int i = 0; i < std::max(1, options.io_threads); ++i) {
-      threads.emplace_back([this] { ioc.run(); });
+      threads.emplace_back([this] {
+        SetThreadName("http-io");
+        ioc.run();
+      });
     }
   }
 

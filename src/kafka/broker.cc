@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "base/thread.h"
 #include "kafka/api_table.h"
 #include "kafka/broker_internal.h"
 #include "wal/record_batch.h"
@@ -73,6 +74,7 @@ void Broker::Stop() {
 }
 
 void Broker::TickLoop() {
+  SetThreadName("kafka-tick");
   std::unique_lock lk(tick_mu_);
   while (!stopping_) {
     tick_cv_.wait_for(lk, std::chrono::milliseconds(100));

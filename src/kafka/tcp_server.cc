@@ -9,6 +9,7 @@
 #include <boost/asio.hpp>
 
 #include "base/log.h"
+#include "base/thread.h"
 
 namespace weir::kafka {
 
@@ -332,7 +333,10 @@ Result<std::unique_ptr<TcpServer>> TcpServer::Start(const TcpServerOptions& opti
   impl->workers = std::make_unique<net::thread_pool>(static_cast<size_t>(std::max(1, options.worker_threads)));
   impl->Accept();
   for (int i = 0; i < std::max(1, options.io_threads); ++i) {
-    impl->io_threads.emplace_back([io = &impl->ioc] { io->run(); });
+    impl->io_threads.emplace_back([io = &impl->ioc] {
+      SetThreadName("kafka-io");
+      io->run();
+    });
   }
   return std::unique_ptr<TcpServer>(new TcpServer(std::move(impl)));
 }

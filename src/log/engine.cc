@@ -10,6 +10,7 @@
 
 #include "base/bytes.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "log/engine_internal.h"
 #include "log/producer_window.h"
 #include "wal/fence.h"
@@ -86,6 +87,7 @@ void Engine::Close() {
 }
 
 void Engine::HandleHalt(uint64_t epoch) {
+  SetThreadName("wal-halt");
   wal::ChainRef chain{options_.node, epoch};
   std::lock_guard settle(settle_mu_);  // the checkpoint must not move meanwhile
   uint64_t from = checkpoint_.epoch == epoch ? checkpoint_.seq : 0;
@@ -653,6 +655,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
   std::vector<TailCallback> woken;
   AppendAck ack;
   bool evict = false;
+  bool settle_early = false;
   {
     std::lock_guard lk(s->mu);
     auto it = std::find(s->pending.begin(), s->pending.end(), p);
@@ -671,6 +674,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
       s->durable.push_back(BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr});
       if (cache) {
         cache_bytes_ += size;
+        if (cache_bytes_.load() > options_.log_cache_bytes / 2) settle_early = true;
       } else {
         evict = true;
       }
@@ -686,7 +690,14 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     a.duplicated = dup;
     cb(AppendOutcome{st, a, std::nullopt, std::nullopt});
   }
+  if (settle_early || evict) RequestSettle();
   if (evict) EvictCache();
+}
+
+void Engine::RequestSettle() {
+  if (settle_requested_.exchange(true)) return;
+  std::lock_guard lk(settle_wait_mu_);  // so the loop cannot miss the wake-up
+  settle_cv_.notify_all();
 }
 
 void Engine::EvictCache() {

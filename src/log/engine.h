@@ -40,6 +40,7 @@
 namespace weir::log {
 
 struct BatchRef;
+struct SegmentObject;
 
 struct EngineOptions {
   std::string node = "node-1";
@@ -49,7 +50,13 @@ struct EngineOptions {
   // A RecordBatch appended as sent (AppendBatchAsync): Kafka's default
   // max.message.bytes.
   size_t max_batch_bytes = 1048588;
-  size_t log_cache_bytes = 64u << 20; // recent acknowledged batches kept in memory
+  // Acknowledged, unsettled batches kept in memory (reads, settle). Settle
+  // runs early once half of it is in use; past it, batches are read back
+  // from their WAL slots.
+  size_t log_cache_bytes = 64u << 20;
+  // Segment PUTs a settle cycle runs at once. Object stores want many; a
+  // local disk wants few, so the WAL's writes do not queue behind segments.
+  size_t segment_uploads = 16;
   size_t max_read_records = 1000;
   size_t max_read_bytes = 1 << 20;
   Duration admission_timeout = std::chrono::seconds(10);
@@ -64,6 +71,8 @@ struct EngineOptions {
 struct EngineMetrics {
   std::atomic<uint64_t> settle_cycles{0}, segments_written{0}, segment_bytes{0};
   std::atomic<uint64_t> slots_deleted{0}, segments_deleted{0}, settle_failures{0};
+  // Batch bytes settle took from the log cache, and read back from WAL slots.
+  std::atomic<uint64_t> settle_cached_bytes{0}, settle_reread_bytes{0};
 };
 
 // One record as a front-end hands it in. S2 command records have exactly one
@@ -255,6 +264,8 @@ class Engine {
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                  const wal::AckInfo& where);
   void EvictCache();
+  // Wakes the settle loop before its interval (the log cache is filling up).
+  void RequestSettle();
   // Under s->mu (held by lk): applies the producer window to an append of
   // `count` records. True when it took `done` (a duplicate, queued or
   // answered, or a failure; lk is then released unless the duplicate is
@@ -284,7 +295,8 @@ class Engine {
   Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
                      std::vector<std::string>* batches);
   Status SweepGarbage();
-  Status UploadSegments(const std::vector<metastore::SegmentInfo>& segments, const std::vector<std::string>& objects);
+  Status UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
+                        const std::vector<SegmentObject>& objects);
   // Deletes WAL slots from `from` up to `to` (exclusive), across epochs.
   void DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to);
 
@@ -309,12 +321,12 @@ class Engine {
   EngineMetrics metrics_;
 
   std::mutex settle_mu_;  // one settle cycle at a time; guards the fields below
-  std::vector<std::string> segment_spares_;  // segment buffers kept for the next cycle
   metastore::ChainPosition checkpoint_;
   std::map<uint64_t, uint64_t> epoch_cuts_;  // fenced epochs of this node -> cut
   TimePoint last_retention_;
   std::mutex settle_wait_mu_;
   std::condition_variable settle_cv_;
+  std::atomic<bool> settle_requested_{false};  // the cache is half full
   std::thread settle_thread_;
 };
 

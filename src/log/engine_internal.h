@@ -51,6 +51,15 @@ struct BatchRef {
   std::shared_ptr<const std::string> bytes;  // null once evicted from the cache
 };
 
+// A segment as settle writes it: the batches in place (views into `held`),
+// then the index and footer. Owned by one settle cycle.
+struct SegmentObject {
+  std::vector<std::string_view> parts;
+  std::string tail;
+  std::vector<std::shared_ptr<const std::string>> held;
+  size_t size = 0;
+};
+
 struct Engine::Pending {
   bool log_append_time = false;
   uint64_t start = 0;

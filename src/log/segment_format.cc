@@ -67,26 +67,22 @@ SegmentBuilder::SegmentBuilder(uint64_t stream_id, size_t index_interval_bytes)
   footer_.stream_id = stream_id;
 }
 
-void SegmentBuilder::Adopt(std::string buffer) {
-  if (data_bytes_ != 0) return;
-  data_ = std::move(buffer);
-  data_.clear();
-}
-
-void SegmentBuilder::Reserve(size_t data_bytes, size_t batches) {
-  size_t index_entries = std::min(batches, data_bytes / std::max<size_t>(index_interval_bytes_, 1) + 1);
-  data_.reserve(data_bytes + index_entries * kSegmentIndexEntrySize + kSegmentFooterSize + 4);
-}
-
 bool SegmentBuilder::empty() const { return data_bytes_ == 0; }
 uint64_t SegmentBuilder::start_offset() const { return start_offset_; }
 uint64_t SegmentBuilder::end_offset() const { return end_offset_; }
 size_t SegmentBuilder::data_bytes() const { return data_bytes_; }
 const SegmentFooter& SegmentBuilder::footer() const { return footer_; }
 
-Status SegmentBuilder::Add(std::string_view batches) {
+Status SegmentBuilder::Add(std::string_view batches) { return Append(batches, true); }
+
+Status SegmentBuilder::AddView(std::string_view batches) { return Append(batches, false); }
+
+Status SegmentBuilder::Append(std::string_view batches, bool copy) {
   if (finished_) return InvalidArgument("segment builder: Add after Finish");
   if (batches.empty()) return InvalidArgument("segment builder: no batches to add");
+  if (!empty() && copy != views_.empty()) {
+    return InvalidArgument("segment builder: Add and AddView cannot be mixed in one segment");
+  }
 
   // Walk into copies of the state and commit only if every batch is good, so
   // a failed Add leaves the builder unchanged.
@@ -130,7 +126,11 @@ Status SegmentBuilder::Add(std::string_view batches) {
     return Status(Code::kInvalidArgument, st.message()).WithContext("segment builder");
   }
 
-  data_.append(batches);
+  if (copy) {
+    data_.append(batches);
+  } else {
+    views_.push_back(batches);
+  }
   data_crc_ = Crc32cExtend(data_crc_, batches.data(), batches.size());
   data_bytes_ += batches.size();
   start_offset_ = start;
@@ -143,6 +143,15 @@ Status SegmentBuilder::Add(std::string_view batches) {
 }
 
 Result<std::string> SegmentBuilder::Finish() {
+  if (!views_.empty()) return InvalidArgument("segment builder: built with AddView; use FinishTail");
+  WEIR_ASSIGN_OR_RETURN(std::string tail, FinishTail());
+  std::string out = std::move(data_);
+  data_ = std::string();
+  out.append(tail);
+  return out;
+}
+
+Result<std::string> SegmentBuilder::FinishTail() {
   if (finished_) return InvalidArgument("segment builder: Finish called twice");
   if (empty()) return InvalidArgument("segment builder: cannot finish an empty segment");
   if (index_.size() > std::numeric_limits<uint32_t>::max()) {
@@ -157,16 +166,15 @@ Result<std::string> SegmentBuilder::Finish() {
   footer_.index_count = static_cast<uint32_t>(index_.size());
   footer_.data_crc = data_crc_;
 
-  std::string out = std::move(data_);
-  data_ = std::string();
-  out.reserve(out.size() + index_.size() * kSegmentIndexEntrySize + kSegmentFooterSize);
+  std::string out;
+  out.reserve(index_.size() * kSegmentIndexEntrySize + kSegmentFooterSize);
   for (const SegmentIndexEntry& e : index_) {
     PutLE64(&out, e.base_offset);
     PutLE64(&out, static_cast<uint64_t>(e.max_timestamp_ms));
     PutLE64(&out, e.position);
   }
   AppendFooter(footer_, &out);
-  PutLE32(&out, Crc32c(out.data() + data_bytes_, out.size() - data_bytes_));
+  PutLE32(&out, Crc32c(out.data(), out.size()));
   return out;
 }
 

@@ -54,15 +54,15 @@ class SegmentBuilder {
   // indexed one.
   SegmentBuilder(uint64_t stream_id, size_t index_interval_bytes = 64 << 10);
 
-  // Appends one or more whole, verified batches. kInvalidArgument if a batch
-  // is malformed or its offsets are not contiguous with what came before.
+  // Appends one or more whole, verified batches (copied). kInvalidArgument if
+  // a batch is malformed or its offsets are not contiguous with what came
+  // before; a failed Add changes nothing.
   Status Add(std::string_view batches);
-  // Sizes the buffer once for `data_bytes` of batches in `batches` batches
-  // plus the index and footer, so Add and Finish never copy it again.
-  void Reserve(size_t data_bytes, size_t batches);
-  // Builds into `buffer` (cleared), keeping its capacity: a buffer reused
-  // from an earlier segment costs no fresh pages. Call before Add.
-  void Adopt(std::string buffer);
+  // Like Add, but keeps only a view: `batches` must stay alive and unchanged
+  // until the object is written. Settle builds segments from cached batches
+  // this way and writes them with ObjectStore::PutParts, copying nothing.
+  // A builder takes either Add or AddView calls, not both.
+  Status AddView(std::string_view batches);
 
   bool empty() const;
   uint64_t start_offset() const;
@@ -70,13 +70,20 @@ class SegmentBuilder {
   size_t data_bytes() const;
 
   // Appends index and footer and returns the whole object; the builder is
-  // then spent. kInvalidArgument if empty.
+  // then spent. kInvalidArgument if empty or built with AddView.
   Result<std::string> Finish();
+  // Returns the index and footer: the object is views() in order, then this
+  // tail. The builder is then spent. kInvalidArgument if empty.
+  Result<std::string> FinishTail();
+  const std::vector<std::string_view>& views() const { return views_; }
   const SegmentFooter& footer() const;  // valid after Finish
 
  private:
+  Status Append(std::string_view batches, bool copy);
+
   size_t index_interval_bytes_;
-  std::string data_;
+  std::string data_;                      // Add: the batches so far
+  std::vector<std::string_view> views_;   // AddView: the batches so far
   size_t data_bytes_ = 0;
   uint32_t data_crc_ = 0;
   uint64_t start_offset_ = 0;

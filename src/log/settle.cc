@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/log.h"
+#include "base/thread.h"
 #include "log/engine_internal.h"
 #include "wal/fence.h"
 #include "wal/slot_format.h"
@@ -23,12 +24,6 @@ std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end) {
   return fmt::format("seg/{:020}/{:020}-{:020}", stream_id, start, end);
 }
 
-namespace {
-// Segment buffers settle keeps between cycles: at most this many, this many bytes.
-constexpr size_t kMaxSegmentSpares = 8;
-constexpr size_t kMaxSegmentSpareBytes = 64u << 20;
-}  // namespace
-
 Result<std::string> Engine::ReadSlotBatch(const BatchRef& ref) {
   auto got = store_->Get(wal::SlotKey(options_.node, ref.where.epoch, ref.where.seq),
                          objstore::ByteRange{ref.where.offset, ref.where.length});
@@ -41,10 +36,12 @@ Result<std::string> Engine::ReadSlotBatch(const BatchRef& ref) {
 }
 
 void Engine::SettleLoop() {
+  SetThreadName("settle");
   std::unique_lock lk(settle_wait_mu_);
   while (!closing_) {
-    settle_cv_.wait_for(lk, options_.settle_interval, [&] { return closing_.load(); });
+    settle_cv_.wait_for(lk, options_.settle_interval, [&] { return closing_ || settle_requested_; });
     if (closing_) break;
+    settle_requested_ = false;
     lk.unlock();
     Status st = SettleNow();
     if (st.ok() && Now() - last_retention_ >= options_.retention_interval) st = ApplyRetention();
@@ -70,12 +67,11 @@ Status Engine::SettleNow() {
   struct Work {
     std::shared_ptr<Stream> stream;
     size_t batches = 0;
-    size_t cached_bytes = 0;
     StreamFacts settled;
     metastore::SegmentInfo segment;
   };
   std::vector<Work> work;
-  std::vector<std::string> objects;  // parallel to segments
+  std::vector<SegmentObject> objects;  // parallel to segments
   std::vector<metastore::SegmentInfo> segments;
   std::vector<metastore::StreamState> states;
   for (auto& s : streams) {
@@ -88,35 +84,33 @@ Status Engine::SettleNow() {
       }
     }
     if (refs.empty()) continue;
-    Work w{s, refs.size(), 0, s->settled, {}};
+    Work w{s, refs.size(), s->settled, {}};
+    // The segment is written from the batches where they are (cached, or read
+    // back from their slot): views into buffers `object` holds, no copy.
+    SegmentObject object;
     SegmentBuilder builder(s->info.id);
-    if (!segment_spares_.empty()) {
-      builder.Adopt(std::move(segment_spares_.back()));
-      segment_spares_.pop_back();
-    }
-    size_t total = 0;
-    for (const BatchRef& ref : refs) total += ref.where.length;
-    builder.Reserve(total, refs.size());
     for (const BatchRef& ref : refs) {
-      std::string fetched;
-      std::string_view bytes;
-      if (ref.bytes) {
-        bytes = *ref.bytes;
-        w.cached_bytes += ref.bytes->size();
+      std::shared_ptr<const std::string> bytes = ref.bytes;
+      if (bytes) {
+        metrics_.settle_cached_bytes.fetch_add(bytes->size(), std::memory_order_relaxed);
       } else {
-        WEIR_ASSIGN_OR_RETURN(fetched, ReadSlotBatch(ref));
-        bytes = fetched;
+        WEIR_ASSIGN_OR_RETURN(std::string fetched, ReadSlotBatch(ref));
+        bytes = std::make_shared<const std::string>(std::move(fetched));
+        metrics_.settle_reread_bytes.fetch_add(bytes->size(), std::memory_order_relaxed);
       }
       // Cached bytes were verified on append; bytes read back are checked again.
-      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, bytes, ref.bytes != nullptr)
+      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, *bytes, ref.bytes != nullptr)
                                .WithContext(fmt::format("settling stream {}", s->info.id)));
-      WEIR_RETURN_IF_ERROR(builder.Add(bytes));
+      WEIR_RETURN_IF_ERROR(builder.AddView(*bytes));
+      object.held.push_back(std::move(bytes));
     }
-    WEIR_ASSIGN_OR_RETURN(std::string object, builder.Finish());
+    WEIR_ASSIGN_OR_RETURN(object.tail, builder.FinishTail());
+    object.parts = builder.views();
+    object.size = builder.data_bytes() + object.tail.size();
     const SegmentFooter& f = builder.footer();
     metastore::SegmentInfo seg{s->info.id, f.start_offset, f.end_offset, f.first_timestamp_ms,
                                f.last_timestamp_ms, SegmentKey(s->info.id, f.start_offset, f.end_offset),
-                               object.size()};
+                               object.size};
     objects.push_back(std::move(object));
     w.segment = seg;
     segments.push_back(seg);
@@ -127,14 +121,7 @@ Status Engine::SettleNow() {
   }
 
   WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects));
-  // Keep a few uploaded buffers (bounded) for the next cycle's segments.
-  size_t kept = 0;
-  for (const auto& b : segment_spares_) kept += b.capacity();
-  for (auto& object : objects) {
-    if (segment_spares_.size() >= kMaxSegmentSpares || kept + object.capacity() > kMaxSegmentSpareBytes) break;
-    kept += object.capacity();
-    segment_spares_.push_back(std::move(object));
-  }
+  objects.clear();  // releases the batches read back for this cycle
   Status committed = meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states);
   if (!committed.ok()) {
     if (committed.code() != Code::kUnavailable && committed.code() != Code::kTimeout) {
@@ -164,20 +151,23 @@ Status Engine::SettleNow() {
 }
 
 Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
-                              const std::vector<std::string>& objects) {
-  // Create-only PUTs, kSegmentUploads at a time. A 412 means an earlier cycle
+                              const std::vector<SegmentObject>& objects) {
+  // Create-only PUTs, segment_uploads at a time. A 412 means an earlier cycle
   // wrote the same key before its commit failed: same range, same bytes.
-  constexpr size_t kSegmentUploads = 16;
+  const size_t kSegmentUploads = std::max<size_t>(options_.segment_uploads, 1);
   std::vector<Status> results(segments.size());
   for (size_t base = 0; base < segments.size(); base += kSegmentUploads) {
     std::vector<std::thread> threads;
     for (size_t i = base; i < std::min(segments.size(), base + kSegmentUploads); ++i) {
       threads.emplace_back([&, i] {
+        SetThreadName("segment-upload");
         objstore::PutOptions po;
         po.if_none_match = true;
+        std::vector<std::string_view> parts = objects[i].parts;
+        parts.push_back(objects[i].tail);
         Duration backoff = std::chrono::milliseconds(20);
         for (int attempt = 1;; ++attempt) {
-          Status st = store_->Put(segments[i].object_key, objects[i], po);
+          Status st = store_->PutParts(segments[i].object_key, parts, po);
           results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
           if (results[i].ok() || !results[i].retryable() || attempt == 5 || closing_) break;
           std::this_thread::sleep_for(backoff);
@@ -200,7 +190,7 @@ Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segment
   }
   for (size_t i = 0; i < segments.size(); ++i) {
     metrics_.segments_written.fetch_add(1);
-    metrics_.segment_bytes.fetch_add(objects[i].size());
+    metrics_.segment_bytes.fetch_add(objects[i].size);
   }
   return Status::Ok();
 }

@@ -102,7 +102,8 @@ FaultStore::FaultStore(std::shared_ptr<ObjectStore> inner, FaultOptions options)
 
 FaultStore::~FaultStore() = default;
 
-Status FaultStore::Put(std::string_view key, std::string_view data, const PutOptions& options) {
+template <typename PutFn>
+Status FaultStore::FaultyPut(std::string_view key, PutFn&& put) {
   return internal::CatchAll("fault Put", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateKey(key));  // a bad key never reaches the "network"
     counters_.puts.fetch_add(1, std::memory_order_relaxed);
@@ -117,7 +118,7 @@ Status FaultStore::Put(std::string_view key, std::string_view data, const PutOpt
         SleepMs(d.latency_ms);
         return Timeout("injected PUT timeout for {} (not applied)", key);
       case PutFault::kAmbiguous: {
-        Status st = inner_->Put(key, data, options);
+        Status st = put();
         SleepMs(d.latency_ms);
         if (!st.ok()) return st;
         counters_.put_ambiguous.fetch_add(1, std::memory_order_relaxed);
@@ -127,8 +128,17 @@ Status FaultStore::Put(std::string_view key, std::string_view data, const PutOpt
         break;
     }
     SleepMs(d.latency_ms);
-    return inner_->Put(key, data, options);
+    return put();
   });
+}
+
+Status FaultStore::Put(std::string_view key, std::string_view data, const PutOptions& options) {
+  return FaultyPut(key, [&] { return inner_->Put(key, data, options); });
+}
+
+Status FaultStore::PutParts(std::string_view key, std::span<const std::string_view> parts,
+                            const PutOptions& options) {
+  return FaultyPut(key, [&] { return inner_->PutParts(key, parts, options); });
 }
 
 Status FaultStore::ReadFault(std::string_view op, std::string_view key) {

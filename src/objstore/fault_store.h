@@ -43,6 +43,8 @@ class FaultStore : public ObjectStore {
 
   // Same defaults as ObjectStore, so calls through a FaultStore& compile too.
   Status Put(std::string_view key, std::string_view data, const PutOptions& options = {}) override;
+  Status PutParts(std::string_view key, std::span<const std::string_view> parts,
+                  const PutOptions& options = {}) override;
   Result<std::string> Get(std::string_view key, std::optional<ByteRange> range = std::nullopt) override;
   Result<ObjectInfo> Head(std::string_view key) override;
   Result<ListPage> List(std::string_view prefix, std::string_view start_after = {},
@@ -58,6 +60,9 @@ class FaultStore : public ObjectStore {
 
  private:
   struct Impl;
+  // Draws a PUT fault and applies it around `put` (the inner store's write).
+  template <typename PutFn>
+  Status FaultyPut(std::string_view key, PutFn&& put);
   // Counts a read, sleeps its latency, and maybe fails it (kUnavailable).
   Status ReadFault(std::string_view op, std::string_view key);
   std::shared_ptr<ObjectStore> inner_;

@@ -35,6 +35,19 @@ namespace {
 constexpr size_t kMaxKeyBytes = 1024;
 }  // namespace
 
+Status ObjectStore::PutParts(std::string_view key, std::span<const std::string_view> parts,
+                             const PutOptions& options) {
+  if (parts.size() == 1) return Put(key, parts[0], options);
+  return internal::CatchAll("Put", [&] {
+    size_t size = 0;
+    for (std::string_view p : parts) size += p.size();
+    std::string joined;
+    joined.reserve(size);
+    for (std::string_view p : parts) joined.append(p);
+    return Put(key, joined, options);
+  });
+}
+
 Status ValidateKey(std::string_view key) {
   auto bad = [&](std::string_view rule) {
     return InvalidArgument("invalid object key {}: {}", internal::QuoteKey(key), rule);

@@ -54,6 +54,11 @@ class ObjectStore {
   virtual ~ObjectStore() = default;
 
   virtual Status Put(std::string_view key, std::string_view data, const PutOptions& options = {}) = 0;
+  // Put of the concatenation of `parts`, for objects scattered in memory (a
+  // segment built from cached batches). The default joins the parts and calls
+  // Put; backends that can write from the pieces (file://) override it.
+  virtual Status PutParts(std::string_view key, std::span<const std::string_view> parts,
+                          const PutOptions& options = {});
   virtual Result<std::string> Get(std::string_view key, std::optional<ByteRange> range = std::nullopt) = 0;
   virtual Result<ObjectInfo> Head(std::string_view key) = 0;
   // Keys with `prefix`, strictly greater than `start_after`, at most max_keys (1..1000).

@@ -162,6 +162,10 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
   http::PromCounter(&out, "weir_settle_failures_total", "Settle cycles that failed", e.settle_failures.load());
   http::PromCounter(&out, "weir_segments_written_total", "Segments written", e.segments_written.load());
   http::PromCounter(&out, "weir_segment_bytes_total", "Bytes in segments written", e.segment_bytes.load());
+  http::PromCounter(&out, "weir_settle_cached_bytes_total", "Batch bytes settle took from the log cache",
+                    e.settle_cached_bytes.load());
+  http::PromCounter(&out, "weir_settle_reread_bytes_total", "Batch bytes settle read back from WAL slots",
+                    e.settle_reread_bytes.load());
   const auto& m = meta->counters();
   out += "# HELP weir_metastore_ops_total Metastore operations\n# TYPE weir_metastore_ops_total counter\n";
   out += fmt::format("weir_metastore_ops_total{{op=\"read\"}} {}\n", m.reads.load());
@@ -244,6 +248,9 @@ int RunServe(const ServeOptions& o) {
   eo.wal.slot_cap_bytes = o.max_slot_bytes;
   eo.wal.linger = std::chrono::microseconds(static_cast<int64_t>(o.linger_ms * 1000));
   eo.wal.budget_bytes = o.pool_budget_mib << 20;
+  eo.log_cache_bytes = o.log_cache_mib << 20;
+  // A local disk (no injected latency) gains nothing from parallel segment PUTs.
+  if ((*store)->Describe().starts_with("file://")) eo.segment_uploads = 2;
   eo.admission_timeout = std::chrono::microseconds(static_cast<int64_t>(o.admission_timeout_ms * 1000));
 
   http::RestOptions ro;

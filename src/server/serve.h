@@ -25,6 +25,9 @@ struct ServeOptions {
   double linger_ms = 1;
   size_t pool_budget_mib = 256;
   double admission_timeout_ms = 500;  // a full pool answers 429 after this
+  // Acknowledged, unsettled batches kept in memory for reads and settle;
+  // settle starts early once half of it is used.
+  size_t log_cache_mib = 256;
   // HTTP.
   std::string auth_token_file;
   size_t max_request_bytes = 8u << 20;

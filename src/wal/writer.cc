@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "base/log.h"
+#include "base/thread.h"
 #include "wal/record_batch.h"
 #include "wal/slot_format.h"
 
@@ -178,6 +179,7 @@ Status Writer::Append(uint64_t stream_id, std::shared_ptr<const std::string> sha
 }
 
 void Writer::FlusherLoop() {
+  SetThreadName("wal-flusher");
   std::unique_lock lk(mu_);
   bool window_stalled = false;
   std::unordered_set<uint64_t> streams;
@@ -232,6 +234,7 @@ void Writer::FlusherLoop() {
 }
 
 void Writer::UploaderLoop() {
+  SetThreadName("wal-upload");
   std::unique_lock lk(mu_);
   while (true) {
     upload_cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
