@@ -674,7 +674,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
       s->durable.push_back(BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr});
       if (cache) {
         cache_bytes_ += size;
-        if (cache_bytes_.load() > options_.log_cache_bytes / 2) settle_early = true;
+        if (cache_bytes_.load() > options_.log_cache_bytes / 4) settle_early = true;
       } else {
         evict = true;
       }
