@@ -52,6 +52,11 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
       ->check(CLI::Range(0, 10000));
   opt("--kafka-max-request-bytes", o.kafka_max_request_bytes, "Largest accepted Kafka request")
       ->check(CLI::Range(1024, 1 << 30));
+  opt("--kafka-max-in-flight-mib", o.kafka_max_in_flight_mib,
+      "Memory (MiB) for Kafka requests read and not yet answered, all connections; more wait unread")
+      ->check(CLI::Range(1, 1 << 20));
+  opt("--kafka-max-connections", o.kafka_max_connections, "Open Kafka connections; more are closed on accept")
+      ->check(CLI::Range(1, 1 << 20));
   opt("--inject-put-latency-ms", o.inject_put_latency_ms, "Test/bench: object store PUT latency P50[,P99] in ms")
       ->delimiter(',')
       ->expected(1, 2)

@@ -34,6 +34,14 @@ class TcpServer::Impl {
   std::set<std::shared_ptr<Connection>> conns;
   bool stopped = false;
 
+  // The request byte budget (options.max_in_flight_bytes). Reserves n bytes,
+  // or queues `c` to be resumed (Connection::Admitted) once they fit.
+  bool ReserveOrWait(const std::shared_ptr<Connection>& c, uint32_t n);
+  void Release(uint32_t n);
+  std::mutex budget_mu;
+  size_t budget_used = 0;  // guarded by budget_mu
+  std::deque<std::pair<std::weak_ptr<Connection>, uint32_t>> budget_waiters;
+
   void Accept();
   void Forget(const std::shared_ptr<Connection>& c) {
     std::lock_guard lk(mu);
@@ -115,27 +123,48 @@ class Connection : public std::enable_shared_from_this<Connection> {
                    self->srv_->options.max_request_bytes);
         return self->CloseAfterPending();
       }
+      // Reading stays marked busy while the frame waits for budget.
+      self->reading_ = true;
+      if (self->srv_->ReserveOrWait(self, n)) self->ReadBody(n);
+    });
+  }
+
+ public:
+  // From Impl::Release, on any thread: `n` bytes are now reserved for the
+  // frame this connection waits to read.
+  void Admitted(uint32_t n) {
+    net::post(socket_.get_executor(), [self = shared_from_this(), n] {
+      if (self->stop_reading_ || self->closed_) {
+        self->reading_ = false;
+        self->srv_->Release(n);
+        return;
+      }
       self->ReadBody(n);
     });
   }
 
+ private:
+  // `n` bytes of budget are reserved; they pass to the request's Reply.
   void ReadBody(uint32_t n) {
     reading_ = true;
     auto frame = std::make_shared<std::string>(n, '\0');
     net::async_read(socket_, net::buffer(frame->data(), n),
-                    [self = shared_from_this(), frame](ErrorCode ec, size_t) {
+                    [self = shared_from_this(), frame, n](ErrorCode ec, size_t) {
                       self->reading_ = false;
-                      if (ec) return self->CloseNow();
+                      if (ec) {
+                        self->srv_->Release(n);
+                        return self->CloseNow();
+                      }
                       // Not handled once a close is queued: its client never
                       // learns the outcome, so it must have none.
-                      if (self->stop_reading_ || self->closed_) return;
+                      if (self->stop_reading_ || self->closed_) return self->srv_->Release(n);
                       self->ArmIdle();
-                      self->Dispatch(std::move(*frame));
+                      self->Dispatch(std::move(*frame), n);
                       self->ReadHeader();
                     });
   }
 
-  void Dispatch(std::string frame);
+  void Dispatch(std::string frame, uint32_t reserved);
 
   void OnAnswer(uint64_t seq, std::string response, bool respond, bool close) {
     // After a close, CloseNow has already settled every unanswered slot.
@@ -247,24 +276,32 @@ namespace {
 
 class ReplyImpl : public Reply {
  public:
-  ReplyImpl(std::shared_ptr<Connection> conn, uint64_t seq) : conn_(std::move(conn)), seq_(seq) {}
+  // `reserved`: the frame's bytes of the request budget, released when the
+  // request is answered.
+  ReplyImpl(std::shared_ptr<Connection> conn, uint64_t seq, uint32_t reserved)
+      : conn_(std::move(conn)), seq_(seq), reserved_(reserved) {}
   ~ReplyImpl() override {
     if (!answered_.exchange(true)) {
       Log().error("kafka: a request from {} got no response; closing the connection", conn_->peer());
+      conn_->srv()->Release(reserved_);
       conn_->Answer(seq_, {}, false, true);
     }
   }
   void Respond(std::string response) override {
-    if (!answered_.exchange(true)) conn_->Answer(seq_, std::move(response), true, false);
+    if (answered_.exchange(true)) return;
+    conn_->srv()->Release(reserved_);
+    conn_->Answer(seq_, std::move(response), true, false);
   }
   void NoResponse() override {
-    if (!answered_.exchange(true)) conn_->Answer(seq_, {}, false, false);
+    if (answered_.exchange(true)) return;
+    conn_->srv()->Release(reserved_);
+    conn_->Answer(seq_, {}, false, false);
   }
   void Close() override {
-    if (!answered_.exchange(true)) {
-      conn_->srv()->metrics.closed_by_handler++;
-      conn_->Answer(seq_, {}, false, true);
-    }
+    if (answered_.exchange(true)) return;
+    conn_->srv()->metrics.closed_by_handler++;
+    conn_->srv()->Release(reserved_);
+    conn_->Answer(seq_, {}, false, true);
   }
   void Post(std::function<void()> fn) override { net::post(*conn_->srv()->workers, std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override {
@@ -280,17 +317,53 @@ class ReplyImpl : public Reply {
  private:
   std::shared_ptr<Connection> conn_;
   uint64_t seq_;
+  uint32_t reserved_;
   std::atomic<bool> answered_{false};
 };
 
 }  // namespace
 
-void Connection::Dispatch(std::string frame) {
+void Connection::Dispatch(std::string frame, uint32_t reserved) {
   uint64_t seq = next_seq_++;
   slots_.emplace_back();
   srv_->metrics.requests++;
   srv_->metrics.in_flight++;
-  srv_->handler->Handle(std::move(frame), std::make_shared<ReplyImpl>(shared_from_this(), seq));
+  srv_->handler->Handle(std::move(frame), std::make_shared<ReplyImpl>(shared_from_this(), seq, reserved));
+}
+
+bool TcpServer::Impl::ReserveOrWait(const std::shared_ptr<Connection>& c, uint32_t n) {
+  std::lock_guard lk(budget_mu);
+  // First come, first served; a frame alone always fits (max_request_bytes
+  // may exceed the budget).
+  if (budget_waiters.empty() && (budget_used == 0 || budget_used + n <= options.max_in_flight_bytes)) {
+    budget_used += n;
+    metrics.in_flight_bytes += n;
+    return true;
+  }
+  metrics.budget_waits++;
+  budget_waiters.emplace_back(c, n);
+  return false;
+}
+
+void TcpServer::Impl::Release(uint32_t n) {
+  std::vector<std::pair<std::shared_ptr<Connection>, uint32_t>> admitted;
+  {
+    std::lock_guard lk(budget_mu);
+    budget_used -= n;
+    metrics.in_flight_bytes -= n;
+    while (!budget_waiters.empty()) {
+      auto& [weak, want] = budget_waiters.front();
+      std::shared_ptr<Connection> c = weak.lock();
+      if (c && budget_used != 0 && budget_used + want > options.max_in_flight_bytes) break;
+      if (c) {
+        budget_used += want;
+        metrics.in_flight_bytes += want;
+        admitted.emplace_back(std::move(c), want);
+      }
+      budget_waiters.pop_front();
+    }
+  }
+  for (auto& [c, want] : admitted) c->Admitted(want);
 }
 
 void TcpServer::Impl::Accept() {
@@ -299,13 +372,28 @@ void TcpServer::Impl::Accept() {
       if (ec == net::error::operation_aborted) return;
       Log().warn("kafka: accept: {}", ec.message());
     } else {
-      auto c = std::make_shared<Connection>(this, std::move(socket));
+      bool full = false;
       {
         std::lock_guard lk(mu);
         if (stopped) return;
-        conns.insert(c);
+        full = conns.size() >= options.max_connections;
       }
-      c->Start();
+      if (full) {
+        // Closed before any byte is read; the client sees a reset and retries.
+        if (metrics.rejected_connections++ % 1000 == 0) {
+          Log().warn("kafka: {} connections open (--kafka-max-connections); refusing more", options.max_connections);
+        }
+        ErrorCode ignored;
+        socket.close(ignored);
+      } else {
+        auto c = std::make_shared<Connection>(this, std::move(socket));
+        {
+          std::lock_guard lk(mu);
+          if (stopped) return;
+          conns.insert(c);
+        }
+        c->Start();
+      }
     }
     if (acceptor.is_open()) Accept();
   });

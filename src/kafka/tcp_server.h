@@ -13,8 +13,13 @@
 // until answered with NoResponse. A frame over max_request_bytes, or a Reply
 // that asks to Close, closes the connection after the responses before it are
 // written. At most max_in_flight requests per connection are outstanding;
-// reading pauses until one is answered. A Reply dropped unanswered closes
-// the connection (the client would otherwise wait forever).
+// reading pauses until one is answered. Request frames read and not yet
+// answered hold at most max_in_flight_bytes across all connections: a
+// connection whose next frame does not fit waits (in arrival order) before
+// reading its body, so memory stays bounded however many clients send; a
+// frame alone is always admitted. At most max_connections are open; more are
+// closed on accept. A Reply dropped unanswered closes the connection (the
+// client would otherwise wait forever).
 #pragma once
 
 #include <atomic>
@@ -62,12 +67,17 @@ struct TcpServerOptions {
   int io_threads = 1;
   int worker_threads = 4;
   size_t max_in_flight = 64;                           // per connection
+  size_t max_in_flight_bytes = 512u << 20;             // request frames, all connections
+  size_t max_connections = 4096;
   Duration idle_timeout = std::chrono::minutes(10);    // Kafka's connections.max.idle.ms
 };
 
 struct TcpServerMetrics {
   std::atomic<uint64_t> connections{0}, requests{0}, oversized{0}, closed_by_handler{0};
+  std::atomic<uint64_t> rejected_connections{0};  // over max_connections
+  std::atomic<uint64_t> budget_waits{0};          // frames that waited for max_in_flight_bytes
   std::atomic<int64_t> open_connections{0}, in_flight{0};
+  std::atomic<int64_t> in_flight_bytes{0};        // request frames read and not yet answered
 };
 
 class TcpServer {

@@ -195,6 +195,12 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
   http::PromCounter(out, "weir_kafka_connections_total", "Kafka connections accepted", k.metrics().connections.load());
   http::PromGauge(out, "weir_kafka_open_connections", "Open Kafka connections", k.metrics().open_connections.load());
   http::PromGauge(out, "weir_kafka_requests_in_flight", "Kafka requests not yet answered", k.metrics().in_flight.load());
+  http::PromGauge(out, "weir_kafka_request_bytes_in_flight", "Bytes of Kafka requests read and not yet answered",
+                  static_cast<double>(k.metrics().in_flight_bytes.load()));
+  http::PromCounter(out, "weir_kafka_request_budget_waits_total",
+                    "Kafka requests that waited unread for --kafka-max-in-flight-mib", k.metrics().budget_waits.load());
+  http::PromCounter(out, "weir_kafka_rejected_connections_total", "Kafka connections closed over --kafka-max-connections",
+                    k.metrics().rejected_connections.load());
   auto stats = b.groups().Stats();
   http::PromGauge(out, "weir_kafka_groups", "Consumer groups", static_cast<double>(stats.groups));
   http::PromGauge(out, "weir_kafka_group_members", "Consumer group members", static_cast<double>(stats.members));
@@ -288,6 +294,8 @@ int RunServe(const ServeOptions& o) {
     ko.host = kafka_addr->first;
     ko.port = kafka_addr->second;
     ko.max_request_bytes = o.kafka_max_request_bytes;
+    ko.max_in_flight_bytes = o.kafka_max_in_flight_mib << 20;
+    ko.max_connections = o.kafka_max_connections;
     ko.worker_threads = std::max(2, o.worker_threads / 2);
     auto ks = kafka::TcpServer::Start(ko, broker.get());
     if (!ks.ok()) return fail(ks.status());

@@ -39,6 +39,8 @@ struct ServeOptions {
   std::string kafka_advertised_addr;
   int kafka_auto_create_partitions = 1;  // 0 = no auto-creation
   size_t kafka_max_request_bytes = 100u << 20;
+  size_t kafka_max_in_flight_mib = 512;  // request frames read and not yet answered
+  size_t kafka_max_connections = 4096;
   // Object-store fault injection, for tests and benchmarks.
   std::vector<double> inject_put_latency_ms;  // P50 or P50,P99
   double inject_put_error_rate = 0;

@@ -1,0 +1,231 @@
+// The Kafka listener's transport (src/kafka/tcp_server.h): the request byte
+// budget across connections and the connection limit, over real sockets.
+#include "kafka/tcp_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace weir::kafka {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Holds every request unanswered until told to answer; echoes the frame.
+class HoldingHandler : public FrameHandler {
+ public:
+  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+    std::lock_guard lk(mu_);
+    held_.emplace_back(std::move(frame), std::move(reply));
+    cv_.notify_all();
+  }
+  // Waits until `n` requests have arrived (false on timeout).
+  bool WaitFor(size_t n, std::chrono::milliseconds timeout = 10s) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, timeout, [&] { return held_.size() >= n; });
+  }
+  size_t count() {
+    std::lock_guard lk(mu_);
+    return held_.size();
+  }
+  // Answers request i with its own frame.
+  void Answer(size_t i) {
+    std::lock_guard lk(mu_);
+    held_[i].second->Respond(held_[i].first);
+  }
+  void AnswerAll() {
+    std::lock_guard lk(mu_);
+    for (auto& [frame, reply] : held_) reply->Respond(frame);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::string, std::shared_ptr<Reply>>> held_;
+};
+
+int Connect(const std::string& addr) {
+  const size_t colon = addr.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool SendFrame(int fd, const std::string& body) {
+  std::string wire(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  wire[0] = static_cast<char>(n >> 24);
+  wire[1] = static_cast<char>(n >> 16);
+  wire[2] = static_cast<char>(n >> 8);
+  wire[3] = static_cast<char>(n);
+  wire += body;
+  size_t off = 0;
+  while (off < wire.size()) {
+    ssize_t w = ::send(fd, wire.data() + off, wire.size() - off, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    off += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Reads one response frame's body; "" on EOF, error or timeout.
+std::string ReadFrame(int fd, int timeout_ms = 10000) {
+  std::string out;
+  size_t want = 4;
+  bool header = true;
+  while (out.size() < want) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return "";
+    char buf[4096];
+    ssize_t r = ::recv(fd, buf, std::min(sizeof buf, want - out.size()), 0);
+    if (r <= 0) return "";
+    out.append(buf, static_cast<size_t>(r));
+    if (header && out.size() == 4) {
+      want = 4 + ((static_cast<uint32_t>(static_cast<uint8_t>(out[0])) << 24) |
+                  (static_cast<uint32_t>(static_cast<uint8_t>(out[1])) << 16) |
+                  (static_cast<uint32_t>(static_cast<uint8_t>(out[2])) << 8) |
+                  static_cast<uint32_t>(static_cast<uint8_t>(out[3])));
+      header = false;
+    }
+  }
+  return out.substr(4);
+}
+
+// True if the peer closed the connection (EOF or reset) within the timeout.
+bool ClosedByPeer(int fd, int timeout_ms = 10000) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, timeout_ms) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, 0) <= 0;
+}
+
+TEST(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswered) {
+  HoldingHandler handler;
+  TcpServerOptions o;
+  o.port = 0;
+  o.max_request_bytes = 10000;
+  o.max_in_flight_bytes = 1000;
+  auto server = TcpServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string addr = (*server)->address();
+
+  int a = Connect(addr), b = Connect(addr), c = Connect(addr);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  ASSERT_GE(c, 0);
+  ASSERT_TRUE(SendFrame(a, std::string(600, 'a')));
+  ASSERT_TRUE(handler.WaitFor(1));
+  ASSERT_TRUE(SendFrame(b, std::string(600, 'b')));  // 600 + 600 > 1000: waits
+  ASSERT_TRUE(SendFrame(c, std::string(300, 'c')));  // would fit, but b came first
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(handler.count(), 1u);
+  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 600);
+  EXPECT_EQ((*server)->metrics().budget_waits.load(), 2u);
+
+  handler.Answer(0);  // frees 600: b (600) is read, then c (300) fits too
+  EXPECT_EQ(ReadFrame(a), std::string(600, 'a'));
+  ASSERT_TRUE(handler.WaitFor(3));
+  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 900);
+  handler.AnswerAll();
+  EXPECT_EQ(ReadFrame(b), std::string(600, 'b'));
+  EXPECT_EQ(ReadFrame(c), std::string(300, 'c'));
+  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 0);
+
+  // A frame larger than the whole budget is read when it is alone.
+  ASSERT_TRUE(SendFrame(a, std::string(5000, 'x')));
+  ASSERT_TRUE(handler.WaitFor(4));
+  handler.AnswerAll();
+  EXPECT_EQ(ReadFrame(a), std::string(5000, 'x'));
+  for (int fd : {a, b, c}) ::close(fd);
+  (*server)->Stop();
+}
+
+TEST(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
+  HoldingHandler handler;
+  TcpServerOptions o;
+  o.port = 0;
+  o.max_request_bytes = 10000;
+  o.max_in_flight_bytes = 1000;
+  auto server = TcpServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string addr = (*server)->address();
+  int a = Connect(addr), b = Connect(addr), c = Connect(addr);
+  ASSERT_TRUE(SendFrame(a, std::string(900, 'a')));
+  ASSERT_TRUE(handler.WaitFor(1));
+  // b announces a 900-byte frame, waits for budget, and leaves before sending it.
+  const char header[4] = {0, 0, 0x03, static_cast<char>(0x84)};
+  ASSERT_EQ(::send(b, header, 4, MSG_NOSIGNAL), 4);
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(SendFrame(c, std::string(900, 'c')));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ((*server)->metrics().budget_waits.load(), 2u);
+  ::close(b);
+  handler.Answer(0);
+  EXPECT_EQ(ReadFrame(a), std::string(900, 'a'));
+  ASSERT_TRUE(handler.WaitFor(2));  // b's turn came, its read failed, and c was read
+  handler.Answer(1);
+  EXPECT_EQ(ReadFrame(c), std::string(900, 'c'));
+  EXPECT_EQ(handler.count(), 2u);
+  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 0);
+  ::close(a);
+  ::close(c);
+  (*server)->Stop();
+}
+
+TEST(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
+  HoldingHandler handler;
+  TcpServerOptions o;
+  o.port = 0;
+  o.max_connections = 2;
+  auto server = TcpServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string addr = (*server)->address();
+  int a = Connect(addr), b = Connect(addr);
+  ASSERT_TRUE(SendFrame(a, "one"));
+  ASSERT_TRUE(SendFrame(b, "two"));
+  ASSERT_TRUE(handler.WaitFor(2));  // both accepted and registered
+  int c = Connect(addr);
+  ASSERT_GE(c, 0);  // the kernel accepts; the server closes it at once
+  EXPECT_TRUE(ClosedByPeer(c));
+  EXPECT_EQ((*server)->metrics().rejected_connections.load(), 1u);
+  handler.AnswerAll();
+  EXPECT_EQ(ReadFrame(a), "one");
+  EXPECT_EQ(ReadFrame(b), "two");
+  ::close(c);
+  // A slot frees up when a connection closes.
+  ::close(a);
+  int d = -1;
+  for (int i = 0; i < 100 && d < 0; ++i) {
+    std::this_thread::sleep_for(50ms);
+    if ((*server)->metrics().open_connections.load() < 2) d = Connect(addr);
+  }
+  ASSERT_GE(d, 0);
+  ASSERT_TRUE(SendFrame(d, "three"));
+  ASSERT_TRUE(handler.WaitFor(3));
+  handler.AnswerAll();
+  EXPECT_EQ(ReadFrame(d), "three");
+  ::close(b);
+  ::close(d);
+  (*server)->Stop();
+}
+
+}  // namespace
+}  // namespace weir::kafka
