@@ -97,7 +97,7 @@ constexpr size_t kDirectMinBytes = 64 << 10;
 // O_DIRECT alignment of memory, file offsets and lengths: the largest logical
 // block size of the disks we target.
 constexpr size_t kDirectAlign = 4096;
-constexpr size_t kBounceBytes = 1 << 20;
+constexpr size_t kBounceBytes = 4 << 20;
 
 // A per-thread aligned buffer for O_DIRECT writes from unaligned memory.
 char* BounceBuffer() {
