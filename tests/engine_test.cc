@@ -67,6 +67,8 @@ class EngineTest : public ::testing::Test {
     o.wal.retry_initial = 1ms;
     o.wal.retry_max = 5ms;
     o.log_cache_bytes = cache_bytes_;
+    o.max_unsettled_bytes = max_unsettled_bytes_;
+    o.admission_timeout = admission_timeout_;
     auto e = Engine::Open(o, store ? store : store_, meta_);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(*e);
@@ -101,6 +103,8 @@ class EngineTest : public ::testing::Test {
   std::shared_ptr<metastore::Metastore> meta_;
   std::unique_ptr<Engine> engine_;
   size_t cache_bytes_ = 64 << 20;
+  uint64_t max_unsettled_bytes_ = uint64_t{4} << 30;
+  Duration admission_timeout_ = std::chrono::seconds(10);
   bool settle_on_close_ = true;
 };
 
@@ -819,6 +823,62 @@ TEST_F(EngineTest, TablesCreateAndDeleteTheirBucketStreams) {
   EXPECT_EQ(engine_->DeleteTable(kBasin, "orders").code(), Code::kNotFound);
   Restart();
   EXPECT_EQ(engine_->CheckTail(kBasin, "orders/0").status().code(), Code::kNotFound);
+}
+
+// A settle that falls behind slows writers: past max_unsettled_bytes appends
+// wait, then fail with kResourceExhausted and change nothing; settling (or
+// deleting the stream that holds the backlog) lets them through again.
+TEST_F(EngineTest, AppendsWaitForSettleWhenTheBacklogIsFull) {
+  max_unsettled_bytes_ = 4000;
+  admission_timeout_ = 50ms;
+  Restart();
+  const std::string body(1000, 'x');
+  size_t accepted = 0;
+  Status refused;
+  for (int i = 0; i < 20 && refused.ok(); ++i) {
+    auto a = engine_->Append(kBasin, "s", Bodies({body}));
+    if (a.status.ok()) {
+      ++accepted;
+    } else {
+      refused = a.status;
+    }
+  }
+  ASSERT_EQ(refused.code(), Code::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("not yet settled"), std::string::npos) << refused.message();
+  EXPECT_GE(accepted, 3u);
+  EXPECT_GT(engine_->unsettled_bytes(), 4000u);
+  EXPECT_EQ(engine_->metrics().settle_backlog_timeouts.load(), 1u);
+  EXPECT_EQ(ReadAll("s").size(), accepted);  // the refused append left nothing
+
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_EQ(engine_->unsettled_bytes(), 0u);
+  auto after = engine_->Append(kBasin, "s", Bodies({"after settle"}));
+  ASSERT_TRUE(after.status.ok()) << after.status.ToString();
+  EXPECT_EQ(after.ack.start_offset, accepted);
+
+  // A waiting append is let through as soon as the backlog shrinks.
+  admission_timeout_ = 30s;
+  Restart();
+  while (engine_->unsettled_bytes() <= 4000) {
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({body})).status.ok());
+  }
+  std::thread settler([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(engine_->SettleNow().ok());
+  });
+  auto waited = engine_->Append(kBasin, "s", Bodies({"waited"}));
+  settler.join();
+  EXPECT_TRUE(waited.status.ok()) << waited.status.ToString();
+
+  // Deleting a stream drops its backlog.
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "gone", StreamConfig{}).ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  while (engine_->unsettled_bytes() <= 4000) {
+    ASSERT_TRUE(engine_->Append(kBasin, "gone", Bodies({body})).status.ok());
+  }
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "gone").ok());
+  EXPECT_EQ(engine_->unsettled_bytes(), 0u);
+  EXPECT_TRUE(engine_->Append(kBasin, "s", Bodies({"room again"})).status.ok());
 }
 
 }  // namespace

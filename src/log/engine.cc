@@ -71,6 +71,10 @@ void Engine::Close() {
     std::lock_guard lk(settle_wait_mu_);
     settle_cv_.notify_all();
   }
+  {
+    std::lock_guard lk(backlog_mu_);
+    backlog_cv_.notify_all();
+  }
   if (settle_thread_.joinable()) settle_thread_.join();
   std::thread halt;
   {
@@ -281,6 +285,7 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
   }
   auto h = wal::ParseBatchHeader(batch);
   s.durable.push_back(BatchRef{before, s.live.next_offset, h->max_timestamp, where, std::move(bytes)});
+  unsettled_bytes_ += where.length;
   return Status::Ok();
 }
 
@@ -362,13 +367,41 @@ void Engine::Forget(const std::shared_ptr<Stream>& s) {
     by_id_.erase(s->info.id);
   }
   std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
+  uint64_t released = 0;
   {
     std::lock_guard lk(s->mu);
     s->deleted = true;
     s->cv.notify_all();
     watchers.swap(s->watchers);
+    // Its unsettled batches will never settle: they leave the cache and the backlog.
+    for (const BatchRef& b : s->durable) {
+      if (b.bytes) cache_bytes_ -= b.bytes->size();
+      released += b.where.length;
+    }
+    s->durable.clear();
   }
+  if (released > 0) SettledBytes(released);
   for (auto& w : watchers) std::get<2>(w)();
+}
+
+void Engine::SettledBytes(uint64_t n) {
+  unsettled_bytes_ -= n;
+  std::lock_guard lk(backlog_mu_);
+  backlog_cv_.notify_all();
+}
+
+Status Engine::WaitForSettleRoom() {
+  if (unsettled_bytes_.load() <= options_.max_unsettled_bytes) return Status::Ok();
+  RequestSettle();
+  const TimePoint deadline = Now() + options_.admission_timeout;
+  std::unique_lock lk(backlog_mu_);
+  bool room = backlog_cv_.wait_until(lk, deadline, [&] {
+    return closing_ || unsettled_bytes_.load() <= options_.max_unsettled_bytes;
+  });
+  if (room) return Status::Ok();
+  metrics_.settle_backlog_timeouts.fetch_add(1, std::memory_order_relaxed);
+  return ResourceExhausted("{} bytes are acknowledged but not yet settled (limit {}): settle is behind; retry later",
+                           unsettled_bytes_.load(), options_.max_unsettled_bytes);
 }
 
 Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& table,
@@ -435,6 +468,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     return fail(InvalidArgument("an append holds at most {} metered bytes, got {}", options_.max_append_bytes,
                                 metered));
   }
+  if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
@@ -626,6 +660,7 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   } else if (h.producer_epoch != wal::kNoProducerEpoch || h.base_sequence != wal::kNoSequence) {
     return fail(InvalidArgument("a batch without a producer id must carry producer epoch and sequence -1"));
   }
+  if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
@@ -670,12 +705,15 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
         return true;
       });
       size_t size = p->bytes->size();
-      bool cache = cache_bytes_.load() + size <= options_.log_cache_bytes;
-      s->durable.push_back(BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr});
+      bool cache = !s->deleted && cache_bytes_.load() + size <= options_.log_cache_bytes;
+      if (!s->deleted) {  // a deleted stream settles nothing more
+        s->durable.push_back(BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr});
+        unsettled_bytes_ += where.length;
+      }
       if (cache) {
         cache_bytes_ += size;
         if (cache_bytes_.load() > options_.log_cache_bytes / 4) settle_early = true;
-      } else {
+      } else if (!s->deleted) {
         evict = true;
       }
       s->cv.notify_all();

@@ -57,6 +57,10 @@ struct EngineOptions {
   // Segment PUTs a settle cycle runs at once. Object stores want many; a
   // local disk wants few, so the WAL's writes do not queue behind segments.
   size_t segment_uploads = 16;
+  // Acknowledged bytes not yet settled (in WAL slots) beyond which appends
+  // wait for settle, failing with kResourceExhausted after admission_timeout:
+  // a settle that falls behind slows writers instead of filling the store.
+  uint64_t max_unsettled_bytes = uint64_t{4} << 30;
   size_t max_read_records = 1000;
   size_t max_read_bytes = 1 << 20;
   Duration admission_timeout = std::chrono::seconds(10);
@@ -73,6 +77,7 @@ struct EngineMetrics {
   std::atomic<uint64_t> slots_deleted{0}, segments_deleted{0}, settle_failures{0};
   // Batch bytes settle took from the log cache, and read back from WAL slots.
   std::atomic<uint64_t> settle_cached_bytes{0}, settle_reread_bytes{0};
+  std::atomic<uint64_t> settle_backlog_timeouts{0};  // appends refused: max_unsettled_bytes
 };
 
 // One record as a front-end hands it in. S2 command records have exactly one
@@ -248,6 +253,7 @@ class Engine {
 
   uint64_t epoch() const { return epoch_.load(); }
   EngineMetrics& metrics() { return metrics_; }
+  uint64_t unsettled_bytes() const { return unsettled_bytes_.load(); }
   wal::Writer& wal() { return *wal_; }
   void Close();
 
@@ -266,6 +272,11 @@ class Engine {
   void EvictCache();
   // Wakes the settle loop before its interval (the log cache is filling up).
   void RequestSettle();
+  // Blocks while more than max_unsettled_bytes await settle (up to
+  // admission_timeout). Called before any stream lock is taken.
+  Status WaitForSettleRoom();
+  // Settle (or a stream's deletion) released `n` bytes of the backlog.
+  void SettledBytes(uint64_t n);
   // Under s->mu (held by lk): applies the producer window to an append of
   // `count` records. True when it took `done` (a duplicate, queued or
   // answered, or a failure; lk is then released unless the duplicate is
@@ -326,7 +337,10 @@ class Engine {
   TimePoint last_retention_;
   std::mutex settle_wait_mu_;
   std::condition_variable settle_cv_;
-  std::atomic<bool> settle_requested_{false};  // the cache is half full
+  std::atomic<bool> settle_requested_{false};  // the cache is filling up
+  std::atomic<uint64_t> unsettled_bytes_{0};  // acknowledged batches not yet settled (slot bytes)
+  std::mutex backlog_mu_;                     // with backlog_cv_: appends waiting for settle
+  std::condition_variable backlog_cv_;
   std::thread settle_thread_;
 };
 

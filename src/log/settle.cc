@@ -136,16 +136,19 @@ Status Engine::SettleNow() {
   metastore::ChainPosition old = checkpoint_;
   checkpoint_ = target;
   metrics_.settle_cycles.fetch_add(1);
+  uint64_t settled_bytes = 0;
   for (Work& w : work) {
     Stream& s = *w.stream;
     s.settled = std::move(w.settled);
     std::lock_guard lk(s.mu);
     for (size_t i = 0; i < w.batches && !s.durable.empty(); ++i) {
       if (s.durable.front().bytes) cache_bytes_ -= s.durable.front().bytes->size();
+      settled_bytes += s.durable.front().where.length;
       s.durable.pop_front();
     }
     s.segments.push_back(w.segment);
   }
+  if (settled_bytes > 0) SettledBytes(settled_bytes);
   DeleteSlots(old, target);
   return Status::Ok();
 }

@@ -166,6 +166,10 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
                     e.settle_cached_bytes.load());
   http::PromCounter(&out, "weir_settle_reread_bytes_total", "Batch bytes settle read back from WAL slots",
                     e.settle_reread_bytes.load());
+  http::PromGauge(&out, "weir_unsettled_bytes", "Acknowledged bytes in WAL slots, not yet settled",
+                  static_cast<double>(engine->unsettled_bytes()));
+  http::PromCounter(&out, "weir_settle_backlog_timeouts_total",
+                    "Appends refused because settle was behind (--max-unsettled-mib)", e.settle_backlog_timeouts.load());
   const auto& m = meta->counters();
   out += "# HELP weir_metastore_ops_total Metastore operations\n# TYPE weir_metastore_ops_total counter\n";
   out += fmt::format("weir_metastore_ops_total{{op=\"read\"}} {}\n", m.reads.load());
@@ -255,6 +259,7 @@ int RunServe(const ServeOptions& o) {
   eo.wal.linger = std::chrono::microseconds(static_cast<int64_t>(o.linger_ms * 1000));
   eo.wal.budget_bytes = o.pool_budget_mib << 20;
   eo.log_cache_bytes = o.log_cache_mib << 20;
+  eo.max_unsettled_bytes = uint64_t{o.max_unsettled_mib} << 20;
   // A local disk (no injected latency) gains nothing from parallel segment PUTs.
   if ((*store)->Describe().starts_with("file://")) eo.segment_uploads = 4;
   eo.admission_timeout = std::chrono::microseconds(static_cast<int64_t>(o.admission_timeout_ms * 1000));

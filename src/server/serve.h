@@ -28,6 +28,7 @@ struct ServeOptions {
   // Acknowledged, unsettled batches kept in memory for reads and settle;
   // settle starts early once half of it is used.
   size_t log_cache_mib = 256;
+  size_t max_unsettled_mib = 4096;  // appends wait (then 429) while more awaits settle
   // HTTP.
   std::string auth_token_file;
   size_t max_request_bytes = 8u << 20;
