@@ -6,14 +6,14 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
+#include <climits>
 #include <memory>
 #include <filesystem>
 #include <mutex>
@@ -33,6 +33,8 @@ using internal::CatchAll;
 using internal::QuoteKey;
 
 constexpr std::string_view kTmpDirName = ".weir-tmp";
+// Objects at least this large leave the page cache once durable (WriteTemp).
+constexpr size_t kDropCacheMinBytes = 64 << 10;
 constexpr size_t kMaxSegmentBytes = 255;  // NAME_MAX on the filesystems we target
 // Temp files older than this at open are leftovers of a crashed writer.
 constexpr auto kStaleTmpAge = std::chrono::hours(1);
@@ -77,91 +79,34 @@ struct DirCloser {
 };
 using DirPtr = std::unique_ptr<DIR, DirCloser>;
 
+// Writes the concatenation of `parts` with writev, IOV_MAX buffers at a time.
 Status WriteAll(int fd, std::span<const std::string_view> parts, std::string_view path) {
-  for (std::string_view data : parts) {
-    while (!data.empty()) {
-      const ssize_t n = ::write(fd, data.data(), data.size());
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus(errno, "write", path);
+  std::vector<iovec> iov;
+  iov.reserve(std::min<size_t>(parts.size(), IOV_MAX));
+  size_t next = 0;  // first part not yet in iov
+  while (true) {
+    while (next < parts.size() && iov.size() < IOV_MAX) {
+      if (!parts[next].empty()) {
+        iov.push_back(iovec{const_cast<char*>(parts[next].data()), parts[next].size()});
       }
-      data.remove_prefix(static_cast<size_t>(n));
+      ++next;
     }
+    if (iov.empty()) return Status::Ok();
+    const ssize_t n = ::writev(fd, iov.data(), static_cast<int>(iov.size()));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "write", path);
+    }
+    // Drop what was written, keeping a partly written buffer's rest.
+    auto left = static_cast<size_t>(n);
+    size_t done = 0;
+    while (done < iov.size() && left >= iov[done].iov_len) left -= iov[done++].iov_len;
+    if (done < iov.size()) {
+      iov[done].iov_base = static_cast<char*>(iov[done].iov_base) + left;
+      iov[done].iov_len -= left;
+    }
+    iov.erase(iov.begin(), iov.begin() + static_cast<std::ptrdiff_t>(done));
   }
-  return Status::Ok();
-}
-
-// Writes at least this many bytes with O_DIRECT (see WriteDirect); smaller
-// objects go through the page cache, where they are cheap.
-constexpr size_t kDirectMinBytes = 64 << 10;
-// O_DIRECT alignment of memory, file offsets and lengths: the largest logical
-// block size of the disks we target.
-constexpr size_t kDirectAlign = 4096;
-constexpr size_t kBounceBytes = 4 << 20;
-
-// A per-thread aligned buffer for O_DIRECT writes from unaligned memory.
-char* BounceBuffer() {
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  thread_local std::unique_ptr<char, Free> buf(static_cast<char*>(std::aligned_alloc(kDirectAlign, kBounceBytes)));
-  return buf.get();
-}
-
-size_t TotalSize(std::span<const std::string_view> parts) {
-  size_t n = 0;
-  for (std::string_view p : parts) n += p.size();
-  return n;
-}
-
-// Fills an O_DIRECT file with the concatenation of `parts`, through the
-// thread's bounce buffer (O_DIRECT needs aligned memory, offsets and lengths;
-// copying into a small warm buffer is far cheaper here than the page cache).
-// The last partial block is zero-padded and cut off again with ftruncate.
-// Sets *refused when the kernel rejected the O_DIRECT write (EINVAL), so the
-// caller can fall back to buffered writes.
-Status WriteDirect(int fd, std::span<const std::string_view> parts, std::string_view path, bool* refused) {
-  char* bounce = BounceBuffer();
-  if (bounce == nullptr) return IOError("write {}: no memory for an O_DIRECT buffer", path);
-  const size_t size = TotalSize(parts);
-  size_t done = 0;   // bytes of the file written
-  size_t filled = 0; // bytes in the bounce buffer
-  auto flush = [&](bool last) -> Status {
-    size_t len = filled;
-    if (last) {
-      const size_t padded = (len + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-      std::memset(bounce + len, 0, padded - len);
-      len = padded;
-    }
-    size_t written = 0;
-    while (written < len) {
-      const ssize_t n = ::pwrite(fd, bounce + written, len - written, static_cast<off_t>(done + written));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        *refused = errno == EINVAL;
-        return ErrnoStatus(errno, "write", path);
-      }
-      if (n == 0 || n % kDirectAlign != 0) return IOError("write {}: short O_DIRECT write of {} bytes", path, n);
-      written += static_cast<size_t>(n);
-    }
-    done += written;
-    filled = 0;
-    return Status::Ok();
-  };
-  for (std::string_view part : parts) {
-    while (!part.empty()) {
-      const size_t n = std::min(part.size(), kBounceBytes - filled);
-      std::memcpy(bounce + filled, part.data(), n);
-      filled += n;
-      part.remove_prefix(n);
-      if (filled == kBounceBytes) WEIR_RETURN_IF_ERROR(flush(false));
-    }
-  }
-  if (filled > 0) WEIR_RETURN_IF_ERROR(flush(true));
-  if (done != size && RetryEintr([&] { return ::ftruncate(fd, static_cast<off_t>(size)); }) != 0) {
-    return ErrnoStatus(errno, "truncate", path);
-  }
-  return Status::Ok();
 }
 
 Status Fsync(int fd, std::string_view path) {
@@ -341,38 +286,24 @@ class FileStore final : public ObjectStore {
 
   // Creates and fills a fsynced temp file; returns its path.
   Result<std::string> WriteTemp(std::span<const std::string_view> parts) {
+    size_t size = 0;
+    for (std::string_view p : parts) size += p.size();
     for (int attempt = 0;; ++attempt) {
       const uint64_t n = tmp_counter_.fetch_add(1, std::memory_order_relaxed);
       const std::string path =
           Join(tmp_dir_, fmt::format("{}-{}-{:016x}.tmp", ::getpid(), n, salt_ ^ (n * 0x9e3779b97f4a7c15ULL)));
-      // Large objects skip the page cache: copying into it costs more CPU than
-      // anything else on the write path, and nothing reads a new object soon
-      // (the log cache serves recent records).
-      const bool direct = TotalSize(parts) >= kDirectMinBytes && direct_io_.load(std::memory_order_relaxed);
-      const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (direct ? O_DIRECT : 0);
-      Fd fd(RetryEintr([&] { return ::open(path.c_str(), flags, 0644); }));
+      Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); }));
       if (!fd.valid()) {
         if (errno == EEXIST && attempt < 3) continue;
-        if (direct && errno == EINVAL) {  // the filesystem has no O_DIRECT (tmpfs)
-          direct_io_.store(false, std::memory_order_relaxed);
-          continue;
-        }
         return ErrnoStatus(errno, "create temp file", path);
       }
-      Status st;
-      if (direct) {
-        bool refused = false;
-        st = WriteDirect(fd.get(), parts, path, &refused);
-        if (refused) {  // alignment the device refuses: buffered from here on
-          direct_io_.store(false, std::memory_order_relaxed);
-          fd.Close();
-          ::unlink(path.c_str());
-          continue;
-        }
-      } else {
-        st = WriteAll(fd.get(), parts, path);
-      }
+      Status st = WriteAll(fd.get(), parts, path);
       if (st.ok()) st = Fsync(fd.get(), path);
+      // The pages are clean now; nothing reads a new object soon (the log
+      // cache serves recent records), so give them back while they are warm:
+      // a page cache that only grows makes every write touch fresh memory,
+      // which costs several times the copy itself on the VMs we measured.
+      if (st.ok() && size >= kDropCacheMinBytes) ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
       if (st.ok() && fd.Close() != 0) st = ErrnoStatus(errno, "close", path);
       if (!st.ok()) {
         ::unlink(path.c_str());
@@ -563,7 +494,6 @@ class FileStore final : public ObjectStore {
   const std::string root_;     // absolute, no trailing '/' (unless it is "/")
   const std::string tmp_dir_;  // root_/.weir-tmp
   const uint64_t salt_;        // random per store: temp names stay unique across pid reuse
-  std::atomic<bool> direct_io_{true};  // false once the filesystem refused O_DIRECT
   std::atomic<uint64_t> tmp_counter_{0};
   std::mutex dirs_mu_;
   std::unordered_set<std::string> known_dirs_;  // key directories known to exist and be synced
