@@ -48,11 +48,33 @@ class HoldingHandler : public FrameHandler {
     std::lock_guard lk(mu_);
     for (auto& [frame, reply] : held_) reply->Respond(frame);
   }
+  // Drops every Reply (and with them the connections), while the server the
+  // connections belong to still exists.
+  void Clear() {
+    std::lock_guard lk(mu_);
+    held_.clear();
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<std::string, std::shared_ptr<Reply>>> held_;
+};
+
+// Polls `done` for up to 10 s.
+template <typename F>
+bool WaitUntil(F done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+// Declared after the server: clears the handler before the server is destroyed.
+struct ClearOnExit {
+  HoldingHandler& handler;
+  ~ClearOnExit() { handler.Clear(); }
 };
 
 int Connect(const std::string& addr) {
@@ -125,6 +147,7 @@ TEST(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswe
   o.max_in_flight_bytes = 1000;
   auto server = TcpServer::Start(o, &handler);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ClearOnExit clear{handler};
   const std::string addr = (*server)->address();
 
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);
@@ -134,6 +157,7 @@ TEST(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswe
   ASSERT_TRUE(SendFrame(a, std::string(600, 'a')));
   ASSERT_TRUE(handler.WaitFor(1));
   ASSERT_TRUE(SendFrame(b, std::string(600, 'b')));  // 600 + 600 > 1000: waits
+  ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().budget_waits.load() == 1; }));
   ASSERT_TRUE(SendFrame(c, std::string(300, 'c')));  // would fit, but b came first
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(handler.count(), 1u);
@@ -166,6 +190,7 @@ TEST(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
   o.max_in_flight_bytes = 1000;
   auto server = TcpServer::Start(o, &handler);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ClearOnExit clear{handler};
   const std::string addr = (*server)->address();
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);
   ASSERT_TRUE(SendFrame(a, std::string(900, 'a')));
@@ -173,7 +198,7 @@ TEST(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
   // b announces a 900-byte frame, waits for budget, and leaves before sending it.
   const char header[4] = {0, 0, 0x03, static_cast<char>(0x84)};
   ASSERT_EQ(::send(b, header, 4, MSG_NOSIGNAL), 4);
-  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().budget_waits.load() == 1; }));
   ASSERT_TRUE(SendFrame(c, std::string(900, 'c')));
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ((*server)->metrics().budget_waits.load(), 2u);
@@ -197,6 +222,7 @@ TEST(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
   o.max_connections = 2;
   auto server = TcpServer::Start(o, &handler);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ClearOnExit clear{handler};
   const std::string addr = (*server)->address();
   int a = Connect(addr), b = Connect(addr);
   ASSERT_TRUE(SendFrame(a, "one"));

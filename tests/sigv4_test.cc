@@ -102,6 +102,11 @@ TEST(SigV4Suite, GetHeaderKeyDuplicate) {
 TEST(SigV4Suite, PostXWwwFormUrlencoded) {
   const Signed s = SignSuite(Suite("POST", {}, {{"Content-Type", "application/x-www-form-urlencoded"}}, "Param1=value1"));
   EXPECT_EQ(Sha256Hex("Param1=value1"), "9095672bbd1f56dfc5b65f3e153adc8731a4a654192329106275f4c7b24d0b6e");
+  // The same digest from pieces (s3:// PutParts hashes a segment this way).
+  const std::string_view pieces[] = {"Param", "", "1=val", "ue1"};
+  EXPECT_EQ(Sha256Hex(std::span<const std::string_view>(pieces)),
+            "9095672bbd1f56dfc5b65f3e153adc8731a4a654192329106275f4c7b24d0b6e");
+  EXPECT_EQ(Sha256Hex(std::span<const std::string_view>()), std::string(kEmptySha256));
   EXPECT_EQ(s.canonical_request,
             "POST\n/\n\ncontent-type:application/x-www-form-urlencoded\nhost:example.amazonaws.com\n"
             "x-amz-date:20150830T123600Z\n\ncontent-type;host;x-amz-date\n"

@@ -36,7 +36,7 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
   opt("--pool-budget-mib", o.pool_budget_mib, "Admitted, unacknowledged bytes (MiB) before appends wait")
       ->check(CLI::Range(1, 1 << 20));
   opt("--log-cache-mib", o.log_cache_mib,
-      "Memory (MiB) for acknowledged, unsettled records; settle starts early when half is used")
+      "Memory (MiB) for acknowledged, unsettled records; settle starts early when a quarter is used")
       ->check(CLI::Range(1, 1 << 20));
   opt("--max-unsettled-mib", o.max_unsettled_mib,
       "Acknowledged MiB not yet settled beyond which appends wait, then fail with 429 (settle is behind)")

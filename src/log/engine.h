@@ -51,8 +51,8 @@ struct EngineOptions {
   // max.message.bytes.
   size_t max_batch_bytes = 1048588;
   // Acknowledged, unsettled batches kept in memory (reads, settle). Settle
-  // runs early once half of it is in use; past it, batches are read back
-  // from their WAL slots.
+  // runs early once a quarter of it is in use; past it, batches are read
+  // back from their WAL slots.
   size_t log_cache_bytes = 64u << 20;
   // Segment PUTs a settle cycle runs at once. Object stores want many; a
   // local disk wants few, so the WAL's writes do not queue behind segments.

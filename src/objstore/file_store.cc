@@ -14,14 +14,15 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
-#include <memory>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <span>
 #include <system_error>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "objstore/internal.h"
 
@@ -97,6 +98,7 @@ Status WriteAll(int fd, std::span<const std::string_view> parts, std::string_vie
       if (errno == EINTR) continue;
       return ErrnoStatus(errno, "write", path);
     }
+    if (n == 0) return IOError("write {}: no progress", path);
     // Drop what was written, keeping a partly written buffer's rest.
     auto left = static_cast<size_t>(n);
     size_t done = 0;

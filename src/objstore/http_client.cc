@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 
 namespace weir::objstore::http {
@@ -25,6 +27,44 @@ std::string_view Trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return s;
+}
+
+// The request body from Request::body_parts: read in order, rewindable (curl
+// resends a body when a reused connection turns out dead).
+struct PartsReader {
+  std::span<const std::string_view> parts;
+  size_t part = 0;    // current part
+  size_t offset = 0;  // within it
+};
+
+size_t ReadParts(char* buf, size_t size, size_t n, void* user) {
+  auto* r = static_cast<PartsReader*>(user);
+  const size_t room = size * n;
+  size_t filled = 0;
+  while (filled < room && r->part < r->parts.size()) {
+    std::string_view p = r->parts[r->part].substr(r->offset);
+    const size_t take = std::min(p.size(), room - filled);
+    std::memcpy(buf + filled, p.data(), take);
+    filled += take;
+    r->offset += take;
+    if (r->offset == r->parts[r->part].size()) {
+      ++r->part;
+      r->offset = 0;
+    }
+  }
+  return filled;
+}
+
+int SeekParts(void* user, curl_off_t offset, int origin) {
+  auto* r = static_cast<PartsReader*>(user);
+  if (origin != SEEK_SET || offset < 0) return CURL_SEEKFUNC_CANTSEEK;
+  auto left = static_cast<uint64_t>(offset);
+  r->part = 0;
+  r->offset = 0;
+  while (r->part < r->parts.size() && left >= r->parts[r->part].size()) left -= r->parts[r->part++].size();
+  if (r->part == r->parts.size() && left > 0) return CURL_SEEKFUNC_FAIL;
+  r->offset = static_cast<size_t>(left);
+  return CURL_SEEKFUNC_OK;
 }
 
 size_t OnBody(char* data, size_t size, size_t n, void* user) {
@@ -173,6 +213,7 @@ Result<Response> Client::Perform(const Request& request, TransportError* error) 
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &response);
   int sends = 0;
+  PartsReader parts{request.body_parts};
   curl_easy_setopt(c, CURLOPT_PREREQFUNCTION, OnPrereq);
   curl_easy_setopt(c, CURLOPT_PREREQDATA, &sends);
   if (request.method == "GET") {
@@ -180,10 +221,20 @@ Result<Response> Client::Perform(const Request& request, TransportError* error) 
   } else if (request.method == "HEAD") {
     curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
   } else if (request.method == "PUT" || request.method == "POST") {
-    // The body is sent from the caller's buffer (no copy), with Content-Length.
+    // The body is sent from the caller's buffers (no copy), with Content-Length.
     curl_easy_setopt(c, CURLOPT_POST, 1L);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    if (request.body_parts.empty()) {
+      curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
+      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    } else {
+      size_t size = 0;
+      for (std::string_view p : request.body_parts) size += p.size();
+      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(size));
+      curl_easy_setopt(c, CURLOPT_READFUNCTION, ReadParts);
+      curl_easy_setopt(c, CURLOPT_READDATA, &parts);
+      curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, SeekParts);
+      curl_easy_setopt(c, CURLOPT_SEEKDATA, &parts);
+    }
     if (request.method == "PUT") curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "PUT");
   } else {
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());

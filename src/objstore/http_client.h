@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -29,6 +30,9 @@ struct Request {
   std::string url;
   std::vector<std::pair<std::string, std::string>> headers;
   std::string_view body;      // must outlive Perform
+  // When not empty, the body is the concatenation of these (sent by a read
+  // callback, no copy; they must outlive Perform) and `body` is ignored.
+  std::span<const std::string_view> body_parts;
   size_t expected_bytes = 0;  // response body size hint (reserve)
 };
 

@@ -227,6 +227,7 @@ struct S3Store::Impl {
     sigv4::Pairs query;
     std::vector<std::pair<std::string, std::string>> headers;  // signed, besides the standard ones
     std::string_view body;
+    std::span<const std::string_view> body_parts;  // instead of body when not empty
     std::string payload_sha256 = std::string(sigv4::kEmptySha256);
     size_t expected_bytes = 0;
     std::string what;  // "PUT s3://bucket/key", for messages
@@ -280,6 +281,7 @@ struct S3Store::Impl {
     req.method = call.method;
     req.url = origin + base_path + call.path + (query.empty() ? "" : "?" + query);
     req.body = call.body;
+    req.body_parts = call.body_parts;
     req.expected_bytes = call.expected_bytes;
     sigv4::Request sreq;
     sreq.method = call.method;
@@ -324,7 +326,9 @@ struct S3Store::Impl {
         *maybe_applied = true;
       }
       metrics.requests[op][OutcomeOf(resp->status)].fetch_add(1, std::memory_order_relaxed);
-      metrics.bytes_sent.fetch_add(call.body.size(), std::memory_order_relaxed);
+      size_t sent = call.body.size();
+      for (std::string_view part : call.body_parts) sent += part.size();
+      metrics.bytes_sent.fetch_add(sent, std::memory_order_relaxed);
       metrics.bytes_received.fetch_add(resp->body.size(), std::memory_order_relaxed);
       if (resp->new_connection) metrics.connections_opened.fetch_add(1, std::memory_order_relaxed);
       if (resp->status < 300) return resp;
@@ -344,9 +348,17 @@ struct S3Store::Impl {
   static Status ErrorStatus(const http::Response& r, std::string_view what) { return s3::ToStatus(ErrorOf(r), what); }
 
   Status PutObject(std::string_view key, std::string_view data, bool create_only) {
+    return PutObject(key, std::span(&data, 1), create_only);
+  }
+  // The object is the concatenation of `parts`.
+  Status PutObject(std::string_view key, std::span<const std::string_view> parts, bool create_only) {
     Call call = ObjectCall(S3Metrics::kPut, "PUT", key);
-    call.body = data;
-    call.payload_sha256 = sigv4::Sha256Hex(data);
+    if (parts.size() == 1) {
+      call.body = parts[0];
+    } else {
+      call.body_parts = parts;
+    }
+    call.payload_sha256 = sigv4::Sha256Hex(parts);
     call.headers.emplace_back("content-type", "application/octet-stream");
     if (create_only) call.headers.emplace_back("if-none-match", "*");
     bool maybe_applied = false;
@@ -530,6 +542,10 @@ Result<std::shared_ptr<S3Store>> OpenS3Store(const S3Options& options) {
 }
 
 Status S3Store::Put(std::string_view key, std::string_view data, const PutOptions& options) {
+  return PutParts(key, std::span(&data, 1), options);
+}
+
+Status S3Store::PutParts(std::string_view key, std::span<const std::string_view> parts, const PutOptions& options) {
   return CatchAll("s3:// Put", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(impl_->CheckKey(key));
     if (options.if_none_match && impl_->emulate_create_only.load(std::memory_order_relaxed)) {
@@ -537,9 +553,9 @@ Status S3Store::Put(std::string_view key, std::string_view data, const PutOption
       auto head = impl_->HeadObject(key);
       if (head.ok()) return PreconditionFailed("{}: the object already exists", impl_->What("PUT", key));
       if (head.status().code() != Code::kNotFound) return head.status();
-      return impl_->PutObject(key, data, false);
+      return impl_->PutObject(key, parts, false);
     }
-    return impl_->PutObject(key, data, options.if_none_match);
+    return impl_->PutObject(key, parts, options.if_none_match);
   });
 }
 

@@ -105,6 +105,10 @@ class S3Store : public ObjectStore {
   ~S3Store() override;
 
   Status Put(std::string_view key, std::string_view data, const PutOptions& options = {}) override;
+  // Streams the parts (hashed incrementally, sent by a read callback): a
+  // segment is never joined in memory.
+  Status PutParts(std::string_view key, std::span<const std::string_view> parts,
+                  const PutOptions& options = {}) override;
   Result<std::string> Get(std::string_view key, std::optional<ByteRange> range = std::nullopt) override;
   Result<ObjectInfo> Head(std::string_view key) override;
   Result<ListPage> List(std::string_view prefix, std::string_view start_after = {},

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <ctime>
 #include <map>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -65,6 +66,18 @@ std::string Hex(std::string_view bytes) {
 }
 
 std::string Sha256Hex(std::string_view data) { return Hex(Digest(EVP_sha256(), data)); }
+
+std::string Sha256Hex(std::span<const std::string_view> parts) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) return "";
+  for (std::string_view p : parts) {
+    if (EVP_DigestUpdate(ctx.get(), p.data(), p.size()) != 1) return "";
+  }
+  if (EVP_DigestFinal_ex(ctx.get(), out, &len) != 1) return "";
+  return Hex(std::string_view(reinterpret_cast<const char*>(out), len));
+}
 
 std::string HmacSha256(std::string_view key, std::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -55,6 +56,8 @@ std::string CanonicalQuery(const Pairs& query);
 std::string AmzDate(std::chrono::system_clock::time_point t);
 
 std::string Sha256Hex(std::string_view data);
+// SHA-256 of the concatenation of `parts`, hex.
+std::string Sha256Hex(std::span<const std::string_view> parts);
 std::string HmacSha256(std::string_view key, std::string_view data);  // raw 32 bytes
 std::string Md5Base64(std::string_view data);                        // Content-MD5 value
 std::string Hex(std::string_view bytes);

@@ -26,7 +26,7 @@ struct ServeOptions {
   size_t pool_budget_mib = 256;
   double admission_timeout_ms = 500;  // a full pool answers 429 after this
   // Acknowledged, unsettled batches kept in memory for reads and settle;
-  // settle starts early once half of it is used.
+  // settle starts early once a quarter of it is used.
   size_t log_cache_mib = 256;
   size_t max_unsettled_mib = 4096;  // appends wait (then 429) while more awaits settle
   // HTTP.
