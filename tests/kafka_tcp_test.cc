@@ -71,10 +71,26 @@ bool WaitUntil(F done) {
   return done();
 }
 
-// Declared after the server: clears the handler before the server is destroyed.
-struct ClearOnExit {
-  HoldingHandler& handler;
-  ~ClearOnExit() { handler.Clear(); }
+// A TcpServer on a free port with a HoldingHandler; torn down in an order
+// that lets the held replies (and their connections) go before the server.
+class KafkaTcpServer : public ::testing::Test {
+ protected:
+  void Start(TcpServerOptions o) {
+    o.port = 0;
+    auto s = TcpServer::Start(o, &handler);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server = std::move(*s);
+    addr = server->address();
+  }
+  void TearDown() override {
+    if (server) server->Stop();
+    handler.Clear();
+    server.reset();
+  }
+
+  HoldingHandler handler;
+  std::unique_ptr<TcpServer> server;
+  std::string addr;
 };
 
 int Connect(const std::string& addr) {
@@ -139,16 +155,8 @@ bool ClosedByPeer(int fd, int timeout_ms = 10000) {
   return ::recv(fd, &c, 1, 0) <= 0;
 }
 
-TEST(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswered) {
-  HoldingHandler handler;
-  TcpServerOptions o;
-  o.port = 0;
-  o.max_request_bytes = 10000;
-  o.max_in_flight_bytes = 1000;
-  auto server = TcpServer::Start(o, &handler);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  ClearOnExit clear{handler};
-  const std::string addr = (*server)->address();
+TEST_F(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswered) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000}));
 
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);
   ASSERT_GE(a, 0);
@@ -157,21 +165,21 @@ TEST(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswe
   ASSERT_TRUE(SendFrame(a, std::string(600, 'a')));
   ASSERT_TRUE(handler.WaitFor(1));
   ASSERT_TRUE(SendFrame(b, std::string(600, 'b')));  // 600 + 600 > 1000: waits
-  ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().budget_waits.load() == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return server->metrics().budget_waits.load() == 1; }));
   ASSERT_TRUE(SendFrame(c, std::string(300, 'c')));  // would fit, but b came first
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(handler.count(), 1u);
-  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 600);
-  EXPECT_EQ((*server)->metrics().budget_waits.load(), 2u);
+  EXPECT_EQ(server->metrics().in_flight_bytes.load(), 600);
+  EXPECT_EQ(server->metrics().budget_waits.load(), 2u);
 
   handler.Answer(0);  // frees 600: b (600) is read, then c (300) fits too
   EXPECT_EQ(ReadFrame(a), std::string(600, 'a'));
   ASSERT_TRUE(handler.WaitFor(3));
-  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 900);
+  EXPECT_EQ(server->metrics().in_flight_bytes.load(), 900);
   handler.AnswerAll();
   EXPECT_EQ(ReadFrame(b), std::string(600, 'b'));
   EXPECT_EQ(ReadFrame(c), std::string(300, 'c'));
-  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 0);
+  EXPECT_EQ(server->metrics().in_flight_bytes.load(), 0);
 
   // A frame larger than the whole budget is read when it is alone.
   ASSERT_TRUE(SendFrame(a, std::string(5000, 'x')));
@@ -179,29 +187,20 @@ TEST(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswe
   handler.AnswerAll();
   EXPECT_EQ(ReadFrame(a), std::string(5000, 'x'));
   for (int fd : {a, b, c}) ::close(fd);
-  (*server)->Stop();
 }
 
-TEST(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
-  HoldingHandler handler;
-  TcpServerOptions o;
-  o.port = 0;
-  o.max_request_bytes = 10000;
-  o.max_in_flight_bytes = 1000;
-  auto server = TcpServer::Start(o, &handler);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  ClearOnExit clear{handler};
-  const std::string addr = (*server)->address();
+TEST_F(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000}));
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);
   ASSERT_TRUE(SendFrame(a, std::string(900, 'a')));
   ASSERT_TRUE(handler.WaitFor(1));
   // b announces a 900-byte frame, waits for budget, and leaves before sending it.
   const char header[4] = {0, 0, 0x03, static_cast<char>(0x84)};
   ASSERT_EQ(::send(b, header, 4, MSG_NOSIGNAL), 4);
-  ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().budget_waits.load() == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return server->metrics().budget_waits.load() == 1; }));
   ASSERT_TRUE(SendFrame(c, std::string(900, 'c')));
   std::this_thread::sleep_for(200ms);
-  EXPECT_EQ((*server)->metrics().budget_waits.load(), 2u);
+  EXPECT_EQ(server->metrics().budget_waits.load(), 2u);
   ::close(b);
   handler.Answer(0);
   EXPECT_EQ(ReadFrame(a), std::string(900, 'a'));
@@ -209,21 +208,13 @@ TEST(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
   handler.Answer(1);
   EXPECT_EQ(ReadFrame(c), std::string(900, 'c'));
   EXPECT_EQ(handler.count(), 2u);
-  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 0);
+  EXPECT_EQ(server->metrics().in_flight_bytes.load(), 0);
   ::close(a);
   ::close(c);
-  (*server)->Stop();
 }
 
-TEST(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
-  HoldingHandler handler;
-  TcpServerOptions o;
-  o.port = 0;
-  o.max_connections = 2;
-  auto server = TcpServer::Start(o, &handler);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  ClearOnExit clear{handler};
-  const std::string addr = (*server)->address();
+TEST_F(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_connections = 2}));
   int a = Connect(addr), b = Connect(addr);
   ASSERT_TRUE(SendFrame(a, "one"));
   ASSERT_TRUE(SendFrame(b, "two"));
@@ -231,7 +222,7 @@ TEST(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
   int c = Connect(addr);
   ASSERT_GE(c, 0);  // the kernel accepts; the server closes it at once
   EXPECT_TRUE(ClosedByPeer(c));
-  EXPECT_EQ((*server)->metrics().rejected_connections.load(), 1u);
+  EXPECT_EQ(server->metrics().rejected_connections.load(), 1u);
   handler.AnswerAll();
   EXPECT_EQ(ReadFrame(a), "one");
   EXPECT_EQ(ReadFrame(b), "two");
@@ -241,7 +232,7 @@ TEST(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
   int d = -1;
   for (int i = 0; i < 100 && d < 0; ++i) {
     std::this_thread::sleep_for(50ms);
-    if ((*server)->metrics().open_connections.load() < 2) d = Connect(addr);
+    if (server->metrics().open_connections.load() < 2) d = Connect(addr);
   }
   ASSERT_GE(d, 0);
   ASSERT_TRUE(SendFrame(d, "three"));
@@ -250,7 +241,6 @@ TEST(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
   EXPECT_EQ(ReadFrame(d), "three");
   ::close(b);
   ::close(d);
-  (*server)->Stop();
 }
 
 }  // namespace
