@@ -881,5 +881,28 @@ TEST_F(EngineTest, AppendsWaitForSettleWhenTheBacklogIsFull) {
   EXPECT_TRUE(engine_->Append(kBasin, "s", Bodies({"room again"})).status.ok());
 }
 
+
+// A settle whose batches fell out of the cache reads them back from their
+// slots in rounds of about log_cache_bytes each, and still settles all.
+TEST_F(EngineTest, SettleReadsEvictedBatchesBackInBoundedRounds) {
+  cache_bytes_ = 4096;
+  Restart();
+  const std::string body(1000, 'r');
+  std::vector<std::string> want;
+  for (int i = 0; i < 40; ++i) {
+    want.push_back(body + std::to_string(i));
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({want.back()})).status.ok());
+  }
+  const uint64_t cycles = engine_->metrics().settle_cycles.load();
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_GT(engine_->metrics().settle_reread_bytes.load(), 30000u);
+  // ~40 KB read back, at most ~4 KB (plus one slot) per round.
+  EXPECT_GE(engine_->metrics().settle_cycles.load() - cycles, 5u);
+  EXPECT_EQ(engine_->unsettled_bytes(), 0u);
+  EXPECT_EQ(ReadAll("s"), want);
+  Restart();
+  EXPECT_EQ(ReadAll("s"), want);
+}
+
 }  // namespace
 }  // namespace weir::log

@@ -246,7 +246,8 @@ class Engine {
   // Runs one settle cycle now (the background task calls it too): moves
   // every released WAL slot's batches into segments, commits them with the
   // streams' states and the new chain checkpoint in one metastore
-  // transaction, then deletes the settled slots.
+  // transaction per round, then deletes the settled slots. A round holds at
+  // most about log_cache_bytes of batches read back from slots (plus one slot).
   Status SettleNow();
   // Deletes segments that are past retention or wholly below the trim point.
   Status ApplyRetention();
@@ -306,6 +307,9 @@ class Engine {
   Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
                      std::vector<std::string>* batches);
   Status SweepGarbage();
+  // One settle round up to `target` (or an earlier slot, so the batches it
+  // reads back from slots stay within log_cache_bytes; *more is then set).
+  Status SettleRound(metastore::ChainPosition target, bool* more);
   Status UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
                         const std::vector<SegmentObject>& objects);
   // Deletes WAL slots from `from` up to `to` (exclusive), across epochs.

@@ -56,13 +56,48 @@ void Engine::SettleLoop() {
 Status Engine::SettleNow() {
   std::lock_guard settle(settle_mu_);
   auto [rel_epoch, rel_seq] = wal_->released_below();
-  metastore::ChainPosition target{rel_epoch, rel_seq};
+  const metastore::ChainPosition released{rel_epoch, rel_seq};
+  // Rounds, each holding at most about log_cache_bytes of batches read back
+  // from slots, until everything released is settled.
+  bool more = true;
+  while (more) WEIR_RETURN_IF_ERROR(SettleRound(released, &more));
+  return Status::Ok();
+}
+
+Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
+  *more = false;
   if (std::pair(target.epoch, target.seq) <= std::pair(checkpoint_.epoch, checkpoint_.seq)) return Status::Ok();
 
   std::vector<std::shared_ptr<Stream>> streams;
   {
     std::lock_guard lk(mu_);
     for (auto& [id, s] : by_id_) streams.push_back(s);
+  }
+  // Batches no longer cached are read back and held until their segment is
+  // written: stop this round at the slot where they would pass the budget.
+  {
+    std::vector<std::pair<std::pair<uint64_t, uint64_t>, uint64_t>> uncached;  // slot, bytes
+    for (auto& s : streams) {
+      std::lock_guard lk(s->mu);
+      for (const BatchRef& b : s->durable) {
+        if (!Before(b.where, target)) break;
+        if (!b.bytes) uncached.push_back({{b.where.epoch, b.where.seq}, b.where.length});
+      }
+    }
+    std::sort(uncached.begin(), uncached.end());
+    uint64_t held = 0;  // in whole slots before uncached[i]
+    for (size_t i = 0; i < uncached.size();) {
+      const auto slot = uncached[i].first;
+      uint64_t bytes = 0;
+      for (; i < uncached.size() && uncached[i].first == slot; ++i) bytes += uncached[i].second;
+      if (held > 0 && held + bytes > options_.log_cache_bytes) {
+        // At least one earlier slot is in this round, so the checkpoint moves.
+        target = metastore::ChainPosition{slot.first, slot.second};
+        *more = true;
+        break;
+      }
+      held += bytes;
+    }
   }
   struct Work {
     std::shared_ptr<Stream> stream;
