@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -636,6 +638,84 @@ TEST_F(FileStoreTest, KeyThatIsAlsoADirectoryIsNotSupported) {
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(*a, "file a");
   EXPECT_TRUE(TempFiles().empty());
+}
+
+// Deleted small objects become free files that a later Put rewrites in place
+// (after a one-second quarantine): same inode, new bytes, exact new size.
+TEST_F(FileStoreTest, DeletedFilesAreReusedWithTheirNewContents) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  const PutOptions create_only{.if_none_match = true};
+  ASSERT_OK(store->Put("wal/a", std::string(100000, 'a'), create_only));
+  ASSERT_OK(store->Put("wal/b", "bb", create_only));
+  struct stat a{};
+  ASSERT_EQ(::stat((Root() + "/wal/a").c_str(), &a), 0);
+  ASSERT_OK(store->Delete("wal/a"));
+  ASSERT_OK(store->DeleteMany(std::vector<std::string>{"wal/b", "wal/missing"}));
+  EXPECT_EQ(store->Get("wal/a").status().code(), Code::kNotFound);
+  EXPECT_EQ(store->Head("wal/b").status().code(), Code::kNotFound);
+  EXPECT_EQ(TempFiles().size(), 2u);  // the two free files
+  auto page = store->List("", {}, 1000);
+  ASSERT_TRUE(page.ok());
+  EXPECT_TRUE(page->objects.empty());
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the quarantine
+  ASSERT_OK(store->Put("wal/c", "shorter than before", create_only));
+  struct stat c{};
+  ASSERT_EQ(::stat((Root() + "/wal/c").c_str(), &c), 0);
+  EXPECT_EQ(c.st_ino, a.st_ino) << "the oldest free file is reused";
+  EXPECT_EQ(c.st_nlink, 1u);
+  auto got = store->Get("wal/c");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "shorter than before");
+  auto head = store->Head("wal/c");
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(head->size, 19u);
+  // A create-only conflict on a rewritten free file removes it.
+  EXPECT_EQ(store->Put("wal/c", "again", create_only).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(TempFiles().size(), 0u);
+  auto still = store->Get("wal/c");
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(*still, "shorter than before");
+  // An overwrite rewrites a free file too; a closed store leaves none behind.
+  ASSERT_OK(store->Delete("wal/c"));
+  ASSERT_OK(store->Put("k", "v1"));
+  ASSERT_OK(store->Put("k", "v2"));
+  EXPECT_EQ(TempFiles().size(), 1u);
+  store.reset();
+  EXPECT_TRUE(TempFiles().empty());
+  store = Open();
+  ASSERT_TRUE(store);
+  auto k = store->Get("k");
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(*k, "v2");
+}
+
+// Many threads putting, reading and deleting their own keys while deleted
+// files are reused: a read returns its key's bytes or NotFound, never another's.
+TEST_F(FileStoreTest, ReusedFilesNeverLeakIntoOtherKeys) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2500);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
+        const std::string key = fmt::format("t{}/{}", t, i);
+        const std::string body = fmt::format("{}:{}", key, std::string(static_cast<size_t>(i % 7) * 1000, 'x'));
+        if (!store->Put(key, body, PutOptions{.if_none_match = true}).ok()) wrong++;
+        for (int back = 0; back < 3 && back <= i; ++back) {
+          const std::string other = fmt::format("t{}/{}", t, i - back);
+          auto got = store->Get(other);
+          if (got.ok() ? !got->starts_with(other + ":") : got.status().code() != Code::kNotFound) wrong++;
+        }
+        if (i >= 2) (void)store->Delete(fmt::format("t{}/{}", t, i - 2));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST_F(FileStoreTest, StaleTempFilesAreRemovedOnOpen) {

@@ -14,9 +14,11 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <span>
 #include <system_error>
@@ -39,6 +41,14 @@ constexpr size_t kDropCacheMinBytes = 64 << 10;
 constexpr size_t kMaxSegmentBytes = 255;  // NAME_MAX on the filesystems we target
 // Temp files older than this at open are leftovers of a crashed writer.
 constexpr auto kStaleTmpAge = std::chrono::hours(1);
+// Deleted objects up to this size are kept as free files and rewritten by a
+// later Put instead of creating a new file (see FileStore). The pool is
+// bounded by count and bytes; a free file is reused only after a quarantine,
+// so that any reader still holding it sees its ctime move (see DoGet).
+constexpr size_t kFreeFileMaxBytes = 4 << 20;
+constexpr size_t kFreePoolMaxFiles = 4096;
+constexpr size_t kFreePoolMaxBytes = 64 << 20;
+constexpr auto kFreeFileQuarantine = std::chrono::seconds(1);
 
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
@@ -143,10 +153,26 @@ bool IsListableDir(std::string_view dir) {
 // a successful Put is fsynced (file, and every directory entry leading to it).
 // Other processes may use the same DIR: nothing relies on in-process locking
 // for correctness; the directory cache only skips redundant mkdir/fsync work.
+//
+// Free files: Delete renames a small object into the temp dir instead of
+// unlinking it, and a later Put rewrites that file in place (same inode)
+// before linking it under its new key. Allocating a fresh inode per object
+// is the largest single cost of a small PUT on some file systems (ext4
+// without a journal scans every recently deleted inode). The pool is
+// in-memory only: free files of an earlier process are never reused, since
+// a crash between link and unlink can leave a temp name on a live object.
+// Readers stay safe without locks: a free file is rewritten only after a
+// quarantine of a second, and DoGet rereads if the file's ctime moved while
+// it read or its key no longer names that file.
 class FileStore final : public ObjectStore {
  public:
   FileStore(std::string root, uint64_t salt)
       : root_(std::move(root)), tmp_dir_(Join(root_, kTmpDirName)), salt_(salt) {}
+  ~FileStore() override {
+    for (const FreeFile& f : free_) ::unlink(f.path.c_str());
+  }
+  FileStore(const FileStore&) = delete;
+  FileStore& operator=(const FileStore&) = delete;
 
   Status Put(std::string_view key, std::string_view data, const PutOptions& options) override {
     return CatchAll("file:// Put", [&] { return DoPut(key, std::span(&data, 1), options); });
@@ -286,10 +312,29 @@ class FileStore final : public ObjectStore {
     known_dirs_.clear();
   }
 
-  // Creates and fills a fsynced temp file; returns its path.
-  Result<std::string> WriteTemp(std::span<const std::string_view> parts) {
+  // Fills a fsynced temp file, a free file if one is ready (`reuse`), else a
+  // new one; returns its path.
+  Result<std::string> WriteTemp(std::span<const std::string_view> parts, bool reuse) {
     size_t size = 0;
     for (std::string_view p : parts) size += p.size();
+    while (reuse) {
+      std::optional<std::string> free = TakeFreeFile();
+      if (!free) break;
+      Fd fd(RetryEintr([&] { return ::open(free->c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW); }));
+      if (!fd.valid()) continue;  // removed behind our back (another process's cleanup): try the next
+      Status st = WriteAll(fd.get(), parts, *free);
+      if (st.ok() && RetryEintr([&] { return ::ftruncate(fd.get(), static_cast<off_t>(size)); }) != 0) {
+        st = ErrnoStatus(errno, "truncate", *free);
+      }
+      if (st.ok()) st = Fsync(fd.get(), *free);
+      if (st.ok() && size >= kDropCacheMinBytes) ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+      if (st.ok() && fd.Close() != 0) st = ErrnoStatus(errno, "close", *free);
+      if (!st.ok()) {
+        ::unlink(free->c_str());
+        return st;
+      }
+      return std::move(*free);
+    }
     for (int attempt = 0;; ++attempt) {
       const uint64_t n = tmp_counter_.fetch_add(1, std::memory_order_relaxed);
       const std::string path =
@@ -319,12 +364,14 @@ class FileStore final : public ObjectStore {
     WEIR_RETURN_IF_ERROR(CheckKey(key));
     const std::string_view parent_rel = ParentOf(key);
     WEIR_RETURN_IF_ERROR(EnsureDir(key, parent_rel));
-    WEIR_ASSIGN_OR_RETURN(const std::string tmp, WriteTemp(parts));
+    WEIR_ASSIGN_OR_RETURN(std::string tmp, WriteTemp(parts, /*reuse=*/true));
     const std::string path = Join(root_, key);
 
     bool tmp_consumed = false;  // rename moved the temp file into place
+    bool fresh_tmp = false;     // rewritten into a new temp file after the free one vanished
+    bool dirs_rebuilt = false;
     Status st;
-    for (int attempt = 0; attempt < 2; ++attempt) {
+    for (int attempt = 0; attempt < 3; ++attempt) {
       int rc;
       if (options.if_none_match) {
         rc = ::link(tmp.c_str(), path.c_str());
@@ -337,8 +384,15 @@ class FileStore final : public ObjectStore {
         break;
       }
       const int err = errno;
-      if (err == ENOENT && attempt == 0) {
+      if (err == ENOENT && !fresh_tmp && ::access(tmp.c_str(), F_OK) != 0) {
+        // The free file we rewrote was removed by another process's cleanup.
+        fresh_tmp = true;
+        WEIR_ASSIGN_OR_RETURN(tmp, WriteTemp(parts, /*reuse=*/false));
+        continue;
+      }
+      if (err == ENOENT && !dirs_rebuilt) {
         // A directory vanished behind our cache (removed externally): rebuild it.
+        dirs_rebuilt = true;
         ForgetDirs();
         st = EnsureDir(key, parent_rel);
         if (!st.ok()) break;
@@ -363,49 +417,110 @@ class FileStore final : public ObjectStore {
   Result<std::string> DoGet(std::string_view key, std::optional<ByteRange> range) {
     WEIR_RETURN_IF_ERROR(CheckKey(key));
     const std::string path = Join(root_, key);
-    Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
-    if (!fd.valid()) {
-      if (errno == ENOENT || errno == ENOTDIR) return NotFoundError(key);
-      return ErrnoStatus(errno, "open", path);
-    }
-    struct stat st{};
-    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", path);
-    if (!S_ISREG(st.st_mode)) return NotFoundError(key);
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
-    uint64_t offset = 0;
-    uint64_t want = size;
-    if (range) {
-      if (range->offset > 0 && range->offset >= size) {
-        return OutOfRange("range offset {} is past the end of object {} ({} bytes)", range->offset, key, size);
+    // A file can be deleted and, after the quarantine, rewritten as another
+    // object while we read it (free files): the read counts only if the file
+    // did not change meanwhile and the key still names it.
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
+      if (!fd.valid()) {
+        if (errno == ENOENT || errno == ENOTDIR) return NotFoundError(key);
+        return ErrnoStatus(errno, "open", path);
       }
-      offset = range->offset;
-      want = std::min(range->length, size - offset);
-    }
-    std::string out(want, '\0');
-    size_t got = 0;
-    while (got < out.size()) {
-      const ssize_t n = ::pread(fd.get(), out.data() + got, out.size() - got, static_cast<off_t>(offset + got));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus(errno, "read", path);
+      struct stat before{};
+      if (::fstat(fd.get(), &before) != 0) return ErrnoStatus(errno, "fstat", path);
+      if (!S_ISREG(before.st_mode)) return NotFoundError(key);
+      const uint64_t size = static_cast<uint64_t>(before.st_size);
+      uint64_t offset = 0;
+      uint64_t want = size;
+      const bool past_end = range && range->offset > 0 && range->offset >= size;
+      if (range && !past_end) {
+        offset = range->offset;
+        want = std::min(range->length, size - offset);
       }
-      if (n == 0) break;  // truncated behind our back; return what exists
-      got += static_cast<size_t>(n);
+      std::string out(past_end ? 0 : want, '\0');
+      size_t got = 0;
+      while (got < out.size()) {
+        const ssize_t n = ::pread(fd.get(), out.data() + got, out.size() - got, static_cast<off_t>(offset + got));
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return ErrnoStatus(errno, "read", path);
+        }
+        if (n == 0) break;  // truncated behind our back; the checks below retry
+        got += static_cast<size_t>(n);
+      }
+      out.resize(got);
+      struct stat after{};
+      if (::fstat(fd.get(), &after) != 0) return ErrnoStatus(errno, "fstat", path);
+      struct stat named{};
+      if (RetryEintr([&] { return ::stat(path.c_str(), &named); }) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return NotFoundError(key);  // deleted while we read
+        return ErrnoStatus(errno, "stat", path);
+      }
+      if (SameVersion(before, after) && SameVersion(before, named)) {
+        if (past_end) {
+          return OutOfRange("range offset {} is past the end of object {} ({} bytes)", range->offset, key, size);
+        }
+        return out;
+      }
     }
-    out.resize(got);
-    return out;
+    return Unavailable("object {} in file://{} kept changing while it was read", key, root_);
+  }
+
+  // The same file, unchanged: inode and change time (rename, link, write, truncate).
+  static bool SameVersion(const struct stat& a, const struct stat& b) {
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_ctim.tv_sec == b.st_ctim.tv_sec &&
+           a.st_ctim.tv_nsec == b.st_ctim.tv_nsec && a.st_size == b.st_size;
   }
 
   Status Unlink(std::string_view key, bool* removed) {
     *removed = false;
     WEIR_RETURN_IF_ERROR(CheckKey(key));
     const std::string path = Join(root_, key);
+    struct stat st{};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && KeepAsFreeFile(path, st)) {
+      *removed = true;
+      return Status::Ok();
+    }
     if (::unlink(path.c_str()) != 0) {
       if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) return Status::Ok();
       return ErrnoStatus(errno, "unlink", path);
     }
     *removed = true;
     return Status::Ok();
+  }
+
+  // Moves the regular file at `path` (whose stat is `st`) into the free pool
+  // if it fits; false leaves it where it is, for the caller to unlink.
+  bool KeepAsFreeFile(const std::string& path, const struct stat& st) {
+    const auto size = static_cast<size_t>(st.st_size);
+    if (size > kFreeFileMaxBytes) return false;
+    const uint64_t n = tmp_counter_.fetch_add(1, std::memory_order_relaxed);
+    std::string free = Join(tmp_dir_, fmt::format("free-{}-{}-{:016x}", ::getpid(), n, salt_ ^ (n * 0x9e3779b97f4a7c15ULL)));
+    {
+      std::lock_guard lock(free_mu_);
+      if (free_.size() >= kFreePoolMaxFiles || free_bytes_ + size > kFreePoolMaxBytes) return false;
+      free_bytes_ += size;  // reserved before the rename, so concurrent deletes respect the bound
+    }
+    if (::rename(path.c_str(), free.c_str()) != 0) {
+      std::lock_guard lock(free_mu_);
+      free_bytes_ -= size;
+      return false;
+    }
+    std::lock_guard lock(free_mu_);
+    free_.push_back(FreeFile{std::move(free), size, std::chrono::steady_clock::now()});
+    return true;
+  }
+
+  // The oldest free file past its quarantine, taken out of the pool.
+  std::optional<std::string> TakeFreeFile() {
+    std::lock_guard lock(free_mu_);
+    if (free_.empty() || std::chrono::steady_clock::now() - free_.front().freed < kFreeFileQuarantine) {
+      return std::nullopt;
+    }
+    FreeFile f = std::move(free_.front());
+    free_.pop_front();
+    free_bytes_ -= f.size;
+    return std::move(f.path);
   }
 
   struct Walk {
@@ -497,6 +612,14 @@ class FileStore final : public ObjectStore {
   const std::string tmp_dir_;  // root_/.weir-tmp
   const uint64_t salt_;        // random per store: temp names stay unique across pid reuse
   std::atomic<uint64_t> tmp_counter_{0};
+  struct FreeFile {
+    std::string path;
+    size_t size;
+    std::chrono::steady_clock::time_point freed;
+  };
+  std::mutex free_mu_;
+  std::deque<FreeFile> free_;  // deleted objects' files, oldest first
+  size_t free_bytes_ = 0;      // their sizes, plus renames in progress
   std::mutex dirs_mu_;
   std::unordered_set<std::string> known_dirs_;  // key directories known to exist and be synced
 };

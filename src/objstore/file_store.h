@@ -2,7 +2,9 @@
 // Thread-safe. Durable: Put writes a temp file under DIR/.weir-tmp, fsyncs it,
 // then link(2)s it into place (create-only: EEXIST -> kPreconditionFailed,
 // atomically) or rename(2)s it (overwrite), and fsyncs the parent directory
-// (and any directory it had to create). Keys whose first segment is ".weir-tmp"
+// (and any directory it had to create). Delete keeps small objects' files as
+// free files in DIR/.weir-tmp that a later Put rewrites instead of creating a
+// new file (docs/architecture.md). Keys whose first segment is ".weir-tmp"
 // are reserved and rejected.
 #pragma once
 

@@ -157,6 +157,10 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
   http::PromHistogramSeconds(&out, "weir_wal_put_seconds", "WAL slot PUT latency, first attempt to durable",
                              w.put_latency_ns);
   http::PromHistogramSeconds(&out, "weir_wal_ack_seconds", "WAL latency, append to acknowledgement", w.ack_latency_ns);
+  http::PromHistogramSeconds(&out, "weir_wal_cut_wait_seconds", "WAL latency, append to its slot's cut",
+                             w.cut_wait_ns);
+  http::PromHistogramSeconds(&out, "weir_wal_release_wait_seconds",
+                             "WAL latency, slot durable to released (waiting for earlier slots)", w.release_wait_ns);
   const auto& e = engine->metrics();
   http::PromCounter(&out, "weir_settle_cycles_total", "Settle cycles", e.settle_cycles.load());
   http::PromCounter(&out, "weir_settle_failures_total", "Settle cycles that failed", e.settle_failures.load());

@@ -44,6 +44,7 @@ struct Writer::Slot {
   std::vector<Entry> entries;
   size_t charge = 0;
   TimePoint claimed;
+  TimePoint durable_at;  // set with `durable`
   // Guarded by build_mu: the serialized object and the entries' positions.
   std::mutex build_mu;
   bool built = false;
@@ -223,6 +224,7 @@ void Writer::FlusherLoop() {
       streams.insert(e.stream_id);
       pool_uncut_bytes_ -= e.length;
       slot->charge += e.length + kEntryOverhead;
+      metrics_.cut_wait_ns.Record(static_cast<uint64_t>((slot->claimed - e.submitted).count()));
       slot->entries.push_back(std::move(e));
       pool_.pop_front();
     }
@@ -347,6 +349,7 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
     put_ewma_ = put_ewma_ == Duration::zero() ? took : (put_ewma_ * 7 + took) / 8;
     if (slot->abandoned) return;
     slot->durable = true;
+    slot->durable_at = Now();
     slot->recyclable = true;
   }
   DrainReleases();
@@ -392,8 +395,10 @@ void Writer::DrainReleases() {
     TimePoint now = Now();
     std::vector<std::string> spares;
     for (const auto& slot : ready) {
+      auto held = static_cast<uint64_t>((now - slot->durable_at).count());
       for (Entry& e : slot->entries) {
         metrics_.ack_latency_ns.Record(static_cast<uint64_t>((now - e.submitted).count()));
+        metrics_.release_wait_ns.Record(held);
         if (e.done) e.done(Status::Ok(), AckInfo{slot->epoch, slot->seq, e.offset, e.length});
       }
       freed += slot->charge;
@@ -466,6 +471,7 @@ Status Writer::Resume(uint64_t new_epoch, uint64_t cut) {
       }
       if (slot.epoch == epoch_) {
         slot.durable = true;  // committed: the fence found it
+        slot.durable_at = Now();
         slot.abandoned = true;
       }
       ++it;
@@ -502,6 +508,7 @@ Status Writer::Abandon(uint64_t cut, const Status& reason) {
         continue;
       }
       slot.durable = true;
+      slot.durable_at = Now();
       ++it;
     }
     std::erase_if(jobs_, [](const auto& s) { return s->abandoned; });

@@ -79,6 +79,11 @@ struct WalMetrics {
   std::atomic<int64_t> pool_bytes{0}, slots_in_flight{0};
   Histogram put_latency_ns;    // each successful or resolved PUT, first attempt to durable
   Histogram ack_latency_ns;    // Append call to callback
+  // Where ack latency goes besides the PUT, per entry: waiting in the pool to
+  // be cut (linger, pace, full window), and waiting, once its slot is
+  // durable, for earlier slots (ordered release).
+  Histogram cut_wait_ns;
+  Histogram release_wait_ns;
   Histogram slot_size_bytes;
   Histogram slot_entries;
 };
