@@ -726,9 +726,16 @@ TEST_F(FileStoreTest, StaleTempFilesAreRemovedOnOpen) {
   { std::ofstream(fresh) << "new"; }
   const timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 2 * 3600, 0}};
   ASSERT_EQ(::utimensat(AT_FDCWD, stale.c_str(), times, 0), 0);
+  // Free files of a process that is gone go too; ours stay.
+  const std::string orphan = Root() + "/.weir-tmp/free-999999999-1-00";
+  const std::string mine = Root() + "/.weir-tmp/free-" + std::to_string(::getpid()) + "-1-00";
+  { std::ofstream(orphan) << "old object"; }
+  { std::ofstream(mine) << "old object"; }
   ASSERT_TRUE(Open());
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(fresh));
+  EXPECT_FALSE(fs::exists(orphan));
+  EXPECT_TRUE(fs::exists(mine));
 }
 
 TEST_F(FileStoreTest, OpenCreatesNestedDirsAndRejectsFiles) {

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <memory>
@@ -650,7 +652,18 @@ Status MakeRoot(const std::string& root) {
   return Status::Ok();
 }
 
-// Removes temp files old enough to be leftovers of a crashed writer.
+// Whether `name` is a free file ("free-PID-...") of a process that is gone.
+bool IsOrphanFreeFile(const std::string& name) {
+  if (!name.starts_with("free-")) return false;
+  const char* digits = name.c_str() + 5;
+  char* end = nullptr;
+  const long pid = std::strtol(digits, &end, 10);
+  if (end == digits || *end != '-' || pid <= 0) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+// Removes temp files old enough to be leftovers of a crashed writer, and free
+// files of processes that no longer run.
 void RemoveStaleTemps(const std::string& tmp_dir) {
   std::error_code ec;
   const auto now = std::filesystem::file_time_type::clock::now();
@@ -658,7 +671,9 @@ void RemoveStaleTemps(const std::string& tmp_dir) {
     std::error_code ec2;
     if (!it->is_regular_file(ec2)) continue;
     const auto mtime = it->last_write_time(ec2);
-    if (!ec2 && now - mtime > kStaleTmpAge) std::filesystem::remove(it->path(), ec2);
+    if ((!ec2 && now - mtime > kStaleTmpAge) || IsOrphanFreeFile(it->path().filename().string())) {
+      std::filesystem::remove(it->path(), ec2);
+    }
   }
 }
 
