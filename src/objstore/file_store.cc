@@ -50,7 +50,7 @@ constexpr auto kStaleTmpAge = std::chrono::hours(1);
 constexpr size_t kFreeFileMaxBytes = 4 << 20;
 constexpr size_t kFreePoolMaxFiles = 4096;
 constexpr size_t kFreePoolMaxBytes = 64 << 20;
-constexpr auto kFreeFileQuarantine = std::chrono::seconds(1);
+constexpr auto kFreeFileQuarantine = std::chrono::milliseconds(1000);
 
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
@@ -420,9 +420,12 @@ class FileStore final : public ObjectStore {
     WEIR_RETURN_IF_ERROR(CheckKey(key));
     const std::string path = Join(root_, key);
     // A file can be deleted and, after the quarantine, rewritten as another
-    // object while we read it (free files): the read counts only if the file
+    // object while we read it (free files). The key named the file when we
+    // opened it, so no rewrite can start within a quarantine of the open: a
+    // read that finished sooner counts. A slower one counts only if the file
     // did not change meanwhile and the key still names it.
     for (int attempt = 0; attempt < 4; ++attempt) {
+      const auto opened = std::chrono::steady_clock::now();
       Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
       if (!fd.valid()) {
         if (errno == ENOENT || errno == ENOTDIR) return NotFoundError(key);
@@ -450,7 +453,15 @@ class FileStore final : public ObjectStore {
         if (n == 0) break;  // truncated behind our back; the checks below retry
         got += static_cast<size_t>(n);
       }
+      const bool whole = got == out.size();
       out.resize(got);
+      const bool quick = std::chrono::steady_clock::now() - opened < kFreeFileQuarantine / 2;
+      if (quick && whole) {
+        if (past_end) {
+          return OutOfRange("range offset {} is past the end of object {} ({} bytes)", range->offset, key, size);
+        }
+        return out;
+      }
       struct stat after{};
       if (::fstat(fd.get(), &after) != 0) return ErrnoStatus(errno, "fstat", path);
       struct stat named{};
