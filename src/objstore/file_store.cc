@@ -164,8 +164,8 @@ bool IsListableDir(std::string_view dir) {
 // in-memory only: free files of an earlier process are never reused, since
 // a crash between link and unlink can leave a temp name on a live object.
 // Readers stay safe without locks: a free file is rewritten only after a
-// quarantine of a second, and DoGet rereads if the file's ctime moved while
-// it read or its key no longer names that file.
+// quarantine of a second, so a read done within half of that counts, and a
+// slower one is redone if the file's ctime moved or its key no longer names it.
 class FileStore final : public ObjectStore {
  public:
   FileStore(std::string root, uint64_t salt)
