@@ -323,7 +323,10 @@ class FileStore final : public ObjectStore {
       std::optional<std::string> free = TakeFreeFile();
       if (!free) break;
       Fd fd(RetryEintr([&] { return ::open(free->c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW); }));
-      if (!fd.valid()) continue;  // removed behind our back (another process's cleanup): try the next
+      if (!fd.valid()) {  // removed behind our back (another process's cleanup) or unusable: try the next
+        ::unlink(free->c_str());
+        continue;
+      }
       Status st = WriteAll(fd.get(), parts, *free);
       if (st.ok() && RetryEintr([&] { return ::ftruncate(fd.get(), static_cast<off_t>(size)); }) != 0) {
         st = ErrnoStatus(errno, "truncate", *free);
