@@ -1,8 +1,8 @@
 // `weir bench http`: a closed-loop load generator against a running
 // `weir serve`. N clients, each one keep-alive connection with one append in
-// flight, all driven by one thread through the curl multi interface (the
-// socket API over epoll, so each wake-up costs what is ready) so the
-// generator leaves the server its CPU. Prints one JSON line.
+// flight, all driven by one thread: a plain epoll loop that sends a prebuilt
+// request with one sendmsg and parses the response in place, so the
+// generator leaves the server its CPU. Plain http:// only. Prints one JSON line.
 #pragma once
 
 #include <string>
