@@ -47,6 +47,11 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
   opt("--max-request-bytes", o.max_request_bytes, "Largest accepted request body")->check(CLI::Range(1024, 1 << 30));
   opt("--http-threads", o.http_threads, "Network I/O threads")->check(CLI::Range(1, 64));
   opt("--worker-threads", o.worker_threads, "Request handler threads")->check(CLI::Range(1, 256));
+  opt("--http-max-in-flight-mib", o.http_max_in_flight_mib,
+      "Memory (MiB) for HTTP request bodies read and not yet answered, all connections; more wait unread")
+      ->check(CLI::Range(1, 1 << 20));
+  opt("--http-max-connections", o.http_max_connections, "Open HTTP connections; more are closed on accept")
+      ->check(CLI::Range(1, 1 << 20));
   opt("--kafka-addr", o.kafka_addr, "Kafka listen address HOST:PORT (port 0 picks a free one; \"\" turns it off)");
   opt("--kafka-advertised-addr", o.kafka_advertised_addr,
       "Kafka address given to clients in metadata (default: the bound address)");

@@ -112,6 +112,18 @@ class HttpServer::Impl {
 
   ServerOptions options;
   Handler* handler;
+  HttpServerMetrics metrics;
+
+  // The request body budget (options.max_in_flight_bytes). Reserves n bytes,
+  // or queues `c` to be resumed (Conn::Admitted) once they fit; a waiting
+  // connection has no I/O pending, so the queue keeps it alive. Declared
+  // before ioc, so exchanges destroyed with it can still release.
+  bool ReserveOrWait(const std::shared_ptr<Conn>& c, size_t n);
+  void Release(size_t n);
+  std::mutex budget_mu;
+  size_t budget_used = 0;  // guarded by budget_mu
+  std::deque<std::pair<std::shared_ptr<Conn>, size_t>> budget_waiters;
+
   net::io_context ioc;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   tcp::acceptor acceptor;
@@ -138,6 +150,16 @@ class Conn : public std::enable_shared_from_this<Conn> {
   }
   bool closed() const { return closed_.load(); }
   auto executor() { return stream_.get_executor(); }
+
+  // From Impl::Release, on any thread: `n` bytes are now reserved for the
+  // body this connection waits to read.
+  void Admitted(size_t n) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), n] {
+      self->reserved_ = n;
+      if (self->closed_) return self->ReleaseReserved();
+      self->ReadBody();
+    });
+  }
 
   // Strand only: queue bytes for the socket; `then` runs after they are written.
   void Send(std::string bytes, std::function<void(bool)> then, bool response_done, bool keep_alive) {
@@ -173,13 +195,26 @@ class Conn : public std::enable_shared_from_this<Conn> {
                     fmt::format("request body is over the limit of {} bytes", srv_->options.max_request_bytes));
     }
     if (ec) return Fail(ec);
-    auto& req = parser_->get();
     auto len = parser_->content_length();
     if (len && *len > srv_->options.max_request_bytes) {
       return Reject(413, "request_too_large",
                     fmt::format("request body of {} bytes is over the limit of {} bytes", *len,
                                 srv_->options.max_request_bytes));
     }
+    // The body's memory comes from the shared budget; a chunked body may
+    // grow to the limit, so it counts as that.
+    const size_t want = parser_->chunked() ? srv_->options.max_request_bytes : len.value_or(0);
+    if (want == 0) return ReadBody();
+    if (srv_->ReserveOrWait(shared_from_this(), want)) {
+      reserved_ = want;
+      ReadBody();
+    }
+    // Otherwise Admitted() resumes here once the budget has room.
+  }
+
+  // Reads the body whose header parser_ holds; its budget is reserved.
+  void ReadBody() {
+    auto& req = parser_->get();
     if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
       Send("HTTP/1.1 100 Continue\r\n\r\n", nullptr, false, true);
     }
@@ -187,7 +222,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     if (!parser_->chunked()) {
       // A sized body (the common case) is read straight into its string:
       // one copy, no per-chunk parsing.
-      size_t n = len.value_or(0);
+      size_t n = parser_->content_length().value_or(0);
       body_.reserve(n + kBodyPadding);
       body_.resize(n);
       size_t have = std::min(buf_.size(), n);
@@ -202,8 +237,13 @@ class Conn : public std::enable_shared_from_this<Conn> {
                       [self = shared_from_this()](beast::error_code e, size_t) { self->OnBody(e, false); });
   }
 
+  void ReleaseReserved() {
+    if (reserved_ > 0) srv_->Release(std::exchange(reserved_, 0));
+  }
+
   // `sized`: the body is in body_; otherwise the parser holds it.
   void OnBody(beast::error_code ec, bool sized) {
+    if (ec) ReleaseReserved();  // not dispatched: the body is dropped
     if (ec == bhttp::error::body_limit) {
       return Reject(413, "request_too_large",
                     fmt::format("request body is over the limit of {} bytes", srv_->options.max_request_bytes));
@@ -230,7 +270,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
         auto eq = part.find('=');
         auto k = PercentDecode(part.substr(0, eq), true);
         auto v = PercentDecode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1), true);
-        if (!k.ok() || !v.ok()) return Reject(400, "bad_request", "bad percent escape in the query string");
+        if (!k.ok() || !v.ok()) {
+          ReleaseReserved();
+          return Reject(400, "bad_request", "bad percent escape in the query string");
+        }
         req.query.emplace_back(std::move(*k), std::move(*v));
       }
     }
@@ -270,6 +313,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     writing_ = false;
     Out done = std::move(out_.front());
     out_.pop_front();
+    if (closed_) return;  // Shutdown ran during the write and answered the rest
     if (ec) {
       if (done.then) done.then(false);
       return Fail(ec);
@@ -308,13 +352,15 @@ class Conn : public std::enable_shared_from_this<Conn> {
 
   void Shutdown() {
     if (closed_.exchange(true)) return;
+    srv_->metrics.open_connections--;
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
     for (auto& o : out_) {
-      if (o.then) o.then(false);
+      if (o.then) std::exchange(o.then, nullptr)(false);
     }
-    out_.clear();
+    // A write in progress still points into the front: OnWritten drops it.
+    out_.erase(writing_ ? out_.begin() + 1 : out_.begin(), out_.end());
   }
 
   Stream stream_;
@@ -322,6 +368,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   beast::flat_buffer buf_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::string body_;  // a sized request body being read
+  size_t reserved_ = 0;  // budget held for the request being read, until Dispatch hands it on
   std::deque<Out> out_;
   bool writing_ = false;
   bool keep_alive_ = true;
@@ -337,8 +384,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
 // connection's strand; completion callbacks hop onto the worker pool.
 class ExchangeImpl : public Exchange {
  public:
-  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive)
-      : conn_(std::move(conn)), srv_(srv), keep_alive_(keep_alive) {
+  // `reserved`: the request body's bytes of the budget, released once the
+  // response is complete.
+  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved)
+      : conn_(std::move(conn)), srv_(srv), keep_alive_(keep_alive), reserved_(reserved) {
     srv_->in_flight++;
   }
   ~ExchangeImpl() override {
@@ -348,7 +397,7 @@ class ExchangeImpl : public Exchange {
                R"({"code":"internal","message":"no response was produced"})",
            nullptr, true, false);
     }
-    if (!finished_) srv_->in_flight--;
+    Finish();
   }
 
   void Respond(Response r) override {
@@ -407,7 +456,9 @@ class ExchangeImpl : public Exchange {
 
  private:
   void Finish() {
-    if (!finished_.exchange(true)) srv_->in_flight--;
+    if (finished_.exchange(true)) return;
+    srv_->in_flight--;
+    if (reserved_ > 0) srv_->Release(reserved_);
   }
   void Emit(std::string bytes, std::function<void(bool)> then, bool done, bool keep) {
     net::dispatch(conn_->executor(), [c = conn_, b = std::move(bytes), t = std::move(then), done, keep]() mutable {
@@ -418,26 +469,67 @@ class ExchangeImpl : public Exchange {
   std::shared_ptr<Conn> conn_;
   HttpServer::Impl* srv_;
   bool keep_alive_;
+  const size_t reserved_;
   std::atomic<bool> answered_{false};
   std::atomic<bool> finished_{false};
   std::atomic<bool> streaming_{false};
 };
 
 void Conn::Dispatch(Request req) {
-  auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_);
+  auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_, std::exchange(reserved_, 0));
   srv_->handler->Handle(std::move(req), std::move(ex));
 }
 
 }  // namespace
+
+bool HttpServer::Impl::ReserveOrWait(const std::shared_ptr<Conn>& c, size_t n) {
+  std::lock_guard lk(budget_mu);
+  // First come, first served; a body alone always fits.
+  if (budget_waiters.empty() && (budget_used == 0 || budget_used + n <= options.max_in_flight_bytes)) {
+    budget_used += n;
+    metrics.in_flight_bytes += static_cast<int64_t>(n);
+    return true;
+  }
+  metrics.budget_waits++;
+  budget_waiters.emplace_back(c, n);
+  return false;
+}
+
+void HttpServer::Impl::Release(size_t n) {
+  std::vector<std::pair<std::shared_ptr<Conn>, size_t>> admitted;
+  {
+    std::lock_guard lk(budget_mu);
+    budget_used -= n;
+    metrics.in_flight_bytes -= static_cast<int64_t>(n);
+    while (!budget_waiters.empty()) {
+      auto& [c, want] = budget_waiters.front();
+      if (budget_used != 0 && budget_used + want > options.max_in_flight_bytes) break;
+      budget_used += want;
+      metrics.in_flight_bytes += static_cast<int64_t>(want);
+      admitted.emplace_back(std::move(c), want);
+      budget_waiters.pop_front();
+    }
+  }
+  for (auto& [c, want] : admitted) c->Admitted(want);
+}
 
 void HttpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc.get_executor()), [this](beast::error_code ec, Socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
       Log().warn("http accept: {}", ec.message());
+    } else if (static_cast<size_t>(metrics.open_connections.load()) >= options.max_connections) {
+      // Closed before any byte is read; the client sees a reset and retries.
+      if (metrics.rejected_connections++ % 1000 == 0) {
+        Log().warn("http: {} connections open (--http-max-connections); refusing more", options.max_connections);
+      }
+      beast::error_code ignored;
+      socket.close(ignored);
     } else {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
+      metrics.connections++;
+      metrics.open_connections++;
       auto conn = std::make_shared<Conn>(std::move(socket), this);
       {
         std::lock_guard lk(conns_mu);
@@ -467,6 +559,7 @@ std::string HttpServer::address() const {
 }
 
 int64_t HttpServer::in_flight() const { return impl_->in_flight.load(); }
+const HttpServerMetrics& HttpServer::metrics() const { return impl_->metrics; }
 
 void HttpServer::StopAccepting() {
   net::post(impl_->ioc, [i = impl_.get()] {
@@ -484,6 +577,12 @@ void HttpServer::Stop() {
       if (auto c = w.lock()) c->Close();
     }
   }
+  std::deque<std::pair<std::shared_ptr<Conn>, size_t>> waiting;  // destroyed while the io_context lives
+  {
+    std::lock_guard lk(impl_->budget_mu);
+    waiting.swap(impl_->budget_waiters);
+  }
+  waiting.clear();
   impl_->workers.join();
   impl_->guard.reset();
   impl_->ioc.stop();

@@ -10,7 +10,12 @@
 // Guarantees: a request body over max_request_bytes gets 413 and the
 // connection is closed without reading the rest; a malformed request gets 400
 // and the connection is closed; every request gets exactly one response (an
-// Exchange dropped without one answers 500).
+// Exchange dropped without one answers 500). Request bodies being read or
+// handled and not yet answered hold at most max_in_flight_bytes across all
+// connections (a chunked body counts as max_request_bytes): a request whose
+// body does not fit waits, in arrival order, before its body is read (and
+// before 100 Continue); a request alone is always admitted. At most
+// max_connections are open; more are closed on accept.
 #pragma once
 
 #include <atomic>
@@ -83,6 +88,16 @@ struct ServerOptions {
   int io_threads = 2;
   int worker_threads = 8;
   Duration idle_timeout = std::chrono::seconds(120);  // keep-alive connections with no request
+  size_t max_in_flight_bytes = 512u << 20;  // request bodies read and not yet answered, all connections
+  size_t max_connections = 4096;
+};
+
+struct HttpServerMetrics {
+  std::atomic<uint64_t> connections{0};
+  std::atomic<uint64_t> rejected_connections{0};  // over max_connections
+  std::atomic<uint64_t> budget_waits{0};          // requests that waited for max_in_flight_bytes
+  std::atomic<int64_t> open_connections{0};
+  std::atomic<int64_t> in_flight_bytes{0};        // request bodies admitted and not yet answered
 };
 
 class HttpServer {
@@ -96,6 +111,7 @@ class HttpServer {
   std::string address() const;
   // Requests handed to the handler and not yet answered (streams count until End).
   int64_t in_flight() const;
+  const HttpServerMetrics& metrics() const;
   // Closes the listening socket; connections already open keep being served.
   void StopAccepting();
   // Closes every connection and joins all threads.

@@ -186,6 +186,17 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
 
 namespace {
 
+void RenderHttpServerMetrics(std::string* out, const http::HttpServerMetrics& m) {
+  http::PromCounter(out, "weir_http_connections_total", "HTTP connections accepted", m.connections.load());
+  http::PromGauge(out, "weir_http_open_connections", "Open HTTP connections", m.open_connections.load());
+  http::PromGauge(out, "weir_http_request_bytes_in_flight", "Bytes of HTTP request bodies admitted and not yet answered",
+                  static_cast<double>(m.in_flight_bytes.load()));
+  http::PromCounter(out, "weir_http_request_budget_waits_total",
+                    "HTTP requests whose body waited unread for --http-max-in-flight-mib", m.budget_waits.load());
+  http::PromCounter(out, "weir_http_rejected_connections_total", "HTTP connections closed over --http-max-connections",
+                    m.rejected_connections.load());
+}
+
 void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::TcpServer& k) {
   const auto& m = b.metrics();
   *out += "# HELP weir_kafka_requests_total Kafka requests by API\n# TYPE weir_kafka_requests_total counter\n";
@@ -281,6 +292,8 @@ int RunServe(const ServeOptions& o) {
   so.max_request_bytes = o.max_request_bytes;
   so.io_threads = o.http_threads;
   so.worker_threads = o.worker_threads;
+  so.max_in_flight_bytes = o.http_max_in_flight_mib << 20;
+  so.max_connections = o.http_max_connections;
 
   Log().info("weir serve: recovering (object store {}, metastore {})", (*store)->Describe(), meta_uri);
   auto server = http::HttpServer::Start(so, &rest);
@@ -316,8 +329,9 @@ int RunServe(const ServeOptions& o) {
     broker->SetAdvertised(bo.advertised_host, bo.advertised_port);
   }
   rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get(), b = broker.get(),
-                           k = kafka_server.get()] {
+                           k = kafka_server.get(), h = &(*server)->metrics()] {
     std::string out = RenderEngineMetrics(e, m, s);
+    RenderHttpServerMetrics(&out, *h);
     if (b) RenderKafkaMetrics(&out, *b, *k);
     return out;
   });

@@ -34,6 +34,8 @@ struct ServeOptions {
   size_t max_request_bytes = 8u << 20;
   int http_threads = 2;
   int worker_threads = 8;
+  size_t http_max_in_flight_mib = 512;  // request bodies read and not yet answered
+  size_t http_max_connections = 4096;
   // Kafka listener ("" = off) and the address given to clients in Metadata
   // and FindCoordinator ("" = the bound address).
   std::string kafka_addr = "127.0.0.1:9092";

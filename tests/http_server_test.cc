@@ -1,0 +1,238 @@
+// The HTTP server's transport (src/http/server.h): the request body budget
+// across connections and the connection limit, over real sockets.
+#include "http/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace weir::http {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Holds every request unanswered until told to answer; echoes the body.
+class HoldingHandler : public Handler {
+ public:
+  void Handle(Request req, std::shared_ptr<Exchange> ex) override {
+    std::lock_guard lk(mu_);
+    held_.emplace_back(std::move(req.body), std::move(ex));
+    cv_.notify_all();
+  }
+  bool WaitFor(size_t n, std::chrono::milliseconds timeout = 10s) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, timeout, [&] { return held_.size() >= n; });
+  }
+  size_t count() {
+    std::lock_guard lk(mu_);
+    return held_.size();
+  }
+  void Answer(size_t i) {
+    std::lock_guard lk(mu_);
+    held_[i].second->Respond(Response{200, "text/plain", held_[i].first, {}});
+  }
+  void AnswerAll() {
+    std::lock_guard lk(mu_);
+    for (auto& [body, ex] : held_) ex->Respond(Response{200, "text/plain", body, {}});
+  }
+  void Clear() {
+    std::lock_guard lk(mu_);
+    held_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::string, std::shared_ptr<Exchange>>> held_;
+};
+
+template <typename F>
+bool WaitUntil(F done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+class HttpServerLimits : public ::testing::Test {
+ protected:
+  void Start(ServerOptions o) {
+    o.port = 0;
+    o.io_threads = 1;
+    o.worker_threads = 1;
+    auto s = HttpServer::Start(o, &handler);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server = std::move(*s);
+    addr = server->address();
+  }
+  void TearDown() override {
+    if (server) server->Stop();
+    handler.Clear();
+    server.reset();
+  }
+  const HttpServerMetrics& metrics() { return server->metrics(); }
+
+  HoldingHandler handler;
+  std::unique_ptr<HttpServer> server;
+  std::string addr;
+};
+
+int Connect(const std::string& addr) {
+  const size_t colon = addr.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t w = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    off += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+std::string PostHead(size_t length, bool expect_continue = false) {
+  return "POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(length) + "\r\n" +
+         (expect_continue ? "Expect: 100-continue\r\n" : "") + "\r\n";
+}
+
+// Reads until `fd` has sent `until` (a whole response head, or the body of a
+// response with Content-Length); "" on EOF, error or timeout.
+std::string ReadUntil(int fd, const std::string& until, int timeout_ms = 10000) {
+  std::string out;
+  while (out.find(until) == std::string::npos) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return "";
+    char buf[4096];
+    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+    if (r <= 0) return "";
+    out.append(buf, static_cast<size_t>(r));
+  }
+  return out;
+}
+
+// Nothing arrives on `fd` within `ms`.
+bool Silent(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) == 0;
+}
+
+bool ClosedByPeer(int fd, int timeout_ms = 10000) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, timeout_ms) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, 0) <= 0;
+}
+
+TEST_F(HttpServerLimits, BodiesOverTheBudgetWaitUnreadUntilEarlierRequestsAreAnswered) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000}));
+  int a = Connect(addr), b = Connect(addr), c = Connect(addr);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  ASSERT_GE(c, 0);
+  ASSERT_TRUE(SendAll(a, PostHead(600) + std::string(600, 'a')));
+  ASSERT_TRUE(handler.WaitFor(1));
+  // b asks to continue with 600 bytes: 600 + 600 > 1000, so it waits, and
+  // hears no 100 Continue meanwhile.
+  ASSERT_TRUE(SendAll(b, PostHead(600, /*expect_continue=*/true)));
+  ASSERT_TRUE(WaitUntil([&] { return metrics().budget_waits.load() == 1; }));
+  ASSERT_TRUE(SendAll(c, PostHead(300) + std::string(300, 'c')));  // would fit, but b came first
+  ASSERT_TRUE(WaitUntil([&] { return metrics().budget_waits.load() == 2; }));
+  EXPECT_TRUE(Silent(b, 200));
+  EXPECT_EQ(handler.count(), 1u);
+  EXPECT_EQ(metrics().in_flight_bytes.load(), 600);
+
+  handler.Answer(0);  // frees 600: b (600) is admitted, then c (300) fits too
+  EXPECT_NE(ReadUntil(a, std::string(600, 'a')), "");
+  EXPECT_NE(ReadUntil(b, "100 Continue\r\n\r\n"), "");
+  ASSERT_TRUE(SendAll(b, std::string(600, 'b')));
+  ASSERT_TRUE(handler.WaitFor(3));
+  EXPECT_EQ(metrics().in_flight_bytes.load(), 900);
+  handler.AnswerAll();
+  EXPECT_NE(ReadUntil(b, std::string(600, 'b')), "");
+  EXPECT_NE(ReadUntil(c, std::string(300, 'c')), "");
+  EXPECT_TRUE(WaitUntil([&] { return metrics().in_flight_bytes.load() == 0; }));
+
+  // A body larger than the whole budget is read when it is alone.
+  ASSERT_TRUE(SendAll(a, PostHead(5000) + std::string(5000, 'x')));
+  ASSERT_TRUE(handler.WaitFor(4));
+  EXPECT_EQ(metrics().in_flight_bytes.load(), 5000);
+  handler.AnswerAll();
+  EXPECT_NE(ReadUntil(a, std::string(5000, 'x')), "");
+  EXPECT_TRUE(WaitUntil([&] { return metrics().in_flight_bytes.load() == 0; }));
+  for (int fd : {a, b, c}) ::close(fd);
+}
+
+TEST_F(HttpServerLimits, AWaitingConnectionThatClosesGivesItsTurnAway) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000}));
+  int a = Connect(addr), b = Connect(addr), c = Connect(addr);
+  ASSERT_TRUE(SendAll(a, PostHead(900) + std::string(900, 'a')));
+  ASSERT_TRUE(handler.WaitFor(1));
+  ASSERT_TRUE(SendAll(b, PostHead(900)));  // waits, and leaves before sending its body
+  ASSERT_TRUE(WaitUntil([&] { return metrics().budget_waits.load() == 1; }));
+  ASSERT_TRUE(SendAll(c, PostHead(900) + std::string(900, 'c')));
+  ASSERT_TRUE(WaitUntil([&] { return metrics().budget_waits.load() == 2; }));
+  ::close(b);
+  handler.Answer(0);
+  EXPECT_NE(ReadUntil(a, std::string(900, 'a')), "");
+  ASSERT_TRUE(handler.WaitFor(2));  // b's turn came, its read failed, and c was read
+  handler.Answer(1);
+  EXPECT_NE(ReadUntil(c, std::string(900, 'c')), "");
+  EXPECT_EQ(handler.count(), 2u);
+  EXPECT_TRUE(WaitUntil([&] { return metrics().in_flight_bytes.load() == 0; }));
+  ::close(a);
+  ::close(c);
+}
+
+TEST_F(HttpServerLimits, ConnectionsOverTheLimitAreClosed) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_connections = 2}));
+  int a = Connect(addr), b = Connect(addr);
+  ASSERT_TRUE(SendAll(a, PostHead(3) + "one"));
+  ASSERT_TRUE(SendAll(b, PostHead(3) + "two"));
+  ASSERT_TRUE(handler.WaitFor(2));  // both accepted
+  int c = Connect(addr);
+  ASSERT_GE(c, 0);  // the kernel accepts; the server closes it at once
+  EXPECT_TRUE(ClosedByPeer(c));
+  EXPECT_EQ(metrics().rejected_connections.load(), 1u);
+  handler.AnswerAll();
+  EXPECT_NE(ReadUntil(a, "one"), "");
+  EXPECT_NE(ReadUntil(b, "two"), "");
+  ::close(c);
+  // A place frees up when a connection closes.
+  ::close(a);
+  ASSERT_TRUE(WaitUntil([&] { return metrics().open_connections.load() < 2; }));
+  int d = Connect(addr);
+  ASSERT_GE(d, 0);
+  ASSERT_TRUE(SendAll(d, PostHead(5) + "three"));
+  ASSERT_TRUE(handler.WaitFor(3));
+  handler.AnswerAll();
+  EXPECT_NE(ReadUntil(d, "three"), "");
+  EXPECT_EQ(metrics().connections.load(), 3u);
+  ::close(b);
+  ::close(d);
+}
+
+}  // namespace
+}  // namespace weir::http
