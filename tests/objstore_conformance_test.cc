@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include <latch>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -689,6 +691,63 @@ TEST_F(FileStoreTest, DeletedFilesAreReusedWithTheirNewContents) {
   auto k = store->Get("k");
   ASSERT_TRUE(k.ok());
   EXPECT_EQ(*k, "v2");
+}
+
+// A reader that opened a file and stalls past the quarantine while the file
+// is deleted and rewritten as another object must not return that object's
+// bytes: it sees the file changed and reads the key again.
+TEST_F(FileStoreTest, AStalledReaderNeverReturnsTheBytesOfAReusedFile) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  const PutOptions create_only{.if_none_match = true};
+  for (bool key_put_again : {false, true}) {
+    SCOPED_TRACE(key_put_again ? "the key is put again" : "the key stays deleted");
+    const std::string key = key_put_again ? "wal/r2" : "wal/r1";
+    const std::string other = key + "-other";
+    ASSERT_OK(store->Put(key, std::string(5000, 'o'), create_only));
+    struct stat old_file{};
+    ASSERT_EQ(::stat((Root() + "/" + key).c_str(), &old_file), 0);
+
+    std::mutex mu;
+    std::condition_variable cv;
+    bool opened = false, release = false;
+    int calls = 0;
+    SetFileStoreReadHookForTest([&](const std::string& path) {
+      if (path != Root() + "/" + key) return;
+      std::unique_lock lk(mu);
+      if (calls++ > 0) return;  // stall the first attempt only
+      opened = true;
+      cv.notify_all();
+      cv.wait(lk, [&] { return release; });
+    });
+    Result<std::string> got = NotFound("not read");
+    std::thread reader([&] { got = store->Get(key); });
+    {
+      std::unique_lock lk(mu);
+      ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return opened; }));
+    }
+    ASSERT_OK(store->Delete(key));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the quarantine
+    ASSERT_OK(store->Put(other, std::string(5000, 'x'), create_only));
+    struct stat reused{};
+    ASSERT_EQ(::stat((Root() + "/" + other).c_str(), &reused), 0);
+    EXPECT_EQ(reused.st_ino, old_file.st_ino) << "the deleted file was not reused; the test proves nothing";
+    if (key_put_again) ASSERT_OK(store->Put(key, "new bytes", create_only));
+    {
+      std::lock_guard lk(mu);
+      release = true;
+    }
+    cv.notify_all();
+    reader.join();
+    SetFileStoreReadHookForTest(nullptr);
+    EXPECT_GE(calls, key_put_again ? 2 : 1);
+    if (key_put_again) {
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_TRUE(*got == "new bytes") << "read " << got->size() << " bytes: " << got->substr(0, 20);
+    } else {
+      EXPECT_EQ(got.status().code(), Code::kNotFound) << (got.ok() ? got->substr(0, 10) : "");
+    }
+  }
 }
 
 // Many threads putting, reading and deleting their own keys while deleted

@@ -52,6 +52,13 @@ constexpr size_t kFreePoolMaxFiles = 4096;
 constexpr size_t kFreePoolMaxBytes = 64 << 20;
 constexpr auto kFreeFileQuarantine = std::chrono::milliseconds(1000);
 
+// SetFileStoreReadHookForTest: checked with one relaxed load per Get.
+std::atomic<bool> g_read_hook_set{false};
+std::function<void(const std::string&)>& ReadHook() {
+  static std::function<void(const std::string&)> hook;
+  return hook;
+}
+
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 Status ErrnoStatus(int err, std::string_view what, std::string_view path) {
@@ -436,6 +443,7 @@ class FileStore final : public ObjectStore {
       }
       struct stat before{};
       if (::fstat(fd.get(), &before) != 0) return ErrnoStatus(errno, "fstat", path);
+      if (g_read_hook_set.load(std::memory_order_acquire)) ReadHook()(path);
       if (!S_ISREG(before.st_mode)) return NotFoundError(key);
       const uint64_t size = static_cast<uint64_t>(before.st_size);
       uint64_t offset = 0;
@@ -692,6 +700,12 @@ void RemoveStaleTemps(const std::string& tmp_dir) {
 }
 
 }  // namespace
+
+void SetFileStoreReadHookForTest(std::function<void(const std::string& path)> hook) {
+  g_read_hook_set.store(false, std::memory_order_release);
+  ReadHook() = std::move(hook);
+  if (ReadHook()) g_read_hook_set.store(true, std::memory_order_release);
+}
 
 Result<std::shared_ptr<ObjectStore>> OpenFileStore(const std::string& dir) {
   return CatchAll("OpenFileStore", [&]() -> Result<std::shared_ptr<ObjectStore>> {

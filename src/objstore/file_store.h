@@ -8,6 +8,7 @@
 // are reserved and rejected.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "objstore/object_store.h"
@@ -16,5 +17,10 @@ namespace weir::objstore {
 
 // Creates DIR if missing. Fails if DIR cannot be created or is not writable.
 Result<std::shared_ptr<ObjectStore>> OpenFileStore(const std::string& dir);
+
+// Tests only: every file:// Get calls `hook(path)` after opening the file and
+// before reading it, so a test can stall a reader while the file is reused.
+// Pass nullptr to remove it. Not for use while Gets are running.
+void SetFileStoreReadHookForTest(std::function<void(const std::string& path)> hook);
 
 }  // namespace weir::objstore
