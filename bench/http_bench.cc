@@ -116,17 +116,6 @@ Result<Target> ResolveTarget(std::string_view url) {
   return t;
 }
 
-// One parsed response head and where its message ends.
-struct Response {
-  int status = 0;
-  size_t body_start = 0;
-  size_t end = 0;            // one past the last byte of the message (when complete)
-  bool close = false;        // the server will close the connection after it
-  bool until_close = false;  // no length given: the body runs until the server closes
-};
-
-enum class Parsed { kIncomplete, kDone, kBad };
-
 bool EqualsNoCase(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -144,8 +133,8 @@ std::string_view Trim(std::string_view v) {
   return v;
 }
 
-// Parses the HTTP/1.1 response at the start of `in`: Content-Length and
-// chunked bodies, or a body that runs until the connection closes.
+}  // namespace
+
 Parsed ParseResponse(std::string_view in, Response* r) {
   constexpr size_t kMaxHead = 64 * 1024;
   const size_t head_end = in.find("\r\n\r\n");
@@ -215,6 +204,8 @@ Parsed ParseResponse(std::string_view in, Response* r) {
   r->close = true;
   return Parsed::kIncomplete;
 }
+
+namespace {
 
 // One simulated client: its own keep-alive connection with at most one append
 // in flight. Owned by the Driver; touched only by the driver thread.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 
@@ -23,6 +24,21 @@ struct HttpBenchOptions {
   int streams = 0;          // 0 = one per client; clients are spread round-robin
   std::string stream_prefix = "bench-";
 };
+
+// One parsed HTTP/1.1 response head and where its message ends.
+struct Response {
+  int status = 0;
+  size_t body_start = 0;
+  size_t end = 0;            // one past the last byte of the message (when complete)
+  bool close = false;        // the server will close the connection after it
+  bool until_close = false;  // no length given: the body runs until the server closes
+};
+
+enum class Parsed { kIncomplete, kDone, kBad };
+
+// Parses the response at the start of `in`: a Content-Length or chunked
+// body, or (neither given) a body that runs until the connection closes.
+Parsed ParseResponse(std::string_view in, Response* r);
 
 // Creates the streams if missing, runs the load, prints the JSON result line
 // to stdout (and a progress line once a second on a TTY stderr). Fails if the
