@@ -71,6 +71,8 @@ namespace {
 // Spare capacity after a request body, so a JSON parser that reads ahead
 // (simdjson needs 64 bytes) can parse it in place.
 constexpr size_t kBodyPadding = 64;
+// Each connection's read buffer: a request up to this size arrives in one recv.
+constexpr size_t kReadBufferBytes = 8192;
 
 std::string StatusLine(int status) {
   auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(status));
@@ -144,7 +146,12 @@ class Conn : public std::enable_shared_from_this<Conn> {
  public:
   Conn(Socket socket, HttpServer::Impl* srv) : stream_(std::move(socket)), srv_(srv) {}
 
-  void Start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); }); }
+  void Start() {
+    // Beast reads at most the buffer's spare capacity (512 bytes at first):
+    // with room for a small request whole, one recv takes head and body.
+    buf_.reserve(kReadBufferBytes);
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
+  }
   void Close() {
     net::post(stream_.get_executor(), [self = shared_from_this()] { self->Shutdown(); });
   }
