@@ -17,8 +17,15 @@
 #include <thread>
 #include <vector>
 
+#include "socket_util.h"
+
 namespace weir::http {
 namespace {
+
+using weir::testing::ClosedByPeer;
+using weir::testing::Connect;
+using weir::testing::SendAll;
+using weir::testing::WaitUntil;
 
 using namespace std::chrono_literals;
 
@@ -57,15 +64,6 @@ class HoldingHandler : public Handler {
   std::vector<std::pair<std::string, std::shared_ptr<Exchange>>> held_;
 };
 
-template <typename F>
-bool WaitUntil(F done) {
-  for (int i = 0; i < 1000; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return done();
-}
-
 class HttpServerLimits : public ::testing::Test {
  protected:
   void Start(ServerOptions o) {
@@ -88,30 +86,6 @@ class HttpServerLimits : public ::testing::Test {
   std::unique_ptr<HttpServer> server;
   std::string addr;
 };
-
-int Connect(const std::string& addr) {
-  const size_t colon = addr.rfind(':');
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
-  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-bool SendAll(int fd, const std::string& bytes) {
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t w = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-    if (w <= 0) return false;
-    off += static_cast<size_t>(w);
-  }
-  return true;
-}
 
 std::string PostHead(size_t length, bool expect_continue = false) {
   return "POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(length) + "\r\n" +
@@ -137,13 +111,6 @@ std::string ReadUntil(int fd, const std::string& until, int timeout_ms = 10000) 
 bool Silent(int fd, int ms) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, ms) == 0;
-}
-
-bool ClosedByPeer(int fd, int timeout_ms = 10000) {
-  pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) <= 0) return false;
-  char c;
-  return ::recv(fd, &c, 1, 0) <= 0;
 }
 
 TEST_F(HttpServerLimits, BodiesOverTheBudgetWaitUnreadUntilEarlierRequestsAreAnswered) {

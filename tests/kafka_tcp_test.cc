@@ -17,8 +17,15 @@
 #include <thread>
 #include <vector>
 
+#include "socket_util.h"
+
 namespace weir::kafka {
 namespace {
+
+using weir::testing::ClosedByPeer;
+using weir::testing::Connect;
+using weir::testing::SendAll;
+using weir::testing::WaitUntil;
 
 using namespace std::chrono_literals;
 
@@ -61,16 +68,6 @@ class HoldingHandler : public FrameHandler {
   std::vector<std::pair<std::string, std::shared_ptr<Reply>>> held_;
 };
 
-// Polls `done` for up to 10 s.
-template <typename F>
-bool WaitUntil(F done) {
-  for (int i = 0; i < 1000; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return done();
-}
-
 // A TcpServer on a free port with a HoldingHandler; torn down in an order
 // that lets the held replies (and their connections) go before the server.
 class KafkaTcpServer : public ::testing::Test {
@@ -93,20 +90,6 @@ class KafkaTcpServer : public ::testing::Test {
   std::string addr;
 };
 
-int Connect(const std::string& addr) {
-  const size_t colon = addr.rfind(':');
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
-  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 bool SendFrame(int fd, const std::string& body) {
   std::string wire(4, '\0');
   const uint32_t n = static_cast<uint32_t>(body.size());
@@ -115,13 +98,7 @@ bool SendFrame(int fd, const std::string& body) {
   wire[2] = static_cast<char>(n >> 8);
   wire[3] = static_cast<char>(n);
   wire += body;
-  size_t off = 0;
-  while (off < wire.size()) {
-    ssize_t w = ::send(fd, wire.data() + off, wire.size() - off, MSG_NOSIGNAL);
-    if (w <= 0) return false;
-    off += static_cast<size_t>(w);
-  }
-  return true;
+  return SendAll(fd, wire);
 }
 
 // Reads one response frame's body; "" on EOF, error or timeout.
@@ -145,14 +122,6 @@ std::string ReadFrame(int fd, int timeout_ms = 10000) {
     }
   }
   return out.substr(4);
-}
-
-// True if the peer closed the connection (EOF or reset) within the timeout.
-bool ClosedByPeer(int fd, int timeout_ms = 10000) {
-  pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) <= 0) return false;
-  char c;
-  return ::recv(fd, &c, 1, 0) <= 0;
 }
 
 TEST_F(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswered) {

@@ -12,6 +12,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "base/byte_budget.h"
 #include "base/log.h"
 #include "base/thread.h"
 
@@ -115,16 +116,11 @@ class HttpServer::Impl {
   ServerOptions options;
   Handler* handler;
   HttpServerMetrics metrics;
-
-  // The request body budget (options.max_in_flight_bytes). Reserves n bytes,
-  // or queues `c` to be resumed (Conn::Admitted) once they fit; a waiting
-  // connection has no I/O pending, so the queue keeps it alive. Declared
-  // before ioc, so exchanges destroyed with it can still release.
-  bool ReserveOrWait(const std::shared_ptr<Conn>& c, size_t n);
-  void Release(size_t n);
-  std::mutex budget_mu;
-  size_t budget_used = 0;  // guarded by budget_mu
-  std::deque<std::pair<std::shared_ptr<Conn>, size_t>> budget_waiters;
+  // Request bodies (options.max_in_flight_bytes). A waiting connection has
+  // no I/O pending, so the queue keeps it alive. Declared before ioc, so
+  // exchanges destroyed with it can still release.
+  ByteBudget<std::shared_ptr<Conn>> budget{options.max_in_flight_bytes, &metrics.in_flight_bytes,
+                                           &metrics.budget_waits};
 
   net::io_context ioc;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
@@ -158,8 +154,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool closed() const { return closed_.load(); }
   auto executor() { return stream_.get_executor(); }
 
-  // From Impl::Release, on any thread: `n` bytes are now reserved for the
-  // body this connection waits to read.
+  // From the budget, on any thread: `n` bytes are now reserved for the body
+  // this connection waits to read.
   void Admitted(size_t n) {
     net::post(stream_.get_executor(), [self = shared_from_this(), n] {
       self->reserved_ = n;
@@ -212,7 +208,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     // grow to the limit, so it counts as that.
     const size_t want = parser_->chunked() ? srv_->options.max_request_bytes : len.value_or(0);
     if (want == 0) return ReadBody();
-    if (srv_->ReserveOrWait(shared_from_this(), want)) {
+    if (srv_->budget.ReserveOrWait(shared_from_this(), want)) {
       reserved_ = want;
       ReadBody();
     }
@@ -245,7 +241,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   }
 
   void ReleaseReserved() {
-    if (reserved_ > 0) srv_->Release(std::exchange(reserved_, 0));
+    if (reserved_ > 0) srv_->budget.Release(std::exchange(reserved_, 0));
   }
 
   // `sized`: the body is in body_; otherwise the parser holds it.
@@ -465,7 +461,7 @@ class ExchangeImpl : public Exchange {
   void Finish() {
     if (finished_.exchange(true)) return;
     srv_->in_flight--;
-    if (reserved_ > 0) srv_->Release(reserved_);
+    if (reserved_ > 0) srv_->budget.Release(reserved_);
   }
   void Emit(std::string bytes, std::function<void(bool)> then, bool done, bool keep) {
     net::dispatch(conn_->executor(), [c = conn_, b = std::move(bytes), t = std::move(then), done, keep]() mutable {
@@ -488,37 +484,6 @@ void Conn::Dispatch(Request req) {
 }
 
 }  // namespace
-
-bool HttpServer::Impl::ReserveOrWait(const std::shared_ptr<Conn>& c, size_t n) {
-  std::lock_guard lk(budget_mu);
-  // First come, first served; a body alone always fits.
-  if (budget_waiters.empty() && (budget_used == 0 || budget_used + n <= options.max_in_flight_bytes)) {
-    budget_used += n;
-    metrics.in_flight_bytes += static_cast<int64_t>(n);
-    return true;
-  }
-  metrics.budget_waits++;
-  budget_waiters.emplace_back(c, n);
-  return false;
-}
-
-void HttpServer::Impl::Release(size_t n) {
-  std::vector<std::pair<std::shared_ptr<Conn>, size_t>> admitted;
-  {
-    std::lock_guard lk(budget_mu);
-    budget_used -= n;
-    metrics.in_flight_bytes -= static_cast<int64_t>(n);
-    while (!budget_waiters.empty()) {
-      auto& [c, want] = budget_waiters.front();
-      if (budget_used != 0 && budget_used + want > options.max_in_flight_bytes) break;
-      budget_used += want;
-      metrics.in_flight_bytes += static_cast<int64_t>(want);
-      admitted.emplace_back(std::move(c), want);
-      budget_waiters.pop_front();
-    }
-  }
-  for (auto& [c, want] : admitted) c->Admitted(want);
-}
 
 void HttpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc.get_executor()), [this](beast::error_code ec, Socket socket) {
@@ -584,12 +549,7 @@ void HttpServer::Stop() {
       if (auto c = w.lock()) c->Close();
     }
   }
-  std::deque<std::pair<std::shared_ptr<Conn>, size_t>> waiting;  // destroyed while the io_context lives
-  {
-    std::lock_guard lk(impl_->budget_mu);
-    waiting.swap(impl_->budget_waiters);
-  }
-  waiting.clear();
+  impl_->budget.DropWaiters();  // while the io_context lives
   impl_->workers.join();
   impl_->guard.reset();
   impl_->ioc.stop();

@@ -8,6 +8,7 @@
 
 #include <boost/asio.hpp>
 
+#include "base/byte_budget.h"
 #include "base/log.h"
 #include "base/thread.h"
 
@@ -34,13 +35,10 @@ class TcpServer::Impl {
   std::set<std::shared_ptr<Connection>> conns;
   bool stopped = false;
 
-  // The request byte budget (options.max_in_flight_bytes). Reserves n bytes,
-  // or queues `c` to be resumed (Connection::Admitted) once they fit.
-  bool ReserveOrWait(const std::shared_ptr<Connection>& c, uint32_t n);
-  void Release(uint32_t n);
-  std::mutex budget_mu;
-  size_t budget_used = 0;  // guarded by budget_mu
-  std::deque<std::pair<std::weak_ptr<Connection>, uint32_t>> budget_waiters;
+  // Request frames (options.max_in_flight_bytes); set by Start. The
+  // connections set keeps waiting connections alive.
+  std::unique_ptr<ByteBudget<std::weak_ptr<Connection>>> budget;
+  void Release(size_t n) { budget->Release(n); }
 
   void Accept();
   void Forget(const std::shared_ptr<Connection>& c) {
@@ -125,14 +123,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       // Reading stays marked busy while the frame waits for budget.
       self->reading_ = true;
-      if (self->srv_->ReserveOrWait(self, n)) self->ReadBody(n);
+      if (self->srv_->budget->ReserveOrWait(self, n)) self->ReadBody(n);
     });
   }
 
  public:
-  // From Impl::Release, on any thread: `n` bytes are now reserved for the
-  // frame this connection waits to read.
-  void Admitted(uint32_t n) {
+  // From the budget, on any thread: `n` bytes are now reserved for the frame
+  // this connection waits to read.
+  void Admitted(size_t bytes) {
+    const auto n = static_cast<uint32_t>(bytes);  // a frame's size
     net::post(socket_.get_executor(), [self = shared_from_this(), n] {
       if (self->stop_reading_ || self->closed_) {
         self->reading_ = false;
@@ -331,41 +330,6 @@ void Connection::Dispatch(std::string frame, uint32_t reserved) {
   srv_->handler->Handle(std::move(frame), std::make_shared<ReplyImpl>(shared_from_this(), seq, reserved));
 }
 
-bool TcpServer::Impl::ReserveOrWait(const std::shared_ptr<Connection>& c, uint32_t n) {
-  std::lock_guard lk(budget_mu);
-  // First come, first served; a frame alone always fits (max_request_bytes
-  // may exceed the budget).
-  if (budget_waiters.empty() && (budget_used == 0 || budget_used + n <= options.max_in_flight_bytes)) {
-    budget_used += n;
-    metrics.in_flight_bytes += n;
-    return true;
-  }
-  metrics.budget_waits++;
-  budget_waiters.emplace_back(c, n);
-  return false;
-}
-
-void TcpServer::Impl::Release(uint32_t n) {
-  std::vector<std::pair<std::shared_ptr<Connection>, uint32_t>> admitted;
-  {
-    std::lock_guard lk(budget_mu);
-    budget_used -= n;
-    metrics.in_flight_bytes -= n;
-    while (!budget_waiters.empty()) {
-      auto& [weak, want] = budget_waiters.front();
-      std::shared_ptr<Connection> c = weak.lock();
-      if (c && budget_used != 0 && budget_used + want > options.max_in_flight_bytes) break;
-      if (c) {
-        budget_used += want;
-        metrics.in_flight_bytes += want;
-        admitted.emplace_back(std::move(c), want);
-      }
-      budget_waiters.pop_front();
-    }
-  }
-  for (auto& [c, want] : admitted) c->Admitted(want);
-}
-
 void TcpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc.get_executor()), [this](ErrorCode ec, tcp::socket socket) {
     if (ec) {
@@ -406,6 +370,8 @@ Result<std::unique_ptr<TcpServer>> TcpServer::Start(const TcpServerOptions& opti
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->handler = handler;
+  impl->budget = std::make_unique<ByteBudget<std::weak_ptr<Connection>>>(
+      options.max_in_flight_bytes, &impl->metrics.in_flight_bytes, &impl->metrics.budget_waits);
   ErrorCode ec;
   auto addr = net::ip::make_address(options.host, ec);
   if (ec) return InvalidArgument("kafka address \"{}\": {}", options.host, ec.message());
