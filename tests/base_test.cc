@@ -1,9 +1,11 @@
 // base: Status/Result, CRC-32C, byte encoding, histogram.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 #include <thread>
 
+#include "base/byte_budget.h"
 #include "base/bytes.h"
 #include "base/crc32c.h"
 #include "base/histogram.h"
@@ -11,6 +13,54 @@
 
 namespace weir {
 namespace {
+
+// A ByteBudget waiter that records what it was admitted.
+struct Waiter {
+  size_t admitted = 0;
+  void Admitted(size_t n) { admitted += n; }
+};
+
+TEST(ByteBudget, FirstComeFirstServedAndAloneAlwaysFits) {
+  std::atomic<int64_t> used{0};
+  std::atomic<uint64_t> waits{0};
+  ByteBudget<std::shared_ptr<Waiter>> budget(1000, &used, &waits);
+  auto a = std::make_shared<Waiter>(), b = std::make_shared<Waiter>(), c = std::make_shared<Waiter>();
+  EXPECT_TRUE(budget.ReserveOrWait(a, 600));
+  EXPECT_FALSE(budget.ReserveOrWait(b, 600));  // does not fit
+  EXPECT_FALSE(budget.ReserveOrWait(c, 100));  // would fit, but b came first
+  EXPECT_EQ(used.load(), 600);
+  EXPECT_EQ(waits.load(), 2u);
+  budget.Release(600);  // b and then c fit
+  EXPECT_EQ(b->admitted, 600u);
+  EXPECT_EQ(c->admitted, 100u);
+  EXPECT_EQ(used.load(), 700);
+  budget.Release(700);
+  EXPECT_EQ(used.load(), 0);
+  EXPECT_TRUE(budget.ReserveOrWait(a, 5000));  // larger than the budget, but alone
+  EXPECT_FALSE(budget.ReserveOrWait(b, 1));
+  budget.Release(5000);
+  EXPECT_EQ(b->admitted, 601u);
+  budget.Release(1);
+  EXPECT_EQ(used.load(), 0);
+}
+
+TEST(ByteBudget, WeakWaitersThatAreGoneAreSkipped) {
+  std::atomic<int64_t> used{0};
+  std::atomic<uint64_t> waits{0};
+  ByteBudget<std::weak_ptr<Waiter>> budget(1000, &used, &waits);
+  auto a = std::make_shared<Waiter>(), b = std::make_shared<Waiter>(), c = std::make_shared<Waiter>();
+  EXPECT_TRUE(budget.ReserveOrWait(a, 900));
+  EXPECT_FALSE(budget.ReserveOrWait(b, 900));
+  EXPECT_FALSE(budget.ReserveOrWait(c, 900));
+  std::weak_ptr<Waiter> gone = b;
+  b.reset();
+  budget.Release(900);  // b is skipped without taking its bytes; c is admitted
+  EXPECT_TRUE(gone.expired());
+  EXPECT_EQ(c->admitted, 900u);
+  EXPECT_EQ(used.load(), 900);
+  budget.Release(900);
+  EXPECT_EQ(used.load(), 0);
+}
 
 TEST(Status, OkIsCheapAndNamed) {
   Status ok;
