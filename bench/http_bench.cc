@@ -221,7 +221,7 @@ struct BenchClient {
 };
 
 // The load loop: a plain epoll loop over non-blocking sockets. A request is
-// one writev of the prebuilt head and the shared body; a response is parsed
+// one sendmsg of the prebuilt head and the shared body; a response is parsed
 // in place. Owned by RunHttpBench; one thread.
 class Driver {
  public:
