@@ -115,10 +115,12 @@ class HttpServer::Impl {
 
   ServerOptions options;
   Handler* handler;
+  // Declared before ioc and workers: exchanges destroyed with their pending
+  // handlers still count and release into these.
   HttpServerMetrics metrics;
+  std::atomic<int64_t> in_flight{0};
   // Request bodies (options.max_in_flight_bytes). A waiting connection has
-  // no I/O pending, so the queue keeps it alive. Declared before ioc, so
-  // exchanges destroyed with it can still release.
+  // no I/O pending, so the queue keeps it alive.
   ByteBudget<std::shared_ptr<Conn>> budget{options.max_in_flight_bytes, &metrics.in_flight_bytes,
                                            &metrics.budget_waits};
 
@@ -128,7 +130,6 @@ class HttpServer::Impl {
   tcp::endpoint bound;
   net::thread_pool workers;
   std::vector<std::thread> threads;
-  std::atomic<int64_t> in_flight{0};
   std::mutex conns_mu;
   std::vector<std::weak_ptr<Conn>> conns;
   std::atomic<bool> stopped{false};

@@ -22,23 +22,28 @@ class Connection;
 
 class TcpServer::Impl {
  public:
-  TcpServerOptions options;
-  FrameHandler* handler = nullptr;
+  Impl(const TcpServerOptions& o, FrameHandler* h)
+      : options(o), handler(h), budget(o.max_in_flight_bytes, &metrics.in_flight_bytes, &metrics.budget_waits) {}
+
+  const TcpServerOptions options;
+  FrameHandler* const handler;
+  // Declared before ioc and workers: replies destroyed with their pending
+  // handlers still count and release into these.
+  TcpServerMetrics metrics;
+  // Request frames (options.max_in_flight_bytes). The connections set keeps
+  // waiting connections alive.
+  ByteBudget<std::weak_ptr<Connection>> budget;
+  void Release(size_t n) { budget.Release(n); }
+
   net::io_context ioc;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> io_threads;
   std::unique_ptr<net::thread_pool> workers;
-  TcpServerMetrics metrics;
   std::string bound;
   std::mutex mu;  // guards conns and stopped
   std::set<std::shared_ptr<Connection>> conns;
   bool stopped = false;
-
-  // Request frames (options.max_in_flight_bytes); set by Start. The
-  // connections set keeps waiting connections alive.
-  std::unique_ptr<ByteBudget<std::weak_ptr<Connection>>> budget;
-  void Release(size_t n) { budget->Release(n); }
 
   void Accept();
   void Forget(const std::shared_ptr<Connection>& c) {
@@ -123,7 +128,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       // Reading stays marked busy while the frame waits for budget.
       self->reading_ = true;
-      if (self->srv_->budget->ReserveOrWait(self, n)) self->ReadBody(n);
+      if (self->srv_->budget.ReserveOrWait(self, n)) self->ReadBody(n);
     });
   }
 
@@ -367,11 +372,7 @@ TcpServer::TcpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TcpServer::~TcpServer() { Stop(); }
 
 Result<std::unique_ptr<TcpServer>> TcpServer::Start(const TcpServerOptions& options, FrameHandler* handler) {
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
-  impl->handler = handler;
-  impl->budget = std::make_unique<ByteBudget<std::weak_ptr<Connection>>>(
-      options.max_in_flight_bytes, &impl->metrics.in_flight_bytes, &impl->metrics.budget_waits);
+  auto impl = std::make_unique<Impl>(options, handler);
   ErrorCode ec;
   auto addr = net::ip::make_address(options.host, ec);
   if (ec) return InvalidArgument("kafka address \"{}\": {}", options.host, ec.message());
