@@ -52,7 +52,7 @@ constexpr size_t kFreePoolMaxFiles = 4096;
 constexpr size_t kFreePoolMaxBytes = 64 << 20;
 constexpr auto kFreeFileQuarantine = std::chrono::milliseconds(1000);
 
-// SetFileStoreReadHookForTest: checked with one relaxed load per Get.
+// SetFileStoreReadHookForTest: checked with one atomic load per Get.
 std::atomic<bool> g_read_hook_set{false};
 std::function<void(const std::string&)>& ReadHook() {
   static std::function<void(const std::string&)> hook;
