@@ -1,6 +1,7 @@
 // Settle, trim and retention: acknowledged WAL slots become per-stream
 // segments; the metastore learns about them in one transaction per cycle.
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <set>
@@ -190,31 +191,38 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
 
 Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
                               const std::vector<SegmentObject>& objects) {
-  // Create-only PUTs, segment_uploads at a time. A 412 means an earlier cycle
-  // wrote the same key before its commit failed: same range, same bytes.
-  const size_t kSegmentUploads = std::max<size_t>(options_.segment_uploads, 1);
+  // Create-only PUTs, up to segment_uploads at a time: that many workers (the
+  // calling thread is one) each take the next segment not yet taken, so one
+  // slow PUT holds up only its own worker. A 412 means an earlier cycle wrote
+  // the same key before its commit failed: same range, same bytes.
+  const size_t workers = std::min(std::max<size_t>(options_.segment_uploads, 1), segments.size());
   std::vector<Status> results(segments.size());
-  for (size_t base = 0; base < segments.size(); base += kSegmentUploads) {
-    std::vector<std::thread> threads;
-    for (size_t i = base; i < std::min(segments.size(), base + kSegmentUploads); ++i) {
-      threads.emplace_back([&, i] {
-        SetThreadName("segment-upload");
-        objstore::PutOptions po;
-        po.if_none_match = true;
-        std::vector<std::string_view> parts = objects[i].parts;
-        parts.push_back(objects[i].tail);
-        Duration backoff = std::chrono::milliseconds(20);
-        for (int attempt = 1;; ++attempt) {
-          Status st = store_->PutParts(segments[i].object_key, parts, po);
-          results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
-          if (results[i].ok() || !results[i].retryable() || attempt == 5 || closing_) break;
-          std::this_thread::sleep_for(backoff);
-          backoff *= 2;
-        }
-      });
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < segments.size(); i = next.fetch_add(1)) {
+      objstore::PutOptions po;
+      po.if_none_match = true;
+      std::vector<std::string_view> parts = objects[i].parts;
+      parts.push_back(objects[i].tail);
+      Duration backoff = std::chrono::milliseconds(20);
+      for (int attempt = 1;; ++attempt) {
+        Status st = store_->PutParts(segments[i].object_key, parts, po);
+        results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
+        if (results[i].ok() || !results[i].retryable() || attempt == 5 || closing_) break;
+        std::this_thread::sleep_for(backoff);
+        backoff *= 2;
+      }
     }
-    for (auto& t : threads) t.join();
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < workers; ++t) {
+    threads.emplace_back([&] {
+      SetThreadName("segment-upload");
+      work();
+    });
   }
+  work();
+  for (auto& t : threads) t.join();
   Status first;
   for (size_t i = 0; i < segments.size(); ++i) {
     if (!results[i].ok() && first.ok()) first = results[i].WithContext("writing segment " + segments[i].object_key);
