@@ -179,6 +179,12 @@ Status FaultStore::DeleteMany(std::span<const std::string> keys) { return inner_
 
 std::string FaultStore::Describe() const { return "fault(" + inner_->Describe() + ")"; }
 
+size_t FaultStore::PreferredParallelPuts() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->options.put_latency.p50_ms > 0 ? ObjectStore::PreferredParallelPuts()
+                                                : inner_->PreferredParallelPuts();
+}
+
 void FaultStore::SetOptions(const FaultOptions& options) {
   std::lock_guard lock(impl_->mu);
   impl_->options = options;  // options.seed is ignored: the PRNG stream continues

@@ -52,6 +52,8 @@ class FaultStore : public ObjectStore {
   Status Delete(std::string_view key) override;
   Status DeleteMany(std::span<const std::string> keys) override;
   std::string Describe() const override;
+  // The inner store's, unless PUT latency is injected: then the default.
+  size_t PreferredParallelPuts() const override;
 
   // Replaces the options (rates, latencies); the PRNG stream continues.
   void SetOptions(const FaultOptions& options);

@@ -244,6 +244,7 @@ class FileStore final : public ObjectStore {
   }
 
   std::string Describe() const override { return "file://" + root_; }
+  size_t PreferredParallelPuts() const override { return 4; }
 
  private:
   static std::string Join(std::string_view dir, std::string_view rel) {

@@ -71,6 +71,10 @@ class ObjectStore {
 
   // A short description for logs and errors, e.g. "file:///var/lib/weir".
   virtual std::string Describe() const = 0;
+  // How many large PUTs (segments) are worth running at once: many on a
+  // remote store, whose latency they hide; few on a local disk, where they
+  // only queue the WAL's own writes behind them.
+  virtual size_t PreferredParallelPuts() const { return 16; }
 };
 
 // Key rules shared by every backend: 1..1024 bytes; no NUL; not starting with

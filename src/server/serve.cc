@@ -275,8 +275,7 @@ int RunServe(const ServeOptions& o) {
   eo.wal.budget_bytes = o.pool_budget_mib << 20;
   eo.log_cache_bytes = o.log_cache_mib << 20;
   eo.max_unsettled_bytes = uint64_t{o.max_unsettled_mib} << 20;
-  // A local disk (no injected latency) gains nothing from parallel segment PUTs.
-  if ((*store)->Describe().starts_with("file://")) eo.segment_uploads = 4;
+  eo.segment_uploads = (*store)->PreferredParallelPuts();
   eo.admission_timeout = std::chrono::microseconds(static_cast<int64_t>(o.admission_timeout_ms * 1000));
 
   http::RestOptions ro;
