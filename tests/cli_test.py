@@ -277,7 +277,7 @@ def auth_token():
     try:
         out = weir("stream", "list", server=srv.base_url, ok=False)
         line = error_line(out)
-        assert "(401 unauthorized)" in line and "--auth-token" in line, line
+        assert "(401 authn)" in line and "--auth-token" in line, line
         weir("stream", "create", "authed", "--auth-token", "s3cret", server=srv.base_url)
         env_out = subprocess.run([WEIR, "stream", "list"], capture_output=True, text=True, timeout=60,
                                  env=dict(os.environ, WEIR_SERVER=srv.base_url, WEIR_AUTH_TOKEN="s3cret"))

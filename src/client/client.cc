@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include <nlohmann/json.hpp>
+
 #include "client/codec.h"
 
 namespace weir::client {
@@ -16,7 +18,7 @@ std::string ReadTarget(std::string_view stream, const ReadOptions& o) {
   std::string q;
   auto add = [&q](std::string_view k, auto v) { fmt::format_to(std::back_inserter(q), "{}{}={}", q.empty() ? '?' : '&', k, v); };
   switch (o.start.kind) {
-    case ReadStart::Kind::kFirst: break;
+    case ReadStart::Kind::kFirst: add("seq_num", 0); break;  // the server's default is the tail
     case ReadStart::Kind::kSeqNum: add("seq_num", o.start.value); break;
     case ReadStart::Kind::kTimestamp: add("timestamp", o.start.value); break;
     case ReadStart::Kind::kTailOffset: add("tail_offset", o.start.value); break;
@@ -128,7 +130,21 @@ Result<AppendAck> Client::Append(std::string_view stream, const std::vector<Appe
 Result<ReadBatch> Client::Read(std::string_view stream, const ReadOptions& options) {
   HttpRequest req = Request("GET", ReadTarget(stream, options));
   if (options.wait_s) req.timeout_ms += *options.wait_s * 1000;
-  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, stream));
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Do(req));
+  if (resp.status == 416) {
+    // The server answers 416 both for a start past the tail and for one at
+    // the tail with nothing to wait for; the second is an empty read.
+    auto tail = DecodeTail(resp.body);
+    if (tail.ok()) {
+      const ReadStart& st = options.start;
+      bool at_tail = st.kind == ReadStart::Kind::kTailOffset ||
+                     (st.kind == ReadStart::Kind::kFirst && tail->seq_num == 0) ||
+                     (st.kind == ReadStart::Kind::kSeqNum && st.value == tail->seq_num) ||
+                     (st.kind == ReadStart::Kind::kTimestamp && st.value <= tail->timestamp);
+      if (at_tail) return ReadBatch{{}, *tail};
+    }
+  }
+  if (!Is2xx(resp.status)) return ApiError(resp.status, resp.body, ErrorSubject{options_.basin, stream});
   return DecodeReadBatch(resp.body);
 }
 
@@ -167,9 +183,13 @@ Status Client::ReadSession(std::string_view stream, const ReadOptions& options, 
         return false;
       }
     } else if (ev.event == "error") {
-      outcome = Unavailable("read session error from the server: {}", ev.data);
+      // S2's ErrorInfo {code, message}; plain text from older servers.
+      auto j = nlohmann::json::parse(ev.data, nullptr, /*allow_exceptions=*/false);
+      std::string why = ev.data;
+      if (j.is_object() && j.contains("message") && j["message"].is_string()) why = j["message"].get<std::string>();
+      outcome = Unavailable("read session error from the server: {}", why);
       return false;
-    } else if (ev.event == "done") {
+    } else if (ev.data == "[DONE]") {  // S2 sends it as an unnamed event
       outcome = Status::Ok();
       return false;
     }

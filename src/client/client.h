@@ -42,7 +42,9 @@ class Client {
 
   Result<AppendAck> Append(std::string_view stream, const std::vector<AppendRecord>& records,
                            const AppendOptions& options = {});
-  // One read request (at most 1000 records / 1 MiB, per the server).
+  // One read request (at most 1000 records / 1 MiB, per the server). A start
+  // at the tail reads no records (the server's 416 for it becomes an empty
+  // batch with the tail); a start past the tail is kOutOfRange.
   Result<ReadBatch> Read(std::string_view stream, const ReadOptions& options);
   Result<StreamPosition> CheckTail(std::string_view stream);
   Result<ProducerId> AllocateProducer();

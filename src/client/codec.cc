@@ -158,6 +158,7 @@ Status ApiError(long http_status, std::string_view body, const ErrorSubject& sub
         message = fmt::format("fencing token mismatch: stream {} has token {}", stream,
                               j["fencing_token_mismatch"].dump(-1, ' ', false, json::error_handler_t::replace));
       } else if (http_status == 416 && j.contains("tail") && j["tail"].is_object()) {
+        code = "range_not_satisfiable";  // S2's 416 body is the tail alone
         message = fmt::format("the read starts past the tail of stream {} (next seq_num {})", stream,
                               j["tail"].value("seq_num", uint64_t{0}));
       }

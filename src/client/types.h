@@ -77,7 +77,7 @@ struct ReadBatch {
 
 // Where a read starts; at most one of S2's three start parameters.
 struct ReadStart {
-  enum class Kind { kFirst, kSeqNum, kTimestamp, kTailOffset };
+  enum class Kind { kFirst, kSeqNum, kTimestamp, kTailOffset };  // kFirst: seq_num 0
   Kind kind = Kind::kFirst;
   uint64_t value = 0;
 };

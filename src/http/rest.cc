@@ -15,6 +15,27 @@ namespace weir::http {
 
 using Json = nlohmann::json;
 
+namespace {
+// S2's HTTP status and error code for an engine or metastore status
+// (docs/http-api.md); `not_found` names what a kNotFound is about.
+std::pair<int, std::string_view> ErrorCodeFor(const Status& st, std::string_view not_found = "not_found") {
+  switch (st.code()) {
+    case Code::kInvalidArgument: return {422, "invalid"};
+    case Code::kNotFound: return {404, not_found};
+    case Code::kAlreadyExists: return {409, "resource_already_exists"};
+    case Code::kPreconditionFailed: return {409, "conflict"};
+    case Code::kResourceExhausted: return {429, "rate_limited"};
+    case Code::kNotSupported: return {501, "not_implemented"};
+    case Code::kTimeout:
+    case Code::kUnavailable:
+    case Code::kCancelled:
+    case Code::kFenced:
+    case Code::kIOError: return {503, "unavailable"};
+    default: return {500, "other"};
+  }
+}
+}  // namespace
+
 // What every handler needs to answer: the exchange, the basin, the metrics.
 // Cheap to copy into completion callbacks.
 struct RestApi::Ctx {
@@ -49,30 +70,22 @@ struct RestApi::Ctx {
         engine->GetBasin(basin).status().code() == Code::kNotFound) {
       return Error(404, "basin_not_found", fmt::format("basin \"{}\" does not exist", basin));
     }
-    switch (st.code()) {
-      case Code::kInvalidArgument: return Error(422, "invalid", st.message());
-      case Code::kNotFound: return Error(404, not_found, st.message());
-      case Code::kAlreadyExists: return Error(409, "resource_already_exists", st.message());
-      case Code::kPreconditionFailed: return Error(409, "conflict", st.message());
-      case Code::kResourceExhausted:
-        metrics->backpressure++;
-        return Error(429, "backpressure", st.message(), {{"Retry-After", "1"}});
-      case Code::kNotSupported: return Error(422, "not_supported", st.message());
-      case Code::kTimeout:
-      case Code::kUnavailable:
-      case Code::kCancelled:
-      case Code::kFenced:
-      case Code::kIOError: return Error(503, "unavailable", st.message(), {{"Retry-After", "1"}});
-      default: return Error(500, "internal", st.message());
-    }
+    auto [status, code] = ErrorCodeFor(st, not_found);
+    HeaderList headers;
+    if (status == 429) metrics->backpressure++;
+    if (status == 429 || status == 503) headers.push_back({"Retry-After", "1"});
+    Error(status, code, st.message(), std::move(headers));
   }
 };
 
 namespace {
 
 // Thrown inside this file only, for malformed requests: becomes a 400.
+// `code` is S2's name for what was malformed: bad_json (the body),
+// bad_query, bad_header, bad_path or bad_proto.
 struct BadRequest {
   std::string message;
+  std::string_view code = "bad_json";
 };
 
 std::string Rfc3339(int64_t ms) {
@@ -93,18 +106,19 @@ std::vector<std::string> SplitPath(std::string_view path) {
     }
     auto slash = path.find('/');
     auto seg = PercentDecode(path.substr(0, slash), false);
-    if (!seg.ok()) throw BadRequest{seg.status().message()};
+    if (!seg.ok()) throw BadRequest{seg.status().message(), "bad_path"};
     parts.push_back(std::move(*seg));
     path = slash == std::string_view::npos ? std::string_view() : path.substr(slash);
   }
   return parts;
 }
 
-uint64_t ParseU64(std::string_view s, std::string_view what) {
+// `code`: where the value came from (bad_query or bad_header), for the error.
+uint64_t ParseU64(std::string_view s, std::string_view what, std::string_view code) {
   uint64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || p != s.data() + s.size() || s.empty()) {
-    throw BadRequest{fmt::format("{} must be a non-negative integer, got \"{}\"", what, s)};
+    throw BadRequest{fmt::format("{} must be a non-negative integer, got \"{}\"", what, s), code};
   }
   return v;
 }
@@ -112,13 +126,13 @@ uint64_t ParseU64(std::string_view s, std::string_view what) {
 bool ParseBool(std::string_view s, std::string_view what) {
   if (s == "true" || s == "1") return true;
   if (s == "false" || s == "0") return false;
-  throw BadRequest{fmt::format("{} must be true or false, got \"{}\"", what, s)};
+  throw BadRequest{fmt::format("{} must be true or false, got \"{}\"", what, s), "bad_query"};
 }
 
 std::optional<uint64_t> QueryU64(const Request& req, std::string_view name) {
   const std::string* v = req.Query(name);
   if (!v) return std::nullopt;
-  return ParseU64(*v, name);
+  return ParseU64(*v, name, "bad_query");
 }
 
 Json Position(uint64_t seq, int64_t ts) {
@@ -206,7 +220,7 @@ Format ParseFormat(const Request& req) {
   const std::string* f = req.Header("s2-format");
   if (!f || *f == "raw") return Format::kRaw;
   if (*f == "base64") return Format::kBase64;
-  throw BadRequest{fmt::format("s2-format must be raw or base64, got \"{}\"", *f)};
+  throw BadRequest{fmt::format("s2-format must be raw or base64, got \"{}\"", *f), "bad_header"};
 }
 
 std::string DecodeField(simdjson::dom::element j, Format f, std::string_view what) {
@@ -301,18 +315,18 @@ struct ReadParams {
 
 ReadParams ParseReadParams(const Request& req) {
   ReadParams p;
-  p.start = {log::ReadStart::kOffset, 0};
+  p.start = {log::ReadStart::kTailOffset, 0};  // S2: no start means the tail
   int starts = 0;
   if (auto v = QueryU64(req, "seq_num")) p.start = {log::ReadStart::kOffset, *v}, ++starts;
   if (auto v = QueryU64(req, "timestamp")) p.start = {log::ReadStart::kTimestamp, *v}, ++starts;
   if (auto v = QueryU64(req, "tail_offset")) p.start = {log::ReadStart::kTailOffset, *v}, ++starts;
-  if (starts > 1) throw BadRequest{"give at most one of seq_num, timestamp and tail_offset"};
+  if (starts > 1) throw BadRequest{"give at most one of seq_num, timestamp and tail_offset", "bad_query"};
   if (const std::string* c = req.Query("clamp")) p.clamp = ParseBool(*c, "clamp");
   p.count = QueryU64(req, "count");
   p.bytes = QueryU64(req, "bytes");
   p.until = QueryU64(req, "until");
   p.wait_s = QueryU64(req, "wait");
-  if (p.wait_s && *p.wait_s > 60) throw BadRequest{"wait must be at most 60 seconds"};
+  if (p.wait_s && *p.wait_s > UINT32_MAX) throw BadRequest{"wait must fit in 32 bits", "bad_query"};
   p.format = ParseFormat(req);
   p.proto = WantsProto(req);
   return p;
@@ -336,7 +350,8 @@ template <typename Info, typename ListFn>
 Result<std::pair<std::vector<Info>, bool>> ListPage(const Request& req, ListFn list) {
   std::string prefix = req.Query("prefix") ? *req.Query("prefix") : "";
   std::string after = req.Query("start_after") ? *req.Query("start_after") : "";
-  size_t limit = std::clamp<uint64_t>(QueryU64(req, "limit").value_or(1000), 1, 1000);
+  uint64_t limit = QueryU64(req, "limit").value_or(1000);
+  if (limit == 0 || limit > 1000) limit = 1000;  // as S2 does
   WEIR_ASSIGN_OR_RETURN(auto items, list(prefix, after, limit));
   bool more = false;
   if (items.size() == limit) {
@@ -396,7 +411,7 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
     if (options_.auth_token) {
       const std::string* auth = req.Header("authorization");
       if (!auth || *auth != "Bearer " + *options_.auth_token) {
-        return c.Error(401, "unauthorized", auth ? "the bearer token is not valid" : "a bearer token is required",
+        return c.Error(401, "authn", auth ? "the bearer token is not valid" : "a bearer token is required",
                        {{"WWW-Authenticate", "Bearer"}});
       }
     }
@@ -410,9 +425,9 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
     if (const std::string* b = req.Header("s2-basin")) c.basin = *b;
     Route(req, c);
   } catch (const BadRequest& e) {
-    c.Error(400, "bad_request", e.message);
+    c.Error(400, e.code, e.message);
   } catch (const Json::exception& e) {
-    c.Error(400, "bad_request", fmt::format("bad JSON field: {}", e.what()));
+    c.Error(400, "bad_json", fmt::format("bad JSON field: {}", e.what()));
   }
 }
 
@@ -428,6 +443,12 @@ void RestApi::Route(Request& req, const Ctx& c) {
   if (parts.size() >= 2 && parts[1] == "streams") {
     if (parts.size() <= 3) return Streams(req, c, parts.size() == 3 ? &parts[2] : nullptr);
     if (parts.size() == 4 && parts[3] == "records") {
+      const std::string* ctype = req.Header("content-type");
+      const std::string* accept = req.Header("accept");
+      if ((ctype && ctype->find("s2s/proto") != std::string::npos) ||
+          (accept && accept->find("s2s/proto") != std::string::npos)) {
+        return c.Error(501, "not_implemented", "S2S sessions (s2s/proto) are not supported; use SSE or unary requests");
+      }
       if (req.method == "POST") return Append(req, c, parts[2]);
       if (req.method == "GET") return Read(req, c, parts[2]);
       return method_not_allowed("GET, POST");
@@ -588,7 +609,7 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   AppendInput in;
   if (proto_in) {
     auto r = DecodeProtoAppendInput(req.body);
-    if (!r.ok()) throw BadRequest{r.status().message()};
+    if (!r.ok()) throw BadRequest{r.status().message(), "bad_proto"};
     in = std::move(*r);
   } else {
     in = ParseJsonAppend(req.body, ParseFormat(req));
@@ -601,13 +622,13 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   const std::string* pseq = req.Header("weir-producer-seq");
   if (pid || pepoch || pseq) {
     if (!pid || !pepoch || !pseq) {
-      throw BadRequest{"weir-producer-id, weir-producer-epoch and weir-producer-seq go together"};
+      throw BadRequest{"weir-producer-id, weir-producer-epoch and weir-producer-seq go together", "bad_header"};
     }
-    uint64_t epoch = ParseU64(*pepoch, "weir-producer-epoch");
-    uint64_t seq = ParseU64(*pseq, "weir-producer-seq");
-    if (epoch > INT16_MAX) throw BadRequest{"weir-producer-epoch must be at most 32767"};
-    if (seq > INT32_MAX) throw BadRequest{"weir-producer-seq must be at most 2147483647"};
-    in.options.producer = log::ProducerRef{ParseU64(*pid, "weir-producer-id"), static_cast<int16_t>(epoch),
+    uint64_t epoch = ParseU64(*pepoch, "weir-producer-epoch", "bad_header");
+    uint64_t seq = ParseU64(*pseq, "weir-producer-seq", "bad_header");
+    if (epoch > INT16_MAX) throw BadRequest{"weir-producer-epoch must be at most 32767", "bad_header"};
+    if (seq > INT32_MAX) throw BadRequest{"weir-producer-seq must be at most 2147483647", "bad_header"};
+    in.options.producer = log::ProducerRef{ParseU64(*pid, "weir-producer-id", "bad_header"), static_cast<int16_t>(epoch),
                                            static_cast<int32_t>(seq)};
   }
   size_t records = in.records.size();
@@ -658,18 +679,19 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   ReadSession(RestApi* api, Ctx c, std::string stream, ReadParams p, bool sse)
       : api_(api), c_(std::move(c)), stream_(std::move(stream)), p_(std::move(p)), sse_(sse) {}
 
-  // Resume point of an SSE session: "SEQ,COUNT,BYTES".
+  // Resume point of an SSE session: "SEQ,COUNT,BYTES", SEQ being the last
+  // record delivered.
   void Resume(const std::string& last_event_id) {
     std::vector<uint64_t> v;
     std::string_view s = last_event_id;
     while (true) {
       auto comma = s.find(',');
-      v.push_back(ParseU64(s.substr(0, comma), "Last-Event-ID"));
+      v.push_back(ParseU64(s.substr(0, comma), "Last-Event-ID", "bad_header"));
       if (comma == std::string_view::npos) break;
       s.remove_prefix(comma + 1);
     }
-    if (v.size() != 3) throw BadRequest{"Last-Event-ID must be SEQ,COUNT,BYTES"};
-    p_.start = {log::ReadStart::kOffset, v[0]};
+    if (v.size() != 3) throw BadRequest{"Last-Event-ID must be SEQ,COUNT,BYTES", "bad_header"};
+    p_.start = {log::ReadStart::kOffset, v[0] == UINT64_MAX ? v[0] : v[0] + 1};
     p_.clamp = true;
     sent_records_ = v[1];
     sent_bytes_ = v[2];
@@ -689,7 +711,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
  private:
   // One read; then answer, send an event, or wait.
   void Step() {
-    if (sse_ && (c_.ex->closed() || api_->draining_)) return Finish(api_->draining_ ? "the server is shutting down" : "");
+    if (sse_ && (c_.ex->closed() || api_->draining_)) {
+      return Finish(api_->draining_ ? Unavailable("the server is shutting down") : Status::Ok());
+    }
     size_t max_records = 1000, max_bytes = 1 << 20;
     if (p_.count) {
       if (*p_.count <= sent_records_) return Done();
@@ -698,6 +722,14 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (p_.bytes) {
       if (*p_.bytes <= sent_bytes_) return Done();
       max_bytes = std::min<uint64_t>(max_bytes, *p_.bytes - sent_bytes_);
+    }
+    if (!started_ && p_.start.kind == log::ReadStart::kTimestamp && !p_.clamp) {
+      // As S2: a start timestamp past the tail's is unsatisfiable too.
+      auto s = api_->engine_->GetStream(c_.basin, stream_);
+      if (!s.ok()) return c_.Fail(s.status(), "stream_not_found");
+      if (p_.start.value > static_cast<uint64_t>(std::max<int64_t>(s->tail_timestamp_ms, 0))) {
+        return Unsatisfiable(s->tail, s->tail_timestamp_ms);
+      }
     }
     auto r = api_->engine_->Read(c_.basin, stream_, p_.start, max_records, max_bytes);
     if (!r.ok() && r.status().code() == Code::kOutOfRange && (p_.clamp || started_)) {
@@ -710,12 +742,18 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (!r.ok()) {
       if (r.status().code() == Code::kOutOfRange && !started_) {
         auto s = api_->engine_->GetStream(c_.basin, stream_);
-        Json tail = s.ok() ? Position(s->tail, s->tail_timestamp_ms) : Json();
-        return c_.Reply(416, Json{{"code", "range_not_satisfiable"}, {"message", r.status().message()}, {"tail", tail}});
+        if (!s.ok()) return c_.Fail(s.status(), "stream_not_found");
+        return Unsatisfiable(s->tail, s->tail_timestamp_ms);
       }
       if (!started_) return c_.Fail(r.status(), "stream_not_found");
-      return Finish(r.status().ToString());
+      return Finish(r.status());
     }
+    // As S2: a read that starts at the tail and may not wait for more is
+    // unsatisfiable (a unary read without `wait`, a bounded session without it).
+    if (!started_ && r->records.empty() && !MayFollow()) return Unsatisfiable(r->tail, r->tail_timestamp_ms);
+    // Later steps continue where this one ended: a start relative to the
+    // tail or by time is resolved once.
+    if (r->records.empty()) p_.start = {log::ReadStart::kOffset, r->tail};
     bool done = CutAtUntil(&r->records, p_.until);
     size_t bytes = 0;
     for (const auto& rec : r->records) bytes += log::MeteredBytes(rec.record);
@@ -736,11 +774,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (!started_) Begin();
     if (!r->records.empty()) {
       auto self = shared_from_this();
-      std::string event = fmt::format("event: batch\nid: {},{},{}\ndata: {}\n\n", p_.start.value, sent_records_,
+      std::string event = fmt::format("event: batch\nid: {},{},{}\ndata: {}\n\n", p_.start.value - 1, sent_records_,
                                       sent_bytes_, BatchJson(*r, caught_up).dump(-1, ' ', false,
                                                                                Json::error_handler_t::replace));
       c_.ex->Write(std::move(event), [self, done](bool ok) {
-        if (!ok) return self->Finish("");
+        if (!ok) return self->Finish(Status::Ok());
         if (done) return self->Done();
         self->Step();
       });
@@ -752,6 +790,17 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   }
 
   TimePoint deadline() const { return start_ + std::chrono::seconds(p_.wait_s.value_or(0)); }
+
+  // Whether the read may wait for records past the tail (S2's may_follow).
+  bool MayFollow() const {
+    if (p_.wait_s && *p_.wait_s > 0) return true;
+    return sse_ && !p_.wait_s && !p_.count && !p_.bytes && !p_.until;
+  }
+
+  // 416 with the tail, S2's TailResponse.
+  void Unsatisfiable(uint64_t tail, int64_t tail_timestamp_ms) {
+    c_.Reply(416, Json{{"tail", Position(tail, tail_timestamp_ms)}});
+  }
 
   Json BatchJson(const log::ReadResult& r, bool caught_up) const {
     Json records = Json::array();
@@ -792,7 +841,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (!id.ok()) {
       TakeWait();
       if (!started_) return c_.Fail(id.status(), "stream_not_found");
-      return Finish(id.status().ToString());
+      return Finish(id.status());
     }
     if (*id == 0) {  // the tail moved already
       TakeWait();
@@ -832,7 +881,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       }
       if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
         self->last_ping_ = now;
-        self->c_.ex->Write(fmt::format("event: ping\ndata: {{\"timestamp\":{}}}\n\n", WallMillis()), nullptr);
+        Json ping{{"timestamp", WallMillis()}};
+        if (auto s = self->api_->engine_->GetStream(self->c_.basin, self->stream_); s.ok()) {
+          ping["tail"] = Position(s->tail, s->tail_timestamp_ms);
+        }
+        self->c_.ex->Write(fmt::format("event: ping\ndata: {}\n\n", ping.dump()), nullptr);
       }
       self->Tick(gen);
     });
@@ -848,12 +901,19 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // The session reached its count, bytes or until limit (or its wait bound).
   void Done() {
     if (!sse_) return;
-    c_.ex->Write("event: done\ndata: [DONE]\n\n", nullptr);
+    c_.ex->Write("data: [DONE]\n\n", nullptr);
     c_.ex->End();
   }
 
-  void Finish(const std::string& error) {
-    if (!error.empty()) c_.ex->Write(fmt::format("event: error\ndata: {}\n\n", error), nullptr);
+  // Ends the session; with an error event (S2's ErrorInfo) unless `error` is OK.
+  void Finish(const Status& error) {
+    if (!error.ok()) {
+      std::string_view code = ErrorCodeFor(error).second;
+      c_.ex->Write(fmt::format("event: error\ndata: {}\n\n",
+                               Json{{"code", code}, {"message", error.message()}}.dump(
+                                   -1, ' ', false, Json::error_handler_t::replace)),
+                   nullptr);
+    }
     c_.ex->End();
   }
 
@@ -876,6 +936,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
 
 void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
   ReadParams p = ParseReadParams(req);
+  if (p.start.kind == log::ReadStart::kTimestamp && p.until && p.start.value >= *p.until) {
+    return c.Error(422, "invalid", "the start timestamp must be before until");
+  }
   const std::string* accept = req.Header("accept");
   bool sse = accept && accept->find("text/event-stream") != std::string::npos;
   if (!sse) {
@@ -884,9 +947,12 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
     p.bytes = std::min<uint64_t>(p.bytes.value_or(1 << 20), 1 << 20);
     if (*p.count == 0) p.count = 1000;
     if (*p.bytes == 0) p.bytes = 1 << 20;
+    if (p.wait_s) p.wait_s = std::min<uint64_t>(*p.wait_s, 60);  // a long poll waits 60 s at most
   } else {
     if (p.count == uint64_t{0}) p.count.reset();
     if (p.bytes == uint64_t{0}) p.bytes.reset();
+    // As S2: a bounded session does not wait past the tail unless asked to.
+    if (!p.wait_s && (p.count || p.bytes || p.until)) p.wait_s = 0;
   }
   auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), sse);
   if (const std::string* id = req.Header("last-event-id"); sse && id) session->Resume(*id);

@@ -517,6 +517,16 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     r.key = std::move(in.key);
     r.headers = std::move(in.headers);
     r.value = std::move(in.body);
+    if (!IsCommand(r)) {
+      for (size_t h = 0; h < r.headers.size(); ++h) {
+        if (r.headers[h].key.empty()) {
+          lk.unlock();
+          return fail(InvalidArgument("record {}: header {} has an empty name, which only a command record (one "
+                                      "header) may have",
+                                      i, h));
+        }
+      }
+    }
     if (IsCommand(r)) {
       const auto& cmd = r.headers[0].value;
       if (cmd == "fence") {

@@ -260,7 +260,12 @@ class Client:
         return r.json()
 
     def read(self, stream, params=None, fmt=None, expect=200, timeout=REQ_TIMEOUT):
+        """A unary read; from seq_num 0 unless params name a start (the
+        server's own default is the tail)."""
         headers = {"s2-format": fmt} if fmt else {}
+        params = dict(params or {})
+        if not {"seq_num", "timestamp", "tail_offset"} & params.keys():
+            params["seq_num"] = 0
         r = self.get(f"/v1/streams/{q(stream)}/records", params=params or {}, headers=headers,
                      timeout=timeout)
         assert r.status_code == expect, f"read {stream!r} {params}: {r.status_code} {r.text}"
@@ -273,9 +278,14 @@ class Client:
 
     def read_all(self, stream, fmt=None):
         """Every record from the first retained one to the tail, page by page."""
-        out, params = [], {}
+        out, params = [], {"seq_num": 0}
         while True:
-            batch = self.read(stream, params, fmt=fmt)["records"]
+            r = self.get(f"/v1/streams/{q(stream)}/records", params=params,
+                         headers={"s2-format": fmt} if fmt else {})
+            if r.status_code == 416:  # at the tail (S2 answers 416 there)
+                return out
+            assert r.status_code == 200, f"read {stream!r} {params}: {r.status_code} {r.text}"
+            batch = r.json()["records"]
             if not batch:
                 return out
             out += batch
@@ -680,7 +690,26 @@ class AppendReadJsonTest(ApiTestCase):
     def test_empty_stream_tail(self):
         s = self.new_stream("empty")
         self.assertEqual(self.c.tail(s)["seq_num"], 0)
-        self.assertEqual(self.c.read(s)["records"], [])
+        # As S2: a read at the tail that may not wait is 416 with the tail ...
+        self.assertEqual(self.c.read(s, expect=416), {"tail": {"seq_num": 0, "timestamp": 0}})
+        # ... and with `wait`, a long poll that ends empty.
+        self.assertEqual(self.c.read(s, {"wait": 1})["records"], [])
+
+    def test_default_start_is_the_tail(self):
+        s = self.new_stream("deftail")
+        self.c.append(s, [{"body": "old"}])
+        r = self.c.get(f"/v1/streams/{q(s)}/records")
+        self.assertEqual(r.status_code, 416, r.text)
+        self.assertEqual(r.json()["tail"]["seq_num"], 1)
+        out = {}
+        reader = threading.Thread(target=lambda: out.update(
+            r=self.c.get(f"/v1/streams/{q(s)}/records", params={"wait": 30}, timeout=REQ_TIMEOUT)))
+        reader.start()
+        time.sleep(0.3)
+        self.c.append(s, [{"body": "new"}])
+        reader.join()
+        self.assertEqual(out["r"].status_code, 200, out["r"].text)
+        self.assertEqual([x["body"] for x in out["r"].json()["records"]], ["new"])
 
     def test_client_timestamps(self):
         s = self.new_stream("ts")
@@ -717,13 +746,19 @@ class AppendReadJsonTest(ApiTestCase):
         self.assertEqual(seqs({"seq_num": 0, "until": base + 3000}), [0, 1, 2])
         one = metered("r0")
         self.assertEqual(seqs({"seq_num": 0, "bytes": 3 * one + one // 2}), [0, 1, 2])
-        self.assertEqual(seqs({"seq_num": 10}), [])                 # at the tail: empty, no wait
-        self.assertEqual(seqs({"seq_num": 99, "clamp": "true"}), [])  # past the tail, clamped
+        # At the tail with no wait, even clamped from past it: 416, as in S2.
+        for params in ({"seq_num": 10}, {"seq_num": 99, "clamp": "true"}, {"timestamp": base + 9001, "clamp": "true"}):
+            self.assertEqual(self.c.read(s, params, expect=416)["tail"]["seq_num"], 10, params)
+        self.assertEqual(seqs({"seq_num": 10, "wait": 1}), [])        # a long poll ends empty
+        self.assertEqual(seqs({"seq_num": 99, "clamp": "true", "wait": 1}), [])
+        self.assertEqual(self.c.read(s, {"timestamp": base + 9001}, expect=416)["tail"]["seq_num"], 10)
+        self.assertError(self.c.get(f"/v1/streams/{q(s)}/records", params={"timestamp": base + 5, "until": base + 5}),
+                         422, "invalid")
 
         r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 11})
         self.assertEqual(r.status_code, 416, r.text)
         body = self.assertJson(r)
-        self.assertEqual(body.get("code"), "range_not_satisfiable", body)
+        self.assertEqual(body, {"tail": self.c.tail(s)})  # S2's TailResponse, nothing else
         self.assertPosition(body["tail"])
         self.assertEqual(body["tail"]["seq_num"], 10)
 
@@ -832,9 +867,9 @@ class ProtobufTest(ApiTestCase):
     def test_malformed(self):
         s = self.new_stream("pbbad")
         r = self.post_pb(s, b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", accept="application/json")
-        self.assertError(r, 400, "bad_request")
+        self.assertError(r, 400, "bad_proto")
         r = self.post_pb(s, _f_bytes(1, b"\x1a\x05ab"), accept="application/json")  # body length past the end
-        self.assertError(r, 400, "bad_request")
+        self.assertError(r, 400, "bad_proto")
 
 
 # --------------------------------------------------------------------------
@@ -950,7 +985,7 @@ class ProducerTest(ApiTestCase):
         s = self.new_stream("badprod")
         r = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]},
                         headers=producer_headers("abc", 0, 0))
-        self.assertError(r, 400, "bad_request")
+        self.assertError(r, 400, "bad_header")
 
 
 # --------------------------------------------------------------------------
@@ -1032,29 +1067,41 @@ class SseTest(ApiTestCase):
         self.assertEqual([r["body"] for r in records], [f"e{i}" for i in range(5)])
         for i in ids:
             self.assertRegex(i or "", r"^\d+,\d+,\d+$")
-        self.assertEqual(ids[-1], f"5,5,{5 * metered('e0')}")
+        # The id names the last record delivered, then the records and bytes so far.
+        self.assertEqual(ids[-1], f"4,5,{5 * metered('e0')}")
         kinds = [e.get("event") for e in events]
-        self.assertEqual(kinds[-1], "done", kinds)
-        self.assertEqual(events[-1].get("data"), "[DONE]")
-        self.assertTrue(set(kinds) <= {"batch", "ping", "done"}, kinds)
+        self.assertEqual(events[-1], {"data": "[DONE]"})  # S2's done event has no name
+        self.assertTrue(set(kinds) <= {"batch", "ping", None}, kinds)
+
+    def test_bounded_session_ends_at_the_tail(self):
+        # As S2: a session bounded by count, bytes or until does not wait for
+        # records past the tail unless `wait` says so; at the tail it is a 416.
+        s, _ = self.filled(3)
+        records, _, events = self.collect(self.open(s, {"seq_num": 0, "count": 10}))
+        self.assertEqual([r["seq_num"] for r in records], [0, 1, 2])
+        self.assertEqual(events[-1], {"data": "[DONE]"})
+        at_tail = self.open(s, {"seq_num": 3, "count": 10})
+        self.assertEqual(at_tail.resp.status, 416)
+        self.assertEqual(json.loads(at_tail.resp.read()), {"tail": self.c.tail(s)})
 
     def test_resume_with_last_event_id(self):
         s, _ = self.filled(5)
         one = metered("e0")
-        sse = self.open(s, {"seq_num": 0, "count": 5}, headers={"Last-Event-ID": f"3,3,{3 * one}"})
+        # Records 0..2 were delivered: the id names seq 2; the session goes on at 3.
+        sse = self.open(s, {"seq_num": 0, "count": 5}, headers={"Last-Event-ID": f"2,3,{3 * one}"})
         records, ids, events = self.collect(sse)
         self.assertEqual([r["seq_num"] for r in records], [3, 4])
-        self.assertEqual(ids[-1], f"5,5,{5 * one}")
-        self.assertEqual(events[-1].get("event"), "done")
+        self.assertEqual(ids[-1], f"4,5,{5 * one}")
+        self.assertEqual(events[-1], {"data": "[DONE]"})
 
     def test_until_and_bytes(self):
         s, base = self.filled(6)
         records, _, events = self.collect(self.open(s, {"seq_num": 0, "until": base + 3000}))
         self.assertEqual([r["seq_num"] for r in records], [0, 1, 2])
-        self.assertEqual(events[-1].get("event"), "done")
+        self.assertEqual(events[-1], {"data": "[DONE]"})
         records, _, events = self.collect(self.open(s, {"seq_num": 1, "bytes": 2 * metered("e0")}))
         self.assertEqual([r["seq_num"] for r in records], [1, 2])
-        self.assertEqual(events[-1].get("event"), "done")
+        self.assertEqual(events[-1], {"data": "[DONE]"})
 
     def test_base64_session(self):
         s = self.new_stream("sse64")
@@ -1064,7 +1111,7 @@ class SseTest(ApiTestCase):
 
     def test_live_tail_with_ping(self):
         s, _ = self.filled(2)
-        sse = self.open(s, {"seq_num": 2}, timeout=60)
+        sse = self.open(s, {}, timeout=60)  # no start: S2 starts at the tail
         self.assertEqual(sse.resp.status, 200)
         events = sse.events()
         ping = None
@@ -1075,6 +1122,7 @@ class SseTest(ApiTestCase):
             self.assertNotEqual(ev.get("event"), "error", ev)
         self.assertIsNotNone(ping, "session ended without a ping")
         self.assertIsInstance(ping.get("timestamp"), int, ping)
+        self.assertEqual(ping.get("tail", {}).get("seq_num"), 2, ping)
 
         self.c.append(s, [{"body": "live"}])
         got = None
@@ -1103,7 +1151,10 @@ class SseTest(ApiTestCase):
         self.assertEqual(json.loads(past.resp.read())["tail"]["seq_num"], 1)
         bad = self.open(s, {"seq_num": 0}, headers={"Last-Event-ID": "not-an-id"})
         self.assertEqual(bad.resp.status, 400)
-        self.assertEqual(json.loads(bad.resp.read())["code"], "bad_request")
+        self.assertEqual(json.loads(bad.resp.read())["code"], "bad_header")
+        s2s = self.open(s, {"seq_num": 0}, headers={"Accept": "s2s/proto"})
+        self.assertEqual(s2s.resp.status, 501)
+        self.assertEqual(json.loads(s2s.resp.read())["code"], "not_implemented")
 
 
 # --------------------------------------------------------------------------
@@ -1131,26 +1182,39 @@ class ErrorStatusTest(ApiTestCase):
         s = self.new_stream("bad")
         rec = f"/v1/streams/{q(s)}/records"
         cases = [
-            ("malformed JSON", lambda: self.c.post(rec, data=b'{"records": [',
-                                                   headers={"Content-Type": "application/json"})),
-            ("body of the wrong type", lambda: self.c.post(rec, json={"records": [{"body": 5}]})),
-            ("records not a list", lambda: self.c.post(rec, json={"records": "x"})),
-            ("bad s2-format", lambda: self.c.post(rec, json={"records": [{"body": "x"}]},
-                                                  headers={"s2-format": "hex"})),
-            ("bad base64", lambda: self.c.post(rec, json={"records": [{"body": "!!not base64!!"}]},
-                                               headers={"s2-format": "base64"})),
-            ("count not a number", lambda: self.c.get(rec, params={"count": "abc"})),
-            ("negative seq_num", lambda: self.c.get(rec, params={"seq_num": "-1"})),
-            ("clamp not a bool", lambda: self.c.get(rec, params={"clamp": "maybe"})),
-            ("bad list limit", lambda: self.c.get("/v1/streams", params={"limit": "lots"})),
-            ("malformed create", lambda: self.c.post("/v1/streams", data=b"{",
-                                                     headers={"Content-Type": "application/json"})),
-            ("malformed basin create", lambda: self.c.post("/v1/basins", data=b"[1,",
-                                                           headers={"Content-Type": "application/json"})),
+            # S2's codes say what was malformed: the body, a query value or a header.
+            ("malformed JSON", "bad_json", lambda: self.c.post(rec, data=b'{"records": [',
+                                                               headers={"Content-Type": "application/json"})),
+            ("body of the wrong type", "bad_json", lambda: self.c.post(rec, json={"records": [{"body": 5}]})),
+            ("records not a list", "bad_json", lambda: self.c.post(rec, json={"records": "x"})),
+            ("bad s2-format", "bad_header", lambda: self.c.post(rec, json={"records": [{"body": "x"}]},
+                                                                headers={"s2-format": "hex"})),
+            ("bad base64", "bad_json", lambda: self.c.post(rec, json={"records": [{"body": "!!not base64!!"}]},
+                                                           headers={"s2-format": "base64"})),
+            ("count not a number", "bad_query", lambda: self.c.get(rec, params={"count": "abc"})),
+            ("negative seq_num", "bad_query", lambda: self.c.get(rec, params={"seq_num": "-1"})),
+            ("clamp not a bool", "bad_query", lambda: self.c.get(rec, params={"clamp": "maybe"})),
+            ("wait too large", "bad_query", lambda: self.c.get(rec, params={"wait": 2**32})),
+            ("bad list limit", "bad_query", lambda: self.c.get("/v1/streams", params={"limit": "lots"})),
+            ("malformed create", "bad_json", lambda: self.c.post("/v1/streams", data=b"{",
+                                                                 headers={"Content-Type": "application/json"})),
+            ("malformed basin create", "bad_json", lambda: self.c.post("/v1/basins", data=b"[1,",
+                                                                       headers={"Content-Type": "application/json"})),
+            ("bad protobuf", "bad_proto", lambda: self.c.post(rec, data=b"\x0a\xff",
+                                                              headers={"Content-Type": "application/protobuf"})),
         ]
-        for what, fn in cases:
+        for what, code, fn in cases:
             with self.subTest(what):
-                self.assertError(fn(), 400, "bad_request")
+                self.assertError(fn(), 400, code)
+        self.assertEqual(self.c.tail(s)["seq_num"], 0)
+
+    def test_empty_header_name_outside_a_command(self):
+        # s2.proto: a header name cannot be empty, except in a command record
+        # (exactly one header); the whole append is refused.
+        s = self.new_stream("emptyhdr")
+        rec = f"/v1/streams/{q(s)}/records"
+        r = self.c.post(rec, json={"records": [{"body": "ok"}, {"body": "x", "headers": [["", "x"], ["a", "b"]]}]})
+        self.assertError(r, 422, "invalid")
         self.assertEqual(self.c.tail(s)["seq_num"], 0)
 
     def test_ambiguous_invalid_reads(self):
@@ -1158,7 +1222,7 @@ class ErrorStatusTest(ApiTestCase):
         # or 422; either is a client error, never a read.
         s = self.new_stream("ambig")
         rec = f"/v1/streams/{q(s)}/records"
-        for params in ({"seq_num": 0, "timestamp": 0}, {"seq_num": 0, "tail_offset": 0}, {"wait": 61}):
+        for params in ({"seq_num": 0, "timestamp": 0}, {"seq_num": 0, "tail_offset": 0}):
             with self.subTest(params=params):
                 r = self.c.get(rec, params=params)
                 self.assertIn(r.status_code, (400, 422), r.text)
@@ -1185,7 +1249,7 @@ class AuthAndRequestLimitTest(ClosingTestCase):
 
     def check_401(self, r):
         self.assertEqual(r.status_code, 401, r.text)
-        self.assertEqual(r.json()["code"], "unauthorized")
+        self.assertEqual(r.json()["code"], "authn")
 
     def test_bearer_token(self):
         anon = Client(self.server)
@@ -1259,7 +1323,7 @@ class BackpressureTest(ClosingTestCase):
             self.assertTrue(too_many, f"no 429 while the pool was full; responses so far: {got}")
             r = too_many[0]
             self.assertEqual(r.headers.get("Retry-After"), "1", r.headers)
-            self.assertEqual(r.json()["code"], "backpressure")
+            self.assertEqual(r.json()["code"], "rate_limited")
             for r in results:
                 if isinstance(r, requests.Response):
                     self.assertIn(r.status_code, (200, 429), r.text)

@@ -135,7 +135,10 @@ describe("S2 SDK against weir", () => {
       assert.equal(e.tail?.seqNum, 4);
       return true;
     });
-    const clamped = await stream.read({ start: { from: { seqNum: 100 }, clamp: true } });
+    // Clamped to the tail: with nothing to wait for still a 416 (as on S2),
+    // with waitSecs a long poll that ends empty.
+    await assert.rejects(stream.read({ start: { from: { seqNum: 100 }, clamp: true } }), RangeNotSatisfiableError);
+    const clamped = await stream.read({ start: { from: { seqNum: 100 }, clamp: true }, stop: { waitSecs: 1 } });
     assert.deepEqual(clamped.records, []);
   });
 
