@@ -413,6 +413,33 @@ TEST_F(EngineTest, DeleteStreamWakesReadersAndForgetsTheName) {
   EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 0u);
 }
 
+TEST_F(EngineTest, ReadFromTimestampFindsRecordsPastTheFirstPage) {
+  // 5000 records of 1 KB at times 1000.. settled (5 MB, past the window one
+  // segment read covers), then one in the WAL: a lookup by time with a small
+  // page must scan on to its record.
+  for (int i = 0; i < 5000; i += 100) {
+    std::vector<AppendRecord> recs(100);
+    for (int j = 0; j < 100; ++j) {
+      recs[j].body = std::string(1000, static_cast<char>('a' + j));
+      recs[j].timestamp_ms = 1000 + i + j;
+    }
+    ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(recs)).status.ok());
+  }
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  auto tail = Bodies({"late"});
+  tail[0].timestamp_ms = 9000;
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(tail)).status.ok());
+  for (uint64_t ts : {1000u, 3500u, 5999u, 6000u, 9000u}) {
+    auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, ts}, 1, 4096);
+    ASSERT_TRUE(r.ok()) << ts;
+    ASSERT_EQ(r->records.size(), 1u) << ts;
+    EXPECT_EQ(r->records[0].offset, ts >= 6000 ? 5000u : ts - 1000) << ts;
+  }
+  auto none = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 9001}, 1, 4096);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->records.empty());
+}
+
 TEST_F(EngineTest, SettleMovesSlotsIntoSegmentsInOneTransaction) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(engine_->CreateStream(kBasin, "m" + std::to_string(i), StreamConfig{}).ok());
   for (int round = 0; round < 3; ++round) {
@@ -693,6 +720,10 @@ TEST_F(EngineTest, RawBatchesAreStoredAsSentWithOffsetsAssigned) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->batches.size(), 2u);
   EXPECT_EQ(*r->batches[1], expect);
+  // Without a producer id, epoch and sequence are ignored (kafkajs sends 0, 0).
+  auto plain = AppendRaw(*engine_, "s", KafkaBatch({"d"}, 2000, -1, 0, 0));
+  ASSERT_TRUE(plain.status.ok()) << plain.status.ToString();
+  EXPECT_EQ(plain.ack.start_offset, 4u);
 }
 
 TEST_F(EngineTest, RawBatchesAreVerified) {

@@ -146,6 +146,10 @@ class FakeReply : public Reply {
   void NoResponse() override { Finish(Answer{Answer::kNoResponse, {}}); }
   void Close() override { Finish(Answer{Answer::kClose, {}}); }
   void Post(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
+  // Ordering is the transport's (kafka_tcp_test); here, as when nothing is
+  // pending: RunInOrder runs at once, PostInOrder posts.
+  void PostInOrder(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
+  void RunInOrder(std::function<void(bool)> fn) override { fn(false); }
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   const std::string& peer() const override { return peer_; }
   bool closed() const override { return false; }
@@ -827,6 +831,11 @@ TEST_F(BrokerTest, ProduceWithAcksZeroSendsNoResponseAndTheDataLands) {
     std::this_thread::sleep_for(5ms);
   }
   EXPECT_EQ(Latest("quiet-new"), 1);
+
+  // A partition that fails: Kafka's only signal to an acks=0 producer is a
+  // closed connection.
+  Pending r = Start(ProduceReq("quiet", 9, batch, /*acks=*/0), 7);
+  EXPECT_EQ(Wait(r).kind, Answer::kClose);
 }
 
 TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {

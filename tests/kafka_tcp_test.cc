@@ -212,5 +212,62 @@ TEST_F(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
   ::close(d);
 }
 
+
+// "p<ms>": PostInOrder work that sleeps ms; "r": RunInOrder work. Each logs
+// when it starts and ends (and for "r" whether it ran on a worker), then
+// answers with its frame.
+class OrderingHandler : public FrameHandler {
+ public:
+  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+    if (frame[0] == 'p') {
+      int ms = std::stoi(frame.substr(1));
+      reply->PostInOrder([this, frame, reply, ms] {
+        Log("start " + frame);
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        Log("end " + frame);
+        reply->Respond(frame);
+      });
+    } else {
+      reply->RunInOrder([this, frame, reply](bool on_worker) {
+        Log(frame + (on_worker ? " on a worker" : " inline"));
+        reply->Respond(frame);
+      });
+    }
+  }
+  std::vector<std::string> log() {
+    std::lock_guard lk(mu_);
+    return log_;
+  }
+
+ private:
+  void Log(std::string line) {
+    std::lock_guard lk(mu_);
+    log_.push_back(std::move(line));
+  }
+  std::mutex mu_;
+  std::vector<std::string> log_;
+};
+
+TEST(KafkaTcpOrdering, OrderedWorkRunsInRequestOrderOneAtATime) {
+  OrderingHandler handler;
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 4}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int fd = Connect((*server)->address());
+  ASSERT_GE(fd, 0);
+  // Pipelined: a slow piece of work first; the quick ones behind it wait.
+  ASSERT_TRUE(SendFrame(fd, "p200") && SendFrame(fd, "p0") && SendFrame(fd, "r1"));
+  EXPECT_EQ(ReadFrame(fd), "p200");
+  EXPECT_EQ(ReadFrame(fd), "p0");
+  EXPECT_EQ(ReadFrame(fd), "r1");
+  EXPECT_EQ(handler.log(),
+            (std::vector<std::string>{"start p200", "end p200", "start p0", "end p0", "r1 on a worker"}));
+  // With nothing pending, RunInOrder work runs at once on the I/O thread.
+  ASSERT_TRUE(SendFrame(fd, "r2"));
+  EXPECT_EQ(ReadFrame(fd), "r2");
+  EXPECT_EQ(handler.log().back(), "r2 inline");
+  ::close(fd);
+  (*server)->Stop();
+}
+
 }  // namespace
 }  // namespace weir::kafka

@@ -113,24 +113,34 @@ void Broker::Handle(std::string frame, std::shared_ptr<Reply> reply) {
 }
 
 // One handler per API; the versions each accepts are the rows of
-// kSupportedApis (api_table.h), checked by DecodeRequest.
+// kSupportedApis (api_table.h), checked by DecodeRequest. Requests that change
+// or read state run in request order per connection, as on a Kafka broker
+// (an async commit must not overtake the one before it, nor a produce the
+// one before it); Fetch, which only reads and may long-poll, does not wait.
 void Broker::Dispatch(const std::shared_ptr<Request>& req) {
+  Reply& r = *req->reply;
+  auto ordered = [&](void (Broker::*fn)(const std::shared_ptr<Request>&)) {
+    r.PostInOrder([this, req, fn] { (this->*fn)(req); });
+  };
+  auto in_order = [&](void (Broker::*fn)(const std::shared_ptr<Request>&)) {
+    r.RunInOrder([this, req, fn](bool) { (this->*fn)(req); });
+  };
   switch (RequestKey(req->decoded.body)) {
-    case ApiKey::kProduce:         return Produce(req);
-    case ApiKey::kFetch:           return req->reply->Post([this, req] { Fetch(req); });
-    case ApiKey::kListOffsets:     return req->reply->Post([this, req] { ListOffsets(req); });
-    case ApiKey::kMetadata:        return req->reply->Post([this, req] { Metadata(req); });
-    case ApiKey::kOffsetCommit:    return req->reply->Post([this, req] { OffsetCommit(req); });
-    case ApiKey::kOffsetFetch:     return req->reply->Post([this, req] { OffsetFetch(req); });
+    case ApiKey::kProduce:         return r.RunInOrder([this, req](bool on_worker) { Produce(req, on_worker); });
+    case ApiKey::kFetch:           return r.Post([this, req] { Fetch(req); });
+    case ApiKey::kListOffsets:     return ordered(&Broker::ListOffsets);
+    case ApiKey::kMetadata:        return ordered(&Broker::Metadata);
+    case ApiKey::kOffsetCommit:    return ordered(&Broker::OffsetCommit);
+    case ApiKey::kOffsetFetch:     return ordered(&Broker::OffsetFetch);
     case ApiKey::kFindCoordinator: return FindCoordinator(req);
-    case ApiKey::kJoinGroup:       return JoinGroup(req);
-    case ApiKey::kHeartbeat:       return Heartbeat(req);
-    case ApiKey::kLeaveGroup:      return LeaveGroup(req);
-    case ApiKey::kSyncGroup:       return SyncGroup(req);
+    case ApiKey::kJoinGroup:       return in_order(&Broker::JoinGroup);
+    case ApiKey::kHeartbeat:       return in_order(&Broker::Heartbeat);
+    case ApiKey::kLeaveGroup:      return in_order(&Broker::LeaveGroup);
+    case ApiKey::kSyncGroup:       return in_order(&Broker::SyncGroup);
     case ApiKey::kApiVersions:     return ApiVersions(req);
-    case ApiKey::kCreateTopics:    return req->reply->Post([this, req] { CreateTopics(req); });
-    case ApiKey::kDeleteTopics:    return req->reply->Post([this, req] { DeleteTopics(req); });
-    case ApiKey::kInitProducerId:  return req->reply->Post([this, req] { InitProducerId(req); });
+    case ApiKey::kCreateTopics:    return ordered(&Broker::CreateTopics);
+    case ApiKey::kDeleteTopics:    return ordered(&Broker::DeleteTopics);
+    case ApiKey::kInitProducerId:  return ordered(&Broker::InitProducerId);
   }
   req->reply->Close();
 }
@@ -181,7 +191,7 @@ struct ProduceJob {
   std::string batch;
 };
 
-void Broker::Produce(const std::shared_ptr<Request>& req) {
+void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   auto& in = req->body<ProduceRequest>();
   auto resp = std::make_shared<ProduceResponse>();
   // Per-request checks that fail every partition alike.
@@ -219,13 +229,12 @@ void Broker::Produce(const std::shared_ptr<Request>& req) {
     }
     resp->responses.push_back(std::move(tr));
   }
-  if (in.acks == 0) req->reply->NoResponse();
   if (!missing) return ProduceAppend(req, std::move(resp), std::move(jobs));
-  // A topic is missing: create it off the I/O thread, then append.
-  auto shared_jobs = std::make_shared<std::vector<ProduceJob>>(std::move(jobs));
-  req->reply->Post([this, req, resp, shared_jobs]() mutable {
+  // A topic is missing: create it off the I/O thread, then append, still
+  // before this connection's next request.
+  auto create_then_append = [this, req, resp, jobs = std::move(jobs)]() mutable {
     std::map<std::string, bool> tried;
-    for (const auto& job : *shared_jobs) {
+    for (const auto& job : jobs) {
       const std::string& topic = resp->responses[job.topic].name;
       if (!tried.emplace(topic, true).second) continue;
       auto n = TopicPartitions(topic, options_.auto_create_partitions);
@@ -233,17 +242,28 @@ void Broker::Produce(const std::shared_ptr<Request>& req) {
         Log().warn("kafka: auto-creating topic {}: {}", topic, n.status().ToString());
       }
     }
-    ProduceAppend(req, std::move(resp), std::move(*shared_jobs));
-  });
+    ProduceAppend(req, std::move(resp), std::move(jobs));
+  };
+  if (on_worker) return create_then_append();
+  req->reply->PostInOrder(std::move(create_then_append));
 }
 
 void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                            std::vector<ProduceJob> jobs) {
-  const bool respond = req->body<ProduceRequest>().acks != 0;
-  if (jobs.empty()) {
-    if (respond) Send(req, *resp, EncodeProduceResponse);
-    return;
-  }
+  // acks=0 gets no response; Kafka closes the connection instead when a
+  // partition failed, its only way to tell the client (which then refreshes
+  // its metadata). Either happens once the appends are done, so the
+  // connection's later requests wait as they would on a Kafka broker.
+  auto finish = [this, req](const ProduceResponse& r) {
+    if (req->body<ProduceRequest>().acks != 0) return Send(req, r, EncodeProduceResponse);
+    for (const auto& tr : r.responses) {
+      for (const auto& pr : tr.partition_responses) {
+        if (pr.error_code != ErrorCode::kNone) return req->reply->Close();
+      }
+    }
+    req->reply->NoResponse();
+  };
+  if (jobs.empty()) return finish(*resp);
   struct State {
     std::mutex mu;
     size_t outstanding = 0;
@@ -256,7 +276,7 @@ void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<
     size_t ti = job.topic, pi = job.partition;
     engine_->AppendBatchAsync(
         options_.basin, job.stream, std::move(job.batch),
-        [this, req, resp, state, ti, pi, respond](log::AppendOutcome o) {
+        [this, req, resp, state, ti, pi, finish](log::AppendOutcome o) {
           bool last = false;
           {
             std::lock_guard lk(state->mu);
@@ -274,7 +294,7 @@ void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<
             }
             last = --state->outstanding == 0;
           }
-          if (last && respond) Send(req, *resp, EncodeProduceResponse);
+          if (last) finish(*resp);
         });
   }
 }

@@ -88,7 +88,8 @@ class Broker : public FrameHandler {
 
  private:
   void Dispatch(const std::shared_ptr<Request>& req);
-  void Produce(const std::shared_ptr<Request>& req);
+  // `on_worker`: free to block (else on an I/O thread).
+  void Produce(const std::shared_ptr<Request>& req, bool on_worker);
   void ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                      std::vector<ProduceJob> jobs);
   void Fetch(const std::shared_ptr<Request>& req);

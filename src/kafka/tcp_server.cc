@@ -56,7 +56,10 @@ class TcpServer::Impl {
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(TcpServer::Impl* srv, tcp::socket socket)
-      : srv_(srv), socket_(std::move(socket)), idle_(socket_.get_executor()) {
+      : srv_(srv),
+        socket_(std::move(socket)),
+        idle_(socket_.get_executor()),
+        ordered_(net::make_strand(srv->workers->get_executor())) {
     ErrorCode ec;
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? "unknown" : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -80,6 +83,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                        close]() mutable {
       self->OnAnswer(seq, std::move(response), respond, close);
     });
+  }
+
+  // Ordered work (Reply::PostInOrder / RunInOrder): a strand on the workers.
+  void PostInOrder(std::function<void()> fn) {
+    ordered_pending_++;
+    net::post(ordered_, [self = shared_from_this(), fn = std::move(fn)] {
+      fn();
+      self->ordered_pending_--;
+    });
+  }
+  void RunInOrder(std::function<void(bool)> fn) {
+    if (ordered_pending_.load() == 0) return fn(false);
+    PostInOrder([fn = std::move(fn)] { fn(true); });
   }
 
   TcpServer::Impl* srv() const { return srv_; }
@@ -265,6 +281,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   TcpServer::Impl* srv_;
   tcp::socket socket_;
   net::steady_timer idle_;
+  net::strand<net::thread_pool::executor_type> ordered_;
+  std::atomic<int> ordered_pending_{0};  // PostInOrder work queued or running
   std::string peer_;
   char size_buf_[4] = {};
   std::deque<Slot> slots_;
@@ -308,6 +326,8 @@ class ReplyImpl : public Reply {
     conn_->Answer(seq_, {}, false, true);
   }
   void Post(std::function<void()> fn) override { net::post(*conn_->srv()->workers, std::move(fn)); }
+  void PostInOrder(std::function<void()> fn) override { conn_->PostInOrder(std::move(fn)); }
+  void RunInOrder(std::function<void(bool)> fn) override { conn_->RunInOrder(std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override {
     auto* srv = conn_->srv();
     auto timer = std::make_shared<net::steady_timer>(srv->ioc, delay);

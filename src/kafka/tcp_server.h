@@ -9,7 +9,8 @@
 //
 // Guarantees: requests on one connection may be handled concurrently
 // (pipelining), but their responses are written in request order, as Kafka
-// clients require; a request that gets no response (acks=0) keeps its place
+// clients require, and work queued with Reply::PostInOrder/RunInOrder runs in
+// request order, one at a time; a request that gets no response (acks=0) keeps its place
 // until answered with NoResponse. A frame over max_request_bytes, or a Reply
 // that asks to Close, closes the connection after the responses before it are
 // written. At most max_in_flight requests per connection are outstanding;
@@ -45,6 +46,14 @@ class Reply {
   virtual void Close() = 0;
   // Runs `fn` on a worker thread soon / after `delay`.
   virtual void Post(std::function<void()> fn) = 0;
+  // Kafka handles a connection's requests one after another; these keep that
+  // order for requests with side effects. PostInOrder runs `fn` on a worker
+  // thread once every earlier PostInOrder/RunInOrder work of the connection
+  // has finished, one at a time. RunInOrder runs `fn` at once on the calling
+  // (I/O) thread when no such work is pending, else queues it the same way;
+  // `fn` learns which (true: on a worker, free to block).
+  virtual void PostInOrder(std::function<void()> fn) = 0;
+  virtual void RunInOrder(std::function<void(bool on_worker)> fn) = 0;
   virtual void After(Duration delay, std::function<void()> fn) = 0;
   // "ip:port" of the client.
   virtual const std::string& peer() const = 0;

@@ -665,10 +665,10 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
     }
   }
   std::optional<ProducerRef> producer;
+  // Without a producer id the epoch and sequence mean nothing (kafkajs sends
+  // 0 and 0 there); Kafka ignores them too.
   if (h.producer_id >= 0) {
     producer = ProducerRef{static_cast<uint64_t>(h.producer_id), h.producer_epoch, h.base_sequence};
-  } else if (h.producer_epoch != wal::kNoProducerEpoch || h.base_sequence != wal::kNoSequence) {
-    return fail(InvalidArgument("a batch without a producer id must carry producer epoch and sequence -1"));
   }
   if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
@@ -822,60 +822,77 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
   std::vector<metastore::SegmentInfo> segments;
   uint64_t from = 0;
   ReadResult out;
-  {
-    std::unique_lock lk(s->mu);
-    switch (start.kind) {
-      case ReadStart::kOffset:
-        from = start.value;
-        break;
-      case ReadStart::kTailOffset:
-        from = s->tail - std::min(start.value, s->tail);
-        break;
-      case ReadStart::kTimestamp: {
-        from = s->tail;
-        bool found = false;
-        for (const auto& seg : s->segments) {
-          if (seg.last_timestamp_ms >= static_cast<int64_t>(start.value)) {
-            from = seg.start_offset;
-            found = true;
+  const bool by_time = start.kind == ReadStart::kTimestamp;
+  for (bool first = true;; first = false) {
+    refs.clear();
+    segments.clear();
+    {
+      std::unique_lock lk(s->mu);
+      if (first) {
+        switch (start.kind) {
+          case ReadStart::kOffset:
+            from = start.value;
+            break;
+          case ReadStart::kTailOffset:
+            from = s->tail - std::min(start.value, s->tail);
+            break;
+          case ReadStart::kTimestamp: {
+            // The first source that holds a record at or after the time (a
+            // segment's last_timestamp_ms is its largest); the scan below
+            // goes on from there.
+            from = s->tail;
+            bool found = false;
+            for (const auto& seg : s->segments) {
+              if (seg.last_timestamp_ms >= static_cast<int64_t>(start.value)) {
+                from = seg.start_offset;
+                found = true;
+                break;
+              }
+            }
+            for (size_t i = 0; !found && i < s->durable.size(); ++i) {
+              if (s->durable[i].max_timestamp_ms >= static_cast<int64_t>(start.value)) {
+                from = s->durable[i].start;
+                found = true;
+              }
+            }
             break;
           }
         }
-        for (size_t i = 0; !found && i < s->durable.size(); ++i) {
-          if (s->durable[i].max_timestamp_ms >= static_cast<int64_t>(start.value)) {
-            from = s->durable[i].start;
-            found = true;
-          }
+        if (from > s->tail) return OutOfRange("offset {} is past the tail {}", from, s->tail);
+        // Below the trim point, or below what retention kept, reads start at the first record held.
+        from = std::max(from, LogStart(*s));
+        if (from >= s->tail && wait_until) {
+          s->cv.wait_until(lk, *wait_until, [&] { return s->deleted || s->tail > from; });
+          if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
         }
-        break;
+      } else {
+        from = std::max(from, LogStart(*s));
+      }
+      out.tail = s->tail;
+      out.tail_timestamp_ms = s->tail_timestamp_ms;
+      CollectSources(*s, from, max_records, max_bytes, &segments, &refs);
+    }
+    std::vector<std::shared_ptr<const std::string>> batches;
+    WEIR_RETURN_IF_ERROR(FetchSources(segments, refs, from, max_bytes, &batches));
+    size_t bytes = 0;
+    uint64_t next = from;  // past the last record looked at
+    for (const auto& data : batches) {
+      WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(*data));
+      for (auto& r : records) {
+        if (static_cast<uint64_t>(r.offset) < from) continue;
+        next = std::max(next, static_cast<uint64_t>(r.offset) + 1);
+        if (by_time && r.record.timestamp < static_cast<int64_t>(start.value)) continue;
+        size_t size = MeteredBytes(r.record);
+        if (out.records.size() >= max_records || (bytes + size > max_bytes && !out.records.empty())) return out;
+        bytes += size;
+        out.records.push_back(ReadRecord{static_cast<uint64_t>(r.offset), std::move(r.record)});
       }
     }
-    if (from > s->tail) return OutOfRange("offset {} is past the tail {}", from, s->tail);
-    // Below the trim point, or below what retention kept, reads start at the first record held.
-    from = std::max(from, LogStart(*s));
-    if (from >= s->tail && wait_until) {
-      s->cv.wait_until(lk, *wait_until, [&] { return s->deleted || s->tail > from; });
-      if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
-    }
-    out.tail = s->tail;
-    out.tail_timestamp_ms = s->tail_timestamp_ms;
-    CollectSources(*s, from, max_records, max_bytes, &segments, &refs);
+    // A time lookup whose first page held only older records goes on past
+    // them, until it finds one or reaches the tail.
+    if (!by_time || !out.records.empty() || next <= from || next >= out.tail) return out;
+    from = next;
   }
-  std::vector<std::shared_ptr<const std::string>> batches;
-  WEIR_RETURN_IF_ERROR(FetchSources(segments, refs, from, max_bytes, &batches));
-  size_t bytes = 0;
-  for (const auto& data : batches) {
-    WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(*data));
-    for (auto& r : records) {
-      if (static_cast<uint64_t>(r.offset) < from) continue;
-      if (start.kind == ReadStart::kTimestamp && r.record.timestamp < static_cast<int64_t>(start.value)) continue;
-      size_t size = MeteredBytes(r.record);
-      if (out.records.size() >= max_records || (bytes + size > max_bytes && !out.records.empty())) return out;
-      bytes += size;
-      out.records.push_back(ReadRecord{static_cast<uint64_t>(r.offset), std::move(r.record)});
-    }
-  }
-  return out;
 }
 
 uint64_t Engine::LogStart(const Stream& s) {

@@ -262,6 +262,22 @@ describe("kafkajs against weir", () => {
     assert.deepEqual(await highWatermarks(admin, topic), countsByPartition(sent, 3));
   });
 
+  test("a plain (not idempotent) producer sends too", async () => {
+    // kafkajs sends producer id -1 with epoch 0 and sequence 0 here.
+    const producer = client.producer({ createPartitioner: Partitioners.DefaultPartitioner });
+    await within(WAIT_MS, "plain producer connect", producer.connect());
+    try {
+      const counts = countsByPartition(sent, 3);
+      const res = await within(WAIT_MS, "plain send", producer.send({
+        topic, acks: -1, messages: [{ partition: 2, key: "plain", value: "plain-1" }],
+      }));
+      assert.equal(Number(res[0].baseOffset), counts[2]);
+      sent.push({ partition: 2, offset: counts[2], key: "plain", value: "plain-1" });
+    } finally {
+      await producer.disconnect();
+    }
+  });
+
   test("a consumer group of two members reads everything exactly once and commits", async () => {
     assert.ok(sent.length > 0, "the producer test ran first");
     const expected = asMap(sent);
