@@ -139,7 +139,7 @@ TEST(Url, EncodesNamesAndReadTargets) {
   EXPECT_EQ(UrlEncode("a b/c%é"), "a%20b%2Fc%25%C3%A9");
   EXPECT_EQ(UrlEncode("Az09-._~"), "Az09-._~");
   ReadOptions o;
-  EXPECT_EQ(ReadTarget("s 1", o), "/v1/streams/s%201/records");
+  EXPECT_EQ(ReadTarget("s 1", o), "/v1/streams/s%201/records?seq_num=0");  // the server's default is the tail
   o.start = {ReadStart::Kind::kTailOffset, 5};
   o.count = 10;
   o.clamp = true;

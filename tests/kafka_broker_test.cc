@@ -1139,6 +1139,27 @@ TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {
   EXPECT_EQ(pd.high_watermark, 2);
 }
 
+TEST_F(BrokerTest, FetchLongPollWaitsForMinBytes) {
+  // One small batch is less than min_bytes: the fetch keeps waiting; the
+  // second batch makes it enough, and both come back.
+  ASSERT_EQ(CreateTopic("minb", 1).error_code, ErrorCode::kNone);
+  std::string first = Batch({"a"}), second = Batch({"b"});
+  auto min_bytes = static_cast<int32_t>(first.size() + second.size());
+  Pending waiting = Start(FetchReq("minb", {{0, 0}}, /*max_wait_ms=*/20000, min_bytes), 11);
+  ASSERT_EQ(Produce("minb", 0, first).error_code, ErrorCode::kNone);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(waiting.answered()) << "answered with fewer than min_bytes";
+  ASSERT_EQ(Produce("minb", 0, second).error_code, ErrorCode::kNone);
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  auto got = Batches(resp.responses.at(0).partitions.at(0));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1], WithBaseOffset(second, 1));
+  // And max_wait_ms still ends a fetch that never gets enough.
+  auto short_wait = Call(FetchReq("minb", {{0, 2}}, /*max_wait_ms=*/100, /*min_bytes=*/1 << 20), 11,
+                         DecodeFetchResponse);
+  EXPECT_TRUE(Batches(short_wait.responses.at(0).partitions.at(0)).empty());
+}
+
 TEST_F(BrokerTest, FetchLongPollEndsEmptyAtMaxWait) {
   ASSERT_EQ(CreateTopic("idle", 2).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("idle", 1, Batch({"x"})).error_code, ErrorCode::kNone);

@@ -156,11 +156,20 @@ Json StreamConfigJson(const metastore::StreamConfig& c) {
               {"delete_on_empty", nullptr}};
 }
 
-// Applies the non-null fields of a StreamConfig / StreamReconfiguration.
+// Applies the fields of a StreamConfig / StreamReconfiguration: absent ones
+// stay as they are, explicit nulls go back to the default (as on S2).
 // Bad values are kInvalidArgument (422); wrong JSON types throw (400).
 Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
   if (j.is_null()) return Status::Ok();
   if (!j.is_object()) throw BadRequest{"stream config must be an object"};
+  const metastore::StreamConfig defaults;
+  auto null = [&](const char* field) { return j.contains(field) && j[field].is_null(); };
+  if (null("storage_class")) c->storage_class = defaults.storage_class;
+  if (null("retention_policy")) c->retention_age_s = defaults.retention_age_s;
+  if (null("timestamping")) {
+    c->timestamping = defaults.timestamping;
+    c->uncapped_timestamps = defaults.uncapped_timestamps;
+  }
   if (auto it = j.find("storage_class"); it != j.end() && !it->is_null()) {
     WEIR_ASSIGN_OR_RETURN(c->storage_class, metastore::ParseStorageClass(it->get<std::string>()));
   }
@@ -178,10 +187,16 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
   }
   if (auto it = j.find("timestamping"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) throw BadRequest{"timestamping must be an object"};
-    if (auto m = it->find("mode"); m != it->end() && !m->is_null()) {
-      WEIR_ASSIGN_OR_RETURN(c->timestamping, metastore::ParseTimestampingMode(m->get<std::string>()));
+    if (auto m = it->find("mode"); m != it->end()) {
+      if (m->is_null()) {
+        c->timestamping = defaults.timestamping;
+      } else {
+        WEIR_ASSIGN_OR_RETURN(c->timestamping, metastore::ParseTimestampingMode(m->get<std::string>()));
+      }
     }
-    if (auto u = it->find("uncapped"); u != it->end() && !u->is_null()) c->uncapped_timestamps = u->get<bool>();
+    if (auto u = it->find("uncapped"); u != it->end()) {
+      c->uncapped_timestamps = u->is_null() ? defaults.uncapped_timestamps : u->get<bool>();
+    }
   }
   if (auto it = j.find("delete_on_empty"); it != j.end() && !it->is_null()) {
     auto age = it->value("min_age_secs", Json());
@@ -422,7 +437,10 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
     if (!ready_) return c.Error(503, "unavailable", "the server is still recovering", {{"Retry-After", "1"}});
     // S2's SDK reconnects at once (without spending a retry) on this code.
     if (draining_) return c.Error(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}});
-    if (const std::string* b = req.Header("s2-basin")) c.basin = *b;
+    if (const std::string* b = req.Header("s2-basin")) {
+      if (Status st = log::ValidateBasinName(*b); !st.ok()) throw BadRequest{"s2-basin: " + st.message(), "bad_header"};
+      c.basin = *b;
+    }
     Route(req, c);
   } catch (const BadRequest& e) {
     c.Error(400, e.code, e.message);

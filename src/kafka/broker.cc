@@ -301,14 +301,18 @@ void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<
 
 // ---- Fetch --------------------------------------------------------------------
 
-// One Fetch in flight: its response is built once, when enough bytes are
-// available, the wait ends, or a partition fails.
+// One Fetch in flight: it is read again each time a watched partition's
+// high watermark moves, and answered once min_bytes are there, a partition
+// fails, or max_wait_ms is over.
 // A longer max_wait_ms is cut to this (an earlier empty answer is legal).
 constexpr int32_t kMaxFetchWaitMs = 30000;
 
 struct FetchState {
   std::mutex mu;
-  bool done = false;
+  bool answered = false;     // the response is sent (or being built to send)
+  bool waiting = false;      // watches are set and no read of it is running
+  bool timer_armed = false;  // max_wait_ms runs from the first wait
+  bool expired = false;      // max_wait_ms is over: the next read answers
   std::vector<std::pair<std::string, uint64_t>> watches;  // (stream, watch id)
 };
 
@@ -385,72 +389,85 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
         pd.records.emplace_back(*b);
         hold.push_back(std::move(b));
       }
-      if (at_end) waits.emplace_back(stream, static_cast<uint64_t>(p.fetch_offset));
+      // If the fetch waits for more bytes, this partition wakes it once its
+      // high watermark moves.
+      waits.emplace_back(stream, r->tail);
       tr.partitions.push_back(std::move(pd));
     }
     resp.responses.push_back(std::move(tr));
   }
-  // min_bytes 0 answers at once, as in Kafka.
-  bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 0)) || waits.empty();
+  // min_bytes 0 answers at once, as in Kafka; so does a response that is as
+  // full as max_bytes allows.
+  bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 0)) || total >= budget ||
+                waits.empty();
   if (!final && !enough) {
-    // Long poll: wake on the first partition whose high watermark moves, or
-    // at max_wait_ms, whichever is first; then answer with what is there.
-    std::lock_guard lk(state->mu);
-    if (state->done) return;
-    auto wake = [this, req, state] {
-      {
-        std::lock_guard lk2(state->mu);
-        if (state->done) return;
-        state->done = true;
+    // Long poll: read again when a partition at its end gets data, until
+    // min_bytes are there or max_wait_ms is over.
+    std::unique_lock lk(state->mu);
+    if (state->answered) return;
+    if (!state->expired) {
+      auto wake = [this, req, state] {
+        {
+          std::lock_guard lk2(state->mu);
+          if (!state->waiting) return;  // another watch, or the timer, took it
+          state->waiting = false;
+        }
+        req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/false); });
+      };
+      state->waiting = true;
+      for (auto& [stream, offset] : waits) {
+        auto id = engine_->WatchTail(options_.basin, stream, offset, wake);
+        if (id.ok() && *id != 0) {
+          state->watches.emplace_back(stream, *id);
+        } else {
+          // Moved already (or gone): read again now.
+          state->waiting = false;
+          req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/false); });
+          break;
+        }
       }
-      req->reply->Post([this, req, state] { FinishFetch(req, state); });
-    };
-    for (auto& [stream, offset] : waits) {
-      auto id = engine_->WatchTail(options_.basin, stream, offset, wake);
-      if (id.ok() && *id != 0) {
-        state->watches.emplace_back(stream, *id);
-      } else {
-        // Moved already (or gone): answer now.
-        state->done = true;
-        req->reply->Post([this, req, state] { FinishFetch(req, state); });
-        return;
+      if (!state->timer_armed) {
+        state->timer_armed = true;
+        // The timer holds the fetch only weakly: once it is answered, its
+        // request is freed at once, not when max_wait_ms expires. Until then
+        // the registered watches (or a pending read) keep it alive.
+        std::weak_ptr<Request> weak_req = req;
+        std::weak_ptr<FetchState> weak_state = state;
+        req->reply->After(std::chrono::milliseconds(std::min(in.max_wait_ms, kMaxFetchWaitMs)),
+                          [this, weak_req, weak_state] {
+                            auto r = weak_req.lock();
+                            auto st = weak_state.lock();
+                            if (!r || !st) return;
+                            {
+                              std::lock_guard lk2(st->mu);
+                              if (st->answered) return;
+                              st->expired = true;
+                              // A read that is running sees `expired` and answers.
+                              if (!st->waiting) return;
+                              st->waiting = false;
+                            }
+                            r->reply->Post([this, r, st] { FinishFetch(r, st, /*final=*/true); });
+                          });
       }
+      return;
     }
-    // The timer holds the fetch only weakly: once it is answered (a watch
-    // fired), its request is freed at once, not when max_wait_ms expires.
-    // Until then the registered watches keep it alive.
-    std::weak_ptr<Request> weak_req = req;
-    std::weak_ptr<FetchState> weak_state = state;
-    req->reply->After(std::chrono::milliseconds(std::min(in.max_wait_ms, kMaxFetchWaitMs)),
-                      [this, weak_req, weak_state] {
-                        auto r = weak_req.lock();
-                        auto st = weak_state.lock();
-                        if (!r || !st) return;
-                        {
-                          std::lock_guard lk2(st->mu);
-                          if (st->done) return;
-                          st->done = true;
-                        }
-                        r->reply->Post([this, r, st] { FinishFetch(r, st); });
-                      });
-    return;
   }
   {
     std::lock_guard lk(state->mu);
-    state->done = true;
+    state->answered = true;
   }
   metrics_.fetch_bytes += total;
   Send(req, resp, EncodeFetchResponse);
 }
 
-void Broker::FinishFetch(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state) {
+void Broker::FinishFetch(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final) {
   std::vector<std::pair<std::string, uint64_t>> watches;
   {
     std::lock_guard lk(state->mu);
     watches.swap(state->watches);
   }
   for (auto& [stream, id] : watches) engine_->UnwatchTail(options_.basin, stream, id);
-  FetchOnce(req, state, /*final=*/true);
+  FetchOnce(req, state, final);
 }
 
 // ---- ListOffsets ----------------------------------------------------------------

@@ -95,7 +95,7 @@ class Broker : public FrameHandler {
   void Fetch(const std::shared_ptr<Request>& req);
   // Reads every partition once; answers, or (unless final) waits for data.
   void FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);
-  void FinishFetch(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state);
+  void FinishFetch(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);
   void ListOffsets(const std::shared_ptr<Request>& req);
   void Metadata(const std::shared_ptr<Request>& req);
   void OffsetCommit(const std::shared_ptr<Request>& req);

@@ -56,6 +56,7 @@ Status ValidateBasinName(const std::string& name) {
 Status ValidateStreamName(const std::string& name) {
   if (name.empty() || name.size() > 512) return InvalidArgument("stream name must be 1 to 512 bytes");
   if (name.find('\0') != std::string::npos) return InvalidArgument("stream name must not contain NUL");
+  if (name == "." || name == "..") return InvalidArgument("stream name must not be \"{}\"", name);
   return Status::Ok();
 }
 

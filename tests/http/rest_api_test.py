@@ -569,6 +569,12 @@ class StreamTest(ApiTestCase):
         cfg = self.config(name)
         self.assertEqual(cfg["timestamping"]["mode"], "client-require")
         self.assertEqual(cfg["retention_policy"], {"age": 3600})
+        # An explicit null puts a field back to its default, as on S2.
+        r = self.c.patch(f"/v1/streams/{q(name)}", json={"retention_policy": None, "timestamping": {"mode": None}})
+        self.assertEqual(r.status_code, 200, r.text)
+        cfg = self.config(name)
+        self.assertEqual(cfg["retention_policy"], {"age": 7 * 24 * 3600})
+        self.assertEqual(cfg["timestamping"]["mode"], "client-prefer")
 
     def test_list_pagination(self):
         prefix = unique("list")
@@ -597,7 +603,7 @@ class StreamTest(ApiTestCase):
         self.assertEqual([s["name"] for s in listed], [name])
 
     def test_invalid_names_and_config(self):
-        for bad in ["", "x" * 513, "nul\u0000byte"]:
+        for bad in ["", "x" * 513, "nul\u0000byte", ".", ".."]:
             with self.subTest(name=bad[:20]):
                 self.assertError(self.c.post("/v1/streams", json={"stream": bad}), 422, "invalid")
         self.c.create_stream(unique("y" * 490))  # 501 bytes: allowed
@@ -629,6 +635,10 @@ class BasinRoutingTest(ApiTestCase):
         only_here = unique("only-in-basin")
         in_basin.create_stream(only_here)
         self.assertError(default.get(f"/v1/streams/{q(only_here)}"), 404, "stream_not_found")
+
+    def test_invalid_basin_header(self):
+        bad = Client(SHARED, basin="Not_A_Basin")
+        self.assertError(bad.get("/v1/streams"), 400, "bad_header")
 
     def test_missing_basin_header(self):
         ghost = Client(SHARED, basin=unique("ghost"))
