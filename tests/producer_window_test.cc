@@ -43,6 +43,26 @@ TEST(ProducerWindows, KeepsTheLastFiveBatches) {
   EXPECT_EQ(w.Check(1, 0, 7, 1)->kind, ProducerCheck::kNew);
 }
 
+TEST(ProducerWindows, ForgetsProducersIdleForADay) {
+  auto at = [](int32_t seq, int64_t ts) {
+    return ProducerBatch{seq, seq, static_cast<uint64_t>(seq), static_cast<uint64_t>(seq) + 1, ts, ts};
+  };
+  ProducerWindows w;
+  w.Record(1, 0, at(0, 1000));
+  w.Record(2, 0, at(0, 2000));
+  // A day (of the stream's timestamps) later, minus a little: both still known.
+  w.Record(3, 0, at(0, 1000 + kProducerExpirationMs));
+  EXPECT_TRUE(w.Knows(1) && w.Knows(2) && w.Knows(3));
+  // An hour on: producer 1's newest batch is over a day old, 2's not yet.
+  w.Record(3, 0, at(1, 1500 + kProducerExpirationMs + 3600 * 1000));
+  EXPECT_FALSE(w.Knows(1));
+  EXPECT_FALSE(w.Knows(2));  // 2000 is over a day before the newest too
+  EXPECT_TRUE(w.Knows(3));
+  EXPECT_EQ(w.size(), 1u);
+  // A forgotten producer starts over, as a new one (Check says so).
+  EXPECT_EQ(w.Check(1, 0, 0, 1)->kind, ProducerCheck::kNew);
+}
+
 TEST(ProducerWindows, SequencesWrapAtInt32Max) {
   ProducerWindows w;
   w.Record(1, 0, B(INT32_MAX - 1, INT32_MAX, 0));

@@ -1,5 +1,7 @@
 #include "log/producer_window.h"
 
+#include <algorithm>
+
 #include "base/bytes.h"
 
 namespace weir::log {
@@ -64,6 +66,15 @@ void ProducerWindows::Record(uint64_t producer_id, int16_t epoch, const Producer
   }
   p.batches.push_back(batch);
   while (p.batches.size() > kProducerWindowBatches) p.batches.pop_front();
+  clock_ms_ = std::max(clock_ms_, batch.last_timestamp_ms);
+  if (clock_ms_ < next_prune_ms_) return;
+  constexpr int64_t kEvery = kProducerExpirationMs / 24;
+  next_prune_ms_ = clock_ms_ > INT64_MAX - kEvery ? INT64_MAX : clock_ms_ + kEvery;
+  const int64_t cutoff = clock_ms_ < INT64_MIN + kProducerExpirationMs ? INT64_MIN : clock_ms_ - kProducerExpirationMs;
+  std::erase_if(producers_, [&](const auto& entry) {
+    const auto& [id, q] = entry;
+    return id != producer_id && (q.batches.empty() || q.batches.back().last_timestamp_ms < cutoff);
+  });
 }
 
 // Format: u32 producer count, then per producer: id u64, epoch u16, n u8, then
