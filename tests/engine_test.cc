@@ -801,6 +801,15 @@ TEST_F(EngineTest, ArrivalStreamsStampRawBatchesWithLogAppendTime) {
   auto rec = engine_->Read(kBasin, "arrival", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
   ASSERT_TRUE(rec.ok());
   EXPECT_EQ(rec->records[0].record.timestamp, o.ack.last_timestamp_ms);
+  // An idempotent retry gets the original's stamp back, as Kafka answers.
+  std::string idem = KafkaBatch({"c"}, 5, /*pid=*/9, /*epoch=*/0, /*seq=*/0);
+  auto first = AppendRaw(*engine_, "arrival", idem);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  auto again = AppendRaw(*engine_, "arrival", idem);
+  ASSERT_TRUE(again.status.ok()) << again.status.ToString();
+  EXPECT_TRUE(again.ack.duplicated);
+  EXPECT_TRUE(again.ack.log_append_time);
+  EXPECT_EQ(again.ack.last_timestamp_ms, first.ack.last_timestamp_ms);
 }
 
 TEST_F(EngineTest, ReadBatchesBoundsAndLimits) {

@@ -593,10 +593,9 @@ void Broker::FindCoordinator(const std::shared_ptr<Request>& req) {
   if (in.key_type != kCoordinatorKeyGroup) {
     resp.error_code = ErrorCode::kTransactionalIdAuthorizationFailed;
     resp.error_message = "weir does not support Kafka transactions";
-  } else if (in.key.empty()) {
-    resp.error_code = ErrorCode::kInvalidGroupId;
-    resp.error_message = "the group id is empty";
   } else {
+    // Any group id, the empty one included, has this node as coordinator
+    // (Kafka checks the id only where a group is joined).
     resp.node_id = options_.node_id;
     resp.host = options_.advertised_host;
     resp.port = options_.advertised_port;

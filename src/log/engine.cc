@@ -581,6 +581,8 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
   if (b.end_offset <= s->tail) {
     AppendAck ack{b.start_offset, b.end_offset, s->tail, b.first_timestamp_ms, b.last_timestamp_ms, true,
                   LogStart(*s)};
+    // As for the original: an arrival-time stream stamped it (Kafka's LogAppendTime).
+    ack.log_append_time = s->info.config.timestamping == metastore::TimestampingMode::kArrival;
     lk.unlock();
     done(AppendOutcome{Status::Ok(), ack, std::nullopt, std::nullopt});
     return true;
