@@ -228,6 +228,19 @@ def follow():
     assert out == "before\none\n", out
     out = weir("read", "live", "-f", "--tail-offset", "1", "--count", "1", timeout=60).stdout
     assert out == "two\n", out
+    # --count past what the stream holds: the follower waits for the rest.
+    proc = subprocess.Popen([WEIR, "read", "live", "-f", "--from", "2", "--count", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    out, err = "", ""
+    try:
+        time.sleep(1)
+        assert proc.poll() is None, "the follower ended before its count"
+        weir("append", "live", input="three\n")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and out == "two\nthree\n", (proc.returncode, out, err)
 
 
 @case

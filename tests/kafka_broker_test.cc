@@ -1158,6 +1158,14 @@ TEST_F(BrokerTest, FetchLongPollWaitsForMinBytes) {
   auto short_wait = Call(FetchReq("minb", {{0, 2}}, /*max_wait_ms=*/100, /*min_bytes=*/1 << 20), 11,
                          DecodeFetchResponse);
   EXPECT_TRUE(Batches(short_wait.responses.at(0).partitions.at(0)).empty());
+  // A partition held back by partition_max_bytes cannot give more by waiting:
+  // the fetch answers at once with what fits instead of waiting 20 s.
+  auto t0 = Now();
+  auto capped = Call(FetchReq("minb", {{0, 0}}, /*max_wait_ms=*/20000, /*min_bytes=*/1 << 20, 1 << 20,
+                              static_cast<int32_t>(first.size())),
+                     11, DecodeFetchResponse);
+  EXPECT_EQ(Batches(capped.responses.at(0).partitions.at(0)).size(), 1u);
+  EXPECT_LT(Now() - t0, 10s);
 }
 
 TEST_F(BrokerTest, FetchLongPollEndsEmptyAtMaxWait) {

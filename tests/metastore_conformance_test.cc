@@ -549,6 +549,32 @@ TEST_P(MetastoreConformance, DeleteStreamRemovesStateAndSegments) {
   EXPECT_TRUE(none.empty());
 }
 
+TEST_P(MetastoreConformance, CreateTokensAreKeptUntilTheNameIsDeleted) {
+  ASSERT_OK(m().CreateBasin(BasinInfo{"tokened", 1, "basin-token"}));
+  StreamInfo info;
+  info.basin = "tokened";
+  info.name = "s";
+  info.request_token = "stream-token";
+  ASSERT_OK_AND_ASSIGN(StreamInfo s, m().CreateStream(info));
+  EXPECT_EQ(*m().CreateToken("tokened", ""), "basin-token");
+  EXPECT_EQ(*m().CreateToken("tokened", "s"), "stream-token");
+  EXPECT_EQ(*m().CreateToken("tokened", "other"), "");
+  EXPECT_EQ(m().CreateStream(info).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(*m().CreateToken("tokened", "s"), "stream-token");  // a failed create changes nothing
+  if (persistent()) {
+    Reopen();
+    EXPECT_EQ(*m().CreateToken("tokened", "s"), "stream-token");
+  }
+  ASSERT_OK(m().DeleteStream(s.id).status());
+  EXPECT_EQ(*m().CreateToken("tokened", "s"), "");
+  info.request_token.clear();  // the name again, without a token
+  ASSERT_OK(m().CreateStream(info).status());
+  EXPECT_EQ(*m().CreateToken("tokened", "s"), "");
+  ASSERT_OK(m().DeleteStream(m().GetStream("tokened", "s")->id).status());
+  ASSERT_OK(m().DeleteBasin("tokened"));
+  EXPECT_EQ(*m().CreateToken("tokened", ""), "");
+}
+
 TEST_P(MetastoreConformance, ListStreamStatesReturnsEveryStream) {
   ASSERT_OK_AND_ASSIGN(std::vector<StreamState> empty, m().ListStreamStates());
   EXPECT_TRUE(empty.empty());
@@ -1508,6 +1534,8 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     EXPECT_EQ(created.first.id, 1u);
     EXPECT_EQ(created.second[0].id, 8u);  // the stream allocator continues
     ASSERT_OK(meta->CommitGroupOffsets("g", {GroupOffset{"topic", 1, 42, -1, "", 5}}));
+    ASSERT_OK(meta->CreateBasin(BasinInfo{"upgraded", 1, "tok"}));  // schema 3's create tokens
+    EXPECT_EQ(*meta->CreateToken("upgraded", ""), "tok");
   }
   EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
   // Opening the upgraded file again changes nothing.

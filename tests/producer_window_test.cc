@@ -43,24 +43,34 @@ TEST(ProducerWindows, KeepsTheLastFiveBatches) {
   EXPECT_EQ(w.Check(1, 0, 7, 1)->kind, ProducerCheck::kNew);
 }
 
-TEST(ProducerWindows, ForgetsProducersIdleForADay) {
-  auto at = [](int32_t seq, int64_t ts) {
-    return ProducerBatch{seq, seq, static_cast<uint64_t>(seq), static_cast<uint64_t>(seq) + 1, ts, ts};
-  };
+TEST(ProducerWindows, ForgetsTheLeastRecentProducersPastTheBound) {
+  // Producer i appends at offset i; producer 0 appends again at the end, so
+  // it is recent however early it started.
   ProducerWindows w;
-  w.Record(1, 0, at(0, 1000));
-  w.Record(2, 0, at(0, 2000));
-  // A day (of the stream's timestamps) later, minus a little: both still known.
-  w.Record(3, 0, at(0, 1000 + kProducerExpirationMs));
-  EXPECT_TRUE(w.Knows(1) && w.Knows(2) && w.Knows(3));
-  // An hour on: producer 1's newest batch is over a day old, 2's not yet.
-  w.Record(3, 0, at(1, 1500 + kProducerExpirationMs + 3600 * 1000));
-  EXPECT_FALSE(w.Knows(1));
-  EXPECT_FALSE(w.Knows(2));  // 2000 is over a day before the newest too
-  EXPECT_TRUE(w.Knows(3));
-  EXPECT_EQ(w.size(), 1u);
-  // A forgotten producer starts over, as a new one (Check says so).
+  uint64_t offset = 0;
+  auto append = [&](uint64_t id, int32_t seq) {
+    w.Record(id, 0, ProducerBatch{seq, seq, offset, offset + 1, 0, 0});
+    ++offset;
+  };
+  for (uint64_t id = 0; id < kMaxProducersPerStream; ++id) append(id, 0);
+  append(0, 1);
+  EXPECT_EQ(w.size(), kMaxProducersPerStream);
+  append(kMaxProducersPerStream, 0);  // one too many: an eighth goes
+  const size_t kept = kMaxProducersPerStream * 7 / 8;
+  EXPECT_EQ(w.size(), kept);
+  EXPECT_TRUE(w.Knows(0));                        // appended recently
+  EXPECT_TRUE(w.Knows(kMaxProducersPerStream));   // the newest
+  EXPECT_FALSE(w.Knows(1));                       // the least recent
+  // 1025 producers, 896 kept: 1..129 went, 130 on stayed.
+  EXPECT_FALSE(w.Knows(kMaxProducersPerStream + 1 - kept));
+  EXPECT_TRUE(w.Knows(kMaxProducersPerStream + 2 - kept));
+  // A forgotten producer starts over, as a new one.
   EXPECT_EQ(w.Check(1, 0, 0, 1)->kind, ProducerCheck::kNew);
+  EXPECT_EQ(w.Check(1, 0, 1, 1).status().code(), Code::kOutOfRange);
+  // The same state replayed forgets the same producers.
+  auto copy = ProducerWindows::Deserialize(w.Serialize());
+  ASSERT_TRUE(copy.ok());
+  EXPECT_TRUE(*copy == w);
 }
 
 TEST(ProducerWindows, SequencesWrapAtInt32Max) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -301,6 +302,9 @@ int Follow(ClientCommandsState& s, Client& c) {
   client::ReadOptions ro;
   ro.start = StartOf(s);
   ro.count = s.count;
+  // A session bounded by a count ends at the tail unless told to wait; a
+  // follower waits for records as long as it takes.
+  if (s.count) ro.wait_s = std::numeric_limits<int>::max();
   std::string last_event_id;
   TimePoint failing_since{};
   for (bool first = true;; first = false) {

@@ -137,9 +137,9 @@ Result<ReadBatch> Client::Read(std::string_view stream, const ReadOptions& optio
     auto tail = DecodeTail(resp.body);
     if (tail.ok()) {
       const ReadStart& st = options.start;
-      bool at_tail = st.kind == ReadStart::Kind::kTailOffset ||
-                     (st.kind == ReadStart::Kind::kFirst && tail->seq_num == 0) ||
-                     (st.kind == ReadStart::Kind::kSeqNum && st.value == tail->seq_num) ||
+      bool at_tail = options.clamp || st.kind == ReadStart::Kind::kTailOffset ||
+                     st.kind == ReadStart::Kind::kFirst ||  // an empty or fully trimmed stream
+                     (st.kind == ReadStart::Kind::kSeqNum && st.value <= tail->seq_num) ||
                      (st.kind == ReadStart::Kind::kTimestamp && st.value <= tail->timestamp);
       if (at_tail) return ReadBatch{{}, *tail};
     }

@@ -313,6 +313,22 @@ Json RecordJson(const log::ReadRecord& r, Format f) {
               {"body", EncodeField(r.record.value.value_or(""), f)}};
 }
 
+// S2's s2-request-token (at most 36 bytes), or "".
+std::string RequestToken(const Request& req) {
+  const std::string* t = req.Header("s2-request-token");
+  if (!t) return "";
+  if (t->size() > 36) throw BadRequest{"s2-request-token must be at most 36 bytes", "bad_header"};
+  return *t;
+}
+
+// Whether a create that found the name taken is a retry of the create that
+// took it: both carry the same non-empty request token.
+bool SameToken(log::Engine* engine, const std::string& token, const std::string& basin, const std::string& stream) {
+  if (token.empty()) return false;
+  auto stored = engine->CreateToken(basin, stream);
+  return stored.ok() && *stored == token;
+}
+
 bool WantsProto(const Request& req) {
   const std::string* a = req.Header("accept");
   return a && a->find("application/protobuf") != std::string::npos;
@@ -503,7 +519,11 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
       if (!j.contains("basin") || !j["basin"].is_string()) throw BadRequest{"CreateBasinRequest needs \"basin\""};
       std::string basin = j["basin"].get<std::string>();
       if (Status st = CheckBasinConfig(j.value("config", Json())); !st.ok()) return c.Fail(st);
-      if (Status st = engine_->CreateBasin(basin); !st.ok()) return c.Fail(st);
+      const std::string token = RequestToken(req);
+      if (Status st = engine_->CreateBasin(basin, token); !st.ok()) {
+        // A retry of a create that succeeded (same token) succeeds again.
+        if (!(st.code() == Code::kAlreadyExists && SameToken(engine_, token, basin, ""))) return c.Fail(st);
+      }
       auto info = engine_->GetBasin(basin);
       if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
       return c.Reply(201, BasinInfoJson(*info));
@@ -570,7 +590,14 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       if (!j.contains("stream") || !j["stream"].is_string()) throw BadRequest{"CreateStreamRequest needs \"stream\""};
       metastore::StreamConfig config;
       if (Status st = ApplyStreamConfig(j.value("config", Json()), &config); !st.ok()) return c.Fail(st);
-      auto info = engine_->CreateStream(c.basin, j["stream"].get<std::string>(), config);
+      const std::string stream = j["stream"].get<std::string>();
+      const std::string token = RequestToken(req);
+      auto info = engine_->CreateStream(c.basin, stream, config, token);
+      if (!info.ok() && info.status().code() == Code::kAlreadyExists && SameToken(engine_, token, c.basin, stream)) {
+        // A retry of a create that succeeded (same token) succeeds again.
+        auto existing = engine_->GetStream(c.basin, stream);
+        if (existing.ok()) return c.Reply(201, StreamInfoJson(existing->info));
+      }
       if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
       return c.Reply(201, StreamInfoJson(*info));
     }
@@ -730,7 +757,8 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // One read; then answer, send an event, or wait.
   void Step() {
     if (sse_ && (c_.ex->closed() || api_->draining_)) {
-      return Finish(api_->draining_ ? Unavailable("the server is shutting down") : Status::Ok());
+      // server_draining, as for requests: S2's SDKs reconnect at once on it.
+      return Finish(api_->draining_ ? Unavailable("the server is shutting down") : Status::Ok(), "server_draining");
     }
     size_t max_records = 1000, max_bytes = 1 << 20;
     if (p_.count) {
@@ -923,10 +951,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     c_.ex->End();
   }
 
-  // Ends the session; with an error event (S2's ErrorInfo) unless `error` is OK.
-  void Finish(const Status& error) {
+  // Ends the session; with an error event (S2's ErrorInfo) unless `error` is
+  // OK. `code` overrides the one the status maps to.
+  void Finish(const Status& error, std::string_view code = {}) {
     if (!error.ok()) {
-      std::string_view code = ErrorCodeFor(error).second;
+      if (code.empty()) code = ErrorCodeFor(error).second;
       c_.ex->Write(fmt::format("event: error\ndata: {}\n\n",
                                Json{{"code", code}, {"message", error.message()}}.dump(
                                    -1, ' ', false, Json::error_handler_t::replace)),

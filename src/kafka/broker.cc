@@ -384,14 +384,22 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
       // Only the first partition with data may go past the limits, by its
       // first batch (KIP-74); later ones get nothing rather than too much.
       if (total > 0 && !at_end && r->batches.front()->size() > want) r->batches.clear();
+      // Whether this answer holds everything up to the high watermark.
+      bool complete = r->batches.empty() ? at_end : false;
+      if (!r->batches.empty()) {
+        auto h = wal::ParseBatchHeader(*r->batches.back());
+        complete = h.ok() && static_cast<uint64_t>(h->last_offset()) + 1 >= r->tail;
+      }
       for (auto& b : r->batches) {
         total += b->size();
         pd.records.emplace_back(*b);
         hold.push_back(std::move(b));
       }
-      // If the fetch waits for more bytes, this partition wakes it once its
-      // high watermark moves.
-      waits.emplace_back(stream, r->tail);
+      // If the fetch waits for more bytes, a partition that gave all it had
+      // wakes it once its high watermark moves. One held back by the limits
+      // has nothing more to give this fetch: watching it would only read it
+      // again on every append.
+      if (complete) waits.emplace_back(stream, r->tail);
       tr.partitions.push_back(std::move(pd));
     }
     resp.responses.push_back(std::move(tr));

@@ -89,8 +89,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void PostInOrder(std::function<void()> fn) {
     ordered_pending_++;
     net::post(ordered_, [self = shared_from_this(), fn = std::move(fn)] {
+      // Counted down however fn ends, or the connection's later ordered
+      // work would queue forever.
+      struct Done {
+        Connection* c;
+        ~Done() { c->ordered_pending_--; }
+      } done{self.get()};
       fn();
-      self->ordered_pending_--;
     });
   }
   void RunInOrder(std::function<void(bool)> fn) {

@@ -292,9 +292,13 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
 
 // ---- Basins and streams -------------------------------------------------------
 
-Status Engine::CreateBasin(const std::string& name) {
+Status Engine::CreateBasin(const std::string& name, const std::string& request_token) {
   WEIR_RETURN_IF_ERROR(ValidateBasinName(name));
-  return meta_->CreateBasin(metastore::BasinInfo{name, WallMillis()});
+  return meta_->CreateBasin(metastore::BasinInfo{name, WallMillis(), request_token});
+}
+
+Result<std::string> Engine::CreateToken(const std::string& basin, const std::string& stream) {
+  return meta_->CreateToken(basin, stream);
 }
 
 Result<std::vector<metastore::BasinInfo>> Engine::ListBasins(const std::string& prefix, const std::string& start_after,
@@ -307,13 +311,15 @@ Result<metastore::BasinInfo> Engine::GetBasin(const std::string& name) { return 
 Status Engine::DeleteBasin(const std::string& name) { return meta_->DeleteBasin(name); }
 
 Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, const std::string& name,
-                                                   const metastore::StreamConfig& config) {
+                                                   const metastore::StreamConfig& config,
+                                                   const std::string& request_token) {
   WEIR_RETURN_IF_ERROR(ValidateStreamName(name));
   metastore::StreamInfo info;
   info.basin = basin;
   info.name = name;
   info.config = config;
   info.created_at_ms = WallMillis();
+  info.request_token = request_token;
   WEIR_ASSIGN_OR_RETURN(info, meta_->CreateStream(info));
   auto s = std::make_shared<Stream>();
   s->info = info;

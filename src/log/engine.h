@@ -174,15 +174,20 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Basins: names are 8..48 characters of [a-z0-9-], no leading or trailing '-'.
-  Status CreateBasin(const std::string& name);
+  // `request_token` (S2's s2-request-token, may be empty) is kept so a retry
+  // of the create can be told from a conflicting one: CreateToken.
+  Status CreateBasin(const std::string& name, const std::string& request_token = "");
   Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
                                                        size_t limit);
   Result<metastore::BasinInfo> GetBasin(const std::string& name);
   Status DeleteBasin(const std::string& name);
+  // The token a basin (stream empty) or stream was created with, or "".
+  Result<std::string> CreateToken(const std::string& basin, const std::string& stream);
 
-  // Streams: names are 1..512 bytes of UTF-8 without NUL.
+  // Streams: names are 1..512 bytes without NUL, not "." or "..".
   Result<metastore::StreamInfo> CreateStream(const std::string& basin, const std::string& name,
-                                             const metastore::StreamConfig& config);
+                                             const metastore::StreamConfig& config,
+                                             const std::string& request_token = "");
   Result<StreamSummary> GetStream(const std::string& basin, const std::string& name);
   Result<std::vector<metastore::StreamInfo>> ListStreams(const std::string& basin, const std::string& prefix,
                                                          const std::string& start_after, size_t limit);

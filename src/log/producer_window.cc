@@ -1,6 +1,7 @@
 #include "log/producer_window.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "base/bytes.h"
 
@@ -66,15 +67,16 @@ void ProducerWindows::Record(uint64_t producer_id, int16_t epoch, const Producer
   }
   p.batches.push_back(batch);
   while (p.batches.size() > kProducerWindowBatches) p.batches.pop_front();
-  clock_ms_ = std::max(clock_ms_, batch.last_timestamp_ms);
-  if (clock_ms_ < next_prune_ms_) return;
-  constexpr int64_t kEvery = kProducerExpirationMs / 24;
-  next_prune_ms_ = clock_ms_ > INT64_MAX - kEvery ? INT64_MAX : clock_ms_ + kEvery;
-  const int64_t cutoff = clock_ms_ < INT64_MIN + kProducerExpirationMs ? INT64_MIN : clock_ms_ - kProducerExpirationMs;
-  std::erase_if(producers_, [&](const auto& entry) {
-    const auto& [id, q] = entry;
-    return id != producer_id && (q.batches.empty() || q.batches.back().last_timestamp_ms < cutoff);
-  });
+  if (producers_.size() <= kMaxProducersPerStream) return;
+  // Forget an eighth at once, so this O(n) pass runs once per n/8 producers.
+  std::vector<std::pair<uint64_t, uint64_t>> by_end;  // (end of newest batch, id)
+  by_end.reserve(producers_.size());
+  for (const auto& [id, q] : producers_) {
+    by_end.emplace_back(q.batches.empty() ? 0 : q.batches.back().end_offset, id);
+  }
+  const size_t drop = producers_.size() - kMaxProducersPerStream * 7 / 8;
+  std::nth_element(by_end.begin(), by_end.begin() + static_cast<std::ptrdiff_t>(drop), by_end.end());
+  for (size_t i = 0; i < drop; ++i) producers_.erase(by_end[i].second);
 }
 
 // Format: u32 producer count, then per producer: id u64, epoch u16, n u8, then

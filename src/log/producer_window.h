@@ -18,10 +18,10 @@
 namespace weir::log {
 
 inline constexpr size_t kProducerWindowBatches = 5;
-// A producer whose newest batch is this much older than the stream's newest
-// is forgotten (Kafka's producer.id.expiration.ms default), so the state of a
-// stream stays bounded by the producers active within a day.
-inline constexpr int64_t kProducerExpirationMs = 24 * 3600 * 1000;
+// At most this many producers are remembered per stream: past it, the ones
+// that appended least recently (by offset) are forgotten, so a stream's state
+// stays bounded however many producers come and go.
+inline constexpr size_t kMaxProducersPerStream = 1024;
 
 // Sequence of the last record of a batch of `count` records starting at
 // `first` (sequences wrap from INT32_MAX to 0, as Kafka's do).
@@ -48,10 +48,10 @@ class ProducerWindows {
   // kNew, kDuplicate, or an error: kFenced (epoch older than the producer's
   // current one), kOutOfRange (sequence gap or too old to tell: out of order).
   Result<ProducerCheck> Check(uint64_t producer_id, int16_t epoch, int32_t first_seq, int32_t count) const;
-  // Records an appended batch (after Check said kNew). Forgets producers
-  // whose newest batch is more than kProducerExpirationMs older than the
-  // newest batch recorded (the stream's own timestamps are the clock, so a
-  // replay forgets the same ones); checked once per hour of that clock.
+  // Records an appended batch (after Check said kNew). Past
+  // kMaxProducersPerStream producers, forgets the eighth whose newest batch
+  // ends earliest. Offsets, not timestamps, order them (clients set
+  // timestamps), so the same state and batches forget the same producers.
   void Record(uint64_t producer_id, int16_t epoch, const ProducerBatch& batch);
 
   bool Knows(uint64_t producer_id) const { return producers_.count(producer_id) != 0; }
@@ -70,8 +70,6 @@ class ProducerWindows {
     std::deque<ProducerBatch> batches;  // oldest first, at most kProducerWindowBatches
   };
   std::map<uint64_t, Producer> producers_;
-  int64_t clock_ms_ = INT64_MIN;       // newest batch timestamp recorded
-  int64_t next_prune_ms_ = INT64_MIN;  // when (by clock_ms_) to look for expired producers
 };
 
 bool operator==(const ProducerBatch& a, const ProducerBatch& b);

@@ -34,6 +34,9 @@ namespace weir::metastore {
 struct BasinInfo {
   std::string name;
   int64_t created_at_ms = 0;
+  // On create only: the client's request token (S2's s2-request-token), kept
+  // so a retried create can be recognised (CreateToken). Not read back here.
+  std::string request_token = {};
 };
 
 // ---- Streams --------------------------------------------------------------
@@ -62,6 +65,7 @@ struct StreamInfo {
   std::string name;
   StreamConfig config;
   int64_t created_at_ms = 0;
+  std::string request_token = {};  // on create only, as BasinInfo's
 };
 
 // A stream's state as of its last settle: everything recovery needs besides
@@ -169,6 +173,9 @@ class Metastore {
                                                     size_t limit) = 0;
   // kNotFound if missing; kPreconditionFailed if it still has tables or streams.
   virtual Status DeleteBasin(std::string_view name) = 0;
+  // The request token the basin (stream empty) or stream was created with;
+  // "" if none was given or it does not exist. Deleting it forgets the token.
+  virtual Result<std::string> CreateToken(std::string_view basin, std::string_view stream) = 0;
 
   // Streams. CreateStream allocates the id (ignores info.id) and creates the
   // stream's state row (all zero) in the same transaction; the basin must exist

@@ -124,6 +124,9 @@ constexpr const char* kSchema[] = {
     "CREATE TABLE IF NOT EXISTS group_offsets(group_id TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, "
     "committed_offset INTEGER NOT NULL, leader_epoch INTEGER NOT NULL, metadata BLOB NOT NULL, "
     "commit_time_ms INTEGER NOT NULL, PRIMARY KEY(group_id, topic, part)) WITHOUT ROWID",
+    // Schema 3. The request token a basin (stream '') or stream was created with.
+    "CREATE TABLE IF NOT EXISTS create_tokens(basin TEXT NOT NULL, stream TEXT NOT NULL, token TEXT NOT NULL, "
+    "PRIMARY KEY(basin, stream)) WITHOUT ROWID",
 };
 
 constexpr const char kCreateSchemaVersion[] = "CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)";
@@ -146,6 +149,9 @@ constexpr const char kListBasinsOpen[] =
     "SELECT name, created_at_ms FROM basins WHERE name > ?1 AND name >= ?2 ORDER BY name LIMIT ?4";
 constexpr const char kFirstStreamOfBasin[] = "SELECT name FROM streams WHERE basin = ?1 ORDER BY name LIMIT 1";
 constexpr const char kDeleteBasin[] = "DELETE FROM basins WHERE name = ?1";
+constexpr const char kInsertToken[] = "INSERT OR REPLACE INTO create_tokens(basin, stream, token) VALUES(?1, ?2, ?3)";
+constexpr const char kGetToken[] = "SELECT token FROM create_tokens WHERE basin = ?1 AND stream = ?2";
+constexpr const char kDeleteToken[] = "DELETE FROM create_tokens WHERE basin = ?1 AND stream = ?2";
 
 #define WEIR_STREAM_COLUMNS "id, basin, name, storage_class, retention_age_s, timestamping, uncapped, created_at_ms"
 constexpr const char kStreamByName[] = "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE basin = ?1 AND name = ?2";
@@ -607,7 +613,9 @@ Status SqliteMetastore::InsertStream(StreamInfo* info) {
     WEIR_RETURN_IF_ERROR(ins.Run("insert stream"));
   }
   WEIR_ASSIGN_OR_RETURN(Stmt state, Prepare(kInsertZeroState));
-  return state.Int(1, I64(info->id)).Run("insert stream state");
+  WEIR_RETURN_IF_ERROR(state.Int(1, I64(info->id)).Run("insert stream state"));
+  // A stream name reused after a delete starts without the old token.
+  return SetToken(info->basin, info->name, info->request_token);
 }
 
 Status SqliteMetastore::RemoveStream(uint64_t id, std::vector<std::string>* keys) {
@@ -674,8 +682,27 @@ Status SqliteMetastore::CreateBasin(const BasinInfo& basin) {
         if (exists) return AlreadyExists("basin {} already exists", basin.name);
       }
       WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertBasin));
-      return ins.Text(1, basin.name).Int(2, basin.created_at_ms).Run("insert basin");
+      WEIR_RETURN_IF_ERROR(ins.Text(1, basin.name).Int(2, basin.created_at_ms).Run("insert basin"));
+      return SetToken(basin.name, "", basin.request_token);
     });
+  });
+}
+
+Status SqliteMetastore::SetToken(std::string_view basin, std::string_view stream, std::string_view token) {
+  if (token.empty()) {
+    WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteToken));
+    return del.Text(1, basin).Text(2, stream).Run("delete create token");
+  }
+  WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertToken));
+  return ins.Text(1, basin).Text(2, stream).Text(3, token).Run("insert create token");
+}
+
+Result<std::string> SqliteMetastore::CreateToken(std::string_view basin, std::string_view stream) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("CreateToken", [&]() -> Result<std::string> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetToken));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, basin).Text(2, stream).Step("read create token"));
+    return row ? st.ColText(0) : std::string();
   });
 }
 
@@ -730,7 +757,7 @@ Status SqliteMetastore::DeleteBasin(std::string_view name) {
       WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteBasin));
       WEIR_RETURN_IF_ERROR(del.Text(1, name).Run("delete basin"));
       if (del.Changes() == 0) return NotFound("basin {} does not exist", name);
-      return Status::Ok();
+      return SetToken(name, "", "");
     });
   });
 }
@@ -834,6 +861,7 @@ Result<std::vector<std::string>> SqliteMetastore::DeleteStream(uint64_t id) {
         return PreconditionFailed("stream {}/{} backs a bucket of table {}; delete the table instead", basin, name,
                                   table->name);
       }
+      WEIR_RETURN_IF_ERROR(SetToken(basin, name, ""));
       return RemoveStream(id, &keys);
     });
     if (!txn.ok()) return txn;

@@ -35,7 +35,8 @@ class SqliteMetastore final : public Metastore {
   //   1: basins, streams, stream_states, segments, nodes, counters
   //   2: + tables, group_offsets (new tables only, so a v1 database just
   //      gains them; a v1 build then refuses the upgraded file)
-  static constexpr int kSchemaVersion = 2;
+  //   3: + create_tokens (likewise)
+  static constexpr int kSchemaVersion = 3;
 
   // Opens PATH (created if missing; its parent directory must exist) or, for
   // ":memory:", a private in-memory database. Creates the schema if missing.
@@ -50,6 +51,7 @@ class SqliteMetastore final : public Metastore {
   Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix, std::string_view start_after,
                                             size_t limit) override;
   Status DeleteBasin(std::string_view name) override;
+  Result<std::string> CreateToken(std::string_view basin, std::string_view stream) override;
 
   Result<StreamInfo> CreateStream(const StreamInfo& info) override;
   Result<StreamInfo> GetStream(std::string_view basin, std::string_view name) override;
@@ -108,6 +110,8 @@ class SqliteMetastore final : public Metastore {
   Result<bool> BasinExists(std::string_view name);
   // Inserts a stream row (new id) and its zero state; kAlreadyExists if the name is taken.
   Status InsertStream(StreamInfo* info);
+  // Records (or, for an empty token, forgets) a create token; in a transaction.
+  Status SetToken(std::string_view basin, std::string_view stream, std::string_view token);
   // Deletes a stream's segment rows, state and row; appends the segment object keys.
   Status RemoveStream(uint64_t id, std::vector<std::string>* keys);
   // The table whose bucket `stream` backs, if any.

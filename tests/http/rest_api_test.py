@@ -602,6 +602,27 @@ class StreamTest(ApiTestCase):
         listed = self.c.get("/v1/streams", params={"prefix": name}).json()["streams"]
         self.assertEqual([s["name"] for s in listed], [name])
 
+    def test_request_token_makes_a_create_retry_safe(self):
+        # S2's s2-request-token: a retried create (same token) succeeds again;
+        # another token, or none, is a conflict.
+        name = unique("tok")
+        tok = {"s2-request-token": "retry-" + uuid.uuid4().hex[:8]}
+        first = self.c.post("/v1/streams", json={"stream": name}, headers=tok)
+        self.assertEqual(first.status_code, 201, first.text)
+        again = self.c.post("/v1/streams", json={"stream": name}, headers=tok)
+        self.assertEqual(again.status_code, 201, again.text)
+        self.assertEqual(again.json()["created_at"], first.json()["created_at"])
+        self.assertError(self.c.post("/v1/streams", json={"stream": name}, headers={"s2-request-token": "other"}),
+                         409, "resource_already_exists")
+        self.assertError(self.c.post("/v1/streams", json={"stream": name}), 409, "resource_already_exists")
+        self.assertError(self.c.post("/v1/streams", json={"stream": unique("long")},
+                                     headers={"s2-request-token": "x" * 37}), 400, "bad_header")
+        basin = unique("tokbasin")
+        for _ in range(2):
+            r = self.c.post("/v1/basins", json={"basin": basin}, headers=tok)
+            self.assertEqual(r.status_code, 201, r.text)
+        self.assertError(self.c.post("/v1/basins", json={"basin": basin}), 409, "resource_already_exists")
+
     def test_invalid_names_and_config(self):
         for bad in ["", "x" * 513, "nul\u0000byte", ".", ".."]:
             with self.subTest(name=bad[:20]):
