@@ -1365,6 +1365,17 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   EXPECT_EQ(CreateTopic("compacted", 1, 1, {{"cleanup.policy", "compact"}}).error_code, ErrorCode::kInvalidConfig);
   EXPECT_EQ(engine_->GetTable(kKafkaBasin, "compacted").status().code(), Code::kNotFound);
   EXPECT_EQ(CreateTopic("badret", 1, 1, {{"retention.ms", "soon"}}).error_code, ErrorCode::kInvalidConfig);
+  // An unknown config name, as on Kafka; a known one weir does not act on is kept.
+  EXPECT_EQ(CreateTopic("typo", 1, 1, {{"retention.msec", "1"}}).error_code, ErrorCode::kInvalidConfig);
+  EXPECT_EQ(CreateTopic("replicas", 1, 1, {{"min.insync.replicas", "2"}}).error_code, ErrorCode::kNone);
+  // max.message.bytes: up to the server's limit, and enforced per topic.
+  EXPECT_EQ(CreateTopic("huge", 1, 1, {{"max.message.bytes", "104857600"}}).error_code, ErrorCode::kInvalidConfig);
+  std::string small = Batch({std::string(300, 's')});
+  ASSERT_EQ(CreateTopic("tight", 1, 1, {{"max.message.bytes", std::to_string(small.size() - 1)}}).error_code,
+            ErrorCode::kNone);
+  EXPECT_EQ(Produce("tight", 0, small).error_code, ErrorCode::kMessageTooLarge);
+  EXPECT_EQ(Produce("tight", 0, Batch({"ok"})).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Produce("made", 0, small).error_code, ErrorCode::kNone);  // other topics: the default
   auto kept = CreateTopic("kept", 2, 1, {{"retention.ms", "3600000"}, {"cleanup.policy", "delete"}});
   EXPECT_EQ(kept.error_code, ErrorCode::kNone);
   auto s = engine_->GetStream(kKafkaBasin, "kept/1");
@@ -1390,7 +1401,7 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   auto md = Metadata(std::nullopt);
   std::set<std::string> names;
   for (auto& t : md.topics) names.insert(t.name);
-  EXPECT_EQ(names, (std::set<std::string>{"made", "defaults", "kept", "forever", "old-style"}));
+  EXPECT_EQ(names, (std::set<std::string>{"made", "defaults", "kept", "forever", "old-style", "replicas", "tight"}));
 }
 
 TEST_F(BrokerTest, DeleteTopicsRemovesThePartitionStreams) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -204,6 +205,7 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
     ProduceTopicResponse tr;
     tr.name = t.name;
     bool valid_topic = ValidateTopicName(t.name).ok();
+    const size_t max_bytes = valid_topic ? MaxMessageBytes(t.name) : options_.max_batch_bytes;
     for (auto& p : t.partition_data) {
       ProducePartitionResponse pr;
       pr.index = p.index;
@@ -215,7 +217,7 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
         pr.error_code = ErrorCode::kUnknownTopicOrPartition;
       } else if (!p.records || p.records->size() < wal::kRecordBatchHeaderSize) {
         pr.error_code = ErrorCode::kCorruptMessage;
-      } else if (p.records->size() > options_.max_batch_bytes) {
+      } else if (p.records->size() > max_bytes) {
         pr.error_code = ErrorCode::kMessageTooLarge;
       } else {
         ProduceJob job{resp->responses.size(), tr.partition_responses.size(),
@@ -630,15 +632,66 @@ void Broker::InitProducerId(const std::shared_ptr<Request>& req) {
   Send(req, resp, EncodeInitProducerIdResponse);
 }
 
+size_t Broker::MaxMessageBytes(const std::string& topic) {
+  {
+    std::lock_guard lk(limits_mu_);
+    if (auto it = max_message_bytes_.find(topic); it != max_message_bytes_.end()) return it->second;
+  }
+  auto table = engine_->GetTable(options_.basin, topic);
+  if (!table.ok()) return options_.max_batch_bytes;  // not created yet: the default applies
+  size_t limit = options_.max_batch_bytes;
+  auto config = nlohmann::json::parse(table->config, nullptr, /*allow_exceptions=*/false);
+  if (config.is_object()) {
+    auto it = config.find("max.message.bytes");
+    if (it != config.end() && it->is_string()) {
+      unsigned long long v = std::strtoull(it->get<std::string>().c_str(), nullptr, 10);
+      limit = std::min<size_t>(v, options_.max_batch_bytes);  // CreateTopics checked the range
+    }
+  }
+  std::lock_guard lk(limits_mu_);
+  max_message_bytes_[topic] = limit;
+  return limit;
+}
+
+void Broker::ForgetLimits(const std::string& topic) {
+  std::lock_guard lk(limits_mu_);
+  max_message_bytes_.erase(topic);
+}
+
 namespace {
 
-// Kafka topic configs weir applies to the partition streams; every other
-// config is kept in the catalog entry and has no effect (replication and
-// segment settings belong to the object store and the WAL here).
+// Kafka's topic-level config names (TopicConfig and the replication quotas):
+// any other name is INVALID_CONFIG, as on a Kafka broker.
+bool KnownTopicConfig(const std::string& name) {
+  static const std::set<std::string, std::less<>> kNames = {
+      "cleanup.policy", "compression.gzip.level", "compression.lz4.level", "compression.type",
+      "compression.zstd.level", "delete.retention.ms", "file.delete.delay.ms", "flush.messages", "flush.ms",
+      "follower.replication.throttled.replicas", "index.interval.bytes", "leader.replication.throttled.replicas",
+      "local.retention.bytes", "local.retention.ms", "max.compaction.lag.ms", "max.message.bytes",
+      "message.downconversion.enable", "message.format.version", "message.timestamp.after.max.ms",
+      "message.timestamp.before.max.ms", "message.timestamp.difference.max.ms", "message.timestamp.type",
+      "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "min.insync.replicas", "preallocate",
+      "remote.log.copy.disable", "remote.log.delete.on.disable", "remote.storage.enable", "retention.bytes",
+      "retention.ms", "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
+      "unclean.leader.election.enable"};
+  return kNames.count(name) != 0;
+}
+
+// Kafka topic configs weir applies to the partition streams or checks at
+// produce time (max.message.bytes, up to `max_batch_bytes`); every other
+// known config is kept in the catalog entry and has no effect (replication
+// and segment settings belong to the object store and the WAL here).
 Status ApplyTopicConfig(const std::string& name, const std::optional<std::string>& value,
-                        metastore::StreamConfig* cfg) {
+                        metastore::StreamConfig* cfg, size_t max_batch_bytes) {
+  if (!KnownTopicConfig(name)) return InvalidArgument("unknown topic config {}", name);
   if (!value) return Status::Ok();
-  if (name == "retention.ms") {
+  if (name == "max.message.bytes") {
+    char* end = nullptr;
+    long long v = std::strtoll(value->c_str(), &end, 10);
+    if (value->empty() || *end != '\0' || v < 0 || static_cast<unsigned long long>(v) > max_batch_bytes) {
+      return InvalidArgument("max.message.bytes must be 0 to {} on this server", max_batch_bytes);
+    }
+  } else if (name == "retention.ms") {
     char* end = nullptr;
     long long ms = std::strtoll(value->c_str(), &end, 10);
     if (value->empty() || *end != '\0' || ms < -1) return InvalidArgument("retention.ms must be -1 or a number of ms");
@@ -690,7 +743,7 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
       fail(ErrorCode::kInvalidReplicaAssignment, "weir places partitions itself; manual assignments are not supported");
     } else {
       for (auto& c : t.configs) {
-        Status st = ApplyTopicConfig(c.name, c.value, &cfg);
+        Status st = ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes);
         if (!st.ok()) {
           fail(ErrorCode::kInvalidConfig, st.message());
           break;
@@ -700,6 +753,7 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
     }
     if (r.error_code == ErrorCode::kNone && !in.validate_only) {
       std::lock_guard lk(create_mu_);
+      ForgetLimits(t.name);  // a lookup while it did not exist cached the default
       Status st = CreateTopic(t.name, partitions, config.dump(), cfg);
       if (st.code() == Code::kAlreadyExists) {
         fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
@@ -728,6 +782,7 @@ void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {
       r.error_code = ErrorCode::kUnknownServerError;
     } else {
       metrics_.topics_deleted++;
+      ForgetLimits(name);
       // A topic created again under the name starts with no committed offsets.
       Status offsets = meta_->DeleteTopicOffsets(name);
       if (!offsets.ok()) Log().warn("kafka: deleting offsets of topic {}: {}", name, offsets.ToString());

@@ -123,6 +123,12 @@ class Broker : public FrameHandler {
   GroupCoordinator groups_;
   BrokerMetrics metrics_;
   std::mutex create_mu_;  // one topic creation at a time (check, then create)
+  // A topic's max.message.bytes (default options_.max_batch_bytes), read from
+  // its catalog entry once and kept; forgotten when the topic is deleted.
+  size_t MaxMessageBytes(const std::string& topic);
+  void ForgetLimits(const std::string& topic);
+  std::mutex limits_mu_;
+  std::map<std::string, size_t> max_message_bytes_;
 
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;
