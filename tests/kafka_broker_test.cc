@@ -1543,6 +1543,30 @@ TEST_F(GroupTest, FindCoordinatorNamesThisBroker) {
   EXPECT_NE(Call(txn, 1, DecodeFindCoordinatorResponse).error_code, ErrorCode::kNone);
 }
 
+TEST_F(GroupTest, OffsetsOfGroupsWithoutMembersExpire) {
+  BrokerOptions o = Options();
+  o.offsets_retention = std::chrono::milliseconds(1);
+  o.offsets_retention_check = std::chrono::milliseconds(50);
+  RestartBroker(o);
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  // kGroup has a member; "idle" only a standalone commit.
+  std::string a;
+  Pending join = JoinNew("meta-A", &a);
+  auto ja = Finish(join, DecodeJoinGroupResponse);
+  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
+  ASSERT_EQ(Call(SyncReq(a, ja.generation_id, {{a, "all"}}), 3, DecodeSyncGroupResponse).error_code,
+            ErrorCode::kNone);
+  ASSERT_EQ(Commit(a, ja.generation_id, "events", 0, 5), ErrorCode::kNone);
+  OffsetCommitRequest idle = CommitReq("", -1, "events", 0, 7);
+  idle.group_id = "idle";
+  ASSERT_EQ(Call(idle, 7, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  auto deadline = Now() + kAnswerTimeout;
+  while (Now() < deadline && !meta_->FetchGroupOffsets("idle")->empty()) std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(meta_->FetchGroupOffsets("idle")->empty()) << "the idle group's offsets did not expire";
+  EXPECT_EQ(Committed("events", 0).committed_offset, 5) << "a group with members keeps its offsets";
+  EXPECT_GE(broker_->metrics().offset_groups_expired.load(), 1u);
+}
+
 TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
   ASSERT_EQ(CreateTopic("events", 2).error_code, ErrorCode::kNone);
 

@@ -1321,6 +1321,23 @@ TEST_P(MetastoreConformance, GroupOffsetsBadCommitStoresNothing) {
   EXPECT_EQ(m().counters().transactions.load(), txns);
 }
 
+TEST_P(MetastoreConformance, ExpireGroupOffsetsRemovesWholeStaleGroups) {
+  ASSERT_OK(m().CommitGroupOffsets("old", {Offset("t", 0, 1, "", -1, 100), Offset("t", 1, 2, "", -1, 200)}));
+  ASSERT_OK(m().CommitGroupOffsets("mixed", {Offset("t", 0, 3, "", -1, 100), Offset("u", 0, 4, "", -1, 900)}));
+  ASSERT_OK(m().CommitGroupOffsets("kept", {Offset("t", 0, 5, "", -1, 100)}));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed, m().ExpireGroupOffsets(500, {"kept"}));
+  EXPECT_EQ(removed, (std::vector<std::string>{"old"}));
+  EXPECT_EQ(Offsets("old"), "[]");
+  // A group whose newest commit is recent keeps all its offsets, old ones too.
+  EXPECT_EQ(Offsets("mixed"), Str(std::vector<GroupOffset>{Offset("t", 0, 3, "", -1, 100),
+                                                          Offset("u", 0, 4, "", -1, 900)}));
+  EXPECT_EQ(Offsets("kept"), Str(std::vector<GroupOffset>{Offset("t", 0, 5, "", -1, 100)}));
+  ASSERT_OK_AND_ASSIGN(removed, m().ExpireGroupOffsets(500, {}));
+  EXPECT_EQ(removed, (std::vector<std::string>{"kept"}));
+  ASSERT_OK_AND_ASSIGN(removed, m().ExpireGroupOffsets(500, {}));
+  EXPECT_TRUE(removed.empty());
+}
+
 TEST_P(MetastoreConformance, DeleteGroupOffsetsOfATopic) {
   ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 2), Offset("t2", 0, 3), Offset("u", 0, 4)}));
   ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 5)}));

@@ -77,13 +77,39 @@ void Broker::Stop() {
 void Broker::TickLoop() {
   SetThreadName("kafka-tick");
   std::unique_lock lk(tick_mu_);
+  TimePoint next_retention = Now();
   while (!stopping_) {
     tick_cv_.wait_for(lk, std::chrono::milliseconds(100));
     if (stopping_) break;
     lk.unlock();
-    groups_.Tick(Now());
+    TimePoint now = Now();
+    groups_.Tick(now);
+    if (now >= next_retention) {
+      next_retention = now + options_.offsets_retention_check;
+      ExpireOffsets();
+    }
     lk.lock();
   }
+}
+
+void Broker::ExpireOffsets() {
+  // Groups with members (or rebalancing) keep their offsets however old.
+  std::vector<std::string> keep;
+  for (const GroupOverview& g : groups_.ListGroups()) {
+    if (g.state != GroupState::kEmpty) keep.push_back(g.group_id);
+  }
+  const int64_t cutoff =
+      WallMillis() - std::chrono::duration_cast<std::chrono::milliseconds>(options_.offsets_retention).count();
+  auto removed = meta_->ExpireGroupOffsets(cutoff, keep);
+  if (!removed.ok()) {
+    Log().warn("kafka: expiring committed offsets: {}", removed.status().ToString());
+    return;
+  }
+  for (const std::string& group : *removed) {
+    Log().info("kafka: offsets of group {} expired (no commit for {} h and no members)", group,
+               std::chrono::duration_cast<std::chrono::hours>(options_.offsets_retention).count());
+  }
+  metrics_.offset_groups_expired += removed->size();
 }
 
 Status Broker::Init() {

@@ -54,12 +54,18 @@ struct BrokerOptions {
   // to the engine's max_batch_bytes).
   size_t max_batch_bytes = 1048588;
   GroupOptions groups;
+  // Committed offsets of a group with no members whose newest commit is
+  // older than this are deleted (Kafka's offsets.retention.minutes, 7 days),
+  // checked every offsets_retention_check.
+  Duration offsets_retention = std::chrono::hours(7 * 24);
+  Duration offsets_retention_check = std::chrono::minutes(10);
 };
 
 struct BrokerMetrics {
   std::atomic<uint64_t> requests_by_api[32] = {};
   std::atomic<uint64_t> bad_requests{0}, produce_batches{0}, produce_bytes{0}, produce_errors{0};
   std::atomic<uint64_t> fetch_bytes{0}, topics_created{0}, topics_deleted{0}, offset_commits{0};
+  std::atomic<uint64_t> offset_groups_expired{0};  // groups whose offsets retention removed
 };
 
 class Broker : public FrameHandler {
@@ -116,6 +122,7 @@ class Broker : public FrameHandler {
   Status CreateTopic(const std::string& topic, int32_t partitions, const std::string& config_json,
                      const metastore::StreamConfig& stream_config);
   void TickLoop();
+  void ExpireOffsets();  // offsets retention; on the tick thread
 
   BrokerOptions options_;
   log::Engine* engine_;

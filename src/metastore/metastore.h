@@ -230,6 +230,11 @@ class Metastore {
   virtual Status DeleteGroupOffsets(std::string_view group, std::string_view topic) = 0;
   // Removes every group's offsets of one topic (the topic was deleted).
   virtual Status DeleteTopicOffsets(std::string_view topic) = 0;
+  // Offset retention, in one transaction: removes all offsets of every group
+  // whose newest commit is older than `committed_before_ms`, except the groups
+  // in `keep` (those with members); returns the groups removed.
+  virtual Result<std::vector<std::string>> ExpireGroupOffsets(int64_t committed_before_ms,
+                                                              const std::vector<std::string>& keep) = 0;
 
   // Nodes. GetNode of an unknown node returns a zero NodeState (epoch 0).
   virtual Result<NodeState> GetNode(std::string_view node) = 0;

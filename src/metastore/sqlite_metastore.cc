@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -239,6 +240,9 @@ constexpr const char kFetchGroupOffsets[] =
     "WHERE group_id = ?1 ORDER BY topic, part";
 constexpr const char kDeleteGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1 AND topic = ?2";
 constexpr const char kDeleteTopicOffsets[] = "DELETE FROM group_offsets WHERE topic = ?1";
+constexpr const char kStaleGroups[] =
+    "SELECT group_id FROM group_offsets GROUP BY group_id HAVING MAX(commit_time_ms) < ?1";
+constexpr const char kDeleteAllGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1";
 
 }  // namespace
 
@@ -1275,6 +1279,36 @@ Status SqliteMetastore::DeleteTopicOffsets(std::string_view topic) {
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteTopicOffsets));
       return st.Text(1, topic).Run("delete topic offsets");
     });
+  });
+}
+
+Result<std::vector<std::string>> SqliteMetastore::ExpireGroupOffsets(int64_t committed_before_ms,
+                                                                     const std::vector<std::string>& keep) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ExpireGroupOffsets", [&]() -> Result<std::vector<std::string>> {
+    std::vector<std::string> removed;
+    const Status txn = InTransaction("expire group offsets", [&]() -> Status {
+      std::vector<std::string> stale;
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStaleGroups));
+        st.Int(1, committed_before_ms);
+        while (true) {
+          WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list stale groups"));
+          if (!row) break;
+          stale.push_back(st.ColText(0));
+        }
+      }
+      const std::set<std::string_view> kept(keep.begin(), keep.end());
+      for (const std::string& group : stale) {
+        if (kept.count(group) != 0) continue;
+        WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteAllGroupOffsets));
+        WEIR_RETURN_IF_ERROR(del.Text(1, group).Run("delete group offsets"));
+        removed.push_back(group);
+      }
+      return Status::Ok();
+    });
+    if (!txn.ok()) return txn;
+    return removed;
   });
 }
 

@@ -211,6 +211,9 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
   http::PromCounter(out, "weir_kafka_produce_errors_total", "Produced batches that failed", m.produce_errors.load());
   http::PromCounter(out, "weir_kafka_fetch_bytes_total", "Record batch bytes fetched", m.fetch_bytes.load());
   http::PromCounter(out, "weir_kafka_offset_commits_total", "Committed group offsets", m.offset_commits.load());
+  http::PromCounter(out, "weir_kafka_offset_groups_expired_total",
+                    "Groups whose committed offsets expired (no members, no commit for the retention)",
+                    m.offset_groups_expired.load());
   http::PromCounter(out, "weir_kafka_connections_total", "Kafka connections accepted", k.metrics().connections.load());
   http::PromGauge(out, "weir_kafka_open_connections", "Open Kafka connections", k.metrics().open_connections.load());
   http::PromGauge(out, "weir_kafka_requests_in_flight", "Kafka requests not yet answered", k.metrics().in_flight.load());
