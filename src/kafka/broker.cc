@@ -659,14 +659,18 @@ void Broker::InitProducerId(const std::shared_ptr<Request>& req) {
 }
 
 size_t Broker::MaxMessageBytes(const std::string& topic) {
+  uint64_t generation = 0;
   {
     std::lock_guard lk(limits_mu_);
     if (auto it = max_message_bytes_.find(topic); it != max_message_bytes_.end()) return it->second;
+    generation = limits_generation_;
   }
+  // One metastore read per topic, then memory. A missing topic gets the
+  // default (remembered too: auto-creation gives it no other, and CreateTopics
+  // forgets it first); the map is cleared if names pile up.
   auto table = engine_->GetTable(options_.basin, topic);
-  if (!table.ok()) return options_.max_batch_bytes;  // not created yet: the default applies
   size_t limit = options_.max_batch_bytes;
-  auto config = nlohmann::json::parse(table->config, nullptr, /*allow_exceptions=*/false);
+  auto config = nlohmann::json::parse(table.ok() ? table->config : "{}", nullptr, /*allow_exceptions=*/false);
   if (config.is_object()) {
     auto it = config.find("max.message.bytes");
     if (it != config.end() && it->is_string()) {
@@ -675,6 +679,9 @@ size_t Broker::MaxMessageBytes(const std::string& topic) {
     }
   }
   std::lock_guard lk(limits_mu_);
+  // A topic created or deleted meanwhile may have made this answer stale.
+  if (generation != limits_generation_) return limit;
+  if (max_message_bytes_.size() >= 10000) max_message_bytes_.clear();
   max_message_bytes_[topic] = limit;
   return limit;
 }
@@ -682,6 +689,7 @@ size_t Broker::MaxMessageBytes(const std::string& topic) {
 void Broker::ForgetLimits(const std::string& topic) {
   std::lock_guard lk(limits_mu_);
   max_message_bytes_.erase(topic);
+  ++limits_generation_;
 }
 
 namespace {
@@ -779,8 +787,8 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
     }
     if (r.error_code == ErrorCode::kNone && !in.validate_only) {
       std::lock_guard lk(create_mu_);
-      ForgetLimits(t.name);  // a lookup while it did not exist cached the default
       Status st = CreateTopic(t.name, partitions, config.dump(), cfg);
+      ForgetLimits(t.name);  // a lookup while it did not exist cached the default
       if (st.code() == Code::kAlreadyExists) {
         fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
       } else if (!st.ok()) {

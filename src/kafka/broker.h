@@ -136,6 +136,7 @@ class Broker : public FrameHandler {
   void ForgetLimits(const std::string& topic);
   std::mutex limits_mu_;
   std::map<std::string, size_t> max_message_bytes_;
+  uint64_t limits_generation_ = 0;  // bumped by ForgetLimits
 
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;
