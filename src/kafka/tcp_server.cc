@@ -35,11 +35,14 @@ class TcpServer::Impl {
   ByteBudget<std::weak_ptr<Connection>> budget;
   void Release(size_t n) { budget.Release(n); }
 
+  // Declared before ioc: connections that die with the io_context's pending
+  // handlers destroy their strand (on these workers) while the pool exists.
+  // Stop joins the workers, so none of their work is left by then.
+  std::unique_ptr<net::thread_pool> workers;
   net::io_context ioc;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> io_threads;
-  std::unique_ptr<net::thread_pool> workers;
   std::string bound;
   std::mutex mu;  // guards conns and stopped
   std::set<std::shared_ptr<Connection>> conns;
