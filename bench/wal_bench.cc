@@ -234,6 +234,13 @@ Status RunWalBench(const WalBenchOptions& o) {
   j["ack_mean_ms"] = m.ack_latency_ns.count() ? static_cast<double>(m.ack_latency_ns.sum()) / 1e6 / static_cast<double>(m.ack_latency_ns.count()) : 0.0;
   j["put_p99_ms"] = static_cast<double>(m.put_latency_ns.Quantile(0.99)) / 1e6;
   j["slot_entries_p50"] = m.slot_entries.Quantile(0.5);
+  auto mean_ms = [](const Histogram& h) {
+    return h.count() ? static_cast<double>(h.sum()) / 1e6 / static_cast<double>(h.count()) : 0.0;
+  };
+  // Where the rest of an ack goes, per entry: waiting to be cut, and waiting
+  // for earlier slots once its own is durable.
+  j["cut_wait_mean_ms"] = mean_ms(m.cut_wait_ns);
+  j["release_wait_mean_ms"] = mean_ms(m.release_wait_ns);
   j["stall_budget"] = m.stall_budget_uploads.load() + m.stall_budget_halted.load();
   std::cout << j.dump() << std::endl;
   if (failures > 0) return Internal("{} appends failed during the benchmark", failures);
