@@ -115,6 +115,7 @@ def streams():
     info = weir("stream", "info", "st-a").stdout
     assert re.search(r"^storage class\s+standard$", info, re.M), info
     assert re.search(r"^tail\s+0$", info, re.M), info
+    assert re.search(r"^delete empty\s+never$", info, re.M), info
     j = jsonl(weir("stream", "info", "st-a", "--json").stdout)[0]
     assert j["stream"] == "st-a" and j["tail"]["seq_num"] == 0 and "storage_class" in j["config"], j
     dup = weir("stream", "create", "st-a", ok=False)

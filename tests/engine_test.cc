@@ -505,6 +505,67 @@ TEST_F(EngineTest, RecoveryReplaysUnsettledSlotsOnTopOfSettledState) {
   EXPECT_EQ(CountKeys(*store_, "seg/"), 2u);
 }
 
+TEST_F(EngineTest, ATrimCommandTrimsThroughItselfButNotPast) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(1000)));  // past the tail: capped just after the command
+  trim.push_back(Command("fence", ""));         // a later record of the same append stays
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(trim)).status.ok());
+  EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 3u);
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->records.size(), 1u);
+  EXPECT_EQ(r->records[0].offset, 3u);
+  // Replay applies the same rule.
+  Restart();
+  EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 3u);
+}
+
+TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
+  StreamConfig later;
+  later.delete_on_empty_min_age_s = 3600;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "eph", later).ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "eph", Bodies({"a", "b"})).status.ok());
+  // A table's bucket streams are the table's, whatever their config says.
+  StreamConfig soon;
+  soon.delete_on_empty_min_age_s = 1;
+  metastore::TableInfo t;
+  t.basin = kBasin;
+  t.name = "tbl";
+  t.bucket_count = 2;
+  ASSERT_TRUE(engine_->CreateTable(t, soon).ok());
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "never", StreamConfig{}).ok());  // empty, but 0 = never
+
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "eph").ok());  // not empty, too young
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(100)));
+  ASSERT_TRUE(engine_->Append(kBasin, "eph", std::move(trim)).status.ok());
+  EXPECT_EQ(engine_->GetStream(kBasin, "eph")->trim_point, 3u);  // now empty
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "eph").ok());  // empty, but appended to within the hour
+
+  ASSERT_TRUE(engine_->ReconfigureStream(kBasin, "eph", soon).ok());
+  std::this_thread::sleep_for(1100ms);
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(engine_->GetStream(kBasin, "eph").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->Append(kBasin, "eph", Bodies({"x"})).status.code(), Code::kNotFound);
+  EXPECT_EQ(meta_->GetStream(kBasin, "eph").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->metrics().empty_streams_deleted.load(), 1u);
+  EXPECT_TRUE(engine_->GetStream(kBasin, "tbl/0").ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "tbl/1").ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "never").ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "s").ok());
+
+  // A stream with a record is never deleted, however old.
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"kept"})).status.ok());
+  ASSERT_TRUE(engine_->ReconfigureStream(kBasin, "s", soon).ok());
+  std::this_thread::sleep_for(1100ms);
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"kept"}));
+}
+
 TEST_F(EngineTest, RetentionAndTrimDeleteSettledSegments) {
   StreamConfig cfg;
   cfg.retention_age_s = 60;

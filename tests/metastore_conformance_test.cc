@@ -494,12 +494,14 @@ TEST_P(MetastoreConformance, UpdateStreamConfigRoundTripsEveryField) {
   EXPECT_EQ(before.config.retention_age_s, defaults.retention_age_s);
   EXPECT_EQ(before.config.timestamping, defaults.timestamping);
   EXPECT_EQ(before.config.uncapped_timestamps, defaults.uncapped_timestamps);
+  EXPECT_EQ(before.config.delete_on_empty_min_age_s, 0);
 
   const StreamConfig configs[] = {
-      {StorageClass::kExpress, 0, TimestampingMode::kClientRequire, true},
-      {StorageClass::kStandard, 86400, TimestampingMode::kArrival, false},
-      {StorageClass::kExpress, std::numeric_limits<int64_t>::max(), TimestampingMode::kClientPrefer, true},
-      {StorageClass::kStandard, 1, TimestampingMode::kClientRequire, false},
+      {StorageClass::kExpress, 0, TimestampingMode::kClientRequire, true, 60},
+      {StorageClass::kStandard, 86400, TimestampingMode::kArrival, false, 0},
+      {StorageClass::kExpress, std::numeric_limits<int64_t>::max(), TimestampingMode::kClientPrefer, true,
+       std::numeric_limits<int64_t>::max()},
+      {StorageClass::kStandard, 1, TimestampingMode::kClientRequire, false, 1},
   };
   for (const StreamConfig& c : configs) {
     ASSERT_OK(m().UpdateStreamConfig(id, c));
@@ -508,6 +510,7 @@ TEST_P(MetastoreConformance, UpdateStreamConfigRoundTripsEveryField) {
     EXPECT_EQ(after.config.retention_age_s, c.retention_age_s);
     EXPECT_EQ(after.config.timestamping, c.timestamping);
     EXPECT_EQ(after.config.uncapped_timestamps, c.uncapped_timestamps);
+    EXPECT_EQ(after.config.delete_on_empty_min_age_s, c.delete_on_empty_min_age_s);
     // Identity does not change.
     EXPECT_EQ(after.basin, "b");
     EXPECT_EQ(after.name, "s");
@@ -517,7 +520,11 @@ TEST_P(MetastoreConformance, UpdateStreamConfigRoundTripsEveryField) {
   StreamConfig bad;
   bad.retention_age_s = -5;
   EXPECT_EQ(m().UpdateStreamConfig(id, bad).code(), Code::kInvalidArgument);
+  bad = StreamConfig{};
+  bad.delete_on_empty_min_age_s = -1;
+  EXPECT_EQ(m().UpdateStreamConfig(id, bad).code(), Code::kInvalidArgument);
   EXPECT_EQ(m().GetStreamById(id)->config.retention_age_s, 1);
+  EXPECT_EQ(m().GetStreamById(id)->config.delete_on_empty_min_age_s, 1);
 }
 
 TEST_P(MetastoreConformance, DeleteStreamRemovesStateAndSegments) {
@@ -1538,6 +1545,10 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     ASSERT_OK_AND_ASSIGN(StreamInfo legacy, meta->GetStream("weir-kafka", "legacy"));
     EXPECT_EQ(legacy.id, 7u);
     EXPECT_EQ(legacy.config.timestamping, TimestampingMode::kArrival);
+    EXPECT_EQ(legacy.config.delete_on_empty_min_age_s, 0);  // schema 4's column, added with its default
+    StreamConfig with_delete = legacy.config;
+    with_delete.delete_on_empty_min_age_s = 30;
+    ASSERT_OK(meta->UpdateStreamConfig(7, with_delete));
     EXPECT_EQ(meta->GetStreamState(7)->settled_offset, 10u);
     EXPECT_EQ(meta->FindSegments(7, 0, 10)->size(), 1u);
     EXPECT_EQ(meta->GetNode("n1")->checkpoint, (ChainPosition{3, 9}));
@@ -1561,7 +1572,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
   ASSERT_OK_AND_ASSIGN(std::vector<GroupOffset> offsets, meta->FetchGroupOffsets("g"));
   ASSERT_EQ(offsets.size(), 1u);
   EXPECT_EQ(offsets[0].offset, 42);
-  EXPECT_TRUE(meta->GetStream("weir-kafka", "legacy").ok());
+  EXPECT_EQ(meta->GetStream("weir-kafka", "legacy")->config.delete_on_empty_min_age_s, 30);
   EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
 }
 

@@ -182,6 +182,10 @@ int StreamInfo(ClientCommandsState& s, Client& c) {
             << "retention      " << RetentionText(*config) << "\n"
             << "timestamping   " << config->timestamping_mode << (config->timestamping_uncapped ? " (uncapped)" : "")
             << "\n"
+            << "delete empty   "
+            << (config->delete_on_empty_min_age_s > 0 ? fmt::format("after {} s", config->delete_on_empty_min_age_s)
+                                                      : std::string("never"))
+            << "\n"
             << "tail           " << tail->seq_num << "\n";
   return 0;
 }

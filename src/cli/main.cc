@@ -41,6 +41,9 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
   opt("--max-unsettled-mib", o.max_unsettled_mib,
       "Acknowledged MiB not yet settled beyond which appends wait, then fail with 429 (settle is behind)")
       ->check(CLI::Range(1, 1 << 30));
+  opt("--retention-interval-s", o.retention_interval_s,
+      "How often expired or trimmed segments, and streams due for delete_on_empty, are deleted")
+      ->check(CLI::Range(0.1, 86400.0));
   opt("--admission-timeout-ms", o.admission_timeout_ms, "How long an append waits for pool budget before 429")
       ->check(CLI::Range(0.0, 600000.0));
   opt("--auth-token-file", o.auth_token_file, "Require Authorization: Bearer <token in this file>");

@@ -112,6 +112,9 @@ Result<StreamConfig> DecodeStreamConfig(std::string_view text) {
       if (ts.contains("mode") && ts["mode"].is_string()) c.timestamping_mode = ts["mode"].get<std::string>();
       if (ts.contains("uncapped") && ts["uncapped"].is_boolean()) c.timestamping_uncapped = ts["uncapped"].get<bool>();
     }
+    if (j.contains("delete_on_empty") && j["delete_on_empty"].is_object()) {
+      c.delete_on_empty_min_age_s = j["delete_on_empty"].value("min_age_secs", int64_t{0});
+    }
     return c;
   });
 }

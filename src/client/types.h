@@ -26,6 +26,7 @@ struct StreamConfig {
   std::optional<int64_t> retention_age_s;  // nullopt: infinite
   std::string timestamping_mode;
   bool timestamping_uncapped = false;
+  int64_t delete_on_empty_min_age_s = 0;  // 0: never
   std::string json;
 };
 

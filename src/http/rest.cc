@@ -153,7 +153,9 @@ Json StreamConfigJson(const metastore::StreamConfig& c) {
               {"retention_policy", retention},
               {"timestamping",
                Json{{"mode", metastore::TimestampingModeName(c.timestamping)}, {"uncapped", c.uncapped_timestamps}}},
-              {"delete_on_empty", nullptr}};
+              {"delete_on_empty", c.delete_on_empty_min_age_s == 0
+                                      ? Json(nullptr)
+                                      : Json{{"min_age_secs", c.delete_on_empty_min_age_s}}}};
 }
 
 // Applies the fields of a StreamConfig / StreamReconfiguration: absent ones
@@ -166,6 +168,7 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
   auto null = [&](const char* field) { return j.contains(field) && j[field].is_null(); };
   if (null("storage_class")) c->storage_class = defaults.storage_class;
   if (null("retention_policy")) c->retention_age_s = defaults.retention_age_s;
+  if (null("delete_on_empty")) c->delete_on_empty_min_age_s = defaults.delete_on_empty_min_age_s;
   if (null("timestamping")) {
     c->timestamping = defaults.timestamping;
     c->uncapped_timestamps = defaults.uncapped_timestamps;
@@ -199,8 +202,19 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
     }
   }
   if (auto it = j.find("delete_on_empty"); it != j.end() && !it->is_null()) {
-    auto age = it->value("min_age_secs", Json());
-    if (!age.is_null() && age.get<int64_t>() != 0) return NotSupported("delete_on_empty is not supported");
+    if (!it->is_object()) throw BadRequest{"delete_on_empty must be an object"};
+    if (auto age = it->find("min_age_secs"); age != it->end()) {
+      if (age->is_null()) {
+        c->delete_on_empty_min_age_s = defaults.delete_on_empty_min_age_s;
+      } else {
+        if (!age->is_number_integer()) throw BadRequest{"delete_on_empty.min_age_secs must be an integer"};
+        if (age->is_number_unsigned() ? age->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                                      : age->get<int64_t>() < 0) {
+          return InvalidArgument("delete_on_empty.min_age_secs must be between 0 and {}", INT64_MAX);
+        }
+        c->delete_on_empty_min_age_s = age->get<int64_t>();  // 0 turns it off
+      }
+    }
   }
   return Status::Ok();
 }

@@ -62,7 +62,7 @@ Status ValidateStreamName(const std::string& name) {
 
 Engine::Engine(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
                std::shared_ptr<metastore::Metastore> meta)
-    : options_(std::move(options)), store_(std::move(store)), meta_(std::move(meta)) {}
+    : options_(std::move(options)), store_(std::move(store)), meta_(std::move(meta)), opened_ms_(WallMillis()) {}
 
 Engine::~Engine() { Close(); }
 
@@ -256,7 +256,9 @@ Status ApplyBatch(StreamFacts* f, std::string_view batch, bool verified) {
     const auto& cmd = r.record.headers[0].value;
     if (cmd == "fence") f->fencing_token = r.record.value.value_or("");
     if (cmd == "trim" && r.record.value && r.record.value->size() == 8) {
-      f->trim_point = std::max(f->trim_point, std::min(LoadBE64(r.record.value->data()), static_cast<uint64_t>(r.offset)));
+      // As on S2: a trim command can trim through itself, not past itself.
+      f->trim_point =
+          std::max(f->trim_point, std::min(LoadBE64(r.record.value->data()), static_cast<uint64_t>(r.offset) + 1));
     }
   }
   if (h.producer_id >= 0) {
@@ -547,7 +549,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
           lk.unlock();
           return fail(InvalidArgument("record {}: a trim command's body is an 8-byte big-endian offset", i));
         }
-        trim_point = std::max(trim_point, std::min(LoadBE64(r.value->data()), s->live.next_offset + i));
+        trim_point = std::max(trim_point, std::min(LoadBE64(r.value->data()), s->live.next_offset + i + 1));
       } else {
         lk.unlock();
         return fail(InvalidArgument("record {}: unknown command \"{}\"", i, cmd.value_or("")));
@@ -608,6 +610,7 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
 void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s, std::string batch,
                     size_t count, int64_t first_ts, int64_t last_ts, const std::optional<ProducerRef>& producer,
                     std::string token, uint64_t trim_point, AppendCallback done, bool log_append_time) {
+  s->last_append_ms = WallMillis();
   auto pend = std::make_shared<Pending>();
   pend->log_append_time = log_append_time;
   pend->start = s->live.next_offset;

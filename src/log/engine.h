@@ -75,6 +75,7 @@ struct EngineOptions {
 struct EngineMetrics {
   std::atomic<uint64_t> settle_cycles{0}, segments_written{0}, segment_bytes{0};
   std::atomic<uint64_t> slots_deleted{0}, segments_deleted{0}, settle_failures{0};
+  std::atomic<uint64_t> empty_streams_deleted{0};  // by delete_on_empty
   // Batch bytes settle took from the log cache, and read back from WAL slots.
   std::atomic<uint64_t> settle_cached_bytes{0}, settle_reread_bytes{0};
   std::atomic<uint64_t> settle_backlog_timeouts{0};  // appends refused: max_unsettled_bytes
@@ -254,7 +255,8 @@ class Engine {
   // transaction per round, then deletes the settled slots. A round holds at
   // most about log_cache_bytes of batches read back from slots (plus one slot).
   Status SettleNow();
-  // Deletes segments that are past retention or wholly below the trim point.
+  // Deletes segments that are past retention or wholly below the trim point,
+  // then the streams that delete_on_empty says are due (DeleteEmptyStreams).
   Status ApplyRetention();
 
   uint64_t epoch() const { return epoch_.load(); }
@@ -312,6 +314,11 @@ class Engine {
   Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
                      std::vector<std::string>* batches);
   Status SweepGarbage();
+  // Deletes each stream with delete_on_empty set that holds no record, has
+  // existed for its min age and has taken no append for as long (appends
+  // before this process started count as made at its start). A table's
+  // bucket streams are kept: the table owns them.
+  Status DeleteEmptyStreams();
   // One settle round up to `target` (or an earlier slot, so the batches it
   // reads back from slots stay within log_cache_bytes; *more is then set).
   Status SettleRound(metastore::ChainPosition target, bool* more);
@@ -344,6 +351,7 @@ class Engine {
   metastore::ChainPosition checkpoint_;
   std::map<uint64_t, uint64_t> epoch_cuts_;  // fenced epochs of this node -> cut
   TimePoint last_retention_;
+  int64_t opened_ms_;  // wall clock at construction: appends before it are unknown (delete_on_empty)
   std::mutex settle_wait_mu_;
   std::condition_variable settle_cv_;
   std::atomic<bool> settle_requested_{false};  // the cache is filling up

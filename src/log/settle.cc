@@ -332,6 +332,55 @@ Status Engine::ApplyRetention() {
     if (!st.ok()) Log().warn("deleting expired segments of stream {}: {}", s->info.id, st.ToString());
     metrics_.segments_deleted.fetch_add(keys.size());
   }
+  return DeleteEmptyStreams();
+}
+
+Status Engine::DeleteEmptyStreams() {
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [id, s] : by_id_) streams.push_back(s);
+  }
+  const int64_t now_ms = WallMillis();
+  // Under s->mu: no record held, nothing in flight, quiet for min_age.
+  auto due = [&](const Stream& s) {
+    const int64_t min_age_s = s.info.config.delete_on_empty_min_age_s;
+    if (min_age_s <= 0 || s.deleted || !s.pending.empty() || LogStart(s) < s.live.next_offset) return false;
+    const int64_t quiet_since = std::max({s.info.created_at_ms, s.last_append_ms, opened_ms_});
+    return now_ms - quiet_since >= std::min<int64_t>(min_age_s, INT64_MAX / 1000) * 1000;
+  };
+  for (auto& s : streams) {
+    {
+      std::lock_guard lk(s->mu);
+      if (!due(*s)) continue;
+    }
+    if (auto ref = metastore::ParseBucketStreamName(s->info.name)) {
+      auto table = meta_->GetTable(s->info.basin, std::string(ref->table));
+      if (table.ok() && ref->bucket < table->bucket_count) continue;
+      if (!table.ok() && table.status().code() != Code::kNotFound) return table.status();
+    }
+    {
+      // Appends check `deleted` under this lock: none is admitted from here on.
+      std::lock_guard lk(s->mu);
+      if (!due(*s)) continue;
+      s->deleted = true;
+    }
+    auto keys = meta_->DeleteStream(s->info.id);
+    if (!keys.ok() && keys.status().code() == Code::kNotFound) continue;  // deleted by a user meanwhile
+    if (!keys.ok()) {
+      std::lock_guard lk(s->mu);
+      s->deleted = false;
+      return keys.status();
+    }
+    if (!keys->empty()) {
+      Status st = store_->DeleteMany(*keys);
+      if (!st.ok()) Log().warn("deleting segments of stream {}: {}", s->info.name, st.ToString());
+    }
+    Forget(s);
+    metrics_.empty_streams_deleted.fetch_add(1);
+    Log().info("deleted empty stream {}/{} (delete_on_empty min age {} s)", s->info.basin, s->info.name,
+               s->info.config.delete_on_empty_min_age_s);
+  }
   return Status::Ok();
 }
 

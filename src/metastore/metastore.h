@@ -52,6 +52,9 @@ struct StreamConfig {
   TimestampingMode timestamping = TimestampingMode::kClientPrefer;
   // With client timestamps: allow timestamps in the future of arrival time.
   bool uncapped_timestamps = false;
+  // Delete the stream once it holds no record, has existed this long and has
+  // taken no append for this long (S2's delete_on_empty). 0 = never.
+  int64_t delete_on_empty_min_age_s = 0;
 };
 
 std::string_view StorageClassName(StorageClass c);              // "standard" | "express"

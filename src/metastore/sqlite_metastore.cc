@@ -68,6 +68,9 @@ Status ValidateConfig(const StreamConfig& c) {
   if (c.retention_age_s < 0) {
     return InvalidArgument("retention_age_s must be >= 0 (0 = keep forever), got {}", c.retention_age_s);
   }
+  if (c.delete_on_empty_min_age_s < 0) {
+    return InvalidArgument("delete_on_empty min age must be >= 0 (0 = never), got {}", c.delete_on_empty_min_age_s);
+  }
   return Status::Ok();
 }
 
@@ -107,7 +110,8 @@ constexpr const char* kSchema[] = {
     "CREATE TABLE IF NOT EXISTS basins(name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS streams(id INTEGER PRIMARY KEY, basin TEXT NOT NULL REFERENCES basins(name), "
     "name TEXT NOT NULL, storage_class TEXT NOT NULL, retention_age_s INTEGER NOT NULL, "
-    "timestamping TEXT NOT NULL, uncapped INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, UNIQUE(basin, name))",
+    "timestamping TEXT NOT NULL, uncapped INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, "
+    "delete_on_empty_s INTEGER NOT NULL DEFAULT 0, UNIQUE(basin, name))",
     "CREATE TABLE IF NOT EXISTS stream_states(stream_id INTEGER PRIMARY KEY REFERENCES streams(id), "
     "settled_offset INTEGER NOT NULL, trim_point INTEGER NOT NULL, fencing_token BLOB NOT NULL, "
     "last_timestamp_ms INTEGER NOT NULL, producer_state BLOB NOT NULL)",
@@ -134,6 +138,9 @@ constexpr const char kCreateSchemaVersion[] = "CREATE TABLE IF NOT EXISTS schema
 constexpr const char kGetSchemaVersion[] = "SELECT version FROM schema_version";
 constexpr const char kSetSchemaVersion[] = "INSERT INTO schema_version(version) VALUES(?1)";
 constexpr const char kUpgradeSchemaVersion[] = "UPDATE schema_version SET version = ?1";
+// Schema 4: streams.delete_on_empty_s (created with the table since).
+constexpr const char kAddDeleteOnEmpty[] =
+    "ALTER TABLE streams ADD COLUMN delete_on_empty_s INTEGER NOT NULL DEFAULT 0";
 
 constexpr const char kBumpCounter[] =
     "INSERT INTO counters(name, value) VALUES(?1, 1) "
@@ -154,7 +161,8 @@ constexpr const char kInsertToken[] = "INSERT OR REPLACE INTO create_tokens(basi
 constexpr const char kGetToken[] = "SELECT token FROM create_tokens WHERE basin = ?1 AND stream = ?2";
 constexpr const char kDeleteToken[] = "DELETE FROM create_tokens WHERE basin = ?1 AND stream = ?2";
 
-#define WEIR_STREAM_COLUMNS "id, basin, name, storage_class, retention_age_s, timestamping, uncapped, created_at_ms"
+#define WEIR_STREAM_COLUMNS \
+  "id, basin, name, storage_class, retention_age_s, timestamping, uncapped, created_at_ms, delete_on_empty_s"
 constexpr const char kStreamByName[] = "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE basin = ?1 AND name = ?2";
 constexpr const char kStreamById[] = "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE id = ?1";
 constexpr const char kListStreamsBounded[] =
@@ -163,11 +171,12 @@ constexpr const char kListStreamsBounded[] =
 constexpr const char kListStreamsOpen[] =
     "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE basin = ?1 AND name > ?2 AND name >= ?3 ORDER BY name LIMIT ?5";
 constexpr const char kInsertStream[] =
-    "INSERT INTO streams(" WEIR_STREAM_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+    "INSERT INTO streams(" WEIR_STREAM_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 #undef WEIR_STREAM_COLUMNS
 constexpr const char kStreamExists[] = "SELECT 1 FROM streams WHERE id = ?1";
 constexpr const char kUpdateConfig[] =
-    "UPDATE streams SET storage_class = ?2, retention_age_s = ?3, timestamping = ?4, uncapped = ?5 WHERE id = ?1";
+    "UPDATE streams SET storage_class = ?2, retention_age_s = ?3, timestamping = ?4, uncapped = ?5, "
+    "delete_on_empty_s = ?6 WHERE id = ?1";
 constexpr const char kDeleteStream[] = "DELETE FROM streams WHERE id = ?1";
 
 #define WEIR_STATE_COLUMNS "stream_id, settled_offset, trim_point, fencing_token, last_timestamp_ms, producer_state"
@@ -329,6 +338,7 @@ Result<StreamInfo> ReadStream(const Row& st) {
   s.config.timestamping = *timestamping;
   s.config.uncapped_timestamps = st.ColInt(6) != 0;
   s.created_at_ms = st.ColInt(7);
+  s.config.delete_on_empty_min_age_s = st.ColInt(8);
   return s;
 }
 
@@ -487,9 +497,10 @@ Status SqliteMetastore::Init() {
     if (!versions.empty() && versions[0] < 1) {
       return Corruption("metastore {}: invalid schema version {}", Describe(), versions[0]);
     }
-    // Every schema change so far only adds tables, so creating what is
-    // missing upgrades any older version.
+    // Creating what is missing upgrades any older version, except for the
+    // columns added to existing tables since.
     for (const char* sql : kSchema) WEIR_RETURN_IF_ERROR(Exec(sql, "create schema"));
+    if (!versions.empty() && versions[0] < 4) WEIR_RETURN_IF_ERROR(Exec(kAddDeleteOnEmpty, "upgrade schema to 4"));
     if (versions.empty()) {
       WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kSetSchemaVersion));
       WEIR_RETURN_IF_ERROR(set.Int(1, kSchemaVersion).Run("write schema version"));
@@ -613,7 +624,8 @@ Status SqliteMetastore::InsertStream(StreamInfo* info) {
         .Int(5, info->config.retention_age_s)
         .Text(6, TimestampingModeName(info->config.timestamping))
         .Int(7, info->config.uncapped_timestamps ? 1 : 0)
-        .Int(8, info->created_at_ms);
+        .Int(8, info->created_at_ms)
+        .Int(9, info->config.delete_on_empty_min_age_s);
     WEIR_RETURN_IF_ERROR(ins.Run("insert stream"));
   }
   WEIR_ASSIGN_OR_RETURN(Stmt state, Prepare(kInsertZeroState));
@@ -838,7 +850,8 @@ Status SqliteMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& conf
           .Text(2, StorageClassName(config.storage_class))
           .Int(3, config.retention_age_s)
           .Text(4, TimestampingModeName(config.timestamping))
-          .Int(5, config.uncapped_timestamps ? 1 : 0);
+          .Int(5, config.uncapped_timestamps ? 1 : 0)
+          .Int(6, config.delete_on_empty_min_age_s);
       WEIR_RETURN_IF_ERROR(st.Run("update stream config"));
       if (st.Changes() == 0) return NotFound("stream id {} does not exist", id);
       return Status::Ok();

@@ -36,7 +36,7 @@ class SqliteMetastore final : public Metastore {
   //   2: + tables, group_offsets (new tables only, so a v1 database just
   //      gains them; a v1 build then refuses the upgraded file)
   //   3: + create_tokens (likewise)
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens PATH (created if missing; its parent directory must exist) or, for
   // ":memory:", a private in-memory database. Creates the schema if missing.

@@ -166,6 +166,10 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
   http::PromCounter(&out, "weir_settle_failures_total", "Settle cycles that failed", e.settle_failures.load());
   http::PromCounter(&out, "weir_segments_written_total", "Segments written", e.segments_written.load());
   http::PromCounter(&out, "weir_segment_bytes_total", "Bytes in segments written", e.segment_bytes.load());
+  http::PromCounter(&out, "weir_segments_deleted_total", "Segments deleted by retention or trim",
+                    e.segments_deleted.load());
+  http::PromCounter(&out, "weir_empty_streams_deleted_total", "Streams deleted by delete_on_empty",
+                    e.empty_streams_deleted.load());
   http::PromCounter(&out, "weir_settle_cached_bytes_total", "Batch bytes settle took from the log cache",
                     e.settle_cached_bytes.load());
   http::PromCounter(&out, "weir_settle_reread_bytes_total", "Batch bytes settle read back from WAL slots",
@@ -275,6 +279,7 @@ int RunServe(const ServeOptions& o) {
   eo.wal.window = o.pipeline_window;
   eo.wal.slot_cap_bytes = o.max_slot_bytes;
   eo.wal.linger = std::chrono::microseconds(static_cast<int64_t>(o.linger_ms * 1000));
+  eo.retention_interval = std::chrono::milliseconds(static_cast<int64_t>(o.retention_interval_s * 1000));
   eo.wal.budget_bytes = o.pool_budget_mib << 20;
   eo.log_cache_bytes = o.log_cache_mib << 20;
   eo.max_unsettled_bytes = uint64_t{o.max_unsettled_mib} << 20;

@@ -29,6 +29,9 @@ struct ServeOptions {
   // settle starts early once a quarter of it is used.
   size_t log_cache_mib = 256;
   size_t max_unsettled_mib = 4096;  // appends wait (then 429) while more awaits settle
+  // How often expired and trimmed segments, and empty streams with
+  // delete_on_empty, are deleted.
+  double retention_interval_s = 60;
   // HTTP.
   std::string auth_token_file;
   size_t max_request_bytes = 8u << 20;

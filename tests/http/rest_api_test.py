@@ -332,6 +332,11 @@ class ApiTestCase(ClosingTestCase):
         parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
         self.assertIsNotNone(parsed.tzinfo, value)
 
+    def config(self, name, client=None):
+        r = (client or self.c).get(f"/v1/streams/{q(name)}")
+        self.assertEqual(r.status_code, 200, r.text)
+        return self.assertJson(r)
+
     def new_stream(self, prefix="s", config=None, client=None):
         name = unique(prefix)
         (client or self.c).create_stream(name, config)
@@ -500,11 +505,6 @@ DEFAULT_CONFIG = {
 
 
 class StreamTest(ApiTestCase):
-    def config(self, name, client=None):
-        r = (client or self.c).get(f"/v1/streams/{q(name)}")
-        self.assertEqual(r.status_code, 200, r.text)
-        return self.assertJson(r)
-
     def assertConfigHas(self, config, expected):
         for k, v in expected.items():
             self.assertEqual(config.get(k), v, f"{k} in {config}")
@@ -955,6 +955,51 @@ class ConditionsAndCommandsTest(ApiTestCase):
         recs = self.c.read(s, {"seq_num": 0})["records"]
         self.assertEqual([x["seq_num"] for x in recs], [3, 4, 5])
         self.assertEqual(self.c.tail(s)["seq_num"], 6)
+        # A trim command trims through itself, never past it (as on S2).
+        ack = self.c.append(s, [trim_b64(1000), {"body": b64(b"after")}], fmt="base64")
+        self.assertEqual(ack["start"]["seq_num"], 6)
+        recs = self.c.read(s, {"seq_num": 0})["records"]
+        self.assertEqual([x["seq_num"] for x in recs], [7])
+        self.assertEqual(recs[0]["body"], "after")
+
+    def test_delete_on_empty(self):
+        s = self.new_stream("doe", {"delete_on_empty": {"min_age_secs": 1}})
+        self.assertEqual(self.config(s)["delete_on_empty"], {"min_age_secs": 1})
+        self.c.append(s, [{"body": "a"}, {"body": "b"}])
+        kept = self.new_stream("doe-kept", {"delete_on_empty": {"min_age_secs": 1}})
+        self.c.append(kept, [{"body": "stays"}])
+        time.sleep(1.5)  # both are old enough; neither is empty
+        self.assertEqual(self.c.get(f"/v1/streams/{q(s)}").status_code, 200)
+        # Trimming through the trim command leaves s empty: it goes within a
+        # retention interval once a second has passed.
+        self.c.append(s, [trim_b64(1000)], fmt="base64")
+        r = self.wait_for_status(lambda: self.c.get(f"/v1/streams/{q(s)}"), 404)
+        self.assertError(r, 404, "stream_not_found")
+        self.assertNotIn(s, [x["name"] for x in self.c.get("/v1/streams", params={"prefix": s}).json()["streams"]])
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]}),
+                         404, "stream_not_found")
+        self.assertEqual([x["body"] for x in self.c.read(kept, {"seq_num": 0})["records"]], ["stays"])
+        metrics = self.c.get("/metrics").text
+        self.assertRegex(metrics, r"(?m)^weir_empty_streams_deleted_total [1-9]")
+
+    def test_delete_on_empty_config(self):
+        name = self.new_stream("doecfg")
+        self.assertIsNone(self.config(name)["delete_on_empty"])
+        p = f"/v1/streams/{q(name)}"
+        r = self.c.patch(p, json={"delete_on_empty": {"min_age_secs": 3600}})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(self.config(name)["delete_on_empty"], {"min_age_secs": 3600})
+        self.assertEqual(self.c.patch(p, json={"delete_on_empty": {}}).status_code, 200)  # nothing changes
+        self.assertEqual(self.config(name)["delete_on_empty"], {"min_age_secs": 3600})
+        self.assertError(self.c.patch(p, json={"delete_on_empty": {"min_age_secs": -1}}), 422)
+        self.assertError(self.c.patch(p, json={"delete_on_empty": {"min_age_secs": "1"}}), 400, "bad_json")
+        self.assertError(self.c.patch(p, json={"delete_on_empty": 5}), 400, "bad_json")
+        self.assertEqual(self.config(name)["delete_on_empty"], {"min_age_secs": 3600})  # bad input changed nothing
+        self.assertEqual(self.c.patch(p, json={"delete_on_empty": {"min_age_secs": 0}}).status_code, 200)
+        self.assertIsNone(self.config(name)["delete_on_empty"])
+        self.c.patch(p, json={"delete_on_empty": {"min_age_secs": 60}})
+        self.assertEqual(self.c.patch(p, json={"delete_on_empty": None}).status_code, 200)
+        self.assertIsNone(self.config(name)["delete_on_empty"])
 
     def test_invalid_command_records(self):
         s = self.new_stream("badcmd")
@@ -1494,7 +1539,8 @@ def stop_server(server):
 
 def setUpModule():
     global SHARED
-    SHARED = start_server()
+    # Retention (and delete_on_empty) checked every half second, not every minute.
+    SHARED = start_server(["--retention-interval-s", "0.5"])
 
 
 def tearDownModule():
