@@ -366,6 +366,25 @@ TEST_P(MetastoreConformance, DeleteBasinWithStreamsIsRefused) {
 
 // ---- Streams ------------------------------------------------------------------
 
+TEST_P(MetastoreConformance, DeleteEmptyStreamNeedsTheNodesEpochAndTheConfig) {
+  const uint64_t id = MakeStream("b", "eph");
+  ASSERT_OK_AND_ASSIGN(NodeState first, m().MintEpoch("n1", 0, 8));
+  // delete_on_empty not set: refused.
+  EXPECT_EQ(m().DeleteEmptyStream(id, "n1", first.epoch).status().code(), Code::kPreconditionFailed);
+  StreamConfig c;
+  c.delete_on_empty_min_age_s = 10;
+  ASSERT_OK(m().UpdateStreamConfig(id, c));
+  // A superseded node (or an unknown one) deletes nothing.
+  ASSERT_OK_AND_ASSIGN(NodeState second, m().MintEpoch("n1", first.epoch, 8));
+  EXPECT_EQ(m().DeleteEmptyStream(id, "n1", first.epoch).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteEmptyStream(id, "n2", second.epoch).status().code(), Code::kPreconditionFailed);
+  ASSERT_TRUE(m().GetStreamById(id).ok());
+  ASSERT_OK(m().DeleteEmptyStream(id, "n1", second.epoch).status());
+  EXPECT_EQ(m().GetStreamById(id).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetStreamState(id).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteEmptyStream(id, "n1", second.epoch).status().code(), Code::kNotFound);
+}
+
 TEST_P(MetastoreConformance, CreateStreamAllocatesIdAndZeroState) {
   MakeBasin("b");
   StreamInfo info;

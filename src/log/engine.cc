@@ -352,6 +352,7 @@ Result<std::vector<metastore::StreamInfo>> Engine::ListStreams(const std::string
 Status Engine::ReconfigureStream(const std::string& basin, const std::string& name,
                                  const metastore::StreamConfig& config) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
+  std::lock_guard config_lk(config_mu_);
   WEIR_RETURN_IF_ERROR(meta_->UpdateStreamConfig(s->info.id, config));
   std::lock_guard lk(s->mu);
   s->info.config = config;
@@ -372,7 +373,9 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
 void Engine::Forget(const std::shared_ptr<Stream>& s) {
   {
     std::lock_guard lk(mu_);
-    by_name_.erase({s->info.basin, s->info.name});
+    // The name may already belong to a stream created since (a new id).
+    auto it = by_name_.find({s->info.basin, s->info.name});
+    if (it != by_name_.end() && it->second == s->info.id) by_name_.erase(it);
     by_id_.erase(s->info.id);
   }
   std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;

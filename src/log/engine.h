@@ -339,6 +339,10 @@ class Engine {
   // can take appends.
   std::mutex tables_mu_;
   std::mutex mu_;  // guards the maps and halt_thread_
+  // Held by ReconfigureStream (metastore, then memory) and across
+  // DeleteEmptyStreams, so a stream's stored and in-memory configs agree
+  // while its deletion is decided. Taken before mu_ or any stream lock.
+  std::mutex config_mu_;
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_;
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
   std::atomic<size_t> cache_bytes_{0};

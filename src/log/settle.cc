@@ -314,7 +314,7 @@ Status Engine::ApplyRetention() {
       std::lock_guard lk(s->mu);
       int64_t age = s->info.config.retention_age_s;
       for (const auto& seg : s->segments) {
-        bool expired = age > 0 && seg.last_timestamp_ms < now_ms - age * 1000;
+        bool expired = age > 0 && seg.last_timestamp_ms < now_ms - std::min<int64_t>(age, INT64_MAX / 1000) * 1000;
         bool trimmed = seg.end_offset <= s->live.trim_point;
         if (!expired && !trimmed) break;
         below = seg.end_offset;
@@ -349,7 +349,10 @@ Status Engine::DeleteEmptyStreams() {
     const int64_t quiet_since = std::max({s.info.created_at_ms, s.last_append_ms, opened_ms_});
     return now_ms - quiet_since >= std::min<int64_t>(min_age_s, INT64_MAX / 1000) * 1000;
   };
+  // No reconfiguration between the check of a stream's config and its deletion.
+  std::lock_guard config_lk(config_mu_);
   for (auto& s : streams) {
+    int64_t min_age_s = 0;
     {
       std::lock_guard lk(s->mu);
       if (!due(*s)) continue;
@@ -364,13 +367,20 @@ Status Engine::DeleteEmptyStreams() {
       std::lock_guard lk(s->mu);
       if (!due(*s)) continue;
       s->deleted = true;
+      min_age_s = s->info.config.delete_on_empty_min_age_s;
     }
-    auto keys = meta_->DeleteStream(s->info.id);
+    // Only if this node still holds its epoch and the stored config still
+    // asks for it (a reconfiguration updates the metastore first).
+    auto keys = meta_->DeleteEmptyStream(s->info.id, options_.node, epoch_.load());
     if (!keys.ok() && keys.status().code() == Code::kNotFound) continue;  // deleted by a user meanwhile
     if (!keys.ok()) {
-      std::lock_guard lk(s->mu);
-      s->deleted = false;
-      return keys.status();
+      // Refused (this node was superseded) or failed: the stream stays.
+      {
+        std::lock_guard lk(s->mu);
+        s->deleted = false;
+      }
+      Log().warn("delete_on_empty: keeping stream {}/{}: {}", s->info.basin, s->info.name, keys.status().ToString());
+      continue;
     }
     if (!keys->empty()) {
       Status st = store_->DeleteMany(*keys);
@@ -378,8 +388,7 @@ Status Engine::DeleteEmptyStreams() {
     }
     Forget(s);
     metrics_.empty_streams_deleted.fetch_add(1);
-    Log().info("deleted empty stream {}/{} (delete_on_empty min age {} s)", s->info.basin, s->info.name,
-               s->info.config.delete_on_empty_min_age_s);
+    Log().info("deleted empty stream {}/{} (delete_on_empty min age {} s)", s->info.basin, s->info.name, min_age_s);
   }
   return Status::Ok();
 }

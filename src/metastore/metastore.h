@@ -195,6 +195,11 @@ class Metastore {
   // a table (its basin has a table T and its name is BucketStreamName(T, b)
   // with b < T's bucket_count): such a stream goes only with DeleteTable.
   virtual Result<std::vector<std::string>> DeleteStream(uint64_t id) = 0;
+  // The same for delete_on_empty, in one transaction with two more checks:
+  // `node` is still at `epoch` (a superseded node deletes nothing) and the
+  // stream's config still has delete_on_empty set; else kPreconditionFailed.
+  virtual Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view node,
+                                                             uint64_t epoch) = 0;
 
   virtual Result<StreamState> GetStreamState(uint64_t id) = 0;
   // Every stream's state, for recovery.

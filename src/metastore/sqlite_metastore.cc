@@ -860,8 +860,28 @@ Status SqliteMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& conf
 }
 
 Result<std::vector<std::string>> SqliteMetastore::DeleteStream(uint64_t id) {
+  return DeleteStreamIf(id, "DeleteStream", nullptr);
+}
+
+Result<std::vector<std::string>> SqliteMetastore::DeleteEmptyStream(uint64_t id, std::string_view node,
+                                                                    uint64_t epoch) {
+  return DeleteStreamIf(id, "DeleteEmptyStream", [&](const StreamInfo& s) -> Status {
+    if (s.config.delete_on_empty_min_age_s <= 0) {
+      return PreconditionFailed("stream {}/{} no longer has delete_on_empty set", s.basin, s.name);
+    }
+    WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
+    const uint64_t current_epoch = current ? current->epoch : 0;
+    if (current_epoch != epoch) {
+      return PreconditionFailed("node {} epoch is {}, not {}: this node was superseded", node, current_epoch, epoch);
+    }
+    return Status::Ok();
+  });
+}
+
+Result<std::vector<std::string>> SqliteMetastore::DeleteStreamIf(
+    uint64_t id, const char* what, const std::function<Status(const StreamInfo&)>& check) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
-  return Locked("DeleteStream", [&]() -> Result<std::vector<std::string>> {
+  return Locked(what, [&]() -> Result<std::vector<std::string>> {
     std::vector<std::string> keys;
     const Status txn = InTransaction("delete stream", [&]() -> Status {
       std::string basin;
@@ -870,8 +890,10 @@ Result<std::vector<std::string>> SqliteMetastore::DeleteStream(uint64_t id) {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamById));
         WEIR_ASSIGN_OR_RETURN(const bool row, st.Int(1, I64(id)).Step("read stream"));
         if (!row) return NotFound("stream id {} does not exist", id);
-        basin = st.ColText(1);
-        name = st.ColText(2);
+        WEIR_ASSIGN_OR_RETURN(StreamInfo info, ReadStream(st));
+        if (check) WEIR_RETURN_IF_ERROR(check(info));
+        basin = std::move(info.basin);
+        name = std::move(info.name);
       }
       WEIR_ASSIGN_OR_RETURN(const std::optional<TableInfo> table, TableOfBucket(basin, name));
       if (table) {

@@ -1,6 +1,7 @@
 // sqlite://PATH: the embedded default Metastore, one SQLite database file.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +37,7 @@ class SqliteMetastore final : public Metastore {
   //   2: + tables, group_offsets (new tables only, so a v1 database just
   //      gains them; a v1 build then refuses the upgraded file)
   //   3: + create_tokens (likewise)
+  //   4: + streams.delete_on_empty_s (ALTER TABLE for a v1 to v3 file)
   static constexpr int kSchemaVersion = 4;
 
   // Opens PATH (created if missing; its parent directory must exist) or, for
@@ -60,6 +62,7 @@ class SqliteMetastore final : public Metastore {
                                               std::string_view start_after, size_t limit) override;
   Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) override;
   Result<std::vector<std::string>> DeleteStream(uint64_t id) override;
+  Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view node, uint64_t epoch) override;
 
   Result<StreamState> GetStreamState(uint64_t id) override;
   Result<std::vector<StreamState>> ListStreamStates() override;
@@ -120,6 +123,10 @@ class SqliteMetastore final : public Metastore {
   Result<std::optional<TableInfo>> TableOfBucket(std::string_view basin, std::string_view stream);
   Result<uint64_t> NextCounter(std::string_view name);
   Result<std::optional<NodeState>> ReadNode(std::string_view node);
+  // DeleteStream's transaction; `check` (if set) runs first inside it with
+  // the stream's row and may refuse.
+  Result<std::vector<std::string>> DeleteStreamIf(uint64_t id, const char* what,
+                                                  const std::function<Status(const StreamInfo&)>& check);
 
   // Locks mu_ and runs body, turning exceptions into a Status.
   template <typename F>

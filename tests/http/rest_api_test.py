@@ -1539,8 +1539,8 @@ def stop_server(server):
 
 def setUpModule():
     global SHARED
-    # Retention (and delete_on_empty) checked every half second, not every minute.
-    SHARED = start_server(["--retention-interval-s", "0.5"])
+    # Retention (and delete_on_empty) checked every second, not every minute.
+    SHARED = start_server(["--retention-interval-s", "1"])
 
 
 def tearDownModule():
