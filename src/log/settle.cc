@@ -349,8 +349,9 @@ Status Engine::DeleteEmptyStreams() {
     const int64_t quiet_since = std::max({s.info.created_at_ms, s.last_append_ms, opened_ms_});
     return now_ms - quiet_since >= std::min<int64_t>(min_age_s, INT64_MAX / 1000) * 1000;
   };
+  std::vector<std::string> garbage;  // segment objects, deleted once the lock is released
   // No reconfiguration between the check of a stream's config and its deletion.
-  std::lock_guard config_lk(config_mu_);
+  std::unique_lock config_lk(config_mu_);
   for (auto& s : streams) {
     int64_t min_age_s = 0;
     {
@@ -382,13 +383,16 @@ Status Engine::DeleteEmptyStreams() {
       Log().warn("delete_on_empty: keeping stream {}/{}: {}", s->info.basin, s->info.name, keys.status().ToString());
       continue;
     }
-    if (!keys->empty()) {
-      Status st = store_->DeleteMany(*keys);
-      if (!st.ok()) Log().warn("deleting segments of stream {}: {}", s->info.name, st.ToString());
-    }
+    garbage.insert(garbage.end(), keys->begin(), keys->end());
     Forget(s);
     metrics_.empty_streams_deleted.fetch_add(1);
     Log().info("deleted empty stream {}/{} (delete_on_empty min age {} s)", s->info.basin, s->info.name, min_age_s);
+  }
+  config_lk.unlock();
+  if (!garbage.empty()) {
+    // Unreferenced now; a failure leaves them behind (logged), as DeleteStream does.
+    Status st = store_->DeleteMany(garbage);
+    if (!st.ok()) Log().warn("deleting segments of empty streams: {}", st.ToString());
   }
   return Status::Ok();
 }

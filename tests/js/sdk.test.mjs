@@ -60,7 +60,8 @@ describe("S2 SDK against weir", () => {
   };
 
   before(async () => {
-    server = new WeirServer(BIN);
+    // Retention, and delete_on_empty with it, checked every second.
+    server = new WeirServer(BIN, { args: ["--retention-interval-s", "1"] });
     await server.start();
     open();
   });
@@ -209,6 +210,35 @@ describe("S2 SDK against weir", () => {
     const rest = await other.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
     assert.deepEqual(seqs(rest.records), [2, 3]);
     await other.close();
+  });
+
+  it("stores deleteOnEmpty, and the server deletes a stream trimmed to its tail", T, async () => {
+    const streams = s2.basin("weir-default").streams;
+    await streams.create({ stream: "js-doe", config: { deleteOnEmpty: { minAgeSecs: 1 } } });
+    assert.equal((await streams.getConfig({ stream: "js-doe" })).deleteOnEmpty?.minAgeSecs, 1);
+    await streams.create({ stream: "js-doe-cfg" });
+    assert.equal((await streams.getConfig({ stream: "js-doe-cfg" })).deleteOnEmpty ?? null, null);
+    await streams.reconfigure({ stream: "js-doe-cfg", deleteOnEmpty: { minAgeSecs: 3600 } });
+    assert.equal((await streams.getConfig({ stream: "js-doe-cfg" })).deleteOnEmpty?.minAgeSecs, 3600);
+    await streams.reconfigure({ stream: "js-doe-cfg", deleteOnEmpty: { minAgeSecs: 0 } });
+    assert.equal((await streams.getConfig({ stream: "js-doe-cfg" })).deleteOnEmpty ?? null, null);
+
+    const doe = s2.basin("weir-default").stream("js-doe", { forceTransport: "fetch" });
+    await doe.append(AppendInput.create(["x", "y"].map((body) => AppendRecord.string({ body }))));
+    await doe.append(AppendInput.create([AppendRecord.trim(1000)])); // through itself: now empty
+    await doe.close();
+    const deadline = Date.now() + 30000;
+    let status = 200;
+    while (status !== 404 && Date.now() < deadline) {
+      try {
+        await streams.getConfig({ stream: "js-doe" });
+        await new Promise((r) => setTimeout(r, 200));
+      } catch (e) {
+        status = e.status;
+      }
+    }
+    assert.equal(status, 404);
+    assert.ok((await streams.getConfig({ stream: "js-doe-cfg" })).storageClass); // the other one stays
   });
 
   it("restarts the server mid-suite (SIGTERM, same data dir)", T, async () => {
