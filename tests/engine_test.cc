@@ -567,6 +567,24 @@ TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"kept"}));
 }
 
+TEST_F(EngineTest, DeleteOnEmptyDeletesNothingOnceTheNodeIsSuperseded) {
+  StreamConfig soon;
+  soon.delete_on_empty_min_age_s = 1;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "stale", soon).ok());
+  std::this_thread::sleep_for(1100ms);
+  // Another incarnation of this node minted the next epoch: this engine's
+  // view may be stale, so the metastore refuses the deletion.
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "stale").ok());
+  EXPECT_TRUE(meta_->GetStream(kBasin, "stale").ok());
+  EXPECT_EQ(engine_->metrics().empty_streams_deleted.load(), 0u);
+  // The refused deletion left the stream open for appends.
+  EXPECT_TRUE(engine_->Append(kBasin, "stale", Bodies({"x"})).status.ok());
+}
+
 TEST_F(EngineTest, RetentionAndTrimDeleteSettledSegments) {
   StreamConfig cfg;
   cfg.retention_age_s = 60;

@@ -490,6 +490,10 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     lk.unlock();  // callbacks never run under a stream lock
     return fail(NotFound("stream \"{}\" was deleted", stream));
   }
+  if (s->deleting) {
+    lk.unlock();
+    return fail(Unavailable("stream \"{}\" is being deleted (delete_on_empty); retry", stream));
+  }
   if (options.fencing_token && *options.fencing_token != s->live.fencing_token) {
     AppendOutcome o{PreconditionFailed("fencing token mismatch"), {}, std::nullopt, s->live.fencing_token};
     lk.unlock();
@@ -694,6 +698,10 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   if (s->deleted) {
     lk.unlock();
     return fail(NotFound("stream \"{}\" was deleted", stream));
+  }
+  if (s->deleting) {
+    lk.unlock();
+    return fail(Unavailable("stream \"{}\" is being deleted (delete_on_empty); retry", stream));
   }
   if (producer && HandledByProducerWindow(lk, s, *producer, static_cast<size_t>(h.record_count), done)) return;
   int64_t first_ts = h.base_timestamp;

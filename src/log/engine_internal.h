@@ -85,6 +85,9 @@ struct Engine::Stream {
   std::deque<BatchRef> durable;  // acknowledged, not yet settled, offset order
   std::deque<std::shared_ptr<Pending>> pending;  // assigned, not yet acknowledged
   bool deleted = false;
+  // delete_on_empty is deleting it: appends are refused as retryable until
+  // the deletion succeeds (then `deleted`) or fails (then false again).
+  bool deleting = false;
   int64_t last_append_ms = 0;  // wall clock of the last append sequenced here (delete_on_empty)
   StreamFacts settled;       // as of the last settle (offset == first durable batch)
 };

@@ -345,7 +345,9 @@ Status Engine::DeleteEmptyStreams() {
   // Under s->mu: no record held, nothing in flight, quiet for min_age.
   auto due = [&](const Stream& s) {
     const int64_t min_age_s = s.info.config.delete_on_empty_min_age_s;
-    if (min_age_s <= 0 || s.deleted || !s.pending.empty() || LogStart(s) < s.live.next_offset) return false;
+    if (min_age_s <= 0 || s.deleted || s.deleting || !s.pending.empty() || LogStart(s) < s.live.next_offset) {
+      return false;
+    }
     const int64_t quiet_since = std::max({s.info.created_at_ms, s.last_append_ms, opened_ms_});
     return now_ms - quiet_since >= std::min<int64_t>(min_age_s, INT64_MAX / 1000) * 1000;
   };
@@ -364,10 +366,10 @@ Status Engine::DeleteEmptyStreams() {
       if (!table.ok() && table.status().code() != Code::kNotFound) return table.status();
     }
     {
-      // Appends check `deleted` under this lock: none is admitted from here on.
+      // Appends check `deleting` under this lock: none is admitted from here on.
       std::lock_guard lk(s->mu);
       if (!due(*s)) continue;
-      s->deleted = true;
+      s->deleting = true;
       min_age_s = s->info.config.delete_on_empty_min_age_s;
     }
     // Only if this node still holds its epoch and the stored config still
@@ -378,7 +380,7 @@ Status Engine::DeleteEmptyStreams() {
       // Refused (this node was superseded) or failed: the stream stays.
       {
         std::lock_guard lk(s->mu);
-        s->deleted = false;
+        s->deleting = false;
       }
       Log().warn("delete_on_empty: keeping stream {}/{}: {}", s->info.basin, s->info.name, keys.status().ToString());
       continue;
