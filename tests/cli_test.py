@@ -125,6 +125,19 @@ def streams():
     assert error_line(gone) == 'weir: stream "st-b" not found (404 stream_not_found)', gone.stderr
     bad = weir("stream", "create", "n" * 600, ok=False)
     assert error_line(bad).endswith("(422 invalid)"), bad.stderr
+    # Configuration on create.
+    weir("stream", "create", "st-cfg", "--storage-class", "express", "--retention", "3600",
+         "--timestamping-mode", "arrival", "--delete-on-empty-min-age", "60")
+    info = weir("stream", "info", "st-cfg").stdout
+    for line in (r"^storage class\s+express$", r"^retention\s+3600 s$", r"^timestamping\s+arrival$",
+                 r"^delete empty\s+after 60 s$"):
+        assert re.search(line, info, re.M), (line, info)
+    weir("stream", "create", "st-forever", "--retention", "infinite")
+    assert re.search(r"^retention\s+infinite$", weir("stream", "info", "st-forever").stdout, re.M)
+    badcfg = weir("stream", "create", "st-badcfg", "--retention", "soon", ok=False)
+    assert error_line(badcfg) == 'weir: --retention must be a positive number of seconds or "infinite", got "soon"', \
+        badcfg.stderr
+    assert weir("stream", "info", "st-badcfg", ok=False).returncode != 0  # nothing was created
     odd = "a stream/with spaces?&é"
     weir("stream", "create", odd)
     weir("append", odd, input="odd\n")

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -29,6 +30,9 @@ struct ClientCommandsState {
   bool json_out = false;
   std::string name;    // NAME or STREAM
   std::string prefix;  // list --prefix
+  // stream create
+  std::string storage_class, retention, timestamping_mode;
+  std::optional<int64_t> delete_on_empty_min_age;
   // append
   bool producer = false;
   std::optional<uint64_t> match_seq_num;
@@ -387,6 +391,16 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
   CLI::App* stream = Group(app, s, "stream", "Create, list, inspect and delete streams", &s.stream_create,
                            &s.stream_list, &s.stream_delete);
   s.stream_info = Leaf(stream, s, "info", "A stream's configuration and tail", "NAME");
+  s.stream_create->add_option("--storage-class", s.storage_class, "standard or express (default standard)")
+      ->check(CLI::IsMember({"standard", "express"}));
+  s.stream_create->add_option("--retention", s.retention,
+                              "Keep records this many seconds, or \"infinite\" (default 7 days)");
+  s.stream_create->add_option("--timestamping-mode", s.timestamping_mode,
+                              "client-prefer, client-require or arrival (default client-prefer)")
+      ->check(CLI::IsMember({"client-prefer", "client-require", "arrival"}));
+  s.stream_create->add_option("--delete-on-empty-min-age", s.delete_on_empty_min_age,
+                              "Delete the stream once empty and idle for this many seconds (default never)")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
 
   s.append = Leaf(&app, s, "append", "Append stdin to a stream, one record per line; prints acks", "STREAM");
   s.append->add_flag("--producer", s.producer, "Idempotent: allocate a producer id so retries are deduplicated");
@@ -441,7 +455,23 @@ std::optional<int> ClientCommands::Run() {
   if (cmd == s.basin_list) return PrintNamed(s, c.ListBasins(s.prefix));
   if (cmd == s.basin_delete) return PrintDone(s, c.DeleteBasin(s.name), "basin", "deleted");
   if (cmd == s.stream_create) {
-    auto r = c.CreateStream(s.name);
+    json config = json::object();
+    if (!s.storage_class.empty()) config["storage_class"] = s.storage_class;
+    if (s.retention == "infinite") {
+      config["retention_policy"] = {{"infinite", json::object()}};
+    } else if (!s.retention.empty()) {
+      uint64_t secs = 0;
+      auto [end, ec] = std::from_chars(s.retention.data(), s.retention.data() + s.retention.size(), secs);
+      if (ec != std::errc() || end != s.retention.data() + s.retention.size() || secs == 0 ||
+          secs > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return Fail(s, InvalidArgument("--retention must be a positive number of seconds or \"infinite\", got \"{}\"",
+                                       s.retention));
+      }
+      config["retention_policy"] = {{"age", secs}};
+    }
+    if (!s.timestamping_mode.empty()) config["timestamping"] = {{"mode", s.timestamping_mode}};
+    if (s.delete_on_empty_min_age) config["delete_on_empty"] = {{"min_age_secs", *s.delete_on_empty_min_age}};
+    auto r = c.CreateStream(s.name, config.empty() ? std::string() : config.dump());
     return PrintDone(s, r.status(), "stream", "created");
   }
   if (cmd == s.stream_list) return PrintNamed(s, c.ListStreams(s.prefix));

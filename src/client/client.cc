@@ -92,10 +92,10 @@ Status Client::DeleteBasin(std::string_view name) {
   return Call(Request("DELETE", "/v1/basins/" + UrlEncode(name)), {}, name).status();
 }
 
-Result<StreamInfo> Client::CreateStream(std::string_view name) {
+Result<StreamInfo> Client::CreateStream(std::string_view name, std::string_view config_json) {
   HttpRequest req = Request("POST", "/v1/streams");
   req.headers.emplace_back("Content-Type", "application/json");
-  req.body = EncodeCreate("stream", name);
+  WEIR_ASSIGN_OR_RETURN(req.body, EncodeCreateStream(name, config_json));
   WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, name));
   return DecodeNamedInfo(resp.body);
 }

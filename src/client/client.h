@@ -35,7 +35,8 @@ class Client {
   Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix = "");  // every page
   Status DeleteBasin(std::string_view name);
 
-  Result<StreamInfo> CreateStream(std::string_view name);
+  // `config_json`: an S2 StreamConfig object as JSON text, or empty for the defaults.
+  Result<StreamInfo> CreateStream(std::string_view name, std::string_view config_json = {});
   Result<std::vector<StreamInfo>> ListStreams(std::string_view prefix = "");  // every page
   Result<StreamConfig> GetStreamConfig(std::string_view name);
   Status DeleteStream(std::string_view name);
