@@ -360,11 +360,6 @@ Status Engine::DeleteEmptyStreams() {
       std::lock_guard lk(s->mu);
       if (!due(*s)) continue;
     }
-    if (auto ref = metastore::ParseBucketStreamName(s->info.name)) {
-      auto table = meta_->GetTable(s->info.basin, std::string(ref->table));
-      if (table.ok() && ref->bucket < table->bucket_count) continue;
-      if (!table.ok() && table.status().code() != Code::kNotFound) return table.status();
-    }
     {
       // Appends check `deleting` under this lock: none is admitted from here on.
       std::lock_guard lk(s->mu);
@@ -373,7 +368,8 @@ Status Engine::DeleteEmptyStreams() {
       min_age_s = s->info.config.delete_on_empty_min_age_s;
     }
     // Only if this node still holds its epoch and the stored config still
-    // asks for it (a reconfiguration updates the metastore first).
+    // asks for it (a reconfiguration updates the metastore first); never a
+    // table's bucket stream (the metastore refuses those, as for DeleteStream).
     auto keys = meta_->DeleteEmptyStream(s->info.id, options_.node, epoch_.load());
     if (!keys.ok() && keys.status().code() == Code::kNotFound) continue;  // deleted by a user meanwhile
     if (!keys.ok()) {
