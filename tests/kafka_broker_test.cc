@@ -1699,6 +1699,94 @@ TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
   EXPECT_EQ(everything.topics[0].partitions.size(), 2u);
 }
 
+TEST_F(GroupTest, DescribeListAndDeleteGroups) {
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  // kGroup has a stable member; "standalone" only a committed offset.
+  std::string a;
+  Pending join = JoinNew("meta-A", &a);
+  auto ja = Finish(join, DecodeJoinGroupResponse);
+  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
+  ASSERT_EQ(Call(SyncReq(a, ja.generation_id, {{a, "assigned-A"}}), 3, DecodeSyncGroupResponse).error_code,
+            ErrorCode::kNone);
+  ASSERT_EQ(Commit(a, ja.generation_id, "events", 0, 5), ErrorCode::kNone);
+  OffsetCommitRequest standalone = CommitReq("", -1, "events", 0, 7);
+  standalone.group_id = "standalone";
+  ASSERT_EQ(Call(standalone, 7, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code,
+            ErrorCode::kNone);
+
+  for (int16_t v = 0; v <= 2; ++v) {
+    auto listed = Call(ListGroupsRequest{}, v, DecodeListGroupsResponse);
+    EXPECT_EQ(listed.error_code, ErrorCode::kNone);
+    EXPECT_EQ(listed.groups, (std::vector<ListedGroup>{{kGroup, "consumer"}, {"standalone", ""}})) << "v" << v;
+  }
+  for (int16_t v = 0; v <= 4; ++v) {
+    DescribeGroupsRequest d;
+    d.groups = {kGroup, "standalone", "nobody", ""};
+    auto resp = Call(d, v, DecodeDescribeGroupsResponse);
+    ASSERT_EQ(resp.groups.size(), 4u);
+    const DescribedGroup& g = resp.groups[0];
+    EXPECT_EQ(g.error_code, ErrorCode::kNone);
+    EXPECT_EQ(g.group_id, kGroup);
+    EXPECT_EQ(g.group_state, "Stable");
+    EXPECT_EQ(g.protocol_type, "consumer");
+    EXPECT_EQ(g.protocol_data, "range");
+    ASSERT_EQ(g.members.size(), 1u);
+    EXPECT_EQ(g.members[0].member_id, a);
+    EXPECT_EQ(g.members[0].member_metadata, "meta-A");
+    EXPECT_EQ(g.members[0].member_assignment, "assigned-A");
+    EXPECT_EQ(resp.groups[1].group_state, "Empty");
+    EXPECT_TRUE(resp.groups[1].members.empty());
+    EXPECT_EQ(resp.groups[2].error_code, ErrorCode::kNone);  // Kafka: an unknown group is Dead, not an error
+    EXPECT_EQ(resp.groups[2].group_state, "Dead");
+    EXPECT_EQ(resp.groups[3].error_code, ErrorCode::kInvalidGroupId);
+  }
+
+  // A group with members is not deleted, and keeps its offsets.
+  DeleteGroupsRequest del{{kGroup, "standalone", "nobody", ""}};
+  auto deleted = Call(del, 1, DecodeDeleteGroupsResponse);
+  ASSERT_EQ(deleted.results.size(), 4u);
+  EXPECT_EQ(deleted.results[0], (DeletableGroupResult{kGroup, ErrorCode::kNonEmptyGroup}));
+  EXPECT_EQ(deleted.results[1], (DeletableGroupResult{"standalone", ErrorCode::kNone}));
+  EXPECT_EQ(deleted.results[2], (DeletableGroupResult{"nobody", ErrorCode::kGroupIdNotFound}));
+  EXPECT_EQ(deleted.results[3], (DeletableGroupResult{"", ErrorCode::kInvalidGroupId}));
+  EXPECT_EQ(Committed("events", 0).committed_offset, 5);
+  OffsetFetchRequest fetch_standalone;
+  fetch_standalone.group_id = "standalone";
+  fetch_standalone.topics = std::vector<OffsetFetchRequestTopic>{{"events", {0}}};
+  EXPECT_EQ(Call(fetch_standalone, 5, DecodeOffsetFetchResponse).topics.at(0).partitions.at(0).committed_offset, -1);
+
+  // Once its member leaves, the group is Empty and can be deleted with its offsets.
+  LeaveGroupRequest leave;
+  leave.group_id = kGroup;
+  leave.member_id = a;
+  ASSERT_EQ(Call(leave, 0, DecodeLeaveGroupResponse).error_code, ErrorCode::kNone);
+  deleted = Call(DeleteGroupsRequest{{kGroup}}, 0, DecodeDeleteGroupsResponse);
+  EXPECT_EQ(deleted.results.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Committed("events", 0).committed_offset, -1);
+  EXPECT_TRUE(Call(ListGroupsRequest{}, 2, DecodeListGroupsResponse).groups.empty());
+  EXPECT_EQ(Call(DeleteGroupsRequest{{kGroup}}, 1, DecodeDeleteGroupsResponse).results.at(0).error_code,
+            ErrorCode::kGroupIdNotFound);
+}
+
+TEST_F(GroupTest, GroupsWithOffsetsAreListedAfterARestart) {
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  std::string a;
+  Pending join = JoinNew("meta-A", &a);
+  auto ja = Finish(join, DecodeJoinGroupResponse);
+  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
+  ASSERT_EQ(Call(SyncReq(a, ja.generation_id, {{a, "A"}}), 3, DecodeSyncGroupResponse).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Commit(a, ja.generation_id, "events", 0, 11), ErrorCode::kNone);
+  RestartAll();  // membership is in memory; the offsets are not
+  EXPECT_EQ(Call(ListGroupsRequest{}, 2, DecodeListGroupsResponse).groups,
+            (std::vector<ListedGroup>{{kGroup, ""}}));
+  DescribeGroupsRequest d;
+  d.groups = {kGroup};
+  EXPECT_EQ(Call(d, 4, DecodeDescribeGroupsResponse).groups.at(0).group_state, "Empty");
+  EXPECT_EQ(Call(DeleteGroupsRequest{{kGroup}}, 1, DecodeDeleteGroupsResponse).results.at(0).error_code,
+            ErrorCode::kNone);
+  EXPECT_EQ(Committed("events", 0).committed_offset, -1);
+}
+
 TEST_F(GroupTest, ASilentMemberExpiresAndTheOthersRebalance) {
   BrokerOptions o = Options();
   o.groups.min_session_timeout = 10ms;

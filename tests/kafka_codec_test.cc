@@ -1,6 +1,7 @@
 // The Kafka wire codec (src/kafka): primitives, every API at every supported
 // version in both directions, hand-written golden frames, and hostile input.
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -327,7 +328,7 @@ TEST(KafkaApiTable, Lookup) {
   EXPECT_FALSE(IsSupported(18, 3));
   int count = 0;
   samples::ForEachApiVersion([&](ApiKey, int16_t) { ++count; });
-  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 3 + 5 + 4 + 2);
+  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 2);
 }
 
 // ---- Round trips ----------------------------------------------------------------
@@ -513,6 +514,28 @@ void ResponseRoundTrip(ApiKey key, int16_t v) {
     case ApiKey::kInitProducerId: {
       InitProducerIdResponse m{0, ErrorCode::kNone, 4000, 2};
       return ExpectResponseRoundTrip(m, v, EncodeInitProducerIdResponse, DecodeInitProducerIdResponse);
+    }
+    case ApiKey::kDescribeGroups: {
+      DescribeGroupsResponse m;
+      if (v >= 1) m.throttle_time_ms = 2;
+      DescribedGroup g{ErrorCode::kNone, "g1", "Stable", "consumer", "range", {}, 0};
+      DescribedGroupMember mem{"rdkafka-1", std::nullopt, "client-1", "/127.0.0.1", "meta\x00", "assign\x01"};
+      if (v >= 4) mem.group_instance_id = "instance-1";
+      g.members = {mem, DescribedGroupMember{"rdkafka-2", std::nullopt, "c2", "/127.0.0.2", "", ""}};
+      g.authorized_operations = v >= 3 ? 0 : std::numeric_limits<int32_t>::min();
+      DescribedGroup dead{ErrorCode::kNone, "gone", "Dead", "", "", {}, std::numeric_limits<int32_t>::min()};
+      m.groups = {g, dead};
+      return ExpectResponseRoundTrip(m, v, EncodeDescribeGroupsResponse, DecodeDescribeGroupsResponse);
+    }
+    case ApiKey::kListGroups: {
+      ListGroupsResponse m;
+      if (v >= 1) m.throttle_time_ms = 4;
+      m.groups = {{"g1", "consumer"}, {"offsets-only", ""}};
+      return ExpectResponseRoundTrip(m, v, EncodeListGroupsResponse, DecodeListGroupsResponse);
+    }
+    case ApiKey::kDeleteGroups: {
+      DeleteGroupsResponse m{5, {{"g1", ErrorCode::kNone}, {"g2", ErrorCode::kNonEmptyGroup}}};
+      return ExpectResponseRoundTrip(m, v, EncodeDeleteGroupsResponse, DecodeDeleteGroupsResponse);
     }
   }
   ADD_FAILURE() << "no sample response for api " << static_cast<int>(key);
@@ -774,7 +797,7 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
   std::string want = Hex(
       "00000009"  // correlation_id
       "0023"      // error_code 35 UNSUPPORTED_VERSION
-      "0000000f"  // 15 APIs
+      "00000012"  // 18 APIs
       "0000 0000 0007"  // Produce: decoded from v3, advertised from v0
       "0001 0000 000b"  // Fetch: decoded from v4
       "0002 0000 0003"
@@ -786,10 +809,13 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
       "000c 0000 0003"
       "000d 0000 0003"
       "000e 0000 0003"
+      "000f 0000 0004"  // DescribeGroups
+      "0010 0000 0002"  // ListGroups
       "0012 0000 0002"
       "0013 0000 0004"
       "0014 0000 0003"
-      "0016 0000 0001");
+      "0016 0000 0001"
+      "002a 0000 0001");  // DeleteGroups
   EXPECT_EQ(ToHex(got), ToHex(want));
 }
 

@@ -141,6 +141,16 @@ inline RequestBody Request(ApiKey key, int16_t v) {
       return DeleteTopicsRequest{{"orders", "events"}, 5000};
     case ApiKey::kInitProducerId:
       return InitProducerIdRequest{std::nullopt, 60000};
+    case ApiKey::kDescribeGroups: {
+      DescribeGroupsRequest m;
+      m.groups = {"g1", "caf\xc3\xa9", ""};
+      if (v >= 3) m.include_authorized_operations = true;
+      return m;
+    }
+    case ApiKey::kListGroups:
+      return ListGroupsRequest{};
+    case ApiKey::kDeleteGroups:
+      return DeleteGroupsRequest{{"g1", "g2"}};
   }
   return ApiVersionsRequest{};
 }

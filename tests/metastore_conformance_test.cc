@@ -1364,6 +1364,26 @@ TEST_P(MetastoreConformance, ExpireGroupOffsetsRemovesWholeStaleGroups) {
   EXPECT_TRUE(removed.empty());
 }
 
+TEST_P(MetastoreConformance, ListAndDeleteWholeGroups) {
+  ASSERT_OK_AND_ASSIGN(auto groups, m().ListOffsetGroups());
+  EXPECT_TRUE(groups.empty());
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("u", 2, 2)}));
+  ASSERT_OK(m().CommitGroupOffsets("caf\xc3\xa9", {Offset("t", 0, 3)}));
+  ASSERT_OK(m().CommitGroupOffsets("a", {Offset("t", 1, 4)}));
+  ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups());
+  EXPECT_EQ(groups, (std::vector<std::string>{"a", "caf\xc3\xa9", "g"}));  // sorted by bytes, each once
+  ASSERT_OK_AND_ASSIGN(bool had, m().DeleteAllGroupOffsets("g"));
+  EXPECT_TRUE(had);
+  EXPECT_EQ(Offsets("g"), "[]");
+  EXPECT_EQ(Offsets("a"), Str(std::vector<GroupOffset>{Offset("t", 1, 4)}));
+  ASSERT_OK_AND_ASSIGN(had, m().DeleteAllGroupOffsets("g"));
+  EXPECT_FALSE(had);
+  ASSERT_OK_AND_ASSIGN(had, m().DeleteAllGroupOffsets("nobody"));
+  EXPECT_FALSE(had);
+  ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups());
+  EXPECT_EQ(groups, (std::vector<std::string>{"a", "caf\xc3\xa9"}));
+}
+
 TEST_P(MetastoreConformance, DeleteGroupOffsetsOfATopic) {
   ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 2), Offset("t2", 0, 3), Offset("u", 0, 4)}));
   ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 5)}));

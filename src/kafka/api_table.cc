@@ -30,6 +30,9 @@ Status DecodeBody(Reader& r, ApiKey key, int16_t version, RequestBody* body) {
     case ApiKey::kCreateTopics: return DecodeAs(DecodeCreateTopicsRequest, r, version, body);
     case ApiKey::kDeleteTopics: return DecodeAs(DecodeDeleteTopicsRequest, r, version, body);
     case ApiKey::kInitProducerId: return DecodeAs(DecodeInitProducerIdRequest, r, version, body);
+    case ApiKey::kDescribeGroups: return DecodeAs(DecodeDescribeGroupsRequest, r, version, body);
+    case ApiKey::kListGroups: return DecodeAs(DecodeListGroupsRequest, r, version, body);
+    case ApiKey::kDeleteGroups: return DecodeAs(DecodeDeleteGroupsRequest, r, version, body);
   }
   return Internal("kafka: api key {} is in the table but has no decoder", static_cast<int>(key));
 }
@@ -52,6 +55,9 @@ struct KeyOf {
   ApiKey operator()(const CreateTopicsRequest&) const { return ApiKey::kCreateTopics; }
   ApiKey operator()(const DeleteTopicsRequest&) const { return ApiKey::kDeleteTopics; }
   ApiKey operator()(const InitProducerIdRequest&) const { return ApiKey::kInitProducerId; }
+  ApiKey operator()(const DescribeGroupsRequest&) const { return ApiKey::kDescribeGroups; }
+  ApiKey operator()(const ListGroupsRequest&) const { return ApiKey::kListGroups; }
+  ApiKey operator()(const DeleteGroupsRequest&) const { return ApiKey::kDeleteGroups; }
 };
 
 struct EncodeBody {
@@ -72,6 +78,9 @@ struct EncodeBody {
   void operator()(const CreateTopicsRequest& m) const { EncodeCreateTopicsRequest(m, v, w); }
   void operator()(const DeleteTopicsRequest& m) const { EncodeDeleteTopicsRequest(m, v, w); }
   void operator()(const InitProducerIdRequest& m) const { EncodeInitProducerIdRequest(m, v, w); }
+  void operator()(const DescribeGroupsRequest& m) const { EncodeDescribeGroupsRequest(m, v, w); }
+  void operator()(const ListGroupsRequest& m) const { EncodeListGroupsRequest(m, v, w); }
+  void operator()(const DeleteGroupsRequest& m) const { EncodeDeleteGroupsRequest(m, v, w); }
 };
 
 }  // namespace

@@ -31,10 +31,13 @@ enum class ApiKey : int16_t {
   kHeartbeat = 12,
   kLeaveGroup = 13,
   kSyncGroup = 14,
+  kDescribeGroups = 15,
+  kListGroups = 16,
   kApiVersions = 18,
   kCreateTopics = 19,
   kDeleteTopics = 20,
   kInitProducerId = 22,
+  kDeleteGroups = 42,
 };
 
 // One supported API: requests with `key` and a version in
@@ -66,10 +69,13 @@ inline constexpr ApiInfo kSupportedApis[] = {
     {12,  "Heartbeat",       0,  3,   0},
     {13,  "LeaveGroup",      0,  3,   0},
     {14,  "SyncGroup",       0,  3,   0},
+    {15,  "DescribeGroups",  0,  4,   0},
+    {16,  "ListGroups",      0,  2,   0},
     {18,  "ApiVersions",     0,  2,   0},
     {19,  "CreateTopics",    0,  4,   0},
     {20,  "DeleteTopics",    0,  3,   0},
     {22,  "InitProducerId",  0,  1,   0},
+    {42,  "DeleteGroups",    0,  1,   0},
 };
 
 // The row for `key`, or nullptr if weir does not speak that API.
@@ -93,7 +99,7 @@ using RequestBody =
     std::variant<ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
                  OffsetFetchRequest, FindCoordinatorRequest, JoinGroupRequest, HeartbeatRequest, LeaveGroupRequest,
                  SyncGroupRequest, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
-                 InitProducerIdRequest>;
+                 InitProducerIdRequest, DescribeGroupsRequest, ListGroupsRequest, DeleteGroupsRequest>;
 
 struct DecodedRequest {
   RequestHeader header;

@@ -144,6 +144,15 @@ void Broker::Handle(std::string frame, std::shared_ptr<Reply> reply) {
 // or read state run in request order per connection, as on a Kafka broker
 // (an async commit must not overtake the one before it, nor a produce the
 // one before it); Fetch, which only reads and may long-poll, does not wait.
+static_assert(
+    [] {
+      for (const ApiInfo& api : kSupportedApis) {
+        if (api.key < 0 || static_cast<size_t>(api.key) >= std::size(BrokerMetrics{}.requests_by_api)) return false;
+      }
+      return true;
+    }(),
+    "BrokerMetrics::requests_by_api must have a slot for every supported api key");
+
 void Broker::Dispatch(const std::shared_ptr<Request>& req) {
   Reply& r = *req->reply;
   auto ordered = [&](void (Broker::*fn)(const std::shared_ptr<Request>&)) {
@@ -168,6 +177,9 @@ void Broker::Dispatch(const std::shared_ptr<Request>& req) {
     case ApiKey::kCreateTopics:    return ordered(&Broker::CreateTopics);
     case ApiKey::kDeleteTopics:    return ordered(&Broker::DeleteTopics);
     case ApiKey::kInitProducerId:  return ordered(&Broker::InitProducerId);
+    case ApiKey::kDescribeGroups:  return ordered(&Broker::DescribeGroups);
+    case ApiKey::kListGroups:      return ordered(&Broker::ListGroups);
+    case ApiKey::kDeleteGroups:    return ordered(&Broker::DeleteGroups);
   }
   req->reply->Close();
 }

@@ -62,10 +62,11 @@ struct BrokerOptions {
 };
 
 struct BrokerMetrics {
-  std::atomic<uint64_t> requests_by_api[32] = {};
+  std::atomic<uint64_t> requests_by_api[64] = {};
   std::atomic<uint64_t> bad_requests{0}, produce_batches{0}, produce_bytes{0}, produce_errors{0};
   std::atomic<uint64_t> fetch_bytes{0}, topics_created{0}, topics_deleted{0}, offset_commits{0};
   std::atomic<uint64_t> offset_groups_expired{0};  // groups whose offsets retention removed
+  std::atomic<uint64_t> groups_deleted{0};         // by DeleteGroups
 };
 
 class Broker : public FrameHandler {
@@ -115,6 +116,9 @@ class Broker : public FrameHandler {
   void CreateTopics(const std::shared_ptr<Request>& req);
   void DeleteTopics(const std::shared_ptr<Request>& req);
   void InitProducerId(const std::shared_ptr<Request>& req);
+  void DescribeGroups(const std::shared_ptr<Request>& req);
+  void ListGroups(const std::shared_ptr<Request>& req);
+  void DeleteGroups(const std::shared_ptr<Request>& req);
 
   // The partition count of a topic, creating it with `partitions` if it is
   // missing and partitions > 0. kNotFound if missing (and not created).

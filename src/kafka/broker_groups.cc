@@ -193,4 +193,89 @@ void Broker::OffsetFetch(const std::shared_ptr<Request>& req) {
   Send(req, resp, EncodeOffsetFetchResponse);
 }
 
+// ---- Group administration ---------------------------------------------------------
+// Membership lives in the coordinator (memory) and committed offsets in the
+// metastore; a group with offsets but no members (say, after a restart) is an
+// Empty group, as on a Kafka broker that loaded it from its offsets topic.
+
+// Runs on a worker thread (a metastore read per group the coordinator lacks).
+void Broker::DescribeGroups(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<DescribeGroupsRequest>();
+  DescribeGroupsResponse resp;
+  for (const std::string& id : in.groups) {
+    DescribedGroup g;
+    g.group_id = id;
+    if (id.empty()) {
+      g.error_code = ErrorCode::kInvalidGroupId;
+      g.group_state = "Dead";
+    } else if (auto d = groups_.DescribeGroup(id)) {
+      g.group_state = std::string(GroupStateName(d->state));
+      g.protocol_type = d->protocol_type;
+      g.protocol_data = d->protocol_name;
+      for (auto& m : d->members) {
+        g.members.push_back(DescribedGroupMember{m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                                                 m.metadata, m.assignment});
+      }
+    } else {
+      auto offsets = meta_->FetchGroupOffsets(id);
+      if (!offsets.ok()) {
+        Log().warn("kafka: describing group {}: {}", id, offsets.status().ToString());
+        g.error_code = ErrorCode::kCoordinatorNotAvailable;
+      }
+      // Kafka (before DescribeGroups v6) answers an unknown group with state
+      // Dead and no error.
+      g.group_state = offsets.ok() && !offsets->empty() ? "Empty" : "Dead";
+    }
+    resp.groups.push_back(std::move(g));
+  }
+  Send(req, resp, EncodeDescribeGroupsResponse);
+}
+
+// Runs on a worker thread (a metastore read).
+void Broker::ListGroups(const std::shared_ptr<Request>& req) {
+  ListGroupsResponse resp;
+  std::map<std::string, std::string> listed;  // group id -> protocol type
+  for (const GroupOverview& g : groups_.ListGroups()) listed[g.group_id] = g.protocol_type;
+  auto with_offsets = meta_->ListOffsetGroups();
+  if (!with_offsets.ok()) {
+    Log().warn("kafka: listing groups: {}", with_offsets.status().ToString());
+    resp.error_code = ErrorCode::kCoordinatorNotAvailable;
+    return Send(req, resp, EncodeListGroupsResponse);
+  }
+  for (const std::string& id : *with_offsets) listed.emplace(id, "");
+  for (auto& [id, type] : listed) resp.groups.push_back(ListedGroup{id, type});
+  Send(req, resp, EncodeListGroupsResponse);
+}
+
+// Runs on a worker thread (a metastore write). A group is deleted when it has
+// no members: its membership state and every committed offset go.
+void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<DeleteGroupsRequest>();
+  DeleteGroupsResponse resp;
+  for (const std::string& id : in.groups_names) {
+    DeletableGroupResult r;
+    r.group_id = id;
+    if (id.empty()) {
+      r.error_code = ErrorCode::kInvalidGroupId;
+    } else {
+      r.error_code = E(groups_.DeleteGroup(id));
+      if (r.error_code == ErrorCode::kNone || r.error_code == ErrorCode::kGroupIdNotFound) {
+        auto had_offsets = meta_->DeleteAllGroupOffsets(id);
+        if (!had_offsets.ok()) {
+          Log().warn("kafka: deleting the offsets of group {}: {}", id, had_offsets.status().ToString());
+          r.error_code = ErrorCode::kCoordinatorNotAvailable;
+        } else if (*had_offsets) {
+          r.error_code = ErrorCode::kNone;
+        }
+      }
+      if (r.error_code == ErrorCode::kNone) {
+        metrics_.groups_deleted++;
+        Log().info("kafka: deleted group {}", id);
+      }
+    }
+    resp.results.push_back(std::move(r));
+  }
+  Send(req, resp, EncodeDeleteGroupsResponse);
+}
+
 }  // namespace weir::kafka

@@ -955,4 +955,121 @@ Status DecodeInitProducerIdResponse(Reader& r, int16_t /*version*/, InitProducer
   return r.Finish();
 }
 
+// ---- DescribeGroups, ListGroups, DeleteGroups -----------------------------------
+
+Status DecodeDescribeGroupsRequest(Reader& r, int16_t version, DescribeGroupsRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "DescribeGroupsRequest");
+  ReadArray(r, "groups", kStr, &out->groups, [&](std::string& g) { g = r.String("group"); });
+  if (version >= 3) out->include_authorized_operations = r.Bool("include_authorized_operations");
+  return r.Finish();
+}
+
+void EncodeDescribeGroupsRequest(const DescribeGroupsRequest& m, int16_t version, Writer& w) {
+  WriteArray(w, m.groups, [&](const std::string& g) { w.String(g); });
+  if (version >= 3) w.Bool(m.include_authorized_operations);
+}
+
+void EncodeDescribeGroupsResponse(const DescribeGroupsResponse& m, int16_t version, Writer& w) {
+  if (version >= 1) w.Int32(m.throttle_time_ms);
+  WriteArray(w, m.groups, [&](const DescribedGroup& g) {
+    WriteErrorCode(w, g.error_code);
+    w.String(g.group_id);
+    w.String(g.group_state);
+    w.String(g.protocol_type);
+    w.String(g.protocol_data);
+    WriteArray(w, g.members, [&](const DescribedGroupMember& mem) {
+      w.String(mem.member_id);
+      if (version >= 4) w.NullableString(mem.group_instance_id);
+      w.String(mem.client_id);
+      w.String(mem.client_host);
+      w.Bytes(mem.member_metadata);
+      w.Bytes(mem.member_assignment);
+    });
+    if (version >= 3) w.Int32(g.authorized_operations);
+  });
+}
+
+Status DecodeDescribeGroupsResponse(Reader& r, int16_t version, DescribeGroupsResponse* out) {
+  *out = {};
+  Reader::Scope root(r, "DescribeGroupsResponse");
+  if (version >= 1) out->throttle_time_ms = r.Int32("throttle_time_ms");
+  ReadArray(r, "groups", kI16 + 4 * kStr + kArr, &out->groups, [&](DescribedGroup& g) {
+    g.error_code = ReadErrorCode(r);
+    g.group_id = r.String("group_id");
+    g.group_state = r.String("group_state");
+    g.protocol_type = r.String("protocol_type");
+    g.protocol_data = r.String("protocol_data");
+    ReadArray(r, "members", 3 * kStr + 2 * kBytes, &g.members, [&](DescribedGroupMember& mem) {
+      mem.member_id = r.String("member_id");
+      if (version >= 4) mem.group_instance_id = r.NullableString("group_instance_id");
+      mem.client_id = r.String("client_id");
+      mem.client_host = r.String("client_host");
+      mem.member_metadata = std::string(r.Bytes("member_metadata"));
+      mem.member_assignment = std::string(r.Bytes("member_assignment"));
+    });
+    if (version >= 3) g.authorized_operations = r.Int32("authorized_operations");
+  });
+  return r.Finish();
+}
+
+Status DecodeListGroupsRequest(Reader& r, int16_t /*version*/, ListGroupsRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "ListGroupsRequest");
+  return r.Finish();
+}
+
+void EncodeListGroupsRequest(const ListGroupsRequest& /*m*/, int16_t /*version*/, Writer& /*w*/) {}
+
+void EncodeListGroupsResponse(const ListGroupsResponse& m, int16_t version, Writer& w) {
+  if (version >= 1) w.Int32(m.throttle_time_ms);
+  WriteErrorCode(w, m.error_code);
+  WriteArray(w, m.groups, [&](const ListedGroup& g) {
+    w.String(g.group_id);
+    w.String(g.protocol_type);
+  });
+}
+
+Status DecodeListGroupsResponse(Reader& r, int16_t version, ListGroupsResponse* out) {
+  *out = {};
+  Reader::Scope root(r, "ListGroupsResponse");
+  if (version >= 1) out->throttle_time_ms = r.Int32("throttle_time_ms");
+  out->error_code = ReadErrorCode(r);
+  ReadArray(r, "groups", 2 * kStr, &out->groups, [&](ListedGroup& g) {
+    g.group_id = r.String("group_id");
+    g.protocol_type = r.String("protocol_type");
+  });
+  return r.Finish();
+}
+
+Status DecodeDeleteGroupsRequest(Reader& r, int16_t /*version*/, DeleteGroupsRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "DeleteGroupsRequest");
+  ReadArray(r, "groups_names", kStr, &out->groups_names, [&](std::string& g) { g = r.String("group"); });
+  return r.Finish();
+}
+
+void EncodeDeleteGroupsRequest(const DeleteGroupsRequest& m, int16_t /*version*/, Writer& w) {
+  WriteArray(w, m.groups_names, [&](const std::string& g) { w.String(g); });
+}
+
+void EncodeDeleteGroupsResponse(const DeleteGroupsResponse& m, int16_t /*version*/, Writer& w) {
+  w.Int32(m.throttle_time_ms);
+  WriteArray(w, m.results, [&](const DeletableGroupResult& g) {
+    w.String(g.group_id);
+    WriteErrorCode(w, g.error_code);
+  });
+}
+
+Status DecodeDeleteGroupsResponse(Reader& r, int16_t /*version*/, DeleteGroupsResponse* out) {
+  *out = {};
+  Reader::Scope root(r, "DeleteGroupsResponse");
+  out->throttle_time_ms = r.Int32("throttle_time_ms");
+  ReadArray(r, "results", kStr + kI16, &out->results, [&](DeletableGroupResult& g) {
+    g.group_id = r.String("group_id");
+    g.error_code = ReadErrorCode(r);
+  });
+  return r.Finish();
+}
+
 }  // namespace weir::kafka

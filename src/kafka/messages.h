@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -611,5 +612,83 @@ Status DecodeInitProducerIdRequest(Reader& r, int16_t version, InitProducerIdReq
 void EncodeInitProducerIdRequest(const InitProducerIdRequest& m, int16_t version, Writer& w);
 void EncodeInitProducerIdResponse(const InitProducerIdResponse& m, int16_t version, Writer& w);
 Status DecodeInitProducerIdResponse(Reader& r, int16_t version, InitProducerIdResponse* out);
+
+// ---- Group administration: DescribeGroups (key 15) v0-4, ListGroups (key 16)
+// v0-2, DeleteGroups (key 42) v0-1 ---------------------------------------------
+
+struct DescribeGroupsRequest {
+  std::vector<std::string> groups;
+  bool include_authorized_operations = false;  // v3+
+  bool operator==(const DescribeGroupsRequest&) const = default;
+};
+struct DescribedGroupMember {
+  std::string member_id;
+  std::optional<std::string> group_instance_id;  // v4+
+  std::string client_id;
+  std::string client_host;
+  std::string member_metadata;    // bytes
+  std::string member_assignment;  // bytes
+  bool operator==(const DescribedGroupMember&) const = default;
+};
+struct DescribedGroup {
+  ErrorCode error_code = ErrorCode::kNone;
+  std::string group_id;
+  std::string group_state;  // "Dead" for a group that does not exist
+  std::string protocol_type;
+  std::string protocol_data;  // the selected protocol (assignor) name
+  std::vector<DescribedGroupMember> members;
+  int32_t authorized_operations = std::numeric_limits<int32_t>::min();  // v3+; min: not requested
+  bool operator==(const DescribedGroup&) const = default;
+};
+struct DescribeGroupsResponse {
+  int32_t throttle_time_ms = 0;  // v1+
+  std::vector<DescribedGroup> groups;
+  bool operator==(const DescribeGroupsResponse&) const = default;
+};
+
+Status DecodeDescribeGroupsRequest(Reader& r, int16_t version, DescribeGroupsRequest* out);
+void EncodeDescribeGroupsRequest(const DescribeGroupsRequest& m, int16_t version, Writer& w);
+void EncodeDescribeGroupsResponse(const DescribeGroupsResponse& m, int16_t version, Writer& w);
+Status DecodeDescribeGroupsResponse(Reader& r, int16_t version, DescribeGroupsResponse* out);
+
+struct ListGroupsRequest {  // no fields before v4
+  bool operator==(const ListGroupsRequest&) const = default;
+};
+struct ListedGroup {
+  std::string group_id;
+  std::string protocol_type;
+  bool operator==(const ListedGroup&) const = default;
+};
+struct ListGroupsResponse {
+  int32_t throttle_time_ms = 0;  // v1+
+  ErrorCode error_code = ErrorCode::kNone;
+  std::vector<ListedGroup> groups;
+  bool operator==(const ListGroupsResponse&) const = default;
+};
+
+Status DecodeListGroupsRequest(Reader& r, int16_t version, ListGroupsRequest* out);
+void EncodeListGroupsRequest(const ListGroupsRequest& m, int16_t version, Writer& w);
+void EncodeListGroupsResponse(const ListGroupsResponse& m, int16_t version, Writer& w);
+Status DecodeListGroupsResponse(Reader& r, int16_t version, ListGroupsResponse* out);
+
+struct DeleteGroupsRequest {
+  std::vector<std::string> groups_names;
+  bool operator==(const DeleteGroupsRequest&) const = default;
+};
+struct DeletableGroupResult {
+  std::string group_id;
+  ErrorCode error_code = ErrorCode::kNone;
+  bool operator==(const DeletableGroupResult&) const = default;
+};
+struct DeleteGroupsResponse {
+  int32_t throttle_time_ms = 0;
+  std::vector<DeletableGroupResult> results;
+  bool operator==(const DeleteGroupsResponse&) const = default;
+};
+
+Status DecodeDeleteGroupsRequest(Reader& r, int16_t version, DeleteGroupsRequest* out);
+void EncodeDeleteGroupsRequest(const DeleteGroupsRequest& m, int16_t version, Writer& w);
+void EncodeDeleteGroupsResponse(const DeleteGroupsResponse& m, int16_t version, Writer& w);
+Status DecodeDeleteGroupsResponse(Reader& r, int16_t version, DeleteGroupsResponse* out);
 
 }  // namespace weir::kafka

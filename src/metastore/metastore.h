@@ -238,6 +238,12 @@ class Metastore {
   virtual Status DeleteGroupOffsets(std::string_view group, std::string_view topic) = 0;
   // Removes every group's offsets of one topic (the topic was deleted).
   virtual Status DeleteTopicOffsets(std::string_view topic) = 0;
+  // The groups that hold at least one committed offset, sorted (Kafka
+  // ListGroups lists them even without members).
+  virtual Result<std::vector<std::string>> ListOffsetGroups() = 0;
+  // Removes all of a group's offsets (Kafka DeleteGroups); returns whether
+  // there were any.
+  virtual Result<bool> DeleteAllGroupOffsets(std::string_view group) = 0;
   // Offset retention, in one transaction: removes all offsets of every group
   // whose newest commit is older than `committed_before_ms`, except the groups
   // in `keep` (those with members); returns the groups removed.

@@ -252,6 +252,7 @@ constexpr const char kDeleteTopicOffsets[] = "DELETE FROM group_offsets WHERE to
 constexpr const char kStaleGroups[] =
     "SELECT group_id FROM group_offsets GROUP BY group_id HAVING MAX(commit_time_ms) < ?1";
 constexpr const char kDeleteAllGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1";
+constexpr const char kListOffsetGroups[] = "SELECT DISTINCT group_id FROM group_offsets ORDER BY group_id";
 
 }  // namespace
 
@@ -1314,6 +1315,35 @@ Status SqliteMetastore::DeleteTopicOffsets(std::string_view topic) {
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteTopicOffsets));
       return st.Text(1, topic).Run("delete topic offsets");
     });
+  });
+}
+
+Result<std::vector<std::string>> SqliteMetastore::ListOffsetGroups() {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ListOffsetGroups", [&]() -> Result<std::vector<std::string>> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kListOffsetGroups));
+    std::vector<std::string> out;
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list offset groups"));
+      if (!row) break;
+      out.push_back(st.ColText(0));
+    }
+    return out;
+  });
+}
+
+Result<bool> SqliteMetastore::DeleteAllGroupOffsets(std::string_view group) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeleteAllGroupOffsets", [&]() -> Result<bool> {
+    bool any = false;
+    const Status txn = InTransaction("delete group", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteAllGroupOffsets));
+      WEIR_RETURN_IF_ERROR(st.Text(1, group).Run("delete group offsets"));
+      any = st.Changes() > 0;
+      return Status::Ok();
+    });
+    if (!txn.ok()) return txn;
+    return any;
   });
 }
 

@@ -91,6 +91,8 @@ class SqliteMetastore final : public Metastore {
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;
   Status DeleteGroupOffsets(std::string_view group, std::string_view topic) override;
   Status DeleteTopicOffsets(std::string_view topic) override;
+  Result<std::vector<std::string>> ListOffsetGroups() override;
+  Result<bool> DeleteAllGroupOffsets(std::string_view group) override;
   Result<std::vector<std::string>> ExpireGroupOffsets(int64_t committed_before_ms,
                                                       const std::vector<std::string>& keep) override;
 

@@ -218,6 +218,8 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
   http::PromCounter(out, "weir_kafka_offset_groups_expired_total",
                     "Groups whose committed offsets expired (no members, no commit for the retention)",
                     m.offset_groups_expired.load());
+  http::PromCounter(out, "weir_kafka_groups_deleted_total", "Consumer groups deleted (DeleteGroups)",
+                    m.groups_deleted.load());
   http::PromCounter(out, "weir_kafka_connections_total", "Kafka connections accepted", k.metrics().connections.load());
   http::PromGauge(out, "weir_kafka_open_connections", "Open Kafka connections", k.metrics().open_connections.load());
   http::PromGauge(out, "weir_kafka_requests_in_flight", "Kafka requests not yet answered", k.metrics().in_flight.load());

@@ -9,7 +9,8 @@ Covers: AdminClient create_topics / list_topics / delete_topics (and their
 error codes); an idempotent producer (enable.idempotence, acks=all) whose
 delivery reports all succeed with offsets 0, 1, 2, ... per partition; a
 consumer group of two members that together read every record exactly once,
-committing explicitly, both getting partitions; a restart of weir, after
+committing explicitly, both getting partitions, and listed by
+AdminClient.list_groups (ListGroups + DescribeGroups); a restart of weir, after
 which a new member of the group resumes from the committed offsets; a
 restart between produce and consume that loses nothing; an idempotent
 producer that keeps producing while the server restarts on the same port
@@ -350,6 +351,13 @@ class ConsumerGroup(ks.TestCase):
             self.assertTrue(a.read and b.read, members)
             # The committed offsets are the ends of the partitions.
             self.assertEqual(committed(SHARED, group, topic, range(4)), {p: counts.get(p, 0) for p in range(4)})
+            # librdkafka's group listing (ListGroups, then DescribeGroups) sees
+            # the live group, its two members and their assignments.
+            [g] = admin(SHARED).list_groups(group, timeout=10)
+            self.assertEqual((g.id, g.error, g.state, g.protocol_type), (group, None, "Stable", "consumer"))
+            self.assertEqual(len(g.members), 2)
+            self.assertTrue(all(mem.assignment for mem in g.members), g.members)
+            self.assertIn(group, [x.id for x in admin(SHARED).list_groups(timeout=10)])
         finally:
             for mem in members:
                 mem.c.close()

@@ -291,6 +291,14 @@ describe("kafkajs against weir", () => {
         assert.ok(me.assignment.length > 0, `${me.name} got no partitions: ${JSON.stringify(joins)}`);
       }
       assert.deepEqual(members.flatMap((me) => me.assignment).sort(), [0, 1, 2]);
+      // The admin API sees the live group: listGroups, describeGroups.
+      const { groups } = await within(WAIT_MS, "listGroups", admin.listGroups());
+      assert.deepEqual(groups.filter((g) => g.groupId === groupId), [{ groupId, protocolType: "consumer" }]);
+      const described = await within(WAIT_MS, "describeGroups", admin.describeGroups([groupId]));
+      assert.equal(described.groups.length, 1);
+      assert.equal(described.groups[0].state, "Stable");
+      assert.equal(described.groups[0].protocolType, "consumer");
+      assert.equal(described.groups[0].members.length, 2);
       // The group's committed offsets reach the end of every partition.
       const ends = countsByPartition(sent, 3);
       await until("committed offsets at the ends of the partitions", async () => {
@@ -343,5 +351,21 @@ describe("kafkajs against weir", () => {
     } finally {
       await Promise.all(members.map((me) => me.consumer.disconnect()));
     }
+  });
+
+  test("admin: a group without members is described as Empty and deleted with its offsets", async () => {
+    // After the restart the first group has committed offsets and no members.
+    const described = await within(WAIT_MS, "describeGroups", admin.describeGroups([groupId]));
+    assert.equal(described.groups[0].state, "Empty");
+    assert.deepEqual(described.groups[0].members, []);
+    assert.ok((await admin.listGroups()).groups.some((g) => g.groupId === groupId));
+    await within(WAIT_MS, "deleteGroups", admin.deleteGroups([groupId]));
+    assert.ok(!(await admin.listGroups()).groups.some((g) => g.groupId === groupId));
+    assert.deepEqual(await committedOffsets(admin, groupId, topic), { 0: -1, 1: -1, 2: -1 });
+    // Deleting it again names the missing group.
+    await assert.rejects(admin.deleteGroups([groupId]), (e) => {
+      assert.match(String(e.groups?.[0]?.error?.type ?? e.message), /GROUP_ID_NOT_FOUND/);
+      return true;
+    });
   });
 });
