@@ -1,5 +1,6 @@
 #include "http/rest.h"
 
+#include <algorithm>
 #include <charconv>
 #include <ctime>
 #include <mutex>
@@ -173,14 +174,22 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
     c->timestamping = defaults.timestamping;
     c->uncapped_timestamps = defaults.uncapped_timestamps;
   }
+  // As on S2, a value the JSON schema does not allow (an unknown enum name, a
+  // negative count) is a 400; a valid value the server refuses is a 422.
   if (auto it = j.find("storage_class"); it != j.end() && !it->is_null()) {
-    WEIR_ASSIGN_OR_RETURN(c->storage_class, metastore::ParseStorageClass(it->get<std::string>()));
+    auto parsed = metastore::ParseStorageClass(it->get<std::string>());
+    if (!parsed.ok()) throw BadRequest{parsed.status().message()};
+    c->storage_class = *parsed;
   }
   if (auto it = j.find("retention_policy"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) throw BadRequest{"retention_policy must be an object"};
     if (it->contains("age")) {
-      int64_t age = (*it)["age"].get<int64_t>();
-      if (age <= 0) return InvalidArgument("retention_policy.age must be greater than 0 seconds");
+      const Json& a = (*it)["age"];
+      if (!a.is_number_unsigned() || a.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        throw BadRequest{"retention_policy.age must be a whole number of seconds"};
+      }
+      int64_t age = a.get<int64_t>();
+      if (age == 0) return InvalidArgument("retention_policy.age must be greater than 0 seconds");
       c->retention_age_s = age;
     } else if (it->contains("infinite")) {
       c->retention_age_s = 0;
@@ -194,7 +203,9 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
       if (m->is_null()) {
         c->timestamping = defaults.timestamping;
       } else {
-        WEIR_ASSIGN_OR_RETURN(c->timestamping, metastore::ParseTimestampingMode(m->get<std::string>()));
+        auto parsed = metastore::ParseTimestampingMode(m->get<std::string>());
+        if (!parsed.ok()) throw BadRequest{parsed.status().message()};
+        c->timestamping = *parsed;
       }
     }
     if (auto u = it->find("uncapped"); u != it->end()) {
@@ -343,6 +354,12 @@ bool SameToken(log::Engine* engine, const std::string& token, const std::string&
   return stored.ok() && *stored == token;
 }
 
+constexpr auto kTombstoneLife = std::chrono::seconds(60);
+constexpr size_t kMaxTombstones = 10000;
+
+// S2's s2-provision-result header: what a create or ensure did.
+HeaderList Provisioned(std::string_view outcome) { return {{"s2-provision-result", std::string(outcome)}}; }
+
 bool WantsProto(const Request& req) {
   const std::string* a = req.Header("accept");
   return a && a->find("application/protobuf") != std::string::npos;
@@ -397,6 +414,10 @@ Result<std::pair<std::vector<Info>, bool>> ListPage(const Request& req, ListFn l
   std::string after = req.Query("start_after") ? *req.Query("start_after") : "";
   uint64_t limit = QueryU64(req, "limit").value_or(1000);
   if (limit == 0 || limit > 1000) limit = 1000;  // as S2 does
+  if (!after.empty() && after < prefix) {
+    return InvalidArgument("start_after \"{}\" sorts before prefix \"{}\": the page would start outside the prefix",
+                           after, prefix);
+  }
   WEIR_ASSIGN_OR_RETURN(auto items, list(prefix, after, limit));
   bool more = false;
   if (items.size() == limit) {
@@ -513,6 +534,23 @@ void RestApi::Route(Request& req, const Ctx& c) {
   c.Error(404, "not_found", fmt::format("no route for {}", req.path));
 }
 
+void RestApi::RememberDeleted(const std::string& key) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(tombstones_mu_);
+  std::erase_if(tombstones_, [&](const auto& e) { return now - e.second >= kTombstoneLife; });
+  if (tombstones_.size() >= kMaxTombstones) {
+    tombstones_.erase(std::min_element(tombstones_.begin(), tombstones_.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; }));
+  }
+  tombstones_[key] = now;
+}
+
+bool RestApi::RecentlyDeleted(const std::string& key) {
+  std::lock_guard lock(tombstones_mu_);
+  auto it = tombstones_.find(key);
+  return it != tombstones_.end() && std::chrono::steady_clock::now() - it->second < kTombstoneLife;
+}
+
 // ---- Basins -----------------------------------------------------------------
 
 void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
@@ -534,13 +572,14 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
       std::string basin = j["basin"].get<std::string>();
       if (Status st = CheckBasinConfig(j.value("config", Json())); !st.ok()) return c.Fail(st);
       const std::string token = RequestToken(req);
-      if (Status st = engine_->CreateBasin(basin, token); !st.ok()) {
-        // A retry of a create that succeeded (same token) succeeds again.
-        if (!(st.code() == Code::kAlreadyExists && SameToken(engine_, token, basin, ""))) return c.Fail(st);
+      Status created = engine_->CreateBasin(basin, token);
+      // A retry of a create that succeeded (same token) succeeds again.
+      if (!created.ok() && !(created.code() == Code::kAlreadyExists && SameToken(engine_, token, basin, ""))) {
+        return c.Fail(created);
       }
       auto info = engine_->GetBasin(basin);
       if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
-      return c.Reply(201, BasinInfoJson(*info));
+      return c.Reply(201, BasinInfoJson(*info), Provisioned(created.ok() ? "created" : "noop"));
     }
     return c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),
                    {{"Allow", "GET, POST"}});
@@ -560,7 +599,7 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     if (!st.ok() && st.code() != Code::kAlreadyExists) return c.Fail(st);
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
-    return c.Reply(st.ok() ? 201 : 200, BasinInfoJson(*info));
+    return c.Reply(st.ok() ? 201 : 200, BasinInfoJson(*info), Provisioned(st.ok() ? "created" : "noop"));
   }
   if (req.method == "PATCH") {
     Json j = Json::parse(req.body, nullptr, false);
@@ -574,10 +613,13 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     if (*name == options_.default_basin) {
       return c.Error(422, "invalid", fmt::format("the default basin \"{}\" cannot be deleted", *name));
     }
+    const std::string tombstone = "b\n" + *name;
     auto info = engine_->GetBasin(*name);
+    if (!info.ok() && info.status().code() == Code::kNotFound && RecentlyDeleted(tombstone)) return c.NoContent(202);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
     if (Status st = DeleteBasinStreams(engine_, *name); !st.ok()) return c.Fail(st);
     if (Status st = engine_->DeleteBasin(*name); !st.ok()) return c.Fail(st, "basin_not_found");
+    RememberDeleted(tombstone);
     return c.NoContent(202);
   }
   c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),
@@ -608,12 +650,15 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       const std::string token = RequestToken(req);
       auto info = engine_->CreateStream(c.basin, stream, config, token);
       if (!info.ok() && info.status().code() == Code::kAlreadyExists && SameToken(engine_, token, c.basin, stream)) {
-        // A retry of a create that succeeded (same token) succeeds again.
+        // A retry of a create that succeeded (same token, same config)
+        // succeeds again; the same token with another config is a new request.
         auto existing = engine_->GetStream(c.basin, stream);
-        if (existing.ok()) return c.Reply(201, StreamInfoJson(existing->info));
+        if (existing.ok() && existing->info.config == config) {
+          return c.Reply(201, StreamInfoJson(existing->info), Provisioned("noop"));
+        }
       }
       if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
-      return c.Reply(201, StreamInfoJson(*info));
+      return c.Reply(201, StreamInfoJson(*info), Provisioned("created"));
     }
     return c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),
                    {{"Allow", "GET, POST"}});
@@ -626,6 +671,7 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
   if (req.method == "PUT" || req.method == "PATCH") {
     Json j = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
+    if (req.method == "PATCH" && !j.is_object()) throw BadRequest{"the body must be a StreamReconfiguration object"};
     auto s = engine_->GetStream(c.basin, *name);
     if (req.method == "PATCH") {
       if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
@@ -642,18 +688,24 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     if (!s.ok()) {
       if (s.status().code() != Code::kNotFound) return c.Fail(s.status());
       auto info = engine_->CreateStream(c.basin, *name, config);
-      if (info.ok()) return c.Reply(201, StreamInfoJson(*info));
+      if (info.ok()) return c.Reply(201, StreamInfoJson(*info), Provisioned("created"));
       if (info.status().code() != Code::kAlreadyExists) return c.Fail(info.status(), "basin_not_found");
       s = engine_->GetStream(c.basin, *name);  // lost a race with another create
       if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
     }
+    if (s->info.config == config) return c.Reply(200, StreamInfoJson(s->info), Provisioned("noop"));
     if (Status st = engine_->ReconfigureStream(c.basin, *name, config); !st.ok()) {
       return c.Fail(st, "stream_not_found");
     }
-    return c.Reply(200, StreamInfoJson(s->info));
+    return c.Reply(200, StreamInfoJson(s->info), Provisioned("updated"));
   }
   if (req.method == "DELETE") {
-    if (Status st = engine_->DeleteStream(c.basin, *name); !st.ok()) return c.Fail(st, "stream_not_found");
+    const std::string tombstone = "s\n" + c.basin + "\n" + *name;
+    if (Status st = engine_->DeleteStream(c.basin, *name); !st.ok()) {
+      if (st.code() == Code::kNotFound && RecentlyDeleted(tombstone)) return c.NoContent(202);
+      return c.Fail(st, "stream_not_found");
+    }
+    RememberDeleted(tombstone);
     return c.NoContent(202);
   }
   c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),

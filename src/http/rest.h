@@ -11,8 +11,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -73,6 +76,15 @@ class RestApi : public Handler {
   void Tail(const Ctx& c, const std::string& stream);
   void Producers(const Ctx& c);
   void Metrics(const Ctx& c);
+
+  // Deletes answered in the last minute, so a retried DELETE whose first
+  // answer was lost gets 202 again (S2 answers 202 while a deletion is
+  // pending). Keyed by "b\n" + basin or "s\n" + basin + "\n" + stream;
+  // at most kMaxTombstones entries.
+  void RememberDeleted(const std::string& key);
+  bool RecentlyDeleted(const std::string& key);
+  std::mutex tombstones_mu_;
+  std::map<std::string, std::chrono::steady_clock::time_point> tombstones_;
 
   log::Engine* engine_;
   RestOptions options_;

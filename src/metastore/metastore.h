@@ -55,6 +55,7 @@ struct StreamConfig {
   // Delete the stream once it holds no record, has existed this long and has
   // taken no append for this long (S2's delete_on_empty). 0 = never.
   int64_t delete_on_empty_min_age_s = 0;
+  friend bool operator==(const StreamConfig&, const StreamConfig&) = default;
 };
 
 std::string_view StorageClassName(StorageClass c);              // "standard" | "express"

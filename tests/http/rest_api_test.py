@@ -435,6 +435,7 @@ class BasinTest(ApiTestCase):
         name = unique("basin")
         r = self.c.post("/v1/basins", json={"basin": name})
         self.assertEqual(r.status_code, 201, r.text)
+        self.assertEqual(r.headers.get("s2-provision-result"), "created")
         self.assertBasinInfo(self.assertJson(r), name)
 
         self.assertError(self.c.post("/v1/basins", json={"basin": name}), 409, "resource_already_exists")
@@ -451,6 +452,9 @@ class BasinTest(ApiTestCase):
         self.assertEqual(r.status_code, 202, r.text)
         r = self.wait_for_status(lambda: self.c.get(f"/v1/basins/{name}"), 404)
         self.assertError(r, 404, "basin_not_found")
+        # A retried delete (its first answer lost) is accepted again, as S2
+        # does while a deletion is pending.
+        self.assertEqual(self.c.delete(f"/v1/basins/{name}").status_code, 202)
         self.assertNotIn(name, [b["name"] for b in self.list_basins(prefix=name)["basins"]])
 
     def test_missing_basin(self):
@@ -462,9 +466,11 @@ class BasinTest(ApiTestCase):
         name = unique("ensure")
         r = self.c.put(f"/v1/basins/{name}", json={})
         self.assertEqual(r.status_code, 201, r.text)
+        self.assertEqual(r.headers.get("s2-provision-result"), "created")
         self.assertBasinInfo(self.assertJson(r), name)
         r = self.c.put(f"/v1/basins/{name}", json={})
         self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.headers.get("s2-provision-result"), "noop")
         self.assertBasinInfo(self.assertJson(r), name)
 
     def test_list_pagination(self):
@@ -513,6 +519,7 @@ class StreamTest(ApiTestCase):
         name = unique("stream")
         r = self.c.post("/v1/streams", json={"stream": name})
         self.assertEqual(r.status_code, 201, r.text)
+        self.assertEqual(r.headers.get("s2-provision-result"), "created")
         info = self.assertJson(r)
         self.assertEqual(info["name"], name)
         self.assertRfc3339(info["created_at"])
@@ -525,6 +532,12 @@ class StreamTest(ApiTestCase):
         self.assertEqual(r.status_code, 202, r.text)
         r = self.wait_for_status(lambda: self.c.get(f"/v1/streams/{q(name)}"), 404)
         self.assertError(r, 404, "stream_not_found")
+        # A retried delete (its first answer lost) is accepted again; other
+        # calls see the stream gone.
+        self.assertEqual(self.c.delete(f"/v1/streams/{q(name)}").status_code, 202)
+        self.assertError(self.c.get(f"/v1/streams/{q(name)}/records/tail"), 404, "stream_not_found")
+        # The name can be used again at once.
+        self.assertEqual(self.c.post("/v1/streams", json={"stream": name}).status_code, 201)
 
     def test_missing_stream(self):
         name = unique("nostream")
@@ -547,17 +560,27 @@ class StreamTest(ApiTestCase):
         name = unique("put")
         r = self.c.put(f"/v1/streams/{q(name)}", json={})
         self.assertEqual(r.status_code, 201, r.text)
+        self.assertEqual(r.headers.get("s2-provision-result"), "created")
         info = self.assertJson(r)  # StreamInfo
         self.assertEqual(info["name"], name)
         self.assertRfc3339(info["created_at"])
         self.assertConfigHas(self.config(name), DEFAULT_CONFIG)
         r = self.c.put(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 7200}})
         self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.headers.get("s2-provision-result"), "updated")
         self.assertEqual(self.assertJson(r)["name"], name)
         self.assertEqual(self.config(name)["retention_policy"], {"age": 7200})
+        r = self.c.put(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 7200}})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.headers.get("s2-provision-result"), "noop")
 
     def test_patch(self):
         name = self.new_stream("patch")
+        # A reconfiguration is a JSON object (S2 requires the body).
+        for body in ["", "null", "[]"]:
+            with self.subTest(body=body):
+                self.assertError(self.c.patch(f"/v1/streams/{q(name)}", data=body,
+                                              headers={"content-type": "application/json"}), 400, "bad_json")
         r = self.c.patch(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 3600}})
         self.assertEqual(r.status_code, 200, r.text)
         out = self.assertJson(r)
@@ -592,6 +615,9 @@ class StreamTest(ApiTestCase):
         page = self.c.get("/v1/streams", params={"prefix": prefix, "start_after": names[1]}).json()
         self.assertEqual([s["name"] for s in page["streams"]], names[2:])
         self.assertIs(page["has_more"], False)
+        # start_after before the prefix could only start a page outside it.
+        self.assertError(self.c.get("/v1/streams", params={"prefix": "z", "start_after": "a"}), 422, "invalid")
+        self.assertError(self.c.get("/v1/basins", params={"prefix": "z", "start_after": "a"}), 422, "invalid")
 
     def test_name_needing_url_encoding(self):
         name = unique("odd name/with?chars#and%é")
@@ -611,7 +637,11 @@ class StreamTest(ApiTestCase):
         self.assertEqual(first.status_code, 201, first.text)
         again = self.c.post("/v1/streams", json={"stream": name}, headers=tok)
         self.assertEqual(again.status_code, 201, again.text)
+        self.assertEqual(again.headers.get("s2-provision-result"), "noop")
         self.assertEqual(again.json()["created_at"], first.json()["created_at"])
+        # The same token with another config is another request.
+        self.assertError(self.c.post("/v1/streams", json={"stream": name, "config": {"storage_class": "express"}},
+                                     headers=tok), 409, "resource_already_exists")
         self.assertError(self.c.post("/v1/streams", json={"stream": name}, headers={"s2-request-token": "other"}),
                          409, "resource_already_exists")
         self.assertError(self.c.post("/v1/streams", json={"stream": name}), 409, "resource_already_exists")
@@ -631,6 +661,15 @@ class StreamTest(ApiTestCase):
         self.assertError(self.c.post("/v1/streams", json={"stream": unique("cfg"),
                                                           "config": {"retention_policy": {"age": 0}}}),
                          422, "invalid")
+        # Values the JSON schema does not allow are 400, as on S2.
+        for config in [{"retention_policy": {"age": -1}}, {"retention_policy": {"age": 1.5}},
+                       {"retention_policy": {"age": "60"}}, {"storage_class": "premium"},
+                       {"timestamping": {"mode": "sometimes"}}]:
+            with self.subTest(config=config):
+                name = unique("cfg")
+                self.assertError(self.c.post("/v1/streams", json={"stream": name, "config": config}),
+                                 400, "bad_json")
+                self.assertError(self.c.get(f"/v1/streams/{q(name)}"), 404, "stream_not_found")
 
 
 class BasinRoutingTest(ApiTestCase):
