@@ -1404,6 +1404,73 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   EXPECT_EQ(names, (std::set<std::string>{"made", "defaults", "kept", "forever", "old-style", "replicas", "tight"}));
 }
 
+TEST_F(BrokerTest, DescribeConfigsShowsWhatTheTopicAndBrokerApply) {
+  ASSERT_EQ(CreateTopic("conf", 2, 1,
+                        {{"retention.ms", "3600000"}, {"message.timestamp.type", "LogAppendTime"},
+                         {"segment.bytes", "1048576"}})
+                .error_code,
+            ErrorCode::kNone);
+  ASSERT_EQ(CreateTopic("plain", 1).error_code, ErrorCode::kNone);
+  auto value_of = [](const DescribeConfigsResult& r, const std::string& name) -> const DescribeConfigsEntry* {
+    for (const auto& e : r.configs) {
+      if (e.name == name) return &e;
+    }
+    return nullptr;
+  };
+  for (int16_t v = 0; v <= 2; ++v) {
+    SCOPED_TRACE("v" + std::to_string(v));
+    DescribeConfigsRequest m;
+    m.resources = {{kConfigResourceTopic, "conf", std::nullopt},
+                   {kConfigResourceTopic, "plain", std::vector<std::string>{"retention.ms", "no.such.config"}},
+                   {kConfigResourceTopic, "missing", std::nullopt},
+                   {kConfigResourceBroker, std::to_string(kNodeId), std::vector<std::string>{"num.partitions"}},
+                   {kConfigResourceBroker, "99", std::nullopt},
+                   {8, "logger", std::nullopt},
+                   {kConfigResourceTopic, "plain", std::vector<std::string>{}}};
+    m.include_synonyms = v >= 1;
+    auto resp = Call(m, v, DecodeDescribeConfigsResponse);
+    ASSERT_EQ(resp.results.size(), 7u);
+    const DescribeConfigsResult& conf = resp.results[0];
+    EXPECT_EQ(conf.error_code, ErrorCode::kNone);
+    EXPECT_EQ(conf.resource_name, "conf");
+    const DescribeConfigsEntry* retention = value_of(conf, "retention.ms");
+    ASSERT_NE(retention, nullptr);
+    EXPECT_EQ(retention->value, "3600000");
+    EXPECT_TRUE(retention->read_only);
+    EXPECT_EQ(value_of(conf, "message.timestamp.type")->value, "LogAppendTime");
+    EXPECT_EQ(value_of(conf, "segment.bytes")->value, "1048576");  // stored, no effect
+    EXPECT_EQ(value_of(conf, "cleanup.policy")->value, "delete");
+    EXPECT_EQ(value_of(conf, "max.message.bytes")->value, std::to_string(Options().max_batch_bytes));
+    if (v == 0) {
+      EXPECT_FALSE(retention->is_default);
+      EXPECT_TRUE(value_of(conf, "cleanup.policy")->is_default);
+    } else {
+      EXPECT_EQ(retention->config_source, kConfigSourceDynamicTopic);
+      EXPECT_EQ(value_of(conf, "cleanup.policy")->config_source, kConfigSourceDefault);
+      ASSERT_EQ(retention->synonyms.size(), 1u);
+      EXPECT_EQ(retention->synonyms[0].value, "3600000");
+    }
+    // Only the keys asked for (unknown ones are left out).
+    const DescribeConfigsResult& plain = resp.results[1];
+    ASSERT_EQ(plain.configs.size(), 1u);
+    EXPECT_EQ(plain.configs[0].name, "retention.ms");
+    EXPECT_EQ(plain.configs[0].value, std::to_string(7 * 24 * 3600 * 1000LL));
+    EXPECT_EQ(resp.results[2].error_code, ErrorCode::kUnknownTopicOrPartition);
+    EXPECT_TRUE(resp.results[2].configs.empty());
+    const DescribeConfigsResult& broker = resp.results[3];
+    EXPECT_EQ(broker.error_code, ErrorCode::kNone);
+    ASSERT_EQ(broker.configs.size(), 1u);
+    EXPECT_EQ(broker.configs[0].value, std::to_string(Options().default_partitions));
+    EXPECT_EQ(resp.results[4].error_code, ErrorCode::kInvalidRequest);
+    EXPECT_EQ(resp.results[5].error_code, ErrorCode::kInvalidRequest);
+    // An empty key list asks for every config, as a null one does.
+    std::vector<std::string> names;
+    for (const auto& e : resp.results[6].configs) names.push_back(e.name);
+    EXPECT_EQ(names, (std::vector<std::string>{"cleanup.policy", "max.message.bytes", "message.timestamp.type",
+                                               "retention.ms"}));
+  }
+}
+
 TEST_F(BrokerTest, DeleteTopicsRemovesThePartitionStreams) {
   ASSERT_EQ(CreateTopic("gone", 2).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("gone", 1, Batch({"x"})).error_code, ErrorCode::kNone);
@@ -1738,8 +1805,29 @@ TEST_F(GroupTest, DescribeListAndDeleteGroups) {
     EXPECT_TRUE(resp.groups[1].members.empty());
     EXPECT_EQ(resp.groups[2].error_code, ErrorCode::kNone);  // Kafka: an unknown group is Dead, not an error
     EXPECT_EQ(resp.groups[2].group_state, "Dead");
-    EXPECT_EQ(resp.groups[3].error_code, ErrorCode::kInvalidGroupId);
+    EXPECT_EQ(resp.groups[3].error_code, ErrorCode::kNone);  // "" is a valid (unknown) group id
+    EXPECT_EQ(resp.groups[3].group_state, "Dead");
   }
+
+  // While a rebalance is under way the protocol and the members' metadata
+  // and assignments are not shown (they are in flux), as on Kafka.
+  std::string b;
+  Pending join_b = JoinNew("meta-B", &b);
+  DescribeGroupsRequest during;
+  during.groups = {kGroup};
+  auto rebalancing = Call(during, 4, DecodeDescribeGroupsResponse).groups.at(0);
+  EXPECT_EQ(rebalancing.group_state, "PreparingRebalance");
+  EXPECT_EQ(rebalancing.protocol_data, "");
+  for (const auto& m : rebalancing.members) EXPECT_EQ(m.member_metadata + m.member_assignment, "");
+  Pending rejoin_a = Start(JoinReq(a, "meta-A"), 5);
+  auto jb = Finish(join_b, DecodeJoinGroupResponse);
+  auto ja2 = Finish(rejoin_a, DecodeJoinGroupResponse);
+  ASSERT_EQ(jb.error_code, ErrorCode::kNone);
+  ASSERT_EQ(ja2.error_code, ErrorCode::kNone);
+  LeaveGroupRequest leave_b;
+  leave_b.group_id = kGroup;
+  leave_b.member_id = b;
+  ASSERT_EQ(Call(leave_b, 0, DecodeLeaveGroupResponse).error_code, ErrorCode::kNone);
 
   // A group with members is not deleted, and keeps its offsets.
   DeleteGroupsRequest del{{kGroup, "standalone", "nobody", ""}};
@@ -1748,7 +1836,7 @@ TEST_F(GroupTest, DescribeListAndDeleteGroups) {
   EXPECT_EQ(deleted.results[0], (DeletableGroupResult{kGroup, ErrorCode::kNonEmptyGroup}));
   EXPECT_EQ(deleted.results[1], (DeletableGroupResult{"standalone", ErrorCode::kNone}));
   EXPECT_EQ(deleted.results[2], (DeletableGroupResult{"nobody", ErrorCode::kGroupIdNotFound}));
-  EXPECT_EQ(deleted.results[3], (DeletableGroupResult{"", ErrorCode::kInvalidGroupId}));
+  EXPECT_EQ(deleted.results[3], (DeletableGroupResult{"", ErrorCode::kGroupIdNotFound}));
   EXPECT_EQ(Committed("events", 0).committed_offset, 5);
   OffsetFetchRequest fetch_standalone;
   fetch_standalone.group_id = "standalone";

@@ -328,7 +328,7 @@ TEST(KafkaApiTable, Lookup) {
   EXPECT_FALSE(IsSupported(18, 3));
   int count = 0;
   samples::ForEachApiVersion([&](ApiKey, int16_t) { ++count; });
-  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 2);
+  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 3 + 2);
 }
 
 // ---- Round trips ----------------------------------------------------------------
@@ -536,6 +536,22 @@ void ResponseRoundTrip(ApiKey key, int16_t v) {
     case ApiKey::kDeleteGroups: {
       DeleteGroupsResponse m{5, {{"g1", ErrorCode::kNone}, {"g2", ErrorCode::kNonEmptyGroup}}};
       return ExpectResponseRoundTrip(m, v, EncodeDeleteGroupsResponse, DecodeDeleteGroupsResponse);
+    }
+    case ApiKey::kDescribeConfigs: {
+      DescribeConfigsResponse m;
+      m.throttle_time_ms = 6;
+      DescribeConfigsEntry e{"retention.ms", "86400000", true, false, -1, false, {}};
+      DescribeConfigsEntry null_value{"segment.bytes", std::nullopt, false, false, -1, true, {}};
+      if (v == 0) {
+        e.is_default = true;
+      } else {
+        e.config_source = kConfigSourceDefault;
+        e.synonyms = {{"retention.ms", "86400000", kConfigSourceDefault}, {"log.retention.ms", std::nullopt, 4}};
+        null_value.config_source = kConfigSourceDynamicTopic;
+      }
+      m.results = {{ErrorCode::kNone, std::nullopt, kConfigResourceTopic, "orders", {e, null_value}},
+                   {ErrorCode::kInvalidRequest, "no such broker", kConfigResourceBroker, "7", {}}};
+      return ExpectResponseRoundTrip(m, v, EncodeDescribeConfigsResponse, DecodeDescribeConfigsResponse);
     }
   }
   ADD_FAILURE() << "no sample response for api " << static_cast<int>(key);
@@ -797,7 +813,7 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
   std::string want = Hex(
       "00000009"  // correlation_id
       "0023"      // error_code 35 UNSUPPORTED_VERSION
-      "00000012"  // 18 APIs
+      "00000013"  // 19 APIs
       "0000 0000 0007"  // Produce: decoded from v3, advertised from v0
       "0001 0000 000b"  // Fetch: decoded from v4
       "0002 0000 0003"
@@ -815,6 +831,7 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
       "0013 0000 0004"
       "0014 0000 0003"
       "0016 0000 0001"
+      "0020 0000 0002"    // DescribeConfigs
       "002a 0000 0001");  // DeleteGroups
   EXPECT_EQ(ToHex(got), ToHex(want));
 }

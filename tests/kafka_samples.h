@@ -151,6 +151,13 @@ inline RequestBody Request(ApiKey key, int16_t v) {
       return ListGroupsRequest{};
     case ApiKey::kDeleteGroups:
       return DeleteGroupsRequest{{"g1", "g2"}};
+    case ApiKey::kDescribeConfigs: {
+      DescribeConfigsRequest m;
+      m.resources = {{kConfigResourceTopic, "orders", std::vector<std::string>{"retention.ms", "cleanup.policy"}},
+                     {kConfigResourceBroker, "1", std::nullopt}};
+      if (v >= 1) m.include_synonyms = true;
+      return m;
+    }
   }
   return ApiVersionsRequest{};
 }

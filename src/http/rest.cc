@@ -175,7 +175,8 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
     c->uncapped_timestamps = defaults.uncapped_timestamps;
   }
   // As on S2, a value the JSON schema does not allow (an unknown enum name, a
-  // negative count) is a 400; a valid value the server refuses is a 422.
+  // negative or fractional retention age) is a 400; a valid value the server
+  // refuses is a 422.
   if (auto it = j.find("storage_class"); it != j.end() && !it->is_null()) {
     auto parsed = metastore::ParseStorageClass(it->get<std::string>());
     if (!parsed.ok()) throw BadRequest{parsed.status().message()};

@@ -33,6 +33,7 @@ Status DecodeBody(Reader& r, ApiKey key, int16_t version, RequestBody* body) {
     case ApiKey::kDescribeGroups: return DecodeAs(DecodeDescribeGroupsRequest, r, version, body);
     case ApiKey::kListGroups: return DecodeAs(DecodeListGroupsRequest, r, version, body);
     case ApiKey::kDeleteGroups: return DecodeAs(DecodeDeleteGroupsRequest, r, version, body);
+    case ApiKey::kDescribeConfigs: return DecodeAs(DecodeDescribeConfigsRequest, r, version, body);
   }
   return Internal("kafka: api key {} is in the table but has no decoder", static_cast<int>(key));
 }
@@ -58,6 +59,7 @@ struct KeyOf {
   ApiKey operator()(const DescribeGroupsRequest&) const { return ApiKey::kDescribeGroups; }
   ApiKey operator()(const ListGroupsRequest&) const { return ApiKey::kListGroups; }
   ApiKey operator()(const DeleteGroupsRequest&) const { return ApiKey::kDeleteGroups; }
+  ApiKey operator()(const DescribeConfigsRequest&) const { return ApiKey::kDescribeConfigs; }
 };
 
 struct EncodeBody {
@@ -81,6 +83,7 @@ struct EncodeBody {
   void operator()(const DescribeGroupsRequest& m) const { EncodeDescribeGroupsRequest(m, v, w); }
   void operator()(const ListGroupsRequest& m) const { EncodeListGroupsRequest(m, v, w); }
   void operator()(const DeleteGroupsRequest& m) const { EncodeDeleteGroupsRequest(m, v, w); }
+  void operator()(const DescribeConfigsRequest& m) const { EncodeDescribeConfigsRequest(m, v, w); }
 };
 
 }  // namespace

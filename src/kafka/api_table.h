@@ -37,6 +37,7 @@ enum class ApiKey : int16_t {
   kCreateTopics = 19,
   kDeleteTopics = 20,
   kInitProducerId = 22,
+  kDescribeConfigs = 32,
   kDeleteGroups = 42,
 };
 
@@ -75,6 +76,7 @@ inline constexpr ApiInfo kSupportedApis[] = {
     {19,  "CreateTopics",    0,  4,   0},
     {20,  "DeleteTopics",    0,  3,   0},
     {22,  "InitProducerId",  0,  1,   0},
+    {32,  "DescribeConfigs", 0,  2,   0},
     {42,  "DeleteGroups",    0,  1,   0},
 };
 
@@ -99,7 +101,8 @@ using RequestBody =
     std::variant<ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
                  OffsetFetchRequest, FindCoordinatorRequest, JoinGroupRequest, HeartbeatRequest, LeaveGroupRequest,
                  SyncGroupRequest, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
-                 InitProducerIdRequest, DescribeGroupsRequest, ListGroupsRequest, DeleteGroupsRequest>;
+                 InitProducerIdRequest, DescribeGroupsRequest, ListGroupsRequest, DeleteGroupsRequest,
+                 DescribeConfigsRequest>;
 
 struct DecodedRequest {
   RequestHeader header;

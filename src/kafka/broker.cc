@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -139,20 +140,22 @@ void Broker::Handle(std::string frame, std::shared_ptr<Reply> reply) {
   Dispatch(req);
 }
 
-// One handler per API; the versions each accepts are the rows of
-// kSupportedApis (api_table.h), checked by DecodeRequest. Requests that change
-// or read state run in request order per connection, as on a Kafka broker
-// (an async commit must not overtake the one before it, nor a produce the
-// one before it); Fetch, which only reads and may long-poll, does not wait.
 static_assert(
     [] {
       for (const ApiInfo& api : kSupportedApis) {
-        if (api.key < 0 || static_cast<size_t>(api.key) >= std::size(BrokerMetrics{}.requests_by_api)) return false;
+        if (api.key < 0 || static_cast<size_t>(api.key) >= std::extent_v<decltype(BrokerMetrics::requests_by_api)>) {
+          return false;
+        }
       }
       return true;
     }(),
     "BrokerMetrics::requests_by_api must have a slot for every supported api key");
 
+// One handler per API; the versions each accepts are the rows of
+// kSupportedApis (api_table.h), checked by DecodeRequest. Requests that change
+// or read state run in request order per connection, as on a Kafka broker
+// (an async commit must not overtake the one before it, nor a produce the
+// one before it); Fetch, which only reads and may long-poll, does not wait.
 void Broker::Dispatch(const std::shared_ptr<Request>& req) {
   Reply& r = *req->reply;
   auto ordered = [&](void (Broker::*fn)(const std::shared_ptr<Request>&)) {
@@ -180,6 +183,7 @@ void Broker::Dispatch(const std::shared_ptr<Request>& req) {
     case ApiKey::kDescribeGroups:  return ordered(&Broker::DescribeGroups);
     case ApiKey::kListGroups:      return ordered(&Broker::ListGroups);
     case ApiKey::kDeleteGroups:    return ordered(&Broker::DeleteGroups);
+    case ApiKey::kDescribeConfigs: return ordered(&Broker::DescribeConfigs);
   }
   req->reply->Close();
 }
@@ -812,6 +816,130 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
     resp.topics.push_back(std::move(r));
   }
   Send(req, resp, EncodeCreateTopicsResponse);
+}
+
+// ---- DescribeConfigs ----------------------------------------------------------
+// Topic configs as they act: the values weir applies (retention.ms and
+// message.timestamp.type from the partition streams' config, the produce size
+// limit) and every other config the topic was created with, as stored. There
+// is no AlterConfigs, so every entry is read-only.
+
+namespace {
+
+struct ConfigValue {
+  std::string name;
+  std::optional<std::string> value;
+  int8_t source = kConfigSourceDefault;
+};
+
+std::string Ms(Duration d) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+}  // namespace
+
+// Runs on a worker thread (metastore reads).
+void Broker::DescribeConfigs(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<DescribeConfigsRequest>();
+  const int16_t version = req->version();
+  DescribeConfigsResponse resp;
+  for (const DescribeConfigsResource& res : in.resources) {
+    DescribeConfigsResult out;
+    out.resource_type = res.resource_type;
+    out.resource_name = res.resource_name;
+    std::vector<ConfigValue> values;
+    if (res.resource_type == kConfigResourceTopic) {
+      auto table = engine_->GetTable(options_.basin, res.resource_name);
+      if (!table.ok()) {
+        const bool missing = table.status().code() == Code::kNotFound;
+        out.error_code = missing ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kUnknownServerError;
+        out.error_message = missing ? fmt::format("topic {} does not exist", res.resource_name)
+                                    : table.status().ToString();
+        resp.results.push_back(std::move(out));
+        continue;
+      }
+      auto stored = nlohmann::json::parse(table->config, nullptr, /*allow_exceptions=*/false);
+      if (!stored.is_object()) stored = nlohmann::json::object();
+      // The partitions' stream config (partition 0 stands for all: they are
+      // created alike, and the REST API changes them one by one).
+      auto stream = engine_->GetStream(options_.basin, metastore::BucketStreamName(res.resource_name, 0));
+      if (!stream.ok()) {
+        out.error_code = ErrorCode::kUnknownServerError;
+        out.error_message = stream.status().ToString();
+        resp.results.push_back(std::move(out));
+        continue;
+      }
+      const metastore::StreamConfig& cfg = stream->info.config;
+      // Set at creation (with a value), or changed since: not the default.
+      auto source = [&](const char* name, bool changed = false) {
+        auto it = stored.find(name);
+        return changed || (it != stored.end() && it->is_string()) ? kConfigSourceDynamicTopic : kConfigSourceDefault;
+      };
+      const metastore::StreamConfig defaults;
+      const int64_t age = std::min<int64_t>(cfg.retention_age_s, INT64_MAX / 1000);
+      const bool log_append_time = cfg.timestamping == metastore::TimestampingMode::kArrival;
+      values = {
+          {"cleanup.policy", "delete", source("cleanup.policy")},
+          {"max.message.bytes", std::to_string(MaxMessageBytes(res.resource_name)), source("max.message.bytes")},
+          {"message.timestamp.type", log_append_time ? "LogAppendTime" : "CreateTime",
+           source("message.timestamp.type", log_append_time)},
+          {"retention.ms", age == 0 ? "-1" : std::to_string(age * 1000),
+           source("retention.ms", cfg.retention_age_s != defaults.retention_age_s)},
+      };
+      for (auto& [name, value] : stored.items()) {
+        if (std::any_of(values.begin(), values.end(), [&](const ConfigValue& c) { return c.name == name; })) continue;
+        const bool set = value.is_string();
+        values.push_back(ConfigValue{name, set ? std::optional(value.get<std::string>()) : std::nullopt,
+                                     set ? kConfigSourceDynamicTopic : kConfigSourceDefault});
+      }
+    } else if (res.resource_type == kConfigResourceBroker) {
+      if (!res.resource_name.empty() && res.resource_name != std::to_string(options_.node_id)) {
+        out.error_code = ErrorCode::kInvalidRequest;
+        out.error_message = fmt::format("this is broker {}, not {}", options_.node_id, res.resource_name);
+        resp.results.push_back(std::move(out));
+        continue;
+      }
+      const int8_t b = kConfigSourceStaticBroker;
+      values = {
+          {"auto.create.topics.enable", options_.auto_create_partitions > 0 ? "true" : "false", b},
+          {"broker.id", std::to_string(options_.node_id), b},
+          {"group.max.session.timeout.ms", Ms(options_.groups.max_session_timeout), b},
+          {"group.min.session.timeout.ms", Ms(options_.groups.min_session_timeout), b},
+          {"message.max.bytes", std::to_string(options_.max_batch_bytes), b},
+          {"num.partitions", std::to_string(options_.default_partitions), b},
+          {"offsets.retention.minutes",
+           std::to_string(std::chrono::duration_cast<std::chrono::minutes>(options_.offsets_retention).count()), b},
+      };
+    } else {
+      out.error_code = ErrorCode::kInvalidRequest;
+      out.error_message = fmt::format("config resource type {} is not supported (2: topic, 4: broker)",
+                                      static_cast<int>(res.resource_type));
+      resp.results.push_back(std::move(out));
+      continue;
+    }
+    std::sort(values.begin(), values.end(), [](const ConfigValue& a, const ConfigValue& b) { return a.name < b.name; });
+    for (ConfigValue& c : values) {
+      // Null or empty: every config (as Kafka reads an empty list).
+      if (res.configuration_keys && !res.configuration_keys->empty() &&
+          std::find(res.configuration_keys->begin(), res.configuration_keys->end(), c.name) ==
+              res.configuration_keys->end()) {
+        continue;
+      }
+      DescribeConfigsEntry e;
+      e.name = c.name;
+      e.value = c.value;
+      e.read_only = true;
+      if (version == 0) {
+        e.is_default = c.source == kConfigSourceDefault;
+      } else {
+        e.config_source = c.source;
+        if (in.include_synonyms) e.synonyms.push_back(DescribeConfigsSynonym{c.name, c.value, c.source});
+      }
+      out.configs.push_back(std::move(e));
+    }
+    resp.results.push_back(std::move(out));
+  }
+  Send(req, resp, EncodeDescribeConfigsResponse);
 }
 
 void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {

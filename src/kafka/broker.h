@@ -119,6 +119,7 @@ class Broker : public FrameHandler {
   void DescribeGroups(const std::shared_ptr<Request>& req);
   void ListGroups(const std::shared_ptr<Request>& req);
   void DeleteGroups(const std::shared_ptr<Request>& req);
+  void DescribeConfigs(const std::shared_ptr<Request>& req);
 
   // The partition count of a topic, creating it with `partitions` if it is
   // missing and partitions > 0. kNotFound if missing (and not created).

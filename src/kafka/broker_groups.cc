@@ -205,16 +205,16 @@ void Broker::DescribeGroups(const std::shared_ptr<Request>& req) {
   for (const std::string& id : in.groups) {
     DescribedGroup g;
     g.group_id = id;
-    if (id.empty()) {
-      g.error_code = ErrorCode::kInvalidGroupId;
-      g.group_state = "Dead";
-    } else if (auto d = groups_.DescribeGroup(id)) {
+    if (auto d = groups_.DescribeGroup(id)) {
       g.group_state = std::string(GroupStateName(d->state));
       g.protocol_type = d->protocol_type;
-      g.protocol_data = d->protocol_name;
+      // As Kafka: the protocol and each member's metadata and assignment
+      // only once the group is Stable (before that they are in flux).
+      const bool stable = d->state == GroupState::kStable;
+      if (stable) g.protocol_data = d->protocol_name;
       for (auto& m : d->members) {
         g.members.push_back(DescribedGroupMember{m.member_id, m.group_instance_id, m.client_id, m.client_host,
-                                                 m.metadata, m.assignment});
+                                                 stable ? m.metadata : "", stable ? m.assignment : ""});
       }
     } else {
       auto offsets = meta_->FetchGroupOffsets(id);
@@ -248,30 +248,29 @@ void Broker::ListGroups(const std::shared_ptr<Request>& req) {
 }
 
 // Runs on a worker thread (a metastore write). A group is deleted when it has
-// no members: its membership state and every committed offset go.
+// no members: its committed offsets first (if that fails, nothing changed),
+// then its membership state.
 void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
   auto& in = req->body<DeleteGroupsRequest>();
   DeleteGroupsResponse resp;
   for (const std::string& id : in.groups_names) {
     DeletableGroupResult r;
     r.group_id = id;
-    if (id.empty()) {
-      r.error_code = ErrorCode::kInvalidGroupId;
+    auto d = groups_.DescribeGroup(id);
+    if (d && d->state != GroupState::kEmpty) {
+      r.error_code = ErrorCode::kNonEmptyGroup;
+    } else if (auto had_offsets = meta_->DeleteAllGroupOffsets(id); !had_offsets.ok()) {
+      Log().warn("kafka: deleting the offsets of group {}: {}", id, had_offsets.status().ToString());
+      r.error_code = ErrorCode::kCoordinatorNotAvailable;
     } else {
+      // A member that joined since the check keeps the group (its offsets
+      // are gone, as if it had joined just after the deletion).
       r.error_code = E(groups_.DeleteGroup(id));
-      if (r.error_code == ErrorCode::kNone || r.error_code == ErrorCode::kGroupIdNotFound) {
-        auto had_offsets = meta_->DeleteAllGroupOffsets(id);
-        if (!had_offsets.ok()) {
-          Log().warn("kafka: deleting the offsets of group {}: {}", id, had_offsets.status().ToString());
-          r.error_code = ErrorCode::kCoordinatorNotAvailable;
-        } else if (*had_offsets) {
-          r.error_code = ErrorCode::kNone;
-        }
-      }
-      if (r.error_code == ErrorCode::kNone) {
-        metrics_.groups_deleted++;
-        Log().info("kafka: deleted group {}", id);
-      }
+      if (r.error_code == ErrorCode::kGroupIdNotFound && *had_offsets) r.error_code = ErrorCode::kNone;
+    }
+    if (r.error_code == ErrorCode::kNone) {
+      metrics_.groups_deleted++;
+      Log().info("kafka: deleted group {}", id);
     }
     resp.results.push_back(std::move(r));
   }

@@ -1072,4 +1072,87 @@ Status DecodeDeleteGroupsResponse(Reader& r, int16_t /*version*/, DeleteGroupsRe
   return r.Finish();
 }
 
+// ---- DescribeConfigs ----------------------------------------------------------
+
+Status DecodeDescribeConfigsRequest(Reader& r, int16_t version, DescribeConfigsRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "DescribeConfigsRequest");
+  ReadArray(r, "resources", 1 + kStr + kArr, &out->resources, [&](DescribeConfigsResource& res) {
+    res.resource_type = r.Int8("resource_type");
+    res.resource_name = r.String("resource_name");
+    ReadNullableArray(r, "configuration_keys", kStr, &res.configuration_keys,
+                      [&](std::string& k) { k = r.String("key"); });
+  });
+  if (version >= 1) out->include_synonyms = r.Bool("include_synonyms");
+  return r.Finish();
+}
+
+void EncodeDescribeConfigsRequest(const DescribeConfigsRequest& m, int16_t version, Writer& w) {
+  WriteArray(w, m.resources, [&](const DescribeConfigsResource& res) {
+    w.Int8(res.resource_type);
+    w.String(res.resource_name);
+    WriteNullableArray(w, res.configuration_keys, [&](const std::string& k) { w.String(k); });
+  });
+  if (version >= 1) w.Bool(m.include_synonyms);
+}
+
+void EncodeDescribeConfigsResponse(const DescribeConfigsResponse& m, int16_t version, Writer& w) {
+  w.Int32(m.throttle_time_ms);
+  WriteArray(w, m.results, [&](const DescribeConfigsResult& res) {
+    WriteErrorCode(w, res.error_code);
+    w.NullableString(res.error_message);
+    w.Int8(res.resource_type);
+    w.String(res.resource_name);
+    WriteArray(w, res.configs, [&](const DescribeConfigsEntry& e) {
+      w.String(e.name);
+      w.NullableString(e.value);
+      w.Bool(e.read_only);
+      if (version == 0) {
+        w.Bool(e.is_default);
+      } else {
+        w.Int8(e.config_source);
+      }
+      w.Bool(e.is_sensitive);
+      if (version >= 1) {
+        WriteArray(w, e.synonyms, [&](const DescribeConfigsSynonym& syn) {
+          w.String(syn.name);
+          w.NullableString(syn.value);
+          w.Int8(syn.source);
+        });
+      }
+    });
+  });
+}
+
+Status DecodeDescribeConfigsResponse(Reader& r, int16_t version, DescribeConfigsResponse* out) {
+  *out = {};
+  Reader::Scope root(r, "DescribeConfigsResponse");
+  out->throttle_time_ms = r.Int32("throttle_time_ms");
+  ReadArray(r, "results", kI16 + kStr + 1 + kStr + kArr, &out->results, [&](DescribeConfigsResult& res) {
+    res.error_code = ReadErrorCode(r);
+    res.error_message = r.NullableString("error_message");
+    res.resource_type = r.Int8("resource_type");
+    res.resource_name = r.String("resource_name");
+    ReadArray(r, "configs", 2 * kStr + 3, &res.configs, [&](DescribeConfigsEntry& e) {
+      e.name = r.String("name");
+      e.value = r.NullableString("value");
+      e.read_only = r.Bool("read_only");
+      if (version == 0) {
+        e.is_default = r.Bool("is_default");
+      } else {
+        e.config_source = r.Int8("config_source");
+      }
+      e.is_sensitive = r.Bool("is_sensitive");
+      if (version >= 1) {
+        ReadArray(r, "synonyms", 2 * kStr + 1, &e.synonyms, [&](DescribeConfigsSynonym& syn) {
+          syn.name = r.String("name");
+          syn.value = r.NullableString("value");
+          syn.source = r.Int8("source");
+        });
+      }
+    });
+  });
+  return r.Finish();
+}
+
 }  // namespace weir::kafka

@@ -691,4 +691,59 @@ void EncodeDeleteGroupsRequest(const DeleteGroupsRequest& m, int16_t version, Wr
 void EncodeDeleteGroupsResponse(const DeleteGroupsResponse& m, int16_t version, Writer& w);
 Status DecodeDeleteGroupsResponse(Reader& r, int16_t version, DeleteGroupsResponse* out);
 
+// ---- DescribeConfigs (key 32), v0-2 ---------------------------------------------
+
+inline constexpr int8_t kConfigResourceTopic = 2;
+inline constexpr int8_t kConfigResourceBroker = 4;
+// config_source (v1+)
+inline constexpr int8_t kConfigSourceDynamicTopic = 1;
+inline constexpr int8_t kConfigSourceStaticBroker = 4;
+inline constexpr int8_t kConfigSourceDefault = 5;
+
+struct DescribeConfigsResource {
+  int8_t resource_type = 0;
+  std::string resource_name;
+  std::optional<std::vector<std::string>> configuration_keys;  // null: all
+  bool operator==(const DescribeConfigsResource&) const = default;
+};
+struct DescribeConfigsRequest {
+  std::vector<DescribeConfigsResource> resources;
+  bool include_synonyms = false;  // v1+
+  bool operator==(const DescribeConfigsRequest&) const = default;
+};
+struct DescribeConfigsSynonym {
+  std::string name;
+  std::optional<std::string> value;
+  int8_t source = 0;
+  bool operator==(const DescribeConfigsSynonym&) const = default;
+};
+struct DescribeConfigsEntry {
+  std::string name;
+  std::optional<std::string> value;
+  bool read_only = false;
+  bool is_default = false;    // v0
+  int8_t config_source = -1;  // v1+
+  bool is_sensitive = false;
+  std::vector<DescribeConfigsSynonym> synonyms;  // v1+
+  bool operator==(const DescribeConfigsEntry&) const = default;
+};
+struct DescribeConfigsResult {
+  ErrorCode error_code = ErrorCode::kNone;
+  std::optional<std::string> error_message;
+  int8_t resource_type = 0;
+  std::string resource_name;
+  std::vector<DescribeConfigsEntry> configs;
+  bool operator==(const DescribeConfigsResult&) const = default;
+};
+struct DescribeConfigsResponse {
+  int32_t throttle_time_ms = 0;
+  std::vector<DescribeConfigsResult> results;
+  bool operator==(const DescribeConfigsResponse&) const = default;
+};
+
+Status DecodeDescribeConfigsRequest(Reader& r, int16_t version, DescribeConfigsRequest* out);
+void EncodeDescribeConfigsRequest(const DescribeConfigsRequest& m, int16_t version, Writer& w);
+void EncodeDescribeConfigsResponse(const DescribeConfigsResponse& m, int16_t version, Writer& w);
+Status DecodeDescribeConfigsResponse(Reader& r, int16_t version, DescribeConfigsResponse* out);
+
 }  // namespace weir::kafka

@@ -5,7 +5,8 @@ Usage: confluent_test.py WEIR_BINARY [unittest arguments, e.g. -k Group]
 (or WEIR_BIN=... confluent_test.py). Needs /usr/bin/python3 with the Debian
 package python3-confluent-kafka.
 
-Covers: AdminClient create_topics / list_topics / delete_topics (and their
+Covers: AdminClient create_topics / list_topics / delete_topics /
+describe_configs (and their
 error codes); an idempotent producer (enable.idempotence, acks=all) whose
 delivery reports all succeed with offsets 0, 1, 2, ... per partition; a
 consumer group of two members that together read every record exactly once,
@@ -35,7 +36,7 @@ from kafka_support import rest_read, unique  # noqa: E402
 try:
     from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
                                  TopicPartition)
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 except ImportError:  # reported in setUpModule
     Producer = None
 
@@ -245,6 +246,22 @@ class Admin(ks.TestCase):
         broker = next(iter(md.brokers.values()))
         self.assertEqual(f"{broker.host}:{broker.port}", SHARED.kafka_addr)
         self.assertEqual(md.controller_id, broker.id)
+
+        # describe_configs (DescribeConfigs): the topic's configs as applied,
+        # and the broker's.
+        a = admin(SHARED)  # kept alive until the futures are done
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = a.describe_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
+        self.assertEqual(entries["cleanup.policy"].value, "delete")
+        self.assertEqual(entries["retention.ms"].value, str(7 * 24 * 3600 * 1000))
+        self.assertTrue(entries["retention.ms"].is_default)
+        res = ConfigResource(ConfigResource.Type.BROKER, str(broker.id))
+        entries = a.describe_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
+        self.assertEqual(entries["broker.id"].value, str(broker.id))
+        with self.assertRaises(KafkaException) as cm:
+            res = ConfigResource(ConfigResource.Type.TOPIC, unique("missing"))
+            a.describe_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
+        self.assertEqual(error_code(cm.exception), KafkaError.UNKNOWN_TOPIC_OR_PART, cm.exception)
 
         # Creating it again is TOPIC_ALREADY_EXISTS; zero partitions is INVALID_PARTITIONS.
         with self.assertRaises(KafkaException) as cm:

@@ -227,6 +227,18 @@ describe("kafkajs against weir", () => {
       assert.equal(p.partitionErrorCode, 0);
       assert.equal(p.leader, cluster.brokers[0].nodeId);
     }
+    // describeConfigs: the topic's configs as weir applies them (kafkajs' ConfigResourceTypes.TOPIC = 2).
+    const configs = await within(WAIT_MS, "describeConfigs", admin.describeConfigs({
+      resources: [{ type: 2, name: topic, configNames: ["retention.ms", "cleanup.policy"] }, { type: 2, name: other }],
+      includeSynonyms: false,
+    }));
+    assert.equal(configs.resources[0].errorCode, 0);
+    assert.deepEqual(Object.fromEntries(configs.resources[0].configEntries.map((e) => [e.configName, e.configValue])),
+      { "cleanup.policy": "delete", "retention.ms": String(7 * 24 * 3600 * 1000) });
+    // No names (kafkajs sends an empty list): every config.
+    const all = Object.fromEntries(configs.resources[1].configEntries.map((e) => [e.configName, e.configValue]));
+    assert.equal(all["message.timestamp.type"], "CreateTime");
+    assert.equal(all["cleanup.policy"], "delete");
     const names = await within(WAIT_MS, "listTopics", admin.listTopics());
     assert.ok(names.includes(topic) && names.includes(other), JSON.stringify(names));
     assert.deepEqual(await highWatermarks(admin, topic), { 0: 0, 1: 0, 2: 0 });
