@@ -1404,6 +1404,56 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   EXPECT_EQ(names, (std::set<std::string>{"made", "defaults", "kept", "forever", "old-style", "replicas", "tight"}));
 }
 
+TEST_F(BrokerTest, CreatePartitionsAddsEmptyPartitions) {
+  ASSERT_EQ(CreateTopic("grow", 2, 1, {{"retention.ms", "3600000"}}).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("grow", 1, Batch({"a", "b"})).error_code, ErrorCode::kNone);
+  ASSERT_EQ(CreateTopic("other", 1).error_code, ErrorCode::kNone);
+  auto grow = [&](CreatePartitionsRequest m, int16_t v = 1) { return Call(m, v, DecodeCreatePartitionsResponse); };
+
+  // Refused: fewer or as many, manual assignments, unknown or repeated topics.
+  auto resp = grow(CreatePartitionsRequest{{{"grow", 1, std::nullopt},
+                                            {"other", 1, std::nullopt},
+                                            {"other-x", 3, std::nullopt},
+                                            {"dup", 3, std::nullopt},
+                                            {"dup", 3, std::nullopt}},
+                                           1000,
+                                           false});
+  ASSERT_EQ(resp.results.size(), 5u);
+  EXPECT_EQ(resp.results[0].error_code, ErrorCode::kInvalidPartitions);
+  EXPECT_EQ(resp.results[1].error_code, ErrorCode::kInvalidPartitions);
+  EXPECT_EQ(resp.results[2].error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(resp.results[3].error_code, ErrorCode::kInvalidRequest);
+  EXPECT_EQ(resp.results[4].error_code, ErrorCode::kInvalidRequest);
+  resp = grow(CreatePartitionsRequest{
+      {{"grow", 3, std::vector<std::vector<int32_t>>{{kNodeId}}}, {"grow", 0, std::nullopt}}, 1000, false});
+  EXPECT_EQ(resp.results.at(0).error_code, ErrorCode::kInvalidRequest);  // named twice
+  resp = grow(CreatePartitionsRequest{{{"grow", 3, std::vector<std::vector<int32_t>>{{kNodeId}}}}, 1000, false});
+  EXPECT_EQ(resp.results.at(0).error_code, ErrorCode::kInvalidReplicaAssignment);
+  resp = grow(CreatePartitionsRequest{{{"grow", Options().max_partitions + 1, std::nullopt}}, 1000, false});
+  EXPECT_EQ(resp.results.at(0).error_code, ErrorCode::kInvalidPartitions);
+  // validate_only changes nothing.
+  resp = grow(CreatePartitionsRequest{{{"grow", 4, std::nullopt}}, 1000, true}, 0);
+  EXPECT_EQ(resp.results.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "grow")->bucket_count, 2u);
+  EXPECT_EQ(Produce("grow", 3, Batch({"x"})).error_code, ErrorCode::kUnknownTopicOrPartition);
+
+  resp = grow(CreatePartitionsRequest{{{"grow", 4, std::nullopt}}, 1000, false});
+  EXPECT_EQ(resp.results.at(0).error_code, ErrorCode::kNone);
+  auto md = Metadata(std::vector<std::string>{"grow"});
+  ASSERT_EQ(md.topics.size(), 1u);
+  EXPECT_EQ(md.topics[0].partitions.size(), 4u);
+  // The new partitions start empty, take records, and have the topic's config.
+  EXPECT_EQ(Produce("grow", 3, Batch({"x", "y", "z"})).base_offset, 0);
+  EXPECT_EQ(Produce("grow", 1, Batch({"c"})).base_offset, 2);
+  EXPECT_EQ(engine_->GetStream(kKafkaBasin, "grow/3")->info.config.retention_age_s, 3600);
+
+  // They survive a restart.
+  RestartAll();
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "grow")->bucket_count, 4u);
+  EXPECT_EQ(Produce("grow", 3, Batch({"w"})).base_offset, 3);
+  EXPECT_EQ(Produce("grow", 2, Batch({"v"})).base_offset, 0);
+}
+
 TEST_F(BrokerTest, DescribeConfigsShowsWhatTheTopicAndBrokerApply) {
   ASSERT_EQ(CreateTopic("conf", 2, 1,
                         {{"retention.ms", "3600000"}, {"message.timestamp.type", "LogAppendTime"},

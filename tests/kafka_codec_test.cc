@@ -328,7 +328,7 @@ TEST(KafkaApiTable, Lookup) {
   EXPECT_FALSE(IsSupported(18, 3));
   int count = 0;
   samples::ForEachApiVersion([&](ApiKey, int16_t) { ++count; });
-  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 3 + 2);
+  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 3 + 2 + 2);
 }
 
 // ---- Round trips ----------------------------------------------------------------
@@ -536,6 +536,11 @@ void ResponseRoundTrip(ApiKey key, int16_t v) {
     case ApiKey::kDeleteGroups: {
       DeleteGroupsResponse m{5, {{"g1", ErrorCode::kNone}, {"g2", ErrorCode::kNonEmptyGroup}}};
       return ExpectResponseRoundTrip(m, v, EncodeDeleteGroupsResponse, DecodeDeleteGroupsResponse);
+    }
+    case ApiKey::kCreatePartitions: {
+      CreatePartitionsResponse m{7, {{"orders", ErrorCode::kNone, std::nullopt},
+                                     {"events", ErrorCode::kInvalidPartitions, "already has 3 partitions"}}};
+      return ExpectResponseRoundTrip(m, v, EncodeCreatePartitionsResponse, DecodeCreatePartitionsResponse);
     }
     case ApiKey::kDescribeConfigs: {
       DescribeConfigsResponse m;
@@ -813,7 +818,7 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
   std::string want = Hex(
       "00000009"  // correlation_id
       "0023"      // error_code 35 UNSUPPORTED_VERSION
-      "00000013"  // 19 APIs
+      "00000014"  // 20 APIs
       "0000 0000 0007"  // Produce: decoded from v3, advertised from v0
       "0001 0000 000b"  // Fetch: decoded from v4
       "0002 0000 0003"
@@ -832,6 +837,7 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
       "0014 0000 0003"
       "0016 0000 0001"
       "0020 0000 0002"    // DescribeConfigs
+      "0025 0000 0001"    // CreatePartitions
       "002a 0000 0001");  // DeleteGroups
   EXPECT_EQ(ToHex(got), ToHex(want));
 }

@@ -151,6 +151,13 @@ inline RequestBody Request(ApiKey key, int16_t v) {
       return ListGroupsRequest{};
     case ApiKey::kDeleteGroups:
       return DeleteGroupsRequest{{"g1", "g2"}};
+    case ApiKey::kCreatePartitions: {
+      CreatePartitionsRequest m;
+      m.topics = {{"orders", 6, std::nullopt}, {"events", 3, std::vector<std::vector<int32_t>>{{1}, {1, 2}}}};
+      m.timeout_ms = 30000;
+      m.validate_only = true;
+      return m;
+    }
     case ApiKey::kDescribeConfigs: {
       DescribeConfigsRequest m;
       m.resources = {{kConfigResourceTopic, "orders", std::vector<std::string>{"retention.ms", "cleanup.policy"}},

@@ -1364,6 +1364,42 @@ TEST_P(MetastoreConformance, ExpireGroupOffsetsRemovesWholeStaleGroups) {
   EXPECT_TRUE(removed.empty());
 }
 
+TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
+  const uint64_t id = MakeTable("b1", "topic", 2).first.id;
+  StreamConfig cfg;
+  cfg.retention_age_s = 60;
+  ASSERT_OK_AND_ASSIGN(auto added, m().AddBuckets(id, 4, cfg, 9));
+  EXPECT_EQ(added.first.bucket_count, 4u);
+  ASSERT_EQ(added.second.size(), 2u);
+  EXPECT_EQ(added.second[0].name, BucketStreamName("topic", 2));
+  EXPECT_EQ(added.second[1].name, BucketStreamName("topic", 3));
+  EXPECT_EQ(added.second[1].config.retention_age_s, 60);
+  EXPECT_EQ(added.second[1].created_at_ms, 9);
+  ASSERT_OK_AND_ASSIGN(auto stored, m().GetTable("b1", "topic"));
+  EXPECT_EQ(stored.bucket_count, 4u);
+  ASSERT_OK_AND_ASSIGN(auto stream3, m().GetStream("b1", BucketStreamName("topic", 3)));
+  EXPECT_EQ(stream3.id, added.second[1].id);
+  ASSERT_OK_AND_ASSIGN(auto state, m().GetStreamState(stream3.id));
+  EXPECT_EQ(state.settled_offset, 0u);
+  // Only upwards, and within the limit.
+  EXPECT_EQ(m().AddBuckets(id, 4, cfg, 9).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().AddBuckets(id, 3, cfg, 9).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().AddBuckets(id, kMaxTableBuckets + 1, cfg, 9).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().AddBuckets(id + 100, 8, cfg, 9).status().code(), Code::kNotFound);
+  // A taken name changes nothing.
+  StreamInfo squatter;
+  squatter.basin = "b1";
+  squatter.name = BucketStreamName("topic", 5);
+  ASSERT_OK(m().CreateStream(squatter).status());
+  EXPECT_EQ(m().AddBuckets(id, 6, cfg, 9).status().code(), Code::kAlreadyExists);
+  ASSERT_OK_AND_ASSIGN(stored, m().GetTable("b1", "topic"));
+  EXPECT_EQ(stored.bucket_count, 4u);
+  EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 4)).status().code(), Code::kNotFound);
+  // Deleting the table takes the added buckets too.
+  ASSERT_OK(m().DeleteTable(id).status());
+  EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 3)).status().code(), Code::kNotFound);
+}
+
 TEST_P(MetastoreConformance, ListAndDeleteWholeGroups) {
   ASSERT_OK_AND_ASSIGN(auto groups, m().ListOffsetGroups());
   EXPECT_TRUE(groups.empty());

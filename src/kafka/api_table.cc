@@ -34,6 +34,7 @@ Status DecodeBody(Reader& r, ApiKey key, int16_t version, RequestBody* body) {
     case ApiKey::kListGroups: return DecodeAs(DecodeListGroupsRequest, r, version, body);
     case ApiKey::kDeleteGroups: return DecodeAs(DecodeDeleteGroupsRequest, r, version, body);
     case ApiKey::kDescribeConfigs: return DecodeAs(DecodeDescribeConfigsRequest, r, version, body);
+    case ApiKey::kCreatePartitions: return DecodeAs(DecodeCreatePartitionsRequest, r, version, body);
   }
   return Internal("kafka: api key {} is in the table but has no decoder", static_cast<int>(key));
 }
@@ -60,6 +61,7 @@ struct KeyOf {
   ApiKey operator()(const ListGroupsRequest&) const { return ApiKey::kListGroups; }
   ApiKey operator()(const DeleteGroupsRequest&) const { return ApiKey::kDeleteGroups; }
   ApiKey operator()(const DescribeConfigsRequest&) const { return ApiKey::kDescribeConfigs; }
+  ApiKey operator()(const CreatePartitionsRequest&) const { return ApiKey::kCreatePartitions; }
 };
 
 struct EncodeBody {
@@ -84,6 +86,7 @@ struct EncodeBody {
   void operator()(const ListGroupsRequest& m) const { EncodeListGroupsRequest(m, v, w); }
   void operator()(const DeleteGroupsRequest& m) const { EncodeDeleteGroupsRequest(m, v, w); }
   void operator()(const DescribeConfigsRequest& m) const { EncodeDescribeConfigsRequest(m, v, w); }
+  void operator()(const CreatePartitionsRequest& m) const { EncodeCreatePartitionsRequest(m, v, w); }
 };
 
 }  // namespace

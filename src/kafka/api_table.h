@@ -38,6 +38,7 @@ enum class ApiKey : int16_t {
   kDeleteTopics = 20,
   kInitProducerId = 22,
   kDescribeConfigs = 32,
+  kCreatePartitions = 37,
   kDeleteGroups = 42,
 };
 
@@ -77,6 +78,7 @@ inline constexpr ApiInfo kSupportedApis[] = {
     {20,  "DeleteTopics",    0,  3,   0},
     {22,  "InitProducerId",  0,  1,   0},
     {32,  "DescribeConfigs", 0,  2,   0},
+    {37,  "CreatePartitions", 0, 1,   0},
     {42,  "DeleteGroups",    0,  1,   0},
 };
 
@@ -102,7 +104,7 @@ using RequestBody =
                  OffsetFetchRequest, FindCoordinatorRequest, JoinGroupRequest, HeartbeatRequest, LeaveGroupRequest,
                  SyncGroupRequest, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
                  InitProducerIdRequest, DescribeGroupsRequest, ListGroupsRequest, DeleteGroupsRequest,
-                 DescribeConfigsRequest>;
+                 DescribeConfigsRequest, CreatePartitionsRequest>;
 
 struct DecodedRequest {
   RequestHeader header;

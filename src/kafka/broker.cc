@@ -184,6 +184,7 @@ void Broker::Dispatch(const std::shared_ptr<Request>& req) {
     case ApiKey::kListGroups:      return ordered(&Broker::ListGroups);
     case ApiKey::kDeleteGroups:    return ordered(&Broker::DeleteGroups);
     case ApiKey::kDescribeConfigs: return ordered(&Broker::DescribeConfigs);
+    case ApiKey::kCreatePartitions: return ordered(&Broker::CreatePartitions);
   }
   req->reply->Close();
 }
@@ -816,6 +817,60 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
     resp.topics.push_back(std::move(r));
   }
   Send(req, resp, EncodeCreateTopicsResponse);
+}
+
+// ---- CreatePartitions ---------------------------------------------------------
+// A topic's new partitions are new bucket streams of its table, created in one
+// metastore transaction with the config of partition 0's stream; they start
+// empty. Partitions can only be added, as in Kafka.
+
+// Runs on a worker thread (metastore writes).
+void Broker::CreatePartitions(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<CreatePartitionsRequest>();
+  CreatePartitionsResponse resp;
+  std::map<std::string, int> seen;
+  for (auto& t : in.topics) seen[t.name]++;
+  for (auto& t : in.topics) {
+    CreatePartitionsTopicResult r;
+    r.name = t.name;
+    auto fail = [&](ErrorCode code, std::string message) {
+      r.error_code = code;
+      r.error_message = std::move(message);
+    };
+    std::lock_guard lk(create_mu_);
+    auto table = engine_->GetTable(options_.basin, t.name);
+    if (seen[t.name] > 1) {
+      fail(ErrorCode::kInvalidRequest, "the topic is named more than once in the request");
+    } else if (!table.ok()) {
+      if (table.status().code() == Code::kNotFound) {
+        fail(ErrorCode::kUnknownTopicOrPartition, fmt::format("topic {} does not exist", t.name));
+      } else {
+        fail(ErrorCode::kUnknownServerError, table.status().ToString());
+      }
+    } else if (t.count < 0 || static_cast<uint32_t>(t.count) < table->bucket_count) {
+      fail(ErrorCode::kInvalidPartitions, fmt::format("topic {} has {} partitions, more than the {} asked for; "
+                                                      "partitions cannot be removed",
+                                                      t.name, table->bucket_count, t.count));
+    } else if (static_cast<uint32_t>(t.count) == table->bucket_count) {
+      fail(ErrorCode::kInvalidPartitions, fmt::format("topic {} already has {} partitions", t.name, t.count));
+    } else if (t.count > options_.max_partitions) {
+      fail(ErrorCode::kInvalidPartitions, fmt::format("a topic has at most {} partitions", options_.max_partitions));
+    } else if (t.assignments) {
+      fail(ErrorCode::kInvalidReplicaAssignment, "weir places partitions itself; manual assignments are not supported");
+    } else if (!in.validate_only) {
+      auto grown = engine_->AddTableBuckets(options_.basin, t.name, static_cast<uint32_t>(t.count));
+      if (!grown.ok()) {
+        Log().warn("kafka: adding partitions to topic {}: {}", t.name, grown.status().ToString());
+        fail(grown.status().code() == Code::kInvalidArgument ? ErrorCode::kInvalidPartitions
+                                                              : ErrorCode::kUnknownServerError,
+             grown.status().message());
+      } else {
+        Log().info("kafka: topic {} now has {} partitions", t.name, t.count);
+      }
+    }
+    resp.results.push_back(std::move(r));
+  }
+  Send(req, resp, EncodeCreatePartitionsResponse);
 }
 
 // ---- DescribeConfigs ----------------------------------------------------------

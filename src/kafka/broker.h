@@ -120,6 +120,7 @@ class Broker : public FrameHandler {
   void ListGroups(const std::shared_ptr<Request>& req);
   void DeleteGroups(const std::shared_ptr<Request>& req);
   void DescribeConfigs(const std::shared_ptr<Request>& req);
+  void CreatePartitions(const std::shared_ptr<Request>& req);
 
   // The partition count of a topic, creating it with `partitions` if it is
   // missing and partitions > 0. kNotFound if missing (and not created).
@@ -134,7 +135,7 @@ class Broker : public FrameHandler {
   std::shared_ptr<metastore::Metastore> meta_;
   GroupCoordinator groups_;
   BrokerMetrics metrics_;
-  std::mutex create_mu_;  // one topic creation at a time (check, then create)
+  std::mutex create_mu_;  // one topic creation or growth at a time (check, then change)
   // A topic's max.message.bytes (default options_.max_batch_bytes), read from
   // its catalog entry once and kept; forgotten when the topic is deleted.
   size_t MaxMessageBytes(const std::string& topic);

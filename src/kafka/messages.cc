@@ -1155,4 +1155,51 @@ Status DecodeDescribeConfigsResponse(Reader& r, int16_t version, DescribeConfigs
   return r.Finish();
 }
 
+// ---- CreatePartitions -----------------------------------------------------------
+
+Status DecodeCreatePartitionsRequest(Reader& r, int16_t /*version*/, CreatePartitionsRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "CreatePartitionsRequest");
+  ReadArray(r, "topics", kStr + kI32 + kArr, &out->topics, [&](CreatePartitionsTopic& t) {
+    t.name = r.String("name");
+    t.count = r.Int32("count");
+    ReadNullableArray(r, "assignments", kArr, &t.assignments,
+                      [&](std::vector<int32_t>& brokers) { ReadInt32Array(r, "broker_ids", &brokers); });
+  });
+  out->timeout_ms = r.Int32("timeout_ms");
+  out->validate_only = r.Bool("validate_only");
+  return r.Finish();
+}
+
+void EncodeCreatePartitionsRequest(const CreatePartitionsRequest& m, int16_t /*version*/, Writer& w) {
+  WriteArray(w, m.topics, [&](const CreatePartitionsTopic& t) {
+    w.String(t.name);
+    w.Int32(t.count);
+    WriteNullableArray(w, t.assignments, [&](const std::vector<int32_t>& brokers) { WriteInt32Array(w, brokers); });
+  });
+  w.Int32(m.timeout_ms);
+  w.Bool(m.validate_only);
+}
+
+void EncodeCreatePartitionsResponse(const CreatePartitionsResponse& m, int16_t /*version*/, Writer& w) {
+  w.Int32(m.throttle_time_ms);
+  WriteArray(w, m.results, [&](const CreatePartitionsTopicResult& res) {
+    w.String(res.name);
+    WriteErrorCode(w, res.error_code);
+    w.NullableString(res.error_message);
+  });
+}
+
+Status DecodeCreatePartitionsResponse(Reader& r, int16_t /*version*/, CreatePartitionsResponse* out) {
+  *out = {};
+  Reader::Scope root(r, "CreatePartitionsResponse");
+  out->throttle_time_ms = r.Int32("throttle_time_ms");
+  ReadArray(r, "results", kStr + kI16 + kStr, &out->results, [&](CreatePartitionsTopicResult& res) {
+    res.name = r.String("name");
+    res.error_code = ReadErrorCode(r);
+    res.error_message = r.NullableString("error_message");
+  });
+  return r.Finish();
+}
+
 }  // namespace weir::kafka

@@ -746,4 +746,36 @@ void EncodeDescribeConfigsRequest(const DescribeConfigsRequest& m, int16_t versi
 void EncodeDescribeConfigsResponse(const DescribeConfigsResponse& m, int16_t version, Writer& w);
 Status DecodeDescribeConfigsResponse(Reader& r, int16_t version, DescribeConfigsResponse* out);
 
+// ---- CreatePartitions (key 37), v0-1 --------------------------------------------
+
+struct CreatePartitionsTopic {
+  std::string name;
+  int32_t count = 0;  // the new total
+  // One broker list per new partition; null: the broker chooses.
+  std::optional<std::vector<std::vector<int32_t>>> assignments;
+  bool operator==(const CreatePartitionsTopic&) const = default;
+};
+struct CreatePartitionsRequest {
+  std::vector<CreatePartitionsTopic> topics;
+  int32_t timeout_ms = 0;
+  bool validate_only = false;
+  bool operator==(const CreatePartitionsRequest&) const = default;
+};
+struct CreatePartitionsTopicResult {
+  std::string name;
+  ErrorCode error_code = ErrorCode::kNone;
+  std::optional<std::string> error_message;
+  bool operator==(const CreatePartitionsTopicResult&) const = default;
+};
+struct CreatePartitionsResponse {
+  int32_t throttle_time_ms = 0;
+  std::vector<CreatePartitionsTopicResult> results;
+  bool operator==(const CreatePartitionsResponse&) const = default;
+};
+
+Status DecodeCreatePartitionsRequest(Reader& r, int16_t version, CreatePartitionsRequest* out);
+void EncodeCreatePartitionsRequest(const CreatePartitionsRequest& m, int16_t version, Writer& w);
+void EncodeCreatePartitionsResponse(const CreatePartitionsResponse& m, int16_t version, Writer& w);
+Status DecodeCreatePartitionsResponse(Reader& r, int16_t version, CreatePartitionsResponse* out);
+
 }  // namespace weir::kafka

@@ -447,6 +447,23 @@ Result<std::vector<metastore::TableInfo>> Engine::ListTables(const std::string& 
   return meta_->ListTables(basin, prefix, start_after, limit);
 }
 
+Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, const std::string& name,
+                                                     uint32_t new_bucket_count) {
+  WEIR_RETURN_IF_ERROR(ValidateStreamName(metastore::BucketStreamName(name, new_bucket_count)));
+  std::lock_guard tables(tables_mu_);
+  WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
+  WEIR_ASSIGN_OR_RETURN(auto first, GetStream(basin, metastore::BucketStreamName(name, 0)));
+  WEIR_ASSIGN_OR_RETURN(auto added, meta_->AddBuckets(table.id, new_bucket_count, first.info.config, WallMillis()));
+  std::lock_guard lk(mu_);
+  for (auto& info : added.second) {
+    auto s = std::make_shared<Stream>();
+    s->info = info;
+    by_name_[{info.basin, info.name}] = info.id;
+    by_id_[info.id] = std::move(s);
+  }
+  return added.first;
+}
+
 Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
   std::lock_guard tables(tables_mu_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));

@@ -204,6 +204,11 @@ class Engine {
   Result<std::vector<metastore::TableInfo>> ListTables(const std::string& basin, const std::string& prefix,
                                                        const std::string& start_after, size_t limit);
   Status DeleteTable(const std::string& basin, const std::string& name);
+  // Raises a table's bucket count, creating the new buckets' streams with the
+  // config of bucket 0's stream, in one metastore transaction (Kafka
+  // CreatePartitions). Errors as Metastore::AddBuckets.
+  Result<metastore::TableInfo> AddTableBuckets(const std::string& basin, const std::string& name,
+                                               uint32_t new_bucket_count);
 
   // Appends a batch of records; `done` runs once the batch is durable (or failed).
   void AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,

@@ -226,7 +226,17 @@ class Metastore {
   // DeleteStream does. kNotFound if the table is missing. Consumer-group
   // offsets of the topic are not touched (DeleteGroupOffsets).
   virtual Result<std::vector<std::string>> DeleteTable(uint64_t table_id) = 0;
-  // Later: AddBuckets (Kafka CreatePartitions).
+  // One transaction: raises the table's bucket count to `new_bucket_count`
+  // and creates the stream of each new bucket as CreateTable does (config
+  // `stream_config`, created at `created_at_ms`); returns the table and the
+  // new streams in bucket order (Kafka CreatePartitions). kInvalidArgument
+  // unless bucket_count < new_bucket_count <= kMaxTableBuckets, or for an
+  // invalid stream_config; kNotFound if the table is missing; kAlreadyExists
+  // if a new bucket's stream name is taken (nothing changes).
+  virtual Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id,
+                                                                           uint32_t new_bucket_count,
+                                                                           const StreamConfig& stream_config,
+                                                                           int64_t created_at_ms) = 0;
 
   // Consumer-group offsets (Kafka OffsetCommit / OffsetFetch), keyed by
   // (group, topic, partition). Commit upserts every entry in one transaction

@@ -230,6 +230,7 @@ constexpr const char kDeleteSegmentsOfStream[] = "DELETE FROM segments WHERE str
 constexpr const char kInsertTable[] = "INSERT INTO tables(" WEIR_TABLE_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 constexpr const char kTableByName[] = "SELECT " WEIR_TABLE_COLUMNS " FROM tables WHERE basin = ?1 AND name = ?2";
 constexpr const char kTableById[] = "SELECT " WEIR_TABLE_COLUMNS " FROM tables WHERE id = ?1";
+constexpr const char kSetTableBuckets[] = "UPDATE tables SET bucket_count = ?2 WHERE id = ?1";
 constexpr const char kListTablesBounded[] =
     "SELECT " WEIR_TABLE_COLUMNS
     " FROM tables WHERE basin = ?1 AND name > ?2 AND name >= ?3 AND name < ?4 ORDER BY name LIMIT ?5";
@@ -1213,6 +1214,54 @@ Result<std::vector<TableInfo>> SqliteMetastore::ListTables(std::string_view basi
       out.push_back(std::move(t));
     }
     return out;
+  });
+}
+
+Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::AddBuckets(uint64_t table_id,
+                                                                                   uint32_t new_bucket_count,
+                                                                                   const StreamConfig& stream_config,
+                                                                                   int64_t created_at_ms) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  using Added = std::pair<TableInfo, std::vector<StreamInfo>>;
+  return Locked("AddBuckets", [&]() -> Result<Added> {
+    WEIR_RETURN_IF_ERROR(ValidateConfig(stream_config));
+    Added added;
+    const Status txn = InTransaction("add buckets", [&]() -> Status {
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kTableById));
+        WEIR_ASSIGN_OR_RETURN(const bool row, st.Int(1, I64(table_id)).Step("read table"));
+        if (!row) return NotFound("table id {} does not exist", table_id);
+        WEIR_ASSIGN_OR_RETURN(added.first, ReadTable(st));
+      }
+      TableInfo& table = added.first;
+      if (new_bucket_count <= table.bucket_count || new_bucket_count > kMaxTableBuckets) {
+        return InvalidArgument("table {}/{} has {} buckets; a new count must be above that and at most {}, not {}",
+                               table.basin, table.name, table.bucket_count, kMaxTableBuckets, new_bucket_count);
+      }
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt up, Prepare(kSetTableBuckets));
+        WEIR_RETURN_IF_ERROR(up.Int(1, I64(table_id)).Int(2, new_bucket_count).Run("set bucket count"));
+      }
+      for (uint32_t b = table.bucket_count; b < new_bucket_count; ++b) {
+        StreamInfo stream;
+        stream.basin = table.basin;
+        stream.name = BucketStreamName(table.name, b);
+        stream.config = stream_config;
+        stream.created_at_ms = created_at_ms;
+        Status st = InsertStream(&stream);
+        if (!st.ok()) {
+          return st.code() == Code::kAlreadyExists
+                     ? AlreadyExists("table {}/{}: the name of its bucket {} stream, {}, is taken by another stream",
+                                     table.basin, table.name, b, stream.name)
+                     : st;
+        }
+        added.second.push_back(std::move(stream));
+      }
+      table.bucket_count = new_bucket_count;
+      return Status::Ok();
+    });
+    if (!txn.ok()) return txn;
+    return added;
   });
 }
 

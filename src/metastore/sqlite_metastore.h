@@ -86,6 +86,9 @@ class SqliteMetastore final : public Metastore {
   Result<std::vector<TableInfo>> ListTables(std::string_view basin, std::string_view prefix,
                                             std::string_view start_after, size_t limit) override;
   Result<std::vector<std::string>> DeleteTable(uint64_t table_id) override;
+  Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id, uint32_t new_bucket_count,
+                                                                   const StreamConfig& stream_config,
+                                                                   int64_t created_at_ms) override;
 
   Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) override;
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;

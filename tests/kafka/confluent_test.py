@@ -6,7 +6,7 @@ Usage: confluent_test.py WEIR_BINARY [unittest arguments, e.g. -k Group]
 package python3-confluent-kafka.
 
 Covers: AdminClient create_topics / list_topics / delete_topics /
-describe_configs (and their
+describe_configs / create_partitions (and their
 error codes); an idempotent producer (enable.idempotence, acks=all) whose
 delivery reports all succeed with offsets 0, 1, 2, ... per partition; a
 consumer group of two members that together read every record exactly once,
@@ -36,7 +36,7 @@ from kafka_support import rest_read, unique  # noqa: E402
 try:
     from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
                                  TopicPartition)
-    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 except ImportError:  # reported in setUpModule
     Producer = None
 
@@ -262,6 +262,14 @@ class Admin(ks.TestCase):
             res = ConfigResource(ConfigResource.Type.TOPIC, unique("missing"))
             a.describe_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
         self.assertEqual(error_code(cm.exception), KafkaError.UNKNOWN_TOPIC_OR_PART, cm.exception)
+
+        # create_partitions (CreatePartitions): more partitions, never fewer.
+        futures = a.create_partitions([NewPartitions(topic, 6)], request_timeout=OP_TIMEOUT)
+        futures[topic].result(timeout=OP_TIMEOUT)
+        self.assertEqual(partitions_of(SHARED, topic), [0, 1, 2, 3, 4, 5])
+        with self.assertRaises(KafkaException) as cm:
+            a.create_partitions([NewPartitions(topic, 2)], request_timeout=OP_TIMEOUT)[topic].result(timeout=OP_TIMEOUT)
+        self.assertEqual(error_code(cm.exception), KafkaError.INVALID_PARTITIONS, cm.exception)
 
         # Creating it again is TOPIC_ALREADY_EXISTS; zero partitions is INVALID_PARTITIONS.
         with self.assertRaises(KafkaException) as cm:

@@ -227,6 +227,10 @@ describe("kafkajs against weir", () => {
       assert.equal(p.partitionErrorCode, 0);
       assert.equal(p.leader, cluster.brokers[0].nodeId);
     }
+    // createPartitions: the new partitions show in the metadata.
+    await within(WAIT_MS, "createPartitions", admin.createPartitions({ topicPartitions: [{ topic: other, count: 4 }] }));
+    const grown = await within(WAIT_MS, "fetchTopicMetadata", admin.fetchTopicMetadata({ topics: [other] }));
+    assert.deepEqual(grown.topics[0].partitions.map((p) => p.partitionId).sort(), [0, 1, 2, 3]);
     // describeConfigs: the topic's configs as weir applies them (kafkajs' ConfigResourceTypes.TOPIC = 2).
     const configs = await within(WAIT_MS, "describeConfigs", admin.describeConfigs({
       resources: [{ type: 2, name: topic, configNames: ["retention.ms", "cleanup.policy"] }, { type: 2, name: other }],
