@@ -241,6 +241,34 @@ describe("S2 SDK against weir", () => {
     assert.ok((await streams.getConfig({ stream: "js-doe-cfg" })).storageClass); // the other one stays
   });
 
+  it("pipelines batches through an append session (fetch transport) and acks them in order", T, async () => {
+    const basin = s2.basin(BASIN);
+    await basin.streams.create({ stream: "js-append-session" });
+    const target = basin.stream("js-append-session", { forceTransport: "fetch" });
+    const session = await target.appendSession({ maxInflightBatches: 8 });
+    try {
+      const tickets = [];
+      for (let i = 0; i < 40; i++) {
+        tickets.push(await session.submit(AppendInput.create([
+          AppendRecord.string({ body: `batch-${i}-a` }),
+          AppendRecord.string({ body: `batch-${i}-b` }),
+        ])));
+      }
+      const acks = await Promise.all(tickets.map((t) => t.ack()));
+      acks.forEach((ack, i) => {
+        assert.equal(ack.start.seqNum, 2 * i);
+        assert.equal(ack.end.seqNum, 2 * i + 2);
+      });
+      assert.equal(session.lastAckedPosition().end.seqNum, 80);
+    } finally {
+      await session.close();
+    }
+    const back = await target.read({ start: { from: { seqNum: 0 } } });
+    assert.equal(back.records.length, 80);
+    assert.deepEqual(bodies(back.records).slice(0, 3), ["batch-0-a", "batch-0-b", "batch-1-a"]);
+    await target.close();
+  });
+
   it("restarts the server mid-suite (SIGTERM, same data dir)", T, async () => {
     const bytes = await stream.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
     const tail = (await stream.checkTail()).tail;
