@@ -323,12 +323,18 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
   info.created_at_ms = WallMillis();
   info.request_token = request_token;
   WEIR_ASSIGN_OR_RETURN(info, meta_->CreateStream(info));
-  auto s = std::make_shared<Stream>();
-  s->info = info;
-  std::lock_guard lk(mu_);
-  by_name_[{basin, name}] = info.id;
-  by_id_[info.id] = std::move(s);
+  Register({info});
   return info;
+}
+
+void Engine::Register(const std::vector<metastore::StreamInfo>& created) {
+  std::lock_guard lk(mu_);
+  for (const auto& info : created) {
+    auto s = std::make_shared<Stream>();
+    s->info = info;
+    by_name_[{info.basin, info.name}] = info.id;
+    by_id_[info.id] = std::move(s);
+  }
 }
 
 Result<std::shared_ptr<Engine::Stream>> Engine::Find(const std::string& basin, const std::string& name) {
@@ -426,13 +432,7 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
   metastore::TableInfo t = table;
   t.created_at_ms = WallMillis();
   WEIR_ASSIGN_OR_RETURN(auto created, meta_->CreateTable(t, config));
-  std::lock_guard lk(mu_);
-  for (auto& info : created.second) {
-    auto s = std::make_shared<Stream>();
-    s->info = info;
-    by_name_[{info.basin, info.name}] = info.id;
-    by_id_[info.id] = std::move(s);
-  }
+  Register(created.second);
   return created.first;
 }
 
@@ -454,13 +454,7 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto first, GetStream(basin, metastore::BucketStreamName(name, 0)));
   WEIR_ASSIGN_OR_RETURN(auto added, meta_->AddBuckets(table.id, new_bucket_count, first.info.config, WallMillis()));
-  std::lock_guard lk(mu_);
-  for (auto& info : added.second) {
-    auto s = std::make_shared<Stream>();
-    s->info = info;
-    by_name_[{info.basin, info.name}] = info.id;
-    by_id_[info.id] = std::move(s);
-  }
+  Register(added.second);
   return added.first;
 }
 

@@ -278,6 +278,8 @@ class Engine {
   Status Recover();
   Status ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where);
   Result<std::shared_ptr<Stream>> Find(const std::string& basin, const std::string& name);
+  // Makes newly created streams (empty, as the metastore made them) findable.
+  void Register(const std::vector<metastore::StreamInfo>& created);
   // Drops a deleted stream from memory and wakes its readers and watchers.
   void Forget(const std::shared_ptr<Stream>& s);
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,

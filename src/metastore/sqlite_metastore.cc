@@ -1162,27 +1162,33 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::CreateTab
             .Int(7, table.created_at_ms);
         WEIR_RETURN_IF_ERROR(ins.Run("insert table"));
       }
-      created.second.reserve(table.bucket_count);
-      for (uint32_t b = 0; b < table.bucket_count; ++b) {
-        StreamInfo stream;
-        stream.basin = table.basin;
-        stream.name = BucketStreamName(table.name, b);
-        stream.config = stream_config;
-        stream.created_at_ms = table.created_at_ms;
-        Status st = InsertStream(&stream);
-        if (!st.ok()) {
-          return st.code() == Code::kAlreadyExists
-                     ? AlreadyExists("table {}/{}: the name of its bucket {} stream, {}, is taken by another stream",
-                                     table.basin, table.name, b, stream.name)
-                     : st;
-        }
-        created.second.push_back(std::move(stream));
-      }
-      return Status::Ok();
+      return InsertBucketStreams(table, 0, table.bucket_count, stream_config, table.created_at_ms, &created.second);
     });
     if (!txn.ok()) return txn;
     return created;
   });
+}
+
+Status SqliteMetastore::InsertBucketStreams(const TableInfo& table, uint32_t from, uint32_t to,
+                                            const StreamConfig& config, int64_t created_at_ms,
+                                            std::vector<StreamInfo>* out) {
+  out->reserve(out->size() + (to - from));
+  for (uint32_t b = from; b < to; ++b) {
+    StreamInfo stream;
+    stream.basin = table.basin;
+    stream.name = BucketStreamName(table.name, b);
+    stream.config = config;
+    stream.created_at_ms = created_at_ms;
+    Status st = InsertStream(&stream);
+    if (!st.ok()) {
+      return st.code() == Code::kAlreadyExists
+                 ? AlreadyExists("table {}/{}: the name of its bucket {} stream, {}, is taken by another stream",
+                                 table.basin, table.name, b, stream.name)
+                 : st;
+    }
+    out->push_back(std::move(stream));
+  }
+  return Status::Ok();
 }
 
 Result<TableInfo> SqliteMetastore::GetTable(std::string_view basin, std::string_view name) {
@@ -1242,21 +1248,8 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::AddBucket
         WEIR_ASSIGN_OR_RETURN(Stmt up, Prepare(kSetTableBuckets));
         WEIR_RETURN_IF_ERROR(up.Int(1, I64(table_id)).Int(2, new_bucket_count).Run("set bucket count"));
       }
-      for (uint32_t b = table.bucket_count; b < new_bucket_count; ++b) {
-        StreamInfo stream;
-        stream.basin = table.basin;
-        stream.name = BucketStreamName(table.name, b);
-        stream.config = stream_config;
-        stream.created_at_ms = created_at_ms;
-        Status st = InsertStream(&stream);
-        if (!st.ok()) {
-          return st.code() == Code::kAlreadyExists
-                     ? AlreadyExists("table {}/{}: the name of its bucket {} stream, {}, is taken by another stream",
-                                     table.basin, table.name, b, stream.name)
-                     : st;
-        }
-        added.second.push_back(std::move(stream));
-      }
+      WEIR_RETURN_IF_ERROR(
+          InsertBucketStreams(table, table.bucket_count, new_bucket_count, stream_config, created_at_ms, &added.second));
       table.bucket_count = new_bucket_count;
       return Status::Ok();
     });

@@ -120,6 +120,10 @@ class SqliteMetastore final : public Metastore {
   Result<bool> BasinExists(std::string_view name);
   // Inserts a stream row (new id) and its zero state; kAlreadyExists if the name is taken.
   Status InsertStream(StreamInfo* info);
+  // Inserts the streams of buckets [from, to) of `table` (inside a
+  // transaction), appending them to `out`; kAlreadyExists names the bucket.
+  Status InsertBucketStreams(const TableInfo& table, uint32_t from, uint32_t to, const StreamConfig& config,
+                             int64_t created_at_ms, std::vector<StreamInfo>* out);
   // Records (or, for an empty token, forgets) a create token; in a transaction.
   Status SetToken(std::string_view basin, std::string_view stream, std::string_view token);
   // Deletes a stream's segment rows, state and row; appends the segment object keys.
