@@ -1633,6 +1633,24 @@ class GroupTest : public BrokerTest {
     return resp.topics[0].partitions[0].error_code;
   }
 
+  // Joins kGroup as its only member and syncs `assignment`; the generation.
+  int32_t JoinAlone(const std::string& metadata, const std::string& assignment, std::string* member_id) {
+    Pending join = JoinNew(metadata, member_id);
+    auto j = Finish(join, DecodeJoinGroupResponse);
+    EXPECT_EQ(j.error_code, ErrorCode::kNone);
+    EXPECT_EQ(Call(SyncReq(*member_id, j.generation_id, {{*member_id, assignment}}), 3, DecodeSyncGroupResponse)
+                  .error_code,
+              ErrorCode::kNone);
+    return j.generation_id;
+  }
+
+  // A standalone commit (no member, generation -1) for `group`.
+  ErrorCode CommitStandalone(const std::string& group, const std::string& topic, int32_t partition, int64_t offset) {
+    OffsetCommitRequest m = CommitReq("", -1, topic, partition, offset);
+    m.group_id = group;
+    return Call(m, 7, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code;
+  }
+
   OffsetFetchResponsePartition Committed(const std::string& topic, int32_t partition, int16_t version = 5) {
     OffsetFetchRequest m;
     m.group_id = kGroup;
@@ -1668,15 +1686,9 @@ TEST_F(GroupTest, OffsetsOfGroupsWithoutMembersExpire) {
   ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
   // kGroup has a member; "idle" only a standalone commit.
   std::string a;
-  Pending join = JoinNew("meta-A", &a);
-  auto ja = Finish(join, DecodeJoinGroupResponse);
-  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
-  ASSERT_EQ(Call(SyncReq(a, ja.generation_id, {{a, "all"}}), 3, DecodeSyncGroupResponse).error_code,
-            ErrorCode::kNone);
-  ASSERT_EQ(Commit(a, ja.generation_id, "events", 0, 5), ErrorCode::kNone);
-  OffsetCommitRequest idle = CommitReq("", -1, "events", 0, 7);
-  idle.group_id = "idle";
-  ASSERT_EQ(Call(idle, 7, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  const int32_t gen = JoinAlone("meta-A", "all", &a);
+  ASSERT_EQ(Commit(a, gen, "events", 0, 5), ErrorCode::kNone);
+  ASSERT_EQ(CommitStandalone("idle", "events", 0, 7), ErrorCode::kNone);
   auto deadline = Now() + kAnswerTimeout;
   while (Now() < deadline && !meta_->FetchGroupOffsets("idle")->empty()) std::this_thread::sleep_for(20ms);
   EXPECT_TRUE(meta_->FetchGroupOffsets("idle")->empty()) << "the idle group's offsets did not expire";
@@ -1820,16 +1832,9 @@ TEST_F(GroupTest, DescribeListAndDeleteGroups) {
   ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
   // kGroup has a stable member; "standalone" only a committed offset.
   std::string a;
-  Pending join = JoinNew("meta-A", &a);
-  auto ja = Finish(join, DecodeJoinGroupResponse);
-  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
-  ASSERT_EQ(Call(SyncReq(a, ja.generation_id, {{a, "assigned-A"}}), 3, DecodeSyncGroupResponse).error_code,
-            ErrorCode::kNone);
-  ASSERT_EQ(Commit(a, ja.generation_id, "events", 0, 5), ErrorCode::kNone);
-  OffsetCommitRequest standalone = CommitReq("", -1, "events", 0, 7);
-  standalone.group_id = "standalone";
-  ASSERT_EQ(Call(standalone, 7, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code,
-            ErrorCode::kNone);
+  const int32_t gen = JoinAlone("meta-A", "assigned-A", &a);
+  ASSERT_EQ(Commit(a, gen, "events", 0, 5), ErrorCode::kNone);
+  ASSERT_EQ(CommitStandalone("standalone", "events", 0, 7), ErrorCode::kNone);
 
   for (int16_t v = 0; v <= 2; ++v) {
     auto listed = Call(ListGroupsRequest{}, v, DecodeListGroupsResponse);
@@ -1909,11 +1914,8 @@ TEST_F(GroupTest, DescribeListAndDeleteGroups) {
 TEST_F(GroupTest, GroupsWithOffsetsAreListedAfterARestart) {
   ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
   std::string a;
-  Pending join = JoinNew("meta-A", &a);
-  auto ja = Finish(join, DecodeJoinGroupResponse);
-  ASSERT_EQ(ja.error_code, ErrorCode::kNone);
-  ASSERT_EQ(Call(SyncReq(a, ja.generation_id, {{a, "A"}}), 3, DecodeSyncGroupResponse).error_code, ErrorCode::kNone);
-  ASSERT_EQ(Commit(a, ja.generation_id, "events", 0, 11), ErrorCode::kNone);
+  const int32_t gen = JoinAlone("meta-A", "A", &a);
+  ASSERT_EQ(Commit(a, gen, "events", 0, 11), ErrorCode::kNone);
   RestartAll();  // membership is in memory; the offsets are not
   EXPECT_EQ(Call(ListGroupsRequest{}, 2, DecodeListGroupsResponse).groups,
             (std::vector<ListedGroup>{{kGroup, ""}}));
