@@ -1651,6 +1651,79 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
   EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
 }
 
+// What schemas 2 and 3 added to version 1, as they wrote it, and data in them.
+constexpr const char* kSqliteSchemaV3Additions[] = {
+    "CREATE TABLE IF NOT EXISTS tables(id INTEGER PRIMARY KEY, basin TEXT NOT NULL REFERENCES basins(name), "
+    "name TEXT NOT NULL, kind TEXT NOT NULL, bucket_count INTEGER NOT NULL, config BLOB NOT NULL, "
+    "created_at_ms INTEGER NOT NULL, UNIQUE(basin, name))",
+    "CREATE TABLE IF NOT EXISTS group_offsets(group_id TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, "
+    "committed_offset INTEGER NOT NULL, leader_epoch INTEGER NOT NULL, metadata BLOB NOT NULL, "
+    "commit_time_ms INTEGER NOT NULL, PRIMARY KEY(group_id, topic, part)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS create_tokens(basin TEXT NOT NULL, stream TEXT NOT NULL, token TEXT NOT NULL, "
+    "PRIMARY KEY(basin, stream)) WITHOUT ROWID",
+    "UPDATE schema_version SET version = 3",
+    // A one-partition topic whose bucket stream is 'orders/0' (id 8), an
+    // offset of a group, a stream's create token.
+    "INSERT INTO streams VALUES(8, 'weir-kafka', 'orders/0', 'standard', 0, 'client-prefer', 1, 20)",
+    "INSERT INTO stream_states VALUES(8, 0, 0, x'', 0, x'')",
+    "INSERT INTO tables VALUES(1, 'weir-kafka', 'orders', 'log', 1, '{\"retention.ms\":\"-1\"}', 20)",
+    "INSERT INTO counters VALUES('table_id', 1)",
+    "UPDATE counters SET value = 8 WHERE name = 'stream_id'",
+    "INSERT INTO group_offsets VALUES('g', 'orders', 0, 17, -1, x'6d', 21)",
+    "INSERT INTO create_tokens VALUES('weir-kafka', 'legacy', 'tok-7')",
+};
+
+TEST(SqliteSchemaUpgrade, Version3DatabaseGainsDeleteOnEmpty) {
+  TempDir dir;
+  const std::string path = dir.path() + "/meta.db";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    for (const char* sql : kSqliteSchemaV1) {
+      ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db);
+    }
+    for (const char* sql : kSqliteSchemaV3Additions) {
+      ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db);
+    }
+    sqlite3_close(db);
+  }
+  ASSERT_EQ(SqliteSchemaVersion(path), 3);
+  const std::string uri = "sqlite://" + path;
+  {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(uri));
+    EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
+    // Every row of schema 3 reads back; the new column has its default.
+    ASSERT_OK_AND_ASSIGN(StreamInfo bucket, meta->GetStream("weir-kafka", "orders/0"));
+    EXPECT_EQ(bucket.id, 8u);
+    EXPECT_EQ(bucket.config.retention_age_s, 0);
+    EXPECT_TRUE(bucket.config.uncapped_timestamps);
+    EXPECT_EQ(bucket.config.delete_on_empty_min_age_s, 0);
+    ASSERT_OK_AND_ASSIGN(TableInfo orders, meta->GetTable("weir-kafka", "orders"));
+    EXPECT_EQ(orders.bucket_count, 1u);
+    EXPECT_EQ(orders.config, "{\"retention.ms\":\"-1\"}");
+    ASSERT_OK_AND_ASSIGN(std::vector<GroupOffset> offsets, meta->FetchGroupOffsets("g"));
+    ASSERT_EQ(offsets.size(), 1u);
+    EXPECT_EQ(offsets[0].offset, 17);
+    EXPECT_EQ(offsets[0].metadata, "m");
+    EXPECT_EQ(*meta->CreateToken("weir-kafka", "legacy"), "tok-7");
+    // Schema 4's setting is stored, and the allocators continue.
+    StreamConfig with_delete = bucket.config;
+    with_delete.delete_on_empty_min_age_s = 60;
+    ASSERT_OK(meta->UpdateStreamConfig(8, with_delete));
+    ASSERT_OK_AND_ASSIGN(auto grown, meta->AddBuckets(orders.id, 2, bucket.config, 30));
+    EXPECT_EQ(grown.second.at(0).id, 9u);
+    TableInfo t;
+    t.basin = "weir-kafka";
+    t.name = "events";
+    ASSERT_OK_AND_ASSIGN(auto created, meta->CreateTable(t, StreamConfig{}));
+    EXPECT_EQ(created.first.id, 2u);
+  }
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(uri));
+  EXPECT_EQ(meta->GetStream("weir-kafka", "orders/0")->config.delete_on_empty_min_age_s, 60);
+  EXPECT_EQ(meta->GetTable("weir-kafka", "orders")->bucket_count, 2u);
+  EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
+}
+
 // ---- Names and URIs (backend-independent) --------------------------------------------
 
 TEST(MetastoreNames, EnumsRoundTrip) {
