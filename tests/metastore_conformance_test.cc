@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <latch>
 #include <limits>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1586,6 +1588,18 @@ constexpr const char* kSqliteSchemaV1[] = {
     "INSERT INTO counters VALUES('stream_id', 7), ('producer_id', 5)",
 };
 
+// Writes a SQLite file at `path` by running each list of statements in order.
+void WriteSqliteFile(const std::string& path, std::initializer_list<std::span<const char* const>> lists) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  for (std::span<const char* const> list : lists) {
+    for (const char* sql : list) {
+      ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db);
+    }
+  }
+  sqlite3_close(db);
+}
+
 int64_t SqliteSchemaVersion(const std::string& path) {
   sqlite3* db = nullptr;
   EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
@@ -1603,14 +1617,7 @@ int64_t SqliteSchemaVersion(const std::string& path) {
 TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
   TempDir dir;
   const std::string path = dir.path() + "/meta.db";
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-    for (const char* sql : kSqliteSchemaV1) {
-      ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db);
-    }
-    sqlite3_close(db);
-  }
+  WriteSqliteFile(path, {kSqliteSchemaV1});
   ASSERT_EQ(SqliteSchemaVersion(path), 1);
 
   const std::string uri = "sqlite://" + path;
@@ -1676,17 +1683,7 @@ constexpr const char* kSqliteSchemaV3Additions[] = {
 TEST(SqliteSchemaUpgrade, Version3DatabaseGainsDeleteOnEmpty) {
   TempDir dir;
   const std::string path = dir.path() + "/meta.db";
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-    for (const char* sql : kSqliteSchemaV1) {
-      ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db);
-    }
-    for (const char* sql : kSqliteSchemaV3Additions) {
-      ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db);
-    }
-    sqlite3_close(db);
-  }
+  WriteSqliteFile(path, {kSqliteSchemaV1, kSqliteSchemaV3Additions});
   ASSERT_EQ(SqliteSchemaVersion(path), 3);
   const std::string uri = "sqlite://" + path;
   {

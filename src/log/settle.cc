@@ -357,10 +357,6 @@ Status Engine::DeleteEmptyStreams() {
   for (auto& s : streams) {
     int64_t min_age_s = 0;
     {
-      std::lock_guard lk(s->mu);
-      if (!due(*s)) continue;
-    }
-    {
       // Appends check `deleting` under this lock: none is admitted from here on.
       std::lock_guard lk(s->mu);
       if (!due(*s)) continue;
