@@ -101,6 +101,16 @@ def basins():
     missing = weir("stream", "list", "--basin", "no-such-basin", ok=False)
     assert error_line(missing) == 'weir: basin "no-such-basin" not found (404 basin_not_found)', missing.stderr
     assert weir("basin", "delete", "cli-test-basin").stdout == 'basin "cli-test-basin" deleted\n'
+    # A basin that creates streams on append, with its defaults for them.
+    weir("basin", "create", "cli-auto-basin", "--create-stream-on-append", "--retention", "infinite",
+         "--storage-class", "express")
+    weir("append", "made-by-append", "--basin", "cli-auto-basin", input="first\n")
+    assert weir("read", "made-by-append", "--basin", "cli-auto-basin").stdout == "first\n"
+    info = json.loads(weir("stream", "info", "made-by-append", "--basin", "cli-auto-basin", "--json").stdout)
+    assert "infinite" in json.dumps(info) and "express" in json.dumps(info), info
+    bad = weir("basin", "create", "cli-bad-basin", "--retention", "0", ok=False)
+    assert "--retention must be a positive number" in bad.stderr, bad.stderr
+    assert "cli-bad-basin" not in weir("basin", "list").stdout.split()
     assert jsonl(weir("basin", "delete", "never-was-a-basin", "--json", ok=False).stdout) == []
 
 

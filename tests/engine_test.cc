@@ -10,6 +10,7 @@
 
 #include "base/bytes.h"
 #include "objstore/mem_store.h"
+#include "test_support.h"
 #include "test_util.h"
 #include "wal/fence.h"
 #include "log/engine_internal.h"
@@ -122,6 +123,39 @@ TEST_F(EngineTest, NamesAreValidated) {
   EXPECT_EQ(engine_->CreateStream(kBasin, "s", StreamConfig{}).status().code(), Code::kAlreadyExists);
   EXPECT_EQ(engine_->CreateStream("no-such-basin", "s", StreamConfig{}).status().code(), Code::kNotFound);
   EXPECT_EQ(engine_->Append(kBasin, "missing", Bodies({"x"})).status.code(), Code::kNotFound);
+}
+
+TEST_F(EngineTest, ABasinCanCreateMissingStreamsOnAppendWithItsDefaults) {
+  metastore::BasinConfig config;
+  config.create_stream_on_append = true;
+  config.default_stream_config.retention_age_s = 0;
+  config.default_stream_config.timestamping = metastore::TimestampingMode::kArrival;
+  ASSERT_TRUE(engine_->CreateBasin("auto-basin", "", config).ok());
+  auto a = engine_->Append("auto-basin", "fresh", Bodies({"x", "y"}));
+  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+  EXPECT_EQ(a.ack.end_offset, 2u);
+  ASSERT_OK_AND_ASSIGN(StreamSummary s, engine_->GetStream("auto-basin", "fresh"));
+  EXPECT_EQ(s.info.config.retention_age_s, 0);
+  EXPECT_EQ(s.info.config.timestamping, metastore::TimestampingMode::kArrival);
+  EXPECT_EQ(s.info.config.storage_class, StreamConfig{}.storage_class);
+  EXPECT_EQ(engine_->Append("auto-basin", "fresh", Bodies({"z"})).ack.start_offset, 2u);
+
+  // On read only when the basin says so; the default basin creates nothing.
+  ASSERT_OK_AND_ASSIGN(bool created, engine_->CreateIfConfigured("auto-basin", "r", Engine::AutoCreate::kOnRead));
+  EXPECT_FALSE(created);
+  EXPECT_EQ(engine_->GetStream("auto-basin", "r").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->Append(kBasin, "missing", Bodies({"x"})).status.code(), Code::kNotFound);
+  EXPECT_EQ(engine_->GetStream(kBasin, "missing").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->Append("no-such-basin", "x", Bodies({"x"})).status.code(), Code::kNotFound);
+
+  config.create_stream_on_read = true;
+  ASSERT_TRUE(engine_->ReconfigureBasin("auto-basin", config).ok());
+  ASSERT_OK_AND_ASSIGN(created, engine_->CreateIfConfigured("auto-basin", "r", Engine::AutoCreate::kOnRead));
+  EXPECT_TRUE(created);
+  EXPECT_EQ(*engine_->CheckTail("auto-basin", "r"), 0u);
+  // An existing stream counts as created (a racing create won).
+  ASSERT_OK_AND_ASSIGN(created, engine_->CreateIfConfigured("auto-basin", "r", Engine::AutoCreate::kOnRead));
+  EXPECT_TRUE(created);
 }
 
 TEST_F(EngineTest, AppendsGetDenseOffsetsAndReadBack) {

@@ -294,6 +294,62 @@ TEST_P(MetastoreConformance, BasinCreateGetDelete) {
   EXPECT_EQ(m().GetBasin("orders")->created_at_ms, 5);
 }
 
+TEST_P(MetastoreConformance, BasinConfigIsStoredAndReplaced) {
+  BasinConfig config;
+  config.create_stream_on_append = true;
+  config.default_stream_config.storage_class = StorageClass::kExpress;
+  config.default_stream_config.retention_age_s = 0;  // set: keep forever
+  config.default_stream_config.uncapped_timestamps = true;
+  ASSERT_OK(m().CreateBasin(BasinInfo{"configured", 7, "", config}));
+  ASSERT_OK(m().CreateBasin(BasinInfo{"plain-one", 8}));
+
+  ASSERT_OK_AND_ASSIGN(BasinInfo b, m().GetBasin("configured"));
+  EXPECT_EQ(b.config, config);
+  // Unset fields stay unset: they are not the defaults written out.
+  EXPECT_FALSE(b.config.default_stream_config.timestamping.has_value());
+  EXPECT_FALSE(b.config.default_stream_config.delete_on_empty_min_age_s.has_value());
+  EXPECT_EQ(m().GetBasin("plain-one")->config, BasinConfig{});
+  ASSERT_OK_AND_ASSIGN(std::vector<BasinInfo> listed, m().ListBasins("", "", 10));
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].config, config);
+  EXPECT_EQ(listed[1].config, BasinConfig{});
+
+  BasinConfig next;
+  next.create_stream_on_read = true;
+  next.default_stream_config.timestamping = TimestampingMode::kArrival;
+  next.default_stream_config.delete_on_empty_min_age_s = 30;
+  ASSERT_OK(m().ReconfigureBasin("configured", next));
+  EXPECT_EQ(m().GetBasin("configured")->config, next);
+  EXPECT_EQ(m().GetBasin("configured")->created_at_ms, 7);
+  EXPECT_EQ(m().ReconfigureBasin("missing-one", next).code(), Code::kNotFound);
+
+  // A default the stream config would refuse is refused here too, changing nothing.
+  BasinConfig bad;
+  bad.default_stream_config.retention_age_s = -1;
+  EXPECT_EQ(m().ReconfigureBasin("configured", bad).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().CreateBasin(BasinInfo{"bad-basin", 1, "", bad}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().GetBasin("configured")->config, next);
+  EXPECT_EQ(m().GetBasin("bad-basin").status().code(), Code::kNotFound);
+}
+
+TEST(StreamConfigLayer, OverAndResolve) {
+  StreamConfigLayer basin;
+  basin.storage_class = StorageClass::kExpress;
+  basin.retention_age_s = 3600;
+  StreamConfigLayer stream;
+  stream.retention_age_s = 60;
+  stream.timestamping = TimestampingMode::kArrival;
+  const StreamConfig c = stream.Over(basin).Resolve();
+  EXPECT_EQ(c.storage_class, StorageClass::kExpress);  // from the basin
+  EXPECT_EQ(c.retention_age_s, 60);                     // the stream's own
+  EXPECT_EQ(c.timestamping, TimestampingMode::kArrival);
+  EXPECT_EQ(c.uncapped_timestamps, StreamConfig{}.uncapped_timestamps);  // weir's default
+  EXPECT_EQ(StreamConfigLayer{}.Resolve(), StreamConfig{});
+  EXPECT_TRUE(StreamConfigLayer{}.Empty());
+  EXPECT_EQ(StreamConfigLayer::Of(c).Resolve(), c);
+  EXPECT_EQ(StreamConfigLayer::Of(c).Over(basin).Resolve(), c);
+}
+
 TEST_P(MetastoreConformance, ListBasinsPagesInOrder) {
   for (int i = 24; i >= 0; --i) MakeBasin(fmt::format("b{:02}", i), i);
   MakeBasin("a");
@@ -1717,6 +1773,12 @@ TEST(SqliteSchemaUpgrade, Version3DatabaseGainsDeleteOnEmpty) {
   }
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(uri));
   EXPECT_EQ(meta->GetStream("weir-kafka", "orders/0")->config.delete_on_empty_min_age_s, 60);
+  // Schema 5: the old basin has the default config, and a config can be stored.
+  EXPECT_EQ(meta->GetBasin("weir-kafka")->config, BasinConfig{});
+  BasinConfig on_append;
+  on_append.create_stream_on_append = true;
+  ASSERT_OK(meta->ReconfigureBasin("weir-kafka", on_append));
+  EXPECT_EQ(meta->GetBasin("weir-kafka")->config, on_append);
   EXPECT_EQ(meta->GetTable("weir-kafka", "orders")->bucket_count, 2u);
   EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
 }

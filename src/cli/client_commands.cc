@@ -30,9 +30,10 @@ struct ClientCommandsState {
   bool json_out = false;
   std::string name;    // NAME or STREAM
   std::string prefix;  // list --prefix
-  // stream create
+  // stream create; basin create (the basin's defaults for new streams)
   std::string storage_class, retention, timestamping_mode;
   std::optional<int64_t> delete_on_empty_min_age;
+  bool create_stream_on_append = false, create_stream_on_read = false;  // basin create
   // append
   bool producer = false;
   std::optional<uint64_t> match_seq_num;
@@ -151,6 +152,27 @@ int PrintNamed(const ClientCommandsState& s, const Result<std::vector<client::Na
     }
   }
   return 0;
+}
+
+// An S2 StreamConfig object from the stream config flags; empty if none is set.
+Result<json> StreamConfigJson(const ClientCommandsState& s) {
+  json config = json::object();
+  if (!s.storage_class.empty()) config["storage_class"] = s.storage_class;
+  if (s.retention == "infinite") {
+    config["retention_policy"] = {{"infinite", json::object()}};
+  } else if (!s.retention.empty()) {
+    uint64_t secs = 0;
+    auto [end, ec] = std::from_chars(s.retention.data(), s.retention.data() + s.retention.size(), secs);
+    if (ec != std::errc() || end != s.retention.data() + s.retention.size() || secs == 0 ||
+        secs > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return InvalidArgument("--retention must be a positive number of seconds or \"infinite\", got \"{}\"",
+                             s.retention);
+    }
+    config["retention_policy"] = {{"age", secs}};
+  }
+  if (!s.timestamping_mode.empty()) config["timestamping"] = {{"mode", s.timestamping_mode}};
+  if (s.delete_on_empty_min_age) config["delete_on_empty"] = {{"min_age_secs", *s.delete_on_empty_min_age}};
+  return config;
 }
 
 int PrintDone(const ClientCommandsState& s, const Status& st, const char* kind, const char* verb) {
@@ -391,16 +413,22 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
   CLI::App* stream = Group(app, s, "stream", "Create, list, inspect and delete streams", &s.stream_create,
                            &s.stream_list, &s.stream_delete);
   s.stream_info = Leaf(stream, s, "info", "A stream's configuration and tail", "NAME");
-  s.stream_create->add_option("--storage-class", s.storage_class, "standard or express (default standard)")
-      ->check(CLI::IsMember({"standard", "express"}));
-  s.stream_create->add_option("--retention", s.retention,
-                              "Keep records this many seconds, or \"infinite\" (default 7 days)");
-  s.stream_create->add_option("--timestamping-mode", s.timestamping_mode,
-                              "client-prefer, client-require or arrival (default client-prefer)")
-      ->check(CLI::IsMember({"client-prefer", "client-require", "arrival"}));
-  s.stream_create->add_option("--delete-on-empty-min-age", s.delete_on_empty_min_age,
-                              "Delete the stream once empty and idle for this many seconds (default never)")
-      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  // On basin create, the same flags set the defaults of the basin's new streams.
+  for (CLI::App* cmd : {s.stream_create, s.basin_create}) {
+    cmd->add_option("--storage-class", s.storage_class, "standard or express (default standard)")
+        ->check(CLI::IsMember({"standard", "express"}));
+    cmd->add_option("--retention", s.retention, "Keep records this many seconds, or \"infinite\" (default 7 days)");
+    cmd->add_option("--timestamping-mode", s.timestamping_mode,
+                    "client-prefer, client-require or arrival (default client-prefer)")
+        ->check(CLI::IsMember({"client-prefer", "client-require", "arrival"}));
+    cmd->add_option("--delete-on-empty-min-age", s.delete_on_empty_min_age,
+                    "Delete the stream once empty and idle for this many seconds (default never)")
+        ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  }
+  s.basin_create->add_flag("--create-stream-on-append", s.create_stream_on_append,
+                           "An append to a missing stream creates it with the basin's defaults");
+  s.basin_create->add_flag("--create-stream-on-read", s.create_stream_on_read,
+                           "A read or tail of a missing stream creates it with the basin's defaults");
 
   s.append = Leaf(&app, s, "append", "Append stdin to a stream, one record per line; prints acks", "STREAM");
   s.append->add_flag("--producer", s.producer, "Idempotent: allocate a producer id so retries are deduplicated");
@@ -449,29 +477,21 @@ std::optional<int> ClientCommands::Run() {
   if (!connected.ok()) return Fail(s, connected.status());
   Client& c = **connected;
   if (cmd == s.basin_create) {
-    auto r = c.CreateBasin(s.name);
+    auto defaults = StreamConfigJson(s);
+    if (!defaults.ok()) return Fail(s, defaults.status());
+    json config = json::object();
+    if (!defaults->empty()) config["default_stream_config"] = std::move(*defaults);
+    if (s.create_stream_on_append) config["create_stream_on_append"] = true;
+    if (s.create_stream_on_read) config["create_stream_on_read"] = true;
+    auto r = c.CreateBasin(s.name, config.empty() ? std::string() : config.dump());
     return PrintDone(s, r.status(), "basin", "created");
   }
   if (cmd == s.basin_list) return PrintNamed(s, c.ListBasins(s.prefix));
   if (cmd == s.basin_delete) return PrintDone(s, c.DeleteBasin(s.name), "basin", "deleted");
   if (cmd == s.stream_create) {
-    json config = json::object();
-    if (!s.storage_class.empty()) config["storage_class"] = s.storage_class;
-    if (s.retention == "infinite") {
-      config["retention_policy"] = {{"infinite", json::object()}};
-    } else if (!s.retention.empty()) {
-      uint64_t secs = 0;
-      auto [end, ec] = std::from_chars(s.retention.data(), s.retention.data() + s.retention.size(), secs);
-      if (ec != std::errc() || end != s.retention.data() + s.retention.size() || secs == 0 ||
-          secs > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return Fail(s, InvalidArgument("--retention must be a positive number of seconds or \"infinite\", got \"{}\"",
-                                       s.retention));
-      }
-      config["retention_policy"] = {{"age", secs}};
-    }
-    if (!s.timestamping_mode.empty()) config["timestamping"] = {{"mode", s.timestamping_mode}};
-    if (s.delete_on_empty_min_age) config["delete_on_empty"] = {{"min_age_secs", *s.delete_on_empty_min_age}};
-    auto r = c.CreateStream(s.name, config.empty() ? std::string() : config.dump());
+    auto config = StreamConfigJson(s);
+    if (!config.ok()) return Fail(s, config.status());
+    auto r = c.CreateStream(s.name, config->empty() ? std::string() : config->dump());
     return PrintDone(s, r.status(), "stream", "created");
   }
   if (cmd == s.stream_list) return PrintNamed(s, c.ListStreams(s.prefix));

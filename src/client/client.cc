@@ -76,10 +76,10 @@ Result<std::vector<NamedInfo>> Client::List(std::string_view path, std::string_v
   }
 }
 
-Result<BasinInfo> Client::CreateBasin(std::string_view name) {
+Result<BasinInfo> Client::CreateBasin(std::string_view name, std::string_view config_json) {
   HttpRequest req = Request("POST", "/v1/basins");
   req.headers.emplace_back("Content-Type", "application/json");
-  req.body = EncodeCreate("basin", name);
+  WEIR_ASSIGN_OR_RETURN(req.body, EncodeCreate("basin", name, config_json));
   WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, {}, name));
   return DecodeNamedInfo(resp.body);
 }
@@ -95,7 +95,7 @@ Status Client::DeleteBasin(std::string_view name) {
 Result<StreamInfo> Client::CreateStream(std::string_view name, std::string_view config_json) {
   HttpRequest req = Request("POST", "/v1/streams");
   req.headers.emplace_back("Content-Type", "application/json");
-  WEIR_ASSIGN_OR_RETURN(req.body, EncodeCreateStream(name, config_json));
+  WEIR_ASSIGN_OR_RETURN(req.body, EncodeCreate("stream", name, config_json));
   WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, name));
   return DecodeNamedInfo(resp.body);
 }

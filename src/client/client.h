@@ -31,7 +31,8 @@ class Client {
 
   const ClientOptions& options() const { return options_; }
 
-  Result<BasinInfo> CreateBasin(std::string_view name);
+  // `config_json`: an S2 BasinConfig object as JSON text, or empty for the defaults.
+  Result<BasinInfo> CreateBasin(std::string_view name, std::string_view config_json = {});
   Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix = "");  // every page
   Status DeleteBasin(std::string_view name);
 

@@ -37,15 +37,11 @@ std::string Quoted(std::string_view s) { return json(std::string(s)).dump(-1, ' 
 
 }  // namespace
 
-std::string EncodeCreate(std::string_view key, std::string_view name) {
-  return json{{std::string(key), std::string(name)}}.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-Result<std::string> EncodeCreateStream(std::string_view name, std::string_view config_json) {
-  json body{{"stream", std::string(name)}};
+Result<std::string> EncodeCreate(std::string_view key, std::string_view name, std::string_view config_json) {
+  json body{{std::string(key), std::string(name)}};
   if (!config_json.empty()) {
     json config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-    if (!config.is_object()) return InvalidArgument("stream config must be a JSON object");
+    if (!config.is_object()) return InvalidArgument("{} config must be a JSON object", key);
     body["config"] = std::move(config);
   }
   return body.dump(-1, ' ', false, json::error_handler_t::replace);

@@ -14,11 +14,10 @@
 
 namespace weir::client {
 
-// `{"KEY": "NAME"}`, the body that creates a basin or a stream.
-std::string EncodeCreate(std::string_view key, std::string_view name);
-// {"stream": NAME, "config": CONFIG}; kInvalidArgument if CONFIG (when not
-// empty) is not a JSON object.
-Result<std::string> EncodeCreateStream(std::string_view name, std::string_view config_json);
+// `{"KEY": "NAME", "config": CONFIG}`, the body that creates a basin or a
+// stream; no config when CONFIG is empty; kInvalidArgument if it is not a
+// JSON object.
+Result<std::string> EncodeCreate(std::string_view key, std::string_view name, std::string_view config_json = {});
 
 // AppendInput JSON with base64 bodies and header names/values.
 std::string EncodeAppendInput(const std::vector<AppendRecord>& records, const AppendOptions& options);

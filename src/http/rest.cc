@@ -159,20 +159,20 @@ Json StreamConfigJson(const metastore::StreamConfig& c) {
                                       : Json{{"min_age_secs", c.delete_on_empty_min_age_s}}}};
 }
 
-// Applies the fields of a StreamConfig / StreamReconfiguration: absent ones
-// stay as they are, explicit nulls go back to the default (as on S2).
-// Bad values are kInvalidArgument (422); wrong JSON types throw (400).
-Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
+// Applies a StreamConfig or StreamReconfiguration to a partial config (S2's
+// OptionalStreamConfig): absent fields stay as they are, explicit nulls unset
+// the field, which then falls back to the basin's default, then weir's (as on
+// S2). Bad values are kInvalidArgument (422); wrong JSON types throw (400).
+Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l) {
   if (j.is_null()) return Status::Ok();
   if (!j.is_object()) throw BadRequest{"stream config must be an object"};
-  const metastore::StreamConfig defaults;
   auto null = [&](const char* field) { return j.contains(field) && j[field].is_null(); };
-  if (null("storage_class")) c->storage_class = defaults.storage_class;
-  if (null("retention_policy")) c->retention_age_s = defaults.retention_age_s;
-  if (null("delete_on_empty")) c->delete_on_empty_min_age_s = defaults.delete_on_empty_min_age_s;
+  if (null("storage_class")) l->storage_class.reset();
+  if (null("retention_policy")) l->retention_age_s.reset();
+  if (null("delete_on_empty")) l->delete_on_empty_min_age_s.reset();
   if (null("timestamping")) {
-    c->timestamping = defaults.timestamping;
-    c->uncapped_timestamps = defaults.uncapped_timestamps;
+    l->timestamping.reset();
+    l->uncapped_timestamps.reset();
   }
   // As on S2, a value the JSON schema does not allow (an unknown enum name, a
   // negative or fractional retention age) is a 400; a valid value the server
@@ -180,7 +180,7 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
   if (auto it = j.find("storage_class"); it != j.end() && !it->is_null()) {
     auto parsed = metastore::ParseStorageClass(it->get<std::string>());
     if (!parsed.ok()) throw BadRequest{parsed.status().message()};
-    c->storage_class = *parsed;
+    l->storage_class = *parsed;
   }
   if (auto it = j.find("retention_policy"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) throw BadRequest{"retention_policy must be an object"};
@@ -191,9 +191,9 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
       }
       int64_t age = a.get<int64_t>();
       if (age == 0) return InvalidArgument("retention_policy.age must be greater than 0 seconds");
-      c->retention_age_s = age;
+      l->retention_age_s = age;
     } else if (it->contains("infinite")) {
-      c->retention_age_s = 0;
+      l->retention_age_s = 0;
     } else {
       return InvalidArgument("retention_policy needs \"age\" or \"infinite\"");
     }
@@ -202,56 +202,92 @@ Status ApplyStreamConfig(const Json& j, metastore::StreamConfig* c) {
     if (!it->is_object()) throw BadRequest{"timestamping must be an object"};
     if (auto m = it->find("mode"); m != it->end()) {
       if (m->is_null()) {
-        c->timestamping = defaults.timestamping;
+        l->timestamping.reset();
       } else {
         auto parsed = metastore::ParseTimestampingMode(m->get<std::string>());
         if (!parsed.ok()) throw BadRequest{parsed.status().message()};
-        c->timestamping = *parsed;
+        l->timestamping = *parsed;
       }
     }
     if (auto u = it->find("uncapped"); u != it->end()) {
-      c->uncapped_timestamps = u->is_null() ? defaults.uncapped_timestamps : u->get<bool>();
+      if (u->is_null()) {
+        l->uncapped_timestamps.reset();
+      } else {
+        l->uncapped_timestamps = u->get<bool>();
+      }
     }
   }
   if (auto it = j.find("delete_on_empty"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) throw BadRequest{"delete_on_empty must be an object"};
     if (auto age = it->find("min_age_secs"); age != it->end()) {
       if (age->is_null()) {
-        c->delete_on_empty_min_age_s = defaults.delete_on_empty_min_age_s;
+        l->delete_on_empty_min_age_s.reset();
       } else {
         if (!age->is_number_integer()) throw BadRequest{"delete_on_empty.min_age_secs must be an integer"};
         if (age->is_number_unsigned() ? age->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
                                       : age->get<int64_t>() < 0) {
           return InvalidArgument("delete_on_empty.min_age_secs must be between 0 and {}", INT64_MAX);
         }
-        c->delete_on_empty_min_age_s = age->get<int64_t>();  // 0 turns it off
+        l->delete_on_empty_min_age_s = age->get<int64_t>();  // 0 turns it off
       }
     }
   }
   return Status::Ok();
 }
 
-// Basin configs: weir keeps none; only the defaults are accepted.
-Status CheckBasinConfig(const Json& j) {
+// The config a stream gets from `j` applied over `layer` (empty on a create,
+// the stream's config on a reconfigure), then its basin's defaults.
+Result<metastore::StreamConfig> ResolveStreamConfig(log::Engine* engine, const std::string& basin, const Json& j,
+                                                    metastore::StreamConfigLayer layer = {}) {
+  WEIR_RETURN_IF_ERROR(ApplyStreamLayer(j, &layer));
+  WEIR_ASSIGN_OR_RETURN(metastore::BasinInfo b, engine->GetBasin(basin));
+  return layer.Over(b.config.default_stream_config).Resolve();
+}
+
+// Applies a BasinConfig (create, PUT: onto a default config) or a
+// BasinReconfiguration (PATCH: onto the current one). default_stream_config
+// is reconfigured field by field; null clears it.
+Status ApplyBasinConfig(const Json& j, metastore::BasinConfig* b) {
   if (j.is_null()) return Status::Ok();
   if (!j.is_object()) throw BadRequest{"basin config must be an object"};
-  for (const char* flag : {"create_stream_on_append", "create_stream_on_read"}) {
-    auto it = j.find(flag);
-    if (it != j.end() && !it->is_null() && it->get<bool>()) return NotSupported("{} is not supported", flag);
-  }
-  if (auto it = j.find("default_stream_config"); it != j.end() && !it->is_null()) {
-    return NotSupported("default_stream_config is not supported");
-  }
   if (auto it = j.find("stream_cipher"); it != j.end() && !it->is_null()) {
     return NotSupported("stream encryption is not supported");
+  }
+  if (auto it = j.find("default_stream_config"); it != j.end()) {
+    if (it->is_null()) b->default_stream_config = {};
+    WEIR_RETURN_IF_ERROR(ApplyStreamLayer(*it, &b->default_stream_config));
+  }
+  for (auto [field, flag] : {std::pair{"create_stream_on_append", &b->create_stream_on_append},
+                             std::pair{"create_stream_on_read", &b->create_stream_on_read}}) {
+    auto it = j.find(field);
+    if (it == j.end()) continue;
+    if (!it->is_null() && !it->is_boolean()) throw BadRequest{fmt::format("{} must be true or false", field)};
+    *flag = it->is_boolean() && it->get<bool>();
   }
   return Status::Ok();
 }
 
-Json BasinConfigJson() {
-  return Json{{"create_stream_on_append", false},
-              {"create_stream_on_read", false},
-              {"default_stream_config", nullptr},
+Json StreamConfigLayerJson(const metastore::StreamConfigLayer& l) {
+  if (l.Empty()) return nullptr;
+  Json retention = nullptr, timestamping = nullptr, delete_on_empty = nullptr;
+  if (l.retention_age_s) {
+    retention = *l.retention_age_s == 0 ? Json{{"infinite", Json::object()}} : Json{{"age", *l.retention_age_s}};
+  }
+  if (l.timestamping || l.uncapped_timestamps) {
+    timestamping = Json{{"mode", l.timestamping ? Json(metastore::TimestampingModeName(*l.timestamping)) : Json()},
+                        {"uncapped", l.uncapped_timestamps ? Json(*l.uncapped_timestamps) : Json()}};
+  }
+  if (l.delete_on_empty_min_age_s) delete_on_empty = Json{{"min_age_secs", *l.delete_on_empty_min_age_s}};
+  return Json{{"storage_class", l.storage_class ? Json(metastore::StorageClassName(*l.storage_class)) : Json()},
+              {"retention_policy", retention},
+              {"timestamping", timestamping},
+              {"delete_on_empty", delete_on_empty}};
+}
+
+Json BasinConfigJson(const metastore::BasinConfig& b) {
+  return Json{{"create_stream_on_append", b.create_stream_on_append},
+              {"create_stream_on_read", b.create_stream_on_read},
+              {"default_stream_config", StreamConfigLayerJson(b.default_stream_config)},
               {"stream_cipher", nullptr}};
 }
 
@@ -571,14 +607,16 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
       if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
       if (!j.contains("basin") || !j["basin"].is_string()) throw BadRequest{"CreateBasinRequest needs \"basin\""};
       std::string basin = j["basin"].get<std::string>();
-      if (Status st = CheckBasinConfig(j.value("config", Json())); !st.ok()) return c.Fail(st);
+      metastore::BasinConfig config;
+      if (Status st = ApplyBasinConfig(j.value("config", Json()), &config); !st.ok()) return c.Fail(st);
       const std::string token = RequestToken(req);
-      Status created = engine_->CreateBasin(basin, token);
-      // A retry of a create that succeeded (same token) succeeds again.
-      if (!created.ok() && !(created.code() == Code::kAlreadyExists && SameToken(engine_, token, basin, ""))) {
+      Status created = engine_->CreateBasin(basin, token, config);
+      auto info = engine_->GetBasin(basin);
+      // A retry of a create that succeeded (same token, same config) succeeds again.
+      if (!created.ok() && !(created.code() == Code::kAlreadyExists && SameToken(engine_, token, basin, "") &&
+                             info.ok() && info->config == config)) {
         return c.Fail(created);
       }
-      auto info = engine_->GetBasin(basin);
       if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
       return c.Reply(201, BasinInfoJson(*info), Provisioned(created.ok() ? "created" : "noop"));
     }
@@ -588,27 +626,37 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
   if (req.method == "GET") {
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
-    return c.Reply(200, BasinConfigJson());
+    return c.Reply(200, BasinConfigJson(info->config));
   }
   if (req.method == "PUT") {
+    // Create with this config, or replace the existing basin's config.
     Json j = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
+    if (!j.is_null() && !j.is_object()) throw BadRequest{"the body must be a JSON object"};
+    metastore::BasinConfig config;
     if (j.is_object()) {
-      if (Status st = CheckBasinConfig(j.value("config", Json())); !st.ok()) return c.Fail(st);
+      if (Status st = ApplyBasinConfig(j.value("config", Json()), &config); !st.ok()) return c.Fail(st);
     }
-    Status st = engine_->CreateBasin(*name);
+    Status st = engine_->CreateBasin(*name, "", config);
     if (!st.ok() && st.code() != Code::kAlreadyExists) return c.Fail(st);
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
-    return c.Reply(st.ok() ? 201 : 200, BasinInfoJson(*info), Provisioned(st.ok() ? "created" : "noop"));
+    if (st.ok()) return c.Reply(201, BasinInfoJson(*info), Provisioned("created"));
+    if (info->config == config) return c.Reply(200, BasinInfoJson(*info), Provisioned("noop"));
+    if (Status re = engine_->ReconfigureBasin(*name, config); !re.ok()) return c.Fail(re, "basin_not_found");
+    return c.Reply(200, BasinInfoJson(*info), Provisioned("updated"));
   }
   if (req.method == "PATCH") {
     Json j = Json::parse(req.body, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
-    if (Status st = CheckBasinConfig(j); !st.ok()) return c.Fail(st);
-    return c.Reply(200, BasinConfigJson());
+    metastore::BasinConfig config = info->config;
+    if (Status st = ApplyBasinConfig(j, &config); !st.ok()) return c.Fail(st);
+    if (config != info->config) {
+      if (Status st = engine_->ReconfigureBasin(*name, config); !st.ok()) return c.Fail(st, "basin_not_found");
+    }
+    return c.Reply(200, BasinConfigJson(config));
   }
   if (req.method == "DELETE") {
     if (*name == options_.default_basin) {
@@ -645,8 +693,9 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       Json j = Json::parse(req.body, nullptr, false);
       if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
       if (!j.contains("stream") || !j["stream"].is_string()) throw BadRequest{"CreateStreamRequest needs \"stream\""};
-      metastore::StreamConfig config;
-      if (Status st = ApplyStreamConfig(j.value("config", Json()), &config); !st.ok()) return c.Fail(st);
+      auto resolved = ResolveStreamConfig(engine_, c.basin, j.value("config", Json()));
+      if (!resolved.ok()) return c.Fail(resolved.status(), "basin_not_found");
+      const metastore::StreamConfig config = *resolved;
       const std::string stream = j["stream"].get<std::string>();
       const std::string token = RequestToken(req);
       auto info = engine_->CreateStream(c.basin, stream, config, token);
@@ -676,16 +725,17 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     auto s = engine_->GetStream(c.basin, *name);
     if (req.method == "PATCH") {
       if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
-      metastore::StreamConfig config = s->info.config;
-      if (Status st = ApplyStreamConfig(j, &config); !st.ok()) return c.Fail(st);
-      if (Status st = engine_->ReconfigureStream(c.basin, *name, config); !st.ok()) {
+      auto config = ResolveStreamConfig(engine_, c.basin, j, metastore::StreamConfigLayer::Of(s->info.config));
+      if (!config.ok()) return c.Fail(config.status(), "stream_not_found");
+      if (Status st = engine_->ReconfigureStream(c.basin, *name, *config); !st.ok()) {
         return c.Fail(st, "stream_not_found");
       }
-      return c.Reply(200, StreamConfigJson(config));
+      return c.Reply(200, StreamConfigJson(*config));
     }
     // PUT: create with this config, or replace the config of the existing stream.
-    metastore::StreamConfig config;
-    if (Status st = ApplyStreamConfig(j, &config); !st.ok()) return c.Fail(st);
+    auto resolved = ResolveStreamConfig(engine_, c.basin, j);
+    if (!resolved.ok()) return c.Fail(resolved.status(), "basin_not_found");
+    const metastore::StreamConfig config = *resolved;
     if (!s.ok()) {
       if (s.status().code() != Code::kNotFound) return c.Fail(s.status());
       auto info = engine_->CreateStream(c.basin, *name, config);
@@ -1068,12 +1118,21 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
     // As S2: a bounded session does not wait past the tail unless asked to.
     if (!p.wait_s && (p.count || p.bytes || p.until)) p.wait_s = 0;
   }
+  if (Status st = CreateOnRead(c, stream); !st.ok()) return c.Fail(st);
   auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), sse);
   if (const std::string* id = req.Header("last-event-id"); sse && id) session->Resume(*id);
   session->Start();
 }
 
+Status RestApi::CreateOnRead(const Ctx& c, const std::string& stream) {
+  if (engine_->GetStream(c.basin, stream).status().code() != Code::kNotFound) return Status::Ok();
+  auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnRead);
+  // A missing basin or stream is reported by the read itself.
+  return created.ok() || created.status().code() == Code::kNotFound ? Status::Ok() : created.status();
+}
+
 void RestApi::Tail(const Ctx& c, const std::string& stream) {
+  if (Status st = CreateOnRead(c, stream); !st.ok()) return c.Fail(st);
   auto s = engine_->GetStream(c.basin, stream);
   if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
   c.Reply(200, Json{{"tail", Position(s->tail, s->tail_timestamp_ms)}});

@@ -74,6 +74,9 @@ class RestApi : public Handler {
   void Append(Request& req, const Ctx& c, const std::string& stream);
   void Read(Request& req, const Ctx& c, const std::string& stream);
   void Tail(const Ctx& c, const std::string& stream);
+  // Creates a missing stream when its basin has create_stream_on_read; a
+  // missing basin or stream is left for the read itself to report.
+  Status CreateOnRead(const Ctx& c, const std::string& stream);
   void Producers(const Ctx& c);
   void Metrics(const Ctx& c);
 

@@ -294,9 +294,24 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
 
 // ---- Basins and streams -------------------------------------------------------
 
-Status Engine::CreateBasin(const std::string& name, const std::string& request_token) {
+Status Engine::CreateBasin(const std::string& name, const std::string& request_token,
+                           const metastore::BasinConfig& config) {
   WEIR_RETURN_IF_ERROR(ValidateBasinName(name));
-  return meta_->CreateBasin(metastore::BasinInfo{name, WallMillis(), request_token});
+  return meta_->CreateBasin(metastore::BasinInfo{name, WallMillis(), request_token, config});
+}
+
+Status Engine::ReconfigureBasin(const std::string& name, const metastore::BasinConfig& config) {
+  return meta_->ReconfigureBasin(name, config);
+}
+
+Result<bool> Engine::CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when) {
+  WEIR_ASSIGN_OR_RETURN(metastore::BasinInfo b, meta_->GetBasin(basin));
+  const bool wanted =
+      when == AutoCreate::kOnAppend ? b.config.create_stream_on_append : b.config.create_stream_on_read;
+  if (!wanted) return false;
+  auto created = CreateStream(basin, name, b.config.default_stream_config.Resolve());
+  if (created.ok() || created.status().code() == Code::kAlreadyExists) return true;
+  return created.status();
 }
 
 Result<std::string> Engine::CreateToken(const std::string& basin, const std::string& stream) {
@@ -493,6 +508,12 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
   if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
+  if (!found.ok() && found.status().code() == Code::kNotFound) {
+    // The basin may create missing streams on append (S2's create_stream_on_append).
+    auto created = CreateIfConfigured(basin, stream, AutoCreate::kOnAppend);
+    if (!created.ok() && created.status().code() != Code::kNotFound) return fail(created.status());
+    if (created.ok() && *created) found = Find(basin, stream);
+  }
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
 

@@ -177,7 +177,17 @@ class Engine {
   // Basins: names are 8..48 characters of [a-z0-9-], no leading or trailing '-'.
   // `request_token` (S2's s2-request-token, may be empty) is kept so a retry
   // of the create can be told from a conflicting one: CreateToken.
-  Status CreateBasin(const std::string& name, const std::string& request_token = "");
+  // `config` is S2's basin config: defaults for new streams and auto-creation.
+  Status CreateBasin(const std::string& name, const std::string& request_token = "",
+                     const metastore::BasinConfig& config = {});
+  Status ReconfigureBasin(const std::string& name, const metastore::BasinConfig& config);  // kNotFound
+  // Creates stream `name` with the basin's default stream config when the
+  // basin creates missing streams on `when`. true: the stream exists now
+  // (created here or by a racing create); false: the basin does not
+  // auto-create. kNotFound if the basin does not exist. AppendAsync calls it
+  // for kOnAppend itself; readers call it for kOnRead.
+  enum class AutoCreate { kOnAppend, kOnRead };
+  Result<bool> CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when);
   Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
                                                        size_t limit);
   Result<metastore::BasinInfo> GetBasin(const std::string& name);

@@ -47,6 +47,26 @@ Result<TimestampingMode> ParseTimestampingMode(std::string_view s) {
   return InvalidArgument("unknown timestamping mode \"{}\"; valid: client-prefer, client-require, arrival", s);
 }
 
+StreamConfigLayer StreamConfigLayer::Of(const StreamConfig& c) {
+  return StreamConfigLayer{c.storage_class, c.retention_age_s, c.timestamping, c.uncapped_timestamps,
+                           c.delete_on_empty_min_age_s};
+}
+
+StreamConfigLayer StreamConfigLayer::Over(const StreamConfigLayer& below) const {
+  return StreamConfigLayer{storage_class ? storage_class : below.storage_class,
+                           retention_age_s ? retention_age_s : below.retention_age_s,
+                           timestamping ? timestamping : below.timestamping,
+                           uncapped_timestamps ? uncapped_timestamps : below.uncapped_timestamps,
+                           delete_on_empty_min_age_s ? delete_on_empty_min_age_s : below.delete_on_empty_min_age_s};
+}
+
+StreamConfig StreamConfigLayer::Resolve() const {
+  const StreamConfig d;
+  return StreamConfig{storage_class.value_or(d.storage_class), retention_age_s.value_or(d.retention_age_s),
+                      timestamping.value_or(d.timestamping), uncapped_timestamps.value_or(d.uncapped_timestamps),
+                      delete_on_empty_min_age_s.value_or(d.delete_on_empty_min_age_s)};
+}
+
 std::string BucketStreamName(std::string_view table, uint32_t bucket) {
   return fmt::format("{}/{}", table, bucket);
 }

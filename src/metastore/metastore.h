@@ -29,16 +29,6 @@
 
 namespace weir::metastore {
 
-// ---- Basins ---------------------------------------------------------------
-
-struct BasinInfo {
-  std::string name;
-  int64_t created_at_ms = 0;
-  // On create only: the client's request token (S2's s2-request-token), kept
-  // so a retried create can be recognised (CreateToken). Not read back here.
-  std::string request_token = {};
-};
-
 // ---- Streams --------------------------------------------------------------
 
 enum class StorageClass { kStandard, kExpress };
@@ -56,6 +46,44 @@ struct StreamConfig {
   // taken no append for this long (S2's delete_on_empty). 0 = never.
   int64_t delete_on_empty_min_age_s = 0;
   friend bool operator==(const StreamConfig&, const StreamConfig&) = default;
+};
+
+// A partial stream config (S2's OptionalStreamConfig): a basin's defaults for
+// its new streams. An unset field falls back to StreamConfig's default.
+struct StreamConfigLayer {
+  std::optional<StorageClass> storage_class;
+  std::optional<int64_t> retention_age_s;  // 0 = keep forever
+  std::optional<TimestampingMode> timestamping;
+  std::optional<bool> uncapped_timestamps;
+  std::optional<int64_t> delete_on_empty_min_age_s;  // 0 = never
+
+  static StreamConfigLayer Of(const StreamConfig& c);  // every field set
+  // This layer's fields, then `below`'s where this one is unset.
+  StreamConfigLayer Over(const StreamConfigLayer& below) const;
+  StreamConfig Resolve() const;  // unset fields take StreamConfig's defaults
+  bool Empty() const { return *this == StreamConfigLayer{}; }
+  friend bool operator==(const StreamConfigLayer&, const StreamConfigLayer&) = default;
+};
+
+// ---- Basins ---------------------------------------------------------------
+
+// S2's BasinConfig. A stream created in the basin takes default_stream_config
+// for the fields its own config leaves unset; the create_stream_on_* flags make
+// an append (or a read / tail check) of a missing stream create it first.
+struct BasinConfig {
+  StreamConfigLayer default_stream_config;
+  bool create_stream_on_append = false;
+  bool create_stream_on_read = false;
+  friend bool operator==(const BasinConfig&, const BasinConfig&) = default;
+};
+
+struct BasinInfo {
+  std::string name;
+  int64_t created_at_ms = 0;
+  // On create only: the client's request token (S2's s2-request-token), kept
+  // so a retried create can be recognised (CreateToken). Not read back here.
+  std::string request_token = {};
+  BasinConfig config = {};
 };
 
 std::string_view StorageClassName(StorageClass c);              // "standard" | "express"
@@ -170,6 +198,9 @@ class Metastore {
   // Basins. Names are validated by the engine, not here.
   virtual Status CreateBasin(const BasinInfo& basin) = 0;  // kAlreadyExists
   virtual Result<BasinInfo> GetBasin(std::string_view name) = 0;  // kNotFound
+  // Replaces the basin's config; kNotFound if it does not exist. Streams keep
+  // the config they were created with.
+  virtual Status ReconfigureBasin(std::string_view name, const BasinConfig& config) = 0;
   // Basins with names > start_after that start with prefix (byte-wise; '%'
   // and '_' are literal), ascending, at most limit (1..1000, else
   // kInvalidArgument). ListStreams likewise, within one basin (kNotFound).

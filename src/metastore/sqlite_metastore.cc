@@ -106,8 +106,24 @@ Status FsyncDir(const std::string& dir) {
 // ---- SQL ------------------------------------------------------------------
 // Every statement binds its inputs as parameters; none is assembled from data.
 
+// Schema 5: the basin config. NULL default_* columns are unset fields.
+#define WEIR_BASIN_CONFIG_DDL                                                                           \
+  "on_append INTEGER NOT NULL DEFAULT 0, on_read INTEGER NOT NULL DEFAULT 0, default_storage_class TEXT, " \
+  "default_retention_age_s INTEGER, default_timestamping TEXT, default_uncapped INTEGER, "               \
+  "default_delete_on_empty_s INTEGER"
+constexpr const char* kAddBasinConfig[] = {
+    "ALTER TABLE basins ADD COLUMN on_append INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE basins ADD COLUMN on_read INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE basins ADD COLUMN default_storage_class TEXT",
+    "ALTER TABLE basins ADD COLUMN default_retention_age_s INTEGER",
+    "ALTER TABLE basins ADD COLUMN default_timestamping TEXT",
+    "ALTER TABLE basins ADD COLUMN default_uncapped INTEGER",
+    "ALTER TABLE basins ADD COLUMN default_delete_on_empty_s INTEGER",
+};
+
 constexpr const char* kSchema[] = {
-    "CREATE TABLE IF NOT EXISTS basins(name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS basins(name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL, " WEIR_BASIN_CONFIG_DDL
+    ") WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS streams(id INTEGER PRIMARY KEY, basin TEXT NOT NULL REFERENCES basins(name), "
     "name TEXT NOT NULL, storage_class TEXT NOT NULL, retention_age_s INTEGER NOT NULL, "
     "timestamping TEXT NOT NULL, uncapped INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, "
@@ -149,12 +165,20 @@ constexpr std::string_view kStreamIdCounter = "stream_id";
 constexpr std::string_view kProducerIdCounter = "producer_id";
 constexpr std::string_view kTableIdCounter = "table_id";
 
-constexpr const char kInsertBasin[] = "INSERT INTO basins(name, created_at_ms) VALUES(?1, ?2)";
-constexpr const char kGetBasin[] = "SELECT created_at_ms FROM basins WHERE name = ?1";
-constexpr const char kListBasinsBounded[] =
-    "SELECT name, created_at_ms FROM basins WHERE name > ?1 AND name >= ?2 AND name < ?3 ORDER BY name LIMIT ?4";
+#define WEIR_BASIN_COLUMNS                                                                   \
+  "name, created_at_ms, on_append, on_read, default_storage_class, default_retention_age_s, " \
+  "default_timestamping, default_uncapped, default_delete_on_empty_s"
+constexpr const char kInsertBasin[] =
+    "INSERT INTO basins(" WEIR_BASIN_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+constexpr const char kUpdateBasinConfig[] =
+    "UPDATE basins SET on_append = ?3, on_read = ?4, default_storage_class = ?5, default_retention_age_s = ?6, "
+    "default_timestamping = ?7, default_uncapped = ?8, default_delete_on_empty_s = ?9 WHERE name = ?1";
+constexpr const char kGetBasin[] = "SELECT " WEIR_BASIN_COLUMNS " FROM basins WHERE name = ?1";
+constexpr const char kListBasinsBounded[] = "SELECT " WEIR_BASIN_COLUMNS
+                                            " FROM basins WHERE name > ?1 AND name >= ?2 AND name < ?3 "
+                                            "ORDER BY name LIMIT ?4";
 constexpr const char kListBasinsOpen[] =
-    "SELECT name, created_at_ms FROM basins WHERE name > ?1 AND name >= ?2 ORDER BY name LIMIT ?4";
+    "SELECT " WEIR_BASIN_COLUMNS " FROM basins WHERE name > ?1 AND name >= ?2 ORDER BY name LIMIT ?4";
 constexpr const char kFirstStreamOfBasin[] = "SELECT name FROM streams WHERE basin = ?1 ORDER BY name LIMIT 1";
 constexpr const char kDeleteBasin[] = "DELETE FROM basins WHERE name = ?1";
 constexpr const char kInsertToken[] = "INSERT OR REPLACE INTO create_tokens(basin, stream, token) VALUES(?1, ?2, ?3)";
@@ -278,6 +302,11 @@ class SqliteMetastore::Stmt {
     // A null data pointer would bind SQL NULL; an empty view binds ''.
     return Check(sqlite3_bind_text64(stmt_, i, v.empty() ? "" : v.data(), v.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
   }
+  Stmt& Null(int i) { return Check(sqlite3_bind_null(stmt_, i)); }
+  template <typename T>
+  Stmt& OptInt(int i, const std::optional<T>& v) {
+    return v ? Int(i, static_cast<int64_t>(*v)) : Null(i);
+  }
   Stmt& Blob(int i, std::string_view v) {
     return Check(sqlite3_bind_blob64(stmt_, i, v.empty() ? "" : v.data(), v.size(), SQLITE_TRANSIENT));
   }
@@ -299,6 +328,7 @@ class SqliteMetastore::Stmt {
   int Changes() const { return sqlite3_changes(sqlite3_db_handle(stmt_)); }
 
   int64_t ColInt(int c) const { return sqlite3_column_int64(stmt_, c); }
+  bool ColNull(int c) const { return sqlite3_column_type(stmt_, c) == SQLITE_NULL; }
   std::string ColText(int c) const {
     const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, c));
     const int n = sqlite3_column_bytes(stmt_, c);
@@ -342,6 +372,30 @@ Result<StreamInfo> ReadStream(const Row& st) {
   s.created_at_ms = st.ColInt(7);
   s.config.delete_on_empty_min_age_s = st.ColInt(8);
   return s;
+}
+
+template <typename Row>
+Result<BasinInfo> ReadBasin(const Row& st) {
+  BasinInfo b;
+  b.name = st.ColText(0);
+  b.created_at_ms = st.ColInt(1);
+  b.config.create_stream_on_append = st.ColInt(2) != 0;
+  b.config.create_stream_on_read = st.ColInt(3) != 0;
+  StreamConfigLayer& d = b.config.default_stream_config;
+  if (!st.ColNull(4)) {
+    auto c = ParseStorageClass(st.ColText(4));
+    if (!c.ok()) return Corruption("basin {}: {}", b.name, c.status().message());
+    d.storage_class = *c;
+  }
+  if (!st.ColNull(5)) d.retention_age_s = st.ColInt(5);
+  if (!st.ColNull(6)) {
+    auto m = ParseTimestampingMode(st.ColText(6));
+    if (!m.ok()) return Corruption("basin {}: {}", b.name, m.status().message());
+    d.timestamping = *m;
+  }
+  if (!st.ColNull(7)) d.uncapped_timestamps = st.ColInt(7) != 0;
+  if (!st.ColNull(8)) d.delete_on_empty_min_age_s = st.ColInt(8);
+  return b;
 }
 
 template <typename Row>
@@ -503,6 +557,9 @@ Status SqliteMetastore::Init() {
     // columns added to existing tables since.
     for (const char* sql : kSchema) WEIR_RETURN_IF_ERROR(Exec(sql, "create schema"));
     if (!versions.empty() && versions[0] < 4) WEIR_RETURN_IF_ERROR(Exec(kAddDeleteOnEmpty, "upgrade schema to 4"));
+    if (!versions.empty() && versions[0] < 5) {
+      for (const char* sql : kAddBasinConfig) WEIR_RETURN_IF_ERROR(Exec(sql, "upgrade schema to 5"));
+    }
     if (versions.empty()) {
       WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kSetSchemaVersion));
       WEIR_RETURN_IF_ERROR(set.Int(1, kSchemaVersion).Run("write schema version"));
@@ -693,6 +750,7 @@ Result<std::optional<NodeState>> SqliteMetastore::ReadNode(std::string_view node
 Status SqliteMetastore::CreateBasin(const BasinInfo& basin) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("CreateBasin", [&]() -> Status {
+    WEIR_RETURN_IF_ERROR(ValidateConfig(basin.config.default_stream_config.Resolve()));
     return InTransaction("create basin", [&]() -> Status {
       {
         WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kGetBasin));
@@ -700,8 +758,40 @@ Status SqliteMetastore::CreateBasin(const BasinInfo& basin) {
         if (exists) return AlreadyExists("basin {} already exists", basin.name);
       }
       WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertBasin));
-      WEIR_RETURN_IF_ERROR(ins.Text(1, basin.name).Int(2, basin.created_at_ms).Run("insert basin"));
+      BindBasinConfig(ins.Text(1, basin.name).Int(2, basin.created_at_ms), basin.config);
+      WEIR_RETURN_IF_ERROR(ins.Run("insert basin"));
       return SetToken(basin.name, "", basin.request_token);
+    });
+  });
+}
+
+void SqliteMetastore::BindBasinConfig(Stmt& st, const BasinConfig& config) {
+  const StreamConfigLayer& d = config.default_stream_config;
+  st.Int(3, config.create_stream_on_append ? 1 : 0).Int(4, config.create_stream_on_read ? 1 : 0);
+  if (d.storage_class) {
+    st.Text(5, StorageClassName(*d.storage_class));
+  } else {
+    st.Null(5);
+  }
+  st.OptInt(6, d.retention_age_s);
+  if (d.timestamping) {
+    st.Text(7, TimestampingModeName(*d.timestamping));
+  } else {
+    st.Null(7);
+  }
+  st.OptInt(8, d.uncapped_timestamps).OptInt(9, d.delete_on_empty_min_age_s);
+}
+
+Status SqliteMetastore::ReconfigureBasin(std::string_view name, const BasinConfig& config) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ReconfigureBasin", [&]() -> Status {
+    WEIR_RETURN_IF_ERROR(ValidateConfig(config.default_stream_config.Resolve()));
+    return InTransaction("reconfigure basin", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateBasinConfig));
+      BindBasinConfig(st.Text(1, name), config);
+      WEIR_RETURN_IF_ERROR(st.Run("update basin config"));
+      if (st.Changes() == 0) return NotFound("basin {} does not exist", name);
+      return Status::Ok();
     });
   });
 }
@@ -730,7 +820,7 @@ Result<BasinInfo> SqliteMetastore::GetBasin(std::string_view name) {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetBasin));
     WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, name).Step("read basin"));
     if (!row) return NotFound("basin {} does not exist", name);
-    return BasinInfo{std::string(name), st.ColInt(0)};
+    return ReadBasin(st);
   });
 }
 
@@ -747,7 +837,8 @@ Result<std::vector<BasinInfo>> SqliteMetastore::ListBasins(std::string_view pref
     while (true) {
       WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list basins"));
       if (!row) break;
-      out.push_back(BasinInfo{st.ColText(0), st.ColInt(1)});
+      WEIR_ASSIGN_OR_RETURN(BasinInfo b, ReadBasin(st));
+      out.push_back(std::move(b));
     }
     return out;
   });

@@ -38,7 +38,7 @@ class SqliteMetastore final : public Metastore {
   //      gains them; a v1 build then refuses the upgraded file)
   //   3: + create_tokens (likewise)
   //   4: + streams.delete_on_empty_s (ALTER TABLE for a v1 to v3 file)
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
 
   // Opens PATH (created if missing; its parent directory must exist) or, for
   // ":memory:", a private in-memory database. Creates the schema if missing.
@@ -50,6 +50,7 @@ class SqliteMetastore final : public Metastore {
 
   Status CreateBasin(const BasinInfo& basin) override;
   Result<BasinInfo> GetBasin(std::string_view name) override;
+  Status ReconfigureBasin(std::string_view name, const BasinConfig& config) override;
   Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix, std::string_view start_after,
                                             size_t limit) override;
   Status DeleteBasin(std::string_view name) override;
@@ -126,6 +127,8 @@ class SqliteMetastore final : public Metastore {
                              int64_t created_at_ms, std::vector<StreamInfo>* out);
   // Records (or, for an empty token, forgets) a create token; in a transaction.
   Status SetToken(std::string_view basin, std::string_view stream, std::string_view token);
+  // Binds a basin's config to parameters ?3..?9 of kInsertBasin / kUpdateBasinConfig.
+  static void BindBasinConfig(Stmt& st, const BasinConfig& config);
   // Deletes a stream's segment rows, state and row; appends the segment object keys.
   Status RemoveStream(uint64_t id, std::vector<std::string>* keys);
   // The table whose bucket `stream` backs, if any.

@@ -473,6 +473,116 @@ class BasinTest(ApiTestCase):
         self.assertEqual(r.headers.get("s2-provision-result"), "noop")
         self.assertBasinInfo(self.assertJson(r), name)
 
+    def test_basin_config_round_trips_and_reconfigures(self):
+        name = unique("bcfg")
+        config = {"create_stream_on_append": True,
+                  "default_stream_config": {"storage_class": "express", "retention_policy": {"infinite": {}}}}
+        r = self.c.post("/v1/basins", json={"basin": name, "config": config})
+        self.assertEqual(r.status_code, 201, r.text)
+        got = self.assertJson(self.c.get(f"/v1/basins/{name}"))
+        self.assertTrue(got["create_stream_on_append"])
+        self.assertFalse(got["create_stream_on_read"])
+        self.assertEqual(got["default_stream_config"],
+                         {"storage_class": "express", "retention_policy": {"infinite": {}},
+                          "timestamping": None, "delete_on_empty": None})
+        # PATCH is a BasinReconfiguration: absent fields stay, nested ones merge.
+        r = self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_read": True,
+                                                     "default_stream_config": {"timestamping": {"mode": "arrival"},
+                                                                               "storage_class": None}})
+        self.assertEqual(r.status_code, 200, r.text)
+        got = self.assertJson(r)
+        self.assertEqual(got, self.assertJson(self.c.get(f"/v1/basins/{name}")))
+        self.assertTrue(got["create_stream_on_append"])
+        self.assertTrue(got["create_stream_on_read"])
+        self.assertEqual(got["default_stream_config"],
+                         {"storage_class": None, "retention_policy": {"infinite": {}},
+                          "timestamping": {"mode": "arrival", "uncapped": None}, "delete_on_empty": None})
+        r = self.c.patch(f"/v1/basins/{name}", json={"default_stream_config": None})
+        self.assertIsNone(self.assertJson(r)["default_stream_config"])
+        # PUT replaces the whole config.
+        r = self.c.put(f"/v1/basins/{name}", json={"config": {"create_stream_on_read": True}})
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "updated"), r.text)
+        got = self.assertJson(self.c.get(f"/v1/basins/{name}"))
+        self.assertEqual((got["create_stream_on_append"], got["create_stream_on_read"]), (False, True))
+        r = self.c.put(f"/v1/basins/{name}", json={"config": {"create_stream_on_read": True}})
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
+        # Bad configs change nothing.
+        before = self.assertJson(self.c.get(f"/v1/basins/{name}"))
+        self.assertError(self.c.patch(f"/v1/basins/{name}", json={"stream_cipher": "aegis-256"}),
+                         501, "not_implemented")
+        self.assertError(self.c.patch(f"/v1/basins/{name}",
+                                      json={"default_stream_config": {"retention_policy": {"age": 0}}}),
+                         422, "invalid")
+        self.assertError(self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_append": "yes"}),
+                         400, "bad_json")
+        self.assertError(self.c.patch(f"/v1/basins/{name}",
+                                      json={"default_stream_config": {"storage_class": "premium"}}),
+                         400, "bad_json")
+        self.assertEqual(self.assertJson(self.c.get(f"/v1/basins/{name}")), before)
+        other = unique("bcfg")
+        self.assertError(self.c.post("/v1/basins", json={"basin": other, "config": {"create_stream_on_read": 1}}),
+                         400, "bad_json")
+        self.assertError(self.c.get(f"/v1/basins/{other}"), 404, "basin_not_found")
+        self.assertError(self.c.patch(f"/v1/basins/{other}", json={}), 404, "basin_not_found")
+
+    def test_request_token_retry_needs_the_same_config(self):
+        name = unique("tokcfg")
+        tok = {"s2-request-token": unique("t")}
+        for _ in range(2):
+            r = self.c.post("/v1/basins", json={"basin": name, "config": {"create_stream_on_append": True}},
+                            headers=tok)
+            self.assertEqual(r.status_code, 201, r.text)
+        self.assertError(self.c.post("/v1/basins", json={"basin": name}, headers=tok),
+                         409, "resource_already_exists")
+
+    def test_streams_take_the_basin_defaults(self):
+        basin = unique("bdef")
+        config = {"default_stream_config": {"storage_class": "express", "retention_policy": {"age": 3600}}}
+        self.assertEqual(self.c.post("/v1/basins", json={"basin": basin, "config": config}).status_code, 201)
+        c = Client(SHARED, basin=basin)
+        c.create_stream("s", {"timestamping": {"mode": "arrival"}})
+        got = self.assertJson(c.get("/v1/streams/s"))
+        self.assertEqual(got["storage_class"], "express")
+        self.assertEqual(got["retention_policy"], {"age": 3600})
+        self.assertEqual(got["timestamping"]["mode"], "arrival")
+        # The stream's own value wins; a null in a reconfiguration goes back to the basin's default.
+        r = c.patch("/v1/streams/s", json={"retention_policy": {"age": 60}, "storage_class": "standard"})
+        self.assertEqual(self.assertJson(r)["retention_policy"], {"age": 60})
+        r = c.patch("/v1/streams/s", json={"retention_policy": None, "storage_class": None})
+        self.assertEqual(self.assertJson(r)["retention_policy"], {"age": 3600})
+        self.assertEqual(self.assertJson(r)["storage_class"], "express")
+        # A later change of the basin's defaults leaves existing streams alone.
+        self.c.patch(f"/v1/basins/{basin}", json={"default_stream_config": {"retention_policy": {"age": 7200}}})
+        self.assertEqual(self.assertJson(c.get("/v1/streams/s"))["retention_policy"], {"age": 3600})
+        r = c.put("/v1/streams/t", json={})
+        self.assertEqual(r.status_code, 201, r.text)
+        self.assertEqual(self.assertJson(c.get("/v1/streams/t"))["retention_policy"], {"age": 7200})
+
+    def test_create_stream_on_append_and_on_read(self):
+        basin = unique("bauto")
+        config = {"create_stream_on_append": True, "default_stream_config": {"retention_policy": {"infinite": {}}}}
+        self.assertEqual(self.c.post("/v1/basins", json={"basin": basin, "config": config}).status_code, 201)
+        c = Client(SHARED, basin=basin)
+        ack = c.append("fresh", [{"body": "a"}, {"body": "b"}])
+        self.assertEqual(ack["end"]["seq_num"], 2)
+        self.assertEqual([r["body"] for r in c.read("fresh")["records"]], ["a", "b"])
+        self.assertEqual(self.assertJson(c.get("/v1/streams/fresh"))["retention_policy"], {"infinite": {}})
+        # Reads do not create unless the basin says so.
+        self.assertError(c.get("/v1/streams/r1/records/tail"), 404, "stream_not_found")
+        self.assertError(c.get("/v1/streams/r1/records", params={"seq_num": 0}), 404, "stream_not_found")
+        self.c.patch(f"/v1/basins/{basin}", json={"create_stream_on_read": True})
+        self.assertEqual(c.tail("r1")["seq_num"], 0)
+        self.assertEqual(c.read("r2", {"wait": 0}, expect=416), {"tail": {"seq_num": 0, "timestamp": 0}})
+        names = [s["name"] for s in self.assertJson(c.get("/v1/streams"))["streams"]]
+        self.assertEqual(names, ["fresh", "r1", "r2"])
+        # Without the flag, a missing stream stays missing.
+        self.c.patch(f"/v1/basins/{basin}", json={"create_stream_on_append": False})
+        self.assertError(c.post("/v1/streams/other/records", json={"records": [{"body": "x"}]}),
+                         404, "stream_not_found")
+        ghost = Client(SHARED, basin=unique("ghost"))
+        self.assertError(ghost.post("/v1/streams/x/records", json={"records": [{"body": "x"}]}),
+                         404, "basin_not_found")
+
     def test_list_pagination(self):
         prefix = unique("page")
         names = [f"{prefix}-{c}" for c in "abc"]

@@ -23,6 +23,7 @@ import { WeirServer } from "./weir_server.mjs";
 const BIN = process.env.WEIR_BIN;
 const T = { timeout: 180_000 };
 const BASIN = "js-sdk-basin";
+const AUTO_BASIN = "js-auto-basin"; // a basin config that creates streams
 const STREAM = "js/sdk stream?#1"; // needs URL encoding in paths
 const TOKEN = "js-secret-token";
 
@@ -269,6 +270,35 @@ describe("S2 SDK against weir", () => {
     await target.close();
   });
 
+  it("creates streams on append and on read as the basin's config says, with its defaults", T, async () => {
+    await s2.basins.create({
+      basin: AUTO_BASIN,
+      config: { createStreamOnAppend: true, defaultStreamConfig: { storageClass: "express", retentionPolicy: { ageSecs: 86400 } } },
+    });
+    const cfg = await s2.basins.getConfig({ basin: AUTO_BASIN });
+    assert.equal(cfg.createStreamOnAppend, true);
+    assert.equal(cfg.createStreamOnRead ?? false, false);
+    assert.equal(cfg.defaultStreamConfig?.storageClass, "express");
+
+    const made = s2.basin(AUTO_BASIN).stream("made-on-append", { forceTransport: "fetch" });
+    const ack = await made.append(AppendInput.create([AppendRecord.string({ body: "first" })]));
+    assert.equal(ack.end.seqNum, 1);
+    await made.close();
+    const scfg = await s2.basin(AUTO_BASIN).streams.getConfig({ stream: "made-on-append" });
+    assert.equal(scfg.storageClass, "express");
+    assert.equal(scfg.retentionPolicy?.ageSecs, 86400);
+
+    const reader = s2.basin(AUTO_BASIN).stream("made-on-read", { forceTransport: "fetch" });
+    await assert.rejects(reader.checkTail(), (e) => e instanceof S2Error && e.status === 404);
+    const re = await s2.basins.reconfigure({ basin: AUTO_BASIN, createStreamOnRead: true });
+    assert.equal(re.createStreamOnRead, true);
+    assert.equal(re.createStreamOnAppend, true);
+    assert.equal((await reader.checkTail()).tail.seqNum, 0);
+    await reader.close();
+    const names = (await s2.basin(AUTO_BASIN).streams.list()).streams.map((s) => s.name);
+    assert.deepEqual(names, ["made-on-append", "made-on-read"]);
+  });
+
   it("restarts the server mid-suite (SIGTERM, same data dir)", T, async () => {
     const bytes = await stream.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
     const tail = (await stream.checkTail()).tail;
@@ -296,6 +326,9 @@ describe("S2 SDK against weir", () => {
 
     const names = (await s2.basins.list({ prefix: BASIN })).basins.map((b) => b.name);
     assert.deepEqual(names, [BASIN]);
+    const autoCfg = await s2.basins.getConfig({ basin: AUTO_BASIN });
+    assert.equal(autoCfg.createStreamOnRead, true);
+    assert.equal(autoCfg.defaultStreamConfig?.retentionPolicy?.ageSecs, 86400);
     const trimmed = await s2.basin("weir-default").stream("js-trimmed", { forceTransport: "fetch" })
       .read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
     assert.deepEqual(seqs(trimmed.records), [2, 3]);
