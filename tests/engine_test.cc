@@ -556,6 +556,36 @@ TEST_F(EngineTest, ATrimCommandTrimsThroughItselfButNotPast) {
   EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 3u);
 }
 
+TEST_F(EngineTest, TrimToMovesTheStartWithoutARecordAndSurvivesReplayAndSettle) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b", "c", "d"})).status.ok());
+  EXPECT_EQ(engine_->TrimTo(kBasin, "s", 5).status().code(), Code::kOutOfRange);  // past the tail
+  EXPECT_EQ(engine_->TrimTo(kBasin, "missing", 0).status().code(), Code::kNotFound);
+  ASSERT_OK_AND_ASSIGN(uint64_t start, engine_->TrimTo(kBasin, "s", 2));
+  EXPECT_EQ(start, 2u);
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 4u);  // no record was added
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"c", "d"}));
+  ASSERT_OK_AND_ASSIGN(start, engine_->TrimTo(kBasin, "s", 1));  // lower: no change
+  EXPECT_EQ(start, 2u);
+  // A trim command to a lower point afterwards does not lower it either.
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(1)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(trim)).status.ok());
+  EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 2u);
+  // Unsettled: replay keeps it (the metastore holds it).
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 2u);
+  EXPECT_EQ(ReadAll("s").size(), 3u);  // c, d and the command record
+  // Settled, then trimmed further, then settled again and restarted.
+  ASSERT_OK(engine_->SettleNow());
+  ASSERT_OK(engine_->TrimTo(kBasin, "s", 4).status());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"e"})).status.ok());
+  ASSERT_OK(engine_->SettleNow());
+  Restart();
+  EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 4u);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{Be64(1), "e"}));  // the trim command, then e
+}
+
 TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
   StreamConfig later;
   later.delete_on_empty_min_age_s = 3600;

@@ -1486,7 +1486,7 @@ TEST_F(BrokerTest, DescribeConfigsShowsWhatTheTopicAndBrokerApply) {
     const DescribeConfigsEntry* retention = value_of(conf, "retention.ms");
     ASSERT_NE(retention, nullptr);
     EXPECT_EQ(retention->value, "3600000");
-    EXPECT_TRUE(retention->read_only);
+    EXPECT_FALSE(retention->read_only);  // AlterConfigs changes it
     EXPECT_EQ(value_of(conf, "message.timestamp.type")->value, "LogAppendTime");
     EXPECT_EQ(value_of(conf, "segment.bytes")->value, "1048576");  // stored, no effect
     EXPECT_EQ(value_of(conf, "cleanup.policy")->value, "delete");
@@ -1519,6 +1519,126 @@ TEST_F(BrokerTest, DescribeConfigsShowsWhatTheTopicAndBrokerApply) {
     EXPECT_EQ(names, (std::vector<std::string>{"cleanup.policy", "max.message.bytes", "message.timestamp.type",
                                                "retention.ms"}));
   }
+}
+
+TEST_F(BrokerTest, DeleteRecordsMovesTheLogStartDurablyWithoutARecord) {
+  ASSERT_EQ(CreateTopic("trim", 2).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("trim", 0, Batch({"a", "b", "c"})).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("trim", 0, Batch({"d", "e"})).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("trim", 1, Batch({"x"})).error_code, ErrorCode::kNone);
+  ASSERT_OK(engine_->SettleNow());  // partition 0's first batch is in a segment, the rest too
+  ASSERT_EQ(Produce("trim", 0, Batch({"f"})).error_code, ErrorCode::kNone);  // still in the WAL
+  auto del = [&](DeleteRecordsRequest m, int16_t v = 1) { return Call(m, v, DecodeDeleteRecordsResponse); };
+
+  for (int16_t v = 0; v <= 1; ++v) {
+    SCOPED_TRACE("v" + std::to_string(v));
+    auto resp = del(DeleteRecordsRequest{{{"trim", {{0, 2}, {1, 5}, {2, 0}, {-1, 0}, {0, -7}}}, {"nope", {{0, 0}}}},
+                                         1000},
+                    v);
+    ASSERT_EQ(resp.topics.size(), 2u);
+    ASSERT_EQ(resp.topics[0].partitions.size(), 5u);
+    EXPECT_EQ(resp.topics[0].partitions[0].error_code, ErrorCode::kNone);
+    EXPECT_EQ(resp.topics[0].partitions[0].low_watermark, 2);
+    EXPECT_EQ(resp.topics[0].partitions[1].error_code, ErrorCode::kOffsetOutOfRange);  // past the high watermark
+    EXPECT_EQ(resp.topics[0].partitions[1].low_watermark, -1);
+    EXPECT_EQ(resp.topics[0].partitions[2].error_code, ErrorCode::kUnknownTopicOrPartition);
+    EXPECT_EQ(resp.topics[0].partitions[3].error_code, ErrorCode::kUnknownTopicOrPartition);
+    EXPECT_EQ(resp.topics[0].partitions[4].error_code, ErrorCode::kOffsetOutOfRange);
+    EXPECT_EQ(resp.topics[1].partitions.at(0).error_code, ErrorCode::kUnknownTopicOrPartition);
+  }
+  // No record was added, the start moved, and a fetch below it is out of range.
+  EXPECT_EQ(Latest("trim", 0), 6);
+  EXPECT_EQ(Earliest("trim", 0), 2);
+  EXPECT_EQ(Earliest("trim", 1), 0);
+  auto below = Call(FetchReq("trim", {{0, 1}}), 11, DecodeFetchResponse);
+  EXPECT_EQ(below.responses.at(0).partitions.at(0).error_code, ErrorCode::kOffsetOutOfRange);
+  EXPECT_EQ(below.responses.at(0).partitions.at(0).log_start_offset, 2);
+  // Lower is a no-op; -1 is the high watermark, here into the unsettled part.
+  auto resp = del(DeleteRecordsRequest{{{"trim", {{0, 1}}}}, 1000});
+  EXPECT_EQ(resp.topics.at(0).partitions.at(0).low_watermark, 2);
+  resp = del(DeleteRecordsRequest{{{"trim", {{1, -1}}}}, 1000});
+  EXPECT_EQ(resp.topics.at(0).partitions.at(0).low_watermark, 1);
+  resp = del(DeleteRecordsRequest{{{"trim", {{0, 5}}}}, 1000});
+  EXPECT_EQ(resp.topics.at(0).partitions.at(0).low_watermark, 5);
+
+  // A settle cycle after the trim keeps it, and so does a restart.
+  ASSERT_EQ(Produce("trim", 0, Batch({"g"})).error_code, ErrorCode::kNone);
+  ASSERT_OK(engine_->SettleNow());
+  RestartAll();
+  EXPECT_EQ(Earliest("trim", 0), 5);
+  EXPECT_EQ(Earliest("trim", 1), 1);
+  EXPECT_EQ(Latest("trim", 0), 7);
+  auto pd = Fetch("trim", 0, 5);
+  EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+  EXPECT_EQ(pd.log_start_offset, 5);
+  EXPECT_EQ(Produce("trim", 0, Batch({"h"})).base_offset, 7);
+}
+
+TEST_F(BrokerTest, AlterConfigsReplacesATopicsConfigs) {
+  ASSERT_EQ(CreateTopic("alter", 2, 1, {{"retention.ms", "3600000"}, {"segment.bytes", "1048576"}}).error_code,
+            ErrorCode::kNone);
+  ASSERT_EQ(CreateTopic("other", 1).error_code, ErrorCode::kNone);
+  auto alter = [&](AlterConfigsRequest m, int16_t v = 1) { return Call(m, v, DecodeAlterConfigsResponse); };
+  auto stream_config = [&](int b) { return engine_->GetStream(kKafkaBasin, "alter/" + std::to_string(b))->info.config; };
+
+  // Refused, changing nothing: an unknown or invalid config, a broker, a
+  // missing topic, a resource named twice, an unknown resource type.
+  auto resp = alter(AlterConfigsRequest{{{kConfigResourceTopic, "alter", {{"retention.ms", "-5"}}},
+                                         {kConfigResourceTopic, "other", {{"no.such.config", "1"}}},
+                                         {kConfigResourceBroker, std::to_string(kNodeId), {{"num.partitions", "3"}}},
+                                         {kConfigResourceTopic, "missing", {{"retention.ms", "1000"}}},
+                                         {kConfigResourceTopic, "twice", {}},
+                                         {kConfigResourceTopic, "twice", {}},
+                                         {9, "x", {}},
+                                         {kConfigResourceTopic, "other",
+                                          {{"retention.ms", "1000"}, {"retention.ms", "2000"}}},
+                                         {kConfigResourceTopic, "other", {{"cleanup.policy", "compact"}}}},
+                                        false});
+  ASSERT_EQ(resp.responses.size(), 9u);
+  EXPECT_EQ(resp.responses[0].error_code, ErrorCode::kInvalidConfig);
+  EXPECT_EQ(resp.responses[0].resource_name, "alter");
+  EXPECT_EQ(resp.responses[1].error_code, ErrorCode::kInvalidRequest);  // "other" is named more than once
+  EXPECT_EQ(resp.responses[2].error_code, ErrorCode::kInvalidConfig);
+  EXPECT_EQ(resp.responses[3].error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(resp.responses[4].error_code, ErrorCode::kInvalidRequest);
+  EXPECT_EQ(resp.responses[6].error_code, ErrorCode::kInvalidRequest);
+  EXPECT_EQ(stream_config(0).retention_age_s, 3600);
+  resp = alter(AlterConfigsRequest{{{kConfigResourceTopic, "other", {{"retention.ms", "1000"}, {"retention.ms", "2"}}}},
+                                   false});
+  EXPECT_EQ(resp.responses.at(0).error_code, ErrorCode::kInvalidConfig);
+  resp = alter(AlterConfigsRequest{{{kConfigResourceTopic, "other", {{"cleanup.policy", "compact"}}}}, false});
+  EXPECT_EQ(resp.responses.at(0).error_code, ErrorCode::kInvalidConfig);
+  // validate_only changes nothing.
+  resp = alter(AlterConfigsRequest{{{kConfigResourceTopic, "alter", {{"retention.ms", "-1"}}}}, true}, 0);
+  EXPECT_EQ(resp.responses.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(stream_config(1).retention_age_s, 3600);
+
+  // The new set replaces the old one: retention.ms goes back to its default,
+  // every partition takes the new timestamp type, and DescribeConfigs shows it.
+  resp = alter(AlterConfigsRequest{{{kConfigResourceTopic, "alter",
+                                     {{"message.timestamp.type", "LogAppendTime"}, {"max.message.bytes", "2048"}}}},
+                                   false});
+  ASSERT_EQ(resp.responses.at(0).error_code, ErrorCode::kNone);
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_EQ(stream_config(b).retention_age_s, metastore::StreamConfig{}.retention_age_s);
+    EXPECT_EQ(stream_config(b).timestamping, metastore::TimestampingMode::kArrival);
+  }
+  // max.message.bytes applies at once.
+  EXPECT_EQ(Produce("alter", 0, Batch({std::string(4096, 'x')})).error_code, ErrorCode::kMessageTooLarge);
+  DescribeConfigsRequest d;
+  d.resources = {{kConfigResourceTopic, "alter", std::nullopt}};
+  auto described = Call(d, 1, DecodeDescribeConfigsResponse);
+  std::map<std::string, std::optional<std::string>> values;
+  for (const auto& e : described.results.at(0).configs) values[e.name] = e.value;
+  EXPECT_EQ(values["message.timestamp.type"], "LogAppendTime");
+  EXPECT_EQ(values["max.message.bytes"], "2048");
+  EXPECT_EQ(values["retention.ms"], std::to_string(7 * 24 * 3600 * 1000LL));
+  EXPECT_EQ(values.count("segment.bytes"), 0u);  // no longer set
+
+  RestartAll();
+  EXPECT_EQ(stream_config(1).timestamping, metastore::TimestampingMode::kArrival);
+  EXPECT_EQ(Produce("alter", 1, Batch({std::string(4096, 'x')})).error_code, ErrorCode::kMessageTooLarge);
+  EXPECT_EQ(Produce("alter", 1, Batch({"small"})).error_code, ErrorCode::kNone);
 }
 
 TEST_F(BrokerTest, DeleteTopicsRemovesThePartitionStreams) {

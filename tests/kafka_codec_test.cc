@@ -328,7 +328,7 @@ TEST(KafkaApiTable, Lookup) {
   EXPECT_FALSE(IsSupported(18, 3));
   int count = 0;
   samples::ForEachApiVersion([&](ApiKey, int16_t) { ++count; });
-  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 3 + 2 + 2);
+  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 3 + 2 + 2 + 2 + 2);
 }
 
 // ---- Round trips ----------------------------------------------------------------
@@ -536,6 +536,16 @@ void ResponseRoundTrip(ApiKey key, int16_t v) {
     case ApiKey::kDeleteGroups: {
       DeleteGroupsResponse m{5, {{"g1", ErrorCode::kNone}, {"g2", ErrorCode::kNonEmptyGroup}}};
       return ExpectResponseRoundTrip(m, v, EncodeDeleteGroupsResponse, DecodeDeleteGroupsResponse);
+    }
+    case ApiKey::kDeleteRecords: {
+      DeleteRecordsResponse m{4, {{"orders", {{0, 17, ErrorCode::kNone}, {3, -1, ErrorCode::kOffsetOutOfRange}}},
+                                  {"gone", {{0, -1, ErrorCode::kUnknownTopicOrPartition}}}}};
+      return ExpectResponseRoundTrip(m, v, EncodeDeleteRecordsResponse, DecodeDeleteRecordsResponse);
+    }
+    case ApiKey::kAlterConfigs: {
+      AlterConfigsResponse m{3, {{ErrorCode::kNone, std::nullopt, kConfigResourceTopic, "orders"},
+                                 {ErrorCode::kInvalidConfig, "read-only", kConfigResourceBroker, "1"}}};
+      return ExpectResponseRoundTrip(m, v, EncodeAlterConfigsResponse, DecodeAlterConfigsResponse);
     }
     case ApiKey::kCreatePartitions: {
       CreatePartitionsResponse m{7, {{"orders", ErrorCode::kNone, std::nullopt},
@@ -818,7 +828,7 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
   std::string want = Hex(
       "00000009"  // correlation_id
       "0023"      // error_code 35 UNSUPPORTED_VERSION
-      "00000014"  // 20 APIs
+      "00000016"  // 22 APIs
       "0000 0000 0007"  // Produce: decoded from v3, advertised from v0
       "0001 0000 000b"  // Fetch: decoded from v4
       "0002 0000 0003"
@@ -835,8 +845,10 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
       "0012 0000 0002"
       "0013 0000 0004"
       "0014 0000 0003"
+      "0015 0000 0001"    // DeleteRecords
       "0016 0000 0001"
       "0020 0000 0002"    // DescribeConfigs
+      "0021 0000 0001"    // AlterConfigs
       "0025 0000 0001"    // CreatePartitions
       "002a 0000 0001");  // DeleteGroups
   EXPECT_EQ(ToHex(got), ToHex(want));

@@ -151,6 +151,15 @@ inline RequestBody Request(ApiKey key, int16_t v) {
       return ListGroupsRequest{};
     case ApiKey::kDeleteGroups:
       return DeleteGroupsRequest{{"g1", "g2"}};
+    case ApiKey::kDeleteRecords:
+      return DeleteRecordsRequest{{{"orders", {{0, 17}, {1, -1}}}, {"events", {}}}, 30000};
+    case ApiKey::kAlterConfigs: {
+      AlterConfigsRequest m;
+      m.resources = {{kConfigResourceTopic, "orders", {{"retention.ms", "3600000"}, {"cleanup.policy", std::nullopt}}},
+                     {kConfigResourceBroker, "1", {}}};
+      m.validate_only = true;
+      return m;
+    }
     case ApiKey::kCreatePartitions: {
       CreatePartitionsRequest m;
       m.topics = {{"orders", 6, std::nullopt}, {"events", 3, std::vector<std::vector<int32_t>>{{1}, {1, 2}}}};

@@ -822,6 +822,46 @@ TEST_P(MetastoreConformance, CommitSettleMakesEverythingVisible) {
   EXPECT_EQ(m().GetStreamState(c)->settled_offset, 9u);
 }
 
+TEST_P(MetastoreConformance, RaisedTrimPointsNeverGoDown) {
+  const uint64_t a = MakeStream("b", "a");
+  MintTo("n1", 1);
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1}, {Seg(a, 0, 10)}, {State(a, 10)}));  // trim 5
+  ASSERT_OK(m().RaiseTrimPoint(a, 8));
+  EXPECT_EQ(m().GetStreamState(a)->trim_point, 8u);
+  ASSERT_OK(m().RaiseTrimPoint(a, 3));  // lower: no change
+  EXPECT_EQ(m().GetStreamState(a)->trim_point, 8u);
+  // A settle cycle that folded only command records (trim 7 here) keeps the raised point.
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(a, 10, 14)}, {State(a, 14)}));
+  ASSERT_OK_AND_ASSIGN(StreamState st, m().GetStreamState(a));
+  EXPECT_EQ(st.trim_point, 8u);
+  EXPECT_EQ(st.settled_offset, 14u);
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 2}, {1, 3}, {Seg(a, 14, 20)}, {State(a, 20)}));  // trim 10
+  EXPECT_EQ(m().GetStreamState(a)->trim_point, 10u);
+  EXPECT_EQ(m().RaiseTrimPoint(a + 100, 1).code(), Code::kNotFound);
+}
+
+TEST_P(MetastoreConformance, UpdateTableConfigChangesTheBlobAndStreamsTogether) {
+  const auto made = MakeTable("b1", "topic", 2);
+  const uint64_t id = made.first.id;
+  ASSERT_OK_AND_ASSIGN(StreamInfo s0, m().GetStream("b1", BucketStreamName("topic", 0)));
+  ASSERT_OK_AND_ASSIGN(StreamInfo s1, m().GetStream("b1", BucketStreamName("topic", 1)));
+  StreamConfig cfg;
+  cfg.retention_age_s = 0;
+  cfg.timestamping = TimestampingMode::kArrival;
+  ASSERT_OK(m().UpdateTableConfig(id, "{\"retention.ms\":\"-1\"}", {{s0.id, cfg}, {s1.id, cfg}}));
+  EXPECT_EQ(m().GetTable("b1", "topic")->config, "{\"retention.ms\":\"-1\"}");
+  EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 1))->config, cfg);
+  // A missing stream or table, or an invalid config, changes nothing.
+  StreamConfig bad = cfg;
+  bad.retention_age_s = -3;
+  EXPECT_EQ(m().UpdateTableConfig(id, "{}", {{s0.id, StreamConfig{}}, {s1.id + 1000, StreamConfig{}}}).code(),
+            Code::kNotFound);
+  EXPECT_EQ(m().UpdateTableConfig(id, "{}", {{s0.id, bad}}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().UpdateTableConfig(id + 1000, "{}", {}).code(), Code::kNotFound);
+  EXPECT_EQ(m().GetTable("b1", "topic")->config, "{\"retention.ms\":\"-1\"}");
+  EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 0))->config, cfg);
+}
+
 TEST_P(MetastoreConformance, CommitSettlePreconditionFailuresChangeNothing) {
   const uint64_t a = MakeStream("b", "a");
   MintTo("n1", 2);

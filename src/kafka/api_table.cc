@@ -35,6 +35,8 @@ Status DecodeBody(Reader& r, ApiKey key, int16_t version, RequestBody* body) {
     case ApiKey::kDeleteGroups: return DecodeAs(DecodeDeleteGroupsRequest, r, version, body);
     case ApiKey::kDescribeConfigs: return DecodeAs(DecodeDescribeConfigsRequest, r, version, body);
     case ApiKey::kCreatePartitions: return DecodeAs(DecodeCreatePartitionsRequest, r, version, body);
+    case ApiKey::kDeleteRecords: return DecodeAs(DecodeDeleteRecordsRequest, r, version, body);
+    case ApiKey::kAlterConfigs: return DecodeAs(DecodeAlterConfigsRequest, r, version, body);
   }
   return Internal("kafka: api key {} is in the table but has no decoder", static_cast<int>(key));
 }
@@ -62,6 +64,8 @@ struct KeyOf {
   ApiKey operator()(const DeleteGroupsRequest&) const { return ApiKey::kDeleteGroups; }
   ApiKey operator()(const DescribeConfigsRequest&) const { return ApiKey::kDescribeConfigs; }
   ApiKey operator()(const CreatePartitionsRequest&) const { return ApiKey::kCreatePartitions; }
+  ApiKey operator()(const DeleteRecordsRequest&) const { return ApiKey::kDeleteRecords; }
+  ApiKey operator()(const AlterConfigsRequest&) const { return ApiKey::kAlterConfigs; }
 };
 
 struct EncodeBody {
@@ -87,6 +91,8 @@ struct EncodeBody {
   void operator()(const DeleteGroupsRequest& m) const { EncodeDeleteGroupsRequest(m, v, w); }
   void operator()(const DescribeConfigsRequest& m) const { EncodeDescribeConfigsRequest(m, v, w); }
   void operator()(const CreatePartitionsRequest& m) const { EncodeCreatePartitionsRequest(m, v, w); }
+  void operator()(const DeleteRecordsRequest& m) const { EncodeDeleteRecordsRequest(m, v, w); }
+  void operator()(const AlterConfigsRequest& m) const { EncodeAlterConfigsRequest(m, v, w); }
 };
 
 }  // namespace

@@ -36,8 +36,10 @@ enum class ApiKey : int16_t {
   kApiVersions = 18,
   kCreateTopics = 19,
   kDeleteTopics = 20,
+  kDeleteRecords = 21,
   kInitProducerId = 22,
   kDescribeConfigs = 32,
+  kAlterConfigs = 33,
   kCreatePartitions = 37,
   kDeleteGroups = 42,
 };
@@ -76,8 +78,10 @@ inline constexpr ApiInfo kSupportedApis[] = {
     {18,  "ApiVersions",     0,  2,   0},
     {19,  "CreateTopics",    0,  4,   0},
     {20,  "DeleteTopics",    0,  3,   0},
+    {21,  "DeleteRecords",   0,  1,   0},
     {22,  "InitProducerId",  0,  1,   0},
     {32,  "DescribeConfigs", 0,  2,   0},
+    {33,  "AlterConfigs",    0,  1,   0},
     {37,  "CreatePartitions", 0, 1,   0},
     {42,  "DeleteGroups",    0,  1,   0},
 };
@@ -104,7 +108,7 @@ using RequestBody =
                  OffsetFetchRequest, FindCoordinatorRequest, JoinGroupRequest, HeartbeatRequest, LeaveGroupRequest,
                  SyncGroupRequest, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
                  InitProducerIdRequest, DescribeGroupsRequest, ListGroupsRequest, DeleteGroupsRequest,
-                 DescribeConfigsRequest, CreatePartitionsRequest>;
+                 DescribeConfigsRequest, CreatePartitionsRequest, DeleteRecordsRequest, AlterConfigsRequest>;
 
 struct DecodedRequest {
   RequestHeader header;

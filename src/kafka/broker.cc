@@ -185,6 +185,8 @@ void Broker::Dispatch(const std::shared_ptr<Request>& req) {
     case ApiKey::kDeleteGroups:    return ordered(&Broker::DeleteGroups);
     case ApiKey::kDescribeConfigs: return ordered(&Broker::DescribeConfigs);
     case ApiKey::kCreatePartitions: return ordered(&Broker::CreatePartitions);
+    case ApiKey::kDeleteRecords:   return ordered(&Broker::DeleteRecords);
+    case ApiKey::kAlterConfigs:    return ordered(&Broker::AlterConfigs);
   }
   req->reply->Close();
 }
@@ -873,11 +875,139 @@ void Broker::CreatePartitions(const std::shared_ptr<Request>& req) {
   Send(req, resp, EncodeCreatePartitionsResponse);
 }
 
+// ---- DeleteRecords ------------------------------------------------------------
+// Moves a partition's log start offset up: the partition stream's trim point,
+// stored in the metastore before the answer, with no record added to the log
+// (Engine::TrimTo). Offset -1 means the high watermark; past it is
+// OFFSET_OUT_OF_RANGE, as on Kafka.
+
+// Runs on a worker thread (metastore writes).
+void Broker::DeleteRecords(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<DeleteRecordsRequest>();
+  DeleteRecordsResponse resp;
+  for (auto& t : in.topics) {
+    DeleteRecordsTopicResult tr;
+    tr.name = t.name;
+    auto table = engine_->GetTable(options_.basin, t.name);
+    for (auto& p : t.partitions) {
+      DeleteRecordsPartitionResult pr;
+      pr.partition_index = p.partition_index;
+      pr.low_watermark = -1;
+      if (!table.ok() && table.status().code() != Code::kNotFound) {
+        pr.error_code = ErrorCode::kUnknownServerError;
+      } else if (!table.ok() || p.partition_index < 0 ||
+                 static_cast<uint32_t>(p.partition_index) >= table->bucket_count) {
+        pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+      } else if (p.offset < -1) {
+        pr.error_code = ErrorCode::kOffsetOutOfRange;
+      } else {
+        const std::string stream = metastore::BucketStreamName(t.name, static_cast<uint32_t>(p.partition_index));
+        Result<uint64_t> low = OutOfRange("unset");
+        if (p.offset == -1) {
+          auto offs = engine_->Offsets(options_.basin, stream);
+          low = offs.ok() ? engine_->TrimTo(options_.basin, stream, offs->tail) : Result<uint64_t>(offs.status());
+        } else {
+          low = engine_->TrimTo(options_.basin, stream, static_cast<uint64_t>(p.offset));
+        }
+        if (low.ok()) {
+          pr.low_watermark = static_cast<int64_t>(*low);
+          Log().info("kafka: records of {}-{} below {} deleted", t.name, p.partition_index, *low);
+        } else if (low.status().code() == Code::kOutOfRange) {
+          pr.error_code = ErrorCode::kOffsetOutOfRange;
+        } else if (low.status().code() == Code::kNotFound) {
+          pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+        } else {
+          Log().warn("kafka: deleting records of {}-{}: {}", t.name, p.partition_index, low.status().ToString());
+          pr.error_code = ErrorCode::kKafkaStorageError;
+        }
+      }
+      tr.partitions.push_back(pr);
+    }
+    resp.topics.push_back(std::move(tr));
+  }
+  Send(req, resp, EncodeDeleteRecordsResponse);
+}
+
+// ---- AlterConfigs -------------------------------------------------------------
+// Replaces a topic's configs with the given set, as Kafka's (non-incremental)
+// AlterConfigs does: a config it leaves out goes back to its default. The
+// values weir applies (retention.ms, message.timestamp.type) change every
+// partition stream's config, in the same metastore transaction that stores
+// the set in the topic's catalog entry. Broker configs come from the flags of
+// `weir serve` and are not changed here.
+
+// Runs on a worker thread (metastore writes).
+void Broker::AlterConfigs(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<AlterConfigsRequest>();
+  AlterConfigsResponse resp;
+  std::map<std::pair<int8_t, std::string>, int> seen;
+  for (auto& res : in.resources) seen[{res.resource_type, res.resource_name}]++;
+  for (auto& res : in.resources) {
+    AlterConfigsResult out;
+    out.resource_type = res.resource_type;
+    out.resource_name = res.resource_name;
+    auto fail = [&](ErrorCode code, std::string message) {
+      out.error_code = code;
+      out.error_message = std::move(message);
+    };
+    metastore::StreamConfig cfg;  // as CreateTopics starts from
+    cfg.timestamping = metastore::TimestampingMode::kClientPrefer;
+    cfg.uncapped_timestamps = true;
+    nlohmann::json config = nlohmann::json::object();
+    if (seen[{res.resource_type, res.resource_name}] > 1) {
+      fail(ErrorCode::kInvalidRequest, "the resource is named more than once in the request");
+    } else if (res.resource_type == kConfigResourceBroker) {
+      fail(ErrorCode::kInvalidConfig, "broker configs are set by the flags of weir serve and cannot be changed here");
+    } else if (res.resource_type != kConfigResourceTopic) {
+      fail(ErrorCode::kInvalidRequest, fmt::format("config resource type {} is not supported (2: topic, 4: broker)",
+                                                   static_cast<int>(res.resource_type)));
+    } else {
+      for (auto& c : res.configs) {
+        Status st = config.contains(c.name) ? InvalidArgument("config {} is named more than once", c.name)
+                                            : ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes);
+        if (!st.ok()) {
+          fail(ErrorCode::kInvalidConfig, st.message());
+          break;
+        }
+        config[c.name] = c.value ? nlohmann::json(*c.value) : nlohmann::json(nullptr);
+      }
+    }
+    if (out.error_code == ErrorCode::kNone) {
+      std::lock_guard lk(create_mu_);
+      auto table = engine_->GetTable(options_.basin, res.resource_name);
+      if (!table.ok()) {
+        const bool missing = table.status().code() == Code::kNotFound;
+        fail(missing ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kUnknownServerError,
+             missing ? fmt::format("topic {} does not exist", res.resource_name) : table.status().ToString());
+      } else if (!in.validate_only) {
+        Status st = engine_->ReconfigureTable(options_.basin, res.resource_name, config.dump(),
+                                              [&](const metastore::StreamConfig& old) {
+                                                metastore::StreamConfig next = old;
+                                                next.retention_age_s = cfg.retention_age_s;
+                                                next.timestamping = cfg.timestamping;
+                                                next.uncapped_timestamps = cfg.uncapped_timestamps;
+                                                return next;
+                                              });
+        ForgetLimits(res.resource_name);  // max.message.bytes may have changed
+        if (!st.ok()) {
+          Log().warn("kafka: altering the configs of topic {}: {}", res.resource_name, st.ToString());
+          fail(ErrorCode::kUnknownServerError, st.message());
+        } else {
+          Log().info("kafka: topic {} configs now {}", res.resource_name, config.dump());
+        }
+      }
+    }
+    resp.responses.push_back(std::move(out));
+  }
+  Send(req, resp, EncodeAlterConfigsResponse);
+}
+
 // ---- DescribeConfigs ----------------------------------------------------------
 // Topic configs as they act: the values weir applies (retention.ms and
 // message.timestamp.type from the partition streams' config, the produce size
-// limit) and every other config the topic was created with, as stored. There
-// is no AlterConfigs, so every entry is read-only.
+// limit) and every other config the topic was created with or last altered
+// to, as stored. Topic entries can be changed with AlterConfigs; broker
+// entries are read-only.
 
 namespace {
 
@@ -983,7 +1113,7 @@ void Broker::DescribeConfigs(const std::shared_ptr<Request>& req) {
       DescribeConfigsEntry e;
       e.name = c.name;
       e.value = c.value;
-      e.read_only = true;
+      e.read_only = res.resource_type == kConfigResourceBroker;
       if (version == 0) {
         e.is_default = c.source == kConfigSourceDefault;
       } else {

@@ -121,6 +121,8 @@ class Broker : public FrameHandler {
   void DeleteGroups(const std::shared_ptr<Request>& req);
   void DescribeConfigs(const std::shared_ptr<Request>& req);
   void CreatePartitions(const std::shared_ptr<Request>& req);
+  void DeleteRecords(const std::shared_ptr<Request>& req);
+  void AlterConfigs(const std::shared_ptr<Request>& req);
 
   // The partition count of a topic, creating it with `partitions` if it is
   // missing and partitions > 0. kNotFound if missing (and not created).

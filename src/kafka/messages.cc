@@ -1202,4 +1202,110 @@ Status DecodeCreatePartitionsResponse(Reader& r, int16_t /*version*/, CreatePart
   return r.Finish();
 }
 
+// ---- DeleteRecords ----------------------------------------------------------------
+
+Status DecodeDeleteRecordsRequest(Reader& r, int16_t /*version*/, DeleteRecordsRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "DeleteRecordsRequest");
+  ReadArray(r, "topics", kStr + kArr, &out->topics, [&](DeleteRecordsTopic& t) {
+    t.name = r.String("name");
+    ReadArray(r, "partitions", kI32 + kI64, &t.partitions, [&](DeleteRecordsPartition& p) {
+      p.partition_index = r.Int32("partition_index");
+      p.offset = r.Int64("offset");
+    });
+  });
+  out->timeout_ms = r.Int32("timeout_ms");
+  return r.Finish();
+}
+
+void EncodeDeleteRecordsRequest(const DeleteRecordsRequest& m, int16_t /*version*/, Writer& w) {
+  WriteArray(w, m.topics, [&](const DeleteRecordsTopic& t) {
+    w.String(t.name);
+    WriteArray(w, t.partitions, [&](const DeleteRecordsPartition& p) {
+      w.Int32(p.partition_index);
+      w.Int64(p.offset);
+    });
+  });
+  w.Int32(m.timeout_ms);
+}
+
+void EncodeDeleteRecordsResponse(const DeleteRecordsResponse& m, int16_t /*version*/, Writer& w) {
+  w.Int32(m.throttle_time_ms);
+  WriteArray(w, m.topics, [&](const DeleteRecordsTopicResult& t) {
+    w.String(t.name);
+    WriteArray(w, t.partitions, [&](const DeleteRecordsPartitionResult& p) {
+      w.Int32(p.partition_index);
+      w.Int64(p.low_watermark);
+      WriteErrorCode(w, p.error_code);
+    });
+  });
+}
+
+Status DecodeDeleteRecordsResponse(Reader& r, int16_t /*version*/, DeleteRecordsResponse* out) {
+  *out = {};
+  Reader::Scope root(r, "DeleteRecordsResponse");
+  out->throttle_time_ms = r.Int32("throttle_time_ms");
+  ReadArray(r, "topics", kStr + kArr, &out->topics, [&](DeleteRecordsTopicResult& t) {
+    t.name = r.String("name");
+    ReadArray(r, "partitions", kI32 + kI64 + kI16, &t.partitions, [&](DeleteRecordsPartitionResult& p) {
+      p.partition_index = r.Int32("partition_index");
+      p.low_watermark = r.Int64("low_watermark");
+      p.error_code = ReadErrorCode(r);
+    });
+  });
+  return r.Finish();
+}
+
+// ---- AlterConfigs -----------------------------------------------------------------
+
+Status DecodeAlterConfigsRequest(Reader& r, int16_t /*version*/, AlterConfigsRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "AlterConfigsRequest");
+  ReadArray(r, "resources", 1 + kStr + kArr, &out->resources, [&](AlterConfigsResource& res) {
+    res.resource_type = r.Int8("resource_type");
+    res.resource_name = r.String("resource_name");
+    ReadArray(r, "configs", kStr + kStr, &res.configs, [&](AlterConfigsEntry& c) {
+      c.name = r.String("name");
+      c.value = r.NullableString("value");
+    });
+  });
+  out->validate_only = r.Bool("validate_only");
+  return r.Finish();
+}
+
+void EncodeAlterConfigsRequest(const AlterConfigsRequest& m, int16_t /*version*/, Writer& w) {
+  WriteArray(w, m.resources, [&](const AlterConfigsResource& res) {
+    w.Int8(res.resource_type);
+    w.String(res.resource_name);
+    WriteArray(w, res.configs, [&](const AlterConfigsEntry& c) {
+      w.String(c.name);
+      w.NullableString(c.value);
+    });
+  });
+  w.Bool(m.validate_only);
+}
+
+void EncodeAlterConfigsResponse(const AlterConfigsResponse& m, int16_t /*version*/, Writer& w) {
+  w.Int32(m.throttle_time_ms);
+  WriteArray(w, m.responses, [&](const AlterConfigsResult& res) {
+    WriteErrorCode(w, res.error_code);
+    w.NullableString(res.error_message);
+    w.Int8(res.resource_type);
+    w.String(res.resource_name);
+  });
+}
+
+Status DecodeAlterConfigsResponse(Reader& r, int16_t /*version*/, AlterConfigsResponse* out) {
+  *out = {};
+  Reader::Scope root(r, "AlterConfigsResponse");
+  out->throttle_time_ms = r.Int32("throttle_time_ms");
+  ReadArray(r, "responses", kI16 + kStr + 1 + kStr, &out->responses, [&](AlterConfigsResult& res) {
+    res.error_code = ReadErrorCode(r);
+    res.error_message = r.NullableString("error_message");
+    res.resource_type = r.Int8("resource_type");
+    res.resource_name = r.String("resource_name");
+  });
+  return r.Finish();
+}
+
 }  // namespace weir::kafka

@@ -778,4 +778,79 @@ void EncodeCreatePartitionsRequest(const CreatePartitionsRequest& m, int16_t ver
 void EncodeCreatePartitionsResponse(const CreatePartitionsResponse& m, int16_t version, Writer& w);
 Status DecodeCreatePartitionsResponse(Reader& r, int16_t version, CreatePartitionsResponse* out);
 
+// ---- DeleteRecords (key 21), v0-1 ------------------------------------------------
+
+struct DeleteRecordsPartition {
+  int32_t partition_index = 0;
+  int64_t offset = 0;  // delete records below this; -1: the high watermark
+  bool operator==(const DeleteRecordsPartition&) const = default;
+};
+struct DeleteRecordsTopic {
+  std::string name;
+  std::vector<DeleteRecordsPartition> partitions;
+  bool operator==(const DeleteRecordsTopic&) const = default;
+};
+struct DeleteRecordsRequest {
+  std::vector<DeleteRecordsTopic> topics;
+  int32_t timeout_ms = 0;
+  bool operator==(const DeleteRecordsRequest&) const = default;
+};
+struct DeleteRecordsPartitionResult {
+  int32_t partition_index = 0;
+  int64_t low_watermark = 0;
+  ErrorCode error_code = ErrorCode::kNone;
+  bool operator==(const DeleteRecordsPartitionResult&) const = default;
+};
+struct DeleteRecordsTopicResult {
+  std::string name;
+  std::vector<DeleteRecordsPartitionResult> partitions;
+  bool operator==(const DeleteRecordsTopicResult&) const = default;
+};
+struct DeleteRecordsResponse {
+  int32_t throttle_time_ms = 0;
+  std::vector<DeleteRecordsTopicResult> topics;
+  bool operator==(const DeleteRecordsResponse&) const = default;
+};
+
+Status DecodeDeleteRecordsRequest(Reader& r, int16_t version, DeleteRecordsRequest* out);
+void EncodeDeleteRecordsRequest(const DeleteRecordsRequest& m, int16_t version, Writer& w);
+void EncodeDeleteRecordsResponse(const DeleteRecordsResponse& m, int16_t version, Writer& w);
+Status DecodeDeleteRecordsResponse(Reader& r, int16_t version, DeleteRecordsResponse* out);
+
+// ---- AlterConfigs (key 33), v0-1 -------------------------------------------------
+
+struct AlterConfigsEntry {
+  std::string name;
+  std::optional<std::string> value;
+  bool operator==(const AlterConfigsEntry&) const = default;
+};
+struct AlterConfigsResource {
+  int8_t resource_type = 0;  // kConfigResourceTopic or kConfigResourceBroker
+  std::string resource_name;
+  std::vector<AlterConfigsEntry> configs;  // the resource's whole new set
+  bool operator==(const AlterConfigsResource&) const = default;
+};
+struct AlterConfigsRequest {
+  std::vector<AlterConfigsResource> resources;
+  bool validate_only = false;
+  bool operator==(const AlterConfigsRequest&) const = default;
+};
+struct AlterConfigsResult {
+  ErrorCode error_code = ErrorCode::kNone;
+  std::optional<std::string> error_message;
+  int8_t resource_type = 0;
+  std::string resource_name;
+  bool operator==(const AlterConfigsResult&) const = default;
+};
+struct AlterConfigsResponse {
+  int32_t throttle_time_ms = 0;
+  std::vector<AlterConfigsResult> responses;
+  bool operator==(const AlterConfigsResponse&) const = default;
+};
+
+Status DecodeAlterConfigsRequest(Reader& r, int16_t version, AlterConfigsRequest* out);
+void EncodeAlterConfigsRequest(const AlterConfigsRequest& m, int16_t version, Writer& w);
+void EncodeAlterConfigsResponse(const AlterConfigsResponse& m, int16_t version, Writer& w);
+Status DecodeAlterConfigsResponse(Reader& r, int16_t version, AlterConfigsResponse* out);
+
 }  // namespace weir::kafka

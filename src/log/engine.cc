@@ -380,6 +380,22 @@ Status Engine::ReconfigureStream(const std::string& basin, const std::string& na
   return Status::Ok();
 }
 
+Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& name, uint64_t offset) {
+  WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
+  {
+    std::lock_guard lk(s->mu);
+    if (s->deleted) return NotFound("stream \"{}\" was deleted", name);
+    if (offset > s->tail) return OutOfRange("offset {} is past the tail {}", offset, s->tail);
+    if (offset <= s->live.trim_point) return LogStart(*s);
+  }
+  // Stored first (settle commits never lower it), then applied: reads stop
+  // returning the records only once the trim survives a restart.
+  WEIR_RETURN_IF_ERROR(meta_->RaiseTrimPoint(s->info.id, offset));
+  std::lock_guard lk(s->mu);
+  s->live.trim_point = std::max(s->live.trim_point, offset);
+  return LogStart(*s);
+}
+
 Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteStream(s->info.id));
@@ -471,6 +487,27 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
   WEIR_ASSIGN_OR_RETURN(auto added, meta_->AddBuckets(table.id, new_bucket_count, first.info.config, WallMillis()));
   Register(added.second);
   return added.first;
+}
+
+Status Engine::ReconfigureTable(const std::string& basin, const std::string& name, const std::string& config,
+                                const std::function<metastore::StreamConfig(const metastore::StreamConfig&)>& apply) {
+  std::lock_guard tables(tables_mu_);
+  std::lock_guard config_lk(config_mu_);
+  WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
+  std::vector<std::shared_ptr<Stream>> buckets;
+  std::vector<std::pair<uint64_t, metastore::StreamConfig>> configs;
+  for (uint32_t b = 0; b < table.bucket_count; ++b) {
+    WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, metastore::BucketStreamName(name, b)));
+    std::lock_guard lk(s->mu);
+    configs.emplace_back(s->info.id, apply(s->info.config));
+    buckets.push_back(std::move(s));
+  }
+  WEIR_RETURN_IF_ERROR(meta_->UpdateTableConfig(table.id, config, configs));
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    std::lock_guard lk(buckets[i]->mu);
+    buckets[i]->info.config = configs[i].second;
+  }
+  return Status::Ok();
 }
 
 Status Engine::DeleteTable(const std::string& basin, const std::string& name) {

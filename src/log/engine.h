@@ -203,6 +203,11 @@ class Engine {
   Result<std::vector<metastore::StreamInfo>> ListStreams(const std::string& basin, const std::string& prefix,
                                                          const std::string& start_after, size_t limit);
   Status ReconfigureStream(const std::string& basin, const std::string& name, const metastore::StreamConfig& config);
+  // Trims the stream below `offset` without a command record (Kafka
+  // DeleteRecords): durable in the metastore before it returns; never lowers
+  // the trim point. kOutOfRange if `offset` is past the acknowledged tail.
+  // Returns the first offset the stream holds afterwards.
+  Result<uint64_t> TrimTo(const std::string& basin, const std::string& name, uint64_t offset);
   Status DeleteStream(const std::string& basin, const std::string& name);
 
   // Tables (DESIGN.md §9): a table's buckets are streams named
@@ -219,6 +224,10 @@ class Engine {
   // CreatePartitions). Errors as Metastore::AddBuckets.
   Result<metastore::TableInfo> AddTableBuckets(const std::string& basin, const std::string& name,
                                                uint32_t new_bucket_count);
+  // Replaces a table's config blob and sets each bucket stream's config to
+  // `apply(its config)`, in one metastore transaction (Kafka AlterConfigs).
+  Status ReconfigureTable(const std::string& basin, const std::string& name, const std::string& config,
+                          const std::function<metastore::StreamConfig(const metastore::StreamConfig&)>& apply);
 
   // Appends a batch of records; `done` runs once the batch is durable (or failed).
   void AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,

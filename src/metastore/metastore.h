@@ -221,6 +221,9 @@ class Metastore {
   virtual Result<std::vector<StreamInfo>> ListStreams(std::string_view basin, std::string_view prefix,
                                                       std::string_view start_after, size_t limit) = 0;
   virtual Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) = 0;  // kNotFound
+  // Raises a stream's stored trim point to `trim_point` (never lowers it):
+  // a trim made without a command record (Kafka DeleteRecords). kNotFound.
+  virtual Status RaiseTrimPoint(uint64_t id, uint64_t trim_point) = 0;
   // Removes the stream, its state and its segment rows in one transaction and
   // returns the segment object keys so the caller can delete the objects.
   // kNotFound if missing; kPreconditionFailed if the stream backs a bucket of
@@ -264,6 +267,12 @@ class Metastore {
   // unless bucket_count < new_bucket_count <= kMaxTableBuckets, or for an
   // invalid stream_config; kNotFound if the table is missing; kAlreadyExists
   // if a new bucket's stream name is taken (nothing changes).
+  // Replaces a table's config blob and, in the same transaction, the config
+  // of the given streams (its bucket streams: Kafka AlterConfigs). kNotFound
+  // if the table or a stream is missing, kInvalidArgument for an invalid
+  // stream config; either way nothing changes.
+  virtual Status UpdateTableConfig(uint64_t table_id, std::string_view config,
+                                   const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) = 0;
   virtual Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id,
                                                                            uint32_t new_bucket_count,
                                                                            const StreamConfig& stream_config,
@@ -304,7 +313,8 @@ class Metastore {
   virtual Result<uint64_t> AllocateProducerId() = 0;
 
   // One settle cycle, one transaction: inserts `segments`, replaces the given
-  // stream states, and moves the node's checkpoint from `expected` to `next`.
+  // stream states (a state's trim point never lowers the stored one: see
+  // RaiseTrimPoint), and moves the node's checkpoint from `expected` to `next`.
   // kPreconditionFailed (changing nothing) if the checkpoint is not `expected`
   // or the node's epoch is no longer `epoch` (this node was superseded).
   // kInvalidArgument if `next` is before `expected` in (epoch, seq) order or a

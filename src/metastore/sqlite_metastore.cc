@@ -210,8 +210,10 @@ constexpr const char kGetState[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_st
 constexpr const char kListStates[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states ORDER BY stream_id";
 #undef WEIR_STATE_COLUMNS
 constexpr const char kUpdateState[] =
-    "UPDATE stream_states SET settled_offset = ?2, trim_point = ?3, fencing_token = ?4, last_timestamp_ms = ?5, "
-    "producer_state = ?6 WHERE stream_id = ?1";
+    "UPDATE stream_states SET settled_offset = ?2, trim_point = MAX(trim_point, ?3), fencing_token = ?4, "
+    "last_timestamp_ms = ?5, producer_state = ?6 WHERE stream_id = ?1";
+constexpr const char kRaiseTrimPoint[] =
+    "UPDATE stream_states SET trim_point = MAX(trim_point, ?2) WHERE stream_id = ?1";
 constexpr const char kDeleteState[] = "DELETE FROM stream_states WHERE stream_id = ?1";
 
 constexpr const char kGetNode[] = "SELECT epoch, window, ckpt_epoch, ckpt_seq FROM nodes WHERE node = ?1";
@@ -255,6 +257,7 @@ constexpr const char kInsertTable[] = "INSERT INTO tables(" WEIR_TABLE_COLUMNS "
 constexpr const char kTableByName[] = "SELECT " WEIR_TABLE_COLUMNS " FROM tables WHERE basin = ?1 AND name = ?2";
 constexpr const char kTableById[] = "SELECT " WEIR_TABLE_COLUMNS " FROM tables WHERE id = ?1";
 constexpr const char kSetTableBuckets[] = "UPDATE tables SET bucket_count = ?2 WHERE id = ?1";
+constexpr const char kSetTableConfig[] = "UPDATE tables SET config = ?2 WHERE id = ?1";
 constexpr const char kListTablesBounded[] =
     "SELECT " WEIR_TABLE_COLUMNS
     " FROM tables WHERE basin = ?1 AND name > ?2 AND name >= ?3 AND name < ?4 ORDER BY name LIMIT ?5";
@@ -937,15 +940,46 @@ Status SqliteMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& conf
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("UpdateStreamConfig", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateConfig(config));
-    return InTransaction("update stream config", [&]() -> Status {
-      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateConfig));
-      st.Int(1, I64(id))
-          .Text(2, StorageClassName(config.storage_class))
-          .Int(3, config.retention_age_s)
-          .Text(4, TimestampingModeName(config.timestamping))
-          .Int(5, config.uncapped_timestamps ? 1 : 0)
-          .Int(6, config.delete_on_empty_min_age_s);
-      WEIR_RETURN_IF_ERROR(st.Run("update stream config"));
+    return InTransaction("update stream config", [&]() -> Status { return WriteStreamConfig(id, config); });
+  });
+}
+
+Status SqliteMetastore::WriteStreamConfig(uint64_t id, const StreamConfig& config) {
+  WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateConfig));
+  st.Int(1, I64(id))
+      .Text(2, StorageClassName(config.storage_class))
+      .Int(3, config.retention_age_s)
+      .Text(4, TimestampingModeName(config.timestamping))
+      .Int(5, config.uncapped_timestamps ? 1 : 0)
+      .Int(6, config.delete_on_empty_min_age_s);
+  WEIR_RETURN_IF_ERROR(st.Run("update stream config"));
+  if (st.Changes() == 0) return NotFound("stream id {} does not exist", id);
+  return Status::Ok();
+}
+
+Status SqliteMetastore::UpdateTableConfig(uint64_t table_id, std::string_view config,
+                                          const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("UpdateTableConfig", [&]() -> Status {
+    for (const auto& [id, c] : stream_configs) WEIR_RETURN_IF_ERROR(ValidateConfig(c));
+    return InTransaction("update table config", [&]() -> Status {
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSetTableConfig));
+        WEIR_RETURN_IF_ERROR(st.Int(1, I64(table_id)).Blob(2, config).Run("set table config"));
+        if (st.Changes() == 0) return NotFound("table id {} does not exist", table_id);
+      }
+      for (const auto& [id, c] : stream_configs) WEIR_RETURN_IF_ERROR(WriteStreamConfig(id, c));
+      return Status::Ok();
+    });
+  });
+}
+
+Status SqliteMetastore::RaiseTrimPoint(uint64_t id, uint64_t trim_point) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("RaiseTrimPoint", [&]() -> Status {
+    return InTransaction("raise trim point", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kRaiseTrimPoint));
+      WEIR_RETURN_IF_ERROR(st.Int(1, I64(id)).Int(2, I64(trim_point)).Run("raise trim point"));
       if (st.Changes() == 0) return NotFound("stream id {} does not exist", id);
       return Status::Ok();
     });

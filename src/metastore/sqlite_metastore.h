@@ -62,6 +62,9 @@ class SqliteMetastore final : public Metastore {
   Result<std::vector<StreamInfo>> ListStreams(std::string_view basin, std::string_view prefix,
                                               std::string_view start_after, size_t limit) override;
   Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) override;
+  Status RaiseTrimPoint(uint64_t id, uint64_t trim_point) override;
+  Status UpdateTableConfig(uint64_t table_id, std::string_view config,
+                           const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) override;
   Result<std::vector<std::string>> DeleteStream(uint64_t id) override;
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view node, uint64_t epoch) override;
 
@@ -129,6 +132,8 @@ class SqliteMetastore final : public Metastore {
   Status SetToken(std::string_view basin, std::string_view stream, std::string_view token);
   // Binds a basin's config to parameters ?3..?9 of kInsertBasin / kUpdateBasinConfig.
   static void BindBasinConfig(Stmt& st, const BasinConfig& config);
+  // Runs kUpdateConfig for stream `id` (in a transaction); kNotFound if it is missing.
+  Status WriteStreamConfig(uint64_t id, const StreamConfig& config);
   // Deletes a stream's segment rows, state and row; appends the segment object keys.
   Status RemoveStream(uint64_t id, std::vector<std::string>* keys);
   // The table whose bucket `stream` backs, if any.

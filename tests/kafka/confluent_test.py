@@ -263,6 +263,23 @@ class Admin(ks.TestCase):
             a.describe_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
         self.assertEqual(error_code(cm.exception), KafkaError.UNKNOWN_TOPIC_OR_PART, cm.exception)
 
+        # alter_configs (AlterConfigs): the topic's configs become the given set.
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic,
+                             set_config={"retention.ms": "3600000", "message.timestamp.type": "LogAppendTime"})
+        a.alter_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = a.describe_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
+        self.assertEqual(entries["retention.ms"].value, "3600000")
+        self.assertFalse(entries["retention.ms"].is_default)
+        self.assertEqual(entries["message.timestamp.type"].value, "LogAppendTime")
+        with self.assertRaises(KafkaException) as cm:
+            res = ConfigResource(ConfigResource.Type.TOPIC, topic, set_config={"cleanup.policy": "compact"})
+            a.alter_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
+        self.assertEqual(error_code(cm.exception), KafkaError.INVALID_CONFIG, cm.exception)
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = a.describe_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
+        self.assertEqual(entries["retention.ms"].value, "3600000")  # the refused change changed nothing
+
         # create_partitions (CreatePartitions): more partitions, never fewer.
         futures = a.create_partitions([NewPartitions(topic, 6)], request_timeout=OP_TIMEOUT)
         futures[topic].result(timeout=OP_TIMEOUT)

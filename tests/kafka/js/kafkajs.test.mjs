@@ -384,4 +384,71 @@ describe("kafkajs against weir", () => {
       return true;
     });
   });
+
+  test("admin: deleteTopicRecords moves the low watermark; alterConfigs replaces a topic's configs", async () => {
+    const trimmed = unique("kjs-trim");
+    assert.equal(await within(WAIT_MS, "createTopics", admin.createTopics({
+      topics: [{ topic: trimmed, numPartitions: 2 }], waitForLeaders: true, timeout: 60_000,
+    })), true);
+    const producer = client.producer({ createPartitioner: Partitioners.DefaultPartitioner });
+    await within(WAIT_MS, "producer connect", producer.connect());
+    try {
+      await within(WAIT_MS, "send", producer.send({
+        topic: trimmed, acks: -1, messages: ["a", "b", "c", "d", "e"].map((value) => ({ partition: 0, value })),
+      }));
+      await within(WAIT_MS, "send", producer.send({ topic: trimmed, acks: -1, messages: [{ partition: 1, value: "x" }] }));
+    } finally {
+      await producer.disconnect();
+    }
+    // kafkajs looks the partition leaders up in its metadata cache: load it first.
+    await within(WAIT_MS, "fetchTopicMetadata", admin.fetchTopicMetadata({ topics: [trimmed] }));
+    // DeleteRecords: below offset 3 on partition 0, everything (-1) on partition 1.
+    await within(WAIT_MS, "deleteTopicRecords", admin.deleteTopicRecords({
+      topic: trimmed, partitions: [{ partition: 0, offset: "3" }, { partition: 1, offset: "-1" }],
+    }));
+    const offs = await within(WAIT_MS, "fetchTopicOffsets", admin.fetchTopicOffsets(trimmed));
+    const byPartition = Object.fromEntries(offs.map((p) => [p.partition, [Number(p.low), Number(p.high)]]));
+    assert.deepEqual(byPartition, { 0: [3, 5], 1: [1, 1] });
+    // Past the high watermark: OFFSET_OUT_OF_RANGE, nothing changes.
+    await assert.rejects(admin.deleteTopicRecords({ topic: trimmed, partitions: [{ partition: 0, offset: "9" }] }),
+      (e) => {
+        const partitions = e.partitions ?? e.cause?.partitions ?? [];
+        assert.deepEqual(partitions.map((p) => [p.partition, p.error?.type]), [[0, "OFFSET_OUT_OF_RANGE"]]);
+        return true;
+      });
+    assert.equal(Number((await admin.fetchTopicOffsets(trimmed)).find((p) => p.partition === 0).low), 3);
+    // A consumer from the beginning starts at the new low watermark.
+    const consumer = client.consumer({ groupId: unique("kjs-trim-group") });
+    await within(WAIT_MS, "consumer connect", consumer.connect());
+    const seen = [];
+    try {
+      await consumer.subscribe({ topic: trimmed, fromBeginning: true });
+      await consumer.run({ eachMessage: async ({ partition, message }) => {
+        seen.push([partition, Number(message.offset), message.value.toString()]);
+      } });
+      await until("the consumer reads offsets 3 and 4", async () => seen.length >= 2);
+    } finally {
+      await consumer.disconnect();
+    }
+    assert.deepEqual(seen.sort(), [[0, 3, "d"], [0, 4, "e"]]);
+
+    // AlterConfigs: the new set replaces the old one (kafkajs' ConfigResourceTypes.TOPIC = 2).
+    await within(WAIT_MS, "alterConfigs", admin.alterConfigs({
+      validateOnly: false,
+      resources: [{ type: 2, name: trimmed, configEntries: [{ name: "retention.ms", value: "3600000" },
+        { name: "message.timestamp.type", value: "LogAppendTime" }] }],
+    }));
+    const described = await within(WAIT_MS, "describeConfigs", admin.describeConfigs({
+      resources: [{ type: 2, name: trimmed, configNames: ["retention.ms", "message.timestamp.type"] }],
+      includeSynonyms: false,
+    }));
+    assert.deepEqual(Object.fromEntries(described.resources[0].configEntries.map((e) => [e.configName, e.configValue])),
+      { "retention.ms": "3600000", "message.timestamp.type": "LogAppendTime" });
+    await assert.rejects(admin.alterConfigs({
+      validateOnly: false, resources: [{ type: 2, name: trimmed, configEntries: [{ name: "cleanup.policy", value: "compact" }] }],
+    }), (e) => {
+      assert.match(String(e.type ?? e.message), /INVALID_CONFIG|compact/);
+      return true;
+    });
+  });
 });
