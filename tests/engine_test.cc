@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <random>
 #include <thread>
@@ -125,12 +126,18 @@ TEST_F(EngineTest, NamesAreValidated) {
   EXPECT_EQ(engine_->Append(kBasin, "missing", Bodies({"x"})).status.code(), Code::kNotFound);
 }
 
-TEST_F(EngineTest, ABasinCanCreateMissingStreamsOnAppendWithItsDefaults) {
+TEST_F(EngineTest, ABasinCanCreateMissingStreamsWithItsDefaults) {
   metastore::BasinConfig config;
   config.create_stream_on_append = true;
   config.default_stream_config.retention_age_s = 0;
   config.default_stream_config.timestamping = metastore::TimestampingMode::kArrival;
   ASSERT_TRUE(engine_->CreateBasin("auto-basin", "", config).ok());
+  // Appends never create (they must not block on the metastore): the front-end asks first.
+  EXPECT_EQ(engine_->Append("auto-basin", "fresh", Bodies({"x"})).status.code(), Code::kNotFound);
+  EXPECT_FALSE(engine_->HasStream("auto-basin", "fresh"));
+  ASSERT_OK_AND_ASSIGN(bool made, engine_->CreateIfConfigured("auto-basin", "fresh", Engine::AutoCreate::kOnAppend));
+  EXPECT_TRUE(made);
+  EXPECT_TRUE(engine_->HasStream("auto-basin", "fresh"));
   auto a = engine_->Append("auto-basin", "fresh", Bodies({"x", "y"}));
   ASSERT_TRUE(a.status.ok()) << a.status.ToString();
   EXPECT_EQ(a.ack.end_offset, 2u);
@@ -156,6 +163,22 @@ TEST_F(EngineTest, ABasinCanCreateMissingStreamsOnAppendWithItsDefaults) {
   // An existing stream counts as created (a racing create won).
   ASSERT_OK_AND_ASSIGN(created, engine_->CreateIfConfigured("auto-basin", "r", Engine::AutoCreate::kOnRead));
   EXPECT_TRUE(created);
+  // Racing auto-creates: every caller finds the stream registered, and one
+  // stream takes every append.
+  for (int i = 0; i < 10; ++i) {
+    const std::string name = "race-" + std::to_string(i);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        auto r = engine_->CreateIfConfigured("auto-basin", name, Engine::AutoCreate::kOnAppend);
+        if (r.ok() && *r && engine_->Append("auto-basin", name, Bodies({"r"})).status.ok()) ready++;
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(ready.load(), 4) << name;
+    EXPECT_EQ(*engine_->CheckTail("auto-basin", name), 4u) << name;
+  }
 }
 
 TEST_F(EngineTest, AppendsGetDenseOffsetsAndReadBack) {

@@ -160,6 +160,13 @@ inline RequestBody Request(ApiKey key, int16_t v) {
       m.validate_only = true;
       return m;
     }
+    case ApiKey::kIncrementalAlterConfigs: {
+      IncrementalAlterConfigsRequest m;
+      m.resources = {{kConfigResourceTopic, "orders",
+                      {{"retention.ms", kConfigOpSet, "3600000"}, {"cleanup.policy", kConfigOpAppend, "delete"},
+                       {"segment.bytes", kConfigOpDelete, std::nullopt}}}};
+      return m;
+    }
     case ApiKey::kCreatePartitions: {
       CreatePartitionsRequest m;
       m.topics = {{"orders", 6, std::nullopt}, {"events", 3, std::vector<std::vector<int32_t>>{{1}, {1, 2}}}};

@@ -413,16 +413,23 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
   CLI::App* stream = Group(app, s, "stream", "Create, list, inspect and delete streams", &s.stream_create,
                            &s.stream_list, &s.stream_delete);
   s.stream_info = Leaf(stream, s, "info", "A stream's configuration and tail", "NAME");
-  // On basin create, the same flags set the defaults of the basin's new streams.
+  // On basin create, the same flags set the defaults of the basin's new
+  // streams; a flag left out is left to the stream (then to weir's default).
   for (CLI::App* cmd : {s.stream_create, s.basin_create}) {
-    cmd->add_option("--storage-class", s.storage_class, "standard or express (default standard)")
+    const bool basin = cmd == s.basin_create;
+    cmd->add_option("--storage-class", s.storage_class,
+                    basin ? "New streams' storage class: standard or express" : "standard or express (default standard)")
         ->check(CLI::IsMember({"standard", "express"}));
-    cmd->add_option("--retention", s.retention, "Keep records this many seconds, or \"infinite\" (default 7 days)");
+    cmd->add_option("--retention", s.retention,
+                    basin ? "New streams keep records this many seconds, or \"infinite\""
+                          : "Keep records this many seconds, or \"infinite\" (default 7 days)");
     cmd->add_option("--timestamping-mode", s.timestamping_mode,
-                    "client-prefer, client-require or arrival (default client-prefer)")
+                    basin ? "New streams' timestamping: client-prefer, client-require or arrival"
+                          : "client-prefer, client-require or arrival (default client-prefer)")
         ->check(CLI::IsMember({"client-prefer", "client-require", "arrival"}));
     cmd->add_option("--delete-on-empty-min-age", s.delete_on_empty_min_age,
-                    "Delete the stream once empty and idle for this many seconds (default never)")
+                    basin ? "New streams are deleted once empty and idle for this many seconds"
+                          : "Delete the stream once empty and idle for this many seconds (default never)")
         ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   }
   s.basin_create->add_flag("--create-stream-on-append", s.create_stream_on_append,

@@ -163,7 +163,11 @@ Json StreamConfigJson(const metastore::StreamConfig& c) {
 // OptionalStreamConfig): absent fields stay as they are, explicit nulls unset
 // the field, which then falls back to the basin's default, then weir's (as on
 // S2). Bad values are kInvalidArgument (422); wrong JSON types throw (400).
-Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l) {
+// The one difference between a config (kCreate) and a reconfiguration:
+// `delete_on_empty: {}` is an explicit "never" in a config (S2's
+// min_age_secs defaults to 0 there) and "no change" in a reconfiguration.
+enum class ConfigMode { kCreate, kReconfigure };
+Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l, ConfigMode mode) {
   if (j.is_null()) return Status::Ok();
   if (!j.is_object()) throw BadRequest{"stream config must be an object"};
   auto null = [&](const char* field) { return j.contains(field) && j[field].is_null(); };
@@ -219,6 +223,7 @@ Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l) {
   }
   if (auto it = j.find("delete_on_empty"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) throw BadRequest{"delete_on_empty must be an object"};
+    if (mode == ConfigMode::kCreate && !it->contains("min_age_secs")) l->delete_on_empty_min_age_s = 0;
     if (auto age = it->find("min_age_secs"); age != it->end()) {
       if (age->is_null()) {
         l->delete_on_empty_min_age_s.reset();
@@ -238,8 +243,8 @@ Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l) {
 // The config a stream gets from `j` applied over `layer` (empty on a create,
 // the stream's config on a reconfigure), then its basin's defaults.
 Result<metastore::StreamConfig> ResolveStreamConfig(log::Engine* engine, const std::string& basin, const Json& j,
-                                                    metastore::StreamConfigLayer layer = {}) {
-  WEIR_RETURN_IF_ERROR(ApplyStreamLayer(j, &layer));
+                                                    ConfigMode mode, metastore::StreamConfigLayer layer = {}) {
+  WEIR_RETURN_IF_ERROR(ApplyStreamLayer(j, &layer, mode));
   WEIR_ASSIGN_OR_RETURN(metastore::BasinInfo b, engine->GetBasin(basin));
   return layer.Over(b.config.default_stream_config).Resolve();
 }
@@ -247,7 +252,7 @@ Result<metastore::StreamConfig> ResolveStreamConfig(log::Engine* engine, const s
 // Applies a BasinConfig (create, PUT: onto a default config) or a
 // BasinReconfiguration (PATCH: onto the current one). default_stream_config
 // is reconfigured field by field; null clears it.
-Status ApplyBasinConfig(const Json& j, metastore::BasinConfig* b) {
+Status ApplyBasinConfig(const Json& j, metastore::BasinConfig* b, ConfigMode mode) {
   if (j.is_null()) return Status::Ok();
   if (!j.is_object()) throw BadRequest{"basin config must be an object"};
   if (auto it = j.find("stream_cipher"); it != j.end() && !it->is_null()) {
@@ -255,14 +260,14 @@ Status ApplyBasinConfig(const Json& j, metastore::BasinConfig* b) {
   }
   if (auto it = j.find("default_stream_config"); it != j.end()) {
     if (it->is_null()) b->default_stream_config = {};
-    WEIR_RETURN_IF_ERROR(ApplyStreamLayer(*it, &b->default_stream_config));
+    WEIR_RETURN_IF_ERROR(ApplyStreamLayer(*it, &b->default_stream_config, mode));
   }
   for (auto [field, flag] : {std::pair{"create_stream_on_append", &b->create_stream_on_append},
                              std::pair{"create_stream_on_read", &b->create_stream_on_read}}) {
     auto it = j.find(field);
     if (it == j.end()) continue;
-    if (!it->is_null() && !it->is_boolean()) throw BadRequest{fmt::format("{} must be true or false", field)};
-    *flag = it->is_boolean() && it->get<bool>();
+    if (!it->is_boolean()) throw BadRequest{fmt::format("{} must be true or false", field)};
+    *flag = it->get<bool>();
   }
   return Status::Ok();
 }
@@ -385,10 +390,19 @@ std::string RequestToken(const Request& req) {
 
 // Whether a create that found the name taken is a retry of the create that
 // took it: both carry the same non-empty request token.
-bool SameToken(log::Engine* engine, const std::string& token, const std::string& basin, const std::string& stream) {
-  if (token.empty()) return false;
+// What a create's idempotency is keyed on, as on S2: the request token and the
+// config as requested (before the basin's defaults apply), so a retry matches
+// even after the resource was reconfigured. Stored as the create token; "" if
+// the request has no token.
+std::string CreationKey(const std::string& token, const Json& requested_config) {
+  return token.empty() ? std::string() : token + "\n" + requested_config.dump();
+}
+
+// Whether the basin (stream empty) or stream was created with this key.
+bool SameCreation(log::Engine* engine, const std::string& key, const std::string& basin, const std::string& stream) {
+  if (key.empty()) return false;
   auto stored = engine->CreateToken(basin, stream);
-  return stored.ok() && *stored == token;
+  return stored.ok() && *stored == key;
 }
 
 constexpr auto kTombstoneLife = std::chrono::seconds(60);
@@ -608,15 +622,16 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
       if (!j.contains("basin") || !j["basin"].is_string()) throw BadRequest{"CreateBasinRequest needs \"basin\""};
       std::string basin = j["basin"].get<std::string>();
       metastore::BasinConfig config;
-      if (Status st = ApplyBasinConfig(j.value("config", Json()), &config); !st.ok()) return c.Fail(st);
-      const std::string token = RequestToken(req);
-      Status created = engine_->CreateBasin(basin, token, config);
-      auto info = engine_->GetBasin(basin);
+      if (Status st = ApplyBasinConfig(j.value("config", Json()), &config, ConfigMode::kCreate); !st.ok()) {
+        return c.Fail(st);
+      }
+      const std::string key = CreationKey(RequestToken(req), BasinConfigJson(config));
+      Status created = engine_->CreateBasin(basin, key, config);
       // A retry of a create that succeeded (same token, same config) succeeds again.
-      if (!created.ok() && !(created.code() == Code::kAlreadyExists && SameToken(engine_, token, basin, "") &&
-                             info.ok() && info->config == config)) {
+      if (!created.ok() && !(created.code() == Code::kAlreadyExists && SameCreation(engine_, key, basin, ""))) {
         return c.Fail(created);
       }
+      auto info = engine_->GetBasin(basin);
       if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
       return c.Reply(201, BasinInfoJson(*info), Provisioned(created.ok() ? "created" : "noop"));
     }
@@ -635,8 +650,11 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     if (!j.is_null() && !j.is_object()) throw BadRequest{"the body must be a JSON object"};
     metastore::BasinConfig config;
     if (j.is_object()) {
-      if (Status st = ApplyBasinConfig(j.value("config", Json()), &config); !st.ok()) return c.Fail(st);
+      if (Status st = ApplyBasinConfig(j.value("config", Json()), &config, ConfigMode::kCreate); !st.ok()) {
+        return c.Fail(st);
+      }
     }
+    std::lock_guard lk(basin_config_mu_);  // read, compare, write
     Status st = engine_->CreateBasin(*name, "", config);
     if (!st.ok() && st.code() != Code::kAlreadyExists) return c.Fail(st);
     auto info = engine_->GetBasin(*name);
@@ -649,10 +667,11 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
   if (req.method == "PATCH") {
     Json j = Json::parse(req.body, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
+    std::lock_guard lk(basin_config_mu_);  // read, change, write: concurrent PATCHes do not lose changes
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
     metastore::BasinConfig config = info->config;
-    if (Status st = ApplyBasinConfig(j, &config); !st.ok()) return c.Fail(st);
+    if (Status st = ApplyBasinConfig(j, &config, ConfigMode::kReconfigure); !st.ok()) return c.Fail(st);
     if (config != info->config) {
       if (Status st = engine_->ReconfigureBasin(*name, config); !st.ok()) return c.Fail(st, "basin_not_found");
     }
@@ -693,19 +712,20 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       Json j = Json::parse(req.body, nullptr, false);
       if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
       if (!j.contains("stream") || !j["stream"].is_string()) throw BadRequest{"CreateStreamRequest needs \"stream\""};
-      auto resolved = ResolveStreamConfig(engine_, c.basin, j.value("config", Json()));
+      metastore::StreamConfigLayer requested;
+      if (Status st = ApplyStreamLayer(j.value("config", Json()), &requested, ConfigMode::kCreate); !st.ok()) {
+        return c.Fail(st);
+      }
+      auto resolved = ResolveStreamConfig(engine_, c.basin, Json(), ConfigMode::kCreate, requested);
       if (!resolved.ok()) return c.Fail(resolved.status(), "basin_not_found");
-      const metastore::StreamConfig config = *resolved;
       const std::string stream = j["stream"].get<std::string>();
-      const std::string token = RequestToken(req);
-      auto info = engine_->CreateStream(c.basin, stream, config, token);
-      if (!info.ok() && info.status().code() == Code::kAlreadyExists && SameToken(engine_, token, c.basin, stream)) {
-        // A retry of a create that succeeded (same token, same config)
-        // succeeds again; the same token with another config is a new request.
+      const std::string key = CreationKey(RequestToken(req), StreamConfigLayerJson(requested));
+      auto info = engine_->CreateStream(c.basin, stream, *resolved, key);
+      if (!info.ok() && info.status().code() == Code::kAlreadyExists && SameCreation(engine_, key, c.basin, stream)) {
+        // A retry of a create that succeeded (same token, same requested
+        // config) succeeds again; the same token with another config is a new request.
         auto existing = engine_->GetStream(c.basin, stream);
-        if (existing.ok() && existing->info.config == config) {
-          return c.Reply(201, StreamInfoJson(existing->info), Provisioned("noop"));
-        }
+        if (existing.ok()) return c.Reply(201, StreamInfoJson(existing->info), Provisioned("noop"));
       }
       if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
       return c.Reply(201, StreamInfoJson(*info), Provisioned("created"));
@@ -725,7 +745,8 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     auto s = engine_->GetStream(c.basin, *name);
     if (req.method == "PATCH") {
       if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
-      auto config = ResolveStreamConfig(engine_, c.basin, j, metastore::StreamConfigLayer::Of(s->info.config));
+      auto config = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure,
+                                        metastore::StreamConfigLayer::Of(s->info.config));
       if (!config.ok()) return c.Fail(config.status(), "stream_not_found");
       if (Status st = engine_->ReconfigureStream(c.basin, *name, *config); !st.ok()) {
         return c.Fail(st, "stream_not_found");
@@ -733,7 +754,7 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       return c.Reply(200, StreamConfigJson(*config));
     }
     // PUT: create with this config, or replace the config of the existing stream.
-    auto resolved = ResolveStreamConfig(engine_, c.basin, j);
+    auto resolved = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kCreate);
     if (!resolved.ok()) return c.Fail(resolved.status(), "basin_not_found");
     const metastore::StreamConfig config = *resolved;
     if (!s.ok()) {
@@ -797,6 +818,22 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   size_t bytes = 0;
   for (const auto& r : in.records) bytes += log::MeteredBytes(r);
   bool proto_out = WantsProto(req);
+  if (!engine_->HasStream(c.basin, stream)) {
+    // The basin may create it (S2's create_stream_on_append): a metastore
+    // write, which must not block this I/O thread.
+    auto held = std::make_shared<AppendInput>(std::move(in));
+    c.ex->Post([this, c, stream, held, proto_out, records, bytes] {
+      auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnAppend);
+      if (!created.ok() && created.status().code() != Code::kNotFound) return c.Fail(created.status());
+      SubmitAppend(c, stream, std::move(*held), proto_out, records, bytes);
+    });
+    return;
+  }
+  SubmitAppend(c, stream, std::move(in), proto_out, records, bytes);
+}
+
+void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
+                           size_t bytes) {
   RestMetrics* m = &metrics_;
   engine_->AppendAsync(
       c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes, m](log::AppendOutcome o) {

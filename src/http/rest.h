@@ -20,6 +20,7 @@
 #include <string>
 
 #include "base/histogram.h"
+#include "http/s2_proto.h"
 #include "http/server.h"
 #include "log/engine.h"
 
@@ -72,6 +73,9 @@ class RestApi : public Handler {
   void Basins(Request& req, const Ctx& c, const std::string* name);
   void Streams(Request& req, const Ctx& c, const std::string* name);
   void Append(Request& req, const Ctx& c, const std::string& stream);
+  // Hands a parsed append to the engine; answers when it is durable (or failed).
+  void SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
+                    size_t bytes);
   void Read(Request& req, const Ctx& c, const std::string& stream);
   void Tail(const Ctx& c, const std::string& stream);
   // Creates a missing stream when its basin has create_stream_on_read; a
@@ -87,6 +91,8 @@ class RestApi : public Handler {
   void RememberDeleted(const std::string& key);
   bool RecentlyDeleted(const std::string& key);
   std::mutex tombstones_mu_;
+  // Held across a basin config's read-modify-write (PUT, PATCH) on this node.
+  std::mutex basin_config_mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> tombstones_;
 
   log::Engine* engine_;

@@ -37,6 +37,8 @@ Status DecodeBody(Reader& r, ApiKey key, int16_t version, RequestBody* body) {
     case ApiKey::kCreatePartitions: return DecodeAs(DecodeCreatePartitionsRequest, r, version, body);
     case ApiKey::kDeleteRecords: return DecodeAs(DecodeDeleteRecordsRequest, r, version, body);
     case ApiKey::kAlterConfigs: return DecodeAs(DecodeAlterConfigsRequest, r, version, body);
+    case ApiKey::kIncrementalAlterConfigs:
+      return DecodeAs(DecodeIncrementalAlterConfigsRequest, r, version, body);
   }
   return Internal("kafka: api key {} is in the table but has no decoder", static_cast<int>(key));
 }
@@ -66,6 +68,7 @@ struct KeyOf {
   ApiKey operator()(const CreatePartitionsRequest&) const { return ApiKey::kCreatePartitions; }
   ApiKey operator()(const DeleteRecordsRequest&) const { return ApiKey::kDeleteRecords; }
   ApiKey operator()(const AlterConfigsRequest&) const { return ApiKey::kAlterConfigs; }
+  ApiKey operator()(const IncrementalAlterConfigsRequest&) const { return ApiKey::kIncrementalAlterConfigs; }
 };
 
 struct EncodeBody {
@@ -93,6 +96,7 @@ struct EncodeBody {
   void operator()(const CreatePartitionsRequest& m) const { EncodeCreatePartitionsRequest(m, v, w); }
   void operator()(const DeleteRecordsRequest& m) const { EncodeDeleteRecordsRequest(m, v, w); }
   void operator()(const AlterConfigsRequest& m) const { EncodeAlterConfigsRequest(m, v, w); }
+  void operator()(const IncrementalAlterConfigsRequest& m) const { EncodeIncrementalAlterConfigsRequest(m, v, w); }
 };
 
 }  // namespace

@@ -42,6 +42,7 @@ enum class ApiKey : int16_t {
   kAlterConfigs = 33,
   kCreatePartitions = 37,
   kDeleteGroups = 42,
+  kIncrementalAlterConfigs = 44,
 };
 
 // One supported API: requests with `key` and a version in
@@ -84,6 +85,7 @@ inline constexpr ApiInfo kSupportedApis[] = {
     {33,  "AlterConfigs",    0,  1,   0},
     {37,  "CreatePartitions", 0, 1,   0},
     {42,  "DeleteGroups",    0,  1,   0},
+    {44,  "IncrementalAlterConfigs", 0, 0, 0},
 };
 
 // The row for `key`, or nullptr if weir does not speak that API.
@@ -108,7 +110,8 @@ using RequestBody =
                  OffsetFetchRequest, FindCoordinatorRequest, JoinGroupRequest, HeartbeatRequest, LeaveGroupRequest,
                  SyncGroupRequest, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
                  InitProducerIdRequest, DescribeGroupsRequest, ListGroupsRequest, DeleteGroupsRequest,
-                 DescribeConfigsRequest, CreatePartitionsRequest, DeleteRecordsRequest, AlterConfigsRequest>;
+                 DescribeConfigsRequest, CreatePartitionsRequest, DeleteRecordsRequest, AlterConfigsRequest,
+                 IncrementalAlterConfigsRequest>;
 
 struct DecodedRequest {
   RequestHeader header;

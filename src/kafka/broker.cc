@@ -187,6 +187,7 @@ void Broker::Dispatch(const std::shared_ptr<Request>& req) {
     case ApiKey::kCreatePartitions: return ordered(&Broker::CreatePartitions);
     case ApiKey::kDeleteRecords:   return ordered(&Broker::DeleteRecords);
     case ApiKey::kAlterConfigs:    return ordered(&Broker::AlterConfigs);
+    case ApiKey::kIncrementalAlterConfigs: return ordered(&Broker::IncrementalAlterConfigs);
   }
   req->reply->Close();
 }
@@ -764,6 +765,21 @@ Status ApplyTopicConfig(const std::string& name, const std::optional<std::string
   return Status::Ok();
 }
 
+// The items of a comma-separated list config value, trimmed, without empty ones.
+std::vector<std::string> SplitList(std::string_view value) {
+  std::vector<std::string> items;
+  while (!value.empty()) {
+    const size_t comma = value.find(',');
+    std::string_view item = value.substr(0, comma);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) items.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    value.remove_prefix(comma + 1);
+  }
+  return items;
+}
+
 }  // namespace
 
 void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
@@ -946,56 +962,152 @@ void Broker::AlterConfigs(const std::shared_ptr<Request>& req) {
     AlterConfigsResult out;
     out.resource_type = res.resource_type;
     out.resource_name = res.resource_name;
-    auto fail = [&](ErrorCode code, std::string message) {
-      out.error_code = code;
-      out.error_message = std::move(message);
-    };
-    metastore::StreamConfig cfg;  // as CreateTopics starts from
-    cfg.timestamping = metastore::TimestampingMode::kClientPrefer;
-    cfg.uncapped_timestamps = true;
-    nlohmann::json config = nlohmann::json::object();
-    if (seen[{res.resource_type, res.resource_name}] > 1) {
-      fail(ErrorCode::kInvalidRequest, "the resource is named more than once in the request");
-    } else if (res.resource_type == kConfigResourceBroker) {
-      fail(ErrorCode::kInvalidConfig, "broker configs are set by the flags of weir serve and cannot be changed here");
-    } else if (res.resource_type != kConfigResourceTopic) {
-      fail(ErrorCode::kInvalidRequest, fmt::format("config resource type {} is not supported (2: topic, 4: broker)",
-                                                   static_cast<int>(res.resource_type)));
-    } else {
-      for (auto& c : res.configs) {
-        Status st = config.contains(c.name) ? InvalidArgument("config {} is named more than once", c.name)
-                                            : ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes);
-        if (!st.ok()) {
-          fail(ErrorCode::kInvalidConfig, st.message());
-          break;
-        }
-        config[c.name] = c.value ? nlohmann::json(*c.value) : nlohmann::json(nullptr);
-      }
-    }
-    if (out.error_code == ErrorCode::kNone) {
+    if (CheckConfigResource(res.resource_type, seen[{res.resource_type, res.resource_name}], &out)) {
       std::lock_guard lk(create_mu_);
       auto table = engine_->GetTable(options_.basin, res.resource_name);
       if (!table.ok()) {
-        const bool missing = table.status().code() == Code::kNotFound;
-        fail(missing ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kUnknownServerError,
-             missing ? fmt::format("topic {} does not exist", res.resource_name) : table.status().ToString());
-      } else if (!in.validate_only) {
-        Status st = engine_->ReconfigureTable(options_.basin, res.resource_name, config.dump(),
-                                              [&](const metastore::StreamConfig& old) {
-                                                metastore::StreamConfig next = old;
-                                                next.retention_age_s = cfg.retention_age_s;
-                                                next.timestamping = cfg.timestamping;
-                                                next.uncapped_timestamps = cfg.uncapped_timestamps;
-                                                return next;
-                                              });
-        ForgetLimits(res.resource_name);  // max.message.bytes may have changed
-        if (!st.ok()) {
-          Log().warn("kafka: altering the configs of topic {}: {}", res.resource_name, st.ToString());
-          fail(ErrorCode::kUnknownServerError, st.message());
-        } else {
-          Log().info("kafka: topic {} configs now {}", res.resource_name, config.dump());
-        }
+        TopicLookupFailed(table.status(), res.resource_name, &out);
+      } else {
+        ReplaceTopicConfigs(res.resource_name, res.configs, in.validate_only, &out);
       }
+    }
+    resp.responses.push_back(std::move(out));
+  }
+  Send(req, resp, EncodeAlterConfigsResponse);
+}
+
+bool Broker::CheckConfigResource(int8_t resource_type, int times_named, AlterConfigsResult* out) {
+  if (times_named > 1) {
+    out->error_code = ErrorCode::kInvalidRequest;
+    out->error_message = "the resource is named more than once in the request";
+  } else if (resource_type == kConfigResourceBroker) {
+    out->error_code = ErrorCode::kInvalidConfig;
+    out->error_message = "broker configs are set by the flags of weir serve and cannot be changed here";
+  } else if (resource_type != kConfigResourceTopic) {
+    out->error_code = ErrorCode::kInvalidRequest;
+    out->error_message =
+        fmt::format("config resource type {} is not supported (2: topic, 4: broker)", static_cast<int>(resource_type));
+  }
+  return out->error_code == ErrorCode::kNone;
+}
+
+void Broker::TopicLookupFailed(const Status& st, const std::string& topic, AlterConfigsResult* out) {
+  const bool missing = st.code() == Code::kNotFound;
+  out->error_code = missing ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kUnknownServerError;
+  out->error_message = missing ? fmt::format("topic {} does not exist", topic) : st.ToString();
+}
+
+void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<AlterConfigsEntry>& set,
+                                 bool validate_only, AlterConfigsResult* out) {
+  metastore::StreamConfig cfg;  // as CreateTopics starts from
+  cfg.timestamping = metastore::TimestampingMode::kClientPrefer;
+  cfg.uncapped_timestamps = true;
+  nlohmann::json config = nlohmann::json::object();
+  std::set<std::string> named;
+  for (const auto& c : set) {
+    Status st = !named.insert(c.name).second ? InvalidArgument("config {} is named more than once", c.name)
+                                             : ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes);
+    if (!st.ok()) {
+      out->error_code = ErrorCode::kInvalidConfig;
+      out->error_message = st.message();
+      return;
+    }
+    if (c.value) config[c.name] = *c.value;  // a null value leaves the config at its default, as on Kafka
+  }
+  if (validate_only) return;
+  Status st = engine_->ReconfigureTable(options_.basin, topic, config.dump(), [&](const metastore::StreamConfig& old) {
+    metastore::StreamConfig next = old;
+    next.retention_age_s = cfg.retention_age_s;
+    next.timestamping = cfg.timestamping;
+    next.uncapped_timestamps = cfg.uncapped_timestamps;
+    return next;
+  });
+  ForgetLimits(topic);  // max.message.bytes may have changed
+  if (!st.ok()) {
+    Log().warn("kafka: altering the configs of topic {}: {}", topic, st.ToString());
+    out->error_code = ErrorCode::kUnknownServerError;
+    out->error_message = st.message();
+  } else {
+    Log().info("kafka: topic {} configs now {}", topic, config.dump());
+  }
+}
+
+// ---- IncrementalAlterConfigs --------------------------------------------------
+// Changes a topic's stored config set by the operations given (SET, DELETE,
+// and APPEND/SUBTRACT for the list config cleanup.policy), then applies the
+// resulting set as AlterConfigs does.
+
+// Runs on a worker thread (metastore writes).
+void Broker::IncrementalAlterConfigs(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<IncrementalAlterConfigsRequest>();
+  AlterConfigsResponse resp;
+  std::map<std::pair<int8_t, std::string>, int> seen;
+  for (auto& res : in.resources) seen[{res.resource_type, res.resource_name}]++;
+  for (auto& res : in.resources) {
+    AlterConfigsResult out;
+    out.resource_type = res.resource_type;
+    out.resource_name = res.resource_name;
+    if (!CheckConfigResource(res.resource_type, seen[{res.resource_type, res.resource_name}], &out)) {
+      resp.responses.push_back(std::move(out));
+      continue;
+    }
+    std::lock_guard lk(create_mu_);
+    auto table = engine_->GetTable(options_.basin, res.resource_name);
+    if (!table.ok()) {
+      TopicLookupFailed(table.status(), res.resource_name, &out);
+      resp.responses.push_back(std::move(out));
+      continue;
+    }
+    // The current set: the values stored with the topic (nulls are unset).
+    std::map<std::string, std::string> current;
+    auto stored = nlohmann::json::parse(table->config, nullptr, /*allow_exceptions=*/false);
+    if (stored.is_object()) {
+      for (auto& [name, value] : stored.items()) {
+        if (value.is_string()) current[name] = value.get<std::string>();
+      }
+    }
+    std::set<std::string> named;
+    for (const auto& c : res.configs) {
+      auto fail = [&](ErrorCode code, std::string message) {
+        out.error_code = code;
+        out.error_message = std::move(message);
+      };
+      if (!named.insert(c.name).second) {
+        fail(ErrorCode::kInvalidRequest, fmt::format("config {} is named more than once", c.name));
+      } else if (c.op == kConfigOpSet) {
+        if (c.value) {
+          current[c.name] = *c.value;
+        } else {
+          current.erase(c.name);
+        }
+      } else if (c.op == kConfigOpDelete) {
+        current.erase(c.name);
+      } else if (c.op == kConfigOpAppend || c.op == kConfigOpSubtract) {
+        if (c.name != "cleanup.policy") {
+          fail(ErrorCode::kInvalidConfig, fmt::format("{} is not a list config: it cannot be appended to or "
+                                                      "subtracted from", c.name));
+        } else {
+          // A comma-separated list; its default is "delete".
+          auto it = current.find(c.name);
+          std::vector<std::string> items = SplitList(it != current.end() ? it->second : "delete");
+          for (const std::string& item : SplitList(c.value.value_or(""))) {
+            auto at = std::find(items.begin(), items.end(), item);
+            if (c.op == kConfigOpAppend && at == items.end()) items.push_back(item);
+            if (c.op == kConfigOpSubtract && at != items.end()) items.erase(at);
+          }
+          std::string joined;
+          for (const std::string& item : items) joined += (joined.empty() ? "" : ",") + item;
+          current[c.name] = joined;
+        }
+      } else {
+        fail(ErrorCode::kInvalidRequest, fmt::format("unknown config operation {}", static_cast<int>(c.op)));
+      }
+      if (out.error_code != ErrorCode::kNone) break;
+    }
+    if (out.error_code == ErrorCode::kNone) {
+      std::vector<AlterConfigsEntry> set;
+      for (auto& [name, value] : current) set.push_back(AlterConfigsEntry{name, value});
+      ReplaceTopicConfigs(res.resource_name, set, in.validate_only, &out);
     }
     resp.responses.push_back(std::move(out));
   }

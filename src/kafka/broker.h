@@ -123,6 +123,16 @@ class Broker : public FrameHandler {
   void CreatePartitions(const std::shared_ptr<Request>& req);
   void DeleteRecords(const std::shared_ptr<Request>& req);
   void AlterConfigs(const std::shared_ptr<Request>& req);
+  void IncrementalAlterConfigs(const std::shared_ptr<Request>& req);
+  // AlterConfigs helpers, answering into `out`. CheckConfigResource: false
+  // (with the error) unless a topic named once. TopicLookupFailed: the error
+  // for a failed topic lookup. ReplaceTopicConfigs: checks `set`, the topic's
+  // whole new config set, and (unless validate_only) applies it; the caller
+  // holds create_mu_.
+  static bool CheckConfigResource(int8_t resource_type, int times_named, AlterConfigsResult* out);
+  static void TopicLookupFailed(const Status& st, const std::string& topic, AlterConfigsResult* out);
+  void ReplaceTopicConfigs(const std::string& topic, const std::vector<AlterConfigsEntry>& set, bool validate_only,
+                           AlterConfigsResult* out);
 
   // The partition count of a topic, creating it with `partitions` if it is
   // missing and partitions > 0. kNotFound if missing (and not created).

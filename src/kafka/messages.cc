@@ -1308,4 +1308,35 @@ Status DecodeAlterConfigsResponse(Reader& r, int16_t /*version*/, AlterConfigsRe
   return r.Finish();
 }
 
+// ---- IncrementalAlterConfigs ---------------------------------------------------------
+
+Status DecodeIncrementalAlterConfigsRequest(Reader& r, int16_t /*version*/, IncrementalAlterConfigsRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "IncrementalAlterConfigsRequest");
+  ReadArray(r, "resources", 1 + kStr + kArr, &out->resources, [&](IncrementalAlterConfigsResource& res) {
+    res.resource_type = r.Int8("resource_type");
+    res.resource_name = r.String("resource_name");
+    ReadArray(r, "configs", kStr + 1 + kStr, &res.configs, [&](IncrementalAlterConfigsEntry& c) {
+      c.name = r.String("name");
+      c.op = r.Int8("config_operation");
+      c.value = r.NullableString("value");
+    });
+  });
+  out->validate_only = r.Bool("validate_only");
+  return r.Finish();
+}
+
+void EncodeIncrementalAlterConfigsRequest(const IncrementalAlterConfigsRequest& m, int16_t /*version*/, Writer& w) {
+  WriteArray(w, m.resources, [&](const IncrementalAlterConfigsResource& res) {
+    w.Int8(res.resource_type);
+    w.String(res.resource_name);
+    WriteArray(w, res.configs, [&](const IncrementalAlterConfigsEntry& c) {
+      w.String(c.name);
+      w.Int8(c.op);
+      w.NullableString(c.value);
+    });
+  });
+  w.Bool(m.validate_only);
+}
+
 }  // namespace weir::kafka

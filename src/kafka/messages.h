@@ -853,4 +853,33 @@ void EncodeAlterConfigsRequest(const AlterConfigsRequest& m, int16_t version, Wr
 void EncodeAlterConfigsResponse(const AlterConfigsResponse& m, int16_t version, Writer& w);
 Status DecodeAlterConfigsResponse(Reader& r, int16_t version, AlterConfigsResponse* out);
 
+// ---- IncrementalAlterConfigs (key 44), v0 -----------------------------------------
+// The response is AlterConfigsResponse (the same layout at v0).
+
+inline constexpr int8_t kConfigOpSet = 0;
+inline constexpr int8_t kConfigOpDelete = 1;
+inline constexpr int8_t kConfigOpAppend = 2;    // list configs only
+inline constexpr int8_t kConfigOpSubtract = 3;  // list configs only
+
+struct IncrementalAlterConfigsEntry {
+  std::string name;
+  int8_t op = kConfigOpSet;
+  std::optional<std::string> value;
+  bool operator==(const IncrementalAlterConfigsEntry&) const = default;
+};
+struct IncrementalAlterConfigsResource {
+  int8_t resource_type = 0;
+  std::string resource_name;
+  std::vector<IncrementalAlterConfigsEntry> configs;
+  bool operator==(const IncrementalAlterConfigsResource&) const = default;
+};
+struct IncrementalAlterConfigsRequest {
+  std::vector<IncrementalAlterConfigsResource> resources;
+  bool validate_only = false;
+  bool operator==(const IncrementalAlterConfigsRequest&) const = default;
+};
+
+Status DecodeIncrementalAlterConfigsRequest(Reader& r, int16_t version, IncrementalAlterConfigsRequest* out);
+void EncodeIncrementalAlterConfigsRequest(const IncrementalAlterConfigsRequest& m, int16_t version, Writer& w);
+
 }  // namespace weir::kafka

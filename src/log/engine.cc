@@ -190,6 +190,7 @@ Status Engine::Recover() {
   }
   Log().info("node {} recovered epochs {}..{} ({} slots), now epoch {}", options_.node, first, epoch_ - 1, slots,
              epoch_);
+  for (auto& [id, s] : by_id_) s->durable_trim_point = s->live.trim_point;  // all of it is durable
 
   wal::WriterOptions wo = options_.wal;
   wo.node = options_.node;
@@ -310,8 +311,17 @@ Result<bool> Engine::CreateIfConfigured(const std::string& basin, const std::str
       when == AutoCreate::kOnAppend ? b.config.create_stream_on_append : b.config.create_stream_on_read;
   if (!wanted) return false;
   auto created = CreateStream(basin, name, b.config.default_stream_config.Resolve());
-  if (created.ok() || created.status().code() == Code::kAlreadyExists) return true;
-  return created.status();
+  if (created.ok()) return true;
+  if (created.status().code() != Code::kAlreadyExists) return created.status();
+  // A racing create won; it may not have registered the stream yet.
+  WEIR_ASSIGN_OR_RETURN(metastore::StreamInfo existing, meta_->GetStream(basin, name));
+  Register({existing});
+  return true;
+}
+
+bool Engine::HasStream(const std::string& basin, const std::string& name) {
+  std::lock_guard lk(mu_);
+  return by_name_.count({basin, name}) != 0;
 }
 
 Result<std::string> Engine::CreateToken(const std::string& basin, const std::string& stream) {
@@ -345,6 +355,8 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
 void Engine::Register(const std::vector<metastore::StreamInfo>& created) {
   std::lock_guard lk(mu_);
   for (const auto& info : created) {
+    // Registered already (CreateIfConfigured after a racing create): it keeps its state.
+    if (by_id_.count(info.id) != 0) continue;
     auto s = std::make_shared<Stream>();
     s->info = info;
     by_name_[{info.basin, info.name}] = info.id;
@@ -386,13 +398,16 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
     std::lock_guard lk(s->mu);
     if (s->deleted) return NotFound("stream \"{}\" was deleted", name);
     if (offset > s->tail) return OutOfRange("offset {} is past the tail {}", offset, s->tail);
-    if (offset <= s->live.trim_point) return LogStart(*s);
+    // At or below a durable trim point there is nothing to store (a trim
+    // command still pending might fail, so live.trim_point is no guide).
+    if (offset <= s->durable_trim_point) return LogStart(*s);
   }
   // Stored first (settle commits never lower it), then applied: reads stop
   // returning the records only once the trim survives a restart.
   WEIR_RETURN_IF_ERROR(meta_->RaiseTrimPoint(s->info.id, offset));
   std::lock_guard lk(s->mu);
   s->live.trim_point = std::max(s->live.trim_point, offset);
+  s->durable_trim_point = std::max(s->durable_trim_point, offset);
   return LogStart(*s);
 }
 
@@ -545,12 +560,6 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
   if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
-  if (!found.ok() && found.status().code() == Code::kNotFound) {
-    // The basin may create missing streams on append (S2's create_stream_on_append).
-    auto created = CreateIfConfigured(basin, stream, AutoCreate::kOnAppend);
-    if (!created.ok() && created.status().code() != Code::kNotFound) return fail(created.status());
-    if (created.ok() && *created) found = Find(basin, stream);
-  }
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
 
@@ -696,6 +705,7 @@ void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stre
   // One copy of the bytes, shared by the WAL pool and (once durable) the log cache.
   pend->bytes = std::make_shared<const std::string>(std::move(batch));
   pend->waiters.emplace_back(std::move(done), false);
+  pend->trim_point = trim_point;
   // Submitting under the stream lock keeps pool order == offset order.
   Status st = wal_->Append(s->info.id, pend->bytes,
                            [this, s, pend](const Status& result, const wal::AckInfo& where) {
@@ -801,6 +811,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     if (st.ok()) {
       s->tail = p->end;
       s->tail_timestamp_ms = p->last_timestamp_ms;
+      s->durable_trim_point = std::max(s->durable_trim_point, p->trim_point);
       std::erase_if(s->watchers, [&](auto& w) {
         if (std::get<1>(w) >= s->tail) return false;
         woken.push_back(std::move(std::get<2>(w)));

@@ -182,12 +182,14 @@ class Engine {
                      const metastore::BasinConfig& config = {});
   Status ReconfigureBasin(const std::string& name, const metastore::BasinConfig& config);  // kNotFound
   // Creates stream `name` with the basin's default stream config when the
-  // basin creates missing streams on `when`. true: the stream exists now
-  // (created here or by a racing create); false: the basin does not
-  // auto-create. kNotFound if the basin does not exist. AppendAsync calls it
-  // for kOnAppend itself; readers call it for kOnRead.
+  // basin creates missing streams on `when` (a metastore write: call it off
+  // I/O threads). true: the stream exists now (created here or by a racing
+  // create, and registered); false: the basin does not auto-create.
+  // kNotFound if the basin does not exist.
   enum class AutoCreate { kOnAppend, kOnRead };
   Result<bool> CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when);
+  // Whether the stream is known here (memory only; for choosing a thread).
+  bool HasStream(const std::string& basin, const std::string& name);
   Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
                                                        size_t limit);
   Result<metastore::BasinInfo> GetBasin(const std::string& name);

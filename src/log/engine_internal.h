@@ -68,6 +68,7 @@ struct Engine::Pending {
   int64_t last_timestamp_ms = 0;
   std::shared_ptr<const std::string> bytes;
   std::vector<std::pair<AppendCallback, bool>> waiters;  // (callback, duplicated)
+  uint64_t trim_point = 0;  // the stream's trim point once this batch is applied
 };
 
 // One stream in memory. `mu` guards everything except `settled`, which only
@@ -90,6 +91,10 @@ struct Engine::Stream {
   bool deleting = false;
   int64_t last_append_ms = 0;  // wall clock of the last append sequenced here (delete_on_empty)
   StreamFacts settled;       // as of the last settle (offset == first durable batch)
+  // The trim point of acknowledged batches and stored trims (TrimTo): unlike
+  // live.trim_point, never one of a batch that may still fail. Retention
+  // deletes segments below this one only.
+  uint64_t durable_trim_point = 0;
 };
 
 // Object key of a settled segment: seg/<stream id>/<start>-<end>, zero-padded.

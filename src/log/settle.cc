@@ -315,7 +315,7 @@ Status Engine::ApplyRetention() {
       int64_t age = s->info.config.retention_age_s;
       for (const auto& seg : s->segments) {
         bool expired = age > 0 && seg.last_timestamp_ms < now_ms - std::min<int64_t>(age, INT64_MAX / 1000) * 1000;
-        bool trimmed = seg.end_offset <= s->live.trim_point;
+        bool trimmed = seg.end_offset <= s->durable_trim_point;
         if (!expired && !trimmed) break;
         below = seg.end_offset;
       }

@@ -80,7 +80,8 @@ struct BasinConfig {
 struct BasinInfo {
   std::string name;
   int64_t created_at_ms = 0;
-  // On create only: the client's request token (S2's s2-request-token), kept
+  // On create only: the client's request token (S2's s2-request-token; the
+  // REST API stores it with the requested config, as S2 keys creates), kept
   // so a retried create can be recognised (CreateToken). Not read back here.
   std::string request_token = {};
   BasinConfig config = {};
@@ -267,16 +268,16 @@ class Metastore {
   // unless bucket_count < new_bucket_count <= kMaxTableBuckets, or for an
   // invalid stream_config; kNotFound if the table is missing; kAlreadyExists
   // if a new bucket's stream name is taken (nothing changes).
+  virtual Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id,
+                                                                           uint32_t new_bucket_count,
+                                                                           const StreamConfig& stream_config,
+                                                                           int64_t created_at_ms) = 0;
   // Replaces a table's config blob and, in the same transaction, the config
   // of the given streams (its bucket streams: Kafka AlterConfigs). kNotFound
   // if the table or a stream is missing, kInvalidArgument for an invalid
   // stream config; either way nothing changes.
   virtual Status UpdateTableConfig(uint64_t table_id, std::string_view config,
                                    const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) = 0;
-  virtual Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id,
-                                                                           uint32_t new_bucket_count,
-                                                                           const StreamConfig& stream_config,
-                                                                           int64_t created_at_ms) = 0;
 
   // Consumer-group offsets (Kafka OffsetCommit / OffsetFetch), keyed by
   // (group, topic, partition). Commit upserts every entry in one transaction

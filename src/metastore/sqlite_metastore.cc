@@ -281,6 +281,8 @@ constexpr const char kStaleGroups[] =
     "SELECT group_id FROM group_offsets GROUP BY group_id HAVING MAX(commit_time_ms) < ?1";
 constexpr const char kDeleteAllGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1";
 constexpr const char kListOffsetGroups[] = "SELECT DISTINCT group_id FROM group_offsets ORDER BY group_id";
+#undef WEIR_BASIN_COLUMNS
+#undef WEIR_BASIN_CONFIG_DDL
 
 }  // namespace
 

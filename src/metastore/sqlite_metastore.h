@@ -38,6 +38,7 @@ class SqliteMetastore final : public Metastore {
   //      gains them; a v1 build then refuses the upgraded file)
   //   3: + create_tokens (likewise)
   //   4: + streams.delete_on_empty_s (ALTER TABLE for a v1 to v3 file)
+  //   5: + the basin config columns of basins (ALTER TABLE for a v1 to v4 file)
   static constexpr int kSchemaVersion = 5;
 
   // Opens PATH (created if missing; its parent directory must exist) or, for

@@ -513,8 +513,9 @@ class BasinTest(ApiTestCase):
         self.assertError(self.c.patch(f"/v1/basins/{name}",
                                       json={"default_stream_config": {"retention_policy": {"age": 0}}}),
                          422, "invalid")
-        self.assertError(self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_append": "yes"}),
-                         400, "bad_json")
+        for flag in ["yes", None, 1]:
+            self.assertError(self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_append": flag}),
+                             400, "bad_json")
         self.assertError(self.c.patch(f"/v1/basins/{name}",
                                       json={"default_stream_config": {"storage_class": "premium"}}),
                          400, "bad_json")
@@ -534,6 +535,9 @@ class BasinTest(ApiTestCase):
             self.assertEqual(r.status_code, 201, r.text)
         self.assertError(self.c.post("/v1/basins", json={"basin": name}, headers=tok),
                          409, "resource_already_exists")
+        self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_read": True})
+        r = self.c.post("/v1/basins", json={"basin": name, "config": {"create_stream_on_append": True}}, headers=tok)
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (201, "noop"), r.text)
 
     def test_streams_take_the_basin_defaults(self):
         basin = unique("bdef")
@@ -557,6 +561,15 @@ class BasinTest(ApiTestCase):
         r = c.put("/v1/streams/t", json={})
         self.assertEqual(r.status_code, 201, r.text)
         self.assertEqual(self.assertJson(c.get("/v1/streams/t"))["retention_policy"], {"age": 7200})
+        # In a config, delete_on_empty {} is an explicit "never" (min_age_secs
+        # defaults to 0), overriding the basin's default; in a reconfiguration, no change.
+        self.c.patch(f"/v1/basins/{basin}", json={"default_stream_config": {"delete_on_empty": {"min_age_secs": 600}}})
+        c.create_stream("doe-default")
+        self.assertEqual(self.assertJson(c.get("/v1/streams/doe-default"))["delete_on_empty"], {"min_age_secs": 600})
+        c.create_stream("doe-never", {"delete_on_empty": {}})
+        self.assertIsNone(self.assertJson(c.get("/v1/streams/doe-never"))["delete_on_empty"])
+        r = c.patch("/v1/streams/doe-default", json={"delete_on_empty": {}})
+        self.assertEqual(self.assertJson(r)["delete_on_empty"], {"min_age_secs": 600})
 
     def test_create_stream_on_append_and_on_read(self):
         basin = unique("bauto")
@@ -755,6 +768,10 @@ class StreamTest(ApiTestCase):
         self.assertError(self.c.post("/v1/streams", json={"stream": name}, headers={"s2-request-token": "other"}),
                          409, "resource_already_exists")
         self.assertError(self.c.post("/v1/streams", json={"stream": name}), 409, "resource_already_exists")
+        # The key is the config as requested, so a retry still matches after a reconfiguration.
+        self.assertEqual(self.c.patch(f"/v1/streams/{q(name)}", json={"storage_class": "express"}).status_code, 200)
+        again = self.c.post("/v1/streams", json={"stream": name, "config": {}}, headers=tok)
+        self.assertEqual((again.status_code, again.headers.get("s2-provision-result")), (201, "noop"), again.text)
         self.assertError(self.c.post("/v1/streams", json={"stream": unique("long")},
                                      headers={"s2-request-token": "x" * 37}), 400, "bad_header")
         basin = unique("tokbasin")
