@@ -700,6 +700,28 @@ TEST_F(EngineTest, RetentionAndTrimDeleteSettledSegments) {
   EXPECT_EQ(ReadAll("ret"), (std::vector<std::string>{"new"}));
 }
 
+TEST_F(EngineTest, RetentionDeletesNothingBelowATrimThatIsNotDurableYet) {
+  auto gated = RestartGated();
+  const uint64_t epoch = engine_->epoch();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b", "c"})).status.ok());  // slot 0
+  ASSERT_OK(engine_->SettleNow());
+  ASSERT_EQ(CountKeys(*store_, "seg/"), 1u);
+  const std::string slot1 = wal::SlotKey("n1", epoch, 1);
+  gated->Gate(slot1);
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(3)));
+  std::promise<AppendOutcome> done;
+  engine_->AppendAsync(kBasin, "s", std::move(trim), {}, [&](AppendOutcome o) { done.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot1));
+  // The trim is not durable: its append could still fail, so the segment stays.
+  ASSERT_OK(engine_->ApplyRetention());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);
+  gated->Open(slot1);
+  ASSERT_TRUE(done.get_future().get().status.ok());
+  ASSERT_OK(engine_->ApplyRetention());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u);
+}
+
 TEST_F(EngineTest, ConcurrentAppendsReadsAndSettles) {
   cache_bytes_ = 8 << 10;  // most reads go to WAL slots or segments
   Restart();
