@@ -2080,6 +2080,74 @@ TEST_F(GroupTest, DescribeListAndDeleteGroups) {
             ErrorCode::kGroupIdNotFound);
 }
 
+// A consumer protocol Subscription v0: version, topics, user data.
+std::string Subscription(const std::vector<std::string>& topics) {
+  std::string out;
+  Writer w(&out);
+  w.Int16(0);
+  w.Int32(static_cast<int32_t>(topics.size()));
+  for (const auto& t : topics) w.String(t);
+  w.Bytes(std::string_view());
+  return out;
+}
+
+TEST_F(GroupTest, OffsetDeleteKeepsTheOffsetsOfSubscribedTopics) {
+  ASSERT_EQ(CreateTopic("events", 2).error_code, ErrorCode::kNone);
+  ASSERT_EQ(CreateTopic("audit", 1).error_code, ErrorCode::kNone);
+  std::string a;
+  const int32_t gen = JoinAlone(Subscription({"events"}), "assigned-A", &a);
+  ASSERT_EQ(Commit(a, gen, "events", 0, 5), ErrorCode::kNone);
+  ASSERT_EQ(Commit(a, gen, "events", 1, 6), ErrorCode::kNone);
+  ASSERT_EQ(Commit(a, gen, "audit", 0, 7), ErrorCode::kNone);
+  auto del = [&](OffsetDeleteRequest m) { return Call(m, 0, DecodeOffsetDeleteResponse); };
+
+  // A stable member subscribes to events: those stay; audit's go; unknown partitions are named.
+  auto resp = del({kGroup, {{"events", {0}}, {"audit", {0, 4}}, {"nope", {0}}}});
+  EXPECT_EQ(resp.error_code, ErrorCode::kNone);
+  ASSERT_EQ(resp.topics.size(), 3u);
+  EXPECT_EQ(resp.topics[0].partitions.at(0).error_code, ErrorCode::kGroupSubscribedToTopic);
+  EXPECT_EQ(resp.topics[1].partitions.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(resp.topics[1].partitions.at(1).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(resp.topics[2].partitions.at(0).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(Committed("events", 0).committed_offset, 5);
+  EXPECT_EQ(Committed("audit", 0).committed_offset, -1);
+
+  // Once the member leaves, the group is empty and its offsets can go one partition at a time.
+  LeaveGroupRequest leave;
+  leave.group_id = kGroup;
+  leave.member_id = a;
+  ASSERT_EQ(Call(leave, 0, DecodeLeaveGroupResponse).error_code, ErrorCode::kNone);
+  resp = del({kGroup, {{"events", {1}}}});
+  EXPECT_EQ(resp.topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Committed("events", 1).committed_offset, -1);
+  EXPECT_EQ(Committed("events", 0).committed_offset, 5);
+
+  // A group nobody knows; a group of another protocol type with members.
+  EXPECT_EQ(del({"nobody", {{"events", {0}}}}).error_code, ErrorCode::kGroupIdNotFound);
+  ASSERT_EQ(CommitStandalone("standalone", "events", 0, 9), ErrorCode::kNone);  // known by its offsets only
+  EXPECT_EQ(del({"standalone", {{"events", {0}}}}).error_code, ErrorCode::kNone);
+  JoinGroupRequest other = JoinReq("", "meta");
+  other.group_id = "connectors";
+  other.protocol_type = "connect";
+  auto joined = Call(other, 5, DecodeJoinGroupResponse);
+  if (joined.error_code == ErrorCode::kMemberIdRequired) {
+    other.member_id = joined.member_id;
+    joined = Call(other, 5, DecodeJoinGroupResponse);
+  }
+  ASSERT_EQ(joined.error_code, ErrorCode::kNone);
+  EXPECT_EQ(del({"connectors", {{"events", {0}}}}).error_code, ErrorCode::kNonEmptyGroup);
+}
+
+TEST(ConsumerSubscription, TopicsAreReadFromAnyVersion) {
+  EXPECT_EQ(ConsumerSubscriptionTopics(Subscription({"a", "bb"})), (std::vector<std::string>{"a", "bb"}));
+  std::string v3 = Subscription({"x"});
+  v3[1] = 3;  // version 3 carries more fields after the topics; they are not read
+  v3 += std::string("\0\0\0\0\xff\xff\xff\xff\0\0\0\0", 12);
+  EXPECT_EQ(ConsumerSubscriptionTopics(v3), (std::vector<std::string>{"x"}));
+  EXPECT_EQ(ConsumerSubscriptionTopics("meta-A"), std::nullopt);
+  EXPECT_EQ(ConsumerSubscriptionTopics(""), std::nullopt);
+}
+
 TEST_F(GroupTest, GroupsWithOffsetsAreListedAfterARestart) {
   ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
   std::string a;

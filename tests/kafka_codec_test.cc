@@ -328,7 +328,7 @@ TEST(KafkaApiTable, Lookup) {
   EXPECT_FALSE(IsSupported(18, 3));
   int count = 0;
   samples::ForEachApiVersion([&](ApiKey, int16_t) { ++count; });
-  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 3 + 2 + 2 + 2 + 2 + 1);
+  EXPECT_EQ(count, 5 + 8 + 4 + 7 + 8 + 5 + 3 + 6 + 4 + 4 + 4 + 5 + 3 + 3 + 5 + 4 + 2 + 3 + 2 + 2 + 2 + 2 + 1 + 1);
 }
 
 // ---- Round trips ----------------------------------------------------------------
@@ -541,6 +541,13 @@ void ResponseRoundTrip(ApiKey key, int16_t v) {
       DeleteRecordsResponse m{4, {{"orders", {{0, 17, ErrorCode::kNone}, {3, -1, ErrorCode::kOffsetOutOfRange}}},
                                   {"gone", {{0, -1, ErrorCode::kUnknownTopicOrPartition}}}}};
       return ExpectResponseRoundTrip(m, v, EncodeDeleteRecordsResponse, DecodeDeleteRecordsResponse);
+    }
+    case ApiKey::kOffsetDelete: {
+      OffsetDeleteResponse m{ErrorCode::kNone, 2, {{"orders", {{0, ErrorCode::kNone},
+                                                               {1, ErrorCode::kGroupSubscribedToTopic}}}}};
+      ExpectResponseRoundTrip(m, v, EncodeOffsetDeleteResponse, DecodeOffsetDeleteResponse);
+      OffsetDeleteResponse failed{ErrorCode::kGroupIdNotFound, 0, {}};
+      return ExpectResponseRoundTrip(failed, v, EncodeOffsetDeleteResponse, DecodeOffsetDeleteResponse);
     }
     case ApiKey::kIncrementalAlterConfigs:  // answered with AlterConfigs' layout
     case ApiKey::kAlterConfigs: {
@@ -829,7 +836,7 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
   std::string want = Hex(
       "00000009"  // correlation_id
       "0023"      // error_code 35 UNSUPPORTED_VERSION
-      "00000017"  // 23 APIs
+      "00000018"  // 24 APIs
       "0000 0000 0007"  // Produce: decoded from v3, advertised from v0
       "0001 0000 000b"  // Fetch: decoded from v4
       "0002 0000 0003"
@@ -852,7 +859,8 @@ TEST(KafkaGolden, ApiVersionsUnsupportedAnswer) {
       "0021 0000 0001"    // AlterConfigs
       "0025 0000 0001"    // CreatePartitions
       "002a 0000 0001"    // DeleteGroups
-      "002c 0000 0000");  // IncrementalAlterConfigs
+      "002c 0000 0000"    // IncrementalAlterConfigs
+      "002f 0000 0000");  // OffsetDelete
   EXPECT_EQ(ToHex(got), ToHex(want));
 }
 

@@ -160,6 +160,8 @@ inline RequestBody Request(ApiKey key, int16_t v) {
       m.validate_only = true;
       return m;
     }
+    case ApiKey::kOffsetDelete:
+      return OffsetDeleteRequest{"g1", {{"orders", {0, 3}}, {"events", {}}}};
     case ApiKey::kIncrementalAlterConfigs: {
       IncrementalAlterConfigsRequest m;
       m.resources = {{kConfigResourceTopic, "orders",

@@ -862,6 +862,29 @@ TEST_P(MetastoreConformance, UpdateTableConfigChangesTheBlobAndStreamsTogether) 
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 0))->config, cfg);
 }
 
+TEST_P(MetastoreConformance, DeletePartitionOffsetsRemovesOnlyThose) {
+  GroupOffset o;
+  o.topic = "t";
+  o.offset = 5;
+  std::vector<GroupOffset> commit;
+  for (int32_t p = 0; p < 3; ++p) {
+    o.partition = p;
+    commit.push_back(o);
+  }
+  o.topic = "u";
+  o.partition = 0;
+  commit.push_back(o);
+  ASSERT_OK(m().CommitGroupOffsets("g", commit));
+  ASSERT_OK(m().CommitGroupOffsets("h", commit));
+  ASSERT_OK(m().DeletePartitionOffsets("g", {{"t", 1}, {"u", 0}, {"t", 9}, {"none", 0}}));
+  ASSERT_OK_AND_ASSIGN(std::vector<GroupOffset> left, m().FetchGroupOffsets("g"));
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[0].partition, 0);
+  EXPECT_EQ(left[1].partition, 2);
+  EXPECT_EQ(m().FetchGroupOffsets("h")->size(), 4u);
+  ASSERT_OK(m().DeletePartitionOffsets("nobody", {{"t", 0}}));
+}
+
 TEST_P(MetastoreConformance, CommitSettlePreconditionFailuresChangeNothing) {
   const uint64_t a = MakeStream("b", "a");
   MintTo("n1", 2);

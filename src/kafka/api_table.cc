@@ -39,6 +39,7 @@ Status DecodeBody(Reader& r, ApiKey key, int16_t version, RequestBody* body) {
     case ApiKey::kAlterConfigs: return DecodeAs(DecodeAlterConfigsRequest, r, version, body);
     case ApiKey::kIncrementalAlterConfigs:
       return DecodeAs(DecodeIncrementalAlterConfigsRequest, r, version, body);
+    case ApiKey::kOffsetDelete: return DecodeAs(DecodeOffsetDeleteRequest, r, version, body);
   }
   return Internal("kafka: api key {} is in the table but has no decoder", static_cast<int>(key));
 }
@@ -69,6 +70,7 @@ struct KeyOf {
   ApiKey operator()(const DeleteRecordsRequest&) const { return ApiKey::kDeleteRecords; }
   ApiKey operator()(const AlterConfigsRequest&) const { return ApiKey::kAlterConfigs; }
   ApiKey operator()(const IncrementalAlterConfigsRequest&) const { return ApiKey::kIncrementalAlterConfigs; }
+  ApiKey operator()(const OffsetDeleteRequest&) const { return ApiKey::kOffsetDelete; }
 };
 
 struct EncodeBody {
@@ -97,6 +99,7 @@ struct EncodeBody {
   void operator()(const DeleteRecordsRequest& m) const { EncodeDeleteRecordsRequest(m, v, w); }
   void operator()(const AlterConfigsRequest& m) const { EncodeAlterConfigsRequest(m, v, w); }
   void operator()(const IncrementalAlterConfigsRequest& m) const { EncodeIncrementalAlterConfigsRequest(m, v, w); }
+  void operator()(const OffsetDeleteRequest& m) const { EncodeOffsetDeleteRequest(m, v, w); }
 };
 
 }  // namespace

@@ -43,6 +43,7 @@ enum class ApiKey : int16_t {
   kCreatePartitions = 37,
   kDeleteGroups = 42,
   kIncrementalAlterConfigs = 44,
+  kOffsetDelete = 47,
 };
 
 // One supported API: requests with `key` and a version in
@@ -86,6 +87,7 @@ inline constexpr ApiInfo kSupportedApis[] = {
     {37,  "CreatePartitions", 0, 1,   0},
     {42,  "DeleteGroups",    0,  1,   0},
     {44,  "IncrementalAlterConfigs", 0, 0, 0},
+    {47,  "OffsetDelete",    0,  0,   0},
 };
 
 // The row for `key`, or nullptr if weir does not speak that API.
@@ -111,7 +113,7 @@ using RequestBody =
                  SyncGroupRequest, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
                  InitProducerIdRequest, DescribeGroupsRequest, ListGroupsRequest, DeleteGroupsRequest,
                  DescribeConfigsRequest, CreatePartitionsRequest, DeleteRecordsRequest, AlterConfigsRequest,
-                 IncrementalAlterConfigsRequest>;
+                 IncrementalAlterConfigsRequest, OffsetDeleteRequest>;
 
 struct DecodedRequest {
   RequestHeader header;

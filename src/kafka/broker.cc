@@ -188,6 +188,7 @@ void Broker::Dispatch(const std::shared_ptr<Request>& req) {
     case ApiKey::kDeleteRecords:   return ordered(&Broker::DeleteRecords);
     case ApiKey::kAlterConfigs:    return ordered(&Broker::AlterConfigs);
     case ApiKey::kIncrementalAlterConfigs: return ordered(&Broker::IncrementalAlterConfigs);
+    case ApiKey::kOffsetDelete:    return ordered(&Broker::OffsetDelete);
   }
   req->reply->Close();
 }

@@ -119,6 +119,7 @@ class Broker : public FrameHandler {
   void DescribeGroups(const std::shared_ptr<Request>& req);
   void ListGroups(const std::shared_ptr<Request>& req);
   void DeleteGroups(const std::shared_ptr<Request>& req);
+  void OffsetDelete(const std::shared_ptr<Request>& req);
   void DescribeConfigs(const std::shared_ptr<Request>& req);
   void CreatePartitions(const std::shared_ptr<Request>& req);
   void DeleteRecords(const std::shared_ptr<Request>& req);

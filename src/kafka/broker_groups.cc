@@ -277,4 +277,69 @@ void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
   Send(req, resp, EncodeDeleteGroupsResponse);
 }
 
+// ---- OffsetDelete ---------------------------------------------------------------
+// Deletes a group's committed offsets of some partitions (Kafka's
+// OffsetDelete: `kafka-consumer-groups --delete-offsets`). As on Kafka, a
+// group with members keeps the offsets of the topics they subscribe to
+// (GROUP_SUBSCRIBED_TO_TOPIC), read from the consumer protocol's member
+// metadata; while a rebalance hides that, every topic counts as subscribed.
+// A group with members of another protocol type is NON_EMPTY_GROUP.
+
+// Runs on a worker thread (metastore reads and writes).
+void Broker::OffsetDelete(const std::shared_ptr<Request>& req) {
+  auto& in = req->body<OffsetDeleteRequest>();
+  OffsetDeleteResponse resp;
+  auto reply = [&](ErrorCode code) {
+    resp.error_code = code;
+    resp.topics.clear();
+    Send(req, resp, EncodeOffsetDeleteResponse);
+  };
+  auto offsets = meta_->FetchGroupOffsets(in.group_id);
+  if (!offsets.ok()) {
+    Log().warn("kafka: reading the offsets of group {}: {}", in.group_id, offsets.status().ToString());
+    return reply(ErrorCode::kCoordinatorNotAvailable);
+  }
+  const auto group = groups_.DescribeGroup(in.group_id);
+  if (!group && offsets->empty()) return reply(ErrorCode::kGroupIdNotFound);
+  std::optional<std::set<std::string>> subscribed = std::set<std::string>{};  // nullopt: every topic
+  if (group && !group->members.empty()) {
+    if (group->protocol_type != "consumer") return reply(ErrorCode::kNonEmptyGroup);
+    for (const MemberDescription& m : group->members) {
+      auto topics = m.metadata.empty() ? std::nullopt : ConsumerSubscriptionTopics(m.metadata);
+      if (!topics) {
+        subscribed.reset();
+        break;
+      }
+      subscribed->insert(topics->begin(), topics->end());
+    }
+  }
+  std::vector<std::pair<std::string, int32_t>> doomed;
+  for (const OffsetDeleteTopic& t : in.topics) {
+    OffsetDeleteTopicResult tr;
+    tr.name = t.name;
+    auto table = engine_->GetTable(options_.basin, t.name);
+    for (int32_t p : t.partitions) {
+      OffsetDeletePartitionResult pr;
+      pr.partition_index = p;
+      if (!table.ok() || p < 0 || static_cast<uint32_t>(p) >= table->bucket_count) {
+        pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+      } else if (!subscribed || subscribed->count(t.name) != 0) {
+        pr.error_code = ErrorCode::kGroupSubscribedToTopic;
+      } else {
+        doomed.emplace_back(t.name, p);
+      }
+      tr.partitions.push_back(pr);
+    }
+    resp.topics.push_back(std::move(tr));
+  }
+  if (!doomed.empty()) {
+    if (Status st = meta_->DeletePartitionOffsets(in.group_id, doomed); !st.ok()) {
+      Log().warn("kafka: deleting offsets of group {}: {}", in.group_id, st.ToString());
+      return reply(ErrorCode::kCoordinatorNotAvailable);
+    }
+    Log().info("kafka: deleted {} committed offset(s) of group {}", doomed.size(), in.group_id);
+  }
+  Send(req, resp, EncodeOffsetDeleteResponse);
+}
+
 }  // namespace weir::kafka

@@ -69,6 +69,7 @@ std::string_view ErrorName(ErrorCode code) {
     case ErrorCode::kMemberIdRequired: return "MEMBER_ID_REQUIRED";
     case ErrorCode::kGroupMaxSizeReached: return "GROUP_MAX_SIZE_REACHED";
     case ErrorCode::kFencedInstanceId: return "FENCED_INSTANCE_ID";
+    case ErrorCode::kGroupSubscribedToTopic: return "GROUP_SUBSCRIBED_TO_TOPIC";
     case ErrorCode::kInvalidRecord: return "INVALID_RECORD";
     case ErrorCode::kUnstableOffsetCommit: return "UNSTABLE_OFFSET_COMMIT";
     case ErrorCode::kThrottlingQuotaExceeded: return "THROTTLING_QUOTA_EXCEEDED";

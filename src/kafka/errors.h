@@ -76,6 +76,7 @@ enum class ErrorCode : int16_t {
   kMemberIdRequired = 79,
   kGroupMaxSizeReached = 81,
   kFencedInstanceId = 82,
+  kGroupSubscribedToTopic = 86,
   kInvalidRecord = 87,
   kUnstableOffsetCommit = 88,
   kThrottlingQuotaExceeded = 89,

@@ -1339,4 +1339,62 @@ void EncodeIncrementalAlterConfigsRequest(const IncrementalAlterConfigsRequest& 
   w.Bool(m.validate_only);
 }
 
+// ---- OffsetDelete ------------------------------------------------------------------
+
+Status DecodeOffsetDeleteRequest(Reader& r, int16_t /*version*/, OffsetDeleteRequest* out) {
+  *out = {};
+  Reader::Scope root(r, "OffsetDeleteRequest");
+  out->group_id = r.String("group_id");
+  ReadArray(r, "topics", kStr + kArr, &out->topics, [&](OffsetDeleteTopic& t) {
+    t.name = r.String("name");
+    ReadInt32Array(r, "partitions", &t.partitions);
+  });
+  return r.Finish();
+}
+
+void EncodeOffsetDeleteRequest(const OffsetDeleteRequest& m, int16_t /*version*/, Writer& w) {
+  w.String(m.group_id);
+  WriteArray(w, m.topics, [&](const OffsetDeleteTopic& t) {
+    w.String(t.name);
+    WriteInt32Array(w, t.partitions);
+  });
+}
+
+void EncodeOffsetDeleteResponse(const OffsetDeleteResponse& m, int16_t /*version*/, Writer& w) {
+  WriteErrorCode(w, m.error_code);
+  w.Int32(m.throttle_time_ms);
+  WriteArray(w, m.topics, [&](const OffsetDeleteTopicResult& t) {
+    w.String(t.name);
+    WriteArray(w, t.partitions, [&](const OffsetDeletePartitionResult& p) {
+      w.Int32(p.partition_index);
+      WriteErrorCode(w, p.error_code);
+    });
+  });
+}
+
+Status DecodeOffsetDeleteResponse(Reader& r, int16_t /*version*/, OffsetDeleteResponse* out) {
+  *out = {};
+  Reader::Scope root(r, "OffsetDeleteResponse");
+  out->error_code = ReadErrorCode(r);
+  out->throttle_time_ms = r.Int32("throttle_time_ms");
+  ReadArray(r, "topics", kStr + kArr, &out->topics, [&](OffsetDeleteTopicResult& t) {
+    t.name = r.String("name");
+    ReadArray(r, "partitions", kI32 + kI16, &t.partitions, [&](OffsetDeletePartitionResult& p) {
+      p.partition_index = r.Int32("partition_index");
+      p.error_code = ReadErrorCode(r);
+    });
+  });
+  return r.Finish();
+}
+
+std::optional<std::vector<std::string>> ConsumerSubscriptionTopics(std::string_view metadata) {
+  Reader r(metadata);
+  Reader::Scope root(r, "ConsumerProtocolSubscription");
+  r.Int16("version");
+  std::vector<std::string> topics;
+  ReadArray(r, "topics", kStr, &topics, [&](std::string& t) { t = r.String("topic"); });
+  if (!r.ok()) return std::nullopt;
+  return topics;  // the rest (user data, owned partitions, ...) is not needed
+}
+
 }  // namespace weir::kafka

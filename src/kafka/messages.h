@@ -882,4 +882,43 @@ struct IncrementalAlterConfigsRequest {
 Status DecodeIncrementalAlterConfigsRequest(Reader& r, int16_t version, IncrementalAlterConfigsRequest* out);
 void EncodeIncrementalAlterConfigsRequest(const IncrementalAlterConfigsRequest& m, int16_t version, Writer& w);
 
+// ---- OffsetDelete (key 47), v0 ----------------------------------------------------
+
+struct OffsetDeleteTopic {
+  std::string name;
+  std::vector<int32_t> partitions;
+  bool operator==(const OffsetDeleteTopic&) const = default;
+};
+struct OffsetDeleteRequest {
+  std::string group_id;
+  std::vector<OffsetDeleteTopic> topics;
+  bool operator==(const OffsetDeleteRequest&) const = default;
+};
+struct OffsetDeletePartitionResult {
+  int32_t partition_index = 0;
+  ErrorCode error_code = ErrorCode::kNone;
+  bool operator==(const OffsetDeletePartitionResult&) const = default;
+};
+struct OffsetDeleteTopicResult {
+  std::string name;
+  std::vector<OffsetDeletePartitionResult> partitions;
+  bool operator==(const OffsetDeleteTopicResult&) const = default;
+};
+struct OffsetDeleteResponse {
+  ErrorCode error_code = ErrorCode::kNone;  // for the whole group
+  int32_t throttle_time_ms = 0;
+  std::vector<OffsetDeleteTopicResult> topics;
+  bool operator==(const OffsetDeleteResponse&) const = default;
+};
+
+Status DecodeOffsetDeleteRequest(Reader& r, int16_t version, OffsetDeleteRequest* out);
+void EncodeOffsetDeleteRequest(const OffsetDeleteRequest& m, int16_t version, Writer& w);
+void EncodeOffsetDeleteResponse(const OffsetDeleteResponse& m, int16_t version, Writer& w);
+Status DecodeOffsetDeleteResponse(Reader& r, int16_t version, OffsetDeleteResponse* out);
+
+// The topics of a consumer protocol Subscription (member metadata of protocol
+// type "consumer"): every version starts with version (int16) and topics
+// (array of strings). nullopt if the bytes do not hold that much.
+std::optional<std::vector<std::string>> ConsumerSubscriptionTopics(std::string_view metadata);
+
 }  // namespace weir::kafka

@@ -288,6 +288,10 @@ class Metastore {
   virtual Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) = 0;
   virtual Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) = 0;
   virtual Status DeleteGroupOffsets(std::string_view group, std::string_view topic) = 0;
+  // Removes a group's offsets of the given (topic, partition)s in one
+  // transaction (Kafka OffsetDelete); no error for those it has none of.
+  virtual Status DeletePartitionOffsets(std::string_view group,
+                                        const std::vector<std::pair<std::string, int32_t>>& partitions) = 0;
   // Removes every group's offsets of one topic (the topic was deleted).
   virtual Status DeleteTopicOffsets(std::string_view topic) = 0;
   // The groups that hold at least one committed offset, sorted (Kafka

@@ -280,6 +280,8 @@ constexpr const char kDeleteTopicOffsets[] = "DELETE FROM group_offsets WHERE to
 constexpr const char kStaleGroups[] =
     "SELECT group_id FROM group_offsets GROUP BY group_id HAVING MAX(commit_time_ms) < ?1";
 constexpr const char kDeleteAllGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1";
+constexpr const char kDeletePartitionOffset[] =
+    "DELETE FROM group_offsets WHERE group_id = ?1 AND topic = ?2 AND part = ?3";
 constexpr const char kListOffsetGroups[] = "SELECT DISTINCT group_id FROM group_offsets ORDER BY group_id";
 #undef WEIR_BASIN_COLUMNS
 #undef WEIR_BASIN_CONFIG_DDL
@@ -1473,6 +1475,20 @@ Status SqliteMetastore::DeleteGroupOffsets(std::string_view group, std::string_v
     return InTransaction("delete group offsets", [&]() -> Status {
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteGroupOffsets));
       return st.Text(1, group).Text(2, topic).Run("delete group offsets");
+    });
+  });
+}
+
+Status SqliteMetastore::DeletePartitionOffsets(std::string_view group,
+                                               const std::vector<std::pair<std::string, int32_t>>& partitions) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeletePartitionOffsets", [&]() -> Status {
+    return InTransaction("delete partition offsets", [&]() -> Status {
+      for (const auto& [topic, part] : partitions) {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeletePartitionOffset));
+        WEIR_RETURN_IF_ERROR(st.Text(1, group).Text(2, topic).Int(3, part).Run("delete partition offset"));
+      }
+      return Status::Ok();
     });
   });
 }

@@ -98,6 +98,8 @@ class SqliteMetastore final : public Metastore {
   Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) override;
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;
   Status DeleteGroupOffsets(std::string_view group, std::string_view topic) override;
+  Status DeletePartitionOffsets(std::string_view group,
+                                const std::vector<std::pair<std::string, int32_t>>& partitions) override;
   Status DeleteTopicOffsets(std::string_view topic) override;
   Result<std::vector<std::string>> ListOffsetGroups() override;
   Result<bool> DeleteAllGroupOffsets(std::string_view group) override;
