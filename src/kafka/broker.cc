@@ -956,25 +956,37 @@ void Broker::DeleteRecords(const std::shared_ptr<Request>& req) {
 // Runs on a worker thread (metastore writes).
 void Broker::AlterConfigs(const std::shared_ptr<Request>& req) {
   auto& in = req->body<AlterConfigsRequest>();
+  auto resp = AlterEachTopic(in.resources, [&](const AlterConfigsResource& res, const metastore::TableInfo&,
+                                               AlterConfigsResult* out) {
+    ReplaceTopicConfigs(res.resource_name, res.configs, in.validate_only, out);
+  });
+  Send(req, resp, EncodeAlterConfigsResponse);
+}
+
+template <typename Resource, typename Apply>
+AlterConfigsResponse Broker::AlterEachTopic(const std::vector<Resource>& resources, Apply&& apply) {
   AlterConfigsResponse resp;
   std::map<std::pair<int8_t, std::string>, int> seen;
-  for (auto& res : in.resources) seen[{res.resource_type, res.resource_name}]++;
-  for (auto& res : in.resources) {
+  for (auto& res : resources) seen[{res.resource_type, res.resource_name}]++;
+  for (auto& res : resources) {
     AlterConfigsResult out;
     out.resource_type = res.resource_type;
     out.resource_name = res.resource_name;
     if (CheckConfigResource(res.resource_type, seen[{res.resource_type, res.resource_name}], &out)) {
       std::lock_guard lk(create_mu_);
       auto table = engine_->GetTable(options_.basin, res.resource_name);
-      if (!table.ok()) {
-        TopicLookupFailed(table.status(), res.resource_name, &out);
+      if (table.ok()) {
+        apply(res, *table, &out);
       } else {
-        ReplaceTopicConfigs(res.resource_name, res.configs, in.validate_only, &out);
+        const bool missing = table.status().code() == Code::kNotFound;
+        out.error_code = missing ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kUnknownServerError;
+        out.error_message =
+            missing ? fmt::format("topic {} does not exist", res.resource_name) : table.status().ToString();
       }
     }
     resp.responses.push_back(std::move(out));
   }
-  Send(req, resp, EncodeAlterConfigsResponse);
+  return resp;
 }
 
 bool Broker::CheckConfigResource(int8_t resource_type, int times_named, AlterConfigsResult* out) {
@@ -990,12 +1002,6 @@ bool Broker::CheckConfigResource(int8_t resource_type, int times_named, AlterCon
         fmt::format("config resource type {} is not supported (2: topic, 4: broker)", static_cast<int>(resource_type));
   }
   return out->error_code == ErrorCode::kNone;
-}
-
-void Broker::TopicLookupFailed(const Status& st, const std::string& topic, AlterConfigsResult* out) {
-  const bool missing = st.code() == Code::kNotFound;
-  out->error_code = missing ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kUnknownServerError;
-  out->error_message = missing ? fmt::format("topic {} does not exist", topic) : st.ToString();
 }
 
 void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<AlterConfigsEntry>& set,
@@ -1041,27 +1047,15 @@ void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<Alt
 // Runs on a worker thread (metastore writes).
 void Broker::IncrementalAlterConfigs(const std::shared_ptr<Request>& req) {
   auto& in = req->body<IncrementalAlterConfigsRequest>();
-  AlterConfigsResponse resp;
-  std::map<std::pair<int8_t, std::string>, int> seen;
-  for (auto& res : in.resources) seen[{res.resource_type, res.resource_name}]++;
-  for (auto& res : in.resources) {
-    AlterConfigsResult out;
-    out.resource_type = res.resource_type;
-    out.resource_name = res.resource_name;
-    if (!CheckConfigResource(res.resource_type, seen[{res.resource_type, res.resource_name}], &out)) {
-      resp.responses.push_back(std::move(out));
-      continue;
-    }
-    std::lock_guard lk(create_mu_);
-    auto table = engine_->GetTable(options_.basin, res.resource_name);
-    if (!table.ok()) {
-      TopicLookupFailed(table.status(), res.resource_name, &out);
-      resp.responses.push_back(std::move(out));
-      continue;
-    }
+  auto resp = AlterEachTopic(in.resources, [&](const IncrementalAlterConfigsResource& res,
+                                               const metastore::TableInfo& table, AlterConfigsResult* out) {
+    auto fail = [&](ErrorCode code, std::string message) {
+      out->error_code = code;
+      out->error_message = std::move(message);
+    };
     // The current set: the values stored with the topic (nulls are unset).
     std::map<std::string, std::string> current;
-    auto stored = nlohmann::json::parse(table->config, nullptr, /*allow_exceptions=*/false);
+    auto stored = nlohmann::json::parse(table.config, nullptr, /*allow_exceptions=*/false);
     if (stored.is_object()) {
       for (auto& [name, value] : stored.items()) {
         if (value.is_string()) current[name] = value.get<std::string>();
@@ -1069,49 +1063,37 @@ void Broker::IncrementalAlterConfigs(const std::shared_ptr<Request>& req) {
     }
     std::set<std::string> named;
     for (const auto& c : res.configs) {
-      auto fail = [&](ErrorCode code, std::string message) {
-        out.error_code = code;
-        out.error_message = std::move(message);
-      };
       if (!named.insert(c.name).second) {
-        fail(ErrorCode::kInvalidRequest, fmt::format("config {} is named more than once", c.name));
-      } else if (c.op == kConfigOpSet) {
-        if (c.value) {
-          current[c.name] = *c.value;
-        } else {
-          current.erase(c.name);
-        }
-      } else if (c.op == kConfigOpDelete) {
+        return fail(ErrorCode::kInvalidRequest, fmt::format("config {} is named more than once", c.name));
+      }
+      if (c.op == kConfigOpSet && c.value) {
+        current[c.name] = *c.value;
+      } else if (c.op == kConfigOpSet || c.op == kConfigOpDelete) {
         current.erase(c.name);
       } else if (c.op == kConfigOpAppend || c.op == kConfigOpSubtract) {
         if (c.name != "cleanup.policy") {
-          fail(ErrorCode::kInvalidConfig, fmt::format("{} is not a list config: it cannot be appended to or "
-                                                      "subtracted from", c.name));
-        } else {
-          // A comma-separated list; its default is "delete".
-          auto it = current.find(c.name);
-          std::vector<std::string> items = SplitList(it != current.end() ? it->second : "delete");
-          for (const std::string& item : SplitList(c.value.value_or(""))) {
-            auto at = std::find(items.begin(), items.end(), item);
-            if (c.op == kConfigOpAppend && at == items.end()) items.push_back(item);
-            if (c.op == kConfigOpSubtract && at != items.end()) items.erase(at);
-          }
-          std::string joined;
-          for (const std::string& item : items) joined += (joined.empty() ? "" : ",") + item;
-          current[c.name] = joined;
+          return fail(ErrorCode::kInvalidConfig,
+                      fmt::format("{} is not a list config: it cannot be appended to or subtracted from", c.name));
         }
+        // A comma-separated list; its default is "delete".
+        auto it = current.find(c.name);
+        std::vector<std::string> items = SplitList(it != current.end() ? it->second : "delete");
+        for (const std::string& item : SplitList(c.value.value_or(""))) {
+          auto at = std::find(items.begin(), items.end(), item);
+          if (c.op == kConfigOpAppend && at == items.end()) items.push_back(item);
+          if (c.op == kConfigOpSubtract && at != items.end()) items.erase(at);
+        }
+        std::string joined;
+        for (const std::string& item : items) joined += (joined.empty() ? "" : ",") + item;
+        current[c.name] = joined;
       } else {
-        fail(ErrorCode::kInvalidRequest, fmt::format("unknown config operation {}", static_cast<int>(c.op)));
+        return fail(ErrorCode::kInvalidRequest, fmt::format("unknown config operation {}", static_cast<int>(c.op)));
       }
-      if (out.error_code != ErrorCode::kNone) break;
     }
-    if (out.error_code == ErrorCode::kNone) {
-      std::vector<AlterConfigsEntry> set;
-      for (auto& [name, value] : current) set.push_back(AlterConfigsEntry{name, value});
-      ReplaceTopicConfigs(res.resource_name, set, in.validate_only, &out);
-    }
-    resp.responses.push_back(std::move(out));
-  }
+    std::vector<AlterConfigsEntry> set;
+    for (auto& [name, value] : current) set.push_back(AlterConfigsEntry{name, value});
+    ReplaceTopicConfigs(res.resource_name, set, in.validate_only, out);
+  });
   Send(req, resp, EncodeAlterConfigsResponse);
 }
 

@@ -125,13 +125,15 @@ class Broker : public FrameHandler {
   void DeleteRecords(const std::shared_ptr<Request>& req);
   void AlterConfigs(const std::shared_ptr<Request>& req);
   void IncrementalAlterConfigs(const std::shared_ptr<Request>& req);
-  // AlterConfigs helpers, answering into `out`. CheckConfigResource: false
-  // (with the error) unless a topic named once. TopicLookupFailed: the error
-  // for a failed topic lookup. ReplaceTopicConfigs: checks `set`, the topic's
-  // whole new config set, and (unless validate_only) applies it; the caller
-  // holds create_mu_.
+  // AlterConfigs helpers. AlterEachTopic runs `apply(resource, table, &result)`
+  // under create_mu_ for each resource that names an existing topic once,
+  // and answers the others with their error. CheckConfigResource: false
+  // (with the error in `out`) unless a topic is named once.
+  // ReplaceTopicConfigs: checks `set`, the topic's whole new config set, and
+  // (unless validate_only) applies it; the caller holds create_mu_.
+  template <typename Resource, typename Apply>
+  AlterConfigsResponse AlterEachTopic(const std::vector<Resource>& resources, Apply&& apply);
   static bool CheckConfigResource(int8_t resource_type, int times_named, AlterConfigsResult* out);
-  static void TopicLookupFailed(const Status& st, const std::string& topic, AlterConfigsResult* out);
   void ReplaceTopicConfigs(const std::string& topic, const std::vector<AlterConfigsEntry>& set, bool validate_only,
                            AlterConfigsResult* out);
 
