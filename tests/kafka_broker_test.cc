@@ -2125,7 +2125,11 @@ TEST_F(GroupTest, OffsetDeleteKeepsTheOffsetsOfSubscribedTopics) {
   // A group nobody knows; a group of another protocol type with members.
   EXPECT_EQ(del({"nobody", {{"events", {0}}}}).error_code, ErrorCode::kGroupIdNotFound);
   ASSERT_EQ(CommitStandalone("standalone", "events", 0, 9), ErrorCode::kNone);  // known by its offsets only
+  ASSERT_EQ(CommitStandalone("standalone", "events", 1, 10), ErrorCode::kNone);
   EXPECT_EQ(del({"standalone", {{"events", {0}}}}).error_code, ErrorCode::kNone);
+  ASSERT_OK_AND_ASSIGN(auto left, meta_->FetchGroupOffsets("standalone"));
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].partition, 1);
   JoinGroupRequest other = JoinReq("", "meta");
   other.group_id = "connectors";
   other.protocol_type = "connect";

@@ -226,6 +226,7 @@ Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l, ConfigMo
     if (mode == ConfigMode::kCreate && !it->contains("min_age_secs")) l->delete_on_empty_min_age_s = 0;
     if (auto age = it->find("min_age_secs"); age != it->end()) {
       if (age->is_null()) {
+        if (mode == ConfigMode::kCreate) throw BadRequest{"delete_on_empty.min_age_secs must be an integer"};
         l->delete_on_empty_min_age_s.reset();
       } else {
         if (!age->is_number_integer()) throw BadRequest{"delete_on_empty.min_age_secs must be an integer"};
@@ -504,8 +505,10 @@ RestApi::RestApi(log::Engine* engine, RestOptions options) : engine_(engine), op
 RestApi::~RestApi() = default;
 
 void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
-  // Appends run here, on the I/O thread: they only wait for durability
-  // through a callback. Everything else may block and moves to a worker.
+  // Appends to known streams run here, on the I/O thread: they wait for
+  // durability through a callback (admission may hold them briefly under
+  // backpressure). Everything else, and an append that may first create its
+  // stream (RestApi::Append), moves to a worker.
   bool append = req.method == "POST" && req.path.size() > 8 && req.path.ends_with("/records");
   if (!append) {
     auto* e = ex.get();
@@ -654,7 +657,7 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
         return c.Fail(st);
       }
     }
-    std::lock_guard lk(basin_config_mu_);  // read, compare, write
+    std::lock_guard lk(config_mu_);  // read, compare, write
     Status st = engine_->CreateBasin(*name, "", config);
     if (!st.ok() && st.code() != Code::kAlreadyExists) return c.Fail(st);
     auto info = engine_->GetBasin(*name);
@@ -667,7 +670,7 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
   if (req.method == "PATCH") {
     Json j = Json::parse(req.body, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
-    std::lock_guard lk(basin_config_mu_);  // read, change, write: concurrent PATCHes do not lose changes
+    std::lock_guard lk(config_mu_);  // read, change, write: concurrent PATCHes do not lose changes
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
     metastore::BasinConfig config = info->config;
@@ -742,6 +745,7 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     Json j = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     if (req.method == "PATCH" && !j.is_object()) throw BadRequest{"the body must be a StreamReconfiguration object"};
+    std::lock_guard lk(config_mu_);  // read, change, write: concurrent changes do not lose one another
     auto s = engine_->GetStream(c.basin, *name);
     if (req.method == "PATCH") {
       if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
@@ -820,7 +824,9 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   bool proto_out = WantsProto(req);
   if (!engine_->HasStream(c.basin, stream)) {
     // The basin may create it (S2's create_stream_on_append): a metastore
-    // write, which must not block this I/O thread.
+    // write, kept off this I/O thread. An append that is invalid anyway
+    // creates nothing.
+    if (Status st = engine_->CheckAppendLimits(in.records); !st.ok()) return c.Fail(st);
     auto held = std::make_shared<AppendInput>(std::move(in));
     c.ex->Post([this, c, stream, held, proto_out, records, bytes] {
       auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnAppend);

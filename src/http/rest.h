@@ -91,8 +91,9 @@ class RestApi : public Handler {
   void RememberDeleted(const std::string& key);
   bool RecentlyDeleted(const std::string& key);
   std::mutex tombstones_mu_;
-  // Held across a basin config's read-modify-write (PUT, PATCH) on this node.
-  std::mutex basin_config_mu_;
+  // Held across a basin's or stream's config read-modify-write (PUT, PATCH)
+  // on this node.
+  std::mutex config_mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> tombstones_;
 
   log::Engine* engine_;

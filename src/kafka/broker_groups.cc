@@ -281,9 +281,11 @@ void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
 // Deletes a group's committed offsets of some partitions (Kafka's
 // OffsetDelete: `kafka-consumer-groups --delete-offsets`). As on Kafka, a
 // group with members keeps the offsets of the topics they subscribe to
-// (GROUP_SUBSCRIBED_TO_TOPIC), read from the consumer protocol's member
-// metadata; while a rebalance hides that, every topic counts as subscribed.
-// A group with members of another protocol type is NON_EMPTY_GROUP.
+// (GROUP_SUBSCRIBED_TO_TOPIC), read from the members' metadata for the
+// selected protocol (the consumer protocol's layout); if a member's metadata
+// is not there (no protocol selected yet) or unreadable, every topic counts
+// as subscribed. A group with members of another protocol type is
+// NON_EMPTY_GROUP. The check and the delete are two steps, as in DeleteGroups.
 
 // Runs on a worker thread (metastore reads and writes).
 void Broker::OffsetDelete(const std::shared_ptr<Request>& req) {
@@ -318,6 +320,10 @@ void Broker::OffsetDelete(const std::shared_ptr<Request>& req) {
     OffsetDeleteTopicResult tr;
     tr.name = t.name;
     auto table = engine_->GetTable(options_.basin, t.name);
+    if (!table.ok() && table.status().code() != Code::kNotFound) {
+      Log().warn("kafka: looking up topic {}: {}", t.name, table.status().ToString());
+      return reply(ErrorCode::kCoordinatorNotAvailable);
+    }
     for (int32_t p : t.partitions) {
       OffsetDeletePartitionResult pr;
       pr.partition_index = p;

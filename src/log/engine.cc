@@ -313,10 +313,8 @@ Result<bool> Engine::CreateIfConfigured(const std::string& basin, const std::str
   auto created = CreateStream(basin, name, b.config.default_stream_config.Resolve());
   if (created.ok()) return true;
   if (created.status().code() != Code::kAlreadyExists) return created.status();
-  // A racing create won; it may not have registered the stream yet.
-  WEIR_ASSIGN_OR_RETURN(metastore::StreamInfo existing, meta_->GetStream(basin, name));
-  Register({existing});
-  return true;
+  // A racing create won, and registered the stream before we could look (CreateStream).
+  return HasStream(basin, name);
 }
 
 bool Engine::HasStream(const std::string& basin, const std::string& name) {
@@ -337,10 +335,26 @@ Result<metastore::BasinInfo> Engine::GetBasin(const std::string& name) { return 
 
 Status Engine::DeleteBasin(const std::string& name) { return meta_->DeleteBasin(name); }
 
+Status Engine::CheckAppendLimits(const std::vector<AppendRecord>& records) const {
+  if (records.empty()) return InvalidArgument("an append needs at least one record");
+  if (records.size() > options_.max_append_records) {
+    return InvalidArgument("an append holds at most {} records, got {}", options_.max_append_records, records.size());
+  }
+  size_t metered = 0;
+  for (const auto& r : records) metered += MeteredBytes(r);
+  if (metered > options_.max_append_bytes) {
+    return InvalidArgument("an append holds at most {} metered bytes, got {}", options_.max_append_bytes, metered);
+  }
+  return Status::Ok();
+}
+
 Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, const std::string& name,
                                                    const metastore::StreamConfig& config,
                                                    const std::string& request_token) {
   WEIR_RETURN_IF_ERROR(ValidateStreamName(name));
+  // Create and register as one step, so a create that finds the name taken
+  // (CreateIfConfigured losing a race) finds the stream registered too.
+  std::lock_guard create(create_mu_);
   metastore::StreamInfo info;
   info.basin = basin;
   info.name = name;
@@ -355,8 +369,6 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
 void Engine::Register(const std::vector<metastore::StreamInfo>& created) {
   std::lock_guard lk(mu_);
   for (const auto& info : created) {
-    // Registered already (CreateIfConfigured after a racing create): it keeps its state.
-    if (by_id_.count(info.id) != 0) continue;
     auto s = std::make_shared<Stream>();
     s->info = info;
     by_name_[{info.basin, info.name}] = info.id;
@@ -547,17 +559,7 @@ Result<uint64_t> Engine::AllocateProducerId() { return meta_->AllocateProducerId
 void Engine::AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                          const AppendOptions& options, AppendCallback done) {
   auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
-  if (records.empty()) return fail(InvalidArgument("an append needs at least one record"));
-  if (records.size() > options_.max_append_records) {
-    return fail(InvalidArgument("an append holds at most {} records, got {}", options_.max_append_records,
-                                records.size()));
-  }
-  size_t metered = 0;
-  for (const auto& r : records) metered += MeteredBytes(r);
-  if (metered > options_.max_append_bytes) {
-    return fail(InvalidArgument("an append holds at most {} metered bytes, got {}", options_.max_append_bytes,
-                                metered));
-  }
+  if (Status limits = CheckAppendLimits(records); !limits.ok()) return fail(limits);
   if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());

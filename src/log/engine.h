@@ -190,6 +190,8 @@ class Engine {
   Result<bool> CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when);
   // Whether the stream is known here (memory only; for choosing a thread).
   bool HasStream(const std::string& basin, const std::string& name);
+  // The limits AppendAsync checks first (records, metered bytes): kInvalidArgument.
+  Status CheckAppendLimits(const std::vector<AppendRecord>& records) const;
   Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
                                                        size_t limit);
   Result<metastore::BasinInfo> GetBasin(const std::string& name);
@@ -371,6 +373,8 @@ class Engine {
   // DeleteEmptyStreams, so a stream's stored and in-memory configs agree
   // while its deletion is decided. Taken before mu_ or any stream lock.
   std::mutex config_mu_;
+  // Held by CreateStream across the metastore create and Register.
+  std::mutex create_mu_;
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_;
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
   std::atomic<size_t> cache_bytes_{0};

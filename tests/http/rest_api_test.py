@@ -567,6 +567,9 @@ class BasinTest(ApiTestCase):
         c.create_stream("doe-default")
         self.assertEqual(self.assertJson(c.get("/v1/streams/doe-default"))["delete_on_empty"], {"min_age_secs": 600})
         c.create_stream("doe-never", {"delete_on_empty": {}})
+        self.assertError(c.post("/v1/streams", json={"stream": "doe-null",
+                                                     "config": {"delete_on_empty": {"min_age_secs": None}}}),
+                         400, "bad_json")
         self.assertIsNone(self.assertJson(c.get("/v1/streams/doe-never"))["delete_on_empty"])
         r = c.patch("/v1/streams/doe-default", json={"delete_on_empty": {}})
         self.assertEqual(self.assertJson(r)["delete_on_empty"], {"min_age_secs": 600})
@@ -576,6 +579,9 @@ class BasinTest(ApiTestCase):
         config = {"create_stream_on_append": True, "default_stream_config": {"retention_policy": {"infinite": {}}}}
         self.assertEqual(self.c.post("/v1/basins", json={"basin": basin, "config": config}).status_code, 201)
         c = Client(SHARED, basin=basin)
+        # An append that is invalid anyway creates nothing.
+        self.assertError(c.post("/v1/streams/never/records", json={"records": []}), 422, "invalid")
+        self.assertError(c.get("/v1/streams/never"), 404, "stream_not_found")
         ack = c.append("fresh", [{"body": "a"}, {"body": "b"}])
         self.assertEqual(ack["end"]["seq_num"], 2)
         self.assertEqual([r["body"] for r in c.read("fresh")["records"]], ["a", "b"])
