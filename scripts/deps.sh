@@ -7,6 +7,7 @@ pkgs=(g++ cmake ninja-build ccache pkg-config python3 python3-requests
       libgtest-dev libgmock-dev
       libcurl4-openssl-dev libssl-dev libexpat1-dev curl radosgw ceph-mon ceph-osd  # s3://, and radosgw for its tests
       libboost-dev          # Boost.Asio/Beast for the HTTP server (headers only)
+      libnghttp2-dev python3-h2  # HTTP/2 for S2S sessions (src/http), and its test client
       libsimdjson-dev       # the append body parser
       zlib1g-dev libsnappy-dev liblz4-dev libzstd-dev  # Kafka batch compression (src/wal/compression.cc)
       libcurl4-openssl-dev  # also the HTTP client of the weir CLI and `weir bench http` (src/client)

@@ -41,6 +41,16 @@ class ByteBudget {
     return false;
   }
 
+  // Reserves `n` bytes if they fit now, behind no waiter (true); never waits.
+  // Unlike ReserveOrWait, `n` alone does not always fit: `already` bytes the
+  // caller holds count as used by others.
+  bool TryReserve(size_t n, size_t already = 0) {
+    std::lock_guard lk(mu_);
+    if (!waiters_.empty() || (used_ != already && used_ + n > limit_)) return false;
+    Take(n);
+    return true;
+  }
+
   // Returns `n` reserved bytes, and admits the waiters that now fit.
   void Release(size_t n) {
     std::vector<std::pair<std::shared_ptr<Element>, size_t>> admitted;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <ctime>
+#include <map>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "base/base64.h"
 #include "base/log.h"
 #include "http/s2_proto.h"
+#include "wal/compression.h"
 
 namespace weir::http {
 
@@ -56,26 +58,49 @@ struct RestApi::Ctx {
     }
     ex->Respond(std::move(r));
   }
+  static Response JsonResponse(int status, const Json& body, HeaderList headers = {}) {
+    return Response{status, "application/json", body.dump(-1, ' ', false, Json::error_handler_t::replace),
+                    std::move(headers)};
+  }
+  static Response ErrorResponse(int status, std::string_view code, std::string_view message, HeaderList headers = {}) {
+    return JsonResponse(status, Json{{"code", code}, {"message", message}}, std::move(headers));
+  }
   void Reply(int status, const Json& body, HeaderList headers = {}) const {
-    Send(Response{status, "application/json", body.dump(-1, ' ', false, Json::error_handler_t::replace),
-                  std::move(headers)});
+    Send(JsonResponse(status, body, std::move(headers)));
   }
   void NoContent(int status) const { Send(Response{status, "application/json", "", {}}); }
   void Error(int status, std::string_view code, std::string_view message, HeaderList headers = {}) const {
-    Reply(status, Json{{"code", code}, {"message", message}}, std::move(headers));
+    Send(ErrorResponse(status, code, message, std::move(headers)));
   }
   // Maps an engine or metastore status to the HTTP status and error code of
   // docs/http-api.md; `not_found` names what a kNotFound is about.
-  void Fail(const Status& st, std::string_view not_found = "not_found") const {
+  Response FailResponse(const Status& st, std::string_view not_found = "not_found") const {
     if (st.code() == Code::kNotFound && not_found == "stream_not_found" && engine &&
         engine->GetBasin(basin).status().code() == Code::kNotFound) {
-      return Error(404, "basin_not_found", fmt::format("basin \"{}\" does not exist", basin));
+      return ErrorResponse(404, "basin_not_found", fmt::format("basin \"{}\" does not exist", basin));
     }
     auto [status, code] = ErrorCodeFor(st, not_found);
     HeaderList headers;
     if (status == 429) metrics->backpressure++;
     if (status == 429 || status == 503) headers.push_back({"Retry-After", "1"});
-    Error(status, code, st.message(), std::move(headers));
+    return ErrorResponse(status, code, st.message(), std::move(headers));
+  }
+  void Fail(const Status& st, std::string_view not_found = "not_found") const { Send(FailResponse(st, not_found)); }
+  // The answer to an append that failed (a 412 carries the stream's state).
+  Response AppendFailure(const log::AppendOutcome& o) const {
+    if (o.seq_num_mismatch) return JsonResponse(412, Json{{"seq_num_mismatch", *o.seq_num_mismatch}});
+    if (o.fencing_token_mismatch) return JsonResponse(412, Json{{"fencing_token_mismatch", *o.fencing_token_mismatch}});
+    if (o.status.code() == Code::kOutOfRange) return ErrorResponse(409, "out_of_order_sequence", o.status.message());
+    if (o.status.code() == Code::kFenced) return ErrorResponse(409, "invalid_producer_epoch", o.status.message());
+    return FailResponse(o.status, "stream_not_found");
+  }
+  // Counts an acknowledged append.
+  void Acked(const log::AppendAck& a, size_t records, size_t bytes) const {
+    metrics->appends++;
+    metrics->append_records += records;
+    metrics->append_bytes += bytes;
+    if (a.duplicated) metrics->append_duplicates++;
+    metrics->append_latency_ns.Record(static_cast<uint64_t>(std::chrono::nanoseconds(Now() - started).count()));
   }
 };
 
@@ -528,29 +553,263 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
       if (ready_ && !draining_) return c.Reply(200, Json{{"status", "ok"}});
       return c.Reply(503, Json{{"status", draining_ ? "draining" : "starting"}});
     }
-    if (options_.auth_token) {
-      const std::string* auth = req.Header("authorization");
-      if (!auth || *auth != "Bearer " + *options_.auth_token) {
-        return c.Error(401, "authn", auth ? "the bearer token is not valid" : "a bearer token is required",
-                       {{"WWW-Authenticate", "Bearer"}});
-      }
-    }
+    if (!Authorized(req, c)) return;
     if (req.path == "/metrics") {
       if (req.method != "GET") return c.Error(405, "method_not_allowed", "use GET", {{"Allow", "GET"}});
       return Metrics(c);
     }
-    if (!ready_) return c.Error(503, "unavailable", "the server is still recovering", {{"Retry-After", "1"}});
-    // S2's SDK reconnects at once (without spending a retry) on this code.
-    if (draining_) return c.Error(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}});
-    if (const std::string* b = req.Header("s2-basin")) {
-      if (Status st = log::ValidateBasinName(*b); !st.ok()) throw BadRequest{"s2-basin: " + st.message(), "bad_header"};
-      c.basin = *b;
-    }
-    Route(req, c);
+    if (Admit(req, c)) Route(req, c);
   } catch (const BadRequest& e) {
     c.Error(400, e.code, e.message);
   } catch (const Json::exception& e) {
     c.Error(400, "bad_json", fmt::format("bad JSON field: {}", e.what()));
+  }
+}
+
+bool RestApi::Authorized(const Request& req, const Ctx& c) const {
+  if (!options_.auth_token) return true;
+  const std::string* auth = req.Header("authorization");
+  if (auth && *auth == "Bearer " + *options_.auth_token) return true;
+  c.Error(401, "authn", auth ? "the bearer token is not valid" : "a bearer token is required",
+          {{"WWW-Authenticate", "Bearer"}});
+  return false;
+}
+
+bool RestApi::Admit(const Request& req, Ctx& c) const {
+  if (!ready_) {
+    c.Error(503, "unavailable", "the server is still recovering", {{"Retry-After", "1"}});
+    return false;
+  }
+  // S2's SDK reconnects at once (without spending a retry) on this code.
+  if (draining_) {
+    c.Error(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}});
+    return false;
+  }
+  if (const std::string* b = req.Header("s2-basin")) {
+    if (Status st = log::ValidateBasinName(*b); !st.ok()) throw BadRequest{"s2-basin: " + st.message(), "bad_header"};
+    c.basin = *b;
+  }
+  return true;
+}
+
+namespace {
+bool IsS2s(const Request& req) {
+  const std::string* ctype = req.Header("content-type");
+  return ctype && ctype->starts_with("s2s/proto");
+}
+
+std::string ProtoAck(const log::AppendAck& a) {
+  return EncodeProtoAppendAck({a.start_offset, static_cast<uint64_t>(a.first_timestamp_ms)},
+                              {a.end_offset, static_cast<uint64_t>(a.last_timestamp_ms)},
+                              {a.tail, static_cast<uint64_t>(a.last_timestamp_ms)});
+}
+}  // namespace
+
+bool RestApi::WantsBodyStream(const Request& head) const {
+  return head.method == "POST" && head.path.ends_with("/records") && IsS2s(head);
+}
+
+// An S2S append session: AppendInput frames in, an AppendAck frame out for
+// each, in order; the first failure (of an append, or of a frame) ends the
+// session with a terminal frame, after the acks of the inputs before it.
+// Frames arrive through BodySink calls (an I/O thread, in order); acks come
+// from the engine's callbacks. Owned by the request's body stream and by the
+// callbacks of its appends in flight.
+class RestApi::AppendSession : public BodySink, public std::enable_shared_from_this<RestApi::AppendSession> {
+ public:
+  AppendSession(RestApi* api, Ctx c, std::string stream) : api_(api), c_(std::move(c)), stream_(std::move(stream)) {}
+
+  // Answers 200 and takes frames once the stream exists: a basin that creates
+  // streams on append creates it first, on a worker (a metastore write).
+  void Open() {
+    if (api_->engine_->HasStream(c_.basin, stream_)) return Ready();
+    auto self = shared_from_this();
+    c_.ex->Post([self] {
+      auto created = self->api_->engine_->CreateIfConfigured(self->c_.basin, self->stream_,
+                                                             log::Engine::AutoCreate::kOnAppend);
+      if (!created.ok() && created.status().code() != Code::kNotFound) return self->Refuse(created.status());
+      if (!self->api_->engine_->HasStream(self->c_.basin, self->stream_)) {
+        return self->Refuse(NotFound("stream \"{}\" does not exist", self->stream_));
+      }
+      self->Ready();
+    });
+  }
+
+  void OnData(std::string_view bytes) override {
+    std::lock_guard lk(in_mu_);
+    if (failed_) return;
+    buf_.append(bytes);
+    if (ready_) return Parse();
+    // Waiting for the stream to be created: at most two frames are held.
+    if (buf_.size() > 2 * (kS2sMaxFrameBytes + 3)) {
+      buf_.clear();
+      failed_ = true;
+      overflow_ = true;
+    }
+  }
+
+  void OnEnd(bool complete) override {
+    std::lock_guard lk(in_mu_);
+    if (!complete) failed_ = true;  // the client is gone: nothing more to answer
+    input_ended_ = true;
+    if (ready_) EndOfInput();
+  }
+
+ private:
+  void Ready() {
+    std::lock_guard lk(in_mu_);
+    if (overflow_) {
+      c_.Send(Ctx::ErrorResponse(429, "unavailable", "too much input before the stream was ready", {{"Retry-After", "1"}}));
+      return;
+    }
+    api_->metrics_.append_sessions++;
+    counted_ = true;
+    c_.ex->BeginStream(200, "s2s/proto", {});
+    ready_ = true;
+    Parse();
+    if (input_ended_) EndOfInput();
+  }
+
+  void Refuse(const Status& st) {
+    std::lock_guard lk(in_mu_);
+    failed_ = true;
+    c_.Fail(st, "stream_not_found");
+  }
+
+  // in_mu_ held: the client finished its input.
+  void EndOfInput() {
+    if (!failed_ && !buf_.empty()) {
+      return Fail(Ctx::ErrorResponse(400, "bad_frame", "the input ended inside an S2S frame"));
+    }
+    std::lock_guard lk(out_mu_);
+    input_done_ = true;
+    MaybeEnd();
+  }
+
+  // in_mu_ held: submits every whole frame in buf_.
+  void Parse() {
+    size_t pos = 0;
+    while (!failed_) {
+      S2sFrame frame;
+      auto n = DecodeS2sFrame(std::string_view(buf_).substr(pos), &frame);
+      if (!n.ok()) return Fail(Ctx::ErrorResponse(400, "bad_frame", n.status().message()));
+      if (*n == 0) break;
+      pos += *n;
+      if (frame.terminal) return Fail(Ctx::ErrorResponse(400, "bad_frame", "a client may not send a terminal frame"));
+      std::string decompressed;
+      std::string_view message = frame.payload;
+      if (frame.compression != 0) {
+        auto d = wal::DecompressRecords(frame.compression == 1 ? wal::kCodecZstd : wal::kCodecGzip, frame.payload,
+                                        kS2sMaxFrameBytes);
+        if (!d.ok()) return Fail(Ctx::ErrorResponse(400, "bad_frame", d.status().message()));
+        decompressed = std::move(*d);
+        message = decompressed;
+      }
+      auto in = DecodeProtoAppendInput(message);
+      if (!in.ok()) return Fail(Ctx::ErrorResponse(400, "bad_proto", in.status().message()));
+      if (in->options.fencing_token && in->options.fencing_token->size() > 36) {
+        return Fail(Ctx::ErrorResponse(422, "invalid", "fencing_token must be at most 36 bytes"));
+      }
+      Submit(std::move(*in));
+    }
+    buf_.erase(0, failed_ ? buf_.size() : pos);
+  }
+
+  // in_mu_ held.
+  void Submit(AppendInput in) {
+    uint64_t index;
+    {
+      std::lock_guard lk(out_mu_);
+      index = submitted_++;
+    }
+    size_t records = in.records.size(), bytes = 0;
+    for (const auto& r : in.records) bytes += log::MeteredBytes(r);
+    auto self = shared_from_this();
+    api_->engine_->AppendAsync(c_.basin, stream_, std::move(in.records), in.options,
+                               [self, index, records, bytes, started = Now()](log::AppendOutcome o) {
+                                 Ctx c = self->c_;
+                                 c.started = started;
+                                 if (!o.status.ok()) return self->Deliver(index, c.AppendFailure(o));
+                                 c.Acked(o.ack, records, bytes);
+                                 self->Deliver(index, Response{200, "", EncodeS2sFrame(ProtoAck(o.ack)), {}});
+                               });
+  }
+
+  // in_mu_ held: the session ends with `r` after the inputs already submitted.
+  void Fail(Response r) {
+    failed_ = true;
+    buf_.clear();
+    uint64_t index;
+    {
+      std::lock_guard lk(out_mu_);
+      index = submitted_++;
+    }
+    Deliver(index, std::move(r));
+  }
+
+  // Input `index` is answered: a 200 carries its ack frame, anything else
+  // ends the session. Sends what is now in order.
+  void Deliver(uint64_t index, Response r) {
+    std::lock_guard lk(out_mu_);
+    answers_.emplace(index, std::move(r));
+    for (auto it = answers_.find(sent_); !ended_ && it != answers_.end(); it = answers_.find(sent_)) {
+      Response& a = it->second;
+      if (a.status == 200) {
+        c_.ex->Write(std::move(a.body), nullptr);
+      } else {
+        c_.ex->Write(EncodeS2sTerminal(a.status, a.body), nullptr);
+        ended_ = true;
+        c_.ex->End();
+      }
+      answers_.erase(it);
+      sent_++;
+    }
+    if (ended_) answers_.clear();
+    MaybeEnd();
+  }
+
+  // out_mu_ held.
+  void MaybeEnd() {
+    if (!ended_ && input_done_ && sent_ == submitted_) {
+      ended_ = true;
+      c_.ex->End();
+    }
+  }
+
+ public:
+  ~AppendSession() override {
+    if (counted_) api_->metrics_.append_sessions--;
+  }
+
+ private:
+  RestApi* api_;
+  Ctx c_;
+  std::string stream_;
+  std::mutex in_mu_;  // before out_mu_ when both are held
+  std::string buf_;   // input not yet parsed (a partial frame)
+  bool ready_ = false, failed_ = false, overflow_ = false, input_ended_ = false, counted_ = false;  // in_mu_
+  std::mutex out_mu_;
+  uint64_t submitted_ = 0, sent_ = 0;  // inputs numbered, answers sent (out_mu_)
+  std::map<uint64_t, Response> answers_;  // answered out of order (out_mu_)
+  bool input_done_ = false, ended_ = false;  // out_mu_
+};
+
+std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) {
+  metrics_.requests++;
+  Ctx c{std::move(ex), &metrics_, engine_, options_.default_basin, Now()};
+  try {
+    if (!Authorized(head, c) || !Admit(head, c)) return nullptr;
+    auto parts = SplitPath(head.path);
+    if (parts.size() != 4 || parts[0] != "v1" || parts[1] != "streams" || parts[3] != "records") {
+      c.Error(404, "not_found", fmt::format("no route for {}", head.path));
+      return nullptr;
+    }
+    auto session = std::make_shared<AppendSession>(this, c, parts[2]);
+    session->Open();
+    return session;
+  } catch (const BadRequest& e) {
+    c.Error(400, e.code, e.message);
+    return nullptr;
   }
 }
 
@@ -566,12 +825,6 @@ void RestApi::Route(Request& req, const Ctx& c) {
   if (parts.size() >= 2 && parts[1] == "streams") {
     if (parts.size() <= 3) return Streams(req, c, parts.size() == 3 ? &parts[2] : nullptr);
     if (parts.size() == 4 && parts[3] == "records") {
-      const std::string* ctype = req.Header("content-type");
-      const std::string* accept = req.Header("accept");
-      if ((ctype && ctype->find("s2s/proto") != std::string::npos) ||
-          (accept && accept->find("s2s/proto") != std::string::npos)) {
-        return c.Error(501, "not_implemented", "S2S sessions (s2s/proto) are not supported; use SSE or unary requests");
-      }
       if (req.method == "POST") return Append(req, c, parts[2]);
       if (req.method == "GET") return Read(req, c, parts[2]);
       return method_not_allowed("GET, POST");
@@ -791,6 +1044,13 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
 // ---- Appends ----------------------------------------------------------------
 
 void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
+  if (IsS2s(req)) {  // an S2S session whose input was read whole (HTTP/1.1)
+    auto session = std::make_shared<AppendSession>(this, c, stream);
+    session->OnData(req.body);
+    session->OnEnd(true);
+    session->Open();
+    return;
+  }
   const std::string* ctype = req.Header("content-type");
   bool proto_in = ctype && ctype->find("application/protobuf") != std::string::npos;
   AppendInput in;
@@ -840,29 +1100,12 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
 
 void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                            size_t bytes) {
-  RestMetrics* m = &metrics_;
   engine_->AppendAsync(
-      c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes, m](log::AppendOutcome o) {
-        if (!o.status.ok()) {
-          if (o.seq_num_mismatch) return c.Reply(412, Json{{"seq_num_mismatch", *o.seq_num_mismatch}});
-          if (o.fencing_token_mismatch) return c.Reply(412, Json{{"fencing_token_mismatch", *o.fencing_token_mismatch}});
-          if (o.status.code() == Code::kOutOfRange) return c.Error(409, "out_of_order_sequence", o.status.message());
-          if (o.status.code() == Code::kFenced) return c.Error(409, "invalid_producer_epoch", o.status.message());
-          return c.Fail(o.status, "stream_not_found");
-        }
+      c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes](log::AppendOutcome o) {
+        if (!o.status.ok()) return c.Send(c.AppendFailure(o));
         const auto& a = o.ack;
-        m->appends++;
-        m->append_records += records;
-        m->append_bytes += bytes;
-        if (a.duplicated) m->append_duplicates++;
-        m->append_latency_ns.Record(static_cast<uint64_t>(std::chrono::nanoseconds(Now() - c.started).count()));
-        if (proto_out) {
-          return c.Send(Response{200, "application/protobuf",
-                                 EncodeProtoAppendAck({a.start_offset, static_cast<uint64_t>(a.first_timestamp_ms)},
-                                                      {a.end_offset, static_cast<uint64_t>(a.last_timestamp_ms)},
-                                                      {a.tail, static_cast<uint64_t>(a.last_timestamp_ms)}),
-                                 {}});
-        }
+        c.Acked(a, records, bytes);
+        if (proto_out) return c.Send(Response{200, "application/protobuf", ProtoAck(a), {}});
         // The hot path: formatted directly rather than through a JSON tree.
         auto first = std::max<int64_t>(a.first_timestamp_ms, 0), last = std::max<int64_t>(a.last_timestamp_ms, 0);
         c.Send(Response{200, "application/json",
@@ -875,14 +1118,20 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
 
 // ---- Reads ------------------------------------------------------------------
 
-// A read that may wait: a long poll (one response) or an SSE session (many
-// events). Steps run on worker threads; between steps it waits on a tail
-// watch and a timer tick, whichever comes first. Owned by the callbacks that
-// hold it.
+// A read that may wait: a long poll (one response), or a session (many
+// batches) as SSE events or S2S frames. Steps run on worker threads; between
+// steps it waits on a tail watch and a timer tick, whichever comes first.
+// Owned by the callbacks that hold it.
 class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSession> {
  public:
-  ReadSession(RestApi* api, Ctx c, std::string stream, ReadParams p, bool sse)
-      : api_(api), c_(std::move(c)), stream_(std::move(stream)), p_(std::move(p)), sse_(sse) {}
+  enum class Mode { kUnary, kSse, kS2s };
+  ReadSession(RestApi* api, Ctx c, std::string stream, ReadParams p, Mode mode)
+      : api_(api),
+        c_(std::move(c)),
+        stream_(std::move(stream)),
+        p_(std::move(p)),
+        sse_(mode != Mode::kUnary),
+        s2s_(mode == Mode::kS2s) {}
 
   // Resume point of an SSE session: "SEQ,COUNT,BYTES", SEQ being the last
   // record delivered.
@@ -980,9 +1229,13 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (!started_) Begin();
     if (!r->records.empty()) {
       auto self = shared_from_this();
-      std::string event = fmt::format("event: batch\nid: {},{},{}\ndata: {}\n\n", p_.start.value - 1, sent_records_,
-                                      sent_bytes_, BatchJson(*r, caught_up).dump(-1, ' ', false,
-                                                                               Json::error_handler_t::replace));
+      std::string event;
+      if (s2s_) {  // every frame carries the tail: S2's SDK ends a session that sees none for 20 s
+        event = EncodeS2sFrame(EncodeProtoReadBatch(r->records, TailPosition(*r)));
+      } else {
+        event = fmt::format("event: batch\nid: {},{},{}\ndata: {}\n\n", p_.start.value - 1, sent_records_, sent_bytes_,
+                            BatchJson(*r, caught_up).dump(-1, ' ', false, Json::error_handler_t::replace));
+      }
       c_.ex->Write(std::move(event), [self, done](bool ok) {
         if (!ok) return self->Finish(Status::Ok());
         if (done) return self->Done();
@@ -1016,11 +1269,15 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     return batch;
   }
 
+  static StreamPosition TailPosition(const log::ReadResult& r) {
+    return StreamPosition{r.tail, static_cast<uint64_t>(std::max<int64_t>(r.tail_timestamp_ms, 0))};
+  }
+
   void Answer(const log::ReadResult& r, bool caught_up) {
     api_->metrics_.reads++;
     if (p_.proto) {
       std::optional<StreamPosition> tail;
-      if (caught_up) tail = StreamPosition{r.tail, static_cast<uint64_t>(std::max<int64_t>(r.tail_timestamp_ms, 0))};
+      if (caught_up) tail = TailPosition(r);
       return c_.Send(Response{200, "application/protobuf", EncodeProtoReadBatch(r.records, tail), {}});
     }
     c_.Reply(200, BatchJson(r, caught_up));
@@ -1029,7 +1286,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   void Begin() {
     started_ = true;
     api_->metrics_.reads++;
-    c_.ex->BeginStream(200, "text/event-stream", {});
+    c_.ex->BeginStream(200, s2s_ ? "s2s/proto" : "text/event-stream", {});
   }
 
   // Waits for the tail to pass `tail`, the next timer tick, or the deadline.
@@ -1087,11 +1344,17 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       }
       if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
         self->last_ping_ = now;
-        Json ping{{"timestamp", WallMillis()}};
-        if (auto s = self->api_->engine_->GetStream(self->c_.basin, self->stream_); s.ok()) {
-          ping["tail"] = Position(s->tail, s->tail_timestamp_ms);
+        auto s = self->api_->engine_->GetStream(self->c_.basin, self->stream_);
+        if (self->s2s_) {  // a heartbeat: a batch of no records, with the tail
+          if (s.ok()) {
+            StreamPosition tail{s->tail, static_cast<uint64_t>(std::max<int64_t>(s->tail_timestamp_ms, 0))};
+            self->c_.ex->Write(EncodeS2sFrame(EncodeProtoReadBatch({}, tail)), nullptr);
+          }
+        } else {
+          Json ping{{"timestamp", WallMillis()}};
+          if (s.ok()) ping["tail"] = Position(s->tail, s->tail_timestamp_ms);
+          self->c_.ex->Write(fmt::format("event: ping\ndata: {}\n\n", ping.dump()), nullptr);
         }
-        self->c_.ex->Write(fmt::format("event: ping\ndata: {}\n\n", ping.dump()), nullptr);
       }
       self->Tick(gen);
     });
@@ -1107,7 +1370,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // The session reached its count, bytes or until limit (or its wait bound).
   void Done() {
     if (!sse_) return;
-    c_.ex->Write("data: [DONE]\n\n", nullptr);
+    if (!s2s_) c_.ex->Write("data: [DONE]\n\n", nullptr);
     c_.ex->End();
   }
 
@@ -1115,11 +1378,15 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // OK. `code` overrides the one the status maps to.
   void Finish(const Status& error, std::string_view code = {}) {
     if (!error.ok()) {
-      if (code.empty()) code = ErrorCodeFor(error).second;
-      c_.ex->Write(fmt::format("event: error\ndata: {}\n\n",
-                               Json{{"code", code}, {"message", error.message()}}.dump(
-                                   -1, ' ', false, Json::error_handler_t::replace)),
-                   nullptr);
+      auto [status, mapped] = ErrorCodeFor(error);
+      if (code.empty()) code = mapped;
+      std::string body =
+          Json{{"code", code}, {"message", error.message()}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+      if (s2s_) {
+        c_.ex->Write(EncodeS2sTerminal(status, body), nullptr);
+      } else {
+        c_.ex->Write(fmt::format("event: error\ndata: {}\n\n", body), nullptr);
+      }
     }
     c_.ex->End();
   }
@@ -1128,8 +1395,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   Ctx c_;
   std::string stream_;
   ReadParams p_;
-  bool sse_;
-  bool started_ = false;  // SSE headers sent (steps run one at a time)
+  bool sse_;  // a session: SSE or S2S
+  bool s2s_;
+  bool started_ = false;  // session headers sent (steps run one at a time)
   TimePoint start_ = Now();
   TimePoint last_record_;
   TimePoint last_ping_ = Now();
@@ -1147,7 +1415,15 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
     return c.Error(422, "invalid", "the start timestamp must be before until");
   }
   const std::string* accept = req.Header("accept");
-  bool sse = accept && accept->find("text/event-stream") != std::string::npos;
+  const std::string* ctype = req.Header("content-type");
+  using Mode = ReadSession::Mode;
+  Mode mode = Mode::kUnary;
+  if (ctype && ctype->starts_with("s2s/proto")) {
+    mode = Mode::kS2s;
+  } else if (accept && accept->find("text/event-stream") != std::string::npos) {
+    mode = Mode::kSse;
+  }
+  bool sse = mode != Mode::kUnary;
   if (!sse) {
     // Non-streaming reads are bounded: 1000 records, 1 MiB at most.
     p.count = std::min<uint64_t>(p.count.value_or(1000), 1000);
@@ -1162,8 +1438,8 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
     if (!p.wait_s && (p.count || p.bytes || p.until)) p.wait_s = 0;
   }
   if (Status st = CreateOnRead(c, stream); !st.ok()) return c.Fail(st);
-  auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), sse);
-  if (const std::string* id = req.Header("last-event-id"); sse && id) session->Resume(*id);
+  auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), mode);
+  if (const std::string* id = req.Header("last-event-id"); mode == Mode::kSse && id) session->Resume(*id);
   session->Start();
 }
 
@@ -1229,7 +1505,8 @@ void RestApi::Metrics(const Ctx& c) {
   PromCounter(&out, "weir_reads_total", "Read requests and sessions", m.reads.load());
   PromCounter(&out, "weir_read_records_total", "Records returned by reads", m.read_records.load());
   PromCounter(&out, "weir_read_bytes_total", "Metered bytes returned by reads", m.read_bytes.load());
-  PromGauge(&out, "weir_read_sessions", "Open SSE read sessions", static_cast<double>(m.read_sessions.load()));
+  PromGauge(&out, "weir_read_sessions", "Open read sessions (SSE and S2S)", static_cast<double>(m.read_sessions.load()));
+  PromGauge(&out, "weir_append_sessions", "Open S2S append sessions", static_cast<double>(m.append_sessions.load()));
   PromHistogramSeconds(&out, "weir_append_ack_seconds", "HTTP append latency, request to acknowledgement",
                        m.append_latency_ns);
   if (ready_ && render_metrics_) out += render_metrics_();

@@ -40,7 +40,8 @@ struct RestMetrics {
   std::atomic<uint64_t> appends{0}, append_records{0}, append_bytes{0}, append_duplicates{0};
   std::atomic<uint64_t> backpressure{0};  // 429s
   std::atomic<uint64_t> reads{0}, read_records{0}, read_bytes{0};
-  std::atomic<int64_t> read_sessions{0};
+  std::atomic<int64_t> read_sessions{0};    // SSE and S2S
+  std::atomic<int64_t> append_sessions{0};  // S2S
   Histogram append_latency_ns;  // request parsed to ack sent
 };
 
@@ -50,6 +51,10 @@ class RestApi : public Handler {
   ~RestApi() override;
 
   void Handle(Request req, std::shared_ptr<Exchange> ex) override;
+  // S2S append sessions (POST .../records, content-type s2s/proto) stream
+  // their input over HTTP/2; over HTTP/1.1 it is read whole.
+  bool WantsBodyStream(const Request& head) const override;
+  std::shared_ptr<BodySink> OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) override;
 
   // Attaches the engine (once recovered); call before SetReady.
   void SetEngine(log::Engine* engine) { engine_ = engine; }
@@ -66,9 +71,14 @@ class RestApi : public Handler {
 
   struct Ctx;
   class ReadSession;
+  class AppendSession;
 
  private:
   void Serve(Request req, std::shared_ptr<Exchange> ex);
+  // Bearer-token auth; false once answered (401).
+  bool Authorized(const Request& req, const Ctx& c) const;
+  // Readiness, draining and the s2-basin header (into c.basin); false once answered.
+  bool Admit(const Request& req, Ctx& c) const;
   void Route(Request& req, const Ctx& c);
   void Basins(Request& req, const Ctx& c, const std::string* name);
   void Streams(Request& req, const Ctx& c, const std::string* name);

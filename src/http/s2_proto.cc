@@ -195,4 +195,47 @@ std::string EncodeProtoReadBatch(const std::vector<log::ReadRecord>& records,
   return out;
 }
 
+namespace {
+std::string FrameHeader(size_t length, uint8_t flag) {
+  std::string out;
+  out.push_back(static_cast<char>((length >> 16) & 0xff));
+  out.push_back(static_cast<char>((length >> 8) & 0xff));
+  out.push_back(static_cast<char>(length & 0xff));
+  out.push_back(static_cast<char>(flag));
+  return out;
+}
+}  // namespace
+
+std::string EncodeS2sFrame(std::string_view message) {
+  std::string out = FrameHeader(1 + message.size(), 0);
+  out.append(message);
+  return out;
+}
+
+std::string EncodeS2sTerminal(int status, std::string_view json) {
+  std::string out = FrameHeader(3 + json.size(), 0x80);
+  out.push_back(static_cast<char>((status >> 8) & 0xff));
+  out.push_back(static_cast<char>(status & 0xff));
+  out.append(json);
+  return out;
+}
+
+Result<size_t> DecodeS2sFrame(std::string_view buf, S2sFrame* frame) {
+  if (buf.size() < 3) return size_t{0};
+  size_t length = (static_cast<size_t>(static_cast<uint8_t>(buf[0])) << 16) |
+                  (static_cast<size_t>(static_cast<uint8_t>(buf[1])) << 8) | static_cast<uint8_t>(buf[2]);
+  if (length == 0) return InvalidArgument("S2S frame of length 0 (the flag byte is required)");
+  if (length > kS2sMaxFrameBytes) {
+    return InvalidArgument("S2S frame of {} bytes is over the limit of {}", length, kS2sMaxFrameBytes);
+  }
+  if (buf.size() < 3 + length) return size_t{0};
+  auto flag = static_cast<uint8_t>(buf[3]);
+  int compression = (flag & 0x60) >> 5;
+  if (compression == 3) return InvalidArgument("S2S frame with an unknown compression (3)");
+  frame->terminal = (flag & 0x80) != 0;
+  frame->compression = compression;
+  frame->payload = buf.substr(4, length - 1);
+  return 3 + length;
+}
+
 }  // namespace weir::http

@@ -31,4 +31,26 @@ Result<AppendInput> DecodeProtoAppendInput(std::string_view data);
 std::string EncodeProtoAppendAck(const StreamPosition& start, const StreamPosition& end, const StreamPosition& tail);
 std::string EncodeProtoReadBatch(const std::vector<log::ReadRecord>& records, const std::optional<StreamPosition>& tail);
 
+// ---- S2S session framing (docs/http-api.md, "S2S sessions") ----------------
+// A frame: 3 bytes big-endian length of what follows, a flag byte
+// (bit 7 terminal, bits 6-5 compression: 0 none, 1 zstd, 2 gzip), then a
+// protobuf message, or for a terminal frame a 2-byte HTTP status and a JSON
+// error body.
+inline constexpr size_t kS2sMaxFrameBytes = 2u << 20;  // flag byte + payload
+
+struct S2sFrame {
+  bool terminal = false;
+  int compression = 0;  // 0 none, 1 zstd, 2 gzip
+  std::string_view payload;
+};
+
+// A regular frame holding `message`, uncompressed.
+std::string EncodeS2sFrame(std::string_view message);
+// A terminal frame: the session ends with `status` and an error body.
+std::string EncodeS2sTerminal(int status, std::string_view json);
+// The frame at the front of `buf`: its total size (0 when `buf` holds only
+// part of it, `frame` untouched). kInvalidArgument for a length over
+// kS2sMaxFrameBytes or of 0, or an unknown compression.
+Result<size_t> DecodeS2sFrame(std::string_view buf, S2sFrame* frame);
+
 }  // namespace weir::http

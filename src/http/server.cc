@@ -1,9 +1,13 @@
-// The only translation unit that includes Boost.Beast / Asio.
+// The only translation unit that includes Boost.Beast / Asio (and nghttp2).
 #include "http/server.h"
+
+#include <nghttp2/nghttp2.h>
 
 #include <array>
 #include <cctype>
+#include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -75,10 +79,48 @@ constexpr size_t kBodyPadding = 64;
 // Each connection's read buffer: a request up to this size arrives in one recv.
 constexpr size_t kReadBufferBytes = 8192;
 
+// What an HTTP/2 client sends first (RFC 9113 §3.4).
+constexpr std::string_view kHttp2Preface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
+// An HTTP/2 connection stops reading requests while this much response data
+// waits for the client's flow-control window.
+constexpr size_t kHttp2MaxQueuedBytes = 4u << 20;
+
 std::string StatusLine(int status) {
   auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(status));
   return fmt::format("HTTP/1.1 {} {}\r\n", status, std::string_view(reason.data(), reason.size()));
 }
+
+std::string ErrorBody(std::string_view code, std::string_view message) {
+  return fmt::format(R"({{"code":"{}","message":"{}"}})", code, message);
+}
+
+// Splits a request target into path and percent-decoded query pairs; false
+// on a bad escape.
+bool ParseTarget(std::string_view target, Request* req) {
+  auto q = target.find('?');
+  req->path = std::string(target.substr(0, q));
+  if (q == std::string_view::npos) return true;
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    auto amp = rest.find('&');
+    auto part = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    if (part.empty()) continue;
+    auto eq = part.find('=');
+    auto k = PercentDecode(part.substr(0, eq), true);
+    auto v = PercentDecode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1), true);
+    if (!k.ok() || !v.ok()) return false;
+    req->query.emplace_back(std::move(*k), std::move(*v));
+  }
+  return true;
+}
+
+// A connection the server can close at shutdown.
+class ConnBase {
+ public:
+  virtual ~ConnBase() = default;
+  virtual void Close() = 0;
+};
 
 class Conn;
 
@@ -131,7 +173,13 @@ class HttpServer::Impl {
   net::thread_pool workers;
   std::vector<std::thread> threads;
   std::mutex conns_mu;
-  std::vector<std::weak_ptr<Conn>> conns;
+  std::vector<std::weak_ptr<ConnBase>> conns;
+
+  void Register(const std::shared_ptr<ConnBase>& conn) {
+    std::lock_guard lk(conns_mu);
+    std::erase_if(conns, [](const std::weak_ptr<ConnBase>& w) { return w.expired(); });
+    conns.push_back(conn);
+  }
   std::atomic<bool> stopped{false};
 };
 
@@ -139,7 +187,7 @@ namespace {
 
 // One TCP connection. Lives while an async operation or an Exchange holds it;
 // all its state is touched on its strand only.
-class Conn : public std::enable_shared_from_this<Conn> {
+class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
  public:
   Conn(Socket socket, HttpServer::Impl* srv) : stream_(std::move(socket)), srv_(srv) {}
 
@@ -147,9 +195,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
     // Beast reads at most the buffer's spare capacity (512 bytes at first):
     // with room for a small request whole, one recv takes head and body.
     buf_.reserve(kReadBufferBytes);
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Sniff(); });
   }
-  void Close() {
+  void Close() override {
     net::post(stream_.get_executor(), [self = shared_from_this()] { self->Shutdown(); });
   }
   bool closed() const { return closed_.load(); }
@@ -182,6 +230,24 @@ class Conn : public std::enable_shared_from_this<Conn> {
     bool response_done;
     bool keep_alive;
   };
+
+  // Reads the first bytes: the HTTP/2 preface hands the connection to
+  // nghttp2; anything else is HTTP/1.1, parsed from what was read.
+  void Sniff() {
+    stream_.expires_after(srv_->options.idle_timeout);
+    stream_.async_read_some(buf_.prepare(kReadBufferBytes), [self = shared_from_this()](beast::error_code ec,
+                                                                                       size_t n) {
+      if (ec) return self->Fail(ec);
+      self->buf_.commit(n);
+      std::string_view have(static_cast<const char*>(self->buf_.data().data()), self->buf_.size());
+      size_t k = std::min(have.size(), kHttp2Preface.size());
+      if (have.substr(0, k) != kHttp2Preface.substr(0, k)) return self->ReadHeader();
+      if (have.size() < kHttp2Preface.size()) return self->Sniff();
+      self->StartHttp2(std::string(have));
+    });
+  }
+
+  void StartHttp2(std::string already_read);
 
   void ReadHeader() {
     if (closed_) return;
@@ -261,25 +327,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
     keep_alive_ = msg.keep_alive();
     Request req;
     req.method = std::string(msg.method_string());
-    std::string_view target(msg.target().data(), msg.target().size());
-    auto q = target.find('?');
-    req.path = std::string(target.substr(0, q));
-    if (q != std::string_view::npos) {
-      std::string_view rest = target.substr(q + 1);
-      while (!rest.empty()) {
-        auto amp = rest.find('&');
-        auto part = rest.substr(0, amp);
-        rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
-        if (part.empty()) continue;
-        auto eq = part.find('=');
-        auto k = PercentDecode(part.substr(0, eq), true);
-        auto v = PercentDecode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1), true);
-        if (!k.ok() || !v.ok()) {
-          ReleaseReserved();
-          return Reject(400, "bad_request", "bad percent escape in the query string");
-        }
-        req.query.emplace_back(std::move(*k), std::move(*v));
-      }
+    if (!ParseTarget(std::string_view(msg.target().data(), msg.target().size()), &req)) {
+      ReleaseReserved();
+      return Reject(400, "bad_request", "bad percent escape in the query string");
     }
     for (const auto& f : msg) {
       std::string name(f.name_string());
@@ -297,7 +347,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // close does not reset the connection before the client reads the answer.
   void Reject(int status, std::string_view code, std::string_view message) {
     linger_close_ = true;
-    std::string body = fmt::format(R"({{"code":"{}","message":"{}"}})", code, message);
+    std::string body = ErrorBody(code, message);
     std::string bytes = StatusLine(status) +
                         fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                                     body.size()) +
@@ -384,21 +434,55 @@ class Conn : public std::enable_shared_from_this<Conn> {
   friend class ExchangeImpl;
 };
 
-// The Exchange of one request. Calls from any thread hop onto the
-// connection's strand; completion callbacks hop onto the worker pool.
-class ExchangeImpl : public Exchange {
+// What both protocols' exchanges share: the in-flight count, the request
+// body's budget (released once the response is complete), timers and the
+// worker pool.
+class ExchangeBase : public Exchange {
  public:
-  // `reserved`: the request body's bytes of the budget, released once the
-  // response is complete.
-  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved)
-      : conn_(std::move(conn)), srv_(srv), keep_alive_(keep_alive), reserved_(reserved) {
-    srv_->in_flight++;
+  ExchangeBase(HttpServer::Impl* srv, size_t reserved) : srv_(srv), reserved_(reserved) { srv_->in_flight++; }
+
+  void After(Duration delay, std::function<void()> fn) override {
+    auto timer = std::make_shared<net::steady_timer>(srv_->ioc, delay);
+    auto* pool = &srv_->workers;
+    timer->async_wait([timer, pool, fn = std::move(fn)](beast::error_code) { net::post(*pool, fn); });
   }
+
+  void Post(std::function<void()> fn) override { net::post(srv_->workers, std::move(fn)); }
+
+ protected:
+  void Finish() {
+    if (finished_.exchange(true)) return;
+    srv_->in_flight--;
+    if (reserved_ > 0) srv_->budget.Release(reserved_);
+  }
+  // `written`, run on the worker pool.
+  std::function<void(bool)> OnWorker(std::function<void(bool)> written) {
+    if (!written) return nullptr;
+    auto* pool = &srv_->workers;
+    return [pool, written = std::move(written)](bool ok) { net::post(*pool, [written, ok] { written(ok); }); };
+  }
+
+  HttpServer::Impl* srv_;
+  const size_t reserved_;
+  std::atomic<bool> answered_{false};
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> streaming_{false};
+};
+
+// The Exchange of one HTTP/1.1 request. Calls from any thread hop onto the
+// connection's strand; completion callbacks hop onto the worker pool.
+class ExchangeImpl : public ExchangeBase {
+ public:
+  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved)
+      : ExchangeBase(srv, reserved), conn_(std::move(conn)), keep_alive_(keep_alive) {}
   ~ExchangeImpl() override {
     if (!answered_.exchange(true)) {
       Log().error("http: a request was dropped without a response");
-      Emit(StatusLine(500) + "Content-Type: application/json\r\nContent-Length: 55\r\nConnection: close\r\n\r\n" +
-               R"({"code":"internal","message":"no response was produced"})",
+      std::string body = ErrorBody("internal", "no response was produced");
+      Emit(StatusLine(500) +
+               fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                           body.size()) +
+               body,
            nullptr, true, false);
     }
     Finish();
@@ -435,10 +519,7 @@ class ExchangeImpl : public Exchange {
     std::string bytes = fmt::format("{:x}\r\n", chunk.size());
     bytes += chunk;
     bytes += "\r\n";
-    auto* pool = &srv_->workers;
-    std::function<void(bool)> then;
-    if (written) then = [pool, written](bool ok) { net::post(*pool, [written, ok] { written(ok); }); };
-    Emit(std::move(bytes), std::move(then), false, true);
+    Emit(std::move(bytes), OnWorker(std::move(written)), false, true);
   }
 
   void End() override {
@@ -448,22 +529,9 @@ class ExchangeImpl : public Exchange {
     Emit("0\r\n\r\n", nullptr, true, keep);
   }
 
-  void After(Duration delay, std::function<void()> fn) override {
-    auto timer = std::make_shared<net::steady_timer>(srv_->ioc, delay);
-    auto* pool = &srv_->workers;
-    timer->async_wait([timer, pool, fn = std::move(fn)](beast::error_code) { net::post(*pool, fn); });
-  }
-
-  void Post(std::function<void()> fn) override { net::post(srv_->workers, std::move(fn)); }
-
   bool closed() const override { return conn_->closed(); }
 
  private:
-  void Finish() {
-    if (finished_.exchange(true)) return;
-    srv_->in_flight--;
-    if (reserved_ > 0) srv_->budget.Release(reserved_);
-  }
   void Emit(std::string bytes, std::function<void(bool)> then, bool done, bool keep) {
     net::dispatch(conn_->executor(), [c = conn_, b = std::move(bytes), t = std::move(then), done, keep]() mutable {
       c->Send(std::move(b), std::move(t), done, keep);
@@ -471,13 +539,496 @@ class ExchangeImpl : public Exchange {
   }
 
   std::shared_ptr<Conn> conn_;
-  HttpServer::Impl* srv_;
   bool keep_alive_;
-  const size_t reserved_;
-  std::atomic<bool> answered_{false};
-  std::atomic<bool> finished_{false};
-  std::atomic<bool> streaming_{false};
 };
+
+// ---- HTTP/2 -------------------------------------------------------------------
+
+// One HTTP/2 connection (cleartext, prior knowledge), on nghttp2. Lives while
+// an async operation or an exchange holds it; all its state, and every
+// nghttp2 call, is on its strand. Handlers and sinks are called from inside
+// nghttp2's receive callbacks; exchanges post to the strand, so nothing
+// re-enters nghttp2 from a callback.
+class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
+ public:
+  H2Conn(Socket socket, HttpServer::Impl* srv)
+      : sock_(std::move(socket)), srv_(srv), timer_(sock_.get_executor()) {}
+  ~H2Conn() override {
+    if (session_) nghttp2_session_del(session_);
+  }
+
+  // Strand only. `already_read` holds the preface and whatever followed it.
+  void Start(std::string already_read);
+  void Close() override {
+    net::post(sock_.get_executor(), [self = shared_from_this()] { self->Shutdown(); });
+  }
+  bool closed() const { return closed_.load(); }
+  auto executor() { return sock_.get_executor(); }
+
+  // Strand only, from exchanges; a stream that is gone drops the call.
+  void Respond(int32_t id, Response r);
+  void BeginStream(int32_t id, int status, std::string content_type, HeaderList headers);
+  void Write(int32_t id, std::string chunk, std::function<void(bool)> then);
+  void End(int32_t id);
+
+ private:
+  struct Chunk {
+    std::string bytes;
+    std::function<void(bool)> then;
+  };
+  struct H2Stream {
+    int32_t id = 0;
+    Request req;
+    size_t header_bytes = 0;
+    bool head_done = false;
+    bool dropping = false;  // the body is not wanted (answered already)
+    size_t reserved = 0;    // budget held by a buffered body not yet dispatched
+    std::shared_ptr<BodySink> sink;
+    bool sink_ended = false;
+    bool responded = false;
+    std::deque<Chunk> out;  // response data not yet handed to nghttp2
+    size_t out_offset = 0;  // into out.front()
+    bool eof = false;       // no more response data after `out`
+    bool deferred = false;  // the data source is paused: resume on more data
+    std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
+  };
+
+  H2Stream* Find(int32_t id) {
+    auto it = streams_.find(id);
+    return it == streams_.end() ? nullptr : it->second.get();
+  }
+
+  static int OnBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+    auto* self = static_cast<H2Conn*>(user);
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    auto st = std::make_unique<H2Stream>();
+    st->id = frame->hd.stream_id;
+    self->streams_[st->id] = std::move(st);
+    self->last_activity_ = Now();
+    return 0;
+  }
+
+  static int OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
+                      const uint8_t* value, size_t valuelen, uint8_t, void* user) {
+    auto* self = static_cast<H2Conn*>(user);
+    H2Stream* st = self->Find(frame->hd.stream_id);
+    if (!st || st->head_done) return 0;  // trailers are ignored
+    st->header_bytes += namelen + valuelen;
+    if (st->header_bytes > 64 * 1024) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // resets the stream
+    std::string_view n(reinterpret_cast<const char*>(name), namelen);
+    std::string v(reinterpret_cast<const char*>(value), valuelen);
+    if (n == ":method") {
+      st->req.method = std::move(v);
+    } else if (n == ":path") {
+      st->req.path = std::move(v);  // the whole target until the head is done
+    } else if (n == ":authority") {
+      st->req.headers.emplace_back("host", std::move(v));
+    } else if (!n.starts_with(':')) {
+      st->req.headers.emplace_back(std::string(n), std::move(v));  // HTTP/2 names are lower case
+    }
+    return 0;
+  }
+
+  static int OnFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+    auto* self = static_cast<H2Conn*>(user);
+    H2Stream* st = self->Find(frame->hd.stream_id);
+    if (!st) return 0;
+    if (frame->hd.type == NGHTTP2_HEADERS && !st->head_done) self->HeadDone(st);
+    st = self->Find(frame->hd.stream_id);  // a refused head may have closed it
+    if (st && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+      self->BodyDone(st);
+    }
+    return 0;
+  }
+
+  static int OnData(nghttp2_session*, uint8_t, int32_t id, const uint8_t* data, size_t len, void* user) {
+    auto* self = static_cast<H2Conn*>(user);
+    H2Stream* st = self->Find(id);
+    if (!st || !st->head_done || st->dropping) return 0;
+    self->last_activity_ = Now();
+    std::string_view bytes(reinterpret_cast<const char*>(data), len);
+    if (st->sink) {
+      if (!st->sink_ended) st->sink->OnData(bytes);
+      return 0;
+    }
+    size_t limit = self->srv_->options.max_request_bytes;
+    if (st->req.body.size() + len > limit) {
+      return self->Refuse(st, Response{413, "application/json",
+                                       ErrorBody("request_too_large",
+                                                 fmt::format("request body is over the limit of {} bytes", limit)),
+                                       {}});
+    }
+    if (!self->srv_->budget.TryReserve(len, st->reserved)) {
+      self->srv_->metrics.budget_refusals++;
+      return self->Refuse(st, Response{429, "application/json",
+                                       ErrorBody("unavailable", "the server holds too many request bodies; retry"),
+                                       {{"retry-after", "1"}}});
+    }
+    st->reserved += len;
+    st->req.body.append(bytes);
+    return 0;
+  }
+
+  static int OnStreamClose(nghttp2_session*, int32_t id, uint32_t, void* user) {
+    auto* self = static_cast<H2Conn*>(user);
+    auto it = self->streams_.find(id);
+    if (it == self->streams_.end()) return 0;
+    std::unique_ptr<H2Stream> st = std::move(it->second);
+    self->streams_.erase(it);
+    self->Drop(st.get());
+    return 0;
+  }
+
+  static ssize_t ReadData(nghttp2_session*, int32_t id, uint8_t* buf, size_t length, uint32_t* flags,
+                          nghttp2_data_source*, void* user) {
+    auto* self = static_cast<H2Conn*>(user);
+    H2Stream* st = self->Find(id);
+    if (!st) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    size_t n = 0;
+    while (n < length && !st->out.empty()) {
+      Chunk& c = st->out.front();
+      size_t take = std::min(length - n, c.bytes.size() - st->out_offset);
+      std::memcpy(buf + n, c.bytes.data() + st->out_offset, take);
+      n += take;
+      st->out_offset += take;
+      self->queued_bytes_ -= take;
+      if (st->out_offset == c.bytes.size()) {
+        if (c.then) self->written_.push_back(std::move(c.then));
+        st->out.pop_front();
+        st->out_offset = 0;
+      }
+    }
+    if (st->out.empty() && st->eof) {
+      *flags |= NGHTTP2_DATA_FLAG_EOF;
+    } else if (n == 0) {
+      st->deferred = true;
+      return NGHTTP2_ERR_DEFERRED;
+    }
+    return static_cast<ssize_t>(n);
+  }
+
+  // The request head is complete: route it.
+  void HeadDone(H2Stream* st) {
+    st->head_done = true;
+    std::string target = std::exchange(st->req.path, std::string());
+    if (st->req.method.empty() || target.empty() || !ParseTarget(target, &st->req)) {
+      Refuse(st, Response{400, "application/json", ErrorBody("bad_request", "a bad :method or :path"), {}});
+      return;
+    }
+    if (!srv_->handler->WantsBodyStream(st->req)) return;  // the body is read whole
+    Request head = std::move(st->req);
+    st->req = Request{};
+    auto sink = srv_->handler->OpenBodyStream(std::move(head), MakeExchange(st, 0));
+    st = Find(st->id);
+    if (!st) return;
+    if (sink) {
+      st->sink = std::move(sink);
+    } else {
+      st->dropping = true;
+    }
+  }
+
+  // The client finished its body.
+  void BodyDone(H2Stream* st) {
+    if (st->dropping) return;
+    if (st->sink) {
+      if (!std::exchange(st->sink_ended, true)) st->sink->OnEnd(true);
+      return;
+    }
+    if (!st->head_done) return;
+    st->dropping = true;  // dispatched: nothing more is read for it
+    Request req = std::move(st->req);
+    st->req = Request{};
+    srv_->handler->Handle(std::move(req), MakeExchange(st, std::exchange(st->reserved, 0)));
+  }
+
+  std::shared_ptr<Exchange> MakeExchange(H2Stream* st, size_t reserved);
+
+  // Answers now and drops the rest of the body.
+  int Refuse(H2Stream* st, Response r) {
+    st->dropping = true;
+    if (st->reserved > 0) srv_->budget.Release(std::exchange(st->reserved, 0));
+    Submit(st, r.status, r.content_type, r.headers, r.body.size());
+    st->out.push_back(Chunk{std::move(r.body), nullptr});
+    st->eof = true;
+    return 0;
+  }
+
+  // A stream is over (closed, or the connection is): nothing more reaches it.
+  void Drop(H2Stream* st) {
+    st->gone->store(true);
+    if (st->reserved > 0) srv_->budget.Release(std::exchange(st->reserved, 0));
+    for (auto& c : st->out) {
+      queued_bytes_ -= c.bytes.size();
+      if (c.then) std::exchange(c.then, nullptr)(false);
+    }
+    queued_bytes_ += st->out_offset;  // the front's copied part was already counted off
+    st->out.clear();
+    if (st->sink && !std::exchange(st->sink_ended, true)) st->sink->OnEnd(false);
+    st->sink.reset();
+  }
+
+  // Submits the response headers; the body follows through ReadData.
+  void Submit(H2Stream* st, int status, const std::string& content_type, const HeaderList& headers,
+              std::optional<size_t> length) {
+    st->responded = true;
+    std::vector<std::pair<std::string, std::string>> h;
+    h.emplace_back(":status", std::to_string(status));
+    h.emplace_back("content-type", content_type);
+    if (length) h.emplace_back("content-length", std::to_string(*length));
+    for (const auto& [k, v] : headers) {
+      std::string name = k;
+      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      h.emplace_back(std::move(name), v);
+    }
+    std::vector<nghttp2_nv> nv;
+    for (auto& [k, v] : h) {
+      nv.push_back(nghttp2_nv{reinterpret_cast<uint8_t*>(k.data()), reinterpret_cast<uint8_t*>(v.data()), k.size(),
+                              v.size(), NGHTTP2_NV_FLAG_NONE});
+    }
+    nghttp2_data_provider prd{};
+    prd.read_callback = &H2Conn::ReadData;
+    bool body = !length || *length > 0;
+    if (nghttp2_submit_response(session_, st->id, nv.data(), nv.size(), body ? &prd : nullptr) != 0) {
+      nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+    }
+  }
+
+  void Resume(H2Stream* st) {
+    if (std::exchange(st->deferred, false)) nghttp2_session_resume_data(session_, st->id);
+  }
+
+  void ReadMore() {
+    if (closed_ || reading_ || queued_bytes_ > kHttp2MaxQueuedBytes) return;
+    reading_ = true;
+    sock_.async_read_some(net::buffer(rbuf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->reading_ = false;
+      if (ec) return self->Shutdown();
+      self->Feed(self->rbuf_.data(), n);
+      self->Flush();
+      self->ReadMore();
+    });
+  }
+
+  void Feed(const char* data, size_t n) {
+    if (closed_) return;
+    last_activity_ = Now();
+    auto r = nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(data), n);
+    if (r < 0) {
+      Log().debug("http2 connection: {}", nghttp2_strerror(static_cast<int>(r)));
+      Shutdown();
+    }
+  }
+
+  // Writes what nghttp2 has to send, one write at a time.
+  void Flush() {
+    if (closed_ || writing_) return;
+    wbuf_.clear();
+    while (wbuf_.size() < (256u << 10)) {
+      const uint8_t* data = nullptr;
+      auto n = nghttp2_session_mem_send(session_, &data);
+      if (n < 0) return Shutdown();
+      if (n == 0) break;
+      wbuf_.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+    }
+    if (wbuf_.empty()) {
+      if (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_)) Shutdown();
+      return;
+    }
+    writing_ = true;
+    write_started_ = Now();
+    std::vector<std::function<void(bool)>> done;
+    done.swap(written_);
+    net::async_write(sock_, net::buffer(wbuf_),
+                     [self = shared_from_this(), done = std::move(done)](beast::error_code ec, size_t) {
+                       self->writing_ = false;
+                       for (const auto& d : done) d(!ec);
+                       if (ec) return self->Shutdown();
+                       self->Flush();
+                       self->ReadMore();
+                     });
+  }
+
+  // Every 5 s: a write stuck for 60 s, or an idle connection, is closed.
+  void Tick() {
+    timer_.expires_after(std::chrono::seconds(5));
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || self->closed_) return;
+      auto now = Now();
+      if ((self->writing_ && now - self->write_started_ > std::chrono::seconds(60)) ||
+          (self->streams_.empty() && now - self->last_activity_ > self->srv_->options.idle_timeout)) {
+        return self->Shutdown();
+      }
+      self->Tick();
+    });
+  }
+
+  void Shutdown() {
+    if (closed_.exchange(true)) return;
+    srv_->metrics.open_connections--;
+    beast::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_both, ec);
+    sock_.close(ec);
+    timer_.cancel();
+    auto streams = std::move(streams_);
+    streams_.clear();
+    for (auto& [id, st] : streams) Drop(st.get());
+    for (auto& d : std::exchange(written_, {})) d(false);
+  }
+
+  Socket sock_;
+  HttpServer::Impl* srv_;
+  net::steady_timer timer_;
+  nghttp2_session* session_ = nullptr;
+  std::map<int32_t, std::unique_ptr<H2Stream>> streams_;
+  std::array<char, 16384> rbuf_{};
+  std::string wbuf_;  // the write in progress
+  std::vector<std::function<void(bool)>> written_;  // chunks handed to nghttp2 since the last write began
+  size_t queued_bytes_ = 0;  // response bytes in streams' `out`
+  bool reading_ = false;
+  bool writing_ = false;
+  TimePoint write_started_;
+  TimePoint last_activity_ = Now();
+  std::atomic<bool> closed_{false};
+};
+
+// The Exchange of one HTTP/2 stream: calls post to the connection's strand
+// (never run inline, so never inside an nghttp2 callback).
+class H2Exchange : public ExchangeBase {
+ public:
+  H2Exchange(std::shared_ptr<H2Conn> conn, int32_t id, std::shared_ptr<std::atomic<bool>> gone,
+             HttpServer::Impl* srv, size_t reserved)
+      : ExchangeBase(srv, reserved), conn_(std::move(conn)), id_(id), gone_(std::move(gone)) {}
+  ~H2Exchange() override {
+    if (!answered_.exchange(true)) {
+      Log().error("http: a request was dropped without a response");
+      On([id = id_](H2Conn* c) {
+        c->Respond(id, Response{500, "application/json", ErrorBody("internal", "no response was produced"), {}});
+      });
+    } else if (streaming_ && !finished_) {
+      On([id = id_](H2Conn* c) { c->End(id); });
+    }
+    Finish();
+  }
+
+  void Respond(Response r) override {
+    if (answered_.exchange(true)) return;
+    Finish();
+    On([id = id_, r = std::move(r)](H2Conn* c) mutable { c->Respond(id, std::move(r)); });
+  }
+  void BeginStream(int status, std::string content_type, HeaderList headers) override {
+    if (answered_.exchange(true)) return;
+    streaming_ = true;
+    On([id = id_, status, ct = std::move(content_type), h = std::move(headers)](H2Conn* c) mutable {
+      c->BeginStream(id, status, std::move(ct), std::move(h));
+    });
+  }
+  void Write(std::string chunk, std::function<void(bool)> written) override {
+    On([id = id_, b = std::move(chunk), t = OnWorker(std::move(written))](H2Conn* c) mutable {
+      c->Write(id, std::move(b), std::move(t));
+    });
+  }
+  void End() override {
+    if (!streaming_ || finished_) return;
+    Finish();
+    On([id = id_](H2Conn* c) { c->End(id); });
+  }
+  bool closed() const override { return conn_->closed() || gone_->load(); }
+
+ private:
+  template <typename F>
+  void On(F fn) {
+    net::post(conn_->executor(), [c = conn_, fn = std::move(fn)]() mutable { fn(c.get()); });
+  }
+
+  std::shared_ptr<H2Conn> conn_;
+  const int32_t id_;
+  std::shared_ptr<std::atomic<bool>> gone_;
+};
+
+std::shared_ptr<Exchange> H2Conn::MakeExchange(H2Stream* st, size_t reserved) {
+  return std::make_shared<H2Exchange>(shared_from_this(), st->id, st->gone, srv_, reserved);
+}
+
+void H2Conn::Start(std::string already_read) {
+  nghttp2_session_callbacks* cbs = nullptr;
+  nghttp2_session_callbacks_new(&cbs);
+  nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, &H2Conn::OnBeginHeaders);
+  nghttp2_session_callbacks_set_on_header_callback(cbs, &H2Conn::OnHeader);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &H2Conn::OnFrameRecv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &H2Conn::OnData);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &H2Conn::OnStreamClose);
+  int rv = nghttp2_session_server_new(&session_, cbs, this);
+  nghttp2_session_callbacks_del(cbs);
+  if (rv != 0) {
+    session_ = nullptr;
+    Log().warn("http2: cannot start a session: {}", nghttp2_strerror(rv));
+    closed_ = true;
+    srv_->metrics.open_connections--;
+    beast::error_code ec;
+    sock_.close(ec);
+    return;
+  }
+  nghttp2_settings_entry settings[] = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, kMaxHttp2Streams},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1u << 20},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, 64u << 10},
+  };
+  nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings, std::size(settings));
+  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, 16 << 20);
+  Feed(already_read.data(), already_read.size());
+  Flush();
+  ReadMore();
+  Tick();
+}
+
+void H2Conn::Respond(int32_t id, Response r) {
+  H2Stream* st = closed_ ? nullptr : Find(id);
+  if (!st || st->responded) return;
+  Submit(st, r.status, r.content_type, r.headers, r.body.size());
+  queued_bytes_ += r.body.size();
+  st->out.push_back(Chunk{std::move(r.body), nullptr});
+  st->eof = true;
+  Flush();
+}
+
+void H2Conn::BeginStream(int32_t id, int status, std::string content_type, HeaderList headers) {
+  H2Stream* st = closed_ ? nullptr : Find(id);
+  if (!st || st->responded) return;
+  headers.emplace_back("cache-control", "no-cache");
+  Submit(st, status, content_type, headers, std::nullopt);
+  Flush();
+}
+
+void H2Conn::Write(int32_t id, std::string chunk, std::function<void(bool)> then) {
+  H2Stream* st = closed_ ? nullptr : Find(id);
+  if (!st || !st->responded || st->eof) {
+    if (then) then(false);
+    return;
+  }
+  queued_bytes_ += chunk.size();
+  st->out.push_back(Chunk{std::move(chunk), std::move(then)});
+  Resume(st);
+  Flush();
+}
+
+void H2Conn::End(int32_t id) {
+  H2Stream* st = closed_ ? nullptr : Find(id);
+  if (!st || !st->responded || st->eof) return;
+  st->eof = true;
+  Resume(st);
+  Flush();
+}
+
+void Conn::StartHttp2(std::string already_read) {
+  stream_.expires_never();
+  closed_ = true;  // handed over: the HTTP/2 connection counts as the open connection now
+  auto h2 = std::make_shared<H2Conn>(stream_.release_socket(), srv_);
+  srv_->metrics.http2_connections++;
+  srv_->Register(h2);
+  h2->Start(std::move(already_read));
+}
 
 void Conn::Dispatch(Request req) {
   auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_, std::exchange(reserved_, 0));
@@ -504,11 +1055,7 @@ void HttpServer::Impl::Accept() {
       metrics.connections++;
       metrics.open_connections++;
       auto conn = std::make_shared<Conn>(std::move(socket), this);
-      {
-        std::lock_guard lk(conns_mu);
-        std::erase_if(conns, [](const std::weak_ptr<Conn>& w) { return w.expired(); });
-        conns.push_back(conn);
-      }
+      Register(conn);
       conn->Start();
     }
     Accept();

@@ -1,11 +1,14 @@
-// A small HTTP/1.1 server on Boost.Beast. Beast stays inside server.cc; the
-// rest of weir sees plain Request/Response values and an Exchange to answer on.
+// A small HTTP/1.1 and HTTP/2 server: Boost.Beast for HTTP/1.1, nghttp2 for
+// HTTP/2 (cleartext, prior knowledge: a connection that opens with the
+// HTTP/2 preface). Both stay inside server.cc; the rest of weir sees plain
+// Request/Response values and an Exchange to answer on.
 //
 // Ownership and threads: the process's server front-end owns one HttpServer.
 // Network I/O runs on `io_threads`. Requests are handed to the Handler on an
 // I/O thread; a handler that may block (metastore, object store reads) moves
 // the work to one of `worker_threads` with Exchange::Post. Requests on one
-// connection are served one at a time, in order.
+// HTTP/1.1 connection are served one at a time, in order; an HTTP/2
+// connection serves up to kMaxHttp2Streams requests at once.
 //
 // Guarantees: a request body over max_request_bytes gets 413 and the
 // connection is closed without reading the rest; a malformed request gets 400
@@ -15,7 +18,10 @@
 // connections (a chunked body counts as max_request_bytes): a request whose
 // body does not fit waits, in arrival order, before its body is read (and
 // before 100 Continue); a request alone is always admitted. At most
-// max_connections are open; more are closed on accept.
+// max_connections are open; more are closed on accept. HTTP/2 request bodies
+// take from the same budget as they arrive; a body that does not fit gets 429
+// (Retry-After) instead of waiting. A body streamed to a BodySink is the
+// handler's to bound.
 #pragma once
 
 #include <atomic>
@@ -73,13 +79,42 @@ class Exchange {
   virtual bool closed() const = 0;
 };
 
+// The body of a streamed request, delivered as it arrives (HTTP/2 only).
+// Calls come from one I/O thread at a time, in order; they must not block
+// for long (the connection's other streams wait).
+class BodySink {
+ public:
+  virtual ~BodySink() = default;
+  virtual void OnData(std::string_view bytes) = 0;
+  // The body ended: `complete` if the client finished it; otherwise the
+  // stream was reset or the connection closed (the response cannot arrive).
+  virtual void OnEnd(bool complete) = 0;
+};
+
 class Handler {
  public:
   virtual ~Handler() = default;
   // Called on an I/O thread; must not block (Post blocking work). Must
   // eventually answer on `ex`.
   virtual void Handle(Request req, std::shared_ptr<Exchange> ex) = 0;
+  // HTTP/2 only, on an I/O thread once a request's headers have arrived
+  // (`head.body` empty): whether its body should stream to a BodySink
+  // rather than be read whole and passed to Handle.
+  virtual bool WantsBodyStream(const Request& head) const {
+    (void)head;
+    return false;
+  }
+  // For a request WantsBodyStream chose: returns the sink for its body, or
+  // nullptr after answering on `ex` (the body is then dropped).
+  virtual std::shared_ptr<BodySink> OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) {
+    (void)head;
+    (void)ex;
+    return nullptr;
+  }
 };
+
+// Concurrent streams an HTTP/2 client may open on one connection.
+inline constexpr uint32_t kMaxHttp2Streams = 100;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -96,6 +131,8 @@ struct HttpServerMetrics {
   std::atomic<uint64_t> connections{0};
   std::atomic<uint64_t> rejected_connections{0};  // over max_connections
   std::atomic<uint64_t> budget_waits{0};          // requests that waited for max_in_flight_bytes
+  std::atomic<uint64_t> http2_connections{0};
+  std::atomic<uint64_t> budget_refusals{0};       // HTTP/2 bodies refused (429) for max_in_flight_bytes
   std::atomic<int64_t> open_connections{0};
   std::atomic<int64_t> in_flight_bytes{0};        // request bodies admitted and not yet answered
 };

@@ -199,6 +199,10 @@ void RenderHttpServerMetrics(std::string* out, const http::HttpServerMetrics& m)
                     "HTTP requests whose body waited unread for --http-max-in-flight-mib", m.budget_waits.load());
   http::PromCounter(out, "weir_http_rejected_connections_total", "HTTP connections closed over --http-max-connections",
                     m.rejected_connections.load());
+  http::PromCounter(out, "weir_http2_connections_total", "HTTP connections that spoke HTTP/2",
+                    m.http2_connections.load());
+  http::PromCounter(out, "weir_http_request_budget_refusals_total",
+                    "HTTP/2 request bodies refused with 429 for --http-max-in-flight-mib", m.budget_refusals.load());
 }
 
 void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::TcpServer& k) {
