@@ -15,9 +15,9 @@ ctest --test-dir "$root/build/ci" --output-on-failure -j"$jobs" --timeout 600
 
 echo "== build with ASan + UBSan"
 "$root/scripts/build.sh" "$root/build/asan" -DWEIR_WERROR=ON -DWEIR_SANITIZE=ON
-echo "== unit tests under ASan + UBSan"
+echo "== unit tests, and the integration tests labelled sanitize, under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir "$root/build/asan" --output-on-failure -j"$jobs" -L unit --timeout 900
+  ctest --test-dir "$root/build/asan" --output-on-failure -j"$jobs" -L 'unit|sanitize' --timeout 900
 
 echo "== fuzz the Kafka request decoder (bounded)"
 "$root/scripts/fuzz.sh" "${WEIR_FUZZ_SECONDS:-60}"

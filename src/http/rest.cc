@@ -637,7 +637,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
 
   void OnData(std::string_view bytes) override {
     std::lock_guard lk(in_mu_);
-    if (failed_) return;
+    if (failed_ || ended_early_) return;
     buf_.append(bytes);
     if (ready_) return Parse();
     // Waiting for the stream to be created: at most two frames are held.
@@ -678,7 +678,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
 
   // in_mu_ held: the client finished its input.
   void EndOfInput() {
-    if (!failed_ && !buf_.empty()) {
+    if (!failed_ && !ended_early_ && !buf_.empty()) {
       return Fail(Ctx::ErrorResponse(400, "bad_frame", "the input ended inside an S2S frame"));
     }
     std::lock_guard lk(out_mu_);
@@ -689,7 +689,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // in_mu_ held: submits every whole frame in buf_.
   void Parse() {
     size_t pos = 0;
-    while (!failed_) {
+    while (!failed_ && !ended_early_) {
       S2sFrame frame;
       auto n = DecodeS2sFrame(std::string_view(buf_).substr(pos), &frame);
       if (!n.ok()) return Fail(Ctx::ErrorResponse(400, "bad_frame", n.status().message()));
@@ -712,7 +712,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       }
       Submit(std::move(*in));
     }
-    buf_.erase(0, failed_ ? buf_.size() : pos);
+    buf_.erase(0, failed_ || ended_early_ ? buf_.size() : pos);
   }
 
   // in_mu_ held.
@@ -759,6 +759,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       } else {
         c_.ex->Write(EncodeS2sTerminal(a.status, a.body), nullptr);
         ended_ = true;
+        ended_early_ = true;  // no more input is submitted
         c_.ex->End();
       }
       answers_.erase(it);
@@ -792,6 +793,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   uint64_t submitted_ = 0, sent_ = 0;  // inputs numbered, answers sent (out_mu_)
   std::map<uint64_t, Response> answers_;  // answered out of order (out_mu_)
   bool input_done_ = false, ended_ = false;  // out_mu_
+  std::atomic<bool> ended_early_{false};     // a terminal frame went out (read without out_mu_)
 };
 
 std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) {

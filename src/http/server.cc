@@ -749,10 +749,16 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   int Refuse(H2Stream* st, Response r) {
     st->dropping = true;
     if (st->reserved > 0) srv_->budget.Release(std::exchange(st->reserved, 0));
+    SubmitWhole(st, std::move(r));
+    return 0;
+  }
+
+  // A whole response: headers, then `r.body` through ReadData.
+  void SubmitWhole(H2Stream* st, Response r) {
     Submit(st, r.status, r.content_type, r.headers, r.body.size());
+    queued_bytes_ += r.body.size();
     st->out.push_back(Chunk{std::move(r.body), nullptr});
     st->eof = true;
-    return 0;
   }
 
   // A stream is over (closed, or the connection is): nothing more reaches it.
@@ -986,10 +992,7 @@ void H2Conn::Start(std::string already_read) {
 void H2Conn::Respond(int32_t id, Response r) {
   H2Stream* st = closed_ ? nullptr : Find(id);
   if (!st || st->responded) return;
-  Submit(st, r.status, r.content_type, r.headers, r.body.size());
-  queued_bytes_ += r.body.size();
-  st->out.push_back(Chunk{std::move(r.body), nullptr});
-  st->eof = true;
+  SubmitWhole(st, std::move(r));
   Flush();
 }
 

@@ -1407,9 +1407,13 @@ class SseTest(ApiTestCase):
         bad = self.open(s, {"seq_num": 0}, headers={"Last-Event-ID": "not-an-id"})
         self.assertEqual(bad.resp.status, 400)
         self.assertEqual(json.loads(bad.resp.read())["code"], "bad_header")
-        s2s = self.open(s, {"seq_num": 0}, headers={"Accept": "s2s/proto"})
-        self.assertEqual(s2s.resp.status, 501)
-        self.assertEqual(json.loads(s2s.resp.read())["code"], "not_implemented")
+        # Content-Type: s2s/proto makes it an S2S session (tests/http/s2s_test.py), over HTTP/1.1 too.
+        s2s = self.open(s, {"seq_num": 0, "count": 1}, headers={"Content-Type": "s2s/proto"})
+        self.assertEqual(s2s.resp.status, 200)
+        self.assertEqual(s2s.resp.getheader("Content-Type"), "s2s/proto")
+        body = s2s.resp.read()
+        self.assertEqual(int.from_bytes(body[:3], "big"), len(body) - 3)  # one frame
+        self.assertEqual(pb_read_batch(body[4:])["records"][0]["body"], b"e0")
 
 
 # --------------------------------------------------------------------------

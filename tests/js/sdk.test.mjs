@@ -1,5 +1,6 @@
 // S2's TypeScript SDK (@s2-dev/streamstore, pinned) against a real weir
-// server, over the fetch transport (HTTP/1.1, JSON, protobuf and SSE).
+// server, over the fetch transport (HTTP/1.1, JSON, protobuf and SSE), and
+// over S2S (HTTP/2), the SDK's default for sessions in Node.
 // Run: WEIR_BIN=/path/to/weir node --test sdk.test.mjs  (or ./run.sh WEIR)
 // The tests in the first suite share one server and build on each other;
 // halfway, the server restarts on the same data dir and everything is read back.
@@ -344,6 +345,149 @@ describe("S2 SDK against weir", () => {
     const ack = await stream.append(AppendInput.create([AppendRecord.string({ body: "after" })],
       { fencingToken: "js-token", matchSeqNum: 8 }));
     assert.equal(ack.start.seqNum, 8);
+  });
+});
+
+describe("S2 SDK sessions over S2S (HTTP/2, the default transport)", () => {
+  let server;
+  let s2;
+  const basin = () => s2.basin("weir-default");
+
+  before(async () => {
+    server = new WeirServer(BIN);
+    await server.start();
+    s2 = client(server);
+  });
+
+  after(async () => {
+    try {
+      await server.stop();
+    } finally {
+      server.cleanup();
+    }
+  });
+
+  it("pipelines an append session and acks every batch in order", T, async () => {
+    await basin().streams.create({ stream: "s2s-append" });
+    const target = basin().stream("s2s-append"); // no forceTransport: S2S in Node
+    const session = await target.appendSession({ maxInflightBatches: 16 });
+    try {
+      const tickets = [];
+      for (let i = 0; i < 100; i++) {
+        tickets.push(await session.submit(AppendInput.create([
+          AppendRecord.string({ body: `s2s-${i}-a`, headers: [["k", `${i}`]] }),
+          AppendRecord.string({ body: `s2s-${i}-b` }),
+        ])));
+      }
+      const acks = await Promise.all(tickets.map((t) => t.ack()));
+      acks.forEach((ack, i) => {
+        assert.equal(ack.start.seqNum, 2 * i);
+        assert.equal(ack.end.seqNum, 2 * i + 2);
+      });
+      assert.equal(session.lastAckedPosition().end.seqNum, 200);
+    } finally {
+      await session.close();
+    }
+    // Read back through an S2S read session, bounded by count.
+    const all = await collect(await target.readSession({
+      start: { from: { seqNum: 0 } }, stop: { limits: { count: 200 } },
+    }), 200);
+    assert.deepEqual(seqs(all), [...Array(200).keys()]);
+    assert.equal(all[4].body, "s2s-2-a");
+    assert.deepEqual(all[4].headers, [["k", "2"]]);
+    assert.equal(all[199].body, "s2s-99-b");
+    await target.close();
+    // The sessions went over HTTP/2, not the fetch fallback.
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    const h2 = Number(/^weir_http2_connections_total (\d+)$/m.exec(metrics)?.[1]);
+    assert.ok(h2 >= 1, `weir_http2_connections_total is ${h2}`);
+  });
+
+  it("follows the tail in a read session", T, async () => {
+    await basin().streams.create({ stream: "s2s-live" });
+    const target = basin().stream("s2s-live");
+    const live = await target.readSession({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
+    const next = collect(live, 2);
+    await new Promise((r) => setTimeout(r, 500));
+    await target.append(AppendInput.create([
+      AppendRecord.bytes({ body: new Uint8Array([0, 1, 255]) }),
+      AppendRecord.string({ body: "two" }),
+    ]));
+    const got = await next;
+    assert.deepEqual(seqs(got), [0, 1]);
+    assert.deepEqual(got[0].body, new Uint8Array([0, 1, 255]));
+    await target.close();
+  });
+
+  it("ends an append session at a matchSeqNum miss (412), after acking what came before", T, async () => {
+    await basin().streams.create({ stream: "s2s-match" });
+    const target = basin().stream("s2s-match");
+    const session = await target.appendSession();
+    const first = await session.submit(AppendInput.create([AppendRecord.string({ body: "a" })], { matchSeqNum: 0 }));
+    const second = await session.submit(AppendInput.create([AppendRecord.string({ body: "b" })], { matchSeqNum: 7 }));
+    assert.equal((await first.ack()).start.seqNum, 0);
+    await assert.rejects(second.ack(), (e) => {
+      assert.ok(e instanceof SeqNumMismatchError, String(e));
+      assert.equal(e.expectedSeqNum, 1);
+      return true;
+    });
+    await session.close().catch(() => {});
+    assert.equal((await target.checkTail()).tail.seqNum, 1);
+    await target.close();
+  });
+
+  it("ends an append session at a fencing-token miss (412)", T, async () => {
+    await basin().streams.create({ stream: "s2s-fence" });
+    const target = basin().stream("s2s-fence");
+    await target.append(AppendInput.create([AppendRecord.fence("s2s-token")]));
+    const session = await target.appendSession();
+    const ok = await session.submit(AppendInput.create([AppendRecord.string({ body: "x" })], { fencingToken: "s2s-token" }));
+    assert.equal((await ok.ack()).start.seqNum, 1);
+    const bad = await session.submit(AppendInput.create([AppendRecord.string({ body: "y" })], { fencingToken: "wrong" }));
+    await assert.rejects(bad.ack(), (e) => {
+      assert.ok(e instanceof FencingTokenMismatchError, String(e));
+      assert.equal(e.expectedFencingToken, "s2s-token");
+      return true;
+    });
+    await session.close().catch(() => {});
+    await target.close();
+  });
+
+  it("reports a missing stream (404) and a start past the tail (416)", T, async () => {
+    const missing = basin().stream("s2s-no-such-stream");
+    const session = await missing.appendSession();
+    const t = await session.submit(AppendInput.create([AppendRecord.string({ body: "x" })])).catch((e) => e);
+    const err = t instanceof Error ? t : await t.ack().catch((e) => e);
+    assert.ok(err instanceof S2Error, String(err));
+    assert.equal(err.status, 404);
+    await session.close().catch(() => {});
+
+    const target = basin().stream("s2s-append");
+    const past = await target.readSession({ start: { from: { seqNum: 1000 } }, stop: { limits: { count: 1 } } });
+    await assert.rejects(collect(past, 1), (e) => {
+      assert.ok(e instanceof RangeNotSatisfiableError, String(e));
+      assert.equal(e.status, 416);
+      return true;
+    });
+    await missing.close();
+    await target.close();
+  });
+
+  it("reads everything back over S2S after a restart", T, async () => {
+    await server.stop();
+    await server.start();
+    s2 = client(server);
+    const target = basin().stream("s2s-append");
+    const all = await collect(await target.readSession({
+      start: { from: { seqNum: 0 } }, stop: { limits: { count: 200 } },
+    }), 200);
+    assert.deepEqual(seqs(all), [...Array(200).keys()]);
+    assert.equal(all[0].body, "s2s-0-a");
+    const session = await target.appendSession();
+    const ack = await (await session.submit(AppendInput.create([AppendRecord.string({ body: "after" })]))).ack();
+    assert.equal(ack.start.seqNum, 200);
+    await session.close();
+    await target.close();
   });
 });
 

@@ -1,0 +1,359 @@
+#!/usr/bin/python3
+"""Integration tests of HTTP/2 and S2S sessions on `weir serve`'s REST port
+(docs/http-api.md, "HTTP/2 and S2S sessions"), with a raw HTTP/2 client, so
+that frames S2's SDKs never send (bad lengths, compression, terminal frames
+from the client, resets) are covered too. The SDK itself runs over S2S in
+tests/js.
+
+Usage: s2s_test.py WEIR_BINARY [unittest arguments]. Needs python3-h2 and
+python3-requests (Debian). No test asserts an upper bound on time.
+"""
+import gzip
+import json
+import os
+import socket
+import sys
+import unittest
+import uuid
+
+import h2.config
+import h2.connection
+import h2.events
+import requests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rest_api_test import pb_append_ack, pb_append_input, pb_append_record, pb_read_batch  # noqa: E402
+from weir_server import WeirServer  # noqa: E402
+
+WEIR = os.environ.get("WEIR_BIN")
+SERVER = None
+TIMEOUT = 60  # seconds for any one wait
+
+
+def frame(message, flag=0):
+    body = bytes([flag]) + message
+    return len(body).to_bytes(3, "big") + body
+
+
+def parse_frames(data):
+    """Whole S2S frames in `data`: [(flag, payload)], and the bytes left over."""
+    out, i = [], 0
+    while len(data) - i >= 3:
+        n = int.from_bytes(data[i:i + 3], "big")
+        if len(data) - i < 3 + n:
+            break
+        out.append((data[i + 3], bytes(data[i + 4:i + 3 + n])))
+        i += 3 + n
+    return out, bytes(data[i:])
+
+
+def terminal(flag, payload):
+    """(status, JSON body) of a terminal frame, or None for a regular one."""
+    if not flag & 0x80:
+        return None
+    return int.from_bytes(payload[:2], "big"), json.loads(payload[2:])
+
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class H2Client:
+    """A blocking HTTP/2 client over one cleartext connection (prior knowledge)."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+        cfg = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        self.conn = h2.connection.H2Connection(config=cfg)
+        self.conn.initiate_connection()
+        self.streams = {}
+        self.closed = False
+        self.flush()
+
+    def close(self):
+        self.sock.close()
+
+    def flush(self):
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def request(self, method, path, headers=(), body=None, end=True):
+        sid = self.conn.get_next_available_stream_id()
+        hdrs = [(":method", method), (":path", path), (":scheme", "http"), (":authority", "127.0.0.1")]
+        hdrs += list(headers)
+        self.streams[sid] = {"status": None, "headers": {}, "data": bytearray(), "ended": False, "reset": None}
+        self.conn.send_headers(sid, hdrs, end_stream=end and body is None)
+        if body is not None:
+            self.send(sid, body, end=end)
+        self.flush()
+        return sid
+
+    def send(self, sid, data, end=False):
+        """Sends `data` on stream `sid`, waiting for flow-control window as needed."""
+        view = memoryview(data)
+        while view:
+            window = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+            if window <= 0:
+                self.pump(lambda: self.conn.local_flow_control_window(sid) > 0)
+                continue
+            self.conn.send_data(sid, bytes(view[:window]))
+            view = view[window:]
+            self.flush()
+        if end:
+            self.conn.end_stream(sid)
+        self.flush()
+
+    def end(self, sid):
+        self.conn.end_stream(sid)
+        self.flush()
+
+    def reset(self, sid):
+        self.conn.reset_stream(sid)
+        self.flush()
+
+    def pump(self, until):
+        while not until():
+            if self.closed:
+                raise AssertionError("the server closed the connection")
+            data = self.sock.recv(65536)
+            if not data:
+                self.closed = True
+                continue
+            for ev in self.conn.receive_data(data):
+                st = self.streams.get(getattr(ev, "stream_id", None))
+                if isinstance(ev, h2.events.ResponseReceived):
+                    st["headers"] = dict(ev.headers)
+                    st["status"] = int(st["headers"][":status"])
+                elif isinstance(ev, h2.events.DataReceived):
+                    st["data"] += ev.data
+                    self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, h2.events.StreamEnded):
+                    st["ended"] = True
+                elif isinstance(ev, h2.events.StreamReset) and st is not None:
+                    st["reset"] = ev.error_code
+                    st["ended"] = True
+                elif isinstance(ev, h2.events.ConnectionTerminated):
+                    self.closed = True
+            self.flush()
+
+    def wait_end(self, sid):
+        self.pump(lambda: self.streams[sid]["ended"])
+        return self.streams[sid]
+
+    def wait_frames(self, sid, n):
+        """Waits for `n` whole S2S frames on `sid`; returns them."""
+        self.pump(lambda: len(parse_frames(self.streams[sid]["data"])[0]) >= n or self.streams[sid]["ended"])
+        return parse_frames(self.streams[sid]["data"])[0]
+
+
+def setUpModule():
+    global SERVER
+    SERVER = WeirServer(WEIR, args=["--max-request-bytes", "65536"]).start()
+
+
+def tearDownModule():
+    if SERVER:
+        SERVER.stop()
+
+
+class S2sTest(unittest.TestCase):
+    def setUp(self):
+        self.h2 = H2Client(SERVER.port)
+        self.addCleanup(self.h2.close)
+
+    def new_stream(self):
+        name = unique("s2s")
+        r = requests.post(f"{SERVER.base_url}/v1/streams", json={"stream": name}, timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 201, r.text)
+        return name
+
+    def append_session(self, stream, body=b"", end=False, headers=()):
+        return self.h2.request("POST", f"/v1/streams/{stream}/records",
+                               [("content-type", "s2s/proto")] + list(headers), body=body, end=end)
+
+    def records(self, stream):
+        r = requests.get(f"{SERVER.base_url}/v1/streams/{stream}/records", params={"seq_num": 0}, timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 200, r.text)
+        return [rec["body"] for rec in r.json()["records"]]
+
+    def test_append_session_acks_each_input_in_order(self):
+        stream = self.new_stream()
+        inputs = [frame(pb_append_input([pb_append_record(f"r{i}".encode())])) for i in range(3)]
+        sid = self.append_session(stream, b"".join(inputs))
+        frames = self.h2.wait_frames(sid, 3)
+        self.assertEqual(self.h2.streams[sid]["status"], 200)
+        self.assertEqual(self.h2.streams[sid]["headers"]["content-type"], "s2s/proto")
+        # A frame split across DATA frames, then two records in one input.
+        more = frame(pb_append_input([pb_append_record(b"r3"), pb_append_record(b"r4")]))
+        self.h2.send(sid, more[:5])
+        self.h2.send(sid, more[5:], end=True)
+        st = self.h2.wait_end(sid)
+        frames, rest = parse_frames(st["data"])
+        self.assertEqual(rest, b"")
+        self.assertEqual(len(frames), 4)
+        acks = [pb_append_ack(p) for f, p in frames if terminal(f, p) is None]
+        self.assertEqual([(a["start"]["seq_num"], a["end"]["seq_num"]) for a in acks],
+                         [(0, 1), (1, 2), (2, 3), (3, 5)])
+        self.assertEqual(self.records(stream), ["r0", "r1", "r2", "r3", "r4"])
+
+    def test_gzip_frames_are_accepted(self):
+        stream = self.new_stream()
+        msg = pb_append_input([pb_append_record(b"z" * 3000)])
+        sid = self.append_session(stream, frame(gzip.compress(msg), flag=0x40), end=True)
+        st = self.h2.wait_end(sid)
+        frames, _ = parse_frames(st["data"])
+        self.assertEqual(len(frames), 1)
+        self.assertIsNone(terminal(*frames[0]))
+        self.assertEqual(self.records(stream), ["z" * 3000])
+
+    def check_terminal(self, payload, status, code, acked=1):
+        """One good input, then `payload`: its ack, then a terminal frame."""
+        stream = self.new_stream()
+        good = frame(pb_append_input([pb_append_record(b"ok")]))
+        sid = self.append_session(stream, good + payload, end=False)
+        st = self.h2.wait_end(sid)
+        frames, _ = parse_frames(st["data"])
+        self.assertEqual(len(frames), acked + 1, frames)
+        for f, p in frames[:acked]:
+            self.assertIsNone(terminal(f, p))
+        t = terminal(*frames[-1])
+        self.assertIsNotNone(t, frames[-1])
+        self.assertEqual(t[0], status, t)
+        if code:
+            self.assertEqual(t[1].get("code"), code, t)
+        self.assertEqual(self.records(stream), ["ok"])  # nothing after the bad frame was written
+        return t
+
+    def test_bad_frames_end_the_session_after_earlier_acks(self):
+        self.check_terminal(b"\x00\x00\x00", 400, "bad_frame")                       # length 0
+        self.check_terminal(frame(b"", flag=0x60), 400, "bad_frame")                 # compression 3
+        self.check_terminal(frame(b"\x00\xc8{}", flag=0x80), 400, "bad_frame")       # a terminal frame
+        self.check_terminal(frame(b"\xff\xff\xff"), 400, "bad_proto")                # not an AppendInput
+        self.check_terminal(frame(b"not gzip", flag=0x40), 400, "bad_frame")         # bad gzip
+        self.check_terminal(b"\x20\x00\x01", 400, "bad_frame")                       # over 2 MiB
+        self.check_terminal(frame(pb_append_input([pb_append_record(b"x")], fencing_token="f" * 37)), 422, "invalid")
+
+    def test_input_ending_inside_a_frame_is_an_error(self):
+        stream = self.new_stream()
+        whole = frame(pb_append_input([pb_append_record(b"ok")]))
+        sid = self.append_session(stream, whole + whole[:4], end=True)
+        frames, _ = parse_frames(self.h2.wait_end(sid)["data"])
+        self.assertEqual(len(frames), 2)
+        self.assertEqual(terminal(*frames[1])[0], 400)
+
+    def test_match_seq_num_miss_is_a_412_terminal(self):
+        stream = self.new_stream()
+        body = frame(pb_append_input([pb_append_record(b"a")], match_seq_num=0)) + \
+            frame(pb_append_input([pb_append_record(b"b")], match_seq_num=5))
+        sid = self.append_session(stream, body)
+        frames, _ = parse_frames(self.h2.wait_end(sid)["data"])
+        self.assertEqual(len(frames), 2, frames)
+        self.assertEqual(terminal(*frames[1]), (412, {"seq_num_mismatch": 1}))
+        # Input after the session ended is not appended.
+        self.h2.send(sid, frame(pb_append_input([pb_append_record(b"c")])), end=True)
+        probe = self.append_session(stream, frame(pb_append_input([pb_append_record(b"d")])), end=True)
+        self.h2.wait_end(probe)
+        self.assertEqual(self.records(stream), ["a", "d"])
+
+    def test_missing_stream_is_a_plain_404(self):
+        sid = self.append_session(unique("absent"), frame(pb_append_input([pb_append_record(b"x")])), end=True)
+        st = self.h2.wait_end(sid)
+        self.assertEqual(st["status"], 404)
+        self.assertEqual(json.loads(st["data"])["code"], "stream_not_found")
+
+    def test_read_session_sends_batches_then_heartbeats(self):
+        stream = self.new_stream()
+        requests.post(f"{SERVER.base_url}/v1/streams/{stream}/records", timeout=TIMEOUT,
+                      json={"records": [{"body": "one"}, {"body": "two"}]}).raise_for_status()
+        hdrs = [("content-type", "s2s/proto"), ("accept", "application/protobuf")]
+        # Bounded: two records, then the stream ends with no terminal frame.
+        sid = self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=0&count=2", hdrs)
+        st = self.h2.wait_end(sid)
+        self.assertEqual(st["status"], 200)
+        frames, _ = parse_frames(st["data"])
+        batches = [pb_read_batch(p) for f, p in frames]
+        self.assertTrue(all(terminal(f, p) is None for f, p in frames))
+        self.assertEqual([r["body"] for b in batches for r in b["records"]], [b"one", b"two"])
+        self.assertEqual(batches[-1]["tail"]["seq_num"], 2)
+        # Following at the tail: a heartbeat (no records, the tail), then a live record.
+        sid = self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=2", hdrs)
+        frames = self.h2.wait_frames(sid, 1)
+        beat = pb_read_batch(frames[0][1])
+        self.assertEqual(beat["records"], [])
+        self.assertEqual(beat["tail"]["seq_num"], 2)
+        requests.post(f"{SERVER.base_url}/v1/streams/{stream}/records", timeout=TIMEOUT,
+                      json={"records": [{"body": "three"}]}).raise_for_status()
+        got = []
+        self.h2.pump(lambda: any(r["body"] == b"three" for f, p in parse_frames(self.h2.streams[sid]["data"])[0]
+                                 for r in pb_read_batch(p)["records"]))
+        for f, p in parse_frames(self.h2.streams[sid]["data"])[0]:
+            got += pb_read_batch(p)["records"]
+        self.assertEqual([(r["seq_num"], r["body"]) for r in got], [(2, b"three")])
+        self.h2.reset(sid)
+
+    def test_read_past_the_tail_is_a_plain_416(self):
+        stream = self.new_stream()
+        sid = self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=10&count=1",
+                              [("content-type", "s2s/proto")])
+        st = self.h2.wait_end(sid)
+        self.assertEqual(st["status"], 416)
+        self.assertEqual(json.loads(st["data"])["tail"]["seq_num"], 0)
+
+    def test_sessions_share_a_connection_and_survive_a_reset(self):
+        stream = self.new_stream()
+        reader = self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=0",
+                                 [("content-type", "s2s/proto")])
+        doomed = self.append_session(stream, frame(pb_append_input([pb_append_record(b"a")])))
+        self.h2.wait_frames(doomed, 1)
+        self.h2.reset(doomed)
+        writer = self.append_session(stream, frame(pb_append_input([pb_append_record(b"b")])), end=True)
+        self.h2.wait_end(writer)
+        self.h2.pump(lambda: sum(len(pb_read_batch(p)["records"])
+                                 for f, p in parse_frames(self.h2.streams[reader]["data"])[0]) >= 2)
+        self.assertEqual(self.records(stream), ["a", "b"])
+
+    def test_plain_requests_over_http2(self):
+        stream = self.new_stream()
+        sid = self.h2.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                              body=json.dumps({"records": [{"body": "plain"}]}).encode())
+        st = self.h2.wait_end(sid)
+        self.assertEqual(st["status"], 200, st)
+        self.assertEqual(json.loads(st["data"])["end"]["seq_num"], 1)
+        sid = self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=0")
+        st = self.h2.wait_end(sid)
+        self.assertEqual([r["body"] for r in json.loads(st["data"])["records"]], ["plain"])
+        # Over --max-request-bytes (64 KiB): 413, and the connection stays usable.
+        sid = self.h2.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                              body=b"x" * 70000)
+        st = self.h2.wait_end(sid)
+        self.assertEqual(st["status"], 413)
+        self.assertEqual(json.loads(st["data"])["code"], "request_too_large")
+        sid = self.h2.request("GET", f"/v1/streams/{stream}/records/tail")
+        self.assertEqual(json.loads(self.h2.wait_end(sid)["data"])["tail"]["seq_num"], 1)
+        sid = self.h2.request("GET", "/no/such/route")
+        self.assertEqual(self.h2.wait_end(sid)["status"], 404)
+
+    def test_append_session_over_http1_reads_the_input_whole(self):
+        stream = self.new_stream()
+        body = b"".join(frame(pb_append_input([pb_append_record(f"h{i}".encode())])) for i in range(2))
+        r = requests.post(f"{SERVER.base_url}/v1/streams/{stream}/records", data=body,
+                          headers={"content-type": "s2s/proto"}, timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 200)
+        frames, rest = parse_frames(r.content)
+        self.assertEqual(rest, b"")
+        self.assertEqual([pb_append_ack(p)["end"]["seq_num"] for f, p in frames], [1, 2])
+        self.assertEqual(self.records(stream), ["h0", "h1"])
+
+
+def main():
+    global WEIR
+    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
+        WEIR = sys.argv.pop(1)
+    if not WEIR:
+        sys.exit("usage: s2s_test.py WEIR_BINARY [unittest args]")
+    unittest.main(verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
