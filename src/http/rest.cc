@@ -611,13 +611,26 @@ bool RestApi::WantsBodyStream(const Request& head) const {
 
 // An S2S append session: AppendInput frames in, an AppendAck frame out for
 // each, in order; the first failure (of an append, or of a frame) ends the
-// session with a terminal frame, after the acks of the inputs before it.
-// Frames arrive through BodySink calls (an I/O thread, in order); acks come
-// from the engine's callbacks. Owned by the request's body stream and by the
-// callbacks of its appends in flight.
+// session with a terminal frame, after the acks of the inputs before it, and
+// no input after the failure is known is submitted. Frames arrive through
+// BodySink calls (an I/O thread, in order); acks come from the engine's
+// callbacks. A frame's bytes are given back to the client's flow-control
+// window (Exchange::ConsumeBody) once its ack is sent, so the client's
+// unacknowledged input is bounded by the stream's window. Owned by the
+// request's body stream and by the callbacks of its appends in flight.
 class RestApi::AppendSession : public BodySink, public std::enable_shared_from_this<RestApi::AppendSession> {
  public:
   AppendSession(RestApi* api, Ctx c, std::string stream) : api_(api), c_(std::move(c)), stream_(std::move(stream)) {}
+  ~AppendSession() override {
+    if (counted_) api_->metrics_.append_sessions--;
+  }
+
+  // The whole input, read before the session opens (HTTP/1.1).
+  void Preload(std::string body) {
+    std::lock_guard lk(in_mu_);
+    buf_ = std::move(body);
+    input_ended_ = true;
+  }
 
   // Answers 200 and takes frames once the stream exists: a basin that creates
   // streams on append creates it first, on a worker (a metastore write).
@@ -637,15 +650,9 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
 
   void OnData(std::string_view bytes) override {
     std::lock_guard lk(in_mu_);
-    if (failed_ || ended_early_) return;
+    if (failed_ || poisoned_) return c_.ex->ConsumeBody(bytes.size());  // dropped
     buf_.append(bytes);
-    if (ready_) return Parse();
-    // Waiting for the stream to be created: at most two frames are held.
-    if (buf_.size() > 2 * (kS2sMaxFrameBytes + 3)) {
-      buf_.clear();
-      failed_ = true;
-      overflow_ = true;
-    }
+    if (ready_) Parse();
   }
 
   void OnEnd(bool complete) override {
@@ -655,11 +662,24 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     if (ready_) EndOfInput();
   }
 
+  // The server drains: no more input; the session ends with 503
+  // server_draining (S2's SDKs reconnect on it) after the acks of what it
+  // took.
+  void Drain() {
+    std::lock_guard lk(in_mu_);
+    if (failed_ || poisoned_) return;
+    if (!ready_) {
+      failed_ = true;  // Ready answers 503
+      return;
+    }
+    Fail(Ctx::ErrorResponse(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}}));
+  }
+
  private:
   void Ready() {
     std::lock_guard lk(in_mu_);
-    if (overflow_) {
-      c_.Send(Ctx::ErrorResponse(429, "unavailable", "too much input before the stream was ready", {{"Retry-After", "1"}}));
+    if (failed_) {  // drained (or the client left) while the stream was being created
+      c_.Send(Ctx::ErrorResponse(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}}));
       return;
     }
     api_->metrics_.append_sessions++;
@@ -678,7 +698,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
 
   // in_mu_ held: the client finished its input.
   void EndOfInput() {
-    if (!failed_ && !ended_early_ && !buf_.empty()) {
+    if (!failed_ && !poisoned_ && !buf_.empty()) {
       return Fail(Ctx::ErrorResponse(400, "bad_frame", "the input ended inside an S2S frame"));
     }
     std::lock_guard lk(out_mu_);
@@ -689,12 +709,11 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // in_mu_ held: submits every whole frame in buf_.
   void Parse() {
     size_t pos = 0;
-    while (!failed_ && !ended_early_) {
+    while (!failed_ && !poisoned_) {
       S2sFrame frame;
       auto n = DecodeS2sFrame(std::string_view(buf_).substr(pos), &frame);
       if (!n.ok()) return Fail(Ctx::ErrorResponse(400, "bad_frame", n.status().message()));
       if (*n == 0) break;
-      pos += *n;
       if (frame.terminal) return Fail(Ctx::ErrorResponse(400, "bad_frame", "a client may not send a terminal frame"));
       std::string decompressed;
       std::string_view message = frame.payload;
@@ -710,18 +729,22 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       if (in->options.fencing_token && in->options.fencing_token->size() > 36) {
         return Fail(Ctx::ErrorResponse(422, "invalid", "fencing_token must be at most 36 bytes"));
       }
-      Submit(std::move(*in));
+      pos += *n;
+      Submit(std::move(*in), *n);
     }
-    buf_.erase(0, failed_ || ended_early_ ? buf_.size() : pos);
+    buf_.erase(0, pos);
+    if (failed_ || poisoned_) Discard();
   }
 
-  // in_mu_ held.
-  void Submit(AppendInput in) {
-    uint64_t index;
-    {
-      std::lock_guard lk(out_mu_);
-      index = submitted_++;
-    }
+  // in_mu_ held: input that will never be submitted.
+  void Discard() {
+    c_.ex->ConsumeBody(buf_.size());
+    buf_.clear();
+  }
+
+  // in_mu_ held. `frame_bytes`: the frame's size, given back with its answer.
+  void Submit(AppendInput in, size_t frame_bytes) {
+    uint64_t index = Number(frame_bytes);
     size_t records = in.records.size(), bytes = 0;
     for (const auto& r : in.records) bytes += log::MeteredBytes(r);
     auto self = shared_from_this();
@@ -738,34 +761,41 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // in_mu_ held: the session ends with `r` after the inputs already submitted.
   void Fail(Response r) {
     failed_ = true;
-    buf_.clear();
-    uint64_t index;
-    {
-      std::lock_guard lk(out_mu_);
-      index = submitted_++;
-    }
-    Deliver(index, std::move(r));
+    Discard();
+    Deliver(Number(0), std::move(r));
+  }
+
+  // The next answer's number; its frame's bytes go back to the client with it.
+  uint64_t Number(size_t frame_bytes) {
+    std::lock_guard lk(out_mu_);
+    credit_.emplace(submitted_, frame_bytes);
+    return submitted_++;
   }
 
   // Input `index` is answered: a 200 carries its ack frame, anything else
   // ends the session. Sends what is now in order.
   void Deliver(uint64_t index, Response r) {
+    if (r.status != 200) poisoned_ = true;  // nothing more is submitted
     std::lock_guard lk(out_mu_);
     answers_.emplace(index, std::move(r));
-    for (auto it = answers_.find(sent_); !ended_ && it != answers_.end(); it = answers_.find(sent_)) {
+    for (auto it = answers_.find(sent_); it != answers_.end(); it = answers_.find(sent_)) {
       Response& a = it->second;
-      if (a.status == 200) {
-        c_.ex->Write(std::move(a.body), nullptr);
-      } else {
-        c_.ex->Write(EncodeS2sTerminal(a.status, a.body), nullptr);
-        ended_ = true;
-        ended_early_ = true;  // no more input is submitted
-        c_.ex->End();
+      if (!ended_) {
+        if (a.status == 200) {
+          c_.ex->Write(std::move(a.body), nullptr);
+        } else {
+          c_.ex->Write(EncodeS2sTerminal(a.status, a.body), nullptr);
+          ended_ = true;
+          c_.ex->End();
+        }
+      }
+      if (auto cr = credit_.find(sent_); cr != credit_.end()) {
+        if (cr->second > 0) c_.ex->ConsumeBody(cr->second);
+        credit_.erase(cr);
       }
       answers_.erase(it);
       sent_++;
     }
-    if (ended_) answers_.clear();
     MaybeEnd();
   }
 
@@ -777,24 +807,42 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     }
   }
 
- public:
-  ~AppendSession() override {
-    if (counted_) api_->metrics_.append_sessions--;
-  }
-
- private:
   RestApi* api_;
   Ctx c_;
   std::string stream_;
   std::mutex in_mu_;  // before out_mu_ when both are held
   std::string buf_;   // input not yet parsed (a partial frame)
-  bool ready_ = false, failed_ = false, overflow_ = false, input_ended_ = false, counted_ = false;  // in_mu_
+  bool ready_ = false, failed_ = false, input_ended_ = false, counted_ = false;  // in_mu_
   std::mutex out_mu_;
-  uint64_t submitted_ = 0, sent_ = 0;  // inputs numbered, answers sent (out_mu_)
-  std::map<uint64_t, Response> answers_;  // answered out of order (out_mu_)
+  uint64_t submitted_ = 0, sent_ = 0;       // inputs numbered, answers sent (out_mu_)
+  std::map<uint64_t, Response> answers_;    // answered out of order (out_mu_)
+  std::map<uint64_t, size_t> credit_;       // frame bytes to give back with each answer (out_mu_)
   bool input_done_ = false, ended_ = false;  // out_mu_
-  std::atomic<bool> ended_early_{false};     // a terminal frame went out (read without out_mu_)
+  std::atomic<bool> poisoned_{false};        // an answer failed: submit nothing more
 };
+
+void RestApi::TrackSession(const std::shared_ptr<AppendSession>& s) {
+  {
+    std::lock_guard lk(sessions_mu_);
+    std::erase_if(append_sessions_, [](const std::weak_ptr<AppendSession>& w) { return w.expired(); });
+    append_sessions_.push_back(s);
+  }
+  // SetDraining sets draining_ before it walks the list: a session tracked
+  // after the walk sees it here.
+  if (draining_) s->Drain();
+}
+
+void RestApi::SetDraining() {
+  draining_ = true;
+  std::vector<std::shared_ptr<AppendSession>> open;
+  {
+    std::lock_guard lk(sessions_mu_);
+    for (auto& w : append_sessions_) {
+      if (auto s = w.lock()) open.push_back(std::move(s));
+    }
+  }
+  for (auto& s : open) s->Drain();
+}
 
 std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) {
   metrics_.requests++;
@@ -807,6 +855,7 @@ std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<
       return nullptr;
     }
     auto session = std::make_shared<AppendSession>(this, c, parts[2]);
+    TrackSession(session);
     session->Open();
     return session;
   } catch (const BadRequest& e) {
@@ -1048,8 +1097,8 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
 void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   if (IsS2s(req)) {  // an S2S session whose input was read whole (HTTP/1.1)
     auto session = std::make_shared<AppendSession>(this, c, stream);
-    session->OnData(req.body);
-    session->OnEnd(true);
+    TrackSession(session);
+    session->Preload(std::move(req.body));
     session->Open();
     return;
   }

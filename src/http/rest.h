@@ -61,8 +61,9 @@ class RestApi : public Handler {
   // /health answers 200 only between SetReady and SetDraining; the API
   // answers 503 before SetReady.
   void SetReady() { ready_ = true; }
-  // Long polls answer now; read sessions end; new requests get 503.
-  void SetDraining() { draining_ = true; }
+  // Long polls answer now; read sessions end; append sessions end after
+  // acking the input they hold; new requests get 503.
+  void SetDraining();
   bool draining() const { return draining_; }
   // Renders the process-wide part of /metrics (WAL, metastore, engine); call before SetReady.
   void SetMetricsRenderer(std::function<std::string()> render) { render_metrics_ = std::move(render); }
@@ -105,6 +106,10 @@ class RestApi : public Handler {
   // on this node.
   std::mutex config_mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> tombstones_;
+  // Open S2S append sessions, to end at a drain.
+  std::mutex sessions_mu_;
+  std::vector<std::weak_ptr<AppendSession>> append_sessions_;
+  void TrackSession(const std::shared_ptr<AppendSession>& s);
 
   log::Engine* engine_;
   RestOptions options_;

@@ -81,9 +81,16 @@ constexpr size_t kReadBufferBytes = 8192;
 
 // What an HTTP/2 client sends first (RFC 9113 §3.4).
 constexpr std::string_view kHttp2Preface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
-// An HTTP/2 connection stops reading requests while this much response data
-// waits for the client's flow-control window.
+// While this much of an HTTP/2 connection's response data waits for the
+// client's flow-control window, the request bytes it receives are not
+// acknowledged (no WINDOW_UPDATE), so a client that does not read stops
+// being able to send. The socket is always read: the client's own
+// WINDOW_UPDATEs must get through.
 constexpr size_t kHttp2MaxQueuedBytes = 4u << 20;
+// Each HTTP/2 stream's receive window: a BodySink's unreturned bytes at most
+// (two S2S frames of 2 MiB fit); the connection's window is larger.
+constexpr uint32_t kHttp2StreamWindow = 4u << 20;
+constexpr int32_t kHttp2ConnectionWindow = 16 << 20;
 
 std::string StatusLine(int status) {
   auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(status));
@@ -559,8 +566,15 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
 
   // Strand only. `already_read` holds the preface and whatever followed it.
   void Start(std::string already_read);
+  // Sends GOAWAY and what is queued, then closes.
   void Close() override {
-    net::post(sock_.get_executor(), [self = shared_from_this()] { self->Shutdown(); });
+    net::post(sock_.get_executor(), [self = shared_from_this()] {
+      if (self->closed_) return;
+      nghttp2_submit_goaway(self->session_, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(self->session_),
+                            NGHTTP2_NO_ERROR, nullptr, 0);
+      self->closing_ = true;
+      self->Flush();  // closes once GOAWAY and what is queued are written
+    });
   }
   bool closed() const { return closed_.load(); }
   auto executor() { return sock_.get_executor(); }
@@ -645,6 +659,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   static int OnData(nghttp2_session*, uint8_t, int32_t id, const uint8_t* data, size_t len, void* user) {
     auto* self = static_cast<H2Conn*>(user);
     H2Stream* st = self->Find(id);
+    bool to_sink = st && st->head_done && !st->dropping && st->sink && !st->sink_ended;
+    self->Consume(id, len, /*stream_level=*/!to_sink);  // a sink gives its bytes back itself
     if (!st || !st->head_done || st->dropping) return 0;
     self->last_activity_ = Now();
     std::string_view bytes(reinterpret_cast<const char*>(data), len);
@@ -745,6 +761,33 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
 
   std::shared_ptr<Exchange> MakeExchange(H2Stream* st, size_t reserved);
 
+  // Flow control is by hand (no automatic WINDOW_UPDATE): request bytes are
+  // acknowledged as they are taken, unless too much response data waits;
+  // then once it has drained (Flush). A BodySink's bytes are acknowledged
+  // for the connection here, for their stream when the sink gives them back.
+  void Consume(int32_t id, size_t len, bool stream_level, bool connection_level = true) {
+    if (queued_bytes_ > kHttp2MaxQueuedBytes) {
+      unconsumed_.push_back(Unconsumed{id, len, stream_level, connection_level});
+      return;
+    }
+    if (connection_level) nghttp2_session_consume_connection(session_, len);
+    if (stream_level) nghttp2_session_consume_stream(session_, id, len);  // fails harmlessly once closed
+  }
+  void ConsumeHeld() {
+    if (queued_bytes_ > kHttp2MaxQueuedBytes) return;
+    for (const auto& u : std::exchange(unconsumed_, {})) Consume(u.id, u.len, u.stream_level, u.connection_level);
+  }
+
+ public:
+  // Strand only: a sink gave back `n` bytes of stream `id`.
+  void ConsumeBody(int32_t id, size_t n) {
+    if (closed_ || !Find(id)) return;
+    Consume(id, n, /*stream_level=*/true, /*connection_level=*/false);
+    Flush();
+  }
+
+ private:
+
   // Answers now and drops the rest of the body.
   int Refuse(H2Stream* st, Response r) {
     st->dropping = true;
@@ -806,7 +849,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   }
 
   void ReadMore() {
-    if (closed_ || reading_ || queued_bytes_ > kHttp2MaxQueuedBytes) return;
+    if (closed_ || reading_) return;
     reading_ = true;
     sock_.async_read_some(net::buffer(rbuf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->reading_ = false;
@@ -830,6 +873,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   // Writes what nghttp2 has to send, one write at a time.
   void Flush() {
     if (closed_ || writing_) return;
+    ConsumeHeld();
     wbuf_.clear();
     while (wbuf_.size() < (256u << 10)) {
       const uint8_t* data = nullptr;
@@ -839,7 +883,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       wbuf_.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
     }
     if (wbuf_.empty()) {
-      if (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_)) Shutdown();
+      if (closing_ || (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_))) Shutdown();
       return;
     }
     writing_ = true;
@@ -852,7 +896,6 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
                        for (const auto& d : done) d(!ec);
                        if (ec) return self->Shutdown();
                        self->Flush();
-                       self->ReadMore();
                      });
   }
 
@@ -892,6 +935,13 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   std::string wbuf_;  // the write in progress
   std::vector<std::function<void(bool)>> written_;  // chunks handed to nghttp2 since the last write began
   size_t queued_bytes_ = 0;  // response bytes in streams' `out`
+  struct Unconsumed {
+    int32_t id;
+    size_t len;
+    bool stream_level, connection_level;
+  };
+  std::vector<Unconsumed> unconsumed_;  // request bytes held back while responses queue
+  bool closing_ = false;                // GOAWAY sent: close once the rest is written
   bool reading_ = false;
   bool writing_ = false;
   TimePoint write_started_;
@@ -931,6 +981,10 @@ class H2Exchange : public ExchangeBase {
     });
   }
   void Write(std::string chunk, std::function<void(bool)> written) override {
+    if (chunk.empty()) {  // nothing to wait for
+      if (written) Post([written] { written(true); });
+      return;
+    }
     On([id = id_, b = std::move(chunk), t = OnWorker(std::move(written))](H2Conn* c) mutable {
       c->Write(id, std::move(b), std::move(t));
     });
@@ -941,6 +995,9 @@ class H2Exchange : public ExchangeBase {
     On([id = id_](H2Conn* c) { c->End(id); });
   }
   bool closed() const override { return conn_->closed() || gone_->load(); }
+  void ConsumeBody(size_t n) override {
+    On([id = id_, n](H2Conn* c) { c->ConsumeBody(id, n); });
+  }
 
  private:
   template <typename F>
@@ -965,7 +1022,11 @@ void H2Conn::Start(std::string already_read) {
   nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &H2Conn::OnFrameRecv);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &H2Conn::OnData);
   nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &H2Conn::OnStreamClose);
-  int rv = nghttp2_session_server_new(&session_, cbs, this);
+  nghttp2_option* opt = nullptr;
+  nghttp2_option_new(&opt);
+  nghttp2_option_set_no_auto_window_update(opt, 1);
+  int rv = nghttp2_session_server_new2(&session_, cbs, this, opt);
+  nghttp2_option_del(opt);
   nghttp2_session_callbacks_del(cbs);
   if (rv != 0) {
     session_ = nullptr;
@@ -978,11 +1039,11 @@ void H2Conn::Start(std::string already_read) {
   }
   nghttp2_settings_entry settings[] = {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, kMaxHttp2Streams},
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1u << 20},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, kHttp2StreamWindow},
       {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, 64u << 10},
   };
   nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings, std::size(settings));
-  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, 16 << 20);
+  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kHttp2ConnectionWindow);
   Feed(already_read.data(), already_read.size());
   Flush();
   ReadMore();
@@ -1103,6 +1164,10 @@ void HttpServer::Stop() {
   impl_->budget.DropWaiters();  // while the io_context lives
   impl_->workers.join();
   impl_->guard.reset();
+  // What the strands still hold (responses answered just now, the closes
+  // above) runs for up to 2 s; then everything stops.
+  auto deadline = Now() + std::chrono::seconds(2);
+  while (!impl_->ioc.stopped() && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();

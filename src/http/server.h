@@ -77,11 +77,17 @@ class Exchange {
   virtual void Post(std::function<void()> fn) = 0;
   // The connection is gone: further writes are dropped.
   virtual bool closed() const = 0;
+  // For a body streamed to a BodySink (HTTP/2): `n` more of its bytes are
+  // dealt with, so the client may send `n` more (flow control). The sink
+  // must give back every byte it was handed, once. A no-op elsewhere.
+  virtual void ConsumeBody(size_t n) { (void)n; }
 };
 
 // The body of a streamed request, delivered as it arrives (HTTP/2 only).
 // Calls come from one I/O thread at a time, in order; they must not block
-// for long (the connection's other streams wait).
+// for long (the connection's other streams wait). The client can send at
+// most one stream window (4 MiB) that the sink has not given back with
+// Exchange::ConsumeBody.
 class BodySink {
  public:
   virtual ~BodySink() = default;

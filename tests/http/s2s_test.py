@@ -19,6 +19,7 @@ import uuid
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -334,6 +335,26 @@ class S2sTest(unittest.TestCase):
         sid = self.h2.request("GET", "/no/such/route")
         self.assertEqual(self.h2.wait_end(sid)["status"], 404)
 
+    def test_a_client_that_stops_reading_is_resumed_by_its_window_updates(self):
+        # Read sessions whose batches wait for the client's window: over 4 MiB
+        # of them, the server stops acknowledging request bytes but must keep
+        # reading the socket, or it would never see the WINDOW_UPDATEs that let
+        # them drain.
+        stream = self.new_stream()
+        chunk = frame(pb_append_input([pb_append_record(b"r" * 1000) for _ in range(900)]))
+        self.h2.wait_end(self.append_session(stream, chunk * 6, end=True))
+        self.h2.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024})
+        self.h2.flush()
+        readers = [self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=0&count=5400",
+                                   [("content-type", "s2s/proto")]) for _ in range(6)]
+        self.h2.pump(lambda: all(len(self.h2.streams[r]["data"]) >= 1024 for r in readers))
+        self.h2.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 8 << 20})
+        self.h2.conn.increment_flow_control_window(64 << 20)
+        self.h2.flush()
+        for r in readers:
+            frames, _ = parse_frames(self.h2.wait_end(r)["data"])
+            self.assertEqual(sum(len(pb_read_batch(p)["records"]) for f, p in frames), 5400)
+
     def test_append_session_over_http1_reads_the_input_whole(self):
         stream = self.new_stream()
         body = b"".join(frame(pb_append_input([pb_append_record(f"h{i}".encode())])) for i in range(2))
@@ -344,6 +365,28 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(rest, b"")
         self.assertEqual([pb_append_ack(p)["end"]["seq_num"] for f, p in frames], [1, 2])
         self.assertEqual(self.records(stream), ["h0", "h1"])
+
+
+class DrainTest(unittest.TestCase):
+    def test_sigterm_ends_an_open_append_session_with_server_draining(self):
+        server = WeirServer(WEIR).start()
+        self.addCleanup(server.kill)
+        stream = unique("drain")
+        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        client = H2Client(server.port)
+        self.addCleanup(client.close)
+        sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
+                             body=frame(pb_append_input([pb_append_record(b"kept")])), end=False)
+        client.wait_frames(sid, 1)  # acked; the session stays open
+        server.proc.send_signal(15)
+        frames, _ = parse_frames(client.wait_end(sid)["data"])
+        self.assertEqual(len(frames), 2)
+        self.assertEqual(pb_append_ack(frames[0][1])["end"]["seq_num"], 1)
+        status, body = terminal(*frames[1])
+        self.assertEqual((status, body["code"]), (503, "server_draining"))
+        self.assertEqual(server.stop(), 0)
+        with open(server.log_path) as f:
+            self.assertNotIn("still open at exit", f.read())
 
 
 def main():
