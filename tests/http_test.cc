@@ -82,6 +82,41 @@ TEST(S2Proto, RejectsMalformedInput) {
   EXPECT_FALSE(DecodeProtoAppendInput(std::string(1, '\x0f')).ok());          // wire type 7
 }
 
+TEST(S2sFrame, RoundTripsAndRejectsBadFrames) {
+  std::string f = EncodeS2sFrame("abc");
+  EXPECT_EQ(f, std::string("\x00\x00\x04\x00" "abc", 7));
+  S2sFrame frame;
+  for (size_t cut = 0; cut < f.size(); ++cut) {  // a prefix is "need more"
+    auto n = DecodeS2sFrame(std::string_view(f).substr(0, cut), &frame);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(*n, 0u);
+  }
+  auto n = DecodeS2sFrame(f + "next", &frame);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, f.size());
+  EXPECT_FALSE(frame.terminal);
+  EXPECT_EQ(frame.compression, 0);
+  EXPECT_EQ(frame.payload, "abc");
+
+  std::string t = EncodeS2sTerminal(412, R"({"seq_num_mismatch":3})");
+  ASSERT_TRUE(DecodeS2sFrame(t, &frame).ok());
+  EXPECT_TRUE(frame.terminal);
+  EXPECT_EQ(frame.payload, std::string("\x01\x9c") + R"({"seq_num_mismatch":3})");  // 412, then the body
+
+  std::string gz("\x00\x00\x02\x40z", 5);
+  ASSERT_TRUE(DecodeS2sFrame(gz, &frame).ok());
+  EXPECT_EQ(frame.compression, 2);
+
+  EXPECT_EQ(DecodeS2sFrame(std::string("\x00\x00\x00", 3), &frame).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(DecodeS2sFrame(std::string("\x00\x00\x01\x60", 4), &frame).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(DecodeS2sFrame(std::string("\x20\x00\x01", 3), &frame).status().code(), Code::kInvalidArgument);
+  std::string largest(3 + kS2sMaxFrameBytes, 'x');
+  largest[0] = 0x20, largest[1] = 0, largest[2] = 0, largest[3] = 0;
+  auto big = DecodeS2sFrame(largest, &frame);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(*big, largest.size());
+}
+
 TEST(S2Proto, EncodesReadBatch) {
   std::vector<log::ReadRecord> records(1);
   records[0].offset = 5;
