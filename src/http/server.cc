@@ -570,10 +570,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   void Close() override {
     net::post(sock_.get_executor(), [self = shared_from_this()] {
       if (self->closed_) return;
-      nghttp2_submit_goaway(self->session_, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(self->session_),
-                            NGHTTP2_NO_ERROR, nullptr, 0);
       self->closing_ = true;
-      self->Flush();  // closes once GOAWAY and what is queued are written
+      self->Flush();  // writes what is queued, then GOAWAY, then closes
     });
   }
   bool closed() const { return closed_.load(); }
@@ -875,12 +873,23 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     if (closed_ || writing_) return;
     ConsumeHeld();
     wbuf_.clear();
-    while (wbuf_.size() < (256u << 10)) {
-      const uint8_t* data = nullptr;
-      auto n = nghttp2_session_mem_send(session_, &data);
-      if (n < 0) return Shutdown();
-      if (n == 0) break;
-      wbuf_.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+    auto take = [this] {
+      while (wbuf_.size() < (256u << 10)) {
+        const uint8_t* data = nullptr;
+        auto n = nghttp2_session_mem_send(session_, &data);
+        if (n < 0) return false;
+        if (n == 0) break;
+        wbuf_.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+      }
+      return true;
+    };
+    if (!take()) return Shutdown();
+    if (wbuf_.empty() && closing_ && !goaway_sent_) {
+      // Last, so that no client sees stream data after it.
+      goaway_sent_ = true;
+      nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(session_),
+                            NGHTTP2_NO_ERROR, nullptr, 0);
+      if (!take()) return Shutdown();
     }
     if (wbuf_.empty()) {
       if (closing_ || (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_))) Shutdown();
@@ -941,7 +950,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     bool stream_level, connection_level;
   };
   std::vector<Unconsumed> unconsumed_;  // request bytes held back while responses queue
-  bool closing_ = false;                // GOAWAY sent: close once the rest is written
+  bool closing_ = false;                // the server closes it: write what is queued, GOAWAY, close
+  bool goaway_sent_ = false;
   bool reading_ = false;
   bool writing_ = false;
   TimePoint write_started_;
