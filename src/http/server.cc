@@ -908,15 +908,18 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
                      });
   }
 
-  // Every 5 s: a write stuck for 60 s, or an idle connection, is closed.
+  // Every 5 s: a write stuck for 60 s closes the connection; an idle one
+  // (no stream for the idle timeout) is sent GOAWAY and closed.
   void Tick() {
     timer_.expires_after(std::chrono::seconds(5));
     timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || self->closed_) return;
       auto now = Now();
-      if ((self->writing_ && now - self->write_started_ > std::chrono::seconds(60)) ||
-          (self->streams_.empty() && now - self->last_activity_ > self->srv_->options.idle_timeout)) {
-        return self->Shutdown();
+      if (self->writing_ && now - self->write_started_ > std::chrono::seconds(60)) return self->Shutdown();
+      if (self->streams_.empty() && now - self->last_activity_ > self->srv_->options.idle_timeout) {
+        self->closing_ = true;  // GOAWAY, then close
+        self->Flush();
+        if (self->closed_) return;
       }
       self->Tick();
     });
