@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds the Kafka request fuzzer with clang (libFuzzer + ASan + UBSan) in
-# build/fuzz and runs it for SECONDS (default 60) on a scratch copy of the seed
-# corpus. Exits non-zero on a crash, leak or timeout; the input that caused it
-# is left in build/fuzz/artifacts/.
+# Builds the fuzzers with clang (libFuzzer + ASan + UBSan) in build/fuzz and
+# runs the Kafka request fuzzer for SECONDS (default 60), then the S2S input
+# fuzzer for a third of that, each on a scratch copy of its seed corpus.
+# Exits non-zero on a crash, leak or timeout; the input that caused it is left
+# in build/fuzz/artifacts/.
 #   scripts/fuzz.sh [SECONDS]        (FUZZ_JOBS=N sets ninja's -j, default nproc)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,7 +12,7 @@ dir=$root/build/fuzz
 
 CC=clang CXX=clang++ cmake -G Ninja -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWEIR_FUZZ=ON -DWEIR_TESTS=OFF >/dev/null
-ninja -C "$dir" -j"${FUZZ_JOBS:-$(nproc)}" kafka_request_fuzz kafka_corpus_gen
+ninja -C "$dir" -j"${FUZZ_JOBS:-$(nproc)}" kafka_request_fuzz kafka_corpus_gen s2s_input_fuzz
 
 corpus=$dir/corpus/kafka_request
 rm -rf "$corpus"
@@ -23,3 +24,12 @@ echo "== fuzzing the Kafka request decoder for ${seconds}s"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   "$dir/tests/fuzz/kafka_request_fuzz" -max_total_time="$seconds" -timeout=10 \
   -artifact_prefix="$dir/artifacts/" -print_final_stats=1 "$corpus"
+
+s2s_corpus=$dir/corpus/s2s_input
+rm -rf "$s2s_corpus"
+mkdir -p "$s2s_corpus"
+cp "$root"/tests/fuzz/corpus/s2s_input/* "$s2s_corpus"/
+echo "== fuzzing the S2S frame and AppendInput decoders for $((seconds / 3))s"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  "$dir/tests/fuzz/s2s_input_fuzz" -max_total_time="$((seconds / 3 > 0 ? seconds / 3 : 1))" -timeout=10 \
+  -artifact_prefix="$dir/artifacts/" -print_final_stats=1 "$s2s_corpus"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds with warnings as errors, runs every test,
 # then runs the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
-# then fuzzes the Kafka request decoder for WEIR_FUZZ_SECONDS (default 60).
+# then fuzzes the Kafka request decoder for WEIR_FUZZ_SECONDS (default 60) and the
+# S2S input decoders for a third of that.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh"
@@ -19,5 +20,5 @@ echo "== unit tests, and the integration tests labelled sanitize, under ASan + U
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build/asan" --output-on-failure -j"$jobs" -L 'unit|sanitize' --timeout 900
 
-echo "== fuzz the Kafka request decoder (bounded)"
+echo "== fuzz the Kafka request and S2S input decoders (bounded)"
 "$root/scripts/fuzz.sh" "${WEIR_FUZZ_SECONDS:-60}"
