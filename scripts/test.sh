@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds with warnings as errors, runs every test,
-# then runs the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
+# then runs the unit tests (and the integration tests labelled sanitize) again under
+# AddressSanitizer + UndefinedBehaviorSanitizer,
 # then fuzzes the Kafka request decoder for WEIR_FUZZ_SECONDS (default 60) and the
 # S2S input decoders for a third of that.
 set -euo pipefail
