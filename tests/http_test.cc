@@ -103,6 +103,7 @@ TEST(S2sFrame, RoundTripsAndRejectsBadFrames) {
   EXPECT_TRUE(frame.terminal);
   EXPECT_EQ(frame.payload, std::string("\x01\x9c") + R"({"seq_num_mismatch":3})");  // 412, then the body
 
+  EXPECT_EQ(EncodeS2sFrame("zz", 1), std::string("\x00\x00\x03\x20zz", 6));  // zstd bits
   std::string gz("\x00\x00\x02\x40z", 5);
   ASSERT_TRUE(DecodeS2sFrame(gz, &frame).ok());
   EXPECT_EQ(frame.compression, 2);

@@ -1,6 +1,7 @@
 #include "http/rest.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <ctime>
 #include <map>
@@ -596,6 +597,41 @@ namespace {
 bool IsS2s(const Request& req) {
   const std::string* ctype = req.Header("content-type");
   return ctype && ctype->starts_with("s2s/proto");
+}
+
+// The frame compression an S2S client accepts (S2's rule: zstd if listed,
+// else gzip, else none): 0 none, 1 zstd, 2 gzip.
+int S2sCompression(const Request& req) {
+  const std::string* ae = req.Header("accept-encoding");
+  if (!ae) return 0;
+  bool gzip = false;
+  std::string_view rest = *ae;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    item = item.substr(0, item.find(';'));
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    auto is = [&](std::string_view name) {
+      return item.size() == name.size() && std::equal(item.begin(), item.end(), name.begin(), [](char a, char b) {
+               return std::tolower(static_cast<unsigned char>(a)) == b;
+             });
+    };
+    if (is("zstd")) return 1;
+    if (is("gzip")) gzip = true;
+  }
+  return gzip ? 2 : 0;
+}
+
+// A frame holding `message`, compressed as the client accepts when it is
+// 1 KiB or more (as S2 does); uncompressed if compression fails.
+std::string S2sFrameOf(const std::string& message, int compression) {
+  if (compression != 0 && message.size() >= 1024) {
+    auto c = wal::CompressRecords(compression == 1 ? wal::kCodecZstd : wal::kCodecGzip, message);
+    if (c.ok() && c->size() < kS2sMaxFrameBytes) return EncodeS2sFrame(*c, compression);
+  }
+  return EncodeS2sFrame(message);
 }
 
 std::string ProtoAck(const log::AppendAck& a) {
@@ -1202,6 +1238,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     sent_bytes_ = v[2];
   }
 
+  // S2S batch frames of 1 KiB or more go out compressed (1 zstd, 2 gzip).
+  void CompressFrames(int compression) { s2s_compression_ = compression; }
+
   void Start() {
     if (p_.wait_s) wait_ = std::chrono::seconds(*p_.wait_s);
     last_record_ = Now();
@@ -1282,7 +1321,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       auto self = shared_from_this();
       std::string event;
       if (s2s_) {  // every frame carries the tail: S2's SDK ends a session that sees none for 20 s
-        event = EncodeS2sFrame(EncodeProtoReadBatch(r->records, TailPosition(*r)));
+        event = S2sFrameOf(EncodeProtoReadBatch(r->records, TailPosition(*r)), s2s_compression_);
       } else {
         event = fmt::format("event: batch\nid: {},{},{}\ndata: {}\n\n", p_.start.value - 1, sent_records_, sent_bytes_,
                             BatchJson(*r, caught_up).dump(-1, ' ', false, Json::error_handler_t::replace));
@@ -1448,6 +1487,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   ReadParams p_;
   bool sse_;  // a session: SSE or S2S
   bool s2s_;
+  int s2s_compression_ = 0;  // of S2S batch frames: 0 none, 1 zstd, 2 gzip
   bool started_ = false;  // session headers sent (steps run one at a time)
   TimePoint start_ = Now();
   TimePoint last_record_;
@@ -1491,6 +1531,7 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
   if (Status st = CreateOnRead(c, stream); !st.ok()) return c.Fail(st);
   auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), mode);
   if (const std::string* id = req.Header("last-event-id"); mode == Mode::kSse && id) session->Resume(*id);
+  if (mode == Mode::kS2s) session->CompressFrames(S2sCompression(req));
   session->Start();
 }
 

@@ -206,9 +206,9 @@ std::string FrameHeader(size_t length, uint8_t flag) {
 }
 }  // namespace
 
-std::string EncodeS2sFrame(std::string_view message) {
-  std::string out = FrameHeader(1 + message.size(), 0);
-  out.append(message);
+std::string EncodeS2sFrame(std::string_view payload, int compression) {
+  std::string out = FrameHeader(1 + payload.size(), static_cast<uint8_t>((compression & 3) << 5));
+  out.append(payload);
   return out;
 }
 

@@ -44,8 +44,9 @@ struct S2sFrame {
   std::string_view payload;
 };
 
-// A regular frame holding `message`, uncompressed.
-std::string EncodeS2sFrame(std::string_view message);
+// A regular frame holding `payload`: a message, or one compressed with
+// `compression` (1 zstd, 2 gzip; the caller compresses).
+std::string EncodeS2sFrame(std::string_view payload, int compression = 0);
 // A terminal frame: the session ends with `status` and an error body.
 std::string EncodeS2sTerminal(int status, std::string_view json);
 // The frame at the front of `buf`: its total size (0 when `buf` holds only

@@ -293,6 +293,29 @@ class S2sTest(unittest.TestCase):
         self.assertEqual([(r["seq_num"], r["body"]) for r in got], [(2, b"three")])
         self.h2.reset(sid)
 
+    def test_read_frames_are_compressed_as_the_client_accepts(self):
+        stream = self.new_stream()
+        requests.post(f"{SERVER.base_url}/v1/streams/{stream}/records", timeout=TIMEOUT,
+                      json={"records": [{"body": "c" * 3000}]}).raise_for_status()
+        def read(accept_encoding):
+            hdrs = [("content-type", "s2s/proto")]
+            if accept_encoding:
+                hdrs.append(("accept-encoding", accept_encoding))
+            sid = self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=0&count=1", hdrs)
+            frames, _ = parse_frames(self.h2.wait_end(sid)["data"])
+            self.assertEqual(len(frames), 1)
+            return frames[0]
+        flag, payload = read("gzip, deflate")
+        self.assertEqual(flag & 0x60, 0x40)  # gzip
+        self.assertEqual(pb_read_batch(gzip.decompress(payload))["records"][0]["body"], b"c" * 3000)
+        flag, _ = read("gzip;q=0.5, ZSTD")
+        self.assertEqual(flag & 0x60, 0x20)  # zstd preferred, as on S2
+        flag, payload = read(None)
+        self.assertEqual(flag & 0x60, 0)
+        self.assertEqual(pb_read_batch(payload)["records"][0]["body"], b"c" * 3000)
+        flag, _ = read("br")
+        self.assertEqual(flag & 0x60, 0)
+
     def test_read_past_the_tail_is_a_plain_416(self):
         stream = self.new_stream()
         sid = self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=10&count=1",

@@ -403,6 +403,31 @@ describe("S2 SDK sessions over S2S (HTTP/2, the default transport)", () => {
     assert.ok(h2 >= 1, `weir_http2_connections_total is ${h2}`);
   });
 
+  it("appends and reads gzip-compressed frames when the client asks for them", T, async () => {
+    const gz = new S2({
+      accessToken: "ignored-when-auth-is-off",
+      endpoints: { account: `${server.url}/v1`, basin: `${server.url}/v1` },
+      compression: "gzip",
+      requestTimeoutMillis: 60_000,
+      connectionTimeoutMillis: 30_000,
+    });
+    await gz.basin("weir-default").streams.create({ stream: "s2s-gzip" });
+    const target = gz.basin("weir-default").stream("s2s-gzip");
+    const big = "g".repeat(4000); // frames over 1 KiB are compressed
+    const session = await target.appendSession();
+    const acks = [];
+    for (let i = 0; i < 5; i++) {
+      acks.push(await session.submit(AppendInput.create([AppendRecord.string({ body: `${i}:${big}` })])));
+    }
+    assert.deepEqual((await Promise.all(acks.map((t) => t.ack()))).map((a) => a.start.seqNum), [0, 1, 2, 3, 4]);
+    await session.close();
+    const back = await collect(await target.readSession({
+      start: { from: { seqNum: 0 } }, stop: { limits: { count: 5 } },
+    }), 5);
+    assert.deepEqual(bodies(back), [0, 1, 2, 3, 4].map((i) => `${i}:${big}`));
+    await target.close();
+  });
+
   it("follows the tail in a read session", T, async () => {
     await basin().streams.create({ stream: "s2s-live" });
     const target = basin().stream("s2s-live");
