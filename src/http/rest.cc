@@ -611,8 +611,8 @@ int S2sCompression(const Request& req) {
     std::string_view item = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     item = item.substr(0, item.find(';'));
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
     auto is = [&](std::string_view name) {
       return item.size() == name.size() && std::equal(item.begin(), item.end(), name.begin(), [](char a, char b) {
                return std::tolower(static_cast<unsigned char>(a)) == b;
@@ -1359,9 +1359,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     return batch;
   }
 
-  static StreamPosition TailPosition(const log::ReadResult& r) {
-    return StreamPosition{r.tail, static_cast<uint64_t>(std::max<int64_t>(r.tail_timestamp_ms, 0))};
+  // A position for S2's protobuf messages (timestamps are unsigned there).
+  static StreamPosition ProtoPosition(uint64_t seq_num, int64_t timestamp_ms) {
+    return StreamPosition{seq_num, static_cast<uint64_t>(std::max<int64_t>(timestamp_ms, 0))};
   }
+  static StreamPosition TailPosition(const log::ReadResult& r) { return ProtoPosition(r.tail, r.tail_timestamp_ms); }
 
   void Answer(const log::ReadResult& r, bool caught_up) {
     api_->metrics_.reads++;
@@ -1437,8 +1439,8 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         auto s = self->api_->engine_->GetStream(self->c_.basin, self->stream_);
         if (self->s2s_) {  // a heartbeat: a batch of no records, with the tail
           if (s.ok()) {
-            StreamPosition tail{s->tail, static_cast<uint64_t>(std::max<int64_t>(s->tail_timestamp_ms, 0))};
-            self->c_.ex->Write(EncodeS2sFrame(EncodeProtoReadBatch({}, tail)), nullptr);
+            self->c_.ex->Write(EncodeS2sFrame(EncodeProtoReadBatch({}, ProtoPosition(s->tail, s->tail_timestamp_ms))),
+                               nullptr);
           }
         } else {
           Json ping{{"timestamp", WallMillis()}};

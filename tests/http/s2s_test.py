@@ -308,7 +308,7 @@ class S2sTest(unittest.TestCase):
         flag, payload = read("gzip, deflate")
         self.assertEqual(flag & 0x60, 0x40)  # gzip
         self.assertEqual(pb_read_batch(gzip.decompress(payload))["records"][0]["body"], b"c" * 3000)
-        flag, _ = read("gzip;q=0.5, ZSTD")
+        flag, _ = read("gzip;q=0.5,\tZSTD")
         self.assertEqual(flag & 0x60, 0x20)  # zstd preferred, as on S2
         flag, payload = read(None)
         self.assertEqual(flag & 0x60, 0)
