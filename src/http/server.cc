@@ -684,6 +684,18 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     return 0;
   }
 
+  // A response ended while the client still sends its request (an early 413
+  // or 429, or a session that ended): RST_STREAM(NO_ERROR) asks it to stop
+  // uploading a body nobody reads (RFC 9113 section 8.1); the response stands.
+  static int OnFrameSend(nghttp2_session* session, const nghttp2_frame* frame, void*) {
+    if ((frame->hd.type == NGHTTP2_DATA || frame->hd.type == NGHTTP2_HEADERS) &&
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) &&
+        nghttp2_session_get_stream_remote_close(session, frame->hd.stream_id) == 0) {
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
+    }
+    return 0;
+  }
+
   static int OnStreamClose(nghttp2_session*, int32_t id, uint32_t, void* user) {
     auto* self = static_cast<H2Conn*>(user);
     auto it = self->streams_.find(id);
@@ -1035,6 +1047,7 @@ void H2Conn::Start(std::string already_read) {
   nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &H2Conn::OnFrameRecv);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &H2Conn::OnData);
   nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &H2Conn::OnStreamClose);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cbs, &H2Conn::OnFrameSend);
   nghttp2_option* opt = nullptr;
   nghttp2_option_new(&opt);
   nghttp2_option_set_no_auto_window_update(opt, 1);

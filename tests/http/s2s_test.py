@@ -224,7 +224,13 @@ class S2sTest(unittest.TestCase):
         if code:
             self.assertEqual(t[1].get("code"), code, t)
         self.assertEqual(self.records(stream), ["ok"])  # nothing after the bad frame was written
+        self.assertEqual(self.wait_reset(sid), 0)  # the client may stop sending: RST_STREAM(NO_ERROR)
         return t
+
+    def wait_reset(self, sid):
+        """The RST_STREAM code that follows a response ended before the request."""
+        self.h2.pump(lambda: self.h2.streams[sid]["reset"] is not None)
+        return self.h2.streams[sid]["reset"]
 
     def test_bad_frames_end_the_session_after_earlier_acks(self):
         self.check_terminal(b"\x00\x00\x00", 400, "bad_frame")                       # length 0
@@ -245,14 +251,15 @@ class S2sTest(unittest.TestCase):
 
     def test_match_seq_num_miss_is_a_412_terminal(self):
         stream = self.new_stream()
+        # Input pipelined behind the miss ("c") is not appended.
         body = frame(pb_append_input([pb_append_record(b"a")], match_seq_num=0)) + \
-            frame(pb_append_input([pb_append_record(b"b")], match_seq_num=5))
+            frame(pb_append_input([pb_append_record(b"b")], match_seq_num=5)) + \
+            frame(pb_append_input([pb_append_record(b"c")]))
         sid = self.append_session(stream, body)
         frames, _ = parse_frames(self.h2.wait_end(sid)["data"])
         self.assertEqual(len(frames), 2, frames)
         self.assertEqual(terminal(*frames[1]), (412, {"seq_num_mismatch": 1}))
-        # Input after the session ended is not appended.
-        self.h2.send(sid, frame(pb_append_input([pb_append_record(b"c")])), end=True)
+        self.assertEqual(self.wait_reset(sid), 0)
         probe = self.append_session(stream, frame(pb_append_input([pb_append_record(b"d")])), end=True)
         self.h2.wait_end(probe)
         self.assertEqual(self.records(stream), ["a", "d"])
@@ -348,11 +355,13 @@ class S2sTest(unittest.TestCase):
         st = self.h2.wait_end(sid)
         self.assertEqual([r["body"] for r in json.loads(st["data"])["records"]], ["plain"])
         # Over --max-request-bytes (64 KiB): 413, and the connection stays usable.
+        # The body is left open: the 413 comes early, then RST_STREAM(NO_ERROR).
         sid = self.h2.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
-                              body=b"x" * 70000)
+                              body=b"x" * 70000, end=False)
         st = self.h2.wait_end(sid)
         self.assertEqual(st["status"], 413)
         self.assertEqual(json.loads(st["data"])["code"], "request_too_large")
+        self.assertEqual(self.wait_reset(sid), 0)
         sid = self.h2.request("GET", f"/v1/streams/{stream}/records/tail")
         self.assertEqual(json.loads(self.h2.wait_end(sid)["data"])["tail"]["seq_num"], 1)
         sid = self.h2.request("GET", "/no/such/route")
