@@ -11,6 +11,7 @@
 
 #include "base/bytes.h"
 #include "objstore/mem_store.h"
+#include "hooked_metastore.h"
 #include "test_support.h"
 #include "test_util.h"
 #include "wal/fence.h"
@@ -62,6 +63,12 @@ class EngineTest : public ::testing::Test {
   }
 
   void Start(std::shared_ptr<objstore::ObjectStore> store = nullptr) {
+    auto e = Engine::Open(Options(), store ? store : store_, meta_);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(*e);
+  }
+
+  EngineOptions Options() const {
     EngineOptions o;
     o.node = "n1";
     o.settle_interval = Duration::zero();  // tests settle by hand
@@ -71,9 +78,7 @@ class EngineTest : public ::testing::Test {
     o.log_cache_bytes = cache_bytes_;
     o.max_unsettled_bytes = max_unsettled_bytes_;
     o.admission_timeout = admission_timeout_;
-    auto e = Engine::Open(o, store ? store : store_, meta_);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    engine_ = std::move(*e);
+    return o;
   }
 
   void Restart() {
@@ -455,6 +460,29 @@ TEST_F(EngineTest, PoisonedEpochResumesInTheNextEpochWithoutErrors) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
   Restart();
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(EngineTest, ATakeoverFencesAPredecessorThatSettlesWhileItStarts) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  // The old process of node n1 keeps running while a new one starts, and
+  // settles (moving the checkpoint, deleting the slots below it) between the
+  // new one's first look at the node and its mint.
+  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  hooked->before_mint = [&] {
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"b"})).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  };
+  auto next = Engine::Open(Options(), store_, hooked);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  // The old process is fenced: what it appends now is never acknowledged.
+  auto late = engine_->Append(kBasin, "s", Bodies({"c"}));
+  EXPECT_FALSE(late.status.ok()) << "acknowledged by a superseded node at offset " << late.ack.start_offset;
+  auto r = (*next)->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<std::string> got;
+  for (auto& rec : r->records) got.push_back(rec.record.value.value_or("<null>"));
+  EXPECT_EQ(got, (std::vector<std::string>{"a", "b"}));
+  (*next)->Close();
 }
 
 TEST_F(EngineTest, DeleteStreamWakesReadersAndForgetsTheName) {

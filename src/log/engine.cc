@@ -132,6 +132,11 @@ Status Engine::Recover() {
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window));
   epoch_ = now.epoch;
+  // The checkpoint as of the mint, not as read before it: a process of this
+  // node still running may have settled (and deleted slots) in between, and
+  // the fence must start at its chain's live part, or that process is never
+  // fenced. After the mint it can settle no more (CommitSettle checks the epoch).
+  const auto checkpoint = now.checkpoint;
 
   // Streams as of their last settle.
   WEIR_ASSIGN_OR_RETURN(auto states, meta_->ListStreamStates());
@@ -160,11 +165,11 @@ Status Engine::Recover() {
   const uint64_t nonce = nonce_;
   wal::RetryPolicy retry;
   retry.parallelism = 32;
-  uint64_t first = std::max<uint64_t>(prev.checkpoint.epoch, 1);
+  uint64_t first = std::max<uint64_t>(checkpoint.epoch, 1);
   uint64_t slots = 0;
   for (uint64_t e = first; e < epoch_; ++e) {
     wal::ChainRef chain{options_.node, e};
-    uint64_t from = e == prev.checkpoint.epoch ? prev.checkpoint.seq : 0;
+    uint64_t from = e == checkpoint.epoch ? checkpoint.seq : 0;
     auto fenced = wal::FenceAndWalk(*store_, chain, from, nonce,
                           [&](uint64_t seq, const wal::SlotIndex& index, std::string_view bytes) {
                             ++slots;
@@ -204,7 +209,7 @@ Status Engine::Recover() {
     halt_thread_ = std::thread([this, epoch] { HandleHalt(epoch); });
   };
   WEIR_ASSIGN_OR_RETURN(wal_, wal::Writer::Start(store_, wo));
-  checkpoint_ = prev.checkpoint;
+  checkpoint_ = checkpoint;
   Status swept = SweepGarbage();
   if (!swept.ok()) Log().warn("sweeping garbage: {}", swept.ToString());
   last_retention_ = Now();

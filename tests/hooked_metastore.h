@@ -1,0 +1,117 @@
+// A Metastore that forwards every call to another, with hooks for tests:
+// run code just before MintEpoch, or rewrite what CommitSettle answers (to
+// make a commit that landed look ambiguous). Owned by the test; any thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "metastore/metastore.h"
+
+namespace weir::testing {
+
+class HookedMetastore final : public metastore::Metastore {
+ public:
+  explicit HookedMetastore(std::shared_ptr<metastore::Metastore> inner) : m_(std::move(inner)) {}
+
+  std::function<void()> before_mint;                          // runs once, then is cleared
+  std::function<Status(Status)> after_commit_settle;          // maps the real answer
+
+  using BasinInfo = metastore::BasinInfo;
+  using BasinConfig = metastore::BasinConfig;
+  using StreamInfo = metastore::StreamInfo;
+  using StreamConfig = metastore::StreamConfig;
+  using StreamState = metastore::StreamState;
+  using TableInfo = metastore::TableInfo;
+  using GroupOffset = metastore::GroupOffset;
+  using NodeState = metastore::NodeState;
+  using ChainPosition = metastore::ChainPosition;
+  using SegmentInfo = metastore::SegmentInfo;
+
+  Status CreateBasin(const BasinInfo& b) override { return m_->CreateBasin(b); }
+  Result<BasinInfo> GetBasin(std::string_view n) override { return m_->GetBasin(n); }
+  Status ReconfigureBasin(std::string_view n, const BasinConfig& c) override { return m_->ReconfigureBasin(n, c); }
+  Result<std::vector<BasinInfo>> ListBasins(std::string_view p, std::string_view a, size_t l) override {
+    return m_->ListBasins(p, a, l);
+  }
+  Status DeleteBasin(std::string_view n) override { return m_->DeleteBasin(n); }
+  Result<std::string> CreateToken(std::string_view b, std::string_view s) override { return m_->CreateToken(b, s); }
+  Result<StreamInfo> CreateStream(const StreamInfo& i) override { return m_->CreateStream(i); }
+  Result<StreamInfo> GetStream(std::string_view b, std::string_view n) override { return m_->GetStream(b, n); }
+  Result<StreamInfo> GetStreamById(uint64_t id) override { return m_->GetStreamById(id); }
+  Result<std::vector<StreamInfo>> ListStreams(std::string_view b, std::string_view p, std::string_view a,
+                                              size_t l) override {
+    return m_->ListStreams(b, p, a, l);
+  }
+  Status UpdateStreamConfig(uint64_t id, const StreamConfig& c) override { return m_->UpdateStreamConfig(id, c); }
+  Status RaiseTrimPoint(uint64_t id, uint64_t t) override { return m_->RaiseTrimPoint(id, t); }
+  Result<std::vector<std::string>> DeleteStream(uint64_t id) override { return m_->DeleteStream(id); }
+  Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view n, uint64_t e) override {
+    return m_->DeleteEmptyStream(id, n, e);
+  }
+  Result<StreamState> GetStreamState(uint64_t id) override { return m_->GetStreamState(id); }
+  Result<std::vector<StreamState>> ListStreamStates() override { return m_->ListStreamStates(); }
+  Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& t,
+                                                                    const StreamConfig& c) override {
+    return m_->CreateTable(t, c);
+  }
+  Result<TableInfo> GetTable(std::string_view b, std::string_view n) override { return m_->GetTable(b, n); }
+  Result<std::vector<TableInfo>> ListTables(std::string_view b, std::string_view p, std::string_view a,
+                                            size_t l) override {
+    return m_->ListTables(b, p, a, l);
+  }
+  Result<std::vector<std::string>> DeleteTable(uint64_t id) override { return m_->DeleteTable(id); }
+  Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t id, uint32_t n, const StreamConfig& c,
+                                                                   int64_t ms) override {
+    return m_->AddBuckets(id, n, c, ms);
+  }
+  Status UpdateTableConfig(uint64_t id, std::string_view c,
+                           const std::vector<std::pair<uint64_t, StreamConfig>>& s) override {
+    return m_->UpdateTableConfig(id, c, s);
+  }
+  Status CommitGroupOffsets(std::string_view g, const std::vector<GroupOffset>& o) override {
+    return m_->CommitGroupOffsets(g, o);
+  }
+  Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view g) override { return m_->FetchGroupOffsets(g); }
+  Status DeleteGroupOffsets(std::string_view g, std::string_view t) override { return m_->DeleteGroupOffsets(g, t); }
+  Status DeletePartitionOffsets(std::string_view g,
+                                const std::vector<std::pair<std::string, int32_t>>& p) override {
+    return m_->DeletePartitionOffsets(g, p);
+  }
+  Status DeleteTopicOffsets(std::string_view t) override { return m_->DeleteTopicOffsets(t); }
+  Result<std::vector<std::string>> ListOffsetGroups() override { return m_->ListOffsetGroups(); }
+  Result<bool> DeleteAllGroupOffsets(std::string_view g) override { return m_->DeleteAllGroupOffsets(g); }
+  Result<std::vector<std::string>> ExpireGroupOffsets(int64_t ms, const std::vector<std::string>& k) override {
+    return m_->ExpireGroupOffsets(ms, k);
+  }
+  Result<NodeState> GetNode(std::string_view n) override { return m_->GetNode(n); }
+  Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w) override {
+    if (auto hook = std::exchange(before_mint, nullptr)) hook();
+    return m_->MintEpoch(n, e, w);
+  }
+  Result<uint64_t> AllocateProducerId() override { return m_->AllocateProducerId(); }
+  Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,
+                      const std::vector<SegmentInfo>& segs, const std::vector<StreamState>& states) override {
+    Status st = m_->CommitSettle(n, e, x, next, segs, states);
+    return after_commit_settle ? after_commit_settle(std::move(st)) : st;
+  }
+  Result<std::vector<SegmentInfo>> FindSegments(uint64_t id, uint64_t from, size_t l) override {
+    return m_->FindSegments(id, from, l);
+  }
+  Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t id, int64_t ms) override {
+    return m_->FindSegmentByTimestamp(id, ms);
+  }
+  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t id, uint64_t below) override {
+    return m_->DeleteSegmentsBelow(id, below);
+  }
+  const metastore::MetastoreCounters& counters() const override { return m_->counters(); }
+  std::string Describe() const override { return m_->Describe(); }
+
+ private:
+  std::shared_ptr<metastore::Metastore> m_;
+};
+
+}  // namespace weir::testing
