@@ -78,6 +78,10 @@ class EngineTest : public ::testing::Test {
     o.log_cache_bytes = cache_bytes_;
     o.max_unsettled_bytes = max_unsettled_bytes_;
     o.admission_timeout = admission_timeout_;
+    if (wal_budget_ > 0) {
+      o.wal.budget_bytes = wal_budget_;
+      o.wal.slot_cap_bytes = std::min(o.wal.slot_cap_bytes, wal_budget_ / 4);
+    }
     return o;
   }
 
@@ -112,6 +116,7 @@ class EngineTest : public ::testing::Test {
   size_t cache_bytes_ = 64 << 20;
   uint64_t max_unsettled_bytes_ = uint64_t{4} << 30;
   Duration admission_timeout_ = std::chrono::seconds(10);
+  size_t wal_budget_ = 0;  // 0: the WAL's default
   bool settle_on_close_ = true;
 };
 
@@ -483,6 +488,42 @@ TEST_F(EngineTest, ATakeoverFencesAPredecessorThatSettlesWhileItStarts) {
   for (auto& rec : r->records) got.push_back(rec.record.value.value_or("<null>"));
   EXPECT_EQ(got, (std::vector<std::string>{"a", "b"}));
   (*next)->Close();
+}
+
+TEST_F(EngineTest, AnAppendWaitingForPoolRoomDoesNotHoldUpReleases) {
+  // Appends to one stream fill the pool while its first slot is held; the
+  // next one waits for room. When the slot lands, its release must get the
+  // stream (its callbacks take the stream lock) and free room for the
+  // waiter, not wait with it until the admission timeout (a 429).
+  wal_budget_ = 256 << 10;
+  auto gated = RestartGated();
+  const std::string slot0 = wal::SlotKey("n1", engine_->epoch(), 0);
+  gated->Gate(slot0);
+  std::mutex mu;
+  std::vector<Status> results;
+  auto record = [&](AppendOutcome o) {
+    std::lock_guard lk(mu);
+    results.push_back(o.status);
+  };
+  const auto body = Bodies({std::string(20 << 10, 'x')});
+  engine_->AppendAsync(kBasin, "s", body, {}, record);
+  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  const int kMore = 30;  // 600 KiB: more than the budget while slot 0 is held
+  std::thread appender([&] {
+    for (int i = 0; i < kMore; ++i) engine_->AppendAsync(kBasin, "s", body, {}, record);
+  });
+  auto& wal_metrics = engine_->wal().metrics();
+  for (int i = 0; i < 6000 && wal_metrics.stall_budget_uploads.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GT(wal_metrics.stall_budget_uploads.load(), 0u);  // the appender does wait for room
+  gated->Open(slot0);
+  appender.join();
+  engine_->Close();
+  ASSERT_EQ(results.size(), static_cast<size_t>(kMore + 1));
+  for (const Status& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(wal_metrics.admission_timeouts.load(), 0u);
+  engine_.reset();
+  Start();
+  EXPECT_EQ(ReadAll("s").size(), static_cast<size_t>(kMore + 1));
 }
 
 TEST_F(EngineTest, DeleteStreamWakesReadersAndForgetsTheName) {

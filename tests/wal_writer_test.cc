@@ -284,6 +284,52 @@ TEST(WalWriter, BudgetBlocksThenFailsWithDiagnosis) {
   for (const auto& a : acks.Snapshot()) EXPECT_TRUE(a.status.ok());
 }
 
+TEST(WalWriter, ReservationsHoldRoomAndGiveBackWhatIsNotUsed) {
+  auto mem = testing::NewTestStore();
+  auto gated = std::make_shared<GatedStore>(mem);
+  gated->Gate(SlotKey("n1", 1, 0));
+  WriterOptions o = Opts();
+  o.slot_cap_bytes = 4096;
+  o.budget_bytes = 8192;
+  auto w = Writer::Start(gated, o);
+  ASSERT_TRUE(w.ok());
+  Acks acks;
+  const std::string batch = OneRecordBatch(std::string(1000, 'r'));
+  auto big = (*w)->Reserve(3000, Later());  // more than the batch: the rest goes back
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  const int64_t pooled = (*w)->metrics().pool_bytes.load();
+  ASSERT_TRUE((*w)->Append(1, std::make_shared<const std::string>(batch), acks.For(0), &*big).ok());
+  EXPECT_EQ((*w)->metrics().pool_bytes.load(), pooled);  // the append came out of the reservation
+  EXPECT_GT(big->bytes(), 0u);
+  *big = Writer::Reservation();  // gives the rest back
+  EXPECT_LT((*w)->metrics().pool_bytes.load(), pooled);
+  // The budget counts reservations: with slot 0 held, room runs out.
+  std::vector<Writer::Reservation> held;
+  Status st;
+  for (int i = 0; i < 20; ++i) {
+    auto r = (*w)->Reserve(1000, Now() + 100ms);
+    if (!r.ok()) {
+      st = r.status();
+      break;
+    }
+    held.push_back(std::move(*r));
+  }
+  EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+  EXPECT_FALSE(held.empty());
+  // An append past its (empty) reservation never waits: no room now is an error.
+  Writer::Reservation none = std::move(held.back());
+  held.pop_back();
+  ASSERT_TRUE((*w)->Append(1, std::make_shared<const std::string>(batch), acks.For(1), &none).ok());
+  Status over = (*w)->Append(1, std::make_shared<const std::string>(batch), acks.For(2), &none);
+  EXPECT_EQ(over.code(), Code::kResourceExhausted) << over.ToString();
+  // Dropping reservations makes room again.
+  held.clear();
+  EXPECT_TRUE((*w)->Append(1, std::make_shared<const std::string>(batch), acks.For(3), &none).ok());
+  gated->Open(SlotKey("n1", 1, 0));
+  ASSERT_TRUE(acks.WaitFor(3));
+  for (const auto& a : acks.Snapshot()) EXPECT_TRUE(a.status.ok()) << a.status.ToString();
+}
+
 // Every appended value appears exactly once across the chain's slots.
 void ExpectEachValueOnce(objstore::ObjectStore& store, const std::string& prefix, int n) {
   std::map<std::string, int> seen;

@@ -561,6 +561,19 @@ Result<uint64_t> Engine::AllocateProducerId() { return meta_->AllocateProducerId
 
 // ---- Appends ------------------------------------------------------------------
 
+namespace {
+// At least the size EncodeRecordBatch gives `records` (every varint counted
+// at its widest): what an append reserves in the WAL pool before it encodes.
+size_t BatchSizeBound(const std::vector<AppendRecord>& records) {
+  size_t n = wal::kRecordBatchHeaderSize;
+  for (const AppendRecord& r : records) {
+    n += 64 + (r.key ? r.key->size() : 0) + r.body.size();
+    for (const wal::RecordHeader& h : r.headers) n += 20 + h.key.size() + (h.value ? h.value->size() : 0);
+  }
+  return n;
+}
+}  // namespace
+
 void Engine::AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                          const AppendOptions& options, AppendCallback done) {
   auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
@@ -569,6 +582,8 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
+  auto room = wal_->Reserve(BatchSizeBound(records), Now() + options_.admission_timeout);
+  if (!room.ok()) return fail(room.status());
 
   std::unique_lock lk(s->mu);
   if (s->deleted) {
@@ -663,7 +678,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     return fail(st);
   }
   Submit(lk, s, std::move(batch), recs.size(), recs.front().timestamp, last_ts, options.producer, std::move(token),
-         trim_point, std::move(done));
+         trim_point, std::move(done), *room);
 }
 
 bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
@@ -701,7 +716,8 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
 
 void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s, std::string batch,
                     size_t count, int64_t first_ts, int64_t last_ts, const std::optional<ProducerRef>& producer,
-                    std::string token, uint64_t trim_point, AppendCallback done, bool log_append_time) {
+                    std::string token, uint64_t trim_point, AppendCallback done, wal::Writer::Reservation& room,
+                    bool log_append_time) {
   s->last_append_ms = WallMillis();
   auto pend = std::make_shared<Pending>();
   pend->log_append_time = log_append_time;
@@ -718,7 +734,7 @@ void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stre
                            [this, s, pend](const Status& result, const wal::AckInfo& where) {
                              OnDurable(s, pend, result, where);
                            },
-                           Now() + options_.admission_timeout);
+                           &room);
   if (!st.ok()) {
     AppendCallback cb = std::move(pend->waiters.front().first);
     lk.unlock();
@@ -779,6 +795,8 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
+  auto room = wal_->Reserve(batch.size(), Now() + options_.admission_timeout);
+  if (!room.ok()) return fail(room.status());
 
   std::unique_lock lk(s->mu);
   if (s->deleted) {
@@ -800,7 +818,7 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   wal::SetBaseOffset(&batch, 0, static_cast<int64_t>(s->live.next_offset));
   bool stamped = s->info.config.timestamping == metastore::TimestampingMode::kArrival;
   Submit(lk, s, std::move(batch), static_cast<size_t>(h.record_count), first_ts, last_ts, producer,
-         s->live.fencing_token, s->live.trim_point, std::move(done), stamped);
+         s->live.fencing_token, s->live.trim_point, std::move(done), *room, stamped);
 }
 
 void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,

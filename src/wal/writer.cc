@@ -116,6 +116,75 @@ Status Writer::Append(uint64_t stream_id, std::string batches, AckCallback done,
 
 Status Writer::Append(uint64_t stream_id, std::shared_ptr<const std::string> shared, AckCallback done,
                       TimePoint deadline) {
+  return AppendImpl(stream_id, std::move(shared), std::move(done), deadline, nullptr);
+}
+
+Status Writer::Append(uint64_t stream_id, std::shared_ptr<const std::string> shared, AckCallback done,
+                      Reservation* room) {
+  if (!room || room->writer_ != this) return InvalidArgument("WAL append: a reservation of another writer");
+  return AppendImpl(stream_id, std::move(shared), std::move(done), TimePoint::min(), room);
+}
+
+Result<Writer::Reservation> Writer::Reserve(size_t payload_bytes, TimePoint deadline) {
+  const TimePoint start = Now();
+  const size_t charge = payload_bytes + kEntryOverhead;
+  std::unique_lock lk(mu_);
+  WEIR_RETURN_IF_ERROR(WaitForRoom(lk, charge, start, deadline));
+  held_bytes_ += charge;
+  metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
+  Reservation r;
+  r.writer_ = this;
+  r.bytes_ = charge;
+  return r;
+}
+
+void Writer::Unreserve(size_t bytes) {
+  {
+    std::lock_guard lk(mu_);
+    held_bytes_ -= bytes;
+    metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
+  }
+  space_cv_.notify_all();
+}
+
+Writer::Reservation& Writer::Reservation::operator=(Reservation&& o) noexcept {
+  if (this != &o) {
+    if (writer_ && bytes_ > 0) writer_->Unreserve(bytes_);
+    writer_ = std::exchange(o.writer_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+Writer::Reservation::~Reservation() {
+  if (writer_ && bytes_ > 0) writer_->Unreserve(bytes_);
+}
+
+Status Writer::WaitForRoom(std::unique_lock<std::mutex>& lk, size_t charge, TimePoint start, TimePoint deadline) {
+  auto closed = [&] {
+    return dead_reason_.ok() ? Cancelled("WAL writer {} is closed", options_.node) : dead_reason_;
+  };
+  if (closing_) return closed();
+  if (held_bytes_ + charge <= options_.budget_bytes) return Status::Ok();
+  (halted_seq_ ? metrics_.stall_budget_halted : metrics_.stall_budget_uploads).fetch_add(1);
+  auto has_room = [&] { return closing_ || held_bytes_ + charge <= options_.budget_bytes; };
+  bool room = true;
+  if (deadline == TimePoint::max()) {
+    space_cv_.wait(lk, has_room);
+  } else {
+    room = space_cv_.wait_until(lk, deadline, has_room);
+  }
+  if (closing_) return closed();
+  if (!room) {
+    metrics_.admission_timeouts.fetch_add(1);
+    return ResourceExhausted("WAL admission timed out after {:.0f} ms: {}", ToMillis(Now() - start),
+                             DiagnoseStall(Now()));
+  }
+  return Status::Ok();
+}
+
+Status Writer::AppendImpl(uint64_t stream_id, std::shared_ptr<const std::string> shared, AckCallback done,
+                          TimePoint deadline, Reservation* room) {
   TimePoint start = Now();
   if (!shared) return InvalidArgument("WAL append of stream {}: no record batches", stream_id);
   const std::string& batches = *shared;
@@ -145,27 +214,11 @@ Status Writer::Append(uint64_t stream_id, std::shared_ptr<const std::string> sha
   size_t charge = e.length + kEntryOverhead;
 
   std::unique_lock lk(mu_);
-  auto closed = [&] {
-    return dead_reason_.ok() ? Cancelled("WAL writer {} is closed", options_.node) : dead_reason_;
-  };
-  if (closing_) return closed();
-  if (held_bytes_ + charge > options_.budget_bytes) {
-    (halted_seq_ ? metrics_.stall_budget_halted : metrics_.stall_budget_uploads).fetch_add(1);
-    auto has_room = [&] { return closing_ || held_bytes_ + charge <= options_.budget_bytes; };
-    bool room = true;
-    if (deadline == TimePoint::max()) {
-      space_cv_.wait(lk, has_room);
-    } else {
-      room = space_cv_.wait_until(lk, deadline, has_room);
-    }
-    if (closing_) return closed();
-    if (!room) {
-      metrics_.admission_timeouts.fetch_add(1);
-      return ResourceExhausted("WAL admission timed out after {:.0f} ms: {}", ToMillis(Now() - start),
-                               DiagnoseStall(Now()));
-    }
-  }
-  held_bytes_ += charge;
+  // From a reservation, what it covers is already counted in held_bytes_.
+  const size_t covered = room ? std::min(room->bytes_, charge) : 0;
+  WEIR_RETURN_IF_ERROR(WaitForRoom(lk, charge - covered, start, deadline));
+  if (room) room->bytes_ -= covered;
+  held_bytes_ += charge - covered;
   pool_uncut_bytes_ += e.length;
   metrics_.appends.fetch_add(1, std::memory_order_relaxed);
   metrics_.append_bytes.fetch_add(e.length, std::memory_order_relaxed);
@@ -389,11 +442,33 @@ void Writer::DrainReleases() {
     }
     if (ready.empty()) break;
     metrics_.slots_in_flight.store(static_cast<int64_t>(slots_.size()), std::memory_order_relaxed);
-    lk.unlock();
-    flush_cv_.notify_one();  // window room
+    // The budget comes back before the callbacks run: an appender waiting
+    // for room holds its stream's lock, which the callbacks of that stream
+    // take (log::Engine::OnDurable); freeing after them made such an append
+    // wait out its whole admission timeout, with every ack held behind it.
+    // The slot buffers are freed (or kept as spares) first, so memory stays
+    // within the budget; the entries' bytes are shared with the log cache.
     size_t freed = 0;
-    TimePoint now = Now();
     std::vector<std::string> spares;
+    for (const auto& slot : ready) {
+      freed += slot->charge;
+      if (!slot->recyclable) continue;  // an uploader may still read its bytes
+      if (spares.size() < kMaxSpareBuffers) {
+        spares.push_back(std::move(slot->bytes));
+      } else {
+        std::string().swap(slot->bytes);
+      }
+    }
+    for (auto& buf : spares) {
+      if (spare_buffers_.size() >= kMaxSpareBuffers) break;
+      spare_buffers_.push_back(std::move(buf));
+    }
+    held_bytes_ -= freed;
+    metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
+    lk.unlock();
+    space_cv_.notify_all();
+    flush_cv_.notify_one();  // window room
+    TimePoint now = Now();
     for (const auto& slot : ready) {
       auto held = static_cast<uint64_t>((now - slot->durable_at).count());
       for (Entry& e : slot->entries) {
@@ -401,20 +476,11 @@ void Writer::DrainReleases() {
         metrics_.release_wait_ns.Record(held);
         if (e.done) e.done(Status::Ok(), AckInfo{slot->epoch, slot->seq, e.offset, e.length});
       }
-      freed += slot->charge;
-      if (slot->recyclable && spares.size() < kMaxSpareBuffers) spares.push_back(std::move(slot->bytes));
     }
     std::pair<uint64_t, uint64_t> below{ready.back()->epoch, ready.back()->seq + 1};
-    ready.clear();  // free the slots before admitting more
+    ready.clear();
     lk.lock();
     released_below_ = std::max(released_below_, below);
-    for (auto& buf : spares) {
-      if (spare_buffers_.size() >= kMaxSpareBuffers) break;
-      spare_buffers_.push_back(std::move(buf));
-    }
-    held_bytes_ -= freed;
-    metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
-    space_cv_.notify_all();
     idle_cv_.notify_all();
   }
   releasing_ = false;

@@ -28,6 +28,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -96,6 +97,24 @@ class Writer {
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
+  // Room in the pool budget, taken ahead of an Append. Owned by the caller,
+  // on one thread at a time; it must not outlive its writer. What no Append
+  // used goes back to the pool when it is destroyed.
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(Reservation&& o) noexcept
+        : writer_(std::exchange(o.writer_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    Reservation& operator=(Reservation&& o) noexcept;
+    ~Reservation();
+    size_t bytes() const { return bytes_; }
+
+   private:
+    friend class Writer;
+    Writer* writer_ = nullptr;
+    size_t bytes_ = 0;  // charged to the pool, not yet used
+  };
+
   // Admits `batches` (one or more whole Kafka v2 record batches of one stream)
   // and returns at once; `done` runs later, exactly once, with OK (durable) or
   // an error. Blocks while the pool is over budget, until `deadline`: then
@@ -106,6 +125,15 @@ class Writer {
   // the writer only reads them, and drops its reference once the slot is built.
   Status Append(uint64_t stream_id, std::shared_ptr<const std::string> batches, AckCallback done,
                 TimePoint deadline);
+  // Waits (until `deadline`, as Append does) for room for an append of up to
+  // `payload_bytes`, and holds it. A caller that appends under a lock of its
+  // own reserves before taking that lock: a release's callbacks may need the
+  // lock, and the pool's room comes back only through releases.
+  Result<Reservation> Reserve(size_t payload_bytes, TimePoint deadline);
+  // Appends from `room` and never blocks: a charge past the reservation is
+  // admitted only if the pool has room for it now.
+  Status Append(uint64_t stream_id, std::shared_ptr<const std::string> batches, AckCallback done,
+                Reservation* room);
 
   // After a halt, and after the owner fenced the halted epoch and found every
   // slot below `cut` committed: acknowledges those, and re-publishes the entries
@@ -145,6 +173,12 @@ class Writer {
   // Releases every slot at the front that is durable; one thread at a time.
   void DrainReleases();
   std::string DiagnoseStall(TimePoint now) const;  // needs mu_
+  // Under mu_ (held by lk): waits until `charge` more bytes fit the budget,
+  // until `deadline`; the error to return otherwise.
+  Status WaitForRoom(std::unique_lock<std::mutex>& lk, size_t charge, TimePoint start, TimePoint deadline);
+  Status AppendImpl(uint64_t stream_id, std::shared_ptr<const std::string> batches, AckCallback done,
+                    TimePoint deadline, Reservation* room);
+  void Unreserve(size_t bytes);
   void Requeue(std::vector<std::shared_ptr<Slot>>& slots);  // needs mu_
   bool SleepUnlessStopped(Duration d);
 
