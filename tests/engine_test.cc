@@ -10,10 +10,12 @@
 #include <thread>
 
 #include "base/bytes.h"
+#include "base/crc32c.h"
 #include "objstore/mem_store.h"
 #include "hooked_metastore.h"
 #include "test_support.h"
 #include "test_util.h"
+#include "wal/compression.h"
 #include "wal/fence.h"
 #include "log/engine_internal.h"
 #include "wal/slot_format.h"
@@ -1008,6 +1010,23 @@ TEST_F(EngineTest, RawBatchesAreVerified) {
   ASSERT_TRUE(wal::EncodeRecordBatch(one, eo, &txn).ok());
   EXPECT_EQ(AppendRaw(*engine_, "s", txn).status.code(), Code::kNotSupported);
   EXPECT_EQ(AppendRaw(*engine_, "missing", good).status.code(), Code::kNotFound);
+  // A right CRC over wrong records: the records are checked too (Kafka's
+  // broker does), so no reader ever meets a batch it cannot decode.
+  auto recrc = [](std::string b) {
+    StoreBE32(b.data() + 17, Crc32c(b.data() + 21, b.size() - 21));
+    return b;
+  };
+  std::string miscounted = good;
+  StoreBE32(miscounted.data() + 23, 1);  // lastOffsetDelta 1 and
+  StoreBE32(miscounted.data() + 57, 2);  // recordCount 2, with one record present
+  EXPECT_EQ(AppendRaw(*engine_, "s", recrc(miscounted)).status.code(), Code::kCorruption);
+  std::string zstd;
+  eo = {};
+  eo.attributes = wal::kCodecZstd;
+  ASSERT_TRUE(wal::EncodeRecordBatch(one, eo, &zstd).ok());
+  std::string garbled = zstd;
+  std::fill(garbled.begin() + wal::kRecordBatchHeaderSize, garbled.end(), '\xff');  // not zstd at all
+  EXPECT_EQ(AppendRaw(*engine_, "s", recrc(garbled)).status.code(), Code::kCorruption);
   // Nothing of the above changed the stream.
   EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 0u);
   EXPECT_EQ(engine_->GetStream(kBasin, "s")->fencing_token, "");

@@ -774,6 +774,9 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
     return fail(NotSupported("transactional and control batches are not supported"));
   }
   if (h.compression() > 4) return fail(InvalidArgument("unknown compression codec {}", h.compression()));
+  // The records themselves, decompressed if need be (as Kafka's broker does):
+  // a batch stored as sent must be one every reader can decode.
+  if (Status valid = wal::ValidateRecords(h, batch); !valid.ok()) return fail(valid);
   if (MayHoldCommands(batch)) {
     auto records = wal::DecodeRecords(batch);
     if (!records.ok()) return fail(records.status());

@@ -93,12 +93,13 @@ class RecordReader {
     if (!r_.GetVarint(v)) return Overrun(field);
     return Status::Ok();
   }
-  // A length-prefixed byte string; -1 is null where `nullable`.
+  // A length-prefixed byte string; -1 is null where `nullable`. A null `out`
+  // only checks it.
   Status Bytes(std::string_view field, bool nullable, std::optional<std::string>* out) {
     int64_t len = 0;
     WEIR_RETURN_IF_ERROR(Varint(field, &len));
     if (len == -1 && nullable) {
-      out->reset();
+      if (out) out->reset();
       return Status::Ok();
     }
     if (len < 0) return Corruption("record {}: {} length {} is invalid", index_, field, len);
@@ -108,7 +109,7 @@ class RecordReader {
     }
     std::string_view bytes;
     r_.GetBytes(static_cast<size_t>(len), &bytes);
-    out->emplace(bytes);
+    if (out) out->emplace(bytes);
     return Status::Ok();
   }
 
@@ -122,6 +123,7 @@ class RecordReader {
   int32_t index_;
 };
 
+// Decodes record `index` into *out, or with a null `out` only checks it.
 Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out) {
   int64_t length = 0;
   if (!batch->GetVarint(&length)) {
@@ -146,9 +148,10 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
     return Corruption("record {}: offsetDelta {} is outside [0, lastOffsetDelta {}]", index, offset_delta,
                       h.last_offset_delta);
   }
-  Record& rec = out->record;
-  WEIR_RETURN_IF_ERROR(r.Bytes("key", true, &rec.key));
-  WEIR_RETURN_IF_ERROR(r.Bytes("value", true, &rec.value));
+  Record scratch;
+  Record& rec = out ? out->record : scratch;
+  WEIR_RETURN_IF_ERROR(r.Bytes("key", true, out ? &rec.key : nullptr));
+  WEIR_RETURN_IF_ERROR(r.Bytes("value", true, out ? &rec.value : nullptr));
 
   int64_t header_count = 0;
   WEIR_RETURN_IF_ERROR(r.Varint("headerCount", &header_count));
@@ -157,16 +160,18 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
     return Corruption("record {}: headerCount {} does not fit the {} bytes left in the record", index, header_count,
                       r.remaining());
   }
-  rec.headers.resize(static_cast<size_t>(header_count));
-  for (RecordHeader& hdr : rec.headers) {
+  if (out) rec.headers.resize(static_cast<size_t>(header_count));
+  for (int64_t i = 0; i < header_count; ++i) {
     std::optional<std::string> key;
-    WEIR_RETURN_IF_ERROR(r.Bytes("header key", false, &key));
-    hdr.key = std::move(*key);
-    WEIR_RETURN_IF_ERROR(r.Bytes("header value", true, &hdr.value));
+    WEIR_RETURN_IF_ERROR(r.Bytes("header key", false, out ? &key : nullptr));
+    RecordHeader* hdr = out ? &rec.headers[static_cast<size_t>(i)] : nullptr;
+    if (hdr) hdr->key = std::move(*key);
+    WEIR_RETURN_IF_ERROR(r.Bytes("header value", true, hdr ? &hdr->value : nullptr));
   }
   if (r.remaining() != 0) {
     return Corruption("record {}: {} bytes left over after its fields (length {})", index, r.remaining(), length);
   }
+  if (!out) return Status::Ok();
 
   out->offset = h.base_offset + offset_delta;
   rec.timestamp =
@@ -323,8 +328,10 @@ Result<BatchHeader> VerifyBatch(std::string_view data) {
 }
 
 // Decodes the first batch in `batch`; bytes after it are ignored, as in VerifyBatch.
-Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch, size_t max_decompressed) {
-  WEIR_ASSIGN_OR_RETURN(BatchHeader h, VerifyBatch(batch));
+namespace {
+// DecodeRecords, or with a null `out` ValidateRecords; `h` is VerifyBatch's.
+Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_decompressed,
+                   std::vector<DecodedRecord>* out) {
   std::string_view body = batch.substr(kRecordBatchHeaderSize, h.total_size() - kRecordBatchHeaderSize);
   std::string decompressed;
   if (h.compression() != kCodecNone) {
@@ -337,16 +344,29 @@ Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch, size_t 
   if (static_cast<size_t>(h.record_count) > body.size() / kMinRecordSize) {
     return Corruption("record batch recordCount {} does not fit its {} bytes of records", h.record_count, body.size());
   }
-  std::vector<DecodedRecord> records(static_cast<size_t>(h.record_count));
+  if (out) out->resize(static_cast<size_t>(h.record_count));
   ByteReader reader(body);
   for (int32_t i = 0; i < h.record_count; ++i) {
-    WEIR_RETURN_IF_ERROR(DecodeRecord(&reader, h, i, &records[static_cast<size_t>(i)]));
+    WEIR_RETURN_IF_ERROR(DecodeRecord(&reader, h, i, out ? &(*out)[static_cast<size_t>(i)] : nullptr));
   }
   if (reader.remaining() != 0) {
     if (h.record_count == 0) return Corruption("record batch of 0 records has {} bytes of records", reader.remaining());
     return Corruption("record batch has {} trailing bytes after record {}", reader.remaining(), h.record_count - 1);
   }
+  return Status::Ok();
+}
+}  // namespace
+
+Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch, size_t max_decompressed) {
+  WEIR_ASSIGN_OR_RETURN(BatchHeader h, VerifyBatch(batch));
+  std::vector<DecodedRecord> records;
+  WEIR_RETURN_IF_ERROR(WalkRecords(h, batch, max_decompressed, &records));
   return records;
+}
+
+Status ValidateRecords(const BatchHeader& verified, std::string_view batch, size_t max_decompressed) {
+  if (batch.size() < verified.total_size()) return Corruption("record batch shorter than its header says");
+  return WalkRecords(verified, batch, max_decompressed, nullptr);
 }
 
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset) {

@@ -109,6 +109,11 @@ struct DecodedRecord {
 };
 Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch,
                                                  size_t max_decompressed = kMaxDecompressedRecordsBytes);
+// The checks of DecodeRecords (decompressing if needed) without keeping the
+// records, for a batch VerifyBatch already checked (`verified` is its answer):
+// what a broker does before it stores a producer's batch as sent.
+Status ValidateRecords(const BatchHeader& verified, std::string_view batch,
+                       size_t max_decompressed = kMaxDecompressedRecordsBytes);
 
 // Rewrites baseOffset of the batch starting at byte pos, in place (it is outside the CRC).
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
