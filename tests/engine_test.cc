@@ -650,6 +650,30 @@ TEST_F(EngineTest, ATrimCommandTrimsThroughItselfButNotPast) {
   EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 3u);
 }
 
+TEST_F(EngineTest, ATrimHidesNothingUntilItIsDurable) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  auto gated = RestartGated();
+  const std::string slot0 = wal::SlotKey("n1", engine_->epoch(), 0);
+  gated->Gate(slot0);
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(2)));
+  std::promise<AppendOutcome> acked;
+  engine_->AppendAsync(kBasin, "s", std::move(trim), {}, [&](AppendOutcome o) { acked.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  // Pending (it could still fail, or be lost in a crash): nothing is hidden yet.
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 0u);
+  gated->Open(slot0);
+  auto o = acked.get_future().get();
+  ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(o.ack.log_start, 2u);
+  EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 2u);
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->records.size(), 1u);  // the trim command itself, at offset 2
+  EXPECT_EQ(r->records[0].offset, 2u);
+}
+
 TEST_F(EngineTest, TrimToMovesTheStartWithoutARecordAndSurvivesReplayAndSettle) {
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b", "c", "d"})).status.ok());
   EXPECT_EQ(engine_->TrimTo(kBasin, "s", 5).status().code(), Code::kOutOfRange);  // past the tail

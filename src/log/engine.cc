@@ -391,7 +391,7 @@ Result<std::shared_ptr<Engine::Stream>> Engine::Find(const std::string& basin, c
 Result<StreamSummary> Engine::GetStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   std::lock_guard lk(s->mu);
-  return StreamSummary{s->info, s->tail, s->tail_timestamp_ms, s->live.trim_point, s->live.fencing_token};
+  return StreamSummary{s->info, s->tail, s->tail_timestamp_ms, s->durable_trim_point, s->live.fencing_token};
 }
 
 Result<std::vector<metastore::StreamInfo>> Engine::ListStreams(const std::string& basin, const std::string& prefix,
@@ -1030,7 +1030,9 @@ uint64_t Engine::LogStart(const Stream& s) {
   uint64_t low = !s.segments.empty() ? s.segments.front().start_offset
                  : !s.durable.empty()  ? s.durable.front().start
                                        : s.tail;
-  return std::max(low, s.live.trim_point);
+  // A trim counts once durable: a trim command still pending may fail (or be
+  // lost in a crash), and then the records it would have hidden come back.
+  return std::max(low, s.durable_trim_point);
 }
 
 void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, size_t max_bytes,
