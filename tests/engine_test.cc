@@ -469,6 +469,37 @@ TEST_F(EngineTest, PoisonedEpochResumesInTheNextEpochWithoutErrors) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
 }
 
+TEST_F(EngineTest, AHaltRidesOutAMetastoreThatFailsForAWhile) {
+  // The metastore fails the mint after a halt (busy, unreachable): the node
+  // is not superseded, so it asks again and resumes; nothing fails.
+  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  std::atomic<int> refusals{0};
+  hooked->fail_mint = [&]() -> Status {
+    return refusals.fetch_add(1) < 2 ? Unavailable("the metastore is busy") : Status::Ok();
+  };
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  refusals = 2;  // the start's own mint goes through
+  auto e = Engine::Open(Options(), gated, hooked);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  engine_ = std::move(*e);
+  refusals = 0;
+  const uint64_t epoch = engine_->epoch();
+  const std::string slot0 = wal::SlotKey("n1", epoch, 0);
+  gated->Gate(slot0);
+  std::promise<AppendOutcome> pending;
+  engine_->AppendAsync(kBasin, "s", Bodies({"x"}), {}, [&](AppendOutcome o) { pending.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  ASSERT_TRUE(wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242).ok());  // someone poisons slot 0
+  gated->Open(slot0);
+  auto o = pending.get_future().get();
+  ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_GE(refusals.load(), 3);
+  EXPECT_EQ(engine_->epoch(), epoch + 1);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"x"}));
+}
+
 TEST_F(EngineTest, ATakeoverFencesAPredecessorThatSettlesWhileItStarts) {
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
   // The old process of node n1 keeps running while a new one starts, and

@@ -17,8 +17,9 @@ class HookedMetastore final : public metastore::Metastore {
  public:
   explicit HookedMetastore(std::shared_ptr<metastore::Metastore> inner) : m_(std::move(inner)) {}
 
-  std::function<void()> before_mint;                          // runs once, then is cleared
-  std::function<Status(Status)> after_commit_settle;          // maps the real answer
+  std::function<void()> before_mint;                  // runs once, then is cleared
+  std::function<Status()> fail_mint;                  // non-OK: MintEpoch answers it (and changes nothing)
+  std::function<Status(Status)> after_commit_settle;  // maps the real answer
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -90,6 +91,9 @@ class HookedMetastore final : public metastore::Metastore {
   Result<NodeState> GetNode(std::string_view n) override { return m_->GetNode(n); }
   Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w) override {
     if (auto hook = std::exchange(before_mint, nullptr)) hook();
+    if (fail_mint) {
+      if (Status st = fail_mint(); !st.ok()) return st;
+    }
     return m_->MintEpoch(n, e, w);
   }
   Result<uint64_t> AllocateProducerId() override { return m_->AllocateProducerId(); }

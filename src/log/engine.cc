@@ -107,13 +107,25 @@ void Engine::HandleHalt(uint64_t epoch) {
   epoch_cuts_[epoch] = fence->cut;
   auto garbage = wal::DeleteGarbage(*store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
   if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
-  auto minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window));
+  // Only a successor's epoch (kPreconditionFailed) means the node is gone; a
+  // metastore that fails otherwise (busy, unreachable) is asked again.
+  Result<metastore::NodeState> minted = Status();
+  for (;;) {
+    minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window));
+    if (minted.ok() || minted.status().code() == Code::kPreconditionFailed || closing_) break;
+    Log().error("minting the epoch after {}: {}; retrying", epoch, minted.status().ToString());
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   if (minted.ok()) {
     epoch_ = minted->epoch;
     Status st = wal_->Resume(minted->epoch, fence->cut);
-    if (!st.ok()) Log().error("resuming the WAL in epoch {}: {}", minted->epoch, st.ToString());
+    if (st.ok()) return;
+    // Left halted, its pending appends would wait for ever: fail them.
+    Log().error("resuming the WAL in epoch {}: {}; failing its pending appends", minted->epoch, st.ToString());
+    wal_->Abandon(fence->cut, st).IgnoreError();
     return;
   }
+  if (closing_) return;  // Close fails what cannot be acknowledged
   Log().error("node {} was superseded ({}); abandoning its streams", options_.node, minted.status().ToString());
   wal_->Abandon(fence->cut, Fenced("node {} was superseded", options_.node)).IgnoreError();
 }
@@ -202,10 +214,17 @@ Status Engine::Recover() {
   wo.epoch = epoch_;
   wo.first_seq = 0;
   wo.on_halt = [this](uint64_t epoch, uint64_t, const Status&) {
+    // A new halt can only follow the previous handler's Resume, its last step;
+    // joined outside mu_, which that handler's acknowledgements may need.
+    std::thread previous;
+    {
+      std::lock_guard lk(mu_);
+      if (closing_) return;
+      previous = std::move(halt_thread_);
+    }
+    if (previous.joinable()) previous.join();
     std::lock_guard lk(mu_);
-    if (closing_) return;
-    // A new halt can only follow the previous handler's Resume, its last step.
-    if (halt_thread_.joinable()) halt_thread_.join();
+    if (closing_) return;  // Close joins only a thread it finds here
     halt_thread_ = std::thread([this, epoch] { HandleHalt(epoch); });
   };
   WEIR_ASSIGN_OR_RETURN(wal_, wal::Writer::Start(store_, wo));
