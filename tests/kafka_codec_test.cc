@@ -247,6 +247,22 @@ TEST(KafkaWire, ArrayCountsAreCheckedAgainstTheFrame) {
   }
 }
 
+TEST(KafkaWire, ArrayElementsAreCappedPerRequest) {
+  // Two arrays of (kMaxArrayElements / 2 + 1) one-byte elements: each fits
+  // the frame, together they pass the cap, so the second count fails.
+  const uint32_t half = static_cast<uint32_t>(kMaxArrayElements / 2 + 1);
+  std::string in;
+  for (int a = 0; a < 2; ++a) {
+    for (int shift = 24; shift >= 0; shift -= 8) in.push_back(static_cast<char>(half >> shift));
+    in.append(half, '\0');
+  }
+  Reader r(in);
+  EXPECT_EQ(r.ArrayLength("a", 1), static_cast<int32_t>(half));
+  for (uint32_t i = 0; i < half; ++i) r.Int8("");
+  EXPECT_EQ(r.ArrayLength("b", 1), 0);
+  EXPECT_EQ(r.status().message(), fmt::format("b: more than {} array elements in one request", kMaxArrayElements));
+}
+
 TEST(KafkaWire, BytesErrors) {
   std::string r_in = Hex("00000384 0102");
   Reader r(r_in);

@@ -217,6 +217,11 @@ std::optional<int32_t> Reader::ReadArrayLength(const char* field, size_t min_ele
     Fail(field, fmt::format("array count {} needs at least {} bytes, {} left in frame", n, need, remaining()));
     return 0;
   }
+  elements_ += static_cast<uint64_t>(n);
+  if (elements_ > kMaxArrayElements) {
+    Fail(field, fmt::format("more than {} array elements in one request", kMaxArrayElements));
+    return 0;
+  }
   return n;
 }
 

@@ -24,6 +24,10 @@ bool IsValidUtf8(std::string_view s);
 
 // Longest string an int16 length can describe.
 inline constexpr size_t kMaxStringSize = 32767;
+// Array elements one request may hold, over all its arrays: decoded elements
+// take many times their wire size, so the frame limit alone would let one
+// request of tiny elements cost gigabytes. No client needs this many.
+inline constexpr uint64_t kMaxArrayElements = 1u << 20;
 
 // A bounds-checked cursor over one frame. Errors are sticky: the first failed
 // read records an InvalidArgument status naming the field by its path
@@ -62,7 +66,8 @@ class Reader {
 
   // int32 element count of an array whose elements take at least
   // `min_element_size` bytes each (>= 1). A count that cannot fit in the
-  // remaining bytes is an error, so no hostile count ever sizes an allocation.
+  // remaining bytes is an error, so no hostile count ever sizes an allocation;
+  // so is a count that takes the request past kMaxArrayElements.
   // Returns 0 after an error; -1 (null) is an error here.
   int32_t ArrayLength(const char* field, size_t min_element_size);
   // Same, but -1 is null (nullopt).
@@ -108,6 +113,7 @@ class Reader {
   };
   std::string_view data_;
   size_t pos_ = 0;
+  uint64_t elements_ = 0;  // array elements announced so far
   Status status_;
   std::vector<PathPart> path_;
 };
