@@ -500,6 +500,30 @@ TEST_F(EngineTest, AHaltRidesOutAMetastoreThatFailsForAWhile) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"x"}));
 }
 
+TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
+  // The metastore applies a settle commit but its answer is lost (a
+  // timeout). Settle reads the checkpoint back, counts the round as done, and
+  // never deletes the segment the metastore now names.
+  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  engine_->Close();
+  engine_.reset();
+  auto e = Engine::Open(Options(), store_, hooked);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  engine_ = std::move(*e);
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  std::atomic<int> lost{1};
+  hooked->after_commit_settle = [&](Status st) {
+    return st.ok() && lost.fetch_sub(1) > 0 ? Timeout("the answer was lost") : st;
+  };
+  EXPECT_TRUE(engine_->SettleNow().ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"c"})).status.ok());
+  EXPECT_TRUE(engine_->SettleNow().ok());  // the next round expects the new checkpoint
+  EXPECT_EQ(engine_->metrics().settle_cycles.load(), 2u);
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c"}));
+}
+
 TEST_F(EngineTest, ATakeoverFencesAPredecessorThatSettlesWhileItStarts) {
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
   // The old process of node n1 keeps running while a new one starts, and

@@ -355,8 +355,14 @@ class Engine {
   // One settle round up to `target` (or an earlier slot, so the batches it
   // reads back from slots stay within log_cache_bytes; *more is then set).
   Status SettleRound(metastore::ChainPosition target, bool* more);
+  // Writes the segments (create-only). *created lists the keys this call
+  // made: a key that already existed may be a committed segment's, so only
+  // the created ones are ever deleted as garbage.
   Status UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
-                        const std::vector<SegmentObject>& objects);
+                        const std::vector<SegmentObject>& objects, std::vector<std::string>* created);
+  // After a settle commit that may have landed (timeout, unavailable): whether
+  // the node's checkpoint is `target`, read back (with retries).
+  Result<bool> SettleLanded(const metastore::ChainPosition& target);
   // Deletes WAL slots from `from` up to `to` (exclusive), across epochs.
   void DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to);
 

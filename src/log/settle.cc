@@ -156,18 +156,30 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     work.push_back(std::move(w));
   }
 
-  WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects));
+  std::vector<std::string> created;
+  WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects, &created));
   objects.clear();  // releases the batches read back for this cycle
   Status committed = meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states);
   if (!committed.ok()) {
-    if (committed.code() != Code::kUnavailable && committed.code() != Code::kTimeout) {
-      // Definitely not committed: the uploaded objects are garbage. (After a
-      // timeout the commit may have landed; recovery's sweep decides.)
-      std::vector<std::string> keys;
-      for (const auto& seg : segments) keys.push_back(seg.object_key);
-      store_->DeleteMany(keys).IgnoreError();
+    bool maybe = committed.code() == Code::kUnavailable || committed.code() == Code::kTimeout;
+    if (maybe) {
+      // The commit may have landed: settle cannot go on until it knows (the
+      // next round's commit would expect the old checkpoint for ever).
+      Result<bool> landed = SettleLanded(target);
+      if (landed.ok()) {
+        maybe = false;
+        if (*landed) {
+          Log().info("settle: the commit that answered {} had landed", committed.ToString());
+          committed = Status::Ok();
+        }
+      }
     }
-    return committed.WithContext("committing settle");
+    if (!committed.ok()) {
+      // Definitely not committed: what this round created is garbage. (If it
+      // is still unknown, recovery's sweep decides.)
+      if (!maybe) store_->DeleteMany(created).IgnoreError();
+      return committed.WithContext("committing settle");
+    }
   }
   metastore::ChainPosition old = checkpoint_;
   checkpoint_ = target;
@@ -189,14 +201,30 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
   return Status::Ok();
 }
 
+Result<bool> Engine::SettleLanded(const metastore::ChainPosition& target) {
+  Status last;
+  Duration backoff = std::chrono::milliseconds(50);
+  for (int attempt = 0; attempt < 8 && !closing_; ++attempt) {
+    auto node = meta_->GetNode(options_.node);
+    // Only this node's settles move its checkpoint to a position of its epoch.
+    if (node.ok()) return node->checkpoint == target;
+    last = node.status();
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min<Duration>(backoff * 2, std::chrono::seconds(2));
+  }
+  return last.ok() ? Cancelled("closing") : last;
+}
+
 Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
-                              const std::vector<SegmentObject>& objects) {
+                              const std::vector<SegmentObject>& objects, std::vector<std::string>* created) {
   // Create-only PUTs, up to segment_uploads at a time: that many workers (the
   // calling thread is one) each take the next segment not yet taken, so one
   // slow PUT holds up only its own worker. A 412 means an earlier cycle wrote
-  // the same key before its commit failed: same range, same bytes.
+  // the same key (same range, same bytes) and either failed to commit or
+  // committed without knowing it: not this call's to delete.
   const size_t workers = std::min(std::max<size_t>(options_.segment_uploads, 1), segments.size());
   std::vector<Status> results(segments.size());
+  std::vector<char> made(segments.size(), 0);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i = next.fetch_add(1); i < segments.size(); i = next.fetch_add(1)) {
@@ -208,6 +236,10 @@ Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segment
       for (int attempt = 1;; ++attempt) {
         Status st = store_->PutParts(segments[i].object_key, parts, po);
         results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
+        // A retry's 412 may follow our own attempt that landed unseen: ours
+        // or an earlier cycle's, it is kept (recovery's sweep removes it if
+        // nothing commits it).
+        if (st.ok()) made[i] = 1;
         if (results[i].ok() || !results[i].retryable() || attempt == 5 || closing_) break;
         std::this_thread::sleep_for(backoff);
         backoff *= 2;
@@ -227,11 +259,12 @@ Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segment
   for (size_t i = 0; i < segments.size(); ++i) {
     if (!results[i].ok() && first.ok()) first = results[i].WithContext("writing segment " + segments[i].object_key);
   }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (made[i]) created->push_back(segments[i].object_key);
+  }
   if (!first.ok()) {
-    // Nothing of this cycle is committed: its objects are garbage now.
-    std::vector<std::string> keys;
-    for (const auto& seg : segments) keys.push_back(seg.object_key);
-    store_->DeleteMany(keys).IgnoreError();
+    // Nothing of this cycle is committed: what it created is garbage now.
+    store_->DeleteMany(*created).IgnoreError();
     return first;
   }
   for (size_t i = 0; i < segments.size(); ++i) {
