@@ -81,7 +81,7 @@ struct ProduceRequest {
 struct ProducePartitionResponse {
   int32_t index = 0;
   ErrorCode error_code = ErrorCode::kNone;
-  int64_t base_offset = 0;
+  int64_t base_offset = -1;  // -1 where the partition failed, as Kafka sends
   int64_t log_append_time_ms = -1;  // v2+
   int64_t log_start_offset = -1;    // v5+
   bool operator==(const ProducePartitionResponse&) const = default;
@@ -144,7 +144,7 @@ struct AbortedTransaction {
 struct FetchPartitionData {
   int32_t partition_index = 0;
   ErrorCode error_code = ErrorCode::kNone;
-  int64_t high_watermark = 0;
+  int64_t high_watermark = -1;  // -1 where the partition failed, as Kafka sends
   int64_t last_stable_offset = -1;  // v4+
   int64_t log_start_offset = -1;    // v5+
   std::optional<std::vector<AbortedTransaction>> aborted_transactions;  // v4+, nullable

@@ -269,6 +269,18 @@ int RunServe(const ServeOptions& o) {
     if (!a.ok()) return fail(a.status());
     kafka_advertised = *a;
   }
+  // Kafka clients connect to the address the broker advertises, not the one
+  // they bootstrapped from: a wildcard there would send them to themselves.
+  auto wildcard = [](const std::string& host) { return host == "0.0.0.0" || host == "::"; };
+  if (kafka_advertised && wildcard(kafka_advertised->first)) {
+    return fail(InvalidArgument("--kafka-advertised-addr {} is not an address a client can connect to",
+                                o.kafka_advertised_addr));
+  }
+  if (kafka_addr && !kafka_advertised && wildcard(kafka_addr->first)) {
+    return fail(InvalidArgument("--kafka-addr {} listens on every interface: set --kafka-advertised-addr "
+                                "HOST:PORT to the address Kafka clients should connect to",
+                                o.kafka_addr));
+  }
   auto token = ReadToken(o.auth_token_file);
   if (!token.ok()) return fail(token.status());
 

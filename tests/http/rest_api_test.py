@@ -1634,6 +1634,17 @@ class LifecycleTest(ClosingTestCase):
             self.assertIn("lock", out.lower(), out)
         self.assertEqual(c.get("/health").status_code, 200)  # the first one is unharmed
 
+        # A Kafka listener on every interface needs an address to advertise.
+        with tempfile.TemporaryDirectory() as d:
+            for flags, needle in ((["--kafka-addr", "0.0.0.0:0"], "--kafka-advertised-addr"),
+                                  (["--kafka-addr", ":0"], "--kafka-advertised-addr"),
+                                  (["--kafka-addr", "127.0.0.1:0", "--kafka-advertised-addr", "0.0.0.0:9092"],
+                                   "not an address a client can connect to")):
+                code, out = run_expecting_exit([WEIR, "serve", "--data-dir", d, "--http-addr", "127.0.0.1:0"] + flags)
+                self.assertIsNotNone(code, f"weir serve {flags} started:\n{out}")
+                self.assertNotEqual(code, 0, out)
+                self.assertIn(needle, out, out)
+
         # SIGTERM while appenders run: every acked record survives the restart.
         acked, stop = [], threading.Event()
         busy = unique("busy")
