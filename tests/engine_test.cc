@@ -524,6 +524,21 @@ TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c"}));
 }
 
+TEST_F(EngineTest, ASegmentOfAStreamDeletedDuringItsSettleIsDeleted) {
+  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  engine_->Close();
+  engine_.reset();
+  auto e = Engine::Open(Options(), store_, hooked);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  engine_ = std::move(*e);
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "doomed", StreamConfig{}).ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "doomed", Bodies({"a"})).status.ok());
+  // The round has written the segment; the stream goes before the commit.
+  hooked->before_commit_settle = [&] { ASSERT_TRUE(engine_->DeleteStream(kBasin, "doomed").ok()); };
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u);
+}
+
 TEST_F(EngineTest, ATakeoverFencesAPredecessorThatSettlesWhileItStarts) {
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
   // The old process of node n1 keeps running while a new one starts, and
@@ -970,10 +985,15 @@ TEST_F(EngineTest, StartSweepsObjectsNoCommittedStateNames) {
   ASSERT_TRUE(store_->Put(orphan, "partial").ok());
   const std::string stale = wal::SlotKey("n1", epoch, 0);
   ASSERT_TRUE(store_->Put(stale, std::string(100, 'f')).ok());
+  // And a segment of a stream deleted since (its settle round committed
+  // after the delete, which skipped its row).
+  const std::string of_deleted = SegmentKey(id + 1000, 0, 3);
+  ASSERT_TRUE(store_->Put(of_deleted, "gone").ok());
   Restart();
   Restart();
   EXPECT_EQ(store_->Head(orphan).status().code(), Code::kNotFound);
   EXPECT_EQ(store_->Head(stale).status().code(), Code::kNotFound);
+  EXPECT_EQ(store_->Head(of_deleted).status().code(), Code::kNotFound);
   // The poisons each recovery wrote into the epochs it fenced stay.
   auto page = store_->List("wal/n1/", "", 1000);
   ASSERT_TRUE(page.ok());

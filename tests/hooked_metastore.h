@@ -19,6 +19,7 @@ class HookedMetastore final : public metastore::Metastore {
 
   std::function<void()> before_mint;                  // runs once, then is cleared
   std::function<Status()> fail_mint;                  // non-OK: MintEpoch answers it (and changes nothing)
+  std::function<void()> before_commit_settle;         // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;  // maps the real answer
 
   using BasinInfo = metastore::BasinInfo;
@@ -99,6 +100,7 @@ class HookedMetastore final : public metastore::Metastore {
   Result<uint64_t> AllocateProducerId() override { return m_->AllocateProducerId(); }
   Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,
                       const std::vector<SegmentInfo>& segs, const std::vector<StreamState>& states) override {
+    if (auto hook = std::exchange(before_commit_settle, nullptr)) hook();
     Status st = m_->CommitSettle(n, e, x, next, segs, states);
     return after_commit_settle ? after_commit_settle(std::move(st)) : st;
   }

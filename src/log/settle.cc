@@ -185,10 +185,12 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
   checkpoint_ = target;
   metrics_.settle_cycles.fetch_add(1);
   uint64_t settled_bytes = 0;
+  std::vector<std::string> orphans;  // segments of streams deleted meanwhile: no row names them
   for (Work& w : work) {
     Stream& s = *w.stream;
     s.settled = std::move(w.settled);
     std::lock_guard lk(s.mu);
+    if (s.deleted) orphans.push_back(w.segment.object_key);
     for (size_t i = 0; i < w.batches && !s.durable.empty(); ++i) {
       if (s.durable.front().bytes) cache_bytes_ -= s.durable.front().bytes->size();
       settled_bytes += s.durable.front().where.length;
@@ -197,6 +199,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     s.segments.push_back(w.segment);
   }
   if (settled_bytes > 0) SettledBytes(settled_bytes);
+  if (!orphans.empty()) store_->DeleteMany(orphans).IgnoreError();  // else the next start's sweep
   DeleteSlots(old, target);
   return Status::Ok();
 }
@@ -314,19 +317,21 @@ Status Engine::SweepGarbage() {
     if (page.next_start_after.empty()) break;
     after = page.next_start_after;
   }
-  // 2. Segment objects no index row names (a crash between upload and commit).
+  // 2. Segment objects no index row names: a crash between upload and
+  //    commit, or a stream deleted while a settle round wrote its segment
+  //    (the commit skips a deleted stream's rows), or a delete whose object
+  //    deletes failed.
+  std::set<std::string> known;
   for (auto& [id, s] : by_id_) {
-    std::set<std::string> known;
     for (const auto& seg : s->segments) known.insert(seg.object_key);
-    std::string seg_prefix = fmt::format("seg/{:020}/", id);
-    for (std::string after;;) {
-      WEIR_ASSIGN_OR_RETURN(auto page, store_->List(seg_prefix, after, 1000));
-      for (const auto& obj : page.objects) {
-        if (!known.count(obj.key)) garbage.push_back(obj.key);
-      }
-      if (page.next_start_after.empty()) break;
-      after = page.next_start_after;
+  }
+  for (std::string after;;) {
+    WEIR_ASSIGN_OR_RETURN(auto page, store_->List("seg/", after, 1000));
+    for (const auto& obj : page.objects) {
+      if (!known.count(obj.key)) garbage.push_back(obj.key);
     }
+    if (page.next_start_after.empty()) break;
+    after = page.next_start_after;
   }
   if (garbage.empty()) return Status::Ok();
   Log().info("deleting {} objects left behind by earlier runs", garbage.size());
