@@ -612,10 +612,15 @@ void Writer::Close() {
   if (halted_seq_) {
     uint64_t cut = *halted_seq_;
     lk.unlock();
-    // Slots below the halt are committed or will be: let them finish, then fail the rest.
+    // Slots below the halt are committed or will be: let them finish, then
+    // fail the rest. One of them may halt too (a poison found later): the
+    // cut moves down to it, or this would wait for a slot that never lands.
     {
       std::unique_lock lk2(mu_);
-      idle_cv_.wait(lk2, [&] { return slots_.empty() || slots_.front()->seq >= cut; });
+      idle_cv_.wait(lk2, [&] {
+        if (halted_seq_) cut = std::min(cut, *halted_seq_);
+        return slots_.empty() || slots_.front()->seq >= cut;
+      });
     }
     Abandon(cut, Cancelled("WAL writer {} closed while halted", options_.node)).IgnoreError();
     lk.lock();
