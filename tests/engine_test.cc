@@ -571,6 +571,7 @@ TEST_F(EngineTest, AnAppendWaitingForPoolRoomDoesNotHoldUpReleases) {
   auto gated = RestartGated();
   const std::string slot0 = wal::SlotKey("n1", engine_->epoch(), 0);
   gated->Gate(slot0);
+  EXPECT_FALSE(engine_->AdmissionMayWait(1024));
   std::mutex mu;
   std::vector<Status> results;
   auto record = [&](AppendOutcome o) {
@@ -587,6 +588,7 @@ TEST_F(EngineTest, AnAppendWaitingForPoolRoomDoesNotHoldUpReleases) {
   auto& wal_metrics = engine_->wal().metrics();
   for (int i = 0; i < 6000 && wal_metrics.stall_budget_uploads.load() == 0; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_GT(wal_metrics.stall_budget_uploads.load(), 0u);  // the appender does wait for room
+  EXPECT_TRUE(engine_->AdmissionMayWait(1024));  // front-ends move appends off their I/O threads now
   gated->Open(slot0);
   appender.join();
   engine_->Close();

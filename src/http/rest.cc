@@ -532,10 +532,12 @@ RestApi::~RestApi() = default;
 
 void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   // Appends to known streams run here, on the I/O thread: they wait for
-  // durability through a callback (admission may hold them briefly under
-  // backpressure). Everything else, and an append that may first create its
-  // stream (RestApi::Append), moves to a worker.
+  // durability through a callback. Everything else, an append while the
+  // engine is under backpressure (admission may block), and an append that
+  // may first create its stream (RestApi::Append), moves to a worker.
   bool append = req.method == "POST" && req.path.size() > 8 && req.path.ends_with("/records");
+  // Under backpressure admission may block: a worker waits, not the I/O thread.
+  if (append && engine_->AdmissionMayWait(req.body.size())) append = false;
   if (!append) {
     auto* e = ex.get();
     return e->Post([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {

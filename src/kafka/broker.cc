@@ -241,6 +241,15 @@ struct ProduceJob {
 
 void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   auto& in = req->body<ProduceRequest>();
+  if (!on_worker) {
+    size_t bytes = 0;
+    for (const auto& t : in.topic_data) {
+      for (const auto& p : t.partition_data) bytes += p.records ? p.records->size() : 0;
+    }
+    // Admission may block (backpressure): not on the I/O thread, which
+    // serves every connection (heartbeats, fetches); still in order.
+    if (engine_->AdmissionMayWait(bytes)) return req->reply->PostInOrder([this, req] { Produce(req, true); });
+  }
   auto resp = std::make_shared<ProduceResponse>();
   // Per-request checks that fail every partition alike.
   ErrorCode all = ErrorCode::kNone;

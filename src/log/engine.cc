@@ -490,6 +490,14 @@ void Engine::SettledBytes(uint64_t n) {
   backlog_cv_.notify_all();
 }
 
+bool Engine::AdmissionMayWait(size_t bytes) const {
+  if (unsettled_bytes_.load(std::memory_order_relaxed) > options_.max_unsettled_bytes) return true;
+  if (!wal_) return false;
+  const auto pooled = static_cast<uint64_t>(std::max<int64_t>(wal_->metrics().pool_bytes.load(), 0));
+  // A margin of one slot: the pool fills by many appends at once.
+  return pooled + bytes + options_.wal.slot_cap_bytes > options_.wal.budget_bytes;
+}
+
 Status Engine::WaitForSettleRoom() {
   if (unsettled_bytes_.load() <= options_.max_unsettled_bytes) return Status::Ok();
   RequestSettle();

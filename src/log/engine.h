@@ -190,6 +190,10 @@ class Engine {
   Result<bool> CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when);
   // Whether the stream is known here (memory only; for choosing a thread).
   bool HasStream(const std::string& basin, const std::string& name);
+  // Whether admitting an append of about `bytes` may have to wait now (the
+  // WAL pool or the settle backlog is full or nearly): front-ends then append
+  // from a worker, not an I/O thread. A hint, read without locks.
+  bool AdmissionMayWait(size_t bytes) const;
   // The limits AppendAsync checks first (records, metered bytes): kInvalidArgument.
   Status CheckAppendLimits(const std::vector<AppendRecord>& records) const;
   Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
