@@ -988,14 +988,22 @@ TEST_F(EngineTest, StartSweepsObjectsNoCommittedStateNames) {
   const std::string stale = wal::SlotKey("n1", epoch, 0);
   ASSERT_TRUE(store_->Put(stale, std::string(100, 'f')).ok());
   // And a segment of a stream deleted since (its settle round committed
-  // after the delete, which skipped its row).
-  const std::string of_deleted = SegmentKey(id + 1000, 0, 3);
+  // after the delete, which skipped its row); a segment of a stream newer
+  // than any this start knows (made by another process) stays.
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "gone", StreamConfig{}).ok());
+  const uint64_t gone_id = engine_->GetStream(kBasin, "gone")->info.id;
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "gone").ok());
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "last", StreamConfig{}).ok());  // the largest id known
+  const std::string of_deleted = SegmentKey(gone_id, 0, 3);
   ASSERT_TRUE(store_->Put(of_deleted, "gone").ok());
+  const std::string of_newer = SegmentKey(engine_->GetStream(kBasin, "last")->info.id + 1, 0, 3);
+  ASSERT_TRUE(store_->Put(of_newer, "newer").ok());
   Restart();
   Restart();
   EXPECT_EQ(store_->Head(orphan).status().code(), Code::kNotFound);
   EXPECT_EQ(store_->Head(stale).status().code(), Code::kNotFound);
   EXPECT_EQ(store_->Head(of_deleted).status().code(), Code::kNotFound);
+  EXPECT_TRUE(store_->Head(of_newer).ok());
   // The poisons each recovery wrote into the epochs it fenced stay.
   auto page = store_->List("wal/n1/", "", 1000);
   ASSERT_TRUE(page.ok());

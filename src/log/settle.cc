@@ -321,13 +321,20 @@ Status Engine::SweepGarbage() {
   //    commit, or a stream deleted while a settle round wrote its segment
   //    (the commit skips a deleted stream's rows), or a delete whose object
   //    deletes failed.
+  //    Stream ids come from a counter and are never reused: a segment of an
+  //    id above every id this start knows belongs to a stream created since
+  //    (by another process on the same metastore) and is left alone.
   std::set<std::string> known;
+  uint64_t max_id = 0;
   for (auto& [id, s] : by_id_) {
+    max_id = std::max(max_id, id);
     for (const auto& seg : s->segments) known.insert(seg.object_key);
   }
   for (std::string after;;) {
     WEIR_ASSIGN_OR_RETURN(auto page, store_->List("seg/", after, 1000));
     for (const auto& obj : page.objects) {
+      uint64_t id = 0;
+      if (std::sscanf(obj.key.c_str(), "seg/%20" SCNu64 "/", &id) != 1 || id > max_id) continue;
       if (!known.count(obj.key)) garbage.push_back(obj.key);
     }
     if (page.next_start_after.empty()) break;
