@@ -150,6 +150,7 @@ class FakeReply : public Reply {
   // pending: RunInOrder runs at once, PostInOrder posts.
   void PostInOrder(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   void RunInOrder(std::function<void(bool)> fn) override { fn(false); }
+  void PostOneAtATime(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   const std::string& peer() const override { return peer_; }
   bool closed() const override { return false; }

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -273,6 +274,48 @@ TEST(KafkaTcpOrdering, OrderedWorkRunsInRequestOrderOneAtATime) {
     if (!inline_seen) std::this_thread::sleep_for(10ms);
   }
   EXPECT_TRUE(inline_seen) << "RunInOrder never ran inline with nothing pending";
+  ::close(fd);
+  (*server)->Stop();
+}
+
+// Every request goes through PostOneAtATime and answers with `size` bytes.
+class BigAnswerHandler : public FrameHandler {
+ public:
+  explicit BigAnswerHandler(size_t size) : size_(size) {}
+  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+    reply->PostOneAtATime([this, frame = std::move(frame), reply] {
+      started_++;
+      std::string answer = frame;
+      answer.resize(size_, '.');
+      reply->Respond(std::move(answer));
+    });
+  }
+  int started() const { return started_.load(); }
+
+ private:
+  size_t size_;
+  std::atomic<int> started_{0};
+};
+
+TEST(KafkaTcpOneAtATime, AClientThatDoesNotReadHoldsOneLargeResponse) {
+  // 16 MiB answers, far more than the socket buffers hold: while the client
+  // reads nothing, the first answer's write cannot finish, so the requests
+  // pipelined behind it are not started (their answers are not built).
+  BigAnswerHandler handler(16 << 20);
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 4}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int fd = Connect((*server)->address());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(SendFrame(fd, "f" + std::to_string(i)));
+  ASSERT_TRUE(WaitUntil([&] { return handler.started() >= 1; }));
+  std::this_thread::sleep_for(300ms);  // room for a wrong second start to show
+  EXPECT_EQ(handler.started(), 1);
+  for (int i = 0; i < 8; ++i) {
+    std::string got = ReadFrame(fd, 30000);
+    ASSERT_EQ(got.size(), size_t{16} << 20) << "response " << i;
+    EXPECT_EQ(got.substr(0, 2), "f" + std::to_string(i));
+  }
+  EXPECT_EQ(handler.started(), 8);
   ::close(fd);
   (*server)->Stop();
 }

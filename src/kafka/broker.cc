@@ -155,7 +155,9 @@ static_assert(
 // kSupportedApis (api_table.h), checked by DecodeRequest. Requests that change
 // or read state run in request order per connection, as on a Kafka broker
 // (an async commit must not overtake the one before it, nor a produce the
-// one before it); Fetch, which only reads and may long-poll, does not wait.
+// one before it); Fetch, which only reads and may long-poll, does not wait
+// for them, but one Fetch of a connection waits for the previous one's
+// response to be written (its response may be large).
 void Broker::Dispatch(const std::shared_ptr<Request>& req) {
   Reply& r = *req->reply;
   auto ordered = [&](void (Broker::*fn)(const std::shared_ptr<Request>&)) {
@@ -166,7 +168,7 @@ void Broker::Dispatch(const std::shared_ptr<Request>& req) {
   };
   switch (RequestKey(req->decoded.body)) {
     case ApiKey::kProduce:         return r.RunInOrder([this, req](bool on_worker) { Produce(req, on_worker); });
-    case ApiKey::kFetch:           return r.Post([this, req] { Fetch(req); });
+    case ApiKey::kFetch:           return r.PostOneAtATime([this, req] { Fetch(req); });
     case ApiKey::kListOffsets:     return ordered(&Broker::ListOffsets);
     case ApiKey::kMetadata:        return ordered(&Broker::Metadata);
     case ApiKey::kOffsetCommit:    return ordered(&Broker::OffsetCommit);

@@ -1,6 +1,7 @@
 #include "kafka/tcp_server.h"
 
 #include <deque>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -104,6 +105,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void RunInOrder(std::function<void(bool)> fn) {
     if (ordered_pending_.load() == 0) return fn(false);
     PostInOrder([fn = std::move(fn)] { fn(true); });
+  }
+
+  // Reply::PostOneAtATime for request `seq`; any thread.
+  void PostOneAtATime(uint64_t seq, std::function<void()> fn) {
+    net::post(socket_.get_executor(), [self = shared_from_this(), seq, fn = std::move(fn)]() mutable {
+      if (self->closed_) return;
+      if (self->one_at_a_time_) {
+        self->one_at_a_time_waiting_.emplace_back(seq, std::move(fn));
+        return;
+      }
+      self->one_at_a_time_ = seq;
+      net::post(*self->srv_->workers, std::move(fn));
+    });
   }
 
   TcpServer::Impl* srv() const { return srv_; }
@@ -253,6 +267,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Pop(size_t count) {
     for (size_t i = 0; i < count; ++i) slots_.pop_front();
     first_seq_ += count;
+    // The one-at-a-time request is answered and written: start the next.
+    if (one_at_a_time_ && *one_at_a_time_ < first_seq_) {
+      one_at_a_time_.reset();
+      if (!one_at_a_time_waiting_.empty()) {
+        auto [seq, fn] = std::move(one_at_a_time_waiting_.front());
+        one_at_a_time_waiting_.pop_front();
+        one_at_a_time_ = seq;
+        net::post(*srv_->workers, std::move(fn));
+      }
+    }
   }
 
   // Stops reading; closes once everything before is answered and written.
@@ -282,6 +306,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     // A write in progress still points into the slots: its handler drops them.
     if (!writing_) DropSlots();
+    one_at_a_time_waiting_.clear();  // their Replies go unanswered on a closed connection
     srv_->metrics.open_connections--;
     srv_->Forget(shared_from_this());
   }
@@ -300,6 +325,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
   bool stop_reading_ = false;  // a close is queued: read no further request
   std::atomic<bool> closed_{false};
+  // PostOneAtATime: the request holding the turn (until its response is
+  // written), and the ones waiting for it, in arrival order. Strand only.
+  std::optional<uint64_t> one_at_a_time_;
+  std::deque<std::pair<uint64_t, std::function<void()>>> one_at_a_time_waiting_;
 };
 
 namespace {
@@ -312,7 +341,7 @@ class ReplyImpl : public Reply {
       : conn_(std::move(conn)), seq_(seq), reserved_(reserved) {}
   ~ReplyImpl() override {
     if (!answered_.exchange(true)) {
-      Log().error("kafka: a request from {} got no response; closing the connection", conn_->peer());
+      if (!conn_->closed()) Log().error("kafka: a request from {} got no response; closing the connection", conn_->peer());
       conn_->srv()->Release(reserved_);
       conn_->Answer(seq_, {}, false, true);
     }
@@ -336,6 +365,7 @@ class ReplyImpl : public Reply {
   void Post(std::function<void()> fn) override { net::post(*conn_->srv()->workers, std::move(fn)); }
   void PostInOrder(std::function<void()> fn) override { conn_->PostInOrder(std::move(fn)); }
   void RunInOrder(std::function<void(bool)> fn) override { conn_->RunInOrder(std::move(fn)); }
+  void PostOneAtATime(std::function<void()> fn) override { conn_->PostOneAtATime(seq_, std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override {
     auto* srv = conn_->srv();
     auto timer = std::make_shared<net::steady_timer>(srv->ioc, delay);

@@ -54,6 +54,12 @@ class Reply {
   // `fn` learns which (true: on a worker, free to block).
   virtual void PostInOrder(std::function<void()> fn) = 0;
   virtual void RunInOrder(std::function<void(bool on_worker)> fn) = 0;
+  // Runs `fn` on a worker once the connection's earlier PostOneAtATime
+  // request is answered and its response written (Kafka's broker reads no
+  // further request until then). Requests whose responses may be large
+  // (Fetch) go this way, so a client that stops reading holds one of them in
+  // memory, not one per pipelined request. Dropped if the connection closes.
+  virtual void PostOneAtATime(std::function<void()> fn) = 0;
   virtual void After(Duration delay, std::function<void()> fn) = 0;
   // "ip:port" of the client.
   virtual const std::string& peer() const = 0;
