@@ -536,8 +536,10 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   // engine is under backpressure (admission may block), and an append that
   // may first create its stream (RestApi::Append), moves to a worker.
   bool append = req.method == "POST" && req.path.size() > 8 && req.path.ends_with("/records");
-  // Under backpressure admission may block: a worker waits, not the I/O thread.
-  if (append && engine_->AdmissionMayWait(req.body.size())) append = false;
+  // Under backpressure admission may block: a worker waits, not the I/O
+  // thread. Only where that keeps the connection's appends in order: HTTP/2
+  // appends on one connection stay in the order they arrived, on its thread.
+  if (append && ex->sequential() && engine_->AdmissionMayWait(req.body.size())) append = false;
   if (!append) {
     auto* e = ex.get();
     return e->Post([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {

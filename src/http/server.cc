@@ -981,6 +981,7 @@ class H2Exchange : public ExchangeBase {
   H2Exchange(std::shared_ptr<H2Conn> conn, int32_t id, std::shared_ptr<std::atomic<bool>> gone,
              HttpServer::Impl* srv, size_t reserved)
       : ExchangeBase(srv, reserved), conn_(std::move(conn)), id_(id), gone_(std::move(gone)) {}
+  bool sequential() const override { return false; }
   ~H2Exchange() override {
     if (!answered_.exchange(true)) {
       Log().error("http: a request was dropped without a response");

@@ -81,6 +81,10 @@ class Exchange {
   // dealt with, so the client may send `n` more (flow control). The sink
   // must give back every byte it was handed, once. A no-op elsewhere.
   virtual void ConsumeBody(size_t n) { (void)n; }
+  // True where the connection reads its next request only once this one is
+  // answered (HTTP/1.1): work moved to a worker cannot be overtaken by a later
+  // request of the connection. HTTP/2 streams run side by side: false.
+  virtual bool sequential() const { return true; }
 };
 
 // The body of a streamed request, delivered as it arrives (HTTP/2 only).

@@ -245,12 +245,21 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   auto& in = req->body<ProduceRequest>();
   if (!on_worker) {
     size_t bytes = 0;
+    bool compressed = false;
     for (const auto& t : in.topic_data) {
-      for (const auto& p : t.partition_data) bytes += p.records ? p.records->size() : 0;
+      for (const auto& p : t.partition_data) {
+        if (!p.records) continue;
+        bytes += p.records->size();
+        auto h = wal::ParseBatchHeader(*p.records);
+        compressed = compressed || (h.ok() && h->compression() != 0);
+      }
     }
-    // Admission may block (backpressure): not on the I/O thread, which
-    // serves every connection (heartbeats, fetches); still in order.
-    if (engine_->AdmissionMayWait(bytes)) return req->reply->PostInOrder([this, req] { Produce(req, true); });
+    // Admission may block (backpressure), and checking a compressed batch
+    // decompresses it: neither on the I/O thread, which serves every
+    // connection (heartbeats, fetches); still in order.
+    if (compressed || engine_->AdmissionMayWait(bytes)) {
+      return req->reply->PostInOrder([this, req] { Produce(req, true); });
+    }
   }
   auto resp = std::make_shared<ProduceResponse>();
   // Per-request checks that fail every partition alike.

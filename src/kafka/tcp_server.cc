@@ -107,6 +107,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     PostInOrder([fn = std::move(fn)] { fn(true); });
   }
 
+  // After the I/O threads stopped: forgets the requests waiting for a turn.
+  void DropWaiting() { one_at_a_time_waiting_.clear(); }
+
   // Reply::PostOneAtATime for request `seq`; any thread.
   void PostOneAtATime(uint64_t seq, std::function<void()> fn) {
     net::post(socket_.get_executor(), [self = shared_from_this(), seq, fn = std::move(fn)]() mutable {
@@ -480,6 +483,9 @@ void TcpServer::Stop() {
   impl_->guard.reset();
   impl_->ioc.stop();
   for (auto& t : impl_->io_threads) t.join();
+  // A close posted by Shutdown may not have run: drop what waits for a turn
+  // (it holds its connection through its Reply).
+  for (auto& c : conns) c->DropWaiting();
   std::lock_guard lk(impl_->mu);
   impl_->conns.clear();
 }

@@ -450,11 +450,13 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
 Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteStream(s->info.id));
+  // Gone from memory at once: a settle round committing meanwhile (its rows
+  // of this stream are skipped) sees it deleted and removes its segment.
+  Forget(s);
   if (!keys.empty()) {
     Status st = store_->DeleteMany(keys);
     if (!st.ok()) Log().warn("deleting segments of stream {}: {}", name, st.ToString());
   }
-  Forget(s);
   return Status::Ok();
 }
 

@@ -205,13 +205,16 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
 }
 
 Result<bool> Engine::SettleLanded(const metastore::ChainPosition& target) {
+  // Asks until it knows (or the engine closes): no later round can commit
+  // before this is known, since each expects the checkpoint it leaves.
   Status last;
   Duration backoff = std::chrono::milliseconds(50);
-  for (int attempt = 0; attempt < 8 && !closing_; ++attempt) {
+  while (!closing_) {
     auto node = meta_->GetNode(options_.node);
     // Only this node's settles move its checkpoint to a position of its epoch.
     if (node.ok()) return node->checkpoint == target;
     last = node.status();
+    Log().warn("settle: reading the checkpoint back after an ambiguous commit: {}; retrying", last.ToString());
     std::this_thread::sleep_for(backoff);
     backoff = std::min<Duration>(backoff * 2, std::chrono::seconds(2));
   }

@@ -446,8 +446,8 @@ void Writer::DrainReleases() {
     // for room holds its stream's lock, which the callbacks of that stream
     // take (log::Engine::OnDurable); freeing after them made such an append
     // wait out its whole admission timeout, with every ack held behind it.
-    // The slot buffers are freed (or kept as spares) first, so memory stays
-    // within the budget; the entries' bytes are shared with the log cache.
+    // The slot buffers are freed (or kept as spares) first. The entries'
+    // bytes pass to the callbacks (the engine's log cache, with its own bound).
     size_t freed = 0;
     std::vector<std::string> spares;
     for (const auto& slot : ready) {
