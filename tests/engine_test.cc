@@ -102,6 +102,18 @@ class EngineTest : public ::testing::Test {
     return gated;
   }
 
+  // Restarts the engine over a metastore the test can hook (and optionally a
+  // store of its own).
+  std::shared_ptr<testing::HookedMetastore> RestartHooked(std::shared_ptr<objstore::ObjectStore> store = nullptr) {
+    auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+    engine_->Close();
+    engine_.reset();
+    auto e = Engine::Open(Options(), store ? store : store_, hooked);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (e.ok()) engine_ = std::move(*e);
+    return hooked;
+  }
+
   std::vector<std::string> ReadAll(const std::string& stream, uint64_t from = 0) {
     auto r = engine_->Read(kBasin, stream, ReadStart{ReadStart::kOffset, from}, 1000, 1 << 20);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -472,19 +484,13 @@ TEST_F(EngineTest, PoisonedEpochResumesInTheNextEpochWithoutErrors) {
 TEST_F(EngineTest, AHaltRidesOutAMetastoreThatFailsForAWhile) {
   // The metastore fails the mint after a halt (busy, unreachable): the node
   // is not superseded, so it asks again and resumes; nothing fails.
-  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  auto hooked = RestartHooked(gated);
+  ASSERT_TRUE(engine_);
   std::atomic<int> refusals{0};
   hooked->fail_mint = [&]() -> Status {
     return refusals.fetch_add(1) < 2 ? Unavailable("the metastore is busy") : Status::Ok();
   };
-  auto gated = std::make_shared<testing::GatedStore>(store_);
-  engine_->Close();
-  engine_.reset();
-  refusals = 2;  // the start's own mint goes through
-  auto e = Engine::Open(Options(), gated, hooked);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  engine_ = std::move(*e);
-  refusals = 0;
   const uint64_t epoch = engine_->epoch();
   const std::string slot0 = wal::SlotKey("n1", epoch, 0);
   gated->Gate(slot0);
@@ -504,12 +510,8 @@ TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
   // The metastore applies a settle commit but its answer is lost (a
   // timeout). Settle reads the checkpoint back, counts the round as done, and
   // never deletes the segment the metastore now names.
-  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
-  engine_->Close();
-  engine_.reset();
-  auto e = Engine::Open(Options(), store_, hooked);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  engine_ = std::move(*e);
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
   std::atomic<int> lost{1};
   hooked->after_commit_settle = [&](Status st) {
@@ -525,12 +527,8 @@ TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
 }
 
 TEST_F(EngineTest, ASegmentOfAStreamDeletedDuringItsSettleIsDeleted) {
-  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
-  engine_->Close();
-  engine_.reset();
-  auto e = Engine::Open(Options(), store_, hooked);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  engine_ = std::move(*e);
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
   ASSERT_TRUE(engine_->CreateStream(kBasin, "doomed", StreamConfig{}).ok());
   ASSERT_TRUE(engine_->Append(kBasin, "doomed", Bodies({"a"})).status.ok());
   // The round has written the segment; the stream goes before the commit.

@@ -248,14 +248,19 @@ TEST(WalWriter, IdleWriterFlushesAtOnceWithoutLinger) {
   EXPECT_EQ((*w)->metrics().slots.load(), 3u);
 }
 
-TEST(WalWriter, BudgetBlocksThenFailsWithDiagnosis) {
-  auto mem = testing::NewTestStore();
-  auto gated = std::make_shared<GatedStore>(mem);
+// A writer with a budget of 8192 bytes (slots of 4096) over `gated`, whose
+// first slot's PUT is held until the test opens it.
+Result<std::unique_ptr<Writer>> SmallWriterHeldAtSlot0(const std::shared_ptr<GatedStore>& gated) {
   gated->Gate(SlotKey("n1", 1, 0));
   WriterOptions o = Opts();
   o.slot_cap_bytes = 4096;
   o.budget_bytes = 8192;
-  auto w = Writer::Start(gated, o);
+  return Writer::Start(gated, o);
+}
+
+TEST(WalWriter, BudgetBlocksThenFailsWithDiagnosis) {
+  auto gated = std::make_shared<GatedStore>(testing::NewTestStore());
+  auto w = SmallWriterHeldAtSlot0(gated);
   ASSERT_TRUE(w.ok());
   Acks acks;
   std::string batch = OneRecordBatch(std::string(1000, 'b'));
@@ -285,13 +290,8 @@ TEST(WalWriter, BudgetBlocksThenFailsWithDiagnosis) {
 }
 
 TEST(WalWriter, ReservationsHoldRoomAndGiveBackWhatIsNotUsed) {
-  auto mem = testing::NewTestStore();
-  auto gated = std::make_shared<GatedStore>(mem);
-  gated->Gate(SlotKey("n1", 1, 0));
-  WriterOptions o = Opts();
-  o.slot_cap_bytes = 4096;
-  o.budget_bytes = 8192;
-  auto w = Writer::Start(gated, o);
+  auto gated = std::make_shared<GatedStore>(testing::NewTestStore());
+  auto w = SmallWriterHeldAtSlot0(gated);
   ASSERT_TRUE(w.ok());
   Acks acks;
   const std::string batch = OneRecordBatch(std::string(1000, 'r'));
