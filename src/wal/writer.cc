@@ -165,7 +165,7 @@ Status Writer::WaitForRoom(std::unique_lock<std::mutex>& lk, size_t charge, Time
     return dead_reason_.ok() ? Cancelled("WAL writer {} is closed", options_.node) : dead_reason_;
   };
   if (closing_) return closed();
-  if (held_bytes_ + charge <= options_.budget_bytes) return Status::Ok();
+  if (charge == 0 || held_bytes_ + charge <= options_.budget_bytes) return Status::Ok();
   (halted_seq_ ? metrics_.stall_budget_halted : metrics_.stall_budget_uploads).fetch_add(1);
   auto has_room = [&] { return closing_ || held_bytes_ + charge <= options_.budget_bytes; };
   bool room = true;

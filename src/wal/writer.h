@@ -28,11 +28,11 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <utility>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/clock.h"
