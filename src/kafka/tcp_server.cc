@@ -344,7 +344,9 @@ class ReplyImpl : public Reply {
       : conn_(std::move(conn)), seq_(seq), reserved_(reserved) {}
   ~ReplyImpl() override {
     if (!answered_.exchange(true)) {
-      if (!conn_->closed()) Log().error("kafka: a request from {} got no response; closing the connection", conn_->peer());
+      if (!conn_->closed()) {
+        Log().error("kafka: a request from {} got no response; closing the connection", conn_->peer());
+      }
       conn_->srv()->Release(reserved_);
       conn_->Answer(seq_, {}, false, true);
     }
