@@ -306,8 +306,36 @@ TEST_F(EngineTest, IdempotentProducers) {
   e1.producer = ProducerRef{*pid, 1, 0};
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"d"}), e1).status.ok());
   o.producer->seq = 3;
-  EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({"e"}), o).status.code(), Code::kFenced);
+  auto stale = engine_->Append(kBasin, "s", Bodies({"e"}), o);
+  EXPECT_EQ(stale.status.code(), Code::kFenced);
+  EXPECT_TRUE(stale.producer_fenced);
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c", "d"}));
+}
+
+TEST_F(EngineTest, AProducerRetryIsADuplicateWhateverItsConditionsSayNow) {
+  auto pid = engine_->AllocateProducerId();
+  ASSERT_TRUE(pid.ok());
+  AppendOptions o;
+  o.producer = ProducerRef{*pid, 0, 0};
+  o.match_seq_num = 0;
+  o.fencing_token = "";
+  auto first = engine_->Append(kBasin, "s", Bodies({"a", "b"}), o);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  // The tail has moved past match_seq_num and a fence has landed since; the
+  // retry (its ack was lost) still gets the original offsets, not a 412.
+  std::vector<AppendRecord> cmd;
+  cmd.push_back(Command("fence", "t2"));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(cmd), AppendOptions{}).status.ok());
+  auto retry = engine_->Append(kBasin, "s", Bodies({"a", "b"}), o);
+  ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
+  EXPECT_TRUE(retry.ack.duplicated);
+  EXPECT_EQ(retry.ack.start_offset, 0u);
+  EXPECT_EQ(retry.ack.end_offset, 2u);
+  // A new batch of the same producer is held to them.
+  o.producer->seq = 2;
+  auto next = engine_->Append(kBasin, "s", Bodies({"c"}), o);
+  EXPECT_EQ(next.status.code(), Code::kPreconditionFailed);
+  EXPECT_TRUE(next.fencing_token_mismatch.has_value());
 }
 
 TEST_F(EngineTest, ProducerWindowKeepsFiveBatches) {
@@ -552,6 +580,7 @@ TEST_F(EngineTest, ATakeoverFencesAPredecessorThatSettlesWhileItStarts) {
   // The old process is fenced: what it appends now is never acknowledged.
   auto late = engine_->Append(kBasin, "s", Bodies({"c"}));
   EXPECT_FALSE(late.status.ok()) << "acknowledged by a superseded node at offset " << late.ack.start_offset;
+  EXPECT_FALSE(late.producer_fenced) << late.status.ToString();  // a retryable failure, not the producer's
   auto r = (*next)->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   std::vector<std::string> got;
@@ -1156,7 +1185,9 @@ TEST_F(EngineTest, RawBatchIdempotence) {
   EXPECT_EQ(gap.status.code(), Code::kOutOfRange);
   EXPECT_FALSE(gap.unknown_producer);
   ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"d"}, 1000, 42, 1, 0)).status.ok());
-  EXPECT_EQ(AppendRaw(*engine_, "s", KafkaBatch({"e"}, 1000, 42, 0, 3)).status.code(), Code::kFenced);
+  auto stale = AppendRaw(*engine_, "s", KafkaBatch({"e"}, 1000, 42, 0, 3));
+  EXPECT_EQ(stale.status.code(), Code::kFenced);
+  EXPECT_TRUE(stale.producer_fenced);
   auto unknown = AppendRaw(*engine_, "s", KafkaBatch({"y"}, 1000, 77, 0, 5));
   EXPECT_EQ(unknown.status.code(), Code::kOutOfRange);
   EXPECT_TRUE(unknown.unknown_producer);

@@ -283,6 +283,22 @@ TEST_F(RestTest, SessionStopsAtCount) {
   EXPECT_EQ(r.body.find("\"body\":\"a\""), std::string::npos) << r.body;
 }
 
+TEST(RestRecovering, EveryRequestBeforeRecoveryGets503) {
+  RestApi api(nullptr, RestOptions{});  // weir serve listens before its engine has recovered
+  auto call = [&](std::string method, std::string path, std::string body) {
+    Request req;
+    req.method = std::move(method);
+    req.path = std::move(path);
+    req.body = std::move(body);
+    auto ex = std::make_shared<FakeExchange>();
+    api.Handle(std::move(req), ex);
+    return ex->Wait().status;
+  };
+  EXPECT_EQ(call("POST", "/v1/streams/s/records", R"({"records":[{"body":"x"}]})"), 503);
+  EXPECT_EQ(call("GET", "/v1/streams", ""), 503);
+  EXPECT_EQ(call("GET", "/health", ""), 503);
+}
+
 TEST_F(RestTest, AuthTokenIsRequired) {
   RestOptions o;
   o.auth_token = "secret";

@@ -92,7 +92,7 @@ struct RestApi::Ctx {
     if (o.seq_num_mismatch) return JsonResponse(412, Json{{"seq_num_mismatch", *o.seq_num_mismatch}});
     if (o.fencing_token_mismatch) return JsonResponse(412, Json{{"fencing_token_mismatch", *o.fencing_token_mismatch}});
     if (o.status.code() == Code::kOutOfRange) return ErrorResponse(409, "out_of_order_sequence", o.status.message());
-    if (o.status.code() == Code::kFenced) return ErrorResponse(409, "invalid_producer_epoch", o.status.message());
+    if (o.producer_fenced) return ErrorResponse(409, "invalid_producer_epoch", o.status.message());
     return FailResponse(o.status, "stream_not_found");
   }
   // Counts an acknowledged append.
@@ -531,6 +531,8 @@ RestApi::RestApi(log::Engine* engine, RestOptions options) : engine_(engine), op
 RestApi::~RestApi() = default;
 
 void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
+  // HEAD is GET without the body (RFC 9110 §9.3.2); the exchange drops it.
+  if (req.method == "HEAD") req.method = "GET";
   // Appends to known streams run here, on the I/O thread: they wait for
   // durability through a callback. Everything else, an append while the
   // engine is under backpressure (admission may block), and an append that
@@ -539,7 +541,11 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   // Under backpressure admission may block: a worker waits, not the I/O
   // thread. Only where that keeps the connection's appends in order: HTTP/2
   // appends on one connection stay in the order they arrived, on its thread.
-  if (append && ex->sequential() && engine_->AdmissionMayWait(req.body.size())) append = false;
+  // Before recovery has finished there is no engine: Serve answers 503.
+  if (append && ex->sequential()) {
+    log::Engine* engine = ReadyEngine();
+    if (!engine || engine->AdmissionMayWait(req.body.size())) append = false;
+  }
   if (!append) {
     auto* e = ex.get();
     return e->Post([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {
@@ -551,7 +557,7 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
 
 void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
   metrics_.requests++;
-  Ctx c{std::move(ex), &metrics_, engine_, options_.default_basin, Now()};
+  Ctx c{std::move(ex), &metrics_, ReadyEngine(), options_.default_basin, Now()};
   try {
     if (req.path == "/health") {
       if (req.method != "GET") return c.Error(405, "method_not_allowed", "use GET", {{"Allow", "GET"}});
@@ -581,7 +587,7 @@ bool RestApi::Authorized(const Request& req, const Ctx& c) const {
 }
 
 bool RestApi::Admit(const Request& req, Ctx& c) const {
-  if (!ready_) {
+  if (!c.engine) {
     c.Error(503, "unavailable", "the server is still recovering", {{"Retry-After", "1"}});
     return false;
   }
@@ -886,7 +892,7 @@ void RestApi::SetDraining() {
 
 std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) {
   metrics_.requests++;
-  Ctx c{std::move(ex), &metrics_, engine_, options_.default_basin, Now()};
+  Ctx c{std::move(ex), &metrics_, ReadyEngine(), options_.default_basin, Now()};
   try {
     if (!Authorized(head, c) || !Admit(head, c)) return nullptr;
     auto parts = SplitPath(head.path);

@@ -56,7 +56,9 @@ class RestApi : public Handler {
   bool WantsBodyStream(const Request& head) const override;
   std::shared_ptr<BodySink> OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) override;
 
-  // Attaches the engine (once recovered); call before SetReady.
+  // Attaches the engine (once recovered); call before SetReady. Requests
+  // read it only once they see ready_ (ReadyEngine), so this write is
+  // published by SetReady.
   void SetEngine(log::Engine* engine) { engine_ = engine; }
   // /health answers 200 only between SetReady and SetDraining; the API
   // answers 503 before SetReady.
@@ -76,6 +78,8 @@ class RestApi : public Handler {
 
  private:
   void Serve(Request req, std::shared_ptr<Exchange> ex);
+  // The engine once SetReady has published it, else null (still recovering).
+  log::Engine* ReadyEngine() const { return ready_.load(std::memory_order_acquire) ? engine_ : nullptr; }
   // Bearer-token auth; false once answered (401).
   bool Authorized(const Request& req, const Ctx& c) const;
   // Readiness, draining and the s2-basin header (into c.basin); false once answered.

@@ -480,8 +480,8 @@ class ExchangeBase : public Exchange {
 // connection's strand; completion callbacks hop onto the worker pool.
 class ExchangeImpl : public ExchangeBase {
  public:
-  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved)
-      : ExchangeBase(srv, reserved), conn_(std::move(conn)), keep_alive_(keep_alive) {}
+  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved, bool head_only)
+      : ExchangeBase(srv, reserved), conn_(std::move(conn)), keep_alive_(keep_alive), head_only_(head_only) {}
   ~ExchangeImpl() override {
     if (!answered_.exchange(true)) {
       Log().error("http: a request was dropped without a response");
@@ -503,7 +503,7 @@ class ExchangeImpl : public ExchangeBase {
     for (const auto& [k, v] : r.headers) head += fmt::format("{}: {}\r\n", k, v);
     if (!keep) head += "Connection: close\r\n";
     head += "\r\n";
-    head += r.body;
+    if (!head_only_) head += r.body;
     Finish();
     Emit(std::move(head), nullptr, true, keep);
   }
@@ -515,6 +515,11 @@ class ExchangeImpl : public ExchangeBase {
     for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
     head += "\r\n";
     streaming_ = true;
+    if (head_only_) {  // the response ends with its head: later writes fail, which ends the session
+      Finish();
+      Emit(std::move(head), nullptr, true, keep_alive_ && !srv_->stopped);
+      return;
+    }
     Emit(std::move(head), nullptr, false, true);
   }
 
@@ -539,14 +544,25 @@ class ExchangeImpl : public ExchangeBase {
   bool closed() const override { return conn_->closed(); }
 
  private:
+  // On the strand, in the order the calls reach it: once the response's
+  // last bytes are queued, a late chunk (a ping racing the end of a read
+  // session) is dropped, so it never lands in the next response.
   void Emit(std::string bytes, std::function<void(bool)> then, bool done, bool keep) {
-    net::dispatch(conn_->executor(), [c = conn_, b = std::move(bytes), t = std::move(then), done, keep]() mutable {
+    net::dispatch(conn_->executor(), [c = conn_, ended = ended_, b = std::move(bytes), t = std::move(then), done,
+                                      keep]() mutable {
+      if (*ended) {
+        if (t) t(false);
+        return;
+      }
+      if (done) *ended = true;
       c->Send(std::move(b), std::move(t), done, keep);
     });
   }
 
   std::shared_ptr<Conn> conn_;
   bool keep_alive_;
+  const bool head_only_;  // a HEAD request: headers only (RFC 9110 §9.3.2)
+  std::shared_ptr<bool> ended_ = std::make_shared<bool>(false);  // on the strand only
 };
 
 // ---- HTTP/2 -------------------------------------------------------------------
@@ -601,6 +617,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     std::deque<Chunk> out;  // response data not yet handed to nghttp2
     size_t out_offset = 0;  // into out.front()
     bool eof = false;       // no more response data after `out`
+    bool head_only = false; // a HEAD request: headers only (RFC 9110 §9.3.2)
     bool deferred = false;  // the data source is paused: resume on more data
     std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
   };
@@ -766,6 +783,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     st->dropping = true;  // dispatched: nothing more is read for it
     Request req = std::move(st->req);
     st->req = Request{};
+    st->head_only = req.method == "HEAD";
     srv_->handler->Handle(std::move(req), MakeExchange(st, std::exchange(st->reserved, 0)));
   }
 
@@ -809,8 +827,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   // A whole response: headers, then `r.body` through ReadData.
   void SubmitWhole(H2Stream* st, Response r) {
     Submit(st, r.status, r.content_type, r.headers, r.body.size());
-    queued_bytes_ += r.body.size();
-    st->out.push_back(Chunk{std::move(r.body), nullptr});
+    if (!st->head_only) {
+      queued_bytes_ += r.body.size();
+      st->out.push_back(Chunk{std::move(r.body), nullptr});
+    }
     st->eof = true;
   }
 
@@ -1089,6 +1109,7 @@ void H2Conn::BeginStream(int32_t id, int status, std::string content_type, Heade
   if (!st || st->responded) return;
   headers.emplace_back("cache-control", "no-cache");
   Submit(st, status, content_type, headers, std::nullopt);
+  if (st->head_only) st->eof = true;  // no body: later writes fail, which ends the session
   Flush();
 }
 
@@ -1122,7 +1143,9 @@ void Conn::StartHttp2(std::string already_read) {
 }
 
 void Conn::Dispatch(Request req) {
-  auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_, std::exchange(reserved_, 0));
+  const bool head_only = req.method == "HEAD";
+  auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_, std::exchange(reserved_, 0),
+                                           head_only);
   srv_->handler->Handle(std::move(req), std::move(ex));
 }
 

@@ -29,8 +29,8 @@ ErrorCode AppendError(const log::AppendOutcome& o) {
       return ErrorCode::kTransactionalIdAuthorizationFailed;
     case Code::kOutOfRange:
       return o.unknown_producer ? ErrorCode::kUnknownProducerId : ErrorCode::kOutOfOrderSequenceNumber;
-    case Code::kFenced:
-      return ErrorCode::kInvalidProducerEpoch;
+    case Code::kFenced:  // the producer's epoch, or this node's WAL lost to a successor
+      return o.producer_fenced ? ErrorCode::kInvalidProducerEpoch : ErrorCode::kNotLeaderOrFollower;
     case Code::kNotFound:
       return ErrorCode::kUnknownTopicOrPartition;
     case Code::kTimeout:

@@ -623,6 +623,9 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     lk.unlock();
     return fail(Unavailable("stream \"{}\" is being deleted (delete_on_empty); retry", stream));
   }
+  // A producer's retry of an accepted batch gets that batch's ack, whatever
+  // the fencing token and tail are now; the conditions apply to new batches.
+  if (options.producer && HandledByProducerWindow(lk, s, *options.producer, records.size(), done)) return;
   if (options.fencing_token && *options.fencing_token != s->live.fencing_token) {
     AppendOutcome o{PreconditionFailed("fencing token mismatch"), {}, std::nullopt, s->live.fencing_token};
     lk.unlock();
@@ -635,7 +638,6 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     lk.unlock();
     return done(std::move(o));
   }
-  if (options.producer && HandledByProducerWindow(lk, s, *options.producer, records.size(), done)) return;
 
   // Timestamps: per the stream's mode, capped at arrival unless uncapped, and
   // never below the stream's last timestamp.
@@ -716,6 +718,7 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
   if (!check.ok()) {
     AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
     o.unknown_producer = check.status().code() == Code::kOutOfRange && !s->live.producers.Knows(p.id);
+    o.producer_fenced = check.status().code() == Code::kFenced;
     lk.unlock();
     done(std::move(o));
     return true;

@@ -126,6 +126,10 @@ struct AppendOutcome {
   // With a producer: the producer has no window on this stream and the batch
   // does not start at sequence 0 (Kafka's UNKNOWN_PRODUCER_ID); status is kOutOfRange.
   bool unknown_producer = false;
+  // The producer's epoch is older than its window's (Kafka's
+  // INVALID_PRODUCER_EPOCH); status is kFenced. Any other kFenced means this
+  // node lost its WAL to a successor: the append was not written, retry.
+  bool producer_fenced = false;
 };
 using AppendCallback = std::function<void(AppendOutcome)>;
 

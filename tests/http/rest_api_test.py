@@ -361,6 +361,29 @@ class HealthAndMetricsTest(ApiTestCase):
         self.assertEqual(r.status_code, 200, r.text)
         self.assertEqual(self.assertJson(r), {"status": "ok"})
 
+    def test_head_is_get_without_a_body(self):
+        # On one keep-alive connection: a body after a HEAD answer would be
+        # read as the start of the next response.
+        stream = f"head-{uuid.uuid4().hex[:8]}"
+        self.assertEqual(self.c.post("/v1/streams", json={"stream": stream}).status_code, 201)
+        conn = http.client.HTTPConnection("127.0.0.1", SHARED.port, timeout=REQ_TIMEOUT)
+        try:
+            for path, headers in [("/health", {}), ("/v1/basins", {}), (f"/v1/streams/{stream}/records", {}),
+                                  (f"/v1/streams/{stream}/records", {"Accept": "text/event-stream"}),
+                                  ("/no/such/route", {})]:
+                conn.request("HEAD", path, headers=headers)
+                r = conn.getresponse()
+                self.assertEqual(r.read(), b"", path)
+                conn.request("GET", path, headers=headers)
+                g = conn.getresponse()
+                self.assertEqual(r.status, g.status, path)
+                if "Accept" in headers:  # a read session: its GET runs until closed
+                    break
+                body = g.read()
+                self.assertEqual(r.getheader("Content-Length"), str(len(body)), path)
+        finally:
+            conn.close()
+
     @staticmethod
     def scrape(c):
         r = c.get("/metrics")

@@ -366,6 +366,11 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(json.loads(self.h2.wait_end(sid)["data"])["tail"]["seq_num"], 1)
         sid = self.h2.request("GET", "/no/such/route")
         self.assertEqual(self.h2.wait_end(sid)["status"], 404)
+        # HEAD: the headers of a GET, no DATA.
+        sid = self.h2.request("HEAD", f"/v1/streams/{stream}/records/tail")
+        st = self.h2.wait_end(sid)
+        self.assertEqual(st["status"], 200)
+        self.assertEqual(bytes(st["data"]), b"")
 
     def test_a_client_that_stops_reading_is_resumed_by_its_window_updates(self):
         # Read sessions whose batches wait for the client's window: over 4 MiB
