@@ -554,6 +554,19 @@ TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c"}));
 }
 
+TEST_F(EngineTest, ASettleCommitThatFailedOnIoKeepsItsSegments) {
+  // A COMMIT whose fsync failed answers an I/O error, yet SQLite replays it
+  // from its WAL at the next open: its segments must still be there then.
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  hooked->after_commit_settle = [](Status st) { return st.ok() ? IOError("fsync failed") : st; };
+  EXPECT_FALSE(engine_->SettleNow().ok());
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+}
+
 TEST_F(EngineTest, ASegmentOfAStreamDeletedDuringItsSettleIsDeleted) {
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);

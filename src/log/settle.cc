@@ -175,9 +175,14 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
       }
     }
     if (!committed.ok()) {
-      // Definitely not committed: what this round created is garbage. (If it
-      // is still unknown, recovery's sweep decides.)
-      if (!maybe) store_->DeleteMany(created).IgnoreError();
+      // Rejected (another epoch, a moved checkpoint, a bad row): what this
+      // round created is garbage. Any other failure may still land: a COMMIT
+      // whose fsync failed is replayed from SQLite's WAL at the next open.
+      // Its objects stay; the next start's sweep decides on them.
+      const Code c = committed.code();
+      const bool rejected =
+          c == Code::kPreconditionFailed || c == Code::kAlreadyExists || c == Code::kInvalidArgument;
+      if (!maybe && rejected) store_->DeleteMany(created).IgnoreError();
       return committed.WithContext("committing settle");
     }
   }
