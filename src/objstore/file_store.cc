@@ -550,62 +550,88 @@ class FileStore final : public ObjectStore {
 
   struct Walk {
     std::string_view start_after;
+    size_t limit;  // stop once `out` holds this many keys
     std::vector<ObjectInfo>* out;
   };
 
-  // Collects regular files under the open directory `dirfd` (whose keys start
-  // with `rel`, "" or ending in '/'); at the top level only names starting
-  // with `name_prefix`. Takes ownership of dirfd.
-  Status WalkDir(int dirfd, const std::string& rel, std::string_view name_prefix, const Walk& walk) {
+  // Appends the regular files under the open directory `dirfd` (whose keys
+  // start with `rel`, "" or ending in '/'; at the top level only names
+  // starting with `name_prefix`) that sort after walk.start_after, in key
+  // order, until walk.out holds walk.limit keys; true once it does. Takes
+  // ownership of dirfd. A page costs the directories it passes through, not
+  // the whole tree: subtrees before start_after are skipped unread, and only
+  // the keys returned are stat'ed.
+  Result<bool> WalkDir(int dirfd, const std::string& rel, std::string_view name_prefix, const Walk& walk) {
     DirPtr dir(::fdopendir(dirfd));
     if (!dir) {
       const int err = errno;
       ::close(dirfd);
       return ErrnoStatus(err, "opendir", Join(root_, rel));
     }
+    // Every key below directory "d" starts with "d/", so ordering entries by
+    // name, with '/' appended to directories, orders all the keys.
+    struct Entry {
+      std::string sort_name;
+      bool is_dir;
+    };
+    std::vector<Entry> entries;
     while (true) {
       errno = 0;
       const dirent* entry = ::readdir(dir.get());
       if (entry == nullptr) {
         if (errno != 0) return ErrnoStatus(errno, "readdir", Join(root_, rel));
-        return Status::Ok();
+        break;
       }
       const std::string_view name = entry->d_name;
       if (name == "." || name == "..") continue;
       if (rel.empty() && name == kTmpDirName) continue;
       if (!name.starts_with(name_prefix)) continue;
-      std::string key = rel + std::string(name);
-      if (key.size() > 1024) continue;  // not a key this store could have written
-
+      if (rel.size() + name.size() > 1024) continue;  // not a key this store could have written
       unsigned char type = entry->d_type;
-      struct stat st{};
-      bool have_stat = false;
-      if (type == DT_UNKNOWN || type == DT_REG) {
+      if (type == DT_UNKNOWN) {
+        struct stat st{};
         if (::fstatat(::dirfd(dir.get()), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
           if (errno == ENOENT) continue;  // deleted while listing
-          return ErrnoStatus(errno, "stat", Join(root_, key));
+          return ErrnoStatus(errno, "stat", Join(root_, rel + std::string(name)));
         }
-        have_stat = true;
         type = S_ISREG(st.st_mode) ? DT_REG : S_ISDIR(st.st_mode) ? DT_DIR : DT_UNKNOWN;
       }
       if (type == DT_DIR) {
-        key += '/';
-        // Every key below starts with `key`; skip the subtree if all of them
-        // sort at or before start_after.
+        const std::string key = rel + std::string(name) + '/';
+        // Skip the subtree if all of its keys sort at or before start_after.
         if (walk.start_after > key && !walk.start_after.starts_with(key)) continue;
+        entries.push_back(Entry{std::string(name) + '/', true});
+      } else if (type == DT_REG) {
+        if (rel + std::string(name) <= walk.start_after) continue;
+        entries.push_back(Entry{std::string(name), false});
+      }
+    }
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.sort_name < b.sort_name; });
+    for (const Entry& e : entries) {
+      std::string key = rel + e.sort_name;
+      if (e.is_dir) {
+        const std::string name = e.sort_name.substr(0, e.sort_name.size() - 1);
         const int sub = RetryEintr([&] {
-          return ::openat(::dirfd(dir.get()), entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+          return ::openat(::dirfd(dir.get()), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         });
         if (sub < 0) {
           if (errno == ENOENT || errno == ENOTDIR) continue;
           return ErrnoStatus(errno, "open directory", Join(root_, key));
         }
-        WEIR_RETURN_IF_ERROR(WalkDir(sub, key, {}, walk));
-      } else if (type == DT_REG && have_stat) {
-        if (key <= walk.start_after) continue;
-        walk.out->push_back(ObjectInfo{std::move(key), static_cast<uint64_t>(st.st_size)});
+        WEIR_ASSIGN_OR_RETURN(const bool full, WalkDir(sub, key, {}, walk));
+        if (full) return true;
+        continue;
       }
+      struct stat st{};
+      if (::fstatat(::dirfd(dir.get()), e.sort_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) continue;  // deleted while listing
+        return ErrnoStatus(errno, "stat", Join(root_, key));
+      }
+      if (!S_ISREG(st.st_mode)) continue;
+      walk.out->push_back(ObjectInfo{std::move(key), static_cast<uint64_t>(st.st_size)});
+      if (walk.out->size() >= walk.limit) return true;
     }
+    return false;
   }
 
   Result<ListPage> DoList(std::string_view prefix, std::string_view start_after, size_t max_keys) {
@@ -622,9 +648,9 @@ class FileStore final : public ObjectStore {
       if (errno == ENOENT || errno == ENOTDIR || errno == ENAMETOOLONG) return page;
       return ErrnoStatus(errno, "open directory", dir_path);
     }
+    // One key past the page tells whether there is more.
     std::vector<ObjectInfo> found;
-    WEIR_RETURN_IF_ERROR(WalkDir(fd, dir_rel, name_prefix, Walk{start_after, &found}));
-    std::sort(found.begin(), found.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
+    WEIR_RETURN_IF_ERROR(WalkDir(fd, dir_rel, name_prefix, Walk{start_after, max_keys + 1, &found}).status());
     if (found.size() > max_keys) {
       found.resize(max_keys);
       page.next_start_after = found.back().key;
