@@ -531,6 +531,15 @@ class FileStore final : public ObjectStore {
       free_bytes_ -= size;
       return false;
     }
+    struct stat moved{};
+    if (::lstat(free.c_str(), &moved) != 0 || moved.st_ino != st.st_ino || moved.st_dev != st.st_dev) {
+      // A Put replaced the object between the stat and the rename: that file
+      // is deleted all the same, but not pooled (its size was not reserved).
+      ::unlink(free.c_str());
+      std::lock_guard lock(free_mu_);
+      free_bytes_ -= size;
+      return true;
+    }
     std::lock_guard lock(free_mu_);
     free_.push_back(FreeFile{std::move(free), size, std::chrono::steady_clock::now()});
     return true;

@@ -108,8 +108,8 @@ TransportError MapCurlError(CURLcode code, const char* detail, bool sent, std::s
   switch (code) {
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_RESOLVE_PROXY:
-    case CURLE_COULDNT_CONNECT:
-      return {Unavailable("{}", what), false};
+    case CURLE_COULDNT_CONNECT:  // this connect; an earlier copy may have gone out on a reused connection
+      return {Unavailable("{}", what), sent};
     case CURLE_OPERATION_TIMEDOUT:
       return {Timeout("{}", what), sent};
     case CURLE_URL_MALFORMAT:
@@ -188,15 +188,23 @@ Result<Response> Client::Perform(const Request& request, TransportError* error) 
   Response response;
   if (request.expected_bytes > 0) response.body.reserve(request.expected_bytes);
   std::unique_ptr<curl_slist, SlistFree> headers;
+  bool headers_ok = true;
   auto add_header = [&](const std::string& line) {
     curl_slist* next = curl_slist_append(headers.get(), line.c_str());
-    if (next) {
-      (void)headers.release();
-      headers.reset(next);
+    if (!next) {
+      headers_ok = false;
+      return;
     }
+    (void)headers.release();
+    headers.reset(next);
   };
   for (const auto& [name, value] : request.headers) add_header(name + ": " + value);
   add_header("Expect:");  // no 100-continue round trip before bodies
+  if (!headers_ok) {  // never send a request without one of its headers (a condition, the signature)
+    *error = {ResourceExhausted("{} {}: out of memory building the request headers", request.method, request.url),
+              false};
+    return error->status;
+  }
 
   curl_easy_setopt(c, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -250,7 +258,9 @@ Result<Response> Client::Perform(const Request& request, TransportError* error) 
   if (rc != CURLE_OK) {
     curl_off_t pretransfer = 0;
     curl_easy_getinfo(c, CURLINFO_PRETRANSFER_TIME_T, &pretransfer);
-    *error = MapCurlError(rc, h->error[0] ? h->error : "no detail", pretransfer > 0 || sends > 1, request.method,
+    // OnPrereq runs once a connection is up, just before the request goes
+    // out: from then on the server may have it.
+    *error = MapCurlError(rc, h->error[0] ? h->error : "no detail", pretransfer > 0 || sends > 0, request.method,
                           request.url);
     if (rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) {
       // The connection is in an unknown state: drop it rather than pool it.

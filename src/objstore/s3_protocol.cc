@@ -41,7 +41,10 @@ std::string_view AuthHint(std::string_view code) {
   if (code == "AuthorizationHeaderMalformed") {
     return "S3 authentication failed: the signature's region or scope was refused (check region=)";
   }
-  if (code == "AccessDenied") return "S3 access denied: the credentials lack permission for this bucket or key";
+  if (code == "AccessDenied") {
+    return "S3 access denied: the credentials lack permission for this bucket or key (weir needs s3:GetObject, "
+           "s3:PutObject, s3:DeleteObject and s3:ListBucket; without ListBucket, S3 answers 403 for a missing key)";
+  }
   return "S3 authentication or permission failure (check the access key, secret key and bucket policy)";
 }
 
