@@ -55,6 +55,10 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
       ->check(CLI::Range(1, 1 << 20));
   opt("--http-max-connections", o.http_max_connections, "Open HTTP connections; more are closed on accept")
       ->check(CLI::Range(1, 1 << 20));
+  opt("--http-stall-timeout-s", o.http_stall_timeout_s,
+      "A request body not whole this long after its head, or a response write stuck as long, ends its "
+      "connection (HTTP/2: resets the stream, for a body)")
+      ->check(CLI::Range(1.0, 86400.0));
   opt("--kafka-addr", o.kafka_addr, "Kafka listen address HOST:PORT (port 0 picks a free one; \"\" turns it off)");
   opt("--kafka-advertised-addr", o.kafka_advertised_addr,
       "Kafka address given to clients in metadata (default: the bound address)");

@@ -295,7 +295,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
       Send("HTTP/1.1 100 Continue\r\n\r\n", nullptr, false, true);
     }
-    stream_.expires_after(std::chrono::seconds(60));
+    stream_.expires_after(srv_->options.stall_timeout);
     if (!parser_->chunked()) {
       // A sized body (the common case) is read straight into its string:
       // one copy, no per-chunk parsing.
@@ -365,7 +365,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   void WriteNext() {
     if (out_.empty() || closed_) return;
     writing_ = true;
-    stream_.expires_after(std::chrono::seconds(60));
+    stream_.expires_after(srv_->options.stall_timeout);
     net::async_write(stream_, net::buffer(out_.front().bytes),
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); });
   }
@@ -619,6 +619,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     bool eof = false;       // no more response data after `out`
     bool head_only = false; // a HEAD request: headers only (RFC 9110 §9.3.2)
     bool deferred = false;  // the data source is paused: resume on more data
+    TimePoint head_at = Now();  // the body must be whole within the stall timeout of this, as on HTTP/1.1
     std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
   };
 
@@ -736,6 +737,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       n += take;
       st->out_offset += take;
       self->queued_bytes_ -= take;
+      self->data_sent_ += take;
       if (st->out_offset == c.bytes.size()) {
         if (c.then) self->written_.push_back(std::move(c.then));
         st->out.pop_front();
@@ -754,6 +756,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   // The request head is complete: route it.
   void HeadDone(H2Stream* st) {
     st->head_done = true;
+    st->head_at = Now();
     std::string target = std::exchange(st->req.path, std::string());
     if (st->req.method.empty() || target.empty() || !ParseTarget(target, &st->req)) {
       Refuse(st, Response{400, "application/json", ErrorBody("bad_request", "a bad :method or :path"), {}});
@@ -940,14 +943,33 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
                      });
   }
 
-  // Every 5 s: a write stuck for 60 s closes the connection; an idle one
-  // (no stream for the idle timeout) is sent GOAWAY and closed.
+  // Every 5 s (or a quarter of the stall timeout): a write stuck for the stall timeout, or queued response data
+  // the client's windows let none of through for as long, closes the
+  // connection; a request body not whole that long after its head is reset,
+  // which gives its budget back; an idle connection (no stream for the idle timeout) is sent
+  // GOAWAY and closed.
   void Tick() {
-    timer_.expires_after(std::chrono::seconds(5));
+    timer_.expires_after(std::min<Duration>(std::chrono::seconds(5), srv_->options.stall_timeout / 4));
     timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || self->closed_) return;
       auto now = Now();
-      if (self->writing_ && now - self->write_started_ > std::chrono::seconds(60)) return self->Shutdown();
+      const Duration stall = self->srv_->options.stall_timeout;
+      if (self->writing_ && now - self->write_started_ > stall) return self->Shutdown();
+      if (self->queued_bytes_ == 0 || self->data_sent_ != self->tick_data_sent_) self->stalled_since_ = now;
+      self->tick_data_sent_ = self->data_sent_;
+      if (now - self->stalled_since_ > stall) return self->Shutdown();
+      bool reset = false;
+      for (auto& [id, st] : self->streams_) {
+        if (st->head_done && !st->dropping && !st->sink && now - st->head_at > stall) {
+          st->dropping = true;
+          nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+          reset = true;
+        }
+      }
+      if (reset) {
+        self->Flush();
+        if (self->closed_) return;
+      }
       if (self->streams_.empty() && now - self->last_activity_ > self->srv_->options.idle_timeout) {
         self->closing_ = true;  // GOAWAY, then close
         self->Flush();
@@ -979,6 +1001,9 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   std::string wbuf_;  // the write in progress
   std::vector<std::function<void(bool)>> written_;  // chunks handed to nghttp2 since the last write began
   size_t queued_bytes_ = 0;  // response bytes in streams' `out`
+  uint64_t data_sent_ = 0;       // response bytes handed to nghttp2, ever
+  uint64_t tick_data_sent_ = 0;  // data_sent_ at the last Tick
+  TimePoint stalled_since_ = Now();  // since when queued response data has not moved
   struct Unconsumed {
     int32_t id;
     size_t len;

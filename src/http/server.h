@@ -133,6 +133,11 @@ struct ServerOptions {
   int io_threads = 2;
   int worker_threads = 8;
   Duration idle_timeout = std::chrono::seconds(120);  // keep-alive connections with no request
+  // A request body not whole this long after its head, or a response write
+  // that makes no progress for this long: the HTTP/1.1 connection is closed;
+  // on HTTP/2 the stream is reset (a body) or the connection closed (a
+  // response). HTTP/2 checks every 5 s (a quarter of this if shorter).
+  Duration stall_timeout = std::chrono::seconds(60);
   size_t max_in_flight_bytes = 512u << 20;  // request bodies read and not yet answered, all connections
   size_t max_connections = 4096;
 };

@@ -319,6 +319,7 @@ int RunServe(const ServeOptions& o) {
   so.worker_threads = o.worker_threads;
   so.max_in_flight_bytes = o.http_max_in_flight_mib << 20;
   so.max_connections = o.http_max_connections;
+  so.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.http_stall_timeout_s * 1000));
 
   Log().info("weir serve: recovering (object store {}, metastore {})", (*store)->Describe(), meta_uri);
   auto server = http::HttpServer::Start(so, &rest);

@@ -404,6 +404,44 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(self.records(stream), ["h0", "h1"])
 
 
+class StallTest(unittest.TestCase):
+    """--http-stall-timeout-s on HTTP/2: a body that never ends, and response
+    data the client's window never lets through, are not held for ever."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = WeirServer(WEIR, args=["--http-stall-timeout-s", "1"]).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_a_body_that_never_ends_is_reset(self):
+        client = H2Client(self.server.port)
+        self.addCleanup(client.close)
+        sid = client.request("POST", "/v1/basins", [("content-type", "application/json")], body=b'{"basin":',
+                             end=False)
+        client.pump(lambda: client.streams[sid]["reset"] is not None)
+        self.assertEqual(client.streams[sid]["reset"], 8)  # CANCEL
+        # The connection serves on.
+        sid = client.request("GET", "/health")
+        self.assertEqual(client.wait_end(sid)["status"], 200)
+
+    def test_response_data_held_back_by_the_client_closes_the_connection(self):
+        stream = unique("stall")
+        base = self.server.base_url
+        requests.post(f"{base}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        requests.post(f"{base}/v1/streams/{stream}/records", json={"records": [{"body": "x" * 1000}]},
+                      timeout=TIMEOUT).raise_for_status()
+        client = H2Client(self.server.port)
+        self.addCleanup(client.close)
+        client.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        client.flush()
+        sid = client.request("GET", f"/v1/streams/{stream}/records?seq_num=0")
+        client.pump(lambda: client.closed)
+        self.assertFalse(client.streams[sid]["data"])
+
+
 class DrainTest(unittest.TestCase):
     def test_sigterm_ends_an_open_append_session_with_server_draining(self):
         server = WeirServer(WEIR).start()
