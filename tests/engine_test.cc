@@ -319,18 +319,27 @@ TEST_F(EngineTest, AProducerRetryIsADuplicateWhateverItsConditionsSayNow) {
   o.producer = ProducerRef{*pid, 0, 0};
   o.match_seq_num = 0;
   o.fencing_token = "";
-  auto first = engine_->Append(kBasin, "s", Bodies({"a", "b"}), o);
+  auto batch = [] {
+    auto b = Bodies({"a", "b"});
+    for (auto& r : b) r.timestamp_ms = 1000;
+    return b;
+  };
+  auto first = engine_->Append(kBasin, "s", batch(), o);
   ASSERT_TRUE(first.status.ok()) << first.status.ToString();
   // The tail has moved past match_seq_num and a fence has landed since; the
   // retry (its ack was lost) still gets the original offsets, not a 412.
   std::vector<AppendRecord> cmd;
   cmd.push_back(Command("fence", "t2"));
+  cmd.back().timestamp_ms = 5000;
   ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(cmd), AppendOptions{}).status.ok());
-  auto retry = engine_->Append(kBasin, "s", Bodies({"a", "b"}), o);
+  auto retry = engine_->Append(kBasin, "s", batch(), o);
   ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
   EXPECT_TRUE(retry.ack.duplicated);
   EXPECT_EQ(retry.ack.start_offset, 0u);
   EXPECT_EQ(retry.ack.end_offset, 2u);
+  EXPECT_EQ(retry.ack.last_timestamp_ms, 1000);
+  EXPECT_EQ(retry.ack.tail, 3u);  // the stream's tail now, and its timestamp
+  EXPECT_EQ(retry.ack.tail_timestamp_ms, 5000);
   // A new batch of the same producer is held to them.
   o.producer->seq = 2;
   auto next = engine_->Append(kBasin, "s", Bodies({"c"}), o);

@@ -647,7 +647,7 @@ std::string S2sFrameOf(const std::string& message, int compression) {
 std::string ProtoAck(const log::AppendAck& a) {
   return EncodeProtoAppendAck({a.start_offset, static_cast<uint64_t>(a.first_timestamp_ms)},
                               {a.end_offset, static_cast<uint64_t>(a.last_timestamp_ms)},
-                              {a.tail, static_cast<uint64_t>(a.last_timestamp_ms)});
+                              {a.tail, static_cast<uint64_t>(std::max<int64_t>(a.tail_timestamp_ms, 0))});
 }
 }  // namespace
 
@@ -1205,10 +1205,11 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
         if (proto_out) return c.Send(Response{200, "application/protobuf", ProtoAck(a), {}});
         // The hot path: formatted directly rather than through a JSON tree.
         auto first = std::max<int64_t>(a.first_timestamp_ms, 0), last = std::max<int64_t>(a.last_timestamp_ms, 0);
+        auto tail_ts = std::max<int64_t>(a.tail_timestamp_ms, 0);
         c.Send(Response{200, "application/json",
                         fmt::format(R"({{"start":{{"seq_num":{},"timestamp":{}}},"end":{{"seq_num":{},"timestamp":{}}},)"
                                     R"("tail":{{"seq_num":{},"timestamp":{}}},"duplicated":{}}})",
-                                    a.start_offset, first, a.end_offset, last, a.tail, last, a.duplicated),
+                                    a.start_offset, first, a.end_offset, last, a.tail, tail_ts, a.duplicated),
                         {}});
       });
 }
@@ -1414,6 +1415,8 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     }
     {
       std::lock_guard lk(mu_);
+      // Fired already (its Step may be waiting anew, under another id).
+      if (!waiting_ || wait_gen_ != gen) return;
       watch_id_ = *id;
     }
     Tick(gen);
@@ -1480,7 +1483,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // OK. `code` overrides the one the status maps to.
   void Finish(const Status& error, std::string_view code = {}) {
     if (!error.ok()) {
-      auto [status, mapped] = ErrorCodeFor(error);
+      auto [status, mapped] = ErrorCodeFor(error, "stream_not_found");
       if (code.empty()) code = mapped;
       std::string body =
           Json{{"code", code}, {"message", error.message()}}.dump(-1, ' ', false, Json::error_handler_t::replace);

@@ -730,6 +730,7 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
                   LogStart(*s)};
     // As for the original: an arrival-time stream stamped it (Kafka's LogAppendTime).
     ack.log_append_time = s->info.config.timestamping == metastore::TimestampingMode::kArrival;
+    ack.tail_timestamp_ms = s->tail_timestamp_ms;
     lk.unlock();
     done(AppendOutcome{Status::Ok(), ack, std::nullopt, std::nullopt});
     return true;
@@ -892,6 +893,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
       s->cv.notify_all();
       ack = AppendAck{p->start, p->end, s->tail, p->first_timestamp_ms, p->last_timestamp_ms, false, LogStart(*s)};
       ack.log_append_time = p->log_append_time;
+      ack.tail_timestamp_ms = s->tail_timestamp_ms;
     }
     p->bytes.reset();
   }

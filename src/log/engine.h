@@ -114,6 +114,7 @@ struct AppendAck {
   // The stream stamped the batch on arrival (Kafka's LogAppendTime): every
   // record's timestamp is last_timestamp_ms.
   bool log_append_time = false;
+  int64_t tail_timestamp_ms = 0;  // of the record before `tail`
 };
 
 // The outcome of an append. On kPreconditionFailed exactly one of the
