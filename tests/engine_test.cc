@@ -1106,6 +1106,27 @@ AppendOutcome AppendRaw(Engine& e, const std::string& stream, std::string batch)
   return done.get_future().get();
 }
 
+TEST_F(EngineTest, AReadByTimeStartsAtTheFirstRecordAtOrAfterItAndSkipsNoneAfter) {
+  // Kafka producers' clocks need not agree: timestamps 100, 90, 110.
+  for (int64_t ts : {100, 90, 110}) {
+    ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"x"}, ts)).status.ok());
+  }
+  for (bool settled : {false, true}) {
+    if (settled) {
+      ASSERT_TRUE(engine_->SettleNow().ok());
+    }
+    auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 95}, 10, 1 << 20);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<int64_t> got;
+    for (const auto& rec : r->records) got.push_back(rec.record.timestamp);
+    EXPECT_EQ(got, (std::vector<int64_t>{100, 90, 110})) << "settled " << settled;
+    // A time past every record's (even past INT64_MAX) starts at the tail.
+    auto late = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, UINT64_MAX}, 10, 1 << 20);
+    ASSERT_TRUE(late.ok()) << late.status().ToString();
+    EXPECT_TRUE(late->records.empty());
+  }
+}
+
 TEST_F(EngineTest, RawBatchesAreStoredAsSentWithOffsetsAssigned) {
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"rest"})).status.ok());
   std::string sent = KafkaBatch({"a", "b", "c"});

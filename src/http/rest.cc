@@ -476,7 +476,7 @@ ReadParams ParseReadParams(const Request& req) {
 bool CutAtUntil(std::vector<log::ReadRecord>* records, const std::optional<uint64_t>& until) {
   if (!until) return false;
   for (size_t i = 0; i < records->size(); ++i) {
-    if ((*records)[i].record.timestamp >= static_cast<int64_t>(*until)) {
+    if (*until <= static_cast<uint64_t>(INT64_MAX) && (*records)[i].record.timestamp >= static_cast<int64_t>(*until)) {
       records->resize(i);
       return true;
     }

@@ -988,6 +988,8 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
   uint64_t from = 0;
   ReadResult out;
   const bool by_time = start.kind == ReadStart::kTimestamp;
+  // Timestamps are u64 milliseconds on the wire; past INT64_MAX they are all "later than any record".
+  const int64_t at_time = static_cast<int64_t>(std::min<uint64_t>(start.value, INT64_MAX));
   for (bool first = true;; first = false) {
     refs.clear();
     segments.clear();
@@ -1008,14 +1010,14 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
             from = s->tail;
             bool found = false;
             for (const auto& seg : s->segments) {
-              if (seg.last_timestamp_ms >= static_cast<int64_t>(start.value)) {
+              if (seg.last_timestamp_ms >= at_time) {
                 from = seg.start_offset;
                 found = true;
                 break;
               }
             }
             for (size_t i = 0; !found && i < s->durable.size(); ++i) {
-              if (s->durable[i].max_timestamp_ms >= static_cast<int64_t>(start.value)) {
+              if (s->durable[i].max_timestamp_ms >= at_time) {
                 from = s->durable[i].start;
                 found = true;
               }
@@ -1046,7 +1048,10 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
       for (auto& r : records) {
         if (static_cast<uint64_t>(r.offset) < from) continue;
         next = std::max(next, static_cast<uint64_t>(r.offset) + 1);
-        if (by_time && r.record.timestamp < static_cast<int64_t>(start.value)) continue;
+        // The read starts at the first record at or after the time; what
+        // follows it comes whatever its timestamp (Kafka producers' clocks
+        // need not agree).
+        if (by_time && out.records.empty() && r.record.timestamp < at_time) continue;
         size_t size = MeteredBytes(r.record);
         if (out.records.size() >= max_records || (bytes + size > max_bytes && !out.records.empty())) return out;
         bytes += size;
