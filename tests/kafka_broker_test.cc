@@ -1866,6 +1866,40 @@ TEST_F(GroupTest, OffsetsOfGroupsWithoutMembersExpire) {
   EXPECT_GE(broker_->metrics().offset_groups_expired.load(), 1u);
 }
 
+TEST_F(GroupTest, OldOffsetsOutliveARestartUntilTheirGroupCouldHaveRejoined) {
+  // A group consuming a quiet topic last committed 8 days ago; memberships
+  // are not persisted, so right after a restart its members are not back yet.
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  metastore::GroupOffset old{"events", 0, 9, -1, "", WallMillis() - 8 * 24 * 3600 * 1000LL};
+  ASSERT_TRUE(meta_->CommitGroupOffsets("quiet", {old}).ok());
+  BrokerOptions o = Options();
+  o.offsets_retention_check = std::chrono::milliseconds(20);
+  RestartBroker(o);
+  std::this_thread::sleep_for(300ms);  // checks run meanwhile
+  auto kept = meta_->FetchGroupOffsets("quiet");
+  ASSERT_TRUE(kept.ok());
+  ASSERT_EQ(kept->size(), 1u) << "a restart expired the offsets of a group that had no time to rejoin";
+  EXPECT_EQ(broker_->metrics().offset_groups_expired.load(), 0u);
+}
+
+TEST_F(GroupTest, ACommitOfGenerationBelowZeroNeedsOnlyAnEmptyGroup) {
+  // Kafka's Java consumer in assign() mode sends generation -1, no member,
+  // and its group.instance.id when one is configured.
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  auto commit = [&](const std::string& member, std::optional<std::string> instance, int64_t offset) {
+    OffsetCommitRequest m = CommitReq(member, -1, "events", 0, offset);
+    m.group_instance_id = std::move(instance);
+    return Call(m, 7, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code;
+  };
+  EXPECT_EQ(commit("", "instance-1", 3), ErrorCode::kNone);        // an unknown group
+  EXPECT_EQ(commit("some-member", std::nullopt, 4), ErrorCode::kNone);  // an Empty group
+  EXPECT_EQ(Committed("events", 0).committed_offset, 4);
+  std::string a;
+  JoinAlone("meta-A", "all", &a);  // now the group has a member: its generation counts
+  EXPECT_EQ(commit("", "instance-1", 5), ErrorCode::kUnknownMemberId);
+  EXPECT_EQ(Committed("events", 0).committed_offset, 4);
+}
+
 TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
   ASSERT_EQ(CreateTopic("events", 2).error_code, ErrorCode::kNone);
 

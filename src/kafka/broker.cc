@@ -60,6 +60,7 @@ Status ValidateTopicName(const std::string& name) {
 Broker::Broker(BrokerOptions options, log::Engine* engine, std::shared_ptr<metastore::Metastore> meta)
     : options_(std::move(options)), engine_(engine), meta_(std::move(meta)), groups_(options_.groups) {
   tick_thread_ = std::thread([this] { TickLoop(); });
+  expiry_thread_ = std::thread([this] { ExpiryLoop(); });
 }
 
 Broker::~Broker() { Stop(); }
@@ -72,35 +73,49 @@ void Broker::Stop() {
   }
   tick_cv_.notify_all();
   if (tick_thread_.joinable()) tick_thread_.join();
+  if (expiry_thread_.joinable()) expiry_thread_.join();
   groups_.Shutdown();
 }
 
 void Broker::TickLoop() {
   SetThreadName("kafka-tick");
   std::unique_lock lk(tick_mu_);
-  TimePoint next_retention = Now();
   while (!stopping_) {
     tick_cv_.wait_for(lk, std::chrono::milliseconds(100));
     if (stopping_) break;
     lk.unlock();
-    TimePoint now = Now();
-    groups_.Tick(now);
-    if (now >= next_retention) {
-      next_retention = now + options_.offsets_retention_check;
-      ExpireOffsets();
-    }
+    groups_.Tick(Now());
     lk.lock();
   }
 }
 
-void Broker::ExpireOffsets() {
-  // Groups with members (or rebalancing) keep their offsets however old.
-  std::vector<std::string> keep;
-  for (const GroupOverview& g : groups_.ListGroups()) {
-    if (g.state != GroupState::kEmpty) keep.push_back(g.group_id);
+// On its own thread: a slow metastore must not hold up the group timers.
+void Broker::ExpiryLoop() {
+  SetThreadName("kafka-expiry");
+  std::unique_lock lk(tick_mu_);
+  while (!stopping_) {
+    lk.unlock();
+    ExpireOffsets();
+    lk.lock();
+    tick_cv_.wait_for(lk, options_.offsets_retention_check, [&] { return stopping_; });
   }
-  const int64_t cutoff =
-      WallMillis() - std::chrono::duration_cast<std::chrono::milliseconds>(options_.offsets_retention).count();
+}
+
+void Broker::ExpireOffsets() {
+  // Groups with members (or rebalancing) keep their offsets however old, and
+  // so do groups seen with members within the retention. Membership is not
+  // persisted, so every group counts as active when this broker started:
+  // nothing expires before the retention has passed since then (groups
+  // rejoin after a restart with their members' next requests).
+  const int64_t now = WallMillis();
+  const int64_t cutoff = now - std::chrono::duration_cast<std::chrono::milliseconds>(options_.offsets_retention).count();
+  for (const GroupOverview& g : groups_.ListGroups()) {
+    if (g.state != GroupState::kEmpty) last_active_ms_[g.group_id] = now;
+  }
+  std::erase_if(last_active_ms_, [&](const auto& kv) { return kv.second < cutoff; });
+  if (started_ms_ >= cutoff) return;
+  std::vector<std::string> keep;
+  for (const auto& [group, at] : last_active_ms_) keep.push_back(group);
   auto removed = meta_->ExpireGroupOffsets(cutoff, keep);
   if (!removed.ok()) {
     Log().warn("kafka: expiring committed offsets: {}", removed.status().ToString());
@@ -627,8 +642,11 @@ void Broker::Metadata(const std::shared_ptr<Request>& req) {
     for (;;) {
       auto page = engine_->ListTables(options_.basin, "", after, 1000);
       if (!page.ok()) {
-        Log().warn("kafka: listing topics: {}", page.status().ToString());
-        break;
+        // Metadata has no top-level error: a partial list would read as the
+        // truth (a pattern subscription would drop its topics). Clients retry
+        // a closed connection.
+        Log().warn("kafka: listing topics: {}; closing the connection", page.status().ToString());
+        return req->reply->Close();
       }
       for (auto& t : *page) {
         if (t.kind == "log") describe(t.name, ErrorCode::kNone, t.bucket_count);

@@ -18,11 +18,13 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 
+#include "base/clock.h"
 #include "kafka/group_coordinator.h"
 #include "kafka/messages.h"
 #include "kafka/tcp_server.h"
@@ -56,7 +58,8 @@ struct BrokerOptions {
   GroupOptions groups;
   // Committed offsets of a group with no members whose newest commit is
   // older than this are deleted (Kafka's offsets.retention.minutes, 7 days),
-  // checked every offsets_retention_check.
+  // checked every offsets_retention_check; a group seen with members within
+  // this (or within this of the broker's start) keeps them.
   Duration offsets_retention = std::chrono::hours(7 * 24);
   Duration offsets_retention_check = std::chrono::minutes(10);
 };
@@ -143,7 +146,7 @@ class Broker : public FrameHandler {
   Status CreateTopic(const std::string& topic, int32_t partitions, const std::string& config_json,
                      const metastore::StreamConfig& stream_config);
   void TickLoop();
-  void ExpireOffsets();  // offsets retention; on the tick thread
+  void ExpireOffsets();  // offsets retention; on the expiry thread
 
   BrokerOptions options_;
   log::Engine* engine_;
@@ -163,6 +166,12 @@ class Broker : public FrameHandler {
   std::condition_variable tick_cv_;
   bool stopping_ = false;
   std::thread tick_thread_;
+  // Offset expiry (ExpiryLoop, its own thread): when this broker started, and
+  // when each group was last seen with members (wall ms).
+  void ExpiryLoop();
+  std::thread expiry_thread_;
+  const int64_t started_ms_ = WallMillis();
+  std::map<std::string, int64_t> last_active_ms_;  // expiry thread only
 };
 
 // Kafka's topic name rule: 1..249 of [a-zA-Z0-9._-], not "." or "..".

@@ -706,14 +706,17 @@ int16_t GroupCoordinator::ValidateCommit(std::string_view group_id, int32_t gene
                                          const std::optional<std::string>& group_instance_id, TimePoint now) {
   std::lock_guard lock(mu_);
   if (shut_down_) return kErrCoordinatorNotAvailable;
-  const bool standalone = generation_id < 0 && member_id.empty() && !group_instance_id;
-  // (An empty group id is allowed, as Kafka allows it for commits: no group has it.)
+  // As Kafka: a generation below 0 is a consumer that manages its own
+  // partitions (assign(), whatever member or instance id it sends), allowed
+  // while the group has no members. (An empty group id is allowed, as Kafka
+  // allows it for commits: no group has it.)
   Group* g = FindGroup(group_id);
-  if (g == nullptr) {
-    if (generation_id >= 0) return kErrIllegalGeneration;  // a generation we do not know
-    return standalone ? kErrNone : kErrUnknownMemberId;
+  if (g == nullptr) return generation_id < 0 ? kErrNone : kErrIllegalGeneration;
+  if (group_instance_id) {
+    auto it = g->static_members.find(*group_instance_id);
+    if (it != g->static_members.end() && it->second != member_id) return kErrFencedInstanceId;
   }
-  if (standalone) return g->state == GroupState::kEmpty ? kErrNone : kErrUnknownMemberId;
+  if (generation_id < 0 && g->state == GroupState::kEmpty) return kErrNone;
   if (int16_t err = g->Validate(member_id, group_instance_id); err != kErrNone) return err;
   if (generation_id != g->generation) return kErrIllegalGeneration;
   Member* m = g->Find(member_id);
