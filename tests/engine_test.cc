@@ -1127,6 +1127,27 @@ TEST_F(EngineTest, AReadByTimeStartsAtTheFirstRecordAtOrAfterItAndSkipsNoneAfter
   }
 }
 
+TEST_F(EngineTest, ABatchMaxTimestampIsTheRecordsLargest) {
+  // A producer's header says 0 (or anything) while its records run 5000..5002:
+  // lookups and retention go by the records, as in Kafka.
+  std::string lying = KafkaBatch({"a", "b", "c"}, 5000);
+  wal::SetMaxTimestamp(&lying, 0);
+  ASSERT_TRUE(wal::VerifyBatch(lying).ok());
+  auto o = AppendRaw(*engine_, "s", lying);
+  ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(o.ack.last_timestamp_ms, 5002);
+  for (bool settled : {false, true}) {
+    if (settled) {
+      ASSERT_TRUE(engine_->SettleNow().ok());
+    }
+    auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 5001}, 10, 1 << 20);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->records.size(), 2u) << "settled " << settled;
+    EXPECT_EQ(r->records[0].offset, 1u);
+    EXPECT_EQ(r->tail_timestamp_ms, 5002);
+  }
+}
+
 TEST_F(EngineTest, RawBatchesAreStoredAsSentWithOffsetsAssigned) {
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"rest"})).status.ok());
   std::string sent = KafkaBatch({"a", "b", "c"});

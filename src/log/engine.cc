@@ -809,7 +809,16 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   if (h.compression() > 4) return fail(InvalidArgument("unknown compression codec {}", h.compression()));
   // The records themselves, decompressed if need be (as Kafka's broker does):
   // a batch stored as sent must be one every reader can decode.
-  if (Status valid = wal::ValidateRecords(h, batch); !valid.ok()) return fail(valid);
+  int64_t max_ts = h.max_timestamp;
+  if (Status valid = wal::ValidateRecords(h, batch, wal::kMaxDecompressedRecordsBytes, &max_ts); !valid.ok()) {
+    return fail(valid);
+  }
+  // maxTimestamp feeds timestamp lookups and retention: as Kafka's broker
+  // does, it is the records' largest, whatever the producer wrote there.
+  if (!(h.attributes & wal::kTimestampLogAppendTime) && max_ts != h.max_timestamp) {
+    wal::SetMaxTimestamp(&batch, max_ts);
+    h.max_timestamp = max_ts;
+  }
   if (MayHoldCommands(batch)) {
     auto records = wal::DecodeRecords(batch);
     if (!records.ok()) return fail(records.status());
@@ -871,7 +880,9 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     waiters = std::move(p->waiters);
     if (st.ok()) {
       s->tail = p->end;
-      s->tail_timestamp_ms = p->last_timestamp_ms;
+      // The largest so far (as recovery computes it): Kafka batches need not
+      // be in time order.
+      s->tail_timestamp_ms = std::max(s->tail_timestamp_ms, p->last_timestamp_ms);
       s->durable_trim_point = std::max(s->durable_trim_point, p->trim_point);
       std::erase_if(s->watchers, [&](auto& w) {
         if (std::get<1>(w) >= s->tail) return false;

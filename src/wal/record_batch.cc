@@ -124,7 +124,8 @@ class RecordReader {
 };
 
 // Decodes record `index` into *out, or with a null `out` only checks it.
-Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out) {
+// `timestamp` (if set) gets the record's timestamp, as a reader sees it.
+Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out, int64_t* timestamp) {
   int64_t length = 0;
   if (!batch->GetVarint(&length)) {
     return Corruption("record {}: length is truncated or malformed ({} bytes left in the batch)", index,
@@ -171,11 +172,12 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
   if (r.remaining() != 0) {
     return Corruption("record {}: {} bytes left over after its fields (length {})", index, r.remaining(), length);
   }
-  if (!out) return Status::Ok();
-
-  out->offset = h.base_offset + offset_delta;
-  rec.timestamp =
+  const int64_t ts =
       (h.attributes & kTimestampLogAppendTime) ? h.max_timestamp : WrapAdd(h.base_timestamp, timestamp_delta);
+  if (timestamp) *timestamp = ts;
+  if (!out) return Status::Ok();
+  out->offset = h.base_offset + offset_delta;
+  rec.timestamp = ts;
   return Status::Ok();
 }
 
@@ -331,7 +333,7 @@ Result<BatchHeader> VerifyBatch(std::string_view data) {
 namespace {
 // DecodeRecords, or with a null `out` ValidateRecords; `h` is VerifyBatch's.
 Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_decompressed,
-                   std::vector<DecodedRecord>* out) {
+                   std::vector<DecodedRecord>* out, int64_t* max_timestamp = nullptr) {
   std::string_view body = batch.substr(kRecordBatchHeaderSize, h.total_size() - kRecordBatchHeaderSize);
   std::string decompressed;
   if (h.compression() != kCodecNone) {
@@ -346,8 +348,10 @@ Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_deco
   }
   if (out) out->resize(static_cast<size_t>(h.record_count));
   ByteReader reader(body);
+  int64_t ts = 0;
   for (int32_t i = 0; i < h.record_count; ++i) {
-    WEIR_RETURN_IF_ERROR(DecodeRecord(&reader, h, i, out ? &(*out)[static_cast<size_t>(i)] : nullptr));
+    WEIR_RETURN_IF_ERROR(DecodeRecord(&reader, h, i, out ? &(*out)[static_cast<size_t>(i)] : nullptr, &ts));
+    if (max_timestamp) *max_timestamp = i == 0 ? ts : std::max(*max_timestamp, ts);
   }
   if (reader.remaining() != 0) {
     if (h.record_count == 0) return Corruption("record batch of 0 records has {} bytes of records", reader.remaining());
@@ -364,9 +368,10 @@ Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch, size_t 
   return records;
 }
 
-Status ValidateRecords(const BatchHeader& verified, std::string_view batch, size_t max_decompressed) {
+Status ValidateRecords(const BatchHeader& verified, std::string_view batch, size_t max_decompressed,
+                       int64_t* max_timestamp) {
   if (batch.size() < verified.total_size()) return Corruption("record batch shorter than its header says");
-  return WalkRecords(verified, batch, max_decompressed, nullptr);
+  return WalkRecords(verified, batch, max_decompressed, nullptr, max_timestamp);
 }
 
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset) {
@@ -375,6 +380,14 @@ void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset) {
   const auto v = static_cast<uint64_t>(base_offset);
   char* p = batch->data() + pos + kBaseOffsetPos;
   for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * (7 - i)));
+}
+
+void SetMaxTimestamp(std::string* batch, int64_t timestamp_ms) {
+  if (batch->size() < kRecordBatchHeaderSize) return;
+  char* p = batch->data();
+  const auto ts = static_cast<uint64_t>(timestamp_ms);
+  for (int i = 0; i < 8; ++i) p[kMaxTimestampPos + i] = static_cast<char>(ts >> (8 * (7 - i)));
+  StoreBE32(p + kCrcPos, Crc32c(p + kAttributesPos, batch->size() - kAttributesPos));
 }
 
 void SetLogAppendTime(std::string* batch, int64_t timestamp_ms) {

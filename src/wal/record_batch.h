@@ -112,8 +112,9 @@ Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch,
 // The checks of DecodeRecords (decompressing if needed) without keeping the
 // records, for a batch VerifyBatch already checked (`verified` is its answer):
 // what a broker does before it stores a producer's batch as sent.
+// `max_timestamp` (if set) gets the largest record timestamp.
 Status ValidateRecords(const BatchHeader& verified, std::string_view batch,
-                       size_t max_decompressed = kMaxDecompressedRecordsBytes);
+                       size_t max_decompressed = kMaxDecompressedRecordsBytes, int64_t* max_timestamp = nullptr);
 
 // Rewrites baseOffset of the batch starting at byte pos, in place (it is outside the CRC).
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
@@ -122,6 +123,8 @@ void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
 // Kafka's LogAppendTime does: sets the timestamp-type bit and maxTimestamp,
 // then recomputes the CRC.
 void SetLogAppendTime(std::string* batch, int64_t timestamp_ms);
+// Rewrites maxTimestamp of a whole batch (attributes unchanged) and its CRC.
+void SetMaxTimestamp(std::string* batch, int64_t timestamp_ms);
 
 // Walks a concatenation of batches, verifying each; calls fn(header, bytes) for
 // each. Stops at the first failure, naming the batch index and byte position.
