@@ -888,6 +888,28 @@ TEST_F(EngineTest, DeleteOnEmptyDeletesNothingOnceTheNodeIsSuperseded) {
   EXPECT_TRUE(engine_->Append(kBasin, "stale", Bodies({"x"})).status.ok());
 }
 
+TEST_F(EngineTest, RetentionGoesOnPastAStreamItCannotDeleteFrom) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "t", StreamConfig{}).ok());
+  for (const char* name : {"s", "t"}) {
+    ASSERT_TRUE(engine_->Append(kBasin, name, Bodies({"a"})).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+    std::vector<AppendRecord> trim;
+    trim.push_back(Command("trim", Be64(1)));
+    ASSERT_TRUE(engine_->Append(kBasin, name, std::move(trim)).status.ok());
+  }
+  const uint64_t s_id = engine_->GetStream(kBasin, "s")->info.id;
+  const size_t segments = CountKeys(*store_, "seg/");
+  hooked->fail_delete_segments = [&](uint64_t id) { return id == s_id ? Unavailable("down") : Status::Ok(); };
+  EXPECT_FALSE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(engine_->metrics().segments_deleted.load(), 1u);  // t's
+  hooked->fail_delete_segments = nullptr;
+  EXPECT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(engine_->metrics().segments_deleted.load(), 2u);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), segments - 2);
+}
+
 TEST_F(EngineTest, RetentionAndTrimDeleteSettledSegments) {
   StreamConfig cfg;
   cfg.retention_age_s = 60;

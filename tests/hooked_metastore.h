@@ -21,6 +21,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_mint;                  // non-OK: MintEpoch answers it (and changes nothing)
   std::function<void()> before_commit_settle;         // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;  // maps the real answer
+  std::function<Status(uint64_t)> fail_delete_segments;  // non-OK for a stream id: DeleteSegmentsBelow answers it
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -111,6 +112,9 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->FindSegmentByTimestamp(id, ms);
   }
   Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t id, uint64_t below) override {
+    if (fail_delete_segments) {
+      if (Status st = fail_delete_segments(id); !st.ok()) return st;
+    }
     return m_->DeleteSegmentsBelow(id, below);
   }
   const metastore::MetastoreCounters& counters() const override { return m_->counters(); }

@@ -45,10 +45,14 @@ void Engine::SettleLoop() {
     settle_requested_ = false;
     lk.unlock();
     Status st = SettleNow();
-    if (st.ok() && Now() - last_retention_ >= options_.retention_interval) st = ApplyRetention();
     if (!st.ok()) {
       metrics_.settle_failures.fetch_add(1);
       Log().warn("settle: {}", st.ToString());
+    }
+    // Whatever settle did: retention works on settled segments only, and a
+    // settle that keeps failing must not also keep expired data for ever.
+    if (Now() - last_retention_ >= options_.retention_interval) {
+      if (Status r = ApplyRetention(); !r.ok()) Log().warn("retention: {}", r.ToString());
     }
     lk.lock();
   }
@@ -361,6 +365,7 @@ Status Engine::ApplyRetention() {
     for (auto& [id, s] : by_id_) streams.push_back(s);
   }
   int64_t now_ms = WallMillis();
+  Status first_error;
   for (auto& s : streams) {
     uint64_t below = 0;
     {
@@ -374,9 +379,13 @@ Status Engine::ApplyRetention() {
       }
     }
     if (below == 0) continue;
-    WEIR_ASSIGN_OR_RETURN(auto removed, meta_->DeleteSegmentsBelow(s->info.id, below));
+    auto removed = meta_->DeleteSegmentsBelow(s->info.id, below);
+    if (!removed.ok()) {  // the next pass tries again; the other streams go on
+      if (first_error.ok()) first_error = removed.status().WithContext(fmt::format("stream {}", s->info.id));
+      continue;
+    }
     std::vector<std::string> keys;
-    for (const auto& seg : removed) keys.push_back(seg.object_key);
+    for (const auto& seg : *removed) keys.push_back(seg.object_key);
     {
       std::lock_guard lk(s->mu);
       std::erase_if(s->segments, [&](const metastore::SegmentInfo& seg) { return seg.end_offset <= below; });
@@ -385,7 +394,8 @@ Status Engine::ApplyRetention() {
     if (!st.ok()) Log().warn("deleting expired segments of stream {}: {}", s->info.id, st.ToString());
     metrics_.segments_deleted.fetch_add(keys.size());
   }
-  return DeleteEmptyStreams();
+  Status empty = DeleteEmptyStreams();
+  return first_error.ok() ? empty : first_error;
 }
 
 Status Engine::DeleteEmptyStreams() {
