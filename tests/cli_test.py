@@ -268,6 +268,41 @@ def follow():
 
 
 @case
+def follow_across_a_restart():
+    # --tail-offset is resolved once: a follower that reconnects before its
+    # first batch must not skip what was appended while it was away.
+    srv = start_server(os.path.join(tmp.name, "data-follow"))
+    port, base_command = srv.port, srv.command
+
+    def same_port():
+        cmd = base_command()
+        cmd[cmd.index("--http-addr") + 1] = f"127.0.0.1:{port}"
+        return cmd
+
+    srv.command = same_port
+    proc = None
+    try:
+        weir("stream", "create", "quiet", server=srv.base_url)
+        proc = subprocess.Popen([WEIR, "read", "quiet", "-f", "--tail-offset", "0"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, WEIR_SERVER=srv.base_url))
+        got = queue.Queue()
+        threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
+        time.sleep(1)  # the session is open on an idle stream
+        srv.stop()
+        srv.start()
+        weir("append", "quiet", input="during\n", server=srv.base_url)
+        weir("append", "quiet", input="after\n", server=srv.base_url)
+        assert got.get(timeout=60) == "during\n"
+        assert got.get(timeout=60) == "after\n"
+        assert proc.poll() is None, "the follower exited on its own"
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        srv.stop()
+
+
+@case
 def errors():
     out = weir("read", "s-missing", ok=False)
     assert out.returncode == 1 and error_line(out) == 'weir: stream "s-missing" not found (404 stream_not_found)'

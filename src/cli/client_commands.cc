@@ -331,6 +331,14 @@ client::ReadStart StartOf(const ClientCommandsState& s) {
 int Follow(ClientCommandsState& s, Client& c) {
   client::ReadOptions ro;
   ro.start = StartOf(s);
+  if (ro.start.kind == client::ReadStart::Kind::kTailOffset) {
+    // "N back from the tail" means the tail now: a reconnect before the first
+    // batch (which has no event id to resume from yet) must not re-resolve it
+    // against a tail that has moved, skipping what was appended meanwhile.
+    auto tail = c.CheckTail(s.name);
+    if (!tail.ok()) return Fail(s, tail.status());
+    ro.start = {client::ReadStart::Kind::kSeqNum, tail->seq_num - std::min(tail->seq_num, ro.start.value)};
+  }
   ro.count = s.count;
   // A session bounded by a count ends at the tail unless told to wait; a
   // follower waits for records as long as it takes.
@@ -339,10 +347,9 @@ int Follow(ClientCommandsState& s, Client& c) {
   TimePoint failing_since{};
   for (bool first = true;; first = false) {
     Status st = c.ReadSession(s.name, ro, &last_event_id, [&](const client::ReadBatch& b) {
-      failing_since = TimePoint{};
       PrintRecords(s, b);
       return true;
-    });
+    }, [&] { failing_since = TimePoint{}; });  // connected: the failures so far are over
     if (st.ok()) return 0;
     bool transient = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
     if (!transient || (first && st.message().starts_with("cannot connect"))) return Fail(s, st);

@@ -162,7 +162,8 @@ Result<ProducerId> Client::AllocateProducer() {
 }
 
 Status Client::ReadSession(std::string_view stream, const ReadOptions& options, std::string* last_event_id,
-                           const std::function<bool(const ReadBatch&)>& on_batch) {
+                           const std::function<bool(const ReadBatch&)>& on_batch,
+                           const std::function<void()>& on_event_seen) {
   HttpRequest req = Request("GET", ReadTarget(stream, options));
   req.timeout_ms = 0;        // a session lasts as long as it lasts,
   req.idle_timeout_s = 30;   // but the server pings every 5 s: silence means a dead connection
@@ -171,6 +172,7 @@ Status Client::ReadSession(std::string_view stream, const ReadOptions& options, 
   SseParser parser;
   Status outcome = Unavailable("the read session from {} ended without [DONE]", http_->base_url());
   auto on_event = [&](const SseEvent& ev) {
+    if (on_event_seen) on_event_seen();
     if (ev.event == "batch") {
       auto batch = DecodeReadBatch(ev.data);
       if (!batch.ok()) {
