@@ -11,6 +11,7 @@
 
 #include "base/bytes.h"
 #include "base/crc32c.h"
+#include "objstore/fault_store.h"
 #include "objstore/mem_store.h"
 #include "hooked_metastore.h"
 #include "test_support.h"
@@ -886,6 +887,32 @@ TEST_F(EngineTest, DeleteOnEmptyDeletesNothingOnceTheNodeIsSuperseded) {
   EXPECT_EQ(engine_->metrics().empty_streams_deleted.load(), 0u);
   // The refused deletion left the stream open for appends.
   EXPECT_TRUE(engine_->Append(kBasin, "stale", Bodies({"x"})).status.ok());
+}
+
+TEST_F(EngineTest, AReadOfManySmallSegmentsTakesOneGetEachAndAtMost32) {
+  std::vector<std::string> all;
+  for (int i = 0; i < 40; ++i) {
+    all.push_back("r" + std::to_string(i));
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({all.back()})).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());  // a segment per record
+  }
+  auto counted = std::make_shared<objstore::FaultStore>(store_, objstore::FaultOptions{});
+  engine_->Close();
+  engine_.reset();
+  Start(counted);
+  const uint64_t before = counted->counters().gets.load();
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->records.size(), 32u);  // Engine::kMaxSegmentsPerRead: the next read goes on
+  EXPECT_EQ(counted->counters().gets.load() - before, 32u);  // a small segment is one GET
+  std::vector<std::string> got;
+  for (uint64_t from = 0; from < all.size();) {
+    auto page = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, from}, 1000, 1 << 20);
+    ASSERT_TRUE(page.ok() && !page->records.empty());
+    for (auto& rec : page->records) got.push_back(rec.record.value.value_or("<null>"));
+    from = page->records.back().offset + 1;
+  }
+  EXPECT_EQ(got, all);
 }
 
 TEST_F(EngineTest, RetentionGoesOnPastAStreamItCannotDeleteFrom) {

@@ -1051,7 +1051,10 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
       CollectSources(*s, from, max_records, max_bytes, &segments, &refs);
     }
     std::vector<std::shared_ptr<const std::string>> batches;
-    WEIR_RETURN_IF_ERROR(FetchSources(segments, refs, from, max_bytes, &batches));
+    // Until the lookup has found its first record, the segments' time index
+    // skips what is earlier.
+    const std::optional<int64_t> seek_time = by_time ? std::optional<int64_t>(at_time) : std::nullopt;
+    WEIR_RETURN_IF_ERROR(FetchSources(segments, refs, from, max_bytes, seek_time, &batches));
     size_t bytes = 0;
     uint64_t next = from;  // past the last record looked at
     for (const auto& data : batches) {
@@ -1094,6 +1097,7 @@ void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, 
   auto seg = std::upper_bound(s.segments.begin(), s.segments.end(), from,
                               [](uint64_t off, const metastore::SegmentInfo& g) { return off < g.end_offset; });
   for (; seg != s.segments.end() && count < max_records && bytes < max_bytes; ++seg) {
+    if (segments->size() == kMaxSegmentsPerRead) return;  // the next read goes on from there
     segments->push_back(*seg);
     count += seg->end_offset - std::max(seg->start_offset, from);
     bytes += seg->size_bytes;
@@ -1108,14 +1112,14 @@ void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, 
 }
 
 Status Engine::FetchSources(const std::vector<metastore::SegmentInfo>& segments, const std::vector<BatchRef>& refs,
-                            uint64_t from, size_t max_bytes,
+                            uint64_t from, size_t max_bytes, std::optional<int64_t> at_time,
                             std::vector<std::shared_ptr<const std::string>>* batches) {
   // Outside the stream lock: settled batches from their segment, evicted ones
   // from their WAL slot.
   std::vector<std::string> fetched;
   for (const auto& seg : segments) {
     fetched.clear();
-    WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, &fetched));
+    WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, at_time, &fetched));
     for (auto& b : fetched) batches->push_back(std::make_shared<const std::string>(std::move(b)));
   }
   for (const BatchRef& ref : refs) {
@@ -1156,7 +1160,7 @@ Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std:
       CollectSources(*s, from, SIZE_MAX, max_bytes, &segments, &refs);
     }
     std::vector<std::shared_ptr<const std::string>> batches;
-    Status st = FetchSources(segments, refs, from, max_bytes, &batches);
+    Status st = FetchSources(segments, refs, from, max_bytes, std::nullopt, &batches);
     if (!st.ok()) {
       // A settle or retention raced with the fetch: look again.
       if (st.code() == Code::kNotFound && attempt < 3) continue;

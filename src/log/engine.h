@@ -340,12 +340,15 @@ class Engine {
               bool log_append_time = false);
   // Under s->mu: the first offset still held (trim point, retention).
   static uint64_t LogStart(const Stream& s);
-  // Under s->mu: the sources covering [from, ...) up to the limits.
+  // Under s->mu: the sources covering [from, ...) up to the limits, and at
+  // most kMaxSegmentsPerRead segments (each costs a GET).
+  static constexpr size_t kMaxSegmentsPerRead = 32;
   static void CollectSources(const Stream& s, uint64_t from, size_t max_records, size_t max_bytes,
                              std::vector<metastore::SegmentInfo>* segments, std::vector<BatchRef>* refs);
   // Fetches the batches of those sources, in offset order.
   Status FetchSources(const std::vector<metastore::SegmentInfo>& segments, const std::vector<BatchRef>& refs,
-                      uint64_t from, size_t max_bytes, std::vector<std::shared_ptr<const std::string>>* batches);
+                      uint64_t from, size_t max_bytes, std::optional<int64_t> at_time,
+                      std::vector<std::shared_ptr<const std::string>>* batches);
   // After the WAL halts: fence our own epoch, mint the next one and resume the
   // writer into it, or abandon the writer if a successor holds the node.
   void HandleHalt(uint64_t epoch);
@@ -353,8 +356,11 @@ class Engine {
   Result<std::string> ReadSlotBatch(const BatchRef& ref);
   Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
                               size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until);
+  // The batches of one segment from `from` (and, for a lookup by time, from
+  // the first indexed batch that may hold a record at or after `at_time`),
+  // about max_bytes of them.
   Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
-                     std::vector<std::string>* batches);
+                     std::optional<int64_t> at_time, std::vector<std::string>* batches);
   Status SweepGarbage();
   // Deletes each stream with delete_on_empty set that holds no record, has
   // existed for its min age and has taken no append for as long (appends

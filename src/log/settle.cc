@@ -455,18 +455,31 @@ Status Engine::DeleteEmptyStreams() {
 }
 
 Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
-                           std::vector<std::string>* batches) {
+                           std::optional<int64_t> at_time, std::vector<std::string>* batches) {
+  // Enough for the requested bytes plus one whole batch (an append is at most ~1 MiB).
+  const uint64_t window = max_bytes + (2u << 20);
+  std::string whole;  // the whole object, when it is no larger than the window: one GET, not three
+  if (seg.size_bytes <= window) {
+    WEIR_ASSIGN_OR_RETURN(whole, store_->Get(seg.object_key, std::nullopt));
+    if (whole.size() != seg.size_bytes) {
+      return Corruption("segment {}: {} bytes, the index says {}", seg.object_key, whole.size(), seg.size_bytes);
+    }
+  }
+  auto range = [&](uint64_t pos, uint64_t len) -> Result<std::string> {
+    if (!whole.empty()) return whole.substr(pos, len);
+    return store_->Get(seg.object_key, objstore::ByteRange{pos, len});
+  };
   uint64_t tail_len = std::min<uint64_t>(seg.size_bytes, kSegmentFooterSize);
-  WEIR_ASSIGN_OR_RETURN(std::string tail,
-                        store_->Get(seg.object_key, objstore::ByteRange{seg.size_bytes - tail_len, tail_len}));
+  WEIR_ASSIGN_OR_RETURN(std::string tail, range(seg.size_bytes - tail_len, tail_len));
   WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(tail, seg.size_bytes));
-  WEIR_ASSIGN_OR_RETURN(std::string index_bytes,
-                        store_->Get(seg.object_key, objstore::ByteRange{footer.data_end, seg.size_bytes - footer.data_end}));
+  WEIR_ASSIGN_OR_RETURN(std::string index_bytes, range(footer.data_end, seg.size_bytes - footer.data_end));
   WEIR_ASSIGN_OR_RETURN(auto index, DecodeSegmentIndex(footer, index_bytes));
   uint64_t pos = SeekOffset(index, from);
-  // Enough for the requested bytes plus one whole batch (an append is at most ~1 MiB).
-  uint64_t want = std::min<uint64_t>(footer.data_end - pos, max_bytes + (2u << 20));
-  WEIR_ASSIGN_OR_RETURN(std::string data, store_->Get(seg.object_key, objstore::ByteRange{pos, want}));
+  // A lookup by time starts at the last indexed batch before which no record is as late.
+  if (at_time) pos = std::max(pos, SeekTimestamp(index, *at_time));
+  uint64_t want = std::min<uint64_t>(footer.data_end - pos, window);
+  WEIR_ASSIGN_OR_RETURN(std::string data, range(pos, want));
+  whole.clear();
   size_t at = 0;
   size_t taken = 0;
   while (at < data.size() && taken < max_bytes) {
