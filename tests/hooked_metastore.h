@@ -117,6 +117,9 @@ class HookedMetastore final : public metastore::Metastore {
     }
     return m_->DeleteSegmentsBelow(id, below);
   }
+  Status ReplaceSegments(uint64_t id, const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) override {
+    return m_->ReplaceSegments(id, replaced, merged);
+  }
   const metastore::MetastoreCounters& counters() const override { return m_->counters(); }
   std::string Describe() const override { return m_->Describe(); }
 

@@ -1086,6 +1086,27 @@ TEST_P(SegmentIndexTest, FindSegmentByTimestamp) {
   EXPECT_EQ(Str(**full), Str(Seg(a_, 10, 20, 200, 300)));
 }
 
+TEST_P(SegmentIndexTest, ReplaceSegmentsMergesAdjacentRowsOrChangesNothing) {
+  using V = std::vector<uint64_t>;
+  const std::vector<SegmentInfo> run{Seg(a_, 0, 10, 100, 200), Seg(a_, 10, 20, 200, 300), Seg(a_, 20, 35, 300, 400)};
+  SegmentInfo merged = Seg(a_, 0, 35, 100, 400);
+  merged.object_key = "segments/merged";
+  // Refused, nothing changed: not spanning, not adjacent, a row indexed otherwise, a stream gone.
+  EXPECT_EQ(m().ReplaceSegments(a_, run, Seg(a_, 0, 34, 100, 400)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ReplaceSegments(a_, {run[0], run[2]}, Seg(a_, 0, 35)).code(), Code::kInvalidArgument);
+  SegmentInfo moved = run[1];
+  moved.object_key = "segments/elsewhere";
+  EXPECT_EQ(m().ReplaceSegments(a_, {run[0], moved, run[2]}, merged).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().ReplaceSegments(123456, {Seg(123456, 0, 10)}, Seg(123456, 0, 10)).code(), Code::kNotFound);
+  EXPECT_EQ(Starts(a_), (V{0, 10, 20, 40}));
+  ASSERT_OK(m().ReplaceSegments(a_, run, merged));
+  EXPECT_EQ(Starts(a_), (V{0, 40}));
+  EXPECT_EQ(Str(Segments(a_, 12, 1)), Str(std::vector<SegmentInfo>{merged}));
+  EXPECT_EQ(Starts(other_), (V{0}));
+  // Done once: a second attempt finds the rows gone.
+  EXPECT_EQ(m().ReplaceSegments(a_, run, merged).code(), Code::kPreconditionFailed);
+}
+
 TEST_P(SegmentIndexTest, DeleteSegmentsBelow) {
   using V = std::vector<uint64_t>;
   auto starts_of = [](const std::vector<SegmentInfo>& segs) {

@@ -340,6 +340,13 @@ class Metastore {
   // Removes segment rows of a stream that end at or below `below_offset` and
   // returns them (retention and trim); one transaction.
   virtual Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) = 0;
+  // Replaces adjacent segment rows of one stream with one row covering the
+  // same offsets (a merge of small segments); one transaction. kNotFound if
+  // the stream is gone; kPreconditionFailed (nothing changed) unless every
+  // row in `replaced` is indexed exactly as given; kInvalidArgument unless
+  // `replaced` is contiguous and `merged` spans it.
+  virtual Status ReplaceSegments(uint64_t stream_id, const std::vector<SegmentInfo>& replaced,
+                                 const SegmentInfo& merged) = 0;
 
   virtual const MetastoreCounters& counters() const = 0;
   virtual std::string Describe() const = 0;

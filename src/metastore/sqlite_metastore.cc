@@ -251,6 +251,9 @@ constexpr const char kDeleteSegmentsBelow[] =
 constexpr const char kSegmentKeysOfStream[] =
     "SELECT object_key FROM segments WHERE stream_id = ?1 ORDER BY start_offset";
 constexpr const char kDeleteSegmentsOfStream[] = "DELETE FROM segments WHERE stream_id = ?1";
+constexpr const char kSegmentKeyAt[] =
+    "SELECT end_offset, object_key FROM segments WHERE stream_id = ?1 AND start_offset = ?2";
+constexpr const char kDeleteSegmentAt[] = "DELETE FROM segments WHERE stream_id = ?1 AND start_offset = ?2";
 
 #define WEIR_TABLE_COLUMNS "id, basin, name, kind, bucket_count, config, created_at_ms"
 constexpr const char kInsertTable[] = "INSERT INTO tables(" WEIR_TABLE_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)";
@@ -1254,6 +1257,51 @@ Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(uint64_t s
     });
     if (!txn.ok()) return txn;
     return removed;
+  });
+}
+
+Status SqliteMetastore::ReplaceSegments(uint64_t stream_id, const std::vector<SegmentInfo>& replaced,
+                                        const SegmentInfo& merged) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ReplaceSegments", [&]() -> Status {
+    if (replaced.empty()) return InvalidArgument("stream {}: no segment to replace", stream_id);
+    WEIR_RETURN_IF_ERROR(ValidateSegment(merged));
+    for (size_t i = 0; i < replaced.size(); ++i) {
+      if (replaced[i].stream_id != stream_id || (i > 0 && replaced[i].start_offset != replaced[i - 1].end_offset)) {
+        return InvalidArgument("stream {}: the segments to replace are not adjacent segments of it", stream_id);
+      }
+    }
+    if (merged.stream_id != stream_id || merged.start_offset != replaced.front().start_offset ||
+        merged.end_offset != replaced.back().end_offset) {
+      return InvalidArgument("stream {}: the merged segment [{}, {}) does not span [{}, {})", stream_id,
+                             merged.start_offset, merged.end_offset, replaced.front().start_offset,
+                             replaced.back().end_offset);
+    }
+    return InTransaction("replace segments", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(const bool live, StreamExists(stream_id));
+      if (!live) return NotFound("stream id {} does not exist", stream_id);
+      for (const SegmentInfo& old : replaced) {
+        WEIR_ASSIGN_OR_RETURN(Stmt at, Prepare(kSegmentKeyAt));
+        WEIR_ASSIGN_OR_RETURN(const bool row, at.Int(1, I64(stream_id)).Int(2, I64(old.start_offset)).Step("read segment"));
+        if (!row || U64(at.ColInt(0)) != old.end_offset || at.ColText(1) != old.object_key) {
+          return PreconditionFailed("stream {}: segment [{}, {}) is not indexed as {} any more", stream_id,
+                                    old.start_offset, old.end_offset, old.object_key);
+        }
+      }
+      for (const SegmentInfo& old : replaced) {
+        WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteSegmentAt));
+        WEIR_RETURN_IF_ERROR(del.Int(1, I64(stream_id)).Int(2, I64(old.start_offset)).Run("delete segment"));
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertSegment));
+      ins.Int(1, I64(merged.stream_id))
+          .Int(2, I64(merged.start_offset))
+          .Int(3, I64(merged.end_offset))
+          .Int(4, merged.first_timestamp_ms)
+          .Int(5, merged.last_timestamp_ms)
+          .Text(6, merged.object_key)
+          .Int(7, I64(merged.size_bytes));
+      return ins.Run("insert merged segment");
+    });
   });
 }
 
