@@ -69,6 +69,13 @@ struct EngineOptions {
   Duration settle_interval = std::chrono::seconds(1);
   // Retention and trim: expired or trimmed segments are deleted this often.
   Duration retention_interval = std::chrono::seconds(60);
+  // Merging small segments (each settle cycle writes one per stream that took
+  // appends): adjacent segments under merge_small_bytes are merged once they
+  // add up to merge_small_bytes, or once the newest of them is merge_min_age
+  // old (by record time), this often. 0 = only MergeSegmentsNow.
+  Duration merge_interval = std::chrono::seconds(10);
+  size_t merge_small_bytes = 1u << 20;
+  Duration merge_min_age = std::chrono::minutes(10);
   bool settle_on_close = true;  // false: leave acknowledged slots for the next start to replay
 };
 
@@ -76,6 +83,7 @@ struct EngineMetrics {
   std::atomic<uint64_t> settle_cycles{0}, segments_written{0}, segment_bytes{0};
   std::atomic<uint64_t> slots_deleted{0}, segments_deleted{0}, settle_failures{0};
   std::atomic<uint64_t> empty_streams_deleted{0};  // by delete_on_empty
+  std::atomic<uint64_t> segment_merges{0}, segments_merged{0};  // merged objects written, and the segments they replaced
   // Batch bytes settle took from the log cache, and read back from WAL slots.
   std::atomic<uint64_t> settle_cached_bytes{0}, settle_reread_bytes{0};
   std::atomic<uint64_t> settle_backlog_timeouts{0};  // appends refused: max_unsettled_bytes
@@ -295,6 +303,10 @@ class Engine {
   // Deletes segments that are past retention or wholly below the trim point,
   // then the streams that delete_on_empty says are due (DeleteEmptyStreams).
   Status ApplyRetention();
+  // Merges runs of small adjacent segments (see EngineOptions::merge_*), at
+  // most about 64 MiB of them per call; on the settle thread every
+  // merge_interval. Readers of a replaced segment retry (kNotFound).
+  Status MergeSegmentsNow();
 
   uint64_t epoch() const { return epoch_.load(); }
   EngineMetrics& metrics() { return metrics_; }
@@ -411,6 +423,9 @@ class Engine {
   metastore::ChainPosition checkpoint_;
   std::map<uint64_t, uint64_t> epoch_cuts_;  // fenced epochs of this node -> cut
   TimePoint last_retention_;
+  TimePoint last_merge_;
+  // Merges `run` (adjacent segments of `s`) into one segment.
+  Status MergeRun(const std::shared_ptr<Stream>& s, const std::vector<metastore::SegmentInfo>& run);
   int64_t opened_ms_;  // wall clock at construction: appends before it are unknown (delete_on_empty)
   std::mutex settle_wait_mu_;
   std::condition_variable settle_cv_;

@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "base/crc32c.h"
 #include "base/log.h"
 #include "base/thread.h"
 #include "log/engine_internal.h"
@@ -53,6 +54,9 @@ void Engine::SettleLoop() {
     // settle that keeps failing must not also keep expired data for ever.
     if (Now() - last_retention_ >= options_.retention_interval) {
       if (Status r = ApplyRetention(); !r.ok()) Log().warn("retention: {}", r.ToString());
+    }
+    if (options_.merge_interval > Duration::zero() && Now() - last_merge_ >= options_.merge_interval) {
+      if (Status m = MergeSegmentsNow(); !m.ok()) Log().warn("merging segments: {}", m.ToString());
     }
     lk.lock();
   }
@@ -451,6 +455,138 @@ Status Engine::DeleteEmptyStreams() {
     Status st = store_->DeleteMany(garbage);
     if (!st.ok()) Log().warn("deleting segments of empty streams: {}", st.ToString());
   }
+  return Status::Ok();
+}
+
+Status Engine::MergeSegmentsNow() {
+  std::lock_guard settle(settle_mu_);  // one writer of s->segments' objects at a time
+  last_merge_ = Now();
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [id, s] : by_id_) streams.push_back(s);
+  }
+  const size_t small = options_.merge_small_bytes;
+  const int64_t aged_before =
+      WallMillis() - std::chrono::duration_cast<std::chrono::milliseconds>(options_.merge_min_age).count();
+  uint64_t budget = uint64_t{64} << 20;  // bytes merged per call, so one call stays short
+  Status first_error;
+  for (auto& s : streams) {
+    std::vector<metastore::SegmentInfo> segments;
+    uint64_t trim_point = 0;
+    {
+      std::lock_guard lk(s->mu);
+      if (s->deleted || s->deleting) continue;
+      segments = s->segments;
+      trim_point = s->durable_trim_point;
+    }
+    // Runs of adjacent small segments: one is merged when the merged object
+    // would reach `small` (so it is never merged again), or (two or more)
+    // when its newest is old enough; a segment at or above `small` ends a
+    // run, as does one retention is about to take. A segment's batches are
+    // at least its size less its footer and index (an entry per 64 KiB).
+    auto data_at_least = [](uint64_t size) {
+      const uint64_t overhead = kSegmentFooterSize + kSegmentIndexEntrySize * (1 + size / (64 << 10));
+      return size > overhead ? size - overhead : 0;
+    };
+    std::vector<std::vector<metastore::SegmentInfo>> runs;
+    std::vector<metastore::SegmentInfo> run;
+    uint64_t run_data = 0;
+    auto close_run = [&] {
+      if (run.size() >= 2 && run.back().last_timestamp_ms <= aged_before) runs.push_back(run);
+      run.clear();
+      run_data = 0;
+    };
+    for (const auto& seg : segments) {
+      if (seg.end_offset <= trim_point || seg.size_bytes >= small) {
+        close_run();
+        continue;
+      }
+      run.push_back(seg);
+      run_data += data_at_least(seg.size_bytes);
+      if (run_data + kSegmentFooterSize + kSegmentIndexEntrySize >= small) {
+        if (run.size() >= 2) runs.push_back(run);
+        run.clear();
+        run_data = 0;
+      }
+    }
+    close_run();
+    for (const auto& r : runs) {
+      if (budget == 0 || closing_) return first_error;
+      uint64_t bytes = 0;
+      for (const auto& seg : r) bytes += seg.size_bytes;
+      budget -= std::min(budget, bytes);
+      Status st = MergeRun(s, r);
+      if (!st.ok()) {
+        if (first_error.ok()) first_error = st.WithContext(fmt::format("stream {}", s->info.id));
+        break;  // this stream's next runs wait for the next call
+      }
+    }
+  }
+  return first_error;
+}
+
+Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<metastore::SegmentInfo>& run) {
+  // The merged object is written from the runs' data sections, as fetched:
+  // views into `held`, no copy.
+  std::vector<std::string> held;
+  held.reserve(run.size());
+  SegmentBuilder builder(s->info.id);
+  for (const auto& seg : run) {
+    WEIR_ASSIGN_OR_RETURN(std::string object, store_->Get(seg.object_key, std::nullopt));
+    WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(object, object.size()));
+    if (footer.start_offset != seg.start_offset || footer.end_offset != seg.end_offset) {
+      return Corruption("segment {} holds [{}, {}), its row says [{}, {})", seg.object_key, footer.start_offset,
+                        footer.end_offset, seg.start_offset, seg.end_offset);
+    }
+    object.resize(footer.data_end);
+    if (Crc32c(object) != footer.data_crc) return Corruption("segment {}: data CRC mismatch", seg.object_key);
+    held.push_back(std::move(object));
+    WEIR_RETURN_IF_ERROR(builder.AddView(held.back()).WithContext(seg.object_key));
+  }
+  WEIR_ASSIGN_OR_RETURN(std::string tail, builder.FinishTail());
+  const SegmentFooter& f = builder.footer();
+  metastore::SegmentInfo merged{s->info.id, f.start_offset, f.end_offset, f.first_timestamp_ms, f.last_timestamp_ms,
+                                SegmentKey(s->info.id, f.start_offset, f.end_offset),
+                                builder.data_bytes() + tail.size()};
+  std::vector<std::string_view> parts = builder.views();
+  parts.push_back(tail);
+  objstore::PutOptions po;
+  po.if_none_match = true;
+  Status put = store_->PutParts(merged.object_key, parts, po);
+  // A 412: an earlier attempt wrote the same key (same range, same bytes).
+  if (!put.ok() && put.code() != Code::kPreconditionFailed) return put.WithContext("writing a merged segment");
+  const bool created = put.ok();
+  Status replaced = meta_->ReplaceSegments(s->info.id, run, merged);
+  if (!replaced.ok()) {
+    // Refused (the stream is gone, or its rows changed): the object is ours
+    // to delete. Any other failure may have landed: the next start's sweep
+    // decides.
+    const Code c = replaced.code();
+    if (created && (c == Code::kNotFound || c == Code::kPreconditionFailed || c == Code::kInvalidArgument)) {
+      store_->Delete(merged.object_key).IgnoreError();
+    }
+    return replaced.WithContext("indexing a merged segment");
+  }
+  {
+    std::lock_guard lk(s->mu);
+    auto first = std::find_if(s->segments.begin(), s->segments.end(), [&](const metastore::SegmentInfo& g) {
+      return g.start_offset == run.front().start_offset;
+    });
+    if (first != s->segments.end() && static_cast<size_t>(s->segments.end() - first) >= run.size() &&
+        std::prev(first + static_cast<std::ptrdiff_t>(run.size()))->end_offset == run.back().end_offset) {
+      *first = merged;
+      s->segments.erase(first + 1, first + static_cast<std::ptrdiff_t>(run.size()));
+    }
+  }
+  std::vector<std::string> old;
+  for (const auto& seg : run) old.push_back(seg.object_key);
+  // A reader that picked a replaced segment before the swap finds it gone and looks again.
+  if (Status st = store_->DeleteMany(old); !st.ok()) {
+    Log().warn("deleting {} merged segments of stream {}: {}", old.size(), s->info.id, st.ToString());
+  }
+  metrics_.segment_merges.fetch_add(1);
+  metrics_.segments_merged.fetch_add(run.size());
   return Status::Ok();
 }
 

@@ -170,6 +170,10 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
                     e.segments_deleted.load());
   http::PromCounter(&out, "weir_empty_streams_deleted_total", "Streams deleted by delete_on_empty",
                     e.empty_streams_deleted.load());
+  http::PromCounter(&out, "weir_segment_merges_total", "Merged segments written from runs of small ones",
+                    e.segment_merges.load());
+  http::PromCounter(&out, "weir_segments_merged_total", "Small segments replaced by merged ones",
+                    e.segments_merged.load());
   http::PromCounter(&out, "weir_settle_cached_bytes_total", "Batch bytes settle took from the log cache",
                     e.settle_cached_bytes.load());
   http::PromCounter(&out, "weir_settle_reread_bytes_total", "Batch bytes settle read back from WAL slots",
