@@ -18,6 +18,8 @@ import tempfile
 import threading
 import time
 
+import requests
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "http"))
 from weir_server import WeirServer  # noqa: E402
 
@@ -287,7 +289,12 @@ def follow_across_a_restart():
                                 stderr=subprocess.PIPE, text=True, env=dict(os.environ, WEIR_SERVER=srv.base_url))
         got = queue.Queue()
         threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
-        time.sleep(1)  # the session is open on an idle stream
+        # Wait until the session is open on the idle stream (the tail offset is resolved by then).
+        deadline = time.monotonic() + 60
+        while not re.search(r"^weir_read_sessions [1-9]", requests.get(srv.base_url + "/metrics", timeout=30).text,
+                            re.M):
+            assert time.monotonic() < deadline and proc.poll() is None, "the follower did not open its session"
+            time.sleep(0.1)
         srv.stop()
         srv.start()
         weir("append", "quiet", input="during\n", server=srv.base_url)

@@ -568,17 +568,24 @@ TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c"}));
 }
 
-TEST_F(EngineTest, ASettleCommitThatFailedOnIoKeepsItsSegments) {
-  // A COMMIT whose fsync failed answers an I/O error, yet SQLite replays it
-  // from its WAL at the next open: its segments must still be there then.
+TEST_F(EngineTest, ASettleCommitThatFailedOnIoIsCheckedAndKeepsItsSegments) {
+  // A COMMIT that answers an I/O error may have landed (SQLite replays one
+  // whose fsync failed at the next open): settle reads the checkpoint back,
+  // goes on if it did, and never deletes the segments it may name.
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
-  hooked->after_commit_settle = [](Status st) { return st.ok() ? IOError("fsync failed") : st; };
-  EXPECT_FALSE(engine_->SettleNow().ok());
+  std::atomic<int> failing{1};
+  hooked->after_commit_settle = [&](Status st) {
+    return st.ok() && failing.fetch_sub(1) > 0 ? IOError("fsync failed") : st;
+  };
+  EXPECT_TRUE(engine_->SettleNow().ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"c"})).status.ok());
+  EXPECT_TRUE(engine_->SettleNow().ok());  // not wedged on a stale checkpoint
+  EXPECT_EQ(engine_->metrics().settle_cycles.load(), 2u);
   settle_on_close_ = false;
   Restart();
-  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c"}));
 }
 
 TEST_F(EngineTest, ASegmentOfAStreamDeletedDuringItsSettleIsDeleted) {
@@ -961,6 +968,23 @@ TEST_F(EngineTest, SmallSegmentsAreMergedIntoOne) {
   EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);  // the start's sweep found nothing to collect
 }
 
+TEST_F(EngineTest, ASupersededNodeMergesNothing) {
+  std::vector<std::string> all;
+  for (int i = 0; i < 5; ++i) {
+    all.push_back("r" + std::to_string(i));
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({all.back()})).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  }
+  // A successor mints the node's next epoch (and is loading these rows).
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());
+  EXPECT_EQ(engine_->MergeSegmentsNow().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(engine_->metrics().segment_merges.load(), 0u);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 5u);  // its parts kept, its own merged object gone
+  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+}
+
 TEST_F(EngineTest, MergesStopAtTheSizeTheyAimForAndLeaveLargerSegmentsAlone) {
   merge_small_bytes_ = 1024;
   Restart();
@@ -1150,7 +1174,7 @@ TEST_F(EngineTest, StartSweepsObjectsNoCommittedStateNames) {
   uint64_t epoch = engine_->epoch();
   // Left behind by a crash: an uncommitted segment and a settled flight that
   // was never deleted.
-  const std::string orphan = SegmentKey(id, 2, 9);
+  const std::string orphan = SegmentKey(id, 2, 9, epoch);
   ASSERT_TRUE(store_->Put(orphan, "partial").ok());
   const std::string stale = wal::SlotKey("n1", epoch, 0);
   ASSERT_TRUE(store_->Put(stale, std::string(100, 'f')).ok());
@@ -1160,16 +1184,23 @@ TEST_F(EngineTest, StartSweepsObjectsNoCommittedStateNames) {
   ASSERT_TRUE(engine_->CreateStream(kBasin, "gone", StreamConfig{}).ok());
   const uint64_t gone_id = engine_->GetStream(kBasin, "gone")->info.id;
   ASSERT_TRUE(engine_->DeleteStream(kBasin, "gone").ok());
-  ASSERT_TRUE(engine_->CreateStream(kBasin, "last", StreamConfig{}).ok());  // the largest id known
-  const std::string of_deleted = SegmentKey(gone_id, 0, 3);
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "last", StreamConfig{}).ok());
+  const std::string of_deleted = SegmentKey(gone_id, 0, 3, epoch);
   ASSERT_TRUE(store_->Put(of_deleted, "gone").ok());
-  const std::string of_newer = SegmentKey(engine_->GetStream(kBasin, "last")->info.id + 1, 0, 3);
+  // The stream with the largest id ever allocated, deleted too.
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "newest", StreamConfig{}).ok());
+  const uint64_t newest_id = engine_->GetStream(kBasin, "newest")->info.id;
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "newest").ok());
+  const std::string of_newest_deleted = SegmentKey(newest_id, 0, 3, epoch);
+  ASSERT_TRUE(store_->Put(of_newest_deleted, "gone too").ok());
+  const std::string of_newer = SegmentKey(newest_id + 1, 0, 3, epoch);
   ASSERT_TRUE(store_->Put(of_newer, "newer").ok());
   Restart();
   Restart();
   EXPECT_EQ(store_->Head(orphan).status().code(), Code::kNotFound);
   EXPECT_EQ(store_->Head(stale).status().code(), Code::kNotFound);
   EXPECT_EQ(store_->Head(of_deleted).status().code(), Code::kNotFound);
+  EXPECT_EQ(store_->Head(of_newest_deleted).status().code(), Code::kNotFound);
   EXPECT_TRUE(store_->Head(of_newer).ok());
   // The poisons each recovery wrote into the epochs it fenced stay.
   auto page = store_->List("wal/n1/", "", 1000);
@@ -1243,6 +1274,25 @@ TEST_F(EngineTest, AReadByTimeStartsAtTheFirstRecordAtOrAfterItAndSkipsNoneAfter
     ASSERT_TRUE(late.ok()) << late.status().ToString();
     EXPECT_TRUE(late->records.empty());
   }
+}
+
+TEST_F(EngineTest, AReadByTimeSeeksOnlyUntilItsFirstRecord) {
+  // Segment 1 holds the first record at or after 150; segment 2 (over 64 KiB,
+  // so its time index has several entries) starts with older records. All of
+  // them follow the first match and must be read.
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"x"}, 100)).status.ok());
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"first"}, 150)).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  const std::string kib(1024, 'o');
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({kib}, 50)).status.ok());
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"late"}, 300)).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 150}, 1000, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 102u);
+  EXPECT_EQ(r->records.front().offset, 1u);
+  EXPECT_EQ(r->records[1].offset, 2u);
+  EXPECT_EQ(r->records.back().record.value, "late");
 }
 
 TEST_F(EngineTest, ABatchMaxTimestampIsTheRecordsLargest) {

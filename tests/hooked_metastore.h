@@ -21,7 +21,8 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_mint;                  // non-OK: MintEpoch answers it (and changes nothing)
   std::function<void()> before_commit_settle;         // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;  // maps the real answer
-  std::function<Status(uint64_t)> fail_delete_segments;  // non-OK for a stream id: DeleteSegmentsBelow answers it
+  std::function<Status(uint64_t)> fail_delete_segments;
+  std::function<void()> before_replace_segments;      // runs once, then is cleared  // non-OK for a stream id: DeleteSegmentsBelow answers it
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -99,6 +100,7 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->MintEpoch(n, e, w);
   }
   Result<uint64_t> AllocateProducerId() override { return m_->AllocateProducerId(); }
+  Result<uint64_t> LastStreamId() override { return m_->LastStreamId(); }
   Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,
                       const std::vector<SegmentInfo>& segs, const std::vector<StreamState>& states) override {
     if (auto hook = std::exchange(before_commit_settle, nullptr)) hook();
@@ -117,8 +119,10 @@ class HookedMetastore final : public metastore::Metastore {
     }
     return m_->DeleteSegmentsBelow(id, below);
   }
-  Status ReplaceSegments(uint64_t id, const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) override {
-    return m_->ReplaceSegments(id, replaced, merged);
+  Status ReplaceSegments(std::string_view n, uint64_t e, uint64_t id, const std::vector<SegmentInfo>& replaced,
+                         const SegmentInfo& merged) override {
+    if (auto hook = std::exchange(before_replace_segments, nullptr)) hook();
+    return m_->ReplaceSegments(n, e, id, replaced, merged);
   }
   const metastore::MetastoreCounters& counters() const override { return m_->counters(); }
   std::string Describe() const override { return m_->Describe(); }

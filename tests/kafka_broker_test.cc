@@ -1875,7 +1875,9 @@ TEST_F(GroupTest, OldOffsetsOutliveARestartUntilTheirGroupCouldHaveRejoined) {
   BrokerOptions o = Options();
   o.offsets_retention_check = std::chrono::milliseconds(20);
   RestartBroker(o);
-  std::this_thread::sleep_for(300ms);  // checks run meanwhile
+  auto deadline = Now() + kAnswerTimeout;
+  while (Now() < deadline && broker_->metrics().offset_expiry_checks.load() < 2) std::this_thread::sleep_for(20ms);
+  ASSERT_GE(broker_->metrics().offset_expiry_checks.load(), 2u) << "the expiry check did not run";
   auto kept = meta_->FetchGroupOffsets("quiet");
   ASSERT_TRUE(kept.ok());
   ASSERT_EQ(kept->size(), 1u) << "a restart expired the offsets of a group that had no time to rejoin";

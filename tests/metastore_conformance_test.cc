@@ -1086,25 +1086,39 @@ TEST_P(SegmentIndexTest, FindSegmentByTimestamp) {
   EXPECT_EQ(Str(**full), Str(Seg(a_, 10, 20, 200, 300)));
 }
 
+TEST_P(MetastoreConformance, LastStreamIdIsTheLargestEverAllocated) {
+  ASSERT_OK_AND_ASSIGN(uint64_t none, m().LastStreamId());
+  const uint64_t a = MakeStream("b", "a");
+  const uint64_t c = MakeStream("b", "c");
+  ASSERT_OK_AND_ASSIGN(uint64_t last, m().LastStreamId());
+  EXPECT_LT(none, a);
+  EXPECT_EQ(last, std::max(a, c));
+  ASSERT_TRUE(m().DeleteStream(c).ok());
+  ASSERT_OK_AND_ASSIGN(uint64_t after_delete, m().LastStreamId());
+  EXPECT_EQ(after_delete, last);  // never reused, so never lowered
+}
+
 TEST_P(SegmentIndexTest, ReplaceSegmentsMergesAdjacentRowsOrChangesNothing) {
   using V = std::vector<uint64_t>;
   const std::vector<SegmentInfo> run{Seg(a_, 0, 10, 100, 200), Seg(a_, 10, 20, 200, 300), Seg(a_, 20, 35, 300, 400)};
   SegmentInfo merged = Seg(a_, 0, 35, 100, 400);
   merged.object_key = "segments/merged";
   // Refused, nothing changed: not spanning, not adjacent, a row indexed otherwise, a stream gone.
-  EXPECT_EQ(m().ReplaceSegments(a_, run, Seg(a_, 0, 34, 100, 400)).code(), Code::kInvalidArgument);
-  EXPECT_EQ(m().ReplaceSegments(a_, {run[0], run[2]}, Seg(a_, 0, 35)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ReplaceSegments("n1", 1, a_, run, Seg(a_, 0, 34, 100, 400)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ReplaceSegments("n1", 1, a_, {run[0], run[2]}, Seg(a_, 0, 35)).code(), Code::kInvalidArgument);
   SegmentInfo moved = run[1];
   moved.object_key = "segments/elsewhere";
-  EXPECT_EQ(m().ReplaceSegments(a_, {run[0], moved, run[2]}, merged).code(), Code::kPreconditionFailed);
-  EXPECT_EQ(m().ReplaceSegments(123456, {Seg(123456, 0, 10)}, Seg(123456, 0, 10)).code(), Code::kNotFound);
+  EXPECT_EQ(m().ReplaceSegments("n1", 1, a_, {run[0], moved, run[2]}, merged).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().ReplaceSegments("n1", 1, 123456, {Seg(123456, 0, 10)}, Seg(123456, 0, 10)).code(), Code::kNotFound);
+  EXPECT_EQ(m().ReplaceSegments("n1", 2, a_, run, merged).code(), Code::kPreconditionFailed);  // not its epoch
+  EXPECT_EQ(m().ReplaceSegments("n2", 1, a_, run, merged).code(), Code::kPreconditionFailed);  // no such node
   EXPECT_EQ(Starts(a_), (V{0, 10, 20, 40}));
-  ASSERT_OK(m().ReplaceSegments(a_, run, merged));
+  ASSERT_OK(m().ReplaceSegments("n1", 1, a_, run, merged));
   EXPECT_EQ(Starts(a_), (V{0, 40}));
   EXPECT_EQ(Str(Segments(a_, 12, 1)), Str(std::vector<SegmentInfo>{merged}));
   EXPECT_EQ(Starts(other_), (V{0}));
   // Done once: a second attempt finds the rows gone.
-  EXPECT_EQ(m().ReplaceSegments(a_, run, merged).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().ReplaceSegments("n1", 1, a_, run, merged).code(), Code::kPreconditionFailed);
 }
 
 TEST_P(SegmentIndexTest, DeleteSegmentsBelow) {

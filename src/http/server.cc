@@ -756,6 +756,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   // The request head is complete: route it.
   void HeadDone(H2Stream* st) {
     st->head_done = true;
+    st->head_only = st->req.method == "HEAD";  // also for an answer given before dispatch
     st->head_at = Now();
     std::string target = std::exchange(st->req.path, std::string());
     if (st->req.method.empty() || target.empty() || !ParseTarget(target, &st->req)) {
@@ -786,7 +787,6 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     st->dropping = true;  // dispatched: nothing more is read for it
     Request req = std::move(st->req);
     st->req = Request{};
-    st->head_only = req.method == "HEAD";
     srv_->handler->Handle(std::move(req), MakeExchange(st, std::exchange(st->reserved, 0)));
   }
 

@@ -113,6 +113,7 @@ void Broker::ExpireOffsets() {
     if (g.state != GroupState::kEmpty) last_active_ms_[g.group_id] = now;
   }
   std::erase_if(last_active_ms_, [&](const auto& kv) { return kv.second < cutoff; });
+  metrics_.offset_expiry_checks++;
   if (started_ms_ >= cutoff) return;
   std::vector<std::string> keep;
   for (const auto& [group, at] : last_active_ms_) keep.push_back(group);

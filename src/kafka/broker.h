@@ -69,6 +69,7 @@ struct BrokerMetrics {
   std::atomic<uint64_t> bad_requests{0}, produce_batches{0}, produce_bytes{0}, produce_errors{0};
   std::atomic<uint64_t> fetch_bytes{0}, topics_created{0}, topics_deleted{0}, offset_commits{0};
   std::atomic<uint64_t> offset_groups_expired{0};  // groups whose offsets retention removed
+  std::atomic<uint64_t> offset_expiry_checks{0};   // runs of the offsets retention check
   std::atomic<uint64_t> groups_deleted{0};         // by DeleteGroups
 };
 

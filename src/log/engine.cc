@@ -150,6 +150,9 @@ Status Engine::Recover() {
   // fenced. After the mint it can settle no more (CommitSettle checks the epoch).
   const auto checkpoint = now.checkpoint;
 
+  // Read before the streams: every id up to it is loaded below or was
+  // deleted, which tells the start's sweep whose segments are garbage.
+  WEIR_ASSIGN_OR_RETURN(last_stream_id_at_start_, meta_->LastStreamId());
   // Streams as of their last settle.
   WEIR_ASSIGN_OR_RETURN(auto states, meta_->ListStreamStates());
   for (const auto& st : states) {
@@ -1117,9 +1120,13 @@ Status Engine::FetchSources(const std::vector<metastore::SegmentInfo>& segments,
   // Outside the stream lock: settled batches from their segment, evicted ones
   // from their WAL slot.
   std::vector<std::string> fetched;
-  for (const auto& seg : segments) {
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const auto& seg = segments[i];
     fetched.clear();
-    WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, at_time, &fetched));
+    // Only the first segment may seek by time: it holds the first record at
+    // or after it, and every record after that one is read, whatever its time.
+    const std::optional<int64_t> seek = i == 0 ? at_time : std::nullopt;
+    WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, seek, &fetched));
     for (auto& b : fetched) batches->push_back(std::make_shared<const std::string>(std::move(b)));
   }
   for (const BatchRef& ref : refs) {

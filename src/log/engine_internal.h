@@ -97,7 +97,11 @@ struct Engine::Stream {
   uint64_t durable_trim_point = 0;
 };
 
-// Object key of a settled segment: seg/<stream id>/<start>-<end>, zero-padded.
-std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end);
+// Object key of a settled or merged segment:
+// seg/<stream id>/<start>-<end>-e<epoch>, zero-padded. The writer's epoch
+// makes it unique to one process: a create-only PUT that answers 412 is this
+// process's own earlier attempt, never a successor's object (or a
+// predecessor's that it might delete after losing its commit).
+std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end, uint64_t epoch);
 
 }  // namespace weir::log

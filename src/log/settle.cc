@@ -22,8 +22,8 @@ bool Before(const wal::AckInfo& where, const metastore::ChainPosition& p) {
 }
 }  // namespace
 
-std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end) {
-  return fmt::format("seg/{:020}/{:020}-{:020}", stream_id, start, end);
+std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end, uint64_t epoch) {
+  return fmt::format("seg/{:020}/{:020}-{:020}-e{}", stream_id, start, end, epoch);
 }
 
 Result<std::string> Engine::ReadSlotBatch(const BatchRef& ref) {
@@ -153,7 +153,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     object.size = builder.data_bytes() + object.tail.size();
     const SegmentFooter& f = builder.footer();
     metastore::SegmentInfo seg{s->info.id, f.start_offset, f.end_offset, f.first_timestamp_ms,
-                               f.last_timestamp_ms, SegmentKey(s->info.id, f.start_offset, f.end_offset),
+                               f.last_timestamp_ms, SegmentKey(s->info.id, f.start_offset, f.end_offset, epoch_.load()),
                                object.size};
     objects.push_back(std::move(object));
     w.segment = seg;
@@ -169,7 +169,13 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
   objects.clear();  // releases the batches read back for this cycle
   Status committed = meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states);
   if (!committed.ok()) {
-    bool maybe = committed.code() == Code::kUnavailable || committed.code() == Code::kTimeout;
+    // Rejected (another epoch, a moved checkpoint, a bad row): nothing landed.
+    // Any other failure may have (a timeout, or a COMMIT whose fsync failed
+    // and that SQLite replays from its WAL at the next open).
+    const Code c = committed.code();
+    const bool rejected =
+        c == Code::kPreconditionFailed || c == Code::kAlreadyExists || c == Code::kInvalidArgument;
+    bool maybe = !rejected;
     if (maybe) {
       // The commit may have landed: settle cannot go on until it knows (the
       // next round's commit would expect the old checkpoint for ever).
@@ -183,14 +189,10 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
       }
     }
     if (!committed.ok()) {
-      // Rejected (another epoch, a moved checkpoint, a bad row): what this
-      // round created is garbage. Any other failure may still land: a COMMIT
-      // whose fsync failed is replayed from SQLite's WAL at the next open.
-      // Its objects stay; the next start's sweep decides on them.
-      const Code c = committed.code();
-      const bool rejected =
-          c == Code::kPreconditionFailed || c == Code::kAlreadyExists || c == Code::kInvalidArgument;
-      if (!maybe && rejected) store_->DeleteMany(created).IgnoreError();
+      // Rejected: what this round created is garbage (its keys carry this
+      // epoch, so no other process names them). Still unknown: the objects
+      // stay, and the next start's sweep decides on them.
+      if (rejected) store_->DeleteMany(created).IgnoreError();
       return committed.WithContext("committing settle");
     }
   }
@@ -338,10 +340,12 @@ Status Engine::SweepGarbage() {
   //    (the commit skips a deleted stream's rows), or a delete whose object
   //    deletes failed.
   //    Stream ids come from a counter and are never reused: a segment of an
-  //    id above every id this start knows belongs to a stream created since
-  //    (by another process on the same metastore) and is left alone.
+  //    id above the counter as recovery read it (before loading the streams)
+  //    belongs to a stream created since (by another process on the same
+  //    metastore) and is left alone; one of an id at or below it that no
+  //    loaded stream has belongs to a deleted stream.
   std::set<std::string> known;
-  uint64_t max_id = 0;
+  uint64_t max_id = last_stream_id_at_start_;
   for (auto& [id, s] : by_id_) {
     max_id = std::max(max_id, id);
     for (const auto& seg : s->segments) known.insert(seg.object_key);
@@ -362,6 +366,7 @@ Status Engine::SweepGarbage() {
 }
 
 Status Engine::ApplyRetention() {
+  std::lock_guard settle(settle_mu_);  // not while a merge swaps segments
   last_retention_ = Now();
   std::vector<std::shared_ptr<Stream>> streams;
   {
@@ -467,24 +472,30 @@ Status Engine::MergeSegmentsNow() {
     for (auto& [id, s] : by_id_) streams.push_back(s);
   }
   const size_t small = options_.merge_small_bytes;
+  const int64_t now_ms = WallMillis();
   const int64_t aged_before =
-      WallMillis() - std::chrono::duration_cast<std::chrono::milliseconds>(options_.merge_min_age).count();
+      now_ms - std::chrono::duration_cast<std::chrono::milliseconds>(options_.merge_min_age).count();
   uint64_t budget = uint64_t{64} << 20;  // bytes merged per call, so one call stays short
   Status first_error;
   for (auto& s : streams) {
     std::vector<metastore::SegmentInfo> segments;
     uint64_t trim_point = 0;
+    int64_t age_s = 0;
     {
       std::lock_guard lk(s->mu);
       if (s->deleted || s->deleting) continue;
       segments = s->segments;
       trim_point = s->durable_trim_point;
+      age_s = s->info.config.retention_age_s;
     }
+    const int64_t expired_before = age_s > 0 ? now_ms - std::min<int64_t>(age_s, INT64_MAX / 1000) * 1000 : INT64_MIN;
     // Runs of adjacent small segments: one is merged when the merged object
-    // would reach `small` (so it is never merged again), or (two or more)
-    // when its newest is old enough; a segment at or above `small` ends a
-    // run, as does one retention is about to take. A segment's batches are
-    // at least its size less its footer and index (an entry per 64 KiB).
+    // would reach `small` (so it is never merged again), when it has
+    // kMaxMergeParts parts, or (two or more) when its newest is old enough;
+    // a segment at or above `small` ends a run, as does one retention is due
+    // to take (trimmed or expired: merging would keep it longer). A
+    // segment's batches are at least its size less its footer and index (an
+    // entry per 64 KiB).
     auto data_at_least = [](uint64_t size) {
       const uint64_t overhead = kSegmentFooterSize + kSegmentIndexEntrySize * (1 + size / (64 << 10));
       return size > overhead ? size - overhead : 0;
@@ -498,13 +509,13 @@ Status Engine::MergeSegmentsNow() {
       run_data = 0;
     };
     for (const auto& seg : segments) {
-      if (seg.end_offset <= trim_point || seg.size_bytes >= small) {
+      if (seg.end_offset <= trim_point || seg.last_timestamp_ms < expired_before || seg.size_bytes >= small) {
         close_run();
         continue;
       }
       run.push_back(seg);
       run_data += data_at_least(seg.size_bytes);
-      if (run_data + kSegmentFooterSize + kSegmentIndexEntrySize >= small) {
+      if (run_data + kSegmentFooterSize + kSegmentIndexEntrySize >= small || run.size() == kMaxMergeParts) {
         if (run.size() >= 2) runs.push_back(run);
         run.clear();
         run_data = 0;
@@ -527,27 +538,46 @@ Status Engine::MergeSegmentsNow() {
 }
 
 Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<metastore::SegmentInfo>& run) {
-  // The merged object is written from the runs' data sections, as fetched:
+  // The parts' data sections, fetched segment_uploads at a time (each GET is
+  // a round trip on an object store), checked, then written as one object:
   // views into `held`, no copy.
-  std::vector<std::string> held;
-  held.reserve(run.size());
-  SegmentBuilder builder(s->info.id);
-  for (const auto& seg : run) {
-    WEIR_ASSIGN_OR_RETURN(std::string object, store_->Get(seg.object_key, std::nullopt));
-    WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(object, object.size()));
-    if (footer.start_offset != seg.start_offset || footer.end_offset != seg.end_offset) {
-      return Corruption("segment {} holds [{}, {}), its row says [{}, {})", seg.object_key, footer.start_offset,
-                        footer.end_offset, seg.start_offset, seg.end_offset);
+  std::vector<std::string> held(run.size());
+  std::vector<Status> fetched(run.size());
+  std::atomic<size_t> next{0};
+  auto fetch = [&] {
+    for (size_t i = next.fetch_add(1); i < run.size() && !closing_; i = next.fetch_add(1)) {
+      const auto& seg = run[i];
+      fetched[i] = [&]() -> Status {
+        WEIR_ASSIGN_OR_RETURN(std::string object, store_->Get(seg.object_key, std::nullopt));
+        WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(object, object.size()));
+        if (footer.start_offset != seg.start_offset || footer.end_offset != seg.end_offset) {
+          return Corruption("segment {} holds [{}, {}), its row says [{}, {})", seg.object_key, footer.start_offset,
+                            footer.end_offset, seg.start_offset, seg.end_offset);
+        }
+        object.resize(footer.data_end);
+        if (Crc32c(object) != footer.data_crc) return Corruption("segment {}: data CRC mismatch", seg.object_key);
+        held[i] = std::move(object);
+        return Status::Ok();
+      }();
     }
-    object.resize(footer.data_end);
-    if (Crc32c(object) != footer.data_crc) return Corruption("segment {}: data CRC mismatch", seg.object_key);
-    held.push_back(std::move(object));
-    WEIR_RETURN_IF_ERROR(builder.AddView(held.back()).WithContext(seg.object_key));
+  };
+  {
+    std::vector<std::thread> threads;
+    const size_t workers = std::min(std::max<size_t>(options_.segment_uploads, 1), run.size());
+    for (size_t t = 1; t < workers; ++t) threads.emplace_back(fetch);
+    fetch();
+    for (auto& t : threads) t.join();
+  }
+  if (closing_) return Cancelled("closing");
+  SegmentBuilder builder(s->info.id);
+  for (size_t i = 0; i < run.size(); ++i) {
+    WEIR_RETURN_IF_ERROR(fetched[i]);
+    WEIR_RETURN_IF_ERROR(builder.AddView(held[i]).WithContext(run[i].object_key));
   }
   WEIR_ASSIGN_OR_RETURN(std::string tail, builder.FinishTail());
   const SegmentFooter& f = builder.footer();
   metastore::SegmentInfo merged{s->info.id, f.start_offset, f.end_offset, f.first_timestamp_ms, f.last_timestamp_ms,
-                                SegmentKey(s->info.id, f.start_offset, f.end_offset),
+                                SegmentKey(s->info.id, f.start_offset, f.end_offset, epoch_.load()),
                                 builder.data_bytes() + tail.size()};
   std::vector<std::string_view> parts = builder.views();
   parts.push_back(tail);
@@ -557,17 +587,18 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
   // A 412: an earlier attempt wrote the same key (same range, same bytes).
   if (!put.ok() && put.code() != Code::kPreconditionFailed) return put.WithContext("writing a merged segment");
   const bool created = put.ok();
-  Status replaced = meta_->ReplaceSegments(s->info.id, run, merged);
+  Status replaced = meta_->ReplaceSegments(options_.node, epoch_.load(), s->info.id, run, merged);
   if (!replaced.ok()) {
-    // Refused (the stream is gone, or its rows changed): the object is ours
-    // to delete. Any other failure may have landed: the next start's sweep
-    // decides.
+    // Refused (a successor holds the node, the stream is gone, or its rows
+    // changed): the object is ours to delete (its key carries our epoch).
+    // Any other failure may have landed: the next start's sweep decides.
     const Code c = replaced.code();
     if (created && (c == Code::kNotFound || c == Code::kPreconditionFailed || c == Code::kInvalidArgument)) {
       store_->Delete(merged.object_key).IgnoreError();
     }
     return replaced.WithContext("indexing a merged segment");
   }
+  bool swapped = false;
   {
     std::lock_guard lk(s->mu);
     auto first = std::find_if(s->segments.begin(), s->segments.end(), [&](const metastore::SegmentInfo& g) {
@@ -577,7 +608,15 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
         std::prev(first + static_cast<std::ptrdiff_t>(run.size()))->end_offset == run.back().end_offset) {
       *first = merged;
       s->segments.erase(first + 1, first + static_cast<std::ptrdiff_t>(run.size()));
+      swapped = true;
     }
+  }
+  if (!swapped) {
+    // Memory changed under us (retention, a delete): it may still name the
+    // parts, so they stay; the next start's sweep removes what no row names.
+    Log().warn("merge of stream {} at [{}, {}): the parts stay until the next start", s->info.id,
+               merged.start_offset, merged.end_offset);
+    return Status::Ok();
   }
   std::vector<std::string> old;
   for (const auto& seg : run) old.push_back(seg.object_key);

@@ -316,6 +316,11 @@ class Metastore {
 
   // Producer ids: unique, increasing, never reused across restarts.
   virtual Result<uint64_t> AllocateProducerId() = 0;
+  // The largest stream id ever allocated (0 if none). Stream ids increase and
+  // are never reused; a stream's row is written in the transaction that
+  // allocates its id, so every id up to this one names a stream that exists
+  // now or was deleted.
+  virtual Result<uint64_t> LastStreamId() = 0;
 
   // One settle cycle, one transaction: inserts `segments`, replaces the given
   // stream states (a state's trim point never lowers the stored one: see
@@ -341,12 +346,13 @@ class Metastore {
   // returns them (retention and trim); one transaction.
   virtual Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) = 0;
   // Replaces adjacent segment rows of one stream with one row covering the
-  // same offsets (a merge of small segments); one transaction. kNotFound if
-  // the stream is gone; kPreconditionFailed (nothing changed) unless every
-  // row in `replaced` is indexed exactly as given; kInvalidArgument unless
-  // `replaced` is contiguous and `merged` spans it.
-  virtual Status ReplaceSegments(uint64_t stream_id, const std::vector<SegmentInfo>& replaced,
-                                 const SegmentInfo& merged) = 0;
+  // same offsets (a merge of small segments), for `node` at `epoch`; one
+  // transaction. kPreconditionFailed (nothing changed) if the node's epoch is
+  // not `epoch` (a successor holds it) or a row in `replaced` is not indexed
+  // exactly as given; kNotFound if the stream is gone; kInvalidArgument
+  // unless `replaced` is contiguous and `merged` spans it.
+  virtual Status ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
+                                 const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) = 0;
 
   virtual const MetastoreCounters& counters() const = 0;
   virtual std::string Describe() const = 0;

@@ -161,6 +161,7 @@ constexpr const char kAddDeleteOnEmpty[] =
 constexpr const char kBumpCounter[] =
     "INSERT INTO counters(name, value) VALUES(?1, 1) "
     "ON CONFLICT(name) DO UPDATE SET value = value + 1 RETURNING value";
+constexpr const char kCounterValue[] = "SELECT value FROM counters WHERE name = ?1";
 constexpr std::string_view kStreamIdCounter = "stream_id";
 constexpr std::string_view kProducerIdCounter = "producer_id";
 constexpr std::string_view kTableIdCounter = "table_id";
@@ -731,6 +732,15 @@ Result<std::optional<TableInfo>> SqliteMetastore::TableOfBucket(std::string_view
   return std::optional<TableInfo>(std::move(table));
 }
 
+Result<uint64_t> SqliteMetastore::LastStreamId() {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("LastStreamId", [&]() -> Result<uint64_t> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kCounterValue));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, kStreamIdCounter).Step("read the stream id counter"));
+    return row ? U64(st.ColInt(0)) : uint64_t{0};
+  });
+}
+
 Result<uint64_t> SqliteMetastore::NextCounter(std::string_view name) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kBumpCounter));
   const std::string what = fmt::format("allocate {}", name);
@@ -1260,8 +1270,8 @@ Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(uint64_t s
   });
 }
 
-Status SqliteMetastore::ReplaceSegments(uint64_t stream_id, const std::vector<SegmentInfo>& replaced,
-                                        const SegmentInfo& merged) {
+Status SqliteMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
+                                        const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("ReplaceSegments", [&]() -> Status {
     if (replaced.empty()) return InvalidArgument("stream {}: no segment to replace", stream_id);
@@ -1278,6 +1288,12 @@ Status SqliteMetastore::ReplaceSegments(uint64_t stream_id, const std::vector<Se
                              replaced.back().end_offset);
     }
     return InTransaction("replace segments", [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
+      const uint64_t current_epoch = current ? current->epoch : 0;
+      if (current_epoch != epoch) {
+        return PreconditionFailed("node {} epoch is {}, not {}: {}", node, current_epoch, epoch,
+                                  current_epoch > epoch ? "this node was superseded" : "that epoch was never minted");
+      }
       WEIR_ASSIGN_OR_RETURN(const bool live, StreamExists(stream_id));
       if (!live) return NotFound("stream id {} does not exist", stream_id);
       for (const SegmentInfo& old : replaced) {
