@@ -588,6 +588,23 @@ TEST_F(EngineTest, ASettleCommitThatFailedOnIoIsCheckedAndKeepsItsSegments) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c"}));
 }
 
+TEST_F(EngineTest, ASettleCommitThatFailedOnIoAndDidNotLandKeepsItsSegments) {
+  // Not landed as this process sees it, but SQLite may replay it at the next
+  // open: the segments stay, and the next round commits them.
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  std::atomic<int> failing{1};
+  hooked->fail_commit_settle = [&] { return failing.fetch_sub(1) > 0 ? IOError("fsync failed") : Status::Ok(); };
+  EXPECT_FALSE(engine_->SettleNow().ok());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 1u) << "a segment the metastore may name was deleted";
+  EXPECT_TRUE(engine_->SettleNow().ok());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+}
+
 TEST_F(EngineTest, ASegmentOfAStreamDeletedDuringItsSettleIsDeleted) {
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);
@@ -966,6 +983,25 @@ TEST_F(EngineTest, SmallSegmentsAreMergedIntoOne) {
   Restart();
   EXPECT_EQ(ReadPaged(*engine_, "s"), all);
   EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);  // the start's sweep found nothing to collect
+}
+
+TEST_F(EngineTest, AMergeSwapThatLandedUnseenIsRecognised) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  std::vector<std::string> all;
+  for (int i = 0; i < 5; ++i) {
+    all.push_back("r" + std::to_string(i));
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({all.back()})).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  }
+  hooked->after_replace_segments = [](Status st) { return st.ok() ? Timeout("the answer was lost") : st; };
+  ASSERT_TRUE(engine_->MergeSegmentsNow().ok());
+  EXPECT_EQ(engine_->metrics().segment_merges.load(), 1u);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);  // the parts went, the merged object stays
+  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
 }
 
 TEST_F(EngineTest, ASupersededNodeMergesNothing) {

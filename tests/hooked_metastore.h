@@ -22,7 +22,8 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<void()> before_commit_settle;         // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;  // maps the real answer
   std::function<Status(uint64_t)> fail_delete_segments;
-  std::function<void()> before_replace_segments;      // runs once, then is cleared  // non-OK for a stream id: DeleteSegmentsBelow answers it
+  std::function<Status(Status)> after_replace_segments;  // maps the real answer
+  std::function<Status()> fail_commit_settle;  // non-OK: CommitSettle answers it without committing  // non-OK for a stream id: DeleteSegmentsBelow answers it
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -104,6 +105,9 @@ class HookedMetastore final : public metastore::Metastore {
   Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,
                       const std::vector<SegmentInfo>& segs, const std::vector<StreamState>& states) override {
     if (auto hook = std::exchange(before_commit_settle, nullptr)) hook();
+    if (fail_commit_settle) {
+      if (Status failed = fail_commit_settle(); !failed.ok()) return failed;
+    }
     Status st = m_->CommitSettle(n, e, x, next, segs, states);
     return after_commit_settle ? after_commit_settle(std::move(st)) : st;
   }
@@ -121,8 +125,8 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Status ReplaceSegments(std::string_view n, uint64_t e, uint64_t id, const std::vector<SegmentInfo>& replaced,
                          const SegmentInfo& merged) override {
-    if (auto hook = std::exchange(before_replace_segments, nullptr)) hook();
-    return m_->ReplaceSegments(n, e, id, replaced, merged);
+    Status st = m_->ReplaceSegments(n, e, id, replaced, merged);
+    return after_replace_segments ? after_replace_segments(std::move(st)) : st;
   }
   const metastore::MetastoreCounters& counters() const override { return m_->counters(); }
   std::string Describe() const override { return m_->Describe(); }

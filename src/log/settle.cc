@@ -475,7 +475,11 @@ Status Engine::MergeSegmentsNow() {
   const int64_t now_ms = WallMillis();
   const int64_t aged_before =
       now_ms - std::chrono::duration_cast<std::chrono::milliseconds>(options_.merge_min_age).count();
-  uint64_t budget = uint64_t{64} << 20;  // bytes merged per call, so one call stays short
+  // Per call, so one call stays short (settle waits for it): about 64 MiB,
+  // 2,048 parts (each a GET), 5 s.
+  uint64_t budget = uint64_t{64} << 20;
+  size_t parts_budget = 2048;
+  const TimePoint deadline = Now() + std::chrono::seconds(5);
   Status first_error;
   for (auto& s : streams) {
     std::vector<metastore::SegmentInfo> segments;
@@ -523,10 +527,11 @@ Status Engine::MergeSegmentsNow() {
     }
     close_run();
     for (const auto& r : runs) {
-      if (budget == 0 || closing_) return first_error;
+      if (budget == 0 || parts_budget < r.size() || closing_ || Now() >= deadline) return first_error;
       uint64_t bytes = 0;
       for (const auto& seg : r) bytes += seg.size_bytes;
       budget -= std::min(budget, bytes);
+      parts_budget -= r.size();
       Status st = MergeRun(s, r);
       if (!st.ok()) {
         if (first_error.ok()) first_error = st.WithContext(fmt::format("stream {}", s->info.id));
@@ -588,6 +593,15 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
   if (!put.ok() && put.code() != Code::kPreconditionFailed) return put.WithContext("writing a merged segment");
   const bool created = put.ok();
   Status replaced = meta_->ReplaceSegments(options_.node, epoch_.load(), s->info.id, run, merged);
+  const Code rc = replaced.code();
+  if (!replaced.ok() && rc != Code::kNotFound && rc != Code::kPreconditionFailed && rc != Code::kInvalidArgument) {
+    // It may have landed: the row at the run's start tells.
+    auto row = meta_->FindSegments(s->info.id, run.front().start_offset, 1);
+    if (row.ok() && !row->empty() && row->front().object_key == merged.object_key) {
+      Log().info("merge of stream {}: the swap that answered {} had landed", s->info.id, replaced.ToString());
+      replaced = Status::Ok();
+    }
+  }
   if (!replaced.ok()) {
     // Refused (a successor holds the node, the stream is gone, or its rows
     // changed): the object is ours to delete (its key carries our epoch).
