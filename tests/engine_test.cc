@@ -605,6 +605,24 @@ TEST_F(EngineTest, ASettleCommitThatFailedOnIoAndDidNotLandKeepsItsSegments) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
 }
 
+TEST_F(EngineTest, ATakeoverReplaysAStreamItsPredecessorCreatedWhileItStarted) {
+  // The old process of n1 keeps serving while a new one starts: after the new
+  // one has listed the streams, and before its fence, the old one creates a
+  // stream and acknowledges an append to it. The new one must replay it.
+  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  hooked->after_list_stream_states = [&] {
+    ASSERT_TRUE(engine_->CreateStream(kBasin, "born-late", StreamConfig{}).ok());
+    ASSERT_TRUE(engine_->Append(kBasin, "born-late", Bodies({"kept"})).status.ok());
+  };
+  auto next = Engine::Open(Options(), store_, hooked);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  auto r = (*next)->Read(kBasin, "born-late", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 1u);
+  EXPECT_EQ(r->records[0].record.value, "kept");
+  (*next)->Close();
+}
+
 TEST_F(EngineTest, ASegmentOfAStreamDeletedDuringItsSettleIsDeleted) {
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);

@@ -23,6 +23,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status(Status)> after_commit_settle;  // maps the real answer
   std::function<Status(uint64_t)> fail_delete_segments;
   std::function<Status(Status)> after_replace_segments;  // maps the real answer
+  std::function<void()> after_list_stream_states;        // runs once, then is cleared
   std::function<Status()> fail_commit_settle;  // non-OK: CommitSettle answers it without committing  // non-OK for a stream id: DeleteSegmentsBelow answers it
 
   using BasinInfo = metastore::BasinInfo;
@@ -58,7 +59,11 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->DeleteEmptyStream(id, n, e);
   }
   Result<StreamState> GetStreamState(uint64_t id) override { return m_->GetStreamState(id); }
-  Result<std::vector<StreamState>> ListStreamStates() override { return m_->ListStreamStates(); }
+  Result<std::vector<StreamState>> ListStreamStates() override {
+    auto states = m_->ListStreamStates();
+    if (auto hook = std::exchange(after_list_stream_states, nullptr)) hook();
+    return states;
+  }
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& t,
                                                                     const StreamConfig& c) override {
     return m_->CreateTable(t, c);

@@ -155,25 +155,7 @@ Status Engine::Recover() {
   WEIR_ASSIGN_OR_RETURN(last_stream_id_at_start_, meta_->LastStreamId());
   // Streams as of their last settle.
   WEIR_ASSIGN_OR_RETURN(auto states, meta_->ListStreamStates());
-  for (const auto& st : states) {
-    WEIR_ASSIGN_OR_RETURN(auto info, meta_->GetStreamById(st.stream_id));
-    auto s = std::make_shared<Stream>();
-    s->info = info;
-    s->live.next_offset = s->tail = st.settled_offset;
-    s->live.trim_point = st.trim_point;
-    s->live.fencing_token = st.fencing_token;
-    s->live.last_timestamp_ms = s->tail_timestamp_ms = st.last_timestamp_ms;
-    WEIR_ASSIGN_OR_RETURN(s->live.producers, ProducerWindows::Deserialize(st.producer_state));
-    s->settled = s->live;
-    for (uint64_t from = 0;;) {
-      WEIR_ASSIGN_OR_RETURN(auto segs, meta_->FindSegments(info.id, from, 1000));
-      if (segs.empty()) break;
-      from = segs.back().end_offset;
-      for (auto& seg : segs) s->segments.push_back(std::move(seg));
-    }
-    by_name_[{info.basin, info.name}] = info.id;
-    by_id_[info.id] = std::move(s);
-  }
+  for (const auto& st : states) WEIR_RETURN_IF_ERROR(LoadStream(st));
 
   // Fence and replay every earlier epoch of this node from the checkpoint.
   nonce_ = RandomNonce();
@@ -299,9 +281,44 @@ Status ApplyBatch(StreamFacts* f, std::string_view batch, bool verified) {
   return Status::Ok();
 }
 
+Status Engine::LoadStream(const metastore::StreamState& st) {
+  WEIR_ASSIGN_OR_RETURN(auto info, meta_->GetStreamById(st.stream_id));
+  auto s = std::make_shared<Stream>();
+  s->info = info;
+  s->live.next_offset = s->tail = st.settled_offset;
+  s->live.trim_point = st.trim_point;
+  s->live.fencing_token = st.fencing_token;
+  s->live.last_timestamp_ms = s->tail_timestamp_ms = st.last_timestamp_ms;
+  WEIR_ASSIGN_OR_RETURN(s->live.producers, ProducerWindows::Deserialize(st.producer_state));
+  s->settled = s->live;
+  for (uint64_t from = 0;;) {
+    WEIR_ASSIGN_OR_RETURN(auto segs, meta_->FindSegments(info.id, from, 1000));
+    if (segs.empty()) break;
+    from = segs.back().end_offset;
+    for (auto& seg : segs) s->segments.push_back(std::move(seg));
+  }
+  by_name_[{info.basin, info.name}] = info.id;
+  by_id_[info.id] = std::move(s);
+  return Status::Ok();
+}
+
 Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where) {
   auto it = by_id_.find(stream_id);
-  if (it == by_id_.end()) return Status::Ok();  // the stream was deleted
+  if (it == by_id_.end()) {
+    // Created after the streams were listed (by a predecessor still serving
+    // while this process started, which acknowledged appends to it before
+    // the fence), or deleted: the metastore tells.
+    if (stream_id <= last_stream_id_at_start_) return Status::Ok();  // listed then if it existed: deleted
+    auto st = meta_->GetStreamState(stream_id);
+    if (!st.ok() && st.status().code() == Code::kNotFound) return Status::Ok();  // deleted
+    if (!st.ok()) return st.status().WithContext(fmt::format("replaying stream {}", stream_id));
+    if (Status loaded = LoadStream(*st); loaded.code() == Code::kNotFound) {
+      return Status::Ok();  // deleted meanwhile
+    } else if (!loaded.ok()) {
+      return loaded.WithContext(fmt::format("replaying stream {}", stream_id));
+    }
+    it = by_id_.find(stream_id);
+  }
   Stream& s = *it->second;
   uint64_t before = s.live.next_offset;
   Status st = ApplyBatch(&s.live, batch);
