@@ -1062,6 +1062,23 @@ TEST_F(EngineTest, MergesStopAtTheSizeTheyAimForAndLeaveLargerSegmentsAlone) {
   EXPECT_EQ(engine_->metrics().segment_merges.load(), merges);
 }
 
+TEST_F(EngineTest, ASupersededNodeTrimsAndDeletesNothing) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(2)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(trim)).status.ok());
+  const size_t segments = CountKeys(*store_, "seg/");
+  // A successor takes the node: what it loaded must stay readable.
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());
+  EXPECT_FALSE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(engine_->metrics().segments_deleted.load(), 0u);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), segments);
+  EXPECT_EQ(engine_->TrimTo(kBasin, "s", 3).status().code(), Code::kPreconditionFailed);
+}
+
 TEST_F(EngineTest, RetentionGoesOnPastAStreamItCannotDeleteFrom) {
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);

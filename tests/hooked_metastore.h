@@ -53,7 +53,9 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->ListStreams(b, p, a, l);
   }
   Status UpdateStreamConfig(uint64_t id, const StreamConfig& c) override { return m_->UpdateStreamConfig(id, c); }
-  Status RaiseTrimPoint(uint64_t id, uint64_t t) override { return m_->RaiseTrimPoint(id, t); }
+  Status RaiseTrimPoint(std::string_view n, uint64_t e, uint64_t id, uint64_t t) override {
+    return m_->RaiseTrimPoint(n, e, id, t);
+  }
   Result<std::vector<std::string>> DeleteStream(uint64_t id) override { return m_->DeleteStream(id); }
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view n, uint64_t e) override {
     return m_->DeleteEmptyStream(id, n, e);
@@ -122,11 +124,12 @@ class HookedMetastore final : public metastore::Metastore {
   Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t id, int64_t ms) override {
     return m_->FindSegmentByTimestamp(id, ms);
   }
-  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t id, uint64_t below) override {
+  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view n, uint64_t e, uint64_t id,
+                                                       uint64_t below) override {
     if (fail_delete_segments) {
       if (Status st = fail_delete_segments(id); !st.ok()) return st;
     }
-    return m_->DeleteSegmentsBelow(id, below);
+    return m_->DeleteSegmentsBelow(n, e, id, below);
   }
   Status ReplaceSegments(std::string_view n, uint64_t e, uint64_t id, const std::vector<SegmentInfo>& replaced,
                          const SegmentInfo& merged) override {

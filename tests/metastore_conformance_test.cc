@@ -826,9 +826,9 @@ TEST_P(MetastoreConformance, RaisedTrimPointsNeverGoDown) {
   const uint64_t a = MakeStream("b", "a");
   MintTo("n1", 1);
   ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1}, {Seg(a, 0, 10)}, {State(a, 10)}));  // trim 5
-  ASSERT_OK(m().RaiseTrimPoint(a, 8));
+  ASSERT_OK(m().RaiseTrimPoint("n1", 1, a, 8));
   EXPECT_EQ(m().GetStreamState(a)->trim_point, 8u);
-  ASSERT_OK(m().RaiseTrimPoint(a, 3));  // lower: no change
+  ASSERT_OK(m().RaiseTrimPoint("n1", 1, a, 3));  // lower: no change
   EXPECT_EQ(m().GetStreamState(a)->trim_point, 8u);
   // A settle cycle that folded only command records (trim 7 here) keeps the raised point.
   ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(a, 10, 14)}, {State(a, 14)}));
@@ -837,7 +837,11 @@ TEST_P(MetastoreConformance, RaisedTrimPointsNeverGoDown) {
   EXPECT_EQ(st.settled_offset, 14u);
   ASSERT_OK(m().CommitSettle("n1", 1, {1, 2}, {1, 3}, {Seg(a, 14, 20)}, {State(a, 20)}));  // trim 10
   EXPECT_EQ(m().GetStreamState(a)->trim_point, 10u);
-  EXPECT_EQ(m().RaiseTrimPoint(a + 100, 1).code(), Code::kNotFound);
+  EXPECT_EQ(m().RaiseTrimPoint("n1", 1, a + 100, 1).code(), Code::kNotFound);
+  // A superseded node raises nothing.
+  MintTo("n1", 2);
+  EXPECT_EQ(m().RaiseTrimPoint("n1", 1, a, 12).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().GetStreamState(a)->trim_point, 10u);
 }
 
 TEST_P(MetastoreConformance, UpdateTableConfigChangesTheBlobAndStreamsTogether) {
@@ -1129,24 +1133,28 @@ TEST_P(SegmentIndexTest, DeleteSegmentsBelow) {
     return out;
   };
   const uint64_t txns = m().counters().transactions.load();
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> none, m().DeleteSegmentsBelow(a_, 9));
+  // Only the node's current epoch deletes.
+  EXPECT_EQ(m().DeleteSegmentsBelow("n1", 2, a_, 1000).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteSegmentsBelow("n9", 1, a_, 1000).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(Starts(a_), (V{0, 10, 20, 40}));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> none, m().DeleteSegmentsBelow("n1", 1, a_, 9));
   EXPECT_TRUE(none.empty());
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> first, m().DeleteSegmentsBelow(a_, 10));  // ends at or below
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> first, m().DeleteSegmentsBelow("n1", 1, a_, 10));  // ends at or below
   EXPECT_EQ(Str(first), Str(std::vector<SegmentInfo>{Seg(a_, 0, 10, 100, 200)}));
   EXPECT_EQ(Starts(a_), (V{10, 20, 40}));
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> mid, m().DeleteSegmentsBelow(a_, 34));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> mid, m().DeleteSegmentsBelow("n1", 1, a_, 34));
   EXPECT_EQ(starts_of(mid), (V{10}));  // [20,35) still holds offset 34
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> gap, m().DeleteSegmentsBelow(a_, 39));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> gap, m().DeleteSegmentsBelow("n1", 1, a_, 39));
   EXPECT_EQ(starts_of(gap), (V{20}));
   EXPECT_EQ(Starts(a_), (V{40}));
   EXPECT_EQ(Starts(other_), (V{0}));  // other streams untouched
   ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> rest,
-                       m().DeleteSegmentsBelow(a_, std::numeric_limits<uint64_t>::max()));
+                       m().DeleteSegmentsBelow("n1", 1, a_, std::numeric_limits<uint64_t>::max()));
   EXPECT_EQ(starts_of(rest), (V{40}));
   EXPECT_TRUE(Starts(a_).empty());
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> empty, m().DeleteSegmentsBelow(a_, 1000));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> empty, m().DeleteSegmentsBelow("n1", 1, a_, 1000));
   EXPECT_TRUE(empty.empty());
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> unknown, m().DeleteSegmentsBelow(123456, 1000));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> unknown, m().DeleteSegmentsBelow("n1", 1, 123456, 1000));
   EXPECT_TRUE(unknown.empty());
   EXPECT_EQ(m().counters().transactions.load() - txns, 7u);
   // The stream and its state are not touched by trimming.

@@ -460,7 +460,7 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
   }
   // Stored first (settle commits never lower it), then applied: reads stop
   // returning the records only once the trim survives a restart.
-  WEIR_RETURN_IF_ERROR(meta_->RaiseTrimPoint(s->info.id, offset));
+  WEIR_RETURN_IF_ERROR(meta_->RaiseTrimPoint(options_.node, epoch_.load(), s->info.id, offset));
   std::lock_guard lk(s->mu);
   s->live.trim_point = std::max(s->live.trim_point, offset);
   s->durable_trim_point = std::max(s->durable_trim_point, offset);

@@ -388,7 +388,7 @@ Status Engine::ApplyRetention() {
       }
     }
     if (below == 0) continue;
-    auto removed = meta_->DeleteSegmentsBelow(s->info.id, below);
+    auto removed = meta_->DeleteSegmentsBelow(options_.node, epoch_.load(), s->info.id, below);
     if (!removed.ok()) {  // the next pass tries again; the other streams go on
       if (first_error.ok()) first_error = removed.status().WithContext(fmt::format("stream {}", s->info.id));
       continue;

@@ -223,8 +223,9 @@ class Metastore {
                                                       std::string_view start_after, size_t limit) = 0;
   virtual Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) = 0;  // kNotFound
   // Raises a stream's stored trim point to `trim_point` (never lowers it):
-  // a trim made without a command record (Kafka DeleteRecords). kNotFound.
-  virtual Status RaiseTrimPoint(uint64_t id, uint64_t trim_point) = 0;
+  // a trim made without a command record (Kafka DeleteRecords), by `node` at
+  // `epoch`. kNotFound; kPreconditionFailed if the node's epoch is not `epoch`.
+  virtual Status RaiseTrimPoint(std::string_view node, uint64_t epoch, uint64_t id, uint64_t trim_point) = 0;
   // Removes the stream, its state and its segment rows in one transaction and
   // returns the segment object keys so the caller can delete the objects.
   // kNotFound if missing; kPreconditionFailed if the stream backs a bucket of
@@ -343,8 +344,11 @@ class Metastore {
   virtual Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id,
                                                                     int64_t timestamp_ms) = 0;
   // Removes segment rows of a stream that end at or below `below_offset` and
-  // returns them (retention and trim); one transaction.
-  virtual Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) = 0;
+  // returns them (retention and trim), for `node` at `epoch`; one
+  // transaction. kPreconditionFailed (nothing removed) if the node's epoch is
+  // not `epoch`: a superseded process must not delete what its successor reads.
+  virtual Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view node, uint64_t epoch,
+                                                               uint64_t stream_id, uint64_t below_offset) = 0;
   // Replaces adjacent segment rows of one stream with one row covering the
   // same offsets (a merge of small segments), for `node` at `epoch`; one
   // transaction. kPreconditionFailed (nothing changed) if the node's epoch is

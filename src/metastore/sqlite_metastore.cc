@@ -991,10 +991,19 @@ Status SqliteMetastore::UpdateTableConfig(uint64_t table_id, std::string_view co
   });
 }
 
-Status SqliteMetastore::RaiseTrimPoint(uint64_t id, uint64_t trim_point) {
+Status SqliteMetastore::CheckEpoch(std::string_view node, uint64_t epoch) {
+  WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
+  const uint64_t current_epoch = current ? current->epoch : 0;
+  if (current_epoch == epoch) return Status::Ok();
+  return PreconditionFailed("node {} epoch is {}, not {}: {}", node, current_epoch, epoch,
+                            current_epoch > epoch ? "this node was superseded" : "that epoch was never minted");
+}
+
+Status SqliteMetastore::RaiseTrimPoint(std::string_view node, uint64_t epoch, uint64_t id, uint64_t trim_point) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("RaiseTrimPoint", [&]() -> Status {
     return InTransaction("raise trim point", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(node, epoch));
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kRaiseTrimPoint));
       WEIR_RETURN_IF_ERROR(st.Int(1, I64(id)).Int(2, I64(trim_point)).Run("raise trim point"));
       if (st.Changes() == 0) return NotFound("stream id {} does not exist", id);
@@ -1247,12 +1256,14 @@ Result<std::optional<SegmentInfo>> SqliteMetastore::FindSegmentByTimestamp(uint6
   });
 }
 
-Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) {
+Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(std::string_view node, uint64_t epoch,
+                                                                      uint64_t stream_id, uint64_t below_offset) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteSegmentsBelow", [&]() -> Result<std::vector<SegmentInfo>> {
     const int64_t below = I64(std::min(below_offset, kMaxOffset));
     std::vector<SegmentInfo> removed;
     const Status txn = InTransaction("delete segments", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(node, epoch));
       {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentsBelow));
         st.Int(1, I64(stream_id)).Int(2, below);
@@ -1288,12 +1299,7 @@ Status SqliteMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, u
                              replaced.back().end_offset);
     }
     return InTransaction("replace segments", [&]() -> Status {
-      WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
-      const uint64_t current_epoch = current ? current->epoch : 0;
-      if (current_epoch != epoch) {
-        return PreconditionFailed("node {} epoch is {}, not {}: {}", node, current_epoch, epoch,
-                                  current_epoch > epoch ? "this node was superseded" : "that epoch was never minted");
-      }
+      WEIR_RETURN_IF_ERROR(CheckEpoch(node, epoch));
       WEIR_ASSIGN_OR_RETURN(const bool live, StreamExists(stream_id));
       if (!live) return NotFound("stream id {} does not exist", stream_id);
       for (const SegmentInfo& old : replaced) {

@@ -63,7 +63,7 @@ class SqliteMetastore final : public Metastore {
   Result<std::vector<StreamInfo>> ListStreams(std::string_view basin, std::string_view prefix,
                                               std::string_view start_after, size_t limit) override;
   Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) override;
-  Status RaiseTrimPoint(uint64_t id, uint64_t trim_point) override;
+  Status RaiseTrimPoint(std::string_view node, uint64_t epoch, uint64_t id, uint64_t trim_point) override;
   Status UpdateTableConfig(uint64_t table_id, std::string_view config,
                            const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) override;
   Result<std::vector<std::string>> DeleteStream(uint64_t id) override;
@@ -83,7 +83,8 @@ class SqliteMetastore final : public Metastore {
 
   Result<std::vector<SegmentInfo>> FindSegments(uint64_t stream_id, uint64_t from_offset, size_t limit) override;
   Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id, int64_t timestamp_ms) override;
-  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(uint64_t stream_id, uint64_t below_offset) override;
+  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view node, uint64_t epoch, uint64_t stream_id,
+                                                       uint64_t below_offset) override;
   Result<uint64_t> LastStreamId() override;
   Status ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
                          const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) override;
@@ -146,6 +147,8 @@ class SqliteMetastore final : public Metastore {
   Result<std::optional<TableInfo>> TableOfBucket(std::string_view basin, std::string_view stream);
   Result<uint64_t> NextCounter(std::string_view name);
   Result<std::optional<NodeState>> ReadNode(std::string_view node);
+  // In a transaction: kPreconditionFailed unless `node` holds `epoch`.
+  Status CheckEpoch(std::string_view node, uint64_t epoch);
   // DeleteStream's transaction; `check` (if set) runs first inside it with
   // the stream's row and may refuse.
   Result<std::vector<std::string>> DeleteStreamIf(uint64_t id, const char* what,
