@@ -991,6 +991,18 @@ Status SqliteMetastore::UpdateTableConfig(uint64_t table_id, std::string_view co
   });
 }
 
+Status SqliteMetastore::InsertSegmentRow(const SegmentInfo& s) {
+  WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertSegment));
+  ins.Int(1, I64(s.stream_id))
+      .Int(2, I64(s.start_offset))
+      .Int(3, I64(s.end_offset))
+      .Int(4, s.first_timestamp_ms)
+      .Int(5, s.last_timestamp_ms)
+      .Text(6, s.object_key)
+      .Int(7, I64(s.size_bytes));
+  return ins.Run("insert segment");
+}
+
 Status SqliteMetastore::CheckEpoch(std::string_view node, uint64_t epoch) {
   WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
   const uint64_t current_epoch = current ? current->epoch : 0;
@@ -1194,15 +1206,7 @@ Status SqliteMetastore::CommitSettle(std::string_view node, uint64_t epoch, cons
                                  s.start_offset, s.end_offset, start, end);
           }
         }
-        WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertSegment));
-        ins.Int(1, I64(s.stream_id))
-            .Int(2, I64(s.start_offset))
-            .Int(3, I64(s.end_offset))
-            .Int(4, s.first_timestamp_ms)
-            .Int(5, s.last_timestamp_ms)
-            .Text(6, s.object_key)
-            .Int(7, I64(s.size_bytes));
-        WEIR_RETURN_IF_ERROR(ins.Run("insert segment"));
+        WEIR_RETURN_IF_ERROR(InsertSegmentRow(s));
       }
 
       for (const StreamState& s : states) {
@@ -1314,15 +1318,7 @@ Status SqliteMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, u
         WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteSegmentAt));
         WEIR_RETURN_IF_ERROR(del.Int(1, I64(stream_id)).Int(2, I64(old.start_offset)).Run("delete segment"));
       }
-      WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertSegment));
-      ins.Int(1, I64(merged.stream_id))
-          .Int(2, I64(merged.start_offset))
-          .Int(3, I64(merged.end_offset))
-          .Int(4, merged.first_timestamp_ms)
-          .Int(5, merged.last_timestamp_ms)
-          .Text(6, merged.object_key)
-          .Int(7, I64(merged.size_bytes));
-      return ins.Run("insert merged segment");
+      return InsertSegmentRow(merged);
     });
   });
 }

@@ -149,6 +149,8 @@ class SqliteMetastore final : public Metastore {
   Result<std::optional<NodeState>> ReadNode(std::string_view node);
   // In a transaction: kPreconditionFailed unless `node` holds `epoch`.
   Status CheckEpoch(std::string_view node, uint64_t epoch);
+  // In a transaction: one segment row, unchecked.
+  Status InsertSegmentRow(const SegmentInfo& s);
   // DeleteStream's transaction; `check` (if set) runs first inside it with
   // the stream's row and may refuse.
   Result<std::vector<std::string>> DeleteStreamIf(uint64_t id, const char* what,
