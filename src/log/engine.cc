@@ -155,7 +155,11 @@ Status Engine::Recover() {
   WEIR_ASSIGN_OR_RETURN(last_stream_id_at_start_, meta_->LastStreamId());
   // Streams as of their last settle.
   WEIR_ASSIGN_OR_RETURN(auto states, meta_->ListStreamStates());
-  for (const auto& st : states) WEIR_RETURN_IF_ERROR(LoadStream(st));
+  for (const auto& st : states) {
+    Status loaded = LoadStream(st);
+    if (loaded.code() == Code::kNotFound) continue;  // deleted since the listing (by a process still serving)
+    WEIR_RETURN_IF_ERROR(loaded);
+  }
 
   // Fence and replay every earlier epoch of this node from the checkpoint.
   nonce_ = RandomNonce();
@@ -460,7 +464,14 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
   }
   // Stored first (settle commits never lower it), then applied: reads stop
   // returning the records only once the trim survives a restart.
-  WEIR_RETURN_IF_ERROR(meta_->RaiseTrimPoint(options_.node, epoch_.load(), s->info.id, offset));
+  for (int attempt = 1;; ++attempt) {
+    const uint64_t epoch = epoch_.load();
+    Status raised = meta_->RaiseTrimPoint(options_.node, epoch, s->info.id, offset);
+    // A halt may have minted this process's next epoch meanwhile: once more with it.
+    if (raised.code() == Code::kPreconditionFailed && attempt == 1 && epoch_.load() != epoch) continue;
+    WEIR_RETURN_IF_ERROR(raised);
+    break;
+  }
   std::lock_guard lk(s->mu);
   s->live.trim_point = std::max(s->live.trim_point, offset);
   s->durable_trim_point = std::max(s->durable_trim_point, offset);

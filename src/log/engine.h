@@ -424,9 +424,9 @@ class Engine {
   std::map<uint64_t, uint64_t> epoch_cuts_;  // fenced epochs of this node -> cut
   TimePoint last_retention_;
   TimePoint last_merge_;
-  uint64_t last_stream_id_at_start_ = 0;
+  uint64_t last_stream_id_at_start_ = 0;  // the metastore's, read by Recover before it loads the streams
   // Recovery: registers a stream from its settled state (in by_id_ and by_name_).
-  Status LoadStream(const metastore::StreamState& st);  // the metastore's, read by Recover before it loads the streams
+  Status LoadStream(const metastore::StreamState& st);
   // Merges `run` (adjacent segments of `s`, at most kMaxMergeParts) into one segment.
   static constexpr size_t kMaxMergeParts = 256;
   Status MergeRun(const std::shared_ptr<Stream>& s, const std::vector<metastore::SegmentInfo>& run);

@@ -342,19 +342,19 @@ Status Engine::SweepGarbage() {
   //    Stream ids come from a counter and are never reused: a segment of an
   //    id above the counter as recovery read it (before loading the streams)
   //    belongs to a stream created since (by another process on the same
-  //    metastore) and is left alone; one of an id at or below it that no
-  //    loaded stream has belongs to a deleted stream.
+  //    metastore) and is left alone, unless replay loaded that stream; one
+  //    of an id at or below it that no loaded stream has belongs to a
+  //    deleted stream.
   std::set<std::string> known;
-  uint64_t max_id = last_stream_id_at_start_;
   for (auto& [id, s] : by_id_) {
-    max_id = std::max(max_id, id);
     for (const auto& seg : s->segments) known.insert(seg.object_key);
   }
   for (std::string after;;) {
     WEIR_ASSIGN_OR_RETURN(auto page, store_->List("seg/", after, 1000));
     for (const auto& obj : page.objects) {
       uint64_t id = 0;
-      if (std::sscanf(obj.key.c_str(), "seg/%20" SCNu64 "/", &id) != 1 || id > max_id) continue;
+      if (std::sscanf(obj.key.c_str(), "seg/%20" SCNu64 "/", &id) != 1) continue;
+      if (id > last_stream_id_at_start_ && by_id_.count(id) == 0) continue;  // created since: not ours to judge
       if (!known.count(obj.key)) garbage.push_back(obj.key);
     }
     if (page.next_start_after.empty()) break;
@@ -594,8 +594,12 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
   const bool created = put.ok();
   Status replaced = meta_->ReplaceSegments(options_.node, epoch_.load(), s->info.id, run, merged);
   const Code rc = replaced.code();
-  if (!replaced.ok() && rc != Code::kNotFound && rc != Code::kPreconditionFailed && rc != Code::kInvalidArgument) {
-    // It may have landed: the row at the run's start tells.
+  const bool maybe_landed = rc != Code::kNotFound && rc != Code::kPreconditionFailed && rc != Code::kInvalidArgument;
+  // An earlier attempt of ours (this object existed: 412) may have landed
+  // unseen, which is why the rows moved.
+  const bool earlier_landed = !created && rc == Code::kPreconditionFailed;
+  if (!replaced.ok() && (maybe_landed || earlier_landed)) {
+    // The row at the run's start tells.
     auto row = meta_->FindSegments(s->info.id, run.front().start_offset, 1);
     if (row.ok() && !row->empty() && row->front().object_key == merged.object_key) {
       Log().info("merge of stream {}: the swap that answered {} had landed", s->info.id, replaced.ToString());
