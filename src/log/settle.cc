@@ -20,6 +20,25 @@ namespace {
 bool Before(const wal::AckInfo& where, const metastore::ChainPosition& p) {
   return std::pair(where.epoch, where.seq) < std::pair(p.epoch, p.seq);
 }
+
+// Runs fn(i) for every i in [0, n) on up to `workers` threads (the caller's
+// is one), each taking the next index not yet taken, so one slow call (a PUT
+// or GET) holds up only its own thread.
+void ForEachParallel(size_t n, size_t workers, const char* thread_name, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < std::min(std::max<size_t>(workers, 1), n); ++t) {
+    threads.emplace_back([&] {
+      SetThreadName(thread_name);
+      work();
+    });
+  }
+  work();
+  for (auto& t : threads) t.join();
+}
 }  // namespace
 
 std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end, uint64_t epoch) {
@@ -175,17 +194,13 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     const Code c = committed.code();
     const bool rejected =
         c == Code::kPreconditionFailed || c == Code::kAlreadyExists || c == Code::kInvalidArgument;
-    bool maybe = !rejected;
-    if (maybe) {
+    if (!rejected) {
       // The commit may have landed: settle cannot go on until it knows (the
       // next round's commit would expect the old checkpoint for ever).
       Result<bool> landed = SettleLanded(target);
-      if (landed.ok()) {
-        maybe = false;
-        if (*landed) {
-          Log().info("settle: the commit that answered {} had landed", committed.ToString());
-          committed = Status::Ok();
-        }
+      if (landed.ok() && *landed) {
+        Log().info("settle: the commit that answered {} had landed", committed.ToString());
+        committed = Status::Ok();
       }
     }
     if (!committed.ok()) {
@@ -238,44 +253,30 @@ Result<bool> Engine::SettleLanded(const metastore::ChainPosition& target) {
 
 Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
                               const std::vector<SegmentObject>& objects, std::vector<std::string>* created) {
-  // Create-only PUTs, up to segment_uploads at a time: that many workers (the
-  // calling thread is one) each take the next segment not yet taken, so one
-  // slow PUT holds up only its own worker. A 412 means an earlier cycle wrote
-  // the same key (same range, same bytes) and either failed to commit or
-  // committed without knowing it: not this call's to delete.
-  const size_t workers = std::min(std::max<size_t>(options_.segment_uploads, 1), segments.size());
+  // Create-only PUTs, up to segment_uploads at a time. A 412 means an earlier
+  // cycle of this process wrote the same key (same range, same bytes, same
+  // epoch) and either failed to commit or committed without knowing it: not
+  // this call's to delete.
   std::vector<Status> results(segments.size());
   std::vector<char> made(segments.size(), 0);
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next.fetch_add(1); i < segments.size(); i = next.fetch_add(1)) {
-      objstore::PutOptions po;
-      po.if_none_match = true;
-      std::vector<std::string_view> parts = objects[i].parts;
-      parts.push_back(objects[i].tail);
-      Duration backoff = std::chrono::milliseconds(20);
-      for (int attempt = 1;; ++attempt) {
-        Status st = store_->PutParts(segments[i].object_key, parts, po);
-        results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
-        // A retry's 412 may follow our own attempt that landed unseen: ours
-        // or an earlier cycle's, it is kept (recovery's sweep removes it if
-        // nothing commits it).
-        if (st.ok()) made[i] = 1;
-        if (results[i].ok() || !results[i].retryable() || attempt == 5 || closing_) break;
-        std::this_thread::sleep_for(backoff);
-        backoff *= 2;
-      }
+  ForEachParallel(segments.size(), options_.segment_uploads, "segment-upload", [&](size_t i) {
+    objstore::PutOptions po;
+    po.if_none_match = true;
+    std::vector<std::string_view> parts = objects[i].parts;
+    parts.push_back(objects[i].tail);
+    Duration backoff = std::chrono::milliseconds(20);
+    for (int attempt = 1;; ++attempt) {
+      Status st = store_->PutParts(segments[i].object_key, parts, po);
+      results[i] = st.code() == Code::kPreconditionFailed ? Status::Ok() : st;
+      // A retry's 412 may follow our own attempt that landed unseen: ours
+      // or an earlier cycle's, it is kept (recovery's sweep removes it if
+      // nothing commits it).
+      if (st.ok()) made[i] = 1;
+      if (results[i].ok() || !results[i].retryable() || attempt == 5 || closing_) break;
+      std::this_thread::sleep_for(backoff);
+      backoff *= 2;
     }
-  };
-  std::vector<std::thread> threads;
-  for (size_t t = 1; t < workers; ++t) {
-    threads.emplace_back([&] {
-      SetThreadName("segment-upload");
-      work();
-    });
-  }
-  work();
-  for (auto& t : threads) t.join();
+  });
   Status first;
   for (size_t i = 0; i < segments.size(); ++i) {
     if (!results[i].ok() && first.ok()) first = results[i].WithContext("writing segment " + segments[i].object_key);
@@ -548,31 +549,22 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
   // views into `held`, no copy.
   std::vector<std::string> held(run.size());
   std::vector<Status> fetched(run.size());
-  std::atomic<size_t> next{0};
-  auto fetch = [&] {
-    for (size_t i = next.fetch_add(1); i < run.size() && !closing_; i = next.fetch_add(1)) {
-      const auto& seg = run[i];
-      fetched[i] = [&]() -> Status {
-        WEIR_ASSIGN_OR_RETURN(std::string object, store_->Get(seg.object_key, std::nullopt));
-        WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(object, object.size()));
-        if (footer.start_offset != seg.start_offset || footer.end_offset != seg.end_offset) {
-          return Corruption("segment {} holds [{}, {}), its row says [{}, {})", seg.object_key, footer.start_offset,
-                            footer.end_offset, seg.start_offset, seg.end_offset);
-        }
-        object.resize(footer.data_end);
-        if (Crc32c(object) != footer.data_crc) return Corruption("segment {}: data CRC mismatch", seg.object_key);
-        held[i] = std::move(object);
-        return Status::Ok();
-      }();
-    }
-  };
-  {
-    std::vector<std::thread> threads;
-    const size_t workers = std::min(std::max<size_t>(options_.segment_uploads, 1), run.size());
-    for (size_t t = 1; t < workers; ++t) threads.emplace_back(fetch);
-    fetch();
-    for (auto& t : threads) t.join();
-  }
+  ForEachParallel(run.size(), options_.segment_uploads, "segment-merge", [&](size_t i) {
+    if (closing_) return;
+    const auto& seg = run[i];
+    fetched[i] = [&]() -> Status {
+      WEIR_ASSIGN_OR_RETURN(std::string object, store_->Get(seg.object_key, std::nullopt));
+      WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(object, object.size()));
+      if (footer.start_offset != seg.start_offset || footer.end_offset != seg.end_offset) {
+        return Corruption("segment {} holds [{}, {}), its row says [{}, {})", seg.object_key, footer.start_offset,
+                          footer.end_offset, seg.start_offset, seg.end_offset);
+      }
+      object.resize(footer.data_end);
+      if (Crc32c(object) != footer.data_crc) return Corruption("segment {}: data CRC mismatch", seg.object_key);
+      held[i] = std::move(object);
+      return Status::Ok();
+    }();
+  });
   if (closing_) return Cancelled("closing");
   SegmentBuilder builder(s->info.id);
   for (size_t i = 0; i < run.size(); ++i) {

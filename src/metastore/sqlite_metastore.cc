@@ -1003,10 +1003,10 @@ Status SqliteMetastore::InsertSegmentRow(const SegmentInfo& s) {
   return ins.Run("insert segment");
 }
 
-Status SqliteMetastore::CheckEpoch(std::string_view node, uint64_t epoch) {
+Result<NodeState> SqliteMetastore::NodeAtEpoch(std::string_view node, uint64_t epoch) {
   WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
   const uint64_t current_epoch = current ? current->epoch : 0;
-  if (current_epoch == epoch) return Status::Ok();
+  if (current_epoch == epoch) return current.value_or(NodeState{});
   return PreconditionFailed("node {} epoch is {}, not {}: {}", node, current_epoch, epoch,
                             current_epoch > epoch ? "this node was superseded" : "that epoch was never minted");
 }
@@ -1015,7 +1015,7 @@ Status SqliteMetastore::RaiseTrimPoint(std::string_view node, uint64_t epoch, ui
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("RaiseTrimPoint", [&]() -> Status {
     return InTransaction("raise trim point", [&]() -> Status {
-      WEIR_RETURN_IF_ERROR(CheckEpoch(node, epoch));
+      WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kRaiseTrimPoint));
       WEIR_RETURN_IF_ERROR(st.Int(1, I64(id)).Int(2, I64(trim_point)).Run("raise trim point"));
       if (st.Changes() == 0) return NotFound("stream id {} does not exist", id);
@@ -1034,12 +1034,7 @@ Result<std::vector<std::string>> SqliteMetastore::DeleteEmptyStream(uint64_t id,
     if (s.config.delete_on_empty_min_age_s <= 0) {
       return PreconditionFailed("stream {}/{} no longer has delete_on_empty set", s.basin, s.name);
     }
-    WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
-    const uint64_t current_epoch = current ? current->epoch : 0;
-    if (current_epoch != epoch) {
-      return PreconditionFailed("node {} epoch is {}, not {}: this node was superseded", node, current_epoch, epoch);
-    }
-    return Status::Ok();
+    return NodeAtEpoch(node, epoch).status();
   });
 }
 
@@ -1166,15 +1161,10 @@ Status SqliteMetastore::CommitSettle(std::string_view node, uint64_t epoch, cons
     for (const SegmentInfo& s : segments) WEIR_RETURN_IF_ERROR(ValidateSegment(s));
 
     return InTransaction("commit settle", [&]() -> Status {
-      WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
-      const uint64_t current_epoch = current ? current->epoch : 0;
-      if (current_epoch != epoch) {
-        return PreconditionFailed("node {} epoch is {}, not {}: {}", node, current_epoch, epoch,
-                                  current_epoch > epoch ? "this node was superseded" : "that epoch was never minted");
-      }
-      if (current->checkpoint != expected) {
+      WEIR_ASSIGN_OR_RETURN(const NodeState current, NodeAtEpoch(node, epoch));
+      if (current.checkpoint != expected) {
         return PreconditionFailed("node {} checkpoint is ({}, {}), expected ({}, {})", node,
-                                  current->checkpoint.epoch, current->checkpoint.seq, expected.epoch, expected.seq);
+                                  current.checkpoint.epoch, current.checkpoint.seq, expected.epoch, expected.seq);
       }
 
       std::unordered_map<uint64_t, bool> exists;  // stream id -> still exists
@@ -1267,7 +1257,7 @@ Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(std::strin
     const int64_t below = I64(std::min(below_offset, kMaxOffset));
     std::vector<SegmentInfo> removed;
     const Status txn = InTransaction("delete segments", [&]() -> Status {
-      WEIR_RETURN_IF_ERROR(CheckEpoch(node, epoch));
+      WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
       {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentsBelow));
         st.Int(1, I64(stream_id)).Int(2, below);
@@ -1303,7 +1293,7 @@ Status SqliteMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, u
                              replaced.back().end_offset);
     }
     return InTransaction("replace segments", [&]() -> Status {
-      WEIR_RETURN_IF_ERROR(CheckEpoch(node, epoch));
+      WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
       WEIR_ASSIGN_OR_RETURN(const bool live, StreamExists(stream_id));
       if (!live) return NotFound("stream id {} does not exist", stream_id);
       for (const SegmentInfo& old : replaced) {

@@ -147,8 +147,9 @@ class SqliteMetastore final : public Metastore {
   Result<std::optional<TableInfo>> TableOfBucket(std::string_view basin, std::string_view stream);
   Result<uint64_t> NextCounter(std::string_view name);
   Result<std::optional<NodeState>> ReadNode(std::string_view node);
-  // In a transaction: kPreconditionFailed unless `node` holds `epoch`.
-  Status CheckEpoch(std::string_view node, uint64_t epoch);
+  // In a transaction: the node's state, or kPreconditionFailed unless `node`
+  // holds `epoch` (a successor minted a later one, or it was never minted).
+  Result<NodeState> NodeAtEpoch(std::string_view node, uint64_t epoch);
   // In a transaction: one segment row, unchecked.
   Status InsertSegmentRow(const SegmentInfo& s);
   // DeleteStream's transaction; `check` (if set) runs first inside it with
