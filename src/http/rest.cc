@@ -539,12 +539,20 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   // may first create its stream (RestApi::Append), moves to a worker.
   bool append = req.method == "POST" && req.path.size() > 8 && req.path.ends_with("/records");
   // Under backpressure admission may block: a worker waits, not the I/O
-  // thread. Only where that keeps the connection's appends in order: HTTP/2
-  // appends on one connection stay in the order they arrived, on its thread.
+  // thread. HTTP/2 appends of one connection keep their order: one moved to
+  // a worker queues behind those moved before it (PostInOrder), and the
+  // connection's later appends follow it there until that queue is empty.
   // Before recovery has finished there is no engine: Serve answers 503.
-  if (append && ex->sequential()) {
+  if (append) {
     log::Engine* engine = ReadyEngine();
-    if (!engine || engine->AdmissionMayWait(req.body.size())) append = false;
+    bool may_wait = !engine || engine->AdmissionMayWait(req.body.size());
+    if (!ex->sequential() && (may_wait || ex->InOrderBusy())) {
+      auto* e = ex.get();
+      return e->PostInOrder([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {
+        Serve(std::move(*r), std::move(ex));
+      });
+    }
+    if (may_wait) append = false;
   }
   if (!append) {
     auto* e = ex.get();
@@ -659,8 +667,9 @@ bool RestApi::WantsBodyStream(const Request& head) const {
 // each, in order; the first failure (of an append, or of a frame) ends the
 // session with a terminal frame, after the acks of the inputs before it, and
 // no input after the failure is known is submitted. Frames arrive through
-// BodySink calls (an I/O thread, in order); acks come from the engine's
-// callbacks. A frame's bytes are given back to the client's flow-control
+// BodySink calls (an I/O thread, in order) and are submitted in order by one
+// thread at a time, a worker while admission may wait (Pump); acks come
+// from the engine's callbacks. A frame's bytes are given back to the client's flow-control
 // window (Exchange::ConsumeBody) once its ack is sent, so the client's
 // unacknowledged input is bounded by the stream's window. Owned by the
 // request's body stream and by the callbacks of its appends in flight.
@@ -681,7 +690,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // Answers 200 and takes frames once the stream exists: a basin that creates
   // streams on append creates it first, on a worker (a metastore write).
   void Open() {
-    if (api_->engine_->HasStream(c_.basin, stream_)) return Ready();
+    if (api_->engine_->HasStream(c_.basin, stream_)) return Ready(true);
     auto self = shared_from_this();
     c_.ex->Post([self] {
       auto created = self->api_->engine_->CreateIfConfigured(self->c_.basin, self->stream_,
@@ -690,22 +699,22 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       if (!self->api_->engine_->HasStream(self->c_.basin, self->stream_)) {
         return self->Refuse(NotFound("stream \"{}\" does not exist", self->stream_));
       }
-      self->Ready();
+      self->Ready(false);
     });
   }
 
   void OnData(std::string_view bytes) override {
-    std::lock_guard lk(in_mu_);
+    std::unique_lock lk(in_mu_);
     if (failed_ || poisoned_) return c_.ex->ConsumeBody(bytes.size());  // dropped
     buf_.append(bytes);
-    if (ready_) Parse();
+    if (ready_) Pump(lk, true);
   }
 
   void OnEnd(bool complete) override {
     std::lock_guard lk(in_mu_);
     if (!complete) failed_ = true;  // the client is gone: nothing more to answer
     input_ended_ = true;
-    if (ready_) EndOfInput();
+    if (ready_ && !pumping_) EndOfInput();  // else the pump ends the input once it is done
   }
 
   // The server drains: no more input; the session ends with 503
@@ -722,8 +731,13 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   }
 
  private:
-  void Ready() {
-    std::lock_guard lk(in_mu_);
+  struct Input {
+    AppendInput in;
+    size_t frame_bytes;
+  };
+
+  void Ready(bool on_io_thread) {
+    std::unique_lock lk(in_mu_);
     if (failed_) {  // drained (or the client left) while the stream was being created
       c_.Send(Ctx::ErrorResponse(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}}));
       return;
@@ -732,14 +746,43 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     counted_ = true;
     c_.ex->BeginStream(200, "s2s/proto", {});
     ready_ = true;
-    Parse();
-    if (input_ended_) EndOfInput();
+    Pump(lk, on_io_thread);
   }
 
   void Refuse(const Status& st) {
     std::lock_guard lk(in_mu_);
     failed_ = true;
     c_.Fail(st, "stream_not_found");
+  }
+
+  // in_mu_ held (by lk): submits the whole frames in buf_, in order, from one
+  // thread at a time (pumping_: a thread that finds another pumping leaves
+  // its input to it). Admission may wait: on an I/O thread the pump moves to
+  // a worker once it might. in_mu_ is released while submitting, so input
+  // keeps arriving meanwhile; the pump ends the input if it ended meanwhile.
+  void Pump(std::unique_lock<std::mutex>& lk, bool on_io_thread) {
+    if (pumping_) return;
+    pumping_ = true;
+    for (;;) {
+      if (on_io_thread && !failed_ && !poisoned_ && api_->engine_->AdmissionMayWait(buf_.size())) {
+        c_.ex->Post([self = shared_from_this()] {
+          std::unique_lock wlk(self->in_mu_);
+          self->pumping_ = false;
+          self->Pump(wlk, false);
+        });
+        return;  // pumping_ stays set until the worker has the pump
+      }
+      std::vector<Input> inputs;
+      std::optional<Response> bad;
+      Parse(&inputs, &bad);
+      if (inputs.empty() && !bad) break;
+      lk.unlock();
+      for (auto& i : inputs) Submit(std::move(i.in), i.frame_bytes);
+      lk.lock();
+      if (bad) Fail(std::move(*bad));  // after the inputs before the bad frame
+    }
+    pumping_ = false;
+    if (input_ended_) EndOfInput();
   }
 
   // in_mu_ held: the client finished its input.
@@ -752,31 +795,50 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     MaybeEnd();
   }
 
-  // in_mu_ held: submits every whole frame in buf_.
-  void Parse() {
+  // in_mu_ held: takes the whole frames at the front of buf_, decoded, into
+  // `inputs`. A bad frame ends the input (failed_); its answer goes to `bad`,
+  // to be sent after the inputs before it.
+  void Parse(std::vector<Input>* inputs, std::optional<Response>* bad) {
     size_t pos = 0;
+    auto refuse = [&](Response r) {
+      failed_ = true;
+      *bad = std::move(r);
+    };
     while (!failed_ && !poisoned_) {
       S2sFrame frame;
       auto n = DecodeS2sFrame(std::string_view(buf_).substr(pos), &frame);
-      if (!n.ok()) return Fail(Ctx::ErrorResponse(400, "bad_frame", n.status().message()));
+      if (!n.ok()) {
+        refuse(Ctx::ErrorResponse(400, "bad_frame", n.status().message()));
+        break;
+      }
       if (*n == 0) break;
-      if (frame.terminal) return Fail(Ctx::ErrorResponse(400, "bad_frame", "a client may not send a terminal frame"));
+      if (frame.terminal) {
+        refuse(Ctx::ErrorResponse(400, "bad_frame", "a client may not send a terminal frame"));
+        break;
+      }
       std::string decompressed;
       std::string_view message = frame.payload;
       if (frame.compression != 0) {
         auto d = wal::DecompressRecords(frame.compression == 1 ? wal::kCodecZstd : wal::kCodecGzip, frame.payload,
                                         kS2sMaxFrameBytes);
-        if (!d.ok()) return Fail(Ctx::ErrorResponse(400, "bad_frame", d.status().message()));
+        if (!d.ok()) {
+          refuse(Ctx::ErrorResponse(400, "bad_frame", d.status().message()));
+          break;
+        }
         decompressed = std::move(*d);
         message = decompressed;
       }
       auto in = DecodeProtoAppendInput(message);
-      if (!in.ok()) return Fail(Ctx::ErrorResponse(400, "bad_proto", in.status().message()));
+      if (!in.ok()) {
+        refuse(Ctx::ErrorResponse(400, "bad_proto", in.status().message()));
+        break;
+      }
       if (in->options.fencing_token && in->options.fencing_token->size() > 36) {
-        return Fail(Ctx::ErrorResponse(422, "invalid", "fencing_token must be at most 36 bytes"));
+        refuse(Ctx::ErrorResponse(422, "invalid", "fencing_token must be at most 36 bytes"));
+        break;
       }
       pos += *n;
-      Submit(std::move(*in), *n);
+      inputs->push_back({std::move(*in), *n});
     }
     buf_.erase(0, pos);
     if (failed_ || poisoned_) Discard();
@@ -788,14 +850,17 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     buf_.clear();
   }
 
-  // in_mu_ held. `frame_bytes`: the frame's size, given back with its answer.
+  // From the pump, in_mu_ not held. `frame_bytes`: the frame's size, given
+  // back with its answer. Submits nothing once the session's end is numbered
+  // or an answer failed.
   void Submit(AppendInput in, size_t frame_bytes) {
-    uint64_t index = Number(frame_bytes);
+    auto index = Number(frame_bytes, false);
+    if (!index) return c_.ex->ConsumeBody(frame_bytes);
     size_t records = in.records.size(), bytes = 0;
     for (const auto& r : in.records) bytes += log::MeteredBytes(r);
     auto self = shared_from_this();
     api_->engine_->AppendAsync(c_.basin, stream_, std::move(in.records), in.options,
-                               [self, index, records, bytes, started = Now()](log::AppendOutcome o) {
+                               [self, index = *index, records, bytes, started = Now()](log::AppendOutcome o) {
                                  Ctx c = self->c_;
                                  c.started = started;
                                  if (!o.status.ok()) return self->Deliver(index, c.AppendFailure(o));
@@ -804,16 +869,20 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
                                });
   }
 
-  // in_mu_ held: the session ends with `r` after the inputs already submitted.
+  // in_mu_ held: the session ends with `r` after the inputs already numbered.
   void Fail(Response r) {
     failed_ = true;
     Discard();
-    Deliver(Number(0), std::move(r));
+    if (auto index = Number(0, true)) Deliver(*index, std::move(r));
   }
 
-  // The next answer's number; its frame's bytes go back to the client with it.
-  uint64_t Number(size_t frame_bytes) {
+  // The next answer's number (its frame's bytes go back to the client with
+  // it), or none once the session's last answer is numbered (`last`: this is
+  // it) or an answer failed.
+  std::optional<uint64_t> Number(size_t frame_bytes, bool last) {
     std::lock_guard lk(out_mu_);
+    if (last_numbered_ || (!last && poisoned_)) return std::nullopt;
+    last_numbered_ = last;
     credit_.emplace(submitted_, frame_bytes);
     return submitted_++;
   }
@@ -821,8 +890,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // Input `index` is answered: a 200 carries its ack frame, anything else
   // ends the session. Sends what is now in order.
   void Deliver(uint64_t index, Response r) {
-    if (r.status != 200) poisoned_ = true;  // nothing more is submitted
     std::lock_guard lk(out_mu_);
+    if (r.status != 200) poisoned_ = true;  // nothing numbered after this is submitted
     answers_.emplace(index, std::move(r));
     for (auto it = answers_.find(sent_); it != answers_.end(); it = answers_.find(sent_)) {
       Response& a = it->second;
@@ -859,12 +928,14 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   std::mutex in_mu_;  // before out_mu_ when both are held
   std::string buf_;   // input not yet parsed (a partial frame)
   bool ready_ = false, failed_ = false, input_ended_ = false, counted_ = false;  // in_mu_
+  bool pumping_ = false;  // a thread is submitting buf_'s frames (in_mu_)
   std::mutex out_mu_;
   uint64_t submitted_ = 0, sent_ = 0;       // inputs numbered, answers sent (out_mu_)
   std::map<uint64_t, Response> answers_;    // answered out of order (out_mu_)
   std::map<uint64_t, size_t> credit_;       // frame bytes to give back with each answer (out_mu_)
   bool input_done_ = false, ended_ = false;  // out_mu_
-  std::atomic<bool> poisoned_{false};        // an answer failed: submit nothing more
+  bool last_numbered_ = false;               // the session's terminal answer is numbered (out_mu_)
+  std::atomic<bool> poisoned_{false};        // an answer failed: submit nothing more (set under out_mu_)
 };
 
 void RestApi::TrackSession(const std::shared_ptr<AppendSession>& s) {
@@ -1185,7 +1256,7 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     // creates nothing.
     if (Status st = engine_->CheckAppendLimits(in.records); !st.ok()) return c.Fail(st);
     auto held = std::make_shared<AppendInput>(std::move(in));
-    c.ex->Post([this, c, stream, held, proto_out, records, bytes] {
+    c.ex->PostInOrder([this, c, stream, held, proto_out, records, bytes] {
       auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnAppend);
       if (!created.ok() && created.status().code() != Code::kNotFound) return c.Fail(created.status());
       SubmitAppend(c, stream, std::move(*held), proto_out, records, bytes);

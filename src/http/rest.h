@@ -3,9 +3,9 @@
 //
 // Ownership and threads: the server front-end owns one RestApi and hands it
 // to the HttpServer as its Handler. Appends are served on the HTTP I/O thread
-// (admission may wait briefly for WAL pool room, bounded by the engine's
-// admission timeout); the response is sent from the engine's completion
-// callback. Every other request moves to an HTTP worker thread, where it may
+// while admitting them cannot wait (Engine::AdmissionMayWait); under
+// backpressure they move to a worker, in order per connection. The response
+// is sent from the engine's completion callback. Every other request moves to an HTTP worker thread, where it may
 // block briefly on the metastore or the object store. Long polls and read sessions wait on tail watches and
 // timers, not threads.
 #pragma once

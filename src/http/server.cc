@@ -575,7 +575,7 @@ class ExchangeImpl : public ExchangeBase {
 class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
  public:
   H2Conn(Socket socket, HttpServer::Impl* srv)
-      : sock_(std::move(socket)), srv_(srv), timer_(sock_.get_executor()) {}
+      : sock_(std::move(socket)), srv_(srv), timer_(sock_.get_executor()), in_order_(net::make_strand(srv->workers)) {}
   ~H2Conn() override {
     if (session_) nghttp2_session_del(session_);
   }
@@ -592,6 +592,15 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   }
   bool closed() const { return closed_.load(); }
   auto executor() { return sock_.get_executor(); }
+  // Any thread: Exchange::PostInOrder and InOrderBusy for this connection.
+  void PostInOrder(std::function<void()> fn) {
+    in_order_pending_++;
+    net::post(in_order_, [self = shared_from_this(), fn = std::move(fn)] {
+      fn();
+      self->in_order_pending_--;
+    });
+  }
+  bool InOrderBusy() const { return in_order_pending_.load() > 0; }
 
   // Strand only, from exchanges; a stream that is gone drops the call.
   void Respond(int32_t id, Response r);
@@ -1017,6 +1026,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   TimePoint write_started_;
   TimePoint last_activity_ = Now();
   std::atomic<bool> closed_{false};
+  net::strand<net::thread_pool::executor_type> in_order_;  // PostInOrder's queue, on the worker pool
+  std::atomic<uint32_t> in_order_pending_{0};              // posted there and not yet returned
 };
 
 // The Exchange of one HTTP/2 stream: calls post to the connection's strand
@@ -1027,6 +1038,8 @@ class H2Exchange : public ExchangeBase {
              HttpServer::Impl* srv, size_t reserved)
       : ExchangeBase(srv, reserved), conn_(std::move(conn)), id_(id), gone_(std::move(gone)) {}
   bool sequential() const override { return false; }
+  void PostInOrder(std::function<void()> fn) override { conn_->PostInOrder(std::move(fn)); }
+  bool InOrderBusy() const override { return conn_->InOrderBusy(); }
   ~H2Exchange() override {
     if (!answered_.exchange(true)) {
       Log().error("http: a request was dropped without a response");

@@ -75,6 +75,14 @@ class Exchange {
   virtual void After(Duration delay, std::function<void()> fn) = 0;
   // Runs `fn` on a worker thread soon.
   virtual void Post(std::function<void()> fn) = 0;
+  // Runs `fn` on a worker thread once every `fn` this connection's requests
+  // posted with PostInOrder before it has returned, one at a time. HTTP/2
+  // runs a connection's requests side by side on its I/O thread: work moved
+  // off it this way is not overtaken by the connection's later requests that
+  // wait while InOrderBusy. Elsewhere (HTTP/1.1) the same as Post.
+  virtual void PostInOrder(std::function<void()> fn) { Post(std::move(fn)); }
+  // Whether something this connection posted with PostInOrder has not returned.
+  virtual bool InOrderBusy() const { return false; }
   // The connection is gone: further writes are dropped.
   virtual bool closed() const = 0;
   // For a body streamed to a BodySink (HTTP/2): `n` more of its bytes are

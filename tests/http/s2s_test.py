@@ -442,6 +442,70 @@ class StallTest(unittest.TestCase):
         self.assertFalse(client.streams[sid]["data"])
 
 
+class BackpressureTest(unittest.TestCase):
+    """Under backpressure (a full WAL pool) admission waits on a worker, not
+    on the HTTP I/O thread, and a connection's appends keep their order."""
+
+    def start(self, *args):
+        # One I/O thread: a request it cannot serve would show at once.
+        server = WeirServer(WEIR, args=["--http-threads", "1", "--pool-budget-mib", "1", "--max-slot-bytes", "1048576", *args]).start()
+        self.addCleanup(server.kill)
+        return server
+
+    def new_stream(self, server):
+        name = unique("bp")
+        r = requests.post(f"{server.base_url}/v1/streams", json={"stream": name}, timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 201, r.text)
+        return name
+
+    def test_appends_waiting_for_admission_leave_the_io_thread_free(self):
+        # Every WAL PUT fails (and is retried): the pool fills and stays full,
+        # and admission waits up to a minute.
+        server = self.start("--inject-put-error-rate", "1", "--admission-timeout-ms", "60000")
+        stream = self.new_stream(server)
+        client = H2Client(server.port)
+        self.addCleanup(client.close)
+        big = [pb_append_record(b"s" * 300_000)]
+        session = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
+                                 body=b"".join(frame(pb_append_input(big)) for _ in range(6)), end=False)
+        unary = [client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                                body=json.dumps({"records": [{"body": "u" * 300_000}]}).encode())
+                 for _ in range(4)]
+        # Both kinds wait for admission; other requests are served meanwhile,
+        # on a new connection and on the same one.
+        for _ in range(3):
+            r = requests.get(f"{server.base_url}/health", timeout=10)
+            self.assertEqual(r.status_code, 200)
+        sid = client.request("GET", "/health")
+        self.assertEqual(client.wait_end(sid)["status"], 200)
+        self.assertFalse(any(client.streams[s]["ended"] for s in [session] + unary))
+
+    def test_appends_that_waited_keep_their_order(self):
+        server = self.start("--inject-put-latency-ms", "300", "--admission-timeout-ms", "60000")
+        stream = self.new_stream(server)
+        client = H2Client(server.port)
+        self.addCleanup(client.close)
+        sids = [client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                               body=json.dumps({"records": [{"body": f"u{i}" + "u" * 300_000}]}).encode())
+                for i in range(8)]
+        for i, sid in enumerate(sids):
+            st = client.wait_end(sid)
+            self.assertEqual(st["status"], 200, bytes(st["data"]))
+            self.assertEqual(json.loads(bytes(st["data"]))["start"]["seq_num"], i)
+        inputs = [frame(pb_append_input([pb_append_record(f"s{i}".encode() + b"s" * 300_000)])) for i in range(8)]
+        session = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
+                                 body=b"".join(inputs), end=True)
+        frames, _ = parse_frames(client.wait_end(session)["data"])
+        self.assertEqual([pb_append_ack(p)["end"]["seq_num"] for _, p in frames], list(range(9, 17)))
+        heads = []
+        while len(heads) < 16:
+            r = requests.get(f"{server.base_url}/v1/streams/{stream}/records", params={"seq_num": len(heads)},
+                             timeout=TIMEOUT)
+            self.assertEqual(r.status_code, 200, r.text)
+            heads += [rec["body"][:3].rstrip("us") for rec in r.json()["records"]]
+        self.assertEqual(heads, [f"u{i}" for i in range(8)] + [f"s{i}" for i in range(8)])
+
+
 class DrainTest(unittest.TestCase):
     def test_sigterm_ends_an_open_append_session_with_server_draining(self):
         server = WeirServer(WEIR).start()
