@@ -643,6 +643,31 @@ TEST_F(EngineTest, ATakeoverFencesAPredecessorThatSettlesWhileItStarts) {
   (*next)->Close();
 }
 
+TEST_F(EngineTest, ASupersededNodeHaltsWithoutTouchingItsSuccessorsSlots) {
+  for (const char* v : {"a", "b", "c"}) ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({v})).status.ok());
+  const uint64_t epoch = engine_->epoch();
+  auto next = Engine::Open(Options(), store_, meta_);  // fences our epoch after slot 2
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  // The successor's first settle round took slot 0 alone and deleted it;
+  // slots 1 and 2 wait for its next round.
+  ASSERT_TRUE(store_->Delete(wal::SlotKey("n1", epoch, 0)).ok());
+  // The old process's next slot finds the successor's poison and halts.
+  auto late = engine_->Append(kBasin, "s", Bodies({"late"}));
+  EXPECT_FALSE(late.status.ok()) << "acknowledged by a superseded node at offset " << late.ack.start_offset;
+  // It neither poisons below its successor's poison nor deletes the slots
+  // its successor still has to settle.
+  EXPECT_EQ(store_->Head(wal::SlotKey("n1", epoch, 0)).status().code(), Code::kNotFound);
+  EXPECT_TRUE(store_->Head(wal::SlotKey("n1", epoch, 1)).ok());
+  EXPECT_TRUE(store_->Head(wal::SlotKey("n1", epoch, 2)).ok());
+  ASSERT_TRUE((*next)->SettleNow().ok());
+  auto r = (*next)->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<std::string> got;
+  for (auto& rec : r->records) got.push_back(rec.record.value.value_or("<null>"));
+  EXPECT_EQ(got, (std::vector<std::string>{"a", "b", "c"}));
+  (*next)->Close();
+}
+
 TEST_F(EngineTest, AnAppendWaitingForPoolRoomDoesNotHoldUpReleases) {
   // Appends to one stream fill the pool while its first slot is held; the
   // next one waits for room. When the slot lands, its release must get the
@@ -1251,8 +1276,13 @@ TEST_F(EngineTest, StartSweepsObjectsNoCommittedStateNames) {
   ASSERT_TRUE(store_->Put(of_newest_deleted, "gone too").ok());
   const std::string of_newer = SegmentKey(newest_id + 1, 0, 3, epoch);
   ASSERT_TRUE(store_->Put(of_newer, "newer").ok());
+  // A successor of the restarted process may commit a segment while the
+  // restart's sweep lists: one of an epoch at or above its own stays.
+  const std::string of_successor = SegmentKey(id, 2, 9, epoch + 10);
+  ASSERT_TRUE(store_->Put(of_successor, "a successor's").ok());
   Restart();
   Restart();
+  EXPECT_TRUE(store_->Head(of_successor).ok());
   EXPECT_EQ(store_->Head(orphan).status().code(), Code::kNotFound);
   EXPECT_EQ(store_->Head(stale).status().code(), Code::kNotFound);
   EXPECT_EQ(store_->Head(of_deleted).status().code(), Code::kNotFound);

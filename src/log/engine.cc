@@ -95,6 +95,28 @@ void Engine::HandleHalt(uint64_t epoch) {
   SetThreadName("wal-halt");
   wal::ChainRef chain{options_.node, epoch};
   std::lock_guard settle(settle_mu_);  // the checkpoint must not move meanwhile
+  // Minted first: a successor that fenced this epoch may since have settled
+  // and deleted slots above our checkpoint, so fencing from it (a new poison
+  // below the successor's) and probing for garbage after it are ours to do
+  // only while we still hold the node. Only a successor's epoch
+  // (kPreconditionFailed) means the node is gone; a metastore that fails
+  // otherwise (busy, unreachable) is asked again.
+  Result<metastore::NodeState> minted = Status();
+  for (;;) {
+    minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window));
+    if (minted.ok() || minted.status().code() == Code::kPreconditionFailed || closing_) break;
+    Log().error("minting the epoch after {}: {}; retrying", epoch, minted.status().ToString());
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  if (!minted.ok()) {
+    if (closing_) return;  // Close fails what cannot be acknowledged
+    // The successor's poison is where the chain halted: its walk found every
+    // slot below present, so those are committed.
+    std::optional<uint64_t> halted = wal_->halted_seq();
+    Log().error("node {} was superseded ({}); abandoning its streams", options_.node, minted.status().ToString());
+    if (halted) wal_->Abandon(*halted, Fenced("node {} was superseded", options_.node)).IgnoreError();
+    return;
+  }
   uint64_t from = checkpoint_.epoch == epoch ? checkpoint_.seq : 0;
   Result<wal::FenceResult> fence = Status();
   for (;;) {
@@ -107,27 +129,12 @@ void Engine::HandleHalt(uint64_t epoch) {
   epoch_cuts_[epoch] = fence->cut;
   auto garbage = wal::DeleteGarbage(*store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
   if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
-  // Only a successor's epoch (kPreconditionFailed) means the node is gone; a
-  // metastore that fails otherwise (busy, unreachable) is asked again.
-  Result<metastore::NodeState> minted = Status();
-  for (;;) {
-    minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window));
-    if (minted.ok() || minted.status().code() == Code::kPreconditionFailed || closing_) break;
-    Log().error("minting the epoch after {}: {}; retrying", epoch, minted.status().ToString());
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  if (minted.ok()) {
-    epoch_ = minted->epoch;
-    Status st = wal_->Resume(minted->epoch, fence->cut);
-    if (st.ok()) return;
-    // Left halted, its pending appends would wait for ever: fail them.
-    Log().error("resuming the WAL in epoch {}: {}; failing its pending appends", minted->epoch, st.ToString());
-    wal_->Abandon(fence->cut, st).IgnoreError();
-    return;
-  }
-  if (closing_) return;  // Close fails what cannot be acknowledged
-  Log().error("node {} was superseded ({}); abandoning its streams", options_.node, minted.status().ToString());
-  wal_->Abandon(fence->cut, Fenced("node {} was superseded", options_.node)).IgnoreError();
+  epoch_ = minted->epoch;
+  Status st = wal_->Resume(minted->epoch, fence->cut);
+  if (st.ok()) return;
+  // Left halted, its pending appends would wait for ever: fail them.
+  Log().error("resuming the WAL in epoch {}: {}; failing its pending appends", minted->epoch, st.ToString());
+  wal_->Abandon(fence->cut, st).IgnoreError();
 }
 
 Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,

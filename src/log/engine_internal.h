@@ -6,7 +6,9 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -103,5 +105,8 @@ struct Engine::Stream {
 // process's own earlier attempt, never a successor's object (or a
 // predecessor's that it might delete after losing its commit).
 std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end, uint64_t epoch);
+// The epoch a segment key names (`-e<epoch>`); none for keys written before
+// keys carried it.
+std::optional<uint64_t> SegmentKeyEpoch(std::string_view key);
 
 }  // namespace weir::log

@@ -2,6 +2,7 @@
 // segments; the metastore learns about them in one transaction per cycle.
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <set>
@@ -43,6 +44,17 @@ void ForEachParallel(size_t n, size_t workers, const char* thread_name, const st
 
 std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end, uint64_t epoch) {
   return fmt::format("seg/{:020}/{:020}-{:020}-e{}", stream_id, start, end, epoch);
+}
+
+std::optional<uint64_t> SegmentKeyEpoch(std::string_view key) {
+  size_t slash = key.rfind('/');
+  size_t e = key.rfind("-e");
+  if (slash == std::string_view::npos || e == std::string_view::npos || e < slash) return std::nullopt;
+  std::string_view digits = key.substr(e + 2);
+  uint64_t epoch = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), epoch);
+  if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty()) return std::nullopt;
+  return epoch;
 }
 
 Result<std::string> Engine::ReadSlotBatch(const BatchRef& ref) {
@@ -346,6 +358,9 @@ Status Engine::SweepGarbage() {
   //    metastore) and is left alone, unless replay loaded that stream; one
   //    of an id at or below it that no loaded stream has belongs to a
   //    deleted stream.
+  //    A key written in this epoch or a later one (`-e<epoch>`) is never
+  //    judged: a successor that took the node over while this listing ran
+  //    may have committed it after the rows were loaded.
   std::set<std::string> known;
   for (auto& [id, s] : by_id_) {
     for (const auto& seg : s->segments) known.insert(seg.object_key);
@@ -356,6 +371,7 @@ Status Engine::SweepGarbage() {
       uint64_t id = 0;
       if (std::sscanf(obj.key.c_str(), "seg/%20" SCNu64 "/", &id) != 1) continue;
       if (id > last_stream_id_at_start_ && by_id_.count(id) == 0) continue;  // created since: not ours to judge
+      if (SegmentKeyEpoch(obj.key).value_or(0) >= epoch_.load()) continue;  // written since this start
       if (!known.count(obj.key)) garbage.push_back(obj.key);
     }
     if (page.next_start_after.empty()) break;

@@ -346,6 +346,7 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
     return SleepUnlessStopped(d);
   };
   bool durable = false;
+  TimePoint attempt_start = start;
   while (!durable) {
     {
       std::lock_guard lk(mu_);
@@ -355,6 +356,7 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
       if (slot->attempts++ > 0) metrics_.put_retries.fetch_add(1, std::memory_order_relaxed);
     }
     metrics_.put_attempts.fetch_add(1, std::memory_order_relaxed);
+    attempt_start = Now();
     objstore::PutOptions po;
     po.if_none_match = true;
     Status st = store_->Put(key, bytes, po);
@@ -399,7 +401,10 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
   metrics_.slot_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
   {
     std::lock_guard lk(mu_);
-    put_ewma_ = put_ewma_ == Duration::zero() ? took : (put_ewma_ * 7 + took) / 8;
+    // The pace follows the store's PUT latency: the attempt that landed,
+    // not the backoff of an outage before it.
+    Duration put = Now() - attempt_start;
+    put_ewma_ = put_ewma_ == Duration::zero() ? put : (put_ewma_ * 7 + put) / 8;
     if (slot->abandoned) return;
     slot->durable = true;
     slot->durable_at = Now();
@@ -569,6 +574,7 @@ Status Writer::Abandon(uint64_t cut, const Status& reason) {
       if (slot.epoch == epoch_ && slot.seq >= cut) {
         std::lock_guard blk(slot.build_mu);
         for (Entry& e : slot.entries) failed.push_back(std::move(e));
+        slot.entries.clear();  // an uploader about to build it finds nothing to read
         held_bytes_ -= slot.charge;
         it = slots_.erase(it);
         continue;
@@ -592,7 +598,11 @@ Status Writer::Abandon(uint64_t cut, const Status& reason) {
   DrainReleases();
   Status why;
   {
-    std::lock_guard lk(mu_);
+    // Callbacks run in append order: the OKs of the slots below the cut go
+    // out first, also when another thread is releasing them. (Abandon is
+    // never called from a release callback.)
+    std::unique_lock lk(mu_);
+    idle_cv_.wait(lk, [&] { return !releasing_ && slots_.empty(); });
     why = dead_reason_;
   }
   for (Entry& e : failed) {
