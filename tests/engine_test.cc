@@ -1473,14 +1473,15 @@ TEST_F(EngineTest, RawBatchesAreVerified) {
   std::string miscounted = good;
   StoreBE32(miscounted.data() + 23, 1);  // lastOffsetDelta 1 and
   StoreBE32(miscounted.data() + 57, 2);  // recordCount 2, with one record present
-  EXPECT_EQ(AppendRaw(*engine_, "s", recrc(miscounted)).status.code(), Code::kCorruption);
+  // (Built wrong rather than damaged: kInvalidArgument, Kafka's INVALID_RECORD.)
+  EXPECT_EQ(AppendRaw(*engine_, "s", recrc(miscounted)).status.code(), Code::kInvalidArgument);
   std::string zstd;
   eo = {};
   eo.attributes = wal::kCodecZstd;
   ASSERT_TRUE(wal::EncodeRecordBatch(one, eo, &zstd).ok());
   std::string garbled = zstd;
   std::fill(garbled.begin() + wal::kRecordBatchHeaderSize, garbled.end(), '\xff');  // not zstd at all
-  EXPECT_EQ(AppendRaw(*engine_, "s", recrc(garbled)).status.code(), Code::kCorruption);
+  EXPECT_EQ(AppendRaw(*engine_, "s", recrc(garbled)).status.code(), Code::kInvalidArgument);
   // Nothing of the above changed the stream.
   EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 0u);
   EXPECT_EQ(engine_->GetStream(kBasin, "s")->fencing_token, "");

@@ -861,6 +861,15 @@ TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {
     resp = Call(null_records, 7, DecodeProduceResponse);
     EXPECT_EQ(resp.responses.at(0).partition_responses.at(0).error_code, ErrorCode::kCorruptMessage);
   }
+  // Records that do not parse under a CRC that holds: built wrong, not
+  // damaged, so INVALID_RECORD (not retried) as in Kafka. Here the record
+  // (length, attributes, timestampDelta 0, then offsetDelta at byte 64)
+  // claims offset delta 1 in a batch of one.
+  std::string malformed = Batch({"payload"});
+  ASSERT_EQ(malformed[64], 0x00);
+  malformed[64] = 0x02;
+  StoreBE32(malformed.data() + 17, Crc32c(std::string_view(malformed).substr(21)));
+  EXPECT_EQ(Produce("strict", 0, malformed).error_code, ErrorCode::kInvalidRecord);
   // Magic 1 (an old message set): not a v2 batch.
   std::string magic1 = Batch({"old"});
   magic1[16] = 1;

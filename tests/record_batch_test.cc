@@ -457,6 +457,23 @@ TEST(RecordBatchTest, MalformedRecordsNameTheRecord) {
   }
 }
 
+TEST(RecordBatchTest, ValidationWantsEachOffsetDeltaToBeItsIndex) {
+  // Two records both at offsetDelta 0: a reader would see one offset twice
+  // and miss the next, so a producer's batch like this is refused.
+  const std::string rec = "\x0c\x00\x00\x00\x01\x01\x00"s;
+  std::string b = BatchWithRecordBytes(rec + rec, 2);
+  auto h = VerifyBatch(b);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  Status st = ValidateRecords(*h, b);
+  EXPECT_EQ(st.code(), Code::kCorruption);
+  EXPECT_NE(st.message().find("record 1: offsetDelta 0 is not its index"), std::string::npos) << st.ToString();
+  // Dense deltas pass.
+  std::string good = Encode(SmallRecords());
+  auto gh = VerifyBatch(good);
+  ASSERT_TRUE(gh.ok());
+  EXPECT_TRUE(ValidateRecords(*gh, good).ok());
+}
+
 TEST(RecordBatchTest, FuzzNeverCrashes) {
   std::mt19937_64 rng(20240611);
   auto byte = [&] { return static_cast<char>(rng() & 0xff); };

@@ -848,8 +848,11 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   // The records themselves, decompressed if need be (as Kafka's broker does):
   // a batch stored as sent must be one every reader can decode.
   int64_t max_ts = h.max_timestamp;
+  // A batch whose CRC holds but whose records do not parse was built wrong,
+  // not damaged on the way: kInvalidArgument (Kafka's INVALID_RECORD, which
+  // producers do not retry), not kCorruption (CORRUPT_MESSAGE, retried).
   if (Status valid = wal::ValidateRecords(h, batch, wal::kMaxDecompressedRecordsBytes, &max_ts); !valid.ok()) {
-    return fail(valid);
+    return fail(InvalidArgument("{}", valid.message()));
   }
   // maxTimestamp feeds timestamp lookups and retention: as Kafka's broker
   // does, it is the records' largest, whatever the producer wrote there.

@@ -123,8 +123,10 @@ class RecordReader {
   int32_t index_;
 };
 
-// Decodes record `index` into *out, or with a null `out` only checks it.
-// `timestamp` (if set) gets the record's timestamp, as a reader sees it.
+// Decodes record `index` into *out, or with a null `out` only checks it,
+// then also that its offsetDelta is its index (offsets dense, as a producer
+// writes them). `timestamp` (if set) gets the record's timestamp, as a reader
+// sees it.
 Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out, int64_t* timestamp) {
   int64_t length = 0;
   if (!batch->GetVarint(&length)) {
@@ -148,6 +150,10 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
   if (offset_delta < 0 || offset_delta > h.last_offset_delta) {
     return Corruption("record {}: offsetDelta {} is outside [0, lastOffsetDelta {}]", index, offset_delta,
                       h.last_offset_delta);
+  }
+  if (!out && offset_delta != index) {
+    return Corruption("record {}: offsetDelta {} is not its index (offsets in a batch are dense)", index,
+                      offset_delta);
   }
   Record scratch;
   Record& rec = out ? out->record : scratch;

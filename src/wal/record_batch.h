@@ -111,8 +111,10 @@ Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch,
                                                  size_t max_decompressed = kMaxDecompressedRecordsBytes);
 // The checks of DecodeRecords (decompressing if needed) without keeping the
 // records, for a batch VerifyBatch already checked (`verified` is its answer):
-// what a broker does before it stores a producer's batch as sent.
-// `max_timestamp` (if set) gets the largest record timestamp.
+// what a broker does before it stores a producer's batch as sent. Also
+// checks that each record's offsetDelta is its index (a reader would
+// otherwise see repeated offsets and gaps). `max_timestamp` (if set) gets the
+// largest record timestamp.
 Status ValidateRecords(const BatchHeader& verified, std::string_view batch,
                        size_t max_decompressed = kMaxDecompressedRecordsBytes, int64_t* max_timestamp = nullptr);
 
