@@ -1239,12 +1239,14 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     if (!pid || !pepoch || !pseq) {
       throw BadRequest{"weir-producer-id, weir-producer-epoch and weir-producer-seq go together", "bad_header"};
     }
+    uint64_t id = ParseU64(*pid, "weir-producer-id", "bad_header");
     uint64_t epoch = ParseU64(*pepoch, "weir-producer-epoch", "bad_header");
     uint64_t seq = ParseU64(*pseq, "weir-producer-seq", "bad_header");
+    // Stored batches carry the id as Kafka's signed int64.
+    if (id > INT64_MAX) throw BadRequest{"weir-producer-id must be at most 9223372036854775807", "bad_header"};
     if (epoch > INT16_MAX) throw BadRequest{"weir-producer-epoch must be at most 32767", "bad_header"};
     if (seq > INT32_MAX) throw BadRequest{"weir-producer-seq must be at most 2147483647", "bad_header"};
-    in.options.producer = log::ProducerRef{ParseU64(*pid, "weir-producer-id", "bad_header"), static_cast<int16_t>(epoch),
-                                           static_cast<int32_t>(seq)};
+    in.options.producer = log::ProducerRef{id, static_cast<int16_t>(epoch), static_cast<int32_t>(seq)};
   }
   size_t records = in.records.size();
   size_t bytes = 0;

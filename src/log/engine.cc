@@ -645,6 +645,11 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
                          const AppendOptions& options, AppendCallback done) {
   auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
   if (Status limits = CheckAppendLimits(records); !limits.ok()) return fail(limits);
+  if (options.producer && options.producer->id > static_cast<uint64_t>(INT64_MAX)) {
+    // Batches carry it as Kafka's signed producer id: above this it would
+    // read as none, and the window would not survive settle or a restart.
+    return fail(InvalidArgument("producer id {} is above {}", options.producer->id, INT64_MAX));
+  }
   if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());

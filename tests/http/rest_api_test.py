@@ -1264,6 +1264,11 @@ class ProducerTest(ApiTestCase):
         r = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]},
                         headers=producer_headers("abc", 0, 0))
         self.assertError(r, 400, "bad_header")
+        # Ids are Kafka's signed 64-bit producer ids.
+        r = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]},
+                        headers=producer_headers(2**63, 0, 0))
+        self.assertError(r, 400, "bad_header")
+        self.assertEqual(self.c.get(f"/v1/streams/{q(s)}/records/tail").json()["tail"]["seq_num"], 0)
 
 
 # --------------------------------------------------------------------------
