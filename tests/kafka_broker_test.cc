@@ -1178,6 +1178,39 @@ TEST_F(BrokerTest, FetchLongPollWaitsForMinBytes) {
   EXPECT_LT(Now() - t0, 10s);
 }
 
+TEST_F(BrokerTest, FetchWithAPartitionHeldBackByTheLimitsAnswersAtOnce) {
+  // Partition 0 gives its batch; partition 1's batch does not fit what is
+  // left (so it is left out); partition 2 is at its end. Waiting for
+  // min_bytes would only return the same answer at max_wait_ms.
+  ASSERT_EQ(CreateTopic("held", 3).error_code, ErrorCode::kNone);
+  std::string small = Batch({"s"}), big = Batch({std::string(4000, 'b')});
+  ASSERT_EQ(Produce("held", 0, small).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("held", 1, big).error_code, ErrorCode::kNone);
+  auto t0 = Now();
+  auto resp = Call(FetchReq("held", {{0, 0}, {1, 0}, {2, 0}}, /*max_wait_ms=*/30000, /*min_bytes=*/1 << 20,
+                            static_cast<int32_t>(small.size() + 100)),
+                   11, DecodeFetchResponse);
+  EXPECT_LT(Now() - t0, 20s);
+  ASSERT_EQ(resp.responses.at(0).partitions.size(), 3u);
+  EXPECT_EQ(Batches(resp.responses[0].partitions[0]).size(), 1u);
+  EXPECT_TRUE(Batches(resp.responses[0].partitions[1]).empty());
+  EXPECT_EQ(resp.responses[0].partitions[1].high_watermark, 1);
+}
+
+TEST_F(BrokerTest, StopAnswersWaitingFetchesAndLaterOnesAtOnce) {
+  ASSERT_EQ(CreateTopic("stopping", 1).error_code, ErrorCode::kNone);
+  Pending waiting = Start(FetchReq("stopping", {{0, 0}}, /*max_wait_ms=*/30000, /*min_bytes=*/1), 11);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(waiting.answered());
+  auto t0 = Now();
+  broker_->Stop();
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  EXPECT_TRUE(Batches(resp.responses.at(0).partitions.at(0)).empty());
+  auto later = Call(FetchReq("stopping", {{0, 0}}, /*max_wait_ms=*/30000, /*min_bytes=*/1), 11, DecodeFetchResponse);
+  EXPECT_TRUE(Batches(later.responses.at(0).partitions.at(0)).empty());
+  EXPECT_LT(Now() - t0, 20s);
+}
+
 TEST_F(BrokerTest, FetchLongPollEndsEmptyAtMaxWait) {
   ASSERT_EQ(CreateTopic("idle", 2).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("idle", 1, Batch({"x"})).error_code, ErrorCode::kNone);

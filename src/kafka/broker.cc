@@ -75,6 +75,7 @@ void Broker::Stop() {
   if (tick_thread_.joinable()) tick_thread_.join();
   if (expiry_thread_.joinable()) expiry_thread_.join();
   groups_.Shutdown();
+  AnswerWaitingFetches();
 }
 
 void Broker::TickLoop() {
@@ -421,6 +422,7 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
   size_t budget = std::min<size_t>(static_cast<size_t>(std::max(in.max_bytes, 1)), options_.max_fetch_bytes);
   size_t total = 0;
   bool error = false;
+  bool held_back = false;  // a partition has data this answer leaves out
   // Where to watch if the fetch has to wait: (stream, offset).
   std::vector<std::pair<std::string, uint64_t>> waits;
   for (auto& t : in.topics) {
@@ -485,20 +487,28 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
       // has nothing more to give this fetch: watching it would only read it
       // again on every append.
       if (complete) waits.emplace_back(stream, r->tail);
+      held_back = held_back || (!complete && !at_end);
       tr.partitions.push_back(std::move(pd));
     }
     resp.responses.push_back(std::move(tr));
   }
   // min_bytes 0 answers at once, as in Kafka; so does a response that is as
-  // full as max_bytes allows.
+  // full as max_bytes allows, and one with a partition whose data the limits
+  // held back (waiting would add nothing: Kafka counts that data as there).
   bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 0)) || total >= budget ||
-                waits.empty();
+                waits.empty() || held_back;
   if (!final && !enough) {
     // Long poll: read again when a partition at its end gets data, until
-    // min_bytes are there or max_wait_ms is over.
+    // min_bytes are there or max_wait_ms is over (or the broker stops).
     std::unique_lock lk(state->mu);
     if (state->answered) return;
-    if (!state->expired) {
+    bool stopped = false;
+    {
+      std::lock_guard flk(fetches_mu_);
+      stopped = fetches_stopped_;
+      if (!stopped) waiting_fetches_[state.get()] = {req, state};
+    }
+    if (!state->expired && !stopped) {
       auto wake = [this, req, state] {
         {
           std::lock_guard lk2(state->mu);
@@ -549,6 +559,10 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
     std::lock_guard lk(state->mu);
     state->answered = true;
   }
+  {
+    std::lock_guard flk(fetches_mu_);
+    waiting_fetches_.erase(state.get());
+  }
   metrics_.fetch_bytes += total;
   Send(req, resp, EncodeFetchResponse);
 }
@@ -561,6 +575,26 @@ void Broker::FinishFetch(const std::shared_ptr<Request>& req, const std::shared_
   }
   for (auto& [stream, id] : watches) engine_->UnwatchTail(options_.basin, stream, id);
   FetchOnce(req, state, final);
+}
+
+void Broker::AnswerWaitingFetches() {
+  std::vector<std::pair<std::weak_ptr<Request>, std::weak_ptr<FetchState>>> waiting;
+  {
+    std::lock_guard lk(fetches_mu_);
+    fetches_stopped_ = true;
+    for (auto& [key, w] : waiting_fetches_) waiting.push_back(w);
+  }
+  for (auto& [weak_req, weak_state] : waiting) {
+    auto req = weak_req.lock();
+    auto state = weak_state.lock();
+    if (!req || !state) continue;
+    {
+      std::lock_guard lk(state->mu);
+      if (!state->waiting) continue;  // a read of it is running, and answers (fetches_stopped_)
+      state->waiting = false;
+    }
+    req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/true); });
+  }
 }
 
 // ---- ListOffsets ----------------------------------------------------------------

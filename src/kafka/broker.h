@@ -89,7 +89,8 @@ class Broker : public FrameHandler {
     options_.advertised_port = port;
   }
   void Handle(std::string frame, std::shared_ptr<Reply> reply) override;
-  // Answers waiting group joins and stops the coordinator's ticks.
+  // Answers waiting group joins and long-polling fetches, and stops the
+  // coordinator's ticks; fetches after it answer at once.
   void Stop();
 
   const BrokerMetrics& metrics() const { return metrics_; }
@@ -162,6 +163,13 @@ class Broker : public FrameHandler {
   std::mutex limits_mu_;
   std::map<std::string, size_t> max_message_bytes_;
   uint64_t limits_generation_ = 0;  // bumped by ForgetLimits
+
+  // Fetches waiting for data (long poll), so Stop can answer them: their
+  // requests are otherwise held only by engine tail watches.
+  std::mutex fetches_mu_;
+  bool fetches_stopped_ = false;  // fetches_mu_
+  std::map<const FetchState*, std::pair<std::weak_ptr<Request>, std::weak_ptr<FetchState>>> waiting_fetches_;
+  void AnswerWaitingFetches();
 
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;

@@ -82,6 +82,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     net::post(socket_.get_executor(), [self = shared_from_this()] { self->CloseNow(); });
   }
 
+  // TcpServer::CloseConnectionsWhenAnswered.
+  void CloseWhenAnswered() {
+    net::post(socket_.get_executor(), [self = shared_from_this()] {
+      if (!self->closed_ && !self->stop_reading_) self->CloseAfterPending();
+    });
+  }
+
   void Answer(uint64_t seq, std::string response, bool respond, bool close) {
     net::post(socket_.get_executor(), [self = shared_from_this(), seq, response = std::move(response), respond,
                                        close]() mutable {
@@ -467,6 +474,15 @@ void TcpServer::StopAccepting() {
     ErrorCode ec;
     impl->acceptor.close(ec);
   });
+}
+
+void TcpServer::CloseConnectionsWhenAnswered() {
+  std::set<std::shared_ptr<Connection>> conns;
+  {
+    std::lock_guard lk(impl_->mu);
+    conns = impl_->conns;
+  }
+  for (auto& c : conns) c->CloseWhenAnswered();
 }
 
 void TcpServer::Stop() {

@@ -105,6 +105,10 @@ class TcpServer {
   std::string address() const;  // "host:port" actually bound
   const TcpServerMetrics& metrics() const;
   void StopAccepting();
+  // Draining: every connection reads no further request and closes once the
+  // responses to those it read are written (clients reconnect elsewhere, or
+  // after a restart).
+  void CloseConnectionsWhenAnswered();
   // Closes every connection and joins all threads.
   void Stop();
 

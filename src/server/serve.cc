@@ -379,10 +379,13 @@ int RunServe(const ServeOptions& o) {
   (*server)->StopAccepting();
   if (kafka_server) kafka_server->StopAccepting();
   rest.SetDraining();
-  // Group joins waiting for a rebalance are answered (clients retry).
+  // Group joins waiting for a rebalance and long-polling fetches are
+  // answered (clients retry); Kafka connections take no further request and
+  // close once answered.
   if (broker) broker->Stop();
+  if (kafka_server) kafka_server->CloseConnectionsWhenAnswered();
   // In-flight appends finish (their acks are released); waits end within a
-  // tick (HTTP) or at the fetch's max wait (Kafka).
+  // tick (HTTP).
   auto open = [&] {
     return (*server)->in_flight() + (kafka_server ? kafka_server->metrics().in_flight.load() : 0);
   };
