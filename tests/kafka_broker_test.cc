@@ -1028,6 +1028,20 @@ TEST_F(BrokerTest, ConcurrentProducesAutoCreateATopicOnce) {
   EXPECT_EQ(Metadata(std::nullopt).topics.size(), 1u);
 }
 
+TEST_F(BrokerTest, ARejectedProduceCreatesNoTopic) {
+  // A damaged batch, a transactional one, a partition past the ones
+  // auto-creation would make: each fails, and no topic appears.
+  std::string damaged = Batch({"x"});
+  damaged[damaged.size() - 2] ^= 0x10;
+  EXPECT_EQ(Produce("damaged", 0, damaged).error_code, ErrorCode::kCorruptMessage);
+  EXPECT_NE(Produce("txn", 0, WithAttributes(Batch({"x"}), wal::kTransactionalFlag)).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Produce("far", 5, Batch({"x"})).error_code, ErrorCode::kUnknownTopicOrPartition);
+  EXPECT_EQ(Metadata(std::nullopt).topics.size(), 0u);
+  // A good batch still creates its topic.
+  EXPECT_EQ(Produce("good", 0, Batch({"x"})).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Metadata(std::nullopt).topics.size(), 1u);
+}
+
 TEST_F(BrokerTest, ConcurrentRetriesOfOneBatchGetOneOffset) {
   ASSERT_EQ(CreateTopic("race", 1).error_code, ErrorCode::kNone);
   auto init = InitProducerId();

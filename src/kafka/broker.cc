@@ -274,7 +274,10 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
     // Admission may block (backpressure), and checking a compressed batch
     // decompresses it: neither on the I/O thread, which serves every
     // connection (heartbeats, fetches); still in order.
-    if (compressed || engine_->AdmissionMayWait(bytes)) {
+    // A topic's size limit not yet read is a metastore read: not here either.
+    bool uncached = false;
+    for (const auto& t : in.topic_data) uncached = uncached || !MaxMessageBytesKnown(t.name);
+    if (compressed || uncached || engine_->AdmissionMayWait(bytes)) {
       return req->reply->PostInOrder([this, req] { Produce(req, true); });
     }
   }
@@ -284,7 +287,7 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   if (in.transactional_id) all = ErrorCode::kTransactionalIdAuthorizationFailed;
   if (in.acks != 0 && in.acks != 1 && in.acks != -1) all = ErrorCode::kInvalidRequiredAcks;
   std::vector<ProduceJob> jobs;
-  bool missing = false;
+  std::set<std::string> to_create;  // missing topics a batch may be appended to once created
   for (auto& t : in.topic_data) {
     ProduceTopicResponse tr;
     tr.name = t.name;
@@ -306,8 +309,13 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
       } else {
         ProduceJob job{resp->responses.size(), tr.partition_responses.size(),
                        metastore::BucketStreamName(t.name, static_cast<uint32_t>(p.index)), std::string(*p.records)};
-        if (options_.auto_create_partitions > 0 && !missing) {
-          missing = engine_->CheckTail(options_.basin, job.stream).status().code() == Code::kNotFound;
+        // Auto-creation: only for a batch that could be appended once the
+        // topic exists (a rejected produce changes nothing).
+        if (options_.auto_create_partitions > 0 && p.index < options_.auto_create_partitions &&
+            !to_create.count(t.name) &&
+            engine_->CheckTail(options_.basin, job.stream).status().code() == Code::kNotFound) {
+          auto h = wal::VerifyBatch(job.batch);
+          if (h.ok() && !(h->attributes & (wal::kTransactionalFlag | wal::kControlFlag))) to_create.insert(t.name);
         }
         jobs.push_back(std::move(job));
       }
@@ -315,14 +323,11 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
     }
     resp->responses.push_back(std::move(tr));
   }
-  if (!missing) return ProduceAppend(req, std::move(resp), std::move(jobs));
+  if (to_create.empty()) return ProduceAppend(req, std::move(resp), std::move(jobs));
   // A topic is missing: create it off the I/O thread, then append, still
   // before this connection's next request.
-  auto create_then_append = [this, req, resp, jobs = std::move(jobs)]() mutable {
-    std::map<std::string, bool> tried;
-    for (const auto& job : jobs) {
-      const std::string& topic = resp->responses[job.topic].name;
-      if (!tried.emplace(topic, true).second) continue;
+  auto create_then_append = [this, req, resp, jobs = std::move(jobs), to_create = std::move(to_create)]() mutable {
+    for (const auto& topic : to_create) {
       auto n = TopicPartitions(topic, options_.auto_create_partitions);
       if (!n.ok() && n.status().code() != Code::kNotFound) {
         Log().warn("kafka: auto-creating topic {}: {}", topic, n.status().ToString());
@@ -750,6 +755,11 @@ void Broker::InitProducerId(const std::shared_ptr<Request>& req) {
     }
   }
   Send(req, resp, EncodeInitProducerIdResponse);
+}
+
+bool Broker::MaxMessageBytesKnown(const std::string& topic) {
+  std::lock_guard lk(limits_mu_);
+  return max_message_bytes_.count(topic) > 0;
 }
 
 size_t Broker::MaxMessageBytes(const std::string& topic) {

@@ -159,6 +159,7 @@ class Broker : public FrameHandler {
   // A topic's max.message.bytes (default options_.max_batch_bytes), read from
   // its catalog entry once and kept; forgotten when the topic is deleted.
   size_t MaxMessageBytes(const std::string& topic);
+  bool MaxMessageBytesKnown(const std::string& topic);  // without a metastore read
   void ForgetLimits(const std::string& topic);
   std::mutex limits_mu_;
   std::map<std::string, size_t> max_message_bytes_;

@@ -456,7 +456,7 @@ Result<std::unique_ptr<TcpServer>> TcpServer::Start(const TcpServerOptions& opti
   impl->bound = (local.address().is_v6() ? "[" + local.address().to_string() + "]" : local.address().to_string()) +
                 ":" + std::to_string(local.port());
   impl->workers = std::make_unique<net::thread_pool>(static_cast<size_t>(std::max(1, options.worker_threads)));
-  impl->Accept();
+  if (options.accept_at_start) impl->Accept();
   for (int i = 0; i < std::max(1, options.io_threads); ++i) {
     impl->io_threads.emplace_back([io = &impl->ioc] {
       SetThreadName("kafka-io");
@@ -468,6 +468,10 @@ Result<std::unique_ptr<TcpServer>> TcpServer::Start(const TcpServerOptions& opti
 
 std::string TcpServer::address() const { return impl_->bound; }
 const TcpServerMetrics& TcpServer::metrics() const { return impl_->metrics; }
+
+void TcpServer::StartAccepting() {
+  net::post(impl_->ioc, [impl = impl_.get()] { impl->Accept(); });
+}
 
 void TcpServer::StopAccepting() {
   net::post(impl_->ioc, [impl = impl_.get()] {

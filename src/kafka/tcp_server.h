@@ -85,6 +85,9 @@ struct TcpServerOptions {
   size_t max_in_flight_bytes = 512u << 20;             // request frames, all connections
   size_t max_connections = 4096;
   Duration idle_timeout = std::chrono::minutes(10);    // Kafka's connections.max.idle.ms
+  // false: Start binds (address() is known) but accepts only once
+  // StartAccepting is called, e.g. after the handler learned that address.
+  bool accept_at_start = true;
 };
 
 struct TcpServerMetrics {
@@ -104,6 +107,7 @@ class TcpServer {
 
   std::string address() const;  // "host:port" actually bound
   const TcpServerMetrics& metrics() const;
+  void StartAccepting();  // with accept_at_start = false; once
   void StopAccepting();
   // Draining: every connection reads no further request and closes once the
   // responses to those it read are written (clients reconnect elsewhere, or

@@ -349,6 +349,7 @@ int RunServe(const ServeOptions& o) {
     ko.max_in_flight_bytes = o.kafka_max_in_flight_mib << 20;
     ko.max_connections = o.kafka_max_connections;
     ko.worker_threads = std::max(2, o.worker_threads / 2);
+    ko.accept_at_start = false;  // until the broker knows the address it advertises
     auto ks = kafka::TcpServer::Start(ko, broker.get());
     if (!ks.ok()) return fail(ks.status());
     kafka_server = std::move(*ks);
@@ -357,6 +358,7 @@ int RunServe(const ServeOptions& o) {
     bo.advertised_host = kafka_advertised ? kafka_advertised->first : bound->first;
     bo.advertised_port = kafka_advertised ? kafka_advertised->second : bound->second;
     broker->SetAdvertised(bo.advertised_host, bo.advertised_port);
+    kafka_server->StartAccepting();
   }
   rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get(), b = broker.get(),
                            k = kafka_server.get(), h = &(*server)->metrics()] {
