@@ -1013,6 +1013,29 @@ TEST_F(EngineTest, SmallSegmentsAreMergedIntoOne) {
   EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);  // the start's sweep found nothing to collect
 }
 
+TEST_F(EngineTest, MergesSpanAtMostAnEighthOfTheRetentionAge) {
+  // Retention judges a segment by its newest record: merging a quiet
+  // stream's segments without end would keep its oldest records for ever.
+  StreamConfig cfg;
+  cfg.retention_age_s = 80;  // merged segments span at most 10 s
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "quiet", cfg).ok());
+  const int64_t t0 = WallMillis() - 40'000;
+  for (int64_t at : {0, 5'000, 12'000, 14'000}) {
+    auto recs = Bodies({"at" + std::to_string(at)});
+    recs[0].timestamp_ms = t0 + at;
+    ASSERT_TRUE(engine_->Append(kBasin, "quiet", std::move(recs)).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  }
+  ASSERT_EQ(CountKeys(*store_, "seg/"), 4u);
+  ASSERT_TRUE(engine_->MergeSegmentsNow().ok());
+  EXPECT_EQ(engine_->metrics().segment_merges.load(), 2u);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 2u);
+  // And the merged ones do not merge further.
+  ASSERT_TRUE(engine_->MergeSegmentsNow().ok());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 2u);
+  EXPECT_EQ(ReadPaged(*engine_, "quiet"), (std::vector<std::string>{"at0", "at5000", "at12000", "at14000"}));
+}
+
 TEST_F(EngineTest, AMergeSwapThatLandedUnseenIsRecognised) {
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);

@@ -510,11 +510,18 @@ Status Engine::MergeSegmentsNow() {
       age_s = s->info.config.retention_age_s;
     }
     const int64_t expired_before = age_s > 0 ? now_ms - std::min<int64_t>(age_s, INT64_MAX / 1000) * 1000 : INT64_MIN;
+    // Retention judges a segment by its newest record: a merged one spans at
+    // most an eighth of the retention age, so merging keeps no record more
+    // than that past its age.
+    const uint64_t max_span_ms =
+        age_s > 0 ? static_cast<uint64_t>(std::max<int64_t>(std::min<int64_t>(age_s, INT64_MAX / 1000) * 1000 / 8, 1))
+                  : UINT64_MAX;
     // Runs of adjacent small segments: one is merged when the merged object
     // would reach `small` (so it is never merged again), when it has
     // kMaxMergeParts parts, or (two or more) when its newest is old enough;
     // a segment at or above `small` ends a run, as does one retention is due
-    // to take (trimmed or expired: merging would keep it longer). A
+    // to take (trimmed or expired: merging would keep it longer), and one
+    // that would stretch the run past max_span_ms. A
     // segment's batches are at least its size less its footer and index (an
     // entry per 64 KiB).
     auto data_at_least = [](uint64_t size) {
@@ -524,22 +531,31 @@ Status Engine::MergeSegmentsNow() {
     std::vector<std::vector<metastore::SegmentInfo>> runs;
     std::vector<metastore::SegmentInfo> run;
     uint64_t run_data = 0;
+    int64_t run_first_ms = INT64_MAX;  // the run's oldest record
     auto close_run = [&] {
       if (run.size() >= 2 && run.back().last_timestamp_ms <= aged_before) runs.push_back(run);
       run.clear();
       run_data = 0;
+      run_first_ms = INT64_MAX;
     };
     for (const auto& seg : segments) {
       if (seg.end_offset <= trim_point || seg.last_timestamp_ms < expired_before || seg.size_bytes >= small) {
         close_run();
         continue;
       }
+      const int64_t first = std::min(run_first_ms, seg.first_timestamp_ms);
+      if (!run.empty() && seg.last_timestamp_ms > first &&
+          static_cast<uint64_t>(seg.last_timestamp_ms) - static_cast<uint64_t>(first) > max_span_ms) {
+        close_run();
+      }
+      run_first_ms = std::min(run_first_ms, seg.first_timestamp_ms);
       run.push_back(seg);
       run_data += data_at_least(seg.size_bytes);
       if (run_data + kSegmentFooterSize + kSegmentIndexEntrySize >= small || run.size() == kMaxMergeParts) {
         if (run.size() >= 2) runs.push_back(run);
         run.clear();
         run_data = 0;
+        run_first_ms = INT64_MAX;
       }
     }
     close_run();
