@@ -1055,6 +1055,70 @@ TEST_F(EngineTest, AMergeSwapThatLandedUnseenIsRecognised) {
   EXPECT_EQ(ReadPaged(*engine_, "s"), all);
 }
 
+TEST_F(EngineTest, AMergeSwapNeverSeenToLandIsAdoptedByTheNextMergeOrRetention) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  std::vector<std::string> all;
+  auto append_settled = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      all.push_back("r" + std::to_string(all.size()));
+      ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({all.back()})).status.ok());
+      ASSERT_TRUE(engine_->SettleNow().ok());
+    }
+  };
+  append_settled(5);
+  // The swap lands but answers a timeout, and reading the row back fails too:
+  // memory keeps the five parts, the metastore has the merged row.
+  hooked->after_replace_segments = [](Status st) { return st.ok() ? Timeout("the answer was lost") : st; };
+  hooked->fail_find_segments = [] { return Unavailable("the metastore is away"); };
+  EXPECT_FALSE(engine_->MergeSegmentsNow().ok());
+  hooked->after_replace_segments = nullptr;
+  hooked->fail_find_segments = nullptr;
+  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+  // The next merge (its run now longer) finds the rows changed and takes the
+  // metastore's; the one after it merges again.
+  append_settled(2);
+  EXPECT_FALSE(engine_->MergeSegmentsNow().ok());
+  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+  ASSERT_TRUE(engine_->MergeSegmentsNow().ok());
+  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);
+}
+
+TEST_F(EngineTest, RetentionAfterAnUnseenMergeSwapKeepsWhatTheMetastoreNames) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  StreamConfig cfg;
+  cfg.retention_age_s = 3600;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "r", cfg).ok());
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(engine_->Append(kBasin, "r", Bodies({"v" + std::to_string(i)})).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  }
+  hooked->after_replace_segments = [](Status st) { return st.ok() ? Timeout("the answer was lost") : st; };
+  hooked->fail_find_segments = [] { return Unavailable("the metastore is away"); };
+  EXPECT_FALSE(engine_->MergeSegmentsNow().ok());
+  hooked->after_replace_segments = nullptr;
+  hooked->fail_find_segments = nullptr;
+  // A trim below the second part: memory would drop the first part, the
+  // metastore has one row spanning all four.
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(1)));
+  ASSERT_TRUE(engine_->Append(kBasin, "r", std::move(trim)).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  // Memory now has the merged row, which nothing removed: the records from
+  // the trim point on read as before, here and after a restart.
+  auto before = ReadPaged(*engine_, "r");
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadPaged(*engine_, "r"), before);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 2u);  // the merged row and the trim's segment
+}
+
 TEST_F(EngineTest, ASupersededNodeMergesNothing) {
   std::vector<std::string> all;
   for (int i = 0; i < 5; ++i) {

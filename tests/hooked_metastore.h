@@ -21,10 +21,11 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_mint;                  // non-OK: MintEpoch answers it (and changes nothing)
   std::function<void()> before_commit_settle;         // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;  // maps the real answer
-  std::function<Status(uint64_t)> fail_delete_segments;
+  std::function<Status(uint64_t)> fail_delete_segments;  // non-OK for a stream id: DeleteSegmentsBelow answers it
   std::function<Status(Status)> after_replace_segments;  // maps the real answer
   std::function<void()> after_list_stream_states;        // runs once, then is cleared
-  std::function<Status()> fail_commit_settle;  // non-OK: CommitSettle answers it without committing  // non-OK for a stream id: DeleteSegmentsBelow answers it
+  std::function<Status()> fail_commit_settle;            // non-OK: CommitSettle answers it without committing
+  std::function<Status()> fail_find_segments;            // non-OK: FindSegments answers it
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -119,6 +120,9 @@ class HookedMetastore final : public metastore::Metastore {
     return after_commit_settle ? after_commit_settle(std::move(st)) : st;
   }
   Result<std::vector<SegmentInfo>> FindSegments(uint64_t id, uint64_t from, size_t l) override {
+    if (fail_find_segments) {
+      if (Status st = fail_find_segments(); !st.ok()) return st;
+    }
     return m_->FindSegments(id, from, l);
   }
   Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t id, int64_t ms) override {

@@ -333,6 +333,9 @@ class Engine {
   void RequestSettle();
   // Blocks while more than max_unsettled_bytes await settle (up to
   // admission_timeout). Called before any stream lock is taken.
+  // Under settle_mu_: memory's segment list of `s` as the metastore has it
+  // (after a metastore change memory missed: a merge swap that landed unseen).
+  Status ReloadSegments(const std::shared_ptr<Stream>& s);
   Status WaitForSettleRoom();
   // Settle (or a stream's deletion) released `n` bytes of the backlog.
   void SettledBytes(uint64_t n);

@@ -412,9 +412,24 @@ Status Engine::ApplyRetention() {
     }
     std::vector<std::string> keys;
     for (const auto& seg : *removed) keys.push_back(seg.object_key);
+    bool as_read = true;  // the rows removed are the segments memory drops
     {
       std::lock_guard lk(s->mu);
-      std::erase_if(s->segments, [&](const metastore::SegmentInfo& seg) { return seg.end_offset <= below; });
+      size_t dropped = 0;
+      for (const auto& seg : s->segments) {
+        if (seg.end_offset > below) break;
+        as_read = as_read && dropped < keys.size() && keys[dropped] == seg.object_key;
+        ++dropped;
+      }
+      as_read = as_read && dropped == keys.size();
+      if (as_read) s->segments.erase(s->segments.begin(), s->segments.begin() + static_cast<std::ptrdiff_t>(dropped));
+    }
+    // Otherwise memory missed a merge swap that landed (a row may span
+    // `below`): it takes the metastore's rows.
+    if (!as_read) {
+      if (Status st = ReloadSegments(s); !st.ok() && first_error.ok()) {
+        first_error = st.WithContext(fmt::format("stream {}", s->info.id));
+      }
     }
     Status st = store_->DeleteMany(keys);
     if (!st.ok()) Log().warn("deleting expired segments of stream {}: {}", s->info.id, st.ToString());
@@ -638,6 +653,12 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
     if (created && (c == Code::kNotFound || c == Code::kPreconditionFailed || c == Code::kInvalidArgument)) {
       store_->Delete(merged.object_key).IgnoreError();
     }
+    // The rows were not as memory has them: an earlier swap of ours that
+    // landed unseen (its read-back failed too). Memory takes the rows, or
+    // every later merge of the stream would fail the same way.
+    if (c == Code::kPreconditionFailed) {
+      if (Status st = ReloadSegments(s); !st.ok()) Log().warn("stream {}: {}", s->info.id, st.ToString());
+    }
     return replaced.WithContext("indexing a merged segment");
   }
   bool swapped = false;
@@ -668,6 +689,24 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
   }
   metrics_.segment_merges.fetch_add(1);
   metrics_.segments_merged.fetch_add(run.size());
+  return Status::Ok();
+}
+
+Status Engine::ReloadSegments(const std::shared_ptr<Stream>& s) {
+  std::vector<metastore::SegmentInfo> rows;
+  for (uint64_t from = 0;;) {
+    WEIR_ASSIGN_OR_RETURN(auto segs, meta_->FindSegments(s->info.id, from, 1000));
+    if (segs.empty()) break;
+    from = segs.back().end_offset;
+    for (auto& seg : segs) rows.push_back(std::move(seg));
+  }
+  std::lock_guard lk(s->mu);
+  if (s->deleted) return Status::Ok();
+  if (rows.size() != s->segments.size()) {
+    Log().info("stream {}: {} segments in memory, {} in the metastore; taking the metastore's", s->info.id,
+               s->segments.size(), rows.size());
+  }
+  s->segments = std::move(rows);
   return Status::Ok();
 }
 
