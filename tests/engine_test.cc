@@ -668,6 +668,21 @@ TEST_F(EngineTest, ASupersededNodeHaltsWithoutTouchingItsSuccessorsSlots) {
   (*next)->Close();
 }
 
+TEST_F(EngineTest, AnAppendDurableOnlyAfterItsStreamWasDeletedIsNotAcknowledged) {
+  auto gated = RestartGated();
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "doomed", StreamConfig{}).ok());
+  const std::string slot0 = wal::SlotKey("n1", engine_->epoch(), 0);
+  gated->Gate(slot0);
+  std::promise<AppendOutcome> got;
+  engine_->AppendAsync(kBasin, "doomed", Bodies({"x"}), {}, [&](AppendOutcome o) { got.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "doomed").ok());
+  gated->Open(slot0);
+  AppendOutcome o = got.get_future().get();
+  // The record is in no stream a reader (or replay) can find.
+  EXPECT_EQ(o.status.code(), Code::kNotFound) << o.status.ToString();
+}
+
 TEST_F(EngineTest, AnAppendWaitingForPoolRoomDoesNotHoldUpReleases) {
   // Appends to one stream fill the pool while its first slot is held; the
   // next one waits for room. When the slot lands, its release must get the

@@ -917,10 +917,14 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
   std::vector<std::pair<AppendCallback, bool>> waiters;
   std::vector<TailCallback> woken;
   AppendAck ack;
+  Status result = st;
   bool evict = false;
   bool settle_early = false;
   {
     std::lock_guard lk(s->mu);
+    // Durable, but in no stream a reader can find (nor will replay): the
+    // stream was deleted meanwhile.
+    if (st.ok() && s->deleted) result = NotFound("stream \"{}\" was deleted before the append was durable", s->info.name);
     auto it = std::find(s->pending.begin(), s->pending.end(), p);
     if (it != s->pending.end()) s->pending.erase(it);
     waiters = std::move(p->waiters);
@@ -958,7 +962,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
   for (auto& [cb, dup] : waiters) {
     AppendAck a = ack;
     a.duplicated = dup;
-    cb(AppendOutcome{st, a, std::nullopt, std::nullopt});
+    cb(AppendOutcome{result, a, std::nullopt, std::nullopt});
   }
   if (settle_early || evict) RequestSettle();
   if (evict) EvictCache();
