@@ -83,6 +83,7 @@ class EngineTest : public ::testing::Test {
     o.wal.retry_max = 5ms;
     o.log_cache_bytes = cache_bytes_;
     o.max_unsettled_bytes = max_unsettled_bytes_;
+    o.max_unsettled_batches = max_unsettled_batches_;
     o.admission_timeout = admission_timeout_;
     if (wal_budget_ > 0) {
       o.wal.budget_bytes = wal_budget_;
@@ -133,6 +134,7 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
   size_t cache_bytes_ = 64 << 20;
   uint64_t max_unsettled_bytes_ = uint64_t{4} << 30;
+  uint64_t max_unsettled_batches_ = 2'000'000;
   Duration admission_timeout_ = std::chrono::seconds(10);
   size_t wal_budget_ = 0;  // 0: the WAL's default
   size_t merge_small_bytes_ = 1 << 20;
@@ -1699,6 +1701,28 @@ TEST_F(EngineTest, TablesCreateAndDeleteTheirBucketStreams) {
   EXPECT_EQ(engine_->DeleteTable(kBasin, "orders").code(), Code::kNotFound);
   Restart();
   EXPECT_EQ(engine_->CheckTail(kBasin, "orders/0").status().code(), Code::kNotFound);
+}
+
+TEST_F(EngineTest, TheBacklogIsBoundedInBatchesToo) {
+  // Tiny batches take little slot space but an index entry each in memory.
+  max_unsettled_batches_ = 5;
+  admission_timeout_ = 50ms;
+  Restart();
+  size_t accepted = 0;
+  Status refused;
+  for (int i = 0; i < 20 && refused.ok(); ++i) {
+    auto a = engine_->Append(kBasin, "s", Bodies({"t"}));
+    if (a.status.ok()) {
+      ++accepted;
+    } else {
+      refused = a.status;
+    }
+  }
+  ASSERT_EQ(refused.code(), Code::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("6 batches"), std::string::npos) << refused.message();
+  EXPECT_EQ(accepted, 6u);
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_TRUE(engine_->Append(kBasin, "s", Bodies({"after settle"})).status.ok());
 }
 
 // A settle that falls behind slows writers: past max_unsettled_bytes appends

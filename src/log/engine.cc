@@ -345,6 +345,7 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
   auto h = wal::ParseBatchHeader(batch);
   s.durable.push_back(BatchRef{before, s.live.next_offset, h->max_timestamp, where, std::move(bytes)});
   unsettled_bytes_ += where.length;
+  unsettled_batches_++;
   return Status::Ok();
 }
 
@@ -507,7 +508,7 @@ void Engine::Forget(const std::shared_ptr<Stream>& s) {
     by_id_.erase(s->info.id);
   }
   std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
-  uint64_t released = 0;
+  uint64_t released = 0, released_batches = 0;
   {
     std::lock_guard lk(s->mu);
     s->deleted = true;
@@ -518,20 +519,27 @@ void Engine::Forget(const std::shared_ptr<Stream>& s) {
       if (b.bytes) cache_bytes_ -= b.bytes->size();
       released += b.where.length;
     }
+    released_batches = s->durable.size();
     s->durable.clear();
   }
-  if (released > 0) SettledBytes(released);
+  if (released_batches > 0) SettledBytes(released, released_batches);
   for (auto& w : watchers) std::get<2>(w)();
 }
 
-void Engine::SettledBytes(uint64_t n) {
+void Engine::SettledBytes(uint64_t n, uint64_t batches) {
   unsettled_bytes_ -= n;
+  unsettled_batches_ -= batches;
   std::lock_guard lk(backlog_mu_);
   backlog_cv_.notify_all();
 }
 
+bool Engine::BacklogFull() const {
+  return unsettled_bytes_.load(std::memory_order_relaxed) > options_.max_unsettled_bytes ||
+         unsettled_batches_.load(std::memory_order_relaxed) > options_.max_unsettled_batches;
+}
+
 bool Engine::AdmissionMayWait(size_t bytes) const {
-  if (unsettled_bytes_.load(std::memory_order_relaxed) > options_.max_unsettled_bytes) return true;
+  if (BacklogFull()) return true;
   if (!wal_) return false;
   const auto pooled = static_cast<uint64_t>(std::max<int64_t>(wal_->metrics().pool_bytes.load(), 0));
   // A margin of one slot: the pool fills by many appends at once.
@@ -539,17 +547,19 @@ bool Engine::AdmissionMayWait(size_t bytes) const {
 }
 
 Status Engine::WaitForSettleRoom() {
-  if (unsettled_bytes_.load() <= options_.max_unsettled_bytes) return Status::Ok();
+  if (!BacklogFull()) return Status::Ok();
   RequestSettle();
   const TimePoint deadline = Now() + options_.admission_timeout;
   std::unique_lock lk(backlog_mu_);
   bool room = backlog_cv_.wait_until(lk, deadline, [&] {
-    return closing_ || unsettled_bytes_.load() <= options_.max_unsettled_bytes;
+    return closing_ || !BacklogFull();
   });
   if (room) return Status::Ok();
   metrics_.settle_backlog_timeouts.fetch_add(1, std::memory_order_relaxed);
-  return ResourceExhausted("{} bytes are acknowledged but not yet settled (limit {}): settle is behind; retry later",
-                           unsettled_bytes_.load(), options_.max_unsettled_bytes);
+  return ResourceExhausted(
+      "{} bytes in {} batches are acknowledged but not yet settled (limits {} bytes, {} batches): settle is behind; "
+      "retry later",
+      unsettled_bytes_.load(), unsettled_batches_.load(), options_.max_unsettled_bytes, options_.max_unsettled_batches);
 }
 
 Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& table,
@@ -944,6 +954,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
       if (!s->deleted) {  // a deleted stream settles nothing more
         s->durable.push_back(BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr});
         unsettled_bytes_ += where.length;
+        unsettled_batches_++;
       }
       if (cache) {
         cache_bytes_ += size;

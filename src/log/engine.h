@@ -61,6 +61,10 @@ struct EngineOptions {
   // wait for settle, failing with kResourceExhausted after admission_timeout:
   // a settle that falls behind slows writers instead of filling the store.
   uint64_t max_unsettled_bytes = uint64_t{4} << 30;
+  // Likewise beyond this many acknowledged batches not yet settled: each
+  // holds an index entry in memory (about 100 bytes) until it settles, so a
+  // backlog of tiny batches is bounded in memory too (about 200 MiB).
+  uint64_t max_unsettled_batches = 2'000'000;
   size_t max_read_records = 1000;
   size_t max_read_bytes = 1 << 20;
   Duration admission_timeout = std::chrono::seconds(10);
@@ -337,8 +341,10 @@ class Engine {
   // (after a metastore change memory missed: a merge swap that landed unseen).
   Status ReloadSegments(const std::shared_ptr<Stream>& s);
   Status WaitForSettleRoom();
-  // Settle (or a stream's deletion) released `n` bytes of the backlog.
-  void SettledBytes(uint64_t n);
+  // Settle (or a stream's deletion) released `n` bytes in `batches` batches of the backlog.
+  void SettledBytes(uint64_t n, uint64_t batches);
+  // More than max_unsettled_bytes or max_unsettled_batches await settle.
+  bool BacklogFull() const;
   // Under s->mu (held by lk): applies the producer window to an append of
   // `count` records. True when it took `done` (a duplicate, queued or
   // answered, or a failure; lk is then released unless the duplicate is
@@ -438,6 +444,7 @@ class Engine {
   std::condition_variable settle_cv_;
   std::atomic<bool> settle_requested_{false};  // the cache is filling up
   std::atomic<uint64_t> unsettled_bytes_{0};  // acknowledged batches not yet settled (slot bytes)
+  std::atomic<uint64_t> unsettled_batches_{0};  // and how many they are
   std::mutex backlog_mu_;                     // with backlog_cv_: appends waiting for settle
   std::condition_variable backlog_cv_;
   std::thread settle_thread_;

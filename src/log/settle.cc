@@ -226,7 +226,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
   metastore::ChainPosition old = checkpoint_;
   checkpoint_ = target;
   metrics_.settle_cycles.fetch_add(1);
-  uint64_t settled_bytes = 0;
+  uint64_t settled_bytes = 0, settled_batches = 0;
   std::vector<std::string> orphans;  // segments of streams deleted meanwhile: no row names them
   for (Work& w : work) {
     Stream& s = *w.stream;
@@ -236,11 +236,12 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     for (size_t i = 0; i < w.batches && !s.durable.empty(); ++i) {
       if (s.durable.front().bytes) cache_bytes_ -= s.durable.front().bytes->size();
       settled_bytes += s.durable.front().where.length;
+      settled_batches++;
       s.durable.pop_front();
     }
     s.segments.push_back(w.segment);
   }
-  if (settled_bytes > 0) SettledBytes(settled_bytes);
+  if (settled_batches > 0) SettledBytes(settled_bytes, settled_batches);
   if (!orphans.empty()) store_->DeleteMany(orphans).IgnoreError();  // else the next start's sweep
   DeleteSlots(old, target);
   return Status::Ok();
