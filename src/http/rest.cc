@@ -48,6 +48,7 @@ struct RestApi::Ctx {
   log::Engine* engine = nullptr;  // to tell a missing basin from a missing stream
   std::string basin;
   TimePoint started;
+  bool on_worker = false;  // the request is served on a worker thread (free to block)
 
   void Send(Response r) const {
     if (r.status < 300) {
@@ -549,7 +550,7 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
     if (!ex->sequential() && (may_wait || ex->InOrderBusy())) {
       auto* e = ex.get();
       return e->PostInOrder([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {
-        Serve(std::move(*r), std::move(ex));
+        Serve(std::move(*r), std::move(ex), true);
       });
     }
     if (may_wait) append = false;
@@ -557,15 +558,15 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   if (!append) {
     auto* e = ex.get();
     return e->Post([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {
-      Serve(std::move(*r), std::move(ex));
+      Serve(std::move(*r), std::move(ex), true);
     });
   }
-  Serve(std::move(req), std::move(ex));
+  Serve(std::move(req), std::move(ex), false);
 }
 
-void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex) {
+void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker) {
   metrics_.requests++;
-  Ctx c{std::move(ex), &metrics_, ReadyEngine(), options_.default_basin, Now()};
+  Ctx c{std::move(ex), &metrics_, ReadyEngine(), options_.default_basin, Now(), on_worker};
   try {
     if (req.path == "/health") {
       if (req.method != "GET") return c.Error(405, "method_not_allowed", "use GET", {{"Allow", "GET"}});
@@ -1258,11 +1259,15 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     // creates nothing.
     if (Status st = engine_->CheckAppendLimits(in.records); !st.ok()) return c.Fail(st);
     auto held = std::make_shared<AppendInput>(std::move(in));
-    c.ex->PostInOrder([this, c, stream, held, proto_out, records, bytes] {
+    auto create_then_submit = [this, c, stream, held, proto_out, records, bytes] {
       auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnAppend);
       if (!created.ok() && created.status().code() != Code::kNotFound) return c.Fail(created.status());
       SubmitAppend(c, stream, std::move(*held), proto_out, records, bytes);
-    });
+    };
+    // On a worker already (in the connection's order, for HTTP/2): here and
+    // now, so no later request of the connection overtakes it.
+    if (c.on_worker) return create_then_submit();
+    c.ex->PostInOrder(std::move(create_then_submit));
     return;
   }
   SubmitAppend(c, stream, std::move(in), proto_out, records, bytes);

@@ -575,7 +575,7 @@ class ExchangeImpl : public ExchangeBase {
 class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
  public:
   H2Conn(Socket socket, HttpServer::Impl* srv)
-      : sock_(std::move(socket)), srv_(srv), timer_(sock_.get_executor()), in_order_(net::make_strand(srv->workers)) {}
+      : sock_(std::move(socket)), srv_(srv), timer_(sock_.get_executor()) {}
   ~H2Conn() override {
     if (session_) nghttp2_session_del(session_);
   }
@@ -593,12 +593,18 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   bool closed() const { return closed_.load(); }
   auto executor() { return sock_.get_executor(); }
   // Any thread: Exchange::PostInOrder and InOrderBusy for this connection.
+  // A queue drained by one worker task at a time (not an asio strand on the
+  // pool: that would tie the connection's lifetime to the pool's).
   void PostInOrder(std::function<void()> fn) {
-    in_order_pending_++;
-    net::post(in_order_, [self = shared_from_this(), fn = std::move(fn)] {
-      fn();
-      self->in_order_pending_--;
-    });
+    bool start = false;
+    {
+      std::lock_guard lk(in_order_mu_);
+      in_order_pending_++;
+      in_order_.push_back(std::move(fn));
+      start = !in_order_running_;
+      in_order_running_ = true;
+    }
+    if (start) net::post(srv_->workers, [self = shared_from_this()] { self->RunInOrder(); });
   }
   bool InOrderBusy() const { return in_order_pending_.load() > 0; }
 
@@ -1026,8 +1032,28 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   TimePoint write_started_;
   TimePoint last_activity_ = Now();
   std::atomic<bool> closed_{false};
-  net::strand<net::thread_pool::executor_type> in_order_;  // PostInOrder's queue, on the worker pool
-  std::atomic<uint32_t> in_order_pending_{0};              // posted there and not yet returned
+  // PostInOrder's queue: work not yet run, whether a worker drains it, and
+  // how many posted functions have not returned.
+  void RunInOrder() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard lk(in_order_mu_);
+        if (in_order_.empty()) {
+          in_order_running_ = false;
+          return;
+        }
+        fn = std::move(in_order_.front());
+        in_order_.pop_front();
+      }
+      fn();
+      in_order_pending_--;
+    }
+  }
+  std::mutex in_order_mu_;
+  std::deque<std::function<void()>> in_order_;  // in_order_mu_
+  bool in_order_running_ = false;                // in_order_mu_
+  std::atomic<uint32_t> in_order_pending_{0};
 };
 
 // The Exchange of one HTTP/2 stream: calls post to the connection's strand

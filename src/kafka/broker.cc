@@ -309,13 +309,12 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
       } else {
         ProduceJob job{resp->responses.size(), tr.partition_responses.size(),
                        metastore::BucketStreamName(t.name, static_cast<uint32_t>(p.index)), std::string(*p.records)};
-        // Auto-creation: only for a batch that could be appended once the
-        // topic exists (a rejected produce changes nothing).
+        // Auto-creation, for partitions it would make (the batch is checked
+        // on the worker that creates: a rejected produce changes nothing).
         if (options_.auto_create_partitions > 0 && p.index < options_.auto_create_partitions &&
             !to_create.count(t.name) &&
             engine_->CheckTail(options_.basin, job.stream).status().code() == Code::kNotFound) {
-          auto h = wal::VerifyBatch(job.batch);
-          if (h.ok() && !(h->attributes & (wal::kTransactionalFlag | wal::kControlFlag))) to_create.insert(t.name);
+          to_create.insert(t.name);
         }
         jobs.push_back(std::move(job));
       }
@@ -327,7 +326,13 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   // A topic is missing: create it off the I/O thread, then append, still
   // before this connection's next request.
   auto create_then_append = [this, req, resp, jobs = std::move(jobs), to_create = std::move(to_create)]() mutable {
-    for (const auto& topic : to_create) {
+    // Only topics with a batch the append would take.
+    std::set<std::string> wanted;
+    for (const auto& job : jobs) {
+      const std::string& topic = resp->responses[job.topic].name;
+      if (to_create.count(topic) && !wanted.count(topic) && engine_->CheckBatch(job.batch).ok()) wanted.insert(topic);
+    }
+    for (const auto& topic : wanted) {
       auto n = TopicPartitions(topic, options_.auto_create_partitions);
       if (!n.ok() && n.status().code() != Code::kNotFound) {
         Log().warn("kafka: auto-creating topic {}: {}", topic, n.status().ToString());

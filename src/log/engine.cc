@@ -117,6 +117,9 @@ void Engine::HandleHalt(uint64_t epoch) {
     if (halted) wal_->Abandon(*halted, Fenced("node {} was superseded", options_.node)).IgnoreError();
     return;
   }
+  // The metastore holds the new epoch now: epoch-fenced calls outside
+  // settle_mu_ (TrimTo) use it from here on.
+  epoch_ = minted->epoch;
   uint64_t from = checkpoint_.epoch == epoch ? checkpoint_.seq : 0;
   Result<wal::FenceResult> fence = Status();
   for (;;) {
@@ -129,7 +132,6 @@ void Engine::HandleHalt(uint64_t epoch) {
   epoch_cuts_[epoch] = fence->cut;
   auto garbage = wal::DeleteGarbage(*store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
   if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
-  epoch_ = minted->epoch;
   Status st = wal_->Resume(minted->epoch, fence->cut);
   if (st.ok()) return;
   // Left halted, its pending appends would wait for ever: fail them.
@@ -839,52 +841,55 @@ void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stre
   s->pending.push_back(std::move(pend));
 }
 
-void Engine::AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
-                              AppendCallback done) {
-  auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
+Result<Engine::CheckedBatch> Engine::CheckBatch(std::string_view batch) const {
   if (batch.size() > options_.max_batch_bytes) {
-    return fail(InvalidArgument("a record batch holds at most {} bytes, got {}", options_.max_batch_bytes,
-                                batch.size()));
+    return InvalidArgument("a record batch holds at most {} bytes, got {}", options_.max_batch_bytes, batch.size());
   }
-  auto verified = wal::VerifyBatch(batch);
-  if (!verified.ok()) return fail(verified.status());
-  wal::BatchHeader h = *verified;
+  WEIR_ASSIGN_OR_RETURN(wal::BatchHeader h, wal::VerifyBatch(batch));
   if (h.total_size() != batch.size()) {
-    return fail(InvalidArgument("{} bytes follow the record batch", batch.size() - h.total_size()));
+    return InvalidArgument("{} bytes follow the record batch", batch.size() - h.total_size());
   }
   if (h.record_count <= 0 || h.last_offset_delta != h.record_count - 1) {
-    return fail(InvalidArgument("record batch: {} records with lastOffsetDelta {}", h.record_count,
-                                h.last_offset_delta));
+    return InvalidArgument("record batch: {} records with lastOffsetDelta {}", h.record_count, h.last_offset_delta);
   }
   if (h.attributes & (wal::kTransactionalFlag | wal::kControlFlag)) {
-    return fail(NotSupported("transactional and control batches are not supported"));
+    return NotSupported("transactional and control batches are not supported");
   }
-  if (h.compression() > 4) return fail(InvalidArgument("unknown compression codec {}", h.compression()));
+  if (h.compression() > 4) return InvalidArgument("unknown compression codec {}", h.compression());
   // The records themselves, decompressed if need be (as Kafka's broker does):
   // a batch stored as sent must be one every reader can decode.
   int64_t max_ts = h.max_timestamp;
   // A batch whose CRC holds but whose records do not parse was built wrong,
   // not damaged on the way: kInvalidArgument (Kafka's INVALID_RECORD, which
   // producers do not retry), not kCorruption (CORRUPT_MESSAGE, retried).
+  // Only that: running out of memory to decompress stays retryable.
   if (Status valid = wal::ValidateRecords(h, batch, wal::kMaxDecompressedRecordsBytes, &max_ts); !valid.ok()) {
-    return fail(InvalidArgument("{}", valid.message()));
-  }
-  // maxTimestamp feeds timestamp lookups and retention: as Kafka's broker
-  // does, it is the records' largest, whatever the producer wrote there.
-  if (!(h.attributes & wal::kTimestampLogAppendTime) && max_ts != h.max_timestamp) {
-    wal::SetMaxTimestamp(&batch, max_ts);
-    h.max_timestamp = max_ts;
+    return valid.code() == Code::kCorruption ? InvalidArgument("{}", valid.message()) : valid;
   }
   if (MayHoldCommands(batch)) {
-    auto records = wal::DecodeRecords(batch);
-    if (!records.ok()) return fail(records.status());
-    for (const auto& r : *records) {
+    WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(batch));
+    for (const auto& r : records) {
       if (IsCommand(r.record)) {
-        return fail(InvalidArgument("record at offset delta {} has one header with an empty name, which is "
-                                    "reserved for S2 command records",
-                                    r.offset - h.base_offset));
+        return InvalidArgument("record at offset delta {} has one header with an empty name, which is reserved "
+                               "for S2 command records",
+                               r.offset - h.base_offset);
       }
     }
+  }
+  return CheckedBatch{h, max_ts};
+}
+
+void Engine::AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
+                              AppendCallback done) {
+  auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
+  auto checked = CheckBatch(batch);
+  if (!checked.ok()) return fail(checked.status());
+  wal::BatchHeader h = checked->header;
+  // maxTimestamp feeds timestamp lookups and retention: as Kafka's broker
+  // does, it is the records' largest, whatever the producer wrote there.
+  if (!(h.attributes & wal::kTimestampLogAppendTime) && checked->max_timestamp_ms != h.max_timestamp) {
+    wal::SetMaxTimestamp(&batch, checked->max_timestamp_ms);
+    h.max_timestamp = checked->max_timestamp_ms;
   }
   std::optional<ProducerRef> producer;
   // Without a producer id the epoch and sequence mean nothing (kafkajs sends

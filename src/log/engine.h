@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -270,6 +271,14 @@ class Engine {
   // max_batch_bytes. `done` runs as for AppendAsync.
   void AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
                         AppendCallback done);
+  // The checks AppendBatchAsync makes of the batch itself, whatever the
+  // stream (as it would fail them): its header and its records' largest
+  // timestamp. CPU only (it may decompress the batch).
+  struct CheckedBatch {
+    wal::BatchHeader header;
+    int64_t max_timestamp_ms = 0;
+  };
+  Result<CheckedBatch> CheckBatch(std::string_view batch) const;
 
   // Whole stored batches from `from` (the first may start before it), at
   // least one if any is available, then up to `max_bytes` in all. kOutOfRange

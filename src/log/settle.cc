@@ -547,24 +547,27 @@ Status Engine::MergeSegmentsNow() {
     std::vector<std::vector<metastore::SegmentInfo>> runs;
     std::vector<metastore::SegmentInfo> run;
     uint64_t run_data = 0;
-    int64_t run_first_ms = INT64_MAX;  // the run's oldest record
+    int64_t run_first_ms = INT64_MAX, run_last_ms = INT64_MIN;  // the run's oldest and newest record
     auto close_run = [&] {
       if (run.size() >= 2 && run.back().last_timestamp_ms <= aged_before) runs.push_back(run);
       run.clear();
       run_data = 0;
       run_first_ms = INT64_MAX;
+      run_last_ms = INT64_MIN;
     };
     for (const auto& seg : segments) {
       if (seg.end_offset <= trim_point || seg.last_timestamp_ms < expired_before || seg.size_bytes >= small) {
         close_run();
         continue;
       }
+      // (Kafka producers' timestamps need not grow: the run's extremes.)
       const int64_t first = std::min(run_first_ms, seg.first_timestamp_ms);
-      if (!run.empty() && seg.last_timestamp_ms > first &&
-          static_cast<uint64_t>(seg.last_timestamp_ms) - static_cast<uint64_t>(first) > max_span_ms) {
+      const int64_t last = std::max(run_last_ms, seg.last_timestamp_ms);
+      if (!run.empty() && last > first && static_cast<uint64_t>(last) - static_cast<uint64_t>(first) > max_span_ms) {
         close_run();
       }
       run_first_ms = std::min(run_first_ms, seg.first_timestamp_ms);
+      run_last_ms = std::max(run_last_ms, seg.last_timestamp_ms);
       run.push_back(seg);
       run_data += data_at_least(seg.size_bytes);
       if (run_data + kSegmentFooterSize + kSegmentIndexEntrySize >= small || run.size() == kMaxMergeParts) {
@@ -572,6 +575,7 @@ Status Engine::MergeSegmentsNow() {
         run.clear();
         run_data = 0;
         run_first_ms = INT64_MAX;
+        run_last_ms = INT64_MIN;
       }
     }
     close_run();
