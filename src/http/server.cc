@@ -1285,6 +1285,9 @@ void HttpServer::Stop() {
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  // A connection that queued for the budget since (its header read had
+  // finished before its close ran) would outlive the io_context in the queue.
+  impl_->budget.DropWaiters();
 }
 
 }  // namespace weir::http

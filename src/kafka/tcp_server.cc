@@ -36,11 +36,11 @@ class TcpServer::Impl {
   ByteBudget<std::weak_ptr<Connection>> budget;
   void Release(size_t n) { budget.Release(n); }
 
-  // Declared before ioc: connections that die with the io_context's pending
-  // handlers destroy their strand (on these workers) while the pool exists.
-  // Stop joins the workers, so none of their work is left by then.
-  std::unique_ptr<net::thread_pool> workers;
+  // Declared after ioc, so destroyed first: work posted to the pool after
+  // Stop joined it (it never runs) holds connections, whose sockets and
+  // strands belong to the io_context, which must still be there.
   net::io_context ioc;
+  std::unique_ptr<net::thread_pool> workers;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> io_threads;
@@ -62,8 +62,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(TcpServer::Impl* srv, tcp::socket socket)
       : srv_(srv),
         socket_(std::move(socket)),
-        idle_(socket_.get_executor()),
-        ordered_(net::make_strand(srv->workers->get_executor())) {
+        idle_(socket_.get_executor()) {
     ErrorCode ec;
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? "unknown" : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -96,18 +95,40 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
-  // Ordered work (Reply::PostInOrder / RunInOrder): a strand on the workers.
+  // Ordered work (Reply::PostInOrder / RunInOrder): a queue drained by one
+  // worker task at a time. (Not an asio strand on the pool: that would tie
+  // the connection's lifetime to the pool's at exit.)
   void PostInOrder(std::function<void()> fn) {
-    ordered_pending_++;
-    net::post(ordered_, [self = shared_from_this(), fn = std::move(fn)] {
+    bool start = false;
+    {
+      std::lock_guard lk(ordered_mu_);
+      ordered_pending_++;
+      ordered_.push_back(std::move(fn));
+      start = !ordered_running_;
+      ordered_running_ = true;
+    }
+    if (start) net::post(*srv_->workers, [self = shared_from_this()] { self->RunOrdered(); });
+  }
+  void RunOrdered() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard lk(ordered_mu_);
+        if (ordered_.empty()) {
+          ordered_running_ = false;
+          return;
+        }
+        fn = std::move(ordered_.front());
+        ordered_.pop_front();
+      }
       // Counted down however fn ends, or the connection's later ordered
       // work would queue forever.
       struct Done {
         Connection* c;
         ~Done() { c->ordered_pending_--; }
-      } done{self.get()};
+      } done{this};
       fn();
-    });
+    }
   }
   void RunInOrder(std::function<void(bool)> fn) {
     if (ordered_pending_.load() == 0) return fn(false);
@@ -324,8 +345,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   TcpServer::Impl* srv_;
   tcp::socket socket_;
   net::steady_timer idle_;
-  net::strand<net::thread_pool::executor_type> ordered_;
-  std::atomic<int> ordered_pending_{0};  // PostInOrder work queued or running
+  std::mutex ordered_mu_;
+  std::deque<std::function<void()>> ordered_;  // PostInOrder work not yet run (ordered_mu_)
+  bool ordered_running_ = false;               // a worker drains ordered_ (ordered_mu_)
+  std::atomic<int> ordered_pending_{0};        // PostInOrder work queued or running
   std::string peer_;
   char size_buf_[4] = {};
   std::deque<Slot> slots_;

@@ -378,6 +378,20 @@ int RunServe(const ServeOptions& o) {
   int sig = 0;
   sigwait(&signals, &sig);
   Log().info("weir serve: {} received, draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  // A second SIGINT (Ctrl-C) ends the drain at once, as a crash would (the
+  // next start recovers); another SIGTERM changes nothing (supervisors may
+  // repeat it); the drain is bounded anyway (30 s, then the WAL's close).
+  std::thread([signals] {
+    for (;;) {
+      int again = 0;
+      sigwait(&signals, &again);
+      if (again == SIGINT) {
+        Log().error("weir serve: SIGINT during the drain; exiting now");
+        std::_Exit(2);
+      }
+      Log().info("weir serve: SIGTERM again; still draining (SIGINT exits at once)");
+    }
+  }).detach();
   (*server)->StopAccepting();
   if (kafka_server) kafka_server->StopAccepting();
   rest.SetDraining();

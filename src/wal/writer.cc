@@ -617,8 +617,27 @@ void Writer::Close() {
   closing_ = true;
   space_cv_.notify_all();
   flush_cv_.notify_all();
-  // Drain: everything admitted is cut, uploaded and released, unless the chain halts.
-  idle_cv_.wait(lk, [&] { return (slots_.empty() && pool_.empty()) || halted_seq_.has_value(); });
+  // Drain: everything admitted is cut, uploaded and released, unless the
+  // chain halts, or the store takes no write for close_timeout.
+  bool drained = idle_cv_.wait_for(lk, options_.close_timeout,
+                                   [&] { return (slots_.empty() && pool_.empty()) || halted_seq_.has_value(); });
+  Status why = Cancelled("WAL writer {} closed while halted", options_.node);
+  if (!drained) {
+    // As a halt at the first slot not yet durable: the slots below it are
+    // released, the rest (and the pool) fail, their uploads stop.
+    uint64_t cut = next_seq_;
+    for (const auto& slot : slots_) {
+      if (slot->epoch == epoch_ && !slot->durable) {
+        cut = slot->seq;
+        break;
+      }
+    }
+    halted_seq_ = cut;
+    why = Unavailable("the object store took no WAL write for {:.0f} s while the server closed; the append may or "
+                      "may not be stored",
+                      ToMillis(options_.close_timeout) / 1000);
+    Log().error("WAL chain {}/{}: {}", options_.node, epoch_, why.message());
+  }
   if (halted_seq_) {
     uint64_t cut = *halted_seq_;
     lk.unlock();
@@ -632,7 +651,7 @@ void Writer::Close() {
         return slots_.empty() || slots_.front()->seq >= cut;
       });
     }
-    Abandon(cut, Cancelled("WAL writer {} closed while halted", options_.node)).IgnoreError();
+    Abandon(cut, why).IgnoreError();
     lk.lock();
   }
   stop_ = true;

@@ -53,6 +53,10 @@ struct WriterOptions {
   int window = 8;                      // slots claimed but not yet released
   Duration retry_initial = std::chrono::milliseconds(20);
   Duration retry_max = std::chrono::seconds(2);
+  // Close waits this long for what was admitted to become durable; then (an
+  // object store that takes no write) it fails the rest with kUnavailable:
+  // they may or may not be stored, and the next start's recovery decides.
+  Duration close_timeout = std::chrono::seconds(60);
   // Called once, from an upload thread, when the chain halts (foreign occupant).
   // The owner is expected to fence and then call Resume or Abandon.
   std::function<void(uint64_t epoch, uint64_t seq, const Status& reason)> on_halt;
