@@ -9,6 +9,7 @@
 #include "base/bytes.h"
 #include "base/crc32c.h"
 #include "base/histogram.h"
+#include "base/ordered_queue.h"
 #include "base/status.h"
 
 namespace weir {
@@ -60,6 +61,26 @@ TEST(ByteBudget, WeakWaitersThatAreGoneAreSkipped) {
   EXPECT_EQ(used.load(), 900);
   budget.Release(900);
   EXPECT_EQ(used.load(), 0);
+}
+
+TEST(OrderedQueue, RunsInOrderOneDrainAtATimeAndCountsUntilDone) {
+  OrderedQueue q;
+  std::vector<int> ran;
+  EXPECT_FALSE(q.Busy());
+  EXPECT_TRUE(q.Push([&] { ran.push_back(1); }));  // the caller starts the drain
+  EXPECT_FALSE(q.Push([&] {
+    ran.push_back(2);
+    // Work queued while draining runs in the same drain, after what is queued.
+    EXPECT_FALSE(q.Push([&] { ran.push_back(4); }));
+  }));
+  EXPECT_FALSE(q.Push([&] { ran.push_back(3); }));
+  EXPECT_TRUE(q.Busy());
+  q.RunAll();
+  EXPECT_EQ(ran, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_FALSE(q.Busy());
+  EXPECT_TRUE(q.Push([] {}));  // no drain runs: the next Push starts one
+  q.RunAll();
+  EXPECT_FALSE(q.Busy());
 }
 
 TEST(Status, OkIsCheapAndNamed) {

@@ -18,6 +18,7 @@
 
 #include "base/byte_budget.h"
 #include "base/log.h"
+#include "base/ordered_queue.h"
 #include "base/thread.h"
 
 namespace weir::http {
@@ -593,20 +594,12 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   bool closed() const { return closed_.load(); }
   auto executor() { return sock_.get_executor(); }
   // Any thread: Exchange::PostInOrder and InOrderBusy for this connection.
-  // A queue drained by one worker task at a time (not an asio strand on the
-  // pool: that would tie the connection's lifetime to the pool's).
   void PostInOrder(std::function<void()> fn) {
-    bool start = false;
-    {
-      std::lock_guard lk(in_order_mu_);
-      in_order_pending_++;
-      in_order_.push_back(std::move(fn));
-      start = !in_order_running_;
-      in_order_running_ = true;
+    if (in_order_.Push(std::move(fn))) {
+      net::post(srv_->workers, [self = shared_from_this()] { self->in_order_.RunAll(); });
     }
-    if (start) net::post(srv_->workers, [self = shared_from_this()] { self->RunInOrder(); });
   }
-  bool InOrderBusy() const { return in_order_pending_.load() > 0; }
+  bool InOrderBusy() const { return in_order_.Busy(); }
 
   // Strand only, from exchanges; a stream that is gone drops the call.
   void Respond(int32_t id, Response r);
@@ -1032,28 +1025,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   TimePoint write_started_;
   TimePoint last_activity_ = Now();
   std::atomic<bool> closed_{false};
-  // PostInOrder's queue: work not yet run, whether a worker drains it, and
-  // how many posted functions have not returned.
-  void RunInOrder() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::lock_guard lk(in_order_mu_);
-        if (in_order_.empty()) {
-          in_order_running_ = false;
-          return;
-        }
-        fn = std::move(in_order_.front());
-        in_order_.pop_front();
-      }
-      fn();
-      in_order_pending_--;
-    }
-  }
-  std::mutex in_order_mu_;
-  std::deque<std::function<void()>> in_order_;  // in_order_mu_
-  bool in_order_running_ = false;                // in_order_mu_
-  std::atomic<uint32_t> in_order_pending_{0};
+  OrderedQueue in_order_;  // PostInOrder's work (not an asio strand on the pool: this may outlive it)
 };
 
 // The Exchange of one HTTP/2 stream: calls post to the connection's strand

@@ -11,6 +11,7 @@
 
 #include "base/byte_budget.h"
 #include "base/log.h"
+#include "base/ordered_queue.h"
 #include "base/thread.h"
 
 namespace weir::kafka {
@@ -95,43 +96,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
-  // Ordered work (Reply::PostInOrder / RunInOrder): a queue drained by one
-  // worker task at a time. (Not an asio strand on the pool: that would tie
-  // the connection's lifetime to the pool's at exit.)
+  // Ordered work (Reply::PostInOrder / RunInOrder), drained on the workers.
   void PostInOrder(std::function<void()> fn) {
-    bool start = false;
-    {
-      std::lock_guard lk(ordered_mu_);
-      ordered_pending_++;
-      ordered_.push_back(std::move(fn));
-      start = !ordered_running_;
-      ordered_running_ = true;
-    }
-    if (start) net::post(*srv_->workers, [self = shared_from_this()] { self->RunOrdered(); });
-  }
-  void RunOrdered() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::lock_guard lk(ordered_mu_);
-        if (ordered_.empty()) {
-          ordered_running_ = false;
-          return;
-        }
-        fn = std::move(ordered_.front());
-        ordered_.pop_front();
-      }
-      // Counted down however fn ends, or the connection's later ordered
-      // work would queue forever.
-      struct Done {
-        Connection* c;
-        ~Done() { c->ordered_pending_--; }
-      } done{this};
-      fn();
+    if (ordered_.Push(std::move(fn))) {
+      net::post(*srv_->workers, [self = shared_from_this()] { self->ordered_.RunAll(); });
     }
   }
   void RunInOrder(std::function<void(bool)> fn) {
-    if (ordered_pending_.load() == 0) return fn(false);
+    if (!ordered_.Busy()) return fn(false);
     PostInOrder([fn = std::move(fn)] { fn(true); });
   }
 
@@ -345,10 +317,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   TcpServer::Impl* srv_;
   tcp::socket socket_;
   net::steady_timer idle_;
-  std::mutex ordered_mu_;
-  std::deque<std::function<void()>> ordered_;  // PostInOrder work not yet run (ordered_mu_)
-  bool ordered_running_ = false;               // a worker drains ordered_ (ordered_mu_)
-  std::atomic<int> ordered_pending_{0};        // PostInOrder work queued or running
+  OrderedQueue ordered_;  // PostInOrder work (not an asio strand on the pool: this may outlive it)
   std::string peer_;
   char size_buf_[4] = {};
   std::deque<Slot> slots_;
