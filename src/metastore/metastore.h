@@ -344,7 +344,7 @@ class Metastore {
   virtual Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id,
                                                                     int64_t timestamp_ms) = 0;
   // Removes segment rows of a stream that end at or below `below_offset` and
-  // returns them (retention and trim), for `node` at `epoch`; one
+  // returns them, ascending (retention and trim), for `node` at `epoch`; one
   // transaction. kPreconditionFailed (nothing removed) if the node's epoch is
   // not `epoch`: a superseded process must not delete what its successor reads.
   virtual Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view node, uint64_t epoch,

@@ -149,7 +149,8 @@ class Writer {
   Status Abandon(uint64_t cut, const Status& reason);
 
   // Stops admission and waits until everything admitted is acknowledged (or,
-  // if halted, fails what cannot be acknowledged with kCancelled); joins threads.
+  // if halted, fails what cannot be acknowledged with kCancelled; after
+  // close_timeout, fails what is not durable with kUnavailable); joins threads.
   void Close();
 
   uint64_t epoch() const;
