@@ -70,17 +70,26 @@ TEST(OrderedQueue, RunsInOrderOneDrainAtATimeAndCountsUntilDone) {
   EXPECT_TRUE(q.Push([&] { ran.push_back(1); }));  // the caller starts the drain
   EXPECT_FALSE(q.Push([&] {
     ran.push_back(2);
-    // Work queued while draining runs in the same drain, after what is queued.
+    // Work queued during a turn runs in the drain's next turn.
     EXPECT_FALSE(q.Push([&] { ran.push_back(4); }));
   }));
   EXPECT_FALSE(q.Push([&] { ran.push_back(3); }));
   EXPECT_TRUE(q.Busy());
-  q.RunAll();
+  EXPECT_TRUE(q.RunSome());  // more was queued: the drain posts itself again
+  EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(q.Busy());
+  EXPECT_FALSE(q.RunSome());
   EXPECT_EQ(ran, (std::vector<int>{1, 2, 3, 4}));
   EXPECT_FALSE(q.Busy());
   EXPECT_TRUE(q.Push([] {}));  // no drain runs: the next Push starts one
-  q.RunAll();
+  EXPECT_FALSE(q.RunSome());
   EXPECT_FALSE(q.Busy());
+  // Work a joined pool will never run is dropped, and counts no more.
+  auto held = std::make_shared<int>(0);
+  EXPECT_TRUE(q.Push([held] {}));
+  q.Drop();
+  EXPECT_FALSE(q.Busy());
+  EXPECT_EQ(held.use_count(), 1);
 }
 
 TEST(Status, OkIsCheapAndNamed) {

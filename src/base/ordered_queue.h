@@ -12,11 +12,13 @@
 namespace weir {
 
 // Owned by a connection; any thread calls it. Push queues a function and
-// says whether the caller must start a drain (one task on its pool that
-// calls RunAll); RunAll runs the queued functions in order until none is
-// left, so at most one drain runs at a time. Busy is true from a Push until
-// that function has returned (or thrown). Holds no reference to any pool,
-// so it may outlive one.
+// says whether the caller must start a drain: one task on its pool that
+// calls RunSome, and posts itself again while RunSome answers true (so a
+// connection that keeps queueing takes turns with the pool's other work).
+// At most one drain runs at a time. Busy is true from a Push until that
+// function has returned. Functions must not throw. Holds no reference to any
+// pool, so it may outlive one; Drop forgets what never ran (a pool that was
+// joined), which may hold the owner itself.
 class OrderedQueue {
  public:
   bool Push(std::function<void()> fn) {
@@ -28,27 +30,38 @@ class OrderedQueue {
     return true;
   }
 
-  void RunAll() {
-    for (;;) {
+  // Runs the functions queued when it was called, in order; true if more
+  // were queued meanwhile (the drain goes on: post it again).
+  bool RunSome() {
+    size_t n = 0;
+    {
+      std::lock_guard lk(mu_);
+      n = queue_.size();
+    }
+    for (size_t i = 0; i < n; ++i) {
       std::function<void()> fn;
       {
         std::lock_guard lk(mu_);
-        if (queue_.empty()) {
-          running_ = false;
-          return;
-        }
         fn = std::move(queue_.front());
         queue_.pop_front();
       }
-      struct Done {  // counted down however fn ends, or later work would wait for ever
-        std::atomic<uint32_t>* pending;
-        ~Done() { (*pending)--; }
-      } done{&pending_};
       fn();
+      pending_--;
     }
+    std::lock_guard lk(mu_);
+    if (!queue_.empty()) return true;
+    running_ = false;
+    return false;
   }
 
   bool Busy() const { return pending_.load() > 0; }
+
+  void Drop() {
+    std::deque<std::function<void()>> dropped;
+    std::lock_guard lk(mu_);
+    pending_ -= static_cast<uint32_t>(queue_.size());
+    dropped.swap(queue_);
+  }
 
  private:
   std::mutex mu_;

@@ -128,6 +128,9 @@ class ConnBase {
  public:
   virtual ~ConnBase() = default;
   virtual void Close() = 0;
+  // After the worker pool was joined: forgets work queued for it that will
+  // never run (it may hold the connection itself).
+  virtual void DropQueuedWork() {}
 };
 
 class Conn;
@@ -595,11 +598,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   auto executor() { return sock_.get_executor(); }
   // Any thread: Exchange::PostInOrder and InOrderBusy for this connection.
   void PostInOrder(std::function<void()> fn) {
-    if (in_order_.Push(std::move(fn))) {
-      net::post(srv_->workers, [self = shared_from_this()] { self->in_order_.RunAll(); });
-    }
+    if (in_order_.Push(std::move(fn))) DrainInOrder();
   }
   bool InOrderBusy() const { return in_order_.Busy(); }
+  void DropQueuedWork() override { in_order_.Drop(); }
 
   // Strand only, from exchanges; a stream that is gone drops the call.
   void Respond(int32_t id, Response r);
@@ -1025,6 +1027,12 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   TimePoint write_started_;
   TimePoint last_activity_ = Now();
   std::atomic<bool> closed_{false};
+  // A turn of PostInOrder's work on the pool; posted again while more waits.
+  void DrainInOrder() {
+    net::post(srv_->workers, [self = shared_from_this()] {
+      if (self->in_order_.RunSome()) self->DrainInOrder();
+    });
+  }
   OrderedQueue in_order_;  // PostInOrder's work (not an asio strand on the pool: this may outlive it)
 };
 
@@ -1257,6 +1265,12 @@ void HttpServer::Stop() {
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  {
+    std::lock_guard lk(impl_->conns_mu);
+    for (auto& w : impl_->conns) {
+      if (auto c = w.lock()) c->DropQueuedWork();
+    }
+  }
   // A connection that queued for the budget since (its header read had
   // finished before its close ran) would outlive the io_context in the queue.
   impl_->budget.DropWaiters();

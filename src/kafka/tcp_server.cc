@@ -98,9 +98,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Ordered work (Reply::PostInOrder / RunInOrder), drained on the workers.
   void PostInOrder(std::function<void()> fn) {
-    if (ordered_.Push(std::move(fn))) {
-      net::post(*srv_->workers, [self = shared_from_this()] { self->ordered_.RunAll(); });
-    }
+    if (ordered_.Push(std::move(fn))) DrainOrdered();
+  }
+  // A turn of the ordered work on the pool; posted again while more waits.
+  void DrainOrdered() {
+    net::post(*srv_->workers, [self = shared_from_this()] {
+      if (self->ordered_.RunSome()) self->DrainOrdered();
+    });
   }
   void RunInOrder(std::function<void(bool)> fn) {
     if (!ordered_.Busy()) return fn(false);
@@ -108,7 +112,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // After the I/O threads stopped: forgets the requests waiting for a turn.
-  void DropWaiting() { one_at_a_time_waiting_.clear(); }
+  void DropWaiting() {
+    one_at_a_time_waiting_.clear();
+    ordered_.Drop();
+  }
 
   // Reply::PostOneAtATime for request `seq`; any thread.
   void PostOneAtATime(uint64_t seq, std::function<void()> fn) {

@@ -5,6 +5,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -381,15 +382,18 @@ int RunServe(const ServeOptions& o) {
   // A second SIGINT (Ctrl-C) ends the drain at once, as a crash would (the
   // next start recovers); another SIGTERM changes nothing (supervisors may
   // repeat it); the drain is bounded anyway (30 s, then the WAL's close).
+  // (It outlives this function: it logs nothing, so it touches no state
+  // the process's exit destroys, and does nothing once the drain is done.)
+  static std::atomic<bool> drained{false};
   std::thread([signals] {
     for (;;) {
       int again = 0;
       sigwait(&signals, &again);
-      if (again == SIGINT) {
-        Log().error("weir serve: SIGINT during the drain; exiting now");
+      if (again == SIGINT && !drained.load()) {
+        static const char kMsg[] = "weir serve: SIGINT during the drain; exiting now\n";
+        (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
         std::_Exit(2);
       }
-      Log().info("weir serve: SIGTERM again; still draining (SIGINT exits at once)");
     }
   }).detach();
   (*server)->StopAccepting();
@@ -411,6 +415,7 @@ int RunServe(const ServeOptions& o) {
   (*server)->Stop();
   if (kafka_server) kafka_server->Stop();
   (*engine)->Close();  // flushes the WAL, settles
+  drained = true;
   Log().info("weir serve: stopped");
   return 0;
 }

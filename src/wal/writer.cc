@@ -633,8 +633,8 @@ void Writer::Close() {
       }
     }
     halted_seq_ = cut;
-    why = Unavailable("the object store took no WAL write for {:.0f} s while the server closed; the append may or "
-                      "may not be stored",
+    why = Unavailable("the WAL's last writes were not durable {:.0f} s after the server began closing (the object "
+                      "store is failing or slow); the append may or may not be stored",
                       ToMillis(options_.close_timeout) / 1000);
     Log().error("WAL chain {}/{}: {}", options_.node, epoch_, why.message());
   }

@@ -54,8 +54,9 @@ struct WriterOptions {
   Duration retry_initial = std::chrono::milliseconds(20);
   Duration retry_max = std::chrono::seconds(2);
   // Close waits this long for what was admitted to become durable; then (an
-  // object store that takes no write) it fails the rest with kUnavailable:
+  // object store that fails or is slow) it fails the rest with kUnavailable:
   // they may or may not be stored, and the next start's recovery decides.
+  // (Close itself then still waits for PUTs in flight to return.)
   Duration close_timeout = std::chrono::seconds(60);
   // Called once, from an upload thread, when the chain halts (foreign occupant).
   // The owner is expected to fence and then call Resume or Abandon.
