@@ -395,26 +395,23 @@ TEST(WalWriter, TransientPutErrorsAreRetriedWithoutDuplicateSlots) {
 }
 
 TEST(WalWriter, CloseGivesUpOnAStoreThatTakesNoWrite) {
-  // An acknowledged slot, then the store fails every PUT: Close waits its
-  // close_timeout, then fails what is not durable (kUnavailable) and returns.
-  auto mem = testing::NewTestStore();
-  objstore::FaultOptions fo;
-  fo.seed = 7;
-  fo.put_error_rate = 1.0;
-  auto faulty = std::make_shared<objstore::FaultStore>(mem, fo);
-  auto good = Writer::Start(mem, Opts());
-  ASSERT_TRUE(good.ok());
+  // A slot lands, then the store fails every PUT: Close waits its
+  // close_timeout, then fails what is not durable (kUnavailable) and returns;
+  // the slot that landed stays acknowledged.
+  auto faulty = std::make_shared<objstore::FaultStore>(testing::NewTestStore(), objstore::FaultOptions{});
+  WriterOptions o = Opts();
+  o.close_timeout = 200ms;
+  auto w = Writer::Start(faulty, o);
+  ASSERT_TRUE(w.ok());
   Acks acks;
-  ASSERT_TRUE((*good)->Append(1, OneRecordBatch("kept"), acks.For(0), Later()).ok());
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("kept"), acks.For(0), Later()).ok());
   ASSERT_TRUE(acks.WaitFor(1));
-  (*good)->Close();
-  WriterOptions short_close = Opts(2);
-  short_close.close_timeout = 200ms;
-  auto stuck = Writer::Start(faulty, short_close);
-  ASSERT_TRUE(stuck.ok());
-  ASSERT_TRUE((*stuck)->Append(1, OneRecordBatch("never"), acks.For(1), Later()).ok());
-  ASSERT_TRUE((*stuck)->Append(2, OneRecordBatch("never either"), acks.For(2), Later()).ok());
-  (*stuck)->Close();  // returns: the test would hang otherwise
+  objstore::FaultOptions failing;
+  failing.put_error_rate = 1.0;
+  faulty->SetOptions(failing);
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("never"), acks.For(1), Later()).ok());
+  ASSERT_TRUE((*w)->Append(2, OneRecordBatch("never either"), acks.For(2), Later()).ok());
+  (*w)->Close();  // returns: the test would hang otherwise
   ASSERT_TRUE(acks.WaitFor(3));
   auto got = acks.Snapshot();
   EXPECT_TRUE(got[0].status.ok());
