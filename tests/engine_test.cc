@@ -1072,6 +1072,16 @@ TEST_F(EngineTest, AMergeSwapThatLandedUnseenIsRecognised) {
   EXPECT_EQ(ReadPaged(*engine_, "s"), all);
 }
 
+// A merge pass whose swap lands but answers a timeout, and whose read-back
+// fails too: memory keeps the parts, the metastore has the merged row.
+void MergeWhoseSwapLandsUnseen(Engine& engine, testing::HookedMetastore& hooked) {
+  hooked.after_replace_segments = [](Status st) { return st.ok() ? Timeout("the answer was lost") : st; };
+  hooked.fail_find_segments = [] { return Unavailable("the metastore is away"); };
+  EXPECT_FALSE(engine.MergeSegmentsNow().ok());
+  hooked.after_replace_segments = nullptr;
+  hooked.fail_find_segments = nullptr;
+}
+
 TEST_F(EngineTest, AMergeSwapNeverSeenToLandIsAdoptedByTheNextMergeOrRetention) {
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);
@@ -1084,13 +1094,7 @@ TEST_F(EngineTest, AMergeSwapNeverSeenToLandIsAdoptedByTheNextMergeOrRetention) 
     }
   };
   append_settled(5);
-  // The swap lands but answers a timeout, and reading the row back fails too:
-  // memory keeps the five parts, the metastore has the merged row.
-  hooked->after_replace_segments = [](Status st) { return st.ok() ? Timeout("the answer was lost") : st; };
-  hooked->fail_find_segments = [] { return Unavailable("the metastore is away"); };
-  EXPECT_FALSE(engine_->MergeSegmentsNow().ok());
-  hooked->after_replace_segments = nullptr;
-  hooked->fail_find_segments = nullptr;
+  MergeWhoseSwapLandsUnseen(*engine_, *hooked);
   EXPECT_EQ(ReadPaged(*engine_, "s"), all);
   // The next merge (its run now longer) finds the rows changed and takes the
   // metastore's; the one after it merges again.
@@ -1115,11 +1119,7 @@ TEST_F(EngineTest, RetentionAfterAnUnseenMergeSwapKeepsWhatTheMetastoreNames) {
     ASSERT_TRUE(engine_->Append(kBasin, "r", Bodies({"v" + std::to_string(i)})).status.ok());
     ASSERT_TRUE(engine_->SettleNow().ok());
   }
-  hooked->after_replace_segments = [](Status st) { return st.ok() ? Timeout("the answer was lost") : st; };
-  hooked->fail_find_segments = [] { return Unavailable("the metastore is away"); };
-  EXPECT_FALSE(engine_->MergeSegmentsNow().ok());
-  hooked->after_replace_segments = nullptr;
-  hooked->fail_find_segments = nullptr;
+  MergeWhoseSwapLandsUnseen(*engine_, *hooked);
   // A trim below the second part: memory would drop the first part, the
   // metastore has one row spanning all four.
   std::vector<AppendRecord> trim;
