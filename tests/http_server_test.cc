@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -48,6 +49,10 @@ class HoldingHandler : public Handler {
   void Answer(size_t i) {
     std::lock_guard lk(mu_);
     held_[i].second->Respond(Response{200, "text/plain", held_[i].first, {}});
+  }
+  std::shared_ptr<Exchange> exchange(size_t i) {
+    std::lock_guard lk(mu_);
+    return held_[i].second;
   }
   void AnswerAll() {
     std::lock_guard lk(mu_);
@@ -199,6 +204,52 @@ TEST_F(HttpServerLimits, ConnectionsOverTheLimitAreClosed) {
   EXPECT_EQ(metrics().connections.load(), 3u);
   ::close(b);
   ::close(d);
+}
+
+// A drain closes a connection whose client stopped reading a streamed
+// response (it would hold the drain until the stall timeout); an idle
+// connection stays open.
+TEST_F(HttpServerLimits, CloseStalledClosesOnlyConnectionsWhoseResponseStopped) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int idle = Connect(addr);
+  int stuck = Connect(addr);
+  ASSERT_TRUE(SendAll(stuck, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  auto ex = handler.exchange(0);
+  ex->BeginStream(200, "text/plain", {});
+  // 64 MiB, far more than the loopback socket buffers hold: the client reads
+  // nothing, so a write stops making progress.
+  auto written = std::make_shared<std::atomic<int>>(0);
+  auto failed = std::make_shared<std::atomic<int>>(0);
+  const std::string chunk(1 << 20, 'x');
+  constexpr int kChunks = 64;
+  for (int i = 0; i < kChunks; ++i) ex->Write(chunk, [written, failed](bool ok) { (ok ? *written : *failed)++; });
+  std::this_thread::sleep_for(1500ms);
+  ASSERT_LT(written->load(), kChunks);
+  EXPECT_EQ(failed->load(), 0);
+  server->CloseStalled(24h);  // stuck, but not for that long: nothing happens
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(failed->load(), 0);
+  server->CloseStalled(500ms);
+  ASSERT_TRUE(WaitUntil([&] { return written->load() + failed->load() == kChunks; }));
+  EXPECT_GT(failed->load(), 0);
+  ex->End();
+  // The stuck client sees its connection end (after what the buffers held).
+  bool ended = false;
+  for (int i = 0; i < 100000 && !ended; ++i) {
+    pollfd p{stuck, POLLIN, 0};
+    if (::poll(&p, 1, 10000) <= 0) break;
+    char buf[65536];
+    ended = ::recv(stuck, buf, sizeof buf, 0) <= 0;
+  }
+  EXPECT_TRUE(ended);
+  // The idle connection is still served.
+  ASSERT_TRUE(SendAll(idle, PostHead(4) + "idle"));
+  ASSERT_TRUE(handler.WaitFor(2));
+  handler.Answer(1);
+  EXPECT_NE(ReadUntil(idle, "idle"), "");
+  ::close(idle);
+  ::close(stuck);
 }
 
 }  // namespace

@@ -44,6 +44,10 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
   opt("--retention-interval-s", o.retention_interval_s,
       "How often expired or trimmed segments, and streams due for delete_on_empty, are deleted")
       ->check(CLI::Range(0.1, 86400.0));
+  opt("--drain-timeout-s", o.drain_timeout_s,
+      "After SIGTERM, how long requests in flight get to finish before the WAL closes (what is still open is "
+      "then acknowledged or failed) and connections are closed")
+      ->check(CLI::Range(0.0, 86400.0));
   opt("--admission-timeout-ms", o.admission_timeout_ms, "How long an append waits for pool budget before 429")
       ->check(CLI::Range(0.0, 600000.0));
   opt("--auth-token-file", o.auth_token_file, "Require Authorization: Bearer <token in this file>");

@@ -131,6 +131,9 @@ class ConnBase {
   // After the worker pool was joined: forgets work queued for it that will
   // never run (it may hold the connection itself).
   virtual void DropQueuedWork() {}
+  // Closes the connection if its response data has not moved for
+  // `stalled_for` (a client that stopped reading). Any thread.
+  virtual void CloseIfStalled(Duration stalled_for) = 0;
 };
 
 class Conn;
@@ -210,6 +213,11 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   }
   void Close() override {
     net::post(stream_.get_executor(), [self = shared_from_this()] { self->Shutdown(); });
+  }
+  void CloseIfStalled(Duration stalled_for) override {
+    net::post(stream_.get_executor(), [self = shared_from_this(), stalled_for] {
+      if (!self->closed_ && self->writing_ && Now() - self->write_started_ > stalled_for) self->Shutdown();
+    });
   }
   bool closed() const { return closed_.load(); }
   auto executor() { return stream_.get_executor(); }
@@ -369,6 +377,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   void WriteNext() {
     if (out_.empty() || closed_) return;
     writing_ = true;
+    write_started_ = Now();
     stream_.expires_after(srv_->options.stall_timeout);
     net::async_write(stream_, net::buffer(out_.front().bytes),
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); });
@@ -436,6 +445,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   size_t reserved_ = 0;  // budget held for the request being read, until Dispatch hands it on
   std::deque<Out> out_;
   bool writing_ = false;
+  TimePoint write_started_;  // of the write in progress
   bool keep_alive_ = true;
   bool linger_close_ = false;
   std::unique_ptr<std::array<char, 16384>> discard_;  // only while closing after a Reject
@@ -592,6 +602,18 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (self->closed_) return;
       self->closing_ = true;
       self->Flush();  // writes what is queued, then GOAWAY, then closes
+    });
+  }
+  // As Tick's stall check, with a shorter limit (queued data is judged at
+  // Tick's granularity).
+  void CloseIfStalled(Duration stalled_for) override {
+    net::post(sock_.get_executor(), [self = shared_from_this(), stalled_for] {
+      if (self->closed_) return;
+      auto now = Now();
+      bool write_stuck = self->writing_ && now - self->write_started_ > stalled_for;
+      bool queue_stuck = self->queued_bytes_ > 0 && self->data_sent_ == self->tick_data_sent_ &&
+                         now - self->stalled_since_ > stalled_for;
+      if (write_stuck || queue_stuck) self->Shutdown();
     });
   }
   bool closed() const { return closed_.load(); }
@@ -1244,6 +1266,13 @@ void HttpServer::StopAccepting() {
     beast::error_code ec;
     i->acceptor.close(ec);
   });
+}
+
+void HttpServer::CloseStalled(Duration stalled_for) {
+  std::lock_guard lk(impl_->conns_mu);
+  for (auto& w : impl_->conns) {
+    if (auto c = w.lock()) c->CloseIfStalled(stalled_for);
+  }
 }
 
 void HttpServer::Stop() {

@@ -174,6 +174,10 @@ class HttpServer {
   const HttpServerMetrics& metrics() const;
   // Closes the listening socket; connections already open keep being served.
   void StopAccepting();
+  // Closes every connection whose response data has not moved for
+  // `stalled_for` (for a drain: a read session whose client stopped reading
+  // would otherwise hold it until stall_timeout).
+  void CloseStalled(Duration stalled_for);
   // Closes every connection and joins all threads.
   void Stop();
 

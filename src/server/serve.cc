@@ -381,7 +381,8 @@ int RunServe(const ServeOptions& o) {
   Log().info("weir serve: {} received, draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   // A second SIGINT (Ctrl-C) ends the drain at once, as a crash would (the
   // next start recovers); another SIGTERM changes nothing (supervisors may
-  // repeat it); the drain is bounded anyway (30 s, then the WAL's close).
+  // repeat it); the drain is bounded anyway (--drain-timeout-s, then the
+  // WAL's close).
   // (It outlives this function: it logs nothing, so it touches no state
   // the process's exit destroys, and does nothing once the drain is done.)
   static std::atomic<bool> drained{false};
@@ -405,16 +406,33 @@ int RunServe(const ServeOptions& o) {
   if (broker) broker->Stop();
   if (kafka_server) kafka_server->CloseConnectionsWhenAnswered();
   // In-flight appends finish (their acks are released); waits end within a
-  // tick (HTTP).
+  // tick (HTTP). A read session whose client stopped reading would hold the
+  // drain until the stall timeout: after 5 s, connections whose response
+  // data has not moved for 5 s are closed.
   auto open = [&] {
     return (*server)->in_flight() + (kafka_server ? kafka_server->metrics().in_flight.load() : 0);
   };
-  auto deadline = Now() + std::chrono::seconds(30);
-  while (open() > 0 && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const TimePoint drain_start = Now();
+  const auto deadline = drain_start + std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000));
+  TimePoint next_stall_check = drain_start + std::chrono::seconds(5);
+  while (open() > 0 && Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (Now() >= next_stall_check) {
+      (*server)->CloseStalled(std::chrono::seconds(5));
+      next_stall_check = Now() + std::chrono::seconds(1);
+    }
+  }
+  // The engine closes while the listeners still run: the WAL's close
+  // acknowledges or fails every append still open (a slow store: after its
+  // close timeout), and those answers reach their clients before the
+  // listeners stop. Then it settles.
+  if (open() > 0) Log().warn("weir serve: {} requests still open after the drain; closing the WAL", open());
+  (*engine)->Close();
+  const auto answered = Now() + std::chrono::seconds(5);
+  while (open() > 0 && Now() < answered) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (open() > 0) Log().warn("weir serve: {} requests still open at exit", open());
   (*server)->Stop();
   if (kafka_server) kafka_server->Stop();
-  (*engine)->Close();  // flushes the WAL, settles
   drained = true;
   Log().info("weir serve: stopped");
   return 0;

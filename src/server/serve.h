@@ -32,6 +32,9 @@ struct ServeOptions {
   // How often expired and trimmed segments, and empty streams with
   // delete_on_empty, are deleted.
   double retention_interval_s = 60;
+  // After SIGTERM: how long requests in flight get to finish before the WAL
+  // closes (acknowledging or failing what is still open) and the listeners stop.
+  double drain_timeout_s = 30;
   // HTTP.
   std::string auth_token_file;
   size_t max_request_bytes = 8u << 20;

@@ -17,6 +17,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import sys
 import tempfile
 import threading
@@ -1733,6 +1734,65 @@ class LifecycleTest(ClosingTestCase):
         # Restart once more, idle: still the same, and a clean exit.
         server.restart()
         self.assertEqual(Client(server).read_all(s, fmt="base64"), before["s"])
+        stop_server(server)
+
+
+    def test_drain_ends_a_read_session_whose_client_stopped_reading(self):
+        # The drain and stall timeouts are far longer than the stop's wait:
+        # only the drain's closing of the stalled connection lets the server
+        # exit in time.
+        server = start_server(["--drain-timeout-s", "600", "--http-stall-timeout-s", "600"])
+        self.addCleanup(server.cleanup)
+        c = Client(server)
+        s = unique("stuck")
+        c.create_stream(s)
+        body = "x" * 1000
+        for _ in range(24):  # 24 MB, more than the loopback socket buffers hold
+            c.append(s, [{"body": body}] * 1000)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        self.addCleanup(sock.close)
+        sock.sendall(f"GET /v1/streams/{q(s)}/records?seq_num=0 HTTP/1.1\r\nHost: t\r\n"
+                     "Accept: text/event-stream\r\n\r\n".encode())
+        time.sleep(1)  # the session fills the buffers; the client reads nothing
+        server.stop(timeout=120)
+
+    def test_drain_answers_appends_left_open_by_the_drain_timeout(self):
+        # Every PUT takes 3 s and the drain gives up at once: the WAL's close
+        # still acknowledges the append in flight before connections close.
+        server = start_server(["--drain-timeout-s", "0", "--inject-put-latency-ms", "3000"])
+        self.addCleanup(server.cleanup)
+        c = Client(server)
+        s = unique("late")
+        c.create_stream(s)
+        result = []
+
+        def append():
+            try:
+                result.append(Client(server).post(f"/v1/streams/{q(s)}/records",
+                                                  json={"records": [{"body": "late"}]}, timeout=120))
+            except requests.RequestException as e:
+                result.append(e)
+
+        t = threading.Thread(target=append)
+        t.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the append is in the WAL pool, its PUT under way
+            m = re.search(r"^weir_wal_pool_bytes (\S+)$", c.get("/metrics").text, re.M)
+            if m and float(m.group(1)) > 0:
+                break
+            time.sleep(0.05)
+        else:
+            self.fail("the append never reached the WAL")
+        server.stop()
+        t.join(120)
+        self.assertEqual(len(result), 1)
+        self.assertIsInstance(result[0], requests.Response, f"no answer: {result[0]!r}")
+        self.assertEqual(result[0].status_code, 200, result[0].text)
+        seq = result[0].json()["start"]["seq_num"]
+        server.start()
+        self.assertEqual([(r["seq_num"], r["body"]) for r in Client(server).read_all(s)], [(seq, "late")])
         stop_server(server)
 
 
