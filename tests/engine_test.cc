@@ -592,6 +592,32 @@ TEST_F(EngineTest, ASettleCommitThatFailedOnIoAndDidNotLandKeepsItsSegments) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
 }
 
+TEST_F(EngineTest, ASettleRoundBetweenADeleteAndItsForgetLeavesNoSegmentObject) {
+  // The round commits after the metastore's delete (its rows are skipped)
+  // but before the engine forgets the stream: the segment it wrote is in
+  // memory only, and the delete removes it too.
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "gone", StreamConfig{}).ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "gone", Bodies({"a", "b"})).status.ok());
+  hooked->after_delete_stream = [&] { EXPECT_TRUE(engine_->SettleNow().ok()); };
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "gone").ok());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u) << "a segment no row names was left behind";
+
+  metastore::TableInfo t;
+  t.basin = kBasin;
+  t.name = "dropped";
+  t.bucket_count = 2;
+  t.config = "{}";
+  ASSERT_TRUE(engine_->CreateTable(t, StreamConfig{}).ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "dropped/0", Bodies({"x"})).status.ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "dropped/1", Bodies({"y"})).status.ok());
+  hooked->after_delete_stream = [&] { EXPECT_TRUE(engine_->SettleNow().ok()); };
+  ASSERT_TRUE(engine_->DeleteTable(kBasin, "dropped").ok());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u) << "a segment no row names was left behind";
+  EXPECT_EQ(engine_->GetStream(kBasin, "dropped/0").status().code(), Code::kNotFound);
+}
+
 TEST_F(EngineTest, ATakeoverReplaysAStreamItsPredecessorCreatedWhileItStarted) {
   // The old process of n1 keeps serving while a new one starts: after the new
   // one has listed the streams, and before its fence, the old one creates a

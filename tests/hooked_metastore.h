@@ -26,6 +26,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<void()> after_list_stream_states;        // runs once, then is cleared
   std::function<Status()> fail_commit_settle;            // non-OK: CommitSettle answers it without committing
   std::function<Status()> fail_find_segments;            // non-OK: FindSegments answers it
+  std::function<void()> after_delete_stream;             // runs once after DeleteStream or DeleteTable committed
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -57,7 +58,11 @@ class HookedMetastore final : public metastore::Metastore {
   Status RaiseTrimPoint(std::string_view n, uint64_t e, uint64_t id, uint64_t t) override {
     return m_->RaiseTrimPoint(n, e, id, t);
   }
-  Result<std::vector<std::string>> DeleteStream(uint64_t id) override { return m_->DeleteStream(id); }
+  Result<std::vector<std::string>> DeleteStream(uint64_t id) override {
+    auto r = m_->DeleteStream(id);
+    if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
+    return r;
+  }
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view n, uint64_t e) override {
     return m_->DeleteEmptyStream(id, n, e);
   }
@@ -76,7 +81,11 @@ class HookedMetastore final : public metastore::Metastore {
                                             size_t l) override {
     return m_->ListTables(b, p, a, l);
   }
-  Result<std::vector<std::string>> DeleteTable(uint64_t id) override { return m_->DeleteTable(id); }
+  Result<std::vector<std::string>> DeleteTable(uint64_t id) override {
+    auto r = m_->DeleteTable(id);
+    if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
+    return r;
+  }
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t id, uint32_t n, const StreamConfig& c,
                                                                    int64_t ms) override {
     return m_->AddBuckets(id, n, c, ms);

@@ -491,17 +491,24 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
 Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteStream(s->info.id));
-  // Gone from memory at once: a settle round committing meanwhile (its rows
-  // of this stream are skipped) sees it deleted and removes its segment.
-  Forget(s);
-  if (!keys.empty()) {
-    Status st = store_->DeleteMany(keys);
-    if (!st.ok()) Log().warn("deleting segments of stream {}: {}", name, st.ToString());
-  }
+  // Gone from memory at once: a settle round committing from now on (its
+  // rows of this stream are skipped) sees it deleted and removes its segment.
+  std::vector<std::string> held = Forget(s);
+  keys.insert(keys.end(), held.begin(), held.end());
+  DeleteObjects(std::move(keys), fmt::format("segments of stream {}", name));
   return Status::Ok();
 }
 
-void Engine::Forget(const std::shared_ptr<Stream>& s) {
+void Engine::DeleteObjects(std::vector<std::string> keys, std::string_view what) {
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  if (keys.empty()) return;
+  // Unreferenced now; a failure leaves them to the next start's sweep.
+  Status st = store_->DeleteMany(keys);
+  if (!st.ok()) Log().warn("deleting {}: {}", what, st.ToString());
+}
+
+std::vector<std::string> Engine::Forget(const std::shared_ptr<Stream>& s) {
   {
     std::lock_guard lk(mu_);
     // The name may already belong to a stream created since (a new id).
@@ -510,12 +517,14 @@ void Engine::Forget(const std::shared_ptr<Stream>& s) {
     by_id_.erase(s->info.id);
   }
   std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
+  std::vector<std::string> held;
   uint64_t released = 0, released_batches = 0;
   {
     std::lock_guard lk(s->mu);
     s->deleted = true;
     s->cv.notify_all();
     watchers.swap(s->watchers);
+    for (const auto& seg : s->segments) held.push_back(seg.object_key);
     // Its unsettled batches will never settle: they leave the cache and the backlog.
     for (const BatchRef& b : s->durable) {
       if (b.bytes) cache_bytes_ -= b.bytes->size();
@@ -526,6 +535,7 @@ void Engine::Forget(const std::shared_ptr<Stream>& s) {
   }
   if (released_batches > 0) SettledBytes(released, released_batches);
   for (auto& w : watchers) std::get<2>(w)();
+  return held;
 }
 
 void Engine::SettledBytes(uint64_t n, uint64_t batches) {
@@ -624,15 +634,19 @@ Status Engine::ReconfigureTable(const std::string& basin, const std::string& nam
 Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
   std::lock_guard tables(tables_mu_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
-  WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteTable(table.id));
-  if (!keys.empty()) {
-    Status st = store_->DeleteMany(keys);
-    if (!st.ok()) Log().warn("deleting segments of table {}: {}", name, st.ToString());
-  }
+  // Found before the delete, forgotten right after it (as DeleteStream), and
+  // only then their objects deleted.
+  std::vector<std::shared_ptr<Stream>> buckets;
   for (uint32_t b = 0; b < table.bucket_count; ++b) {
     auto s = Find(basin, metastore::BucketStreamName(name, b));
-    if (s.ok()) Forget(*s);
+    if (s.ok()) buckets.push_back(std::move(*s));
   }
+  WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteTable(table.id));
+  for (const auto& s : buckets) {
+    std::vector<std::string> held = Forget(s);
+    keys.insert(keys.end(), held.begin(), held.end());
+  }
+  DeleteObjects(std::move(keys), fmt::format("segments of table {}", name));
   return Status::Ok();
 }
 

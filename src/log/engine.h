@@ -338,7 +338,12 @@ class Engine {
   // Makes newly created streams (empty, as the metastore made them) findable.
   void Register(const std::vector<metastore::StreamInfo>& created);
   // Drops a deleted stream from memory and wakes its readers and watchers.
-  void Forget(const std::shared_ptr<Stream>& s);
+  // Returns the object keys of the segments memory held for it: a settle
+  // round that committed after the metastore's delete (its rows skipped) but
+  // before this call left one there that no row names.
+  [[nodiscard]] std::vector<std::string> Forget(const std::shared_ptr<Stream>& s);
+  // Deletes `keys` (duplicates allowed), logging a failure.
+  void DeleteObjects(std::vector<std::string> keys, std::string_view what);
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                  const wal::AckInfo& where);
   void EvictCache();

@@ -483,16 +483,13 @@ Status Engine::DeleteEmptyStreams() {
       continue;
     }
     garbage.insert(garbage.end(), keys->begin(), keys->end());
-    Forget(s);
+    std::vector<std::string> held = Forget(s);
+    garbage.insert(garbage.end(), held.begin(), held.end());
     metrics_.empty_streams_deleted.fetch_add(1);
     Log().info("deleted empty stream {}/{} (delete_on_empty min age {} s)", s->info.basin, s->info.name, min_age_s);
   }
   config_lk.unlock();
-  if (!garbage.empty()) {
-    // Unreferenced now; a failure leaves them behind (logged), as DeleteStream does.
-    Status st = store_->DeleteMany(garbage);
-    if (!st.ok()) Log().warn("deleting segments of empty streams: {}", st.ToString());
-  }
+  DeleteObjects(std::move(garbage), "segments of empty streams");
   return Status::Ok();
 }
 
