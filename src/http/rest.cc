@@ -758,14 +758,21 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
 
   // in_mu_ held (by lk): submits the whole frames in buf_, in order, from one
   // thread at a time (pumping_: a thread that finds another pumping leaves
-  // its input to it). Admission may wait: on an I/O thread the pump moves to
-  // a worker once it might. in_mu_ is released while submitting, so input
-  // keeps arriving meanwhile; the pump ends the input if it ended meanwhile.
+  // its input to it). Admission may wait, and a compressed frame may expand
+  // a thousandfold: on an I/O thread the pump moves to a worker before
+  // either. On a worker it takes one round (at most about kS2sMaxFrameBytes
+  // decoded, then submitted) per turn, and posts itself again for more, so a
+  // busy session takes turns with the pool's other work. in_mu_ is released
+  // while submitting, so input keeps arriving meanwhile; the pump ends the
+  // input if it ended meanwhile.
   void Pump(std::unique_lock<std::mutex>& lk, bool on_io_thread) {
     if (pumping_) return;
     pumping_ = true;
-    for (;;) {
-      if (on_io_thread && !failed_ && !poisoned_ && api_->engine_->AdmissionMayWait(buf_.size())) {
+    for (bool first = true;; first = false) {
+      const bool live = !failed_ && !poisoned_;
+      const bool to_worker =
+          on_io_thread && live && (FrontCompressed() || api_->engine_->AdmissionMayWait(buf_.size()));
+      if ((to_worker || (!on_io_thread && !first)) && live && HasFrame()) {
         c_.ex->Post([self = shared_from_this()] {
           std::unique_lock wlk(self->in_mu_);
           self->pumping_ = false;
@@ -775,7 +782,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       }
       std::vector<Input> inputs;
       std::optional<Response> bad;
-      Parse(&inputs, &bad);
+      Parse(&inputs, &bad, on_io_thread);
       if (inputs.empty() && !bad) break;
       lk.unlock();
       for (auto& i : inputs) Submit(std::move(i.in), i.frame_bytes);
@@ -796,16 +803,31 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     MaybeEnd();
   }
 
-  // in_mu_ held: takes the whole frames at the front of buf_, decoded, into
-  // `inputs`. A bad frame ends the input (failed_); its answer goes to `bad`,
-  // to be sent after the inputs before it.
-  void Parse(std::vector<Input>* inputs, std::optional<Response>* bad) {
-    size_t pos = 0;
+  // in_mu_ held: whether buf_ starts with a whole frame (or one that is bad).
+  bool HasFrame() const {
+    S2sFrame frame;
+    auto n = DecodeS2sFrame(buf_, &frame);
+    return !n.ok() || *n > 0;
+  }
+  // in_mu_ held: whether buf_ starts with a whole compressed frame.
+  bool FrontCompressed() const {
+    S2sFrame frame;
+    auto n = DecodeS2sFrame(buf_, &frame);
+    return n.ok() && *n > 0 && frame.compression != 0;
+  }
+
+  // in_mu_ held: takes whole frames at the front of buf_, decoded, into
+  // `inputs`: until about kS2sMaxFrameBytes are decoded (so memory stays
+  // bounded however well the input compresses), and on an I/O thread only
+  // up to the first compressed one. A bad frame ends the input (failed_);
+  // its answer goes to `bad`, to be sent after the inputs before it.
+  void Parse(std::vector<Input>* inputs, std::optional<Response>* bad, bool on_io_thread) {
+    size_t pos = 0, decoded = 0;
     auto refuse = [&](Response r) {
       failed_ = true;
       *bad = std::move(r);
     };
-    while (!failed_ && !poisoned_) {
+    while (!failed_ && !poisoned_ && decoded < kS2sMaxFrameBytes) {
       S2sFrame frame;
       auto n = DecodeS2sFrame(std::string_view(buf_).substr(pos), &frame);
       if (!n.ok()) {
@@ -817,6 +839,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
         refuse(Ctx::ErrorResponse(400, "bad_frame", "a client may not send a terminal frame"));
         break;
       }
+      if (frame.compression != 0 && on_io_thread) break;  // decompressed on a worker
       std::string decompressed;
       std::string_view message = frame.payload;
       if (frame.compression != 0) {
@@ -839,6 +862,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
         break;
       }
       pos += *n;
+      decoded += message.size();
       inputs->push_back({std::move(*in), *n});
     }
     buf_.erase(0, pos);

@@ -11,6 +11,7 @@ python3-requests (Debian). No test asserts an upper bound on time.
 import gzip
 import json
 import os
+import re
 import socket
 import sys
 import unittest
@@ -402,6 +403,29 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(rest, b"")
         self.assertEqual([pb_append_ack(p)["end"]["seq_num"] for f, p in frames], [1, 2])
         self.assertEqual(self.records(stream), ["h0", "h1"])
+
+
+class DecompressionTest(unittest.TestCase):
+    def test_compressed_frames_are_decoded_a_few_at_a_time(self):
+        # 4,000 gzip frames of about 1.5 KB, each an input of one 1.5 MiB
+        # record (over the batch limit): decoded all at once they would take
+        # 6 GiB. The first is refused; the rest are never decoded.
+        server = WeirServer(WEIR).start()
+        self.addCleanup(server.kill)
+        stream = unique("bomb")
+        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        bomb = frame(gzip.compress(pb_append_input([pb_append_record(b"\0" * (3 << 19))])), flag=0x40)
+        r = requests.post(f"{server.base_url}/v1/streams/{stream}/records", data=bomb * 4000,
+                          headers={"content-type": "s2s/proto"}, timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 200, r.text)
+        frames, _ = parse_frames(r.content)
+        self.assertEqual(len(frames), 1)
+        self.assertEqual(terminal(*frames[0])[0], 422, frames[0])
+        with open(f"/proc/{server.proc.pid}/status") as f:
+            peak_kib = int(re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.M).group(1))
+        self.assertLess(peak_kib, 1 << 20, "the server's peak resident memory passed 1 GiB")
+        r = requests.get(f"{server.base_url}/v1/streams/{stream}/records/tail", timeout=TIMEOUT)
+        self.assertEqual(r.json()["tail"]["seq_num"], 0, r.text)
 
 
 class StallTest(unittest.TestCase):
