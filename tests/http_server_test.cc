@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -206,6 +207,31 @@ TEST_F(HttpServerLimits, ConnectionsOverTheLimitAreClosed) {
   ::close(d);
 }
 
+// Stop lets a response already answered reach its client whole.
+TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int fd = Connect(addr);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  const size_t size = 16u << 20;  // more than the socket buffers hold
+  handler.exchange(0)->Respond(Response{200, "text/plain", std::string(size, 'z'), {}});
+  size_t body = 0;
+  std::thread reader([&] {
+    char buf[65536];
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 10000) <= 0) return;
+      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+      if (r <= 0) return;
+      body += static_cast<size_t>(std::count(buf, buf + r, 'z'));
+    }
+  });
+  server->Stop();
+  reader.join();
+  EXPECT_EQ(body, size);
+  ::close(fd);
+}
+
 // A drain closes a connection whose client stopped reading a streamed
 // response (it would hold the drain until the stall timeout); an idle
 // connection stays open.
@@ -250,6 +276,33 @@ TEST_F(HttpServerLimits, CloseStalledClosesOnlyConnectionsWhoseResponseStopped) 
   EXPECT_NE(ReadUntil(idle, "idle"), "");
   ::close(idle);
   ::close(stuck);
+}
+
+// A streamed response's writes keep the order of the calls, whichever thread
+// makes them: one made on the connection's I/O thread does not overtake one
+// another thread made before it.
+TEST(HttpServerStreams, WritesFromTheIoThreadKeepTheirTurn) {
+  class Handler final : public http::Handler {
+   public:
+    void Handle(Request, std::shared_ptr<Exchange> ex) override {
+      ex->BeginStream(200, "text/plain", {});
+      std::thread([ex] { ex->Write("a", nullptr); }).join();  // queued behind this call
+      ex->Write("b", nullptr);
+      ex->End();
+    }
+  } handler;
+  ServerOptions o;
+  o.port = 0;
+  o.io_threads = 1;
+  o.worker_threads = 1;
+  auto server = HttpServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int fd = Connect((*server)->address());
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  std::string got = ReadUntil(fd, "0\r\n\r\n");
+  EXPECT_NE(got.find("\r\n1\r\na\r\n1\r\nb\r\n0\r\n\r\n"), std::string::npos) << got;
+  ::close(fd);
+  (*server)->Stop();
 }
 
 }  // namespace

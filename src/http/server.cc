@@ -211,8 +211,13 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     buf_.reserve(kReadBufferBytes);
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Sniff(); });
   }
+  // The server stops: a response being written (or queued) is finished
+  // first, then OnWritten closes (Stop bounds the wait).
   void Close() override {
-    net::post(stream_.get_executor(), [self = shared_from_this()] { self->Shutdown(); });
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->writing_ || !self->out_.empty()) return;
+      self->Shutdown();
+    });
   }
   void CloseIfStalled(Duration stalled_for) override {
     net::post(stream_.get_executor(), [self = shared_from_this(), stalled_for] {
@@ -518,8 +523,10 @@ class ExchangeImpl : public ExchangeBase {
     if (!keep) head += "Connection: close\r\n";
     head += "\r\n";
     if (!head_only_) head += r.body;
-    Finish();
+    // Queued before the request stops counting as in flight: a drain that
+    // sees none left stops the server only behind it.
     Emit(std::move(head), nullptr, true, keep);
+    Finish();
   }
 
   void BeginStream(int status, std::string content_type, HeaderList headers) override {
@@ -530,8 +537,8 @@ class ExchangeImpl : public ExchangeBase {
     head += "\r\n";
     streaming_ = true;
     if (head_only_) {  // the response ends with its head: later writes fail, which ends the session
-      Finish();
       Emit(std::move(head), nullptr, true, keep_alive_ && !srv_->stopped);
+      Finish();
       return;
     }
     Emit(std::move(head), nullptr, false, true);
@@ -550,9 +557,9 @@ class ExchangeImpl : public ExchangeBase {
 
   void End() override {
     if (!streaming_ || finished_) return;
-    Finish();
     bool keep = keep_alive_ && !srv_->stopped;
     Emit("0\r\n\r\n", nullptr, true, keep);
+    Finish();
   }
 
   bool closed() const override { return conn_->closed(); }
@@ -560,9 +567,11 @@ class ExchangeImpl : public ExchangeBase {
  private:
   // On the strand, in the order the calls reach it: once the response's
   // last bytes are queued, a late chunk (a ping racing the end of a read
-  // session) is dropped, so it never lands in the next response.
+  // session) is dropped, so it never lands in the next response. Posted even
+  // from the strand itself: run there at once, a call would overtake the
+  // calls other threads queued before it.
   void Emit(std::string bytes, std::function<void(bool)> then, bool done, bool keep) {
-    net::dispatch(conn_->executor(), [c = conn_, ended = ended_, b = std::move(bytes), t = std::move(then), done,
+    net::post(conn_->executor(), [c = conn_, ended = ended_, b = std::move(bytes), t = std::move(then), done,
                                       keep]() mutable {
       if (*ended) {
         if (t) t(false);
@@ -1082,8 +1091,8 @@ class H2Exchange : public ExchangeBase {
 
   void Respond(Response r) override {
     if (answered_.exchange(true)) return;
-    Finish();
     On([id = id_, r = std::move(r)](H2Conn* c) mutable { c->Respond(id, std::move(r)); });
+    Finish();  // after: see ExchangeImpl::Respond
   }
   void BeginStream(int status, std::string content_type, HeaderList headers) override {
     if (answered_.exchange(true)) return;
@@ -1103,8 +1112,8 @@ class H2Exchange : public ExchangeBase {
   }
   void End() override {
     if (!streaming_ || finished_) return;
-    Finish();
     On([id = id_](H2Conn* c) { c->End(id); });
+    Finish();
   }
   bool closed() const override { return conn_->closed() || gone_->load(); }
   void ConsumeBody(size_t n) override {
