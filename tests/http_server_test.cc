@@ -232,6 +232,22 @@ TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ::close(fd);
 }
 
+// A chunk written before any stream began is refused: its bytes would come
+// before the response's head.
+TEST_F(HttpServerLimits, AWriteBeforeBeginStreamIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int fd = Connect(addr);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  auto refused = std::make_shared<std::atomic<int>>(0);
+  handler.exchange(0)->Write("x", [refused](bool ok) { *refused += ok ? 0 : 1; });
+  handler.exchange(0)->Respond(Response{503, "text/plain", "draining", {}});
+  std::string got = ReadUntil(fd, "draining");
+  EXPECT_EQ(got.rfind("HTTP/1.1 503", 0), 0u) << got;
+  EXPECT_TRUE(WaitUntil([&] { return refused->load() == 1; }));
+  ::close(fd);
+}
+
 // A drain closes a connection whose client stopped reading a streamed
 // response (it would hold the drain until the stall timeout); an idle
 // connection stays open.

@@ -1281,7 +1281,7 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     // The basin may create it (S2's create_stream_on_append): a metastore
     // write, kept off this I/O thread. An append that is invalid anyway
     // creates nothing.
-    if (Status st = engine_->CheckAppendLimits(in.records); !st.ok()) return c.Fail(st);
+    if (Status st = engine_->CheckAppendRecords(in.records); !st.ok()) return c.Fail(st);
     auto held = std::make_shared<AppendInput>(std::move(in));
     auto create_then_submit = [this, c, stream, held, proto_out, records, bytes] {
       auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnAppend);
@@ -1370,6 +1370,10 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   void Step() {
     if (sse_ && (c_.ex->closed() || api_->draining_)) {
       // server_draining, as for requests: S2's SDKs reconnect at once on it.
+      // Before the session's headers, as a plain answer.
+      if (!started_) {
+        return c_.Error(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}});
+      }
       return Finish(api_->draining_ ? Unavailable("the server is shutting down") : Status::Ok(), "server_draining");
     }
     size_t max_records = 1000, max_bytes = 1 << 20;

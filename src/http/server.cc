@@ -545,6 +545,10 @@ class ExchangeImpl : public ExchangeBase {
   }
 
   void Write(std::string chunk, std::function<void(bool)> written) override {
+    if (!streaming_) {  // no stream begun: its bytes would precede a response's head
+      if (written) Post([written] { written(false); });
+      return;
+    }
     if (chunk.empty()) {  // an empty chunk would end the body
       if (written) Post([written] { written(true); });
       return;
@@ -1102,6 +1106,10 @@ class H2Exchange : public ExchangeBase {
     });
   }
   void Write(std::string chunk, std::function<void(bool)> written) override {
+    if (!streaming_) {  // no stream begun (as on HTTP/1.1)
+      if (written) Post([written] { written(false); });
+      return;
+    }
     if (chunk.empty()) {  // nothing to wait for
       if (written) Post([written] { written(true); });
       return;

@@ -393,7 +393,7 @@ Result<metastore::BasinInfo> Engine::GetBasin(const std::string& name) { return 
 
 Status Engine::DeleteBasin(const std::string& name) { return meta_->DeleteBasin(name); }
 
-Status Engine::CheckAppendLimits(const std::vector<AppendRecord>& records) const {
+Status Engine::CheckAppendRecords(const std::vector<AppendRecord>& records) const {
   if (records.empty()) return InvalidArgument("an append needs at least one record");
   if (records.size() > options_.max_append_records) {
     return InvalidArgument("an append holds at most {} records, got {}", options_.max_append_records, records.size());
@@ -402,6 +402,30 @@ Status Engine::CheckAppendLimits(const std::vector<AppendRecord>& records) const
   for (const auto& r : records) metered += MeteredBytes(r);
   if (metered > options_.max_append_bytes) {
     return InvalidArgument("an append holds at most {} metered bytes, got {}", options_.max_append_bytes, metered);
+  }
+  for (size_t i = 0; i < records.size(); ++i) {
+    const AppendRecord& r = records[i];
+    const bool command = r.headers.size() == 1 && r.headers[0].key.empty();  // IsCommand, before encoding
+    if (!command) {
+      for (size_t h = 0; h < r.headers.size(); ++h) {
+        if (r.headers[h].key.empty()) {
+          return InvalidArgument("record {}: header {} has an empty name, which only a command record (one "
+                                 "header) may have",
+                                 i, h);
+        }
+      }
+      continue;
+    }
+    const auto& cmd = r.headers[0].value;
+    if (cmd == "fence") {
+      if (r.body.size() > 36) return InvalidArgument("record {}: a fencing token is at most 36 bytes", i);
+    } else if (cmd == "trim") {
+      if (r.body.size() != 8) {
+        return InvalidArgument("record {}: a trim command's body is an 8-byte big-endian offset", i);
+      }
+    } else {
+      return InvalidArgument("record {}: unknown command \"{}\"", i, cmd.value_or(""));
+    }
   }
   return Status::Ok();
 }
@@ -670,7 +694,7 @@ size_t BatchSizeBound(const std::vector<AppendRecord>& records) {
 void Engine::AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                          const AppendOptions& options, AppendCallback done) {
   auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
-  if (Status limits = CheckAppendLimits(records); !limits.ok()) return fail(limits);
+  if (Status checked = CheckAppendRecords(records); !checked.ok()) return fail(checked);
   if (options.producer && options.producer->id > static_cast<uint64_t>(INT64_MAX)) {
     // Batches carry it as Kafka's signed producer id: above this it would
     // read as none, and the window would not survive settle or a restart.
@@ -733,33 +757,11 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     r.key = std::move(in.key);
     r.headers = std::move(in.headers);
     r.value = std::move(in.body);
-    if (!IsCommand(r)) {
-      for (size_t h = 0; h < r.headers.size(); ++h) {
-        if (r.headers[h].key.empty()) {
-          lk.unlock();
-          return fail(InvalidArgument("record {}: header {} has an empty name, which only a command record (one "
-                                      "header) may have",
-                                      i, h));
-        }
-      }
-    }
-    if (IsCommand(r)) {
-      const auto& cmd = r.headers[0].value;
-      if (cmd == "fence") {
-        if (r.value->size() > 36) {
-          lk.unlock();
-          return fail(InvalidArgument("record {}: a fencing token is at most 36 bytes", i));
-        }
+    if (IsCommand(r)) {  // checked by CheckAppendRecords: a fence or a trim, well formed
+      if (r.headers[0].value == "fence") {
         token = *r.value;
-      } else if (cmd == "trim") {
-        if (r.value->size() != 8) {
-          lk.unlock();
-          return fail(InvalidArgument("record {}: a trim command's body is an 8-byte big-endian offset", i));
-        }
-        trim_point = std::max(trim_point, std::min(LoadBE64(r.value->data()), s->live.next_offset + i + 1));
       } else {
-        lk.unlock();
-        return fail(InvalidArgument("record {}: unknown command \"{}\"", i, cmd.value_or("")));
+        trim_point = std::max(trim_point, std::min(LoadBE64(r.value->data()), s->live.next_offset + i + 1));
       }
     }
   }

@@ -212,8 +212,9 @@ class Engine {
   // WAL pool or the settle backlog is full or nearly): front-ends then append
   // from a worker, not an I/O thread. A hint, read without locks.
   bool AdmissionMayWait(size_t bytes) const;
-  // The limits AppendAsync checks first (records, metered bytes): kInvalidArgument.
-  Status CheckAppendLimits(const std::vector<AppendRecord>& records) const;
+  // What AppendAsync checks first, without the stream (the limits on records
+  // and metered bytes; header names; command records): kInvalidArgument.
+  Status CheckAppendRecords(const std::vector<AppendRecord>& records) const;
   Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
                                                        size_t limit);
   Result<metastore::BasinInfo> GetBasin(const std::string& name);

@@ -605,6 +605,10 @@ class BasinTest(ApiTestCase):
         c = Client(SHARED, basin=basin)
         # An append that is invalid anyway creates nothing.
         self.assertError(c.post("/v1/streams/never/records", json={"records": []}), 422, "invalid")
+        for bad in ({"headers": [["", "x"], ["a", "b"]]},              # an empty name outside a command
+                    {"headers": [["", "nope"]]},                       # an unknown command
+                    {"headers": [["", "trim"]], "body": "abc"}):       # a trim without its 8 bytes
+            self.assertError(c.post("/v1/streams/never/records", json={"records": [bad]}), 422, "invalid")
         self.assertError(c.get("/v1/streams/never"), 404, "stream_not_found")
         ack = c.append("fresh", [{"body": "a"}, {"body": "b"}])
         self.assertEqual(ack["end"]["seq_num"], 2)
