@@ -617,16 +617,23 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       self->Flush();  // writes what is queued, then GOAWAY, then closes
     });
   }
-  // As Tick's stall check, with a shorter limit (queued data is judged at
-  // Tick's granularity).
+  // A socket write stuck that long closes the connection (nothing reaches
+  // the client); a stream whose queued response data has not moved that
+  // long (its client's flow-control window stays shut) is reset, and the
+  // connection's other streams go on.
   void CloseIfStalled(Duration stalled_for) override {
     net::post(sock_.get_executor(), [self = shared_from_this(), stalled_for] {
       if (self->closed_) return;
       auto now = Now();
-      bool write_stuck = self->writing_ && now - self->write_started_ > stalled_for;
-      bool queue_stuck = self->queued_bytes_ > 0 && self->data_sent_ == self->tick_data_sent_ &&
-                         now - self->stalled_since_ > stalled_for;
-      if (write_stuck || queue_stuck) self->Shutdown();
+      if (self->writing_ && now - self->write_started_ > stalled_for) return self->Shutdown();
+      bool reset = false;
+      for (auto& [id, st] : self->streams_) {
+        if (!st->out.empty() && now - st->moved_at > stalled_for) {
+          nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+          reset = true;
+        }
+      }
+      if (reset) self->Flush();
     });
   }
   bool closed() const { return closed_.load(); }
@@ -665,6 +672,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     bool head_only = false; // a HEAD request: headers only (RFC 9110 §9.3.2)
     bool deferred = false;  // the data source is paused: resume on more data
     TimePoint head_at = Now();  // the body must be whole within the stall timeout of this, as on HTTP/1.1
+    TimePoint moved_at = Now();  // response data last sent, or queued while none was
     std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
   };
 
@@ -783,6 +791,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       st->out_offset += take;
       self->queued_bytes_ -= take;
       self->data_sent_ += take;
+      st->moved_at = Now();
       if (st->out_offset == c.bytes.size()) {
         if (c.then) self->written_.push_back(std::move(c.then));
         st->out.pop_front();
@@ -877,6 +886,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     Submit(st, r.status, r.content_type, r.headers, r.body.size());
     if (!st->head_only) {
       queued_bytes_ += r.body.size();
+      st->moved_at = Now();
       st->out.push_back(Chunk{std::move(r.body), nullptr});
     }
     st->eof = true;
@@ -1203,6 +1213,7 @@ void H2Conn::Write(int32_t id, std::string chunk, std::function<void(bool)> then
     return;
   }
   queued_bytes_ += chunk.size();
+  if (st->out.empty()) st->moved_at = Now();
   st->out.push_back(Chunk{std::move(chunk), std::move(then)});
   Resume(st);
   Flush();

@@ -174,9 +174,11 @@ class HttpServer {
   const HttpServerMetrics& metrics() const;
   // Closes the listening socket; connections already open keep being served.
   void StopAccepting();
-  // Closes every connection whose response data has not moved for
-  // `stalled_for` (for a drain: a read session whose client stopped reading
-  // would otherwise hold it until stall_timeout).
+  // For a drain (a read session whose client stopped reading would hold it
+  // until stall_timeout): ends every response whose data has not moved for
+  // `stalled_for`. HTTP/1.1 closes the connection; HTTP/2 resets the stream
+  // (its connection's other streams go on), or closes the connection if the
+  // client reads nothing of it at all.
   void CloseStalled(Duration stalled_for);
   // Closes every connection and joins all threads.
   void Stop();

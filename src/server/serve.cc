@@ -407,19 +407,22 @@ int RunServe(const ServeOptions& o) {
   if (kafka_server) kafka_server->CloseConnectionsWhenAnswered();
   // In-flight appends finish (their acks are released); waits end within a
   // tick (HTTP). A read session whose client stopped reading would hold the
-  // drain until the stall timeout: after 5 s, connections whose response
-  // data has not moved for 5 s are closed.
+  // drain until the stall timeout: after a grace (5 s, or half the drain
+  // timeout if shorter), responses that have not moved for as long are
+  // ended (HTTP/2: the stream; HTTP/1.1: the connection).
   auto open = [&] {
     return (*server)->in_flight() + (kafka_server ? kafka_server->metrics().in_flight.load() : 0);
   };
   const TimePoint drain_start = Now();
-  const auto deadline = drain_start + std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000));
-  TimePoint next_stall_check = drain_start + std::chrono::seconds(5);
+  const auto drain_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000));
+  const auto deadline = drain_start + drain_timeout;
+  const Duration grace = std::min<Duration>(std::chrono::seconds(5), drain_timeout / 2);
+  TimePoint next_stall_check = drain_start + grace;
   while (open() > 0 && Now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (Now() >= next_stall_check) {
-      (*server)->CloseStalled(std::chrono::seconds(5));
-      next_stall_check = Now() + std::chrono::seconds(1);
+      (*server)->CloseStalled(grace);
+      next_stall_check = Now() + std::min<Duration>(std::chrono::seconds(1), grace);
     }
   }
   // The engine closes while the listeners still run: the WAL's close

@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import sys
+import time
 import unittest
 import uuid
 
@@ -69,6 +70,7 @@ class H2Client:
         self.conn = h2.connection.H2Connection(config=cfg)
         self.conn.initiate_connection()
         self.streams = {}
+        self.hold = set()  # streams whose data is not acknowledged: their window stays shut
         self.closed = False
         self.flush()
 
@@ -129,7 +131,8 @@ class H2Client:
                     st["status"] = int(st["headers"][":status"])
                 elif isinstance(ev, h2.events.DataReceived):
                     st["data"] += ev.data
-                    self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    if ev.stream_id not in self.hold:
+                        self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                 elif isinstance(ev, h2.events.StreamEnded):
                     st["ended"] = True
                 elif isinstance(ev, h2.events.StreamReset) and st is not None:
@@ -550,6 +553,42 @@ class DrainTest(unittest.TestCase):
         self.assertEqual(server.stop(), 0)
         with open(server.log_path) as f:
             self.assertNotIn("still open at exit", f.read())
+
+
+class DrainStallTest(unittest.TestCase):
+    def test_the_drain_resets_a_stalled_read_and_answers_the_append_beside_it(self):
+        # One connection: a read whose client keeps its window shut, and an
+        # append whose PUT (3 s) outlasts the drain (2 s). The drain resets the
+        # read after 1 s; the append still gets its answer, from the WAL's
+        # close, on the same connection.
+        server = WeirServer(WEIR, args=["--drain-timeout-s", "2", "--inject-put-latency-ms", "3000"]).start()
+        self.addCleanup(server.kill)
+        stream = unique("dstall")
+        base = server.base_url
+        requests.post(f"{base}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        requests.post(f"{base}/v1/streams/{stream}/records",
+                      json={"records": [{"body": "r" * 1000} for _ in range(200)]}, timeout=TIMEOUT).raise_for_status()
+        client = H2Client(server.port)
+        self.addCleanup(client.close)
+        client.conn.increment_flow_control_window(64 << 20)  # the connection's window stays open
+        client.flush()
+        reader = client.request("GET", f"/v1/streams/{stream}/records?seq_num=0")
+        client.hold.add(reader)
+        client.pump(lambda: len(client.streams[reader]["data"]) >= 65535)  # its stream window is used up
+        append = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                                body=json.dumps({"records": [{"body": "late"}]}).encode())
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:  # the append is in the WAL pool, its PUT under way
+            m = re.search(r"^weir_wal_pool_bytes (\S+)$", requests.get(f"{base}/metrics", timeout=TIMEOUT).text, re.M)
+            if m and float(m.group(1)) > 0:
+                break
+            time.sleep(0.05)
+        server.proc.send_signal(15)
+        st = client.wait_end(append)
+        self.assertEqual(st["status"], 200, bytes(st["data"]))
+        self.assertEqual(json.loads(bytes(st["data"]))["start"]["seq_num"], 200)
+        self.assertEqual(client.streams[reader]["reset"], 8)  # CANCEL
+        self.assertEqual(server.stop(), 0)
 
 
 def main():
