@@ -1098,6 +1098,31 @@ TEST_F(EngineTest, AMergeSwapThatLandedUnseenIsRecognised) {
   EXPECT_EQ(ReadPaged(*engine_, "s"), all);
 }
 
+TEST_F(EngineTest, ASupersededMergeTakesNoRowsOfItsSuccessor) {
+  // A successor settled [3, 5), which this process still holds unsettled:
+  // its refused merge must not take those rows, or reads would return the
+  // records twice (or fail on the successor's objects).
+  std::vector<std::string> all;
+  for (int i = 0; i < 5; ++i) {
+    all.push_back("r" + std::to_string(i));
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({all.back()})).status.ok());
+    if (i < 3) {
+      ASSERT_TRUE(engine_->SettleNow().ok());  // three small segments
+    }
+  }
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  auto next = meta_->MintEpoch("n1", node->epoch, node->window);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  auto id = meta_->GetStream(kBasin, "s");
+  ASSERT_TRUE(id.ok());
+  metastore::SegmentInfo theirs{id->id, 3, 5, 0, 0, "seg/successor-object", 100};
+  ASSERT_TRUE(meta_->CommitSettle("n1", next->epoch, next->checkpoint, {next->epoch, 0}, {theirs}, {}).ok());
+  EXPECT_FALSE(engine_->MergeSegmentsNow().ok());  // refused: the node is the successor's
+  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+  settle_on_close_ = false;
+}
+
 // A merge pass whose swap lands but answers a timeout, and whose read-back
 // fails too: memory keeps the parts, the metastore has the merged row.
 void MergeWhoseSwapLandsUnseen(Engine& engine, testing::HookedMetastore& hooked) {

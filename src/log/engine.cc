@@ -1184,11 +1184,14 @@ void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, 
     count += seg->end_offset - std::max(seg->start_offset, from);
     bytes += seg->size_bytes;
   }
-  auto it = std::upper_bound(s.durable.begin(), s.durable.end(), from,
+  // Batches start where the segments end (settle drops the ones it
+  // indexed); should both ever cover an offset, it is read once.
+  const uint64_t after = s.segments.empty() ? from : std::max(from, s.segments.back().end_offset);
+  auto it = std::upper_bound(s.durable.begin(), s.durable.end(), after,
                              [](uint64_t off, const BatchRef& b) { return off < b.end; });
   for (; it != s.durable.end() && count < max_records && bytes < max_bytes; ++it) {
     refs->push_back(*it);
-    count += it->end - std::max(it->start, from);
+    count += it->end - std::max(it->start, after);
     bytes += it->where.length;
   }
 }

@@ -695,6 +695,18 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
 }
 
 Status Engine::ReloadSegments(const std::shared_ptr<Stream>& s) {
+  // Only while this process holds the node, before and after the rows are
+  // read: a successor's rows cover offsets this process still holds
+  // unsettled in memory, and reads would return them twice.
+  auto held = [&]() -> Status {
+    WEIR_ASSIGN_OR_RETURN(metastore::NodeState node, meta_->GetNode(options_.node));
+    if (node.epoch != epoch_.load()) {
+      return Fenced("node {} is at epoch {}, not {}: its segment rows are a successor's", options_.node, node.epoch,
+                    epoch_.load());
+    }
+    return Status::Ok();
+  };
+  WEIR_RETURN_IF_ERROR(held());
   std::vector<metastore::SegmentInfo> rows;
   for (uint64_t from = 0;;) {
     WEIR_ASSIGN_OR_RETURN(auto segs, meta_->FindSegments(s->info.id, from, 1000));
@@ -702,6 +714,7 @@ Status Engine::ReloadSegments(const std::shared_ptr<Stream>& s) {
     from = segs.back().end_offset;
     for (auto& seg : segs) rows.push_back(std::move(seg));
   }
+  WEIR_RETURN_IF_ERROR(held());
   std::lock_guard lk(s->mu);
   if (s->deleted) return Status::Ok();
   if (rows.size() != s->segments.size()) {
