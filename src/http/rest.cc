@@ -1284,7 +1284,9 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     if (Status st = engine_->CheckAppendRecords(in.records); !st.ok()) return c.Fail(st);
     auto held = std::make_shared<AppendInput>(std::move(in));
     auto create_then_submit = [this, c, stream, held, proto_out, records, bytes] {
-      auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnAppend);
+      auto created = engine_->CreateIfConfigured(
+          c.basin, stream, log::Engine::AutoCreate::kOnAppend,
+          [&](const metastore::StreamConfig& config) { return log::CheckClientTimestamps(config, held->records); });
       if (!created.ok() && created.status().code() != Code::kNotFound) return c.Fail(created.status());
       SubmitAppend(c, stream, std::move(*held), proto_out, records, bytes);
     };

@@ -27,6 +27,14 @@ size_t Metered(size_t body, const std::optional<std::string>& key, const std::ve
 }  // namespace
 
 size_t MeteredBytes(const AppendRecord& r) { return Metered(r.body.size(), r.key, r.headers); }
+
+Status CheckClientTimestamps(const metastore::StreamConfig& config, const std::vector<AppendRecord>& records) {
+  if (config.timestamping != metastore::TimestampingMode::kClientRequire) return Status::Ok();
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (!records[i].timestamp_ms) return InvalidArgument("record {}: this stream requires client timestamps", i);
+  }
+  return Status::Ok();
+}
 size_t MeteredBytes(const wal::Record& r) { return Metered(r.value ? r.value->size() : 0, r.key, r.headers); }
 
 namespace {
@@ -363,12 +371,15 @@ Status Engine::ReconfigureBasin(const std::string& name, const metastore::BasinC
   return meta_->ReconfigureBasin(name, config);
 }
 
-Result<bool> Engine::CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when) {
+Result<bool> Engine::CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when,
+                                        const std::function<Status(const metastore::StreamConfig&)>& admit) {
   WEIR_ASSIGN_OR_RETURN(metastore::BasinInfo b, meta_->GetBasin(basin));
   const bool wanted =
       when == AutoCreate::kOnAppend ? b.config.create_stream_on_append : b.config.create_stream_on_read;
   if (!wanted) return false;
-  auto created = CreateStream(basin, name, b.config.default_stream_config.Resolve());
+  const metastore::StreamConfig config = b.config.default_stream_config.Resolve();
+  if (admit) WEIR_RETURN_IF_ERROR(admit(config));
+  auto created = CreateStream(basin, name, config);
   if (created.ok()) return true;
   if (created.status().code() != Code::kAlreadyExists) return created.status();
   // A racing create won, and registered the stream before we could look (CreateStream).
@@ -735,6 +746,10 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   // Timestamps: per the stream's mode, capped at arrival unless uncapped, and
   // never below the stream's last timestamp.
   const metastore::StreamConfig& cfg = s->info.config;
+  if (Status st = CheckClientTimestamps(cfg, records); !st.ok()) {
+    lk.unlock();
+    return fail(st);
+  }
   int64_t arrival = WallMillis();
   int64_t last_ts = s->live.last_timestamp_ms;
   std::vector<wal::Record> recs(records.size());
@@ -743,10 +758,6 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   for (size_t i = 0; i < records.size(); ++i) {
     AppendRecord& in = records[i];
     int64_t ts = arrival;
-    if (cfg.timestamping == metastore::TimestampingMode::kClientRequire && !in.timestamp_ms) {
-      lk.unlock();
-      return fail(InvalidArgument("record {}: this stream requires client timestamps", i));
-    }
     if (cfg.timestamping != metastore::TimestampingMode::kArrival && in.timestamp_ms) {
       ts = cfg.uncapped_timestamps ? *in.timestamp_ms : std::min(*in.timestamp_ms, arrival);
     }

@@ -205,7 +205,10 @@ class Engine {
   // create, and registered); false: the basin does not auto-create.
   // kNotFound if the basin does not exist.
   enum class AutoCreate { kOnAppend, kOnRead };
-  Result<bool> CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when);
+  // `admit`, if given, judges the config the stream would get first: its
+  // error is returned, and nothing is created.
+  Result<bool> CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when,
+                                  const std::function<Status(const metastore::StreamConfig&)>& admit = nullptr);
   // Whether the stream is known here (memory only; for choosing a thread).
   bool HasStream(const std::string& basin, const std::string& name);
   // Whether admitting an append of about `bytes` may have to wait now (the
@@ -469,6 +472,9 @@ class Engine {
 // for each header 2 + name + value (+ the Kafka key, which S2 records lack).
 size_t MeteredBytes(const AppendRecord& r);
 size_t MeteredBytes(const wal::Record& r);
+
+// kInvalidArgument if `config` requires client timestamps and a record has none.
+Status CheckClientTimestamps(const metastore::StreamConfig& config, const std::vector<AppendRecord>& records);
 
 // Validation shared with front-ends.
 Status ValidateBasinName(const std::string& name);

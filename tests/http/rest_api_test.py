@@ -610,6 +610,15 @@ class BasinTest(ApiTestCase):
                     {"headers": [["", "trim"]], "body": "abc"}):       # a trim without its 8 bytes
             self.assertError(c.post("/v1/streams/never/records", json={"records": [bad]}), 422, "invalid")
         self.assertError(c.get("/v1/streams/never"), 404, "stream_not_found")
+        strict = unique("bstrict")
+        self.assertEqual(self.c.post("/v1/basins", json={"basin": strict, "config": {
+            "create_stream_on_append": True,
+            "default_stream_config": {"timestamping": {"mode": "client-require"}}}}).status_code, 201)
+        sc = Client(SHARED, basin=strict)
+        self.assertError(sc.post("/v1/streams/never/records", json={"records": [{"body": "no time"}]}),
+                         422, "invalid")
+        self.assertError(sc.get("/v1/streams/never"), 404, "stream_not_found")
+        self.assertEqual(sc.append("never", [{"body": "timed", "timestamp": 1000}])["end"]["seq_num"], 1)
         ack = c.append("fresh", [{"body": "a"}, {"body": "b"}])
         self.assertEqual(ack["end"]["seq_num"], 2)
         self.assertEqual([r["body"] for r in c.read("fresh")["records"]], ["a", "b"])
