@@ -232,6 +232,72 @@ TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ::close(fd);
 }
 
+// Stop with a streamed chunk being written: the chunk is written, then the
+// connection closes (it stayed open, idle, for good).
+TEST_F(HttpServerLimits, StopClosesAStreamOnceItsChunkIsWritten) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int fd = Connect(addr);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  auto ex = handler.exchange(0);
+  ex->BeginStream(200, "text/plain", {});
+  const size_t size = 16u << 20;
+  ex->Write(std::string(size, 'z'), nullptr);
+  std::this_thread::sleep_for(200ms);  // the write is under way, the socket buffers full
+  size_t body = 0;
+  bool ended = false;
+  std::thread reader([&] {
+    char buf[65536];
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 10000) <= 0) return;
+      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+      if (r <= 0) {
+        ended = true;
+        return;
+      }
+      body += static_cast<size_t>(std::count(buf, buf + r, 'z'));
+    }
+  });
+  server->Stop();
+  reader.join();
+  EXPECT_EQ(body, size);
+  EXPECT_TRUE(ended) << "the connection stayed open after Stop";
+  ::close(fd);
+}
+
+// A drain's CloseStalled judges progress: a large response to a client that
+// reads slowly but steadily is not cut.
+TEST_F(HttpServerLimits, CloseStalledSparesASlowResponseThatMoves) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int fd = Connect(addr);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  const size_t size = 16u << 20;
+  handler.exchange(0)->Respond(Response{200, "text/plain", std::string(size, 'z'), {}});
+  std::atomic<bool> done{false};
+  size_t body = 0;
+  std::thread reader([&] {
+    std::vector<char> buf(256 << 10);
+    while (body < size) {
+      std::this_thread::sleep_for(50ms);  // about 5 MB/s: the whole response takes seconds
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 10000) <= 0) break;
+      ssize_t r = ::recv(fd, buf.data(), buf.size(), 0);
+      if (r <= 0) break;
+      body += static_cast<size_t>(std::count(buf.begin(), buf.begin() + r, 'z'));
+    }
+    done = true;
+  });
+  while (!done) {
+    server->CloseStalled(1s);
+    std::this_thread::sleep_for(200ms);
+  }
+  reader.join();
+  EXPECT_EQ(body, size);
+  ::close(fd);
+}
+
 // A chunk written before any stream began is refused: its bytes would come
 // before the response's head.
 TEST_F(HttpServerLimits, AWriteBeforeBeginStreamIsRefused) {

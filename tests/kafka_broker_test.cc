@@ -1036,6 +1036,16 @@ TEST_F(BrokerTest, ARejectedProduceCreatesNoTopic) {
   EXPECT_EQ(Produce("damaged", 0, damaged).error_code, ErrorCode::kCorruptMessage);
   EXPECT_NE(Produce("txn", 0, WithAttributes(Batch({"x"}), wal::kTransactionalFlag)).error_code, ErrorCode::kNone);
   EXPECT_EQ(Produce("far", 5, Batch({"x"})).error_code, ErrorCode::kUnknownTopicOrPartition);
+  // A damaged batch for a partition creation would make, a good one for a
+  // partition it would not.
+  ProduceRequest mixed = ProduceReq("mixed", 0, damaged);
+  const std::string good = Batch({"y"});
+  mixed.topic_data[0].partition_data.push_back(ProducePartitionData{3, good});
+  auto resp = Call(mixed, 7, DecodeProduceResponse);
+  ASSERT_EQ(resp.responses.size(), 1u);
+  ASSERT_EQ(resp.responses[0].partition_responses.size(), 2u);
+  EXPECT_EQ(resp.responses[0].partition_responses[0].error_code, ErrorCode::kCorruptMessage);
+  EXPECT_EQ(resp.responses[0].partition_responses[1].error_code, ErrorCode::kUnknownTopicOrPartition);
   EXPECT_EQ(Metadata(std::nullopt).topics.size(), 0u);
   // A good batch still creates its topic.
   EXPECT_EQ(Produce("good", 0, Batch({"x"})).error_code, ErrorCode::kNone);

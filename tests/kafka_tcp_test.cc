@@ -183,6 +183,25 @@ TEST_F(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
   ::close(c);
 }
 
+// Draining: a connection with a request in flight gets its answer, then
+// closes; one accepted after the drain began is closed at once.
+TEST_F(KafkaTcpServer, DrainingAnswersThenClosesAndTakesNoNewConnection) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int a = Connect(addr);
+  ASSERT_TRUE(SendFrame(a, "one"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  server->CloseConnectionsWhenAnswered();
+  int late = Connect(addr);  // the listener is still open (StopAccepting not called)
+  ASSERT_GE(late, 0);
+  EXPECT_TRUE(ClosedByPeer(late));
+  handler.AnswerAll();
+  EXPECT_EQ(ReadFrame(a), "one");
+  EXPECT_TRUE(ClosedByPeer(a));
+  EXPECT_TRUE(WaitUntil([&] { return server->metrics().open_connections.load() == 0; }));
+  ::close(a);
+  ::close(late);
+}
+
 TEST_F(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
   ASSERT_NO_FATAL_FAILURE(Start({.max_connections = 2}));
   int a = Connect(addr), b = Connect(addr);

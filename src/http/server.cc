@@ -183,6 +183,7 @@ class HttpServer::Impl {
   net::io_context ioc;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   tcp::acceptor acceptor;
+  net::steady_timer accept_retry{ioc};  // after an accept error (out of file descriptors)
   tcp::endpoint bound;
   net::thread_pool workers;
   std::vector<std::thread> threads;
@@ -211,17 +212,20 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     buf_.reserve(kReadBufferBytes);
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Sniff(); });
   }
-  // The server stops: a response being written (or queued) is finished
-  // first, then OnWritten closes (Stop bounds the wait).
+  // The server stops: what is being written or queued is written first, then
+  // OnWritten closes (Stop bounds the wait).
   void Close() override {
     net::post(stream_.get_executor(), [self = shared_from_this()] {
-      if (self->writing_ || !self->out_.empty()) return;
+      if (self->writing_ || !self->out_.empty()) {
+        self->close_requested_ = true;
+        return;
+      }
       self->Shutdown();
     });
   }
   void CloseIfStalled(Duration stalled_for) override {
     net::post(stream_.get_executor(), [self = shared_from_this(), stalled_for] {
-      if (!self->closed_ && self->writing_ && Now() - self->write_started_ > stalled_for) self->Shutdown();
+      if (!self->closed_ && self->writing_ && Now() - self->moved_at_ > stalled_for) self->Shutdown();
     });
   }
   bool closed() const { return closed_.load(); }
@@ -382,10 +386,26 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   void WriteNext() {
     if (out_.empty() || closed_) return;
     writing_ = true;
-    write_started_ = Now();
+    moved_at_ = Now();
+    WriteSome();
+  }
+
+  // Writes the rest of the front piece, a write_some at a time: the stall
+  // timeout (and a drain's CloseIfStalled) judge progress, not how long a
+  // large response takes.
+  void WriteSome() {
     stream_.expires_after(srv_->options.stall_timeout);
-    net::async_write(stream_, net::buffer(out_.front().bytes),
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); });
+    const std::string& bytes = out_.front().bytes;
+    stream_.async_write_some(net::buffer(bytes.data() + front_sent_, bytes.size() - front_sent_),
+                             [self = shared_from_this()](beast::error_code ec, size_t n) {
+                               if (!ec && !self->closed_) {
+                                 self->front_sent_ += n;
+                                 self->moved_at_ = Now();
+                                 if (self->front_sent_ < self->out_.front().bytes.size()) return self->WriteSome();
+                               }
+                               self->front_sent_ = 0;
+                               self->OnWritten(ec);
+                             });
   }
 
   void OnWritten(beast::error_code ec) {
@@ -403,6 +423,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
       if (!done.keep_alive || srv_->stopped) return Shutdown();
       ReadHeader();
     }
+    if (close_requested_ && out_.empty()) return Shutdown();  // a stream's chunk, a 100 Continue
     WriteNext();
   }
 
@@ -450,7 +471,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   size_t reserved_ = 0;  // budget held for the request being read, until Dispatch hands it on
   std::deque<Out> out_;
   bool writing_ = false;
-  TimePoint write_started_;  // of the write in progress
+  size_t front_sent_ = 0;  // bytes of out_.front() written
+  TimePoint moved_at_;     // the write in progress began, or last wrote some
+  bool close_requested_ = false;  // Close found a write in progress
   bool keep_alive_ = true;
   bool linger_close_ = false;
   std::unique_ptr<std::array<char, 16384>> discard_;  // only while closing after a Reject
@@ -1249,7 +1272,14 @@ void HttpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc.get_executor()), [this](beast::error_code ec, Socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-      Log().warn("http accept: {}", ec.message());
+      // The connection stays in the backlog (EMFILE): accepting again at
+      // once would spin an I/O thread.
+      Log().warn("http accept: {}; retrying in 100 ms", ec.message());
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](beast::error_code e) {
+        if (!e && acceptor.is_open()) Accept();
+      });
+      return;
     } else if (static_cast<size_t>(metrics.open_connections.load()) >= options.max_connections) {
       // Closed before any byte is read; the client sees a reset and retries.
       if (metrics.rejected_connections++ % 1000 == 0) {
@@ -1293,6 +1323,7 @@ void HttpServer::StopAccepting() {
   net::post(impl_->ioc, [i = impl_.get()] {
     beast::error_code ec;
     i->acceptor.close(ec);
+    i->accept_retry.cancel();
   });
 }
 

@@ -326,11 +326,16 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   // A topic is missing: create it off the I/O thread, then append, still
   // before this connection's next request.
   auto create_then_append = [this, req, resp, jobs = std::move(jobs), to_create = std::move(to_create)]() mutable {
-    // Only topics with a batch the append would take.
+    // Only topics with a batch the append would take, to a partition the
+    // creation makes.
     std::set<std::string> wanted;
     for (const auto& job : jobs) {
       const std::string& topic = resp->responses[job.topic].name;
-      if (to_create.count(topic) && !wanted.count(topic) && engine_->CheckBatch(job.batch).ok()) wanted.insert(topic);
+      const int32_t partition = resp->responses[job.topic].partition_responses[job.partition].index;
+      if (to_create.count(topic) && !wanted.count(topic) && partition < options_.auto_create_partitions &&
+          engine_->CheckBatch(job.batch).ok()) {
+        wanted.insert(topic);
+      }
     }
     for (const auto& topic : wanted) {
       auto n = TopicPartitions(topic, options_.auto_create_partitions);

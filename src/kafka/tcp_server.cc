@@ -44,11 +44,13 @@ class TcpServer::Impl {
   std::unique_ptr<net::thread_pool> workers;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   tcp::acceptor acceptor{ioc};
+  net::steady_timer accept_retry{ioc};  // after an accept error (out of file descriptors)
   std::vector<std::thread> io_threads;
   std::string bound;
-  std::mutex mu;  // guards conns and stopped
+  std::mutex mu;  // guards conns, stopped and draining
   std::set<std::shared_ptr<Connection>> conns;
   bool stopped = false;
+  bool draining = false;  // CloseConnectionsWhenAnswered ran: a connection accepted since is closed
 
   void Accept();
   void Forget(const std::shared_ptr<Connection>& c) {
@@ -408,15 +410,26 @@ void TcpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc.get_executor()), [this](ErrorCode ec, tcp::socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted) return;
-      Log().warn("kafka: accept: {}", ec.message());
+      // The connection stays in the backlog (EMFILE): accepting again at
+      // once would spin this thread, which every connection shares.
+      Log().warn("kafka: accept: {}; retrying in 100 ms", ec.message());
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](ErrorCode e) {
+        if (!e && acceptor.is_open()) Accept();
+      });
+      return;
     } else {
-      bool full = false;
+      bool full = false, draining_now = false;
       {
         std::lock_guard lk(mu);
         if (stopped) return;
         full = conns.size() >= options.max_connections;
+        draining_now = draining;
       }
-      if (full) {
+      if (draining_now) {
+        ErrorCode ignored;  // accepted as the listener closed: the client retries elsewhere
+        socket.close(ignored);
+      } else if (full) {
         // Closed before any byte is read; the client sees a reset and retries.
         if (metrics.rejected_connections++ % 1000 == 0) {
           Log().warn("kafka: {} connections open (--kafka-max-connections); refusing more", options.max_connections);
@@ -425,12 +438,15 @@ void TcpServer::Impl::Accept() {
         socket.close(ignored);
       } else {
         auto c = std::make_shared<Connection>(this, std::move(socket));
+        bool late = false;
         {
           std::lock_guard lk(mu);
           if (stopped) return;
           conns.insert(c);
+          late = draining;  // the drain began since the check above
         }
         c->Start();
+        if (late) c->CloseWhenAnswered();
       }
     }
     if (acceptor.is_open()) Accept();
@@ -483,6 +499,7 @@ void TcpServer::CloseConnectionsWhenAnswered() {
   std::set<std::shared_ptr<Connection>> conns;
   {
     std::lock_guard lk(impl_->mu);
+    impl_->draining = true;
     conns = impl_->conns;
   }
   for (auto& c : conns) c->CloseWhenAnswered();
@@ -498,6 +515,7 @@ void TcpServer::Stop() {
     conns = impl_->conns;
   }
   StopAccepting();
+  net::post(impl_->ioc, [impl = impl_.get()] { impl->accept_retry.cancel(); });
   for (auto& c : conns) c->Shutdown();
   // Workers first: their callbacks may still post answers to the I/O threads.
   impl_->workers->join();

@@ -111,7 +111,7 @@ class TcpServer {
   void StopAccepting();
   // Draining: every connection reads no further request and closes once the
   // responses to those it read are written (clients reconnect elsewhere, or
-  // after a restart).
+  // after a restart); a connection accepted from now on is closed at once.
   void CloseConnectionsWhenAnswered();
   // Closes every connection and joins all threads.
   void Stop();

@@ -618,7 +618,7 @@ void Writer::Close() {
   space_cv_.notify_all();
   flush_cv_.notify_all();
   // Drain: everything admitted is cut, uploaded and released, unless the
-  // chain halts, or the store takes no write for close_timeout.
+  // chain halts, or close_timeout passes first (a failing or slow store).
   bool drained = idle_cv_.wait_for(lk, options_.close_timeout,
                                    [&] { return (slots_.empty() && pool_.empty()) || halted_seq_.has_value(); });
   Status why = Cancelled("WAL writer {} closed while halted", options_.node);
