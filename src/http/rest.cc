@@ -736,6 +736,11 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     AppendInput in;
     size_t frame_bytes;
   };
+  struct RawFrame {  // a whole frame taken from the input, not yet decoded
+    std::string payload;
+    int compression = 0;
+    size_t frame_bytes = 0;
+  };
 
   void Ready(bool on_io_thread) {
     std::unique_lock lk(in_mu_);
@@ -760,8 +765,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // thread at a time (pumping_: a thread that finds another pumping leaves
   // its input to it). Admission may wait, and a compressed frame may expand
   // a thousandfold: on an I/O thread the pump moves to a worker before
-  // either. On a worker it takes one round (at most about kS2sMaxFrameBytes
-  // decoded, then submitted) per turn, and posts itself again for more, so a
+  // either. On a worker it takes one round (see Take: at most about twice
+  // kS2sMaxFrameBytes decoded, then submitted) per turn, and posts itself again for more, so a
   // busy session takes turns with the pool's other work. in_mu_ is released
   // while submitting, so input keeps arriving meanwhile; the pump ends the
   // input if it ended meanwhile.
@@ -780,14 +785,25 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
         });
         return;  // pumping_ stays set until the worker has the pump
       }
-      std::vector<Input> inputs;
+      std::vector<RawFrame> raw;
       std::optional<Response> bad;
-      Parse(&inputs, &bad, on_io_thread);
-      if (inputs.empty() && !bad) break;
+      Take(&raw, &bad, on_io_thread);
+      if (raw.empty() && !bad) break;
       lk.unlock();
+      // Decoded outside in_mu_: a compressed frame may take milliseconds,
+      // while the I/O thread's OnData waits for the lock.
+      std::vector<Input> inputs;
+      std::optional<Response> undecodable;
+      Decode(raw, &inputs, &undecodable);
       for (auto& i : inputs) Submit(std::move(i.in), i.frame_bytes);
       lk.lock();
-      if (bad) Fail(std::move(*bad));  // after the inputs before the bad frame
+      // After the inputs before the bad frame (a frame that does not decode
+      // comes before one whose framing is bad: Take stopped there).
+      if (undecodable) {
+        Fail(std::move(*undecodable));
+      } else if (bad) {
+        Fail(std::move(*bad));
+      }
     }
     pumping_ = false;
     if (input_ended_) EndOfInput();
@@ -816,18 +832,19 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     return n.ok() && *n > 0 && frame.compression != 0;
   }
 
-  // in_mu_ held: takes whole frames at the front of buf_, decoded, into
-  // `inputs`: until about kS2sMaxFrameBytes are decoded (so memory stays
-  // bounded however well the input compresses), and on an I/O thread only
-  // up to the first compressed one. A bad frame ends the input (failed_);
-  // its answer goes to `bad`, to be sent after the inputs before it.
-  void Parse(std::vector<Input>* inputs, std::optional<Response>* bad, bool on_io_thread) {
-    size_t pos = 0, decoded = 0;
+  // in_mu_ held: takes whole frames off the front of buf_ into `raw`: about
+  // kS2sMaxFrameBytes of payload at most, and at most one compressed frame
+  // (it decodes to at most that), so a round's decoded input stays bounded
+  // however well it compresses; on an I/O thread none compressed. A frame
+  // whose framing is bad ends the input (failed_); its answer goes to `bad`,
+  // to be sent after the inputs before it.
+  void Take(std::vector<RawFrame>* raw, std::optional<Response>* bad, bool on_io_thread) {
+    size_t pos = 0, taken = 0;
     auto refuse = [&](Response r) {
       failed_ = true;
       *bad = std::move(r);
     };
-    while (!failed_ && !poisoned_ && decoded < kS2sMaxFrameBytes) {
+    while (!failed_ && !poisoned_ && taken < kS2sMaxFrameBytes) {
       S2sFrame frame;
       auto n = DecodeS2sFrame(std::string_view(buf_).substr(pos), &frame);
       if (!n.ok()) {
@@ -840,13 +857,28 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
         break;
       }
       if (frame.compression != 0 && on_io_thread) break;  // decompressed on a worker
+      raw->push_back({std::string(frame.payload), frame.compression, *n});
+      pos += *n;
+      taken = frame.compression != 0 ? kS2sMaxFrameBytes : taken + frame.payload.size();
+    }
+    buf_.erase(0, pos);
+    if (failed_ || poisoned_) Discard();
+  }
+
+  // in_mu_ not held: decodes `raw`, in order, into `inputs`. The first frame
+  // that does not decode ends them: its answer goes to `undecodable`, and its
+  // bytes and those of the frames after it go back to the client's window.
+  void Decode(const std::vector<RawFrame>& raw, std::vector<Input>* inputs, std::optional<Response>* undecodable) {
+    size_t i = 0;
+    for (; i < raw.size(); ++i) {
+      const RawFrame& f = raw[i];
       std::string decompressed;
-      std::string_view message = frame.payload;
-      if (frame.compression != 0) {
-        auto d = wal::DecompressRecords(frame.compression == 1 ? wal::kCodecZstd : wal::kCodecGzip, frame.payload,
+      std::string_view message = f.payload;
+      if (f.compression != 0) {
+        auto d = wal::DecompressRecords(f.compression == 1 ? wal::kCodecZstd : wal::kCodecGzip, f.payload,
                                         kS2sMaxFrameBytes);
         if (!d.ok()) {
-          refuse(Ctx::ErrorResponse(400, "bad_frame", d.status().message()));
+          *undecodable = Ctx::ErrorResponse(400, "bad_frame", d.status().message());
           break;
         }
         decompressed = std::move(*d);
@@ -854,19 +886,16 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       }
       auto in = DecodeProtoAppendInput(message);
       if (!in.ok()) {
-        refuse(Ctx::ErrorResponse(400, "bad_proto", in.status().message()));
+        *undecodable = Ctx::ErrorResponse(400, "bad_proto", in.status().message());
         break;
       }
       if (in->options.fencing_token && in->options.fencing_token->size() > 36) {
-        refuse(Ctx::ErrorResponse(422, "invalid", "fencing_token must be at most 36 bytes"));
+        *undecodable = Ctx::ErrorResponse(422, "invalid", "fencing_token must be at most 36 bytes");
         break;
       }
-      pos += *n;
-      decoded += message.size();
-      inputs->push_back({std::move(*in), *n});
+      inputs->push_back({std::move(*in), f.frame_bytes});
     }
-    buf_.erase(0, pos);
-    if (failed_ || poisoned_) Discard();
+    for (; i < raw.size(); ++i) c_.ex->ConsumeBody(raw[i].frame_bytes);
   }
 
   // in_mu_ held: input that will never be submitted.
