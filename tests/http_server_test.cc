@@ -273,14 +273,14 @@ TEST_F(HttpServerLimits, CloseStalledSparesASlowResponseThatMoves) {
   int fd = Connect(addr);
   ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
   ASSERT_TRUE(handler.WaitFor(1));
-  const size_t size = 16u << 20;
+  const size_t size = 48u << 20;
   handler.exchange(0)->Respond(Response{200, "text/plain", std::string(size, 'z'), {}});
   std::atomic<bool> done{false};
   size_t body = 0;
   std::thread reader([&] {
-    std::vector<char> buf(256 << 10);
+    std::vector<char> buf(512 << 10);
     while (body < size) {
-      std::this_thread::sleep_for(50ms);  // about 5 MB/s: the whole response takes seconds
+      std::this_thread::sleep_for(50ms);  // about 10 MB/s: the whole response takes seconds
       pollfd p{fd, POLLIN, 0};
       if (::poll(&p, 1, 10000) <= 0) break;
       ssize_t r = ::recv(fd, buf.data(), buf.size(), 0);
@@ -290,7 +290,7 @@ TEST_F(HttpServerLimits, CloseStalledSparesASlowResponseThatMoves) {
     done = true;
   });
   while (!done) {
-    server->CloseStalled(1s);
+    server->CloseStalled(2500ms);
     std::this_thread::sleep_for(200ms);
   }
   reader.join();

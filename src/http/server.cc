@@ -143,7 +143,10 @@ class Conn;
 class HttpServer::Impl {
  public:
   Impl(const ServerOptions& o, Handler* h)
-      : options(o), handler(h), acceptor(ioc), workers(static_cast<size_t>(std::max(1, o.worker_threads))) {}
+      : options(o),
+        handler(h),
+        acceptor(net::make_strand(ioc)),
+        workers(static_cast<size_t>(std::max(1, o.worker_threads))) {}
 
   Status Listen() {
     beast::error_code ec;
@@ -182,8 +185,9 @@ class HttpServer::Impl {
 
   net::io_context ioc;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
+  // On a strand: accept completions, retries and StopAccepting's close do not run at once.
   tcp::acceptor acceptor;
-  net::steady_timer accept_retry{ioc};  // after an accept error (out of file descriptors)
+  net::steady_timer accept_retry{acceptor.get_executor()};  // after an accept error (out of file descriptors)
   tcp::endpoint bound;
   net::thread_pool workers;
   std::vector<std::thread> threads;
@@ -1320,7 +1324,7 @@ int64_t HttpServer::in_flight() const { return impl_->in_flight.load(); }
 const HttpServerMetrics& HttpServer::metrics() const { return impl_->metrics; }
 
 void HttpServer::StopAccepting() {
-  net::post(impl_->ioc, [i = impl_.get()] {
+  net::post(impl_->acceptor.get_executor(), [i = impl_.get()] {
     beast::error_code ec;
     i->acceptor.close(ec);
     i->accept_retry.cancel();

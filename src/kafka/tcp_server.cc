@@ -43,8 +43,9 @@ class TcpServer::Impl {
   net::io_context ioc;
   std::unique_ptr<net::thread_pool> workers;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
-  tcp::acceptor acceptor{ioc};
-  net::steady_timer accept_retry{ioc};  // after an accept error (out of file descriptors)
+  // On a strand: accept completions, retries and StopAccepting's close do not run at once.
+  tcp::acceptor acceptor{net::make_strand(ioc)};
+  net::steady_timer accept_retry{acceptor.get_executor()};  // after an accept error (out of file descriptors)
   std::vector<std::thread> io_threads;
   std::string bound;
   std::mutex mu;  // guards conns, stopped and draining
@@ -72,11 +73,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     socket_.set_option(tcp::no_delay(true), ec);
   }
 
+  // On the connection's strand (posted there, so a close posted after it
+  // cannot run first).
   void Start() {
-    srv_->metrics.connections++;
-    srv_->metrics.open_connections++;
-    ArmIdle();
-    ReadHeader();
+    net::post(socket_.get_executor(), [self = shared_from_this()] {
+      self->srv_->metrics.connections++;
+      self->srv_->metrics.open_connections++;
+      self->ArmIdle();
+      self->ReadHeader();
+    });
   }
 
   // From any thread: closes the socket on the strand.
@@ -438,15 +443,13 @@ void TcpServer::Impl::Accept() {
         socket.close(ignored);
       } else {
         auto c = std::make_shared<Connection>(this, std::move(socket));
-        bool late = false;
         {
           std::lock_guard lk(mu);
           if (stopped) return;
           conns.insert(c);
-          late = draining;  // the drain began since the check above
+          c->Start();  // under mu: a drain or stop that finds it here posts its close after this
+          if (draining) c->CloseWhenAnswered();  // the drain began since the check above
         }
-        c->Start();
-        if (late) c->CloseWhenAnswered();
       }
     }
     if (acceptor.is_open()) Accept();
@@ -485,13 +488,14 @@ std::string TcpServer::address() const { return impl_->bound; }
 const TcpServerMetrics& TcpServer::metrics() const { return impl_->metrics; }
 
 void TcpServer::StartAccepting() {
-  net::post(impl_->ioc, [impl = impl_.get()] { impl->Accept(); });
+  net::post(impl_->acceptor.get_executor(), [impl = impl_.get()] { impl->Accept(); });
 }
 
 void TcpServer::StopAccepting() {
-  net::post(impl_->ioc, [impl = impl_.get()] {
+  net::post(impl_->acceptor.get_executor(), [impl = impl_.get()] {
     ErrorCode ec;
     impl->acceptor.close(ec);
+    impl->accept_retry.cancel();
   });
 }
 
@@ -515,7 +519,6 @@ void TcpServer::Stop() {
     conns = impl_->conns;
   }
   StopAccepting();
-  net::post(impl_->ioc, [impl = impl_.get()] { impl->accept_retry.cancel(); });
   for (auto& c : conns) c->Shutdown();
   // Workers first: their callbacks may still post answers to the I/O threads.
   impl_->workers->join();
