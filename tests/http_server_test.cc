@@ -113,6 +113,27 @@ std::string ReadUntil(int fd, const std::string& until, int timeout_ms = 10000) 
   return out;
 }
 
+// What a client read of a response of 'z's: how many, and whether the
+// connection ended (EOF or reset) rather than going silent for 10 s.
+struct ReadZs {
+  size_t zs = 0;
+  bool ended = false;
+};
+ReadZs ReadToEnd(int fd) {
+  ReadZs out;
+  std::vector<char> buf(65536);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) <= 0) return out;
+    ssize_t r = ::recv(fd, buf.data(), buf.size(), 0);
+    if (r <= 0) {
+      out.ended = true;
+      return out;
+    }
+    out.zs += static_cast<size_t>(std::count(buf.begin(), buf.begin() + r, 'z'));
+  }
+}
+
 // Nothing arrives on `fd` within `ms`.
 bool Silent(int fd, int ms) {
   pollfd p{fd, POLLIN, 0};
@@ -215,20 +236,11 @@ TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ASSERT_TRUE(handler.WaitFor(1));
   const size_t size = 16u << 20;  // more than the socket buffers hold
   handler.exchange(0)->Respond(Response{200, "text/plain", std::string(size, 'z'), {}});
-  size_t body = 0;
-  std::thread reader([&] {
-    char buf[65536];
-    for (;;) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 10000) <= 0) return;
-      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-      if (r <= 0) return;
-      body += static_cast<size_t>(std::count(buf, buf + r, 'z'));
-    }
-  });
+  ReadZs got;
+  std::thread reader([&] { got = ReadToEnd(fd); });
   server->Stop();
   reader.join();
-  EXPECT_EQ(body, size);
+  EXPECT_EQ(got.zs, size);
   ::close(fd);
 }
 
@@ -244,25 +256,12 @@ TEST_F(HttpServerLimits, StopClosesAStreamOnceItsChunkIsWritten) {
   const size_t size = 16u << 20;
   ex->Write(std::string(size, 'z'), nullptr);
   std::this_thread::sleep_for(200ms);  // the write is under way, the socket buffers full
-  size_t body = 0;
-  bool ended = false;
-  std::thread reader([&] {
-    char buf[65536];
-    for (;;) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 10000) <= 0) return;
-      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-      if (r <= 0) {
-        ended = true;
-        return;
-      }
-      body += static_cast<size_t>(std::count(buf, buf + r, 'z'));
-    }
-  });
+  ReadZs got;
+  std::thread reader([&] { got = ReadToEnd(fd); });
   server->Stop();
   reader.join();
-  EXPECT_EQ(body, size);
-  EXPECT_TRUE(ended) << "the connection stayed open after Stop";
+  EXPECT_EQ(got.zs, size);
+  EXPECT_TRUE(got.ended) << "the connection stayed open after Stop";
   ::close(fd);
 }
 
@@ -343,14 +342,7 @@ TEST_F(HttpServerLimits, CloseStalledClosesOnlyConnectionsWhoseResponseStopped) 
   EXPECT_GT(failed->load(), 0);
   ex->End();
   // The stuck client sees its connection end (after what the buffers held).
-  bool ended = false;
-  for (int i = 0; i < 100000 && !ended; ++i) {
-    pollfd p{stuck, POLLIN, 0};
-    if (::poll(&p, 1, 10000) <= 0) break;
-    char buf[65536];
-    ended = ::recv(stuck, buf, sizeof buf, 0) <= 0;
-  }
-  EXPECT_TRUE(ended);
+  EXPECT_TRUE(ReadToEnd(stuck).ended);
   // The idle connection is still served.
   ASSERT_TRUE(SendAll(idle, PostHead(4) + "idle"));
   ASSERT_TRUE(handler.WaitFor(2));

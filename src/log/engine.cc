@@ -28,6 +28,8 @@ size_t Metered(size_t body, const std::optional<std::string>& key, const std::ve
 
 size_t MeteredBytes(const AppendRecord& r) { return Metered(r.body.size(), r.key, r.headers); }
 
+size_t MeteredBytes(const wal::Record& r) { return Metered(r.value ? r.value->size() : 0, r.key, r.headers); }
+
 Status CheckClientTimestamps(const metastore::StreamConfig& config, const std::vector<AppendRecord>& records) {
   if (config.timestamping != metastore::TimestampingMode::kClientRequire) return Status::Ok();
   for (size_t i = 0; i < records.size(); ++i) {
@@ -35,7 +37,6 @@ Status CheckClientTimestamps(const metastore::StreamConfig& config, const std::v
   }
   return Status::Ok();
 }
-size_t MeteredBytes(const wal::Record& r) { return Metered(r.value ? r.value->size() : 0, r.key, r.headers); }
 
 namespace {
 

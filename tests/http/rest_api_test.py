@@ -1749,7 +1749,6 @@ class LifecycleTest(ClosingTestCase):
         self.assertEqual(Client(server).read_all(s, fmt="base64"), before["s"])
         stop_server(server)
 
-
     def test_drain_ends_a_read_session_whose_client_stopped_reading(self):
         # The drain and stall timeouts are far longer than the stop's wait:
         # only the drain's closing of the stalled connection lets the server
