@@ -131,8 +131,9 @@ class ConnBase {
   // After the worker pool was joined: forgets work queued for it that will
   // never run (it may hold the connection itself).
   virtual void DropQueuedWork() {}
-  // Closes the connection if its response data has not moved for
-  // `stalled_for` (a client that stopped reading). Any thread.
+  // Ends a response whose data has not moved for `stalled_for` (a client
+  // that stopped reading): HTTP/1.1 closes the connection, HTTP/2 resets the
+  // stream. Any thread.
   virtual void CloseIfStalled(Duration stalled_for) = 0;
 };
 
