@@ -694,8 +694,9 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     if (api_->engine_->HasStream(c_.basin, stream_)) return Ready(true);
     auto self = shared_from_this();
     c_.ex->Post([self] {
-      auto created = self->api_->engine_->CreateIfConfigured(self->c_.basin, self->stream_,
-                                                             log::Engine::AutoCreate::kOnAppend);
+      auto created = self->api_->engine_->CreateIfConfigured(
+          self->c_.basin, self->stream_, log::Engine::AutoCreate::kOnAppend,
+          [&self](const metastore::StreamConfig& config) { return self->CheckFirstInput(config); });
       if (!created.ok() && created.status().code() != Code::kNotFound) return self->Refuse(created.status());
       if (!self->api_->engine_->HasStream(self->c_.basin, self->stream_)) {
         return self->Refuse(NotFound("stream \"{}\" does not exist", self->stream_));
@@ -871,31 +872,67 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   void Decode(const std::vector<RawFrame>& raw, std::vector<Input>* inputs, std::optional<Response>* undecodable) {
     size_t i = 0;
     for (; i < raw.size(); ++i) {
-      const RawFrame& f = raw[i];
-      std::string decompressed;
-      std::string_view message = f.payload;
-      if (f.compression != 0) {
-        auto d = wal::DecompressRecords(f.compression == 1 ? wal::kCodecZstd : wal::kCodecGzip, f.payload,
-                                        kS2sMaxFrameBytes);
-        if (!d.ok()) {
-          *undecodable = Ctx::ErrorResponse(400, "bad_frame", d.status().message());
-          break;
-        }
-        decompressed = std::move(*d);
-        message = decompressed;
-      }
-      auto in = DecodeProtoAppendInput(message);
-      if (!in.ok()) {
-        *undecodable = Ctx::ErrorResponse(400, "bad_proto", in.status().message());
+      Response why;
+      auto in = DecodeInput(raw[i], &why);
+      if (!in) {
+        *undecodable = std::move(why);
         break;
       }
-      if (in->options.fencing_token && in->options.fencing_token->size() > 36) {
-        *undecodable = Ctx::ErrorResponse(422, "invalid", "fencing_token must be at most 36 bytes");
-        break;
-      }
-      inputs->push_back({std::move(*in), f.frame_bytes});
+      inputs->push_back({std::move(*in), raw[i].frame_bytes});
     }
     for (; i < raw.size(); ++i) c_.ex->ConsumeBody(raw[i].frame_bytes);
+  }
+
+  // One frame's AppendInput; none, with the answer that ends the session in
+  // `why`, if it does not decode.
+  static std::optional<AppendInput> DecodeInput(const RawFrame& f, Response* why) {
+    std::string decompressed;
+    std::string_view message = f.payload;
+    if (f.compression != 0) {
+      auto d = wal::DecompressRecords(f.compression == 1 ? wal::kCodecZstd : wal::kCodecGzip, f.payload,
+                                      kS2sMaxFrameBytes);
+      if (!d.ok()) {
+        *why = Ctx::ErrorResponse(400, "bad_frame", d.status().message());
+        return std::nullopt;
+      }
+      decompressed = std::move(*d);
+      message = decompressed;
+    }
+    auto in = DecodeProtoAppendInput(message);
+    if (!in.ok()) {
+      *why = Ctx::ErrorResponse(400, "bad_proto", in.status().message());
+      return std::nullopt;
+    }
+    if (in->options.fencing_token && in->options.fencing_token->size() > 36) {
+      *why = Ctx::ErrorResponse(422, "invalid", "fencing_token must be at most 36 bytes");
+      return std::nullopt;
+    }
+    return std::move(*in);
+  }
+
+  // For a basin that would create the stream: an input already whole (read
+  // before the session opened, HTTP/1.1) whose first frame the append would
+  // refuse creates nothing, as a plain append. A streamed input's frames
+  // arrive only once the session is open (the stream created, as on S2).
+  Status CheckFirstInput(const metastore::StreamConfig& config) {
+    RawFrame first;
+    {
+      std::lock_guard lk(in_mu_);
+      if (!input_ended_) return Status::Ok();
+      S2sFrame frame;
+      auto n = DecodeS2sFrame(buf_, &frame);
+      if (!n.ok()) return InvalidArgument("bad S2S frame: {}", n.status().message());
+      if (*n == 0) {
+        return buf_.empty() ? Status::Ok() : InvalidArgument("the input ended inside an S2S frame");
+      }
+      if (frame.terminal) return InvalidArgument("a client may not send a terminal frame");
+      first = {std::string(frame.payload), frame.compression, *n};
+    }
+    Response why;
+    auto in = DecodeInput(first, &why);
+    if (!in) return InvalidArgument("the first input does not decode: {}", why.body);
+    WEIR_RETURN_IF_ERROR(api_->engine_->CheckAppendRecords(in->records));
+    return log::CheckClientTimestamps(config, in->records);
   }
 
   // in_mu_ held: input that will never be submitted.

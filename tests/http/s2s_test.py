@@ -408,6 +408,26 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(self.records(stream), ["h0", "h1"])
 
 
+class CreateOnAppendTest(unittest.TestCase):
+    def test_an_http1_session_whose_first_input_is_invalid_creates_no_stream(self):
+        base = SERVER.base_url
+        basin = unique("s2sauto")
+        requests.post(f"{base}/v1/basins", json={"basin": basin, "config": {"create_stream_on_append": True}},
+                      timeout=TIMEOUT).raise_for_status()
+        hdrs = {"content-type": "s2s/proto", "s2-basin": basin}
+        bad = frame(pb_append_input([pb_append_record(b"x", headers=[(b"", b"x"), (b"a", b"b")])]))
+        for body in (bad, frame(b"\xff\xff\xff"), bad[:4]):  # refused by the append; not an input; cut short
+            r = requests.post(f"{base}/v1/streams/never/records", data=body, headers=hdrs, timeout=TIMEOUT)
+            self.assertEqual(r.status_code, 422, r.text)
+            r = requests.get(f"{base}/v1/streams/never", headers={"s2-basin": basin}, timeout=TIMEOUT)
+            self.assertEqual(r.status_code, 404, r.text)
+        good = frame(pb_append_input([pb_append_record(b"ok")]))
+        r = requests.post(f"{base}/v1/streams/fresh/records", data=good, headers=hdrs, timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 200, r.text)
+        frames, _ = parse_frames(r.content)
+        self.assertEqual([pb_append_ack(p)["end"]["seq_num"] for _, p in frames], [1])
+
+
 class DecompressionTest(unittest.TestCase):
     def test_compressed_frames_are_decoded_a_few_at_a_time(self):
         # 4,000 gzip frames of about 1.5 KB, each an input of one 1.5 MiB
