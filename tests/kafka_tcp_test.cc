@@ -202,6 +202,23 @@ TEST_F(KafkaTcpServer, DrainingAnswersThenClosesAndTakesNoNewConnection) {
   ::close(late);
 }
 
+// Stop after the drain began lets an answer already given be written whole.
+TEST_F(KafkaTcpServer, StopAfterTheDrainLetsAnswersBeWritten) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int fd = Connect(addr);
+  const std::string big(16u << 20, 'k');  // more than the socket buffers hold
+  ASSERT_TRUE(SendFrame(fd, big));
+  ASSERT_TRUE(handler.WaitFor(1));
+  server->CloseConnectionsWhenAnswered();
+  handler.AnswerAll();
+  std::string got;
+  std::thread reader([&] { got = ReadFrame(fd); });
+  server->Stop();
+  reader.join();
+  EXPECT_EQ(got.size(), big.size());
+  ::close(fd);
+}
+
 TEST_F(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
   ASSERT_NO_FATAL_FAILURE(Start({.max_connections = 2}));
   int a = Connect(addr), b = Connect(addr);

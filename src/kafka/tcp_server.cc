@@ -1,5 +1,6 @@
 #include "kafka/tcp_server.h"
 
+#include <chrono>
 #include <deque>
 #include <optional>
 #include <mutex>
@@ -511,6 +512,20 @@ void TcpServer::CloseConnectionsWhenAnswered() {
 
 void TcpServer::Stop() {
   if (!impl_) return;
+  bool draining = false;
+  {
+    std::lock_guard lk(impl_->mu);
+    if (impl_->stopped) return;
+    draining = impl_->draining;
+  }
+  if (draining) {
+    // Draining connections close themselves once their answers are written:
+    // up to 5 s for that, rather than cutting a write short.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (impl_->metrics.open_connections.load() > 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   std::set<std::shared_ptr<Connection>> conns;
   {
     std::lock_guard lk(impl_->mu);

@@ -113,7 +113,9 @@ class TcpServer {
   // responses to those it read are written (clients reconnect elsewhere, or
   // after a restart); a connection accepted from now on is closed at once.
   void CloseConnectionsWhenAnswered();
-  // Closes every connection and joins all threads.
+  // Closes every connection and joins all threads. After
+  // CloseConnectionsWhenAnswered it first gives connections up to 5 s to
+  // write their answers and close.
   void Stop();
 
   class Impl;
