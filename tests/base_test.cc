@@ -1,14 +1,17 @@
 // base: Status/Result, CRC-32C, byte encoding, histogram.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "base/byte_budget.h"
 #include "base/bytes.h"
 #include "base/crc32c.h"
 #include "base/histogram.h"
+#include "base/keyed_mutex.h"
 #include "base/ordered_queue.h"
 #include "base/status.h"
 
@@ -243,6 +246,41 @@ TEST(Histogram, QuantilesAndConcurrentRecords) {
   EXPECT_EQ(h.Quantile(1.0), 10000u);
   h.Reset();
   EXPECT_EQ(h.count(), 0u);
+}
+
+TEST(KeyedMutex, OneHolderPerKeyAndEntriesOnlyWhileInUse) {
+  KeyedMutex km;
+  std::atomic<int> inside{0};
+  std::atomic<int> most{0};
+  std::atomic<int> other_key_runs{0};
+  {
+    auto held = km.Lock("g");
+    // Another key is not held up by "g".
+    std::thread other([&] {
+      auto g = km.Lock("h");
+      other_key_runs++;
+    });
+    other.join();
+    EXPECT_EQ(other_key_runs.load(), 1);
+    EXPECT_EQ(km.keys_in_use(), 1u);
+  }
+  EXPECT_EQ(km.keys_in_use(), 0u);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        auto g = km.Lock("g");
+        int now = ++inside;
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+        --inside;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(most.load(), 1) << "two guards of one key were alive at once";
+  EXPECT_EQ(km.keys_in_use(), 0u);
 }
 
 }  // namespace

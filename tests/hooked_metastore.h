@@ -27,6 +27,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_commit_settle;            // non-OK: CommitSettle answers it without committing
   std::function<Status()> fail_find_segments;            // non-OK: FindSegments answers it
   std::function<void()> after_delete_stream;             // runs once after DeleteStream or DeleteTable committed
+  std::function<void()> before_commit_group_offsets;     // runs once, then is cleared
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -95,6 +96,7 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->UpdateTableConfig(id, c, s);
   }
   Status CommitGroupOffsets(std::string_view g, const std::vector<GroupOffset>& o) override {
+    if (auto hook = std::exchange(before_commit_group_offsets, nullptr)) hook();
     return m_->CommitGroupOffsets(g, o);
   }
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view g) override { return m_->FetchGroupOffsets(g); }

@@ -20,6 +20,7 @@
 
 #include "base/bytes.h"
 #include "base/crc32c.h"
+#include "hooked_metastore.h"
 #include "kafka/api_table.h"
 #include "metastore/metastore.h"
 #include "objstore/mem_store.h"
@@ -322,9 +323,10 @@ class BrokerTest : public ::testing::Test {
     engine_ = std::move(*e);
   }
 
-  void StartBroker(BrokerOptions options) {
+  // The broker uses `meta` if given (a hooked one), else the engine's.
+  void StartBroker(BrokerOptions options, std::shared_ptr<metastore::Metastore> meta = nullptr) {
     exec_ = std::make_shared<Executor>(std::this_thread::get_id());
-    broker_ = std::make_unique<Broker>(std::move(options), engine_.get(), meta_);
+    broker_ = std::make_unique<Broker>(std::move(options), engine_.get(), meta ? std::move(meta) : meta_);
     ASSERT_OK(broker_->Init());
   }
 
@@ -339,11 +341,11 @@ class BrokerTest : public ::testing::Test {
   }
 
   // A new broker on the same engine (nothing may be in flight).
-  void RestartBroker(BrokerOptions options) {
+  void RestartBroker(BrokerOptions options, std::shared_ptr<metastore::Metastore> meta = nullptr) {
     broker_->Stop();
     exec_->Stop();
     broker_.reset();
-    StartBroker(std::move(options));
+    StartBroker(std::move(options), std::move(meta));
   }
 
   // A process restart: new engine and broker over the same store and metastore.
@@ -2243,6 +2245,47 @@ TEST_F(GroupTest, OffsetDeleteKeepsTheOffsetsOfSubscribedTopics) {
   }
   ASSERT_EQ(joined.error_code, ErrorCode::kNone);
   EXPECT_EQ(del({"connectors", {{"events", {0}}}}).error_code, ErrorCode::kNonEmptyGroup);
+}
+
+// A commit validated for a generation whose metastore write stalls while the
+// group moves on: the next generation's commit waits for it and lands after
+// it, so the offset is never moved back by the deposed member.
+TEST_F(GroupTest, ACommitOfAnEndedGenerationCannotLandAfterTheNextGenerations) {
+  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+  RestartBroker(Options(), hooked);
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  std::string a;
+  const int32_t gen_a = JoinAlone("meta-A", "all", &a);
+  std::promise<void> entered;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  hooked->before_commit_group_offsets = [&entered, released] {
+    entered.set_value();
+    released.wait();
+  };
+  Pending stale = Start(CommitReq(a, gen_a, "events", 0, 5), 7);
+  ASSERT_EQ(entered.get_future().wait_for(kAnswerTimeout), std::future_status::ready);
+
+  // A leaves; B joins alone (the next generation) and commits further on.
+  LeaveGroupRequest leave;
+  leave.group_id = kGroup;
+  leave.member_id = a;
+  ASSERT_EQ(Call(leave, 0, DecodeLeaveGroupResponse).error_code, ErrorCode::kNone);
+  std::string b;
+  const int32_t gen_b = JoinAlone("meta-B", "all", &b);
+  ASSERT_GT(gen_b, gen_a);
+  Pending fresh = Start(CommitReq(b, gen_b, "events", 0, 9), 7);
+  // Not a timing assertion: the fresh commit cannot finish while the stale
+  // one holds the group; the wait only gives a wrong implementation the time
+  // to show itself.
+  EXPECT_EQ(fresh.future.wait_for(300ms), std::future_status::timeout)
+      << "the next generation's commit went ahead of the stalled one";
+  release.set_value();
+  auto s = Finish(stale, DecodeOffsetCommitResponse);
+  EXPECT_EQ(s.topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  auto f = Finish(fresh, DecodeOffsetCommitResponse);
+  EXPECT_EQ(f.topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Committed("events", 0).committed_offset, 9);
 }
 
 TEST(ConsumerSubscription, TopicsAreReadFromAnyVersion) {

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "base/keyed_mutex.h"
 #include "kafka/group_coordinator.h"
 #include "kafka/messages.h"
 #include "kafka/tcp_server.h"
@@ -154,6 +155,11 @@ class Broker : public FrameHandler {
   log::Engine* engine_;
   std::shared_ptr<metastore::Metastore> meta_;
   GroupCoordinator groups_;
+  // A group's offset changes, one at a time: a commit's generation check and
+  // its write, OffsetDelete's and DeleteGroups' checks and deletes. So a
+  // commit validated for a generation that then ends lands before any commit
+  // of the next generation, never after it.
+  KeyedMutex group_offsets_mu_;
   BrokerMetrics metrics_;
   std::mutex create_mu_;  // one topic creation or growth at a time (check, then change)
   // A topic's max.message.bytes (default options_.max_batch_bytes), read from

@@ -84,6 +84,7 @@ void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
   auto& in = req->body<OffsetCommitRequest>();
   OffsetCommitResponse resp;
   // An empty group id is valid for offsets (Kafka keeps it for old clients).
+  auto offsets_guard = group_offsets_mu_.Lock(in.group_id);
   ErrorCode all = ErrorCode::kNone;
   if (req->version() > 0) {
     all = E(groups_.ValidateCommit(in.group_id, in.generation_id, in.member_id, in.group_instance_id, Now()));
@@ -256,6 +257,7 @@ void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
   for (const std::string& id : in.groups_names) {
     DeletableGroupResult r;
     r.group_id = id;
+    auto offsets_guard = group_offsets_mu_.Lock(id);
     auto d = groups_.DescribeGroup(id);
     if (d && d->state != GroupState::kEmpty) {
       r.error_code = ErrorCode::kNonEmptyGroup;
@@ -285,7 +287,9 @@ void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
 // selected protocol (the consumer protocol's layout); if a member's metadata
 // is not there (no protocol selected yet) or unreadable, every topic counts
 // as subscribed. A group with members of another protocol type is
-// NON_EMPTY_GROUP. The check and the delete are two steps, as in DeleteGroups.
+// NON_EMPTY_GROUP. No commit of the group runs between the check and the
+// delete; a member that joins between them finds the offsets gone, as if it
+// had joined just after the delete (as in DeleteGroups).
 
 // Runs on a worker thread (metastore reads and writes).
 void Broker::OffsetDelete(const std::shared_ptr<Request>& req) {
@@ -296,6 +300,7 @@ void Broker::OffsetDelete(const std::shared_ptr<Request>& req) {
     resp.topics.clear();
     Send(req, resp, EncodeOffsetDeleteResponse);
   };
+  auto offsets_guard = group_offsets_mu_.Lock(in.group_id);
   auto offsets = meta_->FetchGroupOffsets(in.group_id);
   if (!offsets.ok()) {
     Log().warn("kafka: reading the offsets of group {}: {}", in.group_id, offsets.status().ToString());
