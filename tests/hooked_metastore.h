@@ -28,6 +28,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_find_segments;            // non-OK: FindSegments answers it
   std::function<void()> after_delete_stream;             // runs once after DeleteStream or DeleteTable committed
   std::function<void()> before_commit_group_offsets;     // runs once, then is cleared
+  std::function<void()> before_expire_group_offsets;     // runs once, then is cleared
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -109,6 +110,7 @@ class HookedMetastore final : public metastore::Metastore {
   Result<std::vector<std::string>> ListOffsetGroups() override { return m_->ListOffsetGroups(); }
   Result<bool> DeleteAllGroupOffsets(std::string_view g) override { return m_->DeleteAllGroupOffsets(g); }
   Result<std::vector<std::string>> ExpireGroupOffsets(int64_t ms, const std::vector<std::string>& k) override {
+    if (auto hook = std::exchange(before_expire_group_offsets, nullptr)) hook();
     return m_->ExpireGroupOffsets(ms, k);
   }
   Result<NodeState> GetNode(std::string_view n) override { return m_->GetNode(n); }

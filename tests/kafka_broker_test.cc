@@ -1237,6 +1237,34 @@ TEST_F(BrokerTest, StopAnswersWaitingFetchesAndLaterOnesAtOnce) {
   EXPECT_LT(Now() - t0, 20s);
 }
 
+// Stop answers waiting fetches even while the offset-expiry thread is in a
+// metastore call that does not return (it is joined after).
+TEST_F(BrokerTest, StopAnswersWaitingFetchesWhileExpiryIsInTheMetastore) {
+  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+  std::promise<void> entered;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  hooked->before_expire_group_offsets = [&entered, released] {
+    entered.set_value();
+    released.wait();
+  };
+  BrokerOptions o = Options();
+  o.offsets_retention = std::chrono::milliseconds(1);
+  o.offsets_retention_check = std::chrono::milliseconds(20);
+  RestartBroker(o, hooked);
+  ASSERT_EQ(CreateTopic("stopping", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(entered.get_future().wait_for(kAnswerTimeout), std::future_status::ready);
+  Pending waiting = Start(FetchReq("stopping", {{0, 0}}, /*max_wait_ms=*/30000, /*min_bytes=*/1), 11);
+  std::thread stopper([&] { broker_->Stop(); });
+  // Well short of the fetch's own 30 s wait, which would answer it too.
+  const bool answered = waiting.future.wait_for(15s) == std::future_status::ready;
+  release.set_value();
+  stopper.join();
+  ASSERT_TRUE(answered) << "the waiting fetch was held by the expiry thread";
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  EXPECT_TRUE(Batches(resp.responses.at(0).partitions.at(0)).empty());
+}
+
 TEST_F(BrokerTest, FetchLongPollEndsEmptyAtMaxWait) {
   ASSERT_EQ(CreateTopic("idle", 2).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("idle", 1, Batch({"x"})).error_code, ErrorCode::kNone);

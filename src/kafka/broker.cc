@@ -72,10 +72,12 @@ void Broker::Stop() {
     stopping_ = true;
   }
   tick_cv_.notify_all();
-  if (tick_thread_.joinable()) tick_thread_.join();
-  if (expiry_thread_.joinable()) expiry_thread_.join();
+  // Waiting joins and fetches are answered first: the expiry thread may be
+  // in a slow metastore call.
   groups_.Shutdown();
   AnswerWaitingFetches();
+  if (tick_thread_.joinable()) tick_thread_.join();
+  if (expiry_thread_.joinable()) expiry_thread_.join();
 }
 
 void Broker::TickLoop() {
