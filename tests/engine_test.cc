@@ -970,6 +970,26 @@ TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"kept"}));
 }
 
+// A table's bucket stream with delete_on_empty set (a reconfiguration can
+// set it) is passed over by retention without asking the metastore, which
+// would refuse it after appends to it were held off for the round trip.
+TEST_F(EngineTest, DeleteOnEmptyPassesOverATablesBucketStreams) {
+  auto hooked = RestartHooked();
+  StreamConfig soon;
+  soon.delete_on_empty_min_age_s = 1;
+  metastore::TableInfo t;
+  t.basin = kBasin;
+  t.name = "tbl";
+  t.bucket_count = 1;
+  ASSERT_TRUE(engine_->CreateTable(t, soon).ok());
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "tbl/1", soon).ok());  // a bucket's name, past the table's buckets
+  std::this_thread::sleep_for(1100ms);
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "tbl/0").ok());
+  EXPECT_EQ(engine_->GetStream(kBasin, "tbl/1").status().code(), Code::kNotFound);
+  EXPECT_EQ(hooked->delete_empty_stream_calls.load(), 1) << "only the stream no table owns is asked for";
+}
+
 TEST_F(EngineTest, DeleteOnEmptyDeletesNothingOnceTheNodeIsSuperseded) {
   StreamConfig soon;
   soon.delete_on_empty_min_age_s = 1;

@@ -3,6 +3,7 @@
 // make a commit that landed look ambiguous). Owned by the test; any thread.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +30,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<void()> after_delete_stream;             // runs once after DeleteStream or DeleteTable committed
   std::function<void()> before_commit_group_offsets;     // runs once, then is cleared
   std::function<void()> before_expire_group_offsets;     // runs once, then is cleared
+  std::atomic<int> delete_empty_stream_calls{0};
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -66,6 +68,7 @@ class HookedMetastore final : public metastore::Metastore {
     return r;
   }
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view n, uint64_t e) override {
+    delete_empty_stream_calls++;
     return m_->DeleteEmptyStream(id, n, e);
   }
   Result<StreamState> GetStreamState(uint64_t id) override { return m_->GetStreamState(id); }

@@ -460,6 +460,16 @@ Status Engine::DeleteEmptyStreams() {
   // No reconfiguration between the check of a stream's config and its deletion.
   std::unique_lock config_lk(config_mu_);
   for (auto& s : streams) {
+    {
+      std::lock_guard lk(s->mu);
+      if (!due(*s)) continue;
+    }
+    // A table's bucket stream goes only with its table (the metastore would
+    // refuse it): skipped here, without holding off its appends.
+    if (auto bucket = metastore::ParseBucketStreamName(s->info.name)) {
+      auto table = meta_->GetTable(s->info.basin, bucket->table);
+      if (table.ok() && bucket->bucket < table->bucket_count) continue;
+    }
     int64_t min_age_s = 0;
     {
       // Appends check `deleting` under this lock: none is admitted from here on.
@@ -470,7 +480,7 @@ Status Engine::DeleteEmptyStreams() {
     }
     // Only if this node still holds its epoch and the stored config still
     // asks for it (a reconfiguration updates the metastore first); never a
-    // table's bucket stream (the metastore refuses those, as for DeleteStream).
+    // table's bucket stream (checked again there, in the transaction).
     auto keys = meta_->DeleteEmptyStream(s->info.id, options_.node, epoch_.load());
     if (!keys.ok() && keys.status().code() == Code::kNotFound) continue;  // deleted by a user meanwhile
     if (!keys.ok()) {
