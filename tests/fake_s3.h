@@ -73,6 +73,12 @@ class FakeS3 {
     std::lock_guard lk(mu_);
     faults_.push_back(f);
   }
+  // Answers for the next requests, in order (one each), taking precedence
+  // over faults: the status and body as given, nothing applied.
+  void Script(int status, std::string body) {
+    std::lock_guard lk(mu_);
+    scripted_.emplace_back(status, std::move(body));
+  }
   // Every request waits this long before it is answered (0: none).
   void SetDelay(std::chrono::milliseconds d) { delay_ms_ = static_cast<int>(d.count()); }
   int connections() const { return connections_.load(); }
@@ -162,9 +168,13 @@ class FakeS3 {
       for (int m = max_concurrent_.load(); now > m && !max_concurrent_.compare_exchange_weak(m, now);) {
       }
       std::optional<Fault> fault;
+      std::optional<std::pair<int, std::string>> scripted;
       {
         std::lock_guard lk(mu_);
-        if (!faults_.empty()) {
+        if (!scripted_.empty()) {
+          scripted = std::move(scripted_.front());
+          scripted_.pop_front();
+        } else if (!faults_.empty()) {
           fault = faults_.front();
           faults_.pop_front();
         }
@@ -175,7 +185,9 @@ class FakeS3 {
         std::unique_lock lk(mu_);
         stop_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return stopping_.load(); });
       }
-      if (fault == Fault::kDropBeforeApply) {
+      if (scripted) {
+        Send(fd, scripted->first, "X", scripted->second);
+      } else if (fault == Fault::kDropBeforeApply) {
         keep = false;
       } else if (fault == Fault::k503SlowDown) {
         Send(fd, 503, "Slow Down", ErrorBody("SlowDown"));
@@ -245,6 +257,7 @@ class FakeS3 {
   std::vector<std::thread> workers_;
   std::vector<int> open_fds_;
   std::deque<Fault> faults_;
+  std::deque<std::pair<int, std::string>> scripted_;
   std::map<std::string, std::string> objects_;
   std::atomic<int> delay_ms_{0};
   std::atomic<int> connections_{0}, requests_{0}, concurrent_{0}, max_concurrent_{0};

@@ -152,6 +152,10 @@ TEST(S3Protocol, ErrorsMapToStatus) {
   EXPECT_EQ(s3::ToStatus(Err(500, "InternalError"), "x").code(), Code::kUnavailable);
   EXPECT_EQ(s3::ToStatus(Err(409, "ConditionalRequestConflict"), "x").code(), Code::kUnavailable);
   EXPECT_EQ(s3::ToStatus(Err(409, "BucketNotEmpty"), "x").code(), Code::kPreconditionFailed);
+  // Not "the key exists": a create that gets it must not count as landed.
+  EXPECT_EQ(s3::ToStatus(Err(409, "InvalidBucketState"), "x").code(), Code::kIOError);
+  EXPECT_EQ(s3::ToStatus(Err(409, "XMinioObjectExistsAsDirectory"), "x").code(), Code::kIOError);
+  EXPECT_EQ(s3::ToStatus(s3::ParseError(409, "", "r1"), "x").code(), Code::kIOError);
   EXPECT_EQ(s3::ToStatus(Err(501, "NotImplemented"), "x").code(), Code::kNotSupported);
   const Status moved = s3::ToStatus(Err(301, "PermanentRedirect"), "x");
   EXPECT_EQ(moved.code(), Code::kIOError);  // a wrong region is not worth retrying

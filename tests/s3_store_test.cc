@@ -149,6 +149,52 @@ TEST(S3Client, ConflictIsRetriedAndA412AfterItIsDefinite) {
   EXPECT_EQ(*s->Get("k"), "first");
 }
 
+// A 409 other than ConditionalRequestConflict (a bucket in a bad state, a
+// key that is a directory) is not "the key exists": a create that gets one
+// must not count as landed (settle would drop the slots of a segment never
+// written).
+TEST(S3Client, AConflictOnACreateIsNotReportedAsTheKeyExisting) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  ASSERT_TRUE(s);
+  fake.Script(409, "<?xml version=\"1.0\"?><Error><Code>InvalidBucketState</Code><Message>m</Message></Error>");
+  const Status st = s->Put("seg", "data", PutOptions{.if_none_match = true});
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_EQ(s->Head("seg").status().code(), Code::kNotFound);
+}
+
+std::string ListPage(const std::vector<std::string>& keys, bool truncated, const std::string& token) {
+  std::string body = "<?xml version=\"1.0\"?><ListBucketResult><Name>bkt</Name>";
+  for (const std::string& k : keys) body += "<Contents><Key>" + k + "</Key><Size>1</Size></Contents>";
+  body += std::string("<IsTruncated>") + (truncated ? "true" : "false") + "</IsTruncated>";
+  if (!token.empty()) body += "<NextContinuationToken>" + token + "</NextContinuationToken>";
+  return body + "</ListBucketResult>";
+}
+
+// A faulty service's listing fails loudly instead of looping: a truncated
+// page that does not move on, or keys that ignore start-after.
+TEST(S3Client, ListRefusesPagesThatDoNotMoveOn) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  ASSERT_TRUE(s);
+  fake.Script(200, ListPage({}, true, "t1"));
+  fake.Script(200, ListPage({}, true, "t1"));
+  EXPECT_EQ(s->List("", "", 10).status().code(), Code::kCorruption);
+  fake.Script(200, ListPage({}, true, ""));
+  EXPECT_EQ(s->List("", "", 10).status().code(), Code::kCorruption);
+  fake.Script(200, ListPage({"pre/a", "pre/b"}, false, ""));
+  EXPECT_EQ(s->List("", "b", 10).status().code(), Code::kCorruption);  // "a" and "b" are not after "b"
+  fake.Script(200, ListPage({"pre/c", "pre/b"}, false, ""));
+  EXPECT_EQ(s->List("", "", 10).status().code(), Code::kCorruption);  // not ascending
+  // A well-behaved page still lists.
+  fake.Script(200, ListPage({"pre/c", "pre/d"}, false, ""));
+  auto page = s->List("", "b", 10);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  ASSERT_EQ(page->objects.size(), 2u);
+  EXPECT_EQ(page->objects[1].key, "d");
+}
+
 TEST(S3Client, ReusesConnections) {
   ::weir::testing::FakeS3 fake;
   auto s = Open(FakeOptions(fake));

@@ -89,7 +89,11 @@ Status ToStatus(const Error& e, std::string_view what) {
   if (e.code == "RequestTimeout") return Timeout("{}: {}", what, detail);
   if (s == 501) return NotSupported("{}: the service does not implement this ({})", what, detail);
   if (IsRetryable(e)) return Unavailable("{}: {}", what, detail);
-  if (s == 409) return PreconditionFailed("{}: conflict ({})", what, detail);
+  // PreconditionFailed means "the key exists" to a create: only the bucket
+  // calls' conflicts map to it; any other 409 (a bucket in a bad state, a
+  // key that is a directory on some stores) is an error, never "exists".
+  if (s == 409 && e.code.starts_with("Bucket")) return PreconditionFailed("{}: conflict ({})", what, detail);
+  if (s == 409) return IOError("{}: conflict ({})", what, detail);
   if (s >= 400 && s < 500) return InvalidArgument("{}: request refused ({})", what, detail);
   return Unavailable("{}: unexpected response ({})", what, detail);
 }

@@ -590,6 +590,7 @@ Result<ListPage> S3Store::List(std::string_view prefix, std::string_view start_a
     std::vector<ObjectInfo> found;
     bool truncated = false;
     std::string token;
+    std::string last_full_key;
     do {
       WEIR_ASSIGN_OR_RETURN(s3::ListResult r, impl_->ListOnce(full_prefix, full_start, token, want - found.size()));
       for (ObjectInfo& info : r.objects) {
@@ -597,10 +598,23 @@ Result<ListPage> S3Store::List(std::string_view prefix, std::string_view start_a
           return Corruption("LIST s3://{}/{}: the service returned key \"{}\" outside the prefix", impl_->o.bucket,
                             full_prefix, info.key);
         }
+        // Keys come in ascending order after start-after; a service that
+        // ignored start-after would have callers page the same keys forever.
+        const std::string& floor = found.empty() ? full_start : last_full_key;
+        if (info.key <= floor) {
+          return Corruption("LIST s3://{}/{}: the service returned key \"{}\" out of order (after \"{}\")",
+                            impl_->o.bucket, full_prefix, info.key, floor);
+        }
+        last_full_key = info.key;
         info.key.erase(0, impl_->key_prefix.size());
         found.push_back(std::move(info));
       }
       truncated = r.truncated;
+      // A truncated page must say where the next one starts, and move on.
+      if (truncated && (r.next_continuation_token.empty() || r.next_continuation_token == token)) {
+        return Corruption("LIST s3://{}/{}: a truncated page with {} continuation token", impl_->o.bucket,
+                          full_prefix, r.next_continuation_token.empty() ? "no" : "the same");
+      }
       token = std::move(r.next_continuation_token);
     } while (truncated && found.size() < want);
     if (found.size() > max_keys) {
