@@ -20,6 +20,34 @@ namespace weir::http {
 using Json = nlohmann::json;
 
 namespace {
+// A request's JSON body (not the append body, which simdjson parses with its
+// own depth limit). Values nested deeper than kMaxJsonDepth are refused:
+// nlohmann's parser is iterative, but copies and dumps recurse, and a body
+// of a million brackets would overflow a thread's stack. Discarded if bad.
+constexpr int kMaxJsonDepth = 64;
+Json ParseRequestJson(std::string_view body) {
+  bool too_deep = false;
+  Json j = Json::parse(
+      body,
+      [&too_deep](int depth, Json::parse_event_t event, Json&) {
+        if (depth > kMaxJsonDepth &&
+            (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start)) {
+          too_deep = true;
+          return false;  // not kept
+        }
+        return true;
+      },
+      /*allow_exceptions=*/false);
+  return too_deep ? Json(Json::value_t::discarded) : j;
+}
+
+// j[name] without a copy (copies recurse), or null if j has no such field.
+const Json& FieldOrNull(const Json& j, const char* name) {
+  static const Json kNull;
+  auto it = j.find(name);
+  return it == j.end() ? kNull : *it;
+}
+
 // S2's HTTP status and error code for an engine or metastore status
 // (docs/http-api.md); `not_found` names what a kNotFound is about.
 std::pair<int, std::string_view> ErrorCodeFor(const Status& st, std::string_view not_found = "not_found") {
@@ -293,7 +321,7 @@ Status ApplyBasinConfig(const Json& j, metastore::BasinConfig* b, ConfigMode mod
   for (auto [field, flag] : {std::pair{"create_stream_on_append", &b->create_stream_on_append},
                              std::pair{"create_stream_on_read", &b->create_stream_on_read}}) {
     auto it = j.find(field);
-    if (it == j.end()) continue;
+    if (it == j.end() || it->is_null()) continue;  // null: the default, or (PATCH) no change
     if (!it->is_boolean()) throw BadRequest{fmt::format("{} must be true or false", field)};
     *flag = it->get<bool>();
   }
@@ -439,9 +467,18 @@ constexpr size_t kMaxTombstones = 10000;
 // S2's s2-provision-result header: what a create or ensure did.
 HeaderList Provisioned(std::string_view outcome) { return {{"s2-provision-result", std::string(outcome)}}; }
 
+// application/protobuf, or the older spelling application/x-protobuf.
+bool IsProtoType(std::string_view media_type) {
+  media_type = media_type.substr(0, media_type.find(';'));
+  while (!media_type.empty() && media_type.back() == ' ') media_type.remove_suffix(1);
+  while (!media_type.empty() && media_type.front() == ' ') media_type.remove_prefix(1);
+  return media_type == "application/protobuf" || media_type == "application/x-protobuf";
+}
+
+// As S2: the first media type the client accepts decides.
 bool WantsProto(const Request& req) {
   const std::string* a = req.Header("accept");
-  return a && a->find("application/protobuf") != std::string::npos;
+  return a && IsProtoType(std::string_view(*a).substr(0, a->find(',')));
 }
 
 // Parameters of a read, as sent.
@@ -1132,12 +1169,12 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
       return c.Reply(200, Json{{"basins", list}, {"has_more", page->second}});
     }
     if (req.method == "POST") {
-      Json j = Json::parse(req.body, nullptr, false);
+      Json j = ParseRequestJson(req.body);
       if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
       if (!j.contains("basin") || !j["basin"].is_string()) throw BadRequest{"CreateBasinRequest needs \"basin\""};
       std::string basin = j["basin"].get<std::string>();
       metastore::BasinConfig config;
-      if (Status st = ApplyBasinConfig(j.value("config", Json()), &config, ConfigMode::kCreate); !st.ok()) {
+      if (Status st = ApplyBasinConfig(FieldOrNull(j, "config"), &config, ConfigMode::kCreate); !st.ok()) {
         return c.Fail(st);
       }
       const std::string key = CreationKey(RequestToken(req), BasinConfigJson(config));
@@ -1160,12 +1197,12 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
   }
   if (req.method == "PUT") {
     // Create with this config, or replace the existing basin's config.
-    Json j = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
+    Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     if (!j.is_null() && !j.is_object()) throw BadRequest{"the body must be a JSON object"};
     metastore::BasinConfig config;
     if (j.is_object()) {
-      if (Status st = ApplyBasinConfig(j.value("config", Json()), &config, ConfigMode::kCreate); !st.ok()) {
+      if (Status st = ApplyBasinConfig(FieldOrNull(j, "config"), &config, ConfigMode::kCreate); !st.ok()) {
         return c.Fail(st);
       }
     }
@@ -1180,7 +1217,7 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     return c.Reply(200, BasinInfoJson(*info), Provisioned("updated"));
   }
   if (req.method == "PATCH") {
-    Json j = Json::parse(req.body, nullptr, false);
+    Json j = ParseRequestJson(req.body);
     if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
     std::lock_guard lk(config_mu_);  // read, change, write: concurrent PATCHes do not lose changes
     auto info = engine_->GetBasin(*name);
@@ -1224,11 +1261,11 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       return c.Reply(200, Json{{"streams", list}, {"has_more", page->second}});
     }
     if (req.method == "POST") {
-      Json j = Json::parse(req.body, nullptr, false);
+      Json j = ParseRequestJson(req.body);
       if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
       if (!j.contains("stream") || !j["stream"].is_string()) throw BadRequest{"CreateStreamRequest needs \"stream\""};
       metastore::StreamConfigLayer requested;
-      if (Status st = ApplyStreamLayer(j.value("config", Json()), &requested, ConfigMode::kCreate); !st.ok()) {
+      if (Status st = ApplyStreamLayer(FieldOrNull(j, "config"), &requested, ConfigMode::kCreate); !st.ok()) {
         return c.Fail(st);
       }
       auto resolved = ResolveStreamConfig(engine_, c.basin, Json(), ConfigMode::kCreate, requested);
@@ -1254,7 +1291,7 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     return c.Reply(200, StreamConfigJson(s->info.config));
   }
   if (req.method == "PUT" || req.method == "PATCH") {
-    Json j = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
+    Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     if (req.method == "PATCH" && !j.is_object()) throw BadRequest{"the body must be a StreamReconfiguration object"};
     std::lock_guard lk(config_mu_);  // read, change, write: concurrent changes do not lose one another
@@ -1311,7 +1348,7 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     return;
   }
   const std::string* ctype = req.Header("content-type");
-  bool proto_in = ctype && ctype->find("application/protobuf") != std::string::npos;
+  bool proto_in = ctype && IsProtoType(*ctype);
   AppendInput in;
   if (proto_in) {
     auto r = DecodeProtoAppendInput(req.body);
@@ -1425,12 +1462,15 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   void Start() {
     if (p_.wait_s) wait_ = std::chrono::seconds(*p_.wait_s);
     last_record_ = Now();
-    if (sse_) api_->metrics_.read_sessions++;
+    if (sse_) {
+      counted_ = true;
+      api_->metrics_.read_sessions++;
+    }
     Step();
   }
 
   ~ReadSession() {
-    if (sse_) api_->metrics_.read_sessions--;
+    if (counted_) api_->metrics_.read_sessions--;
   }
 
  private:
@@ -1485,6 +1525,27 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     // tail or by time is resolved once.
     if (r->records.empty()) p_.start = {log::ReadStart::kOffset, r->tail};
     bool done = CutAtUntil(&r->records, p_.until);
+    // As S2, the bytes limit is never exceeded (the engine returns a first
+    // record whatever its size): records past it are left for the next step,
+    // and a first record over what the limit has left ends the read.
+    if (p_.bytes && !r->records.empty()) {
+      size_t used = 0, keep = 0;
+      for (const auto& rec : r->records) {
+        const size_t b = log::MeteredBytes(rec.record);
+        if (used + b > max_bytes) break;
+        used += b;
+        ++keep;
+      }
+      if (keep == 0) {
+        // Over the step's 1 MiB but within the limit: one record, as the engine returns it.
+        if (log::MeteredBytes(r->records.front().record) > *p_.bytes - sent_bytes_) {
+          done = true;
+        } else {
+          keep = 1;
+        }
+      }
+      if (keep < r->records.size()) r->records.resize(keep);
+    }
     size_t bytes = 0;
     for (const auto& rec : r->records) bytes += log::MeteredBytes(rec.record);
     if (!r->records.empty()) {
@@ -1528,7 +1589,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // Whether the read may wait for records past the tail (S2's may_follow).
   bool MayFollow() const {
     if (p_.wait_s && *p_.wait_s > 0) return true;
-    return sse_ && !p_.wait_s && !p_.count && !p_.bytes && !p_.until;
+    return sse_ && !p_.count && !p_.bytes && !p_.until;
   }
 
   // 416 with the tail, S2's TailResponse.
@@ -1649,6 +1710,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // The session reached its count, bytes or until limit (or its wait bound).
   void Done() {
     if (!sse_) return;
+    if (!started_) Begin();  // e.g. a session resumed at its count limit
     if (!s2s_) c_.ex->Write("data: [DONE]\n\n", nullptr);
     c_.ex->End();
   }
@@ -1678,6 +1740,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   bool s2s_;
   int s2s_compression_ = 0;  // of S2S batch frames: 0 none, 1 zstd, 2 gzip
   bool started_ = false;  // session headers sent (steps run one at a time)
+  bool counted_ = false;  // in metrics_.read_sessions
   TimePoint start_ = Now();
   TimePoint last_record_;
   TimePoint last_ping_ = Now();
@@ -1717,10 +1780,11 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
     // As S2: a bounded session does not wait past the tail unless asked to.
     if (!p.wait_s && (p.count || p.bytes || p.until)) p.wait_s = 0;
   }
-  if (Status st = CreateOnRead(c, stream); !st.ok()) return c.Fail(st);
   auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), mode);
+  // Bad input is refused before anything changes (the stream created on read).
   if (const std::string* id = req.Header("last-event-id"); mode == Mode::kSse && id) session->Resume(*id);
   if (mode == Mode::kS2s) session->CompressFrames(S2sCompression(req));
+  if (Status st = CreateOnRead(c, stream); !st.ok()) return c.Fail(st);
   session->Start();
 }
 

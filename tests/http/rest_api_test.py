@@ -537,9 +537,12 @@ class BasinTest(ApiTestCase):
         self.assertError(self.c.patch(f"/v1/basins/{name}",
                                       json={"default_stream_config": {"retention_policy": {"age": 0}}}),
                          422, "invalid")
-        for flag in ["yes", None, 1]:
+        for flag in ["yes", 1]:
             self.assertError(self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_append": flag}),
                              400, "bad_json")
+        # As S2's BasinReconfiguration: null is "no change".
+        r = self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_append": None, "create_stream_on_read": None})
+        self.assertEqual(r.status_code, 200, r.text)
         self.assertError(self.c.patch(f"/v1/basins/{name}",
                                       json={"default_stream_config": {"storage_class": "premium"}}),
                          400, "bad_json")
@@ -823,6 +826,25 @@ class StreamTest(ApiTestCase):
             self.assertEqual(r.status_code, 201, r.text)
         self.assertError(self.c.post("/v1/basins", json={"basin": basin}), 409, "resource_already_exists")
 
+    def test_deeply_nested_json_is_refused(self):
+        # A body of a million brackets is well under the request size limit;
+        # it gets 400 and the server stays up.
+        deep = "[" * 1_000_000 + "]" * 1_000_000
+        name = unique("deep")
+        for method, path, body in (("POST", "/v1/streams", '{"stream":"%s","config":%s}' % (name, deep)),
+                                   ("POST", "/v1/basins", '{"basin":"%s","config":%s}' % (name, deep)),
+                                   ("PUT", f"/v1/basins/{name}", '{"config":%s}' % deep)):
+            r = self.c.request(method, path, data=body, headers={"Content-Type": "application/json"})
+            self.assertError(r, 400, "bad_json")
+        self.assertEqual(self.c.get("/health").status_code, 200)
+        self.assertError(self.c.get(f"/v1/streams/{name}"), 404, "stream_not_found")
+        self.assertError(self.c.get(f"/v1/basins/{name}"), 404, "basin_not_found")
+        # Nesting up to the limit is only refused for what it says.
+        ok_depth = "[" * 60 + "]" * 60
+        r = self.c.post("/v1/streams", data='{"stream":"%s","config":%s}' % (name, ok_depth),
+                        headers={"Content-Type": "application/json"})
+        self.assertError(r, 400)
+
     def test_invalid_names_and_config(self):
         for bad in ["", "x" * 513, "nul\u0000byte", ".", ".."]:
             with self.subTest(name=bad[:20]):
@@ -1009,6 +1031,15 @@ class AppendReadJsonTest(ApiTestCase):
         self.assertPosition(body["tail"])
         self.assertEqual(body["tail"]["seq_num"], 10)
 
+    def test_bytes_limit_is_never_exceeded(self):
+        # As S2: records past the bytes limit are not returned, even the first.
+        s = self.new_stream("bytes")
+        self.c.append(s, [{"body": "x" * 100}, {"body": "y" * 100}])
+        one = metered("x" * 100)
+        self.assertEqual(self.c.read(s, {"seq_num": 0, "bytes": 10})["records"], [])
+        self.assertEqual([r["seq_num"] for r in self.c.read(s, {"seq_num": 0, "bytes": one})["records"]], [0])
+        self.assertEqual([r["seq_num"] for r in self.c.read(s, {"seq_num": 0, "bytes": 2 * one - 1})["records"]], [0])
+
     def test_default_count_and_bytes_caps(self):
         s = self.new_stream("caps")
         for _ in range(2):
@@ -1110,6 +1141,22 @@ class ProtobufTest(ApiTestCase):
         r = self.post_pb(s, pb_append_input([pb_append_record(b"b")], match_seq_num=1))
         self.assertEqual(r.status_code, 200, r.content)
         self.assertEqual(pb_append_ack(r.content)["start"]["seq_num"], 1)
+
+    def test_media_types(self):
+        s = self.new_stream("pbtypes")
+        # The older spelling of the protobuf type is accepted too.
+        r = self.c.post(f"/v1/streams/{q(s)}/records", data=pb_append_input([pb_append_record(b"x")]),
+                        headers={"Content-Type": "application/x-protobuf", "Accept": self.PB})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(pb_append_ack(r.content)["end"]["seq_num"], 1)
+        # The first type the client accepts decides.
+        r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 0},
+                       headers={"Accept": "application/json, application/protobuf"})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(self.assertJson(r)["records"][0]["body"], "x")
+        r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 0},
+                       headers={"Accept": "application/protobuf;q=1, application/json"})
+        self.assertEqual(pb_read_batch(r.content)["records"][0]["body"], b"x")
 
     def test_malformed(self):
         s = self.new_stream("pbbad")
@@ -1391,6 +1438,48 @@ class SseTest(ApiTestCase):
         self.assertEqual(ids[-1], f"4,5,{5 * one}")
         self.assertEqual(events[-1], {"data": "[DONE]"})
 
+    def test_resume_at_the_limit_ends_the_session(self):
+        # A client that dropped after the last batch but before [DONE] resumes
+        # with everything delivered: 200 and [DONE], as S2.
+        s, _ = self.filled(5)
+        one = metered("e0")
+        sse = self.open(s, {"seq_num": 0, "count": 5}, headers={"Last-Event-ID": f"4,5,{5 * one}"})
+        self.assertEqual(sse.resp.status, 200)
+        records, _, events = self.collect(sse)
+        self.assertEqual(records, [])
+        self.assertEqual(events[-1], {"data": "[DONE]"})
+        sse = self.open(s, {"seq_num": 0, "bytes": 2 * one}, headers={"Last-Event-ID": f"1,2,{2 * one}"})
+        self.assertEqual(sse.resp.status, 200)
+        self.assertEqual(self.collect(sse)[2][-1], {"data": "[DONE]"})
+
+    def test_an_unbounded_session_without_wait_at_the_tail_ends(self):
+        # S2's may_follow: no limits means the session may follow, whatever
+        # `wait` says; wait=0 then ends it at once, with 200.
+        s, _ = self.filled(2)
+        sse = self.open(s, {"seq_num": 2, "wait": 0})
+        self.assertEqual(sse.resp.status, 200)
+        records, _, events = self.collect(sse)
+        self.assertEqual(records, [])
+        self.assertEqual(events[-1], {"data": "[DONE]"})
+
+    def test_bad_last_event_id_changes_nothing(self):
+        basin = unique("bresume")
+        self.assertEqual(self.c.post("/v1/basins", json={"basin": basin,
+                                                         "config": {"create_stream_on_read": True}}).status_code, 201)
+        c = Client(SHARED, basin=basin)
+        conn = http.client.HTTPConnection("127.0.0.1", SHARED.port, timeout=60)
+        self.addCleanup(conn.close)
+        conn.request("GET", "/v1/streams/lazy/records?seq_num=0",
+                     headers={"Accept": "text/event-stream", "s2-basin": basin, "Last-Event-ID": "not-an-id"})
+        r = conn.getresponse()
+        self.assertEqual(r.status, 400)
+        self.assertEqual(json.loads(r.read())["code"], "bad_header")
+        self.assertError(c.get("/v1/streams/lazy"), 404, "stream_not_found")
+        # A refused session was never counted as open.
+        gauge = re.search(r"(?m)^weir_read_sessions (\S+)$", self.c.get("/metrics").text)
+        self.assertIsNotNone(gauge)
+        self.assertGreaterEqual(float(gauge.group(1)), 0)
+
     def test_until_and_bytes(self):
         s, base = self.filled(6)
         records, _, events = self.collect(self.open(s, {"seq_num": 0, "until": base + 3000}))
@@ -1398,6 +1487,10 @@ class SseTest(ApiTestCase):
         self.assertEqual(events[-1], {"data": "[DONE]"})
         records, _, events = self.collect(self.open(s, {"seq_num": 1, "bytes": 2 * metered("e0")}))
         self.assertEqual([r["seq_num"] for r in records], [1, 2])
+        self.assertEqual(events[-1], {"data": "[DONE]"})
+        # Never past the limit, in any batch.
+        records, _, events = self.collect(self.open(s, {"seq_num": 1, "bytes": 2 * metered("e0") - 1}))
+        self.assertEqual([r["seq_num"] for r in records], [1])
         self.assertEqual(events[-1], {"data": "[DONE]"})
 
     def test_base64_session(self):
