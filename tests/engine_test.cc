@@ -973,6 +973,44 @@ TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
 // A table's bucket stream with delete_on_empty set (a reconfiguration can
 // set it) is passed over by retention without asking the metastore, which
 // would refuse it after appends to it were held off for the round trip.
+// A metastore that never saw this node (reset, or another deployment's) over
+// a store that holds the node's WAL: starting would write epoch 1's slots
+// where the old ones are, or replay them into new streams. It refuses.
+TEST_F(EngineTest, AStoreHoldingThisNodesWalRefusesAMetastoreThatNeverSawTheNode) {
+  settle_on_close_ = false;
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  engine_->Close();
+  engine_.reset();
+  auto fresh = metastore::OpenMetastore("sqlite://:memory:");
+  ASSERT_TRUE(fresh.ok());
+  auto e = Engine::Open(Options(), store_, *fresh);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), Code::kPreconditionFailed);
+  EXPECT_NE(e.status().message().find("this node's WAL"), std::string::npos) << e.status().ToString();
+  // The right metastore still starts, and has the record.
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
+  // No WAL left (settled, its slots gone): the segments give it away.
+  ASSERT_OK(engine_->SettleNow());
+  engine_->Close();
+  engine_.reset();
+  auto wal = store_->List("wal/", "", 1000);
+  ASSERT_TRUE(wal.ok());
+  for (const auto& o : wal->objects) ASSERT_OK(store_->Delete(o.key));
+  auto again = metastore::OpenMetastore("sqlite://:memory:");
+  ASSERT_TRUE(again.ok());
+  auto e3 = Engine::Open(Options(), store_, *again);
+  ASSERT_FALSE(e3.ok());
+  EXPECT_NE(e3.status().message().find("settled segments"), std::string::npos) << e3.status().ToString();
+  Start();
+  // Another node on the same store is not held up by n1's WAL.
+  EngineOptions other = Options();
+  other.node = "n2";
+  auto e2 = Engine::Open(other, objstore::NewMemStore(), *fresh);
+  EXPECT_TRUE(e2.ok()) << e2.status().ToString();
+}
+
 TEST_F(EngineTest, DeleteOnEmptyPassesOverATablesBucketStreams) {
   auto hooked = RestartHooked();
   StreamConfig soon;

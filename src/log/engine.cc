@@ -159,6 +159,28 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_
 
 Status Engine::Recover() {
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState prev, meta_->GetNode(options_.node));
+  if (prev.epoch == 0) {
+    // A metastore that never saw this node over a store holding its WAL, or
+    // a metastore that never had a stream over a store holding segments: a
+    // reset or mismatched metastore. Starting would write epoch 1's slots
+    // and new segments where old ones are (or replay them into new streams).
+    WEIR_ASSIGN_OR_RETURN(auto slots, store_->List(fmt::format("wal/{}/", options_.node), "", 1));
+    std::optional<std::string> found;
+    if (!slots.objects.empty()) found = slots.objects.front().key;
+    WEIR_ASSIGN_OR_RETURN(uint64_t last_stream_id, meta_->LastStreamId());
+    if (!found && last_stream_id == 0) {
+      WEIR_ASSIGN_OR_RETURN(auto segments, store_->List("seg/", "", 1));
+      if (!segments.objects.empty()) found = segments.objects.front().key;
+    }
+    if (found) {
+      return PreconditionFailed(
+          "the object store {} holds {} ({}), but the metastore has no record of node {}{}: it is not the "
+          "metastore this store was used with, or it was reset. Point --metastore at the right one, or empty the "
+          "store (or use another prefix) to start afresh",
+          store_->Describe(), found->starts_with("wal/") ? "this node's WAL" : "settled segments", *found,
+          options_.node, last_stream_id == 0 ? " or of any stream" : "");
+    }
+  }
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window));
   epoch_ = now.epoch;
