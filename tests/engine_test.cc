@@ -550,6 +550,31 @@ TEST_F(EngineTest, AHaltRidesOutAMetastoreThatFailsForAWhile) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"x"}));
 }
 
+// Another writer's slot at our epoch's key (the fence counts it as
+// committed, so the cut lands past the slot our PUT found taken): the append
+// in that slot fails, rather than waiting for ever on a writer left halted.
+TEST_F(EngineTest, AForeignSlotAtTheHaltedKeyFailsTheAppendsInIt) {
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(gated);
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  const std::string slot0 = wal::SlotKey("n1", epoch, 0);
+  gated->Gate(slot0);
+  std::promise<AppendOutcome> pending;
+  engine_->AppendAsync(kBasin, "s", Bodies({"x"}), {}, [&](AppendOutcome o) { pending.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  wal::SlotBuilder foreign;
+  ASSERT_OK(store_->Put(slot0, foreign.Finish(epoch, 0, 4242)));
+  gated->Open(slot0);
+  auto future = pending.get_future();
+  ASSERT_EQ(future.wait_for(60s), std::future_status::ready) << "the append was left waiting";
+  auto o = future.get();
+  EXPECT_FALSE(o.status.ok());
+  EXPECT_EQ(o.status.code(), Code::kCorruption) << o.status.ToString();
+}
+
 TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
   // The metastore applies a settle commit but answers a failure: its answer
   // was lost (a timeout), or its COMMIT's fsync failed (SQLite replays it at

@@ -138,6 +138,18 @@ void Engine::HandleHalt(uint64_t epoch) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (!fence.ok()) return;  // closing: Close fails what cannot be acknowledged
+  // The fence counts any occupant as committed; one past the slot our PUT
+  // found taken means objects of another writer at our epoch's keys (never
+  // ours: the halted slot was not written by us). Nothing at or after the
+  // halted slot can be acknowledged; the slots below it are ours.
+  if (std::optional<uint64_t> halted = wal_->halted_seq(); halted && fence->cut > *halted) {
+    Log().error("WAL chain {}/{}: slot {} and later are held by another writer; failing appends from it on",
+                options_.node, epoch, *halted);
+    wal_->Abandon(*halted, Corruption("WAL chain {}/{} holds another writer's slots from {} on", options_.node,
+                                      epoch, *halted))
+        .IgnoreError();
+    return;
+  }
   epoch_cuts_[epoch] = fence->cut;
   auto garbage = wal::DeleteGarbage(*store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
   if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
