@@ -217,7 +217,10 @@ Status Engine::Recover() {
   nonce_ = RandomNonce();
   const uint64_t nonce = nonce_;
   wal::RetryPolicy retry;
-  retry.parallelism = 32;
+  // Slots read at once, each up to the slot cap: within the WAL's memory
+  // budget (32 at the defaults), at least 2.
+  retry.parallelism = static_cast<int>(
+      std::clamp<size_t>(options_.wal.budget_bytes / std::max<size_t>(options_.wal.slot_cap_bytes, 1), 2, 32));
   uint64_t first = std::max<uint64_t>(checkpoint.epoch, 1);
   uint64_t slots = 0;
   for (uint64_t e = first; e < epoch_; ++e) {
