@@ -67,31 +67,61 @@ int SeekParts(void* user, curl_off_t offset, int origin) {
   return CURL_SEEKFUNC_OK;
 }
 
-size_t OnBody(char* data, size_t size, size_t n, void* user) {
-  static_cast<Response*>(user)->body.append(data, size * n);
+// What libcurl's callbacks fill for one request. No exception may cross
+// libcurl's C frames: an allocation that fails is recorded, and the callback
+// returns a short count, which ends the transfer (CURLE_WRITE_ERROR).
+struct Receiving {
+  Response* response;
+  bool head = false;    // a HEAD: no body follows its Content-Length
+  long status = 0;      // of the status line being read (a 100 Continue comes first)
+  bool out_of_memory = false;
+};
+
+size_t OnBody(char* data, size_t size, size_t n, void* user) noexcept {
+  auto* rx = static_cast<Receiving*>(user);
+  try {
+    rx->response->body.append(data, size * n);
+  } catch (...) {
+    rx->out_of_memory = true;
+    return 0;
+  }
   return size * n;
 }
 
 // Collects "Name: value" lines; a new status line (after a 100 Continue)
-// starts over. Reserves the body from Content-Length.
-size_t OnHeader(char* data, size_t size, size_t n, void* user) {
-  auto* r = static_cast<Response*>(user);
+// starts over. Reserves the body from Content-Length, for a successful
+// answer that has one (not a HEAD's, not an error's).
+size_t OnHeader(char* data, size_t size, size_t n, void* user) noexcept {
+  auto* rx = static_cast<Receiving*>(user);
+  Response* r = rx->response;
   std::string_view line(data, size * n);
-  if (line.starts_with("HTTP/")) {
-    r->headers.clear();
-    return size * n;
+  try {
+    if (line.starts_with("HTTP/")) {
+      r->headers.clear();
+      rx->status = 0;
+      const size_t space = line.find(' ');
+      if (space != std::string_view::npos) {
+        std::string_view code = line.substr(space + 1, 3);
+        std::from_chars(code.data(), code.data() + code.size(), rx->status);
+      }
+      return size * n;
+    }
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) return size * n;
+    std::string name(Trim(line.substr(0, colon)));
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    std::string_view value = Trim(line.substr(colon + 1));
+    if (name == "content-length" && !rx->head && rx->status >= 200 && rx->status < 300) {
+      uint64_t len = 0;
+      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), len);
+      if (ec == std::errc() && len <= (uint64_t{1} << 30)) r->body.reserve(static_cast<size_t>(len));
+    }
+    r->headers.emplace_back(std::move(name), std::string(value));
+  } catch (...) {
+    rx->out_of_memory = true;
+    return 0;
   }
-  const size_t colon = line.find(':');
-  if (colon == std::string_view::npos) return size * n;
-  std::string name(Trim(line.substr(0, colon)));
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  std::string_view value = Trim(line.substr(colon + 1));
-  if (name == "content-length") {
-    uint64_t len = 0;
-    auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), len);
-    if (ec == std::errc() && len <= (uint64_t{1} << 30)) r->body.reserve(static_cast<size_t>(len));
-  }
-  r->headers.emplace_back(std::move(name), std::string(value));
   return size * n;
 }
 
@@ -162,7 +192,14 @@ std::unique_ptr<Client::Handle> Client::Acquire() {
     return h;
   }
   lk.unlock();
-  return std::make_unique<Handle>();
+  try {
+    return std::make_unique<Handle>();
+  } catch (...) {  // the slot taken above goes back
+    lk.lock();
+    --busy_;
+    cv_.notify_one();
+    throw;
+  }
 }
 
 void Client::Release(std::unique_ptr<Handle> handle) {
@@ -216,10 +253,11 @@ Result<Response> Client::Perform(const Request& request, TransportError* error) 
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, options_.low_speed_bytes);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(options_.low_speed_time.count()));
   curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+  Receiving rx{&response, request.method == "HEAD"};
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &response);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &rx);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
-  curl_easy_setopt(c, CURLOPT_HEADERDATA, &response);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &rx);
   int sends = 0;
   PartsReader parts{request.body_parts};
   curl_easy_setopt(c, CURLOPT_PREREQFUNCTION, OnPrereq);
@@ -255,6 +293,14 @@ Result<Response> Client::Perform(const Request& request, TransportError* error) 
   response.new_connection = connects > 0;
   response.resent = sends > 1;
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, nullptr);  // the list dies with this call
+  if (rx.out_of_memory) {
+    // The response was cut off mid-way: its connection is not reusable.
+    curl_easy_cleanup(h->curl);
+    h->curl = nullptr;
+    *error = {ResourceExhausted("{} {}: out of memory receiving the response", request.method, request.url),
+              sends > 0};
+    return error->status;
+  }
   if (rc != CURLE_OK) {
     curl_off_t pretransfer = 0;
     curl_easy_getinfo(c, CURLINFO_PRETRANSFER_TIME_T, &pretransfer);

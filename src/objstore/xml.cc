@@ -19,7 +19,19 @@ struct Builder {
   Element root;
   bool have_root = false;
   bool too_deep = false;
+  bool out_of_memory = false;  // no exception crosses expat's C frames: recorded, and the parse stopped
 };
+
+template <typename Fn>
+void Guarded(Builder* b, Fn&& fn) noexcept {
+  if (b->out_of_memory) return;
+  try {
+    fn();
+  } catch (...) {
+    b->out_of_memory = true;
+    XML_StopParser(b->parser, XML_FALSE);
+  }
+}
 
 void XMLCALL OnStart(void* data, const XML_Char* name, const XML_Char** /*attributes*/) {
   auto* b = static_cast<Builder*>(data);
@@ -28,24 +40,27 @@ void XMLCALL OnStart(void* data, const XML_Char* name, const XML_Char** /*attrib
     XML_StopParser(b->parser, XML_FALSE);
     return;
   }
-  b->open.push_back(Element{name, {}, {}});
+  Guarded(b, [&] { b->open.push_back(Element{name, {}, {}}); });
 }
 
 void XMLCALL OnEnd(void* data, const XML_Char* /*name*/) {
   auto* b = static_cast<Builder*>(data);
-  Element done = std::move(b->open.back());
-  b->open.pop_back();
-  if (b->open.empty()) {
-    b->root = std::move(done);
-    b->have_root = true;
-  } else {
-    b->open.back().children.push_back(std::move(done));
-  }
+  if (b->open.empty()) return;  // its start was refused (too deep, out of memory)
+  Guarded(b, [&] {
+    Element done = std::move(b->open.back());
+    b->open.pop_back();
+    if (b->open.empty()) {
+      b->root = std::move(done);
+      b->have_root = true;
+    } else {
+      b->open.back().children.push_back(std::move(done));
+    }
+  });
 }
 
 void XMLCALL OnText(void* data, const XML_Char* s, int len) {
   auto* b = static_cast<Builder*>(data);
-  if (!b->open.empty()) b->open.back().text.append(s, static_cast<size_t>(len));
+  if (!b->open.empty()) Guarded(b, [&] { b->open.back().text.append(s, static_cast<size_t>(len)); });
 }
 
 struct ParserFree {
@@ -76,6 +91,7 @@ Result<Element> Parse(std::string_view document) {
   XML_SetCharacterDataHandler(parser.get(), OnText);
   if (document.size() > static_cast<size_t>(INT32_MAX)) return Corruption("XML document too large");
   const XML_Status st = XML_Parse(parser.get(), document.data(), static_cast<int>(document.size()), XML_TRUE);
+  if (b.out_of_memory) return ResourceExhausted("out of memory parsing an XML document");
   if (b.too_deep) return Corruption("XML document nested deeper than {} elements", kMaxDepth);
   if (st != XML_STATUS_OK) {
     return Corruption("malformed XML at line {} column {}: {}", XML_GetCurrentLineNumber(parser.get()),
