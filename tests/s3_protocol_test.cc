@@ -166,7 +166,8 @@ TEST(S3Protocol, ErrorsMapToStatus) {
     EXPECT_TRUE(s3::IsRetryable(Err(status, code))) << code;
   }
   for (auto [status, code] : std::vector<std::pair<long, std::string>>{
-           {403, "AccessDenied"}, {404, "NoSuchKey"}, {412, "PreconditionFailed"}, {400, "InvalidArgument"}}) {
+           {403, "AccessDenied"}, {404, "NoSuchKey"}, {412, "PreconditionFailed"}, {400, "InvalidArgument"},
+           {501, "NotImplemented"}}) {
     EXPECT_FALSE(s3::IsRetryable(Err(status, code))) << code;
   }
   EXPECT_TRUE(s3::MayHaveBeenApplied(Err(500, "InternalError")));

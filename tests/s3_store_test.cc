@@ -280,6 +280,25 @@ TEST(S3Client, ProbeRefusesAStoreThatIgnoresIfNoneMatch) {
   EXPECT_TRUE(OpenObjectStore(uri + "&allow_unconditional_put=true").ok());
 }
 
+// A service that refuses If-None-Match outright (501) is one without
+// conditional writes too: refused, unless allow_unconditional_put.
+TEST(S3Client, ProbeTreatsAStoreThatRefusesIfNoneMatchAsOneThatIgnoresIt) {
+  ::weir::testing::FakeS3 fake;
+  S3Options o = FakeOptions(fake);
+  o.probe_conditional_put = true;
+  const std::string not_implemented =
+      "<?xml version=\"1.0\"?><Error><Code>NotImplemented</Code><Message>m</Message></Error>";
+  fake.Script(501, not_implemented);
+  EXPECT_FALSE(OpenS3Store(o).ok());
+  o.allow_unconditional_put = true;
+  fake.Script(501, not_implemented);
+  auto s = OpenS3Store(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  // Emulated from now on: HEAD, then a PUT without the header.
+  ASSERT_OK((*s)->Put("k", "first", PutOptions{.if_none_match = true}));
+  EXPECT_EQ((*s)->Put("k", "second", PutOptions{.if_none_match = true}).code(), Code::kPreconditionFailed);
+}
+
 // The WAL over s3://: a slot PUT that lands but loses its answer is resolved by
 // reading the envelope back (our nonce), acknowledged once, not duplicated.
 TEST(S3Client, WalResolvesAnAmbiguousSlotPutByNonce) {

@@ -64,7 +64,8 @@ Error ParseError(long http_status, std::string_view body, std::string_view reque
 }
 
 bool IsRetryable(const Error& e) {
-  return e.http_status >= 500 || e.http_status == 429 || e.code == "SlowDown" || e.code == "RequestTimeout" ||
+  // 501 Not Implemented is permanent: the service lacks the feature.
+  return (e.http_status >= 500 && e.http_status != 501) || e.http_status == 429 || e.code == "SlowDown" || e.code == "RequestTimeout" ||
          e.code == "ConditionalRequestConflict" || e.code == "OperationAborted" || e.code == "InternalError";
 }
 

@@ -693,6 +693,18 @@ Status S3Store::ProbeConditionalPut() {
     const std::string key = fmt::format("_weir-probe/conditional-put-{:016x}", RandomU64());
     const std::string where = Describe();
     Status first = impl_->PutObject(key, "probe 1", true);
+    // A service that refuses the header outright (501 NotImplemented, or 400)
+    // is one without conditional writes, as one that ignores it.
+    const bool refused = first.code() == Code::kNotSupported || first.code() == Code::kInvalidArgument;
+    if (refused && impl_->o.allow_unconditional_put) {
+      impl_->emulate_create_only.store(true);
+      Log().warn(
+          "UNSAFE: object store {} refuses If-None-Match: * on PUT ({}); running anyway because "
+          "allow_unconditional_put is set. Create-only PUTs are emulated by HEAD then PUT, which is racy: run exactly "
+          "ONE weir node on this bucket and prefix, or a zombie writer can overwrite acknowledged data.",
+          where, first.ToString());
+      return Status::Ok();
+    }
     if (!first.ok()) return first.WithContext("probing the object store " + where);
     const Status second = impl_->PutObject(key, "probe 2", true);
     Status cleanup = impl_->DeleteObject(key);
