@@ -995,9 +995,6 @@ TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"kept"}));
 }
 
-// A table's bucket stream with delete_on_empty set (a reconfiguration can
-// set it) is passed over by retention without asking the metastore, which
-// would refuse it after appends to it were held off for the round trip.
 // A metastore that never saw this node (reset, or another deployment's) over
 // a store that holds the node's WAL: starting would write epoch 1's slots
 // where the old ones are, or replay them into new streams. It refuses.
@@ -1029,13 +1026,17 @@ TEST_F(EngineTest, AStoreHoldingThisNodesWalRefusesAMetastoreThatNeverSawTheNode
   ASSERT_FALSE(e3.ok());
   EXPECT_NE(e3.status().message().find("settled segments"), std::string::npos) << e3.status().ToString();
   Start();
-  // Another node on the same store is not held up by n1's WAL.
+  // A new node on the same store and metastore (which has streams) starts:
+  // n1's WAL and segments are not its business.
   EngineOptions other = Options();
   other.node = "n2";
-  auto e2 = Engine::Open(other, objstore::NewMemStore(), *fresh);
+  auto e2 = Engine::Open(other, store_, meta_);
   EXPECT_TRUE(e2.ok()) << e2.status().ToString();
 }
 
+// A table's bucket stream with delete_on_empty set (a reconfiguration can
+// set it) is passed over by retention without asking the metastore, which
+// would refuse it after appends to it were held off for the round trip.
 TEST_F(EngineTest, DeleteOnEmptyPassesOverATablesBucketStreams) {
   auto hooked = RestartHooked();
   StreamConfig soon;

@@ -294,9 +294,14 @@ TEST(S3Client, ProbeTreatsAStoreThatRefusesIfNoneMatchAsOneThatIgnoresIt) {
   fake.Script(501, not_implemented);
   auto s = OpenS3Store(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  // Emulated from now on: HEAD, then a PUT without the header.
+  // Emulated from now on: HEAD, then a PUT without the header (two requests).
+  const int before = fake.requests();
   ASSERT_OK((*s)->Put("k", "first", PutOptions{.if_none_match = true}));
+  EXPECT_EQ(fake.requests() - before, 2);
   EXPECT_EQ((*s)->Put("k", "second", PutOptions{.if_none_match = true}).code(), Code::kPreconditionFailed);
+  // Any other refusal of the probe is an error, flag or not.
+  fake.Script(400, "<?xml version=\"1.0\"?><Error><Code>InvalidRequest</Code><Message>m</Message></Error>");
+  EXPECT_EQ(OpenS3Store(o).status().code(), Code::kInvalidArgument);
 }
 
 // The WAL over s3://: a slot PUT that lands but loses its answer is resolved by

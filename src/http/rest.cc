@@ -30,7 +30,8 @@ Json ParseRequestJson(std::string_view body) {
   Json j = Json::parse(
       body,
       [&too_deep](int depth, Json::parse_event_t event, Json&) {
-        if (depth > kMaxJsonDepth &&
+        // `depth` counts from 0 (the top-level value's start).
+        if (depth >= kMaxJsonDepth &&
             (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start)) {
           too_deep = true;
           return false;  // not kept
@@ -486,6 +487,9 @@ struct ReadParams {
   log::ReadStart start;
   bool clamp = false;
   std::optional<uint64_t> count, bytes, until;
+  // The bytes limit the client asked for (bytes may be capped below it);
+  // none for 0 or no limit.
+  std::optional<uint64_t> bytes_asked;
   std::optional<uint64_t> wait_s;
   Format format = Format::kRaw;
   bool proto = false;
@@ -502,6 +506,7 @@ ReadParams ParseReadParams(const Request& req) {
   if (const std::string* c = req.Query("clamp")) p.clamp = ParseBool(*c, "clamp");
   p.count = QueryU64(req, "count");
   p.bytes = QueryU64(req, "bytes");
+  if (p.bytes != uint64_t{0}) p.bytes_asked = p.bytes;
   p.until = QueryU64(req, "until");
   p.wait_s = QueryU64(req, "wait");
   if (p.wait_s && *p.wait_s > UINT32_MAX) throw BadRequest{"wait must fit in 32 bits", "bad_query"};
@@ -1527,7 +1532,8 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     bool done = CutAtUntil(&r->records, p_.until);
     // As S2, the bytes limit is never exceeded (the engine returns a first
     // record whatever its size): records past it are left for the next step,
-    // and a first record over what the limit has left ends the read.
+    // and a first record over what the client's limit has left ends the read.
+    bool trimmed = false;
     if (p_.bytes && !r->records.empty()) {
       size_t used = 0, keep = 0;
       for (const auto& rec : r->records) {
@@ -1537,14 +1543,18 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         ++keep;
       }
       if (keep == 0) {
-        // Over the step's 1 MiB but within the limit: one record, as the engine returns it.
-        if (log::MeteredBytes(r->records.front().record) > *p_.bytes - sent_bytes_) {
+        // Over the step's cap (1 MiB; a record from Kafka can be larger) but
+        // within the client's limit, or with none: one record, as the engine returns it.
+        if (p_.bytes_asked && log::MeteredBytes(r->records.front().record) > *p_.bytes_asked - sent_bytes_) {
           done = true;
         } else {
           keep = 1;
         }
       }
-      if (keep < r->records.size()) r->records.resize(keep);
+      if (keep < r->records.size()) {
+        r->records.resize(keep);
+        trimmed = true;
+      }
     }
     size_t bytes = 0;
     for (const auto& rec : r->records) bytes += log::MeteredBytes(rec.record);
@@ -1556,7 +1566,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       api_->metrics_.read_records += r->records.size();
       api_->metrics_.read_bytes += bytes;
     }
-    bool caught_up = r->records.empty() || r->records.back().offset + 1 >= r->tail;
+    bool caught_up = !trimmed && (r->records.empty() || r->records.back().offset + 1 >= r->tail);
     if (!sse_) {
       bool expired = !p_.wait_s || *p_.wait_s == 0 || Now() >= deadline();
       if (!r->records.empty() || done || expired || api_->draining_) return Answer(*r, caught_up);

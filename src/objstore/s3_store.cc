@@ -693,9 +693,12 @@ Status S3Store::ProbeConditionalPut() {
     const std::string key = fmt::format("_weir-probe/conditional-put-{:016x}", RandomU64());
     const std::string where = Describe();
     Status first = impl_->PutObject(key, "probe 1", true);
-    // A service that refuses the header outright (501 NotImplemented, or 400)
-    // is one without conditional writes, as one that ignores it.
-    const bool refused = first.code() == Code::kNotSupported || first.code() == Code::kInvalidArgument;
+    // A service that refuses the header outright (501, or a 400 that says
+    // so) is one without conditional writes, as one that ignores it.
+    const bool refused = first.code() == Code::kNotSupported ||
+                         (first.code() == Code::kInvalidArgument &&
+                          (first.message().find("NotImplemented") != std::string::npos ||
+                           first.message().find("If-None-Match") != std::string::npos));
     if (refused && impl_->o.allow_unconditional_put) {
       impl_->emulate_create_only.store(true);
       Log().warn(

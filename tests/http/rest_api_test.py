@@ -839,11 +839,13 @@ class StreamTest(ApiTestCase):
         self.assertEqual(self.c.get("/health").status_code, 200)
         self.assertError(self.c.get(f"/v1/streams/{name}"), 404, "stream_not_found")
         self.assertError(self.c.get(f"/v1/basins/{name}"), 404, "basin_not_found")
-        # Nesting up to the limit is only refused for what it says.
-        ok_depth = "[" * 60 + "]" * 60
-        r = self.c.post("/v1/streams", data='{"stream":"%s","config":%s}' % (name, ok_depth),
-                        headers={"Content-Type": "application/json"})
-        self.assertError(r, 400)
+        # 64 levels are fine (an unknown config field is ignored); 65 are not.
+        def nested(levels):  # the body, config and field take 3 levels
+            return '{"stream":"%s","config":{"zz":%s}}' % (name, "[" * (levels - 2) + "]" * (levels - 2))
+        r = self.c.post("/v1/streams", data=nested(65), headers={"Content-Type": "application/json"})
+        self.assertError(r, 400, "bad_json")
+        r = self.c.post("/v1/streams", data=nested(64), headers={"Content-Type": "application/json"})
+        self.assertEqual(r.status_code, 201, r.text)
 
     def test_invalid_names_and_config(self):
         for bad in ["", "x" * 513, "nul\u0000byte", ".", ".."]:
@@ -1036,7 +1038,9 @@ class AppendReadJsonTest(ApiTestCase):
         s = self.new_stream("bytes")
         self.c.append(s, [{"body": "x" * 100}, {"body": "y" * 100}])
         one = metered("x" * 100)
-        self.assertEqual(self.c.read(s, {"seq_num": 0, "bytes": 10})["records"], [])
+        tiny = self.c.read(s, {"seq_num": 0, "bytes": 10})
+        self.assertEqual(tiny["records"], [])
+        self.assertNotIn("tail", tiny)  # not caught up: a record is there, over the limit
         self.assertEqual([r["seq_num"] for r in self.c.read(s, {"seq_num": 0, "bytes": one})["records"]], [0])
         self.assertEqual([r["seq_num"] for r in self.c.read(s, {"seq_num": 0, "bytes": 2 * one - 1})["records"]], [0])
 
@@ -1475,10 +1479,20 @@ class SseTest(ApiTestCase):
         self.assertEqual(r.status, 400)
         self.assertEqual(json.loads(r.read())["code"], "bad_header")
         self.assertError(c.get("/v1/streams/lazy"), 404, "stream_not_found")
-        # A refused session was never counted as open.
-        gauge = re.search(r"(?m)^weir_read_sessions (\S+)$", self.c.get("/metrics").text)
-        self.assertIsNotNone(gauge)
-        self.assertGreaterEqual(float(gauge.group(1)), 0)
+        # A refused session was never counted as open (so never counted off).
+        def gauge():
+            m = re.search(r"(?m)^weir_read_sessions (\S+)$", self.c.get("/metrics").text)
+            self.assertIsNotNone(m)
+            return float(m.group(1))
+        before = gauge()
+        for _ in range(3):
+            conn.request("GET", "/v1/streams/lazy/records?seq_num=0",
+                         headers={"Accept": "text/event-stream", "s2-basin": basin, "Last-Event-ID": "1,2"})
+            r = conn.getresponse()
+            self.assertEqual(r.status, 400)
+            r.read()
+        self.assertGreaterEqual(gauge(), before)
+        self.assertGreaterEqual(gauge(), 0)
 
     def test_until_and_bytes(self):
         s, base = self.filled(6)
