@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages weir needs to build and test, if missing.
+# Installs the Debian 12 packages weir needs to build and run, if missing;
+# with --tests, also what its test suites need (and checks for Node.js 20+).
 # Runs `apt-get update` once, only when something has to be installed.
 set -euo pipefail
-pkgs=(g++ cmake ninja-build ccache pkg-config python3 python3-requests
+pkgs=(g++ cmake ninja-build ccache pkg-config
       libisal-dev libsqlite3-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
-      libgtest-dev libgmock-dev
-      libcurl4-openssl-dev libssl-dev libexpat1-dev curl radosgw ceph-mon ceph-osd  # s3://, and radosgw for its tests
+      libcurl4-openssl-dev libssl-dev libexpat1-dev  # s3:// (src/objstore), and the HTTP client of the CLI (src/client)
       libboost-dev          # Boost.Asio/Beast for the HTTP server (headers only)
-      libnghttp2-dev python3-h2  # HTTP/2 for S2S sessions (src/http), and its test client
+      libnghttp2-dev        # HTTP/2 for S2S sessions (src/http)
       libsimdjson-dev       # the append body parser
       zlib1g-dev libsnappy-dev liblz4-dev libzstd-dev  # Kafka batch compression (src/wal/compression.cc)
-      libcurl4-openssl-dev  # also the HTTP client of the weir CLI and `weir bench http` (src/client)
-      clang libclang-rt-14-dev  # libFuzzer for scripts/fuzz.sh
-      kcat librdkafka-dev python3-confluent-kafka  # Kafka client suites (tests/kafka), weir_kafka_bench
       )
+tests=false
+if [ "${1:-}" = "--tests" ]; then
+  tests=true
+  pkgs+=(python3 python3-requests libgtest-dev libgmock-dev
+         curl radosgw ceph-mon ceph-osd  # a real S3 server for the s3:// tests (tests/s3)
+         python3-h2                      # the S2S test client
+         clang libclang-rt-14-dev        # libFuzzer for scripts/fuzz.sh
+         kcat librdkafka-dev python3-confluent-kafka  # Kafka client suites (tests/kafka), weir_kafka_bench
+         )
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,10 +32,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# The SDK and kafkajs suites (tests/js, tests/kafka/js) need Node.js 20+ and npm, which these machines
-# carry outside Debian's packages: check only.
+$tests || exit 0
+# The SDK and kafkajs suites (tests/js, tests/kafka/js) need Node.js 20+ and npm (S2's SDK asks for 20),
+# newer than Debian 12's nodejs: these machines carry it outside Debian's packages, so it is checked only.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "deps: node and npm are needed for tests/js (Node.js 20 or newer)" >&2
+  echo "deps: node and npm are needed for tests/js and tests/kafka/js (Node.js 20 or newer)" >&2
   exit 1
 fi
 node_major=$(node -p 'process.versions.node.split(".")[0]')

@@ -6,7 +6,7 @@
 # S2S input decoders for a third of that.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/deps.sh"
+"$root/scripts/deps.sh" --tests
 jobs=$(nproc)
 export WEIR_LOG_LEVEL=${WEIR_LOG_LEVEL:-warn}
 
