@@ -487,8 +487,7 @@ struct ReadParams {
   log::ReadStart start;
   bool clamp = false;
   std::optional<uint64_t> count, bytes, until;
-  // The bytes limit the client asked for (bytes may be capped below it);
-  // none for 0 or no limit.
+  // The bytes limit the client asked for (bytes may be capped below it).
   std::optional<uint64_t> bytes_asked;
   std::optional<uint64_t> wait_s;
   Format format = Format::kRaw;
@@ -506,7 +505,7 @@ ReadParams ParseReadParams(const Request& req) {
   if (const std::string* c = req.Query("clamp")) p.clamp = ParseBool(*c, "clamp");
   p.count = QueryU64(req, "count");
   p.bytes = QueryU64(req, "bytes");
-  if (p.bytes != uint64_t{0}) p.bytes_asked = p.bytes;
+  p.bytes_asked = p.bytes;
   p.until = QueryU64(req, "until");
   p.wait_s = QueryU64(req, "wait");
   if (p.wait_s && *p.wait_s > UINT32_MAX) throw BadRequest{"wait must fit in 32 bits", "bad_query"};
@@ -1490,14 +1489,20 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       return Finish(api_->draining_ ? Unavailable("the server is shutting down") : Status::Ok(), "server_draining");
     }
     size_t max_records = 1000, max_bytes = 1 << 20;
+    bool exhausted = false;  // the count or bytes limit allows no more records
     if (p_.count) {
-      if (*p_.count <= sent_records_) return Done();
-      max_records = std::min<uint64_t>(max_records, *p_.count - sent_records_);
+      exhausted |= *p_.count <= sent_records_;
+      if (!exhausted) max_records = std::min<uint64_t>(max_records, *p_.count - sent_records_);
     }
     if (p_.bytes) {
-      if (*p_.bytes <= sent_bytes_) return Done();
-      max_bytes = std::min<uint64_t>(max_bytes, *p_.bytes - sent_bytes_);
+      exhausted |= *p_.bytes <= sent_bytes_;
+      if (!exhausted) max_bytes = std::min<uint64_t>(max_bytes, *p_.bytes - sent_bytes_);
     }
+    // A session that used its limit up ends. Before the first answer (a limit
+    // of 0, or a resume at the limit) the read goes on as S2's does, 416 at
+    // the tail and otherwise nothing: one record is read, then dropped.
+    if (exhausted && started_) return Done();
+    if (exhausted) max_records = 1;
     if (!started_ && p_.start.kind == log::ReadStart::kTimestamp && !p_.clamp) {
       // As S2: a start timestamp past the tail's is unsatisfiable too.
       auto s = api_->engine_->GetStream(c_.basin, stream_);
@@ -1530,10 +1535,15 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     // tail or by time is resolved once.
     if (r->records.empty()) p_.start = {log::ReadStart::kOffset, r->tail};
     bool done = CutAtUntil(&r->records, p_.until);
+    bool trimmed = false;  // records left out by the limits: not caught up
+    if (exhausted) {
+      trimmed = !r->records.empty();
+      r->records.clear();
+      done = true;
+    }
     // As S2, the bytes limit is never exceeded (the engine returns a first
     // record whatever its size): records past it are left for the next step,
     // and a first record over what the client's limit has left ends the read.
-    bool trimmed = false;
     if (p_.bytes && !r->records.empty()) {
       size_t used = 0, keep = 0;
       for (const auto& rec : r->records) {
@@ -1778,15 +1788,12 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
   }
   bool sse = mode != Mode::kUnary;
   if (!sse) {
-    // Non-streaming reads are bounded: 1000 records, 1 MiB at most.
+    // Non-streaming reads are bounded: 1000 records, 1 MiB at most. A limit
+    // of 0 is one (as S2: nothing is returned).
     p.count = std::min<uint64_t>(p.count.value_or(1000), 1000);
     p.bytes = std::min<uint64_t>(p.bytes.value_or(1 << 20), 1 << 20);
-    if (*p.count == 0) p.count = 1000;
-    if (*p.bytes == 0) p.bytes = 1 << 20;
     if (p.wait_s) p.wait_s = std::min<uint64_t>(*p.wait_s, 60);  // a long poll waits 60 s at most
   } else {
-    if (p.count == uint64_t{0}) p.count.reset();
-    if (p.bytes == uint64_t{0}) p.bytes.reset();
     // As S2: a bounded session does not wait past the tail unless asked to.
     if (!p.wait_s && (p.count || p.bytes || p.until)) p.wait_s = 0;
   }

@@ -1444,10 +1444,11 @@ class SseTest(ApiTestCase):
 
     def test_resume_at_the_limit_ends_the_session(self):
         # A client that dropped after the last batch but before [DONE] resumes
-        # with everything delivered: 200 and [DONE], as S2.
+        # with everything delivered. As S2 (the limit left is 0): 200 and
+        # [DONE], or 416 if the session resumes at the tail.
         s, _ = self.filled(5)
         one = metered("e0")
-        sse = self.open(s, {"seq_num": 0, "count": 5}, headers={"Last-Event-ID": f"4,5,{5 * one}"})
+        sse = self.open(s, {"seq_num": 0, "count": 3}, headers={"Last-Event-ID": f"2,3,{3 * one}"})
         self.assertEqual(sse.resp.status, 200)
         records, _, events = self.collect(sse)
         self.assertEqual(records, [])
@@ -1455,6 +1456,25 @@ class SseTest(ApiTestCase):
         sse = self.open(s, {"seq_num": 0, "bytes": 2 * one}, headers={"Last-Event-ID": f"1,2,{2 * one}"})
         self.assertEqual(sse.resp.status, 200)
         self.assertEqual(self.collect(sse)[2][-1], {"data": "[DONE]"})
+        sse = self.open(s, {"seq_num": 0, "count": 5}, headers={"Last-Event-ID": f"4,5,{5 * one}"})
+        self.assertEqual(sse.resp.status, 416)
+        self.assertEqual(json.loads(sse.resp.read())["tail"]["seq_num"], 5)
+
+    def test_a_zero_limit_is_a_limit(self):
+        # As S2 (and its SDK, which resumes with what is left of a limit): 0
+        # records or 0 bytes means nothing, not "no limit".
+        s, _ = self.filled(3)
+        for limit in ({"count": 0}, {"bytes": 0}):
+            records, _, events = self.collect(self.open(s, {"seq_num": 1, **limit}))
+            self.assertEqual(records, [], limit)
+            self.assertEqual(events[-1], {"data": "[DONE]"}, limit)
+            at_tail = self.open(s, {"seq_num": 3, **limit})
+            self.assertEqual(at_tail.resp.status, 416, limit)
+            at_tail.resp.read()
+            unary = self.c.read(s, {"seq_num": 1, **limit})
+            self.assertEqual(unary["records"], [], limit)
+            self.assertNotIn("tail", unary)
+            self.assertEqual(self.c.read(s, {"seq_num": 3, **limit}, expect=416)["tail"]["seq_num"], 3)
 
     def test_an_unbounded_session_without_wait_at_the_tail_ends(self):
         # S2's may_follow: no limits means the session may follow, whatever
