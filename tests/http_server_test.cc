@@ -229,6 +229,29 @@ TEST_F(HttpServerLimits, ConnectionsOverTheLimitAreClosed) {
 }
 
 // Stop lets a response already answered reach its client whole.
+// A chunked body's chunk-size line (its extension) or trailer section that
+// never ends is not read into memory without bound: Beast limits neither,
+// the read buffer does (1 MiB), and the connection is closed.
+TEST_F(HttpServerLimits, AnEndlessChunkLineOrTrailerClosesTheConnection) {
+  Start(ServerOptions{});
+  for (const std::string& lead : {std::string("1;"), std::string("0\r\n")}) {
+    SCOPED_TRACE(lead == "1;" ? "chunk extension" : "trailer");
+    const int fd = Connect(addr);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, "POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + lead));
+    const std::string more = lead == "1;" ? std::string(64 * 1024, 'a') : [] {
+      std::string t;
+      while (t.size() < 64 * 1024) t += "x: y\r\n";
+      return t;
+    }();
+    size_t sent = 0;
+    for (int i = 0; i < 64 && SendAll(fd, more); ++i) sent += more.size();  // 4 MiB, or until closed
+    EXPECT_TRUE(ReadToEnd(fd).ended) << "the server kept the connection after " << sent << " bytes";
+    EXPECT_EQ(handler.count(), 0u);
+    ::close(fd);
+  }
+}
+
 TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ASSERT_NO_FATAL_FAILURE(Start({}));
   int fd = Connect(addr);

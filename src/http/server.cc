@@ -79,6 +79,9 @@ namespace {
 constexpr size_t kBodyPadding = 64;
 // Each connection's read buffer: a request up to this size arrives in one recv.
 constexpr size_t kReadBufferBytes = 8192;
+// What an HTTP/1.1 connection's read buffer may grow to: a head (64 KiB at
+// most) or a chunk-size line or trailer section of a chunked body.
+constexpr size_t kMaxReadBufferBytes = 1u << 20;
 
 // What an HTTP/2 client sends first (RFC 9113 §3.4).
 constexpr std::string_view kHttp2Preface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
@@ -470,7 +473,10 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
 
   Stream stream_;
   HttpServer::Impl* srv_;
-  beast::flat_buffer buf_;
+  // Bounded: a chunked body's chunk-size lines and trailers pass through it,
+  // and Beast limits neither (over the bound: buffer_overflow, the
+  // connection closed).
+  beast::flat_buffer buf_{kMaxReadBufferBytes};
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::string body_;  // a sized request body being read
   size_t reserved_ = 0;  // budget held for the request being read, until Dispatch hands it on
@@ -724,7 +730,9 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     auto* self = static_cast<H2Conn*>(user);
     H2Stream* st = self->Find(frame->hd.stream_id);
     if (!st || st->head_done) return 0;  // trailers are ignored
-    st->header_bytes += namelen + valuelen;
+    // As HPACK counts a field (RFC 7541 §4.1): 32 bytes more than its
+    // name and value, so a flood of empty fields counts too.
+    st->header_bytes += namelen + valuelen + 32;
     if (st->header_bytes > 64 * 1024) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // resets the stream
     std::string_view n(reinterpret_cast<const char*>(name), namelen);
     std::string v(reinterpret_cast<const char*>(value), valuelen);
@@ -1043,7 +1051,9 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (now - self->stalled_since_ > stall) return self->Shutdown();
       bool reset = false;
       for (auto& [id, st] : self->streams_) {
-        if (st->head_done && !st->dropping && !st->sink && now - st->head_at > stall) {
+        // A head never finished (HEADERS without END_HEADERS, then silence)
+        // counts from the stream's start, as a body from its head.
+        if (!st->dropping && !st->sink && now - st->head_at > stall) {
           st->dropping = true;
           nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
           reset = true;

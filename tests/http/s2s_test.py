@@ -474,6 +474,39 @@ class StallTest(unittest.TestCase):
         sid = client.request("GET", "/health")
         self.assertEqual(client.wait_end(sid)["status"], 200)
 
+    def test_a_head_that_never_ends_is_reset(self):
+        # HEADERS without END_HEADERS, then silence: the stream (which never
+        # reached a handler) is reset, so it cannot hold the connection open
+        # for good. Raw frames: the h2 library will not send half a head.
+        sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=TIMEOUT)
+        self.addCleanup(sock.close)
+        block = bytes([0x82, 0x86, 0x84])  # :method GET, :scheme http, :path / (HPACK static table)
+        headers = len(block).to_bytes(3, "big") + bytes([0x1, 0x0]) + (1).to_bytes(4, "big") + block
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0]) + headers)
+        buf, deadline = b"", time.monotonic() + 30
+        reset = closed = False
+        while not (reset or closed) and time.monotonic() < deadline:
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                length, kind, sid = int.from_bytes(buf[:3], "big"), buf[3], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                reset |= kind == 0x3 and sid == 1
+                buf = buf[9 + length:]
+            if reset:
+                break
+            data = sock.recv(65536)
+            closed = not data
+            buf += data
+        self.assertTrue(reset or closed, "the half-sent head held its stream open")
+
+    def test_a_head_of_many_empty_fields_is_refused(self):
+        # Header fields count as HPACK counts them (32 bytes each besides name
+        # and value): 3,000 empty ones are over the 64 KiB limit of a head.
+        client = H2Client(self.server.port)
+        self.addCleanup(client.close)
+        sid = client.request("GET", "/health", [("a", "")] * 3000)
+        self.assertEqual(client.wait_end(sid)["reset"] is not None, True)
+        sid = client.request("GET", "/health", [("a", "")] * 100)
+        self.assertEqual(client.wait_end(sid)["status"], 200)
+
     def test_response_data_held_back_by_the_client_closes_the_connection(self):
         stream = unique("stall")
         base = self.server.base_url
