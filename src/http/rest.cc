@@ -627,13 +627,27 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker) {
   }
 }
 
-bool RestApi::Authorized(const Request& req, const Ctx& c) const {
-  if (!options_.auth_token) return true;
+namespace {
+// The 401 for a request without the bearer token `token` (if set), else nullopt.
+std::optional<Response> Unauthorized(const std::optional<std::string>& token, const Request& req) {
+  if (!token) return std::nullopt;
   const std::string* auth = req.Header("authorization");
-  if (auth && *auth == "Bearer " + *options_.auth_token) return true;
-  c.Error(401, "authn", auth ? "the bearer token is not valid" : "a bearer token is required",
-          {{"WWW-Authenticate", "Bearer"}});
+  if (auth && *auth == "Bearer " + *token) return std::nullopt;
+  return RestApi::Ctx::ErrorResponse(401, "authn", auth ? "the bearer token is not valid" : "a bearer token is required",
+                            {{"WWW-Authenticate", "Bearer"}});
+}
+}  // namespace
+
+bool RestApi::Authorized(const Request& req, const Ctx& c) const {
+  auto refused = Unauthorized(options_.auth_token, req);
+  if (!refused) return true;
+  c.Send(std::move(*refused));
   return false;
+}
+
+std::optional<Response> RestApi::RefuseHead(const Request& head) const {
+  if (head.path == "/health") return std::nullopt;  // open to all, as in Serve
+  return Unauthorized(options_.auth_token, head);
 }
 
 bool RestApi::Admit(const Request& req, Ctx& c) const {

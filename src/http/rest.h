@@ -53,6 +53,8 @@ class RestApi : public Handler {
   void Handle(Request req, std::shared_ptr<Exchange> ex) override;
   // S2S append sessions (POST .../records, content-type s2s/proto) stream
   // their input over HTTP/2; over HTTP/1.1 it is read whole.
+  // 401 for a request without the bearer token, before its body is read.
+  std::optional<Response> RefuseHead(const Request& head) const override;
   bool WantsBodyStream(const Request& head) const override;
   std::shared_ptr<BodySink> OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) override;
 

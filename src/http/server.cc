@@ -307,6 +307,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
                     fmt::format("request body of {} bytes is over the limit of {} bytes", *len,
                                 srv_->options.max_request_bytes));
     }
+    // Checks that need no body (authentication) come before any of it is
+    // read or reserved.
+    if (auto refused = RefuseHead()) return RejectWith(std::move(*refused));
     // The body's memory comes from the shared budget; a chunked body may
     // grow to the limit, so it counts as that.
     const size_t want = parser_->chunked() ? srv_->options.max_request_bytes : len.value_or(0);
@@ -382,13 +385,31 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   // (and dropping) what the client still sends for a while first, so the
   // close does not reset the connection before the client reads the answer.
   void Reject(int status, std::string_view code, std::string_view message) {
+    RejectWith(Response{status, "application/json", ErrorBody(code, message), {}});
+  }
+  void RejectWith(Response r) {
     linger_close_ = true;
-    std::string body = ErrorBody(code, message);
-    std::string bytes = StatusLine(status) +
-                        fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                    body.size()) +
-                        body;
+    std::string bytes = StatusLine(r.status) +
+                        fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
+    for (const auto& [k, v] : r.headers) bytes += fmt::format("{}: {}\r\n", k, v);
+    bytes += "Connection: close\r\n\r\n";
+    bytes += r.body;
     Send(std::move(bytes), nullptr, true, false);
+  }
+
+  // The handler's RefuseHead on the head parser_ holds (a target it cannot
+  // parse goes on, to be refused with the body).
+  std::optional<Response> RefuseHead() {
+    const auto& msg = parser_->get();
+    Request head;
+    head.method = std::string(msg.method_string());
+    if (!ParseTarget(std::string_view(msg.target().data(), msg.target().size()), &head)) return std::nullopt;
+    for (const auto& f : msg) {
+      std::string name(f.name_string());
+      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      head.headers.emplace_back(std::move(name), std::string(f.value()));
+    }
+    return srv_->handler->RefuseHead(head);
   }
 
   void WriteNext() {
@@ -851,6 +872,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     std::string target = std::exchange(st->req.path, std::string());
     if (st->req.method.empty() || target.empty() || !ParseTarget(target, &st->req)) {
       Refuse(st, Response{400, "application/json", ErrorBody("bad_request", "a bad :method or :path"), {}});
+      return;
+    }
+    if (auto refused = srv_->handler->RefuseHead(st->req)) {  // before any of the body is taken
+      Refuse(st, std::move(*refused));
       return;
     }
     if (!srv_->handler->WantsBodyStream(st->req)) return;  // the body is read whole

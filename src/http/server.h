@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -115,6 +116,15 @@ class Handler {
   // Called on an I/O thread; must not block (Post blocking work). Must
   // eventually answer on `ex`.
   virtual void Handle(Request req, std::shared_ptr<Exchange> ex) = 0;
+  // On an I/O thread once a request's headers have arrived, before its body
+  // is read (`head.body` empty): a response to answer at once, the body left
+  // unread (its memory never reserved), or nullopt to go on. For checks that
+  // need no body, such as authentication. An HTTP/1.1 connection is closed
+  // after such an answer.
+  virtual std::optional<Response> RefuseHead(const Request& head) const {
+    (void)head;
+    return std::nullopt;
+  }
   // HTTP/2 only, on an I/O thread once a request's headers have arrived
   // (`head.body` empty): whether its body should stream to a BodySink
   // rather than be read whole and passed to Handle.

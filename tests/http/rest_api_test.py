@@ -1701,6 +1701,21 @@ class AuthAndRequestLimitTest(ClosingTestCase):
         right.append(name, [{"body": "x"}])
         self.assertEqual(right.tail(name)["seq_num"], 1)
 
+    def test_401_comes_before_the_body(self):
+        # A request without the token is answered on its head: its body is
+        # never read (nor memory set aside for it), and the connection closes.
+        sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=30)
+        self.addCleanup(sock.close)
+        sock.sendall(b"POST /v1/streams HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 60000\r\n\r\n")  # and no body
+        got = b""
+        while b"\r\n\r\n" not in got:
+            data = sock.recv(65536)
+            self.assertTrue(data, "closed without an answer")
+            got += data
+        self.assertTrue(got.startswith(b"HTTP/1.1 401"), got[:100])
+        self.assertIn(b"WWW-Authenticate: Bearer", got)
+
     def test_request_too_large(self):
         c = Client(self.server, token=self.TOKEN)
         name = unique("big")
