@@ -58,7 +58,7 @@ TEST(S2Proto, DecodesAppendInput) {
   std::string rec = Varint(1 << 3) + Varint(1234) + Field(2, header) + Field(3, std::string("b\0dy", 4));
   std::string in = Field(1, rec) + Field(1, Field(3, "second")) + Varint(2 << 3) + Varint(7) + Field(3, "tok") +
                    Varint(99 << 3) + Varint(5);  // an unknown field is skipped
-  ASSERT_OK_AND_ASSIGN(auto got, DecodeProtoAppendInput(in));
+  ASSERT_OK_AND_ASSIGN(auto got, DecodeProtoAppendInput(in, AppendLimits{}));
   ASSERT_EQ(got.records.size(), 2u);
   EXPECT_EQ(got.records[0].timestamp_ms, 1234);
   ASSERT_EQ(got.records[0].headers.size(), 1u);
@@ -76,10 +76,34 @@ TEST(S2Proto, RejectsMalformedInput) {
   for (size_t cut = 1; cut < rec.size() + 2; ++cut) {
     std::string in = Field(1, rec).substr(0, cut);
     if (cut == Field(1, rec).size()) continue;
-    EXPECT_FALSE(DecodeProtoAppendInput(in).ok()) << cut;
+    EXPECT_FALSE(DecodeProtoAppendInput(in, AppendLimits{}).ok()) << cut;
   }
-  EXPECT_FALSE(DecodeProtoAppendInput(Varint(1 << 3 | 0) + Varint(5)).ok());  // records as a varint
-  EXPECT_FALSE(DecodeProtoAppendInput(std::string(1, '\x0f')).ok());          // wire type 7
+  EXPECT_FALSE(DecodeProtoAppendInput(Varint(1 << 3 | 0) + Varint(5), AppendLimits{}).ok());  // records as a varint
+  EXPECT_FALSE(DecodeProtoAppendInput(std::string(1, '\x0f'), AppendLimits{}).ok());          // wire type 7
+}
+
+// Decoding stops as soon as an input is over the append limits: many tiny
+// records or headers would otherwise take far more memory than their bytes.
+TEST(S2Proto, DecodingStopsAtTheAppendLimits) {
+  const AppendLimits limits{10, 1000};
+  std::string empty_record = Varint(1 << 3 | 2) + Varint(0);  // AppendInput.records = {}
+  std::string ten, eleven;
+  for (int i = 0; i < 10; ++i) ten += empty_record;
+  eleven = ten + empty_record;
+  ASSERT_OK_AND_ASSIGN(auto got, DecodeProtoAppendInput(ten, limits));
+  EXPECT_EQ(got.records.size(), 10u);
+  EXPECT_EQ(DecodeProtoAppendInput(eleven, limits).status().code(), Code::kOutOfRange);
+  // One record of 600 empty headers: 8 + 600 x 2 metered bytes.
+  std::string header = Varint(2 << 3 | 2) + Varint(0);  // AppendRecord.headers = {}
+  std::string headers;
+  for (int i = 0; i < 600; ++i) headers += header;
+  std::string one = Varint(1 << 3 | 2) + Varint(headers.size()) + headers;
+  EXPECT_EQ(DecodeProtoAppendInput(one, limits).status().code(), Code::kOutOfRange);
+  EXPECT_TRUE(DecodeProtoAppendInput(one, AppendLimits{10, 1208}).ok());
+  // A body over the bytes left.
+  std::string body = Varint(1 << 3 | 2) + Varint(3 + 993) + Varint(3 << 3 | 2) + Varint(993) + std::string(993, 'b');
+  EXPECT_EQ(DecodeProtoAppendInput(body, limits).status().code(), Code::kOutOfRange);
+  EXPECT_TRUE(DecodeProtoAppendInput(body, AppendLimits{10, 1001}).ok());
 }
 
 TEST(S2sFrame, RoundTripsAndRejectsBadFrames) {

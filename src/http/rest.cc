@@ -143,6 +143,7 @@ namespace {
 struct BadRequest {
   std::string message;
   std::string_view code = "bad_json";
+  int status = 400;
 };
 
 std::string Rfc3339(int64_t ms) {
@@ -374,7 +375,9 @@ std::string DecodeField(simdjson::dom::element j, Format f, std::string_view wha
 std::string EncodeField(std::string_view s, Format f) { return f == Format::kRaw ? std::string(s) : Base64Encode(s); }
 
 // The append body is the hot path: parsed with simdjson, not nlohmann.
-AppendInput ParseJsonAppend(const std::string& body, Format f) {
+// Past `limits` (records, metered bytes) it stops at once with 422, before
+// a body of many tiny records or headers becomes far more memory than it is.
+AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimits& limits) {
   thread_local simdjson::dom::parser parser;
   simdjson::dom::element doc;
   // Parses in place when the body has simdjson's padding as spare capacity (the server leaves it).
@@ -384,8 +387,20 @@ AppendInput ParseJsonAppend(const std::string& body, Format f) {
   if (doc.get_object().get(obj) || obj["records"].get_array().get(records)) {
     throw BadRequest{"AppendInput needs a \"records\" array"};
   }
+  if (records.size() > limits.max_records) {
+    throw BadRequest{fmt::format("an append holds at most {} records, got {}", limits.max_records, records.size()),
+                     "invalid", 422};
+  }
   AppendInput in;
   in.records.reserve(records.size());
+  size_t metered = 0;
+  auto meter = [&](size_t n) {
+    metered += n;
+    if (metered > limits.max_metered_bytes) {
+      throw BadRequest{fmt::format("an append holds at most {} metered bytes", limits.max_metered_bytes), "invalid",
+                       422};
+    }
+  };
   for (simdjson::dom::element r : records) {
     simdjson::dom::object ro;
     if (r.get_object().get(ro)) throw BadRequest{"each record must be an object"};
@@ -399,6 +414,7 @@ AppendInput ParseJsonAppend(const std::string& body, Format f) {
         rec.timestamp_ms = static_cast<int64_t>(ts);
       } else if (field.key == "body") {
         rec.body = DecodeField(field.value, f, "body");
+        meter(rec.body.size());
       } else if (field.key == "headers") {
         simdjson::dom::array headers;
         if (field.value.get_array().get(headers)) throw BadRequest{"headers must be an array of [name, value] pairs"};
@@ -408,9 +424,12 @@ AppendInput ParseJsonAppend(const std::string& body, Format f) {
           rec.headers.push_back(
               wal::RecordHeader{DecodeField(pair.at(0).value_unsafe(), f, "header name"),
                                 DecodeField(pair.at(1).value_unsafe(), f, "header value")});
+          const auto& added = rec.headers.back();
+          meter(2 + added.key.size() + (added.value.has_value() ? added.value->size() : 0));
         }
       }
     }
+    meter(8);
     in.records.push_back(std::move(rec));
   }
   if (auto m = obj["match_seq_num"]; !m.error() && !m.is_null()) {
@@ -621,7 +640,7 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker) {
     }
     if (Admit(req, c)) Route(req, c);
   } catch (const BadRequest& e) {
-    c.Error(400, e.code, e.message);
+    c.Error(e.status, e.code, e.message);
   } catch (const Json::exception& e) {
     c.Error(400, "bad_json", fmt::format("bad JSON field: {}", e.what()));
   }
@@ -900,7 +919,9 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       failed_ = true;
       *bad = std::move(r);
     };
-    while (!failed_ && !poisoned_ && taken < kS2sMaxFrameBytes) {
+    // At most about 2 MiB, and 256 frames (each an append), per round: frames
+    // of no payload count too.
+    while (!failed_ && !poisoned_ && taken < kS2sMaxFrameBytes && raw->size() < 256) {
       S2sFrame frame;
       auto n = DecodeS2sFrame(std::string_view(buf_).substr(pos), &frame);
       if (!n.ok()) {
@@ -915,7 +936,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       if (frame.compression != 0 && on_io_thread) break;  // decompressed on a worker
       raw->push_back({std::string(frame.payload), frame.compression, *n});
       pos += *n;
-      taken = frame.compression != 0 ? kS2sMaxFrameBytes : taken + frame.payload.size();
+      taken = frame.compression != 0 ? kS2sMaxFrameBytes : taken + *n;
     }
     buf_.erase(0, pos);
     if (failed_ || poisoned_) Discard();
@@ -940,7 +961,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
 
   // One frame's AppendInput; none, with the answer that ends the session in
   // `why`, if it does not decode.
-  static std::optional<AppendInput> DecodeInput(const RawFrame& f, Response* why) {
+  std::optional<AppendInput> DecodeInput(const RawFrame& f, Response* why) const {
     std::string decompressed;
     std::string_view message = f.payload;
     if (f.compression != 0) {
@@ -953,9 +974,10 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       decompressed = std::move(*d);
       message = decompressed;
     }
-    auto in = DecodeProtoAppendInput(message);
+    auto in = DecodeProtoAppendInput(message, api_->append_limits());
     if (!in.ok()) {
-      *why = Ctx::ErrorResponse(400, "bad_proto", in.status().message());
+      const bool over = in.status().code() == Code::kOutOfRange;
+      *why = Ctx::ErrorResponse(over ? 422 : 400, over ? "invalid" : "bad_proto", in.status().message());
       return std::nullopt;
     }
     if (in->options.fencing_token && in->options.fencing_token->size() > 36) {
@@ -1122,7 +1144,7 @@ std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<
     session->Open();
     return session;
   } catch (const BadRequest& e) {
-    c.Error(400, e.code, e.message);
+    c.Error(e.status, e.code, e.message);
     return nullptr;
   }
 }
@@ -1369,11 +1391,12 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   bool proto_in = ctype && IsProtoType(*ctype);
   AppendInput in;
   if (proto_in) {
-    auto r = DecodeProtoAppendInput(req.body);
+    auto r = DecodeProtoAppendInput(req.body, append_limits());
+    if (!r.ok() && r.status().code() == Code::kOutOfRange) throw BadRequest{r.status().message(), "invalid", 422};
     if (!r.ok()) throw BadRequest{r.status().message(), "bad_proto"};
     in = std::move(*r);
   } else {
-    in = ParseJsonAppend(req.body, ParseFormat(req));
+    in = ParseJsonAppend(req.body, ParseFormat(req), append_limits());
   }
   if (in.options.fencing_token && in.options.fencing_token->size() > 36) {
     return c.Error(422, "invalid", "fencing_token must be at most 36 bytes");

@@ -84,6 +84,7 @@ class RestApi : public Handler {
   log::Engine* ReadyEngine() const { return ready_.load(std::memory_order_acquire) ? engine_ : nullptr; }
   // Bearer-token auth; false once answered (401).
   bool Authorized(const Request& req, const Ctx& c) const;
+  AppendLimits append_limits() const { return {options_.max_append_records, options_.max_append_bytes}; }
   // Readiness, draining and the s2-basin header (into c.basin); false once answered.
   bool Admit(const Request& req, Ctx& c) const;
   void Route(Request& req, const Ctx& c);

@@ -81,7 +81,16 @@ Result<wal::RecordHeader> DecodeHeader(std::string_view msg) {
   return h;
 }
 
-Result<log::AppendRecord> DecodeRecord(std::string_view msg) {
+// `metered` counts the input's metered bytes so far, up to `limits`.
+Result<log::AppendRecord> DecodeRecord(std::string_view msg, const AppendLimits& limits, size_t* metered) {
+  auto meter = [&](size_t n) -> Status {
+    *metered += n;
+    if (*metered > limits.max_metered_bytes) {
+      return OutOfRange("an append holds at most {} metered bytes", limits.max_metered_bytes);
+    }
+    return Status::Ok();
+  };
+  WEIR_RETURN_IF_ERROR(meter(8));
   log::AppendRecord rec;
   WEIR_RETURN_IF_ERROR(ForEachField(msg, [&](uint32_t n, uint32_t wire, Reader& r) -> Status {
     switch (n) {
@@ -96,12 +105,15 @@ Result<log::AppendRecord> DecodeRecord(std::string_view msg) {
         WEIR_RETURN_IF_ERROR(Expect(wire, kLen, "AppendRecord.headers"));
         WEIR_ASSIGN_OR_RETURN(auto b, r.Bytes());
         WEIR_ASSIGN_OR_RETURN(auto h, DecodeHeader(b));
+        const size_t value_size = h.value.has_value() ? h.value->size() : 0;
+        WEIR_RETURN_IF_ERROR(meter(2 + h.key.size() + value_size));
         rec.headers.push_back(std::move(h));
         return Status::Ok();
       }
       case 3: {
         WEIR_RETURN_IF_ERROR(Expect(wire, kLen, "AppendRecord.body"));
         WEIR_ASSIGN_OR_RETURN(auto b, r.Bytes());
+        WEIR_RETURN_IF_ERROR(meter(b.size()));
         rec.body = std::string(b);
         return Status::Ok();
       }
@@ -138,14 +150,18 @@ std::string Position(const StreamPosition& p) {
 
 }  // namespace
 
-Result<AppendInput> DecodeProtoAppendInput(std::string_view data) {
+Result<AppendInput> DecodeProtoAppendInput(std::string_view data, const AppendLimits& limits) {
   AppendInput in;
+  size_t metered = 0;
   WEIR_RETURN_IF_ERROR(ForEachField(data, [&](uint32_t n, uint32_t wire, Reader& r) -> Status {
     switch (n) {
       case 1: {
         WEIR_RETURN_IF_ERROR(Expect(wire, kLen, "AppendInput.records"));
         WEIR_ASSIGN_OR_RETURN(auto b, r.Bytes());
-        WEIR_ASSIGN_OR_RETURN(auto rec, DecodeRecord(b));
+        if (in.records.size() >= limits.max_records) {
+          return OutOfRange("an append holds at most {} records", limits.max_records);
+        }
+        WEIR_ASSIGN_OR_RETURN(auto rec, DecodeRecord(b, limits, &metered));
         in.records.push_back(std::move(rec));
         return Status::Ok();
       }

@@ -26,8 +26,16 @@ struct AppendInput {
   log::AppendOptions options;  // match_seq_num and fencing_token
 };
 
-// kInvalidArgument on malformed input (truncated fields, bad wire types).
-Result<AppendInput> DecodeProtoAppendInput(std::string_view data);
+// What one append may hold; decoders stop as soon as an input is over it.
+struct AppendLimits {
+  size_t max_records = 1000;
+  size_t max_metered_bytes = 1u << 20;  // as log::MeteredBytes counts
+};
+
+// kInvalidArgument on malformed input (truncated fields, bad wire types);
+// kOutOfRange once the input is over `limits` (decoding stops there, before
+// many tiny records or headers take far more memory than their bytes).
+Result<AppendInput> DecodeProtoAppendInput(std::string_view data, const AppendLimits& limits);
 std::string EncodeProtoAppendAck(const StreamPosition& start, const StreamPosition& end, const StreamPosition& tail);
 std::string EncodeProtoReadBatch(const std::vector<log::ReadRecord>& records, const std::optional<StreamPosition>& tail);
 

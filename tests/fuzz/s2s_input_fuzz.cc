@@ -18,7 +18,7 @@ namespace {
 }
 
 void DecodeInput(std::string_view message) {
-  auto in = weir::http::DecodeProtoAppendInput(message);
+  auto in = weir::http::DecodeProtoAppendInput(message, weir::http::AppendLimits{});
   if (!in.ok() && in.status().code() != weir::Code::kInvalidArgument) Fail("AppendInput: unexpected error class", in.status());
 }
 
