@@ -759,6 +759,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   void Preload(std::string body) {
     std::lock_guard lk(in_mu_);
     buf_ = std::move(body);
+    whole_ = 0;
+    ScanWhole();
     input_ended_ = true;
   }
 
@@ -783,7 +785,24 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     std::unique_lock lk(in_mu_);
     if (failed_ || poisoned_) return c_.ex->ConsumeBody(bytes.size());  // dropped
     buf_.append(bytes);
+    ScanWhole();
     if (ready_) Pump(lk, true);
+  }
+
+  // Moves whole_ past the whole frames buf_ holds (in_mu_ held): a frame is
+  // a 3-byte big-endian length, then that many bytes.
+  void ScanWhole() {
+    while (buf_.size() - whole_ >= 3) {
+      const auto* p = reinterpret_cast<const unsigned char*>(buf_.data() + whole_);
+      const size_t len = (size_t{p[0]} << 16) | (size_t{p[1]} << 8) | p[2];
+      if (buf_.size() - whole_ - 3 < len) break;
+      whole_ += 3 + len;
+    }
+  }
+
+  bool HoldsPartialInput() override {
+    std::lock_guard lk(in_mu_);
+    return whole_ < buf_.size();
   }
 
   void OnEnd(bool complete) override {
@@ -939,6 +958,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       taken = frame.compression != 0 ? kS2sMaxFrameBytes : taken + *n;
     }
     buf_.erase(0, pos);
+    whole_ = whole_ > pos ? whole_ - pos : 0;
+    ScanWhole();
     if (failed_ || poisoned_) Discard();
   }
 
@@ -1016,6 +1037,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   void Discard() {
     c_.ex->ConsumeBody(buf_.size());
     buf_.clear();
+    whole_ = 0;
   }
 
   // From the pump, in_mu_ not held. `frame_bytes`: the frame's size, given
@@ -1095,6 +1117,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   std::string stream_;
   std::mutex in_mu_;  // before out_mu_ when both are held
   std::string buf_;   // input not yet parsed (a partial frame)
+  size_t whole_ = 0;  // buf_[0, whole_) holds whole frames (in_mu_)
   bool ready_ = false, failed_ = false, input_ended_ = false, counted_ = false;  // in_mu_
   bool pumping_ = false;  // a thread is submitting buf_'s frames (in_mu_)
   std::mutex out_mu_;

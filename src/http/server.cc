@@ -728,6 +728,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     bool deferred = false;  // the data source is paused: resume on more data
     TimePoint head_at = Now();  // the body must be whole within the stall timeout of this, as on HTTP/1.1
     TimePoint moved_at = Now();  // response data last sent, or queued while none was
+    std::optional<TimePoint> partial_since;  // a sink has held part of a unit (an S2S frame) since
     std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
   };
 
@@ -791,7 +792,14 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     self->last_activity_ = Now();
     std::string_view bytes(reinterpret_cast<const char*>(data), len);
     if (st->sink) {
-      if (!st->sink_ended) st->sink->OnData(bytes);
+      if (!st->sink_ended) {
+        st->sink->OnData(bytes);
+        if (!st->sink->HoldsPartialInput()) {
+          st->partial_since.reset();
+        } else if (!st->partial_since) {
+          st->partial_since = Now();
+        }
+      }
       return 0;
     }
     size_t limit = self->srv_->options.max_request_bytes;
@@ -1078,7 +1086,11 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       for (auto& [id, st] : self->streams_) {
         // A head never finished (HEADERS without END_HEADERS, then silence)
         // counts from the stream's start, as a body from its head.
-        if (!st->dropping && !st->sink && now - st->head_at > stall) {
+        // A sink may wait for input as long as it likes, but not sit on half
+        // of a frame.
+        const bool stalled = st->sink ? st->partial_since && !st->sink_ended && now - *st->partial_since > stall
+                                      : now - st->head_at > stall;
+        if (!st->dropping && stalled) {
           st->dropping = true;
           nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
           reset = true;

@@ -108,6 +108,9 @@ class BodySink {
   // The body ended: `complete` if the client finished it; otherwise the
   // stream was reset or the connection closed (the response cannot arrive).
   virtual void OnEnd(bool complete) = 0;
+  // Whether bytes it took wait for more to make a whole unit (an S2S frame):
+  // such a wait is bounded by the stall timeout, as a body's is.
+  virtual bool HoldsPartialInput() { return false; }
 };
 
 class Handler {

@@ -497,6 +497,27 @@ class StallTest(unittest.TestCase):
             buf += data
         self.assertTrue(reset or closed, "the half-sent head held its stream open")
 
+    def test_an_append_session_sitting_on_half_a_frame_is_reset(self):
+        # An append session may idle between frames as long as it likes, but
+        # half a frame is held no longer than the stall timeout.
+        stream = unique("stall")
+        requests.post(f"{self.server.base_url}/v1/streams", json={"stream": stream},
+                      timeout=TIMEOUT).raise_for_status()
+        client = H2Client(self.server.port)
+        self.addCleanup(client.close)
+        one = frame(pb_append_input([pb_append_record(b"whole")]))
+        idle = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")], body=one,
+                              end=False)
+        client.wait_frames(idle, 1)
+        half = frame(pb_append_input([pb_append_record(b"x" * 100)]))[:20]
+        sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")], body=half,
+                             end=False)
+        client.pump(lambda: client.streams[sid]["ended"])
+        self.assertEqual(client.streams[sid]["reset"], 8)  # CANCEL
+        # The idle session (whole frames only) lives on.
+        self.assertIsNone(client.streams[idle]["reset"])
+        self.assertFalse(client.streams[idle]["ended"])
+
     def test_a_head_of_many_empty_fields_is_refused(self):
         # Header fields count as HPACK counts them (32 bytes each besides name
         # and value): 3,000 empty ones are over the 64 KiB limit of a head.
