@@ -228,7 +228,6 @@ TEST_F(HttpServerLimits, ConnectionsOverTheLimitAreClosed) {
   ::close(d);
 }
 
-// Stop lets a response already answered reach its client whole.
 // A chunked body's chunk-size line (its extension) or trailer section that
 // never ends is not read into memory without bound: Beast limits neither,
 // the read buffer does (1 MiB), and the connection is closed.
@@ -252,6 +251,7 @@ TEST_F(HttpServerLimits, AnEndlessChunkLineOrTrailerClosesTheConnection) {
   }
 }
 
+// Stop lets a response already answered reach its client whole.
 TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ASSERT_NO_FATAL_FAILURE(Start({}));
   int fd = Connect(addr);

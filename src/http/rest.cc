@@ -1607,9 +1607,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     bool done = CutAtUntil(&r->records, p_.until);
     bool trimmed = false;  // records left out by the limits: not caught up
     if (exhausted) {
+      // As S2: at the tail a read that may wait does, until a record comes
+      // (then ends, empty) or the wait is over.
       trimmed = !r->records.empty();
       r->records.clear();
-      done = true;
+      done = trimmed || !MayFollow();
     }
     // As S2, the bytes limit is never exceeded (the engine returns a first
     // record whatever its size): records past it are left for the next step,

@@ -728,7 +728,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     bool deferred = false;  // the data source is paused: resume on more data
     TimePoint head_at = Now();  // the body must be whole within the stall timeout of this, as on HTTP/1.1
     TimePoint moved_at = Now();  // response data last sent, or queued while none was
-    std::optional<TimePoint> partial_since;  // a sink has held part of a unit (an S2S frame) since
+    std::optional<TimePoint> partial_since;  // a sink holds part of a unit (an S2S frame): its latest bytes came then
     std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
   };
 
@@ -794,10 +794,11 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     if (st->sink) {
       if (!st->sink_ended) {
         st->sink->OnData(bytes);
-        if (!st->sink->HoldsPartialInput()) {
-          st->partial_since.reset();
-        } else if (!st->partial_since) {
+        // Progress: a frame still in part counts from its latest bytes.
+        if (st->sink->HoldsPartialInput()) {
           st->partial_since = Now();
+        } else {
+          st->partial_since.reset();
         }
       }
       return 0;
@@ -1087,9 +1088,14 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
         // A head never finished (HEADERS without END_HEADERS, then silence)
         // counts from the stream's start, as a body from its head.
         // A sink may wait for input as long as it likes, but not sit on half
-        // of a frame.
-        const bool stalled = st->sink ? st->partial_since && !st->sink_ended && now - *st->partial_since > stall
-                                      : now - st->head_at > stall;
+        // of a frame with no more of it coming, unless our own windows hold
+        // the rest back (its bytes are credited once its appends are acked).
+        bool stalled = st->sink ? st->partial_since && !st->sink_ended && now - *st->partial_since > stall
+                                : now - st->head_at > stall;
+        if (stalled && st->sink && !self->ClientMaySend(id)) {
+          st->partial_since = now;
+          stalled = false;
+        }
         if (!st->dropping && stalled) {
           st->dropping = true;
           nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
@@ -1107,6 +1113,16 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       }
       self->Tick();
     });
+  }
+
+  // Whether the client's windows (stream and connection) let it send more
+  // DATA on stream `id`.
+  bool ClientMaySend(int32_t id) {
+    const int32_t stream_window = nghttp2_session_get_stream_effective_local_window_size(session_, id);
+    const int32_t stream_used = nghttp2_session_get_stream_effective_recv_data_length(session_, id);
+    const int32_t conn_window = nghttp2_session_get_effective_local_window_size(session_);
+    const int32_t conn_used = nghttp2_session_get_effective_recv_data_length(session_);
+    return stream_window - stream_used > 0 && conn_window - conn_used > 0;
   }
 
   void Shutdown() {

@@ -1475,6 +1475,15 @@ class SseTest(ApiTestCase):
             self.assertEqual(unary["records"], [], limit)
             self.assertNotIn("tail", unary)
             self.assertEqual(self.c.read(s, {"seq_num": 3, **limit}, expect=416)["tail"]["seq_num"], 3)
+        # At the tail with a wait: it waits (here, for a record), then ends empty.
+        got = {}
+        reader = threading.Thread(target=lambda: got.update(self.c.read(s, {"seq_num": 3, "count": 0, "wait": 30})))
+        reader.start()
+        time.sleep(0.5)
+        self.assertTrue(reader.is_alive(), "a zero limit with a wait answered at once")
+        self.c.append(s, [{"body": "wake"}])
+        reader.join(30)
+        self.assertEqual(got.get("records"), [])
 
     def test_an_unbounded_session_without_wait_at_the_tail_ends(self):
         # S2's may_follow: no limits means the session may follow, whatever

@@ -518,6 +518,25 @@ class StallTest(unittest.TestCase):
         self.assertIsNone(client.streams[idle]["reset"])
         self.assertFalse(client.streams[idle]["ended"])
 
+    def test_an_append_session_whose_frame_arrives_slowly_is_not_reset(self):
+        # Steady progress, however slow: a frame sent a piece at a time over
+        # several stall timeouts (1 s here) is taken whole and acked.
+        stream = unique("slow")
+        requests.post(f"{self.server.base_url}/v1/streams", json={"stream": stream},
+                      timeout=TIMEOUT).raise_for_status()
+        client = H2Client(self.server.port)
+        self.addCleanup(client.close)
+        one = frame(pb_append_input([pb_append_record(b"y" * 4000)]))
+        sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")], body=b"",
+                             end=False)
+        for i in range(0, len(one), 400):
+            client.send(sid, one[i:i + 400])
+            client.flush()
+            time.sleep(0.4)
+        frames = client.wait_frames(sid, 1)
+        self.assertIsNone(client.streams[sid]["reset"])
+        self.assertEqual(len(frames), 1)
+
     def test_a_head_of_many_empty_fields_is_refused(self):
         # Header fields count as HPACK counts them (32 bytes each besides name
         # and value): 3,000 empty ones are over the 64 KiB limit of a head.
