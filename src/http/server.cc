@@ -82,6 +82,9 @@ constexpr size_t kReadBufferBytes = 8192;
 // What an HTTP/1.1 connection's read buffer may grow to: a head (64 KiB at
 // most) or a chunk-size line or trailer section of a chunked body.
 constexpr size_t kMaxReadBufferBytes = 1u << 20;
+// HTTP/1.1 request bodies of this size or more are refused on their head when the
+// handler's RefuseHead says so (below it, after the body, keeping the connection).
+constexpr size_t kRefuseHeadMinBody = 64 * 1024;
 
 // What an HTTP/2 client sends first (RFC 9113 §3.4).
 constexpr std::string_view kHttp2Preface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
@@ -307,12 +310,16 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
                     fmt::format("request body of {} bytes is over the limit of {} bytes", *len,
                                 srv_->options.max_request_bytes));
     }
-    // Checks that need no body (authentication) come before any of it is
-    // read or reserved.
-    if (auto refused = RefuseHead()) return RejectWith(std::move(*refused));
     // The body's memory comes from the shared budget; a chunked body may
     // grow to the limit, so it counts as that.
     const size_t want = parser_->chunked() ? srv_->options.max_request_bytes : len.value_or(0);
+    // Checks that need no body (authentication) come before a large one is
+    // read or reserved; that answer closes the connection. A small body is
+    // read first, so the answer keeps the connection (4,096 connections
+    // holding 64 KiB each are within the default budget).
+    if (want >= kRefuseHeadMinBody) {
+      if (auto refused = RefuseHead()) return RejectWith(std::move(*refused));
+    }
     if (want == 0) return ReadBody();
     if (srv_->budget.ReserveOrWait(shared_from_this(), want)) {
       reserved_ = want;
