@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages weir needs to build and run, if missing;
 # with --tests, also what its test suites need (and checks for Node.js 20+).
+# Without --tests, configure with -DWEIR_TESTS=OFF (as scripts/run.sh does).
 # Runs `apt-get update` once, only when something has to be installed.
 set -euo pipefail
 pkgs=(g++ cmake ninja-build ccache pkg-config
