@@ -107,6 +107,15 @@ class EngineTest : public ::testing::Test {
     return gated;
   }
 
+  // A table of `buckets` bucket streams in kBasin, each configured `config`.
+  Status CreateTable(const std::string& name, uint32_t buckets, const StreamConfig& config) {
+    metastore::TableInfo t;
+    t.basin = kBasin;
+    t.name = name;
+    t.bucket_count = buckets;
+    return engine_->CreateTable(t, config).status();
+  }
+
   // Restarts the engine over a metastore the test can hook (and optionally a
   // store of its own).
   std::shared_ptr<testing::HookedMetastore> RestartHooked(std::shared_ptr<objstore::ObjectStore> store = nullptr) {
@@ -958,11 +967,7 @@ TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
   // A table's bucket streams are the table's, whatever their config says.
   StreamConfig soon;
   soon.delete_on_empty_min_age_s = 1;
-  metastore::TableInfo t;
-  t.basin = kBasin;
-  t.name = "tbl";
-  t.bucket_count = 2;
-  ASSERT_TRUE(engine_->CreateTable(t, soon).ok());
+  ASSERT_TRUE(CreateTable("tbl", 2, soon).ok());
   ASSERT_TRUE(engine_->CreateStream(kBasin, "never", StreamConfig{}).ok());  // empty, but 0 = never
 
   ASSERT_TRUE(engine_->ApplyRetention().ok());
@@ -1041,11 +1046,7 @@ TEST_F(EngineTest, DeleteOnEmptyPassesOverATablesBucketStreams) {
   auto hooked = RestartHooked();
   StreamConfig soon;
   soon.delete_on_empty_min_age_s = 1;
-  metastore::TableInfo t;
-  t.basin = kBasin;
-  t.name = "tbl";
-  t.bucket_count = 1;
-  ASSERT_TRUE(engine_->CreateTable(t, soon).ok());
+  ASSERT_TRUE(CreateTable("tbl", 1, soon).ok());
   ASSERT_TRUE(engine_->CreateStream(kBasin, "tbl/1", soon).ok());  // a bucket's name, past the table's buckets
   std::this_thread::sleep_for(1100ms);
   ASSERT_TRUE(engine_->ApplyRetention().ok());
