@@ -107,6 +107,17 @@ class EngineTest : public ::testing::Test {
     return gated;
   }
 
+  // Starts an append of "x" to "s" whose slot (slot 0 of this epoch) `gated`
+  // holds; returns the slot's key once its PUT waits there.
+  std::string AppendHeldAtSlotZero(testing::GatedStore& gated, std::promise<AppendOutcome>* pending) {
+    const std::string slot0 = wal::SlotKey("n1", engine_->epoch(), 0);
+    gated.Gate(slot0);
+    engine_->AppendAsync(kBasin, "s", Bodies({"x"}), {},
+                         [pending](AppendOutcome o) { pending->set_value(std::move(o)); });
+    EXPECT_TRUE(gated.WaitBlocked(slot0));
+    return slot0;
+  }
+
   // A table of `buckets` bucket streams in kBasin, each configured `config`.
   Status CreateTable(const std::string& name, uint32_t buckets, const StreamConfig& config) {
     metastore::TableInfo t;
@@ -545,11 +556,8 @@ TEST_F(EngineTest, AHaltRidesOutAMetastoreThatFailsForAWhile) {
     return refusals.fetch_add(1) < 2 ? Unavailable("the metastore is busy") : Status::Ok();
   };
   const uint64_t epoch = engine_->epoch();
-  const std::string slot0 = wal::SlotKey("n1", epoch, 0);
-  gated->Gate(slot0);
   std::promise<AppendOutcome> pending;
-  engine_->AppendAsync(kBasin, "s", Bodies({"x"}), {}, [&](AppendOutcome o) { pending.set_value(std::move(o)); });
-  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  const std::string slot0 = AppendHeldAtSlotZero(*gated, &pending);
   ASSERT_TRUE(wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242).ok());  // someone poisons slot 0
   gated->Open(slot0);
   auto o = pending.get_future().get();
@@ -569,11 +577,8 @@ TEST_F(EngineTest, AForeignSlotAtTheHaltedKeyFailsTheAppendsInIt) {
   Start(gated);
   ASSERT_TRUE(engine_);
   const uint64_t epoch = engine_->epoch();
-  const std::string slot0 = wal::SlotKey("n1", epoch, 0);
-  gated->Gate(slot0);
   std::promise<AppendOutcome> pending;
-  engine_->AppendAsync(kBasin, "s", Bodies({"x"}), {}, [&](AppendOutcome o) { pending.set_value(std::move(o)); });
-  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  const std::string slot0 = AppendHeldAtSlotZero(*gated, &pending);
   wal::SlotBuilder foreign;
   ASSERT_OK(store_->Put(slot0, foreign.Finish(epoch, 0, 4242)));
   gated->Open(slot0);
