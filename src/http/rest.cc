@@ -39,7 +39,8 @@ Json ParseRequestJson(std::string_view body) {
         return true;
       },
       /*allow_exceptions=*/false);
-  return too_deep ? Json(Json::value_t::discarded) : j;
+  if (too_deep) return Json(Json::value_t::discarded);
+  return j;
 }
 
 // j[name] without a copy (copies recurse), or null if j has no such field.
@@ -662,8 +663,9 @@ std::optional<Response> Unauthorized(const std::optional<std::string>& token, co
   if (auth && auth->starts_with("Bearer ") && ConstantTimeEqual(std::string_view(*auth).substr(7), *token)) {
     return std::nullopt;
   }
-  return RestApi::Ctx::ErrorResponse(401, "authn", auth ? "the bearer token is not valid" : "a bearer token is required",
-                            {{"WWW-Authenticate", "Bearer"}});
+  return RestApi::Ctx::ErrorResponse(401, "authn",
+                                     auth ? "the bearer token is not valid" : "a bearer token is required",
+                                     {{"WWW-Authenticate", "Bearer"}});
 }
 }  // namespace
 
