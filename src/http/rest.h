@@ -55,6 +55,7 @@ class RestApi : public Handler {
   // their input over HTTP/2; over HTTP/1.1 it is read whole.
   // 401 for a request without the bearer token, before its body is read.
   std::optional<Response> RefuseHead(const Request& head) const override;
+  bool RefusesHeads() const override { return options_.auth_token.has_value(); }
   bool WantsBodyStream(const Request& head) const override;
   std::shared_ptr<BodySink> OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) override;
 

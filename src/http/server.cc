@@ -317,7 +317,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     // read or reserved; that answer closes the connection. A small body is
     // read first, so the answer keeps the connection (4,096 connections
     // holding 64 KiB each are within the default budget).
-    if (want >= kRefuseHeadMinBody) {
+    if (want >= kRefuseHeadMinBody && srv_->handler->RefusesHeads()) {
       if (auto refused = RefuseHead()) return RejectWith(std::move(*refused));
     }
     if (want == 0) return ReadBody();

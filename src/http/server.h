@@ -128,6 +128,9 @@ class Handler {
     (void)head;
     return std::nullopt;
   }
+  // Whether RefuseHead may refuse anything: if not, HTTP/1.1 heads are not
+  // copied into a Request to ask it.
+  virtual bool RefusesHeads() const { return false; }
   // HTTP/2 only, on an I/O thread once a request's headers have arrived
   // (`head.body` empty): whether its body should stream to a BodySink
   // rather than be read whole and passed to Handle.

@@ -543,7 +543,7 @@ class StallTest(unittest.TestCase):
         client = H2Client(self.server.port)
         self.addCleanup(client.close)
         sid = client.request("GET", "/health", [("a", "")] * 3000)
-        self.assertEqual(client.wait_end(sid)["reset"] is not None, True)
+        self.assertIsNotNone(client.wait_end(sid)["reset"])
         sid = client.request("GET", "/health", [("a", "")] * 100)
         self.assertEqual(client.wait_end(sid)["status"], 200)
 
