@@ -86,8 +86,8 @@ class HookedMetastore final : public metastore::Metastore {
                                             size_t l) override {
     return m_->ListTables(b, p, a, l);
   }
-  Result<std::vector<std::string>> DeleteTable(uint64_t id) override {
-    auto r = m_->DeleteTable(id);
+  Result<std::vector<std::string>> DeleteTable(uint64_t id, bool with_group_offsets) override {
+    auto r = m_->DeleteTable(id, with_group_offsets);
     if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
     return r;
   }
@@ -109,7 +109,6 @@ class HookedMetastore final : public metastore::Metastore {
                                 const std::vector<std::pair<std::string, int32_t>>& p) override {
     return m_->DeletePartitionOffsets(g, p);
   }
-  Status DeleteTopicOffsets(std::string_view t) override { return m_->DeleteTopicOffsets(t); }
   Result<std::vector<std::string>> ListOffsetGroups() override { return m_->ListOffsetGroups(); }
   Result<bool> DeleteAllGroupOffsets(std::string_view g) override { return m_->DeleteAllGroupOffsets(g); }
   Result<std::vector<std::string>> ExpireGroupOffsets(int64_t ms, const std::vector<std::string>& k) override {

@@ -315,6 +315,7 @@ class BrokerTest : public ::testing::Test {
   void OpenEngine() {
     log::EngineOptions o;
     o.node = "n1";
+    o.group_offsets_basin = kKafkaBasin;
     o.settle_interval = Duration::zero();
     o.wal.retry_initial = 1ms;
     o.wal.retry_max = 5ms;
@@ -1831,6 +1832,35 @@ TEST_F(BrokerTest, DeletedTopicsLoseTheirCommittedOffsets) {
   f.topics = std::vector<OffsetFetchRequestTopic>{{"reborn", {0}}};
   auto resp = Call(f, 5, DecodeOffsetFetchResponse);
   EXPECT_EQ(resp.topics.at(0).partitions.at(0).committed_offset, -1);
+}
+
+TEST_F(BrokerTest, ATopicDeletedOtherwiseThanByDeleteTopicsLeavesNothingBehind) {
+  // Deleting the weir-kafka basin through REST deletes its tables through
+  // the engine, never through DeleteTopics: the committed offsets and the
+  // broker's kept size limit must go with the topic all the same.
+  std::string small = Batch({std::string(300, 's')});
+  ASSERT_EQ(CreateTopic("gone", 1, 1, {{"max.message.bytes", std::to_string(small.size() - 1)}}).error_code,
+            ErrorCode::kNone);
+  ASSERT_EQ(Produce("gone", 0, small).error_code, ErrorCode::kMessageTooLarge);  // the limit is kept now
+  ASSERT_EQ(Produce("gone", 0, Batch({"a", "b"})).error_code, ErrorCode::kNone);
+  OffsetCommitRequest c;
+  c.group_id = "g-gone";
+  c.topics.push_back(OffsetCommitRequestTopic{"gone", {OffsetCommitRequestPartition{0, 2, -1, -1, ""}}});
+  ASSERT_EQ(Call(c, 2, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  ASSERT_OK(engine_->DeleteTable(kKafkaBasin, "gone"));
+  // Auto-created again, with the default limit and no committed offset.
+  EXPECT_EQ(Produce("gone", 0, small).error_code, ErrorCode::kNone);
+  OffsetFetchRequest f;
+  f.group_id = "g-gone";
+  f.topics = std::vector<OffsetFetchRequestTopic>{{"gone", {0}}};
+  EXPECT_EQ(Call(f, 5, DecodeOffsetFetchResponse).topics.at(0).partitions.at(0).committed_offset, -1);
+}
+
+TEST_F(BrokerTest, InitRefusesAnEngineKeepingGroupOffsetsElsewhere) {
+  BrokerOptions o = Options();
+  o.basin = "other-kafka";
+  Broker other(o, engine_.get(), meta_);
+  EXPECT_EQ(other.Init().code(), Code::kInvalidArgument);
 }
 
 // ---- Consumer groups ------------------------------------------------------------------

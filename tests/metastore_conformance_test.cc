@@ -1259,7 +1259,7 @@ TEST_P(MetastoreConformance, CreateTableKindAndMaximumBuckets) {
   EXPECT_EQ(created.second.back().name, "pk/9999");
   EXPECT_EQ(m().GetTable("b", "pk")->kind, "primary-key");
   EXPECT_TRUE(m().GetStream("b", "pk/9999").ok());
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(created.first.id));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(created.first.id, false));
   EXPECT_TRUE(keys.empty());
   EXPECT_TRUE(StreamNames("b", "").empty());
 }
@@ -1370,7 +1370,7 @@ TEST_P(MetastoreConformance, DeleteTableRemovesBucketsStatesAndSegments) {
   const MetastoreCounters& c = m().counters();
   const uint64_t txns = c.transactions.load();
   const uint64_t writes = c.writes.load();
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(orders.id));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(orders.id, false));
   EXPECT_EQ(c.transactions.load() - txns, 1u);
   EXPECT_EQ(c.writes.load() - writes, 1u);
   std::sort(keys.begin(), keys.end());
@@ -1390,8 +1390,8 @@ TEST_P(MetastoreConformance, DeleteTableRemovesBucketsStatesAndSegments) {
   EXPECT_EQ(m().GetStreamState(k0)->settled_offset, 1u);
   EXPECT_TRUE(m().GetStreamById(plain).ok());
 
-  EXPECT_EQ(m().DeleteTable(orders.id).status().code(), Code::kNotFound);
-  EXPECT_EQ(m().DeleteTable(123456).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteTable(orders.id, false).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteTable(123456, false).status().code(), Code::kNotFound);
   // A settle of a deleted bucket is skipped, like any deleted stream.
   ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(b0, 20, 30)}, {State(b0, 30)}));
   EXPECT_TRUE(Segments(b0).empty());
@@ -1402,7 +1402,7 @@ TEST_P(MetastoreConformance, DeleteTableRemovesBucketsStatesAndSegments) {
   for (const StreamInfo& s : again.second) EXPECT_GT(s.id, plain);
   if (persistent()) {
     const uint64_t last = again.first.id;
-    ASSERT_TRUE(m().DeleteTable(last).ok());
+    ASSERT_TRUE(m().DeleteTable(last, false).ok());
     Reopen();
     EXPECT_GT(MakeTable("k", "orders", 1).first.id, last);
   }
@@ -1433,7 +1433,7 @@ TEST_P(MetastoreConformance, DeleteStreamOfABucketIsRefused) {
   ASSERT_OK(m().UpdateStreamConfig(buckets[1].id, sc));
   EXPECT_EQ(m().GetStreamById(buckets[1].id)->config.retention_age_s, 60);
 
-  ASSERT_TRUE(m().DeleteTable(t.id).ok());
+  ASSERT_TRUE(m().DeleteTable(t.id, false).ok());
   EXPECT_EQ(m().DeleteStream(buckets[0].id).status().code(), Code::kNotFound);
 }
 
@@ -1444,7 +1444,7 @@ TEST_P(MetastoreConformance, DeleteBasinWithTablesIsRefused) {
   EXPECT_NE(st.message().find("tables"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("topic"), std::string::npos) << st.ToString();
   ASSERT_TRUE(m().GetTable("k", "topic").ok());
-  ASSERT_TRUE(m().DeleteTable(t.id).ok());
+  ASSERT_TRUE(m().DeleteTable(t.id, false).ok());
   ASSERT_OK(m().DeleteBasin("k"));
   EXPECT_EQ(m().GetBasin("k").status().code(), Code::kNotFound);
 }
@@ -1560,7 +1560,7 @@ TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
   EXPECT_EQ(stored.bucket_count, 4u);
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 4)).status().code(), Code::kNotFound);
   // Deleting the table takes the added buckets too.
-  ASSERT_OK(m().DeleteTable(id).status());
+  ASSERT_OK(m().DeleteTable(id, false).status());
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 3)).status().code(), Code::kNotFound);
 }
 
@@ -1600,12 +1600,22 @@ TEST_P(MetastoreConformance, DeleteGroupOffsetsOfATopic) {
   // A deleted partition can be committed again.
   ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 7)}));
   EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("t", 0, 7)}));
-  // A topic's offsets of every group go at once.
+}
+
+// A table deleted as a Kafka topic takes every group's offsets of its name
+// with it, in the same transaction; one deleted otherwise leaves them.
+TEST_P(MetastoreConformance, DeletingATopicTableDeletesItsGroupOffsets) {
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("u", 0, 2)}));
   ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 3, 8), Offset("u", 0, 9)}));
-  ASSERT_OK(m().DeleteTopicOffsets("t"));
-  EXPECT_EQ(Offsets("g"), "[]");
+  const auto plain = MakeTable("k", "u", 1);
+  ASSERT_OK(m().DeleteTable(plain.first.id, false).status());
+  const auto topic = MakeTable("k", "t", 2);
+  ASSERT_OK(m().DeleteTable(topic.first.id, true).status());
+  EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("u", 0, 2)}));
   EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("u", 0, 9)}));
-  ASSERT_OK(m().DeleteTopicOffsets("nothing"));
+  // A missing table changes nothing.
+  EXPECT_EQ(m().DeleteTable(topic.first.id, true).status().code(), Code::kNotFound);
+  EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("u", 0, 2)}));
 }
 
 TEST_P(MetastoreConformance, CountersForTablesAndGroupOffsets) {
@@ -1637,7 +1647,7 @@ TEST_P(MetastoreConformance, CountersForTablesAndGroupOffsets) {
   EXPECT_EQ(delta(), "r3 w4 t3");
   EXPECT_EQ(m().DeleteStream(created.second[0].id).status().code(), Code::kPreconditionFailed);
   EXPECT_EQ(delta(), "r3 w5 t3");
-  ASSERT_TRUE(m().DeleteTable(created.first.id).ok());
+  ASSERT_TRUE(m().DeleteTable(created.first.id, false).ok());
   EXPECT_EQ(delta(), "r3 w6 t4");
 }
 
@@ -1683,7 +1693,7 @@ TEST_P(MetastoreConformance, TablesAndGroupOffsetsSurviveReopen) {
   if (!persistent()) GTEST_SKIP() << "backend " << GetParam().name << " does not persist";
   auto [t, buckets] = MakeTable("weir-kafka", "events", 3, "{\"cleanup.policy\":\"delete\"}");
   auto [gone, gone_buckets] = MakeTable("weir-kafka", "gone", 1);
-  ASSERT_TRUE(m().DeleteTable(gone.id).ok());
+  ASSERT_TRUE(m().DeleteTable(gone.id, false).ok());
   const std::vector<GroupOffset> offsets = {Offset("events", 0, 10, "m0", 2, 111), Offset("events", 2, 30),
                                             Offset("other", 0, 1, std::string("\0\xff", 2), -1, 222)};
   ASSERT_OK(m().CommitGroupOffsets("g1", offsets));

@@ -133,6 +133,12 @@ void Broker::ExpireOffsets() {
 }
 
 Status Broker::Init() {
+  if (engine_->group_offsets_basin() != options_.basin) {
+    return InvalidArgument(
+        "the engine keeps group offsets with the tables of basin \"{}\", not the Kafka basin \"{}\" "
+        "(EngineOptions::group_offsets_basin)",
+        engine_->group_offsets_basin(), options_.basin);
+  }
   Status st = engine_->CreateBasin(options_.basin);
   if (!st.ok() && st.code() != Code::kAlreadyExists) return st.WithContext("creating the Kafka basin");
   return Status::Ok();
@@ -769,21 +775,31 @@ void Broker::InitProducerId(const std::shared_ptr<Request>& req) {
   Send(req, resp, EncodeInitProducerIdResponse);
 }
 
+void Broker::DropStaleLimits() {
+  const uint64_t now = engine_->TablesVersion();
+  if (now == limits_tables_version_) return;
+  max_message_bytes_.clear();
+  limits_tables_version_ = now;
+}
+
 bool Broker::MaxMessageBytesKnown(const std::string& topic) {
   std::lock_guard lk(limits_mu_);
+  DropStaleLimits();
   return max_message_bytes_.count(topic) > 0;
 }
 
 size_t Broker::MaxMessageBytes(const std::string& topic) {
-  uint64_t generation = 0;
+  // Read before the catalog: a table change after it keeps the answer out of
+  // the map (it may be stale), one before it is in what the catalog gives.
+  const uint64_t version = engine_->TablesVersion();
   {
     std::lock_guard lk(limits_mu_);
+    DropStaleLimits();
     if (auto it = max_message_bytes_.find(topic); it != max_message_bytes_.end()) return it->second;
-    generation = limits_generation_;
   }
   // One metastore read per topic, then memory. A missing topic gets the
-  // default (remembered too: auto-creation gives it no other, and CreateTopics
-  // forgets it first); the map is cleared if names pile up.
+  // default (auto-creation gives it no other); the map is cleared if names
+  // pile up.
   auto table = engine_->GetTable(options_.basin, topic);
   size_t limit = options_.max_batch_bytes;
   auto config = nlohmann::json::parse(table.ok() ? table->config : "{}", nullptr, /*allow_exceptions=*/false);
@@ -795,17 +811,11 @@ size_t Broker::MaxMessageBytes(const std::string& topic) {
     }
   }
   std::lock_guard lk(limits_mu_);
-  // A topic created or deleted meanwhile may have made this answer stale.
-  if (generation != limits_generation_) return limit;
+  DropStaleLimits();
+  if (version != limits_tables_version_) return limit;
   if (max_message_bytes_.size() >= 10000) max_message_bytes_.clear();
   max_message_bytes_[topic] = limit;
   return limit;
-}
-
-void Broker::ForgetLimits(const std::string& topic) {
-  std::lock_guard lk(limits_mu_);
-  max_message_bytes_.erase(topic);
-  ++limits_generation_;
 }
 
 namespace {
@@ -919,7 +929,6 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
     if (r.error_code == ErrorCode::kNone && !in.validate_only) {
       std::lock_guard lk(create_mu_);
       Status st = CreateTopic(t.name, partitions, config.dump(), cfg);
-      ForgetLimits(t.name);  // a lookup while it did not exist cached the default
       if (st.code() == Code::kAlreadyExists) {
         fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
       } else if (!st.ok()) {
@@ -1124,7 +1133,6 @@ void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<Alt
     next.uncapped_timestamps = cfg.uncapped_timestamps;
     return next;
   });
-  ForgetLimits(topic);  // max.message.bytes may have changed
   if (!st.ok()) {
     Log().warn("kafka: altering the configs of topic {}: {}", topic, st.ToString());
     out->error_code = ErrorCode::kUnknownServerError;
@@ -1330,11 +1338,7 @@ void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {
       Log().warn("kafka: deleting topic {}: {}", name, st.ToString());
       r.error_code = ErrorCode::kUnknownServerError;
     } else {
-      metrics_.topics_deleted++;
-      ForgetLimits(name);
-      // A topic created again under the name starts with no committed offsets.
-      Status offsets = meta_->DeleteTopicOffsets(name);
-      if (!offsets.ok()) Log().warn("kafka: deleting offsets of topic {}: {}", name, offsets.ToString());
+      metrics_.topics_deleted++;  // with its committed offsets (EngineOptions::group_offsets_basin)
     }
     resp.responses.push_back(std::move(r));
   }

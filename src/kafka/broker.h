@@ -82,6 +82,8 @@ class Broker : public FrameHandler {
   Broker& operator=(const Broker&) = delete;
 
   // Creates the Kafka basin if missing. Call once before serving.
+  // kInvalidArgument unless the engine's group_offsets_basin is the
+  // Kafka basin (a deleted topic's offsets would outlive it).
   Status Init();
   // The address clients are told to use (Metadata, FindCoordinator); call
   // before serving.
@@ -163,13 +165,15 @@ class Broker : public FrameHandler {
   BrokerMetrics metrics_;
   std::mutex create_mu_;  // one topic creation or growth at a time (check, then change)
   // A topic's max.message.bytes (default options_.max_batch_bytes), read from
-  // its catalog entry once and kept; forgotten when the topic is deleted.
+  // its catalog entry once and kept until any table changes (created,
+  // deleted or reconfigured, by Kafka or REST: Engine::TablesVersion).
   size_t MaxMessageBytes(const std::string& topic);
   bool MaxMessageBytesKnown(const std::string& topic);  // without a metastore read
-  void ForgetLimits(const std::string& topic);
+  // Under limits_mu_: drops the kept limits if the tables changed since.
+  void DropStaleLimits();
   std::mutex limits_mu_;
   std::map<std::string, size_t> max_message_bytes_;
-  uint64_t limits_generation_ = 0;  // bumped by ForgetLimits
+  uint64_t limits_tables_version_ = 0;  // the Engine::TablesVersion they were read at
 
   // Fetches waiting for data (long poll), so Stop can answer them: their
   // requests are otherwise held only by engine tail watches.

@@ -647,6 +647,17 @@ Status Engine::WaitForSettleRoom() {
       unsettled_bytes_.load(), unsettled_batches_.load(), options_.max_unsettled_bytes, options_.max_unsettled_batches);
 }
 
+namespace {
+// Bumps Engine::tables_version_ when a table change ends, whatever its outcome.
+struct TablesChange {
+  explicit TablesChange(std::atomic<uint64_t>* v) : version(v) {}
+  ~TablesChange() { version->fetch_add(1, std::memory_order_acq_rel); }
+  TablesChange(const TablesChange&) = delete;
+  TablesChange& operator=(const TablesChange&) = delete;
+  std::atomic<uint64_t>* version;
+};
+}  // namespace
+
 Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& table,
                                                  const metastore::StreamConfig& config) {
   if (table.name.empty() || table.name.find('/') != std::string::npos) {
@@ -654,6 +665,7 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
   }
   WEIR_RETURN_IF_ERROR(ValidateStreamName(metastore::BucketStreamName(table.name, table.bucket_count)));
   std::lock_guard tables(tables_mu_);
+  TablesChange change(&tables_version_);
   metastore::TableInfo t = table;
   t.created_at_ms = WallMillis();
   WEIR_ASSIGN_OR_RETURN(auto created, meta_->CreateTable(t, config));
@@ -676,6 +688,7 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
                                                      uint32_t new_bucket_count) {
   WEIR_RETURN_IF_ERROR(ValidateStreamName(metastore::BucketStreamName(name, new_bucket_count)));
   std::lock_guard tables(tables_mu_);
+  TablesChange change(&tables_version_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto first, GetStream(basin, metastore::BucketStreamName(name, 0)));
   WEIR_ASSIGN_OR_RETURN(auto added, meta_->AddBuckets(table.id, new_bucket_count, first.info.config, WallMillis()));
@@ -686,6 +699,7 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
 Status Engine::ReconfigureTable(const std::string& basin, const std::string& name, const std::string& config,
                                 const std::function<metastore::StreamConfig(const metastore::StreamConfig&)>& apply) {
   std::lock_guard tables(tables_mu_);
+  TablesChange change(&tables_version_);
   std::lock_guard config_lk(config_mu_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   std::vector<std::shared_ptr<Stream>> buckets;
@@ -706,6 +720,7 @@ Status Engine::ReconfigureTable(const std::string& basin, const std::string& nam
 
 Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
   std::lock_guard tables(tables_mu_);
+  TablesChange change(&tables_version_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   // Found before the delete, forgotten right after it (as DeleteStream), and
   // only then their objects deleted.
@@ -714,7 +729,8 @@ Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
     auto s = Find(basin, metastore::BucketStreamName(name, b));
     if (s.ok()) buckets.push_back(std::move(*s));
   }
-  WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteTable(table.id));
+  const bool topic = !options_.group_offsets_basin.empty() && basin == options_.group_offsets_basin;
+  WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteTable(table.id, topic));
   for (const auto& s : buckets) {
     std::vector<std::string> held = Forget(s);
     keys.insert(keys.end(), held.begin(), held.end());

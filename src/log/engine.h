@@ -82,6 +82,10 @@ struct EngineOptions {
   size_t merge_small_bytes = 1u << 20;
   Duration merge_min_age = std::chrono::minutes(10);
   bool settle_on_close = true;  // false: leave acknowledged slots for the next start to replay
+  // The basin whose tables are Kafka topics (kafka::kKafkaBasin when serving
+  // Kafka): deleting one of its tables, by any path, deletes the groups'
+  // committed offsets of that topic in the same metastore transaction.
+  std::string group_offsets_basin;
 };
 
 struct EngineMetrics {
@@ -249,6 +253,11 @@ class Engine {
   Result<std::vector<metastore::TableInfo>> ListTables(const std::string& basin, const std::string& prefix,
                                                        const std::string& start_after, size_t limit);
   Status DeleteTable(const std::string& basin, const std::string& name);
+  // Moves on whenever a table is created, deleted or reconfigured (after
+  // the metastore change, whatever its outcome): a cache of table configs
+  // drops what it read under an older value.
+  uint64_t TablesVersion() const { return tables_version_.load(std::memory_order_acquire); }
+  const std::string& group_offsets_basin() const { return options_.group_offsets_basin; }
   // Raises a table's bucket count, creating the new buckets' streams with the
   // config of bucket 0's stream, in one metastore transaction (Kafka
   // CreatePartitions). Errors as Metastore::AddBuckets.
@@ -431,6 +440,7 @@ class Engine {
   // and by the table reads: a table is never seen before its bucket streams
   // can take appends.
   std::mutex tables_mu_;
+  std::atomic<uint64_t> tables_version_{0};  // TablesVersion; bumped under tables_mu_
   std::mutex mu_;  // guards the maps and halt_thread_
   // Held by ReconfigureStream (metastore, then memory) and across
   // DeleteEmptyStreams, so a stream's stored and in-memory configs agree

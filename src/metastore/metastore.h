@@ -259,9 +259,11 @@ class Metastore {
                                                     std::string_view start_after, size_t limit) = 0;
   // One transaction: removes the table row and its bucket streams (found by
   // name), their states and segment rows; returns the segment object keys, as
-  // DeleteStream does. kNotFound if the table is missing. Consumer-group
-  // offsets of the topic are not touched (DeleteGroupOffsets).
-  virtual Result<std::vector<std::string>> DeleteTable(uint64_t table_id) = 0;
+  // DeleteStream does. kNotFound if the table is missing. With
+  // `with_group_offsets` (the table is a Kafka topic) every group's committed
+  // offsets of a topic of the table's name go in the same transaction: a
+  // topic created again under the name starts with none.
+  virtual Result<std::vector<std::string>> DeleteTable(uint64_t table_id, bool with_group_offsets) = 0;
   // One transaction: raises the table's bucket count to `new_bucket_count`
   // and creates the stream of each new bucket as CreateTable does (config
   // `stream_config`, created at `created_at_ms`); returns the table and the
@@ -293,8 +295,6 @@ class Metastore {
   // transaction (Kafka OffsetDelete); no error for those it has none of.
   virtual Status DeletePartitionOffsets(std::string_view group,
                                         const std::vector<std::pair<std::string, int32_t>>& partitions) = 0;
-  // Removes every group's offsets of one topic (the topic was deleted).
-  virtual Status DeleteTopicOffsets(std::string_view topic) = 0;
   // The groups that hold at least one committed offset, sorted (Kafka
   // ListGroups lists them even without members).
   virtual Result<std::vector<std::string>> ListOffsetGroups() = 0;

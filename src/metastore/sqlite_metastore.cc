@@ -1443,7 +1443,7 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::AddBucket
   });
 }
 
-Result<std::vector<std::string>> SqliteMetastore::DeleteTable(uint64_t table_id) {
+Result<std::vector<std::string>> SqliteMetastore::DeleteTable(uint64_t table_id, bool with_group_offsets) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteTable", [&]() -> Result<std::vector<std::string>> {
     std::vector<std::string> keys;
@@ -1465,6 +1465,10 @@ Result<std::vector<std::string>> SqliteMetastore::DeleteTable(uint64_t table_id)
         }
         // DeleteStream refuses bucket streams, so each is there; skip one that is not.
         if (stream_id) WEIR_RETURN_IF_ERROR(RemoveStream(*stream_id, &keys));
+      }
+      if (with_group_offsets) {
+        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteTopicOffsets));
+        WEIR_RETURN_IF_ERROR(st.Text(1, table.name).Run("delete topic offsets"));
       }
       WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteTable));
       return del.Int(1, I64(table_id)).Run("delete table");
@@ -1545,16 +1549,6 @@ Status SqliteMetastore::DeletePartitionOffsets(std::string_view group,
         WEIR_RETURN_IF_ERROR(st.Text(1, group).Text(2, topic).Int(3, part).Run("delete partition offset"));
       }
       return Status::Ok();
-    });
-  });
-}
-
-Status SqliteMetastore::DeleteTopicOffsets(std::string_view topic) {
-  counters_.writes.fetch_add(1, std::memory_order_relaxed);
-  return Locked("DeleteTopicOffsets", [&]() -> Status {
-    return InTransaction("delete topic offsets", [&]() -> Status {
-      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteTopicOffsets));
-      return st.Text(1, topic).Run("delete topic offsets");
     });
   });
 }

@@ -94,7 +94,7 @@ class SqliteMetastore final : public Metastore {
   Result<TableInfo> GetTable(std::string_view basin, std::string_view name) override;
   Result<std::vector<TableInfo>> ListTables(std::string_view basin, std::string_view prefix,
                                             std::string_view start_after, size_t limit) override;
-  Result<std::vector<std::string>> DeleteTable(uint64_t table_id) override;
+  Result<std::vector<std::string>> DeleteTable(uint64_t table_id, bool with_group_offsets) override;
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id, uint32_t new_bucket_count,
                                                                    const StreamConfig& stream_config,
                                                                    int64_t created_at_ms) override;
@@ -104,7 +104,6 @@ class SqliteMetastore final : public Metastore {
   Status DeleteGroupOffsets(std::string_view group, std::string_view topic) override;
   Status DeletePartitionOffsets(std::string_view group,
                                 const std::vector<std::pair<std::string, int32_t>>& partitions) override;
-  Status DeleteTopicOffsets(std::string_view topic) override;
   Result<std::vector<std::string>> ListOffsetGroups() override;
   Result<bool> DeleteAllGroupOffsets(std::string_view group) override;
   Result<std::vector<std::string>> ExpireGroupOffsets(int64_t committed_before_ms,

@@ -299,6 +299,7 @@ int RunServe(const ServeOptions& o) {
 
   log::EngineOptions eo;
   eo.node = o.node_id;
+  eo.group_offsets_basin = kafka::kKafkaBasin;
   eo.wal.window = o.pipeline_window;
   eo.wal.slot_cap_bytes = o.max_slot_bytes;
   eo.wal.linger = std::chrono::microseconds(static_cast<int64_t>(o.linger_ms * 1000));
