@@ -531,11 +531,13 @@ class FileStoreTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : nullptr;
   }
-  std::vector<std::string> TempFiles() const {
+  // The files in .weir-tmp, but for the owner files of open stores unless asked.
+  std::vector<std::string> TempFiles(bool with_owner_files = false) const {
     std::vector<std::string> names;
     std::error_code ec;
     for (fs::directory_iterator it(Root() + "/.weir-tmp", ec), end; !ec && it != end; it.increment(ec)) {
-      names.push_back(it->path().filename().string());
+      std::string name = it->path().filename().string();
+      if (with_owner_files || !name.starts_with("owner-")) names.push_back(std::move(name));
     }
     EXPECT_FALSE(ec) << ec.message();
     return names;
@@ -750,6 +752,64 @@ TEST_F(FileStoreTest, AStalledReaderNeverReturnsTheBytesOfAReusedFile) {
   }
 }
 
+// A deleted file is rewritten for another object only once its removal is
+// durable: a crash could otherwise bring the old key back onto the new
+// object's bytes. A delete whose directory sync fails removes the file.
+TEST_F(FileStoreTest, AFileJoinsTheFreePoolOnlyOnceItsRemovalIsDurable) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  auto free_files = [&] {
+    size_t n = 0;
+    for (const std::string& name : TempFiles()) n += name.starts_with("free-");
+    return n;
+  };
+  ASSERT_OK(store->Put("seg/a", std::string(5000, 'a')));
+  ASSERT_OK(store->Put("seg/b", std::string(5000, 'b')));
+  ASSERT_OK(store->Put("seg/c", std::string(5000, 'c')));
+  std::atomic<int> syncs{0};
+  SetFileStoreDirSyncHookForTest([&](const std::string& dir) -> Status {
+    if (dir != Root() + "/seg") return Status::Ok();
+    syncs++;
+    return IOError("injected: sync of {} failed", dir);
+  });
+  EXPECT_EQ(store->Delete("seg/a").code(), Code::kIOError);
+  EXPECT_EQ(store->DeleteMany(std::vector<std::string>{"seg/b"}).code(), Code::kIOError);
+  EXPECT_EQ(free_files(), 0u) << "a file whose removal is not durable was kept for reuse";
+  // A retry finds the key gone, and still syncs before it says so.
+  const int before = syncs.load();
+  EXPECT_EQ(store->Delete("seg/a").code(), Code::kIOError);
+  EXPECT_EQ(syncs.load(), before + 1);
+  SetFileStoreDirSyncHookForTest(nullptr);
+  ASSERT_OK(store->Delete("seg/a"));
+  ASSERT_OK(store->Delete("seg/c"));
+  EXPECT_EQ(free_files(), 1u);
+  EXPECT_EQ(store->Get("seg/b").status().code(), Code::kNotFound);
+}
+
+// "Already exists" is answered only once the existing object's name is
+// durable: a WAL writer retrying a create whose sync failed reads the slot
+// back and acknowledges it.
+TEST_F(FileStoreTest, ACreateOnlyPutSyncsTheExistingNameBeforeSayingItExists) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  PutOptions create_only;
+  create_only.if_none_match = true;
+  bool fail = true;
+  int syncs = 0;
+  SetFileStoreDirSyncHookForTest([&](const std::string& dir) -> Status {
+    if (dir != Root() + "/wal") return Status::Ok();
+    syncs++;
+    return fail ? IOError("injected: sync of {} failed", dir) : Status::Ok();
+  });
+  EXPECT_EQ(store->Put("wal/1", "slot", create_only).code(), Code::kIOError);  // linked, not synced
+  EXPECT_EQ(store->Put("wal/1", "slot", create_only).code(), Code::kIOError);  // not "exists" yet
+  fail = false;
+  syncs = 0;
+  EXPECT_EQ(store->Put("wal/1", "slot", create_only).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(syncs, 1);
+  SetFileStoreDirSyncHookForTest(nullptr);
+}
+
 // Many threads putting, reading and deleting their own keys while deleted
 // files are reused: every read returns exactly its key's bytes.
 TEST_F(FileStoreTest, ReusedFilesNeverLeakIntoOtherKeys) {
@@ -787,16 +847,41 @@ TEST_F(FileStoreTest, StaleTempFilesAreRemovedOnOpen) {
   { std::ofstream(fresh) << "new"; }
   const timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 2 * 3600, 0}};
   ASSERT_EQ(::utimensat(AT_FDCWD, stale.c_str(), times, 0), 0);
-  // Free files of a process that is gone go too; ours stay.
-  const std::string orphan = Root() + "/.weir-tmp/free-999999999-1-00";
-  const std::string mine = Root() + "/.weir-tmp/free-" + std::to_string(::getpid()) + "-1-00";
-  { std::ofstream(orphan) << "old object"; }
-  { std::ofstream(mine) << "old object"; }
+  // Free files of a store that is gone go too, whatever its pid was (a
+  // restarted container's process often has the crashed one's): one whose
+  // owner file nobody holds locked, or that has none (an older version's
+  // name). A live store's stay, however old.
+  auto live = Open();
+  ASSERT_TRUE(live);
+  ASSERT_OK(live->Put("obj", std::string(5000, 'x')));
+  ASSERT_OK(live->Delete("obj"));
+  auto free_files = [&] {
+    std::vector<std::string> names;
+    for (const std::string& name : TempFiles()) {
+      if (name.starts_with("free-")) names.push_back(name);
+    }
+    return names;
+  };
+  ASSERT_EQ(free_files().size(), 1u);
+  const std::string live_free = Root() + "/.weir-tmp/" + free_files().front();
+  ASSERT_EQ(::utimensat(AT_FDCWD, live_free.c_str(), times, 0), 0);
+  const std::string crashed_owner = Root() + "/.weir-tmp/owner-00000000000000aa";
+  const std::string crashed_free = Root() + "/.weir-tmp/free-00000000000000aa-1";
+  const std::string old_format = Root() + "/.weir-tmp/free-" + std::to_string(::getpid()) + "-1-00";
+  { std::ofstream(crashed_owner) << ""; }
+  { std::ofstream(crashed_free) << "old object"; }
+  { std::ofstream(old_format) << "old object"; }
   ASSERT_TRUE(Open());
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(fresh));
-  EXPECT_FALSE(fs::exists(orphan));
-  EXPECT_TRUE(fs::exists(mine));
+  EXPECT_FALSE(fs::exists(crashed_free));
+  EXPECT_FALSE(fs::exists(crashed_owner));
+  EXPECT_FALSE(fs::exists(old_format));
+  EXPECT_TRUE(fs::exists(live_free));
+  // A store closed removes its free files and its owner file.
+  live.reset();
+  EXPECT_EQ(free_files(), std::vector<std::string>{});
+  for (const std::string& name : TempFiles(true)) EXPECT_FALSE(name.starts_with("owner-")) << name;
 }
 
 TEST_F(FileStoreTest, OpenCreatesNestedDirsAndRejectsFiles) {

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -59,9 +61,18 @@ std::function<void(const std::string&)>& ReadHook() {
   return hook;
 }
 
+// SetFileStoreDirSyncHookForTest: likewise, one atomic load per directory sync.
+std::atomic<bool> g_dir_sync_hook_set{false};
+std::function<Status(const std::string&)>& DirSyncHook() {
+  static std::function<Status(const std::string&)> hook;
+  return hook;
+}
+
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 Status ErrnoStatus(int err, std::string_view what, std::string_view path) {
+  // A full disk or quota may clear (settle deletes slots): retry after backoff.
+  if (err == ENOSPC || err == EDQUOT) return ResourceExhausted("{} {}: {}", what, path, ErrnoText(err));
   return IOError("{} {}: {}", what, path, ErrnoText(err));
 }
 
@@ -83,6 +94,14 @@ class Fd {
   }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = other.release();
+    }
+    return *this;
+  }
   int get() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
   int release() { return std::exchange(fd_, -1); }
@@ -92,6 +111,9 @@ class Fd {
  private:
   int fd_;
 };
+
+// The file whose flock marks the store of that salt as alive (OwnerLock).
+std::string OwnerFileName(uint64_t salt) { return fmt::format("owner-{:016x}", salt); }
 
 // Owns a DIR* from fdopendir.
 struct DirCloser {
@@ -136,8 +158,20 @@ Status Fsync(int fd, std::string_view path) {
 }
 
 Status FsyncDir(const std::string& path) {
+  if (g_dir_sync_hook_set.load(std::memory_order_acquire)) WEIR_RETURN_IF_ERROR(DirSyncHook()(path));
   Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); }));
   if (!fd.valid()) return ErrnoStatus(errno, "open directory", path);
+  return Fsync(fd.get(), path);
+}
+
+// FsyncDir for a directory that may not exist (nothing in it to make durable).
+Status FsyncDirIfAny(const std::string& path) {
+  if (g_dir_sync_hook_set.load(std::memory_order_acquire)) WEIR_RETURN_IF_ERROR(DirSyncHook()(path));
+  Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); }));
+  if (!fd.valid()) {
+    if (errno == ENOENT || errno == ENOTDIR) return Status::Ok();
+    return ErrnoStatus(errno, "open directory", path);
+  }
   return Fsync(fd.get(), path);
 }
 
@@ -170,15 +204,18 @@ bool IsListableDir(std::string_view dir) {
 // without a journal scans every recently deleted inode). The pool is
 // in-memory only: free files of an earlier process are never reused, since
 // a crash between link and unlink can leave a temp name on a live object.
+// A file joins it only once its removal is synced (PoolFreeFiles).
 // Readers stay safe without locks: a free file is rewritten only after a
 // quarantine of a second, so a read done within half of that counts, and a
 // slower one is redone if the file's ctime moved or its key no longer names it.
 class FileStore final : public ObjectStore {
  public:
-  FileStore(std::string root, uint64_t salt)
-      : root_(std::move(root)), tmp_dir_(Join(root_, kTmpDirName)), salt_(salt) {}
+  // `owner` is the locked owner file (OwnerLock) naming this store's free files.
+  FileStore(std::string root, uint64_t salt, Fd owner)
+      : root_(std::move(root)), tmp_dir_(Join(root_, kTmpDirName)), salt_(salt), owner_(std::move(owner)) {}
   ~FileStore() override {
     for (const FreeFile& f : free_) ::unlink(f.path.c_str());
+    ::unlink(Join(tmp_dir_, OwnerFileName(salt_)).c_str());  // before owner_'s lock is released
   }
   FileStore(const FileStore&) = delete;
   FileStore& operator=(const FileStore&) = delete;
@@ -214,12 +251,18 @@ class FileStore final : public ObjectStore {
     return CatchAll("file:// List", [&] { return DoList(prefix, start_after, max_keys); });
   }
 
+  // A key already gone is answered only once its parent is synced too: the
+  // removal may be a concurrent delete's, or a failed attempt's whose sync
+  // failed. A deleted file joins the free pool only once its removal is
+  // durable, so a crash can never bring a key back onto a rewritten file.
   Status Delete(std::string_view key) override {
     return CatchAll("file:// Delete", [&]() -> Status {
-      bool removed = false;
-      WEIR_RETURN_IF_ERROR(Unlink(key, &removed));
-      if (!removed) return Status::Ok();
-      return FsyncDir(std::string(ParentOf(Join(root_, key))));
+      std::vector<PendingFree> pending;
+      WEIR_RETURN_IF_ERROR(CheckKey(key));
+      WEIR_RETURN_IF_ERROR(Unlink(key, &pending));
+      Status st = FsyncDirIfAny(std::string(ParentOf(Join(root_, key))));
+      PoolFreeFiles(std::move(pending), st.ok());
+      return st;
     });
   }
 
@@ -227,16 +270,22 @@ class FileStore final : public ObjectStore {
     return CatchAll("file:// DeleteMany", [&]() -> Status {
       Status first;
       std::vector<std::string> dirs;  // parents to fsync once each, at the end
+      std::map<std::string, std::vector<PendingFree>> pending;  // by parent
       for (const std::string& key : keys) {
-        bool removed = false;
-        Status st = Unlink(key, &removed);
+        if (Status st = CheckKey(key); !st.ok()) {
+          if (first.ok()) first = std::move(st);
+          continue;
+        }
+        std::string dir(ParentOf(Join(root_, key)));
+        Status st = Unlink(key, &pending[dir]);
         if (first.ok() && !st.ok()) first = std::move(st);
-        if (removed) dirs.emplace_back(ParentOf(Join(root_, key)));
+        dirs.push_back(std::move(dir));
       }
       std::sort(dirs.begin(), dirs.end());
       dirs.erase(std::unique(dirs.begin(), dirs.end()), dirs.end());
       for (const std::string& dir : dirs) {
-        Status st = FsyncDir(dir);
+        Status st = FsyncDirIfAny(dir);
+        PoolFreeFiles(std::move(pending[dir]), st.ok());
         if (first.ok() && !st.ok()) first = std::move(st);
       }
       return first;
@@ -416,7 +465,12 @@ class FileStore final : public ObjectStore {
       if (is_dir || err == EISDIR || err == ENOTDIR) {
         st = ConflictError(key, "a directory of the same name");
       } else if (err == EEXIST && options.if_none_match) {
-        st = PreconditionFailed("object {} already exists", key);
+        // Answered only once the existing object's name is durable: it may be
+        // a concurrent create's, or a failed attempt's whose sync failed, and
+        // a caller told "it exists" may act on it (a WAL slot read back as
+        // ours is acknowledged).
+        st = FsyncDir(std::string(ParentOf(path)));
+        if (st.ok()) st = PreconditionFailed("object {} already exists", key);
       } else {
         st = ErrnoStatus(err, options.if_none_match ? "link" : "rename", path);
       }
@@ -497,30 +551,56 @@ class FileStore final : public ObjectStore {
            a.st_ctim.tv_nsec == b.st_ctim.tv_nsec && a.st_size == b.st_size;
   }
 
-  Status Unlink(std::string_view key, bool* removed) {
-    *removed = false;
-    WEIR_RETURN_IF_ERROR(CheckKey(key));
+  // A deleted object's file, renamed out of its key and counted in
+  // free_bytes_, that joins the pool once the key's removal is durable.
+  struct PendingFree {
+    std::string path;
+    size_t size;
+  };
+
+  // Removes a checked key's file (none is not an error); a file kept for
+  // the free pool is added to `pending`, for PoolFreeFiles once its parent
+  // directory is synced.
+  Status Unlink(std::string_view key, std::vector<PendingFree>* pending) {
     const std::string path = Join(root_, key);
     struct stat st{};
-    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && KeepAsFreeFile(path, st)) {
-      *removed = true;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && KeepAsFreeFile(path, st, pending)) {
       return Status::Ok();
     }
     if (::unlink(path.c_str()) != 0) {
       if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) return Status::Ok();
       return ErrnoStatus(errno, "unlink", path);
     }
-    *removed = true;
     return Status::Ok();
   }
 
-  // Moves the regular file at `path` (whose stat is `st`) into the free pool
-  // if it fits; false leaves it where it is, for the caller to unlink.
-  bool KeepAsFreeFile(const std::string& path, const struct stat& st) {
+  // `durable`: the renames out of the keys are synced, so the files join the
+  // pool (their quarantine starts now); otherwise a crash could still bring
+  // a key back onto the file, so it is never rewritten: removed instead.
+  void PoolFreeFiles(std::vector<PendingFree> files, bool durable) {
+    if (files.empty()) return;
+    if (!durable) {
+      for (const PendingFree& f : files) ::unlink(f.path.c_str());
+    }
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(free_mu_);
+    for (PendingFree& f : files) {
+      if (durable) {
+        free_.push_back(FreeFile{std::move(f.path), f.size, now});
+      } else {
+        free_bytes_ -= f.size;
+      }
+    }
+  }
+
+  // Moves the regular file at `path` (whose stat is `st`) out of its key,
+  // into `pending` for the free pool, if it fits; false leaves it where it
+  // is, for the caller to unlink.
+  bool KeepAsFreeFile(const std::string& path, const struct stat& st, std::vector<PendingFree>* pending) {
     const auto size = static_cast<size_t>(st.st_size);
     if (size > kFreeFileMaxBytes) return false;
     const uint64_t n = tmp_counter_.fetch_add(1, std::memory_order_relaxed);
-    std::string free = Join(tmp_dir_, fmt::format("free-{}-{}-{:016x}", ::getpid(), n, salt_ ^ (n * 0x9e3779b97f4a7c15ULL)));
+    std::string free = Join(tmp_dir_, fmt::format("free-{:016x}-{}", salt_, n));
     {
       std::lock_guard lock(free_mu_);
       if (free_.size() >= kFreePoolMaxFiles || free_bytes_ + size > kFreePoolMaxBytes) return false;
@@ -540,8 +620,7 @@ class FileStore final : public ObjectStore {
       free_bytes_ -= size;
       return true;
     }
-    std::lock_guard lock(free_mu_);
-    free_.push_back(FreeFile{std::move(free), size, std::chrono::steady_clock::now()});
+    pending->push_back(PendingFree{std::move(free), size});
     return true;
   }
 
@@ -671,6 +750,7 @@ class FileStore final : public ObjectStore {
   const std::string root_;     // absolute, no trailing '/' (unless it is "/")
   const std::string tmp_dir_;  // root_/.weir-tmp
   const uint64_t salt_;        // random per store: temp names stay unique across pid reuse
+  const Fd owner_;             // holds the flock on .weir-tmp/owner-<salt>: free-<salt>-* are ours
   std::atomic<uint64_t> tmp_counter_{0};
   struct FreeFile {
     std::string path;
@@ -710,28 +790,61 @@ Status MakeRoot(const std::string& root) {
   return Status::Ok();
 }
 
-// Whether `name` is a free file ("free-PID-...") of a process that is gone.
-bool IsOrphanFreeFile(const std::string& name) {
-  if (!name.starts_with("free-")) return false;
-  const char* digits = name.c_str() + 5;
-  char* end = nullptr;
-  const long pid = std::strtol(digits, &end, 10);
-  if (end == digits || *end != '-' || pid <= 0) return false;
-  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+// Free files belong to the store that made them: `free-<salt>-<n>`, with a
+// file `owner-<salt>` that store holds an exclusive flock on (made under a
+// temporary name, locked, then renamed, so it is never seen unlocked while
+// its store lives). The lock goes with the process however it ends, so a
+// crashed store's free files are found at the next open, whatever its pid.
+Result<Fd> OwnerLock(const std::string& tmp_dir, uint64_t salt) {
+  const std::string name = tmp_dir + "/" + OwnerFileName(salt);
+  const std::string made = name + ".new";
+  Fd fd(RetryEintr([&] { return ::open(made.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644); }));
+  if (!fd.valid()) return ErrnoStatus(errno, "create", made);
+  if (RetryEintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) != 0 ||
+      ::rename(made.c_str(), name.c_str()) != 0) {
+    Status st = ErrnoStatus(errno, "lock", made);
+    ::unlink(made.c_str());
+    return st;
+  }
+  return fd;
 }
 
-// Removes temp files old enough to be leftovers of a crashed writer, and free
-// files of processes that no longer run.
+// Whether the store owning free files `free-<owner>-*` is gone: no owner file
+// (it is made before any free file; names of older versions have none), or
+// one nobody holds a lock on (then removed, with the lock held).
+bool OwnerGone(const std::string& tmp_dir, std::string_view owner) {
+  const std::string name = tmp_dir + "/owner-" + std::string(owner);
+  Fd fd(RetryEintr([&] { return ::open(name.c_str(), O_RDWR | O_CLOEXEC); }));
+  if (!fd.valid()) return errno == ENOENT;
+  if (RetryEintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) != 0) return false;
+  ::unlink(name.c_str());
+  return true;
+}
+
+// Removes temp files old enough to be leftovers of a crashed writer, and the
+// free files (and owner files) of stores that are gone.
 void RemoveStaleTemps(const std::string& tmp_dir) {
   std::error_code ec;
   const auto now = std::filesystem::file_time_type::clock::now();
+  std::map<std::string, bool, std::less<>> gone;  // owner -> OwnerGone, asked once each
   for (std::filesystem::directory_iterator it(tmp_dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code ec2;
     if (!it->is_regular_file(ec2)) continue;
-    const auto mtime = it->last_write_time(ec2);
-    if ((!ec2 && now - mtime > kStaleTmpAge) || IsOrphanFreeFile(it->path().filename().string())) {
-      std::filesystem::remove(it->path(), ec2);
+    const std::string name = it->path().filename().string();
+    if (name.starts_with("free-")) {
+      const size_t dash = name.find('-', 5);
+      const std::string owner = name.substr(5, dash == std::string::npos ? std::string::npos : dash - 5);
+      auto [g, fresh] = gone.try_emplace(owner, false);
+      if (fresh) g->second = OwnerGone(tmp_dir, owner);
+      if (g->second) std::filesystem::remove(it->path(), ec2);
+      continue;  // a live store's, however old
+    } else if (name.starts_with("owner-") && !name.ends_with(".new")) {
+      auto [g, fresh] = gone.try_emplace(name.substr(6), false);
+      if (fresh) g->second = OwnerGone(tmp_dir, name.substr(6));
+      continue;  // removed by OwnerGone if its store is gone
     }
+    const auto mtime = it->last_write_time(ec2);
+    if (!ec2 && now - mtime > kStaleTmpAge) std::filesystem::remove(it->path(), ec2);
   }
 }
 
@@ -741,6 +854,12 @@ void SetFileStoreReadHookForTest(std::function<void(const std::string& path)> ho
   g_read_hook_set.store(false, std::memory_order_release);
   ReadHook() = std::move(hook);
   if (ReadHook()) g_read_hook_set.store(true, std::memory_order_release);
+}
+
+void SetFileStoreDirSyncHookForTest(std::function<Status(const std::string& dir)> hook) {
+  g_dir_sync_hook_set.store(false, std::memory_order_release);
+  DirSyncHook() = std::move(hook);
+  if (DirSyncHook()) g_dir_sync_hook_set.store(true, std::memory_order_release);
 }
 
 Result<std::shared_ptr<ObjectStore>> OpenFileStore(const std::string& dir) {
@@ -771,7 +890,8 @@ Result<std::shared_ptr<ObjectStore>> OpenFileStore(const std::string& dir) {
 
     std::random_device rd;
     const uint64_t salt = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    return std::shared_ptr<ObjectStore>(std::make_shared<FileStore>(std::move(root), salt));
+    WEIR_ASSIGN_OR_RETURN(Fd owner, OwnerLock(tmp_dir, salt));
+    return std::shared_ptr<ObjectStore>(std::make_shared<FileStore>(std::move(root), salt, std::move(owner)));
   });
 }
 

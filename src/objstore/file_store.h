@@ -23,4 +23,9 @@ Result<std::shared_ptr<ObjectStore>> OpenFileStore(const std::string& dir);
 // Pass nullptr to remove it. Not for use while Gets are running.
 void SetFileStoreReadHookForTest(std::function<void(const std::string& path)> hook);
 
+// Tests only: every directory sync of a file:// store calls `hook(dir)`
+// first, and fails with what it returns if that is not OK (a disk error).
+// Pass nullptr to remove it. Not for use while the store is in use.
+void SetFileStoreDirSyncHookForTest(std::function<Status(const std::string& dir)> hook);
+
 }  // namespace weir::objstore
