@@ -1,7 +1,11 @@
 // The weir command line: `weir serve`, `weir bench ...`, `weir --version`.
 #include <malloc.h>
 
+#include <cstdlib>
 #include <iostream>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -13,13 +17,34 @@
 
 namespace {
 
+// A string flag's WEIR_NAME set to "": CLI11 skips empty environment values,
+// but "" means something for some flags (--kafka-addr "" turns Kafka off).
+struct EmptyEnv {
+  CLI::Option* option;
+  std::string* value;
+  std::string env;
+};
+
+// After parsing: each string flag not on the command line whose WEIR_NAME
+// is set but empty takes "", as the flag itself would.
+void ApplyEmptyEnv(const std::vector<EmptyEnv>& flags) {
+  for (const EmptyEnv& f : flags) {
+    const char* v = std::getenv(f.env.c_str());
+    if (v != nullptr && *v == '\0' && f.option->count() == 0) f.value->clear();
+  }
+}
+
 // Registers `weir serve` and its flags; each flag NAME also reads WEIR_NAME.
-CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o) {
+CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<EmptyEnv>* empty_env) {
   auto* cmd = app.add_subcommand("serve", "Run a weir node: the S2-compatible HTTP API over the WAL");
   auto opt = [&](const std::string& flag, auto& value, const std::string& help) {
     std::string env = "WEIR_";
     for (char c : flag.substr(2)) env += c == '-' ? '_' : static_cast<char>(std::toupper(c));
-    return cmd->add_option(flag, value, help)->envname(env)->capture_default_str();
+    CLI::Option* option = cmd->add_option(flag, value, help)->envname(env)->capture_default_str();
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, std::string>) {
+      empty_env->push_back(EmptyEnv{option, &value, env});
+    }
+    return option;
   };
   opt("--data-dir", o.data_dir, "Data directory (embedded default: DIR/objects and DIR/meta.db)");
   opt("--http-addr", o.http_addr, "HTTP listen address HOST:PORT (port 0 picks a free one)");
@@ -100,7 +125,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   weir::server::ServeOptions serve;
-  auto* serve_cmd = AddServe(app, serve);
+  std::vector<EmptyEnv> empty_env;
+  auto* serve_cmd = AddServe(app, serve, &empty_env);
 
   auto* bench = app.add_subcommand("bench", "Run a benchmark and print one JSON line");
   bench->require_subcommand(1);
@@ -157,7 +183,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (auto rc = client.Run()) return *rc;
 
-  if (serve_cmd->parsed()) return weir::server::RunServe(serve);
+  if (serve_cmd->parsed()) {
+    ApplyEmptyEnv(empty_env);
+    return weir::server::RunServe(serve);
+  }
 
   weir::Status st;
   std::string what;

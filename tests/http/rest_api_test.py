@@ -17,6 +17,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
@@ -430,6 +431,25 @@ class HealthAndMetricsTest(ApiTestCase):
         self.assertTrue(grew(lambda k: "bytes" in k and "pool" not in k and plain(k),
                              appends * per_append * len(body)),
                         f"no bytes counter grew by {appends * per_append * len(body)}: {sorted(after)}")
+
+        # Each family issue #4 names, by name and type.
+        text = self.scrape(self.c).text
+        for name, kind in (("weir_wal_slots_total", "counter"), ("weir_wal_put_seconds", "histogram"),
+                           ("weir_wal_ack_seconds", "histogram"), ("weir_append_ack_seconds", "histogram"),
+                           ("weir_wal_pool_bytes", "gauge"), ("weir_wal_stalls_total", "counter"),
+                           ("weir_metastore_ops_total", "counter")):
+            self.assertRegex(text, rf"(?m)^# TYPE {name} {kind}$", f"{name} is not a {kind}")
+        self.assertGreaterEqual(after["weir_wal_slots_total"] - before["weir_wal_slots_total"], 1)
+        for name in ("weir_wal_put_seconds", "weir_wal_ack_seconds"):
+            self.assertGreaterEqual(after[name + "_count"] - before[name + "_count"], 1, name)
+        self.assertGreaterEqual(after["weir_append_ack_seconds_count"] - before["weir_append_ack_seconds_count"],
+                                appends)
+        for cause in ("budget_uploads", "budget_halted", "window", "admission_timeout"):
+            self.assertIn(f'weir_wal_stalls_total{{cause="{cause}"}}', after)
+        self.assertGreater(after['weir_metastore_ops_total{op="read"}'], 0)
+        # Creating the stream was a metastore write.
+        self.assertGreaterEqual(after['weir_metastore_ops_total{op="write"}']
+                                - before['weir_metastore_ops_total{op="write"}'], 1)
 
 
 # --------------------------------------------------------------------------
@@ -1785,6 +1805,68 @@ class BackpressureTest(ClosingTestCase):
             if sys.exc_info()[0] is not None:
                 print(server.log_tail())
             server.cleanup()
+
+
+class ServeFlagsTest(ClosingTestCase):
+    """weir serve's flags through their WEIR_<NAME> variables, on servers of
+    their own; and the SSE error event a draining server ends sessions with."""
+
+    @staticmethod
+    def metric(server, name):
+        text = Client(server).get("/metrics").text
+        m = re.search(rf"(?m)^{re.escape(name)} (\S+)$", text)
+        return float(m.group(1)) if m else None
+
+    def test_flags_from_the_environment(self):
+        with tempfile.TemporaryDirectory() as d:
+            objects, meta = os.path.join(d, "objects-elsewhere"), os.path.join(d, "meta-elsewhere.db")
+            env = {"WEIR_KAFKA_ADDR": "",  # "" turns Kafka off, as the flag does
+                   "WEIR_OBJECT_STORE": "file://" + objects, "WEIR_METASTORE": "sqlite://" + meta,
+                   "WEIR_NODE_ID": "node-env", "WEIR_PIPELINE_WINDOW": "3", "WEIR_LINGER_MS": "2",
+                   "WEIR_INJECT_PUT_AMBIGUOUS_RATE": "0.5"}
+            server = WeirServer(WEIR, data_dir=os.path.join(d, "data"), env=env)
+            ALL_SERVERS.append(server)
+            self.addCleanup(server.cleanup)
+            server.start()
+            self.assertIsNone(server.kafka_addr, "WEIR_KAFKA_ADDR=\"\" left the Kafka listener on")
+            c = Client(server)
+            s = unique("env")
+            c.create_stream(s)
+            for i in range(20):
+                c.append(s, [{"body": f"e{i}"}])
+            # Half the PUTs landed but answered a timeout: each was read back.
+            self.assertGreater(self.metric(server, "weir_wal_put_ambiguous_resolved_total"), 0)
+            self.assertTrue(os.path.isdir(os.path.join(objects, "wal", "node-env")), os.listdir(objects))
+            self.assertTrue(os.path.isfile(meta))
+            self.assertFalse(os.path.exists(os.path.join(d, "data", "objects")))
+            server.restart()
+            self.assertEqual([r["body"] for r in Client(server).read_all(s)], [f"e{i}" for i in range(20)])
+            server.stop()
+
+    def test_kafka_off_by_flag(self):
+        server = start_server(args=["--kafka-addr", ""])
+        self.addCleanup(stop_server, server)
+        self.assertIsNone(server.kafka_addr)
+        self.assertEqual(Client(server).get("/health").status_code, 200)
+
+    def test_a_draining_server_ends_sse_sessions_with_an_error_event(self):
+        server = start_server()
+        self.addCleanup(server.cleanup)
+        c = Client(server)
+        s = unique("drain-sse")
+        c.create_stream(s)
+        c.append(s, [{"body": "before"}])
+        sse = Sse(server, s, {"seq_num": 0}, timeout=120)
+        self.addCleanup(sse.close)
+        events = sse.events()
+        first = next(events)
+        self.assertEqual(first.get("event"), "batch", first)
+        server.proc.send_signal(signal.SIGTERM)
+        rest = list(events)
+        errors = [e for e in rest if e.get("event") == "error"]
+        self.assertEqual(len(errors), 1, rest)
+        self.assertEqual(json.loads(errors[0]["data"])["code"], "server_draining", errors[0])
+        self.assertEqual(server.stop(), 0)
 
 
 class LifecycleTest(ClosingTestCase):

@@ -47,7 +47,8 @@ class WeirServer:
 
     # --- lifecycle -------------------------------------------------------
     def command(self):
-        kafka = [] if any(a.startswith("--kafka-addr") for a in self.args) else ["--kafka-addr", "127.0.0.1:0"]
+        named = any(a.startswith("--kafka-addr") for a in self.args) or "WEIR_KAFKA_ADDR" in (self.env or {})
+        kafka = [] if named else ["--kafka-addr", "127.0.0.1:0"]
         return [self.binary, "serve", "--data-dir", self.data_dir,
                 "--http-addr", "127.0.0.1:0"] + kafka + self.args
 
