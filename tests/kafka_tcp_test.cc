@@ -126,7 +126,7 @@ std::string ReadFrame(int fd, int timeout_ms = 10000) {
 }
 
 TEST_F(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswered) {
-  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000}));
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000, .small_frame_bytes = 0}));
 
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);
   ASSERT_GE(a, 0);
@@ -160,7 +160,7 @@ TEST_F(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAns
 }
 
 TEST_F(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
-  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000}));
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000, .small_frame_bytes = 0}));
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);
   ASSERT_TRUE(SendFrame(a, std::string(900, 'a')));
   ASSERT_TRUE(handler.WaitFor(1));
@@ -315,6 +315,51 @@ TEST(KafkaTcpOrdering, OrderedWorkRunsInRequestOrderOneAtATime) {
 }
 
 // Every request goes through PostOneAtATime and answers with `size` bytes.
+// A client that announces a frame and sends it slowly cannot hold its budget
+// for long: the body must be whole within the stall timeout.
+TEST_F(KafkaTcpServer, ABodyNotWholeWithinTheStallTimeoutClosesTheConnection) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .stall_timeout = 300ms}));
+  int a = Connect(addr);
+  ASSERT_GE(a, 0);
+  const char header[4] = {0, 0, 0x03, static_cast<char>(0x84)};  // 900 bytes
+  ASSERT_EQ(::send(a, header, 4, MSG_NOSIGNAL), 4);
+  ASSERT_EQ(::send(a, "only a part", 11, MSG_NOSIGNAL), 11);
+  EXPECT_TRUE(ClosedByPeer(a, 10000));
+  EXPECT_EQ(server->metrics().stalled.load(), 1u);
+  EXPECT_TRUE(WaitUntil([&] { return server->metrics().in_flight_bytes.load() == 0; }));
+  EXPECT_EQ(handler.count(), 0u);
+  // A body sent whole, however long after its size, is read.
+  int b = Connect(addr);
+  ASSERT_TRUE(SendFrame(b, "prompt"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  handler.AnswerAll();
+  EXPECT_EQ(ReadFrame(b), "prompt");
+  ::close(a);
+  ::close(b);
+}
+
+// Small frames (heartbeats, commits, fetch requests) have a share of the
+// budget of their own: big frames waiting for room never hold them up.
+TEST_F(KafkaTcpServer, SmallFramesDoNotWaitBehindBigOnes) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 1 << 20, .max_in_flight_bytes = 800 << 10}));
+  int a = Connect(addr), b = Connect(addr), c = Connect(addr);
+  ASSERT_TRUE(SendFrame(a, std::string(600 << 10, 'a')));  // the big share (700 KiB) is mostly taken
+  ASSERT_TRUE(handler.WaitFor(1));
+  ASSERT_TRUE(SendFrame(b, std::string(600 << 10, 'b')));  // waits for it
+  ASSERT_TRUE(WaitUntil([&] { return server->metrics().budget_waits.load() == 1; }));
+  ASSERT_TRUE(SendFrame(c, "heartbeat"));  // read at once, from its own share
+  ASSERT_TRUE(handler.WaitFor(2));
+  handler.Answer(1);
+  EXPECT_EQ(ReadFrame(c), "heartbeat");
+  EXPECT_EQ(handler.count(), 2u);  // b still waits
+  handler.Answer(0);
+  EXPECT_EQ(ReadFrame(a, 30000).size(), size_t{600} << 10);
+  ASSERT_TRUE(handler.WaitFor(3));
+  handler.Answer(2);
+  EXPECT_EQ(ReadFrame(b, 30000).size(), size_t{600} << 10);
+  for (int fd : {a, b, c}) ::close(fd);
+}
+
 class BigAnswerHandler : public FrameHandler {
  public:
   explicit BigAnswerHandler(size_t size) : size_(size) {}
@@ -352,6 +397,31 @@ TEST(KafkaTcpOneAtATime, AClientThatDoesNotReadHoldsOneLargeResponse) {
     EXPECT_EQ(got.substr(0, 2), "f" + std::to_string(i));
   }
   EXPECT_EQ(handler.started(), 8);
+  ::close(fd);
+  (*server)->Stop();
+}
+
+TEST(KafkaTcpOneAtATime, AClientThatStopsReadingIsClosedAfterTheStallTimeout) {
+  BigAnswerHandler handler(16 << 20);
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 2, .stall_timeout = 2s}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int fd = Connect((*server)->address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendFrame(fd, "f0"));
+  // Reading a little now and then is progress: the connection stays.
+  size_t read = 0;
+  for (int i = 0; i < 12; ++i) {
+    std::this_thread::sleep_for(250ms);
+    std::vector<char> buf(1 << 20);
+    ssize_t r = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    ASSERT_GT(r, 0) << "closed while the client read";
+    read += static_cast<size_t>(r);
+  }
+  ASSERT_LT(read, size_t{16} << 20) << "the whole answer fit in the socket buffers; the test proves nothing";
+  EXPECT_EQ((*server)->metrics().stalled.load(), 0u);
+  // Reading nothing for longer than the stall timeout closes it.
+  ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().stalled.load() == 1; }));
+  EXPECT_TRUE(WaitUntil([&] { return (*server)->metrics().open_connections.load() == 0; }));
   ::close(fd);
   (*server)->Stop();
 }

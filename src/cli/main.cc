@@ -101,6 +101,10 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       ->check(CLI::Range(1, 1 << 20));
   opt("--kafka-max-connections", o.kafka_max_connections, "Open Kafka connections; more are closed on accept")
       ->check(CLI::Range(1, 1 << 20));
+  opt("--kafka-stall-timeout-s", o.kafka_stall_timeout_s,
+      "A Kafka request body not whole this long after its size, or responses not read for as long, ends the "
+      "connection")
+      ->check(CLI::Range(1.0, 86400.0));
   opt("--inject-put-latency-ms", o.inject_put_latency_ms, "Test/bench: object store PUT latency P50[,P99] in ms")
       ->delimiter(',')
       ->expected(1, 2)

@@ -1,10 +1,12 @@
 #include "kafka/tcp_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
 #include <mutex>
 #include <set>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -26,7 +28,15 @@ class Connection;
 class TcpServer::Impl {
  public:
   Impl(const TcpServerOptions& o, FrameHandler* h)
-      : options(o), handler(h), budget(o.max_in_flight_bytes, &metrics.in_flight_bytes, &metrics.budget_waits) {}
+      : options(o),
+        handler(h),
+        small_budget(SmallShare(o), &metrics.in_flight_bytes, &metrics.budget_waits),
+        budget(std::max<size_t>(o.max_in_flight_bytes - SmallShare(o), 1), &metrics.in_flight_bytes,
+               &metrics.budget_waits) {}
+
+  static size_t SmallShare(const TcpServerOptions& o) {
+    return o.small_frame_bytes == 0 ? 0 : std::max<size_t>(o.max_in_flight_bytes / 8, 1);
+  }
 
   const TcpServerOptions options;
   FrameHandler* const handler;
@@ -35,8 +45,14 @@ class TcpServer::Impl {
   TcpServerMetrics metrics;
   // Request frames (options.max_in_flight_bytes). The connections set keeps
   // waiting connections alive.
+  // Small frames (options.small_frame_bytes) have a share of their own, so
+  // they never wait behind big ones; which budget is a function of the size.
+  ByteBudget<std::weak_ptr<Connection>> small_budget;
   ByteBudget<std::weak_ptr<Connection>> budget;
-  void Release(size_t n) { budget.Release(n); }
+  ByteBudget<std::weak_ptr<Connection>>& BudgetFor(size_t n) {
+    return n <= options.small_frame_bytes ? small_budget : budget;
+  }
+  void Release(size_t n) { BudgetFor(n).Release(n); }
 
   // Declared after ioc, so destroyed first: work posted to the pool after
   // Stop joined it (it never runs) holds connections, whose sockets and
@@ -67,7 +83,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(TcpServer::Impl* srv, tcp::socket socket)
       : srv_(srv),
         socket_(std::move(socket)),
-        idle_(socket_.get_executor()) {
+        idle_(socket_.get_executor()),
+        body_timer_(socket_.get_executor()),
+        write_timer_(socket_.get_executor()) {
     ErrorCode ec;
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? "unknown" : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -166,6 +184,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ReadHeader() {
     if (closed_ || reading_ || stop_reading_) return;
     if (slots_.size() >= srv_->options.max_in_flight) return;  // resumed by OnAnswer
+    if (unwritten_bytes_ > srv_->options.max_unwritten_bytes) return;  // resumed by the write
     reading_ = true;
     net::async_read(socket_, net::buffer(size_buf_, 4), [self = shared_from_this()](ErrorCode ec, size_t) {
       self->reading_ = false;
@@ -184,7 +203,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       // Reading stays marked busy while the frame waits for budget.
       self->reading_ = true;
-      if (self->srv_->budget.ReserveOrWait(self, n)) self->ReadBody(n);
+      if (self->srv_->BudgetFor(n).ReserveOrWait(self, n)) self->ReadBody(n);
     });
   }
 
@@ -204,13 +223,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
-  // `n` bytes of budget are reserved; they pass to the request's Reply.
+  // `n` bytes of budget are reserved; they pass to the request's Reply. The
+  // body must be whole within the stall timeout: a client that announces a
+  // frame and sends it slowly holds budget others wait for.
   void ReadBody(uint32_t n) {
     reading_ = true;
     auto frame = std::make_shared<std::string>(n, '\0');
+    const uint64_t body = ++bodies_;
+    body_timer_.expires_after(srv_->options.stall_timeout);
+    body_timer_.async_wait([self = shared_from_this(), body, n](ErrorCode ec) {
+      if (ec || self->closed_ || self->bodies_ != body || !self->reading_) return;
+      self->srv_->metrics.stalled++;
+      Log().warn("kafka: {} did not send the rest of a {}-byte request within {} ms; closing", self->peer_, n,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(self->srv_->options.stall_timeout).count());
+      self->CloseNow();
+    });
     net::async_read(socket_, net::buffer(frame->data(), n),
                     [self = shared_from_this(), frame, n](ErrorCode ec, size_t) {
                       self->reading_ = false;
+                      self->body_timer_.cancel();
                       if (ec) {
                         self->srv_->Release(n);
                         return self->CloseNow();
@@ -235,6 +266,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     s.close = close;
     if (close) stop_reading_ = true;
     if (respond) {
+      unwritten_bytes_ += response.size();
       uint32_t n = static_cast<uint32_t>(response.size());
       s.prefix[0] = static_cast<char>(n >> 24);
       s.prefix[1] = static_cast<char>(n >> 16);
@@ -272,18 +304,65 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Flush();
     }
     writing_ = true;
-    net::async_write(socket_, bufs, [self = shared_from_this(), count, close_after](ErrorCode ec, size_t) {
-      self->writing_ = false;
-      if (self->closed_) return self->DropSlots();  // closed while the write used the slots' buffers
-      self->Pop(count);
-      if (ec || close_after) return self->CloseNow();
-      self->ReadHeader();
-      self->Flush();
+    write_bufs_ = std::move(bufs);
+    write_next_ = 0;
+    write_progress_ = std::chrono::steady_clock::now();
+    ArmWriteTimer(srv_->options.stall_timeout);
+    WriteSome(count, close_after);
+  }
+
+  // Writes write_bufs_ from write_next_ on, a write_some at a time, so a
+  // stall is judged by progress: a slow reader keeps its connection, one
+  // that stopped reading does not.
+  void WriteSome(size_t count, bool close_after) {
+    socket_.async_write_some(
+        std::span(write_bufs_).subspan(write_next_),
+        [self = shared_from_this(), count, close_after](ErrorCode ec, size_t written) {
+          if (!ec && !self->closed_) {
+            self->write_progress_ = std::chrono::steady_clock::now();
+            auto& bufs = self->write_bufs_;
+            size_t& i = self->write_next_;
+            while (written > 0 && i < bufs.size()) {
+              const size_t take = std::min(written, bufs[i].size());
+              bufs[i] += take;
+              written -= take;
+              if (bufs[i].size() == 0) ++i;
+            }
+            while (i < bufs.size() && bufs[i].size() == 0) ++i;
+            if (i < bufs.size()) return self->WriteSome(count, close_after);
+          }
+          self->writing_ = false;
+          self->write_bufs_.clear();
+          if (self->closed_) return self->DropSlots();  // closed while the write used the slots' buffers
+          self->Pop(count);
+          if (ec || close_after) return self->CloseNow();
+          self->ReadHeader();
+          self->Flush();
+        });
+  }
+
+  void ArmWriteTimer(Duration after) {
+    if (write_timer_armed_) return;
+    write_timer_armed_ = true;
+    write_timer_.expires_after(after);
+    write_timer_.async_wait([self = shared_from_this()](ErrorCode ec) {
+      self->write_timer_armed_ = false;
+      if (ec || self->closed_ || !self->writing_) return;
+      const Duration stall = self->srv_->options.stall_timeout;
+      const auto still = std::chrono::steady_clock::now() - self->write_progress_;
+      if (still < stall) return self->ArmWriteTimer(std::chrono::duration_cast<Duration>(stall - still));
+      self->srv_->metrics.stalled++;
+      Log().warn("kafka: {} read none of its responses for {} ms; closing", self->peer_,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(stall).count());
+      self->CloseNow();
     });
   }
 
   void Pop(size_t count) {
-    for (size_t i = 0; i < count; ++i) slots_.pop_front();
+    for (size_t i = 0; i < count; ++i) {
+      unwritten_bytes_ -= slots_.front().bytes.size();
+      slots_.pop_front();
+    }
     first_seq_ += count;
     // The one-at-a-time request is answered and written: start the next.
     if (one_at_a_time_ && *one_at_a_time_ < first_seq_) {
@@ -310,6 +389,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void DropSlots() {
     first_seq_ += slots_.size();
     slots_.clear();
+    unwritten_bytes_ = 0;
   }
 
   void CloseNow() {
@@ -318,6 +398,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
     idle_.cancel();
+    body_timer_.cancel();
+    write_timer_.cancel();
     for (auto& s : slots_) {
       if (!s.done) srv_->metrics.in_flight--;
       s.done = true;
@@ -332,6 +414,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   TcpServer::Impl* srv_;
   tcp::socket socket_;
   net::steady_timer idle_;
+  net::steady_timer body_timer_;   // the frame body being read: stall_timeout
+  uint64_t bodies_ = 0;            // frame bodies begun; tells a stale body_timer_ firing apart
+  net::steady_timer write_timer_;  // the write in progress: stall_timeout without progress
+  bool write_timer_armed_ = false;
+  std::vector<net::const_buffer> write_bufs_;  // the write in progress, from write_next_ on
+  size_t write_next_ = 0;
+  std::chrono::steady_clock::time_point write_progress_;
+  size_t unwritten_bytes_ = 0;  // answered responses not yet written (max_unwritten_bytes)
   OrderedQueue ordered_;  // PostInOrder work (not an asio strand on the pool: this may outlive it)
   std::string peer_;
   char size_buf_[4] = {};

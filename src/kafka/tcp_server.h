@@ -18,9 +18,17 @@
 // answered hold at most max_in_flight_bytes across all connections: a
 // connection whose next frame does not fit waits (in arrival order) before
 // reading its body, so memory stays bounded however many clients send; a
-// frame alone is always admitted. At most max_connections are open; more are
-// closed on accept. A Reply dropped unanswered closes the connection (the
-// client would otherwise wait forever).
+// frame alone is always admitted. Frames up to small_frame_bytes (heartbeats,
+// commits, fetch requests) have a share of that budget of their own, so big
+// frames waiting for room never hold them up. A frame's body must arrive
+// within stall_timeout of being admitted, and a response write that makes no
+// progress for stall_timeout closes the connection: a client that sends or
+// reads slowly cannot hold the budget or its responses for long. A
+// connection holding more than max_unwritten_bytes of answered, unwritten
+// responses reads no further request until they are written. At most
+// max_connections are open; more are closed on accept. A Reply dropped
+// unanswered closes the connection (the client would otherwise wait
+// forever).
 #pragma once
 
 #include <atomic>
@@ -83,6 +91,12 @@ struct TcpServerOptions {
   int worker_threads = 4;
   size_t max_in_flight = 64;                           // per connection
   size_t max_in_flight_bytes = 512u << 20;             // request frames, all connections
+  // Frames up to this size are admitted from a share of max_in_flight_bytes
+  // of their own (an eighth), the rest from the other seven eighths (0: one
+  // budget for all).
+  size_t small_frame_bytes = 64u << 10;
+  size_t max_unwritten_bytes = 64u << 20;              // per connection: reading pauses past it
+  Duration stall_timeout = std::chrono::seconds(60);
   size_t max_connections = 4096;
   Duration idle_timeout = std::chrono::minutes(10);    // Kafka's connections.max.idle.ms
   // false: Start binds (address() is known) but accepts only once
@@ -94,6 +108,7 @@ struct TcpServerMetrics {
   std::atomic<uint64_t> connections{0}, requests{0}, oversized{0}, closed_by_handler{0};
   std::atomic<uint64_t> rejected_connections{0};  // over max_connections
   std::atomic<uint64_t> budget_waits{0};          // frames that waited for max_in_flight_bytes
+  std::atomic<uint64_t> stalled{0};               // connections closed by stall_timeout
   std::atomic<int64_t> open_connections{0}, in_flight{0};
   std::atomic<int64_t> in_flight_bytes{0};        // request frames read and not yet answered
 };

@@ -350,6 +350,7 @@ int RunServe(const ServeOptions& o) {
     ko.max_request_bytes = o.kafka_max_request_bytes;
     ko.max_in_flight_bytes = o.kafka_max_in_flight_mib << 20;
     ko.max_connections = o.kafka_max_connections;
+    ko.stall_timeout = std::chrono::microseconds(static_cast<int64_t>(o.kafka_stall_timeout_s * 1e6));
     ko.worker_threads = std::max(2, o.worker_threads / 2);
     ko.accept_at_start = false;  // until the broker knows the address it advertises
     auto ks = kafka::TcpServer::Start(ko, broker.get());

@@ -51,6 +51,7 @@ struct ServeOptions {
   size_t kafka_max_request_bytes = 100u << 20;
   size_t kafka_max_in_flight_mib = 512;  // request frames read and not yet answered
   size_t kafka_max_connections = 4096;
+  double kafka_stall_timeout_s = 60;  // a request body not whole, or responses not read, this long
   // Object-store fault injection, for tests and benchmarks.
   std::vector<double> inject_put_latency_ms;  // P50 or P50,P99
   double inject_put_error_rate = 0;
