@@ -201,10 +201,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
                    self->srv_->options.max_request_bytes);
         return self->CloseAfterPending();
       }
-      // Reading stays marked busy while the frame waits for budget.
+      // Reading stays marked busy while the frame waits for budget, or for
+      // this connection's unwritten responses to be written.
       self->reading_ = true;
-      if (self->srv_->BudgetFor(n).ReserveOrWait(self, n)) self->ReadBody(n);
+      if (self->unwritten_bytes_ > self->srv_->options.max_unwritten_bytes) {
+        self->held_frame_ = n;  // admitted once the write brings them under (ResumeHeld)
+        return;
+      }
+      self->Admit(n);
     });
+  }
+
+  void Admit(uint32_t n) {
+    if (srv_->BudgetFor(n).ReserveOrWait(shared_from_this(), n)) ReadBody(n);
+  }
+
+  // After a write: a frame held back by unwritten responses goes on.
+  void ResumeHeld() {
+    if (!held_frame_ || unwritten_bytes_ > srv_->options.max_unwritten_bytes || closed_ || stop_reading_) return;
+    const uint32_t n = *held_frame_;
+    held_frame_.reset();
+    Admit(n);
   }
 
  public:
@@ -336,6 +353,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
           if (self->closed_) return self->DropSlots();  // closed while the write used the slots' buffers
           self->Pop(count);
           if (ec || close_after) return self->CloseNow();
+          self->ResumeHeld();
           self->ReadHeader();
           self->Flush();
         });
@@ -422,6 +440,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t write_next_ = 0;
   std::chrono::steady_clock::time_point write_progress_;
   size_t unwritten_bytes_ = 0;  // answered responses not yet written (max_unwritten_bytes)
+  std::optional<uint32_t> held_frame_;  // a frame's size read while over max_unwritten_bytes
   OrderedQueue ordered_;  // PostInOrder work (not an asio strand on the pool: this may outlive it)
   std::string peer_;
   char size_buf_[4] = {};
