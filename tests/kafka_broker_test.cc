@@ -24,6 +24,7 @@
 #include "kafka/api_table.h"
 #include "metastore/metastore.h"
 #include "objstore/mem_store.h"
+#include "socket_util.h"
 #include "test_support.h"
 #include "wal/record_batch.h"
 
@@ -1306,6 +1307,19 @@ TEST_F(BrokerTest, FetchLongPollAnswersWhenTheTopicIsDeleted) {
   EXPECT_TRUE(pd.error_code == ErrorCode::kNone || pd.error_code == ErrorCode::kUnknownTopicOrPartition)
       << ErrorName(pd.error_code);
   EXPECT_TRUE(Batches(pd).empty());
+}
+
+TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesWatchesItOnce) {
+  ASSERT_EQ(CreateTopic("dup", 1).error_code, ErrorCode::kNone);
+  std::vector<std::pair<int32_t, int64_t>> parts(1000, {0, 0});
+  Pending waiting = Start(FetchReq("dup", parts, /*max_wait_ms=*/20000, /*min_bytes=*/1), 11);
+  ASSERT_TRUE(weir::testing::WaitUntil([&] { return engine_->TailWatchCount(kKafkaBasin, "dup/0") > 0; }));
+  EXPECT_EQ(engine_->TailWatchCount(kKafkaBasin, "dup/0"), 1u);
+  ASSERT_EQ(Produce("dup", 0, Batch({"wakes"})).error_code, ErrorCode::kNone);
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  ASSERT_EQ(resp.responses.size(), 1u);
+  EXPECT_FALSE(Batches(resp.responses[0].partitions.at(0)).empty());
+  EXPECT_EQ(engine_->TailWatchCount(kKafkaBasin, "dup/0"), 0u);
 }
 
 TEST_F(BrokerTest, FetchSessionsAreNotKept) {

@@ -1,6 +1,7 @@
 #include "kafka/broker.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <set>
 #include <type_traits>
@@ -419,7 +420,11 @@ constexpr int32_t kMaxFetchWaitMs = 30000;
 struct FetchState {
   std::mutex mu;
   bool answered = false;     // the response is sent (or being built to send)
-  bool waiting = false;      // watches are set and no read of it is running
+  // Watches are set and no read of it is running. Whoever clears it (a
+  // watch, the timer, Stop) takes the fetch; atomic so a watch firing on the
+  // WAL's thread takes it without waiting for `mu`, which a fetch holds
+  // while it registers its watches.
+  std::atomic<bool> waiting{false};
   bool timer_armed = false;  // max_wait_ms runs from the first wait
   bool expired = false;      // max_wait_ms is over: the next read answers
   std::vector<std::pair<std::string, uint64_t>> watches;  // (stream, watch id)
@@ -533,22 +538,25 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
     }
     if (!state->expired && !stopped) {
       auto wake = [this, req, state] {
-        {
-          std::lock_guard lk2(state->mu);
-          if (!state->waiting) return;  // another watch, or the timer, took it
-          state->waiting = false;
-        }
+        if (!state->waiting.exchange(false)) return;  // another watch, or the timer, took it
         req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/false); });
       };
       state->waiting = true;
+      // One watch per stream, however often the request names its partition
+      // (Kafka keys a fetch's partitions by name too).
+      std::sort(waits.begin(), waits.end());
+      waits.erase(std::unique(waits.begin(), waits.end(),
+                              [](const auto& a, const auto& b) { return a.first == b.first; }),
+                  waits.end());
       for (auto& [stream, offset] : waits) {
         auto id = engine_->WatchTail(options_.basin, stream, offset, wake);
         if (id.ok() && *id != 0) {
           state->watches.emplace_back(stream, *id);
         } else {
-          // Moved already (or gone): read again now.
-          state->waiting = false;
-          req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/false); });
+          // Moved already (or gone): read again now, unless a watch took it.
+          if (state->waiting.exchange(false)) {
+            req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/false); });
+          }
           break;
         }
       }
@@ -569,8 +577,7 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
                               if (st->answered) return;
                               st->expired = true;
                               // A read that is running sees `expired` and answers.
-                              if (!st->waiting) return;
-                              st->waiting = false;
+                              if (!st->waiting.exchange(false)) return;
                             }
                             r->reply->Post([this, r, st] { FinishFetch(r, st, /*final=*/true); });
                           });
@@ -613,8 +620,7 @@ void Broker::AnswerWaitingFetches() {
     if (!req || !state) continue;
     {
       std::lock_guard lk(state->mu);
-      if (!state->waiting) continue;  // a read of it is running, and answers (fetches_stopped_)
-      state->waiting = false;
+      if (!state->waiting.exchange(false)) continue;  // a read of it is running, and answers (fetches_stopped_)
     }
     req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/true); });
   }

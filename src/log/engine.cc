@@ -1125,6 +1125,13 @@ void Engine::UnwatchTail(const std::string& basin, const std::string& stream, ui
   std::erase_if((*s)->watchers, [&](const auto& w) { return std::get<0>(w) == id; });
 }
 
+size_t Engine::TailWatchCount(const std::string& basin, const std::string& stream) {
+  auto s = Find(basin, stream);
+  if (!s.ok()) return 0;
+  std::lock_guard lk((*s)->mu);
+  return (*s)->watchers.size();
+}
+
 Result<ReadResult> Engine::Read(const std::string& basin, const std::string& stream, const ReadStart& start,
                                 size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until) {
   // A settle (slot deleted after its batches moved into a segment) or

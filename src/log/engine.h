@@ -317,6 +317,8 @@ class Engine {
   Result<uint64_t> WatchTail(const std::string& basin, const std::string& stream, uint64_t offset, TailCallback fn);
   // Drops a watch that has not fired (a timed-out long poll); a no-op otherwise.
   void UnwatchTail(const std::string& basin, const std::string& stream, uint64_t id);
+  // The watches a stream holds (0 if it is missing): for tests.
+  size_t TailWatchCount(const std::string& basin, const std::string& stream);
 
   Result<uint64_t> AllocateProducerId();
 
