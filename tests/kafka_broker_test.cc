@@ -54,7 +54,11 @@ class Executor {
 
   void set_inline_posts(bool on) { inline_posts_ = on; }
 
+  // Posts made from the test's thread (where Handle runs, as on the I/O thread).
+  size_t posts_from_test_thread() const { return posts_from_test_thread_.load(); }
+
   void Post(std::function<void()> fn) {
+    if (std::this_thread::get_id() == test_thread_) posts_from_test_thread_++;
     if (inline_posts_ && std::this_thread::get_id() == test_thread_) return fn();
     Spawn([fn = std::move(fn)] { fn(); });
   }
@@ -114,6 +118,7 @@ class Executor {
 
   const std::thread::id test_thread_;
   std::atomic<bool> inline_posts_{false};
+  std::atomic<size_t> posts_from_test_thread_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopped_ = false;
@@ -1320,6 +1325,28 @@ TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesWatchesItOnce) {
   ASSERT_EQ(resp.responses.size(), 1u);
   EXPECT_FALSE(Batches(resp.responses[0].partitions.at(0)).empty());
   EXPECT_EQ(engine_->TailWatchCount(kKafkaBasin, "dup/0"), 0u);
+}
+
+TEST_F(BrokerTest, BigProducesAreCheckedOffTheIoThread) {
+  ASSERT_EQ(CreateTopic("big", 3).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("big", 0, Batch({"reads the limit"})).error_code, ErrorCode::kNone);
+  // A small uncompressed produce to a topic whose limit is known runs where
+  // it arrives (the I/O thread)...
+  size_t posts = exec_->posts_from_test_thread();
+  ASSERT_EQ(Produce("big", 0, Batch({"small"})).error_code, ErrorCode::kNone);
+  EXPECT_EQ(exec_->posts_from_test_thread(), posts);
+  // ...one of more than 1 MiB in all is checked on a worker.
+  const std::string b0 = Batch({std::string(700 << 10, 'a')});
+  ProduceRequest m = ProduceReq("big", 0, b0);
+  const std::string b1 = Batch({std::string(700 << 10, 'b')});
+  const std::string b2 = Batch({std::string(700 << 10, 'c')});
+  m.topic_data[0].partition_data.push_back(ProducePartitionData{1, b1});
+  m.topic_data[0].partition_data.push_back(ProducePartitionData{2, b2});
+  posts = exec_->posts_from_test_thread();
+  auto resp = Call(m, 7, DecodeProduceResponse);
+  EXPECT_GT(exec_->posts_from_test_thread(), posts);
+  ASSERT_EQ(resp.responses.at(0).partition_responses.size(), 3u);
+  for (const auto& pr : resp.responses[0].partition_responses) EXPECT_EQ(pr.error_code, ErrorCode::kNone);
 }
 
 TEST_F(BrokerTest, FetchSessionsAreNotKept) {

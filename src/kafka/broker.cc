@@ -267,8 +267,15 @@ struct ProduceJob {
   std::string batch;
 };
 
+// A Produce whose batches add up to more than this is checked (CRC, records)
+// on a worker, not on the I/O thread that serves every connection.
+constexpr size_t kInlineProduceBytes = 1 << 20;
+
 void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   auto& in = req->body<ProduceRequest>();
+  // Each topic's size limit, as kept in memory when the I/O thread looked
+  // (read once: the kept limits may be dropped meanwhile).
+  std::vector<std::optional<size_t>> limits(in.topic_data.size());
   if (!on_worker) {
     size_t bytes = 0;
     bool compressed = false;
@@ -281,12 +288,16 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
       }
     }
     // Admission may block (backpressure), and checking a compressed batch
-    // decompresses it: neither on the I/O thread, which serves every
-    // connection (heartbeats, fetches); still in order.
-    // A topic's size limit not yet read is a metastore read: not here either.
+    // decompresses it (a big one takes long to check, too): neither on the
+    // I/O thread, which serves every connection (heartbeats, fetches); still
+    // in order. A topic's size limit not yet read is a metastore read: not
+    // here either.
     bool uncached = false;
-    for (const auto& t : in.topic_data) uncached = uncached || !MaxMessageBytesKnown(t.name);
-    if (compressed || uncached || engine_->AdmissionMayWait(bytes)) {
+    for (size_t i = 0; i < in.topic_data.size(); ++i) {
+      limits[i] = KeptMaxMessageBytes(in.topic_data[i].name);
+      uncached = uncached || !limits[i];
+    }
+    if (compressed || uncached || bytes > kInlineProduceBytes || engine_->AdmissionMayWait(bytes)) {
       return req->reply->PostInOrder([this, req] { Produce(req, true); });
     }
   }
@@ -297,11 +308,14 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   if (in.acks != 0 && in.acks != 1 && in.acks != -1) all = ErrorCode::kInvalidRequiredAcks;
   std::vector<ProduceJob> jobs;
   std::set<std::string> to_create;  // missing topics a batch may be appended to once created
-  for (auto& t : in.topic_data) {
+  for (size_t ti = 0; ti < in.topic_data.size(); ++ti) {
+    auto& t = in.topic_data[ti];
     ProduceTopicResponse tr;
     tr.name = t.name;
     bool valid_topic = ValidateTopicName(t.name).ok();
-    const size_t max_bytes = valid_topic ? MaxMessageBytes(t.name) : options_.max_batch_bytes;
+    const size_t max_bytes = !valid_topic ? options_.max_batch_bytes
+                             : limits[ti]  ? *limits[ti]
+                                           : MaxMessageBytes(t.name);
     for (auto& p : t.partition_data) {
       ProducePartitionResponse pr;
       pr.index = p.index;
@@ -788,10 +802,12 @@ void Broker::DropStaleLimits() {
   limits_tables_version_ = now;
 }
 
-bool Broker::MaxMessageBytesKnown(const std::string& topic) {
+std::optional<size_t> Broker::KeptMaxMessageBytes(const std::string& topic) {
   std::lock_guard lk(limits_mu_);
   DropStaleLimits();
-  return max_message_bytes_.count(topic) > 0;
+  auto it = max_message_bytes_.find(topic);
+  if (it == max_message_bytes_.end()) return std::nullopt;
+  return it->second;
 }
 
 size_t Broker::MaxMessageBytes(const std::string& topic) {

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -168,7 +169,7 @@ class Broker : public FrameHandler {
   // its catalog entry once and kept until any table changes (created,
   // deleted or reconfigured, by Kafka or REST: Engine::TablesVersion).
   size_t MaxMessageBytes(const std::string& topic);
-  bool MaxMessageBytesKnown(const std::string& topic);  // without a metastore read
+  std::optional<size_t> KeptMaxMessageBytes(const std::string& topic);  // without a metastore read
   // Under limits_mu_: drops the kept limits if the tables changed since.
   void DropStaleLimits();
   std::mutex limits_mu_;
