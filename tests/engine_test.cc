@@ -1632,7 +1632,7 @@ TEST_F(EngineTest, ABatchMaxTimestampIsTheRecordsLargest) {
   // A producer's header says 0 (or anything) while its records run 5000..5002:
   // lookups and retention go by the records, as in Kafka.
   std::string lying = KafkaBatch({"a", "b", "c"}, 5000);
-  wal::SetMaxTimestamp(&lying, 0);
+  wal::SetCreateTime(&lying, 0);
   ASSERT_TRUE(wal::VerifyBatch(lying).ok());
   auto o = AppendRaw(*engine_, "s", lying);
   ASSERT_TRUE(o.status.ok()) << o.status.ToString();
@@ -1647,6 +1647,29 @@ TEST_F(EngineTest, ABatchMaxTimestampIsTheRecordsLargest) {
     EXPECT_EQ(r->records[0].offset, 1u);
     EXPECT_EQ(r->tail_timestamp_ms, 5002);
   }
+}
+
+TEST_F(EngineTest, AProducersLogAppendTimeBitIsClearedOnACreateTimeStream) {
+  // The bit tells readers to take maxTimestamp for every record; on a
+  // CreateTime stream a producer cannot choose the records' times that way.
+  std::string stamped = KafkaBatch({"a", "b"}, 5000);
+  wal::SetLogAppendTime(&stamped, 999999);
+  ASSERT_TRUE(wal::VerifyBatch(stamped).ok());
+  auto o = AppendRaw(*engine_, "s", stamped);
+  ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(o.ack.last_timestamp_ms, 5001);
+  EXPECT_FALSE(o.ack.log_append_time);
+  auto r = engine_->ReadBatches(kBasin, "s", 0, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->batches.size(), 1u);
+  auto h = wal::VerifyBatch(*r->batches[0]);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->attributes & wal::kTimestampLogAppendTime, 0);
+  EXPECT_EQ(h->max_timestamp, 5001);
+  auto read = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_EQ(read->records.size(), 2u);
+  EXPECT_EQ(read->records[0].record.timestamp, 5000);
 }
 
 TEST_F(EngineTest, RawBatchesAreStoredAsSentWithOffsetsAssigned) {

@@ -940,11 +940,15 @@ Result<Engine::CheckedBatch> Engine::CheckBatch(std::string_view batch) const {
   // The records themselves, decompressed if need be (as Kafka's broker does):
   // a batch stored as sent must be one every reader can decode.
   int64_t max_ts = h.max_timestamp;
+  // The records' own times, even under a producer's LogAppendTime bit (which
+  // AppendBatchAsync clears, or replaces with the stream's clock).
+  wal::BatchHeader created = h;
+  created.attributes = static_cast<int16_t>(created.attributes & ~wal::kTimestampLogAppendTime);
   // A batch whose CRC holds but whose records do not parse was built wrong,
   // not damaged on the way: kInvalidArgument (Kafka's INVALID_RECORD, which
   // producers do not retry), not kCorruption (CORRUPT_MESSAGE, retried).
   // Only that: running out of memory to decompress stays retryable.
-  if (Status valid = wal::ValidateRecords(h, batch, wal::kMaxDecompressedRecordsBytes, &max_ts); !valid.ok()) {
+  if (Status valid = wal::ValidateRecords(created, batch, wal::kMaxDecompressedRecordsBytes, &max_ts); !valid.ok()) {
     return valid.code() == Code::kCorruption ? InvalidArgument("{}", valid.message()) : valid;
   }
   if (MayHoldCommands(batch)) {
@@ -967,9 +971,13 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   if (!checked.ok()) return fail(checked.status());
   wal::BatchHeader h = checked->header;
   // maxTimestamp feeds timestamp lookups and retention: as Kafka's broker
-  // does, it is the records' largest, whatever the producer wrote there.
-  if (!(h.attributes & wal::kTimestampLogAppendTime) && checked->max_timestamp_ms != h.max_timestamp) {
-    wal::SetMaxTimestamp(&batch, checked->max_timestamp_ms);
+  // does, it is the records' largest, whatever the producer wrote there, and
+  // the timestamp type is the stream's, not the producer's (a LogAppendTime
+  // bit the producer set would make readers take its maxTimestamp for every
+  // record). An arrival-timestamped stream stamps the batch below.
+  if ((h.attributes & wal::kTimestampLogAppendTime) || checked->max_timestamp_ms != h.max_timestamp) {
+    wal::SetCreateTime(&batch, checked->max_timestamp_ms);
+    h.attributes = static_cast<int16_t>(h.attributes & ~wal::kTimestampLogAppendTime);
     h.max_timestamp = checked->max_timestamp_ms;
   }
   std::optional<ProducerRef> producer;

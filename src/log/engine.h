@@ -276,8 +276,9 @@ class Engine {
 
   // Appends one Kafka RecordBatch v2 as a producer sent it: verified (CRC,
   // lengths, record count), never re-encoded; only baseOffset is rewritten
-  // (and, on an arrival-timestamped stream, maxTimestamp with the
-  // log-append-time bit, resealed). Idempotence comes from the batch's own
+  // (and, resealed: on an arrival-timestamped stream, maxTimestamp with the
+  // log-append-time bit set; otherwise, when the producer's were wrong,
+  // maxTimestamp as the records' largest with the bit clear). Idempotence comes from the batch's own
   // producer id, epoch and base sequence. Transactional and control batches
   // are kNotSupported; an uncompressed batch holding a record shaped like an
   // S2 command record (one header, empty name) is kInvalidArgument. At most

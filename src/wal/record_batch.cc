@@ -388,25 +388,27 @@ void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * (7 - i)));
 }
 
-void SetMaxTimestamp(std::string* batch, int64_t timestamp_ms) {
-  if (batch->size() < kRecordBatchHeaderSize) return;
-  char* p = batch->data();
-  const auto ts = static_cast<uint64_t>(timestamp_ms);
-  for (int i = 0; i < 8; ++i) p[kMaxTimestampPos + i] = static_cast<char>(ts >> (8 * (7 - i)));
-  StoreBE32(p + kCrcPos, Crc32c(p + kAttributesPos, batch->size() - kAttributesPos));
-}
-
-void SetLogAppendTime(std::string* batch, int64_t timestamp_ms) {
+namespace {
+// Sets or clears the timestamp-type bit, sets maxTimestamp, then the CRC.
+void SetTimestamps(std::string* batch, bool log_append_time, int64_t timestamp_ms) {
   if (batch->size() < kRecordBatchHeaderSize) return;
   char* p = batch->data();
   uint16_t attrs = static_cast<uint16_t>((static_cast<uint8_t>(p[kAttributesPos]) << 8) |
                                          static_cast<uint8_t>(p[kAttributesPos + 1]));
-  attrs |= static_cast<uint16_t>(kTimestampLogAppendTime);
+  if (log_append_time) {
+    attrs |= static_cast<uint16_t>(kTimestampLogAppendTime);
+  } else {
+    attrs &= static_cast<uint16_t>(~kTimestampLogAppendTime);
+  }
   p[kAttributesPos] = static_cast<char>(attrs >> 8);
   p[kAttributesPos + 1] = static_cast<char>(attrs);
   const auto ts = static_cast<uint64_t>(timestamp_ms);
   for (int i = 0; i < 8; ++i) p[kMaxTimestampPos + i] = static_cast<char>(ts >> (8 * (7 - i)));
   StoreBE32(p + kCrcPos, Crc32c(p + kAttributesPos, batch->size() - kAttributesPos));
 }
+}  // namespace
+
+void SetCreateTime(std::string* batch, int64_t timestamp_ms) { SetTimestamps(batch, false, timestamp_ms); }
+void SetLogAppendTime(std::string* batch, int64_t timestamp_ms) { SetTimestamps(batch, true, timestamp_ms); }
 
 }  // namespace weir::wal

@@ -125,8 +125,10 @@ void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
 // Kafka's LogAppendTime does: sets the timestamp-type bit and maxTimestamp,
 // then recomputes the CRC.
 void SetLogAppendTime(std::string* batch, int64_t timestamp_ms);
-// Rewrites maxTimestamp of a whole batch (attributes unchanged) and its CRC.
-void SetMaxTimestamp(std::string* batch, int64_t timestamp_ms);
+// Makes a whole batch a CreateTime batch whose maxTimestamp is
+// `timestamp_ms`: clears the timestamp-type bit, sets maxTimestamp, then
+// recomputes the CRC.
+void SetCreateTime(std::string* batch, int64_t timestamp_ms);
 
 // Walks a concatenation of batches, verifying each; calls fn(header, bytes) for
 // each. Stops at the first failure, naming the batch index and byte position.
