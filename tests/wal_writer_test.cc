@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <map>
 #include <random>
 #include <thread>
@@ -417,6 +418,41 @@ TEST(WalWriter, CloseGivesUpOnAStoreThatTakesNoWrite) {
   EXPECT_TRUE(got[0].status.ok());
   EXPECT_EQ(got[1].status.code(), Code::kUnavailable) << got[1].status.ToString();
   EXPECT_EQ(got[2].status.code(), Code::kUnavailable) << got[2].status.ToString();
+}
+
+TEST(WalWriter, CloseOfAHaltedChainGivesUpOnASlotBelowTheHaltThatNeverLands) {
+  // Slot 1 is another writer's (the chain halts there) while slot 0's PUT
+  // hangs, and nothing resumes the chain (the metastore is down, say). Close
+  // waits its close_timeout for slot 0, then fails both appends
+  // (kUnavailable: slot 0 may still land) instead of waiting for ever.
+  auto mem = testing::NewTestStore();
+  auto gated = std::make_shared<GatedStore>(mem);
+  const std::string s0 = SlotKey("n1", 1, 0);
+  gated->Gate(s0);
+  SlotBuilder b;
+  std::string other = OneRecordBatch("other");
+  b.Add(1, other, 1, 1);
+  ASSERT_TRUE(mem->Put(SlotKey("n1", 1, 1), b.Finish(1, 1, 12345)).ok());
+  std::atomic<int> halts{0};
+  WriterOptions o = Opts();
+  o.close_timeout = 200ms;
+  o.on_halt = [&](uint64_t, uint64_t, const Status&) { ++halts; };
+  auto w = Writer::Start(gated, o);
+  ASSERT_TRUE(w.ok());
+  Acks acks;
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x0"), acks.For(0), Later()).ok());
+  ASSERT_TRUE(gated->WaitBlocked(s0));
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x1"), acks.For(1), Later()).ok());
+  for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ((*w)->halted_seq(), std::optional<uint64_t>(1));
+  auto closed = std::async(std::launch::async, [&] { (*w)->Close(); });
+  // Both appends fail while slot 0's PUT still hangs (Close then waits for
+  // its uploader, which the open gate lets go).
+  const bool failed_in_time = acks.WaitFor(2);
+  gated->Open(s0);
+  closed.wait();
+  ASSERT_TRUE(failed_in_time) << "Close waited for a slot below the halt that never landed";
+  for (const auto& a : acks.Snapshot()) EXPECT_EQ(a.status.code(), Code::kUnavailable) << a.status.ToString();
 }
 
 TEST(WalWriter, AmbiguousPutsAreResolvedByNonce) {

@@ -619,12 +619,14 @@ void Writer::Close() {
   flush_cv_.notify_all();
   // Drain: everything admitted is cut, uploaded and released, unless the
   // chain halts, or close_timeout passes first (a failing or slow store).
-  bool drained = idle_cv_.wait_for(lk, options_.close_timeout,
-                                   [&] { return (slots_.empty() && pool_.empty()) || halted_seq_.has_value(); });
+  const auto deadline = std::chrono::steady_clock::now() + options_.close_timeout;
+  bool drained = idle_cv_.wait_until(lk, deadline,
+                                     [&] { return (slots_.empty() && pool_.empty()) || halted_seq_.has_value(); });
   Status why = Cancelled("WAL writer {} closed while halted", options_.node);
-  if (!drained) {
-    // As a halt at the first slot not yet durable: the slots below it are
-    // released, the rest (and the pool) fail, their uploads stop.
+  // Under mu_, after close_timeout: as a halt at the first slot not yet
+  // durable. The slots below it are released, the rest (and the pool) fail,
+  // their uploads stop.
+  auto cut_at_first_not_durable = [&] {
     uint64_t cut = next_seq_;
     for (const auto& slot : slots_) {
       if (slot->epoch == epoch_ && !slot->durable) {
@@ -632,24 +634,30 @@ void Writer::Close() {
         break;
       }
     }
-    halted_seq_ = cut;
+    halted_seq_ = halted_seq_ ? std::min(*halted_seq_, cut) : cut;
     why = Unavailable("the WAL's last writes were not durable {:.0f} s after the server began closing (the object "
                       "store is failing or slow); the append may or may not be stored",
                       ToMillis(options_.close_timeout) / 1000);
     Log().error("WAL chain {}/{}: {}", options_.node, epoch_, why.message());
-  }
+  };
+  if (!drained) cut_at_first_not_durable();
   if (halted_seq_) {
     uint64_t cut = *halted_seq_;
     lk.unlock();
     // Slots below the halt are committed or will be: let them finish, then
     // fail the rest. One of them may halt too (a poison found later): the
     // cut moves down to it, or this would wait for a slot that never lands.
+    // One whose PUT keeps failing past close_timeout moves it down as well.
     {
       std::unique_lock lk2(mu_);
-      idle_cv_.wait(lk2, [&] {
+      auto below_done = [&] {
         if (halted_seq_) cut = std::min(cut, *halted_seq_);
         return slots_.empty() || slots_.front()->seq >= cut;
-      });
+      };
+      if (!idle_cv_.wait_until(lk2, deadline, below_done)) {
+        cut_at_first_not_durable();
+        idle_cv_.wait(lk2, below_done);  // what is left below the cut is durable: released soon
+      }
     }
     Abandon(cut, why).IgnoreError();
     lk.lock();

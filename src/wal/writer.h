@@ -158,9 +158,10 @@ class Writer {
   uint64_t nonce() const { return options_.nonce; }
   std::optional<uint64_t> halted_seq() const;
   // (epoch, seq): every slot before it in chain order is released and its
-  // acknowledgement callbacks have returned; every acknowledgement delivered
-  // before the call is covered (waits up to 100 ms for a running release
-  // round). The settle task's target.
+  // acknowledgement callbacks have returned. It waits up to 100 ms for a
+  // running release round, then answers as of the round before: it may lag
+  // the acknowledgements delivered by then, never lead them. The settle
+  // task's target (settling less is safe).
   std::pair<uint64_t, uint64_t> released_below() const;
   WalMetrics& metrics() { return metrics_; }
   const WriterOptions& options() const { return options_; }
