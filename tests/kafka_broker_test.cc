@@ -1897,6 +1897,29 @@ TEST_F(BrokerTest, ATopicDeletedOtherwiseThanByDeleteTopicsLeavesNothingBehind) 
   EXPECT_EQ(Call(f, 5, DecodeOffsetFetchResponse).topics.at(0).partitions.at(0).committed_offset, -1);
 }
 
+TEST_F(BrokerTest, ACommitRacingTheTopicsDeleteLeavesNoOffsetBehind) {
+  // The commit checked the partition exists; the topic is deleted before its
+  // offsets are written. The delete must wait for the commit (and take its
+  // offsets with it), or the offsets outlive the topic.
+  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+  std::thread deleter;
+  hooked->before_commit_group_offsets = [this, &deleter] {
+    deleter = std::thread([this] { EXPECT_OK(engine_->DeleteTable(kKafkaBasin, "raced")); });
+    std::this_thread::sleep_for(300ms);  // room for a delete that does not wait to finish first
+  };
+  RestartBroker(Options(), hooked);
+  ASSERT_EQ(CreateTopic("raced", 1).error_code, ErrorCode::kNone);
+  OffsetCommitRequest c;
+  c.group_id = "g-raced";
+  c.topics.push_back(OffsetCommitRequestTopic{"raced", {OffsetCommitRequestPartition{0, 0, -1, -1, ""}}});
+  auto committed = Call(c, 2, DecodeOffsetCommitResponse);
+  deleter.join();
+  EXPECT_EQ(committed.topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  auto offsets = meta_->FetchGroupOffsets("g-raced");
+  ASSERT_TRUE(offsets.ok()) << offsets.status().ToString();
+  EXPECT_TRUE(offsets->empty()) << "an offset of the deleted topic was kept";
+}
+
 TEST_F(BrokerTest, InitRefusesAnEngineKeepingGroupOffsetsElsewhere) {
   BrokerOptions o = Options();
   o.basin = "other-kafka";

@@ -314,7 +314,48 @@ TEST(KafkaTcpOrdering, OrderedWorkRunsInRequestOrderOneAtATime) {
   (*server)->Stop();
 }
 
-// Every request goes through PostOneAtATime and answers with `size` bytes.
+// Reads (Post, PostOneAtATime: Fetch) run on threads of their own: one
+// that waits long (a cold read from the object store) never holds up the
+// ordered work of any connection (produces, commits, heartbeats).
+TEST(KafkaTcpOrdering, ASlowReadDoesNotHoldUpOrderedWork) {
+  struct Handler : FrameHandler {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool release = false;
+    void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+      if (frame == "read") {
+        reply->PostOneAtATime([this, reply] {
+          std::unique_lock lk(mu);
+          cv.wait(lk, [&] { return release; });
+          reply->Respond("read");
+        });
+      } else {
+        reply->PostInOrder([frame, reply] { reply->Respond(frame); });
+      }
+    }
+    void Release() {
+      {
+        std::lock_guard lk(mu);
+        release = true;
+      }
+      cv.notify_all();
+    }
+  } handler;
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 1, .read_threads = 1}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int reader = Connect((*server)->address()), writer = Connect((*server)->address());
+  ASSERT_TRUE(SendFrame(reader, "read"));
+  std::this_thread::sleep_for(100ms);  // the read holds its thread
+  ASSERT_TRUE(SendFrame(writer, "produce"));
+  const std::string got = ReadFrame(writer, 20000);
+  handler.Release();
+  EXPECT_EQ(got, "produce") << "ordered work waited for a read";
+  EXPECT_EQ(ReadFrame(reader), "read");
+  ::close(reader);
+  ::close(writer);
+  (*server)->Stop();
+}
+
 // A client that announces a frame and sends it slowly cannot hold its budget
 // for long: the body must be whole within the stall timeout.
 TEST_F(KafkaTcpServer, ABodyNotWholeWithinTheStallTimeoutClosesTheConnection) {
@@ -379,6 +420,7 @@ TEST_F(KafkaTcpServer, SmallFramesDoNotWaitBehindBigOnes) {
   for (int fd : {a, b, c}) ::close(fd);
 }
 
+// Every request goes through PostOneAtATime and answers with `size` bytes.
 class BigAnswerHandler : public FrameHandler {
  public:
   explicit BigAnswerHandler(size_t size) : size_(size) {}

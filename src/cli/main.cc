@@ -2,6 +2,7 @@
 #include <malloc.h>
 
 #include <cstdlib>
+#include <set>
 #include <iostream>
 #include <string>
 #include <type_traits>
@@ -18,15 +19,16 @@
 namespace {
 
 // A string flag's WEIR_NAME set to "": CLI11 skips empty environment values,
-// but "" means something for some flags (--kafka-addr "" turns Kafka off).
+// but "" means something for some flags (--kafka-addr "" turns Kafka off;
+// --object-store "" is the embedded default).
 struct EmptyEnv {
   CLI::Option* option;
   std::string* value;
   std::string env;
 };
 
-// After parsing: each string flag not on the command line whose WEIR_NAME
-// is set but empty takes "", as the flag itself would.
+// After parsing: each such flag not on the command line whose WEIR_NAME is
+// set but empty takes "", as the flag itself would.
 void ApplyEmptyEnv(const std::vector<EmptyEnv>& flags) {
   for (const EmptyEnv& f : flags) {
     const char* v = std::getenv(f.env.c_str());
@@ -42,7 +44,11 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
     for (char c : flag.substr(2)) env += c == '-' ? '_' : static_cast<char>(std::toupper(c));
     CLI::Option* option = cmd->add_option(flag, value, help)->envname(env)->capture_default_str();
     if constexpr (std::is_same_v<std::decay_t<decltype(value)>, std::string>) {
-      empty_env->push_back(EmptyEnv{option, &value, env});
+      // Only where "" means something; elsewhere a blank variable still
+      // leaves the default, as CLI11 does.
+      static const std::set<std::string, std::less<>> kEmptyMeans = {
+          "--kafka-addr", "--kafka-advertised-addr", "--auth-token-file", "--object-store", "--metastore"};
+      if (kEmptyMeans.count(flag)) empty_env->push_back(EmptyEnv{option, &value, env});
     }
     return option;
   };

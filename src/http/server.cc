@@ -929,7 +929,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   // for the connection here, for their stream when the sink gives them back.
   void Consume(int32_t id, size_t len, bool stream_level, bool connection_level = true) {
     if (queued_bytes_ > kHttp2MaxQueuedBytes) {
-      unconsumed_.push_back(Unconsumed{id, len, stream_level, connection_level});
+      unconsumed_[Unconsumed{id, stream_level, connection_level}] += len;  // one entry per stream, not per frame
       return;
     }
     if (connection_level) nghttp2_session_consume_connection(session_, len);
@@ -937,7 +937,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   }
   void ConsumeHeld() {
     if (queued_bytes_ > kHttp2MaxQueuedBytes) return;
-    for (const auto& u : std::exchange(unconsumed_, {})) Consume(u.id, u.len, u.stream_level, u.connection_level);
+    for (const auto& [u, len] : std::exchange(unconsumed_, {})) Consume(u.id, len, u.stream_level, u.connection_level);
   }
 
  public:
@@ -1159,10 +1159,11 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   TimePoint stalled_since_ = Now();  // since when queued response data has not moved
   struct Unconsumed {
     int32_t id;
-    size_t len;
     bool stream_level, connection_level;
+    auto operator<=>(const Unconsumed&) const = default;
   };
-  std::vector<Unconsumed> unconsumed_;  // request bytes held back while responses queue
+  // Request bytes held back while responses queue, summed by stream.
+  std::map<Unconsumed, size_t> unconsumed_;
   bool closing_ = false;                // the server closes it: write what is queued, GOAWAY, close
   bool goaway_sent_ = false;
   bool reading_ = false;

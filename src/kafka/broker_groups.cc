@@ -92,43 +92,46 @@ void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
   std::vector<metastore::GroupOffset> offsets;
   std::vector<std::pair<size_t, size_t>> slots;  // response (topic, partition) of each offset
   int64_t now_ms = WallMillis();
-  for (auto& t : in.topics) {
-    OffsetCommitResponseTopic tr;
-    tr.name = t.name;
-    for (auto& p : t.partitions) {
-      OffsetCommitResponsePartition pr;
-      pr.partition_index = p.partition_index;
-      pr.error_code = all;
-      if (all == ErrorCode::kNone) {
-        std::string stream = metastore::BucketStreamName(t.name, static_cast<uint32_t>(std::max(p.partition_index, 0)));
-        if (p.partition_index < 0 || !engine_->CheckTail(options_.basin, stream).ok()) {
-          pr.error_code = ErrorCode::kUnknownTopicOrPartition;
-        } else if (p.committed_metadata && p.committed_metadata->size() > options_.max_offset_metadata_bytes) {
-          pr.error_code = ErrorCode::kOffsetMetadataTooLarge;
-        } else {
-          metastore::GroupOffset o;
-          o.topic = t.name;
-          o.partition = p.partition_index;
-          o.offset = p.committed_offset;
-          o.leader_epoch = p.committed_leader_epoch;
-          o.metadata = p.committed_metadata.value_or("");
-          o.commit_time_ms = now_ms;
-          offsets.push_back(std::move(o));
-          slots.emplace_back(resp.topics.size(), tr.partitions.size());
+  // The partitions are checked and their offsets written with tables held
+  // steady: a topic deleted meanwhile would keep offsets it no longer has.
+  Status committed = engine_->WithTablesSteady([&]() -> Status {
+    for (auto& t : in.topics) {
+      OffsetCommitResponseTopic tr;
+      tr.name = t.name;
+      for (auto& p : t.partitions) {
+        OffsetCommitResponsePartition pr;
+        pr.partition_index = p.partition_index;
+        pr.error_code = all;
+        if (all == ErrorCode::kNone) {
+          std::string stream =
+              metastore::BucketStreamName(t.name, static_cast<uint32_t>(std::max(p.partition_index, 0)));
+          if (p.partition_index < 0 || !engine_->CheckTail(options_.basin, stream).ok()) {
+            pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+          } else if (p.committed_metadata && p.committed_metadata->size() > options_.max_offset_metadata_bytes) {
+            pr.error_code = ErrorCode::kOffsetMetadataTooLarge;
+          } else {
+            metastore::GroupOffset o;
+            o.topic = t.name;
+            o.partition = p.partition_index;
+            o.offset = p.committed_offset;
+            o.leader_epoch = p.committed_leader_epoch;
+            o.metadata = p.committed_metadata.value_or("");
+            o.commit_time_ms = now_ms;
+            offsets.push_back(std::move(o));
+            slots.emplace_back(resp.topics.size(), tr.partitions.size());
+          }
         }
+        tr.partitions.push_back(pr);
       }
-      tr.partitions.push_back(pr);
+      resp.topics.push_back(std::move(tr));
     }
-    resp.topics.push_back(std::move(tr));
-  }
-  if (!offsets.empty()) {
-    Status st = meta_->CommitGroupOffsets(in.group_id, offsets);
-    if (!st.ok()) {
-      Log().warn("kafka: committing offsets of group {}: {}", in.group_id, st.ToString());
-      for (auto [ti, pi] : slots) resp.topics[ti].partitions[pi].error_code = ErrorCode::kCoordinatorNotAvailable;
-    } else {
-      metrics_.offset_commits += offsets.size();
-    }
+    return offsets.empty() ? Status::Ok() : meta_->CommitGroupOffsets(in.group_id, offsets);
+  });
+  if (!committed.ok()) {
+    Log().warn("kafka: committing offsets of group {}: {}", in.group_id, committed.ToString());
+    for (auto [ti, pi] : slots) resp.topics[ti].partitions[pi].error_code = ErrorCode::kCoordinatorNotAvailable;
+  } else {
+    metrics_.offset_commits += offsets.size();
   }
   Send(req, resp, EncodeOffsetCommitResponse);
 }

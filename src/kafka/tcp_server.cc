@@ -59,6 +59,9 @@ class TcpServer::Impl {
   // strands belong to the io_context, which must still be there.
   net::io_context ioc;
   std::unique_ptr<net::thread_pool> workers;
+  // Reply::Post, After and PostOneAtATime work (Fetch: reads that may go to
+  // the object store), apart from the ordered work on `workers`.
+  std::unique_ptr<net::thread_pool> readers;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   // On a strand: accept completions, retries and StopAccepting's close do not run at once.
   tcp::acceptor acceptor{net::make_strand(ioc)};
@@ -152,7 +155,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         return;
       }
       self->one_at_a_time_ = seq;
-      net::post(*self->srv_->workers, std::move(fn));
+      net::post(*self->srv_->readers, std::move(fn));
     });
   }
 
@@ -249,7 +252,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const uint64_t body = ++bodies_;
     body_timer_.expires_after(srv_->options.stall_timeout);
     body_timer_.async_wait([self = shared_from_this(), body, n](ErrorCode ec) {
-      if (ec || self->closed_ || self->bodies_ != body || !self->reading_) return;
+      if (ec || self->closed_ || self->bodies_ != body) return;
       self->srv_->metrics.stalled++;
       Log().warn("kafka: {} did not send the rest of a {}-byte request within {} ms; closing", self->peer_, n,
                  std::chrono::duration_cast<std::chrono::milliseconds>(self->srv_->options.stall_timeout).count());
@@ -258,6 +261,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     net::async_read(socket_, net::buffer(frame->data(), n),
                     [self = shared_from_this(), frame, n](ErrorCode ec, size_t) {
                       self->reading_ = false;
+                      ++self->bodies_;  // a timer that fired already and is queued finds it over
                       self->body_timer_.cancel();
                       if (ec) {
                         self->srv_->Release(n);
@@ -389,7 +393,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         auto [seq, fn] = std::move(one_at_a_time_waiting_.front());
         one_at_a_time_waiting_.pop_front();
         one_at_a_time_ = seq;
-        net::post(*srv_->workers, std::move(fn));
+        net::post(*srv_->readers, std::move(fn));
       }
     }
   }
@@ -433,7 +437,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   tcp::socket socket_;
   net::steady_timer idle_;
   net::steady_timer body_timer_;   // the frame body being read: stall_timeout
-  uint64_t bodies_ = 0;            // frame bodies begun; tells a stale body_timer_ firing apart
+  uint64_t bodies_ = 0;            // bumped as a body begins and ends: tells a stale body_timer_ firing apart
   net::steady_timer write_timer_;  // the write in progress: stall_timeout without progress
   bool write_timer_armed_ = false;
   std::vector<net::const_buffer> write_bufs_;  // the write in progress, from write_next_ on
@@ -490,7 +494,7 @@ class ReplyImpl : public Reply {
     conn_->srv()->Release(reserved_);
     conn_->Answer(seq_, {}, false, true);
   }
-  void Post(std::function<void()> fn) override { net::post(*conn_->srv()->workers, std::move(fn)); }
+  void Post(std::function<void()> fn) override { net::post(*conn_->srv()->readers, std::move(fn)); }
   void PostInOrder(std::function<void()> fn) override { conn_->PostInOrder(std::move(fn)); }
   void RunInOrder(std::function<void(bool)> fn) override { conn_->RunInOrder(std::move(fn)); }
   void PostOneAtATime(std::function<void()> fn) override { conn_->PostOneAtATime(seq_, std::move(fn)); }
@@ -498,7 +502,7 @@ class ReplyImpl : public Reply {
     auto* srv = conn_->srv();
     auto timer = std::make_shared<net::steady_timer>(srv->ioc, delay);
     timer->async_wait([timer, srv, fn = std::move(fn)](ErrorCode) mutable {
-      net::post(*srv->workers, std::move(fn));
+      net::post(*srv->readers, std::move(fn));
     });
   }
   const std::string& peer() const override { return conn_->peer(); }
@@ -584,6 +588,7 @@ Result<std::unique_ptr<TcpServer>> TcpServer::Start(const TcpServerOptions& opti
   impl->bound = (local.address().is_v6() ? "[" + local.address().to_string() + "]" : local.address().to_string()) +
                 ":" + std::to_string(local.port());
   impl->workers = std::make_unique<net::thread_pool>(static_cast<size_t>(std::max(1, options.worker_threads)));
+  impl->readers = std::make_unique<net::thread_pool>(static_cast<size_t>(std::max(1, options.read_threads)));
   if (options.accept_at_start) impl->Accept();
   for (int i = 0; i < std::max(1, options.io_threads); ++i) {
     impl->io_threads.emplace_back([io = &impl->ioc] {
@@ -646,6 +651,7 @@ void TcpServer::Stop() {
   for (auto& c : conns) c->Shutdown();
   // Workers first: their callbacks may still post answers to the I/O threads.
   impl_->workers->join();
+  impl_->readers->join();
   impl_->guard.reset();
   impl_->ioc.stop();
   for (auto& t : impl_->io_threads) t.join();

@@ -5,7 +5,8 @@
 //
 // Ownership and threads: the server front-end owns one TcpServer. Network I/O
 // runs on `io_threads`; frames are handed to the FrameHandler on an I/O
-// thread, and blocking work moves to `worker_threads` with Reply::Post.
+// thread, and blocking work moves to `worker_threads` (in request order) or
+// `read_threads` (Reply::Post, PostOneAtATime).
 //
 // Guarantees: requests on one connection may be handled concurrently
 // (pipelining), but their responses are written in request order, as Kafka
@@ -52,7 +53,8 @@ class Reply {
   virtual void NoResponse() = 0;
   // Closes the connection once the responses before this request are written.
   virtual void Close() = 0;
-  // Runs `fn` on a worker thread soon / after `delay`.
+  // Runs `fn` on a read thread soon (a pool of its own: reads that wait on
+  // the object store never hold up the ordered work below).
   virtual void Post(std::function<void()> fn) = 0;
   // Kafka handles a connection's requests one after another; these keep that
   // order for requests with side effects. PostInOrder runs `fn` on a worker
@@ -62,13 +64,13 @@ class Reply {
   // `fn` learns which (true: on a worker, free to block).
   virtual void PostInOrder(std::function<void()> fn) = 0;
   virtual void RunInOrder(std::function<void(bool on_worker)> fn) = 0;
-  // Runs `fn` on a worker once the connection's earlier PostOneAtATime
+  // Runs `fn` on a read thread once the connection's earlier PostOneAtATime
   // request is answered and its response written (Kafka's broker reads no
   // further request until then). Requests whose responses may be large
   // (Fetch) go this way, so a client that stops reading holds one of them in
   // memory, not one per pipelined request. Dropped if the connection closes.
   virtual void PostOneAtATime(std::function<void()> fn) = 0;
-  virtual void After(Duration delay, std::function<void()> fn) = 0;
+  virtual void After(Duration delay, std::function<void()> fn) = 0;  // Post after `delay`
   // "ip:port" of the client.
   virtual const std::string& peer() const = 0;
   // The connection is gone; a response would be dropped.
@@ -88,7 +90,8 @@ struct TcpServerOptions {
   uint16_t port = 9092;  // 0 = the OS picks
   size_t max_request_bytes = 100u << 20;
   int io_threads = 1;
-  int worker_threads = 4;
+  int worker_threads = 4;  // ordered work (PostInOrder, RunInOrder)
+  int read_threads = 4;    // Post, After, PostOneAtATime
   size_t max_in_flight = 64;                           // per connection
   size_t max_in_flight_bytes = 512u << 20;             // request frames, all connections
   // Frames up to this size are admitted from a share of max_in_flight_bytes

@@ -258,6 +258,14 @@ class Engine {
   // drops what it read under an older value.
   uint64_t TablesVersion() const { return tables_version_.load(std::memory_order_acquire); }
   const std::string& group_offsets_basin() const { return options_.group_offsets_basin; }
+  // Runs `fn` while no table is created, deleted or reconfigured: a caller
+  // that checks tables exist and then writes what must go with them (Kafka
+  // offset commits) is never overtaken by a delete. `fn` must not call the
+  // table methods above.
+  Status WithTablesSteady(const std::function<Status()>& fn) {
+    std::lock_guard lk(tables_mu_);
+    return fn();
+  }
   // Raises a table's bucket count, creating the new buckets' streams with the
   // config of bucket 0's stream, in one metastore transaction (Kafka
   // CreatePartitions). Errors as Metastore::AddBuckets.

@@ -112,6 +112,9 @@ class Fd {
   int fd_;
 };
 
+// flock(2) failed because the file system has no locks, not because of a holder.
+bool LocksUnsupported(int err) { return err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL; }
+
 // The file whose flock marks the store of that salt as alive (OwnerLock).
 std::string OwnerFileName(uint64_t salt) { return fmt::format("owner-{:016x}", salt); }
 
@@ -800,25 +803,37 @@ Result<Fd> OwnerLock(const std::string& tmp_dir, uint64_t salt) {
   const std::string made = name + ".new";
   Fd fd(RetryEintr([&] { return ::open(made.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644); }));
   if (!fd.valid()) return ErrnoStatus(errno, "create", made);
-  if (RetryEintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) != 0 ||
-      ::rename(made.c_str(), name.c_str()) != 0) {
+  // A file system without locks (some NFS or FUSE mounts) keeps the file
+  // unlocked: the next opens cannot tell its store is alive, and leave its
+  // free files to the age rule (RemoveStaleTemps).
+  if (RetryEintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) != 0 && !LocksUnsupported(errno)) {
     Status st = ErrnoStatus(errno, "lock", made);
+    ::unlink(made.c_str());
+    return st;
+  }
+  if (::rename(made.c_str(), name.c_str()) != 0) {
+    Status st = ErrnoStatus(errno, "rename", made);
     ::unlink(made.c_str());
     return st;
   }
   return fd;
 }
 
+enum class Owner { kAlive, kGone, kUnknown };
+
 // Whether the store owning free files `free-<owner>-*` is gone: no owner file
 // (it is made before any free file; names of older versions have none), or
-// one nobody holds a lock on (then removed, with the lock held).
-bool OwnerGone(const std::string& tmp_dir, std::string_view owner) {
+// one nobody holds a lock on (then removed, with the lock held). kUnknown
+// where the file system has no locks.
+Owner OwnerState(const std::string& tmp_dir, std::string_view owner) {
   const std::string name = tmp_dir + "/owner-" + std::string(owner);
   Fd fd(RetryEintr([&] { return ::open(name.c_str(), O_RDWR | O_CLOEXEC); }));
-  if (!fd.valid()) return errno == ENOENT;
-  if (RetryEintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) != 0) return false;
+  if (!fd.valid()) return errno == ENOENT ? Owner::kGone : Owner::kUnknown;
+  if (RetryEintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) != 0) {
+    return errno == EWOULDBLOCK ? Owner::kAlive : Owner::kUnknown;
+  }
   ::unlink(name.c_str());
-  return true;
+  return Owner::kGone;
 }
 
 // Removes temp files old enough to be leftovers of a crashed writer, and the
@@ -826,7 +841,7 @@ bool OwnerGone(const std::string& tmp_dir, std::string_view owner) {
 void RemoveStaleTemps(const std::string& tmp_dir) {
   std::error_code ec;
   const auto now = std::filesystem::file_time_type::clock::now();
-  std::map<std::string, bool, std::less<>> gone;  // owner -> OwnerGone, asked once each
+  std::map<std::string, Owner, std::less<>> owners;  // asked once each
   for (std::filesystem::directory_iterator it(tmp_dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code ec2;
     if (!it->is_regular_file(ec2)) continue;
@@ -834,14 +849,14 @@ void RemoveStaleTemps(const std::string& tmp_dir) {
     if (name.starts_with("free-")) {
       const size_t dash = name.find('-', 5);
       const std::string owner = name.substr(5, dash == std::string::npos ? std::string::npos : dash - 5);
-      auto [g, fresh] = gone.try_emplace(owner, false);
-      if (fresh) g->second = OwnerGone(tmp_dir, owner);
-      if (g->second) std::filesystem::remove(it->path(), ec2);
-      continue;  // a live store's, however old
+      auto [o, fresh] = owners.try_emplace(owner, Owner::kUnknown);
+      if (fresh) o->second = OwnerState(tmp_dir, owner);
+      if (o->second == Owner::kGone) std::filesystem::remove(it->path(), ec2);
+      if (o->second != Owner::kUnknown) continue;  // a live store's stays, however old
     } else if (name.starts_with("owner-") && !name.ends_with(".new")) {
-      auto [g, fresh] = gone.try_emplace(name.substr(6), false);
-      if (fresh) g->second = OwnerGone(tmp_dir, name.substr(6));
-      continue;  // removed by OwnerGone if its store is gone
+      auto [o, fresh] = owners.try_emplace(name.substr(6), Owner::kUnknown);
+      if (fresh) o->second = OwnerState(tmp_dir, name.substr(6));
+      if (o->second != Owner::kUnknown) continue;  // removed by OwnerState if its store is gone
     }
     const auto mtime = it->last_write_time(ec2);
     if (!ec2 && now - mtime > kStaleTmpAge) std::filesystem::remove(it->path(), ec2);

@@ -238,6 +238,9 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
                     "Kafka requests that waited unread for --kafka-max-in-flight-mib", k.metrics().budget_waits.load());
   http::PromCounter(out, "weir_kafka_rejected_connections_total", "Kafka connections closed over --kafka-max-connections",
                     k.metrics().rejected_connections.load());
+  http::PromCounter(out, "weir_kafka_stalled_connections_total",
+                    "Kafka connections closed by --kafka-stall-timeout-s (a request body or the responses stalled)",
+                    k.metrics().stalled.load());
   auto stats = b.groups().Stats();
   http::PromGauge(out, "weir_kafka_groups", "Consumer groups", static_cast<double>(stats.groups));
   http::PromGauge(out, "weir_kafka_group_members", "Consumer group members", static_cast<double>(stats.members));
@@ -352,6 +355,7 @@ int RunServe(const ServeOptions& o) {
     ko.max_connections = o.kafka_max_connections;
     ko.stall_timeout = std::chrono::microseconds(static_cast<int64_t>(o.kafka_stall_timeout_s * 1e6));
     ko.worker_threads = std::max(2, o.worker_threads / 2);
+    ko.read_threads = std::max(2, o.worker_threads / 2);  // fetches: reads may wait on the object store
     ko.accept_at_start = false;  // until the broker knows the address it advertises
     auto ks = kafka::TcpServer::Start(ko, broker.get());
     if (!ks.ok()) return fail(ks.status());

@@ -650,12 +650,14 @@ void Writer::Close() {
     // One whose PUT keeps failing past close_timeout moves it down as well.
     {
       std::unique_lock lk2(mu_);
+      // (Slots of an earlier epoch, left from before a Resume, are all below
+      // the cut: seqs start again at 0 in each epoch.)
       auto below_done = [&] {
         if (halted_seq_) cut = std::min(cut, *halted_seq_);
-        return slots_.empty() || slots_.front()->seq >= cut;
+        return slots_.empty() || (slots_.front()->epoch == epoch_ && slots_.front()->seq >= cut);
       };
       if (!idle_cv_.wait_until(lk2, deadline, below_done)) {
-        cut_at_first_not_durable();
+        if (drained) cut_at_first_not_durable();  // else done above, at the same deadline
         idle_cv_.wait(lk2, below_done);  // what is left below the cut is durable: released soon
       }
     }
