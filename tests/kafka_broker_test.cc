@@ -1328,24 +1328,22 @@ TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesWatchesItOnce) {
 }
 
 TEST_F(BrokerTest, BigProducesAreCheckedOffTheIoThread) {
-  ASSERT_EQ(CreateTopic("big", 3).error_code, ErrorCode::kNone);
+  ASSERT_EQ(CreateTopic("big", 20).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("big", 0, Batch({"reads the limit"})).error_code, ErrorCode::kNone);
   // A small uncompressed produce to a topic whose limit is known runs where
   // it arrives (the I/O thread)...
   size_t posts = exec_->posts_from_test_thread();
   ASSERT_EQ(Produce("big", 0, Batch({"small"})).error_code, ErrorCode::kNone);
   EXPECT_EQ(exec_->posts_from_test_thread(), posts);
-  // ...one of more than 1 MiB in all is checked on a worker.
-  const std::string b0 = Batch({std::string(700 << 10, 'a')});
-  ProduceRequest m = ProduceReq("big", 0, b0);
-  const std::string b1 = Batch({std::string(700 << 10, 'b')});
-  const std::string b2 = Batch({std::string(700 << 10, 'c')});
-  m.topic_data[0].partition_data.push_back(ProducePartitionData{1, b1});
-  m.topic_data[0].partition_data.push_back(ProducePartitionData{2, b2});
+  // ...one of more than 16 MiB in all is checked on a worker.
+  std::vector<std::string> batches;
+  for (int p = 0; p < 20; ++p) batches.push_back(Batch({std::string(900 << 10, static_cast<char>('a' + p))}));
+  ProduceRequest m = ProduceReq("big", 0, batches[0]);
+  for (int p = 1; p < 20; ++p) m.topic_data[0].partition_data.push_back(ProducePartitionData{p, batches[p]});
   posts = exec_->posts_from_test_thread();
   auto resp = Call(m, 7, DecodeProduceResponse);
   EXPECT_GT(exec_->posts_from_test_thread(), posts);
-  ASSERT_EQ(resp.responses.at(0).partition_responses.size(), 3u);
+  ASSERT_EQ(resp.responses.at(0).partition_responses.size(), 20u);
   for (const auto& pr : resp.responses[0].partition_responses) EXPECT_EQ(pr.error_code, ErrorCode::kNone);
 }
 

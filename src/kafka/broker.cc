@@ -268,8 +268,11 @@ struct ProduceJob {
 };
 
 // A Produce whose batches add up to more than this is checked (CRC, records)
-// on a worker, not on the I/O thread that serves every connection.
-constexpr size_t kInlineProduceBytes = 1 << 20;
+// on a worker, not on the I/O thread that serves every connection: the I/O
+// thread spends at most about 10 ms on one. Below it, the hop to a worker
+// cost more than it saved (librdkafka's requests are up to a batch of about
+// 1 MB per partition; measured with scripts/bench-kafka.sh).
+constexpr size_t kInlineProduceBytes = 16 << 20;
 
 void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   auto& in = req->body<ProduceRequest>();
