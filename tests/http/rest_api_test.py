@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -1842,6 +1843,46 @@ class ServeFlagsTest(ClosingTestCase):
             server.restart()
             self.assertEqual([r["body"] for r in Client(server).read_all(s)], [f"e{i}" for i in range(20)])
             server.stop()
+
+    def test_health_is_503_until_recovery_has_finished(self):
+        with tempfile.TemporaryDirectory() as d:
+            data = os.path.join(d, "data")
+            first = WeirServer(WEIR, data_dir=data, args=["--kafka-addr", ""])
+            ALL_SERVERS.append(first)
+            self.addCleanup(first.cleanup)
+            first.start()
+            c = Client(first)
+            s = unique("recover")
+            c.create_stream(s)
+            c.append(s, [{"body": "before the crash"}])
+            first.kill()  # unsettled slots stay: the next start fences and replays them
+            # The next start's object store takes 3 s a PUT (its fence is one).
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            log = open(os.path.join(d, "second.log"), "wb")
+            self.addCleanup(log.close)
+            proc = subprocess.Popen([WEIR, "serve", "--data-dir", data, "--http-addr", f"127.0.0.1:{port}",
+                                     "--kafka-addr", "", "--inject-put-latency-ms", "3000,3000"],
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.addCleanup(lambda: proc.poll() is None and proc.kill())
+            seen = []
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and 200 not in seen:
+                try:
+                    seen.append(requests.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code)
+                except requests.ConnectionError:
+                    pass  # not listening yet
+                time.sleep(0.05)
+            self.assertIn(503, seen, "no 503 while recovering")
+            self.assertEqual(seen[-1], 200, seen)
+            self.assertEqual(sorted(set(seen)), [200, 503], seen)
+            self.assertTrue(all(code == 503 for code in seen[:seen.index(200)]), seen)
+            r = requests.get(f"http://127.0.0.1:{port}/v1/streams/{q(s)}/records", params={"seq_num": 0},
+                             timeout=30)
+            self.assertEqual([rec["body"] for rec in r.json()["records"]], ["before the crash"])
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=120), 0)
 
     def test_kafka_off_by_flag(self):
         server = start_server(args=["--kafka-addr", ""])
