@@ -1906,12 +1906,15 @@ TEST_F(BrokerTest, ACommitRacingTheTopicsDeleteLeavesNoOffsetBehind) {
     std::this_thread::sleep_for(300ms);  // room for a delete that does not wait to finish first
   };
   RestartBroker(Options(), hooked);
+  std::shared_ptr<void> join(nullptr, [&](void*) {
+    if (deleter.joinable()) deleter.join();
+  });
   ASSERT_EQ(CreateTopic("raced", 1).error_code, ErrorCode::kNone);
   OffsetCommitRequest c;
   c.group_id = "g-raced";
   c.topics.push_back(OffsetCommitRequestTopic{"raced", {OffsetCommitRequestPartition{0, 0, -1, -1, ""}}});
   auto committed = Call(c, 2, DecodeOffsetCommitResponse);
-  deleter.join();
+  if (deleter.joinable()) deleter.join();
   EXPECT_EQ(committed.topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
   auto offsets = meta_->FetchGroupOffsets("g-raced");
   ASSERT_TRUE(offsets.ok()) << offsets.status().ToString();

@@ -343,6 +343,8 @@ TEST(KafkaTcpOrdering, ASlowReadDoesNotHoldUpOrderedWork) {
   } handler;
   auto server = TcpServer::Start({.port = 0, .worker_threads = 1, .read_threads = 1}, &handler);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
+  // However the test ends, the read is let go before the server stops.
+  std::shared_ptr<void> release(nullptr, [&](void*) { handler.Release(); });
   int reader = Connect((*server)->address()), writer = Connect((*server)->address());
   ASSERT_TRUE(SendFrame(reader, "read"));
   std::this_thread::sleep_for(100ms);  // the read holds its thread

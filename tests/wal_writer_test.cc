@@ -74,6 +74,15 @@ WriterOptions Opts(uint64_t epoch = 1) {
 
 TimePoint Later() { return Now() + 60s; }
 
+// Stores slot `seq` of chain n1/1 as another writer's (same node and epoch,
+// another nonce) would: this writer's PUT of it halts the chain.
+Status PutForeignSlot(objstore::ObjectStore& store, uint64_t seq) {
+  SlotBuilder b;
+  std::string other = OneRecordBatch("other");
+  b.Add(1, other, 1, 1);
+  return store.Put(SlotKey("n1", 1, seq), b.Finish(1, seq, 12345));
+}
+
 // Reads back the bytes an ack points at.
 std::string Stored(objstore::ObjectStore& store, const std::string& node, const AckInfo& info) {
   auto obj = store.Get(SlotKey(node, info.epoch, info.seq));
@@ -429,16 +438,15 @@ TEST(WalWriter, CloseOfAHaltedChainGivesUpOnASlotBelowTheHaltThatNeverLands) {
   auto gated = std::make_shared<GatedStore>(mem);
   const std::string s0 = SlotKey("n1", 1, 0);
   gated->Gate(s0);
-  SlotBuilder b;
-  std::string other = OneRecordBatch("other");
-  b.Add(1, other, 1, 1);
-  ASSERT_TRUE(mem->Put(SlotKey("n1", 1, 1), b.Finish(1, 1, 12345)).ok());
+  ASSERT_TRUE(PutForeignSlot(*mem, 1).ok());
   std::atomic<int> halts{0};
   WriterOptions o = Opts();
   o.close_timeout = 200ms;
   o.on_halt = [&](uint64_t, uint64_t, const Status&) { ++halts; };
   auto w = Writer::Start(gated, o);
   ASSERT_TRUE(w.ok());
+  // However the test ends, the hung PUT is let go before the writer closes.
+  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(s0); });
   Acks acks;
   ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x0"), acks.For(0), Later()).ok());
   ASSERT_TRUE(gated->WaitBlocked(s0));
@@ -483,10 +491,7 @@ TEST(WalWriter, AmbiguousPutsAreResolvedByNonce) {
 TEST(WalWriter, ForeignFlightHaltsTheChain) {
   auto mem = testing::NewTestStore();
   // Another writer (same node and epoch, different nonce) already owns slot 0.
-  SlotBuilder b;
-  std::string other = OneRecordBatch("other");
-  b.Add(1, other, 1, 1);
-  ASSERT_TRUE(mem->Put(SlotKey("n1", 1, 0), b.Finish(1, 0, 12345)).ok());
+  ASSERT_TRUE(PutForeignSlot(*mem, 0).ok());
   std::atomic<int> halts{0};
   WriterOptions o = Opts();
   o.on_halt = [&](uint64_t, uint64_t seq, const Status& why) {

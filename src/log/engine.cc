@@ -719,22 +719,27 @@ Status Engine::ReconfigureTable(const std::string& basin, const std::string& nam
 }
 
 Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
-  std::lock_guard tables(tables_mu_);
-  TablesChange change(&tables_version_);
-  WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
-  // Found before the delete, forgotten right after it (as DeleteStream), and
-  // only then their objects deleted.
-  std::vector<std::shared_ptr<Stream>> buckets;
-  for (uint32_t b = 0; b < table.bucket_count; ++b) {
-    auto s = Find(basin, metastore::BucketStreamName(name, b));
-    if (s.ok()) buckets.push_back(std::move(*s));
+  std::vector<std::string> keys;
+  {
+    std::lock_guard tables(tables_mu_);
+    TablesChange change(&tables_version_);
+    WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
+    // Found before the delete, forgotten right after it (as DeleteStream), and
+    // only then their objects deleted.
+    std::vector<std::shared_ptr<Stream>> buckets;
+    for (uint32_t b = 0; b < table.bucket_count; ++b) {
+      auto s = Find(basin, metastore::BucketStreamName(name, b));
+      if (s.ok()) buckets.push_back(std::move(*s));
+    }
+    const bool topic = !options_.group_offsets_basin.empty() && basin == options_.group_offsets_basin;
+    WEIR_ASSIGN_OR_RETURN(keys, meta_->DeleteTable(table.id, topic));
+    for (const auto& s : buckets) {
+      std::vector<std::string> held = Forget(s);
+      keys.insert(keys.end(), held.begin(), held.end());
+    }
   }
-  const bool topic = !options_.group_offsets_basin.empty() && basin == options_.group_offsets_basin;
-  WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteTable(table.id, topic));
-  for (const auto& s : buckets) {
-    std::vector<std::string> held = Forget(s);
-    keys.insert(keys.end(), held.begin(), held.end());
-  }
+  // Nothing refers to them any more: deleted without holding table changes
+  // (and offset commits, WithTablesSteady) off for as long as the store takes.
   DeleteObjects(std::move(keys), fmt::format("segments of table {}", name));
   return Status::Ok();
 }

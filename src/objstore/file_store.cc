@@ -804,8 +804,8 @@ Result<Fd> OwnerLock(const std::string& tmp_dir, uint64_t salt) {
   Fd fd(RetryEintr([&] { return ::open(made.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644); }));
   if (!fd.valid()) return ErrnoStatus(errno, "create", made);
   // A file system without locks (some NFS or FUSE mounts) keeps the file
-  // unlocked: the next opens cannot tell its store is alive, and leave its
-  // free files to the age rule (RemoveStaleTemps).
+  // unlocked: the next opens cannot tell whether its store is alive, and
+  // leave its free files (after a crash, up to the pool's 64 MiB stay).
   if (RetryEintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) != 0 && !LocksUnsupported(errno)) {
     Status st = ErrnoStatus(errno, "lock", made);
     ::unlink(made.c_str());
@@ -852,11 +852,13 @@ void RemoveStaleTemps(const std::string& tmp_dir) {
       auto [o, fresh] = owners.try_emplace(owner, Owner::kUnknown);
       if (fresh) o->second = OwnerState(tmp_dir, owner);
       if (o->second == Owner::kGone) std::filesystem::remove(it->path(), ec2);
-      if (o->second != Owner::kUnknown) continue;  // a live store's stays, however old
+      // Kept otherwise, however old: a live store's, or one whose liveness
+      // cannot be told without locks (its mtime is the old object's).
+      continue;
     } else if (name.starts_with("owner-") && !name.ends_with(".new")) {
       auto [o, fresh] = owners.try_emplace(name.substr(6), Owner::kUnknown);
       if (fresh) o->second = OwnerState(tmp_dir, name.substr(6));
-      if (o->second != Owner::kUnknown) continue;  // removed by OwnerState if its store is gone
+      continue;  // removed by OwnerState if its store is gone; never by age
     }
     const auto mtime = it->last_write_time(ec2);
     if (!ec2 && now - mtime > kStaleTmpAge) std::filesystem::remove(it->path(), ec2);
