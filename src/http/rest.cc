@@ -425,12 +425,11 @@ AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimit
           rec.headers.push_back(
               wal::RecordHeader{DecodeField(pair.at(0).value_unsafe(), f, "header name"),
                                 DecodeField(pair.at(1).value_unsafe(), f, "header value")});
-          const auto& added = rec.headers.back();
-          meter(2 + added.key.size() + (added.value.has_value() ? added.value->size() : 0));
+          meter(log::MeteredBytes(rec.headers.back()));
         }
       }
     }
-    meter(8);
+    meter(log::kMeteredRecordBytes);
     in.records.push_back(std::move(rec));
   }
   if (auto m = obj["match_seq_num"]; !m.error() && !m.is_null()) {

@@ -90,7 +90,7 @@ Result<log::AppendRecord> DecodeRecord(std::string_view msg, const AppendLimits&
     }
     return Status::Ok();
   };
-  WEIR_RETURN_IF_ERROR(meter(8));
+  WEIR_RETURN_IF_ERROR(meter(log::kMeteredRecordBytes));
   log::AppendRecord rec;
   WEIR_RETURN_IF_ERROR(ForEachField(msg, [&](uint32_t n, uint32_t wire, Reader& r) -> Status {
     switch (n) {
@@ -105,8 +105,7 @@ Result<log::AppendRecord> DecodeRecord(std::string_view msg, const AppendLimits&
         WEIR_RETURN_IF_ERROR(Expect(wire, kLen, "AppendRecord.headers"));
         WEIR_ASSIGN_OR_RETURN(auto b, r.Bytes());
         WEIR_ASSIGN_OR_RETURN(auto h, DecodeHeader(b));
-        const size_t value_size = h.value.has_value() ? h.value->size() : 0;
-        WEIR_RETURN_IF_ERROR(meter(2 + h.key.size() + value_size));
+        WEIR_RETURN_IF_ERROR(meter(log::MeteredBytes(h)));
         rec.headers.push_back(std::move(h));
         return Status::Ok();
       }

@@ -372,15 +372,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     body_ = std::string();
     keep_alive_ = msg.keep_alive();
     Request req;
-    req.method = std::string(msg.method_string());
-    if (!ParseTarget(std::string_view(msg.target().data(), msg.target().size()), &req)) {
+    if (!HeadToRequest(msg, &req)) {
       ReleaseReserved();
       return Reject(400, "bad_request", "bad percent escape in the query string");
-    }
-    for (const auto& f : msg) {
-      std::string name(f.name_string());
-      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      req.headers.emplace_back(std::move(name), std::string(f.value()));
     }
     req.body = std::move(msg.body());
     Dispatch(std::move(req));
@@ -407,16 +401,23 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   // The handler's RefuseHead on the head parser_ holds (a target it cannot
   // parse goes on, to be refused with the body).
   std::optional<Response> RefuseHead() {
-    const auto& msg = parser_->get();
     Request head;
-    head.method = std::string(msg.method_string());
-    if (!ParseTarget(std::string_view(msg.target().data(), msg.target().size()), &head)) return std::nullopt;
+    if (!HeadToRequest(parser_->get(), &head)) return std::nullopt;
+    return srv_->handler->RefuseHead(head);
+  }
+
+  // A Beast request's method, target (ParseTarget) and headers (names in
+  // lower case, as HTTP/2's) into `req`; false on a bad target.
+  template <typename Message>
+  static bool HeadToRequest(const Message& msg, Request* req) {
+    req->method = std::string(msg.method_string());
+    if (!ParseTarget(std::string_view(msg.target().data(), msg.target().size()), req)) return false;
     for (const auto& f : msg) {
       std::string name(f.name_string());
       for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      head.headers.emplace_back(std::move(name), std::string(f.value()));
+      req->headers.emplace_back(std::move(name), std::string(f.value()));
     }
-    return srv_->handler->RefuseHead(head);
+    return true;
   }
 
   void WriteNext() {

@@ -20,11 +20,13 @@ namespace weir::log {
 
 namespace {
 size_t Metered(size_t body, const std::optional<std::string>& key, const std::vector<wal::RecordHeader>& headers) {
-  size_t n = 8 + body + (key ? key->size() : 0);
-  for (const auto& h : headers) n += 2 + h.key.size() + (h.value ? h.value->size() : 0);
+  size_t n = kMeteredRecordBytes + body + (key ? key->size() : 0);
+  for (const auto& h : headers) n += MeteredBytes(h);
   return n;
 }
 }  // namespace
+
+size_t MeteredBytes(const wal::RecordHeader& h) { return 2 + h.key.size() + (h.value ? h.value->size() : 0); }
 
 size_t MeteredBytes(const AppendRecord& r) { return Metered(r.body.size(), r.key, r.headers); }
 

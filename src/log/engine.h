@@ -493,6 +493,10 @@ class Engine {
 // for each header 2 + name + value (+ the Kafka key, which S2 records lack).
 size_t MeteredBytes(const AppendRecord& r);
 size_t MeteredBytes(const wal::Record& r);
+// Its parts, for decoders that meter as they go: a record counts this much
+// besides its body, key and headers; a header counts MeteredBytes(header).
+inline constexpr size_t kMeteredRecordBytes = 8;
+size_t MeteredBytes(const wal::RecordHeader& h);
 
 // kInvalidArgument if `config` requires client timestamps and a record has none.
 Status CheckClientTimestamps(const metastore::StreamConfig& config, const std::vector<AppendRecord>& records);

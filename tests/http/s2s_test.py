@@ -497,14 +497,19 @@ class StallTest(unittest.TestCase):
             buf += data
         self.assertTrue(reset or closed, "the half-sent head held its stream open")
 
-    def test_an_append_session_sitting_on_half_a_frame_is_reset(self):
-        # An append session may idle between frames as long as it likes, but
-        # half a frame is held no longer than the stall timeout.
-        stream = unique("stall")
+    def stream_and_client(self, prefix):
+        """A new stream, and an HTTP/2 connection to open sessions on."""
+        stream = unique(prefix)
         requests.post(f"{self.server.base_url}/v1/streams", json={"stream": stream},
                       timeout=TIMEOUT).raise_for_status()
         client = H2Client(self.server.port)
         self.addCleanup(client.close)
+        return stream, client
+
+    def test_an_append_session_sitting_on_half_a_frame_is_reset(self):
+        # An append session may idle between frames as long as it likes, but
+        # half a frame is held no longer than the stall timeout.
+        stream, client = self.stream_and_client("stall")
         one = frame(pb_append_input([pb_append_record(b"whole")]))
         idle = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")], body=one,
                               end=False)
@@ -521,11 +526,7 @@ class StallTest(unittest.TestCase):
     def test_an_append_session_whose_frame_arrives_slowly_is_not_reset(self):
         # Steady progress, however slow: a frame sent a piece at a time over
         # several stall timeouts (1 s here) is taken whole and acked.
-        stream = unique("slow")
-        requests.post(f"{self.server.base_url}/v1/streams", json={"stream": stream},
-                      timeout=TIMEOUT).raise_for_status()
-        client = H2Client(self.server.port)
-        self.addCleanup(client.close)
+        stream, client = self.stream_and_client("slow")
         one = frame(pb_append_input([pb_append_record(b"y" * 4000)]))
         sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")], body=b"",
                              end=False)
