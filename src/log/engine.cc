@@ -26,8 +26,6 @@ size_t Metered(size_t body, const std::optional<std::string>& key, const std::ve
 }
 }  // namespace
 
-size_t MeteredBytes(const wal::RecordHeader& h) { return 2 + h.key.size() + (h.value ? h.value->size() : 0); }
-
 size_t MeteredBytes(const AppendRecord& r) { return Metered(r.body.size(), r.key, r.headers); }
 
 size_t MeteredBytes(const wal::Record& r) { return Metered(r.value ? r.value->size() : 0, r.key, r.headers); }

@@ -495,8 +495,11 @@ size_t MeteredBytes(const AppendRecord& r);
 size_t MeteredBytes(const wal::Record& r);
 // Its parts, for decoders that meter as they go: a record counts this much
 // besides its body, key and headers; a header counts MeteredBytes(header).
+// (Inline: the S2S decoder's fuzzer links without the engine.)
 inline constexpr size_t kMeteredRecordBytes = 8;
-size_t MeteredBytes(const wal::RecordHeader& h);
+inline size_t MeteredBytes(const wal::RecordHeader& h) {
+  return 2 + h.key.size() + (h.value ? h.value->size() : 0);
+}
 
 // kInvalidArgument if `config` requires client timestamps and a record has none.
 Status CheckClientTimestamps(const metastore::StreamConfig& config, const std::vector<AppendRecord>& records);
