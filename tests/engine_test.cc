@@ -139,14 +139,19 @@ class EngineTest : public ::testing::Test {
     return hooked;
   }
 
+  // Every record from `from` to the tail: a read stops after
+  // Engine::kMaxSegmentsPerRead segments (a settle every few ms makes many
+  // small ones), so this reads on from where each read ended.
   std::vector<std::string> ReadAll(const std::string& stream, uint64_t from = 0) {
-    auto r = engine_->Read(kBasin, stream, ReadStart{ReadStart::kOffset, from}, 1000, 1 << 20);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
     std::vector<std::string> out;
-    if (r.ok()) {
+    for (;;) {
+      auto r = engine_->Read(kBasin, stream, ReadStart{ReadStart::kOffset, from}, 1000, 1 << 20);
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) return out;
       for (auto& rec : r->records) out.push_back(rec.record.value.value_or("<null>"));
+      if (r->records.empty() || r->records.back().offset + 1 >= r->tail) return out;
+      from = r->records.back().offset + 1;
     }
-    return out;
   }
 
   std::shared_ptr<objstore::ObjectStore> store_;
