@@ -214,7 +214,11 @@ struct BenchClient {
   bool connecting = false;
   bool out_armed = false;  // EPOLLOUT is in the epoll interest set
   bool in_flight = false;
-  std::string head;        // the request line and headers, fixed for this client
+  // The request line and headers for each of this client's streams (i,
+  // i + clients, i + 2 * clients, ...); its requests go to them in turn.
+  std::vector<std::string> heads;
+  size_t next = 0;         // index into heads of the request in flight
+  const std::string& head() const { return heads[next]; }
   size_t written = 0;      // bytes of head + body sent for the request in flight
   std::string in;          // response bytes received so far
   TimePoint sent;
@@ -232,14 +236,9 @@ class Driver {
         streams_(streams),
         clients_(static_cast<size_t>(o.clients)) {
     for (size_t i = 0; i < clients_.size(); ++i) {
-      const std::string stream = o.stream_prefix + std::to_string(i % static_cast<size_t>(streams));
-      std::string& h = clients_[i].head;
-      h = "POST " + target_.path_prefix + "/v1/streams/" + client::UrlEncode(stream) + "/records HTTP/1.1\r\n";
-      h += "Host: " + target_.host_header + "\r\n";
-      h += "Content-Type: application/json\r\ns2-format: raw\r\n";
-      if (!o.basin.empty()) h += "s2-basin: " + o.basin + "\r\n";
-      if (!o.auth_token.empty()) h += "Authorization: Bearer " + o.auth_token + "\r\n";
-      h += "Content-Length: " + std::to_string(body_.size()) + "\r\n\r\n";
+      for (size_t k = i; k < static_cast<size_t>(streams) || k == i; k += clients_.size()) {
+        AddHead(clients_[i], o.stream_prefix + std::to_string(k % static_cast<size_t>(streams)));
+      }
     }
   }
   ~Driver() {
@@ -250,6 +249,16 @@ class Driver {
   Status Run();
 
  private:
+  void AddHead(BenchClient& c, const std::string& stream) {
+    std::string h = "POST " + target_.path_prefix + "/v1/streams/" + client::UrlEncode(stream) + "/records HTTP/1.1\r\n";
+    h += "Host: " + target_.host_header + "\r\n";
+    h += "Content-Type: application/json\r\ns2-format: raw\r\n";
+    if (!o_.basin.empty()) h += "s2-basin: " + o_.basin + "\r\n";
+    if (!o_.auth_token.empty()) h += "Authorization: Bearer " + o_.auth_token + "\r\n";
+    h += "Content-Length: " + std::to_string(body_.size()) + "\r\n\r\n";
+    c.heads.push_back(std::move(h));
+    c.next = c.heads.size() - 1;  // Send moves on first: the first request goes to heads[0]
+  }
   void Send(BenchClient& c);
   void Write(BenchClient& c);
   void Read(BenchClient& c);
@@ -259,6 +268,12 @@ class Driver {
   void Arm(BenchClient& c, bool out);
   void CloseConn(BenchClient& c);
   void Count(std::string_view key);
+  // The measured window starts: what the warm-up counted is dropped.
+  void StartMeasuring(TimePoint at) {
+    measuring_ = true;
+    measured_at_ = at;
+    window_.Reset();
+  }
 
   const HttpBenchOptions& o_;
   const Target target_;
@@ -275,6 +290,7 @@ class Driver {
 };
 
 void Driver::Send(BenchClient& c) {
+  c.next = (c.next + 1) % c.heads.size();
   c.in.clear();
   c.written = 0;
   c.sent = Now();
@@ -299,15 +315,16 @@ void Driver::Send(BenchClient& c) {
 }
 
 void Driver::Write(BenchClient& c) {
-  const size_t total = c.head.size() + body_.size();
+  const std::string& head = c.head();
+  const size_t total = head.size() + body_.size();
   while (c.written < total) {
     iovec iov[2];
     int n = 0;
-    if (c.written < c.head.size()) {
-      iov[n++] = {c.head.data() + c.written, c.head.size() - c.written};
+    if (c.written < head.size()) {
+      iov[n++] = {const_cast<char*>(head.data()) + c.written, head.size() - c.written};
       iov[n++] = {const_cast<char*>(body_.data()), body_.size()};
     } else {
-      const size_t off = c.written - c.head.size();
+      const size_t off = c.written - head.size();
       iov[n++] = {const_cast<char*>(body_.data()) + off, body_.size() - off};
     }
     msghdr msg{};
@@ -373,7 +390,7 @@ void Driver::OnEvent(BenchClient& c, uint32_t events) {
     c.connecting = false;
     Write(c);
     if (c.fd < 0) return;
-  } else if ((events & EPOLLOUT) && c.in_flight && c.written < c.head.size() + body_.size()) {
+  } else if ((events & EPOLLOUT) && c.in_flight && c.written < c.head().size() + body_.size()) {
     Write(c);
     if (c.fd < 0) return;
   }
@@ -390,11 +407,7 @@ void Driver::Count(std::string_view key) {
 void Driver::Complete(BenchClient& c, const Response& r) {
   c.in_flight = false;
   const TimePoint done = Now();
-  if (!measuring_ && done >= measure_from_) {
-    measuring_ = true;
-    measured_at_ = done;
-    window_.Reset();
-  }
+  if (!measuring_ && done >= measure_from_) StartMeasuring(done);
   if (r.close) CloseConn(c);
   if (r.status >= 200 && r.status < 300) {
     const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(done - c.sent).count());
@@ -453,6 +466,7 @@ Status Driver::Run() {
   std::vector<epoll_event> events(clients_.size() + 16);
   while (Now() < end) {
     const TimePoint now = Now();
+    if (!measuring_ && now >= measure_from_) StartMeasuring(now);
     while (!backoff_.empty() && backoff_.front().first <= now) {
       BenchClient* c = backoff_.front().second;
       backoff_.pop_front();
@@ -489,7 +503,7 @@ Status Driver::Run() {
   }
   const double elapsed = std::chrono::duration<double>(Now() - measured_at_).count();
   if (tty) std::fprintf(stderr, "\n");
-  if (!measuring_) return Internal("no request finished in the measured window");
+  if (!measuring_) return Internal("the run ended before its measured window began");
 
   const double appends = static_cast<double>(window_.appends);
   const double records = appends * o_.batch;
@@ -524,8 +538,10 @@ Status Driver::Run() {
 Status RunHttpBench(const HttpBenchOptions& o) {
   if (o.clients < 1 || o.clients > 4096) return InvalidArgument("--clients must be 1..4096");
   if (o.batch < 1 || o.batch > 1000) return InvalidArgument("--batch must be 1..1000");
-  if (o.record_bytes < 1 || o.record_bytes * static_cast<size_t>(o.batch) > (1u << 20)) {
-    return InvalidArgument("--record-bytes × --batch must be 1..1048576");
+  // S2 meters a record as its body plus 8 bytes; an append holds at most 1 MiB.
+  if (o.record_bytes < 1 || (o.record_bytes + 8) * static_cast<size_t>(o.batch) > (1u << 20)) {
+    return InvalidArgument("(--record-bytes + 8) × --batch must be at most 1048576, S2's limit on one append's metered "
+                           "bytes; got ({} + 8) × {}", o.record_bytes, o.batch);
   }
   if (o.duration_s <= 0) return InvalidArgument("--duration must be positive");
   WEIR_ASSIGN_OR_RETURN(Target target, ResolveTarget(o.server));

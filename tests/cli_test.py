@@ -302,6 +302,9 @@ def follow_across_a_restart():
         assert srv.port != port
         weir("append", "quiet", input="during\n", server=srv.base_url)
         srv.stop()
+        # Longer than the 30 s a follower used to give up after.
+        time.sleep(35)
+        assert proc.poll() is None, f"the follower gave up: {proc.stderr.read()}"
         srv.command = same_port
         srv.start()
         weir("append", "quiet", input="after\n", server=srv.base_url)
@@ -326,7 +329,62 @@ def errors():
     out = weir("tail", "s1", "--server", "ftp://nowhere", ok=False)
     assert "bad server URL" in error_line(out), out.stderr
     out = weir("read", "s1", "--from", "1", "--tail-offset", "1", ok=False)
-    assert "excludes" in out.stderr, out.stderr
+    assert out.returncode == 1 and "excludes" in error_line(out), out.stderr
+    # Usage errors are one line and exit 1 too.
+    for args in (("read",), ("read", "s1", "--count", "x"), ("bogus",)):
+        out = weir(*args, ok=False)
+        assert out.returncode == 1, (args, out.returncode)
+        error_line(out)
+
+
+@case
+def numbers_are_decimal():
+    weir("stream", "create", "nums")
+    weir("append", "nums", input="".join(f"{i}\n" for i in range(12)))
+    # CLI11 alone reads "010" as octal, "0x10" as hex and "-1" as 2^64 - 1.
+    assert weir("read", "nums", "--from", "010", "--count", "1").stdout == "10\n"
+    for args in (("--count", "-1"), ("--tail-offset", "-1"), ("--from", "0x1"), ("--count", "1e3"),
+                 ("--count", "0"), ("--from", "")):
+        out = weir("read", "nums", *args, ok=False)
+        assert out.returncode == 1 and args[0] in error_line(out), (args, out.stderr)
+    # NaN got past CLI11's range checks into a duration cast.
+    for args in (("append", "nums", "--linger-ms", "nan"), ("append", "nums", "--linger-ms", "inf"),
+                 ("bench", "http", "--duration", "nan"), ("bench", "http", "--warmup", "0x1p3")):
+        out = weir(*args, input="", ok=False)
+        assert out.returncode == 1 and args[2] in error_line(out), (args, out.stderr)
+    assert weir("tail", "nums").stdout == "12\n"
+
+
+@case
+def lines_too_long_for_a_record():
+    weir("stream", "create", "long")
+    limit = (1 << 20) - 8  # S2: 1 MiB metered per record, 8 of them overhead
+    weir("append", "long", input="a\n" + "x" * limit + "\n")
+    assert weir("tail", "long").stdout == "2\n"
+    # One byte more: the line is named, its batch is not sent (a linger would
+    # send "b" while the long line is still arriving), nothing after it is read.
+    out = weir("append", "long", "--linger-ms", "60000", input="b\n" + "y" * (limit + 1) + "\nc\n", ok=False)
+    line = error_line(out)
+    assert f"line 2 is {limit + 1} bytes" in line and str(limit) in line, line
+    assert weir("tail", "long").stdout == "2\n"
+    # A line still growing past the limit fails before it ends (memory stays bounded).
+    proc = subprocess.Popen([WEIR, "append", "long"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, WEIR_SERVER=SERVER.base_url))
+    try:
+        chunk = b"z" * (1 << 16)
+        for _ in range(64):  # 4 MiB, no newline
+            proc.stdin.write(chunk)
+    except BrokenPipeError:
+        pass
+    finally:
+        try:
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == 1 and b"line 1 is over" in err, (proc.returncode, err)
+    assert weir("tail", "long").stdout == "2\n"
 
 
 @case
@@ -339,6 +397,15 @@ def bench_http_smoke():
     assert r["appends_per_s"] > 0 and r["errors"] == 0, r
     assert abs(r["records_per_s"] - 3 * r["appends_per_s"]) < 1e-6 * r["records_per_s"] + 1, r
     assert weir("tail", "bench-1").stdout.strip() != "0"
+    # More streams than clients: every stream gets appends.
+    out = weir("bench", "http", "--clients", "2", "--streams", "5", "--duration", "1", "--warmup", "0",
+               "--stream-prefix", "spread-", timeout=120).stdout
+    assert json.loads(out.strip().splitlines()[-1])["errors"] == 0, out
+    for i in range(5):
+        assert weir("tail", f"spread-{i}").stdout.strip() != "0", i
+    # A request over S2's 1 MiB metered limit is refused before the run, not 422'd for its whole length.
+    out = weir("bench", "http", "--record-bytes", "1048", "--batch", "1000", "--duration", "1", ok=False)
+    assert "1048576" in out.stderr and "appends_per_s" not in out.stdout, out
 
 
 SERVER.stop()

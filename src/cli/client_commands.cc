@@ -216,6 +216,9 @@ int StreamInfo(ClientCommandsState& s, Client& c) {
   return 0;
 }
 
+// S2's limit on one append, so on one record, in metered bytes.
+constexpr size_t kMaxRecordMetered = 1 << 20;
+
 // Metered size of one record (S2's): 8 + body + per header 2 + name + value.
 size_t Metered(const client::AppendRecord& r) {
   size_t n = 8 + r.body.size();
@@ -272,10 +275,19 @@ int Append(ClientCommandsState& s, Client& c) {
     batch_bytes = 0;
     return Status::Ok();
   };
+  uint64_t line_no = 0;  // of the last line read
+  // A record's limit, checked before anything holding the line is sent.
+  auto too_long = [&](size_t body_bytes, bool whole) {
+    return InvalidArgument(
+        "line {} is {}{} bytes; a record holds at most {} (S2's limit: {} metered bytes, 8 of them per record); "
+        "nothing after the last ack printed was appended",
+        line_no, whole ? "" : "over ", body_bytes, kMaxRecordMetered - 8, kMaxRecordMetered);
+  };
   auto add = [&](std::string line) -> Status {
     client::AppendRecord r;
     r.body = std::move(line);
     size_t m = Metered(r);
+    if (m > kMaxRecordMetered) return too_long(r.body.size(), true);
     if (!batch.empty() && batch_bytes + m > s.max_batch_bytes) WEIR_RETURN_IF_ERROR(flush());
     if (batch.empty()) deadline = Now() + std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(s.linger_ms));
     batch.push_back(std::move(r));
@@ -305,13 +317,20 @@ int Append(ClientCommandsState& s, Client& c) {
     if (n == 0) break;
     std::string_view chunk(buf.data(), static_cast<size_t>(n));
     for (size_t nl; (nl = chunk.find('\n')) != std::string_view::npos; chunk.remove_prefix(nl + 1)) {
+      ++line_no;
       pending.append(chunk.substr(0, nl));
       if (Status st = add(std::move(pending)); !st.ok()) return Fail(s, st);
       pending.clear();
     }
     pending.append(chunk);
+    // A line that can no longer fit a record fails now, not once it ends.
+    if (pending.size() + 8 > kMaxRecordMetered) {
+      ++line_no;
+      return Fail(s, too_long(pending.size(), false));
+    }
   }
   if (!pending.empty()) {
+    ++line_no;
     if (Status st = add(std::move(pending)); !st.ok()) return Fail(s, st);
   }
   if (Status st = flush(); !st.ok()) return Fail(s, st);
@@ -327,7 +346,9 @@ client::ReadStart StartOf(const ClientCommandsState& s) {
 }
 
 // Follows the stream through a read session, reconnecting (from the last
-// event id) when the connection drops, for up to 30 s of failed attempts.
+// event id) when the connection drops, for as long as it takes once it has
+// connected (a server restart, or a recovery answering 503 for a while): the
+// first failure of each outage is one line on stderr.
 int Follow(ClientCommandsState& s, Client& c) {
   client::ReadOptions ro;
   ro.start = StartOf(s);
@@ -344,18 +365,25 @@ int Follow(ClientCommandsState& s, Client& c) {
   // follower waits for records as long as it takes.
   if (s.count) ro.wait_s = std::numeric_limits<int>::max();
   std::string last_event_id;
-  TimePoint failing_since{};
-  for (bool first = true;; first = false) {
+  bool connected = false;  // ever
+  bool failing = false;    // since the last connect
+  auto backoff = std::chrono::milliseconds(500);
+  for (;;) {
     Status st = c.ReadSession(s.name, ro, &last_event_id, [&](const client::ReadBatch& b) {
       PrintRecords(s, b);
       return true;
-    }, [&] { failing_since = TimePoint{}; });  // connected: the failures so far are over
+    }, [&] {  // connected: the failures so far are over
+      connected = true;
+      failing = false;
+      backoff = std::chrono::milliseconds(500);
+    });
     if (st.ok()) return 0;
     bool transient = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
-    if (!transient || (first && st.message().starts_with("cannot connect"))) return Fail(s, st);
-    if (failing_since == TimePoint{}) failing_since = Now();
-    if (Now() - failing_since > std::chrono::seconds(30)) return Fail(s, st);
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (!transient || (!connected && st.message().starts_with("cannot connect"))) return Fail(s, st);
+    if (!failing) std::cerr << "weir: " << st.message() << "; reconnecting\n";
+    failing = true;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
   }
 }
 
@@ -400,14 +428,14 @@ void AddBenchHttp(CLI::App& bench, ClientCommandsState& s) {
   cmd->add_option("--auth-token", b.auth_token, "Bearer token")->envname("WEIR_AUTH_TOKEN");
   cmd->add_option("--clients", b.clients, "Concurrent clients, one append in flight each")
       ->check(CLI::Range(1, 4096))->capture_default_str();
-  cmd->add_option("--record-bytes", b.record_bytes, "Record body size")->check(CLI::Range(1, 1 << 20))
+  cmd->add_option("--record-bytes", b.record_bytes, "Record body size")->check(CLI::Range(1, (1 << 20) - 8))
       ->capture_default_str();
   cmd->add_option("--batch", b.batch, "Records per append")->check(CLI::Range(1, 1000))->capture_default_str();
   cmd->add_option("--duration", b.duration_s, "Measured seconds")->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
   cmd->add_option("--warmup", b.warmup_s, "Warm-up seconds before measuring")->check(CLI::Range(0.0, 600.0))
       ->capture_default_str();
-  cmd->add_option("--streams", b.streams, "Streams, created if missing (default: one per client)")
+  cmd->add_option("--streams", b.streams, "Streams, created if missing (default: one per client); client i appends to streams i, i + clients, ... in turn")
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--stream-prefix", b.stream_prefix, "Stream names: PREFIX0, PREFIX1, ...")->capture_default_str();
 }
@@ -461,7 +489,10 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
   auto* ts = s.read->add_option("--timestamp", s.timestamp, "Start at the first record at or after this time (ms)");
   from->excludes(tail_offset)->excludes(ts);
   tail_offset->excludes(ts);
-  s.read->add_option("--count", s.count, "Stop after this many records");
+  s.read->add_option("--count", s.count, "Stop after this many records")
+      ->check([](const std::string& v) {
+        return v == "0" ? std::string("must be at least 1 (leave --count out to read up to the tail)") : std::string();
+      });
   s.read->add_flag("--follow,-f", s.follow, "Keep reading new records until interrupted (an SSE session)");
 
   s.tail = Leaf(&app, s, "tail", "Print the stream's next seq_num", "STREAM");

@@ -1,6 +1,7 @@
 // The weir command line: `weir serve`, `weir bench ...`, `weir --version`.
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "bench/s3_bench.h"
 #include "bench/wal_bench.h"
 #include "cli/client_commands.h"
+#include "cli/strict_numbers.h"
 #include "server/serve.h"
 
 namespace {
@@ -190,7 +192,17 @@ int main(int argc, char** argv) {
   s3_cmd->add_option("--range-seconds", s3b.range_s, "Seconds of ranged GETs")->check(CLI::Range(0.1, 3600.0));
 
   weir::cli::ClientCommands client(app, *bench);  // basin, stream, append, read, tail, bench http
-  CLI11_PARSE(app, argc, argv);
+  weir::cli::MakeNumbersStrict(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // one line and exit 1, like every other error
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    std::cerr << "weir: " << what << " (see weir --help)\n";
+    return 1;
+  }
   if (auto rc = client.Run()) return *rc;
 
   if (serve_cmd->parsed()) {

@@ -1,0 +1,63 @@
+#include "cli/strict_numbers.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include <CLI/CLI.hpp>
+
+namespace weir::cli {
+
+namespace {
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+}  // namespace
+
+std::string CheckNumber(const std::string& type, std::string& value) {
+  std::string_view v = value;
+  std::string sign;
+  if (!v.empty() && (v[0] == '-' || v[0] == '+')) {
+    if (v[0] == '-') sign = "-";
+    v.remove_prefix(1);
+  }
+  if (type == "UINT" || type == "INT") {
+    if (v.empty() || v.find_first_not_of("0123456789") != std::string_view::npos) {
+      return "must be a whole number in decimal, got \"" + value + "\"";
+    }
+    if (type == "UINT" && sign == "-") return "must not be negative, got \"" + value + "\"";
+    size_t first = v.find_first_not_of('0');
+    v.remove_prefix(first == std::string_view::npos ? v.size() - 1 : first);
+    value = sign + std::string(v);
+    return "";
+  }
+  // FLOAT: digits, an optional fraction, an optional decimal exponent.
+  size_t i = 0, digits = 0;
+  while (i < v.size() && IsDigit(v[i])) ++i, ++digits;
+  if (i < v.size() && v[i] == '.') {
+    ++i;
+    while (i < v.size() && IsDigit(v[i])) ++i, ++digits;
+  }
+  if (digits > 0 && i < v.size() && (v[i] == 'e' || v[i] == 'E')) {
+    size_t j = i + 1;
+    if (j < v.size() && (v[j] == '-' || v[j] == '+')) ++j;
+    size_t exp_start = j;
+    while (j < v.size() && IsDigit(v[j])) ++j;
+    if (j > exp_start) i = j;
+  }
+  if (digits == 0 || i != v.size() || !std::isfinite(std::strtod(value.c_str(), nullptr))) {
+    return "must be a finite decimal number, got \"" + value + "\"";
+  }
+  return "";
+}
+
+void MakeNumbersStrict(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    std::string type = opt->get_type_name();
+    type = type.substr(0, type.find(':'));
+    if (type != "UINT" && type != "INT" && type != "FLOAT") continue;
+    opt->transform(CLI::Validator([type](std::string& value) { return CheckNumber(type, value); }, "", ""));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) MakeNumbersStrict(*sub);
+}
+
+}  // namespace weir::cli
