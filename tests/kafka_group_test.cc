@@ -257,6 +257,27 @@ TEST_F(GroupTest, InitialDelayIsExtendedWhileMembersArriveWithinTheRebalanceTime
   for (auto& j : joins) EXPECT_TRUE(j.done());
 }
 
+TEST_F(GroupTest, AGroupReformingFromEmptyWaitsTheInitialDelayOnce) {
+  GroupOptions o = TestOptions();
+  o.initial_rebalance_delay = std::chrono::seconds(3);
+  Reset(o);
+  auto a = Join("", 0);
+  c_->Tick(T(3000));
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a->generation_id, 1);
+  EXPECT_EQ(Leave(a->member_id, 4000).error_code, kErrNone);
+  ASSERT_EQ(Describe().state, GroupState::kEmpty);
+  // As in Kafka, only a new group (generation 0) extends the delay per
+  // arrival; here the second member's arrival does not push it to 105 s.
+  auto a2 = Join("", 100000);
+  auto b = Join("", 102000);
+  c_->Tick(T(102999));
+  EXPECT_FALSE(a2.done());
+  c_->Tick(T(103000));
+  ASSERT_TRUE(a2.done() && b.done());
+  EXPECT_EQ(a2->members.size(), 2u);
+}
+
 TEST_F(GroupTest, MemberIdRequiredFlow) {
   // v4+: a first join gets an id and must come back with it.
   auto first = Join(In("", "m", 4), 0);
@@ -345,6 +366,46 @@ TEST_F(GroupTest, SessionExpiryRemovesTheMemberAndRebalances) {
   EXPECT_EQ(d.generation_id, 4);
   EXPECT_TRUE(d.leader.empty());
   EXPECT_TRUE(d.protocol_name.empty());
+}
+
+// librdkafka and kafkajs send no heartbeat while waiting in SyncGroup: a
+// follower answered REBALANCE_IN_PROGRESS there (the leader expired or left
+// before it synced) starts a new session, as in Kafka, instead of being
+// removed with the leader in the same tick.
+TEST_F(GroupTest, FollowersWaitingInSyncOutliveALeaderThatNeverSyncs) {
+  auto [A, B] = StableTwo(0);
+  auto a = Join(A, 1000, "ma");
+  auto b = Join(B, 1000, "mb");
+  ASSERT_TRUE(a.done() && b.done());
+  ASSERT_EQ(b->generation_id, 3);
+  auto sb = Sync(B, 3, {}, 1100);  // waits for the leader, which never syncs
+  EXPECT_FALSE(sb.done());
+  c_->Tick(T(11000));  // A's session (10 s since the join) ran out
+  ASSERT_TRUE(sb.done());
+  EXPECT_EQ(sb->error_code, kErrRebalanceInProgress);
+  auto d = Describe();
+  ASSERT_EQ(d.members.size(), 1u);
+  EXPECT_EQ(d.members[0].member_id, B);
+  auto b2 = Join(B, 11050, "mb");
+  ASSERT_TRUE(b2.done());
+  EXPECT_EQ(b2->error_code, kErrNone);
+  EXPECT_EQ(b2->generation_id, 4);
+}
+
+TEST_F(GroupTest, FollowersWaitingInSyncOutliveALeaderThatLeaves) {
+  auto [A, B] = StableTwo(0);
+  auto a = Join(A, 1000, "ma");
+  auto b = Join(B, 1000, "mb");
+  ASSERT_TRUE(a.done() && b.done());
+  auto sb = Sync(B, 3, {}, 1100);
+  for (int64_t t = 5000; t < 20000; t += 5000) EXPECT_EQ(Hb(A, 3, t), kErrNone);  // A alive, not syncing
+  EXPECT_FALSE(sb.done());
+  EXPECT_EQ(Leave(A, 20000).error_code, kErrNone);
+  ASSERT_TRUE(sb.done());
+  EXPECT_EQ(sb->error_code, kErrRebalanceInProgress);
+  c_->Tick(T(20001));
+  ASSERT_EQ(Describe().members.size(), 1u);
+  EXPECT_EQ(Join(B, 20050, "mb")->error_code, kErrNone);
 }
 
 TEST_F(GroupTest, RemovedMembersGetUnknownMemberIdOnPendingCallbacks) {
@@ -888,6 +949,24 @@ TEST_F(GroupTest, GroupLimitForgetsEmptyGroupsFirst) {
   EXPECT_EQ(groups[0].group_id, "g1");
   EXPECT_EQ(groups[1].group_id, "g3");
   EXPECT_EQ(groups[1].protocol_type, "consumer");
+}
+
+TEST_F(GroupTest, GroupsHoldingOnlyHandedOutMemberIdsAreForgottenToo) {
+  GroupOptions o = TestOptions();
+  o.max_groups = 2;
+  Reset(o);
+  auto join = [&](std::string group, int64_t t) {
+    JoinGroupInput in = In("", "m", 4);  // v4: MEMBER_ID_REQUIRED first
+    in.session_timeout_ms = 30 * 60 * 1000;
+    in.group_id = std::move(group);
+    return Join(in, t);
+  };
+  EXPECT_EQ(join("g1", 0)->error_code, kErrMemberIdRequired);
+  EXPECT_EQ(join("g2", 10)->error_code, kErrMemberIdRequired);
+  // Two such joins held every slot for the session timeout (30 min).
+  EXPECT_EQ(join("g3", 20)->error_code, kErrMemberIdRequired);
+  EXPECT_FALSE(c_->DescribeGroup("g1").has_value());  // the longest empty
+  EXPECT_TRUE(c_->DescribeGroup("g2").has_value());
 }
 
 TEST_F(GroupTest, EmptyGroupsAreForgottenAfterTheRetention) {

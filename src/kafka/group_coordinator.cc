@@ -225,7 +225,9 @@ bool GroupCoordinator::EvictOneEmptyGroup() {
   auto victim = groups_.end();
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
     const Group& g = *it->second;
-    if (g.state != GroupState::kEmpty || !g.members.empty() || !g.pending.empty()) continue;
+    // Member ids handed out by MEMBER_ID_REQUIRED do not keep a group: a
+    // client coming back with one gets UNKNOWN_MEMBER_ID and joins afresh.
+    if (g.state != GroupState::kEmpty || !g.members.empty()) continue;
     if (victim == groups_.end() || g.empty_since < victim->second->empty_since) victim = it;
   }
   if (victim == groups_.end()) return false;
@@ -385,8 +387,9 @@ void GroupCoordinator::AddMember(Group& g, const std::string& member_id, const J
   if (g.members.empty()) g.protocol_type = in.protocol_type;
   if (g.leader.empty()) g.leader = member_id;
   if (m.instance_id) g.static_members[*m.instance_id] = member_id;
-  // A member arriving during the initial delay extends it (within the rebalance timeout).
-  if (g.state == GroupState::kPreparingRebalance && g.initial_delay) g.new_member_added = true;
+  // A member arriving during a new group's initial delay extends it (within
+  // the rebalance timeout); a group re-forming from Empty waits the delay once.
+  if (g.state == GroupState::kPreparingRebalance && g.initial_delay && g.generation == 0) g.new_member_added = true;
   g.members.emplace(member_id, std::move(m));
   if (g.CanRebalance()) PrepareRebalance(g, now, out);
 }
@@ -482,10 +485,14 @@ void GroupCoordinator::RemoveMember(Group& g, const std::string& member_id, Time
 
 void GroupCoordinator::PrepareRebalance(Group& g, TimePoint now, Outbox& out) {
   if (g.state == GroupState::kCompletingRebalance) {
-    // Members waiting for the leader's assignment rejoin instead.
+    // Members waiting for the leader's assignment rejoin instead. Their
+    // sessions start again now: they sent no heartbeat while they waited.
     for (auto& [id, m] : g.members) {
       m.assignment.clear();
-      if (m.sync_cb) QueueSync(out, Take(m.sync_cb), SyncError(kErrRebalanceInProgress));
+      if (m.sync_cb) {
+        QueueSync(out, Take(m.sync_cb), SyncError(kErrRebalanceInProgress));
+        m.session_deadline = now + Ms(m.session_ms);
+      }
     }
   }
   g.sync_armed = false;
