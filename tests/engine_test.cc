@@ -1461,6 +1461,9 @@ TEST_F(EngineTest, ConcurrentAppendsReadsAndSettles) {
     });
   }
   for (auto& t : threads) t.join();
+  // The settler's rounds count once they settle something: let one run
+  // before stopping it (the appends may all land between two of its turns).
+  for (int i = 0; i < 6000 && engine_->metrics().settle_cycles.load() == 0; ++i) std::this_thread::sleep_for(10ms);
   stop = true;
   settler.join();
   for (auto& t : readers) t.join();

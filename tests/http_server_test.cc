@@ -253,7 +253,7 @@ TEST_F(HttpServerLimits, AnEndlessChunkLineOrTrailerClosesTheConnection) {
 
 // Stop lets a response already answered reach its client whole.
 TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
-  ASSERT_NO_FATAL_FAILURE(Start({}));
+  ASSERT_NO_FATAL_FAILURE(Start({.stop_grace = 60s}));  // 16 MiB read by a sanitized reader on a loaded machine
   int fd = Connect(addr);
   ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
   ASSERT_TRUE(handler.WaitFor(1));
@@ -270,7 +270,7 @@ TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
 // Stop with a streamed chunk being written: the chunk is written, then the
 // connection closes (it stayed open, idle, for good).
 TEST_F(HttpServerLimits, StopClosesAStreamOnceItsChunkIsWritten) {
-  ASSERT_NO_FATAL_FAILURE(Start({}));
+  ASSERT_NO_FATAL_FAILURE(Start({.stop_grace = 60s}));  // 16 MiB read by a sanitized reader on a loaded machine
   int fd = Connect(addr);
   ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
   ASSERT_TRUE(handler.WaitFor(1));

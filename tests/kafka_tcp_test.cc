@@ -137,10 +137,9 @@ TEST_F(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAns
   ASSERT_TRUE(SendFrame(b, std::string(600, 'b')));  // 600 + 600 > 1000: waits
   ASSERT_TRUE(WaitUntil([&] { return server->metrics().budget_waits.load() == 1; }));
   ASSERT_TRUE(SendFrame(c, std::string(300, 'c')));  // would fit, but b came first
-  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(WaitUntil([&] { return server->metrics().budget_waits.load() == 2; }));
   EXPECT_EQ(handler.count(), 1u);
   EXPECT_EQ(server->metrics().in_flight_bytes.load(), 600);
-  EXPECT_EQ(server->metrics().budget_waits.load(), 2u);
 
   handler.Answer(0);  // frees 600: b (600) is read, then c (300) fits too
   EXPECT_EQ(ReadFrame(a), std::string(600, 'a'));
@@ -169,8 +168,7 @@ TEST_F(KafkaTcpServer, AWaitingConnectionThatClosesGivesItsTurnAway) {
   ASSERT_EQ(::send(b, header, 4, MSG_NOSIGNAL), 4);
   ASSERT_TRUE(WaitUntil([&] { return server->metrics().budget_waits.load() == 1; }));
   ASSERT_TRUE(SendFrame(c, std::string(900, 'c')));
-  std::this_thread::sleep_for(200ms);
-  EXPECT_EQ(server->metrics().budget_waits.load(), 2u);
+  ASSERT_TRUE(WaitUntil([&] { return server->metrics().budget_waits.load() == 2; }));
   ::close(b);
   handler.Answer(0);
   EXPECT_EQ(ReadFrame(a), std::string(900, 'a'));

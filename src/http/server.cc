@@ -1424,8 +1424,8 @@ void HttpServer::Stop() {
   impl_->workers.join();
   impl_->guard.reset();
   // What the strands still hold (responses answered just now, the closes
-  // above) runs for up to 2 s; then everything stops.
-  auto deadline = Now() + std::chrono::seconds(2);
+  // above) runs for up to stop_grace; then everything stops.
+  auto deadline = Now() + impl_->options.stop_grace;
   while (!impl_->ioc.stopped() && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();

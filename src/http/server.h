@@ -164,6 +164,9 @@ struct ServerOptions {
   Duration stall_timeout = std::chrono::seconds(60);
   size_t max_in_flight_bytes = 512u << 20;  // request bodies read and not yet answered, all connections
   size_t max_connections = 4096;
+  // Stop: how long responses already answered (and the closes) get to be
+  // written before the I/O threads stop.
+  Duration stop_grace = std::chrono::seconds(2);
 };
 
 struct HttpServerMetrics {

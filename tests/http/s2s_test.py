@@ -530,10 +530,12 @@ class StallTest(unittest.TestCase):
         one = frame(pb_append_input([pb_append_record(b"y" * 4000)]))
         sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")], body=b"",
                              end=False)
-        for i in range(0, len(one), 400):
-            client.send(sid, one[i:i + 400])
+        # Pieces 0.15 s apart: a gap near the 1 s timeout would test the
+        # scheduler of a loaded machine, not the server.
+        for i in range(0, len(one), 200):
+            client.send(sid, one[i:i + 200])
             client.flush()
-            time.sleep(0.4)
+            time.sleep(0.15)
         frames = client.wait_frames(sid, 1)
         self.assertIsNone(client.streams[sid]["reset"])
         self.assertEqual(len(frames), 1)
