@@ -2,6 +2,7 @@
 // decoding, and the REST handlers driven through a recording Exchange over a
 // real engine (mem:// store, in-memory SQLite).
 #include <condition_variable>
+#include <future>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,8 @@
 #include "metastore/metastore.h"
 #include "objstore/object_store.h"
 #include "test_support.h"
+#include "wal/compression.h"
+#include "wal/record_batch.h"
 
 namespace weir::http {
 namespace {
@@ -305,6 +308,51 @@ TEST_F(RestTest, SessionStopsAtCount) {
   EXPECT_NE(r.body.find("id: 2,2,"), std::string::npos) << r.body;  // the last record delivered
   EXPECT_NE(r.body.find("[DONE]"), std::string::npos) << r.body;
   EXPECT_EQ(r.body.find("\"body\":\"a\""), std::string::npos) << r.body;
+}
+
+// A record from Kafka can be far larger than S2's 1 MiB (here a gzip batch of
+// 1.5 and 3 MiB records); an S2S frame holds at most 2 MiB, which S2's SDK
+// enforces. The session sends what fits and ends with an error at what does
+// not, instead of a frame its client cannot read.
+TEST_F(RestTest, AnS2sReadSessionNeverSendsAFrameOverTheLimit) {
+  ASSERT_EQ(Call("POST", "/v1/streams", R"({"stream":"s"})").status, 201);
+  std::vector<wal::Record> records(2);
+  records[0].value = std::string(3u << 19, 'a');
+  records[1].value = std::string(3u << 20, 'b');
+  wal::EncodeOptions o;
+  o.attributes = wal::kCodecGzip;
+  std::string batch;
+  ASSERT_OK(wal::EncodeRecordBatch(records, o, &batch));
+  std::promise<log::AppendOutcome> appended;
+  engine_->AppendBatchAsync("weir-default", "s", std::move(batch),
+                            [&](log::AppendOutcome out) { appended.set_value(std::move(out)); });
+  ASSERT_OK(appended.get_future().get().status);
+
+  auto r = Call("GET", "/v1/streams/s/records?seq_num=0&wait=0", "", {{"content-type", "s2s/proto"}});
+  ASSERT_EQ(r.status, 200);
+  std::string_view rest = r.body;
+  std::vector<S2sFrame> frames;
+  while (!rest.empty()) {
+    S2sFrame f;
+    auto n = DecodeS2sFrame(rest, &f);
+    ASSERT_TRUE(n.ok()) << "frame " << frames.size() << ": " << n.status().ToString();
+    ASSERT_GT(*n, 0u) << "a partial frame at the end";
+    frames.push_back(f);
+    rest.remove_prefix(*n);
+  }
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_FALSE(frames[0].terminal);
+  EXPECT_GT(frames[0].payload.size(), 3u << 19);  // record 0, whole
+  EXPECT_LT(frames[0].payload.size(), 3u << 20);
+  ASSERT_TRUE(frames[1].terminal);
+  ASSERT_GE(frames[1].payload.size(), 2u);
+  EXPECT_EQ((static_cast<uint8_t>(frames[1].payload[0]) << 8) | static_cast<uint8_t>(frames[1].payload[1]), 422);
+  EXPECT_NE(frames[1].payload.find("record 1 is"), std::string_view::npos) << frames[1].payload;
+
+  // Starting at it: an error response, not a stream.
+  r = Call("GET", "/v1/streams/s/records?seq_num=1", "", {{"content-type", "s2s/proto"}});
+  EXPECT_EQ(r.status, 422);
+  EXPECT_NE(r.body.find("record 1 is"), std::string::npos) << r.body;
 }
 
 TEST(RestRecovering, EveryRequestBeforeRecoveryGets503) {

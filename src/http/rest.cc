@@ -1639,6 +1639,27 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         trimmed = true;
       }
     }
+    // An S2S frame holds at most 2 MiB, however compressed (S2's SDK refuses
+    // more): records past it wait for the next step, and a record over it
+    // alone (a large one written through Kafka) ends the session.
+    std::string s2s_message;
+    if (s2s_ && !r->records.empty()) {
+      size_t fit = 0;
+      s2s_message = EncodeProtoReadBatch(r->records, TailPosition(*r), kS2sMaxFrameBytes - 1, &fit);
+      if (fit == 0) {
+        Status st = InvalidArgument(
+            "record {} is {} bytes, more than an S2S frame holds ({} bytes); read it with a unary read or an SSE "
+            "session",
+            r->records.front().offset, log::MeteredBytes(r->records.front().record), kS2sMaxFrameBytes - 1);
+        if (!started_) return c_.Fail(st);
+        return Finish(st);
+      }
+      if (fit < r->records.size()) {
+        r->records.resize(fit);
+        trimmed = true;
+        done = false;  // what was left out comes next
+      }
+    }
     size_t bytes = 0;
     for (const auto& rec : r->records) bytes += log::MeteredBytes(rec.record);
     if (!r->records.empty()) {
@@ -1660,7 +1681,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       auto self = shared_from_this();
       std::string event;
       if (s2s_) {  // every frame carries the tail: S2's SDK ends a session that sees none for 20 s
-        event = S2sFrameOf(EncodeProtoReadBatch(r->records, TailPosition(*r)), s2s_compression_);
+        event = S2sFrameOf(s2s_message, s2s_compression_);
       } else {
         event = fmt::format("event: batch\nid: {},{},{}\ndata: {}\n\n", p_.start.value - 1, sent_records_, sent_bytes_,
                             BatchJson(*r, caught_up).dump(-1, ' ', false, Json::error_handler_t::replace));

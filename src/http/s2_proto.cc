@@ -1,5 +1,7 @@
 #include "http/s2_proto.h"
 
+#include "base/bytes.h"
+
 namespace weir::http {
 namespace {
 
@@ -190,9 +192,12 @@ std::string EncodeProtoAppendAck(const StreamPosition& start, const StreamPositi
   return out;
 }
 
-std::string EncodeProtoReadBatch(const std::vector<log::ReadRecord>& records,
-                                 const std::optional<StreamPosition>& tail) {
+std::string EncodeProtoReadBatch(const std::vector<log::ReadRecord>& records, const std::optional<StreamPosition>& tail,
+                                 size_t max_bytes, size_t* encoded) {
   std::string out, rec, hdr;
+  const std::string tail_position = tail ? Position(*tail) : std::string();
+  const size_t tail_bytes = tail ? 1 + UVarintSize(tail_position.size()) + tail_position.size() : 0;
+  if (encoded != nullptr) *encoded = 0;
   for (const auto& r : records) {
     rec.clear();
     PutUint(&rec, 1, r.offset);
@@ -204,9 +209,11 @@ std::string EncodeProtoReadBatch(const std::vector<log::ReadRecord>& records,
       PutBytes(&rec, 3, hdr);
     }
     if (r.record.value && !r.record.value->empty()) PutBytes(&rec, 4, *r.record.value);
+    if (out.size() + 1 + UVarintSize(rec.size()) + rec.size() + tail_bytes > max_bytes) break;
     PutBytes(&out, 1, rec);
+    if (encoded != nullptr) ++*encoded;
   }
-  if (tail) PutBytes(&out, 2, Position(*tail));
+  if (tail) PutBytes(&out, 2, tail_position);
   return out;
 }
 

@@ -37,7 +37,10 @@ struct AppendLimits {
 // many tiny records or headers take far more memory than their bytes).
 Result<AppendInput> DecodeProtoAppendInput(std::string_view data, const AppendLimits& limits);
 std::string EncodeProtoAppendAck(const StreamPosition& start, const StreamPosition& end, const StreamPosition& tail);
-std::string EncodeProtoReadBatch(const std::vector<log::ReadRecord>& records, const std::optional<StreamPosition>& tail);
+// A ReadBatch of the longest prefix of `records` that keeps it within
+// `max_bytes` (the tail included); how many went in is put in `encoded`.
+std::string EncodeProtoReadBatch(const std::vector<log::ReadRecord>& records, const std::optional<StreamPosition>& tail,
+                                 size_t max_bytes = SIZE_MAX, size_t* encoded = nullptr);
 
 // ---- S2S session framing (docs/http-api.md, "S2S sessions") ----------------
 // A frame: 3 bytes big-endian length of what follows, a flag byte
