@@ -467,6 +467,60 @@ TEST_F(EngineTest, EvictedBatchesAreReadFromTheirWalSlot) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], std::string(500, static_cast<char>('a' + i % 26)));
 }
 
+// Batches no longer in the log cache are read back from their slots a run at
+// a time (a stream's batches in a slot are adjacent), not one GET per batch:
+// with 1 KiB Kafka batches on S3 that was one ~15 ms GET per KiB, serially,
+// and settle could not catch up.
+TEST_F(EngineTest, BatchesOutOfTheCacheAreReadBackOneGetPerSlot) {
+  cache_bytes_ = 4096;
+  settle_on_close_ = false;
+  auto gated = RestartGated();
+  // Slot 0 held: the 200 appends after it gather in the few slots behind it.
+  std::promise<AppendOutcome> first;
+  const std::string slot0 = AppendHeldAtSlotZero(*gated, &first);
+  std::vector<std::promise<AppendOutcome>> done(200);
+  for (size_t i = 0; i < done.size(); ++i) {
+    engine_->AppendAsync(kBasin, "s", Bodies({std::string(100, static_cast<char>('a' + i % 26))}), {},
+                         [&done, i](AppendOutcome o) { done[i].set_value(std::move(o)); });
+  }
+  gated->Open(slot0);
+  ASSERT_TRUE(first.get_future().get().status.ok());
+  for (auto& d : done) ASSERT_TRUE(d.get_future().get().status.ok());
+  const int slots = static_cast<int>(CountKeys(*store_, "wal/n1/"));
+  ASSERT_LT(slots, 50);
+
+  // A restart replays them with the cache full: nearly all must be read back.
+  auto counting = RestartGated();
+  int gets = counting->gets("wal/");
+  auto all = ReadAll("s");
+  ASSERT_EQ(all.size(), 201u);
+  for (size_t i = 0; i < done.size(); ++i) EXPECT_EQ(all[i + 1], std::string(100, static_cast<char>('a' + i % 26)));
+  EXPECT_LE(counting->gets("wal/") - gets, slots) << "the read";
+  gets = counting->gets("wal/");
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_LE(counting->gets("wal/") - gets, slots) << "settle";
+  EXPECT_GT(engine_->metrics().settle_reread_bytes.load(), 100u * 150);
+  all = ReadAll("s");  // from the segment now
+  ASSERT_EQ(all.size(), 201u);
+  EXPECT_EQ(all[200], std::string(100, static_cast<char>('a' + 199 % 26)));
+}
+
+// A read waiting at the tail is woken by an append that also trims past what
+// it appended: it returns nothing below the new log start.
+TEST_F(EngineTest, AWaitingReadReturnsNothingAnAppendTrimmedAsItWokeIt) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  auto read = std::async(std::launch::async, [&] {
+    return engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 2}, 100, 1 << 20, Now() + 30s);
+  });
+  std::this_thread::sleep_for(100ms);  // the read waits (if not yet, it reads after the trim: the same)
+  std::vector<AppendRecord> batch = Bodies({"x"});
+  batch.push_back(Command("trim", Be64(4)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(batch)).status.ok());
+  auto r = read.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (const auto& rec : r->records) EXPECT_GE(rec.offset, 4u) << "below the trim point";
+}
+
 TEST_F(EngineTest, RecoveryRestoresOffsetsTokensTrimAndProducers) {
   AppendOptions p;
   p.producer = ProducerRef{9, 0, 0};

@@ -63,7 +63,21 @@ class GatedStore : public objstore::ObjectStore {
     }
     return after ? st : inner_->Put(key, data, o);
   }
+  // GETs so far of keys starting with `prefix`.
+  int gets(const std::string& prefix) {
+    std::lock_guard lk(mu_);
+    int n = 0;
+    for (auto it = get_count_.lower_bound(prefix); it != get_count_.end() && it->first.starts_with(prefix); ++it) {
+      n += it->second;
+    }
+    return n;
+  }
+
   Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> r = std::nullopt) override {
+    {
+      std::lock_guard lk(mu_);
+      ++get_count_[std::string(key)];
+    }
     return inner_->Get(key, r);
   }
   Result<objstore::ObjectInfo> Head(std::string_view key) override { return inner_->Head(key); }
@@ -79,7 +93,7 @@ class GatedStore : public objstore::ObjectStore {
   std::mutex mu_;
   std::condition_variable cv_;
   std::set<std::string> gated_, blocked_, after_apply_;
-  std::map<std::string, int> put_count_;
+  std::map<std::string, int> put_count_, get_count_;
 };
 
 // One batch of one record whose value is `value`.

@@ -1209,6 +1209,7 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
         if (from >= s->tail && wait_until) {
           s->cv.wait_until(lk, *wait_until, [&] { return s->deleted || s->tail > from; });
           if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
+          from = std::max(from, LogStart(*s));  // what woke it may have trimmed too
         }
       } else {
         from = std::max(from, LogStart(*s));
@@ -1296,13 +1297,10 @@ Status Engine::FetchSources(const std::vector<metastore::SegmentInfo>& segments,
     WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, seek, &fetched));
     for (auto& b : fetched) batches->push_back(std::make_shared<const std::string>(std::move(b)));
   }
-  for (const BatchRef& ref : refs) {
-    if (ref.bytes) {
-      batches->push_back(ref.bytes);
-    } else {
-      WEIR_ASSIGN_OR_RETURN(std::string b, ReadSlotBatch(ref));
-      batches->push_back(std::make_shared<const std::string>(std::move(b)));
-    }
+  std::vector<ReadBackBytes> read_back;
+  WEIR_RETURN_IF_ERROR(ReadBack(refs, &read_back));
+  for (size_t i = 0; i < refs.size(); ++i) {
+    batches->push_back(refs[i].bytes ? refs[i].bytes : std::make_shared<const std::string>(read_back[i].view));
   }
   return Status::Ok();
 }

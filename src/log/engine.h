@@ -412,7 +412,15 @@ class Engine {
   // writer into it, or abandon the writer if a successor holds the node.
   void HandleHalt(uint64_t epoch);
   void SettleLoop();
-  Result<std::string> ReadSlotBatch(const BatchRef& ref);
+  // Batches evicted from the log cache, read back from their WAL slots: one
+  // ranged GET per run of `refs` adjacent in one slot (a stream's batches in
+  // a slot are one chunk), segment_uploads GETs at a time. out[i] is refs[i]'s
+  // bytes, a view into a buffer it holds (empty for a ref still cached).
+  struct ReadBackBytes {
+    std::shared_ptr<const std::string> buffer;
+    std::string_view view;
+  };
+  Status ReadBack(const std::vector<BatchRef>& refs, std::vector<ReadBackBytes>* out);
   Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
                               size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until);
   // The batches of one segment from `from` (and, for a lookup by time, from

@@ -57,15 +57,48 @@ std::optional<uint64_t> SegmentKeyEpoch(std::string_view key) {
   return epoch;
 }
 
-Result<std::string> Engine::ReadSlotBatch(const BatchRef& ref) {
-  auto got = store_->Get(wal::SlotKey(options_.node, ref.where.epoch, ref.where.seq),
-                         objstore::ByteRange{ref.where.offset, ref.where.length});
-  if (!got.ok()) return got.status().WithContext("reading an unsettled batch");
-  if (got->size() != ref.where.length) {
-    return Corruption("WAL slot {}/{}: batch at byte {} is cut short", ref.where.epoch, ref.where.seq,
-                      ref.where.offset);
+Status Engine::ReadBack(const std::vector<BatchRef>& refs, std::vector<ReadBackBytes>* out) {
+  struct Run {
+    size_t first = 0, last = 0;  // indexes into refs, inclusive
+    uint64_t length = 0;
+  };
+  std::vector<Run> runs;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const wal::AckInfo& w = refs[i].where;
+    if (refs[i].bytes) continue;
+    if (!runs.empty() && runs.back().last + 1 == i) {
+      const wal::AckInfo& p = refs[i - 1].where;
+      if (p.epoch == w.epoch && p.seq == w.seq && p.offset + p.length == w.offset) {
+        runs.back().last = i;
+        runs.back().length += w.length;
+        continue;
+      }
+    }
+    runs.push_back(Run{i, i, w.length});
   }
-  return got;
+  out->assign(refs.size(), ReadBackBytes{});
+  std::vector<Status> failed(runs.size());
+  ForEachParallel(runs.size(), options_.segment_uploads, "read-back", [&](size_t k) {
+    const Run& run = runs[k];
+    const wal::AckInfo& w = refs[run.first].where;
+    auto got = store_->Get(wal::SlotKey(options_.node, w.epoch, w.seq), objstore::ByteRange{w.offset, run.length});
+    if (!got.ok()) {
+      failed[k] = got.status().WithContext("reading an unsettled batch");
+      return;
+    }
+    if (got->size() != run.length) {
+      failed[k] = Corruption("WAL slot {}/{}: batches at byte {} are cut short", w.epoch, w.seq, w.offset);
+      return;
+    }
+    auto buffer = std::make_shared<const std::string>(std::move(*got));
+    size_t at = 0;
+    for (size_t i = run.first; i <= run.last; ++i) {
+      (*out)[i] = ReadBackBytes{buffer, std::string_view(*buffer).substr(at, refs[i].where.length)};
+      at += refs[i].where.length;
+    }
+  });
+  for (Status& st : failed) WEIR_RETURN_IF_ERROR(st);
+  return Status::Ok();
 }
 
 void Engine::SettleLoop() {
@@ -149,8 +182,12 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
   std::vector<SegmentObject> objects;  // parallel to segments
   std::vector<metastore::SegmentInfo> segments;
   std::vector<metastore::StreamState> states;
+  // Every stream's batches of this round, then what is no longer cached read
+  // back for all of them at once (in parallel, a GET per run in a slot).
+  std::vector<BatchRef> refs;
+  std::vector<std::pair<std::shared_ptr<Stream>, size_t>> firsts;  // each stream's first index in refs
   for (auto& s : streams) {
-    std::vector<BatchRef> refs;
+    const size_t first = refs.size();
     {
       std::lock_guard lk(s->mu);
       for (const BatchRef& b : s->durable) {
@@ -158,26 +195,34 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
         refs.push_back(b);
       }
     }
-    if (refs.empty()) continue;
-    Work w{s, refs.size(), s->settled, {}};
+    if (refs.size() > first) firsts.emplace_back(s, first);
+  }
+  std::vector<ReadBackBytes> read_back;
+  WEIR_RETURN_IF_ERROR(ReadBack(refs, &read_back));
+  for (size_t k = 0; k < firsts.size(); ++k) {
+    const std::shared_ptr<Stream>& s = firsts[k].first;
+    const size_t first = firsts[k].second, end = k + 1 < firsts.size() ? firsts[k + 1].second : refs.size();
+    Work w{s, end - first, s->settled, {}};
     // The segment is written from the batches where they are (cached, or read
     // back from their slot): views into buffers `object` holds, no copy.
     SegmentObject object;
     SegmentBuilder builder(s->info.id);
-    for (const BatchRef& ref : refs) {
-      std::shared_ptr<const std::string> bytes = ref.bytes;
-      if (bytes) {
-        metrics_.settle_cached_bytes.fetch_add(bytes->size(), std::memory_order_relaxed);
+    for (size_t i = first; i < end; ++i) {
+      const BatchRef& ref = refs[i];
+      std::string_view bytes;
+      if (ref.bytes) {
+        bytes = *ref.bytes;
+        object.held.push_back(ref.bytes);
+        metrics_.settle_cached_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
       } else {
-        WEIR_ASSIGN_OR_RETURN(std::string fetched, ReadSlotBatch(ref));
-        bytes = std::make_shared<const std::string>(std::move(fetched));
-        metrics_.settle_reread_bytes.fetch_add(bytes->size(), std::memory_order_relaxed);
+        bytes = read_back[i].view;
+        if (object.held.empty() || object.held.back() != read_back[i].buffer) object.held.push_back(read_back[i].buffer);
+        metrics_.settle_reread_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
       }
       // Cached bytes were verified on append; bytes read back are checked again.
-      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, *bytes, ref.bytes != nullptr)
+      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, bytes, ref.bytes != nullptr)
                                .WithContext(fmt::format("settling stream {}", s->info.id)));
-      WEIR_RETURN_IF_ERROR(builder.AddView(*bytes));
-      object.held.push_back(std::move(bytes));
+      WEIR_RETURN_IF_ERROR(builder.AddView(bytes));
     }
     WEIR_ASSIGN_OR_RETURN(object.tail, builder.FinishTail());
     object.parts = builder.views();
@@ -195,6 +240,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     work.push_back(std::move(w));
   }
 
+  read_back.clear();  // the segments hold what they use
   std::vector<std::string> created;
   WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects, &created));
   objects.clear();  // releases the batches read back for this cycle
