@@ -27,6 +27,7 @@ namespace {
 using weir::testing::ClosedByPeer;
 using weir::testing::Connect;
 using weir::testing::SendAll;
+using weir::testing::ServerSideKeepsAlive;
 using weir::testing::WaitUntil;
 
 using namespace std::chrono_literals;
@@ -138,6 +139,16 @@ ReadZs ReadToEnd(int fd) {
 bool Silent(int fd, int ms) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, ms) == 0;
+}
+
+// A client gone without a FIN or RST (its host lost) is found by TCP
+// keep-alive; a quiet connection would otherwise be held for good.
+TEST_F(HttpServerLimits, AcceptedConnectionsKeepAlive) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int fd = Connect(addr);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(ServerSideKeepsAlive(fd));
+  ::close(fd);
 }
 
 TEST_F(HttpServerLimits, BodiesOverTheBudgetWaitUnreadUntilEarlierRequestsAreAnswered) {

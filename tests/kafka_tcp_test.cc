@@ -26,6 +26,7 @@ namespace {
 using weir::testing::ClosedByPeer;
 using weir::testing::Connect;
 using weir::testing::SendAll;
+using weir::testing::ServerSideKeepsAlive;
 using weir::testing::WaitUntil;
 
 using namespace std::chrono_literals;
@@ -123,6 +124,16 @@ std::string ReadFrame(int fd, int timeout_ms = 10000) {
     }
   }
   return out.substr(4);
+}
+
+// A client gone without a FIN or RST (its host lost) is found by TCP
+// keep-alive; a quiet connection would otherwise be held for good.
+TEST_F(KafkaTcpServer, AcceptedConnectionsKeepAlive) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int fd = Connect(addr);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(ServerSideKeepsAlive(fd));
+  ::close(fd);
 }
 
 TEST_F(KafkaTcpServer, RequestsOverTheByteBudgetWaitUnreadUntilEarlierOnesAreAnswered) {

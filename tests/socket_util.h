@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -55,6 +58,34 @@ inline bool ClosedByPeer(int fd, int timeout_ms = 10000) {
   if (::poll(&p, 1, timeout_ms) <= 0) return false;
   char c;
   return ::recv(fd, &c, 1, 0) <= 0;
+}
+
+// Whether the server's end of the loopback connection `fd` (IPv4) has its
+// TCP keep-alive timer running, as /proc/net/tcp shows it (timer 2) on an
+// idle connection; polled for up to 10 s (the server sets it after accept).
+inline bool ServerSideKeepsAlive(int fd) {
+  sockaddr_in local{}, peer{};
+  socklen_t n = sizeof local, m = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &n) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &m) != 0) {
+    return false;
+  }
+  char want[64];  // the server's line: local = the server, remote = us
+  std::snprintf(want, sizeof want, "%08X:%04X %08X:%04X", peer.sin_addr.s_addr, ntohs(peer.sin_port),
+                local.sin_addr.s_addr, ntohs(local.sin_port));
+  return WaitUntil([&] {
+    std::ifstream in("/proc/net/tcp");
+    for (std::string line; std::getline(in, line);) {
+      const size_t at = line.find(want);
+      if (at == std::string::npos) continue;
+      // sl local rem st tx:rx tr:when ...
+      std::istringstream fields(line.substr(at));
+      std::string loc, rem, st, queues, timer;
+      fields >> loc >> rem >> st >> queues >> timer;
+      return timer.starts_with("02:");
+    }
+    return false;
+  });
 }
 
 }  // namespace weir::testing

@@ -829,6 +829,9 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   void Drain() {
     std::lock_guard lk(in_mu_);
     if (failed_ || poisoned_) return;
+    // The client ended its input and all of it was taken: nothing to refuse,
+    // the session ends after its acks.
+    if (input_ended_ && buf_.empty()) return;
     if (!ready_) {
       failed_ = true;  // Ready answers 503
       return;
@@ -861,9 +864,11 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   }
 
   void Refuse(const Status& st) {
-    std::lock_guard lk(in_mu_);
-    failed_ = true;
-    c_.Fail(st, "stream_not_found");
+    {
+      std::lock_guard lk(in_mu_);
+      failed_ = true;  // input arriving meanwhile is dropped
+    }
+    c_.Fail(st, "stream_not_found");  // may ask the metastore: not under in_mu_, which the I/O thread takes
   }
 
   // in_mu_ held (by lk): submits the whole frames in buf_, in order, from one

@@ -19,6 +19,7 @@
 #include "base/byte_budget.h"
 #include "base/log.h"
 #include "base/ordered_queue.h"
+#include "base/tcp.h"
 #include "base/thread.h"
 
 namespace weir::http {
@@ -1367,6 +1368,7 @@ void HttpServer::Impl::Accept() {
     } else {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
+      EnableTcpKeepAlive(socket.native_handle());
       metrics.connections++;
       metrics.open_connections++;
       auto conn = std::make_shared<Conn>(std::move(socket), this);

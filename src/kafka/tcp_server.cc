@@ -15,6 +15,7 @@
 #include "base/byte_budget.h"
 #include "base/log.h"
 #include "base/ordered_queue.h"
+#include "base/tcp.h"
 #include "base/thread.h"
 
 namespace weir::kafka {
@@ -93,6 +94,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? "unknown" : ep.address().to_string() + ":" + std::to_string(ep.port());
     socket_.set_option(tcp::no_delay(true), ec);
+    EnableTcpKeepAlive(socket_.native_handle());
   }
 
   // On the connection's strand (posted there, so a close posted after it

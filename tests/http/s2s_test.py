@@ -651,6 +651,31 @@ class DrainTest(unittest.TestCase):
             self.assertNotIn("still open at exit", f.read())
 
 
+    def test_a_session_whose_input_ended_gets_its_acks_and_no_error_at_sigterm(self):
+        # The client ended its input before the drain: there is no input to
+        # refuse, so the session ends with its acks, not with a 503.
+        server = WeirServer(WEIR, args=["--inject-put-latency-ms", "1500"]).start()
+        self.addCleanup(server.kill)
+        stream = unique("drainend")
+        base = server.base_url
+        requests.post(f"{base}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        client = H2Client(server.port)
+        self.addCleanup(client.close)
+        sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
+                             body=frame(pb_append_input([pb_append_record(b"last")])), end=True)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:  # the append is in the WAL pool, its PUT under way
+            m = re.search(r"^weir_wal_pool_bytes (\S+)$", requests.get(f"{base}/metrics", timeout=TIMEOUT).text, re.M)
+            if m and float(m.group(1)) > 0:
+                break
+            time.sleep(0.05)
+        server.proc.send_signal(15)
+        frames, _ = parse_frames(client.wait_end(sid)["data"])
+        self.assertEqual(len(frames), 1, frames)
+        self.assertEqual(pb_append_ack(frames[0][1])["end"]["seq_num"], 1)
+        self.assertEqual(server.stop(), 0)
+
+
 class DrainStallTest(unittest.TestCase):
     def test_the_drain_resets_a_stalled_read_and_answers_the_append_beside_it(self):
         # One connection: a read whose client keeps its window shut, and an
