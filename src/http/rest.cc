@@ -820,7 +820,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     std::lock_guard lk(in_mu_);
     if (!complete) failed_ = true;  // the client is gone: nothing more to answer
     input_ended_ = true;
-    if (ready_ && !pumping_) EndOfInput();  // else the pump ends the input once it is done
+    // Else the pump ends the input once it is done (or resumed).
+    if (ready_ && !pumping_ && (!acks_stalled_ || failed_)) EndOfInput();
   }
 
   // The server drains: no more input; the session ends with 503
@@ -885,6 +886,14 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     pumping_ = true;
     for (bool first = true;; first = false) {
       const bool live = !failed_ && !poisoned_;
+      if (live && HasFrame() && AnswersBacklogged()) {
+        // The client does not read its acks: take no more of its input until
+        // it does (AckWritten pumps again). What it sends meanwhile waits in
+        // buf_, within its flow-control window (given back with each ack).
+        acks_stalled_ = true;
+        pumping_ = false;
+        return;
+      }
       const bool to_worker =
           on_io_thread && live && (FrontCompressed() || api_->engine_->AdmissionMayWait(buf_.size()));
       if ((to_worker || (!on_io_thread && !first)) && live && HasFrame()) {
@@ -1103,7 +1112,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       Response& a = it->second;
       if (!ended_) {
         if (a.status == 200) {
-          c_.ex->Write(std::move(a.body), nullptr);
+          c_.ex->Write(std::move(a.body), [self = shared_from_this()](bool) { self->AckWritten(); });
         } else {
           c_.ex->Write(EncodeS2sTerminal(a.status, a.body), nullptr);
           ended_ = true;
@@ -1118,6 +1127,26 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       sent_++;
     }
     MaybeEnd();
+  }
+
+  // in_mu_ held: whether so many answers are numbered and not yet on the
+  // wire (the client reads none, or slowly) that no more input is taken.
+  bool AnswersBacklogged() {
+    std::lock_guard lk(out_mu_);
+    return submitted_ - written_ >= kMaxUnwrittenAnswers;
+  }
+
+  // An ack is on the wire (or the connection failed), on a worker: a pump
+  // that stopped for the backlog goes on once half of it is written.
+  void AckWritten() {
+    std::unique_lock lk(in_mu_);
+    {
+      std::lock_guard olk(out_mu_);
+      ++written_;
+      if (!acks_stalled_ || submitted_ - written_ > kMaxUnwrittenAnswers / 2) return;
+    }
+    acks_stalled_ = false;
+    Pump(lk, false);
   }
 
   // out_mu_ held.
@@ -1136,8 +1165,14 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   size_t whole_ = 0;  // buf_[0, whole_) holds whole frames (in_mu_)
   bool ready_ = false, failed_ = false, input_ended_ = false, counted_ = false;  // in_mu_
   bool pumping_ = false;  // a thread is submitting buf_'s frames (in_mu_)
+  bool acks_stalled_ = false;  // the pump waits for the client to read acks (in_mu_)
+  // Inputs numbered and not yet acked on the wire at which the pump stops:
+  // with S2's 2 MiB frames and a 4 MiB stream window, what a session holds
+  // for a client that does not read is bounded (acks of ~50 bytes each).
+  static constexpr uint64_t kMaxUnwrittenAnswers = 1024;
   std::mutex out_mu_;
   uint64_t submitted_ = 0, sent_ = 0;       // inputs numbered, answers sent (out_mu_)
+  uint64_t written_ = 0;                     // acks on the wire, or given up with the connection (out_mu_)
   std::map<uint64_t, Response> answers_;    // answered out of order (out_mu_)
   std::map<uint64_t, size_t> credit_;       // frame bytes to give back with each answer (out_mu_)
   bool input_done_ = false, ended_ = false;  // out_mu_

@@ -629,6 +629,45 @@ class BackpressureTest(unittest.TestCase):
         self.assertEqual(heads, [f"u{i}" for i in range(8)] + [f"s{i}" for i in range(8)])
 
 
+class AckBacklogTest(unittest.TestCase):
+    def test_a_session_whose_client_reads_no_acks_stops_taking_input(self):
+        # Tiny inputs make acks several times their size: a client that
+        # sends them and never reads its acks held every ack in server memory
+        # (its window came back as each ack was queued). The session now
+        # stops taking input at 1,024 acks not on the wire.
+        stream = unique("backlog")
+        requests.post(f"{SERVER.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        client = H2Client(SERVER.port)
+        self.addCleanup(client.close)
+        n = 20000
+        one = frame(pb_append_input([pb_append_record(b"")]))
+        sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")], body=b"",
+                             end=False)
+        client.hold.add(sid)  # acks are received, never acknowledged: the server's window for them shuts
+        client.send(sid, one * n)  # within the 4 MiB stream window
+        tail = lambda: requests.get(f"{SERVER.base_url}/v1/streams/{stream}/records/tail",
+                                    timeout=TIMEOUT).json()["tail"]["seq_num"]
+        last, still_since, deadline = -1, time.monotonic(), time.monotonic() + 60
+        while time.monotonic() < deadline and time.monotonic() - still_since < 2 and last < n:
+            now = tail()
+            if now != last:
+                last, still_since = now, time.monotonic()
+            time.sleep(0.1)
+        self.assertLess(last, n // 2, "the session took input while its acks piled up")
+        print(f"tail while the acks were unread: {last}", file=sys.stderr)
+        # Once the client reads, the rest goes through, in order.
+        client.hold.discard(sid)
+        client.conn.increment_flow_control_window(1 << 30, sid)
+        client.conn.increment_flow_control_window(1 << 30)
+        client.flush()
+        client.end(sid)
+        frames, _ = parse_frames(client.wait_end(sid)["data"])
+        self.assertEqual(len(frames), n)
+        self.assertEqual([pb_append_ack(p)["end"]["seq_num"] for _, p in frames[:3]], [1, 2, 3])
+        self.assertEqual(pb_append_ack(frames[-1][1])["end"]["seq_num"], n)
+        self.assertEqual(tail(), n)
+
+
 class DrainTest(unittest.TestCase):
     def test_sigterm_ends_an_open_append_session_with_server_draining(self):
         server = WeirServer(WEIR).start()
