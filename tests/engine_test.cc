@@ -521,6 +521,22 @@ TEST_F(EngineTest, AWaitingReadReturnsNothingAnAppendTrimmedAsItWokeIt) {
   for (const auto& rec : r->records) EXPECT_GE(rec.offset, 4u) << "below the trim point";
 }
 
+// A read near the end of a large segment fetches what it returns (and the
+// index), not the whole object, even when the reader allows many MiB.
+TEST_F(EngineTest, AReadNearTheEndOfALargeSegmentDoesNotFetchItWhole) {
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({std::string(1000000, static_cast<char>('a' + i))})).status.ok());
+  }
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  auto counting = RestartGated();  // nothing cached: the read goes to the segment
+  const uint64_t before = counting->got_bytes();
+  auto r = engine_->ReadBatches(kBasin, "s", 11, 16u << 20);  // as a Kafka fetch of 16 MiB
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->batches.size(), 1u);
+  EXPECT_EQ(testing::ValueOf(*r->batches[0]), std::string(1000000, 'l'));
+  EXPECT_LT(counting->got_bytes() - before, 3u << 20);
+}
+
 TEST_F(EngineTest, RecoveryRestoresOffsetsTokensTrimAndProducers) {
   AppendOptions p;
   p.producer = ProducerRef{9, 0, 0};

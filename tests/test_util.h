@@ -73,12 +73,23 @@ class GatedStore : public objstore::ObjectStore {
     return n;
   }
 
+  // Bytes returned by GETs so far.
+  uint64_t got_bytes() {
+    std::lock_guard lk(mu_);
+    return got_bytes_;
+  }
+
   Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> r = std::nullopt) override {
     {
       std::lock_guard lk(mu_);
       ++get_count_[std::string(key)];
     }
-    return inner_->Get(key, r);
+    auto got = inner_->Get(key, r);
+    if (got.ok()) {
+      std::lock_guard lk(mu_);
+      got_bytes_ += got->size();
+    }
+    return got;
   }
   Result<objstore::ObjectInfo> Head(std::string_view key) override { return inner_->Head(key); }
   Result<objstore::ListPage> List(std::string_view p, std::string_view s = {}, size_t m = 1000) override {
@@ -94,6 +105,7 @@ class GatedStore : public objstore::ObjectStore {
   std::condition_variable cv_;
   std::set<std::string> gated_, blocked_, after_apply_;
   std::map<std::string, int> put_count_, get_count_;
+  uint64_t got_bytes_ = 0;
 };
 
 // One batch of one record whose value is `value`.

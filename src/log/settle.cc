@@ -785,35 +785,43 @@ Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, siz
                            std::optional<int64_t> at_time, std::vector<std::string>* batches) {
   // Enough for the requested bytes plus one whole batch (an append is at most ~1 MiB).
   const uint64_t window = max_bytes + (2u << 20);
-  std::string whole;  // the whole object, when it is no larger than the window: one GET, not three
-  if (seg.size_bytes <= window) {
+  // A small object is read whole: one GET, not three (footer, index, data).
+  // Not a large one: a read near the end of a 60 MiB segment would fetch it
+  // all for a few batches.
+  constexpr uint64_t kWholeObjectBytes = 8u << 20;
+  std::string whole;
+  if (seg.size_bytes <= std::min(window, kWholeObjectBytes)) {
     WEIR_ASSIGN_OR_RETURN(whole, store_->Get(seg.object_key, std::nullopt));
     if (whole.size() != seg.size_bytes) {
       return Corruption("segment {}: {} bytes, the index says {}", seg.object_key, whole.size(), seg.size_bytes);
     }
   }
-  auto range = [&](uint64_t pos, uint64_t len) -> Result<std::string> {
-    if (!whole.empty()) return whole.substr(pos, len);
-    return store_->Get(seg.object_key, objstore::ByteRange{pos, len});
+  // Views into `whole`, or bytes fetched into `*fetched`.
+  auto range = [&](uint64_t pos, uint64_t len, std::string* fetched) -> Result<std::string_view> {
+    if (!whole.empty()) return std::string_view(whole).substr(pos, len);
+    WEIR_ASSIGN_OR_RETURN(*fetched, store_->Get(seg.object_key, objstore::ByteRange{pos, len}));
+    return std::string_view(*fetched);
   };
+  std::string tail_bytes, index_bytes, data_bytes;
   uint64_t tail_len = std::min<uint64_t>(seg.size_bytes, kSegmentFooterSize);
-  WEIR_ASSIGN_OR_RETURN(std::string tail, range(seg.size_bytes - tail_len, tail_len));
+  WEIR_ASSIGN_OR_RETURN(std::string_view tail, range(seg.size_bytes - tail_len, tail_len, &tail_bytes));
   WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(tail, seg.size_bytes));
-  WEIR_ASSIGN_OR_RETURN(std::string index_bytes, range(footer.data_end, seg.size_bytes - footer.data_end));
-  WEIR_ASSIGN_OR_RETURN(auto index, DecodeSegmentIndex(footer, index_bytes));
+  WEIR_ASSIGN_OR_RETURN(std::string_view index_view,
+                        range(footer.data_end, seg.size_bytes - footer.data_end, &index_bytes));
+  WEIR_ASSIGN_OR_RETURN(auto index, DecodeSegmentIndex(footer, index_view));
+  index_bytes = std::string();
   uint64_t pos = SeekOffset(index, from);
   // A lookup by time starts at the last indexed batch before which no record is as late.
   if (at_time) pos = std::max(pos, SeekTimestamp(index, *at_time));
   uint64_t want = std::min<uint64_t>(footer.data_end - pos, window);
-  WEIR_ASSIGN_OR_RETURN(std::string data, range(pos, want));
-  whole.clear();
+  WEIR_ASSIGN_OR_RETURN(std::string_view data, range(pos, want, &data_bytes));
   size_t at = 0;
   size_t taken = 0;
   while (at < data.size() && taken < max_bytes) {
-    auto h = wal::ParseBatchHeader(std::string_view(data).substr(at));
+    auto h = wal::ParseBatchHeader(data.substr(at));
     if (!h.ok() || at + h->total_size() > data.size()) break;  // the window ended mid-batch
     if (static_cast<uint64_t>(h->last_offset()) >= from) {
-      batches->push_back(data.substr(at, h->total_size()));
+      batches->emplace_back(data.substr(at, h->total_size()));
       taken += h->total_size();
     }
     at += h->total_size();
