@@ -490,6 +490,7 @@ Status Driver::Run() {
       next_tick += std::chrono::seconds(1);
     }
     auto wake = std::min(end, next_tick);
+    if (!measuring_) wake = std::min(wake, measure_from_);
     if (!backoff_.empty()) wake = std::min(wake, backoff_.front().first);
     // Rounded up: waking before a deadline is due would spin until it is.
     const int timeout_ms = static_cast<int>(

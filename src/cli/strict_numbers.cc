@@ -14,6 +14,9 @@ bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 }  // namespace
 
 std::string CheckNumber(const std::string& type, std::string& value) {
+  // Blanks around a number (" 120" from "50, 120") are dropped, as CLI11 did.
+  const size_t lo = value.find_first_not_of(" \t"), hi = value.find_last_not_of(" \t");
+  value = lo == std::string::npos ? std::string() : value.substr(lo, hi - lo + 1);
   std::string_view v = value;
   std::string sign;
   if (!v.empty() && (v[0] == '-' || v[0] == '+')) {

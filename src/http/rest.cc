@@ -886,14 +886,17 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     pumping_ = true;
     for (bool first = true;; first = false) {
       const bool live = !failed_ && !poisoned_;
-      if (live && HasFrame() && AnswersBacklogged()) {
+      // Set before the count is read, as AckWritten counts before it reads
+      // the flag: one of them sees the other.
+      acks_stalled_ = live && HasFrame();
+      if (acks_stalled_ && AnswersBacklogged()) {
         // The client does not read its acks: take no more of its input until
         // it does (AckWritten pumps again). What it sends meanwhile waits in
         // buf_, within its flow-control window (given back with each ack).
-        acks_stalled_ = true;
         pumping_ = false;
         return;
       }
+      acks_stalled_ = false;
       const bool to_worker =
           on_io_thread && live && (FrontCompressed() || api_->engine_->AdmissionMayWait(buf_.size()));
       if ((to_worker || (!on_io_thread && !first)) && live && HasFrame()) {
@@ -1129,23 +1132,22 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     MaybeEnd();
   }
 
-  // in_mu_ held: whether so many answers are numbered and not yet on the
-  // wire (the client reads none, or slowly) that no more input is taken.
-  bool AnswersBacklogged() {
+  // Whether so many answers are numbered and not yet on the wire (the
+  // client reads none, or slowly) that no more input is taken; `slack`
+  // lowers the bar (AckWritten resumes at half).
+  bool AnswersBacklogged(uint64_t slack = 0) {
     std::lock_guard lk(out_mu_);
-    return submitted_ - written_ >= kMaxUnwrittenAnswers;
+    return submitted_ - written_.load() + slack >= kMaxUnwrittenAnswers;
   }
 
-  // An ack is on the wire (or the connection failed), on a worker: a pump
-  // that stopped for the backlog goes on once half of it is written.
+  // An ack is on the wire (or the connection failed), on a worker. Only a
+  // pump that stopped for the backlog needs it: that pump goes on once half
+  // of the backlog is written.
   void AckWritten() {
+    written_.fetch_add(1);
+    if (!acks_stalled_.load()) return;
     std::unique_lock lk(in_mu_);
-    {
-      std::lock_guard olk(out_mu_);
-      ++written_;
-      if (!acks_stalled_ || submitted_ - written_ > kMaxUnwrittenAnswers / 2) return;
-    }
-    acks_stalled_ = false;
+    if (!acks_stalled_ || pumping_ || AnswersBacklogged(kMaxUnwrittenAnswers / 2)) return;
     Pump(lk, false);
   }
 
@@ -1165,14 +1167,14 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   size_t whole_ = 0;  // buf_[0, whole_) holds whole frames (in_mu_)
   bool ready_ = false, failed_ = false, input_ended_ = false, counted_ = false;  // in_mu_
   bool pumping_ = false;  // a thread is submitting buf_'s frames (in_mu_)
-  bool acks_stalled_ = false;  // the pump waits for the client to read acks (in_mu_)
+  std::atomic<bool> acks_stalled_{false};  // the pump waits for the client to read acks (set under in_mu_)
   // Inputs numbered and not yet acked on the wire at which the pump stops:
   // with S2's 2 MiB frames and a 4 MiB stream window, what a session holds
   // for a client that does not read is bounded (acks of ~50 bytes each).
   static constexpr uint64_t kMaxUnwrittenAnswers = 1024;
   std::mutex out_mu_;
   uint64_t submitted_ = 0, sent_ = 0;       // inputs numbered, answers sent (out_mu_)
-  uint64_t written_ = 0;                     // acks on the wire, or given up with the connection (out_mu_)
+  std::atomic<uint64_t> written_{0};         // acks on the wire, or given up with the connection
   std::map<uint64_t, Response> answers_;    // answered out of order (out_mu_)
   std::map<uint64_t, size_t> credit_;       // frame bytes to give back with each answer (out_mu_)
   bool input_done_ = false, ended_ = false;  // out_mu_

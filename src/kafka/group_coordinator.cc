@@ -225,10 +225,12 @@ bool GroupCoordinator::EvictOneEmptyGroup() {
   auto victim = groups_.end();
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
     const Group& g = *it->second;
-    // Member ids handed out by MEMBER_ID_REQUIRED do not keep a group: a
-    // client coming back with one gets UNKNOWN_MEMBER_ID and joins afresh.
+    // Member ids handed out by MEMBER_ID_REQUIRED do not keep a group (a
+    // client coming back with one gets UNKNOWN_MEMBER_ID and joins afresh),
+    // but such a group, being joined now, goes after every truly empty one.
     if (g.state != GroupState::kEmpty || !g.members.empty()) continue;
-    if (victim == groups_.end() || g.empty_since < victim->second->empty_since) victim = it;
+    auto rank = [](const Group& x) { return std::pair(!x.pending.empty(), x.empty_since); };
+    if (victim == groups_.end() || rank(g) < rank(*victim->second)) victim = it;
   }
   if (victim == groups_.end()) return false;
   groups_.erase(victim);

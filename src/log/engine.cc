@@ -1298,7 +1298,7 @@ Status Engine::FetchSources(const std::vector<metastore::SegmentInfo>& segments,
     for (auto& b : fetched) batches->push_back(std::make_shared<const std::string>(std::move(b)));
   }
   std::vector<ReadBackBytes> read_back;
-  WEIR_RETURN_IF_ERROR(ReadBack(refs, &read_back));
+  WEIR_RETURN_IF_ERROR(ReadBack(refs, std::min<size_t>(options_.segment_uploads, 4), &read_back));
   for (size_t i = 0; i < refs.size(); ++i) {
     batches->push_back(refs[i].bytes ? refs[i].bytes : std::make_shared<const std::string>(read_back[i].view));
   }

@@ -416,11 +416,13 @@ class Engine {
   // ranged GET per run of `refs` adjacent in one slot (a stream's batches in
   // a slot are one chunk), segment_uploads GETs at a time. out[i] is refs[i]'s
   // bytes, a view into a buffer it holds (empty for a ref still cached).
+  // Up to `parallel` GETs at a time (settle: segment_uploads; a read: a few,
+  // so that reads after a restart do not crowd out the WAL's PUTs).
   struct ReadBackBytes {
     std::shared_ptr<const std::string> buffer;
     std::string_view view;
   };
-  Status ReadBack(const std::vector<BatchRef>& refs, std::vector<ReadBackBytes>* out);
+  Status ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std::vector<ReadBackBytes>* out);
   Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
                               size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until);
   // The batches of one segment from `from` (and, for a lookup by time, from

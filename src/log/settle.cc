@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "base/crc32c.h"
@@ -32,10 +33,14 @@ void ForEachParallel(size_t n, size_t workers, const char* thread_name, const st
   };
   std::vector<std::thread> threads;
   for (size_t t = 1; t < std::min(std::max<size_t>(workers, 1), n); ++t) {
-    threads.emplace_back([&] {
-      SetThreadName(thread_name);
-      work();
-    });
+    try {
+      threads.emplace_back([&] {
+        SetThreadName(thread_name);
+        work();
+      });
+    } catch (const std::system_error&) {  // out of threads: the ones there (and this one) do it all
+      break;
+    }
   }
   work();
   for (auto& t : threads) t.join();
@@ -57,7 +62,7 @@ std::optional<uint64_t> SegmentKeyEpoch(std::string_view key) {
   return epoch;
 }
 
-Status Engine::ReadBack(const std::vector<BatchRef>& refs, std::vector<ReadBackBytes>* out) {
+Status Engine::ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std::vector<ReadBackBytes>* out) {
   struct Run {
     size_t first = 0, last = 0;  // indexes into refs, inclusive
     uint64_t length = 0;
@@ -78,7 +83,7 @@ Status Engine::ReadBack(const std::vector<BatchRef>& refs, std::vector<ReadBackB
   }
   out->assign(refs.size(), ReadBackBytes{});
   std::vector<Status> failed(runs.size());
-  ForEachParallel(runs.size(), options_.segment_uploads, "read-back", [&](size_t k) {
+  ForEachParallel(runs.size(), parallel, "read-back", [&](size_t k) {
     const Run& run = runs[k];
     const wal::AckInfo& w = refs[run.first].where;
     auto got = store_->Get(wal::SlotKey(options_.node, w.epoch, w.seq), objstore::ByteRange{w.offset, run.length});
@@ -198,7 +203,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     if (refs.size() > first) firsts.emplace_back(s, first);
   }
   std::vector<ReadBackBytes> read_back;
-  WEIR_RETURN_IF_ERROR(ReadBack(refs, &read_back));
+  WEIR_RETURN_IF_ERROR(ReadBack(refs, options_.segment_uploads, &read_back));
   for (size_t k = 0; k < firsts.size(); ++k) {
     const std::shared_ptr<Stream>& s = firsts[k].first;
     const size_t first = firsts[k].second, end = k + 1 < firsts.size() ? firsts[k + 1].second : refs.size();
