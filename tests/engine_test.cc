@@ -1039,6 +1039,51 @@ TEST_F(EngineTest, TrimToMovesTheStartWithoutARecordAndSurvivesReplayAndSettle) 
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{Be64(1), "e"}));  // the trim command, then e
 }
 
+// A delete that landed in the metastore with its answer lost: the stream
+// must not stay in memory acknowledging appends whose rows settle skips (and
+// a restart then drops). It is forgotten once the metastore says the row is
+// gone; while that cannot be known, appends are refused.
+TEST_F(EngineTest, ADeleteWhoseAnswerWasLostLeavesNoStreamThatAcksAppends) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  hooked->map_delete_answer = [](Status) { return Unavailable("the answer was lost"); };
+  hooked->fail_get_stream_by_id = [] { return Unavailable("the metastore is away"); };
+  EXPECT_FALSE(engine_->DeleteStream(kBasin, "s").ok());
+  auto refused = engine_->Append(kBasin, "s", Bodies({"x"}));
+  EXPECT_EQ(refused.status.code(), Code::kUnavailable) << refused.status.ToString();
+  // A retry learns the row is gone (kNotFound): forgotten, as on success.
+  hooked->map_delete_answer = nullptr;
+  hooked->fail_get_stream_by_id = nullptr;
+  EXPECT_TRUE(engine_->DeleteStream(kBasin, "s").ok());
+  EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({"x"})).status.code(), Code::kNotFound);
+
+  // When the metastore can say at once, the first call already forgets it.
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "t", StreamConfig{}).ok());
+  hooked->map_delete_answer = [](Status) { return Unavailable("the answer was lost"); };
+  EXPECT_TRUE(engine_->DeleteStream(kBasin, "t").ok());
+  EXPECT_EQ(engine_->Append(kBasin, "t", Bodies({"x"})).status.code(), Code::kNotFound);
+
+  // A delete that did not land leaves the stream as it was.
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "u", StreamConfig{}).ok());
+  hooked->map_delete_answer = nullptr;
+  ASSERT_TRUE(CreateTable("tbl", 1, StreamConfig{}).ok());
+  EXPECT_FALSE(engine_->DeleteStream(kBasin, "tbl/0").ok());  // refused: a table's bucket
+  EXPECT_TRUE(engine_->Append(kBasin, "tbl/0", Bodies({"kept"})).status.ok());
+
+  // DeleteTable and delete_on_empty likewise.
+  hooked->map_delete_answer = [](Status) { return Unavailable("the answer was lost"); };
+  EXPECT_TRUE(engine_->DeleteTable(kBasin, "tbl").ok());
+  EXPECT_EQ(engine_->Append(kBasin, "tbl/0", Bodies({"x"})).status.code(), Code::kNotFound);
+  StreamConfig soon;
+  soon.delete_on_empty_min_age_s = 1;
+  ASSERT_TRUE(engine_->ReconfigureStream(kBasin, "u", soon).ok());
+  std::this_thread::sleep_for(1100ms);
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(engine_->Append(kBasin, "u", Bodies({"x"})).status.code(), Code::kNotFound);
+  hooked->map_delete_answer = nullptr;
+  EXPECT_EQ(meta_->GetStream(kBasin, "u").status().code(), Code::kNotFound);
+}
+
 TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
   StreamConfig later;
   later.delete_on_empty_min_age_s = 3600;

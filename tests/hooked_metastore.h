@@ -28,6 +28,10 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_commit_settle;            // non-OK: CommitSettle answers it without committing
   std::function<Status()> fail_find_segments;            // non-OK: FindSegments answers it
   std::function<void()> after_delete_stream;             // runs once after DeleteStream or DeleteTable committed
+  // Maps the real answer of DeleteStream, DeleteEmptyStream and DeleteTable
+  // (after the delete ran): a delete that landed with its answer lost.
+  std::function<Status(Status)> map_delete_answer;
+  std::function<Status()> fail_get_stream_by_id;         // non-OK: GetStreamById answers it
   std::function<void()> before_commit_group_offsets;     // runs once, then is cleared
   std::function<void()> before_expire_group_offsets;     // runs once, then is cleared
   std::atomic<int> delete_empty_stream_calls{0};
@@ -53,7 +57,12 @@ class HookedMetastore final : public metastore::Metastore {
   Result<std::string> CreateToken(std::string_view b, std::string_view s) override { return m_->CreateToken(b, s); }
   Result<StreamInfo> CreateStream(const StreamInfo& i) override { return m_->CreateStream(i); }
   Result<StreamInfo> GetStream(std::string_view b, std::string_view n) override { return m_->GetStream(b, n); }
-  Result<StreamInfo> GetStreamById(uint64_t id) override { return m_->GetStreamById(id); }
+  Result<StreamInfo> GetStreamById(uint64_t id) override {
+    if (fail_get_stream_by_id) {
+      if (Status st = fail_get_stream_by_id(); !st.ok()) return st;
+    }
+    return m_->GetStreamById(id);
+  }
   Result<std::vector<StreamInfo>> ListStreams(std::string_view b, std::string_view p, std::string_view a,
                                               size_t l) override {
     return m_->ListStreams(b, p, a, l);
@@ -65,11 +74,17 @@ class HookedMetastore final : public metastore::Metastore {
   Result<std::vector<std::string>> DeleteStream(uint64_t id) override {
     auto r = m_->DeleteStream(id);
     if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
-    return r;
+    return MapDelete(std::move(r));
   }
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view n, uint64_t e) override {
     delete_empty_stream_calls++;
-    return m_->DeleteEmptyStream(id, n, e);
+    return MapDelete(m_->DeleteEmptyStream(id, n, e));
+  }
+  Result<std::vector<std::string>> MapDelete(Result<std::vector<std::string>> r) {
+    if (!map_delete_answer) return r;
+    Status mapped = map_delete_answer(r.ok() ? Status::Ok() : r.status());
+    if (!mapped.ok()) return mapped;
+    return r;
   }
   Result<StreamState> GetStreamState(uint64_t id) override { return m_->GetStreamState(id); }
   Result<std::vector<StreamState>> ListStreamStates() override {
@@ -89,7 +104,7 @@ class HookedMetastore final : public metastore::Metastore {
   Result<std::vector<std::string>> DeleteTable(uint64_t id, bool with_group_offsets) override {
     auto r = m_->DeleteTable(id, with_group_offsets);
     if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
-    return r;
+    return MapDelete(std::move(r));
   }
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t id, uint32_t n, const StreamConfig& c,
                                                                    int64_t ms) override {

@@ -563,7 +563,17 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
 
 Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
-  WEIR_ASSIGN_OR_RETURN(auto keys, meta_->DeleteStream(s->info.id));
+  auto deleted = meta_->DeleteStream(s->info.id);
+  if (!deleted.ok()) {
+    // Its row may be gone anyway (an answer lost; kNotFound: such an earlier
+    // delete): then it is forgotten as on success, never left to acknowledge
+    // appends whose rows settle would skip.
+    std::vector<std::string> held = AfterFailedDelete(s);
+    if (!IsForgotten(*s)) return deleted.status();
+    DeleteObjects(std::move(held), fmt::format("segments of stream {}", name));
+    return Status::Ok();
+  }
+  std::vector<std::string> keys = std::move(*deleted);
   // Gone from memory at once: a settle round committing from now on (its
   // rows of this stream are skipped) sees it deleted and removes its segment.
   std::vector<std::string> held = Forget(s);
@@ -581,19 +591,37 @@ void Engine::DeleteObjects(std::vector<std::string> keys, std::string_view what)
   if (!st.ok()) Log().warn("deleting {}: {}", what, st.ToString());
 }
 
-std::vector<std::string> Engine::Forget(const std::shared_ptr<Stream>& s) {
-  {
-    std::lock_guard lk(mu_);
-    // The name may already belong to a stream created since (a new id).
-    auto it = by_name_.find({s->info.basin, s->info.name});
-    if (it != by_name_.end() && it->second == s->info.id) by_name_.erase(it);
-    by_id_.erase(s->info.id);
+Result<bool> Engine::StreamRowGone(const Stream& s) {
+  auto row = meta_->GetStreamById(s.info.id);
+  if (row.ok()) return false;
+  if (row.status().code() == Code::kNotFound) return true;
+  return row.status();
+}
+
+std::vector<std::string> Engine::AfterFailedDelete(const std::shared_ptr<Stream>& s) {
+  Result<bool> gone = StreamRowGone(*s);
+  if (gone.ok() && *gone) return Forget(s);
+  std::lock_guard lk(s->mu);
+  s->delete_unknown = !gone.ok();
+  if (!gone.ok()) {
+    Log().warn("stream {}/{}: a delete may have landed ({}); refusing appends until that is known",
+               s->info.basin, s->info.name, gone.status().ToString());
   }
+  return {};
+}
+
+bool Engine::IsForgotten(Stream& s) {
+  std::lock_guard lk(s.mu);
+  return s.deleted;
+}
+
+std::vector<std::string> Engine::Forget(const std::shared_ptr<Stream>& s) {
   std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
   std::vector<std::string> held;
   uint64_t released = 0, released_batches = 0;
   {
     std::lock_guard lk(s->mu);
+    if (s->deleted) return {};  // forgotten already (by a racing delete)
     s->deleted = true;
     s->cv.notify_all();
     watchers.swap(s->watchers);
@@ -605,6 +633,13 @@ std::vector<std::string> Engine::Forget(const std::shared_ptr<Stream>& s) {
     }
     released_batches = s->durable.size();
     s->durable.clear();
+  }
+  {
+    std::lock_guard lk(mu_);
+    // The name may already belong to a stream created since (a new id).
+    auto it = by_name_.find({s->info.basin, s->info.name});
+    if (it != by_name_.end() && it->second == s->info.id) by_name_.erase(it);
+    by_id_.erase(s->info.id);
   }
   if (released_batches > 0) SettledBytes(released, released_batches);
   for (auto& w : watchers) std::get<2>(w)();
@@ -720,6 +755,7 @@ Status Engine::ReconfigureTable(const std::string& basin, const std::string& nam
 
 Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
   std::vector<std::string> keys;
+  Status failed;
   {
     std::lock_guard tables(tables_mu_);
     TablesChange change(&tables_version_);
@@ -732,8 +768,21 @@ Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
       if (s.ok()) buckets.push_back(std::move(*s));
     }
     const bool topic = !options_.group_offsets_basin.empty() && basin == options_.group_offsets_basin;
-    WEIR_ASSIGN_OR_RETURN(keys, meta_->DeleteTable(table.id, topic));
+    auto deleted = meta_->DeleteTable(table.id, topic);
+    if (!deleted.ok()) {
+      // As DeleteStream: buckets whose rows are gone anyway are forgotten.
+      bool all = true;
+      for (const auto& s : buckets) {
+        std::vector<std::string> held = AfterFailedDelete(s);
+        keys.insert(keys.end(), held.begin(), held.end());
+        all = all && IsForgotten(*s);
+      }
+      if (!all || buckets.empty()) failed = deleted.status();
+    } else {
+      keys = std::move(*deleted);
+    }
     for (const auto& s : buckets) {
+      if (!failed.ok()) break;
       std::vector<std::string> held = Forget(s);
       keys.insert(keys.end(), held.begin(), held.end());
     }
@@ -741,7 +790,7 @@ Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
   // Nothing refers to them any more: deleted without holding table changes
   // (and offset commits, WithTablesSteady) off for as long as the store takes.
   DeleteObjects(std::move(keys), fmt::format("segments of table {}", name));
-  return Status::Ok();
+  return failed;
 }
 
 Result<uint64_t> Engine::AllocateProducerId() { return meta_->AllocateProducerId(); }
@@ -785,6 +834,10 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   if (s->deleting) {
     lk.unlock();
     return fail(Unavailable("stream \"{}\" is being deleted (delete_on_empty); retry", stream));
+  }
+  if (s->delete_unknown) {
+    lk.unlock();
+    return fail(Unavailable("stream \"{}\" may have been deleted (the metastore's answer was lost); retry", stream));
   }
   // A producer's retry of an accepted batch gets that batch's ack, whatever
   // the fencing token and tail are now; the conditions apply to new batches.
@@ -1006,6 +1059,10 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   if (s->deleting) {
     lk.unlock();
     return fail(Unavailable("stream \"{}\" is being deleted (delete_on_empty); retry", stream));
+  }
+  if (s->delete_unknown) {
+    lk.unlock();
+    return fail(Unavailable("stream \"{}\" may have been deleted (the metastore's answer was lost); retry", stream));
   }
   if (producer && HandledByProducerWindow(lk, s, *producer, static_cast<size_t>(h.record_count), done)) return;
   int64_t first_ts = h.base_timestamp;

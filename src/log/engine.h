@@ -365,7 +365,18 @@ class Engine {
   // Returns the object keys of the segments memory held for it: a settle
   // round that committed after the metastore's delete (its rows skipped) but
   // before this call left one there that no row names.
+  // Idempotent: a second call returns nothing.
   [[nodiscard]] std::vector<std::string> Forget(const std::shared_ptr<Stream>& s);
+  // After a metastore delete of `s` (or of its table) failed: whether its row
+  // is gone anyway (a commit whose answer was lost), as the metastore says
+  // now; an error if that cannot be known either.
+  Result<bool> StreamRowGone(const Stream& s);
+  // After a delete of `s` failed: forgotten if its row is gone; if that
+  // cannot be known, appends are refused (delete_unknown) until a later
+  // attempt knows, so that it never acknowledges records settle would drop.
+  // Returns what Forget returned (nothing if the stream stays).
+  std::vector<std::string> AfterFailedDelete(const std::shared_ptr<Stream>& s);
+  static bool IsForgotten(Stream& s);
   // Deletes `keys` (duplicates allowed), logging a failure.
   void DeleteObjects(std::vector<std::string> keys, std::string_view what);
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,

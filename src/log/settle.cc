@@ -533,14 +533,23 @@ Status Engine::DeleteEmptyStreams() {
     // asks for it (a reconfiguration updates the metastore first); never a
     // table's bucket stream (checked again there, in the transaction).
     auto keys = meta_->DeleteEmptyStream(s->info.id, options_.node, epoch_.load());
-    if (!keys.ok() && keys.status().code() == Code::kNotFound) continue;  // deleted by a user meanwhile
     if (!keys.ok()) {
-      // Refused (this node was superseded) or failed: the stream stays.
       {
         std::lock_guard lk(s->mu);
         s->deleting = false;
       }
-      Log().warn("delete_on_empty: keeping stream {}/{}: {}", s->info.basin, s->info.name, keys.status().ToString());
+      if (keys.status().code() == Code::kPreconditionFailed) {  // refused: superseded, or the config changed
+        Log().warn("delete_on_empty: keeping stream {}/{}: {}", s->info.basin, s->info.name, keys.status().ToString());
+        continue;
+      }
+      // Failed, or not found (deleted by a user meanwhile, or by an earlier
+      // attempt whose answer was lost): forgotten if its row is gone, else
+      // it stays (refusing appends if that cannot be known).
+      std::vector<std::string> held = AfterFailedDelete(s);
+      garbage.insert(garbage.end(), held.begin(), held.end());
+      if (!IsForgotten(*s)) {
+        Log().warn("delete_on_empty: keeping stream {}/{}: {}", s->info.basin, s->info.name, keys.status().ToString());
+      }
       continue;
     }
     garbage.insert(garbage.end(), keys->begin(), keys->end());
