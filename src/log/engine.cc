@@ -666,10 +666,9 @@ bool Engine::AdmissionMayWait(size_t bytes) const {
   return pooled + bytes + options_.wal.slot_cap_bytes > options_.wal.budget_bytes;
 }
 
-Status Engine::WaitForSettleRoom() {
+Status Engine::WaitForSettleRoom(TimePoint deadline) {
   if (!BacklogFull()) return Status::Ok();
   RequestSettle();
-  const TimePoint deadline = Now() + options_.admission_timeout;
   std::unique_lock lk(backlog_mu_);
   bool room = backlog_cv_.wait_until(lk, deadline, [&] {
     return closing_ || !BacklogFull();
@@ -819,11 +818,13 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     // read as none, and the window would not survive settle or a restart.
     return fail(InvalidArgument("producer id {} is above {}", options.producer->id, INT64_MAX));
   }
-  if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
+  // One admission_timeout for both waits (settle room, then pool budget).
+  const TimePoint admit_by = Now() + options_.admission_timeout;
+  if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
-  auto room = wal_->Reserve(BatchSizeBound(records), Now() + options_.admission_timeout);
+  auto room = wal_->Reserve(BatchSizeBound(records), admit_by);
   if (!room.ok()) return fail(room.status());
 
   std::unique_lock lk(s->mu);
@@ -1044,11 +1045,13 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   if (h.producer_id >= 0) {
     producer = ProducerRef{static_cast<uint64_t>(h.producer_id), h.producer_epoch, h.base_sequence};
   }
-  if (Status room = WaitForSettleRoom(); !room.ok()) return fail(room);
+  // One admission_timeout for both waits (settle room, then pool budget).
+  const TimePoint admit_by = Now() + options_.admission_timeout;
+  if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
-  auto room = wal_->Reserve(batch.size(), Now() + options_.admission_timeout);
+  auto room = wal_->Reserve(batch.size(), admit_by);
   if (!room.ok()) return fail(room.status());
 
   std::unique_lock lk(s->mu);

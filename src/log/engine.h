@@ -384,12 +384,13 @@ class Engine {
   void EvictCache();
   // Wakes the settle loop before its interval (the log cache is filling up).
   void RequestSettle();
-  // Blocks while more than max_unsettled_bytes await settle (up to
-  // admission_timeout). Called before any stream lock is taken.
   // Under settle_mu_: memory's segment list of `s` as the metastore has it
   // (after a metastore change memory missed: a merge swap that landed unseen).
   Status ReloadSegments(const std::shared_ptr<Stream>& s);
-  Status WaitForSettleRoom();
+  // Blocks while more than max_unsettled_bytes await settle (up to
+  // `deadline`: the append's admission deadline, shared with its wait for
+  // pool budget). Called before any stream lock is taken.
+  Status WaitForSettleRoom(TimePoint deadline);
   // Settle (or a stream's deletion) released `n` bytes in `batches` batches of the backlog.
   void SettledBytes(uint64_t n, uint64_t batches);
   // More than max_unsettled_bytes or max_unsettled_batches await settle.
