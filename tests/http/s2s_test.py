@@ -61,6 +61,16 @@ def unique(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def wait_for_pool_bytes(base):
+    """Waits until the server at `base` holds appends in its WAL pool."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        m = re.search(r"^weir_wal_pool_bytes (\S+)$", requests.get(f"{base}/metrics", timeout=TIMEOUT).text, re.M)
+        if m and float(m.group(1)) > 0:
+            return
+        time.sleep(0.05)
+
+
 class H2Client:
     """A blocking HTTP/2 client over one cleartext connection (prior knowledge)."""
 
@@ -702,12 +712,7 @@ class DrainTest(unittest.TestCase):
         self.addCleanup(client.close)
         sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
                              body=frame(pb_append_input([pb_append_record(b"last")])), end=True)
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:  # the append is in the WAL pool, its PUT under way
-            m = re.search(r"^weir_wal_pool_bytes (\S+)$", requests.get(f"{base}/metrics", timeout=TIMEOUT).text, re.M)
-            if m and float(m.group(1)) > 0:
-                break
-            time.sleep(0.05)
+        wait_for_pool_bytes(base)  # the append is in the WAL pool, its PUT under way
         server.proc.send_signal(15)
         frames, _ = parse_frames(client.wait_end(sid)["data"])
         self.assertEqual(len(frames), 1, frames)
@@ -737,12 +742,7 @@ class DrainStallTest(unittest.TestCase):
         client.pump(lambda: len(client.streams[reader]["data"]) >= 65535)  # its stream window is used up
         append = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
                                 body=json.dumps({"records": [{"body": "late"}]}).encode())
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:  # the append is in the WAL pool, its PUT under way
-            m = re.search(r"^weir_wal_pool_bytes (\S+)$", requests.get(f"{base}/metrics", timeout=TIMEOUT).text, re.M)
-            if m and float(m.group(1)) > 0:
-                break
-            time.sleep(0.05)
+        wait_for_pool_bytes(base)  # the append is in the WAL pool, its PUT under way
         server.proc.send_signal(15)
         st = client.wait_end(append)
         self.assertEqual(st["status"], 200, bytes(st["data"]))
