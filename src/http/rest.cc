@@ -1115,7 +1115,13 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       Response& a = it->second;
       if (!ended_) {
         if (a.status == 200) {
-          c_.ex->Write(std::move(a.body), [self = shared_from_this()](bool) { self->AckWritten(); });
+          // Acks reach the wire in order: one in kAckWrittenEvery reports
+          // how far they got, not each (a worker task per ack otherwise).
+          std::function<void(bool)> written;
+          if (sent_ % kAckWrittenEvery == kAckWrittenEvery - 1) {
+            written = [self = shared_from_this(), upto = sent_ + 1](bool) { self->AckWritten(upto); };
+          }
+          c_.ex->Write(std::move(a.body), std::move(written));
         } else {
           c_.ex->Write(EncodeS2sTerminal(a.status, a.body), nullptr);
           ended_ = true;
@@ -1140,11 +1146,12 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     return submitted_ - written_.load() + slack >= kMaxUnwrittenAnswers;
   }
 
-  // An ack is on the wire (or the connection failed), on a worker. Only a
-  // pump that stopped for the backlog needs it: that pump goes on once half
-  // of the backlog is written.
-  void AckWritten() {
-    written_.fetch_add(1);
+  // The acks of inputs below `upto` are on the wire (or the connection
+  // failed), on a worker. Only a pump that stopped for the backlog needs it:
+  // that pump goes on once half of the backlog is written.
+  void AckWritten(uint64_t upto) {
+    for (uint64_t w = written_.load(); w < upto && !written_.compare_exchange_weak(w, upto);) {
+    }
     if (!acks_stalled_.load()) return;
     std::unique_lock lk(in_mu_);
     if (!acks_stalled_ || pumping_ || AnswersBacklogged(kMaxUnwrittenAnswers / 2)) return;
@@ -1172,9 +1179,10 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // with S2's 2 MiB frames and a 4 MiB stream window, what a session holds
   // for a client that does not read is bounded (acks of ~50 bytes each).
   static constexpr uint64_t kMaxUnwrittenAnswers = 1024;
+  static constexpr uint64_t kAckWrittenEvery = 64;  // at most an eighth of the resume margin
   std::mutex out_mu_;
   uint64_t submitted_ = 0, sent_ = 0;       // inputs numbered, answers sent (out_mu_)
-  std::atomic<uint64_t> written_{0};         // acks on the wire, or given up with the connection
+  std::atomic<uint64_t> written_{0};         // inputs whose acks are on the wire (or given up), in steps
   std::map<uint64_t, Response> answers_;    // answered out of order (out_mu_)
   std::map<uint64_t, size_t> credit_;       // frame bytes to give back with each answer (out_mu_)
   bool input_done_ = false, ended_ = false;  // out_mu_

@@ -427,7 +427,8 @@ class Engine {
   // Batches evicted from the log cache, read back from their WAL slots: one
   // ranged GET per run of `refs` adjacent in one slot (a stream's batches in
   // a slot are one chunk), segment_uploads GETs at a time. out[i] is refs[i]'s
-  // bytes, a view into a buffer it holds (empty for a ref still cached).
+  // bytes, a view into a buffer it holds (left unfilled for a ref still
+  // cached; `out` stays empty if every ref is).
   // Up to `parallel` GETs at a time (settle: segment_uploads; a read: a few,
   // so that reads after a restart do not crowd out the WAL's PUTs).
   struct ReadBackBytes {
