@@ -1084,6 +1084,51 @@ TEST_F(EngineTest, ADeleteWhoseAnswerWasLostLeavesNoStreamThatAcksAppends) {
   EXPECT_EQ(meta_->GetStream(kBasin, "u").status().code(), Code::kNotFound);
 }
 
+TEST_F(EngineTest, ACreateWhoseAnswerWasLostLeavesAUsableStream) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  // The create landed, its answer was lost: the engine finds its row and loads it.
+  hooked->map_create_answer = [](Status) { return Unavailable("the answer was lost"); };
+  auto created = engine_->CreateStream(kBasin, "fresh", StreamConfig{});
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_EQ(created->name, "fresh");
+  EXPECT_TRUE(engine_->Append(kBasin, "fresh", Bodies({"a"})).status.ok());
+  ASSERT_TRUE(CreateTable("tbl", 2, StreamConfig{}).ok());
+  EXPECT_TRUE(engine_->Append(kBasin, "tbl/1", Bodies({"a"})).status.ok());
+  auto grown = engine_->AddTableBuckets(kBasin, "tbl", 3);
+  ASSERT_TRUE(grown.ok()) << grown.status().ToString();
+  EXPECT_EQ(grown->bucket_count, 3u);
+  EXPECT_TRUE(engine_->Append(kBasin, "tbl/2", Bodies({"a"})).status.ok());
+
+  // A create that did not land stays a failure and leaves nothing behind.
+  hooked->map_create_answer = nullptr;
+  hooked->fail_create = [] { return Unavailable("the metastore is away"); };
+  EXPECT_EQ(engine_->CreateStream(kBasin, "never", StreamConfig{}).status().code(), Code::kUnavailable);
+  EXPECT_EQ(engine_->Append(kBasin, "never", Bodies({"a"})).status.code(), Code::kNotFound);
+  EXPECT_EQ(CreateTable("never-t", 1, StreamConfig{}).code(), Code::kUnavailable);
+  hooked->fail_create = nullptr;
+
+  // When the row cannot be looked up either, the create fails; the next
+  // create of that name (kAlreadyExists) loads it.
+  hooked->map_create_answer = [](Status) { return Unavailable("the answer was lost"); };
+  hooked->fail_get_stream = [] { return Unavailable("the metastore is away"); };
+  EXPECT_EQ(engine_->CreateStream(kBasin, "late", StreamConfig{}).status().code(), Code::kUnavailable);
+  EXPECT_EQ(engine_->Append(kBasin, "late", Bodies({"a"})).status.code(), Code::kNotFound);
+  hooked->map_create_answer = nullptr;
+  hooked->fail_get_stream = nullptr;
+  EXPECT_EQ(engine_->CreateStream(kBasin, "late", StreamConfig{}).status().code(), Code::kAlreadyExists);
+  EXPECT_TRUE(engine_->Append(kBasin, "late", Bodies({"a"})).status.ok());
+
+  // Everything survives a restart with the records acknowledged above.
+  Restart();
+  ASSERT_TRUE(engine_);
+  for (const char* name : {"fresh", "tbl/1", "tbl/2", "late"}) {
+    auto got = engine_->GetStream(kBasin, name);
+    ASSERT_TRUE(got.ok()) << name;
+    EXPECT_EQ(got->tail, 1u) << name;
+  }
+}
+
 TEST_F(EngineTest, DeleteOnEmptyDeletesAStreamOnceEmptyAndQuietForItsMinAge) {
   StreamConfig later;
   later.delete_on_empty_min_age_s = 3600;

@@ -18,10 +18,10 @@ class HookedMetastore final : public metastore::Metastore {
  public:
   explicit HookedMetastore(std::shared_ptr<metastore::Metastore> inner) : m_(std::move(inner)) {}
 
-  std::function<void()> before_mint;                  // runs once, then is cleared
-  std::function<Status()> fail_mint;                  // non-OK: MintEpoch answers it (and changes nothing)
-  std::function<void()> before_commit_settle;         // runs once, then is cleared
-  std::function<Status(Status)> after_commit_settle;  // maps the real answer
+  std::function<void()> before_mint;                     // runs once, then is cleared
+  std::function<Status()> fail_mint;                     // non-OK: MintEpoch answers it (and changes nothing)
+  std::function<void()> before_commit_settle;            // runs once, then is cleared
+  std::function<Status(Status)> after_commit_settle;     // maps the real answer
   std::function<Status(uint64_t)> fail_delete_segments;  // non-OK for a stream id: DeleteSegmentsBelow answers it
   std::function<Status(Status)> after_replace_segments;  // maps the real answer
   std::function<void()> after_list_stream_states;        // runs once, then is cleared
@@ -31,9 +31,15 @@ class HookedMetastore final : public metastore::Metastore {
   // Maps the real answer of DeleteStream, DeleteEmptyStream and DeleteTable
   // (after the delete ran): a delete that landed with its answer lost.
   std::function<Status(Status)> map_delete_answer;
-  std::function<Status()> fail_get_stream_by_id;         // non-OK: GetStreamById answers it
-  std::function<void()> before_commit_group_offsets;     // runs once, then is cleared
-  std::function<void()> before_expire_group_offsets;     // runs once, then is cleared
+  std::function<Status()> fail_get_stream_by_id;  // non-OK: GetStreamById answers it
+  std::function<Status()> fail_get_stream;        // non-OK: GetStream (by name) answers it
+  // Non-OK: CreateStream, CreateTable and AddBuckets answer it without creating.
+  std::function<Status()> fail_create;
+  // Maps the real answer of CreateStream, CreateTable and AddBuckets (after
+  // the create ran): a create that landed with its answer lost.
+  std::function<Status(Status)> map_create_answer;
+  std::function<void()> before_commit_group_offsets;  // runs once, then is cleared
+  std::function<void()> before_expire_group_offsets;  // runs once, then is cleared
   std::atomic<int> delete_empty_stream_calls{0};
 
   using BasinInfo = metastore::BasinInfo;
@@ -55,8 +61,24 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Status DeleteBasin(std::string_view n) override { return m_->DeleteBasin(n); }
   Result<std::string> CreateToken(std::string_view b, std::string_view s) override { return m_->CreateToken(b, s); }
-  Result<StreamInfo> CreateStream(const StreamInfo& i) override { return m_->CreateStream(i); }
-  Result<StreamInfo> GetStream(std::string_view b, std::string_view n) override { return m_->GetStream(b, n); }
+  Result<StreamInfo> CreateStream(const StreamInfo& i) override {
+    if (Status st = FailCreate(); !st.ok()) return st;
+    return MapCreate(m_->CreateStream(i));
+  }
+  template <typename T>
+  Result<T> MapCreate(Result<T> r) {
+    if (!map_create_answer) return r;
+    Status mapped = map_create_answer(r.ok() ? Status::Ok() : r.status());
+    if (!mapped.ok()) return mapped;
+    return r;
+  }
+  Status FailCreate() { return fail_create ? fail_create() : Status::Ok(); }
+  Result<StreamInfo> GetStream(std::string_view b, std::string_view n) override {
+    if (fail_get_stream) {
+      if (Status st = fail_get_stream(); !st.ok()) return st;
+    }
+    return m_->GetStream(b, n);
+  }
   Result<StreamInfo> GetStreamById(uint64_t id) override {
     if (fail_get_stream_by_id) {
       if (Status st = fail_get_stream_by_id(); !st.ok()) return st;
@@ -94,7 +116,8 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& t,
                                                                     const StreamConfig& c) override {
-    return m_->CreateTable(t, c);
+    if (Status st = FailCreate(); !st.ok()) return st;
+    return MapCreate(m_->CreateTable(t, c));
   }
   Result<TableInfo> GetTable(std::string_view b, std::string_view n) override { return m_->GetTable(b, n); }
   Result<std::vector<TableInfo>> ListTables(std::string_view b, std::string_view p, std::string_view a,
@@ -108,7 +131,8 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t id, uint32_t n, const StreamConfig& c,
                                                                    int64_t ms) override {
-    return m_->AddBuckets(id, n, c, ms);
+    if (Status st = FailCreate(); !st.ok()) return st;
+    return MapCreate(m_->AddBuckets(id, n, c, ms));
   }
   Status UpdateTableConfig(uint64_t id, std::string_view c,
                            const std::vector<std::pair<uint64_t, StreamConfig>>& s) override {
@@ -120,8 +144,7 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view g) override { return m_->FetchGroupOffsets(g); }
   Status DeleteGroupOffsets(std::string_view g, std::string_view t) override { return m_->DeleteGroupOffsets(g, t); }
-  Status DeletePartitionOffsets(std::string_view g,
-                                const std::vector<std::pair<std::string, int32_t>>& p) override {
+  Status DeletePartitionOffsets(std::string_view g, const std::vector<std::pair<std::string, int32_t>>& p) override {
     return m_->DeletePartitionOffsets(g, p);
   }
   Result<std::vector<std::string>> ListOffsetGroups() override { return m_->ListOffsetGroups(); }

@@ -340,7 +340,7 @@ Status ApplyBatch(StreamFacts* f, std::string_view batch, bool verified) {
   return Status::Ok();
 }
 
-Status Engine::LoadStream(const metastore::StreamState& st) {
+Result<std::shared_ptr<Engine::Stream>> Engine::StreamFromState(const metastore::StreamState& st) {
   WEIR_ASSIGN_OR_RETURN(auto info, meta_->GetStreamById(st.stream_id));
   auto s = std::make_shared<Stream>();
   s->info = info;
@@ -356,9 +356,35 @@ Status Engine::LoadStream(const metastore::StreamState& st) {
     from = segs.back().end_offset;
     for (auto& seg : segs) s->segments.push_back(std::move(seg));
   }
-  by_name_[{info.basin, info.name}] = info.id;
-  by_id_[info.id] = std::move(s);
+  return s;
+}
+
+Status Engine::LoadStream(const metastore::StreamState& st) {
+  WEIR_ASSIGN_OR_RETURN(auto s, StreamFromState(st));
+  by_name_[{s->info.basin, s->info.name}] = s->info.id;
+  by_id_[s->info.id] = std::move(s);
   return Status::Ok();
+}
+
+void Engine::Adopt(const std::vector<metastore::StreamInfo>& found) {
+  for (const auto& info : found) {
+    {
+      std::lock_guard lk(mu_);
+      if (by_id_.count(info.id) != 0 || by_name_.count({info.basin, info.name}) != 0) continue;
+    }
+    auto state = meta_->GetStreamState(info.id);
+    auto s = state.ok() ? StreamFromState(*state) : Result<std::shared_ptr<Stream>>(state.status());
+    if (!s.ok()) {
+      Log().warn("stream {}/{} exists but could not be loaded: {}", info.basin, info.name, s.status().ToString());
+      continue;
+    }
+    std::lock_guard lk(mu_);
+    if (by_id_.count(info.id) != 0 || by_name_.count({info.basin, info.name}) != 0) continue;
+    Log().info("stream {}/{} (id {}) exists in the metastore but was not loaded: loaded now", info.basin, info.name,
+               info.id);
+    by_name_[{info.basin, info.name}] = info.id;
+    by_id_[info.id] = std::move(*s);
+  }
 }
 
 Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where) {
@@ -492,9 +518,22 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
   info.config = config;
   info.created_at_ms = WallMillis();
   info.request_token = request_token;
-  WEIR_ASSIGN_OR_RETURN(info, meta_->CreateStream(info));
-  Register({info});
-  return info;
+  auto created = meta_->CreateStream(info);
+  if (created.ok()) {
+    Register({*created});
+    return created;
+  }
+  const Status failed = created.status();
+  if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
+  // The row may be there anyway: this create's answer was lost, or an earlier
+  // one's (that stream never loaded), or another process of this node made
+  // it. A stream that exists is loaded, never left unfindable until a restart.
+  auto row = meta_->GetStream(basin, name);
+  if (!row.ok()) return failed;
+  Adopt({*row});
+  const bool ours = row->created_at_ms == info.created_at_ms && row->config == info.config;
+  if (failed.code() != Code::kAlreadyExists && ours) return *row;  // it landed: created
+  return failed;
 }
 
 void Engine::Register(const std::vector<metastore::StreamInfo>& created) {
@@ -702,9 +741,29 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
   TablesChange change(&tables_version_);
   metastore::TableInfo t = table;
   t.created_at_ms = WallMillis();
-  WEIR_ASSIGN_OR_RETURN(auto created, meta_->CreateTable(t, config));
-  Register(created.second);
-  return created.first;
+  auto created = meta_->CreateTable(t, config);
+  if (created.ok()) {
+    Register(created->second);
+    return created->first;
+  }
+  const Status failed = created.status();
+  if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
+  // As CreateStream: a table that exists has its bucket streams loaded.
+  auto row = AdoptTable(t.basin, t.name);
+  if (!row.ok()) return failed;
+  if (failed.code() != Code::kAlreadyExists && row->created_at_ms == t.created_at_ms) return *row;  // it landed
+  return failed;
+}
+
+Result<metastore::TableInfo> Engine::AdoptTable(const std::string& basin, const std::string& name) {
+  WEIR_ASSIGN_OR_RETURN(metastore::TableInfo table, meta_->GetTable(basin, name));
+  std::vector<metastore::StreamInfo> buckets;
+  for (uint32_t b = 0; b < table.bucket_count; ++b) {
+    WEIR_ASSIGN_OR_RETURN(metastore::StreamInfo s, meta_->GetStream(basin, metastore::BucketStreamName(name, b)));
+    buckets.push_back(std::move(s));
+  }
+  Adopt(buckets);
+  return table;
 }
 
 Result<metastore::TableInfo> Engine::GetTable(const std::string& basin, const std::string& name) {
@@ -725,9 +784,20 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
   TablesChange change(&tables_version_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto first, GetStream(basin, metastore::BucketStreamName(name, 0)));
-  WEIR_ASSIGN_OR_RETURN(auto added, meta_->AddBuckets(table.id, new_bucket_count, first.info.config, WallMillis()));
-  Register(added.second);
-  return added.first;
+  auto added = meta_->AddBuckets(table.id, new_bucket_count, first.info.config, WallMillis());
+  if (added.ok()) {
+    Register(added->second);
+    return added->first;
+  }
+  const Status failed = added.status();
+  if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
+  // As CreateTable: buckets that exist are loaded.
+  auto row = AdoptTable(basin, name);
+  if (!row.ok()) return failed;
+  if (failed.code() != Code::kAlreadyExists && row->id == table.id && row->bucket_count == new_bucket_count) {
+    return *row;  // it landed
+  }
+  return failed;
 }
 
 Status Engine::ReconfigureTable(const std::string& basin, const std::string& name, const std::string& config,

@@ -496,8 +496,16 @@ class Engine {
   TimePoint last_retention_;
   TimePoint last_merge_;
   uint64_t last_stream_id_at_start_ = 0;  // the metastore's, read by Recover before it loads the streams
+  // A stream as of its settled state and segment index in the metastore.
+  Result<std::shared_ptr<Stream>> StreamFromState(const metastore::StreamState& st);
   // Recovery: registers a stream from its settled state (in by_id_ and by_name_).
   Status LoadStream(const metastore::StreamState& st);
+  // After a create failed: loads those of `found` (rows the metastore has)
+  // whose id and name are not registered, from their settled state. A
+  // stream that cannot be loaded is logged and left out.
+  void Adopt(const std::vector<metastore::StreamInfo>& found);
+  // Adopt for the bucket streams of table basin/name; returns its row.
+  Result<metastore::TableInfo> AdoptTable(const std::string& basin, const std::string& name);
   // Merges `run` (adjacent segments of `s`, at most kMaxMergeParts) into one segment.
   static constexpr size_t kMaxMergeParts = 256;
   Status MergeRun(const std::shared_ptr<Stream>& s, const std::vector<metastore::SegmentInfo>& run);
