@@ -467,6 +467,36 @@ TEST_F(EngineTest, EvictedBatchesAreReadFromTheirWalSlot) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], std::string(500, static_cast<char>('a' + i % 26)));
 }
 
+// A full log cache drops the oldest batches across streams, so tailing
+// readers find the newest in memory: it used to empty streams in id order
+// (newest batches included) and not cache a batch acknowledged while full.
+TEST_F(EngineTest, AFullLogCacheDropsTheOldestBatchesAcrossStreams) {
+  cache_bytes_ = 4096;
+  settle_on_close_ = false;
+  auto gated = RestartGated();
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "later", StreamConfig{}).ok());  // a higher id than "s"
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(engine_->Append(kBasin, "later", Bodies({std::string(400, 'l')})).status.ok());
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({std::string(400, 's')})).status.ok());
+  }
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"newest of s"})).status.ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "later", Bodies({"newest of later"})).status.ok());
+  const int gets = gated->gets("wal/");
+  for (const char* name : {"s", "later"}) {
+    // The last three batches of each stream are in memory.
+    auto r = engine_->Read(kBasin, name, ReadStart{ReadStart::kOffset, 10}, 1000, 1 << 20);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->records.size(), 3u) << name;
+    EXPECT_EQ(r->records.back().record.value.value_or(""), std::string("newest of ") + name);
+  }
+  EXPECT_EQ(gated->gets("wal/"), gets) << "a tailing read went to the WAL store";
+  // The oldest were dropped and come back from their slots.
+  auto all = ReadAll("s");
+  ASSERT_EQ(all.size(), 13u);
+  EXPECT_EQ(all.front(), std::string(400, 's'));
+  EXPECT_GT(gated->gets("wal/"), gets);
+}
+
 // Batches no longer in the log cache are read back from their slots a run at
 // a time (a stream's batches in a slot are adjacent), not one GET per batch:
 // with 1 KiB Kafka batches on S3 that was one ~15 ms GET per KiB, serially,
@@ -1056,6 +1086,32 @@ TEST_F(EngineTest, ADeleteWhoseAnswerWasLostLeavesNoStreamThatAcksAppends) {
   hooked->fail_get_stream_by_id = nullptr;
   EXPECT_TRUE(engine_->DeleteStream(kBasin, "s").ok());
   EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({"x"})).status.code(), Code::kNotFound);
+
+  // Without a retry, the next retention pass learns it: gone (forgotten) or
+  // there (appendable again). A table's buckets likewise (a retried delete
+  // would find no table).
+  for (bool landed : {true, false}) {
+    ASSERT_TRUE(engine_->CreateStream(kBasin, "r", StreamConfig{}).ok());
+    ASSERT_TRUE(CreateTable("rt", 1, StreamConfig{}).ok());
+    hooked->map_delete_answer = [landed](Status st) { return landed ? Unavailable("the answer was lost") : st; };
+    hooked->fail_get_stream_by_id = [] { return Unavailable("the metastore is away"); };
+    if (!landed) hooked->fail_delete = [] { return Unavailable("the metastore is away"); };
+    EXPECT_FALSE(engine_->DeleteStream(kBasin, "r").ok());
+    EXPECT_FALSE(engine_->DeleteTable(kBasin, "rt").ok());
+    EXPECT_EQ(engine_->Append(kBasin, "r", Bodies({"x"})).status.code(), Code::kUnavailable);
+    EXPECT_EQ(engine_->Append(kBasin, "rt/0", Bodies({"x"})).status.code(), Code::kUnavailable);
+    hooked->map_delete_answer = nullptr;
+    hooked->fail_get_stream_by_id = nullptr;
+    hooked->fail_delete = nullptr;
+    ASSERT_TRUE(engine_->ApplyRetention().ok());
+    const Code expected = landed ? Code::kNotFound : Code::kOk;
+    EXPECT_EQ(engine_->Append(kBasin, "r", Bodies({"x"})).status.code(), expected) << landed;
+    EXPECT_EQ(engine_->Append(kBasin, "rt/0", Bodies({"x"})).status.code(), expected) << landed;
+    if (!landed) {
+      ASSERT_TRUE(engine_->DeleteStream(kBasin, "r").ok());
+      ASSERT_TRUE(engine_->DeleteTable(kBasin, "rt").ok());
+    }
+  }
 
   // When the metastore can say at once, the first call already forgets it.
   ASSERT_TRUE(engine_->CreateStream(kBasin, "t", StreamConfig{}).ok());

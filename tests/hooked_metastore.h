@@ -31,6 +31,8 @@ class HookedMetastore final : public metastore::Metastore {
   // Maps the real answer of DeleteStream, DeleteEmptyStream and DeleteTable
   // (after the delete ran): a delete that landed with its answer lost.
   std::function<Status(Status)> map_delete_answer;
+  // Non-OK: DeleteStream, DeleteEmptyStream and DeleteTable answer it without deleting.
+  std::function<Status()> fail_delete;
   std::function<Status()> fail_get_stream_by_id;  // non-OK: GetStreamById answers it
   std::function<Status()> fail_get_stream;        // non-OK: GetStream (by name) answers it
   // Non-OK: CreateStream, CreateTable and AddBuckets answer it without creating.
@@ -94,6 +96,9 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->RaiseTrimPoint(n, e, id, t);
   }
   Result<std::vector<std::string>> DeleteStream(uint64_t id) override {
+    if (fail_delete) {
+      if (Status st = fail_delete(); !st.ok()) return st;
+    }
     auto r = m_->DeleteStream(id);
     if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
     return MapDelete(std::move(r));
@@ -125,6 +130,9 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->ListTables(b, p, a, l);
   }
   Result<std::vector<std::string>> DeleteTable(uint64_t id, bool with_group_offsets) override {
+    if (fail_delete) {
+      if (Status st = fail_delete(); !st.ok()) return st;
+    }
     auto r = m_->DeleteTable(id, with_group_offsets);
     if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
     return MapDelete(std::move(r));

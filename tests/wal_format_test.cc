@@ -54,6 +54,21 @@ TEST(Envelope, RoundTripAndEveryByteIsChecked) {
   EXPECT_EQ(DecodeEnvelope(buf.substr(0, 59)).status().code(), Code::kCorruption);
 }
 
+// A footer offset near 2^64 made offset + length wrap to the object's size:
+// DecodeSlot then read past the end (std::out_of_range, an abort in recovery).
+TEST(Envelope, AFooterOffsetThatWrapsIsCorruption) {
+  Envelope env;
+  env.kind = SlotKind::kFlight;
+  env.epoch = 1;
+  env.total_size = 100;
+  env.footer_length = 104;
+  env.footer_offset = ~uint64_t{0} - 3;  // + 104 wraps to 100
+  std::string buf(100, '\0');
+  EncodeEnvelope(env, buf.data());
+  EXPECT_EQ(DecodeEnvelope(buf).status().code(), Code::kCorruption);
+  EXPECT_EQ(DecodeSlot("k", buf).status().code(), Code::kCorruption);
+}
+
 TEST(Envelope, Poison) {
   std::string p = EncodePoison(4, 9, 77);
   ASSERT_EQ(p.size(), kEnvelopeSize);

@@ -1179,17 +1179,18 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
         return true;
       });
       size_t size = p->bytes->size();
-      bool cache = !s->deleted && cache_bytes_.load() + size <= options_.log_cache_bytes;
+      // The newest batch is cached even when the cache is full: older ones
+      // make room (EvictCache), since tailing readers want the newest.
+      bool cache = !s->deleted && size <= options_.log_cache_bytes;
       if (!s->deleted) {  // a deleted stream settles nothing more
         s->durable.push_back(BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr});
         unsettled_bytes_ += where.length;
         unsettled_batches_++;
       }
       if (cache) {
-        cache_bytes_ += size;
-        if (cache_bytes_.load() > options_.log_cache_bytes / 4) settle_early = true;
-      } else if (!s->deleted) {
-        evict = true;
+        const size_t cached = cache_bytes_ += size;
+        if (cached > options_.log_cache_bytes / 4) settle_early = true;
+        evict = cached > options_.log_cache_bytes;
       }
       s->cv.notify_all();
       ack = AppendAck{p->start, p->end, s->tail, p->first_timestamp_ms, p->last_timestamp_ms, false, LogStart(*s)};
@@ -1215,21 +1216,42 @@ void Engine::RequestSettle() {
 }
 
 void Engine::EvictCache() {
-  // Drops the oldest cached batches of each stream until the cache is at 3/4
-  // of its budget; evicted batches are read back from their WAL slot.
+  // Drops the oldest cached batches across streams (by WAL slot: a stream's
+  // batches are in slot order) until the cache is at 3/4 of its budget;
+  // tailing readers keep finding the newest. Evicted batches are read back
+  // from their WAL slot. One eviction at a time; a racing ack skips it.
+  std::unique_lock evicting(evict_mu_, std::try_to_lock);
+  if (!evicting.owns_lock()) return;
+  const size_t goal = options_.log_cache_bytes * 3 / 4;
   std::vector<std::shared_ptr<Stream>> streams;
   {
     std::lock_guard lk(mu_);
-    if (cache_bytes_.load() <= options_.log_cache_bytes * 3 / 4) return;
+    if (cache_bytes_.load() <= goal) return;
     for (auto& [id, s] : by_id_) streams.push_back(s);
+  }
+  // Bytes cached per slot, oldest first; the cut is the newest slot to empty.
+  std::map<std::pair<uint64_t, uint64_t>, size_t> per_slot;
+  for (auto& s : streams) {
+    std::lock_guard lk(s->mu);
+    for (const auto& b : s->durable) {
+      if (b.bytes) per_slot[{b.where.epoch, b.where.seq}] += b.bytes->size();
+    }
+  }
+  const size_t now = cache_bytes_.load();
+  if (now <= goal) return;
+  size_t freed = 0;
+  std::pair<uint64_t, uint64_t> cut{0, 0};
+  for (const auto& [slot, bytes] : per_slot) {
+    cut = slot;
+    if ((freed += bytes) >= now - goal) break;
   }
   for (auto& s : streams) {
     std::lock_guard lk(s->mu);
     for (auto& b : s->durable) {
+      if (std::pair{b.where.epoch, b.where.seq} > cut) break;
       if (!b.bytes) continue;
-      size_t size = b.bytes->size();
+      cache_bytes_ -= b.bytes->size();
       b.bytes.reset();
-      if ((cache_bytes_ -= size) <= options_.log_cache_bytes * 3 / 4) return;
     }
   }
 }

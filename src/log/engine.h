@@ -482,6 +482,7 @@ class Engine {
   std::mutex config_mu_;
   // Held by CreateStream across the metastore create and Register.
   std::mutex create_mu_;
+  std::mutex evict_mu_;  // one EvictCache at a time
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_;
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
   std::atomic<size_t> cache_bytes_{0};

@@ -443,6 +443,18 @@ Status Engine::ApplyRetention() {
     std::lock_guard lk(mu_);
     for (auto& [id, s] : by_id_) streams.push_back(s);
   }
+  // Streams a delete may have removed (its answer lost, and the metastore
+  // could not say): forgotten once their row is known gone, appendable again
+  // once it is known there. Nothing else would ask (a table's retried delete
+  // finds no table; a user need not retry).
+  for (auto& s : streams) {
+    bool unknown;
+    {
+      std::lock_guard lk(s->mu);
+      unknown = s->delete_unknown && !s->deleted;
+    }
+    if (unknown) DeleteObjects(AfterFailedDelete(s), fmt::format("segments of stream {}", s->info.name));
+  }
   int64_t now_ms = WallMillis();
   Status first_error;
   for (auto& s : streams) {

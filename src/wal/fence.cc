@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -54,12 +55,21 @@ namespace {
 
 // Runs fn(seq) for seqs [first, first + n) concurrently, one thread each, and
 // returns the results in seq order. n is small (RetryPolicy::parallelism).
+// Out of threads, the calling thread runs the seqs no thread took.
 template <typename Fn>
 auto InParallel(uint64_t first, uint64_t n, Fn&& fn) -> std::vector<decltype(fn(first))> {
   std::vector<std::optional<decltype(fn(first))>> slots(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
-  for (uint64_t i = 0; i < n; ++i) threads.emplace_back([&, i] { slots[i].emplace(fn(first + i)); });
+  uint64_t started = 0;
+  for (; started < n; ++started) {
+    try {
+      threads.emplace_back([&, i = started] { slots[i].emplace(fn(first + i)); });
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  for (uint64_t i = started; i < n; ++i) slots[i].emplace(fn(first + i));
   for (auto& t : threads) t.join();
   std::vector<decltype(fn(first))> out;
   out.reserve(n);

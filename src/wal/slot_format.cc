@@ -80,7 +80,7 @@ Result<Envelope> DecodeEnvelope(std::string_view data) {
       return Corruption("poison envelope with size {} and footer length {}", env.total_size, env.footer_length);
     }
   } else if (env.footer_length < kFooterFixedSize || env.footer_offset < kEnvelopeSize ||
-             env.footer_offset + env.footer_length != env.total_size) {
+             env.footer_offset > env.total_size || env.footer_length != env.total_size - env.footer_offset) {
     return Corruption("slot envelope: footer [{}, +{}) does not end the {}-byte object", env.footer_offset,
                       env.footer_length, env.total_size);
   }
