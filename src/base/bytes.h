@@ -150,6 +150,22 @@ class ByteReader {
     *v = static_cast<int64_t>((u >> 1) ^ (~(u & 1) + 1));
     return true;
   }
+  // Kafka's zigzag varint for an int32: at most 5 bytes (more is malformed);
+  // bits past 32 are dropped, as Kafka's reader drops them.
+  bool GetVarint32(int32_t* v) {
+    uint32_t result = 0;
+    for (int shift = 0; shift <= 28; shift += 7) {
+      uint8_t b;
+      if (!GetU8(&b)) return false;
+      result |= static_cast<uint32_t>(b & 0x7F) << shift;
+      if ((b & 0x80) == 0) {
+        *v = static_cast<int32_t>((result >> 1) ^ (~(result & 1) + 1));
+        return true;
+      }
+    }
+    failed_ = true;
+    return false;
+  }
 
  private:
   bool Need(size_t n) {

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/bytes.h"
 #include "base/log.h"
 #include "base/thread.h"
 #include "kafka/api_table.h"
@@ -43,6 +44,37 @@ ErrorCode AppendError(const log::AppendOutcome& o) {
     default:
       return ErrorCode::kKafkaStorageError;
   }
+}
+
+// What Kafka's broker answers for a partition's records before it reads a
+// record (ProduceRequest.validateRecords, v3 and later): INVALID_RECORD when
+// there is no whole first batch or it is not magic 2 (not retried, unlike
+// CORRUPT_MESSAGE), UNSUPPORTED_COMPRESSION_TYPE for zstd before v7. A length
+// below any batch's is left to the CRC check (CORRUPT_MESSAGE, as Kafka).
+ErrorCode ProduceRecordsError(const std::optional<std::string_view>& records, int16_t version) {
+  if (!records || records->size() < wal::kRecordBatchHeaderSize) return ErrorCode::kInvalidRecord;
+  const char* p = records->data();
+  const int64_t batch_length = static_cast<int32_t>(weir::LoadBE32(p + 8));
+  if (batch_length < 14) return ErrorCode::kNone;  // Kafka: CorruptRecordException
+  if (static_cast<uint64_t>(batch_length) + 12 > records->size()) return ErrorCode::kInvalidRecord;
+  if (static_cast<int8_t>(p[16]) != wal::kRecordBatchMagic) return ErrorCode::kInvalidRecord;
+  constexpr int kZstd = 4;
+  if ((weir::LoadBE16(p + 21) & wal::kCompressionMask) == kZstd && version < 7) {
+    return ErrorCode::kUnsupportedCompressionType;
+  }
+  return ErrorCode::kNone;
+}
+
+// Whether a Fetch of this version must refuse these batches: clients before
+// Fetch v10 cannot read zstd, and Kafka answers UNSUPPORTED_COMPRESSION_TYPE
+// rather than send them.
+bool FetchCannotCarry(const std::vector<std::shared_ptr<const std::string>>& batches, int16_t version) {
+  if (version >= 10) return false;
+  for (const auto& b : batches) {
+    auto h = wal::ParseBatchHeader(*b);
+    if (h.ok() && h->compression() == 4) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -328,8 +360,8 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
         pr.error_code = ErrorCode::kInvalidTopicException;
       } else if (p.index < 0) {
         pr.error_code = ErrorCode::kUnknownTopicOrPartition;
-      } else if (!p.records || p.records->size() < wal::kRecordBatchHeaderSize) {
-        pr.error_code = ErrorCode::kCorruptMessage;
+      } else if (ErrorCode e = ProduceRecordsError(p.records, req->version()); e != ErrorCode::kNone) {
+        pr.error_code = e;
       } else if (p.records->size() > max_bytes) {
         pr.error_code = ErrorCode::kMessageTooLarge;
       } else {
@@ -488,7 +520,14 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
                                      budget > total ? budget - total : 0);
       Result<log::BatchReadResult> r = Status();
       if (want == 0) {
+        // No room left for data, but the offset is checked as a read would
+        // (a consumer below the log start must learn it now, not once the
+        // partitions before it have nothing more to give).
         r = engine_->Offsets(options_.basin, stream);
+        if (r.ok() && (static_cast<uint64_t>(p.fetch_offset) < r->log_start ||
+                       static_cast<uint64_t>(p.fetch_offset) > r->tail)) {
+          r = OutOfRange("offset {} is outside [{}, {}]", p.fetch_offset, r->log_start, r->tail);
+        }
       } else {
         r = engine_->ReadBatches(options_.basin, stream, static_cast<uint64_t>(p.fetch_offset), want);
       }
@@ -512,6 +551,12 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
       }
       pd.high_watermark = pd.last_stable_offset = static_cast<int64_t>(r->tail);
       pd.log_start_offset = static_cast<int64_t>(r->log_start);
+      if (FetchCannotCarry(r->batches, req->version())) {
+        pd.error_code = ErrorCode::kUnsupportedCompressionType;
+        error = true;
+        tr.partitions.push_back(std::move(pd));
+        continue;
+      }
       const bool at_end = r->batches.empty();
       // Only the first partition with data may go past the limits, by its
       // first batch (KIP-74); later ones get nothing rather than too much.

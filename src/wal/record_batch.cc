@@ -93,11 +93,18 @@ class RecordReader {
     if (!r_.GetVarint(v)) return Overrun(field);
     return Status::Ok();
   }
+  // An int32 field: Kafka's readers refuse more than 5 bytes.
+  Status Varint32(std::string_view field, int64_t* v) {
+    int32_t v32 = 0;
+    if (!r_.GetVarint32(&v32)) return Overrun(field);
+    *v = v32;
+    return Status::Ok();
+  }
   // A length-prefixed byte string; -1 is null where `nullable`. A null `out`
   // only checks it.
   Status Bytes(std::string_view field, bool nullable, std::optional<std::string>* out) {
     int64_t len = 0;
-    WEIR_RETURN_IF_ERROR(Varint(field, &len));
+    WEIR_RETURN_IF_ERROR(Varint32(field, &len));
     if (len == -1 && nullable) {
       if (out) out->reset();
       return Status::Ok();
@@ -128,8 +135,8 @@ class RecordReader {
 // writes them). `timestamp` (if set) gets the record's timestamp, as a reader
 // sees it.
 Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out, int64_t* timestamp) {
-  int64_t length = 0;
-  if (!batch->GetVarint(&length)) {
+  int32_t length = 0;
+  if (!batch->GetVarint32(&length)) {
     return Corruption("record {}: length is truncated or malformed ({} bytes left in the batch)", index,
                       batch->remaining());
   }
@@ -146,7 +153,7 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
   int64_t offset_delta = 0;
   WEIR_RETURN_IF_ERROR(r.U8("attributes", &attributes));
   WEIR_RETURN_IF_ERROR(r.Varint("timestampDelta", &timestamp_delta));
-  WEIR_RETURN_IF_ERROR(r.Varint("offsetDelta", &offset_delta));
+  WEIR_RETURN_IF_ERROR(r.Varint32("offsetDelta", &offset_delta));
   if (offset_delta < 0 || offset_delta > h.last_offset_delta) {
     return Corruption("record {}: offsetDelta {} is outside [0, lastOffsetDelta {}]", index, offset_delta,
                       h.last_offset_delta);
@@ -161,7 +168,7 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
   WEIR_RETURN_IF_ERROR(r.Bytes("value", true, out ? &rec.value : nullptr));
 
   int64_t header_count = 0;
-  WEIR_RETURN_IF_ERROR(r.Varint("headerCount", &header_count));
+  WEIR_RETURN_IF_ERROR(r.Varint32("headerCount", &header_count));
   // Each header takes at least two bytes (two one-byte length varints).
   if (header_count < 0 || static_cast<uint64_t>(header_count) > r.remaining() / 2) {
     return Corruption("record {}: headerCount {} does not fit the {} bytes left in the record", index, header_count,
