@@ -1140,6 +1140,21 @@ TEST_F(EngineTest, ADeleteWhoseAnswerWasLostLeavesNoStreamThatAcksAppends) {
   EXPECT_EQ(meta_->GetStream(kBasin, "u").status().code(), Code::kNotFound);
 }
 
+// A process whose node epoch a successor minted deletes nothing: the
+// successor serves those streams (and would acknowledge appends to a stream
+// whose rows settle then skips).
+TEST_F(EngineTest, ASupersededProcessDeletesNoStreamOrTable) {
+  ASSERT_TRUE(CreateTable("tbl", 1, StreamConfig{}).ok());
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, 8).ok());  // a successor started
+  EXPECT_EQ(engine_->DeleteStream(kBasin, "s").code(), Code::kPreconditionFailed);
+  EXPECT_EQ(engine_->DeleteTable(kBasin, "tbl").code(), Code::kPreconditionFailed);
+  EXPECT_TRUE(meta_->GetStream(kBasin, "s").ok());
+  EXPECT_TRUE(meta_->GetTable(kBasin, "tbl").ok());
+  EXPECT_TRUE(meta_->GetStream(kBasin, "tbl/0").ok());
+}
+
 TEST_F(EngineTest, ACreateWhoseAnswerWasLostLeavesAUsableStream) {
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);

@@ -95,11 +95,11 @@ class HookedMetastore final : public metastore::Metastore {
   Status RaiseTrimPoint(std::string_view n, uint64_t e, uint64_t id, uint64_t t) override {
     return m_->RaiseTrimPoint(n, e, id, t);
   }
-  Result<std::vector<std::string>> DeleteStream(uint64_t id) override {
+  Result<std::vector<std::string>> DeleteStream(uint64_t id, const metastore::EpochCheck& by) override {
     if (fail_delete) {
       if (Status st = fail_delete(); !st.ok()) return st;
     }
-    auto r = m_->DeleteStream(id);
+    auto r = m_->DeleteStream(id, by);
     if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
     return MapDelete(std::move(r));
   }
@@ -129,11 +129,12 @@ class HookedMetastore final : public metastore::Metastore {
                                             size_t l) override {
     return m_->ListTables(b, p, a, l);
   }
-  Result<std::vector<std::string>> DeleteTable(uint64_t id, bool with_group_offsets) override {
+  Result<std::vector<std::string>> DeleteTable(uint64_t id, bool with_group_offsets,
+                                               const metastore::EpochCheck& by) override {
     if (fail_delete) {
       if (Status st = fail_delete(); !st.ok()) return st;
     }
-    auto r = m_->DeleteTable(id, with_group_offsets);
+    auto r = m_->DeleteTable(id, with_group_offsets, by);
     if (auto hook = std::exchange(after_delete_stream, nullptr); r.ok() && hook) hook();
     return MapDelete(std::move(r));
   }

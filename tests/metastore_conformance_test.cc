@@ -31,6 +31,8 @@ namespace fs = std::filesystem;
 
 using TempDir = ::weir::testing::TempDir;
 
+constexpr EpochCheck kNoNode{};  // acts for no node: no epoch check
+
 // One backend under test: the metastore plus whatever it lives in.
 struct BackendEnv {
   std::unique_ptr<TempDir> dir;  // destroyed after the metastore (declared first)
@@ -417,7 +419,7 @@ TEST_P(MetastoreConformance, DeleteBasinWithStreamsIsRefused) {
   ASSERT_TRUE(m().GetBasin("logs").ok());
   ASSERT_TRUE(m().GetStreamById(id).ok());
 
-  ASSERT_TRUE(m().DeleteStream(id).ok());
+  ASSERT_TRUE(m().DeleteStream(id, kNoNode).ok());
   ASSERT_OK(m().DeleteBasin("logs"));
   EXPECT_EQ(m().GetBasin("logs").status().code(), Code::kNotFound);
 }
@@ -441,6 +443,26 @@ TEST_P(MetastoreConformance, DeleteEmptyStreamNeedsTheNodesEpochAndTheConfig) {
   EXPECT_EQ(m().GetStreamById(id).status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetStreamState(id).status().code(), Code::kNotFound);
   EXPECT_EQ(m().DeleteEmptyStream(id, "n1", second.epoch).status().code(), Code::kNotFound);
+}
+
+// A superseded node deletes no stream or table: its successor serves them
+// and would acknowledge appends that settle then drops.
+TEST_P(MetastoreConformance, DeletesNeedTheNodesEpoch) {
+  const uint64_t id = MakeStream("b", "kept");
+  const auto table = MakeTable("b", "tbl", 2);
+  ASSERT_OK_AND_ASSIGN(NodeState first, m().MintEpoch("n1", 0, 8));
+  ASSERT_OK_AND_ASSIGN(NodeState second, m().MintEpoch("n1", first.epoch, 8));
+  for (const EpochCheck& stale : {EpochCheck{"n1", first.epoch}, EpochCheck{"n2", 1}}) {
+    EXPECT_EQ(m().DeleteStream(id, stale).status().code(), Code::kPreconditionFailed);
+    EXPECT_EQ(m().DeleteTable(table.first.id, true, stale).status().code(), Code::kPreconditionFailed);
+  }
+  EXPECT_TRUE(m().GetStreamById(id).ok());
+  EXPECT_TRUE(m().GetTable("b", "tbl").ok());
+  EXPECT_TRUE(m().GetStream("b", "tbl/1").ok());
+  ASSERT_OK(m().DeleteStream(id, EpochCheck{"n1", second.epoch}).status());
+  ASSERT_OK(m().DeleteTable(table.first.id, true, EpochCheck{"n1", second.epoch}).status());
+  EXPECT_EQ(m().GetStreamById(id).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetStream("b", "tbl/1").status().code(), Code::kNotFound);
 }
 
 TEST_P(MetastoreConformance, CreateStreamAllocatesIdAndZeroState) {
@@ -510,7 +532,7 @@ TEST_P(MetastoreConformance, StreamIdsAreNeverReused) {
     EXPECT_TRUE(seen.insert(id).second) << "id " << id << " reused";
     EXPECT_GT(id, last);
     last = id;
-    ASSERT_TRUE(m().DeleteStream(id).ok());
+    ASSERT_TRUE(m().DeleteStream(id, kNoNode).ok());
     EXPECT_EQ(m().GetStreamById(id).status().code(), Code::kNotFound);
   }
   if (persistent()) {
@@ -527,7 +549,7 @@ TEST_P(MetastoreConformance, GetStreamMissing) {
   EXPECT_EQ(m().GetStreamById(123456).status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetStreamState(123456).status().code(), Code::kNotFound);
   EXPECT_EQ(m().UpdateStreamConfig(123456, StreamConfig{}).code(), Code::kNotFound);
-  EXPECT_EQ(m().DeleteStream(123456).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteStream(123456, kNoNode).status().code(), Code::kNotFound);
 }
 
 TEST_P(MetastoreConformance, ListStreamsPagesWithinABasin) {
@@ -611,7 +633,7 @@ TEST_P(MetastoreConformance, DeleteStreamRemovesStateAndSegments) {
   ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 3}, {Seg(a, 0, 10), Seg(a, 10, 20), Seg(keep, 0, 5)},
                              {State(a, 20, "tok"), State(keep, 5)}));
 
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteStream(a));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteStream(a, kNoNode));
   EXPECT_EQ(keys, (std::vector<std::string>{Seg(a, 0, 10).object_key, Seg(a, 10, 20).object_key}));
   EXPECT_EQ(m().GetStreamById(a).status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetStream("b", "a").status().code(), Code::kNotFound);
@@ -627,9 +649,9 @@ TEST_P(MetastoreConformance, DeleteStreamRemovesStateAndSegments) {
   EXPECT_EQ(Starts(keep), (std::vector<uint64_t>{0}));
   EXPECT_EQ(m().GetStreamState(keep)->settled_offset, 5u);
 
-  EXPECT_EQ(m().DeleteStream(a).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteStream(a, kNoNode).status().code(), Code::kNotFound);
   // A stream without segments returns no keys.
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> none, m().DeleteStream(MakeStream("b", "fresh")));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> none, m().DeleteStream(MakeStream("b", "fresh"), kNoNode));
   EXPECT_TRUE(none.empty());
 }
 
@@ -649,12 +671,12 @@ TEST_P(MetastoreConformance, CreateTokensAreKeptUntilTheNameIsDeleted) {
     Reopen();
     EXPECT_EQ(*m().CreateToken("tokened", "s"), "stream-token");
   }
-  ASSERT_OK(m().DeleteStream(s.id).status());
+  ASSERT_OK(m().DeleteStream(s.id, kNoNode).status());
   EXPECT_EQ(*m().CreateToken("tokened", "s"), "");
   info.request_token.clear();  // the name again, without a token
   ASSERT_OK(m().CreateStream(info).status());
   EXPECT_EQ(*m().CreateToken("tokened", "s"), "");
-  ASSERT_OK(m().DeleteStream(m().GetStream("tokened", "s")->id).status());
+  ASSERT_OK(m().DeleteStream(m().GetStream("tokened", "s")->id, kNoNode).status());
   ASSERT_OK(m().DeleteBasin("tokened"));
   EXPECT_EQ(*m().CreateToken("tokened", ""), "");
 }
@@ -978,7 +1000,7 @@ TEST_P(MetastoreConformance, CommitSettleSkipsDeletedStreams) {
   const uint64_t gone = MakeStream("b", "gone");
   const uint64_t live = MakeStream("b", "live");
   MintTo("n1", 1);
-  ASSERT_TRUE(m().DeleteStream(gone).ok());
+  ASSERT_TRUE(m().DeleteStream(gone, kNoNode).ok());
   ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 2}, {Seg(gone, 0, 10), Seg(live, 0, 4)},
                              {State(gone, 10), State(live, 4)}));
   EXPECT_EQ(m().GetStreamState(gone).status().code(), Code::kNotFound);
@@ -1097,7 +1119,7 @@ TEST_P(MetastoreConformance, LastStreamIdIsTheLargestEverAllocated) {
   ASSERT_OK_AND_ASSIGN(uint64_t last, m().LastStreamId());
   EXPECT_LT(none, a);
   EXPECT_EQ(last, std::max(a, c));
-  ASSERT_TRUE(m().DeleteStream(c).ok());
+  ASSERT_TRUE(m().DeleteStream(c, kNoNode).ok());
   ASSERT_OK_AND_ASSIGN(uint64_t after_delete, m().LastStreamId());
   EXPECT_EQ(after_delete, last);  // never reused, so never lowered
 }
@@ -1259,7 +1281,7 @@ TEST_P(MetastoreConformance, CreateTableKindAndMaximumBuckets) {
   EXPECT_EQ(created.second.back().name, "pk/9999");
   EXPECT_EQ(m().GetTable("b", "pk")->kind, "primary-key");
   EXPECT_TRUE(m().GetStream("b", "pk/9999").ok());
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(created.first.id, false));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(created.first.id, false, kNoNode));
   EXPECT_TRUE(keys.empty());
   EXPECT_TRUE(StreamNames("b", "").empty());
 }
@@ -1306,7 +1328,7 @@ TEST_P(MetastoreConformance, CreateTableErrorsCreateNothing) {
   // With fewer buckets the name is free, and the squatter is not a bucket.
   auto two = MakeTable("b", "t", 2);
   EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"t/0", "t/1", "t/2"}));
-  ASSERT_TRUE(m().DeleteStream(squatter).ok());
+  ASSERT_TRUE(m().DeleteStream(squatter, kNoNode).ok());
 
   // The table exists.
   st = attempt("b", "t", 2);
@@ -1370,7 +1392,7 @@ TEST_P(MetastoreConformance, DeleteTableRemovesBucketsStatesAndSegments) {
   const MetastoreCounters& c = m().counters();
   const uint64_t txns = c.transactions.load();
   const uint64_t writes = c.writes.load();
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(orders.id, false));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(orders.id, false, kNoNode));
   EXPECT_EQ(c.transactions.load() - txns, 1u);
   EXPECT_EQ(c.writes.load() - writes, 1u);
   std::sort(keys.begin(), keys.end());
@@ -1390,8 +1412,8 @@ TEST_P(MetastoreConformance, DeleteTableRemovesBucketsStatesAndSegments) {
   EXPECT_EQ(m().GetStreamState(k0)->settled_offset, 1u);
   EXPECT_TRUE(m().GetStreamById(plain).ok());
 
-  EXPECT_EQ(m().DeleteTable(orders.id, false).status().code(), Code::kNotFound);
-  EXPECT_EQ(m().DeleteTable(123456, false).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteTable(orders.id, false, kNoNode).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteTable(123456, false, kNoNode).status().code(), Code::kNotFound);
   // A settle of a deleted bucket is skipped, like any deleted stream.
   ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(b0, 20, 30)}, {State(b0, 30)}));
   EXPECT_TRUE(Segments(b0).empty());
@@ -1402,7 +1424,7 @@ TEST_P(MetastoreConformance, DeleteTableRemovesBucketsStatesAndSegments) {
   for (const StreamInfo& s : again.second) EXPECT_GT(s.id, plain);
   if (persistent()) {
     const uint64_t last = again.first.id;
-    ASSERT_TRUE(m().DeleteTable(last, false).ok());
+    ASSERT_TRUE(m().DeleteTable(last, false, kNoNode).ok());
     Reopen();
     EXPECT_GT(MakeTable("k", "orders", 1).first.id, last);
   }
@@ -1412,7 +1434,7 @@ TEST_P(MetastoreConformance, DeleteStreamOfABucketIsRefused) {
   auto [t, buckets] = MakeTable("k", "t", 2);
   const std::string before = Str(*m().ListStreamStates());
   for (const StreamInfo& s : buckets) {
-    auto st = m().DeleteStream(s.id);
+    auto st = m().DeleteStream(s.id, kNoNode);
     EXPECT_EQ(st.status().code(), Code::kPreconditionFailed) << st.status().ToString();
     EXPECT_NE(st.status().message().find("k/" + s.name), std::string::npos) << st.status().ToString();
     EXPECT_NE(st.status().message().find("table t"), std::string::npos) << st.status().ToString();
@@ -1423,18 +1445,18 @@ TEST_P(MetastoreConformance, DeleteStreamOfABucketIsRefused) {
   // Names that only look like buckets are ordinary streams.
   for (const char* name : {"t/2", "t/01", "u/0", "t/0/0"}) {
     const uint64_t id = MakeStream("k", name);
-    EXPECT_TRUE(m().DeleteStream(id).ok()) << name;
+    EXPECT_TRUE(m().DeleteStream(id, kNoNode).ok()) << name;
   }
   // The same bucket name in another basin without the table is ordinary too.
-  EXPECT_TRUE(m().DeleteStream(MakeStream("other", "t/0")).ok());
+  EXPECT_TRUE(m().DeleteStream(MakeStream("other", "t/0"), kNoNode).ok());
   // Other writes to a bucket stream are allowed.
   StreamConfig sc;
   sc.retention_age_s = 60;
   ASSERT_OK(m().UpdateStreamConfig(buckets[1].id, sc));
   EXPECT_EQ(m().GetStreamById(buckets[1].id)->config.retention_age_s, 60);
 
-  ASSERT_TRUE(m().DeleteTable(t.id, false).ok());
-  EXPECT_EQ(m().DeleteStream(buckets[0].id).status().code(), Code::kNotFound);
+  ASSERT_TRUE(m().DeleteTable(t.id, false, kNoNode).ok());
+  EXPECT_EQ(m().DeleteStream(buckets[0].id, kNoNode).status().code(), Code::kNotFound);
 }
 
 TEST_P(MetastoreConformance, DeleteBasinWithTablesIsRefused) {
@@ -1444,7 +1466,7 @@ TEST_P(MetastoreConformance, DeleteBasinWithTablesIsRefused) {
   EXPECT_NE(st.message().find("tables"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("topic"), std::string::npos) << st.ToString();
   ASSERT_TRUE(m().GetTable("k", "topic").ok());
-  ASSERT_TRUE(m().DeleteTable(t.id, false).ok());
+  ASSERT_TRUE(m().DeleteTable(t.id, false, kNoNode).ok());
   ASSERT_OK(m().DeleteBasin("k"));
   EXPECT_EQ(m().GetBasin("k").status().code(), Code::kNotFound);
 }
@@ -1560,7 +1582,7 @@ TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
   EXPECT_EQ(stored.bucket_count, 4u);
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 4)).status().code(), Code::kNotFound);
   // Deleting the table takes the added buckets too.
-  ASSERT_OK(m().DeleteTable(id, false).status());
+  ASSERT_OK(m().DeleteTable(id, false, kNoNode).status());
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 3)).status().code(), Code::kNotFound);
 }
 
@@ -1608,13 +1630,13 @@ TEST_P(MetastoreConformance, DeletingATopicTableDeletesItsGroupOffsets) {
   ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("u", 0, 2)}));
   ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 3, 8), Offset("u", 0, 9)}));
   const auto plain = MakeTable("k", "u", 1);
-  ASSERT_OK(m().DeleteTable(plain.first.id, false).status());
+  ASSERT_OK(m().DeleteTable(plain.first.id, false, kNoNode).status());
   const auto topic = MakeTable("k", "t", 2);
-  ASSERT_OK(m().DeleteTable(topic.first.id, true).status());
+  ASSERT_OK(m().DeleteTable(topic.first.id, true, kNoNode).status());
   EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("u", 0, 2)}));
   EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("u", 0, 9)}));
   // A missing table changes nothing.
-  EXPECT_EQ(m().DeleteTable(topic.first.id, true).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteTable(topic.first.id, true, kNoNode).status().code(), Code::kNotFound);
   EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("u", 0, 2)}));
 }
 
@@ -1645,9 +1667,9 @@ TEST_P(MetastoreConformance, CountersForTablesAndGroupOffsets) {
   EXPECT_EQ(delta(), "r3 w3 t2");
   ASSERT_OK(m().DeleteGroupOffsets("g", "t"));
   EXPECT_EQ(delta(), "r3 w4 t3");
-  EXPECT_EQ(m().DeleteStream(created.second[0].id).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteStream(created.second[0].id, kNoNode).status().code(), Code::kPreconditionFailed);
   EXPECT_EQ(delta(), "r3 w5 t3");
-  ASSERT_TRUE(m().DeleteTable(created.first.id, false).ok());
+  ASSERT_TRUE(m().DeleteTable(created.first.id, false, kNoNode).ok());
   EXPECT_EQ(delta(), "r3 w6 t4");
 }
 
@@ -1663,7 +1685,7 @@ TEST_P(MetastoreConformance, EverythingSurvivesReopen) {
   info.created_at_ms = 888;
   ASSERT_OK_AND_ASSIGN(StreamInfo created, m().CreateStream(info));
   const uint64_t dropped = MakeStream("keep", "dropped");
-  ASSERT_TRUE(m().DeleteStream(dropped).ok());
+  ASSERT_TRUE(m().DeleteStream(dropped, kNoNode).ok());
   EXPECT_EQ(m().DeleteBasin("keep").code(), Code::kPreconditionFailed);
   ASSERT_OK_AND_ASSIGN(NodeState node, m().MintEpoch("n1", 0, 6));
   ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 9}, {Seg(created.id, 0, 10, 5, 6)},
@@ -1693,7 +1715,7 @@ TEST_P(MetastoreConformance, TablesAndGroupOffsetsSurviveReopen) {
   if (!persistent()) GTEST_SKIP() << "backend " << GetParam().name << " does not persist";
   auto [t, buckets] = MakeTable("weir-kafka", "events", 3, "{\"cleanup.policy\":\"delete\"}");
   auto [gone, gone_buckets] = MakeTable("weir-kafka", "gone", 1);
-  ASSERT_TRUE(m().DeleteTable(gone.id, false).ok());
+  ASSERT_TRUE(m().DeleteTable(gone.id, false, kNoNode).ok());
   const std::vector<GroupOffset> offsets = {Offset("events", 0, 10, "m0", 2, 111), Offset("events", 2, 30),
                                             Offset("other", 0, 1, std::string("\0\xff", 2), -1, 222)};
   ASSERT_OK(m().CommitGroupOffsets("g1", offsets));
@@ -1713,7 +1735,7 @@ TEST_P(MetastoreConformance, TablesAndGroupOffsetsSurviveReopen) {
   EXPECT_EQ(Offsets("g1"), Str(offsets));
   EXPECT_EQ(Offsets("g2"), "[]");
   // Bucket streams are still protected, and allocators continue.
-  EXPECT_EQ(m().DeleteStream(buckets[1].id).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteStream(buckets[1].id, kNoNode).status().code(), Code::kPreconditionFailed);
   EXPECT_GT(MakeTable("weir-kafka", "next", 1).first.id, gone.id);
 }
 

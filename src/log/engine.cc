@@ -602,7 +602,7 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
 
 Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
-  auto deleted = meta_->DeleteStream(s->info.id);
+  auto deleted = AsThisNode([&](const metastore::EpochCheck& by) { return meta_->DeleteStream(s->info.id, by); });
   if (!deleted.ok()) {
     // Its row may be gone anyway (an answer lost; kNotFound: such an earlier
     // delete): then it is forgotten as on success, never left to acknowledge
@@ -619,6 +619,19 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   keys.insert(keys.end(), held.begin(), held.end());
   DeleteObjects(std::move(keys), fmt::format("segments of stream {}", name));
   return Status::Ok();
+}
+
+Result<std::vector<std::string>> Engine::AsThisNode(
+    const std::function<Result<std::vector<std::string>>(const metastore::EpochCheck&)>& change) {
+  for (int attempt = 1;; ++attempt) {
+    const uint64_t epoch = epoch_.load();
+    auto done = change(metastore::EpochCheck{options_.node, epoch});
+    // A halt may have minted this process's next epoch meanwhile: once more with it.
+    if (!done.ok() && done.status().code() == Code::kPreconditionFailed && attempt == 1 && epoch_.load() != epoch) {
+      continue;
+    }
+    return done;
+  }
 }
 
 void Engine::DeleteObjects(std::vector<std::string> keys, std::string_view what) {
@@ -837,7 +850,8 @@ Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
       if (s.ok()) buckets.push_back(std::move(*s));
     }
     const bool topic = !options_.group_offsets_basin.empty() && basin == options_.group_offsets_basin;
-    auto deleted = meta_->DeleteTable(table.id, topic);
+    auto deleted =
+        AsThisNode([&](const metastore::EpochCheck& by) { return meta_->DeleteTable(table.id, topic, by); });
     if (!deleted.ok()) {
       // As DeleteStream: buckets whose rows are gone anyway are forgotten.
       bool all = true;

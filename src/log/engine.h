@@ -377,6 +377,11 @@ class Engine {
   // Returns what Forget returned (nothing if the stream stays).
   std::vector<std::string> AfterFailedDelete(const std::shared_ptr<Stream>& s);
   static bool IsForgotten(Stream& s);
+  // Runs a metastore change that a superseded node must not make, as this
+  // node at its epoch; once more if a halt minted this process's next epoch
+  // meanwhile (the change answered kPreconditionFailed).
+  Result<std::vector<std::string>> AsThisNode(
+      const std::function<Result<std::vector<std::string>>(const metastore::EpochCheck&)>& change);
   // Deletes `keys` (duplicates allowed), logging a failure.
   void DeleteObjects(std::vector<std::string> keys, std::string_view what);
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,

@@ -192,6 +192,14 @@ struct MetastoreCounters {
   std::atomic<uint64_t> transactions{0};  // committed write transactions
 };
 
+// Who asks for a change a superseded node must not make: `node` at `epoch`,
+// checked in the change's transaction. An empty node checks nothing (tools
+// and tests that act for no node).
+struct EpochCheck {
+  std::string_view node;
+  uint64_t epoch = 0;
+};
+
 class Metastore {
  public:
   virtual ~Metastore() = default;
@@ -230,8 +238,10 @@ class Metastore {
   // returns the segment object keys so the caller can delete the objects.
   // kNotFound if missing; kPreconditionFailed if the stream backs a bucket of
   // a table (its basin has a table T and its name is BucketStreamName(T, b)
-  // with b < T's bucket_count): such a stream goes only with DeleteTable.
-  virtual Result<std::vector<std::string>> DeleteStream(uint64_t id) = 0;
+  // with b < T's bucket_count): such a stream goes only with DeleteTable; and
+  // kPreconditionFailed if `by` names a node not at that epoch (a superseded
+  // node deletes nothing its successor serves).
+  virtual Result<std::vector<std::string>> DeleteStream(uint64_t id, const EpochCheck& by) = 0;
   // The same for delete_on_empty, in one transaction with two more checks:
   // `node` is still at `epoch` (a superseded node deletes nothing) and the
   // stream's config still has delete_on_empty set; else kPreconditionFailed.
@@ -263,7 +273,9 @@ class Metastore {
   // `with_group_offsets` (the table is a Kafka topic) every group's committed
   // offsets of a topic of the table's name go in the same transaction: a
   // topic created again under the name starts with none.
-  virtual Result<std::vector<std::string>> DeleteTable(uint64_t table_id, bool with_group_offsets) = 0;
+  // kPreconditionFailed (nothing changes) if `by` names a node not at that epoch.
+  virtual Result<std::vector<std::string>> DeleteTable(uint64_t table_id, bool with_group_offsets,
+                                                       const EpochCheck& by) = 0;
   // One transaction: raises the table's bucket count to `new_bucket_count`
   // and creates the stream of each new bucket as CreateTable does (config
   // `stream_config`, created at `created_at_ms`); returns the table and the

@@ -1024,8 +1024,13 @@ Status SqliteMetastore::RaiseTrimPoint(std::string_view node, uint64_t epoch, ui
   });
 }
 
-Result<std::vector<std::string>> SqliteMetastore::DeleteStream(uint64_t id) {
-  return DeleteStreamIf(id, "DeleteStream", nullptr);
+Result<std::vector<std::string>> SqliteMetastore::DeleteStream(uint64_t id, const EpochCheck& by) {
+  return DeleteStreamIf(id, "DeleteStream", [&](const StreamInfo&) { return CheckEpoch(by); });
+}
+
+Status SqliteMetastore::CheckEpoch(const EpochCheck& by) {
+  if (by.node.empty()) return Status::Ok();
+  return NodeAtEpoch(by.node, by.epoch).status();
 }
 
 Result<std::vector<std::string>> SqliteMetastore::DeleteEmptyStream(uint64_t id, std::string_view node,
@@ -1443,11 +1448,13 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::AddBucket
   });
 }
 
-Result<std::vector<std::string>> SqliteMetastore::DeleteTable(uint64_t table_id, bool with_group_offsets) {
+Result<std::vector<std::string>> SqliteMetastore::DeleteTable(uint64_t table_id, bool with_group_offsets,
+                                                              const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteTable", [&]() -> Result<std::vector<std::string>> {
     std::vector<std::string> keys;
     const Status txn = InTransaction("delete table", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       TableInfo table;
       {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kTableById));

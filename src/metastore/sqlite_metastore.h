@@ -66,7 +66,7 @@ class SqliteMetastore final : public Metastore {
   Status RaiseTrimPoint(std::string_view node, uint64_t epoch, uint64_t id, uint64_t trim_point) override;
   Status UpdateTableConfig(uint64_t table_id, std::string_view config,
                            const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) override;
-  Result<std::vector<std::string>> DeleteStream(uint64_t id) override;
+  Result<std::vector<std::string>> DeleteStream(uint64_t id, const EpochCheck& by) override;
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view node, uint64_t epoch) override;
 
   Result<StreamState> GetStreamState(uint64_t id) override;
@@ -94,7 +94,8 @@ class SqliteMetastore final : public Metastore {
   Result<TableInfo> GetTable(std::string_view basin, std::string_view name) override;
   Result<std::vector<TableInfo>> ListTables(std::string_view basin, std::string_view prefix,
                                             std::string_view start_after, size_t limit) override;
-  Result<std::vector<std::string>> DeleteTable(uint64_t table_id, bool with_group_offsets) override;
+  Result<std::vector<std::string>> DeleteTable(uint64_t table_id, bool with_group_offsets,
+                                                const EpochCheck& by) override;
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id, uint32_t new_bucket_count,
                                                                    const StreamConfig& stream_config,
                                                                    int64_t created_at_ms) override;
@@ -149,6 +150,8 @@ class SqliteMetastore final : public Metastore {
   // In a transaction: the node's state, or kPreconditionFailed unless `node`
   // holds `epoch` (a successor minted a later one, or it was never minted).
   Result<NodeState> NodeAtEpoch(std::string_view node, uint64_t epoch);
+  // NodeAtEpoch for `by`; nothing to check for an empty node.
+  Status CheckEpoch(const EpochCheck& by);
   // In a transaction: one segment row, unchecked.
   Status InsertSegmentRow(const SegmentInfo& s);
   // DeleteStream's transaction; `check` (if set) runs first inside it with
