@@ -35,6 +35,7 @@ class FakeS3 {
     k500AfterApply,    // apply, then answer 500 InternalError
     k409Conflict,      // answer 409 ConditionalRequestConflict, not applied
     kStall,            // wait 10 s (or until the server stops), then answer normally
+    kNone,             // answer normally (places the next fault one request later)
   };
 
   explicit FakeS3(bool honour_if_none_match = true) : honour_(honour_if_none_match) {

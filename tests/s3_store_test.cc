@@ -255,6 +255,23 @@ TEST(S3Client, ProbeAcceptsAStoreThatHonoursIfNoneMatch) {
   EXPECT_EQ(fake.objects(), 0u);  // the probe object is removed
 }
 
+// One lost answer during the probe (either PUT) made start-up fail and left
+// the probe object behind; an undecided probe is now done again.
+TEST(S3Client, ProbeSurvivesAnAmbiguousAnswer) {
+  for (int lost : {0, 1}) {
+    ::weir::testing::FakeS3 fake;
+    S3Options o = FakeOptions(fake);
+    auto s = Open(o);
+    if (lost == 1) {
+      fake.Inject(Fault::kNone);  // the first PUT goes through
+    }
+    fake.Inject(Fault::kDropAfterApply);
+    const Status probed = s->ProbeConditionalPut();
+    EXPECT_TRUE(probed.ok()) << "lost answer of PUT " << lost + 1 << ": " << probed.ToString();
+    EXPECT_EQ(fake.objects(), 0u) << "the probe objects are removed";
+  }
+}
+
 TEST(S3Client, ProbeRefusesAStoreThatIgnoresIfNoneMatch) {
   ::weir::testing::FakeS3 fake(/*honour_if_none_match=*/false);
   S3Options o = FakeOptions(fake);

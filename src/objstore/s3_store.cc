@@ -690,49 +690,65 @@ Status S3Store::DeleteBucket() {
 
 Status S3Store::ProbeConditionalPut() {
   return CatchAll("s3:// probe", [&]() -> Status {
-    const std::string key = fmt::format("_weir-probe/conditional-put-{:016x}", RandomU64());
-    const std::string where = Describe();
-    Status first = impl_->PutObject(key, "probe 1", true);
-    // A service that refuses the header outright (501, or a 400 that says
-    // so) is one without conditional writes, as one that ignores it.
-    const bool refused = first.code() == Code::kNotSupported ||
-                         (first.code() == Code::kInvalidArgument &&
-                          (first.message().find("NotImplemented") != std::string::npos ||
-                           first.message().find("If-None-Match") != std::string::npos));
-    if (refused && impl_->o.allow_unconditional_put) {
-      impl_->emulate_create_only.store(true);
-      Log().warn(
-          "UNSAFE: object store {} refuses If-None-Match: * on PUT ({}); running anyway because "
-          "allow_unconditional_put is set. Create-only PUTs are emulated by HEAD then PUT, which is racy: run exactly "
-          "ONE weir node on this bucket and prefix, or a zombie writer can overwrite acknowledged data.",
-          where, first.ToString());
-      return Status::Ok();
+    // An ambiguous answer (kTimeout: the PUT may have landed, and a 412 after
+    // such an attempt proves nothing) makes that probe undecided: it is done
+    // again with a fresh key, a few times.
+    constexpr int kAttempts = 3;
+    Status undecided;
+    for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+      undecided = ProbeOnce();
+      if (undecided.code() != Code::kTimeout) return undecided;
+      Log().warn("conditional-PUT probe of {}: {} (attempt {} of {})", Describe(), undecided.ToString(), attempt,
+                 kAttempts);
     }
-    if (!first.ok()) return first.WithContext("probing the object store " + where);
-    const Status second = impl_->PutObject(key, "probe 2", true);
-    Status cleanup = impl_->DeleteObject(key);
-    if (!cleanup.ok()) Log().warn("could not delete the probe object {}: {}", key, cleanup.ToString());
-    if (second.code() == Code::kPreconditionFailed) {
-      Log().info("object store {} honours If-None-Match: * (conditional-PUT probe passed)", where);
-      return Status::Ok();
-    }
-    if (!second.ok()) return second.WithContext("probing the object store " + where);
-    if (impl_->o.allow_unconditional_put) {
-      impl_->emulate_create_only.store(true);
-      Log().warn(
-          "UNSAFE: object store {} ignores If-None-Match: * on PUT; running anyway because "
-          "allow_unconditional_put is set. Create-only PUTs are emulated by HEAD then PUT, which is racy: run exactly "
-          "ONE weir node on this bucket and prefix, or a zombie writer can overwrite acknowledged data.",
-          where);
-      return Status::Ok();
-    }
-    return NotSupported(
-        "object store {} ignores If-None-Match: * on PUT (the start-up probe overwrote its own create-only object). "
-        "weir's WAL fencing depends on create-only PUTs, so it refuses to run on this store. Use a service with "
-        "conditional writes (AWS S3, Ceph radosgw, MinIO), or accept the risk for a single node with "
-        "--allow-unconditional-put (allow_unconditional_put=true in the URI).",
-        where);
+    return undecided;
   });
+}
+
+Status S3Store::ProbeOnce() {
+  const std::string key = fmt::format("_weir-probe/conditional-put-{:016x}", RandomU64());
+  const std::string where = Describe();
+  Status first = impl_->PutObject(key, "probe 1", true);
+  // A service that refuses the header outright (501, or a 400 that says
+  // so) is one without conditional writes, as one that ignores it.
+  const bool refused = first.code() == Code::kNotSupported ||
+                       (first.code() == Code::kInvalidArgument &&
+                        (first.message().find("NotImplemented") != std::string::npos ||
+                         first.message().find("If-None-Match") != std::string::npos));
+  if (refused && impl_->o.allow_unconditional_put) {
+    impl_->emulate_create_only.store(true);
+    Log().warn(
+        "UNSAFE: object store {} refuses If-None-Match: * on PUT ({}); running anyway because "
+        "allow_unconditional_put is set. Create-only PUTs are emulated by HEAD then PUT, which is racy: run exactly "
+        "ONE weir node on this bucket and prefix, or a zombie writer can overwrite acknowledged data.",
+        where, first.ToString());
+    return Status::Ok();
+  }
+  if (first.code() == Code::kTimeout) impl_->DeleteObject(key).IgnoreError();  // it may be there
+  if (!first.ok()) return first.WithContext("probing the object store " + where);
+  const Status second = impl_->PutObject(key, "probe 2", true);
+  Status cleanup = impl_->DeleteObject(key);
+  if (!cleanup.ok()) Log().warn("could not delete the probe object {}: {}", key, cleanup.ToString());
+  if (second.code() == Code::kPreconditionFailed) {
+    Log().info("object store {} honours If-None-Match: * (conditional-PUT probe passed)", where);
+    return Status::Ok();
+  }
+  if (!second.ok()) return second.WithContext("probing the object store " + where);
+  if (impl_->o.allow_unconditional_put) {
+    impl_->emulate_create_only.store(true);
+    Log().warn(
+        "UNSAFE: object store {} ignores If-None-Match: * on PUT; running anyway because "
+        "allow_unconditional_put is set. Create-only PUTs are emulated by HEAD then PUT, which is racy: run exactly "
+        "ONE weir node on this bucket and prefix, or a zombie writer can overwrite acknowledged data.",
+        where);
+    return Status::Ok();
+  }
+  return NotSupported(
+      "object store {} ignores If-None-Match: * on PUT (the start-up probe overwrote its own create-only object). "
+      "weir's WAL fencing depends on create-only PUTs, so it refuses to run on this store. Use a service with "
+      "conditional writes (AWS S3, Ceph radosgw, MinIO), or accept the risk for a single node with "
+      "--allow-unconditional-put (allow_unconditional_put=true in the URI).",
+      where);
 }
 
 }  // namespace weir::objstore

@@ -124,7 +124,8 @@ class S3Store : public ObjectStore {
   // second time, delete it. Returns kNotSupported naming the reason if the
   // service ignored If-None-Match (unless allow_unconditional_put: then OK, a
   // loud warning, and create-only PUTs are emulated from then on), or the
-  // error of the first PUT (credentials, bucket, endpoint).
+  // error of the first PUT (credentials, bucket, endpoint). A probe with an
+  // ambiguous answer (kTimeout) is done again with a fresh key, 3 times at most.
   Status ProbeConditionalPut();
 
   // Bucket administration for tests and benchmarks; weir itself never creates
@@ -132,6 +133,7 @@ class S3Store : public ObjectStore {
   Status CreateBucket();
   Status DeleteBucket();  // the bucket must be empty
 
+  Status ProbeOnce();  // one probe, as ProbeConditionalPut describes
   struct Impl;
 
  private:
