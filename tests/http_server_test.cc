@@ -262,6 +262,30 @@ TEST_F(HttpServerLimits, AnEndlessChunkLineOrTrailerClosesTheConnection) {
   }
 }
 
+// A request the parser refuses gets 400 (431 for an oversized header)
+// before the close, not a bare reset; a body coded other than chunked is
+// refused, not left in the buffer to be read as the next request.
+TEST_F(HttpServerLimits, MalformedRequestsGetAnAnswerBeforeTheClose) {
+  Start(ServerOptions{});
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\nGET /y HTTP/1.1\r\nHost: t\r\n\r\n",
+       "HTTP/1.1 400"},
+      {"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n", "HTTP/1.1 400"},
+      {"GET /x HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(70 * 1024, 'a') + "\r\n\r\n", "HTTP/1.1 431"},
+  };
+  for (const auto& [bytes, status] : cases) {
+    SCOPED_TRACE(status);
+    const int fd = Connect(addr);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, bytes));
+    const std::string got = ReadUntil(fd, "\r\n\r\n");
+    EXPECT_TRUE(got.starts_with(status)) << got;
+    EXPECT_TRUE(ReadToEnd(fd).ended);
+    ::close(fd);
+  }
+  EXPECT_EQ(handler.count(), 0u);
+}
+
 // Stop lets a response already answered reach its client whole.
 TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ASSERT_NO_FATAL_FAILURE(Start({.stop_grace = 60s}));  // 16 MiB read by a sanitized reader on a loaded machine

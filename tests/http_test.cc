@@ -209,6 +209,7 @@ class RestTest : public ::testing::Test {
     auto e = log::Engine::Open(o, *store, *meta);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(*e);
+    meta_ = *meta;
     ASSERT_OK(engine_->CreateBasin("weir-default"));
     api_ = std::make_unique<RestApi>(engine_.get(), RestOptions{});
     api_->SetReady();
@@ -238,9 +239,27 @@ class RestTest : public ::testing::Test {
     return ex->Wait();
   }
 
+  std::shared_ptr<metastore::Metastore> meta_;
   std::unique_ptr<log::Engine> engine_;
   std::unique_ptr<RestApi> api_;
 };
+
+// A stream row the engine had not loaded (made behind its back here, as a
+// create whose answer was lost leaves one) made a basin delete list it for
+// ever on a worker thread: the engine now loads it, and deletes it.
+TEST_F(RestTest, DeletingABasinDeletesStreamsTheEngineHadNotLoaded) {
+  ASSERT_EQ(Call("POST", "/v1/basins", R"({"basin":"doomed-basin"})").status, 201);
+  metastore::StreamInfo info;
+  info.basin = "doomed-basin";
+  info.name = "unloaded";
+  info.created_at_ms = 1;
+  ASSERT_TRUE(meta_->CreateStream(info).ok());
+  auto deleted = std::async(std::launch::async, [&] { return Call("DELETE", "/v1/basins/doomed-basin"); });
+  ASSERT_EQ(deleted.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the delete never ended";
+  EXPECT_EQ(deleted.get().status, 202);
+  EXPECT_EQ(meta_->GetStream("doomed-basin", "unloaded").status().code(), Code::kNotFound);
+  EXPECT_EQ(meta_->GetBasin("doomed-basin").status().code(), Code::kNotFound);
+}
 
 TEST_F(RestTest, AppendReadAndConditions) {
   EXPECT_EQ(Call("POST", "/v1/streams", R"({"stream":"s"})").status, 201);
@@ -388,6 +407,11 @@ TEST_F(RestTest, AuthTokenIsRequired) {
   EXPECT_EQ(call({}), 401);
   EXPECT_EQ(call({{"authorization", "Bearer nope"}}), 401);
   EXPECT_EQ(call({{"authorization", "Bearer secret"}}), 200);
+  // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
+  EXPECT_EQ(call({{"authorization", "bearer secret"}}), 200);
+  EXPECT_EQ(call({{"authorization", "BEARER secret"}}), 200);
+  EXPECT_EQ(call({{"authorization", "bearer SECRET"}}), 401);
+  EXPECT_EQ(call({{"authorization", "bearersecret"}}), 401);
 }
 
 }  // namespace

@@ -566,23 +566,31 @@ Result<std::pair<std::vector<Info>, bool>> ListPage(const Request& req, ListFn l
   return std::make_pair(std::move(items), more);
 }
 
-// Deletes a basin's tables (with their bucket streams), then its streams.
+// Deletes a basin's tables (with their bucket streams), then its streams. A
+// pass that deletes nothing it listed (each one kNotFound: gone meanwhile,
+// or a row the engine cannot delete) ends it, rather than listing for ever.
 Status DeleteBasinStreams(log::Engine* engine, const std::string& basin) {
   for (;;) {
     WEIR_ASSIGN_OR_RETURN(auto tables, engine->ListTables(basin, "", "", 1000));
     if (tables.empty()) break;
+    bool progress = false;
     for (const auto& t : tables) {
       Status st = engine->DeleteTable(basin, t.name);
       if (!st.ok() && st.code() != Code::kNotFound) return st;
+      progress = progress || st.ok();
     }
+    if (!progress) return Unavailable("basin {}: table {} could not be deleted; retry", basin, tables[0].name);
   }
   for (;;) {
     WEIR_ASSIGN_OR_RETURN(auto streams, engine->ListStreams(basin, "", "", 1000));
     if (streams.empty()) return Status::Ok();
+    bool progress = false;
     for (const auto& s : streams) {
       Status st = engine->DeleteStream(basin, s.name);
       if (!st.ok() && st.code() != Code::kNotFound) return st;
+      progress = progress || st.ok();
     }
+    if (!progress) return Unavailable("basin {}: stream {} could not be deleted; retry", basin, streams[0].name);
   }
 }
 
@@ -659,7 +667,17 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
 std::optional<Response> Unauthorized(const std::optional<std::string>& token, const Request& req) {
   if (!token) return std::nullopt;
   const std::string* auth = req.Header("authorization");
-  if (auth && auth->starts_with("Bearer ") && ConstantTimeEqual(std::string_view(*auth).substr(7), *token)) {
+  // The scheme is case-insensitive (RFC 9110 §11.1).
+  auto is_bearer = [](std::string_view v) {
+    constexpr std::string_view kScheme = "bearer ";
+    if (v.size() < kScheme.size()) return false;
+    for (size_t i = 0; i < kScheme.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(v[i])) != kScheme[i]) return false;
+    }
+    return true;
+  };
+  if (auth && is_bearer(*auth) &&
+      ConstantTimeEqual(std::string_view(*auth).substr(7), *token)) {
     return std::nullopt;
   }
   return RestApi::Ctx::ErrorResponse(401, "authn",

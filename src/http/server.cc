@@ -304,7 +304,12 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
       return Reject(413, "request_too_large",
                     fmt::format("request body is over the limit of {} bytes", srv_->options.max_request_bytes));
     }
-    if (ec) return Fail(ec);
+    if (ec) return RejectMalformed(ec) ? void() : Fail(ec);
+    // A body coded other than chunked (last) has no length this server can
+    // know: refused, or its bytes would be read as the next request.
+    if (parser_->get().find(bhttp::field::transfer_encoding) != parser_->get().end() && !parser_->chunked()) {
+      return Reject(400, "bad_request", "a Transfer-Encoding whose last coding is not chunked is not supported");
+    }
     auto len = parser_->content_length();
     if (len && *len > srv_->options.max_request_bytes) {
       return Reject(413, "request_too_large",
@@ -365,7 +370,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
       return Reject(413, "request_too_large",
                     fmt::format("request body is over the limit of {} bytes", srv_->options.max_request_bytes));
     }
-    if (ec) return Fail(ec);
+    if (ec) return RejectMalformed(ec) ? void() : Fail(ec);
     stream_.expires_never();
     auto msg = parser_->release();
     parser_.reset();
@@ -386,6 +391,23 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   // Answers an unreadable request and closes the connection after, reading
   // (and dropping) what the client still sends for a while first, so the
   // close does not reset the connection before the client reads the answer.
+  // A request the parser refused gets an answer before the close, as HTTP
+  // asks: 431 for a header over the limit, 400 for anything else malformed.
+  // False for an error that is no fault of the request (the peer went away).
+  bool RejectMalformed(beast::error_code ec) {
+    if (ec.category() != bhttp::make_error_code(bhttp::error::bad_method).category()) return false;
+    if (ec == bhttp::error::end_of_stream || ec == bhttp::error::partial_message || ec == bhttp::error::need_more ||
+        ec == bhttp::error::need_buffer) {
+      return false;
+    }
+    if (ec == bhttp::error::header_limit) {
+      Reject(431, "request_header_fields_too_large", "the request header is over the limit of 64 KiB");
+    } else {
+      Reject(400, "bad_request", fmt::format("malformed HTTP request: {}", ec.message()));
+    }
+    return true;
+  }
+
   void Reject(int status, std::string_view code, std::string_view message) {
     RejectWith(Response{status, "application/json", ErrorBody(code, message), {}});
   }

@@ -601,7 +601,16 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
 }
 
 Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
-  WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
+  auto found = Find(basin, name);
+  if (!found.ok() && found.status().code() == Code::kNotFound) {
+    // A row memory does not hold (a create whose answer was lost, say) is
+    // loaded, so it can be deleted like any other.
+    if (auto row = meta_->GetStream(basin, name); row.ok()) {
+      Adopt({*row});
+      found = Find(basin, name);
+    }
+  }
+  WEIR_ASSIGN_OR_RETURN(auto s, std::move(found));
   auto deleted = AsThisNode([&](const metastore::EpochCheck& by) { return meta_->DeleteStream(s->info.id, by); });
   if (!deleted.ok()) {
     // Its row may be gone anyway (an answer lost; kNotFound: such an earlier
