@@ -286,6 +286,34 @@ TEST_F(HttpServerLimits, MalformedRequestsGetAnAnswerBeforeTheClose) {
   EXPECT_EQ(handler.count(), 0u);
 }
 
+// HTTP/1.0 has no chunked coding: a stream to an HTTP/1.0 client is sent as
+// is and ends with the connection (and no 100 Continue is sent).
+TEST_F(HttpServerLimits, AStreamToAnHttp10ClientIsNotChunked) {
+  Start(ServerOptions{});
+  const int fd = Connect(addr);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "POST /x HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  auto ex = handler.exchange(0);
+  ex->BeginStream(200, "text/event-stream", {});
+  ex->Write("event: ping\n\n", nullptr);
+  ex->End();
+  std::string got;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) <= 0) break;
+    char buf[4096];
+    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+    if (r <= 0) break;
+    got.append(buf, static_cast<size_t>(r));
+  }
+  EXPECT_TRUE(got.starts_with("HTTP/1.1 200")) << got;
+  EXPECT_EQ(got.find("100 Continue"), std::string::npos) << got;
+  EXPECT_EQ(got.find("chunked"), std::string::npos) << got;
+  EXPECT_TRUE(got.ends_with("\r\n\r\nevent: ping\n\n")) << got;
+  ::close(fd);
+}
+
 // Stop lets a response already answered reach its client whole.
 TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ASSERT_NO_FATAL_FAILURE(Start({.stop_grace = 60s}));  // 16 MiB read by a sanitized reader on a loaded machine

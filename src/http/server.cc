@@ -337,7 +337,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   // Reads the body whose header parser_ holds; its budget is reserved.
   void ReadBody() {
     auto& req = parser_->get();
-    if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
+    if (req.version() >= 11 && beast::iequals(req[bhttp::field::expect], "100-continue")) {
       Send("HTTP/1.1 100 Continue\r\n\r\n", nullptr, false, true);
     }
     stream_.expires_after(srv_->options.stall_timeout);
@@ -377,6 +377,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     if (sized) msg.body() = std::move(body_);
     body_ = std::string();
     keep_alive_ = msg.keep_alive();
+    http10_ = msg.version() < 11;
     Request req;
     if (!HeadToRequest(msg, &req)) {
       ReleaseReserved();
@@ -538,6 +539,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   TimePoint moved_at_;     // the write in progress began, or last wrote some
   bool close_requested_ = false;  // Close found a write in progress
   bool keep_alive_ = true;
+  bool http10_ = false;  // the request being answered is HTTP/1.0: no chunked coding
   bool linger_close_ = false;
   std::unique_ptr<std::array<char, 16384>> discard_;  // only while closing after a Reject
   size_t discarded_ = 0;
@@ -585,8 +587,13 @@ class ExchangeBase : public Exchange {
 // connection's strand; completion callbacks hop onto the worker pool.
 class ExchangeImpl : public ExchangeBase {
  public:
-  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved, bool head_only)
-      : ExchangeBase(srv, reserved), conn_(std::move(conn)), keep_alive_(keep_alive), head_only_(head_only) {}
+  ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved, bool head_only,
+               bool http10)
+      : ExchangeBase(srv, reserved),
+        conn_(std::move(conn)),
+        keep_alive_(keep_alive),
+        head_only_(head_only),
+        http10_(http10) {}
   ~ExchangeImpl() override {
     if (!answered_.exchange(true)) {
       Log().error("http: a request was dropped without a response");
@@ -618,7 +625,9 @@ class ExchangeImpl : public ExchangeBase {
   void BeginStream(int status, std::string content_type, HeaderList headers) override {
     if (answered_.exchange(true)) return;
     std::string head = StatusLine(status);
-    head += fmt::format("Content-Type: {}\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n", content_type);
+    // HTTP/1.0 has no chunked coding (RFC 9112 §6.1): the body ends with the connection.
+    head += fmt::format("Content-Type: {}\r\n{}Cache-Control: no-cache\r\n", content_type,
+                        http10_ ? "Connection: close\r\n" : "Transfer-Encoding: chunked\r\n");
     for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
     head += "\r\n";
     streaming_ = true;
@@ -639,6 +648,7 @@ class ExchangeImpl : public ExchangeBase {
       if (written) Post([written] { written(true); });
       return;
     }
+    if (http10_) return Emit(std::move(chunk), OnWorker(std::move(written)), false, true);
     std::string bytes = fmt::format("{:x}\r\n", chunk.size());
     bytes += chunk;
     bytes += "\r\n";
@@ -647,8 +657,8 @@ class ExchangeImpl : public ExchangeBase {
 
   void End() override {
     if (!streaming_ || finished_) return;
-    bool keep = keep_alive_ && !srv_->stopped;
-    Emit("0\r\n\r\n", nullptr, true, keep);
+    bool keep = keep_alive_ && !srv_->stopped && !http10_;
+    Emit(http10_ ? "" : "0\r\n\r\n", nullptr, true, keep);
     Finish();
   }
 
@@ -675,6 +685,7 @@ class ExchangeImpl : public ExchangeBase {
   std::shared_ptr<Conn> conn_;
   bool keep_alive_;
   const bool head_only_;  // a HEAD request: headers only (RFC 9110 §9.3.2)
+  const bool http10_;     // an HTTP/1.0 request: a stream is sent as is and ends with the connection
   std::shared_ptr<bool> ended_ = std::make_shared<bool>(false);  // on the strand only
 };
 
@@ -1362,7 +1373,7 @@ void Conn::StartHttp2(std::string already_read) {
 void Conn::Dispatch(Request req) {
   const bool head_only = req.method == "HEAD";
   auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_, std::exchange(reserved_, 0),
-                                           head_only);
+                                           head_only, http10_);
   srv_->handler->Handle(std::move(req), std::move(ex));
 }
 
