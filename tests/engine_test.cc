@@ -1148,8 +1148,9 @@ TEST_F(EngineTest, ASupersededProcessDeletesNoStreamOrTable) {
   auto node = meta_->GetNode("n1");
   ASSERT_TRUE(node.ok());
   ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, 8).ok());  // a successor started
-  EXPECT_EQ(engine_->DeleteStream(kBasin, "s").code(), Code::kPreconditionFailed);
-  EXPECT_EQ(engine_->DeleteTable(kBasin, "tbl").code(), Code::kPreconditionFailed);
+  // Not a conflict of the client's making: retryable (elsewhere).
+  EXPECT_EQ(engine_->DeleteStream(kBasin, "s").code(), Code::kUnavailable);
+  EXPECT_EQ(engine_->DeleteTable(kBasin, "tbl").code(), Code::kUnavailable);
   EXPECT_TRUE(meta_->GetStream(kBasin, "s").ok());
   EXPECT_TRUE(meta_->GetTable(kBasin, "tbl").ok());
   EXPECT_TRUE(meta_->GetStream(kBasin, "tbl/0").ok());
@@ -1178,6 +1179,17 @@ TEST_F(EngineTest, ACreateWhoseAnswerWasLostLeavesAUsableStream) {
   EXPECT_EQ(engine_->Append(kBasin, "never", Bodies({"a"})).status.code(), Code::kNotFound);
   EXPECT_EQ(CreateTable("never-t", 1, StreamConfig{}).code(), Code::kUnavailable);
   hooked->fail_create = nullptr;
+
+  // A create that landed but whose stream cannot be loaded fails (it did
+  // not make a usable stream); the next create of the name loads it.
+  hooked->map_create_answer = [](Status) { return Unavailable("the answer was lost"); };
+  hooked->fail_get_stream_state = [] { return Unavailable("the metastore is away"); };
+  EXPECT_EQ(engine_->CreateStream(kBasin, "unloadable", StreamConfig{}).status().code(), Code::kUnavailable);
+  EXPECT_EQ(engine_->Append(kBasin, "unloadable", Bodies({"a"})).status.code(), Code::kNotFound);
+  hooked->map_create_answer = nullptr;
+  hooked->fail_get_stream_state = nullptr;
+  EXPECT_EQ(engine_->CreateStream(kBasin, "unloadable", StreamConfig{}).status().code(), Code::kAlreadyExists);
+  EXPECT_TRUE(engine_->Append(kBasin, "unloadable", Bodies({"a"})).status.ok());
 
   // When the row cannot be looked up either, the create fails; the next
   // create of that name (kAlreadyExists) loads it.

@@ -35,6 +35,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_delete;
   std::function<Status()> fail_get_stream_by_id;  // non-OK: GetStreamById answers it
   std::function<Status()> fail_get_stream;        // non-OK: GetStream (by name) answers it
+  std::function<Status()> fail_get_stream_state;  // non-OK: GetStreamState answers it
   // Non-OK: CreateStream, CreateTable and AddBuckets answer it without creating.
   std::function<Status()> fail_create;
   // Maps the real answer of CreateStream, CreateTable and AddBuckets (after
@@ -113,7 +114,12 @@ class HookedMetastore final : public metastore::Metastore {
     if (!mapped.ok()) return mapped;
     return r;
   }
-  Result<StreamState> GetStreamState(uint64_t id) override { return m_->GetStreamState(id); }
+  Result<StreamState> GetStreamState(uint64_t id) override {
+    if (fail_get_stream_state) {
+      if (Status st = fail_get_stream_state(); !st.ok()) return st;
+    }
+    return m_->GetStreamState(id);
+  }
   Result<std::vector<StreamState>> ListStreamStates() override {
     auto states = m_->ListStreamStates();
     if (auto hook = std::exchange(after_list_stream_states, nullptr)) hook();

@@ -987,6 +987,22 @@ TEST_F(BrokerTest, CompressedBatchesAreStoredAsSent) {
   EXPECT_EQ(Latest("zipped"), 3);
 }
 
+// A topic whose table exists in the metastore but whose partitions memory
+// lacks (a create whose answer was lost) is loaded by the next produce to
+// it: the produce was UNKNOWN_TOPIC_OR_PARTITION for ever.
+TEST_F(BrokerTest, AProduceLoadsATopicMemoryLacks) {
+  metastore::TableInfo t;
+  t.basin = kKafkaBasin;
+  t.name = "behind";
+  t.bucket_count = 2;
+  t.config = "{}";
+  t.created_at_ms = 1;
+  ASSERT_TRUE(meta_->CreateTable(t, metastore::StreamConfig{}).ok());  // behind the engine's back
+  EXPECT_EQ(Produce("behind", 0, Batch({"x"})).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Latest("behind", 0), 1);
+  EXPECT_EQ(Produce("behind", 1, Batch({"y"})).error_code, ErrorCode::kNone);  // loaded with partition 0
+}
+
 // Clients before Fetch v10 cannot read zstd: Kafka answers
 // UNSUPPORTED_COMPRESSION_TYPE for such a partition rather than send it.
 TEST_F(BrokerTest, FetchBeforeV10RefusesZstdBatches) {

@@ -52,11 +52,14 @@ ErrorCode AppendError(const log::AppendOutcome& o) {
 // CORRUPT_MESSAGE), UNSUPPORTED_COMPRESSION_TYPE for zstd before v7. A length
 // below any batch's is left to the CRC check (CORRUPT_MESSAGE, as Kafka).
 ErrorCode ProduceRecordsError(const std::optional<std::string_view>& records, int16_t version) {
-  if (!records || records->size() < wal::kRecordBatchHeaderSize) return ErrorCode::kInvalidRecord;
+  constexpr size_t kLogOverhead = 12;  // baseOffset and batchLength
+  if (!records || records->size() < kLogOverhead) return ErrorCode::kInvalidRecord;
   const char* p = records->data();
   const int64_t batch_length = static_cast<int32_t>(weir::LoadBE32(p + 8));
   if (batch_length < 14) return ErrorCode::kNone;  // Kafka: CorruptRecordException
-  if (static_cast<uint64_t>(batch_length) + 12 > records->size()) return ErrorCode::kInvalidRecord;
+  if (static_cast<uint64_t>(batch_length) + kLogOverhead > records->size()) return ErrorCode::kInvalidRecord;
+  // A whole "batch" shorter than a v2 header is left to the CRC check too.
+  if (records->size() < wal::kRecordBatchHeaderSize) return ErrorCode::kNone;
   if (static_cast<int8_t>(p[16]) != wal::kRecordBatchMagic) return ErrorCode::kInvalidRecord;
   constexpr int kZstd = 4;
   if ((weir::LoadBE16(p + 21) & wal::kCompressionMask) == kZstd && version < 7) {
@@ -400,6 +403,9 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
       if (!n.ok() && n.status().code() != Code::kNotFound) {
         Log().warn("kafka: auto-creating topic {}: {}", topic, n.status().ToString());
       }
+      // The topic may have been there with a partition memory lacks (a
+      // create whose answer was lost): loaded, or appends to it would fail for ever.
+      if (n.ok()) engine_->LoadTable(options_.basin, topic).IgnoreError();
     }
     ProduceAppend(req, std::move(resp), std::move(jobs));
   };

@@ -345,7 +345,7 @@ Result<std::shared_ptr<Engine::Stream>> Engine::StreamFromState(const metastore:
   auto s = std::make_shared<Stream>();
   s->info = info;
   s->live.next_offset = s->tail = st.settled_offset;
-  s->live.trim_point = st.trim_point;
+  s->live.trim_point = s->durable_trim_point = st.trim_point;  // stored: durable
   s->live.fencing_token = st.fencing_token;
   s->live.last_timestamp_ms = s->tail_timestamp_ms = st.last_timestamp_ms;
   WEIR_ASSIGN_OR_RETURN(s->live.producers, ProducerWindows::Deserialize(st.producer_state));
@@ -366,7 +366,8 @@ Status Engine::LoadStream(const metastore::StreamState& st) {
   return Status::Ok();
 }
 
-void Engine::Adopt(const std::vector<metastore::StreamInfo>& found) {
+Status Engine::Adopt(const std::vector<metastore::StreamInfo>& found) {
+  Status first_error;
   for (const auto& info : found) {
     {
       std::lock_guard lk(mu_);
@@ -376,6 +377,7 @@ void Engine::Adopt(const std::vector<metastore::StreamInfo>& found) {
     auto s = state.ok() ? StreamFromState(*state) : Result<std::shared_ptr<Stream>>(state.status());
     if (!s.ok()) {
       Log().warn("stream {}/{} exists but could not be loaded: {}", info.basin, info.name, s.status().ToString());
+      if (first_error.ok()) first_error = s.status().WithContext(fmt::format("loading stream {}", info.name));
       continue;
     }
     std::lock_guard lk(mu_);
@@ -385,6 +387,7 @@ void Engine::Adopt(const std::vector<metastore::StreamInfo>& found) {
     by_name_[{info.basin, info.name}] = info.id;
     by_id_[info.id] = std::move(*s);
   }
+  return first_error;
 }
 
 Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where) {
@@ -530,7 +533,7 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
   // it. A stream that exists is loaded, never left unfindable until a restart.
   auto row = meta_->GetStream(basin, name);
   if (!row.ok()) return failed;
-  Adopt({*row});
+  if (!Adopt({*row}).ok()) return failed;  // not loaded: the next create of the name tries again
   const bool ours = row->created_at_ms == info.created_at_ms && row->config == info.config;
   if (failed.code() != Code::kAlreadyExists && ours) return *row;  // it landed: created
   return failed;
@@ -539,6 +542,8 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
 void Engine::Register(const std::vector<metastore::StreamInfo>& created) {
   std::lock_guard lk(mu_);
   for (const auto& info : created) {
+    // Never replaces a stream object appends may already hold.
+    if (by_id_.count(info.id) != 0) continue;
     auto s = std::make_shared<Stream>();
     s->info = info;
     by_name_[{info.basin, info.name}] = info.id;
@@ -604,10 +609,15 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   auto found = Find(basin, name);
   if (!found.ok() && found.status().code() == Code::kNotFound) {
     // A row memory does not hold (a create whose answer was lost, say) is
-    // loaded, so it can be deleted like any other.
-    if (auto row = meta_->GetStream(basin, name); row.ok()) {
-      Adopt({*row});
-      found = Find(basin, name);
+    // loaded, so it can be deleted like any other. Under create_mu_, as
+    // creates load and register: never one stream object for another.
+    std::lock_guard create(create_mu_);
+    found = Find(basin, name);
+    if (!found.ok() && found.status().code() == Code::kNotFound) {
+      if (auto row = meta_->GetStream(basin, name); row.ok()) {
+        WEIR_RETURN_IF_ERROR(Adopt({*row}));
+        found = Find(basin, name);
+      }
     }
   }
   WEIR_ASSIGN_OR_RETURN(auto s, std::move(found));
@@ -638,6 +648,15 @@ Result<std::vector<std::string>> Engine::AsThisNode(
     // A halt may have minted this process's next epoch meanwhile: once more with it.
     if (!done.ok() && done.status().code() == Code::kPreconditionFailed && attempt == 1 && epoch_.load() != epoch) {
       continue;
+    }
+    if (!done.ok() && done.status().code() == Code::kPreconditionFailed) {
+      // Superseded (a successor minted a later epoch): not a conflict the
+      // client made, and this process will serve no more.
+      auto node = meta_->GetNode(options_.node);
+      if (node.ok() && node->epoch != epoch_.load()) {
+        return Unavailable("node {} was superseded (its epoch is now {}, this process holds {}): {}", options_.node,
+                           node->epoch, epoch_.load(), done.status().message());
+      }
     }
     return done;
   }
@@ -771,21 +790,26 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
   const Status failed = created.status();
   if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
   // As CreateStream: a table that exists has its bucket streams loaded.
-  auto row = AdoptTable(t.basin, t.name);
+  auto row = AdoptTableLocked(t.basin, t.name);
   if (!row.ok()) return failed;
   if (failed.code() != Code::kAlreadyExists && row->created_at_ms == t.created_at_ms) return *row;  // it landed
   return failed;
 }
 
-Result<metastore::TableInfo> Engine::AdoptTable(const std::string& basin, const std::string& name) {
+Result<metastore::TableInfo> Engine::AdoptTableLocked(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(metastore::TableInfo table, meta_->GetTable(basin, name));
   std::vector<metastore::StreamInfo> buckets;
   for (uint32_t b = 0; b < table.bucket_count; ++b) {
     WEIR_ASSIGN_OR_RETURN(metastore::StreamInfo s, meta_->GetStream(basin, metastore::BucketStreamName(name, b)));
     buckets.push_back(std::move(s));
   }
-  Adopt(buckets);
+  WEIR_RETURN_IF_ERROR(Adopt(buckets));
   return table;
+}
+
+Status Engine::LoadTable(const std::string& basin, const std::string& name) {
+  std::lock_guard tables(tables_mu_);
+  return AdoptTableLocked(basin, name).status();
 }
 
 Result<metastore::TableInfo> Engine::GetTable(const std::string& basin, const std::string& name) {
@@ -814,7 +838,7 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
   const Status failed = added.status();
   if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
   // As CreateTable: buckets that exist are loaded.
-  auto row = AdoptTable(basin, name);
+  auto row = AdoptTableLocked(basin, name);
   if (!row.ok()) return failed;
   if (failed.code() != Code::kAlreadyExists && row->id == table.id && row->bucket_count == new_bucket_count) {
     return *row;  // it landed
@@ -1029,8 +1053,13 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
       return true;
     }
   }
+  // Neither durable nor pending: the original failed as the WAL was
+  // abandoned or closed (a halt or shutdown racing this retry), and this
+  // process takes no more appends. Retryable, as the original's failure was.
   lk.unlock();
-  done(AppendOutcome{Internal("producer window names offset {} but no append is pending there", b.start_offset),
+  done(AppendOutcome{Unavailable("the original append of this batch (offset {}) failed as the node stopped taking "
+                                 "appends; retry",
+                                 b.start_offset),
                      {}, std::nullopt, std::nullopt});
   return true;
 }
@@ -1252,14 +1281,28 @@ void Engine::EvictCache() {
     if (cache_bytes_.load() <= goal) return;
     for (auto& [id, s] : by_id_) streams.push_back(s);
   }
-  // Bytes cached per slot, oldest first; the cut is the newest slot to empty.
-  std::map<std::pair<uint64_t, uint64_t>, size_t> per_slot;
+  // Bytes cached per (stream, slot): a stream's batches in a slot are
+  // adjacent, so one entry each, not one per batch. Oldest slot first, the
+  // cut is the newest slot to empty.
+  struct SlotBytes {
+    std::pair<uint64_t, uint64_t> slot;
+    size_t bytes;
+  };
+  std::vector<SlotBytes> per_slot;
   for (auto& s : streams) {
     std::lock_guard lk(s->mu);
+    const size_t first = per_slot.size();
     for (const auto& b : s->durable) {
-      if (b.bytes) per_slot[{b.where.epoch, b.where.seq}] += b.bytes->size();
+      if (!b.bytes) continue;
+      const std::pair slot{b.where.epoch, b.where.seq};
+      if (per_slot.size() > first && per_slot.back().slot == slot) {
+        per_slot.back().bytes += b.bytes->size();
+      } else {
+        per_slot.push_back(SlotBytes{slot, b.bytes->size()});
+      }
     }
   }
+  std::sort(per_slot.begin(), per_slot.end(), [](const SlotBytes& a, const SlotBytes& b) { return a.slot < b.slot; });
   const size_t now = cache_bytes_.load();
   if (now <= goal) return;
   size_t freed = 0;

@@ -250,6 +250,9 @@ class Engine {
   // one metastore transaction; DeleteTable removes them all.
   Result<metastore::TableInfo> CreateTable(const metastore::TableInfo& table, const metastore::StreamConfig& config);
   Result<metastore::TableInfo> GetTable(const std::string& basin, const std::string& name);
+  // Loads the table's bucket streams that exist in the metastore but not in
+  // memory (a create whose answer was lost); kNotFound if there is no table.
+  Status LoadTable(const std::string& basin, const std::string& name);
   Result<std::vector<metastore::TableInfo>> ListTables(const std::string& basin, const std::string& prefix,
                                                        const std::string& start_after, size_t limit);
   Status DeleteTable(const std::string& basin, const std::string& name);
@@ -508,10 +511,12 @@ class Engine {
   Status LoadStream(const metastore::StreamState& st);
   // After a create failed: loads those of `found` (rows the metastore has)
   // whose id and name are not registered, from their settled state. A
-  // stream that cannot be loaded is logged and left out.
-  void Adopt(const std::vector<metastore::StreamInfo>& found);
-  // Adopt for the bucket streams of table basin/name; returns its row.
-  Result<metastore::TableInfo> AdoptTable(const std::string& basin, const std::string& name);
+  // stream that cannot be loaded is logged and left out (the first such
+  // error is returned). Callers hold create_mu_ or tables_mu_, as the
+  // creates and deletes of those streams do.
+  Status Adopt(const std::vector<metastore::StreamInfo>& found);
+  // Adopt for the bucket streams of table basin/name (tables_mu_ held); returns its row.
+  Result<metastore::TableInfo> AdoptTableLocked(const std::string& basin, const std::string& name);
   // Merges `run` (adjacent segments of `s`, at most kMaxMergeParts) into one segment.
   static constexpr size_t kMaxMergeParts = 256;
   Status MergeRun(const std::shared_ptr<Stream>& s, const std::vector<metastore::SegmentInfo>& run);
