@@ -885,6 +885,13 @@ TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {
   std::string magic1 = Batch({"old"});
   magic1[16] = 1;
   EXPECT_EQ(Produce("strict", 0, magic1).error_code, ErrorCode::kInvalidRecord);
+  {
+    // A whole old-format message shorter than a v2 header: still INVALID_RECORD.
+    std::string old_message(30, '\0');
+    StoreBE32(old_message.data() + 8, 18);  // batchLength: the 18 bytes after it
+    old_message[16] = 1;
+    EXPECT_EQ(Produce("strict", 0, old_message).error_code, ErrorCode::kInvalidRecord);
+  }
   // A batch whose records are not all there (batchLength past the bytes sent).
   std::string truncated = Batch({"aaaa", "bbbb"});
   truncated.resize(truncated.size() - 4);

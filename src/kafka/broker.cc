@@ -57,9 +57,10 @@ ErrorCode ProduceRecordsError(const std::optional<std::string_view>& records, in
   const char* p = records->data();
   const int64_t batch_length = static_cast<int32_t>(weir::LoadBE32(p + 8));
   if (batch_length < 14) return ErrorCode::kNone;  // Kafka: CorruptRecordException
+  // The first batch is whole from here on, and at least 26 bytes: its magic
+  // (byte 16) and attributes (bytes 21-22) are there. One shorter than a v2
+  // header is left to the CRC check too.
   if (static_cast<uint64_t>(batch_length) + kLogOverhead > records->size()) return ErrorCode::kInvalidRecord;
-  // A whole "batch" shorter than a v2 header is left to the CRC check too.
-  if (records->size() < wal::kRecordBatchHeaderSize) return ErrorCode::kNone;
   if (static_cast<int8_t>(p[16]) != wal::kRecordBatchMagic) return ErrorCode::kInvalidRecord;
   constexpr int kZstd = 4;
   if ((weir::LoadBE16(p + 21) & wal::kCompressionMask) == kZstd && version < 7) {
@@ -404,8 +405,14 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
         Log().warn("kafka: auto-creating topic {}: {}", topic, n.status().ToString());
       }
       // The topic may have been there with a partition memory lacks (a
-      // create whose answer was lost): loaded, or appends to it would fail for ever.
-      if (n.ok()) engine_->LoadTable(options_.basin, topic).IgnoreError();
+      // create whose answer was lost): loaded, or appends to it would fail
+      // for ever. Only for a partition the topic has (this path is rare).
+      bool has = false;
+      for (const auto& job : jobs) {
+        has = has || (n.ok() && resp->responses[job.topic].name == topic &&
+                      resp->responses[job.topic].partition_responses[job.partition].index < static_cast<int32_t>(*n));
+      }
+      if (has) engine_->LoadTable(options_.basin, topic).IgnoreError();
     }
     ProduceAppend(req, std::move(resp), std::move(jobs));
   };
@@ -1412,7 +1419,8 @@ void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {
       r.error_code = ErrorCode::kUnknownTopicOrPartition;
     } else if (!st.ok()) {
       Log().warn("kafka: deleting topic {}: {}", name, st.ToString());
-      r.error_code = ErrorCode::kUnknownServerError;
+      // Retryable (the metastore away, or this process superseded) as such.
+      r.error_code = IsRetryableCode(st.code()) ? ErrorCode::kRequestTimedOut : ErrorCode::kUnknownServerError;
     } else {
       metrics_.topics_deleted++;  // with its committed offsets (EngineOptions::group_offsets_basin)
     }

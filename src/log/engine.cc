@@ -533,7 +533,10 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
   // it. A stream that exists is loaded, never left unfindable until a restart.
   auto row = meta_->GetStream(basin, name);
   if (!row.ok()) return failed;
-  if (!Adopt({*row}).ok()) return failed;  // not loaded: the next create of the name tries again
+  {
+    std::lock_guard tables(tables_mu_);  // a table's bucket is created and deleted under it
+    if (!Adopt({*row}).ok()) return failed;  // not loaded: the next create of the name tries again
+  }
   const bool ours = row->created_at_ms == info.created_at_ms && row->config == info.config;
   if (failed.code() != Code::kAlreadyExists && ours) return *row;  // it landed: created
   return failed;
@@ -612,6 +615,7 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
     // loaded, so it can be deleted like any other. Under create_mu_, as
     // creates load and register: never one stream object for another.
     std::lock_guard create(create_mu_);
+    std::lock_guard tables(tables_mu_);  // a table's bucket is created and deleted under it
     found = Find(basin, name);
     if (!found.ok() && found.status().code() == Code::kNotFound) {
       if (auto row = meta_->GetStream(basin, name); row.ok()) {

@@ -512,8 +512,9 @@ class Engine {
   // After a create failed: loads those of `found` (rows the metastore has)
   // whose id and name are not registered, from their settled state. A
   // stream that cannot be loaded is logged and left out (the first such
-  // error is returned). Callers hold create_mu_ or tables_mu_, as the
-  // creates and deletes of those streams do.
+  // error is returned). Callers hold tables_mu_ (and create_mu_ for a
+  // stream CreateStream may make), as the creates and deletes of those
+  // streams do: a row deleted meanwhile is never loaded.
   Status Adopt(const std::vector<metastore::StreamInfo>& found);
   // Adopt for the bucket streams of table basin/name (tables_mu_ held); returns its row.
   Result<metastore::TableInfo> AdoptTableLocked(const std::string& basin, const std::string& name);
