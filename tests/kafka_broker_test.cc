@@ -906,23 +906,21 @@ TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {
     std::string_view rest = std::string_view(plain).substr(wal::kRecordBatchHeaderSize);
     const uint8_t len = static_cast<uint8_t>(rest[0]);  // one byte: zigzag(length)
     ASSERT_LT(len, 0x80);
-    std::string padded = plain.substr(0, wal::kRecordBatchHeaderSize);
-    padded += static_cast<char>(len | 0x80);
-    padded += std::string(4, static_cast<char>(0x80));
-    padded += '\0';
-    padded += rest.substr(1);
-    StoreBE32(padded.data() + 8, static_cast<uint32_t>(padded.size() - 12));
-    StoreBE32(padded.data() + 17, Crc32c(std::string_view(padded).substr(21)));
-    EXPECT_EQ(Produce("strict", 0, padded).error_code, ErrorCode::kInvalidRecord);
+    // The batch with its record length written in `bytes` bytes (padding
+    // continuation bytes), resealed.
+    auto length_in = [&](int bytes) {
+      std::string b = plain.substr(0, wal::kRecordBatchHeaderSize);
+      b += static_cast<char>(len | 0x80);
+      b += std::string(static_cast<size_t>(bytes - 2), static_cast<char>(0x80));
+      b += '\0';
+      b += rest.substr(1);
+      StoreBE32(b.data() + 8, static_cast<uint32_t>(b.size() - 12));
+      StoreBE32(b.data() + 17, Crc32c(std::string_view(b).substr(21)));
+      return b;
+    };
+    EXPECT_EQ(Produce("strict", 0, length_in(6)).error_code, ErrorCode::kInvalidRecord);
     // The same length in 5 bytes is valid, as in Kafka.
-    std::string five = plain.substr(0, wal::kRecordBatchHeaderSize);
-    five += static_cast<char>(len | 0x80);
-    five += std::string(3, static_cast<char>(0x80));
-    five += '\0';
-    five += rest.substr(1);
-    StoreBE32(five.data() + 8, static_cast<uint32_t>(five.size() - 12));
-    StoreBE32(five.data() + 17, Crc32c(std::string_view(five).substr(21)));
-    EXPECT_EQ(Produce("strict", 0, five).error_code, ErrorCode::kNone);
+    EXPECT_EQ(Produce("strict", 0, length_in(5)).error_code, ErrorCode::kNone);
     EXPECT_EQ(Latest("strict"), 2);
   }
   // zstd before Produce v7.
