@@ -195,6 +195,37 @@ TEST(S3Client, ListRefusesPagesThatDoNotMoveOn) {
   EXPECT_EQ(page->objects[1].key, "d");
 }
 
+TEST(S3Client, ResponseBodiesAreBounded) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  ASSERT_TRUE(s);
+  // A service that ignores Range: only the bytes the range needs are kept.
+  const std::string big(3u << 20, 'z');
+  fake.Script(200, "0123456789" + big);
+  auto got = s->Get("k", ByteRange{2, 5});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "23456");
+  EXPECT_LT(s->metrics().bytes_received.load(), 100u);
+  fake.Script(200, "0123456789");
+  EXPECT_EQ(s->Get("k", ByteRange{10, 5}).status().code(), Code::kOutOfRange);
+  // A 206 longer than the range asked for is not the range.
+  fake.Script(206, "0123456789");
+  EXPECT_EQ(s->Get("k", ByteRange{0, 5}).status().code(), Code::kCorruption);
+  // An error body is kept only up to its first 64 KiB.
+  const uint64_t before = s->metrics().bytes_received.load();
+  fake.Script(403, "<Error><Code>AccessDenied</Code></Error>" + big);
+  EXPECT_EQ(s->Get("k").status().code(), Code::kIOError);
+  EXPECT_LE(s->metrics().bytes_received.load() - before, 64u << 10);
+  // An XML answer of more than 16 MiB is refused, not buffered.
+  fake.Script(200, std::string(17u << 20, ' '));
+  auto listed = s->List("", "", 10);
+  EXPECT_EQ(listed.status().code(), Code::kCorruption);
+  EXPECT_NE(listed.status().message().find("larger than"), std::string::npos) << listed.status().ToString();
+  // The client still works afterwards.
+  ASSERT_OK(s->Put("a", "hello"));
+  EXPECT_EQ(*s->Get("a", ByteRange{1, 3}), "ell");
+}
+
 TEST(S3Client, ReusesConnections) {
   ::weir::testing::FakeS3 fake;
   auto s = Open(FakeOptions(fake));

@@ -72,20 +72,40 @@ int SeekParts(void* user, curl_off_t offset, int origin) {
 // returns a short count, which ends the transfer (CURLE_WRITE_ERROR).
 struct Receiving {
   Response* response;
+  const Request* request;
   bool head = false;    // a HEAD: no body follows its Content-Length
   long status = 0;      // of the status line being read (a 100 Continue comes first)
   bool out_of_memory = false;
+  bool over_limit = false;  // a 2xx body passed its limit: the request fails
+  bool truncated = false;   // a 200 body reached max_body_bytes with truncate_body
 };
+
+// The most of a body with this status that is kept.
+uint64_t BodyLimit(const Receiving& rx) {
+  if (rx.status < 200 || rx.status >= 300) return kMaxErrorBodyBytes;
+  return rx.status == 206 ? rx.request->max_partial_body_bytes : rx.request->max_body_bytes;
+}
 
 size_t OnBody(char* data, size_t size, size_t n, void* user) noexcept {
   auto* rx = static_cast<Receiving*>(user);
+  std::string& body = rx->response->body;
+  const size_t len = size * n;
+  const uint64_t limit = BodyLimit(*rx);
+  const uint64_t room = limit > body.size() ? limit - body.size() : 0;
+  const bool error_body = rx->status < 200 || rx->status >= 300;
   try {
-    rx->response->body.append(data, size * n);
+    body.append(data, static_cast<size_t>(std::min<uint64_t>(len, room)));
   } catch (...) {
     rx->out_of_memory = true;
     return 0;
   }
-  return size * n;
+  if (len <= room || error_body) return len;  // the rest of an error body is read and dropped
+  if (rx->status == 200 && rx->request->truncate_body) {
+    rx->truncated = true;
+  } else {
+    rx->over_limit = true;
+  }
+  return 0;  // ends the transfer
 }
 
 // Collects "Name: value" lines; a new status line (after a 100 Continue)
@@ -115,7 +135,7 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) noexcept {
     if (name == "content-length" && !rx->head && rx->status >= 200 && rx->status < 300) {
       uint64_t len = 0;
       auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), len);
-      if (ec == std::errc() && len <= (uint64_t{1} << 30)) r->body.reserve(static_cast<size_t>(len));
+      if (ec == std::errc()) r->body.reserve(static_cast<size_t>(std::min(len, BodyLimit(*rx))));
     }
     r->headers.emplace_back(std::move(name), std::string(value));
   } catch (...) {
@@ -253,7 +273,7 @@ Result<Response> Client::Perform(const Request& request, TransportError* error) 
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, options_.low_speed_bytes);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(options_.low_speed_time.count()));
   curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
-  Receiving rx{&response, request.method == "HEAD"};
+  Receiving rx{&response, &request, request.method == "HEAD"};
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &rx);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
@@ -293,6 +313,22 @@ Result<Response> Client::Perform(const Request& request, TransportError* error) 
   response.new_connection = connects > 0;
   response.resent = sends > 1;
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, nullptr);  // the list dies with this call
+  if (rx.over_limit || rx.truncated) {
+    // The rest of the body was not read: the connection is not reusable.
+    curl_easy_cleanup(h->curl);
+    h->curl = nullptr;
+  }
+  if (rx.truncated) {
+    response.status = rx.status;
+    response.truncated = true;
+    return response;
+  }
+  if (rx.over_limit) {
+    *error = {Corruption("{} {}: the response body is larger than the {} bytes expected", request.method, request.url,
+                         BodyLimit(rx)),
+              true};
+    return error->status;
+  }
   if (rx.out_of_memory) {
     // The response was cut off mid-way: its connection is not reusable.
     curl_easy_cleanup(h->curl);

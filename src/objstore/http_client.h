@@ -34,7 +34,18 @@ struct Request {
   // callback, no copy; they must outlive Perform) and `body` is ignored.
   std::span<const std::string_view> body_parts;
   size_t expected_bytes = 0;  // response body size hint (reserve)
+  // Limits on what is kept of a response body. A 2xx body (206 excepted)
+  // longer than max_body_bytes fails the request with kCorruption, unless
+  // truncate_body: then a 200 keeps its first max_body_bytes and the
+  // connection is dropped. A 206 body longer than max_partial_body_bytes
+  // fails. Of an error body (status >= 300) the first kMaxErrorBodyBytes are
+  // kept and the rest is read and dropped.
+  uint64_t max_body_bytes = uint64_t{1} << 30;
+  uint64_t max_partial_body_bytes = uint64_t{1} << 30;
+  bool truncate_body = false;
 };
+
+inline constexpr size_t kMaxErrorBodyBytes = 64u << 10;
 
 struct Response {
   long status = 0;
@@ -44,6 +55,7 @@ struct Response {
   // libcurl sent the request more than once (it silently resends on a fresh
   // connection when a reused one dies): an earlier copy may have been applied.
   bool resent = false;
+  bool truncated = false;  // the body was cut at Request::max_body_bytes (truncate_body)
   std::string_view Header(std::string_view lowercase_name) const;
 };
 

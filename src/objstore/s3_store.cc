@@ -24,6 +24,11 @@ using internal::CatchAll;
 
 constexpr size_t kMaxS3KeyBytes = 1024;
 constexpr size_t kDeleteBatch = 1000;  // S3's DeleteObjects limit
+// What is kept of a response body: XML answers (a LIST page of 1,000 keys of
+// at most 1,024 bytes is a few MB) and whole objects (weir writes none this
+// large: slots and merged segments are a few MiB).
+constexpr uint64_t kMaxXmlBodyBytes = 16u << 20;
+constexpr uint64_t kMaxObjectBodyBytes = uint64_t{1} << 30;
 constexpr std::string_view kScheme = "s3://";
 
 bool ValidUtf8(std::string_view s) {
@@ -230,6 +235,9 @@ struct S3Store::Impl {
     std::span<const std::string_view> body_parts;  // instead of body when not empty
     std::string payload_sha256 = std::string(sigv4::kEmptySha256);
     size_t expected_bytes = 0;
+    uint64_t max_body_bytes = kMaxXmlBodyBytes;  // see http::Request
+    uint64_t max_partial_body_bytes = kMaxXmlBodyBytes;
+    bool truncate_body = false;
     std::string what;  // "PUT s3://bucket/key", for messages
   };
 
@@ -283,6 +291,9 @@ struct S3Store::Impl {
     req.body = call.body;
     req.body_parts = call.body_parts;
     req.expected_bytes = call.expected_bytes;
+    req.max_body_bytes = call.max_body_bytes;
+    req.max_partial_body_bytes = call.max_partial_body_bytes;
+    req.truncate_body = call.truncate_body;
     sigv4::Request sreq;
     sreq.method = call.method;
     sreq.canonical_uri = base_path + call.path;
@@ -397,17 +408,29 @@ struct S3Store::Impl {
       return std::string();
     }
     Call call = ObjectCall(S3Metrics::kGet, "GET", key);
+    call.max_body_bytes = kMaxObjectBodyBytes;
+    uint64_t end = 0;  // of the range, saturated
     if (range) {
       const uint64_t last = range->length > UINT64_MAX - range->offset ? UINT64_MAX : range->offset + range->length - 1;
+      end = last == UINT64_MAX ? UINT64_MAX : last + 1;
       call.headers.emplace_back("range", last >= (uint64_t{1} << 62) ? fmt::format("bytes={}-", range->offset)
                                                                       : fmt::format("bytes={}-{}", range->offset, last));
       call.expected_bytes = static_cast<size_t>(std::min<uint64_t>(range->length, 64u << 20));
+      call.max_partial_body_bytes = range->length;
+      // A service that ignores Range sends the object from its start: keep
+      // only what the range needs.
+      call.max_body_bytes = std::min(end, kMaxObjectBodyBytes);
+      call.truncate_body = true;
     }
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
     if (r.status == 206) return std::move(r.body);
     if (r.status == 200) {
       if (!range) return std::move(r.body);
       // The service ignored the Range header: cut the range out ourselves.
+      if (r.truncated && r.body.size() < end) {
+        return Corruption("{}: the service ignored the Range header and the object is larger than the {} bytes read",
+                          call.what, r.body.size());
+      }
       if (range->offset > 0 && range->offset >= r.body.size()) {
         return OutOfRange("range offset {} is past the end of {} ({} bytes)", range->offset, call.what, r.body.size());
       }
