@@ -508,6 +508,26 @@ Status Engine::CheckAppendRecords(const std::vector<AppendRecord>& records) cons
   return Status::Ok();
 }
 
+namespace {
+
+// After a create that failed with `failed`, the row may be there anyway: this
+// create's answer was lost, or an earlier one's (whose stream never loaded),
+// or another process of this node made it. `load` looks the row up and loads
+// what it names, so a thing that exists is never left unfindable until a
+// restart. Returns the row when it is this create's (`ours`) and loaded: the
+// create landed. Otherwise `failed`, and the next create of the name loads
+// what `load` could not.
+template <class Load, class Ours>
+auto ResolveFailedCreate(const Status& failed, Load load, Ours ours) -> decltype(load()) {
+  if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
+  auto row = load();
+  if (!row.ok()) return failed;
+  if (failed.code() != Code::kAlreadyExists && ours(*row)) return row;
+  return failed;
+}
+
+}  // namespace
+
 Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, const std::string& name,
                                                    const metastore::StreamConfig& config,
                                                    const std::string& request_token) {
@@ -526,20 +546,17 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
     Register({*created});
     return created;
   }
-  const Status failed = created.status();
-  if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
-  // The row may be there anyway: this create's answer was lost, or an earlier
-  // one's (that stream never loaded), or another process of this node made
-  // it. A stream that exists is loaded, never left unfindable until a restart.
-  auto row = meta_->GetStream(basin, name);
-  if (!row.ok()) return failed;
-  {
-    std::lock_guard tables(tables_mu_);  // a table's bucket is created and deleted under it
-    if (!Adopt({*row}).ok()) return failed;  // not loaded: the next create of the name tries again
-  }
-  const bool ours = row->created_at_ms == info.created_at_ms && row->config == info.config;
-  if (failed.code() != Code::kAlreadyExists && ours) return *row;  // it landed: created
-  return failed;
+  return ResolveFailedCreate(
+      created.status(),
+      [&]() -> Result<metastore::StreamInfo> {
+        WEIR_ASSIGN_OR_RETURN(metastore::StreamInfo row, meta_->GetStream(basin, name));
+        std::lock_guard tables(tables_mu_);  // a table's bucket is created and deleted under it
+        WEIR_RETURN_IF_ERROR(Adopt({row}));
+        return row;
+      },
+      [&](const metastore::StreamInfo& row) {
+        return row.created_at_ms == info.created_at_ms && row.config == info.config;
+      });
 }
 
 void Engine::Register(const std::vector<metastore::StreamInfo>& created) {
@@ -791,13 +808,9 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
     Register(created->second);
     return created->first;
   }
-  const Status failed = created.status();
-  if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
-  // As CreateStream: a table that exists has its bucket streams loaded.
-  auto row = AdoptTableLocked(t.basin, t.name);
-  if (!row.ok()) return failed;
-  if (failed.code() != Code::kAlreadyExists && row->created_at_ms == t.created_at_ms) return *row;  // it landed
-  return failed;
+  return ResolveFailedCreate(
+      created.status(), [&] { return AdoptTableLocked(t.basin, t.name); },
+      [&](const metastore::TableInfo& row) { return row.created_at_ms == t.created_at_ms; });
 }
 
 Result<metastore::TableInfo> Engine::AdoptTableLocked(const std::string& basin, const std::string& name) {
@@ -839,15 +852,9 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
     Register(added->second);
     return added->first;
   }
-  const Status failed = added.status();
-  if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
-  // As CreateTable: buckets that exist are loaded.
-  auto row = AdoptTableLocked(basin, name);
-  if (!row.ok()) return failed;
-  if (failed.code() != Code::kAlreadyExists && row->id == table.id && row->bucket_count == new_bucket_count) {
-    return *row;  // it landed
-  }
-  return failed;
+  return ResolveFailedCreate(
+      added.status(), [&] { return AdoptTableLocked(basin, name); },
+      [&](const metastore::TableInfo& row) { return row.id == table.id && row.bucket_count == new_bucket_count; });
 }
 
 Status Engine::ReconfigureTable(const std::string& basin, const std::string& name, const std::string& config,
