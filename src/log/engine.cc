@@ -85,7 +85,12 @@ void Engine::Close() {
     std::lock_guard lk(backlog_mu_);
     backlog_cv_.notify_all();
   }
+  {
+    std::lock_guard lk(evict_wait_mu_);
+    evict_cv_.notify_all();
+  }
   if (settle_thread_.joinable()) settle_thread_.join();
+  if (evict_thread_.joinable()) evict_thread_.join();
   std::thread halt;
   {
     std::lock_guard lk(mu_);
@@ -271,6 +276,7 @@ Status Engine::Recover() {
     if (closing_) return;  // Close joins only a thread it finds here
     halt_thread_ = std::thread([this, epoch] { HandleHalt(epoch); });
   };
+  evict_thread_ = std::thread([this] { EvictLoop(); });
   WEIR_ASSIGN_OR_RETURN(wal_, wal::Writer::Start(store_, wo));
   checkpoint_ = checkpoint;
   Status swept = SweepGarbage();
@@ -1269,7 +1275,27 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     cb(AppendOutcome{result, a, std::nullopt, std::nullopt});
   }
   if (settle_early || evict) RequestSettle();
-  if (evict) EvictCache();
+  if (evict) RequestEvict();
+}
+
+void Engine::RequestEvict() {
+  std::lock_guard lk(evict_wait_mu_);
+  if (evict_requested_) return;
+  evict_requested_ = true;
+  evict_cv_.notify_all();
+}
+
+void Engine::EvictLoop() {
+  SetThreadName("cache-evict");
+  std::unique_lock lk(evict_wait_mu_);
+  while (true) {
+    evict_cv_.wait(lk, [&] { return closing_ || evict_requested_; });
+    if (closing_) return;
+    evict_requested_ = false;
+    lk.unlock();
+    EvictCache();
+    lk.lock();
+  }
 }
 
 void Engine::RequestSettle() {
@@ -1282,9 +1308,7 @@ void Engine::EvictCache() {
   // Drops the oldest cached batches across streams (by WAL slot: a stream's
   // batches are in slot order) until the cache is at 3/4 of its budget;
   // tailing readers keep finding the newest. Evicted batches are read back
-  // from their WAL slot. One eviction at a time; a racing ack skips it.
-  std::unique_lock evicting(evict_mu_, std::try_to_lock);
-  if (!evicting.owns_lock()) return;
+  // from their WAL slot. Runs on the eviction thread only.
   const size_t goal = options_.log_cache_bytes * 3 / 4;
   std::vector<std::shared_ptr<Stream>> streams;
   {

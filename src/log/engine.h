@@ -350,6 +350,9 @@ class Engine {
 
   uint64_t epoch() const { return epoch_.load(); }
   EngineMetrics& metrics() { return metrics_; }
+  // Bytes of batches in the log cache (may pass its budget until the
+  // eviction thread catches up).
+  size_t cached_bytes() const { return cache_bytes_.load(); }
   uint64_t unsettled_bytes() const { return unsettled_bytes_.load(); }
   wal::Writer& wal() { return *wal_; }
   void Close();
@@ -389,7 +392,12 @@ class Engine {
   void DeleteObjects(std::vector<std::string> keys, std::string_view what);
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                  const wal::AckInfo& where);
+  // Drops the oldest cached batches until the cache is at 3/4 of its budget.
   void EvictCache();
+  // Wakes the eviction thread (the cache passed its budget); acks never wait
+  // for the scan.
+  void RequestEvict();
+  void EvictLoop();
   // Wakes the settle loop before its interval (the log cache is filling up).
   void RequestSettle();
   // Under settle_mu_: memory's segment list of `s` as the metastore has it
@@ -490,7 +498,6 @@ class Engine {
   std::mutex config_mu_;
   // Held by CreateStream across the metastore create and Register.
   std::mutex create_mu_;
-  std::mutex evict_mu_;  // one EvictCache at a time
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_;
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
   std::atomic<size_t> cache_bytes_{0};
@@ -530,6 +537,10 @@ class Engine {
   std::mutex backlog_mu_;                     // with backlog_cv_: appends waiting for settle
   std::condition_variable backlog_cv_;
   std::thread settle_thread_;
+  std::mutex evict_wait_mu_;  // with evict_cv_: guards evict_requested_
+  std::condition_variable evict_cv_;
+  bool evict_requested_ = false;
+  std::thread evict_thread_;  // runs EvictLoop, from Open to Close
 };
 
 // The size S2 meters for a record, used by every limit on bytes: 8 + body +
