@@ -36,6 +36,12 @@ TEST(Base64, RoundTripsEveryLength) {
   EXPECT_EQ(*Base64Decode("aGk"), "hi");
   EXPECT_EQ(Base64Decode("a*k=").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Base64Decode("a").status().code(), Code::kInvalidArgument);
+  // Padding must complete a group of four, and the bits after the last byte are zero.
+  EXPECT_EQ(*Base64Decode("Zg=="), "f");
+  EXPECT_EQ(*Base64Decode("Zm8="), "fo");
+  for (const char* bad : {"Zm9v=", "Zg=", "Zg===", "Zg=====", "Zm8==", "====", "Zh==", "Zm9=", "Zh"}) {
+    EXPECT_EQ(Base64Decode(bad).status().code(), Code::kInvalidArgument) << bad;
+  }
 }
 
 TEST(PercentDecode, DecodesAndRejectsBadEscapes) {
@@ -84,6 +90,9 @@ TEST(S2Proto, RejectsMalformedInput) {
   }
   EXPECT_FALSE(DecodeProtoAppendInput(Varint(1 << 3 | 0) + Varint(5), AppendLimits{}).ok());  // records as a varint
   EXPECT_FALSE(DecodeProtoAppendInput(std::string(1, '\x0f'), AppendLimits{}).ok());          // wire type 7
+  // Field 2^32 + 3 (fencing_token if cut to 32 bits) and 2^29: no such fields.
+  EXPECT_FALSE(DecodeProtoAppendInput(Varint((((uint64_t{1} << 32) + 3) << 3) | 2) + Varint(3) + "abc", AppendLimits{}).ok());
+  EXPECT_FALSE(DecodeProtoAppendInput(Varint((uint64_t{1} << 29) << 3 | 0) + Varint(1), AppendLimits{}).ok());
 }
 
 // Decoding stops as soon as an input is over the append limits: many tiny

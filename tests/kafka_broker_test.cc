@@ -923,6 +923,12 @@ TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {
     EXPECT_EQ(Produce("strict", 0, length_in(5)).error_code, ErrorCode::kNone);
     EXPECT_EQ(Latest("strict"), 2);
   }
+  // A baseOffset other than 0 (Kafka: the log assigns offsets).
+  {
+    std::string b = Batch({"a", "b"});
+    StoreBE32(b.data(), 0x7fffffff);  // outside the CRC
+    EXPECT_EQ(Produce("strict", 0, b).error_code, ErrorCode::kInvalidRecord);
+  }
   // zstd before Produce v7.
   {
     std::string z = WithAttributes(Batch({"z"}), 4);

@@ -457,6 +457,32 @@ TEST(RecordBatchTest, MalformedRecordsNameTheRecord) {
   }
 }
 
+// Headers take two bytes on the wire but far more decoded: a batch of too
+// many is refused before its headers are allocated, by the producer-side
+// check and by a reader's decode alike.
+TEST(RecordBatchTest, TooManyHeadersToDecodeAreRefused) {
+  auto record_with_headers = [](int64_t n) {
+    std::string fields = "\x00\x00\x00\x01\x01"s;  // attributes, deltas, null key and value
+    PutVarint(&fields, n);
+    for (int64_t i = 0; i < n; ++i) fields += "\x00\x01"s;  // empty key, null value
+    std::string rec;
+    PutVarint(&rec, static_cast<int64_t>(fields.size()));
+    return rec + fields;
+  };
+  const int64_t too_many = static_cast<int64_t>(kMaxDecodedRecordsOverheadBytes / sizeof(RecordHeader)) + 1;
+  const std::string b = BatchWithRecordBytes(record_with_headers(too_many));
+  auto h = VerifyBatch(b);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  Status st = ValidateRecords(*h, b);
+  EXPECT_EQ(st.code(), Code::kCorruption);
+  EXPECT_NE(st.message().find("too many records and headers"), std::string::npos) << st.ToString();
+  EXPECT_EQ(DecodeRecords(b).status().code(), Code::kCorruption);
+  // A thousand headers decode.
+  auto fine = DecodeRecords(BatchWithRecordBytes(record_with_headers(1000)));
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  EXPECT_EQ(fine->at(0).record.headers.size(), 1000u);
+}
+
 TEST(RecordBatchTest, ValidationWantsEachOffsetDeltaToBeItsIndex) {
   // Two records both at offsetDelta 0: a reader would see one offset twice
   // and miss the next, so a producer's batch like this is refused.

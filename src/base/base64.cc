@@ -42,8 +42,16 @@ std::string Base64Encode(std::string_view data) {
 }
 
 Result<std::string> Base64Decode(std::string_view text) {
-  while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+  size_t pad = 0;
+  while (!text.empty() && text.back() == '=') {
+    text.remove_suffix(1);
+    ++pad;
+  }
   if (text.size() % 4 == 1) return InvalidArgument("base64 text has a bad length");
+  // Padding, when present, makes whole groups of four: "xx==" or "xxx=".
+  if (pad > 0 && (text.size() % 4 < 2 || pad != 4 - text.size() % 4)) {
+    return InvalidArgument("base64 text has bad padding");
+  }
   std::string out;
   out.reserve(text.size() * 3 / 4);
   uint32_t acc = 0;
@@ -58,6 +66,8 @@ Result<std::string> Base64Decode(std::string_view text) {
       out.push_back(static_cast<char>((acc >> bits) & 0xff));
     }
   }
+  // The bits after the last byte are zero in canonical base64 ("Zg==", not "Zh==").
+  if ((acc & ((1u << bits) - 1)) != 0) return InvalidArgument("base64 text has non-zero bits after its last byte");
   return out;
 }
 

@@ -9,7 +9,9 @@
 namespace weir {
 
 std::string Base64Encode(std::string_view data);
-// Accepts padded or unpadded input; kInvalidArgument on any other character.
+// Accepts padded or unpadded input; kInvalidArgument on any other character,
+// on padding that does not complete a group of four, and on non-zero bits
+// after the last byte.
 Result<std::string> Base64Decode(std::string_view text);
 
 }  // namespace weir

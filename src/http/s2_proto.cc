@@ -55,6 +55,8 @@ Status ForEachField(std::string_view msg, F&& field) {
   Reader r(msg);
   while (!r.done()) {
     WEIR_ASSIGN_OR_RETURN(uint64_t tag, r.Varint());
+    // Field numbers go up to 2^29 - 1: a larger tag is not a field.
+    if (tag >> 3 > (uint64_t{1} << 29) - 1) return InvalidArgument("protobuf: field number {} is too large", tag >> 3);
     auto number = static_cast<uint32_t>(tag >> 3);
     auto wire = static_cast<uint32_t>(tag & 7);
     if (number == 0) return InvalidArgument("protobuf: field number 0");

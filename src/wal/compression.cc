@@ -155,6 +155,8 @@ Status UnsnappyBlock(std::string_view block, size_t max_output, std::string* out
     return Damaged(kCodecSnappy, "bad uncompressed-length prefix");
   }
   if (n > max_output - out->size()) return TooLarge(kCodecSnappy, max_output);
+  // Checked before the output is allocated: a few bytes can claim 64 MiB.
+  if (!snappy::IsValidCompressedBuffer(block.data(), block.size())) return Damaged(kCodecSnappy, "invalid block");
   const size_t start = out->size();
   out->resize(start + n);
   if (!snappy::RawUncompress(block.data(), block.size(), out->data() + start)) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <limits>
+#include <new>
 #include <utility>
 
 #include "base/bytes.h"
@@ -134,7 +135,8 @@ class RecordReader {
 // then also that its offsetDelta is its index (offsets dense, as a producer
 // writes them). `timestamp` (if set) gets the record's timestamp, as a reader
 // sees it.
-Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out, int64_t* timestamp) {
+Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out, int64_t* timestamp,
+                    size_t* overhead) {
   int32_t length = 0;
   if (!batch->GetVarint32(&length)) {
     return Corruption("record {}: length is truncated or malformed ({} bytes left in the batch)", index,
@@ -174,6 +176,11 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
     return Corruption("record {}: headerCount {} does not fit the {} bytes left in the record", index, header_count,
                       r.remaining());
   }
+  *overhead += static_cast<size_t>(header_count) * sizeof(RecordHeader);
+  if (*overhead > kMaxDecodedRecordsOverheadBytes) {
+    return Corruption("record {}: the batch has too many records and headers to decode (more than {} bytes of them)",
+                      index, kMaxDecodedRecordsOverheadBytes);
+  }
   if (out) rec.headers.resize(static_cast<size_t>(header_count));
   for (int64_t i = 0; i < header_count; ++i) {
     std::optional<std::string> key;
@@ -189,7 +196,7 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
       (h.attributes & kTimestampLogAppendTime) ? h.max_timestamp : WrapAdd(h.base_timestamp, timestamp_delta);
   if (timestamp) *timestamp = ts;
   if (!out) return Status::Ok();
-  out->offset = h.base_offset + offset_delta;
+  out->offset = WrapAdd(h.base_offset, offset_delta);
   rec.timestamp = ts;
   return Status::Ok();
 }
@@ -359,11 +366,17 @@ Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_deco
   if (static_cast<size_t>(h.record_count) > body.size() / kMinRecordSize) {
     return Corruption("record batch recordCount {} does not fit its {} bytes of records", h.record_count, body.size());
   }
+  size_t overhead = static_cast<size_t>(h.record_count) * sizeof(DecodedRecord);
+  if (overhead > kMaxDecodedRecordsOverheadBytes) {
+    return Corruption("record batch recordCount {} is too many records to decode (more than {} bytes of them)",
+                      h.record_count, kMaxDecodedRecordsOverheadBytes);
+  }
   if (out) out->resize(static_cast<size_t>(h.record_count));
   ByteReader reader(body);
   int64_t ts = 0;
   for (int32_t i = 0; i < h.record_count; ++i) {
-    WEIR_RETURN_IF_ERROR(DecodeRecord(&reader, h, i, out ? &(*out)[static_cast<size_t>(i)] : nullptr, &ts));
+    WEIR_RETURN_IF_ERROR(
+        DecodeRecord(&reader, h, i, out ? &(*out)[static_cast<size_t>(i)] : nullptr, &ts, &overhead));
     if (max_timestamp) *max_timestamp = i == 0 ? ts : std::max(*max_timestamp, ts);
   }
   if (reader.remaining() != 0) {
@@ -377,7 +390,11 @@ Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_deco
 Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch, size_t max_decompressed) {
   WEIR_ASSIGN_OR_RETURN(BatchHeader h, VerifyBatch(batch));
   std::vector<DecodedRecord> records;
-  WEIR_RETURN_IF_ERROR(WalkRecords(h, batch, max_decompressed, &records));
+  try {
+    WEIR_RETURN_IF_ERROR(WalkRecords(h, batch, max_decompressed, &records));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("out of memory decoding a record batch of {} records", h.record_count);
+  }
   return records;
 }
 
