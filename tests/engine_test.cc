@@ -961,6 +961,57 @@ TEST_F(EngineTest, SettleMovesSlotsIntoSegmentsInOneTransaction) {
   EXPECT_EQ(state->settled_offset, 6u);
 }
 
+// A batch's CRC does not cover its baseOffset: a segment damaged there must
+// read as corruption, not as records at other offsets (which a read from an
+// offset then drops without a word).
+TEST_F(EngineTest, ASegmentWithABatchAtTheWrongOffsetIsCorruption) {
+  // The segment object of stream `name` (its only one).
+  auto segment_of = [&](const std::string& name) {
+    auto id = engine_->GetStream(kBasin, name);
+    EXPECT_TRUE(id.ok());
+    auto segs = meta_->FindSegments(id->info.id, 0, 10);
+    EXPECT_TRUE(segs.ok() && segs->size() == 1u);
+    return segs.ok() && segs->size() == 1u ? segs->front().object_key : std::string();
+  };
+  // Sets the baseOffset of batch `n` of `key` to `base`.
+  auto damage = [&](const std::string& key, size_t n, uint64_t base) {
+    std::string object = *store_->Get(key);
+    size_t at = 0;
+    for (size_t i = 0; i < n; ++i) at += 12 + LoadBE32(object.data() + at + 8);
+    StoreBE32(object.data() + at, static_cast<uint32_t>(base >> 32));
+    StoreBE32(object.data() + at + 4, static_cast<uint32_t>(base));
+    ASSERT_OK(store_->Put(key, object));
+  };
+  auto read_from = [&](const std::string& name, uint64_t from, size_t max_bytes) {
+    return engine_->Read(kBasin, name, ReadStart{ReadStart::kOffset, from}, 1000, max_bytes).status().code();
+  };
+  // Small: the segment is read whole.
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"c"})).status.ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"d", "e"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  ASSERT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+  const std::string small = segment_of("s");
+  ASSERT_FALSE(small.empty());
+  damage(small, 1, 0);
+  EXPECT_EQ(read_from("s", 0, 1 << 20), Code::kCorruption);
+  EXPECT_EQ(read_from("s", 3, 1 << 20), Code::kCorruption);
+
+  // Large: read by range (footer, index, then a window of data).
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "big", StreamConfig{}).ok());
+  const std::string big(900u << 10, 'x');
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(engine_->Append(kBasin, "big", Bodies({big})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  const std::string large = segment_of("big");
+  ASSERT_FALSE(large.empty());
+  ASSERT_EQ(read_from("big", 1, 1000), Code::kOk);
+  damage(large, 1, 0);
+  EXPECT_EQ(read_from("big", 1, 1000), Code::kCorruption);
+  damage(large, 1, uint64_t{0x7ffffffffffffff0});
+  EXPECT_EQ(read_from("big", 1, 1000), Code::kCorruption);
+  EXPECT_EQ(read_from("big", 0, 4u << 20), Code::kCorruption);
+}
+
 TEST_F(EngineTest, RecoveryReplaysUnsettledSlotsOnTopOfSettledState) {
   AppendOptions p;
   p.producer = ProducerRef{3, 0, 0};

@@ -833,6 +833,17 @@ Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, siz
   uint64_t tail_len = std::min<uint64_t>(seg.size_bytes, kSegmentFooterSize);
   WEIR_ASSIGN_OR_RETURN(std::string_view tail, range(seg.size_bytes - tail_len, tail_len, &tail_bytes));
   WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(tail, seg.size_bytes));
+  if (footer.stream_id != seg.stream_id || footer.start_offset != seg.start_offset ||
+      footer.end_offset != seg.end_offset) {
+    return Corruption("segment {} holds stream {} [{}, {}), its row says stream {} [{}, {})", seg.object_key,
+                      footer.stream_id, footer.start_offset, footer.end_offset, seg.stream_id, seg.start_offset,
+                      seg.end_offset);
+  }
+  // A whole object in hand is checked whole: the batches' own CRCs do not
+  // cover their offsets and lengths.
+  if (!whole.empty() && Crc32c(std::string_view(whole).substr(0, footer.data_end)) != footer.data_crc) {
+    return Corruption("segment {}: data CRC mismatch", seg.object_key);
+  }
   WEIR_ASSIGN_OR_RETURN(std::string_view index_view,
                         range(footer.data_end, seg.size_bytes - footer.data_end, &index_bytes));
   WEIR_ASSIGN_OR_RETURN(auto index, DecodeSegmentIndex(footer, index_view));
@@ -840,6 +851,15 @@ Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, siz
   uint64_t pos = SeekOffset(index, from);
   // A lookup by time starts at the last indexed batch before which no record is as late.
   if (at_time) pos = std::max(pos, SeekTimestamp(index, *at_time));
+  // The offset the batch at `pos` starts at (the index is CRC-checked); each
+  // batch after it starts where the one before ends. A part read by range
+  // is checked against these, not against the data CRC.
+  uint64_t next = footer.start_offset;
+  if (pos > 0) {
+    auto entry = std::find_if(index.begin(), index.end(), [&](const SegmentIndexEntry& e) { return e.position == pos; });
+    if (entry == index.end()) return Internal("segment {}: seek position {} is not indexed", seg.object_key, pos);
+    next = entry->base_offset;
+  }
   uint64_t want = std::min<uint64_t>(footer.data_end - pos, window);
   WEIR_ASSIGN_OR_RETURN(std::string_view data, range(pos, want, &data_bytes));
   size_t at = 0;
@@ -847,7 +867,13 @@ Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, siz
   while (at < data.size() && taken < max_bytes) {
     auto h = wal::ParseBatchHeader(data.substr(at));
     if (!h.ok() || at + h->total_size() > data.size()) break;  // the window ended mid-batch
-    if (static_cast<uint64_t>(h->last_offset()) >= from) {
+    if (h->base_offset < 0 || static_cast<uint64_t>(h->base_offset) != next ||
+        static_cast<uint64_t>(h->last_offset_delta) >= footer.end_offset - next) {
+      return Corruption("segment {}: the batch at byte {} holds [{}, +{}], expected to start at {} and end by {}",
+                        seg.object_key, pos + at, h->base_offset, h->last_offset_delta, next, footer.end_offset);
+    }
+    next += static_cast<uint64_t>(h->last_offset_delta) + 1;
+    if (next - 1 >= from) {
       batches->emplace_back(data.substr(at, h->total_size()));
       taken += h->total_size();
     }
