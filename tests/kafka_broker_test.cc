@@ -146,13 +146,19 @@ std::string KindName(Answer::Kind k) {
 // destroyed unanswered reports kDropped (the real server would close).
 class FakeReply : public Reply {
  public:
-  FakeReply(std::shared_ptr<Executor> exec, std::promise<Answer> promise)
-      : exec_(std::move(exec)), promise_(std::move(promise)) {}
+  FakeReply(std::shared_ptr<Executor> exec, std::promise<Answer> promise,
+            std::shared_ptr<std::atomic<int>> frames_released = nullptr)
+      : exec_(std::move(exec)), promise_(std::move(promise)), frames_released_(std::move(frames_released)) {}
   ~FakeReply() override { Finish(Answer{Answer::kDropped, {}}); }
 
   void Respond(std::string response) override { Finish(Answer{Answer::kResponse, std::move(response)}); }
   void NoResponse() override { Finish(Answer{Answer::kNoResponse, {}}); }
   void Close() override { Finish(Answer{Answer::kClose, {}}); }
+  // Counted only while the request is unanswered (the transport releases the
+  // frame at the answer anyway).
+  void ReleaseFrame() override {
+    if (frames_released_ && !answered_.load()) ++*frames_released_;
+  }
   void Post(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   // Ordering is the transport's (kafka_tcp_test); here, as when nothing is
   // pending: RunInOrder runs at once, PostInOrder posts.
@@ -171,6 +177,7 @@ class FakeReply : public Reply {
   std::shared_ptr<Executor> exec_;
   std::promise<Answer> promise_;
   std::atomic<bool> answered_{false};
+  std::shared_ptr<std::atomic<int>> frames_released_;
   std::string peer_ = "127.0.0.1:40000";
 };
 
@@ -366,7 +373,7 @@ class BrokerTest : public ::testing::Test {
   Pending StartRaw(std::string frame, int32_t correlation_id = 0, int16_t version = 0) {
     std::promise<Answer> promise;
     Pending p{promise.get_future(), correlation_id, version};
-    broker_->Handle(std::move(frame), std::make_shared<FakeReply>(exec_, std::move(promise)));
+    broker_->Handle(std::move(frame), std::make_shared<FakeReply>(exec_, std::move(promise), frames_released_));
     return p;
   }
 
@@ -551,6 +558,8 @@ class BrokerTest : public ::testing::Test {
   std::unique_ptr<Broker> broker_;
   std::deque<std::string> kept_;
   int32_t next_correlation_id_ = 100;
+  // Requests that gave their frame back before their answer (Reply::ReleaseFrame).
+  std::shared_ptr<std::atomic<int>> frames_released_ = std::make_shared<std::atomic<int>>(0);
 };
 
 // ---- ApiVersions and unsupported requests -------------------------------------------
@@ -2248,7 +2257,13 @@ TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
   // The follower's sync waits for the leader's assignment.
   const std::string& leader = leader_view.member_id;
   const std::string& follower = follower_view.member_id;
+  const int released = frames_released_->load();
   Pending follower_sync = Start(SyncReq(follower, gen2), 3);
+  // A parked request gives its frame's bytes back: they would otherwise hold
+  // the broker's request budget for as long as the member likes.
+  for (int i = 0; i < 500 && frames_released_->load() == released; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(frames_released_->load(), released + 1);
+  EXPECT_FALSE(follower_sync.answered());
   auto leader_sync = Call(SyncReq(leader, gen2, {{a, "to-A"}, {b, "to-B"}}), 3, DecodeSyncGroupResponse);
   auto fs = Finish(follower_sync, DecodeSyncGroupResponse);
   EXPECT_EQ(leader_sync.error_code, ErrorCode::kNone);

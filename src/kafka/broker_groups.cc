@@ -10,6 +10,15 @@ namespace weir::kafka {
 
 namespace {
 ErrorCode E(int16_t code) { return static_cast<ErrorCode>(code); }
+
+// For a request whose answer may wait long: the frame and the decoded body
+// (moved from already) are freed, and their bytes leave the request budget,
+// so parked requests never hold up other connections' reads.
+void ReleaseFrame(Broker::Request& req) {
+  std::string().swap(req.frame);
+  req.decoded.body = HeartbeatRequest{};  // the smallest body; only the header is used from here on
+  req.reply->ReleaseFrame();
+}
 }  // namespace
 
 void Broker::JoinGroup(const std::shared_ptr<Request>& req) {
@@ -21,10 +30,11 @@ void Broker::JoinGroup(const std::shared_ptr<Request>& req) {
   j.member_id = in.member_id;
   j.group_instance_id = in.group_instance_id;
   j.protocol_type = in.protocol_type;
-  for (auto& p : in.protocols) j.protocols.emplace_back(p.name, p.metadata);
+  for (auto& p : in.protocols) j.protocols.emplace_back(std::move(p.name), std::move(p.metadata));
   j.version = req->version();
   j.client_id = req->decoded.header.client_id.value_or("");
   j.client_host = req->reply->peer();
+  ReleaseFrame(*req);  // the answer may wait for the whole rebalance
   groups_.JoinGroup(j, Now(), [req](JoinGroupResult r) {
     JoinGroupResponse resp;
     resp.error_code = E(r.error_code);
@@ -44,7 +54,8 @@ void Broker::SyncGroup(const std::shared_ptr<Request>& req) {
   s.generation_id = in.generation_id;
   s.member_id = in.member_id;
   s.group_instance_id = in.group_instance_id;
-  for (auto& a : in.assignments) s.assignments.emplace_back(a.member_id, a.assignment);
+  for (auto& a : in.assignments) s.assignments.emplace_back(std::move(a.member_id), std::move(a.assignment));
+  ReleaseFrame(*req);  // a follower's answer waits for the leader's SyncGroup
   groups_.SyncGroup(s, Now(), [req](SyncGroupResult r) {
     SyncGroupResponse resp;
     resp.error_code = E(r.error_code);

@@ -476,25 +476,28 @@ class ReplyImpl : public Reply {
       if (!conn_->closed()) {
         Log().error("kafka: a request from {} got no response; closing the connection", conn_->peer());
       }
-      conn_->srv()->Release(reserved_);
+      ReleaseFrame();
       conn_->Answer(seq_, {}, false, true);
     }
   }
   void Respond(std::string response) override {
     if (answered_.exchange(true)) return;
-    conn_->srv()->Release(reserved_);
+    ReleaseFrame();
     conn_->Answer(seq_, std::move(response), true, false);
   }
   void NoResponse() override {
     if (answered_.exchange(true)) return;
-    conn_->srv()->Release(reserved_);
+    ReleaseFrame();
     conn_->Answer(seq_, {}, false, false);
   }
   void Close() override {
     if (answered_.exchange(true)) return;
     conn_->srv()->metrics.closed_by_handler++;
-    conn_->srv()->Release(reserved_);
+    ReleaseFrame();
     conn_->Answer(seq_, {}, false, true);
+  }
+  void ReleaseFrame() override {
+    if (!released_.exchange(true)) conn_->srv()->Release(reserved_);
   }
   void Post(std::function<void()> fn) override { net::post(*conn_->srv()->readers, std::move(fn)); }
   void PostInOrder(std::function<void()> fn) override { conn_->PostInOrder(std::move(fn)); }
@@ -515,6 +518,7 @@ class ReplyImpl : public Reply {
   uint64_t seq_;
   uint32_t reserved_;
   std::atomic<bool> answered_{false};
+  std::atomic<bool> released_{false};  // reserved_ went back to the budget
 };
 
 }  // namespace

@@ -16,7 +16,8 @@
 // that asks to Close, closes the connection after the responses before it are
 // written. At most max_in_flight requests per connection are outstanding;
 // reading pauses until one is answered. Request frames read and not yet
-// answered hold at most max_in_flight_bytes across all connections: a
+// answered (or given back with Reply::ReleaseFrame) hold at most
+// max_in_flight_bytes across all connections: a
 // connection whose next frame does not fit waits (in arrival order) before
 // reading its body, so memory stays bounded however many clients send; a
 // frame alone is always admitted. Frames up to small_frame_bytes (heartbeats,
@@ -53,6 +54,10 @@ class Reply {
   virtual void NoResponse() = 0;
   // Closes the connection once the responses before this request are written.
   virtual void Close() = 0;
+  // The handler holds none of the request's frame any more (it may wait
+  // long for its answer, as a JoinGroup does): the frame's bytes go back to
+  // max_in_flight_bytes now, not when it is answered. Once; any thread.
+  virtual void ReleaseFrame() = 0;
   // Runs `fn` on a read thread soon (a pool of its own: reads that wait on
   // the object store never hold up the ordered work below).
   virtual void Post(std::function<void()> fn) = 0;
