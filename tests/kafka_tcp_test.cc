@@ -473,6 +473,75 @@ TEST(KafkaTcpOneAtATime, AClientThatDoesNotReadHoldsOneLargeResponse) {
   (*server)->Stop();
 }
 
+// "o<ms>": PostInOrder work that sleeps ms, then answers with its frame
+// padded to big_ bytes, or to a few bytes for "o<ms>s"; "b": PostOneAtATime
+// work answering big_ bytes at once.
+class MixedAnswerHandler : public FrameHandler {
+ public:
+  explicit MixedAnswerHandler(size_t big) : big_(big) {}
+  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+    if (frame[0] == 'b') {
+      return reply->PostOneAtATime([this, frame = std::move(frame), reply] {
+        std::string answer = frame;
+        answer.resize(big_, '.');
+        reply->Respond(std::move(answer));
+      });
+    }
+    reply->PostInOrder([this, frame = std::move(frame), reply] {
+      ordered_started_++;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(frame.substr(1))));
+      std::string answer = frame;
+      answer.resize(frame.back() == 's' ? frame.size() : big_, '.');
+      reply->Respond(std::move(answer));
+    });
+  }
+  int ordered_started() const { return ordered_started_.load(); }
+
+ private:
+  size_t big_;
+  std::atomic<int> ordered_started_{0};
+};
+
+TEST(KafkaTcpOrdering, AClientThatDoesNotReadHoldsFewOrderedResponses) {
+  // As Fetch's one at a time: ordered answers of 16 MiB, which the socket
+  // buffers cannot take; a client reading nothing gets the rest built only
+  // as it reads (Metadata, DescribeGroups and the like can be large).
+  MixedAnswerHandler handler(16 << 20);
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 2}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int fd = Connect((*server)->address());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(SendFrame(fd, "o" + std::to_string(i)));
+  ASSERT_TRUE(WaitUntil([&] { return handler.ordered_started() >= 1; }));
+  std::this_thread::sleep_for(300ms);  // room for wrong further starts to show
+  EXPECT_LE(handler.ordered_started(), 2);
+  for (int i = 0; i < 8; ++i) {
+    std::string got = ReadFrame(fd, 30000);
+    ASSERT_EQ(got.size(), size_t{16} << 20) << "response " << i;
+    EXPECT_EQ(got.substr(0, 2), "o" + std::to_string(i));
+  }
+  EXPECT_EQ(handler.ordered_started(), 8);
+  ::close(fd);
+  (*server)->Stop();
+}
+
+TEST(KafkaTcpOrdering, ALargeAnswerQueuedBehindOrderedWorkDoesNotHoldItUp) {
+  // The one-at-a-time request after "o0s" answers 16 MiB at once, while the
+  // ordered work before it still sleeps: that answer waits for "o0s", so it
+  // must not hold "o0s" back.
+  MixedAnswerHandler handler(16 << 20);
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 2}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int fd = Connect((*server)->address());
+  ASSERT_GE(fd, 0);
+  for (const char* f : {"o300s", "o0s", "b"}) ASSERT_TRUE(SendFrame(fd, f));
+  EXPECT_EQ(ReadFrame(fd, 30000), "o300s");
+  EXPECT_EQ(ReadFrame(fd, 30000), "o0s");
+  EXPECT_EQ(ReadFrame(fd, 30000).size(), size_t{16} << 20);
+  ::close(fd);
+  (*server)->Stop();
+}
+
 TEST(KafkaTcpOneAtATime, AClientThatStopsReadingIsClosedAfterTheStallTimeout) {
   BigAnswerHandler handler(64 << 20);  // far more than the socket buffers hold after what is read
   auto server = TcpServer::Start({.port = 0, .worker_threads = 2, .stall_timeout = 2s}, &handler);

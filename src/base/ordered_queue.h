@@ -32,13 +32,22 @@ class OrderedQueue {
 
   // Runs the functions queued when it was called, in order; true if more
   // were queued meanwhile (the drain goes on: post it again).
-  bool RunSome() {
+  bool RunSome() { return RunSomeUnless([] { return false; }) == Turn::kMore; }
+
+  enum class Turn { kDone, kMore, kPaused };
+  // As RunSome, but checks `pause()` before each function and stops while it
+  // is true, answering kPaused: the drain is then parked, not over (Push
+  // starts no other), and the owner starts it again (RunSomeUnless on its
+  // pool) once pause() turns false.
+  template <typename Pause>
+  Turn RunSomeUnless(Pause pause) {
     size_t n = 0;
     {
       std::lock_guard lk(mu_);
       n = queue_.size();
     }
     for (size_t i = 0; i < n; ++i) {
+      if (pause()) return Turn::kPaused;
       std::function<void()> fn;
       {
         std::lock_guard lk(mu_);
@@ -49,9 +58,9 @@ class OrderedQueue {
       pending_--;
     }
     std::lock_guard lk(mu_);
-    if (!queue_.empty()) return true;
+    if (!queue_.empty()) return Turn::kMore;
     running_ = false;
-    return false;
+    return Turn::kDone;
   }
 
   bool Busy() const { return pending_.load() > 0; }

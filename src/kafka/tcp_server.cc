@@ -121,6 +121,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Answer(uint64_t seq, std::string response, bool respond, bool close) {
+    if (respond) in_transit_ += response.size();
     net::post(socket_.get_executor(), [self = shared_from_this(), seq, response = std::move(response), respond,
                                        close]() mutable {
       self->OnAnswer(seq, std::move(response), respond, close);
@@ -131,15 +132,39 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void PostInOrder(std::function<void()> fn) {
     if (ordered_.Push(std::move(fn))) DrainOrdered();
   }
-  // A turn of the ordered work on the pool; posted again while more waits.
+  // A turn of the ordered work on the pool; posted again while more waits,
+  // parked while the client has not read its responses (OrderedMustWait).
   void DrainOrdered() {
     net::post(*srv_->workers, [self = shared_from_this()] {
-      if (self->ordered_.RunSome()) self->DrainOrdered();
+      switch (self->ordered_.RunSomeUnless([&] { return self->OrderedMustWait(); })) {
+        case OrderedQueue::Turn::kMore: return self->DrainOrdered();
+        case OrderedQueue::Turn::kPaused: return self->ParkOrdered();
+        case OrderedQueue::Turn::kDone: return;
+      }
     });
   }
   void RunInOrder(std::function<void(bool)> fn) {
-    if (!ordered_.Busy()) return fn(false);
+    if (!ordered_.Busy() && !OrderedMustWait()) return fn(false);
     PostInOrder([fn = std::move(fn)] { fn(true); });
+  }
+  // Kafka's broker handles a connection's next request once the last
+  // response is sent. Here requests pipeline, but ordered work (everything
+  // but Fetch, which goes one at a time) waits while the connection holds
+  // more than max_unwritten_ordered_bytes of responses it can write now (or
+  // is writing): a client that stops reading holds that plus one response,
+  // not one per pipelined request. Responses queued behind an unanswered
+  // request do not count (that request may be the ordered work itself).
+  // Any thread.
+  bool OrderedMustWait() const {
+    return !closed_.load() && in_transit_.load() + writable_.load() > srv_->options.max_unwritten_ordered_bytes;
+  }
+  void ParkOrdered() {
+    ordered_parked_.store(true);
+    ResumeOrdered();  // the write may have caught up meanwhile
+  }
+  // After a write or a close; any thread.
+  void ResumeOrdered() {
+    if (!OrderedMustWait() && ordered_parked_.exchange(false)) DrainOrdered();
   }
 
   // After the I/O threads stopped: forgets the requests waiting for a turn.
@@ -282,7 +307,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void OnAnswer(uint64_t seq, std::string response, bool respond, bool close) {
     // After a close, CloseNow has already settled every unanswered slot.
-    if (closed_ || seq < first_seq_ || seq - first_seq_ >= slots_.size()) return;
+    if (respond) in_transit_ -= response.size();
+    if (closed_ || seq < first_seq_ || seq - first_seq_ >= slots_.size()) return ResumeOrdered();
     Slot& s = slots_[seq - first_seq_];
     s.done = true;
     s.respond = respond;
@@ -298,6 +324,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       s.bytes = std::move(response);
     }
     srv_->metrics.in_flight--;
+    UpdateWritable();
     Flush();
   }
 
@@ -388,6 +415,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       slots_.pop_front();
     }
     first_seq_ += count;
+    UpdateWritable();
     // The one-at-a-time request is answered and written: start the next.
     if (one_at_a_time_ && *one_at_a_time_ < first_seq_) {
       one_at_a_time_.reset();
@@ -414,6 +442,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     first_seq_ += slots_.size();
     slots_.clear();
     unwritten_bytes_ = 0;
+    UpdateWritable();
+  }
+
+  // writable_: the bytes of the answered responses at the front of slots_.
+  void UpdateWritable() {
+    size_t n = 0;
+    for (const Slot& slot : slots_) {
+      if (!slot.done) break;
+      n += slot.bytes.size();
+    }
+    writable_ = n;
+    ResumeOrdered();
   }
 
   void CloseNow() {
@@ -431,6 +471,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // A write in progress still points into the slots: its handler drops them.
     if (!writing_) DropSlots();
     one_at_a_time_waiting_.clear();  // their Replies go unanswered on a closed connection
+    ResumeOrdered();                 // parked work runs on, its answers dropped
     srv_->metrics.open_connections--;
     srv_->Forget(shared_from_this());
   }
@@ -446,6 +487,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t write_next_ = 0;
   std::chrono::steady_clock::time_point write_progress_;
   size_t unwritten_bytes_ = 0;  // answered responses not yet written (max_unwritten_bytes)
+  // For OrderedMustWait, read by ordered work on the workers: response bytes
+  // answered and not yet on the strand, and those at the front of slots_.
+  std::atomic<size_t> in_transit_{0};
+  std::atomic<size_t> writable_{0};
+  std::atomic<bool> ordered_parked_{false};  // a drain stopped at OrderedMustWait
   std::optional<uint32_t> held_frame_;  // a frame's size read while over max_unwritten_bytes
   OrderedQueue ordered_;  // PostInOrder work (not an asio strand on the pool: this may outlive it)
   std::string peer_;

@@ -27,7 +27,9 @@
 // progress for stall_timeout closes the connection: a client that sends or
 // reads slowly cannot hold the budget or its responses for long. A
 // connection holding more than max_unwritten_bytes of answered, unwritten
-// responses reads no further request until they are written. At most
+// responses reads no further request until they are written, and one
+// holding more than max_unwritten_ordered_bytes handles no further ordered
+// request (PostInOrder, RunInOrder) until then. At most
 // max_connections are open; more are closed on accept. A Reply dropped
 // unanswered closes the connection (the client would otherwise wait
 // forever).
@@ -104,6 +106,9 @@ struct TcpServerOptions {
   // budget for all).
   size_t small_frame_bytes = 64u << 10;
   size_t max_unwritten_bytes = 64u << 20;              // per connection: reading pauses past it
+  // Per connection: ordered work (every request but Fetch) pauses past it,
+  // so a client that reads no responses holds this plus one.
+  size_t max_unwritten_ordered_bytes = 1u << 20;
   Duration stall_timeout = std::chrono::seconds(60);
   size_t max_connections = 4096;
   Duration idle_timeout = std::chrono::minutes(10);    // Kafka's connections.max.idle.ms
