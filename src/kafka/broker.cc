@@ -796,7 +796,9 @@ void Broker::Metadata(const std::shared_ptr<Request>& req) {
   } else {
     // Auto-creation: on by the broker's setting, and (v4+) if the client allows it.
     bool create = options_.auto_create_partitions > 0 && in.allow_auto_topic_creation;
+    std::set<std::string_view> seen;  // as Kafka, a topic named twice is described once
     for (auto& t : *in.topics) {
+      if (!seen.insert(t.name).second) continue;
       if (!ValidateTopicName(t.name).ok()) {
         describe(t.name, ErrorCode::kInvalidTopicException, 0);
         continue;

@@ -217,7 +217,9 @@ void Broker::OffsetFetch(const std::shared_ptr<Request>& req) {
 void Broker::DescribeGroups(const std::shared_ptr<Request>& req) {
   auto& in = req->body<DescribeGroupsRequest>();
   DescribeGroupsResponse resp;
+  std::set<std::string_view> seen;  // a group named twice is described once (its members could be large)
   for (const std::string& id : in.groups) {
+    if (!seen.insert(id).second) continue;
     DescribedGroup g;
     g.group_id = id;
     if (auto d = groups_.DescribeGroup(id)) {
