@@ -267,6 +267,20 @@ def follow():
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and out == "two\nthree\n", (proc.returncode, out, err)
+    # From a time later than the last record's: the follower waits at the tail.
+    later_ms = int(time.time() * 1000) + 2000
+    proc = subprocess.Popen([WEIR, "read", "live", "-f", "--timestamp", str(later_ms), "--count", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out, err = "", ""
+    try:
+        time.sleep(1)
+        assert proc.poll() is None, f"the follower ended: {proc.communicate()}"
+        weir("append", "live", input="later\n")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and out == "later\n", (proc.returncode, out, err)
 
 
 @case

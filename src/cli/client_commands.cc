@@ -270,7 +270,8 @@ int Append(ClientCommandsState& s, Client& c) {
     }
     std::cout.flush();
     if (ao.match_seq_num) ao.match_seq_num = ack.end.seq_num;  // the next batch follows this one
-    ao.producer_seq += batch.size();
+    // Sequences wrap from 2^31 - 1 to 0, as Kafka's (and the server's producer window).
+    ao.producer_seq = (ao.producer_seq + batch.size()) % (uint64_t{1} << 31);
     batch.clear();
     batch_bytes = 0;
     return Status::Ok();
@@ -360,10 +361,13 @@ int Follow(ClientCommandsState& s, Client& c) {
     if (!tail.ok()) return Fail(s, tail.status());
     ro.start = {client::ReadStart::Kind::kSeqNum, tail->seq_num - std::min(tail->seq_num, ro.start.value)};
   }
+  // A follower from a time not reached yet waits at the tail for it.
+  if (ro.start.kind == client::ReadStart::Kind::kTimestamp) ro.clamp = true;
   ro.count = s.count;
   // A session bounded by a count ends at the tail unless told to wait; a
   // follower waits for records as long as it takes.
   if (s.count) ro.wait_s = std::numeric_limits<int>::max();
+  uint64_t delivered = 0;  // records received: a follower stops at --count itself
   std::string last_event_id;
   bool connected = false;  // ever
   bool failing = false;    // since the last connect
@@ -371,7 +375,10 @@ int Follow(ClientCommandsState& s, Client& c) {
   for (;;) {
     Status st = c.ReadSession(s.name, ro, &last_event_id, [&](const client::ReadBatch& b) {
       PrintRecords(s, b);
-      return true;
+      delivered += b.records.size();
+      // Not waiting for [DONE]: a session resumed after the last record
+      // would wait at the tail for one more.
+      return !s.count || delivered < *s.count;
     }, [&] {  // connected: the failures so far are over
       connected = true;
       failing = false;

@@ -122,6 +122,7 @@ Result<AppendAck> Client::Append(std::string_view stream, const std::vector<Appe
     req.headers.emplace_back("weir-producer-epoch", std::to_string(options.producer->epoch));
     req.headers.emplace_back("weir-producer-seq", std::to_string(options.producer_seq));
   }
+  req.fresh_connection = !options.producer;  // a silent resend would append twice
   req.body = EncodeAppendInput(records, options);
   WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, stream));
   return DecodeAppendAck(resp.body);
@@ -198,7 +199,11 @@ Status Client::ReadSession(std::string_view stream, const ReadOptions& options, 
     return true;  // ping, or an event this client does not know
   };
   auto on_data = [&](std::string_view chunk) { return parser.Feed(chunk, on_event); };
-  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Stream(req, on_data));
+  // Connected once a 2xx answer starts (its first event may be a ping 5 s later).
+  auto on_2xx = [&] {
+    if (on_event_seen) on_event_seen();
+  };
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Stream(req, on_data, on_2xx));
   if (!Is2xx(resp.status)) return ApiError(resp.status, resp.body, ErrorSubject{options_.basin, stream});
   return outcome;
 }

@@ -55,7 +55,8 @@ class Client {
   // false, the server sends `done` (OK), an `error` event (Unavailable with its
   // message), or the connection ends (Unavailable). `*last_event_id` is kept
   // current; pass it back to resume where the session stopped.
-  // `on_event_seen` (optional) runs for every event, pings included.
+  // `on_event_seen` (optional) runs once the server has accepted the session
+  // (a 2xx answer begins) and for every event, pings included.
   Status ReadSession(std::string_view stream, const ReadOptions& options, std::string* last_event_id,
                      const std::function<bool(const ReadBatch&)>& on_batch,
                      const std::function<void()>& on_event_seen = nullptr);

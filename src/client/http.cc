@@ -48,6 +48,7 @@ struct Transfer {
   CURL* easy = nullptr;
   HttpResponse* response = nullptr;
   const std::function<bool(std::string_view)>* on_data = nullptr;
+  const std::function<void()>* on_2xx = nullptr;
   bool stopped = false;  // on_data asked to stop
 };
 
@@ -56,6 +57,12 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) {
   std::string_view line(data, size * n);
   if (line.starts_with("HTTP/")) {
     t->response->headers.clear();  // a new response (after 100 Continue)
+    return size * n;
+  }
+  if ((line == "\r\n" || line == "\n") && t->on_2xx != nullptr) {  // the end of a header block
+    long status = 0;
+    curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+    if (status >= 200 && status < 300) (*t->on_2xx)();
     return size * n;
   }
   auto colon = line.find(':');
@@ -97,8 +104,12 @@ Status TransportError(CURL* easy, CURLcode rc, const char* detail, const std::st
       return Unavailable("cannot connect to {}: {}", base_url, what);
     case CURLE_COULDNT_RESOLVE_HOST:
       return Unavailable("cannot connect to {}: {}", base_url, what);
-    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_OPERATION_TIMEDOUT: {
+      curl_off_t connected_at = 0;  // microseconds to the connect; 0 if none
+      curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connected_at);
+      if (connected_at == 0) return Unavailable("cannot connect to {}: {}", base_url, what);
       return Timeout("request to {} timed out: {}", base_url, what);
+    }
     case CURLE_URL_MALFORMAT:
     case CURLE_UNSUPPORTED_PROTOCOL:
       return InvalidArgument("bad server URL \"{}\": {}", base_url, what);
@@ -136,16 +147,18 @@ Result<std::unique_ptr<HttpConnection>> HttpConnection::Open(std::string base_ur
 Result<HttpResponse> HttpConnection::Do(const HttpRequest& request) { return Stream(request, nullptr); }
 
 Result<HttpResponse> HttpConnection::Stream(const HttpRequest& request,
-                                            const std::function<bool(std::string_view)>& on_data) {
+                                            const std::function<bool(std::string_view)>& on_data,
+                                            const std::function<void()>& on_2xx) {
   CURL* easy = impl_->easy;
   curl_easy_reset(easy);  // keeps the live connection
   HttpResponse response;
-  Transfer t{easy, &response, on_data ? &on_data : nullptr, false};
+  Transfer t{easy, &response, on_data ? &on_data : nullptr, on_2xx ? &on_2xx : nullptr, false};
   std::string url = base_url_ + request.target;
   char errbuf[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(easy, CURLOPT_URL, url.c_str());
   curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, errbuf);
   curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+  if (request.fresh_connection) curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
   curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
   curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, static_cast<long>(request.timeout_ms));
   if (request.idle_timeout_s > 0) {  // under 1 byte/s for that long

@@ -22,6 +22,11 @@ struct HttpRequest {
   std::string body;
   int timeout_ms = 0;      // whole request; 0 = no limit
   int idle_timeout_s = 0;  // give up when no byte arrives for this long; 0 = never
+  // Sent on a new connection, never a kept-alive one: libcurl silently sends
+  // a request again when a reused connection dies before any answer, which a
+  // request that is not idempotent (an append without a producer) must not
+  // risk.
+  bool fresh_connection = false;
 };
 
 struct HttpResponse {
@@ -58,7 +63,10 @@ class HttpConnection {
   // Like Do, but a 2xx body goes to `on_data` as it arrives instead of into
   // the response; `on_data` returns false to stop reading, which ends the
   // request with OK. A non-2xx body is collected into the response as usual.
-  Result<HttpResponse> Stream(const HttpRequest& request, const std::function<bool(std::string_view)>& on_data);
+  // `on_2xx` (if set) is called once the headers of a 2xx answer are in,
+  // before any of its body.
+  Result<HttpResponse> Stream(const HttpRequest& request, const std::function<bool(std::string_view)>& on_data,
+                              const std::function<void()>& on_2xx = nullptr);
 
  private:
   struct Impl;
