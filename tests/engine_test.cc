@@ -765,17 +765,23 @@ TEST_F(EngineTest, ASettleRoundBetweenADeleteAndItsForgetLeavesNoSegmentObject) 
   EXPECT_EQ(engine_->GetStream(kBasin, "dropped/0").status().code(), Code::kNotFound);
 }
 
-TEST_F(EngineTest, ATakeoverReplaysAStreamItsPredecessorCreatedWhileItStarted) {
+TEST_F(EngineTest, ATakeoverLeavesItsPredecessorNoStreamToCreateWhileItStarts) {
   // The old process of n1 keeps serving while a new one starts: after the new
-  // one has listed the streams, and before its fence, the old one creates a
-  // stream and acknowledges an append to it. The new one must replay it.
+  // one has minted its epoch and listed the streams, and before its fence,
+  // the old one is asked to create a stream and append to it. The create is
+  // refused (retryable): a stream made then would be one the new process
+  // never loaded, its appends acknowledged by nobody who serves it.
   auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
   hooked->after_list_stream_states = [&] {
-    ASSERT_TRUE(engine_->CreateStream(kBasin, "born-late", StreamConfig{}).ok());
-    ASSERT_TRUE(engine_->Append(kBasin, "born-late", Bodies({"kept"})).status.ok());
+    EXPECT_EQ(engine_->CreateStream(kBasin, "born-late", StreamConfig{}).status().code(), Code::kUnavailable);
+    EXPECT_FALSE(engine_->Append(kBasin, "born-late", Bodies({"lost"})).status.ok());
   };
   auto next = Engine::Open(Options(), store_, hooked);
   ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(meta_->GetStream(kBasin, "born-late").status().code(), Code::kNotFound);
+  // Created through the new process, it is there at once.
+  ASSERT_TRUE((*next)->CreateStream(kBasin, "born-late", StreamConfig{}).ok());
+  ASSERT_TRUE((*next)->Append(kBasin, "born-late", Bodies({"kept"})).status.ok());
   auto r = (*next)->Read(kBasin, "born-late", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->records.size(), 1u);
@@ -1197,7 +1203,7 @@ TEST_F(EngineTest, ADeleteWhoseAnswerWasLostLeavesNoStreamThatAcksAppends) {
 // A process whose node epoch a successor minted deletes nothing: the
 // successor serves those streams (and would acknowledge appends to a stream
 // whose rows settle then skips).
-TEST_F(EngineTest, ASupersededProcessDeletesNoStreamOrTable) {
+TEST_F(EngineTest, ASupersededProcessChangesNoStreamOrTable) {
   ASSERT_TRUE(CreateTable("tbl", 1, StreamConfig{}).ok());
   auto node = meta_->GetNode("n1");
   ASSERT_TRUE(node.ok());
@@ -1208,6 +1214,20 @@ TEST_F(EngineTest, ASupersededProcessDeletesNoStreamOrTable) {
   EXPECT_TRUE(meta_->GetStream(kBasin, "s").ok());
   EXPECT_TRUE(meta_->GetTable(kBasin, "tbl").ok());
   EXPECT_TRUE(meta_->GetStream(kBasin, "tbl/0").ok());
+  // Nor creates or reconfigures what the successor would not know of.
+  EXPECT_EQ(engine_->CreateStream(kBasin, "late", StreamConfig{}).status().code(), Code::kUnavailable);
+  EXPECT_EQ(CreateTable("late-t", 1, StreamConfig{}).code(), Code::kUnavailable);
+  EXPECT_EQ(engine_->AddTableBuckets(kBasin, "tbl", 2).status().code(), Code::kUnavailable);
+  StreamConfig changed;
+  changed.retention_age_s = 77;
+  EXPECT_EQ(engine_->ReconfigureStream(kBasin, "s", changed).code(), Code::kUnavailable);
+  EXPECT_EQ(engine_->ReconfigureTable(kBasin, "tbl", "{}", [&](const StreamConfig&) { return changed; }).code(),
+            Code::kUnavailable);
+  EXPECT_EQ(meta_->GetStream(kBasin, "late").status().code(), Code::kNotFound);
+  EXPECT_EQ(meta_->GetTable(kBasin, "late-t").status().code(), Code::kNotFound);
+  EXPECT_EQ(meta_->GetTable(kBasin, "tbl")->bucket_count, 1u);
+  EXPECT_NE(meta_->GetStream(kBasin, "s")->config.retention_age_s, 77);
+  EXPECT_NE(engine_->GetStream(kBasin, "s")->info.config.retention_age_s, 77);
 }
 
 TEST_F(EngineTest, ACreateWhoseAnswerWasLostLeavesAUsableStream) {

@@ -64,9 +64,9 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Status DeleteBasin(std::string_view n) override { return m_->DeleteBasin(n); }
   Result<std::string> CreateToken(std::string_view b, std::string_view s) override { return m_->CreateToken(b, s); }
-  Result<StreamInfo> CreateStream(const StreamInfo& i) override {
+  Result<StreamInfo> CreateStream(const StreamInfo& i, const metastore::EpochCheck& by) override {
     if (Status st = FailCreate(); !st.ok()) return st;
-    return MapCreate(m_->CreateStream(i));
+    return MapCreate(m_->CreateStream(i, by));
   }
   template <typename T>
   Result<T> MapCreate(Result<T> r) {
@@ -92,7 +92,9 @@ class HookedMetastore final : public metastore::Metastore {
                                               size_t l) override {
     return m_->ListStreams(b, p, a, l);
   }
-  Status UpdateStreamConfig(uint64_t id, const StreamConfig& c) override { return m_->UpdateStreamConfig(id, c); }
+  Status UpdateStreamConfig(uint64_t id, const StreamConfig& c, const metastore::EpochCheck& by) override {
+    return m_->UpdateStreamConfig(id, c, by);
+  }
   Status RaiseTrimPoint(std::string_view n, uint64_t e, uint64_t id, uint64_t t) override {
     return m_->RaiseTrimPoint(n, e, id, t);
   }
@@ -125,10 +127,10 @@ class HookedMetastore final : public metastore::Metastore {
     if (auto hook = std::exchange(after_list_stream_states, nullptr)) hook();
     return states;
   }
-  Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& t,
-                                                                    const StreamConfig& c) override {
+  Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& t, const StreamConfig& c,
+                                                                    const metastore::EpochCheck& by) override {
     if (Status st = FailCreate(); !st.ok()) return st;
-    return MapCreate(m_->CreateTable(t, c));
+    return MapCreate(m_->CreateTable(t, c, by));
   }
   Result<TableInfo> GetTable(std::string_view b, std::string_view n) override { return m_->GetTable(b, n); }
   Result<std::vector<TableInfo>> ListTables(std::string_view b, std::string_view p, std::string_view a,
@@ -145,13 +147,13 @@ class HookedMetastore final : public metastore::Metastore {
     return MapDelete(std::move(r));
   }
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t id, uint32_t n, const StreamConfig& c,
-                                                                   int64_t ms) override {
+                                                                   int64_t ms, const metastore::EpochCheck& by) override {
     if (Status st = FailCreate(); !st.ok()) return st;
-    return MapCreate(m_->AddBuckets(id, n, c, ms));
+    return MapCreate(m_->AddBuckets(id, n, c, ms, by));
   }
-  Status UpdateTableConfig(uint64_t id, std::string_view c,
-                           const std::vector<std::pair<uint64_t, StreamConfig>>& s) override {
-    return m_->UpdateTableConfig(id, c, s);
+  Status UpdateTableConfig(uint64_t id, std::string_view c, const std::vector<std::pair<uint64_t, StreamConfig>>& s,
+                           const metastore::EpochCheck& by) override {
+    return m_->UpdateTableConfig(id, c, s, by);
   }
   Status CommitGroupOffsets(std::string_view g, const std::vector<GroupOffset>& o) override {
     if (auto hook = std::exchange(before_commit_group_offsets, nullptr)) hook();

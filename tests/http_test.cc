@@ -263,7 +263,7 @@ TEST_F(RestTest, DeletingABasinDeletesStreamsTheEngineHadNotLoaded) {
   info.basin = "doomed-basin";
   info.name = "unloaded";
   info.created_at_ms = 1;
-  ASSERT_TRUE(meta_->CreateStream(info).ok());
+  ASSERT_TRUE(meta_->CreateStream(info, metastore::EpochCheck{}).ok());
   // On a thread of its own, detached if it never ends (a future's destructor would wait for it).
   auto answer = std::make_shared<std::promise<int>>();
   auto deleted = answer->get_future();

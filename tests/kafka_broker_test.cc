@@ -1022,7 +1022,7 @@ TEST_F(BrokerTest, AProduceLoadsATopicMemoryLacks) {
   t.bucket_count = 2;
   t.config = "{}";
   t.created_at_ms = 1;
-  ASSERT_TRUE(meta_->CreateTable(t, metastore::StreamConfig{}).ok());  // behind the engine's back
+  ASSERT_TRUE(meta_->CreateTable(t, metastore::StreamConfig{}, metastore::EpochCheck{}).ok());  // behind the engine's back
   EXPECT_EQ(Produce("behind", 0, Batch({"x"})).error_code, ErrorCode::kNone);
   EXPECT_EQ(Latest("behind", 0), 1);
   EXPECT_EQ(Produce("behind", 1, Batch({"y"})).error_code, ErrorCode::kNone);  // loaded with partition 0

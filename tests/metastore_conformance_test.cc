@@ -169,7 +169,7 @@ class MetastoreConformance : public ::testing::TestWithParam<BackendFactory> {
     info.basin = basin;
     info.name = name;
     info.created_at_ms = 2000;
-    auto created = m().CreateStream(info);
+    auto created = m().CreateStream(info, kNoNode);
     EXPECT_TRUE(created.ok()) << created.status().ToString();
     return created.ok() ? created->id : 0;
   }
@@ -211,7 +211,7 @@ class MetastoreConformance : public ::testing::TestWithParam<BackendFactory> {
     t.bucket_count = buckets;
     t.config = std::move(config);
     t.created_at_ms = 3000;
-    auto created = m().CreateTable(t, StreamConfig{});
+    auto created = m().CreateTable(t, StreamConfig{}, kNoNode);
     EXPECT_TRUE(created.ok()) << created.status().ToString();
     return created.ok() ? *created : std::pair<TableInfo, std::vector<StreamInfo>>{};
   }
@@ -433,7 +433,7 @@ TEST_P(MetastoreConformance, DeleteEmptyStreamNeedsTheNodesEpochAndTheConfig) {
   EXPECT_EQ(m().DeleteEmptyStream(id, "n1", first.epoch).status().code(), Code::kPreconditionFailed);
   StreamConfig c;
   c.delete_on_empty_min_age_s = 10;
-  ASSERT_OK(m().UpdateStreamConfig(id, c));
+  ASSERT_OK(m().UpdateStreamConfig(id, c, kNoNode));
   // A superseded node (or an unknown one) deletes nothing.
   ASSERT_OK_AND_ASSIGN(NodeState second, m().MintEpoch("n1", first.epoch, 8));
   EXPECT_EQ(m().DeleteEmptyStream(id, "n1", first.epoch).status().code(), Code::kPreconditionFailed);
@@ -447,15 +447,40 @@ TEST_P(MetastoreConformance, DeleteEmptyStreamNeedsTheNodesEpochAndTheConfig) {
 
 // A superseded node deletes no stream or table: its successor serves them
 // and would acknowledge appends that settle then drops.
-TEST_P(MetastoreConformance, DeletesNeedTheNodesEpoch) {
+TEST_P(MetastoreConformance, ChangesNeedTheNodesEpoch) {
   const uint64_t id = MakeStream("b", "kept");
   const auto table = MakeTable("b", "tbl", 2);
   ASSERT_OK_AND_ASSIGN(NodeState first, m().MintEpoch("n1", 0, 8));
   ASSERT_OK_AND_ASSIGN(NodeState second, m().MintEpoch("n1", first.epoch, 8));
+  StreamConfig changed;
+  changed.retention_age_s = 77;
   for (const EpochCheck& stale : {EpochCheck{"n1", first.epoch}, EpochCheck{"n2", 1}}) {
     EXPECT_EQ(m().DeleteStream(id, stale).status().code(), Code::kPreconditionFailed);
     EXPECT_EQ(m().DeleteTable(table.first.id, true, stale).status().code(), Code::kPreconditionFailed);
+    // Creates and config changes too: a superseded node changes nothing its successor serves.
+    StreamInfo info;
+    info.basin = "b";
+    info.name = "new";
+    EXPECT_EQ(m().CreateStream(info, stale).status().code(), Code::kPreconditionFailed);
+    TableInfo t;
+    t.basin = "b";
+    t.name = "newtbl";
+    t.kind = "log";
+    t.bucket_count = 1;
+    EXPECT_EQ(m().CreateTable(t, StreamConfig{}, stale).status().code(), Code::kPreconditionFailed);
+    EXPECT_EQ(m().AddBuckets(table.first.id, 3, StreamConfig{}, 1, stale).status().code(), Code::kPreconditionFailed);
+    EXPECT_EQ(m().UpdateStreamConfig(id, changed, stale).code(), Code::kPreconditionFailed);
+    EXPECT_EQ(m().UpdateTableConfig(table.first.id, "{}", {{table.second[0].id, changed}}, stale).code(),
+              Code::kPreconditionFailed);
   }
+  EXPECT_EQ(m().GetStream("b", "new").status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetTable("b", "newtbl").status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetTable("b", "tbl")->bucket_count, 2u);
+  EXPECT_EQ(m().GetStreamById(id)->config.retention_age_s, StreamConfig{}.retention_age_s);
+  EXPECT_EQ(m().GetStreamById(table.second[0].id)->config.retention_age_s, StreamConfig{}.retention_age_s);
+  const EpochCheck current{"n1", second.epoch};
+  ASSERT_OK(m().UpdateStreamConfig(id, changed, current));
+  EXPECT_EQ(m().GetStreamById(id)->config.retention_age_s, 77);
   EXPECT_TRUE(m().GetStreamById(id).ok());
   EXPECT_TRUE(m().GetTable("b", "tbl").ok());
   EXPECT_TRUE(m().GetStream("b", "tbl/1").ok());
@@ -476,7 +501,7 @@ TEST_P(MetastoreConformance, CreateStreamAllocatesIdAndZeroState) {
   info.config.timestamping = TimestampingMode::kArrival;
   info.config.uncapped_timestamps = true;
   info.created_at_ms = 424242;
-  ASSERT_OK_AND_ASSIGN(StreamInfo created, m().CreateStream(info));
+  ASSERT_OK_AND_ASSIGN(StreamInfo created, m().CreateStream(info, kNoNode));
   EXPECT_NE(created.id, 0u);
   EXPECT_NE(created.id, 999999u);
   info.id = created.id;
@@ -505,20 +530,20 @@ TEST_P(MetastoreConformance, CreateStreamErrors) {
   StreamInfo info;
   info.basin = "b";
   info.name = "s";
-  ASSERT_TRUE(m().CreateStream(info).ok());
+  ASSERT_TRUE(m().CreateStream(info, kNoNode).ok());
 
-  auto dup = m().CreateStream(info);
+  auto dup = m().CreateStream(info, kNoNode);
   EXPECT_EQ(dup.status().code(), Code::kAlreadyExists) << dup.status().ToString();
 
   info.basin = "missing";
-  auto no_basin = m().CreateStream(info);
+  auto no_basin = m().CreateStream(info, kNoNode);
   EXPECT_EQ(no_basin.status().code(), Code::kNotFound) << no_basin.status().ToString();
   EXPECT_EQ(m().GetStream("missing", "s").status().code(), Code::kNotFound);
 
   info.basin = "b";
   info.name = "neg";
   info.config.retention_age_s = -1;
-  EXPECT_EQ(m().CreateStream(info).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().CreateStream(info, kNoNode).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(m().GetStream("b", "neg").status().code(), Code::kNotFound);
 
   EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"s"}));
@@ -548,7 +573,7 @@ TEST_P(MetastoreConformance, GetStreamMissing) {
   EXPECT_EQ(m().GetStream("c", "s").status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetStreamById(123456).status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetStreamState(123456).status().code(), Code::kNotFound);
-  EXPECT_EQ(m().UpdateStreamConfig(123456, StreamConfig{}).code(), Code::kNotFound);
+  EXPECT_EQ(m().UpdateStreamConfig(123456, StreamConfig{}, kNoNode).code(), Code::kNotFound);
   EXPECT_EQ(m().DeleteStream(123456, kNoNode).status().code(), Code::kNotFound);
 }
 
@@ -603,7 +628,7 @@ TEST_P(MetastoreConformance, UpdateStreamConfigRoundTripsEveryField) {
       {StorageClass::kStandard, 1, TimestampingMode::kClientRequire, false, 1},
   };
   for (const StreamConfig& c : configs) {
-    ASSERT_OK(m().UpdateStreamConfig(id, c));
+    ASSERT_OK(m().UpdateStreamConfig(id, c, kNoNode));
     ASSERT_OK_AND_ASSIGN(StreamInfo after, m().GetStreamById(id));
     EXPECT_EQ(after.config.storage_class, c.storage_class);
     EXPECT_EQ(after.config.retention_age_s, c.retention_age_s);
@@ -618,10 +643,10 @@ TEST_P(MetastoreConformance, UpdateStreamConfigRoundTripsEveryField) {
 
   StreamConfig bad;
   bad.retention_age_s = -5;
-  EXPECT_EQ(m().UpdateStreamConfig(id, bad).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().UpdateStreamConfig(id, bad, kNoNode).code(), Code::kInvalidArgument);
   bad = StreamConfig{};
   bad.delete_on_empty_min_age_s = -1;
-  EXPECT_EQ(m().UpdateStreamConfig(id, bad).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().UpdateStreamConfig(id, bad, kNoNode).code(), Code::kInvalidArgument);
   EXPECT_EQ(m().GetStreamById(id)->config.retention_age_s, 1);
   EXPECT_EQ(m().GetStreamById(id)->config.delete_on_empty_min_age_s, 1);
 }
@@ -661,11 +686,11 @@ TEST_P(MetastoreConformance, CreateTokensAreKeptUntilTheNameIsDeleted) {
   info.basin = "tokened";
   info.name = "s";
   info.request_token = "stream-token";
-  ASSERT_OK_AND_ASSIGN(StreamInfo s, m().CreateStream(info));
+  ASSERT_OK_AND_ASSIGN(StreamInfo s, m().CreateStream(info, kNoNode));
   EXPECT_EQ(*m().CreateToken("tokened", ""), "basin-token");
   EXPECT_EQ(*m().CreateToken("tokened", "s"), "stream-token");
   EXPECT_EQ(*m().CreateToken("tokened", "other"), "");
-  EXPECT_EQ(m().CreateStream(info).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(m().CreateStream(info, kNoNode).status().code(), Code::kAlreadyExists);
   EXPECT_EQ(*m().CreateToken("tokened", "s"), "stream-token");  // a failed create changes nothing
   if (persistent()) {
     Reopen();
@@ -674,7 +699,7 @@ TEST_P(MetastoreConformance, CreateTokensAreKeptUntilTheNameIsDeleted) {
   ASSERT_OK(m().DeleteStream(s.id, kNoNode).status());
   EXPECT_EQ(*m().CreateToken("tokened", "s"), "");
   info.request_token.clear();  // the name again, without a token
-  ASSERT_OK(m().CreateStream(info).status());
+  ASSERT_OK(m().CreateStream(info, kNoNode).status());
   EXPECT_EQ(*m().CreateToken("tokened", "s"), "");
   ASSERT_OK(m().DeleteStream(m().GetStream("tokened", "s")->id, kNoNode).status());
   ASSERT_OK(m().DeleteBasin("tokened"));
@@ -874,16 +899,16 @@ TEST_P(MetastoreConformance, UpdateTableConfigChangesTheBlobAndStreamsTogether) 
   StreamConfig cfg;
   cfg.retention_age_s = 0;
   cfg.timestamping = TimestampingMode::kArrival;
-  ASSERT_OK(m().UpdateTableConfig(id, "{\"retention.ms\":\"-1\"}", {{s0.id, cfg}, {s1.id, cfg}}));
+  ASSERT_OK(m().UpdateTableConfig(id, "{\"retention.ms\":\"-1\"}", {{s0.id, cfg}, {s1.id, cfg}}, kNoNode));
   EXPECT_EQ(m().GetTable("b1", "topic")->config, "{\"retention.ms\":\"-1\"}");
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 1))->config, cfg);
   // A missing stream or table, or an invalid config, changes nothing.
   StreamConfig bad = cfg;
   bad.retention_age_s = -3;
-  EXPECT_EQ(m().UpdateTableConfig(id, "{}", {{s0.id, StreamConfig{}}, {s1.id + 1000, StreamConfig{}}}).code(),
+  EXPECT_EQ(m().UpdateTableConfig(id, "{}", {{s0.id, StreamConfig{}}, {s1.id + 1000, StreamConfig{}}}, kNoNode).code(),
             Code::kNotFound);
-  EXPECT_EQ(m().UpdateTableConfig(id, "{}", {{s0.id, bad}}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(m().UpdateTableConfig(id + 1000, "{}", {}).code(), Code::kNotFound);
+  EXPECT_EQ(m().UpdateTableConfig(id, "{}", {{s0.id, bad}}, kNoNode).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().UpdateTableConfig(id + 1000, "{}", {}, kNoNode).code(), Code::kNotFound);
   EXPECT_EQ(m().GetTable("b1", "topic")->config, "{\"retention.ms\":\"-1\"}");
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 0))->config, cfg);
 }
@@ -1223,7 +1248,7 @@ TEST_P(MetastoreConformance, CreateTableCreatesBucketStreams) {
   sc.storage_class = StorageClass::kExpress;
   sc.retention_age_s = 0;
   sc.timestamping = TimestampingMode::kArrival;
-  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, sc));
+  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, sc, kNoNode));
   const auto& [table, streams] = created;
   EXPECT_NE(table.id, 0u);
   EXPECT_NE(table.id, 424242u);
@@ -1275,7 +1300,7 @@ TEST_P(MetastoreConformance, CreateTableKindAndMaximumBuckets) {
   t.name = "pk";
   t.kind = "primary-key";
   t.bucket_count = kMaxTableBuckets;
-  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, StreamConfig{}));
+  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, StreamConfig{}, kNoNode));
   EXPECT_EQ(created.first.kind, "primary-key");
   EXPECT_EQ(created.second.size(), size_t{kMaxTableBuckets});
   EXPECT_EQ(created.second.back().name, "pk/9999");
@@ -1295,7 +1320,7 @@ TEST_P(MetastoreConformance, CreateTableErrorsCreateNothing) {
     t.name = name;
     t.bucket_count = buckets;
     t.kind = std::move(kind);
-    return m().CreateTable(t, sc).status();
+    return m().CreateTable(t, sc, kNoNode).status();
   };
   const MetastoreCounters& c = m().counters();
   const uint64_t txns = c.transactions.load();
@@ -1452,7 +1477,7 @@ TEST_P(MetastoreConformance, DeleteStreamOfABucketIsRefused) {
   // Other writes to a bucket stream are allowed.
   StreamConfig sc;
   sc.retention_age_s = 60;
-  ASSERT_OK(m().UpdateStreamConfig(buckets[1].id, sc));
+  ASSERT_OK(m().UpdateStreamConfig(buckets[1].id, sc, kNoNode));
   EXPECT_EQ(m().GetStreamById(buckets[1].id)->config.retention_age_s, 60);
 
   ASSERT_TRUE(m().DeleteTable(t.id, false, kNoNode).ok());
@@ -1554,7 +1579,7 @@ TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
   const uint64_t id = MakeTable("b1", "topic", 2).first.id;
   StreamConfig cfg;
   cfg.retention_age_s = 60;
-  ASSERT_OK_AND_ASSIGN(auto added, m().AddBuckets(id, 4, cfg, 9));
+  ASSERT_OK_AND_ASSIGN(auto added, m().AddBuckets(id, 4, cfg, 9, kNoNode));
   EXPECT_EQ(added.first.bucket_count, 4u);
   ASSERT_EQ(added.second.size(), 2u);
   EXPECT_EQ(added.second[0].name, BucketStreamName("topic", 2));
@@ -1568,16 +1593,16 @@ TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
   ASSERT_OK_AND_ASSIGN(auto state, m().GetStreamState(stream3.id));
   EXPECT_EQ(state.settled_offset, 0u);
   // Only upwards, and within the limit.
-  EXPECT_EQ(m().AddBuckets(id, 4, cfg, 9).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(m().AddBuckets(id, 3, cfg, 9).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(m().AddBuckets(id, kMaxTableBuckets + 1, cfg, 9).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(m().AddBuckets(id + 100, 8, cfg, 9).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().AddBuckets(id, 4, cfg, 9, kNoNode).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().AddBuckets(id, 3, cfg, 9, kNoNode).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().AddBuckets(id, kMaxTableBuckets + 1, cfg, 9, kNoNode).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().AddBuckets(id + 100, 8, cfg, 9, kNoNode).status().code(), Code::kNotFound);
   // A taken name changes nothing.
   StreamInfo squatter;
   squatter.basin = "b1";
   squatter.name = BucketStreamName("topic", 5);
-  ASSERT_OK(m().CreateStream(squatter).status());
-  EXPECT_EQ(m().AddBuckets(id, 6, cfg, 9).status().code(), Code::kAlreadyExists);
+  ASSERT_OK(m().CreateStream(squatter, kNoNode).status());
+  EXPECT_EQ(m().AddBuckets(id, 6, cfg, 9, kNoNode).status().code(), Code::kAlreadyExists);
   ASSERT_OK_AND_ASSIGN(stored, m().GetTable("b1", "topic"));
   EXPECT_EQ(stored.bucket_count, 4u);
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 4)).status().code(), Code::kNotFound);
@@ -1654,9 +1679,9 @@ TEST_P(MetastoreConformance, CountersForTablesAndGroupOffsets) {
   t.basin = "k";
   t.name = "t";
   t.bucket_count = 8;
-  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, StreamConfig{}));
+  ASSERT_OK_AND_ASSIGN(auto created, m().CreateTable(t, StreamConfig{}, kNoNode));
   EXPECT_EQ(delta(), "r0 w1 t1");  // one transaction for the table and its 8 streams
-  EXPECT_EQ(m().CreateTable(t, StreamConfig{}).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(m().CreateTable(t, StreamConfig{}, kNoNode).status().code(), Code::kAlreadyExists);
   EXPECT_EQ(delta(), "r0 w2 t1");
   ASSERT_TRUE(m().GetTable("k", "t").ok());
   ASSERT_TRUE(m().ListTables("k", "", "", 10).ok());
@@ -1683,7 +1708,7 @@ TEST_P(MetastoreConformance, EverythingSurvivesReopen) {
   info.name = "s";
   info.config = {StorageClass::kExpress, 12345, TimestampingMode::kClientRequire, true};
   info.created_at_ms = 888;
-  ASSERT_OK_AND_ASSIGN(StreamInfo created, m().CreateStream(info));
+  ASSERT_OK_AND_ASSIGN(StreamInfo created, m().CreateStream(info, kNoNode));
   const uint64_t dropped = MakeStream("keep", "dropped");
   ASSERT_TRUE(m().DeleteStream(dropped, kNoNode).ok());
   EXPECT_EQ(m().DeleteBasin("keep").code(), Code::kPreconditionFailed);
@@ -1824,7 +1849,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     EXPECT_EQ(legacy.config.delete_on_empty_min_age_s, 0);  // schema 4's column, added with its default
     StreamConfig with_delete = legacy.config;
     with_delete.delete_on_empty_min_age_s = 30;
-    ASSERT_OK(meta->UpdateStreamConfig(7, with_delete));
+    ASSERT_OK(meta->UpdateStreamConfig(7, with_delete, kNoNode));
     EXPECT_EQ(meta->GetStreamState(7)->settled_offset, 10u);
     EXPECT_EQ(meta->FindSegments(7, 0, 10)->size(), 1u);
     EXPECT_EQ(meta->GetNode("n1")->checkpoint, (ChainPosition{3, 9}));
@@ -1834,7 +1859,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     t.basin = "weir-kafka";
     t.name = "topic";
     t.bucket_count = 2;
-    ASSERT_OK_AND_ASSIGN(auto created, meta->CreateTable(t, StreamConfig{}));
+    ASSERT_OK_AND_ASSIGN(auto created, meta->CreateTable(t, StreamConfig{}, kNoNode));
     EXPECT_EQ(created.first.id, 1u);
     EXPECT_EQ(created.second[0].id, 8u);  // the stream allocator continues
     ASSERT_OK(meta->CommitGroupOffsets("g", {GroupOffset{"topic", 1, 42, -1, "", 5}}));
@@ -1900,13 +1925,13 @@ TEST(SqliteSchemaUpgrade, Version3DatabaseGainsDeleteOnEmpty) {
     // Schema 4's setting is stored, and the allocators continue.
     StreamConfig with_delete = bucket.config;
     with_delete.delete_on_empty_min_age_s = 60;
-    ASSERT_OK(meta->UpdateStreamConfig(8, with_delete));
-    ASSERT_OK_AND_ASSIGN(auto grown, meta->AddBuckets(orders.id, 2, bucket.config, 30));
+    ASSERT_OK(meta->UpdateStreamConfig(8, with_delete, kNoNode));
+    ASSERT_OK_AND_ASSIGN(auto grown, meta->AddBuckets(orders.id, 2, bucket.config, 30, kNoNode));
     EXPECT_EQ(grown.second.at(0).id, 9u);
     TableInfo t;
     t.basin = "weir-kafka";
     t.name = "events";
-    ASSERT_OK_AND_ASSIGN(auto created, meta->CreateTable(t, StreamConfig{}));
+    ASSERT_OK_AND_ASSIGN(auto created, meta->CreateTable(t, StreamConfig{}, kNoNode));
     EXPECT_EQ(created.first.id, 2u);
   }
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(uri));

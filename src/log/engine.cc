@@ -515,6 +515,35 @@ Status Engine::CheckAppendRecords(const std::vector<AppendRecord>& records) cons
 }
 
 namespace {
+Status StatusOf(const Status& s) { return s; }
+template <typename T>
+Status StatusOf(const Result<T>& r) {
+  return r.status();
+}
+}  // namespace
+
+template <typename Change>
+auto Engine::AsThisNode(Change change) -> decltype(change(metastore::EpochCheck{})) {
+  for (int attempt = 1;; ++attempt) {
+    const uint64_t epoch = epoch_.load();
+    auto done = change(metastore::EpochCheck{options_.node, epoch});
+    const Status st = StatusOf(done);
+    // A halt may have minted this process's next epoch meanwhile: once more with it.
+    if (st.code() == Code::kPreconditionFailed && attempt == 1 && epoch_.load() != epoch) continue;
+    if (st.code() == Code::kPreconditionFailed) {
+      // Superseded (a successor minted a later epoch): not a conflict the
+      // client made, and this process will serve no more.
+      auto node = meta_->GetNode(options_.node);
+      if (node.ok() && node->epoch != epoch_.load()) {
+        return Unavailable("node {} was superseded (its epoch is now {}, this process holds {}): {}", options_.node,
+                           node->epoch, epoch_.load(), st.message());
+      }
+    }
+    return done;
+  }
+}
+
+namespace {
 
 // After a create that failed with `failed`, the row may be there anyway: this
 // create's answer was lost, or an earlier one's (whose stream never loaded),
@@ -547,7 +576,7 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
   info.config = config;
   info.created_at_ms = WallMillis();
   info.request_token = request_token;
-  auto created = meta_->CreateStream(info);
+  auto created = AsThisNode([&](const metastore::EpochCheck& by) { return meta_->CreateStream(info, by); });
   if (created.ok()) {
     Register({*created});
     return created;
@@ -599,7 +628,8 @@ Status Engine::ReconfigureStream(const std::string& basin, const std::string& na
                                  const metastore::StreamConfig& config) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   std::lock_guard config_lk(config_mu_);
-  WEIR_RETURN_IF_ERROR(meta_->UpdateStreamConfig(s->info.id, config));
+  WEIR_RETURN_IF_ERROR(
+      AsThisNode([&](const metastore::EpochCheck& by) { return meta_->UpdateStreamConfig(s->info.id, config, by); }));
   std::lock_guard lk(s->mu);
   s->info.config = config;
   return Status::Ok();
@@ -665,28 +695,6 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   keys.insert(keys.end(), held.begin(), held.end());
   DeleteObjects(std::move(keys), fmt::format("segments of stream {}", name));
   return Status::Ok();
-}
-
-Result<std::vector<std::string>> Engine::AsThisNode(
-    const std::function<Result<std::vector<std::string>>(const metastore::EpochCheck&)>& change) {
-  for (int attempt = 1;; ++attempt) {
-    const uint64_t epoch = epoch_.load();
-    auto done = change(metastore::EpochCheck{options_.node, epoch});
-    // A halt may have minted this process's next epoch meanwhile: once more with it.
-    if (!done.ok() && done.status().code() == Code::kPreconditionFailed && attempt == 1 && epoch_.load() != epoch) {
-      continue;
-    }
-    if (!done.ok() && done.status().code() == Code::kPreconditionFailed) {
-      // Superseded (a successor minted a later epoch): not a conflict the
-      // client made, and this process will serve no more.
-      auto node = meta_->GetNode(options_.node);
-      if (node.ok() && node->epoch != epoch_.load()) {
-        return Unavailable("node {} was superseded (its epoch is now {}, this process holds {}): {}", options_.node,
-                           node->epoch, epoch_.load(), done.status().message());
-      }
-    }
-    return done;
-  }
 }
 
 void Engine::DeleteObjects(std::vector<std::string> keys, std::string_view what) {
@@ -809,7 +817,7 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
   TablesChange change(&tables_version_);
   metastore::TableInfo t = table;
   t.created_at_ms = WallMillis();
-  auto created = meta_->CreateTable(t, config);
+  auto created = AsThisNode([&](const metastore::EpochCheck& by) { return meta_->CreateTable(t, config, by); });
   if (created.ok()) {
     Register(created->second);
     return created->first;
@@ -853,7 +861,10 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
   TablesChange change(&tables_version_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto first, GetStream(basin, metastore::BucketStreamName(name, 0)));
-  auto added = meta_->AddBuckets(table.id, new_bucket_count, first.info.config, WallMillis());
+  const int64_t now_ms = WallMillis();
+  auto added = AsThisNode([&](const metastore::EpochCheck& by) {
+    return meta_->AddBuckets(table.id, new_bucket_count, first.info.config, now_ms, by);
+  });
   if (added.ok()) {
     Register(added->second);
     return added->first;
@@ -877,7 +888,8 @@ Status Engine::ReconfigureTable(const std::string& basin, const std::string& nam
     configs.emplace_back(s->info.id, apply(s->info.config));
     buckets.push_back(std::move(s));
   }
-  WEIR_RETURN_IF_ERROR(meta_->UpdateTableConfig(table.id, config, configs));
+  WEIR_RETURN_IF_ERROR(AsThisNode(
+      [&](const metastore::EpochCheck& by) { return meta_->UpdateTableConfig(table.id, config, configs, by); }));
   for (size_t i = 0; i < buckets.size(); ++i) {
     std::lock_guard lk(buckets[i]->mu);
     buckets[i]->info.config = configs[i].second;

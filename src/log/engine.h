@@ -385,9 +385,10 @@ class Engine {
   static bool IsForgotten(Stream& s);
   // Runs a metastore change that a superseded node must not make, as this
   // node at its epoch; once more if a halt minted this process's next epoch
-  // meanwhile (the change answered kPreconditionFailed).
-  Result<std::vector<std::string>> AsThisNode(
-      const std::function<Result<std::vector<std::string>>(const metastore::EpochCheck&)>& change);
+  // meanwhile (the change answered kPreconditionFailed). A superseded
+  // process gets kUnavailable. `change` returns a Status or a Result.
+  template <typename Change>
+  auto AsThisNode(Change change) -> decltype(change(metastore::EpochCheck{}));
   // Deletes `keys` (duplicates allowed), logging a failure.
   void DeleteObjects(std::vector<std::string> keys, std::string_view what);
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,

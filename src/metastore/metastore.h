@@ -223,13 +223,17 @@ class Metastore {
 
   // Streams. CreateStream allocates the id (ignores info.id) and creates the
   // stream's state row (all zero) in the same transaction; the basin must exist
-  // (kNotFound) and the name be free (kAlreadyExists).
-  virtual Result<StreamInfo> CreateStream(const StreamInfo& info) = 0;
+  // (kNotFound) and the name be free (kAlreadyExists). As every change a
+  // superseded node must not make, it takes `by` and answers
+  // kPreconditionFailed (nothing changes) when `by` names a node not at that
+  // epoch: so do UpdateStreamConfig, DeleteStream, CreateTable, DeleteTable,
+  // AddBuckets and UpdateTableConfig.
+  virtual Result<StreamInfo> CreateStream(const StreamInfo& info, const EpochCheck& by) = 0;
   virtual Result<StreamInfo> GetStream(std::string_view basin, std::string_view name) = 0;
   virtual Result<StreamInfo> GetStreamById(uint64_t id) = 0;
   virtual Result<std::vector<StreamInfo>> ListStreams(std::string_view basin, std::string_view prefix,
                                                       std::string_view start_after, size_t limit) = 0;
-  virtual Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) = 0;  // kNotFound
+  virtual Status UpdateStreamConfig(uint64_t id, const StreamConfig& config, const EpochCheck& by) = 0;  // kNotFound
   // Raises a stream's stored trim point to `trim_point` (never lowers it):
   // a trim made without a command record (Kafka DeleteRecords), by `node` at
   // `epoch`. kNotFound; kPreconditionFailed if the node's epoch is not `epoch`.
@@ -262,7 +266,8 @@ class Metastore {
   // (nothing is created). Tables and streams have separate namespaces within
   // a basin; only the bucket stream names are shared.
   virtual Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& table,
-                                                                            const StreamConfig& stream_config) = 0;
+                                                                            const StreamConfig& stream_config,
+                                                                            const EpochCheck& by) = 0;
   virtual Result<TableInfo> GetTable(std::string_view basin, std::string_view name) = 0;  // kNotFound
   // Same paging rules as ListStreams (kNotFound for a missing basin).
   virtual Result<std::vector<TableInfo>> ListTables(std::string_view basin, std::string_view prefix,
@@ -286,13 +291,15 @@ class Metastore {
   virtual Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id,
                                                                            uint32_t new_bucket_count,
                                                                            const StreamConfig& stream_config,
-                                                                           int64_t created_at_ms) = 0;
+                                                                           int64_t created_at_ms,
+                                                                           const EpochCheck& by) = 0;
   // Replaces a table's config blob and, in the same transaction, the config
   // of the given streams (its bucket streams: Kafka AlterConfigs). kNotFound
   // if the table or a stream is missing, kInvalidArgument for an invalid
   // stream config; either way nothing changes.
   virtual Status UpdateTableConfig(uint64_t table_id, std::string_view config,
-                                   const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) = 0;
+                                   const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs,
+                                   const EpochCheck& by) = 0;
 
   // Consumer-group offsets (Kafka OffsetCommit / OffsetFetch), keyed by
   // (group, topic, partition). Commit upserts every entry in one transaction

@@ -893,12 +893,13 @@ Status SqliteMetastore::DeleteBasin(std::string_view name) {
 
 // ---- Streams ----------------------------------------------------------------
 
-Result<StreamInfo> SqliteMetastore::CreateStream(const StreamInfo& info) {
+Result<StreamInfo> SqliteMetastore::CreateStream(const StreamInfo& info, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("CreateStream", [&]() -> Result<StreamInfo> {
     WEIR_RETURN_IF_ERROR(ValidateConfig(info.config));
     StreamInfo created = info;
     const Status txn = InTransaction("create stream", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       WEIR_ASSIGN_OR_RETURN(const bool basin_exists, BasinExists(info.basin));
       if (!basin_exists) return NotFound("basin {} does not exist", info.basin);
       return InsertStream(&created);
@@ -953,11 +954,14 @@ Result<std::vector<StreamInfo>> SqliteMetastore::ListStreams(std::string_view ba
   });
 }
 
-Status SqliteMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& config) {
+Status SqliteMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& config, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("UpdateStreamConfig", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateConfig(config));
-    return InTransaction("update stream config", [&]() -> Status { return WriteStreamConfig(id, config); });
+    return InTransaction("update stream config", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
+      return WriteStreamConfig(id, config);
+    });
   });
 }
 
@@ -975,11 +979,13 @@ Status SqliteMetastore::WriteStreamConfig(uint64_t id, const StreamConfig& confi
 }
 
 Status SqliteMetastore::UpdateTableConfig(uint64_t table_id, std::string_view config,
-                                          const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) {
+                                          const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs,
+                                          const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("UpdateTableConfig", [&]() -> Status {
     for (const auto& [id, c] : stream_configs) WEIR_RETURN_IF_ERROR(ValidateConfig(c));
     return InTransaction("update table config", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSetTableConfig));
         WEIR_RETURN_IF_ERROR(st.Int(1, I64(table_id)).Blob(2, config).Run("set table config"));
@@ -1321,7 +1327,8 @@ Status SqliteMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, u
 // ---- Tables -------------------------------------------------------------------
 
 Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::CreateTable(const TableInfo& table,
-                                                                                   const StreamConfig& stream_config) {
+                                                                                   const StreamConfig& stream_config,
+                                                                                   const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   using Created = std::pair<TableInfo, std::vector<StreamInfo>>;
   return Locked("CreateTable", [&]() -> Result<Created> {
@@ -1333,6 +1340,7 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::CreateTab
     WEIR_RETURN_IF_ERROR(ValidateConfig(stream_config));
     Created created{table, {}};
     const Status txn = InTransaction("create table", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       WEIR_ASSIGN_OR_RETURN(const bool basin_exists, BasinExists(table.basin));
       if (!basin_exists) return NotFound("basin {} does not exist", table.basin);
       {
@@ -1416,13 +1424,15 @@ Result<std::vector<TableInfo>> SqliteMetastore::ListTables(std::string_view basi
 Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::AddBuckets(uint64_t table_id,
                                                                                    uint32_t new_bucket_count,
                                                                                    const StreamConfig& stream_config,
-                                                                                   int64_t created_at_ms) {
+                                                                                   int64_t created_at_ms,
+                                                                                   const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   using Added = std::pair<TableInfo, std::vector<StreamInfo>>;
   return Locked("AddBuckets", [&]() -> Result<Added> {
     WEIR_RETURN_IF_ERROR(ValidateConfig(stream_config));
     Added added;
     const Status txn = InTransaction("add buckets", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kTableById));
         WEIR_ASSIGN_OR_RETURN(const bool row, st.Int(1, I64(table_id)).Step("read table"));

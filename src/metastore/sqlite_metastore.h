@@ -57,15 +57,16 @@ class SqliteMetastore final : public Metastore {
   Status DeleteBasin(std::string_view name) override;
   Result<std::string> CreateToken(std::string_view basin, std::string_view stream) override;
 
-  Result<StreamInfo> CreateStream(const StreamInfo& info) override;
+  Result<StreamInfo> CreateStream(const StreamInfo& info, const EpochCheck& by) override;
   Result<StreamInfo> GetStream(std::string_view basin, std::string_view name) override;
   Result<StreamInfo> GetStreamById(uint64_t id) override;
   Result<std::vector<StreamInfo>> ListStreams(std::string_view basin, std::string_view prefix,
                                               std::string_view start_after, size_t limit) override;
-  Status UpdateStreamConfig(uint64_t id, const StreamConfig& config) override;
+  Status UpdateStreamConfig(uint64_t id, const StreamConfig& config, const EpochCheck& by) override;
   Status RaiseTrimPoint(std::string_view node, uint64_t epoch, uint64_t id, uint64_t trim_point) override;
   Status UpdateTableConfig(uint64_t table_id, std::string_view config,
-                           const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs) override;
+                           const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs,
+                           const EpochCheck& by) override;
   Result<std::vector<std::string>> DeleteStream(uint64_t id, const EpochCheck& by) override;
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view node, uint64_t epoch) override;
 
@@ -90,7 +91,8 @@ class SqliteMetastore final : public Metastore {
                          const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) override;
 
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> CreateTable(const TableInfo& table,
-                                                                    const StreamConfig& stream_config) override;
+                                                                    const StreamConfig& stream_config,
+                                                                    const EpochCheck& by) override;
   Result<TableInfo> GetTable(std::string_view basin, std::string_view name) override;
   Result<std::vector<TableInfo>> ListTables(std::string_view basin, std::string_view prefix,
                                             std::string_view start_after, size_t limit) override;
@@ -98,7 +100,7 @@ class SqliteMetastore final : public Metastore {
                                                 const EpochCheck& by) override;
   Result<std::pair<TableInfo, std::vector<StreamInfo>>> AddBuckets(uint64_t table_id, uint32_t new_bucket_count,
                                                                    const StreamConfig& stream_config,
-                                                                   int64_t created_at_ms) override;
+                                                                   int64_t created_at_ms, const EpochCheck& by) override;
 
   Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) override;
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;
