@@ -95,6 +95,34 @@ TEST(OrderedQueue, RunsInOrderOneDrainAtATimeAndCountsUntilDone) {
   EXPECT_EQ(held.use_count(), 1);
 }
 
+TEST(OrderedQueue, ADrainPausesBeforeAFunctionAndResumesWhereItStopped) {
+  OrderedQueue q;
+  std::vector<int> ran;
+  bool pause = false;
+  EXPECT_TRUE(q.Push([&] {
+    ran.push_back(1);
+    pause = true;  // e.g. its answer is now waiting to be written
+  }));
+  EXPECT_FALSE(q.Push([&] { ran.push_back(2); }));
+  EXPECT_EQ(q.RunSomeUnless([&] { return pause; }), OrderedQueue::Turn::kPaused);
+  EXPECT_EQ(ran, (std::vector<int>{1}));
+  // Parked, not over: a Push starts no second drain.
+  EXPECT_FALSE(q.Push([&] { ran.push_back(3); }));
+  EXPECT_TRUE(q.Busy());
+  pause = false;
+  EXPECT_EQ(q.RunSomeUnless([&] { return pause; }), OrderedQueue::Turn::kDone);
+  EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
+  EXPECT_FALSE(q.Busy());
+  // A parked drain's work may be dropped (its owner went away).
+  EXPECT_TRUE(q.Push([&] { pause = true; }));
+  auto held = std::make_shared<int>(0);
+  EXPECT_FALSE(q.Push([held] {}));
+  EXPECT_EQ(q.RunSomeUnless([&] { return pause; }), OrderedQueue::Turn::kPaused);
+  q.Drop();
+  EXPECT_FALSE(q.Busy());
+  EXPECT_EQ(held.use_count(), 1);
+}
+
 TEST(Status, OkIsCheapAndNamed) {
   Status ok;
   EXPECT_TRUE(ok.ok());

@@ -525,6 +525,46 @@ TEST(KafkaTcpOrdering, AClientThatDoesNotReadHoldsFewOrderedResponses) {
   (*server)->Stop();
 }
 
+TEST(KafkaTcpOrdering, WhileOrderedWorkWaitsNoFurtherRequestIsRead) {
+  // Requests read then would hold their frames' budget for as long as the
+  // client does not read (Kafka reads nothing more from such a connection).
+  MixedAnswerHandler handler(16 << 20);
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 2}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int fd = Connect((*server)->address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendFrame(fd, "o0"));
+  ASSERT_TRUE(WaitUntil([&] { return handler.ordered_started() == 1; }));
+  std::this_thread::sleep_for(300ms);  // the answer is built and waits for the client
+  for (int i = 1; i < 6; ++i) ASSERT_TRUE(SendFrame(fd, "o" + std::to_string(i)));
+  std::this_thread::sleep_for(300ms);  // room for wrong reads to show
+  EXPECT_EQ((*server)->metrics().requests.load(), 1u);  // a frame whose header came in is held before its body
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(ReadFrame(fd, 30000).substr(0, 2), "o" + std::to_string(i));
+  EXPECT_EQ((*server)->metrics().requests.load(), 6u);
+  ::close(fd);
+  (*server)->Stop();
+}
+
+TEST(KafkaTcpOrdering, OrderedWorkWaitingForAClientThatLeftIsDropped) {
+  // Run at the close it would take effect long after the client gave up.
+  MixedAnswerHandler handler(16 << 20);
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 2}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int fd = Connect((*server)->address());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(SendFrame(fd, "o" + std::to_string(i)));
+  ASSERT_TRUE(WaitUntil([&] { return handler.ordered_started() >= 1; }));
+  std::this_thread::sleep_for(300ms);
+  const int started = handler.ordered_started();
+  EXPECT_LE(started, 2);
+  ::close(fd);
+  ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().open_connections.load() == 0; }));
+  std::this_thread::sleep_for(300ms);  // room for wrong starts to show
+  EXPECT_EQ(handler.ordered_started(), started);
+  EXPECT_EQ((*server)->metrics().in_flight_bytes.load(), 0);
+  (*server)->Stop();
+}
+
 TEST(KafkaTcpOrdering, ALargeAnswerQueuedBehindOrderedWorkDoesNotHoldItUp) {
   // The one-at-a-time request after "o0s" answers 16 MiB at once, while the
   // ordered work before it still sleeps: that answer waits for "o0s", so it

@@ -17,8 +17,9 @@ namespace weir {
 // connection that keeps queueing takes turns with the pool's other work).
 // At most one drain runs at a time. Busy is true from a Push until that
 // function has returned. Functions must not throw. Holds no reference to any
-// pool, so it may outlive one; Drop forgets what never ran (a pool that was
-// joined), which may hold the owner itself.
+// pool, so it may outlive one; Drop forgets what never ran, which may hold
+// the owner itself: once the pool was joined, or while the drain is parked
+// (RunSomeUnless answered kPaused and none was started since).
 class OrderedQueue {
  public:
   bool Push(std::function<void()> fn) {

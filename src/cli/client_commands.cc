@@ -361,7 +361,8 @@ int Follow(ClientCommandsState& s, Client& c) {
     if (!tail.ok()) return Fail(s, tail.status());
     ro.start = {client::ReadStart::Kind::kSeqNum, tail->seq_num - std::min(tail->seq_num, ro.start.value)};
   }
-  // A follower from a time not reached yet waits at the tail for it.
+  // A follower from a time past the last record's starts at the tail (S2's
+  // clamp): it gets every record appended from then on.
   if (ro.start.kind == client::ReadStart::Kind::kTimestamp) ro.clamp = true;
   ro.count = s.count;
   // A session bounded by a count ends at the tail unless told to wait; a

@@ -148,8 +148,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     PostInOrder([fn = std::move(fn)] { fn(true); });
   }
   // Kafka's broker handles a connection's next request once the last
-  // response is sent. Here requests pipeline, but ordered work (everything
-  // but Fetch, which goes one at a time) waits while the connection holds
+  // response is sent. Here requests pipeline, but ordered work (every
+  // request but Fetch, which goes one at a time, and ApiVersions and
+  // FindCoordinator, answered at once) waits, and no further request is
+  // read, while the connection holds
   // more than max_unwritten_ordered_bytes of responses it can write now (or
   // is writing): a client that stops reading holds that plus one response,
   // not one per pipelined request. Responses queued behind an unanswered
@@ -162,9 +164,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ordered_parked_.store(true);
     ResumeOrdered();  // the write may have caught up meanwhile
   }
-  // After a write or a close; any thread.
+  // After a write or a close; any thread. Also resumes reading held back by
+  // OrderedMustWait.
   void ResumeOrdered() {
-    if (!OrderedMustWait() && ordered_parked_.exchange(false)) DrainOrdered();
+    if (OrderedMustWait()) return;
+    if (ordered_parked_.exchange(false)) DrainOrdered();
+    if (read_held_.exchange(false)) {
+      net::post(socket_.get_executor(), [self = shared_from_this()] {
+        self->ResumeHeld();
+        self->ReadHeader();
+      });
+    }
   }
 
   // After the I/O threads stopped: forgets the requests waiting for a turn.
@@ -215,6 +225,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (closed_ || reading_ || stop_reading_) return;
     if (slots_.size() >= srv_->options.max_in_flight) return;  // resumed by OnAnswer
     if (unwritten_bytes_ > srv_->options.max_unwritten_bytes) return;  // resumed by the write
+    if (OrderedMustWait()) {  // resumed by ResumeOrdered
+      read_held_.store(true);
+      if (OrderedMustWait() || !read_held_.exchange(false)) return;
+    }
     reading_ = true;
     net::async_read(socket_, net::buffer(size_buf_, 4), [self = shared_from_this()](ErrorCode ec, size_t) {
       self->reading_ = false;
@@ -234,11 +248,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       // Reading stays marked busy while the frame waits for budget, or for
       // this connection's unwritten responses to be written.
       self->reading_ = true;
-      if (self->unwritten_bytes_ > self->srv_->options.max_unwritten_bytes) {
-        self->held_frame_ = n;  // admitted once the write brings them under (ResumeHeld)
-        return;
-      }
-      self->Admit(n);
+      self->held_frame_ = n;  // admitted once the write brings them under
+      self->ResumeHeld();
     });
   }
 
@@ -246,9 +257,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (srv_->BudgetFor(n).ReserveOrWait(shared_from_this(), n)) ReadBody(n);
   }
 
-  // After a write: a frame held back by unwritten responses goes on.
+  // After a write: a frame held back by unwritten responses goes on. Strand only.
   void ResumeHeld() {
     if (!held_frame_ || unwritten_bytes_ > srv_->options.max_unwritten_bytes || closed_ || stop_reading_) return;
+    if (OrderedMustWait()) {  // resumed by ResumeOrdered
+      read_held_.store(true);
+      if (OrderedMustWait() || !read_held_.exchange(false)) return;
+    }
     const uint32_t n = *held_frame_;
     held_frame_.reset();
     Admit(n);
@@ -384,8 +399,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
           self->writing_ = false;
           self->write_bufs_.clear();
           if (self->closed_) return self->DropSlots();  // closed while the write used the slots' buffers
+          if (ec) return self->CloseNow();  // not Pop first: that would resume work parked for this client
           self->Pop(count);
-          if (ec || close_after) return self->CloseNow();
+          if (close_after) return self->CloseNow();
           self->ResumeHeld();
           self->ReadHeader();
           self->Flush();
@@ -464,6 +480,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     idle_.cancel();
     body_timer_.cancel();
     write_timer_.cancel();
+    // Ordered work parked for the client to read is dropped, not run late
+    // (a Produce taking effect long after its client gave up). Parked, no
+    // drain is running, so the queue is the strand's to drop. Before the
+    // slots go: that would resume it.
+    if (ordered_parked_.exchange(false)) ordered_.Drop();
     for (auto& s : slots_) {
       if (!s.done) srv_->metrics.in_flight--;
       s.done = true;
@@ -471,7 +492,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // A write in progress still points into the slots: its handler drops them.
     if (!writing_) DropSlots();
     one_at_a_time_waiting_.clear();  // their Replies go unanswered on a closed connection
-    ResumeOrdered();                 // parked work runs on, its answers dropped
     srv_->metrics.open_connections--;
     srv_->Forget(shared_from_this());
   }
@@ -492,6 +512,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<size_t> in_transit_{0};
   std::atomic<size_t> writable_{0};
   std::atomic<bool> ordered_parked_{false};  // a drain stopped at OrderedMustWait
+  std::atomic<bool> read_held_{false};        // ReadHeader stopped at OrderedMustWait
   std::optional<uint32_t> held_frame_;  // a frame's size read while over max_unwritten_bytes
   OrderedQueue ordered_;  // PostInOrder work (not an asio strand on the pool: this may outlive it)
   std::string peer_;

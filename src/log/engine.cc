@@ -85,18 +85,25 @@ void Engine::Close() {
     std::lock_guard lk(backlog_mu_);
     backlog_cv_.notify_all();
   }
-  {
-    std::lock_guard lk(evict_wait_mu_);
-    evict_cv_.notify_all();
-  }
   if (settle_thread_.joinable()) settle_thread_.join();
-  if (evict_thread_.joinable()) evict_thread_.join();
   std::thread halt;
   {
     std::lock_guard lk(mu_);
     halt = std::move(halt_thread_);
   }
   if (halt.joinable()) halt.join();
+  // The eviction thread runs until the drain's acks are in.
+  struct StopEvicting {
+    Engine* e;
+    ~StopEvicting() {
+      {
+        std::lock_guard lk(e->evict_wait_mu_);
+        e->evict_stop_ = true;
+        e->evict_cv_.notify_all();
+      }
+      if (e->evict_thread_.joinable()) e->evict_thread_.join();
+    }
+  } stop_evicting{this};
   if (!wal_) return;
   wal_->Close();  // drains: every admitted append is acknowledged (or failed)
   if (!options_.settle_on_close) return;
@@ -1303,8 +1310,8 @@ void Engine::EvictLoop() {
   SetThreadName("cache-evict");
   std::unique_lock lk(evict_wait_mu_);
   while (true) {
-    evict_cv_.wait(lk, [&] { return closing_ || evict_requested_; });
-    if (closing_) return;
+    evict_cv_.wait(lk, [&] { return evict_stop_ || evict_requested_; });
+    if (evict_stop_) return;
     evict_requested_ = false;
     lk.unlock();
     EvictCache();

@@ -541,6 +541,7 @@ class Engine {
   std::mutex evict_wait_mu_;  // with evict_cv_: guards evict_requested_
   std::condition_variable evict_cv_;
   bool evict_requested_ = false;
+  bool evict_stop_ = false;   // set by Close once the WAL has drained
   std::thread evict_thread_;  // runs EvictLoop, from Open to Close
 };
 

@@ -416,7 +416,7 @@ struct S3Store::Impl {
       call.headers.emplace_back("range", last >= (uint64_t{1} << 62) ? fmt::format("bytes={}-", range->offset)
                                                                       : fmt::format("bytes={}-{}", range->offset, last));
       call.expected_bytes = static_cast<size_t>(std::min<uint64_t>(range->length, 64u << 20));
-      call.max_partial_body_bytes = range->length;
+      call.max_partial_body_bytes = std::min(range->length, kMaxObjectBodyBytes);
       // A service that ignores Range sends the object from its start: keep
       // only what the range needs.
       call.max_body_bytes = std::min(end, kMaxObjectBodyBytes);
