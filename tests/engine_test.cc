@@ -1018,6 +1018,33 @@ TEST_F(EngineTest, ASegmentWithABatchAtTheWrongOffsetIsCorruption) {
   EXPECT_EQ(read_from("big", 0, 4u << 20), Code::kCorruption);
 }
 
+// A reader that goes on reading (a read session) pins the stream its first
+// read found: a stream deleted and created again under the name is another,
+// and its records are not the next ones of the first.
+TEST_F(EngineTest, AReadPinnedToAStreamEndsWhenItsNameNamesANewOne) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"old-0", "old-1"})).status.ok());
+  auto first = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1, 1 << 20);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const uint64_t id = first->stream_id;
+  EXPECT_EQ(id, engine_->GetStream(kBasin, "s")->info.id);
+  auto more = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 1}, 10, 1 << 20, std::nullopt, id);
+  ASSERT_TRUE(more.ok()) << more.status().ToString();
+  EXPECT_EQ(more->records.size(), 1u);
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "s").ok());
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "s", StreamConfig{}).ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"new-0", "new-1", "new-2"})).status.ok());
+  EXPECT_EQ(engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 2}, 10, 1 << 20, std::nullopt, id)
+                .status()
+                .code(),
+            Code::kNotFound);
+  EXPECT_EQ(engine_->WatchTail(kBasin, "s", 3, [] {}, id).status().code(), Code::kNotFound);
+  // Unpinned, the name reads the new stream.
+  auto fresh = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE(fresh->stream_id, id);
+  EXPECT_EQ(fresh->records.size(), 3u);
+}
+
 TEST_F(EngineTest, RecoveryReplaysUnsettledSlotsOnTopOfSettledState) {
   AppendOptions p;
   p.producer = ProducerRef{3, 0, 0};

@@ -1650,14 +1650,17 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         return Unsatisfiable(s->tail, s->tail_timestamp_ms);
       }
     }
-    auto r = api_->engine_->Read(c_.basin, stream_, p_.start, max_records, max_bytes);
+    // Pinned to the stream its first read found: one deleted and created
+    // again under its name is another stream (the session ends, not-found).
+    auto r = api_->engine_->Read(c_.basin, stream_, p_.start, max_records, max_bytes, std::nullopt, stream_id_);
     if (!r.ok() && r.status().code() == Code::kOutOfRange && (p_.clamp || started_)) {
       auto tail = api_->engine_->CheckTail(c_.basin, stream_);
       if (tail.ok()) {
         p_.start = {log::ReadStart::kOffset, *tail};
-        r = api_->engine_->Read(c_.basin, stream_, p_.start, max_records, max_bytes);
+        r = api_->engine_->Read(c_.basin, stream_, p_.start, max_records, max_bytes, std::nullopt, stream_id_);
       }
     }
+    if (r.ok()) stream_id_ = r->stream_id;
     if (!r.ok()) {
       if (r.status().code() == Code::kOutOfRange && !started_) {
         auto s = api_->engine_->GetStream(c_.basin, stream_);
@@ -1818,9 +1821,12 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       waiting_ = true;
       gen = ++wait_gen_;
     }
-    auto id = api_->engine_->WatchTail(c_.basin, stream_, tail, [self] {
-      if (self->TakeWait()) self->c_.ex->Post([self] { self->Step(); });
-    });
+    auto id = api_->engine_->WatchTail(
+        c_.basin, stream_, tail,
+        [self] {
+          if (self->TakeWait()) self->c_.ex->Post([self] { self->Step(); });
+        },
+        stream_id_);
     if (!id.ok()) {
       TakeWait();
       if (!started_) return c_.Fail(id.status(), "stream_not_found");
@@ -1922,6 +1928,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   bool s2s_;
   int s2s_compression_ = 0;  // of S2S batch frames: 0 none, 1 zstd, 2 gzip
   bool started_ = false;  // session headers sent (steps run one at a time)
+  std::optional<uint64_t> stream_id_;  // the stream the first read found (Engine::Read pins it)
   bool counted_ = false;  // in metrics_.read_sessions
   TimePoint start_ = Now();
   TimePoint last_record_;

@@ -1396,8 +1396,8 @@ Result<uint64_t> Engine::CheckTail(const std::string& basin, const std::string& 
 }
 
 Result<uint64_t> Engine::WatchTail(const std::string& basin, const std::string& stream, uint64_t offset,
-                                   TailCallback fn) {
-  WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
+                                   TailCallback fn, std::optional<uint64_t> stream_id) {
+  WEIR_ASSIGN_OR_RETURN(auto s, FindAs(basin, stream, stream_id));
   std::lock_guard lk(s->mu);
   if (s->deleted || s->tail > offset) return uint64_t{0};
   uint64_t id = next_watch_id_++;
@@ -1419,26 +1419,42 @@ size_t Engine::TailWatchCount(const std::string& basin, const std::string& strea
   return (*s)->watchers.size();
 }
 
+Result<std::shared_ptr<Engine::Stream>> Engine::FindAs(const std::string& basin, const std::string& stream,
+                                                       std::optional<uint64_t> stream_id) {
+  WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
+  if (stream_id && s->info.id != *stream_id) {
+    return NotFound("stream \"{}\" was deleted (the name now names a stream created since)", stream);
+  }
+  return s;
+}
+
 Result<ReadResult> Engine::Read(const std::string& basin, const std::string& stream, const ReadStart& start,
-                                size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until) {
+                                size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until,
+                                std::optional<uint64_t> stream_id) {
+  // Every attempt reads the stream the first found: never one created since.
+  WEIR_ASSIGN_OR_RETURN(auto found, FindAs(basin, stream, stream_id));
+  const uint64_t id = found->info.id;
+  found.reset();
   // A settle (slot deleted after its batches moved into a segment) or
   // retention (segment deleted) can race with a read's fetch: look again.
   for (int attempt = 1;; ++attempt) {
-    auto r = ReadOnce(basin, stream, start, max_records, max_bytes, wait_until);
+    auto r = ReadOnce(basin, stream, start, max_records, max_bytes, wait_until, id);
     if (r.ok() || r.status().code() != Code::kNotFound || attempt == 3) return r;
-    if (!Find(basin, stream).ok()) return r;  // the stream itself is gone
+    if (!FindAs(basin, stream, id).ok()) return r;  // the stream itself is gone
   }
 }
 
 Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
-                                    size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until) {
-  WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
+                                    size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until,
+                                    uint64_t stream_id) {
+  WEIR_ASSIGN_OR_RETURN(auto s, FindAs(basin, stream, stream_id));
   max_records = std::clamp<size_t>(max_records, 1, options_.max_read_records);
   max_bytes = std::clamp<size_t>(max_bytes, 1, options_.max_read_bytes);
   std::vector<BatchRef> refs;
   std::vector<metastore::SegmentInfo> segments;
   uint64_t from = 0;
   ReadResult out;
+  out.stream_id = s->info.id;
   const bool by_time = start.kind == ReadStart::kTimestamp;
   // Timestamps are u64 milliseconds on the wire; past INT64_MAX they are all "later than any record".
   const int64_t at_time = static_cast<int64_t>(std::min<uint64_t>(start.value, INT64_MAX));

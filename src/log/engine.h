@@ -163,6 +163,7 @@ struct ReadRecord {
 
 struct ReadResult {
   std::vector<ReadRecord> records;
+  uint64_t stream_id = 0;  // the stream read: one created again under its name has another
   uint64_t tail = 0;  // next offset to be acknowledged
   int64_t tail_timestamp_ms = 0;  // timestamp of the last acknowledged record
 };
@@ -318,15 +319,20 @@ class Engine {
   // set, waits until one is acknowledged or the deadline passes. Reading from
   // an offset past the tail is kOutOfRange (S2's 416); below the trim point
   // starts at the trim point.
+  // With `stream_id`, only that stream is read: kNotFound once the name
+  // names another (the stream was deleted and created again), as it is for
+  // WatchTail. A session that reads on pins the id its first read returned.
   Result<ReadResult> Read(const std::string& basin, const std::string& stream, const ReadStart& start,
-                          size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until = std::nullopt);
+                          size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until = std::nullopt,
+                          std::optional<uint64_t> stream_id = std::nullopt);
   Result<uint64_t> CheckTail(const std::string& basin, const std::string& stream);
 
   // For front-ends that wait without a thread (long polls, read sessions):
   // registers `fn` to run once the acknowledged tail passes `offset` or the
   // stream is deleted, and returns a watch id. Returns 0 without registering
   // when that has already happened (the caller reads at once).
-  Result<uint64_t> WatchTail(const std::string& basin, const std::string& stream, uint64_t offset, TailCallback fn);
+  Result<uint64_t> WatchTail(const std::string& basin, const std::string& stream, uint64_t offset, TailCallback fn,
+                             std::optional<uint64_t> stream_id = std::nullopt);
   // Drops a watch that has not fired (a timed-out long poll); a no-op otherwise.
   void UnwatchTail(const std::string& basin, const std::string& stream, uint64_t id);
   // The watches a stream holds (0 if it is missing): for tests.
@@ -454,7 +460,11 @@ class Engine {
   };
   Status ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std::vector<ReadBackBytes>* out);
   Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
-                              size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until);
+                              size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until,
+                              uint64_t stream_id);
+  // Find, and kNotFound if the name now names a stream other than `stream_id` (if set).
+  Result<std::shared_ptr<Stream>> FindAs(const std::string& basin, const std::string& stream,
+                                         std::optional<uint64_t> stream_id);
   // The batches of one segment from `from` (and, for a lookup by time, from
   // the first indexed batch that may hold a record at or after `at_time`),
   // about max_bytes of them.
