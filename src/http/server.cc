@@ -779,9 +779,16 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     return it == streams_.end() ? nullptr : it->second.get();
   }
 
-  static int OnBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+  static int OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, void* user) {
     auto* self = static_cast<H2Conn*>(user);
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    // A request the handler still works on counts until its exchange goes,
+    // not only while its stream is open: a stream reset (by the client, or by
+    // us for its frames) frees nghttp2's slot, not the work queued for it.
+    if (self->live_exchanges_->load() >= static_cast<int>(kMaxHttp2Streams)) {
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_REFUSED_STREAM);
+      return 0;  // no H2Stream: its headers and data are ignored
+    }
     auto st = std::make_unique<H2Stream>();
     st->id = frame->hd.stream_id;
     self->streams_[st->id] = std::move(st);
@@ -877,6 +884,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
 
   static int OnStreamClose(nghttp2_session*, int32_t id, uint32_t, void* user) {
     auto* self = static_cast<H2Conn*>(user);
+    self->unconsumed_stream_.erase(id);  // nothing more to acknowledge for it
     auto it = self->streams_.find(id);
     if (it == self->streams_.end()) return 0;
     std::unique_ptr<H2Stream> st = std::move(it->second);
@@ -964,7 +972,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   // for the connection here, for their stream when the sink gives them back.
   void Consume(int32_t id, size_t len, bool stream_level, bool connection_level = true) {
     if (queued_bytes_ > kHttp2MaxQueuedBytes) {
-      unconsumed_[Unconsumed{id, stream_level, connection_level}] += len;  // one entry per stream, not per frame
+      // One sum for the connection, one per open stream (OnStreamClose
+      // forgets a closed one's): bounded by the streams open.
+      if (connection_level) unconsumed_connection_ += len;
+      if (stream_level) unconsumed_stream_[id] += len;
       return;
     }
     if (connection_level) nghttp2_session_consume_connection(session_, len);
@@ -972,7 +983,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   }
   void ConsumeHeld() {
     if (queued_bytes_ > kHttp2MaxQueuedBytes) return;
-    for (const auto& [u, len] : std::exchange(unconsumed_, {})) Consume(u.id, len, u.stream_level, u.connection_level);
+    if (const size_t n = std::exchange(unconsumed_connection_, 0); n > 0) {
+      nghttp2_session_consume_connection(session_, n);
+    }
+    for (const auto& [id, n] : std::exchange(unconsumed_stream_, {})) nghttp2_session_consume_stream(session_, id, n);
   }
 
  public:
@@ -1134,8 +1148,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
         // the rest back (its bytes are credited once its appends are acked).
         bool stalled = st->sink ? st->partial_since && !st->sink_ended && now - *st->partial_since > stall
                                 : now - st->head_at > stall;
-        if (stalled && st->sink && !self->ClientMaySend(id)) {
-          st->partial_since = now;
+        // Our own hold-back (responses queued past kHttp2MaxQueuedBytes)
+        // may be what keeps the client from sending: not its stall.
+        if (stalled && !self->ClientMaySend(id)) {
+          (st->sink ? *st->partial_since : st->head_at) = now;
           stalled = false;
         }
         if (!st->dropping && stalled) {
@@ -1192,13 +1208,12 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   uint64_t data_sent_ = 0;       // response bytes handed to nghttp2, ever
   uint64_t tick_data_sent_ = 0;  // data_sent_ at the last Tick
   TimePoint stalled_since_ = Now();  // since when queued response data has not moved
-  struct Unconsumed {
-    int32_t id;
-    bool stream_level, connection_level;
-    auto operator<=>(const Unconsumed&) const = default;
-  };
-  // Request bytes held back while responses queue, summed by stream.
-  std::map<Unconsumed, size_t> unconsumed_;
+  // Request bytes held back while responses queue: for the connection, and
+  // by open stream.
+  size_t unconsumed_connection_ = 0;
+  std::map<int32_t, size_t> unconsumed_stream_;
+  // Exchanges handed to the handler and not yet destroyed (H2Exchange).
+  std::shared_ptr<std::atomic<int>> live_exchanges_ = std::make_shared<std::atomic<int>>(0);
   bool closing_ = false;                // the server closes it: write what is queued, GOAWAY, close
   bool goaway_sent_ = false;
   bool reading_ = false;
@@ -1220,8 +1235,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
 class H2Exchange : public ExchangeBase {
  public:
   H2Exchange(std::shared_ptr<H2Conn> conn, int32_t id, std::shared_ptr<std::atomic<bool>> gone,
-             HttpServer::Impl* srv, size_t reserved)
-      : ExchangeBase(srv, reserved), conn_(std::move(conn)), id_(id), gone_(std::move(gone)) {}
+             HttpServer::Impl* srv, size_t reserved, std::shared_ptr<std::atomic<int>> live)
+      : ExchangeBase(srv, reserved), conn_(std::move(conn)), id_(id), gone_(std::move(gone)), live_(std::move(live)) {
+    ++*live_;
+  }
   bool sequential() const override { return false; }
   void PostInOrder(std::function<void()> fn) override { conn_->PostInOrder(std::move(fn)); }
   bool InOrderBusy() const override { return conn_->InOrderBusy(); }
@@ -1235,6 +1252,7 @@ class H2Exchange : public ExchangeBase {
       On([id = id_](H2Conn* c) { c->End(id); });
     }
     Finish();
+    --*live_;
   }
 
   void Respond(Response r) override {
@@ -1281,10 +1299,11 @@ class H2Exchange : public ExchangeBase {
   std::shared_ptr<H2Conn> conn_;
   const int32_t id_;
   std::shared_ptr<std::atomic<bool>> gone_;
+  std::shared_ptr<std::atomic<int>> live_;  // the connection's count of exchanges alive
 };
 
 std::shared_ptr<Exchange> H2Conn::MakeExchange(H2Stream* st, size_t reserved) {
-  return std::make_shared<H2Exchange>(shared_from_this(), st->id, st->gone, srv_, reserved);
+  return std::make_shared<H2Exchange>(shared_from_this(), st->id, st->gone, srv_, reserved, live_exchanges_);
 }
 
 void H2Conn::Start(std::string already_read) {

@@ -560,6 +560,69 @@ class StallTest(unittest.TestCase):
         sid = client.request("GET", "/health", [("a", "")] * 100)
         self.assertEqual(client.wait_end(sid)["status"], 200)
 
+    def test_a_body_held_back_by_our_own_windows_is_not_reset(self):
+        # Responses the client has not read yet queue past 4 MiB, so the server
+        # stops acknowledging request bytes: a body the client would send is
+        # then ours to wait for, not the client's stall.
+        stream = unique("held")
+        base = self.server.base_url
+        requests.post(f"{base}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        for _ in range(2):
+            requests.post(f"{base}/v1/streams/{stream}/records",
+                          json={"records": [{"body": "r" * 100_000} for _ in range(9)]},
+                          timeout=TIMEOUT).raise_for_status()
+        client = H2Client(self.server.port)
+        self.addCleanup(client.close)
+        client.conn.increment_flow_control_window(64 << 20)  # only the streams' windows hold answers back
+        client.flush()
+        reads = []
+        for _ in range(6):  # about 900 KB each, of which the stream's window lets 64 KB through
+            sid = client.request("GET", f"/v1/streams/{stream}/records?seq_num=0")
+            client.hold.add(sid)
+            reads.append(sid)
+        acked = 0
+
+        def trickle(seconds, until=lambda: False):
+            # The client reads a little of one answer now and then: it is not
+            # one that stopped reading (whose connection closes after 1 s).
+            nonlocal acked
+            deadline = time.monotonic() + seconds
+            client.sock.settimeout(0.2)
+            while time.monotonic() < deadline and not until():
+                client.conn.acknowledge_received_data(1000, reads[0])
+                acked += 1000
+                client.flush()
+                try:
+                    client.pump(until)
+                except socket.timeout:
+                    pass
+            client.sock.settimeout(TIMEOUT)
+
+        trickle(30, lambda: all(len(client.streams[r]["data"]) >= 60_000 for r in reads))
+        trickle(0.5)  # the rest of the answers queue on the server
+        body = b"x" * ((4 << 20) + 100_000)  # a little more than the stream's window (4 MiB)
+        sid = client.request("POST", "/v1/basins", [("content-type", "application/json")], body=None, end=False)
+        sent = 0
+        while client.conn.local_flow_control_window(sid) > 0:
+            n = min(client.conn.local_flow_control_window(sid), client.conn.max_outbound_frame_size)
+            client.conn.send_data(sid, body[sent:sent + n])
+            sent += n
+            client.flush()
+        self.assertLess(sent, len(body))
+        # Several stall timeouts (1 s) while the server holds the window shut.
+        trickle(3, lambda: client.streams[sid]["reset"] is not None)
+        self.assertIsNone(client.streams[sid]["reset"], "the server reset a body its own windows held back")
+        # The client reads its answers; the body goes on and gets one.
+        client.hold.clear()
+        for r in reads:
+            got = len(client.streams[r]["data"]) - (acked if r == reads[0] else 0)
+            if got > 0:
+                client.conn.acknowledge_received_data(got, r)
+        client.flush()
+        client.send(sid, body[sent:], end=True)
+        end = client.wait_end(sid)
+        self.assertIsNotNone(end["status"], f"reset {end['reset']}")
+
     def test_response_data_held_back_by_the_client_closes_the_connection(self):
         stream = unique("stall")
         base = self.server.base_url
