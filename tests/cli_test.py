@@ -230,6 +230,23 @@ def producer():
     assert weir("read", "prod").stdout.split() == ["1", "2", "3", "4", "5", "6"]
 
 
+def follow_until_an_append(env, args, line):
+    """Runs `weir read live -f ARGS`, checks that it waits, appends LINE and
+    returns the follower's (exit code, stdout, stderr)."""
+    proc = subprocess.Popen([WEIR, "read", "live", "-f"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    out, err = "", ""
+    try:
+        time.sleep(1)
+        assert proc.poll() is None, f"the follower ended: {proc.communicate()}"
+        weir("append", "live", input=line + "\n")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err
+
+
 @case
 def follow():
     weir("stream", "create", "live")
@@ -255,32 +272,12 @@ def follow():
     out = weir("read", "live", "-f", "--tail-offset", "1", "--count", "1", timeout=60).stdout
     assert out == "two\n", out
     # --count past what the stream holds: the follower waits for the rest.
-    proc = subprocess.Popen([WEIR, "read", "live", "-f", "--from", "2", "--count", "2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    out, err = "", ""
-    try:
-        time.sleep(1)
-        assert proc.poll() is None, "the follower ended before its count"
-        weir("append", "live", input="three\n")
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0 and out == "two\nthree\n", (proc.returncode, out, err)
+    rc, out, err = follow_until_an_append(env, ["--from", "2", "--count", "2"], "three")
+    assert rc == 0 and out == "two\nthree\n", (rc, out, err)
     # From a time later than the last record's: the follower waits at the tail.
     later_ms = int(time.time() * 1000) + 2000
-    proc = subprocess.Popen([WEIR, "read", "live", "-f", "--timestamp", str(later_ms), "--count", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    out, err = "", ""
-    try:
-        time.sleep(1)
-        assert proc.poll() is None, f"the follower ended: {proc.communicate()}"
-        weir("append", "live", input="later\n")
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0 and out == "later\n", (proc.returncode, out, err)
+    rc, out, err = follow_until_an_append(env, ["--timestamp", str(later_ms), "--count", "1"], "later")
+    assert rc == 0 and out == "later\n", (rc, out, err)
 
 
 @case
