@@ -771,6 +771,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     TimePoint head_at = Now();  // the body must be whole within the stall timeout of this, as on HTTP/1.1
     TimePoint moved_at = Now();  // response data last sent, or queued while none was
     std::optional<TimePoint> partial_since;  // a sink holds part of a unit (an S2S frame): its latest bytes came then
+    bool held = false;  // at the last tick our windows kept the client from sending
     std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
   };
 
@@ -1149,9 +1150,13 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
         bool stalled = st->sink ? st->partial_since && !st->sink_ended && now - *st->partial_since > stall
                                 : now - st->head_at > stall;
         // Our own hold-back (responses queued past kHttp2MaxQueuedBytes)
-        // may be what keeps the client from sending: not its stall.
-        if (stalled && !self->ClientMaySend(id)) {
-          (st->sink ? *st->partial_since : st->head_at) = now;
+        // may be what keeps the client from sending: not its stall. The time
+        // counts from when it may send again (seen at a tick).
+        const bool held = !self->ClientMaySend(id);
+        const bool was_held = std::exchange(st->held, held);
+        if (held || was_held) {
+          if (st->sink && st->partial_since) st->partial_since = now;
+          if (!st->sink) st->head_at = now;
           stalled = false;
         }
         if (!st->dropping && stalled) {

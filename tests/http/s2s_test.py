@@ -620,6 +620,7 @@ class StallTest(unittest.TestCase):
                 client.conn.acknowledge_received_data(got, r)
         client.flush()
         client.send(sid, body[sent:], end=True)
+        client.sock.settimeout(TIMEOUT)
         end = client.wait_end(sid)
         self.assertIsNotNone(end["status"], f"reset {end['reset']}")
 
