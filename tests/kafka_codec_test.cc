@@ -12,6 +12,7 @@
 #include "kafka/errors.h"
 #include "kafka/messages.h"
 #include "kafka/wire.h"
+#include "base/utf8.h"
 #include "kafka_samples.h"
 
 namespace weir::kafka {

@@ -358,10 +358,13 @@ Json BasinConfigJson(const metastore::BasinConfig& b) {
 enum class Format { kRaw, kBase64 };
 
 Format ParseFormat(const Request& req) {
-  const std::string* f = req.Header("s2-format");
-  if (!f || *f == "raw") return Format::kRaw;
-  if (*f == "base64") return Format::kBase64;
-  throw BadRequest{fmt::format("s2-format must be raw or base64, got \"{}\"", *f), "bad_header"};
+  const std::string* h = req.Header("s2-format");
+  if (!h) return Format::kRaw;
+  const std::string& f = *h;  // the HTTP parsers drop spaces around a value
+  // As S2, with its older names ("json", "json-binsafe") for the same two.
+  if (f == "raw" || f == "json") return Format::kRaw;
+  if (f == "base64" || f == "json-binsafe") return Format::kBase64;
+  throw BadRequest{fmt::format("s2-format must be raw or base64, got \"{}\"", *h), "bad_header"};
 }
 
 std::string DecodeField(simdjson::dom::element j, Format f, std::string_view what) {
@@ -487,19 +490,26 @@ constexpr size_t kMaxTombstones = 10000;
 // S2's s2-provision-result header: what a create or ensure did.
 HeaderList Provisioned(std::string_view outcome) { return {{"s2-provision-result", std::string(outcome)}}; }
 
-// application/protobuf, or the older spelling application/x-protobuf.
-bool IsProtoType(std::string_view media_type) {
+// A media type without its parameters and surrounding spaces.
+std::string_view BareMediaType(std::string_view media_type) {
   media_type = media_type.substr(0, media_type.find(';'));
   while (!media_type.empty() && media_type.back() == ' ') media_type.remove_suffix(1);
   while (!media_type.empty() && media_type.front() == ' ') media_type.remove_prefix(1);
+  return media_type;
+}
+
+// application/protobuf, or the older spelling application/x-protobuf.
+bool IsProtoType(std::string_view media_type) {
+  media_type = BareMediaType(media_type);
   return media_type == "application/protobuf" || media_type == "application/x-protobuf";
 }
 
 // As S2: the first media type the client accepts decides.
-bool WantsProto(const Request& req) {
+std::string_view FirstAccepted(const Request& req) {
   const std::string* a = req.Header("accept");
-  return a && IsProtoType(std::string_view(*a).substr(0, a->find(',')));
+  return a ? BareMediaType(std::string_view(*a).substr(0, a->find(','))) : std::string_view();
 }
+bool WantsProto(const Request& req) { return IsProtoType(FirstAccepted(req)); }
 
 // Parameters of a read, as sent.
 struct ReadParams {
@@ -1946,13 +1956,12 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
   if (p.start.kind == log::ReadStart::kTimestamp && p.until && p.start.value >= *p.until) {
     return c.Error(422, "invalid", "the start timestamp must be before until");
   }
-  const std::string* accept = req.Header("accept");
   const std::string* ctype = req.Header("content-type");
   using Mode = ReadSession::Mode;
   Mode mode = Mode::kUnary;
   if (ctype && ctype->starts_with("s2s/proto")) {
     mode = Mode::kS2s;
-  } else if (accept && accept->find("text/event-stream") != std::string::npos) {
+  } else if (FirstAccepted(req) == "text/event-stream") {
     mode = Mode::kSse;
   }
   bool sse = mode != Mode::kUnary;

@@ -18,10 +18,6 @@
 
 namespace weir::kafka {
 
-// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, nothing
-// above U+10FFFF).
-bool IsValidUtf8(std::string_view s);
-
 // Longest string an int16 length can describe.
 inline constexpr size_t kMaxStringSize = 32767;
 // Array elements one request may hold, over all its arrays: decoded elements

@@ -11,6 +11,7 @@
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/thread.h"
+#include "base/utf8.h"
 #include "log/engine_internal.h"
 #include "log/producer_window.h"
 #include "wal/fence.h"
@@ -66,6 +67,7 @@ Status ValidateStreamName(const std::string& name) {
   if (name.empty() || name.size() > 512) return InvalidArgument("stream name must be 1 to 512 bytes");
   if (name.find('\0') != std::string::npos) return InvalidArgument("stream name must not contain NUL");
   if (name == "." || name == "..") return InvalidArgument("stream name must not be \"{}\"", name);
+  if (!IsValidUtf8(name)) return InvalidArgument("stream name must be UTF-8");
   return Status::Ok();
 }
 
@@ -510,6 +512,8 @@ Status Engine::CheckAppendRecords(const std::vector<AppendRecord>& records) cons
     const auto& cmd = r.headers[0].value;
     if (cmd == "fence") {
       if (r.body.size() > 36) return InvalidArgument("record {}: a fencing token is at most 36 bytes", i);
+      // As S2: a token is text (an append's fencing_token could never match one that is not).
+      if (!IsValidUtf8(r.body)) return InvalidArgument("record {}: a fencing token must be UTF-8", i);
     } else if (cmd == "trim") {
       if (r.body.size() != 8) {
         return InvalidArgument("record {}: a trim command's body is an 8-byte big-endian offset", i);

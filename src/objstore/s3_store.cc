@@ -11,6 +11,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/utf8.h"
 #include "objstore/http_client.h"
 #include "objstore/internal.h"
 #include "objstore/s3_protocol.h"
@@ -30,20 +31,6 @@ constexpr size_t kDeleteBatch = 1000;  // S3's DeleteObjects limit
 constexpr uint64_t kMaxXmlBodyBytes = 16u << 20;
 constexpr uint64_t kMaxObjectBodyBytes = uint64_t{1} << 30;
 constexpr std::string_view kScheme = "s3://";
-
-bool ValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += n;
-  }
-  return true;
-}
 
 S3Metrics::Outcome OutcomeOf(long status) {
   if (status >= 200 && status < 300) return S3Metrics::k2xx;
@@ -264,7 +251,7 @@ struct S3Store::Impl {
       return InvalidArgument("object key {} is too long for s3://: prefix \"{}\" plus key must be at most {} bytes",
                              internal::QuoteKey(key), key_prefix, kMaxS3KeyBytes);
     }
-    if (!ValidUtf8(key)) return InvalidArgument("object key {} is not UTF-8, which S3 requires", internal::QuoteKey(key));
+    if (!IsValidUtf8(key)) return InvalidArgument("object key {} is not UTF-8, which S3 requires", internal::QuoteKey(key));
     return Status::Ok();
   }
 

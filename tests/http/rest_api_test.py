@@ -872,6 +872,9 @@ class StreamTest(ApiTestCase):
         for bad in ["", "x" * 513, "nul\u0000byte", ".", ".."]:
             with self.subTest(name=bad[:20]):
                 self.assertError(self.c.post("/v1/streams", json={"stream": bad}), 422, "invalid")
+        # A name in the path that is not UTF-8 could never be shown back as itself.
+        self.assertError(self.c.put("/v1/streams/%FF"), 422, "invalid")
+        self.assertError(self.c.get("/v1/streams/%FF"), 404, "stream_not_found")
         self.c.create_stream(unique("y" * 490))  # 501 bytes: allowed
         self.assertError(self.c.post("/v1/streams", json={"stream": unique("cfg"),
                                                           "config": {"retention_policy": {"age": 0}}}),
@@ -971,6 +974,24 @@ class AppendReadJsonTest(ApiTestCase):
         self.assertEqual(base64.b64decode(recs[1]["body"]), b"plain text")
         raw = self.c.read(s, {"seq_num": 1})["records"]  # text record back as raw
         self.assertEqual(raw[0]["body"], "plain text")
+        # S2's older names for the two formats.
+        self.c.append(s, [{"body": b64(b"\x01")}], fmt="json-binsafe")
+        self.c.append(s, [{"body": "as json"}], fmt="json")
+        recs = self.c.read(s, {"seq_num": 2}, fmt="base64")["records"]
+        self.assertEqual([base64.b64decode(r["body"]) for r in recs], [b"\x01", b"as json"])
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]},
+                                     headers={"s2-format": "hex"}), 400, "bad_header")
+
+    def test_the_first_accepted_type_decides(self):
+        # As S2: a unary read that also accepts an event stream is still unary.
+        s = self.new_stream("accept")
+        self.c.append(s, [{"body": "one"}])
+        r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 0},
+                       headers={"Accept": "application/json, text/event-stream"}, stream=True)
+        self.addCleanup(r.close)  # an event stream (the old mistake) would never end
+        self.assertEqual(r.status_code, 200)
+        self.assertTrue(r.headers["Content-Type"].startswith("application/json"), r.headers)
+        self.assertEqual([x["body"] for x in r.json()["records"]], ["one"])
 
     def test_empty_stream_tail(self):
         s = self.new_stream("empty")
@@ -1292,6 +1313,10 @@ class ConditionsAndCommandsTest(ApiTestCase):
         unknown = {"headers": [["", "explode"]], "body": ""}
         self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [unknown]}),
                          422, "invalid")
+        # As S2: a fencing token is text; one that is not could never be matched.
+        binary_token = {"headers": [[b64(b""), b64(b"fence")]], "body": b64(b"\xff")}
+        self.assertError(self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [binary_token]},
+                                     headers={"s2-format": "base64"}), 422, "invalid")
         self.assertEqual(self.c.tail(s)["seq_num"], 0)
 
 
