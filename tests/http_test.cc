@@ -81,6 +81,14 @@ TEST(S2Proto, DecodesAppendInput) {
   EXPECT_EQ(got.options.fencing_token, "tok");
 }
 
+TEST(S2Proto, ATimestampPastInt64IsTakenAsItsMaximum) {
+  // S2's timestamps are u64; a capped stream then caps them at arrival.
+  std::string in = Field(1, Varint(1 << 3) + Varint(UINT64_MAX));
+  ASSERT_OK_AND_ASSIGN(auto got, DecodeProtoAppendInput(in, AppendLimits{}));
+  ASSERT_EQ(got.records.size(), 1u);
+  EXPECT_EQ(got.records[0].timestamp_ms, INT64_MAX);
+}
+
 TEST(S2Proto, RejectsMalformedInput) {
   std::string rec = Field(3, "body");
   for (size_t cut = 1; cut < rec.size() + 2; ++cut) {

@@ -156,20 +156,22 @@ std::string Rfc3339(int64_t ms) {
   return fmt::format("{}.{:03}Z", buf, ms % 1000);
 }
 
+// An empty segment ("//", a trailing "/") names nothing: 404, as on S2.
 std::vector<std::string> SplitPath(std::string_view path) {
   std::vector<std::string> parts;
-  while (!path.empty()) {
-    if (path.front() == '/') {
-      path.remove_prefix(1);
-      continue;
-    }
-    auto slash = path.find('/');
-    auto seg = PercentDecode(path.substr(0, slash), false);
+  if (path == "/") return parts;
+  if (!path.starts_with('/')) throw BadRequest{fmt::format("no route for {}", path), "not_found", 404};
+  std::string_view rest = path.substr(1);
+  while (true) {
+    auto slash = rest.find('/');
+    std::string_view raw = rest.substr(0, slash);
+    if (raw.empty()) throw BadRequest{fmt::format("no route for {}", path), "not_found", 404};
+    auto seg = PercentDecode(raw, false);
     if (!seg.ok()) throw BadRequest{seg.status().message(), "bad_path"};
     parts.push_back(std::move(*seg));
-    path = slash == std::string_view::npos ? std::string_view() : path.substr(slash);
+    if (slash == std::string_view::npos) return parts;
+    rest = rest.substr(slash + 1);
   }
-  return parts;
 }
 
 // `code`: where the value came from (bad_query or bad_header), for the error.
@@ -183,8 +185,8 @@ uint64_t ParseU64(std::string_view s, std::string_view what, std::string_view co
 }
 
 bool ParseBool(std::string_view s, std::string_view what) {
-  if (s == "true" || s == "1") return true;
-  if (s == "false" || s == "0") return false;
+  if (s == "true") return true;  // as S2: no 1/0, no other spellings
+  if (s == "false") return false;
   throw BadRequest{fmt::format("{} must be true or false, got \"{}\"", what, s), "bad_query"};
 }
 
@@ -414,8 +416,7 @@ AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimit
       if (field.key == "timestamp") {
         uint64_t ts = 0;
         if (field.value.get_uint64().get(ts)) throw BadRequest{"timestamp must be a non-negative integer"};
-        if (ts > uint64_t{INT64_MAX}) throw BadRequest{"timestamp is out of range"};
-        rec.timestamp_ms = static_cast<int64_t>(ts);
+        rec.timestamp_ms = static_cast<int64_t>(std::min<uint64_t>(ts, INT64_MAX));  // see docs/http-api.md
       } else if (field.key == "body") {
         rec.body = DecodeField(field.value, f, "body");
         meter(rec.body.size());

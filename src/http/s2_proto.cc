@@ -1,5 +1,7 @@
 #include "http/s2_proto.h"
 
+#include <algorithm>
+
 #include "base/bytes.h"
 
 namespace weir::http {
@@ -101,8 +103,7 @@ Result<log::AppendRecord> DecodeRecord(std::string_view msg, const AppendLimits&
       case 1: {
         WEIR_RETURN_IF_ERROR(Expect(wire, kVarint, "AppendRecord.timestamp"));
         WEIR_ASSIGN_OR_RETURN(uint64_t ts, r.Varint());
-        if (ts > uint64_t{INT64_MAX}) return InvalidArgument("timestamp {} is out of range", ts);
-        rec.timestamp_ms = static_cast<int64_t>(ts);
+        rec.timestamp_ms = static_cast<int64_t>(std::min<uint64_t>(ts, INT64_MAX));  // as the JSON path
         return Status::Ok();
       }
       case 2: {

@@ -1036,6 +1036,19 @@ class AppendReadJsonTest(ApiTestCase):
         self.assertEqual(recs[1]["timestamp"], t)
         self.assertGreater(recs[2]["timestamp"], t + 1_800_000)
 
+    def test_timestamps_past_int64(self):
+        # S2's timestamps are u64: a larger one than weir keeps (2^63-1) is
+        # taken as 2^63-1, which a capped stream (the default) caps at arrival.
+        s = self.new_stream("bigts")
+        start = now_ms()
+        self.c.append(s, [{"body": "x", "timestamp": 2**64 - 1}])
+        ts = self.c.read(s)["records"][0]["timestamp"]
+        self.assertGreaterEqual(ts, start - 600_000)
+        self.assertLess(ts, start + 3_600_000)
+        u = self.new_stream("bigts-uncapped", {"timestamping": {"uncapped": True}})
+        self.c.append(u, [{"body": "x", "timestamp": 2**63}])
+        self.assertEqual(self.c.read(u)["records"][0]["timestamp"], 2**63 - 1)
+
     def test_arrival_timestamping_ignores_client_value(self):
         s = self.new_stream("arrival", {"timestamping": {"mode": "arrival"}})
         start = now_ms()
@@ -1645,10 +1658,13 @@ class SseTest(ApiTestCase):
 
 class ErrorStatusTest(ApiTestCase):
     def test_not_found_paths(self):
-        for path in ("/v1/nothing-here", "/nothing", "/v1/streams/a/records/tail/more"):
+        for path in ("/v1/nothing-here", "/nothing", "/v1/streams/a/records/tail/more",
+                     "/v1/streams//records", "/v1//streams", "/v1/streams/", "/v1/basins/"):
             with self.subTest(path=path):
-                self.assertError(self.c.get(path), 404)
-        self.assertError(self.c.get("/v1/nothing-here"), 404, "not_found")
+                self.assertError(self.c.get(path), 404, "not_found")
+        # An empty stream name is no name: nothing is created under "records".
+        self.assertError(self.c.post("/v1/streams//records", json={"records": [{"body": "x"}]}), 404, "not_found")
+        self.assertError(self.c.get("/v1/streams/records"), 404, "stream_not_found")
 
     def test_method_not_allowed(self):
         s = self.new_stream("methods")
@@ -1677,6 +1693,7 @@ class ErrorStatusTest(ApiTestCase):
             ("count not a number", "bad_query", lambda: self.c.get(rec, params={"count": "abc"})),
             ("negative seq_num", "bad_query", lambda: self.c.get(rec, params={"seq_num": "-1"})),
             ("clamp not a bool", "bad_query", lambda: self.c.get(rec, params={"clamp": "maybe"})),
+            ("clamp as 1 (S2 takes true or false)", "bad_query", lambda: self.c.get(rec, params={"clamp": "1"})),
             ("wait too large", "bad_query", lambda: self.c.get(rec, params={"wait": 2**32})),
             ("bad list limit", "bad_query", lambda: self.c.get("/v1/streams", params={"limit": "lots"})),
             ("malformed create", "bad_json", lambda: self.c.post("/v1/streams", data=b"{",
