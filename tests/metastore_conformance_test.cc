@@ -1833,6 +1833,30 @@ int64_t SqliteSchemaVersion(const std::string& path) {
   return version;
 }
 
+TEST(SqliteMetastoreErrors, AFullDatabaseIsRetryableAndChangesNothing) {
+  // As the file store's ENOSPC: settle and retention may free space, so a
+  // caller retries rather than failing hard.
+  TempDir dir;
+  ASSERT_OK_AND_ASSIGN(auto m, SqliteMetastore::Open(dir.path() + "/meta.db"));
+  ASSERT_OK(m->CreateBasin(BasinInfo{"b", 1}));
+  StreamInfo info;
+  info.basin = "b";
+  info.name = "first";
+  ASSERT_OK(m->CreateStream(info, kNoNode).status());
+  ASSERT_OK(m->SetMaxPageCountForTest(1));  // below what it has: no page may be added
+  Status st;
+  for (int i = 0; i < 1000 && st.ok(); ++i) {
+    info.name = "s" + std::string(200, 'x') + std::to_string(i);
+    st = m->CreateStream(info, kNoNode).status();
+  }
+  ASSERT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+  EXPECT_TRUE(st.retryable());
+  ASSERT_OK(m->SetMaxPageCountForTest(1 << 30));
+  EXPECT_EQ(m->GetStream("b", info.name).status().code(), Code::kNotFound);
+  info.name = "after";
+  EXPECT_OK(m->CreateStream(info, kNoNode).status());
+}
+
 TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
   TempDir dir;
   const std::string path = dir.path() + "/meta.db";

@@ -584,6 +584,12 @@ Status SqliteMetastore::Init() {
   return st;
 }
 
+Status SqliteMetastore::SetMaxPageCountForTest(int64_t pages) {
+  std::lock_guard lock(mu_);
+  const std::string sql = fmt::format("PRAGMA max_page_count = {}", pages);
+  return Exec(sql.c_str(), "set max_page_count");
+}
+
 Status SqliteMetastore::Exec(const char* sql, std::string_view what) {
   const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
   return rc == SQLITE_OK ? Status::Ok() : Error(rc, what);
@@ -613,7 +619,10 @@ Result<SqliteMetastore::Stmt> SqliteMetastore::Prepare(const char* sql) {
 
 Status SqliteMetastore::Error(int rc, std::string_view what) const {
   const std::string text = fmt::format("metastore {}: {}: {}", Describe(), what, sqlite3_errmsg(db_));
+  if (rc == SQLITE_IOERR_NOMEM) return ResourceExhausted("{}", text);
   switch (rc & 0xff) {
+    case SQLITE_FULL:  // as the file store's ENOSPC: retryable, settle and retention free space
+      return ResourceExhausted("{}", text);
     case SQLITE_BUSY:
     case SQLITE_LOCKED:
       return Unavailable("{} (another connection holds the database lock; retry)", text);

@@ -115,6 +115,9 @@ class SqliteMetastore final : public Metastore {
   const MetastoreCounters& counters() const override { return counters_; }
   std::string Describe() const override { return "sqlite://" + path_; }
 
+  // Tests: caps the database at `pages` pages, so writes past it fail as on a full disk.
+  Status SetMaxPageCountForTest(int64_t pages);
+
  private:
   class Stmt;
 

@@ -294,9 +294,17 @@ int RunServe(const ServeOptions& o) {
 
   auto store = OpenStore(o);
   if (!store.ok()) return fail(store.status().WithContext("object store"));
-  std::string meta_uri = o.metastore.empty()
-                             ? "sqlite://" + std::filesystem::absolute(o.data_dir).string() + "/meta.db"
-                             : o.metastore;
+  // A store in memory forgets every object at exit: a metastore on disk would
+  // then list segments and a checkpoint that no longer exist.
+  const bool store_in_memory = o.object_store.starts_with("mem://");
+  std::string meta_uri = !o.metastore.empty() ? o.metastore
+                         : store_in_memory    ? "sqlite://:memory:"
+                                              : "sqlite://" + std::filesystem::absolute(o.data_dir).string() + "/meta.db";
+  if (store_in_memory && meta_uri != "sqlite://:memory:") {
+    return fail(InvalidArgument("--object-store mem:// keeps nothing past exit; the metastore {} would, and would "
+                                "then name objects that are gone: use sqlite://:memory: (the default with mem://)",
+                                meta_uri));
+  }
   auto meta = metastore::OpenMetastore(meta_uri);
   if (!meta.ok()) return fail(meta.status().WithContext("metastore"));
 

@@ -1998,11 +1998,22 @@ class LifecycleTest(ClosingTestCase):
             for flags, needle in ((["--kafka-addr", "0.0.0.0:0"], "--kafka-advertised-addr"),
                                   (["--kafka-addr", ":0"], "--kafka-advertised-addr"),
                                   (["--kafka-addr", "127.0.0.1:0", "--kafka-advertised-addr", "0.0.0.0:9092"],
-                                   "not an address a client can connect to")):
+                                   "not an address a client can connect to"),
+                                  # A store that forgets everything with a metastore that would not.
+                                  (["--object-store", "mem://", "--metastore", f"sqlite://{d}/meta.db"],
+                                   "sqlite://:memory:")):
                 code, out = run_expecting_exit([WEIR, "serve", "--data-dir", d, "--http-addr", "127.0.0.1:0"] + flags)
                 self.assertIsNotNone(code, f"weir serve {flags} started:\n{out}")
                 self.assertNotEqual(code, 0, out)
                 self.assertIn(needle, out, out)
+
+        # mem:// alone pairs with a metastore in memory: nothing is left on disk
+        # to name objects the next start would not find.
+        with WeirServer(WEIR, args=["--object-store", "mem://"]) as m:
+            mc = Client(m)
+            mc.create_stream("in-memory")
+            mc.append("in-memory", [{"body": "x"}])
+            self.assertFalse(os.path.exists(os.path.join(m.data_dir, "meta.db")), os.listdir(m.data_dir))
 
         # SIGTERM while appenders run: every acked record survives the restart.
         acked, stop = [], threading.Event()
