@@ -5,11 +5,15 @@
 #include <memory>
 #include <random>
 #include <thread>
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
+#include "test_support.h"
 #include "base/byte_budget.h"
 #include "base/bytes.h"
 #include "base/crc32c.h"
+#include "base/fs.h"
 #include "base/histogram.h"
 #include "base/keyed_mutex.h"
 #include "base/ordered_queue.h"
@@ -309,6 +313,24 @@ TEST(KeyedMutex, OneHolderPerKeyAndEntriesOnlyWhileInUse) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(most.load(), 1) << "two guards of one key were alive at once";
   EXPECT_EQ(km.keys_in_use(), 0u);
+}
+
+TEST(FsTest, MakeDirsSyncedMakesEveryMissingDirectory) {
+  testing::TempDir dir;
+  const std::string deep = dir.path() + "/a/b/c";
+  ASSERT_TRUE(MakeDirsSynced(deep).ok());
+  EXPECT_TRUE(std::filesystem::is_directory(deep));
+  EXPECT_TRUE(MakeDirsSynced(deep).ok());  // already there
+  EXPECT_TRUE(MakeDirsSynced(deep + "/").ok());
+  {
+    std::ofstream(dir.path() + "/a/file") << "x";
+  }
+  Status st = MakeDirsSynced(dir.path() + "/a/file/d");
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("is not a directory"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/a/file/d"));
+  EXPECT_TRUE(FsyncDir(dir.path()).ok());
+  EXPECT_EQ(FsyncDir(dir.path() + "/missing").code(), Code::kIOError);
 }
 
 }  // namespace

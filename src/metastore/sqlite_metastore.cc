@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/fs.h"
+
 namespace weir::metastore {
 
 namespace {
@@ -91,17 +93,6 @@ Status ValidateSegment(const SegmentInfo& s) {
 }
 
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-// Makes a newly created file's directory entry durable.
-Status FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IOError("open directory {}: {}", dir, ErrnoText(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return IOError("fsync directory {}: {}", dir, ErrnoText(err));
-  return Status::Ok();
-}
 
 // ---- SQL ------------------------------------------------------------------
 // Every statement binds its inputs as parameters; none is assembled from data.

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/fs.h"
 #include "objstore/internal.h"
 
 namespace weir::objstore {
@@ -829,28 +830,8 @@ class FileStore final : public ObjectStore {
 
 // mkdir -p for the store root, fsyncing the parent of each directory it creates.
 Status MakeRoot(const std::string& root) {
-  struct stat st{};
-  if (::stat(root.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) return InvalidArgument("file://{}: not a directory", root);
-    return Status::Ok();
-  }
-  if (errno != ENOENT) return ErrnoStatus(errno, "stat", root);
-  size_t end = 0;
-  while (end < root.size()) {
-    end = root.find('/', end + 1);
-    if (end == std::string::npos) end = root.size();
-    const std::string sub = root.substr(0, end);
-    if (::stat(sub.c_str(), &st) == 0) {
-      if (!S_ISDIR(st.st_mode)) return InvalidArgument("file://{}: {} is not a directory", root, sub);
-      continue;
-    }
-    if (::mkdir(sub.c_str(), 0755) == 0) {
-      WEIR_RETURN_IF_ERROR(FsyncDir(std::string(ParentOf(sub))));
-    } else if (errno != EEXIST) {
-      return ErrnoStatus(errno, "mkdir", sub);
-    }
-  }
-  return Status::Ok();
+  Status st = MakeDirsSynced(root);
+  return st.ok() ? st : st.WithContext("file://" + root);
 }
 
 // Free files belong to the store that made them: `free-<salt>-<n>`, with a

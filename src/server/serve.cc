@@ -12,6 +12,7 @@
 #include <memory>
 #include <thread>
 
+#include "base/fs.h"
 #include "base/log.h"
 #include "http/rest.h"
 #include "http/server.h"
@@ -34,9 +35,12 @@ class DataDirLock {
     if (fd_ >= 0) close(fd_);
   }
   Status Acquire(const std::string& dir) {
+    // Each directory made is synced in its parent: the data dir's own entry
+    // must outlive a crash as surely as what is acknowledged inside it.
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return IOError("cannot create data dir {}: {}", dir, ec.message());
+    const std::string abs = std::filesystem::absolute(dir, ec).lexically_normal().string();
+    if (ec) return IOError("cannot resolve data dir {}: {}", dir, ec.message());
+    if (Status st = MakeDirsSynced(abs); !st.ok()) return st.WithContext("cannot create data dir " + dir);
     std::string path = dir + "/LOCK";
     fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) return IOError("cannot open {}: {}", path, strerror(errno));
