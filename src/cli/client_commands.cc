@@ -497,7 +497,10 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
   auto* ts = s.read->add_option("--timestamp", s.timestamp, "Start at the first record at or after this time (ms)");
   from->excludes(tail_offset)->excludes(ts);
   tail_offset->excludes(ts);
-  s.read->add_option("--count", s.count, "Stop after this many records")
+  s.read
+      ->add_option("--count", s.count,
+                   "Stop after this many records (as the server counts: command records, printed only with --json, "
+                   "count too)")
       ->check([](const std::string& v) {
         return v == "0" ? std::string("must be at least 1 (leave --count out to read up to the tail)") : std::string();
       });
