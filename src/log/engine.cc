@@ -118,6 +118,13 @@ void Engine::HandleHalt(uint64_t epoch) {
   SetThreadName("wal-halt");
   wal::ChainRef chain{options_.node, epoch};
   std::lock_guard settle(settle_mu_);  // the checkpoint must not move meanwhile
+  // Fails what cannot be acknowledged. It refuses only a writer not halted or
+  // a cut past the halted slot, which the callers below rule out: say so loudly.
+  auto abandon = [&](uint64_t cut, const Status& why) {
+    if (Status st = wal_->Abandon(cut, why); !st.ok()) {
+      Log().error("abandoning WAL chain {}/{} from slot {}: {}", options_.node, epoch, cut, st.ToString());
+    }
+  };
   // Minted first: a successor that fenced this epoch may since have settled
   // and deleted slots above our checkpoint, so fencing from it (a new poison
   // below the successor's) and probing for garbage after it are ours to do
@@ -137,7 +144,7 @@ void Engine::HandleHalt(uint64_t epoch) {
     // slot below present, so those are committed.
     std::optional<uint64_t> halted = wal_->halted_seq();
     Log().error("node {} was superseded ({}); abandoning its streams", options_.node, minted.status().ToString());
-    if (halted) wal_->Abandon(*halted, Fenced("node {} was superseded", options_.node)).IgnoreError();
+    if (halted) abandon(*halted, Fenced("node {} was superseded", options_.node));
     return;
   }
   // The metastore holds the new epoch now: epoch-fenced calls outside
@@ -159,9 +166,8 @@ void Engine::HandleHalt(uint64_t epoch) {
   if (std::optional<uint64_t> halted = wal_->halted_seq(); halted && fence->cut > *halted) {
     Log().error("WAL chain {}/{}: slot {} and later are held by another writer; failing appends from it on",
                 options_.node, epoch, *halted);
-    wal_->Abandon(*halted, Corruption("WAL chain {}/{} holds another writer's slots from {} on", options_.node,
-                                      epoch, *halted))
-        .IgnoreError();
+    abandon(*halted, Corruption("WAL chain {}/{} holds another writer's slots from {} on", options_.node, epoch,
+                                *halted));
     return;
   }
   epoch_cuts_[epoch] = fence->cut;
@@ -171,7 +177,7 @@ void Engine::HandleHalt(uint64_t epoch) {
   if (st.ok()) return;
   // Left halted, its pending appends would wait for ever: fail them.
   Log().error("resuming the WAL in epoch {}: {}; failing its pending appends", minted->epoch, st.ToString());
-  wal_->Abandon(fence->cut, st).IgnoreError();
+  abandon(fence->cut, st);
 }
 
 Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
