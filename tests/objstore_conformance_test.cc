@@ -235,48 +235,6 @@ TEST_P(ObjectStoreConformance, ConcurrentCreateOnlyHasExactlyOneWinner) {
   }
 }
 
-TEST_P(ObjectStoreConformance, ADeletedKeysPrefixCanNameAnObject) {
-  // As on S3: "x" may follow a deleted "x/y" (file:// removes emptied directories).
-  ASSERT_OK(s().Put("x/y/z", "1"));
-  ASSERT_OK(s().Delete("x/y/z"));
-  ASSERT_OK(s().Put("x/y", "2"));
-  ASSERT_OK(s().Delete("x/y"));
-  ASSERT_OK(s().Put("x", "3"));
-  EXPECT_EQ(MustGet("x"), "3");
-  EXPECT_EQ(Keys("x"), (std::vector<std::string>{"x"}));
-  const std::vector<std::string> both = {"p/q/1", "p/q/2"};
-  for (const auto& k : both) ASSERT_OK(s().Put(k, "v"));
-  ASSERT_OK(s().DeleteMany(both));
-  ASSERT_OK(s().Put("p/q", "4"));
-  EXPECT_EQ(MustGet("p/q"), "4");
-}
-
-TEST_P(ObjectStoreConformance, PutsSucceedWhileDeletesEmptyTheirDirectory) {
-  // A delete that empties a directory races a put into it: every put lands.
-  constexpr int kPuts = 200;
-  std::atomic<bool> done{false};
-  std::thread deleter([&] {
-    while (!done.load()) {
-      auto page = s().List("race/dir/", "", 1000);
-      if (!page.ok()) continue;
-      std::vector<std::string> keys;
-      for (const auto& o : page->objects) keys.push_back(o.key);
-      (void)s().DeleteMany(keys);
-    }
-  });
-  int failures = 0;
-  for (int i = 0; i < kPuts; ++i) {
-    Status st = s().Put("race/dir/" + std::to_string(i), "v", PutOptions{.if_none_match = i % 2 == 0});
-    if (!st.ok()) {
-      ++failures;
-      ADD_FAILURE() << st.ToString();
-    }
-  }
-  done = true;
-  deleter.join();
-  EXPECT_EQ(failures, 0);
-}
-
 TEST_P(ObjectStoreConformance, ConcurrentPutsIntoNewDirectories) {
   constexpr int kThreads = 8;
   constexpr int kPerThread = 6;
@@ -587,25 +545,6 @@ class FileStoreTest : public ::testing::Test {
 
   TempDir tmp_;
 };
-
-TEST_F(FileStoreTest, DeletesLeaveNoEmptyDirectories) {
-  auto store = Open();
-  ASSERT_TRUE(store);
-  ASSERT_OK(store->Put("seg/7/a", "1"));
-  ASSERT_OK(store->Put("seg/7/b", "1"));
-  ASSERT_OK(store->Put("seg/8/a", "1"));
-  ASSERT_OK(store->Delete("seg/7/a"));
-  EXPECT_TRUE(fs::exists(Root() + "/seg/7"));  // still holds b
-  ASSERT_OK(store->Delete("seg/7/b"));
-  EXPECT_FALSE(fs::exists(Root() + "/seg/7"));
-  EXPECT_TRUE(fs::exists(Root() + "/seg/8"));
-  ASSERT_OK(store->DeleteMany(std::vector<std::string>{"seg/8/a"}));
-  EXPECT_FALSE(fs::exists(Root() + "/seg"));
-  EXPECT_TRUE(fs::exists(Root() + "/.weir-tmp"));  // the store's own directory stays
-  // The cache of known directories forgot them: a put makes them again.
-  ASSERT_OK(store->Put("seg/7/c", "2"));
-  EXPECT_EQ(*store->Get("seg/7/c"), "2");
-}
 
 TEST_F(FileStoreTest, DataSurvivesReopen) {
   {

@@ -266,7 +266,6 @@ class FileStore final : public ObjectStore {
       WEIR_RETURN_IF_ERROR(Unlink(key, &pending));
       Status st = FsyncDirIfAny(std::string(ParentOf(Join(root_, key))));
       PoolFreeFiles(std::move(pending), st.ok());
-      if (st.ok()) RemoveEmptyDirs(ParentOf(key));
       return st;
     });
   }
@@ -274,21 +273,23 @@ class FileStore final : public ObjectStore {
   Status DeleteMany(std::span<const std::string> keys) override {
     return CatchAll("file:// DeleteMany", [&]() -> Status {
       Status first;
-      // Parents (key directories, "" the root) to fsync once each, at the end.
-      std::map<std::string, std::vector<PendingFree>, std::less<>> pending;
+      std::vector<std::string> dirs;  // parents to fsync once each, at the end
+      std::map<std::string, std::vector<PendingFree>> pending;  // by parent
       for (const std::string& key : keys) {
         if (Status st = CheckKey(key); !st.ok()) {
           if (first.ok()) first = std::move(st);
           continue;
         }
-        Status st = Unlink(key, &pending[std::string(ParentOf(key))]);
+        std::string dir(ParentOf(Join(root_, key)));
+        Status st = Unlink(key, &pending[dir]);
         if (first.ok() && !st.ok()) first = std::move(st);
+        dirs.push_back(std::move(dir));
       }
-      // Deepest first: a directory emptied below may leave its parent empty.
-      for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
-        Status st = FsyncDirIfAny(it->first.empty() ? root_ : Join(root_, it->first));
-        PoolFreeFiles(std::move(it->second), st.ok());
-        if (st.ok()) RemoveEmptyDirs(it->first);
+      std::sort(dirs.begin(), dirs.end());
+      dirs.erase(std::unique(dirs.begin(), dirs.end()), dirs.end());
+      for (const std::string& dir : dirs) {
+        Status st = FsyncDirIfAny(dir);
+        PoolFreeFiles(std::move(pending[dir]), st.ok());
         if (first.ok() && !st.ok()) first = std::move(st);
       }
       return first;
@@ -346,19 +347,6 @@ class FileStore final : public ObjectStore {
       std::lock_guard lock(dirs_mu_);
       if (known_dirs_.contains(std::string(rel))) return Status::Ok();
     }
-    // Deletes emptying a directory remove it (RemoveEmptyDirs), maybe between
-    // our mkdir of it and of its child: then start again from the top.
-    for (int pass = 0;; ++pass) {
-      bool vanished = false;
-      Status st = MakeDirs(key, rel, &vanished);
-      if (!vanished || pass == kMaxDirRebuilds) return st;
-      ForgetDirs();
-    }
-  }
-
-  // EnsureDir's one pass; `vanished`: a directory it made or found was removed
-  // before its child was made or its entry synced (the status is then an error).
-  Status MakeDirs(std::string_view key, std::string_view rel, bool* vanished) {
     size_t end = 0;
     while (end < rel.size()) {
       end = rel.find('/', end + 1);
@@ -370,54 +358,16 @@ class FileStore final : public ObjectStore {
       }
       const std::string path = Join(root_, sub);
       if (::mkdir(path.c_str(), 0755) != 0) {
-        *vanished = errno == ENOENT;
         if (errno != EEXIST) return ErrnoStatus(errno, "mkdir", path);
         struct stat st{};
-        if (RetryEintr([&] { return ::stat(path.c_str(), &st); }) != 0) {
-          *vanished = errno == ENOENT;
-          return ErrnoStatus(errno, "stat", path);
-        }
+        if (RetryEintr([&] { return ::stat(path.c_str(), &st); }) != 0) return ErrnoStatus(errno, "stat", path);
         if (!S_ISDIR(st.st_mode)) return ConflictError(key, fmt::format("object {}", sub));
       }
-      const std::string parent(ParentOf(path));
-      if (Status st = FsyncDir(parent); !st.ok()) {
-        *vanished = ::access(parent.c_str(), F_OK) != 0 && errno == ENOENT;
-        return st;
-      }
+      WEIR_RETURN_IF_ERROR(FsyncDir(std::string(ParentOf(path))));
       std::lock_guard lock(dirs_mu_);
       known_dirs_.insert(sub);
     }
     return Status::Ok();
-  }
-
-  // Removes the key directory `rel` and then its parents while they are
-  // empty, so deleted keys leave no directories behind (as on S3 and mem://,
-  // where "x" may follow a deleted "x/y"; and a start's sweep does not walk
-  // every stream ever deleted). Best effort: a directory that stays, or comes
-  // back after a crash, is only an empty directory. A Put racing the removal
-  // finds its directory gone and makes it again (DoPut).
-  void RemoveEmptyDirs(std::string_view rel) {
-    while (!rel.empty()) {
-      const std::string path = Join(root_, rel);
-      {
-        // Under the lock: a Put that links after the rmdir reads the count after it moved.
-        std::lock_guard lock(dirs_mu_);
-        if (::rmdir(path.c_str()) != 0) return;  // not empty, or already gone (its remover goes on up)
-        ++dirs_removed_;
-        known_dirs_.erase(std::string(rel));
-      }
-      (void)FsyncDirIfAny(std::string(ParentOf(path)));
-      rel = ParentOf(rel);
-    }
-  }
-
-  // Deletes emptying a directory may remove it (RemoveEmptyDirs) between a
-  // Put's mkdir and link each time; past this many rebuilds the Put fails.
-  static constexpr int kMaxDirRebuilds = 8;
-
-  uint64_t DirsRemoved() {
-    std::lock_guard lock(dirs_mu_);
-    return dirs_removed_;
   }
 
   void ForgetDirs() {
@@ -479,16 +429,15 @@ class FileStore final : public ObjectStore {
   Status DoPut(std::string_view key, std::span<const std::string_view> parts, const PutOptions& options) {
     WEIR_RETURN_IF_ERROR(CheckKey(key));
     const std::string_view parent_rel = ParentOf(key);
-    const uint64_t removed_before = DirsRemoved();
     WEIR_RETURN_IF_ERROR(EnsureDir(key, parent_rel));
     WEIR_ASSIGN_OR_RETURN(std::string tmp, WriteTemp(parts, /*reuse=*/true));
     const std::string path = Join(root_, key);
 
     bool tmp_consumed = false;  // rename moved the temp file into place
     bool fresh_tmp = false;     // rewritten into a new temp file after the free one vanished
-    int dir_rebuilds = 0;
+    bool dirs_rebuilt = false;
     Status st;
-    for (int attempt = 0; attempt < kMaxDirRebuilds + 2; ++attempt) {
+    for (int attempt = 0; attempt < 3; ++attempt) {
       int rc;
       if (options.if_none_match) {
         rc = ::link(tmp.c_str(), path.c_str());
@@ -507,10 +456,9 @@ class FileStore final : public ObjectStore {
         WEIR_ASSIGN_OR_RETURN(tmp, WriteTemp(parts, /*reuse=*/false));
         continue;
       }
-      if (err == ENOENT && dir_rebuilds < kMaxDirRebuilds) {
-        // A directory vanished behind our cache (emptied by deletes, or removed
-        // externally): rebuild it.
-        ++dir_rebuilds;
+      if (err == ENOENT && !dirs_rebuilt) {
+        // A directory vanished behind our cache (removed externally): rebuild it.
+        dirs_rebuilt = true;
         ForgetDirs();
         st = EnsureDir(key, parent_rel);
         if (!st.ok()) break;
@@ -525,7 +473,7 @@ class FileStore final : public ObjectStore {
         // a concurrent create's, or a failed attempt's whose sync failed, and
         // a caller told "it exists" may act on it (a WAL slot read back as
         // ours is acknowledged).
-        st = FsyncDirIfAny(std::string(ParentOf(path)));
+        st = FsyncDir(std::string(ParentOf(path)));
         if (st.ok()) st = PreconditionFailed("object {} already exists", key);
       } else {
         st = ErrnoStatus(err, options.if_none_match ? "link" : "rename", path);
@@ -534,14 +482,7 @@ class FileStore final : public ObjectStore {
     }
     if (!tmp_consumed) ::unlink(tmp.c_str());
     if (!st.ok()) return st;
-    if (DirsRemoved() != removed_before) {
-      // A directory EnsureDir found may have been removed and made again by
-      // another Put not yet done syncing its entry: sync every entry ourselves.
-      ForgetDirs();
-      WEIR_RETURN_IF_ERROR(EnsureDir(key, parent_rel));
-    }
-    // A directory gone by now was emptied by a delete of this key: still a success.
-    return FsyncDirIfAny(std::string(ParentOf(path)));
+    return FsyncDir(std::string(ParentOf(path)));
   }
 
   Result<std::string> DoGet(std::string_view key, std::optional<ByteRange> range) {
@@ -825,7 +766,6 @@ class FileStore final : public ObjectStore {
   size_t free_bytes_ = 0;      // their sizes, plus renames in progress
   std::mutex dirs_mu_;
   std::unordered_set<std::string> known_dirs_;  // key directories known to exist and be synced
-  uint64_t dirs_removed_ = 0;                    // directories RemoveEmptyDirs removed
 };
 
 // mkdir -p for the store root, fsyncing the parent of each directory it creates.
