@@ -89,6 +89,13 @@ TEST(S2Proto, ATimestampPastInt64IsTakenAsItsMaximum) {
   EXPECT_EQ(got.records[0].timestamp_ms, INT64_MAX);
 }
 
+TEST(S2Proto, AFencingTokenMustBeUtf8) {
+  // proto3 strings are UTF-8; the token is one (record bodies and headers are bytes).
+  EXPECT_EQ(DecodeProtoAppendInput(Field(3, "\xff"), AppendLimits{}).status().code(), Code::kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(auto got, DecodeProtoAppendInput(Field(3, "t\xc3\xa9"), AppendLimits{}));
+  EXPECT_EQ(got.options.fencing_token, "t\xc3\xa9");
+}
+
 TEST(S2Proto, RejectsMalformedInput) {
   std::string rec = Field(3, "body");
   for (size_t cut = 1; cut < rec.size() + 2; ++cut) {

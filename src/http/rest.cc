@@ -492,17 +492,29 @@ constexpr size_t kMaxTombstones = 10000;
 HeaderList Provisioned(std::string_view outcome) { return {{"s2-provision-result", std::string(outcome)}}; }
 
 // A media type without its parameters and surrounding spaces.
+// Without the spaces and tabs HTTP allows around a list item or value.
+std::string_view TrimOws(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Whether `s` is `lower` (all lower case) in any case: media types, codings
+// and auth schemes are case-insensitive.
+bool EqualsLowercase(std::string_view s, std::string_view lower) {
+  return s.size() == lower.size() && std::equal(s.begin(), s.end(), lower.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) == b;
+         });
+}
+
 std::string_view BareMediaType(std::string_view media_type) {
-  media_type = media_type.substr(0, media_type.find(';'));
-  while (!media_type.empty() && media_type.back() == ' ') media_type.remove_suffix(1);
-  while (!media_type.empty() && media_type.front() == ' ') media_type.remove_prefix(1);
-  return media_type;
+  return TrimOws(media_type.substr(0, media_type.find(';')));
 }
 
 // application/protobuf, or the older spelling application/x-protobuf.
 bool IsProtoType(std::string_view media_type) {
   media_type = BareMediaType(media_type);
-  return media_type == "application/protobuf" || media_type == "application/x-protobuf";
+  return EqualsLowercase(media_type, "application/protobuf") || EqualsLowercase(media_type, "application/x-protobuf");
 }
 
 // As S2: the first media type the client accepts decides.
@@ -679,14 +691,7 @@ std::optional<Response> Unauthorized(const std::optional<std::string>& token, co
   if (!token) return std::nullopt;
   const std::string* auth = req.Header("authorization");
   // The scheme is case-insensitive (RFC 9110 §11.1).
-  auto is_bearer = [](std::string_view v) {
-    constexpr std::string_view kScheme = "bearer ";
-    if (v.size() < kScheme.size()) return false;
-    for (size_t i = 0; i < kScheme.size(); ++i) {
-      if (std::tolower(static_cast<unsigned char>(v[i])) != kScheme[i]) return false;
-    }
-    return true;
-  };
+  auto is_bearer = [](std::string_view v) { return EqualsLowercase(v.substr(0, 7), "bearer "); };
   if (auth && is_bearer(*auth) &&
       ConstantTimeEqual(std::string_view(*auth).substr(7), *token)) {
     return std::nullopt;
@@ -729,7 +734,7 @@ bool RestApi::Admit(const Request& req, Ctx& c) const {
 namespace {
 bool IsS2s(const Request& req) {
   const std::string* ctype = req.Header("content-type");
-  return ctype && ctype->starts_with("s2s/proto");
+  return ctype && EqualsLowercase(BareMediaType(*ctype), "s2s/proto");
 }
 
 // The frame compression an S2S client accepts (S2's rule: zstd if listed,
@@ -743,14 +748,8 @@ int S2sCompression(const Request& req) {
     auto comma = rest.find(',');
     std::string_view item = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    item = item.substr(0, item.find(';'));
-    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
-    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
-    auto is = [&](std::string_view name) {
-      return item.size() == name.size() && std::equal(item.begin(), item.end(), name.begin(), [](char a, char b) {
-               return std::tolower(static_cast<unsigned char>(a)) == b;
-             });
-    };
+    item = TrimOws(item.substr(0, item.find(';')));
+    auto is = [&](std::string_view name) { return EqualsLowercase(item, name); };
     if (is("zstd")) return 1;
     if (is("gzip")) gzip = true;
   }
@@ -1960,9 +1959,9 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
   const std::string* ctype = req.Header("content-type");
   using Mode = ReadSession::Mode;
   Mode mode = Mode::kUnary;
-  if (ctype && ctype->starts_with("s2s/proto")) {
+  if (ctype && EqualsLowercase(BareMediaType(*ctype), "s2s/proto")) {
     mode = Mode::kS2s;
-  } else if (FirstAccepted(req) == "text/event-stream") {
+  } else if (EqualsLowercase(FirstAccepted(req), "text/event-stream")) {
     mode = Mode::kSse;
   }
   bool sse = mode != Mode::kUnary;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/bytes.h"
+#include "base/utf8.h"
 
 namespace weir::http {
 namespace {
@@ -178,6 +179,8 @@ Result<AppendInput> DecodeProtoAppendInput(std::string_view data, const AppendLi
       case 3: {
         WEIR_RETURN_IF_ERROR(Expect(wire, kLen, "AppendInput.fencing_token"));
         WEIR_ASSIGN_OR_RETURN(auto b, r.Bytes());
+        // A proto3 string: UTF-8, as the JSON path's tokens are.
+        if (!IsValidUtf8(b)) return InvalidArgument("AppendInput.fencing_token is not UTF-8");
         in.options.fencing_token = std::string(b);
         return Status::Ok();
       }

@@ -992,6 +992,13 @@ class AppendReadJsonTest(ApiTestCase):
         self.assertEqual(r.status_code, 200)
         self.assertTrue(r.headers["Content-Type"].startswith("application/json"), r.headers)
         self.assertEqual([x["body"] for x in r.json()["records"]], ["one"])
+        # Media types are case-insensitive, and a tab may precede parameters.
+        r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 0},
+                       headers={"Accept": "Text/Event-Stream\t;q=1, application/json"}, stream=True)
+        self.addCleanup(r.close)
+        self.assertEqual(r.status_code, 200)
+        self.assertTrue(r.headers["Content-Type"].startswith("text/event-stream"), r.headers)
+        r.close()
 
     def test_empty_stream_tail(self):
         s = self.new_stream("empty")
