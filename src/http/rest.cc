@@ -491,7 +491,6 @@ constexpr size_t kMaxTombstones = 10000;
 // S2's s2-provision-result header: what a create or ensure did.
 HeaderList Provisioned(std::string_view outcome) { return {{"s2-provision-result", std::string(outcome)}}; }
 
-// A media type without its parameters and surrounding spaces.
 // Without the spaces and tabs HTTP allows around a list item or value.
 std::string_view TrimOws(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -507,6 +506,7 @@ bool EqualsLowercase(std::string_view s, std::string_view lower) {
          });
 }
 
+// A media type without its parameters and surrounding spaces.
 std::string_view BareMediaType(std::string_view media_type) {
   return TrimOws(media_type.substr(0, media_type.find(';')));
 }

@@ -372,8 +372,8 @@ class Metastore {
   // same offsets (a merge of small segments), for `node` at `epoch`; one
   // transaction. kPreconditionFailed (nothing changed) if the node's epoch is
   // not `epoch` (a successor holds it) or no row has the start offset, end
-  // offset and object key of one in `replaced`; kNotFound if the stream is gone; kInvalidArgument
-  // unless `replaced` is contiguous and `merged` spans it.
+  // offset and object key of one in `replaced`; kNotFound if the stream is
+  // gone; kInvalidArgument unless `replaced` is contiguous and `merged` spans it.
   virtual Status ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
                                  const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) = 0;
 
