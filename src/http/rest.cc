@@ -362,7 +362,7 @@ enum class Format { kRaw, kBase64 };
 Format ParseFormat(const Request& req) {
   const std::string* h = req.Header("s2-format");
   if (!h) return Format::kRaw;
-  const std::string& f = *h;  // the HTTP parsers drop spaces around a value
+  const std::string& f = *h;  // HTTP/1.1 parsing drops spaces around a value; HTTP/2 forbids them
   // As S2, with its older names ("json", "json-binsafe") for the same two.
   if (f == "raw" || f == "json") return Format::kRaw;
   if (f == "base64" || f == "json-binsafe") return Format::kBase64;
