@@ -8,27 +8,24 @@
 #include <system_error>
 
 namespace weir {
-namespace {
 
-Status ErrnoError(int err, std::string_view what, const std::string& path) {
+Status ErrnoStatus(int err, std::string_view what, std::string_view path) {
   const std::string text = std::error_code(err, std::generic_category()).message();
   if (err == ENOSPC || err == EDQUOT) return ResourceExhausted("{} {}: {}", what, path, text);
   return IOError("{} {}: {}", what, path, text);
 }
 
-}  // namespace
-
 Status FsyncDir(const std::string& dir) {
   int fd;
   do fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoError(errno, "open directory", dir);
+  if (fd < 0) return ErrnoStatus(errno, "open directory", dir);
   int rc;
   do rc = ::fsync(fd);
   while (rc != 0 && errno == EINTR);
   const int err = errno;
   ::close(fd);
-  return rc == 0 ? Status::Ok() : ErrnoError(err, "fsync directory", dir);
+  return rc == 0 ? Status::Ok() : ErrnoStatus(err, "fsync directory", dir);
 }
 
 Status MakeDirsSynced(const std::string& path) {
@@ -47,7 +44,7 @@ Status MakeDirsSynced(const std::string& path) {
       const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : sub.substr(0, slash);
       WEIR_RETURN_IF_ERROR(FsyncDir(parent));
     } else if (errno != EEXIST) {
-      return ErrnoError(errno, "mkdir", sub);
+      return ErrnoStatus(errno, "mkdir", sub);
     }
   }
   return Status::Ok();

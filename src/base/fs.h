@@ -1,11 +1,18 @@
-// Durable directory creation on a local file system. Any thread; no state.
+// System-call errors as Status, and durable directory creation on a local
+// file system. Any thread; no state.
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 
 namespace weir {
+
+// The Status for a failed system call on `path`: a full disk or quota
+// (ENOSPC, EDQUOT) is ResourceExhausted, retryable since settle and
+// retention free space; anything else is IOError.
+Status ErrnoStatus(int err, std::string_view what, std::string_view path);
 
 // fsync(2) of a directory, so entries made or removed in it survive a crash.
 Status FsyncDir(const std::string& dir);

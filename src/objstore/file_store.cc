@@ -71,12 +71,6 @@ std::function<Status(const std::string&)>& DirSyncHook() {
 
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-Status ErrnoStatus(int err, std::string_view what, std::string_view path) {
-  // A full disk or quota may clear (settle deletes slots): retry after backoff.
-  if (err == ENOSPC || err == EDQUOT) return ResourceExhausted("{} {}: {}", what, path, ErrnoText(err));
-  return IOError("{} {}: {}", what, path, ErrnoText(err));
-}
-
 template <typename F>
 auto RetryEintr(F&& f) {
   while (true) {
@@ -161,11 +155,10 @@ Status Fsync(int fd, std::string_view path) {
   return Status::Ok();
 }
 
+// weir::FsyncDir behind the test hook.
 Status FsyncDir(const std::string& path) {
   if (g_dir_sync_hook_set.load(std::memory_order_acquire)) WEIR_RETURN_IF_ERROR(DirSyncHook()(path));
-  Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); }));
-  if (!fd.valid()) return ErrnoStatus(errno, "open directory", path);
-  return Fsync(fd.get(), path);
+  return weir::FsyncDir(path);
 }
 
 // FsyncDir for a directory that may not exist (nothing in it to make durable).
