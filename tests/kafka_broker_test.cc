@@ -1113,7 +1113,13 @@ TEST_F(BrokerTest, IdempotentProduce) {
   auto other = InitProducerId();
   ASSERT_EQ(other.error_code, ErrorCode::kNone);
   std::string unknown = Batch(BatchSpec{{"g"}, 1700000000000, 0, other.producer_id, 0, 5});
-  EXPECT_EQ(Produce("idem", 0, unknown).error_code, ErrorCode::kUnknownProducerId);
+  // Its answer carries the log start (Java clients retry one that says -1
+  // instead of resetting the producer).
+  auto trimmed = Call(DeleteRecordsRequest{{{"idem", {{0, 1}}}}, 1000}, 1, DecodeDeleteRecordsResponse);
+  ASSERT_EQ(trimmed.topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
+  auto refused = Produce("idem", 0, unknown);
+  EXPECT_EQ(refused.error_code, ErrorCode::kUnknownProducerId);
+  EXPECT_EQ(refused.log_start_offset, 1);
   EXPECT_EQ(Latest("idem"), 5);
 
   // The window survives a restart: a retry still gets its original offset,
@@ -2202,11 +2208,14 @@ TEST_F(GroupTest, ACommitOfGenerationBelowZeroNeedsOnlyAnEmptyGroup) {
     return Call(m, 7, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code;
   };
   EXPECT_EQ(commit("", "instance-1", 3), ErrorCode::kNone);        // an unknown group
-  EXPECT_EQ(commit("some-member", std::nullopt, 4), ErrorCode::kNone);  // an Empty group
+  EXPECT_EQ(commit("some-member", std::nullopt, 3), ErrorCode::kNone);  // an Empty group
+  // v0 names no generation: the same rule (Kafka takes it as generation -1).
+  EXPECT_EQ(Commit("", -1, "events", 0, 4, "m", /*version=*/0), ErrorCode::kNone);
   EXPECT_EQ(Committed("events", 0).committed_offset, 4);
   std::string a;
   JoinAlone("meta-A", "all", &a);  // now the group has a member: its generation counts
   EXPECT_EQ(commit("", "instance-1", 5), ErrorCode::kUnknownMemberId);
+  EXPECT_EQ(Commit("", -1, "events", 0, 5, "m", /*version=*/0), ErrorCode::kUnknownMemberId);
   EXPECT_EQ(Committed("events", 0).committed_offset, 4);
 }
 

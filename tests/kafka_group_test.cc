@@ -927,6 +927,66 @@ TEST_F(GroupTest, MembersPerGroupLimit) {
   EXPECT_EQ(Describe().members.size(), 2u);
 }
 
+TEST_F(GroupTest, JoinsPastThePerMemberLimitsAreInvalidAndChangeNothing) {
+  GroupOptions o = TestOptions();
+  o.max_member_bytes = 4096;
+  Reset(o);
+  JoinGroupInput many = In("");
+  many.protocols.clear();
+  for (int i = 0; i < 33; ++i) many.protocols.emplace_back(fmt::format("p{}", i), "m");
+  EXPECT_EQ(Join(many, 0)->error_code, kErrInvalidRequest);
+  EXPECT_FALSE(c_->DescribeGroup("g").has_value()) << "a refused first join left a group behind";
+  EXPECT_EQ(Join("", 0, std::string(4096, 'x'))->error_code, kErrInvalidRequest);
+  EXPECT_FALSE(c_->DescribeGroup("g").has_value());
+  EXPECT_EQ(c_->Stats().bytes, 0u);
+  many.protocols.pop_back();  // 32 protocols are fine
+  auto a = Join(many, 0);
+  ASSERT_EQ(a->error_code, kErrNone);
+  // A leader's assignment over the limit: refused; the group still waits for one.
+  EXPECT_EQ(Sync(a->member_id, 1, {{a->member_id, std::string(4097, 'a')}}, 0)->error_code, kErrInvalidRequest);
+  EXPECT_EQ(Describe().state, GroupState::kCompletingRebalance);
+  EXPECT_EQ(Sync(a->member_id, 1, {{a->member_id, "fits"}}, 0)->assignment, "fits");
+}
+
+TEST_F(GroupTest, EveryGroupsMembersShareOneMemoryBudget) {
+  GroupOptions o = TestOptions();
+  o.max_member_bytes = 48 << 10;
+  o.max_total_bytes = 64 << 10;
+  Reset(o);
+  auto join = [&](std::string group, std::string member_id, size_t meta_bytes, int16_t version = 3) {
+    JoinGroupInput in = In(std::move(member_id), std::string(meta_bytes, 'm'), version);
+    in.group_id = std::move(group);
+    return Join(in, 0);
+  };
+  auto a = join("g", "", 40 << 10);
+  ASSERT_EQ(a->error_code, kErrNone);
+  const size_t after_a = c_->Stats().bytes;
+  EXPECT_GE(after_a, size_t{40} << 10);
+  // Another group's join that would pass the budget is retriable, and leaves nothing.
+  EXPECT_EQ(join("other", "", 30 << 10)->error_code, kErrCoordinatorNotAvailable);
+  EXPECT_FALSE(c_->DescribeGroup("other").has_value());
+  EXPECT_EQ(c_->Stats().bytes, after_a);
+  // A member rejoining gives back what it held: the same 40 KiB fit again.
+  auto a2 = join("g", a->member_id, 40 << 10);
+  ASSERT_EQ(a2->error_code, kErrNone);
+  EXPECT_EQ(c_->Stats().bytes, after_a);
+  // The leader's assignments count too.
+  const int32_t gen = a2->generation_id;
+  EXPECT_EQ(Sync(a->member_id, gen, {{a->member_id, std::string(30 << 10, 'a')}}, 0)->error_code,
+            kErrCoordinatorNotAvailable);
+  EXPECT_EQ(Sync(a->member_id, gen, {{a->member_id, std::string(1 << 10, 'a')}}, 0)->error_code, kErrNone);
+  EXPECT_EQ(c_->Stats().bytes, after_a + (1 << 10));
+  // A handed-out member id is charged until it expires.
+  auto pending = join("third", "", 16, /*version=*/4);
+  ASSERT_EQ(pending->error_code, kErrMemberIdRequired);
+  EXPECT_GT(c_->Stats().bytes, after_a + (1 << 10));
+  c_->Tick(T(10001));  // past the pending id's session timeout; A's session too
+  EXPECT_EQ(c_->DescribeGroup("third")->pending_member_ids, 0u);
+  EXPECT_EQ(Describe().members.size(), 0u);
+  EXPECT_EQ(c_->Stats().bytes, 0u) << "bytes stayed charged after every member and id went";
+  EXPECT_EQ(join("other", "", 30 << 10)->error_code, kErrNone);
+}
+
 TEST_F(GroupTest, GroupLimitForgetsEmptyGroupsFirst) {
   GroupOptions o = TestOptions();
   o.max_groups = 2;
@@ -1083,6 +1143,14 @@ class Sim {
       settled = Settled();
     }
     EXPECT_TRUE(settled) << "the group did not settle";
+    // Every client goes silent: sessions, handed-out ids and then the empty
+    // group expire, and every byte charged for them is given back.
+    for (int i = 0; i < 200; ++i) {
+      now_ms_ += 10000;
+      c_->Tick(Now());
+    }
+    EXPECT_EQ(c_->Stats().groups, 0u);
+    EXPECT_EQ(c_->Stats().bytes, 0u);
     c_->Shutdown();
     CheckFinal();
   }
@@ -1345,6 +1413,7 @@ class Sim {
   }
 
   void CheckDescribe() {
+    EXPECT_LT(c_->Stats().bytes, size_t{1} << 20) << "the coordinator's byte count went below zero";
     auto d = c_->DescribeGroup("g");
     if (!d) return;
     EXPECT_GE(d->generation_id, last_described_generation_);

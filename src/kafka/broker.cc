@@ -460,6 +460,9 @@ void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<
               if (o.ack.log_append_time) pr.log_append_time_ms = o.ack.last_timestamp_ms;
             } else {
               pr.base_offset = -1;
+              // Java clients retry an UNKNOWN_PRODUCER_ID whose log start is
+              // unknown (-1) instead of resetting the producer's sequence.
+              if (o.unknown_producer) pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
               metrics_.produce_errors++;
               Log().debug("kafka: produce to {}[{}] from {}: {}", resp->responses[ti].name, pr.index,
                           req->reply->peer(), o.status.ToString());

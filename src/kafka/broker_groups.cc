@@ -96,10 +96,11 @@ void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
   OffsetCommitResponse resp;
   // An empty group id is valid for offsets (Kafka keeps it for old clients).
   auto offsets_guard = group_offsets_mu_.Lock(in.group_id);
-  ErrorCode all = ErrorCode::kNone;
-  if (req->version() > 0) {
-    all = E(groups_.ValidateCommit(in.group_id, in.generation_id, in.member_id, in.group_instance_id, Now()));
-  }
+  // v0 names no generation or member: as on Kafka, a standalone commit
+  // (generation -1), refused while the group has members.
+  const bool v0 = req->version() == 0;
+  ErrorCode all = E(groups_.ValidateCommit(in.group_id, v0 ? -1 : in.generation_id, v0 ? "" : in.member_id,
+                                           v0 ? std::nullopt : in.group_instance_id, Now()));
   std::vector<metastore::GroupOffset> offsets;
   std::vector<std::pair<size_t, size_t>> slots;  // response (topic, partition) of each offset
   int64_t now_ms = WallMillis();

@@ -11,6 +11,25 @@ using Protocols = std::vector<std::pair<std::string, std::string>>;
 
 Duration Ms(int32_t ms) { return std::chrono::milliseconds(ms); }
 
+// What a member or a pending member id is charged beyond its strings (map
+// nodes, the struct itself, callbacks).
+constexpr size_t kEntryBytes = 256;
+
+size_t ProtocolBytes(const Protocols& protocols) {
+  size_t n = 0;
+  for (const auto& [name, metadata] : protocols) n += name.size() + metadata.size();
+  return n;
+}
+
+// What a member joining with `in` will hold, its assignment aside (its id is
+// taken as long as the one it sent, or its client id plus a UUID).
+size_t JoinBytes(const JoinGroupInput& in) {
+  const size_t id = std::max(in.member_id.size(), std::max(in.client_id.size(),
+                                                           in.group_instance_id.value_or("").size()) + 37);
+  return kEntryBytes + id + in.group_instance_id.value_or("").size() + in.client_id.size() +
+         in.client_host.size() + in.protocol_type.size() + ProtocolBytes(in.protocols);
+}
+
 }  // namespace
 
 std::string_view GroupStateName(GroupState state) {
@@ -39,6 +58,12 @@ struct GroupCoordinator::Member {
   uint64_t seq = 0;           // join order
   TimePoint session_deadline{};     // applies while not awaiting join or sync
   TimePoint new_member_deadline{};  // applies while new and awaiting join
+  size_t charged = 0;               // counted in GroupCoordinator::bytes_
+
+  size_t Bytes() const {
+    return kEntryBytes + id.size() + (instance_id ? instance_id->size() : 0) + client_id.size() +
+           client_host.size() + ProtocolBytes(protocols) + assignment.size();
+  }
 
   bool Supports(std::string_view protocol) const {
     return std::any_of(protocols.begin(), protocols.end(), [&](const auto& p) { return p.first == protocol; });
@@ -233,8 +258,34 @@ bool GroupCoordinator::EvictOneEmptyGroup() {
     if (victim == groups_.end() || rank(g) < rank(*victim->second)) victim = it;
   }
   if (victim == groups_.end()) return false;
-  groups_.erase(victim);
+  EraseGroup(victim);
   return true;
+}
+
+void GroupCoordinator::Recharge(Member& m) {
+  const size_t now_holds = m.Bytes();
+  bytes_ = bytes_ - m.charged + now_holds;
+  m.charged = now_holds;
+}
+
+void GroupCoordinator::Discharge(const Member& m) { bytes_ -= m.charged; }
+
+void GroupCoordinator::AddPending(Group& g, const std::string& id, TimePoint expiry) {
+  auto [it, added] = g.pending.insert_or_assign(id, expiry);
+  if (added) bytes_ += kEntryBytes + id.size();
+}
+
+void GroupCoordinator::ErasePending(Group& g, std::string_view id) {
+  auto it = g.pending.find(id);
+  if (it == g.pending.end()) return;
+  bytes_ -= kEntryBytes + it->first.size();
+  g.pending.erase(it);
+}
+
+GroupCoordinator::GroupMap::iterator GroupCoordinator::EraseGroup(GroupMap::iterator it) {
+  for (const auto& [id, m] : it->second->members) Discharge(m);
+  for (const auto& [id, expiry] : it->second->pending) bytes_ -= kEntryBytes + id.size();
+  return groups_.erase(it);
 }
 
 // "<prefix>-<uuid>", as Kafka forms member ids (prefix: client id, or the
@@ -275,6 +326,15 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
   }
   const bool unknown = in.member_id.empty();
   Group* g = FindGroup(in.group_id);
+  const size_t wants = JoinBytes(in);
+  if (in.protocols.size() > opts_.max_protocols_per_member || wants > opts_.max_member_bytes) {
+    return fail(kErrInvalidRequest, in.member_id);
+  }
+  // A member rejoining gives back what it holds now (its assignment aside:
+  // it may keep that until the rebalance clears it).
+  const Member* rejoining = g != nullptr && !unknown ? g->Find(in.member_id) : nullptr;
+  const size_t gives_back = rejoining != nullptr ? rejoining->charged - rejoining->assignment.size() : 0;
+  if (bytes_ - gives_back + wants > opts_.max_total_bytes) return fail(kErrCoordinatorNotAvailable, in.member_id);
   bool created = false;
   if (g == nullptr) {
     // Only a first join creates a group; a member id for a group we do not
@@ -303,7 +363,7 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
     } else if (in.version >= 4) {
       // KIP-394: hand out the id first; the member joins when it comes back with it.
       std::string id = NewMemberId(in.client_id);
-      g->pending[id] = now + session;
+      AddPending(*g, id, now + session);
       QueueJoin(out, std::move(respond), JoinError(kErrMemberIdRequired, id));
     } else {
       AddMember(*g, NewMemberId(in.client_id), in, rebalance_ms, now, std::move(respond), out);
@@ -311,7 +371,7 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
   } else if (!g->SupportsProtocols(in.protocol_type, in.protocols, in.member_id)) {
     fail(kErrInconsistentGroupProtocol, in.member_id);
   } else if (!in.group_instance_id && g->pending.count(in.member_id) != 0) {
-    g->pending.erase(in.member_id);
+    ErasePending(*g, in.member_id);
     AddMember(*g, in.member_id, in, rebalance_ms, now, std::move(respond), out);
   } else if (int16_t err = g->Validate(in.member_id, in.group_instance_id); err != kErrNone) {
     fail(err, in.member_id);
@@ -348,7 +408,7 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
 
   MaybeCompleteJoin(*g, now, out);
   if (created && g->members.empty() && g->pending.empty()) {
-    groups_.erase(in.group_id);  // a failed first join leaves nothing behind
+    EraseGroup(groups_.find(in.group_id));  // a failed first join leaves nothing behind
     return;
   }
   Refresh(*g);
@@ -392,7 +452,7 @@ void GroupCoordinator::AddMember(Group& g, const std::string& member_id, const J
   // A member arriving during a new group's initial delay extends it (within
   // the rebalance timeout); a group re-forming from Empty waits the delay once.
   if (g.state == GroupState::kPreparingRebalance && g.initial_delay && g.generation == 0) g.new_member_added = true;
-  g.members.emplace(member_id, std::move(m));
+  Recharge(g.members.emplace(member_id, std::move(m)).first->second);
   if (g.CanRebalance()) PrepareRebalance(g, now, out);
 }
 
@@ -405,6 +465,7 @@ void GroupCoordinator::UpdateMemberAndRebalance(Group& g, Member& m, const JoinG
   m.client_id = in.client_id;
   m.client_host = in.client_host;
   m.join_cb = std::move(respond);
+  Recharge(m);
   if (g.members.size() == 1) g.protocol_type = in.protocol_type;
   if (g.CanRebalance()) PrepareRebalance(g, now, out);
 }
@@ -430,6 +491,7 @@ void GroupCoordinator::ReplaceStaticMember(Group& g, const std::string& old_id, 
   m.session_deadline = now + Ms(m.session_ms);
   g.members.insert(std::move(node));
   Member& placed = *g.Find(new_id);
+  Recharge(placed);
   g.static_members[*in.group_instance_id] = new_id;
   if (g.leader == old_id) g.leader = new_id;
   if (g.members.size() == 1) g.protocol_type = in.protocol_type;
@@ -464,6 +526,7 @@ void GroupCoordinator::RemoveMember(Group& g, const std::string& member_id, Time
   if (it == g.members.end()) return;
   Member m = std::move(it->second);
   g.members.erase(it);
+  Discharge(m);
   if (m.join_cb) QueueJoin(out, Take(m.join_cb), JoinError(kErrUnknownMemberId, ""));
   if (m.sync_cb) QueueSync(out, Take(m.sync_cb), SyncError(kErrUnknownMemberId));
   if (m.instance_id) {
@@ -491,6 +554,7 @@ void GroupCoordinator::PrepareRebalance(Group& g, TimePoint now, Outbox& out) {
     // sessions start again now: they sent no heartbeat while they waited.
     for (auto& [id, m] : g.members) {
       m.assignment.clear();
+      Recharge(m);
       if (m.sync_cb) {
         QueueSync(out, Take(m.sync_cb), SyncError(kErrRebalanceInProgress));
         m.session_deadline = now + Ms(m.session_ms);
@@ -613,6 +677,17 @@ void GroupCoordinator::SyncLocked(const SyncGroupInput& in, TimePoint now, SyncC
     return fail(kErrInconsistentGroupProtocol);
   }
   Member& m = *g->Find(in.member_id);
+  if (g->state == GroupState::kCompletingRebalance && g->leader == m.id) {
+    // The leader's assignments replace every member's (members it leaves out get none).
+    size_t held = 0;
+    size_t wanted = 0;
+    for (const auto& [id, each] : g->members) held += each.assignment.size();
+    for (const auto& [member_id, bytes] : in.assignments) {
+      if (bytes.size() > opts_.max_member_bytes) return fail(kErrInvalidRequest);
+      if (g->members.count(member_id) != 0) wanted += bytes.size();
+    }
+    if (bytes_ - held + wanted > opts_.max_total_bytes) return fail(kErrCoordinatorNotAvailable);
+  }
   switch (g->state) {
     case GroupState::kEmpty: return fail(kErrUnknownMemberId);  // no members: unreachable
     case GroupState::kPreparingRebalance: return fail(kErrRebalanceInProgress);
@@ -627,6 +702,7 @@ void GroupCoordinator::SyncLocked(const SyncGroupInput& in, TimePoint now, SyncC
         for (Member* each : g->Ordered()) {
           auto a = assigned.find(each->id);
           each->assignment = a == assigned.end() ? std::string() : *a->second;
+          Recharge(*each);
           if (each->sync_cb) {
             each->session_deadline = now + Ms(each->session_ms);
             QueueSync(out, Take(each->sync_cb),
@@ -695,7 +771,7 @@ LeaveGroupResult GroupCoordinator::LeaveGroup(const LeaveGroupInput& in, TimePoi
             RemoveMember(*g, id, now, /*update_group=*/true, out);
           }
         } else if (g->pending.count(who.member_id) != 0) {
-          g->pending.erase(who.member_id);
+          ErasePending(*g, who.member_id);
           MaybeCompleteJoin(*g, now, out);
         } else {
           err = g->Validate(who.member_id, who.group_instance_id);
@@ -749,7 +825,7 @@ int16_t GroupCoordinator::DeleteGroup(std::string_view group_id) {
   auto it = groups_.find(group_id);
   if (it == groups_.end()) return kErrGroupIdNotFound;
   if (it->second->state != GroupState::kEmpty) return kErrNonEmptyGroup;
-  groups_.erase(it);  // pending member ids go too; they rejoin from scratch
+  EraseGroup(it);  // pending member ids go too; they rejoin from scratch
   return kErrNone;
 }
 
@@ -769,7 +845,7 @@ void GroupCoordinator::Tick(TimePoint now) {
       TickGroup(g, now, out);
       if (g.state == GroupState::kEmpty && g.members.empty() && g.pending.empty() &&
           now - g.empty_since >= opts_.empty_group_retention) {
-        it = groups_.erase(it);
+        it = EraseGroup(it);
       } else {
         Refresh(g);
         ++it;
@@ -782,7 +858,12 @@ void GroupCoordinator::Tick(TimePoint now) {
 void GroupCoordinator::TickGroup(Group& g, TimePoint now, Outbox& out) {
   // Member ids handed out by MEMBER_ID_REQUIRED and never used.
   for (auto p = g.pending.begin(); p != g.pending.end();) {
-    p = p->second <= now ? g.pending.erase(p) : std::next(p);
+    if (p->second > now) {
+      ++p;
+      continue;
+    }
+    bytes_ -= kEntryBytes + p->first.size();
+    p = g.pending.erase(p);
   }
   // The rebalance delay or timeout (before sessions: a rebalance due now
   // answers its new members rather than dropping them).
@@ -895,6 +976,7 @@ GroupCoordinatorStats GroupCoordinator::Stats() const {
     s.pending_member_ids += g->pending.size();
     ++s.groups_in_state[static_cast<size_t>(g->state)];
   }
+  s.bytes = bytes_;
   s.rebalances_completed = rebalances_completed_;
   s.members_expired = members_expired_;
   return s;

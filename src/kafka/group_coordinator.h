@@ -52,6 +52,7 @@ inline constexpr int16_t kErrInconsistentGroupProtocol = 23;
 inline constexpr int16_t kErrInvalidGroupId = 24;
 inline constexpr int16_t kErrUnknownMemberId = 25;
 inline constexpr int16_t kErrInvalidSessionTimeout = 26;
+inline constexpr int16_t kErrInvalidRequest = 42;
 inline constexpr int16_t kErrRebalanceInProgress = 27;
 inline constexpr int16_t kErrNonEmptyGroup = 68;
 inline constexpr int16_t kErrGroupIdNotFound = 69;
@@ -80,6 +81,15 @@ struct GroupOptions {
   // COORDINATOR_NOT_AVAILABLE (retriable: clients back off and retry).
   size_t max_groups = 10000;
   size_t max_members_per_group = 1000;
+  // A JoinGroup offering more protocols than this, or whose protocols,
+  // metadata, ids and client strings exceed max_member_bytes, and a leader's
+  // SyncGroup carrying an assignment over max_member_bytes, get
+  // INVALID_REQUEST. Every member and MEMBER_ID_REQUIRED id of every group is
+  // charged against max_total_bytes (what it holds plus 256 bytes); a join
+  // or sync that would pass it gets COORDINATOR_NOT_AVAILABLE (retriable).
+  size_t max_protocols_per_member = 32;
+  size_t max_member_bytes = size_t{4} << 20;
+  size_t max_total_bytes = size_t{256} << 20;
   // Seed for generated member ids; 0 seeds from std::random_device.
   uint64_t member_id_seed = 0;
 };
@@ -188,6 +198,7 @@ struct GroupCoordinatorStats {
   size_t groups = 0;
   size_t members = 0;
   size_t pending_member_ids = 0;
+  size_t bytes = 0;  // charged against GroupOptions::max_total_bytes
   size_t groups_in_state[4] = {};  // indexed by GroupState
   uint64_t rebalances_completed = 0;  // generations started with members
   uint64_t members_expired = 0;       // session, join or sync timeouts
@@ -237,6 +248,7 @@ class GroupCoordinator {
   struct Member;
   struct Group;
   using Outbox = std::vector<std::function<void()>>;
+  using GroupMap = std::map<std::string, std::unique_ptr<Group>, std::less<>>;
 
   // All of these run with mu_ held and queue callbacks in `out`.
   Group* FindGroup(std::string_view id);
@@ -258,14 +270,23 @@ class GroupCoordinator {
   void TickGroup(Group& g, TimePoint now, Outbox& out);
   void Refresh(Group& g);
   bool EvictOneEmptyGroup();
+  // Memory accounting (bytes_): a member is charged what it holds; Recharge
+  // after changing it, Discharge when it goes. Pending ids and whole groups
+  // go through AddPending / ErasePending / EraseGroup.
+  void Recharge(Member& m);
+  void Discharge(const Member& m);
+  void AddPending(Group& g, const std::string& id, TimePoint expiry);
+  void ErasePending(Group& g, std::string_view id);
+  GroupMap::iterator EraseGroup(GroupMap::iterator it);  // the next group
   JoinGroupResult CurrentGeneration(const Group& g, const Member& m, std::string_view leader) const;
   static void Run(Outbox& out);
 
   const GroupOptions opts_;
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Group>, std::less<>> groups_;
+  GroupMap groups_;
   std::mt19937_64 rng_;
   uint64_t next_seq_ = 0;
+  size_t bytes_ = 0;  // charged by every member and pending id, see GroupOptions::max_total_bytes
   bool shut_down_ = false;
   uint64_t rebalances_completed_ = 0;
   uint64_t members_expired_ = 0;

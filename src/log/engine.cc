@@ -1077,6 +1077,7 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
     AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
     o.unknown_producer = check.status().code() == Code::kOutOfRange && !s->live.producers.Knows(p.id);
     o.producer_fenced = check.status().code() == Code::kFenced;
+    o.ack.log_start = LogStart(*s);
     lk.unlock();
     done(std::move(o));
     return true;
