@@ -1227,6 +1227,27 @@ TEST_F(EngineTest, ADeleteWhoseAnswerWasLostLeavesNoStreamThatAcksAppends) {
   EXPECT_EQ(meta_->GetStream(kBasin, "u").status().code(), Code::kNotFound);
 }
 
+// A second start of the node with WAL options the writer refuses fails
+// before it mints an epoch: the running process is not fenced.
+TEST_F(EngineTest, BadWalOptionsAreRefusedBeforeTheNodeIsTakenOver) {
+  auto before = meta_->GetNode("n1");
+  ASSERT_TRUE(before.ok());
+  EngineOptions bad = Options();
+  bad.wal.slot_cap_bytes = 8 << 20;
+  bad.wal.budget_bytes = 4 << 20;  // less than one slot
+  auto e = Engine::Open(bad, store_, meta_);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), Code::kInvalidArgument) << e.status().ToString();
+  bad = Options();
+  bad.wal.window = 0;
+  EXPECT_EQ(Engine::Open(bad, store_, meta_).status().code(), Code::kInvalidArgument);
+  auto after = meta_->GetNode("n1");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->epoch, before->epoch) << "a refused start minted an epoch";
+  auto ack = engine_->Append(kBasin, "s", Bodies({"still-served"}));
+  EXPECT_TRUE(ack.status.ok()) << ack.status.ToString();
+}
+
 // A process whose node epoch a successor minted deletes nothing: the
 // successor serves those streams (and would acknowledge appends to a stream
 // whose rows settle then skips).

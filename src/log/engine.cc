@@ -183,7 +183,11 @@ void Engine::HandleHalt(uint64_t epoch) {
 Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
                                              std::shared_ptr<metastore::Metastore> meta) {
   if (!store || !meta) return InvalidArgument("the engine needs an object store and a metastore");
-  WEIR_RETURN_IF_ERROR(wal::ValidateNodeId(options.node));
+  // Before Recover mints an epoch: a start with bad WAL options must not
+  // fence the node's running process and then give up.
+  wal::WriterOptions wal_options = options.wal;
+  wal_options.node = options.node;
+  WEIR_RETURN_IF_ERROR(wal::ValidateWriterOptions(wal_options));
   std::unique_ptr<Engine> e(new Engine(std::move(options), std::move(store), std::move(meta)));
   WEIR_RETURN_IF_ERROR(e->Recover());
   return e;

@@ -57,10 +57,8 @@ struct Writer::Slot {
   Status last_error;
 };
 
-Result<std::unique_ptr<Writer>> Writer::Start(std::shared_ptr<objstore::ObjectStore> store,
-                                              WriterOptions options) {
+Status ValidateWriterOptions(const WriterOptions& options) {
   WEIR_RETURN_IF_ERROR(ValidateNodeId(options.node));
-  if (!store) return InvalidArgument("WAL writer needs an object store");
   if (options.window < 1 || options.window > 1024) {
     return InvalidArgument("WAL pipeline window must be 1..1024, got {}", options.window);
   }
@@ -74,6 +72,13 @@ Result<std::unique_ptr<Writer>> Writer::Start(std::shared_ptr<objstore::ObjectSt
                            options.budget_bytes, options.slot_cap_bytes);
   }
   if (options.linger < Duration::zero()) return InvalidArgument("WAL linger must not be negative");
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Writer>> Writer::Start(std::shared_ptr<objstore::ObjectStore> store,
+                                              WriterOptions options) {
+  if (!store) return InvalidArgument("WAL writer needs an object store");
+  WEIR_RETURN_IF_ERROR(ValidateWriterOptions(options));
   if (options.nonce == 0) options.nonce = RandomNonce();
   std::unique_ptr<Writer> w(new Writer(std::move(store), std::move(options)));
   w->flusher_ = std::thread([p = w.get()] { p->FlusherLoop(); });

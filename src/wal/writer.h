@@ -94,6 +94,11 @@ struct WalMetrics {
   Histogram slot_entries;
 };
 
+// The checks Writer::Start makes of its options (node id, window, slot cap,
+// budget, linger), for callers that must refuse bad options before they act
+// on the node (the engine checks them before it mints an epoch).
+Status ValidateWriterOptions(const WriterOptions& options);
+
 class Writer {
  public:
   static Result<std::unique_ptr<Writer>> Start(std::shared_ptr<objstore::ObjectStore> store,
