@@ -2084,6 +2084,12 @@ TEST_F(EngineTest, RawBatchesAreStoredAsSentWithOffsetsAssigned) {
 }
 
 TEST_F(EngineTest, RawBatchesAreVerified) {
+  auto one_plain_record = [] {
+    wal::Record r;
+    r.value = "plain";
+    r.headers.push_back(wal::RecordHeader{"h", "v"});
+    return r;
+  };
   std::string good = KafkaBatch({"a"});
   std::string bad_crc = good;
   bad_crc.back() ^= 1;
@@ -2096,6 +2102,17 @@ TEST_F(EngineTest, RawBatchesAreVerified) {
   std::string cmd_batch;
   ASSERT_TRUE(wal::EncodeRecordBatch(cmd, {}, &cmd_batch).ok());
   EXPECT_EQ(AppendRaw(*engine_, "s", cmd_batch).status.code(), Code::kInvalidArgument);
+  // Compressed too (it would read as a command never applied), also behind other records.
+  cmd.insert(cmd.begin(), one_plain_record());
+  for (int16_t codec = 1; codec <= 4; ++codec) {
+    wal::EncodeOptions zipped;
+    zipped.attributes = codec;
+    std::string compressed;
+    ASSERT_TRUE(wal::EncodeRecordBatch(cmd, zipped, &compressed).ok()) << codec;
+    auto refused = AppendRaw(*engine_, "s", compressed);
+    EXPECT_EQ(refused.status.code(), Code::kInvalidArgument) << codec << " " << refused.status.ToString();
+  }
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 0u);
   std::vector<wal::Record> one(1);
   one[0].value = "v";
   std::string txn;

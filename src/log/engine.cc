@@ -1182,18 +1182,17 @@ Result<Engine::CheckedBatch> Engine::CheckBatch(std::string_view batch) const {
   // not damaged on the way: kInvalidArgument (Kafka's INVALID_RECORD, which
   // producers do not retry), not kCorruption (CORRUPT_MESSAGE, retried).
   // Only that: running out of memory to decompress stays retryable.
-  if (Status valid = wal::ValidateRecords(created, batch, wal::kMaxDecompressedRecordsBytes, &max_ts); !valid.ok()) {
+  // Compressed or not: a command-shaped record in a producer's batch would
+  // read as a command that was never applied.
+  int32_t command_at = -1;
+  if (Status valid = wal::ValidateRecords(created, batch, wal::kMaxDecompressedRecordsBytes, &max_ts, &command_at);
+      !valid.ok()) {
     return valid.code() == Code::kCorruption ? InvalidArgument("{}", valid.message()) : valid;
   }
-  if (MayHoldCommands(batch)) {
-    WEIR_ASSIGN_OR_RETURN(auto records, wal::DecodeRecords(batch));
-    for (const auto& r : records) {
-      if (IsCommand(r.record)) {
-        return InvalidArgument("record at offset delta {} has one header with an empty name, which is reserved "
-                               "for S2 command records",
-                               r.offset - h.base_offset);
-      }
-    }
+  if (command_at >= 0) {
+    return InvalidArgument("record at offset delta {} has one header with an empty name, which is reserved for S2 "
+                           "command records",
+                           command_at);
   }
   return CheckedBatch{h, max_ts};
 }

@@ -136,7 +136,7 @@ class RecordReader {
 // writes them). `timestamp` (if set) gets the record's timestamp, as a reader
 // sees it.
 Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, DecodedRecord* out, int64_t* timestamp,
-                    size_t* overhead) {
+                    size_t* overhead, bool* command_shaped = nullptr) {
   int32_t length = 0;
   if (!batch->GetVarint32(&length)) {
     return Corruption("record {}: length is truncated or malformed ({} bytes left in the batch)", index,
@@ -182,9 +182,11 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
                       index, kMaxDecodedRecordsOverheadBytes);
   }
   if (out) rec.headers.resize(static_cast<size_t>(header_count));
+  const bool shape_wanted = command_shaped != nullptr && header_count == 1;
   for (int64_t i = 0; i < header_count; ++i) {
     std::optional<std::string> key;
-    WEIR_RETURN_IF_ERROR(r.Bytes("header key", false, out ? &key : nullptr));
+    WEIR_RETURN_IF_ERROR(r.Bytes("header key", false, out || shape_wanted ? &key : nullptr));
+    if (shape_wanted) *command_shaped = key->empty();
     RecordHeader* hdr = out ? &rec.headers[static_cast<size_t>(i)] : nullptr;
     if (hdr) hdr->key = std::move(*key);
     WEIR_RETURN_IF_ERROR(r.Bytes("header value", true, hdr ? &hdr->value : nullptr));
@@ -353,7 +355,7 @@ Result<BatchHeader> VerifyBatch(std::string_view data) {
 namespace {
 // DecodeRecords, or with a null `out` ValidateRecords; `h` is VerifyBatch's.
 Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_decompressed,
-                   std::vector<DecodedRecord>* out, int64_t* max_timestamp = nullptr) {
+                   std::vector<DecodedRecord>* out, int64_t* max_timestamp = nullptr, int32_t* command_at = nullptr) {
   std::string_view body = batch.substr(kRecordBatchHeaderSize, h.total_size() - kRecordBatchHeaderSize);
   std::string decompressed;
   if (h.compression() != kCodecNone) {
@@ -374,9 +376,12 @@ Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_deco
   if (out) out->resize(static_cast<size_t>(h.record_count));
   ByteReader reader(body);
   int64_t ts = 0;
+  if (command_at) *command_at = -1;
   for (int32_t i = 0; i < h.record_count; ++i) {
-    WEIR_RETURN_IF_ERROR(
-        DecodeRecord(&reader, h, i, out ? &(*out)[static_cast<size_t>(i)] : nullptr, &ts, &overhead));
+    bool shaped = false;
+    WEIR_RETURN_IF_ERROR(DecodeRecord(&reader, h, i, out ? &(*out)[static_cast<size_t>(i)] : nullptr, &ts, &overhead,
+                                      command_at && *command_at < 0 ? &shaped : nullptr));
+    if (shaped) *command_at = i;
     if (max_timestamp) *max_timestamp = i == 0 ? ts : std::max(*max_timestamp, ts);
   }
   if (reader.remaining() != 0) {
@@ -399,9 +404,9 @@ Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch, size_t 
 }
 
 Status ValidateRecords(const BatchHeader& verified, std::string_view batch, size_t max_decompressed,
-                       int64_t* max_timestamp) {
+                       int64_t* max_timestamp, int32_t* command_at) {
   if (batch.size() < verified.total_size()) return Corruption("record batch shorter than its header says");
-  return WalkRecords(verified, batch, max_decompressed, nullptr, max_timestamp);
+  return WalkRecords(verified, batch, max_decompressed, nullptr, max_timestamp, command_at);
 }
 
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset) {

@@ -120,9 +120,12 @@ Result<std::vector<DecodedRecord>> DecodeRecords(std::string_view batch,
 // what a broker does before it stores a producer's batch as sent. Also
 // checks that each record's offsetDelta is its index (a reader would
 // otherwise see repeated offsets and gaps). `max_timestamp` (if set) gets the
-// largest record timestamp.
+// largest record timestamp; `command_at` (if set) the index of the first
+// record shaped like an S2 command record (exactly one header, its name
+// empty), or -1.
 Status ValidateRecords(const BatchHeader& verified, std::string_view batch,
-                       size_t max_decompressed = kMaxDecompressedRecordsBytes, int64_t* max_timestamp = nullptr);
+                       size_t max_decompressed = kMaxDecompressedRecordsBytes, int64_t* max_timestamp = nullptr,
+                       int32_t* command_at = nullptr);
 
 // Rewrites baseOffset of the batch starting at byte pos, in place (it is outside the CRC).
 void SetBaseOffset(std::string* batch, size_t pos, int64_t base_offset);
