@@ -2281,6 +2281,38 @@ TEST_F(EngineTest, TheBacklogIsBoundedInBatchesToo) {
   EXPECT_TRUE(engine_->Append(kBasin, "s", Bodies({"after settle"})).status.ok());
 }
 
+// A producer's retry of a batch already in its window needs no room: under
+// backpressure it is answered at once, not after the admission timeout.
+TEST_F(EngineTest, AProducersRetryIsAnsweredWithoutWaitingForAdmission) {
+  max_unsettled_bytes_ = 4000;
+  admission_timeout_ = 50ms;
+  Restart();
+  auto pid = engine_->AllocateProducerId();
+  ASSERT_TRUE(pid.ok());
+  AppendOptions o;
+  o.producer = ProducerRef{*pid, 0, 0};
+  const std::string body(1000, 'x');
+  auto first = engine_->Append(kBasin, "s", Bodies({body}), o);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  auto kafka_first = AppendRaw(*engine_, "s", KafkaBatch({"k"}, 1000, static_cast<int64_t>(*pid), 0, 1));
+  ASSERT_TRUE(kafka_first.status.ok()) << kafka_first.status.ToString();
+  Status refused;
+  for (int i = 0; i < 20 && refused.ok(); ++i) refused = engine_->Append(kBasin, "s", Bodies({body})).status;
+  ASSERT_EQ(refused.code(), Code::kResourceExhausted) << refused.ToString();
+  ASSERT_TRUE(engine_->AdmissionMayWait(1000));
+  auto retry = engine_->Append(kBasin, "s", Bodies({body}), o);
+  ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
+  EXPECT_TRUE(retry.ack.duplicated);
+  EXPECT_EQ(retry.ack.start_offset, first.ack.start_offset);
+  auto kafka_retry = AppendRaw(*engine_, "s", KafkaBatch({"k"}, 1000, static_cast<int64_t>(*pid), 0, 1));
+  ASSERT_TRUE(kafka_retry.status.ok()) << kafka_retry.status.ToString();
+  EXPECT_TRUE(kafka_retry.ack.duplicated);
+  EXPECT_EQ(kafka_retry.ack.start_offset, kafka_first.ack.start_offset);
+  // A new batch of the producer still waits for room.
+  o.producer->seq = 2;
+  EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({body}), o).status.code(), Code::kResourceExhausted);
+}
+
 // A settle that falls behind slows writers: past max_unsettled_bytes appends
 // wait, then fail with kResourceExhausted and change nothing; settling (or
 // deleting the stream that holds the backlog) lets them through again.

@@ -985,13 +985,18 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     // read as none, and the window would not survive settle or a restart.
     return fail(InvalidArgument("producer id {} is above {}", options.producer->id, INT64_MAX));
   }
+  const size_t bound = BatchSizeBound(records);
+  if (options.producer &&
+      DuplicateAnsweredBeforeAdmission(basin, stream, *options.producer, records.size(), bound, done)) {
+    return;
+  }
   // One admission_timeout for both waits (settle room, then pool budget).
   const TimePoint admit_by = Now() + options_.admission_timeout;
   if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Stream> s = *found;
-  auto room = wal_->Reserve(BatchSizeBound(records), admit_by);
+  auto room = wal_->Reserve(bound, admit_by);
   if (!room.ok()) return fail(room.status());
 
   std::unique_lock lk(s->mu);
@@ -1072,6 +1077,21 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
   Submit(lk, s, std::move(batch), recs.size(), recs.front().timestamp, last_ts, options.producer, std::move(token),
          trim_point, std::move(done), *room);
+}
+
+bool Engine::DuplicateAnsweredBeforeAdmission(const std::string& basin, const std::string& stream,
+                                              const ProducerRef& p, size_t count, size_t bytes, AppendCallback& done) {
+  if (!AdmissionMayWait(bytes)) return false;
+  auto found = Find(basin, stream);
+  if (!found.ok()) return false;  // the full path answers
+  const std::shared_ptr<Stream>& s = *found;
+  std::unique_lock lk(s->mu);
+  if (s->deleted || s->deleting || s->delete_unknown) return false;
+  // Only duplicates: a refusal (a gap, say) could change once batches
+  // waiting for admission ahead of this one are in.
+  auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
+  if (!check.ok() || check->kind != ProducerCheck::kDuplicate) return false;
+  return HandledByProducerWindow(lk, s, p, count, done);
 }
 
 bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
@@ -1218,6 +1238,10 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   // 0 and 0 there); Kafka ignores them too.
   if (h.producer_id >= 0) {
     producer = ProducerRef{static_cast<uint64_t>(h.producer_id), h.producer_epoch, h.base_sequence};
+  }
+  if (producer && DuplicateAnsweredBeforeAdmission(basin, stream, *producer, static_cast<size_t>(h.record_count),
+                                                   batch.size(), done)) {
+    return;
   }
   // One admission_timeout for both waits (settle room, then pool budget).
   const TimePoint admit_by = Now() + options_.admission_timeout;

@@ -425,6 +425,11 @@ class Engine {
   // queued); false for a new batch.
   bool HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
                                const ProducerRef& p, size_t count, AppendCallback& done);
+  // Before the admission waits, while they may wait: a producer's retry of a
+  // batch its window holds needs no pool or settle room, so it is answered
+  // (or queued behind its original) at once. True when it took `done`.
+  bool DuplicateAnsweredBeforeAdmission(const std::string& basin, const std::string& stream, const ProducerRef& p,
+                                        size_t count, size_t bytes, AppendCallback& done);
   // Under s->mu: hands a sealed batch to the WAL and commits the sequencer
   // state once it is admitted; `done` runs when it is durable or failed.
   // `room` was reserved before s->mu was taken (never wait for the pool
