@@ -2313,6 +2313,31 @@ TEST_F(EngineTest, AProducersRetryIsAnsweredWithoutWaitingForAdmission) {
   EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({body}), o).status.code(), Code::kResourceExhausted);
 }
 
+// A caller on an I/O thread asks not to wait: with no room now, the batch
+// is refused at once (retriable), whatever the admission timeout.
+TEST_F(EngineTest, AnAppendThatMayNotWaitIsRefusedAtOnceWithoutRoom) {
+  max_unsettled_bytes_ = 4000;
+  admission_timeout_ = 60s;
+  Restart();
+  uint64_t appended = 0;
+  for (; appended < 20 && !engine_->AdmissionMayWait(1000); ++appended) {
+    ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({std::string(1000, 'x')})).status.ok());
+  }
+  ASSERT_TRUE(engine_->AdmissionMayWait(1000));
+  std::promise<AppendOutcome> done;
+  auto answer = done.get_future();
+  engine_->AppendBatchAsync(kBasin, "s", KafkaBatch({"y"}), [&](AppendOutcome o) { done.set_value(std::move(o)); },
+                            /*may_wait=*/false);
+  ASSERT_EQ(answer.wait_for(20s), std::future_status::ready) << "the append waited for admission";
+  EXPECT_EQ(answer.get().status.code(), Code::kResourceExhausted);
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), appended);
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  std::promise<AppendOutcome> again;
+  engine_->AppendBatchAsync(kBasin, "s", KafkaBatch({"y"}), [&](AppendOutcome o) { again.set_value(std::move(o)); },
+                            /*may_wait=*/false);
+  EXPECT_TRUE(again.get_future().get().status.ok());
+}
+
 // A settle that falls behind slows writers: past max_unsettled_bytes appends
 // wait, then fail with kResourceExhausted and change nothing; settling (or
 // deleting the stream that holds the backlog) lets them through again.

@@ -384,7 +384,9 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
     }
     resp->responses.push_back(std::move(tr));
   }
-  if (to_create.empty()) return ProduceAppend(req, std::move(resp), std::move(jobs));
+  // On the I/O thread only when admission looked free (above); should it
+  // fill meanwhile, the batch is refused (retriable) rather than waited for.
+  if (to_create.empty()) return ProduceAppend(req, std::move(resp), std::move(jobs), on_worker);
   // A topic is missing: create it off the I/O thread, then append, still
   // before this connection's next request.
   auto create_then_append = [this, req, resp, jobs = std::move(jobs), to_create = std::move(to_create)]() mutable {
@@ -414,14 +416,14 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
       }
       if (has) engine_->LoadTable(options_.basin, topic).IgnoreError();
     }
-    ProduceAppend(req, std::move(resp), std::move(jobs));
+    ProduceAppend(req, std::move(resp), std::move(jobs), /*may_wait=*/true);
   };
   if (on_worker) return create_then_append();
   req->reply->PostInOrder(std::move(create_then_append));
 }
 
 void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
-                           std::vector<ProduceJob> jobs) {
+                           std::vector<ProduceJob> jobs, bool may_wait) {
   // acks=0 gets no response; Kafka closes the connection instead when a
   // partition failed, its only way to tell the client (which then refreshes
   // its metadata). Either happens once the appends are done, so the
@@ -470,7 +472,8 @@ void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<
             last = --state->outstanding == 0;
           }
           if (last) finish(*resp);
-        });
+        },
+        may_wait);
   }
 }
 

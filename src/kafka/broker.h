@@ -106,8 +106,10 @@ class Broker : public FrameHandler {
   void Dispatch(const std::shared_ptr<Request>& req);
   // `on_worker`: free to block (else on an I/O thread).
   void Produce(const std::shared_ptr<Request>& req, bool on_worker);
+  // `may_wait` false (on an I/O thread): a batch the WAL cannot admit at
+  // once gets REQUEST_TIMED_OUT instead of waiting for room.
   void ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
-                     std::vector<ProduceJob> jobs);
+                     std::vector<ProduceJob> jobs, bool may_wait);
   void Fetch(const std::shared_ptr<Request>& req);
   // Reads every partition once; answers, or (unless final) waits for data.
   void FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);

@@ -1218,7 +1218,7 @@ Result<Engine::CheckedBatch> Engine::CheckBatch(std::string_view batch) const {
 }
 
 void Engine::AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
-                              AppendCallback done) {
+                              AppendCallback done, bool may_wait) {
   auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
   auto checked = CheckBatch(batch);
   if (!checked.ok()) return fail(checked.status());
@@ -1244,7 +1244,7 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
     return;
   }
   // One admission_timeout for both waits (settle room, then pool budget).
-  const TimePoint admit_by = Now() + options_.admission_timeout;
+  const TimePoint admit_by = may_wait ? Now() + options_.admission_timeout : Now();
   if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());

@@ -295,9 +295,11 @@ class Engine {
   // producer id, epoch and base sequence. Transactional and control batches
   // are kNotSupported; an uncompressed batch holding a record shaped like an
   // S2 command record (one header, empty name) is kInvalidArgument. At most
-  // max_batch_bytes. `done` runs as for AppendAsync.
+  // max_batch_bytes. `done` runs as for AppendAsync. With `may_wait` false
+  // (a caller on an I/O thread) admission does not wait: no room in the WAL
+  // pool or the settle backlog now is kResourceExhausted at once.
   void AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
-                        AppendCallback done);
+                        AppendCallback done, bool may_wait = true);
   // The checks AppendBatchAsync makes of the batch itself, whatever the
   // stream (as it would fail them): its header and its records' largest
   // timestamp. CPU only (it may decompress the batch).
