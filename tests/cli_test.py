@@ -281,6 +281,32 @@ def follow():
 
 
 @case
+def follow_ends_when_its_stream_is_deleted():
+    # The session's stream is gone: an error, not a reconnect that could pick
+    # up a new stream of the same name (here made at once) past its records.
+    weir("stream", "create", "phoenix")
+    weir("append", "phoenix", input="a\nb\nc\n")
+    env = dict(os.environ, WEIR_SERVER=SERVER.base_url)
+    proc = subprocess.Popen([WEIR, "read", "phoenix", "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        got = queue.Queue()
+        threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
+        assert [got.get(timeout=30) for _ in range(3)] == ["a\n", "b\n", "c\n"]
+        weir("stream", "delete", "phoenix")
+        weir("stream", "create", "phoenix")
+        weir("append", "phoenix", input="new\n")
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read()
+        assert rc == 1, (rc, err)
+        assert "not found" in err, err
+        assert got.empty(), "the follower printed records of the new stream"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@case
 def follow_across_a_restart():
     # --tail-offset is resolved once: a follower that reconnects before its
     # first batch must not skip what was appended while it was away.

@@ -1,5 +1,8 @@
 #include "client/client.h"
 
+#include <map>
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include "client/codec.h"
@@ -186,11 +189,21 @@ Status Client::ReadSession(std::string_view stream, const ReadOptions& options, 
         return false;
       }
     } else if (ev.event == "error") {
-      // S2's ErrorInfo {code, message}; plain text from older servers.
+      // S2's ErrorInfo {code, message}; plain text from older servers. Codes
+      // that say the session cannot go on (its stream deleted, say) are final,
+      // as the same answer to a request would be; the rest (unavailable,
+      // server_draining, ...) are worth a reconnect.
       auto j = nlohmann::json::parse(ev.data, nullptr, /*allow_exceptions=*/false);
       std::string why = ev.data;
+      std::string code;
       if (j.is_object() && j.contains("message") && j["message"].is_string()) why = j["message"].get<std::string>();
-      outcome = Unavailable("read session error from the server: {}", why);
+      if (j.is_object() && j.contains("code") && j["code"].is_string()) code = j["code"].get<std::string>();
+      static const std::map<std::string_view, long> kFinal = {
+          {"stream_not_found", 404}, {"basin_not_found", 404}, {"not_found", 404}, {"invalid", 422},
+          {"bad_query", 400},        {"bad_header", 400},      {"conflict", 409},  {"permission_denied", 403}};
+      auto final_code = kFinal.find(code);
+      outcome = final_code != kFinal.end() ? ApiError(final_code->second, ev.data, ErrorSubject{options_.basin, stream})
+                                           : Unavailable("read session error from the server: {}", why);
       return false;
     } else if (ev.data == "[DONE]") {  // S2 sends it as an unnamed event
       outcome = Status::Ok();
