@@ -190,6 +190,32 @@ TEST_F(HttpServerLimits, BodiesOverTheBudgetWaitUnreadUntilEarlierRequestsAreAns
   for (int fd : {a, b, c}) ::close(fd);
 }
 
+// A chunked body counts as the limit only until its size is known, and a
+// GET's body (meaningless to every handler) not at all once dispatched: a
+// held read (an SSE session, a long poll) keeps none of the budget.
+TEST_F(HttpServerLimits, HeldRequestsKeepOnlyTheBodyBytesTheyUse) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 15000}));
+  int a = Connect(addr), b = Connect(addr), c = Connect(addr), d = Connect(addr);
+  for (int fd : {a, b, c, d}) ASSERT_GE(fd, 0);
+  const std::string chunked_head = "Host: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  ASSERT_TRUE(SendAll(a, "GET /x HTTP/1.1\r\n" + chunked_head + "0\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  ASSERT_TRUE(SendAll(b, "GET /x HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n" + std::string(5000, 'g')));
+  ASSERT_TRUE(handler.WaitFor(2));
+  ASSERT_TRUE(SendAll(c, "POST /x HTTP/1.1\r\n" + chunked_head + "3\r\nabc\r\n0\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(3));
+  EXPECT_EQ(metrics().in_flight_bytes.load(), 3);
+  // With three requests held, a body of nearly the whole budget still gets in.
+  ASSERT_TRUE(SendAll(d, PostHead(9000) + std::string(9000, 'd')));
+  ASSERT_TRUE(handler.WaitFor(4));
+  EXPECT_EQ(metrics().budget_waits.load(), 0);
+  handler.AnswerAll();
+  EXPECT_NE(ReadUntil(c, "abc"), "");
+  EXPECT_NE(ReadUntil(d, std::string(9000, 'd')), "");
+  EXPECT_TRUE(WaitUntil([&] { return metrics().in_flight_bytes.load() == 0; }));
+  for (int fd : {a, b, c, d}) ::close(fd);
+}
+
 TEST_F(HttpServerLimits, AWaitingConnectionThatClosesGivesItsTurnAway) {
   ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000}));
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);

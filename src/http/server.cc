@@ -212,6 +212,15 @@ class HttpServer::Impl {
 
 namespace {
 
+// GET and HEAD bodies mean nothing to any handler: dropped at dispatch, and
+// their budget given back, so a read session or long poll holds none of it.
+template <typename Budget>
+void DropUnusedBody(Request& req, size_t& reserved, Budget& budget) {
+  if (req.method != "GET" && req.method != "HEAD") return;
+  req.body = std::string();
+  if (reserved > 0) budget.Release(std::exchange(reserved, 0));
+}
+
 // One TCP connection. Lives while an async operation or an Exchange holds it;
 // all its state is touched on its strand only.
 class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
@@ -384,6 +393,11 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
       return Reject(400, "bad_request", "bad percent escape in the query string");
     }
     req.body = std::move(msg.body());
+    // A chunked body counted as the limit until its size was known.
+    if (reserved_ > req.body.size()) {
+      srv_->budget.Release(reserved_ - req.body.size());
+      reserved_ = req.body.size();
+    }
     Dispatch(std::move(req));
   }
 
@@ -422,11 +436,14 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     Send(std::move(bytes), nullptr, true, false);
   }
 
-  // The handler's RefuseHead on the head parser_ holds (a target it cannot
-  // parse goes on, to be refused with the body).
+  // The handler's RefuseHead on the head parser_ holds; a target that cannot
+  // be parsed is refused here too (it would be with the body, but then an
+  // unauthenticated client could have its large body read first).
   std::optional<Response> RefuseHead() {
     Request head;
-    if (!HeadToRequest(parser_->get(), &head)) return std::nullopt;
+    if (!HeadToRequest(parser_->get(), &head)) {
+      return Response{400, "application/json", ErrorBody("bad_request", "bad percent escape in the query string"), {}};
+    }
     return srv_->handler->RefuseHead(head);
   }
 
@@ -962,6 +979,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     st->dropping = true;  // dispatched: nothing more is read for it
     Request req = std::move(st->req);
     st->req = Request{};
+    DropUnusedBody(req, st->reserved, srv_->budget);
     srv_->handler->Handle(std::move(req), MakeExchange(st, std::exchange(st->reserved, 0)));
   }
 
@@ -1396,6 +1414,7 @@ void Conn::StartHttp2(std::string already_read) {
 
 void Conn::Dispatch(Request req) {
   const bool head_only = req.method == "HEAD";
+  DropUnusedBody(req, reserved_, srv_->budget);
   auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), srv_, keep_alive_, std::exchange(reserved_, 0),
                                            head_only, http10_);
   srv_->handler->Handle(std::move(req), std::move(ex));

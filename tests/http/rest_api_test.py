@@ -1795,6 +1795,16 @@ class AuthAndRequestLimitTest(ClosingTestCase):
             got += data
         self.assertTrue(got.startswith(b"HTTP/1.1 401"), got[:100])
         self.assertIn(b"WWW-Authenticate: Bearer", got)
+        # A target that cannot be parsed is answered on its head too.
+        sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=30)
+        self.addCleanup(sock.close)
+        sock.sendall(b"POST /v1/streams?%zz HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n")
+        got = b""
+        while b"\r\n\r\n" not in got:
+            data = sock.recv(65536)
+            self.assertTrue(data, "closed without an answer")
+            got += data
+        self.assertTrue(got.startswith(b"HTTP/1.1 400"), got[:100])
 
     def test_request_too_large(self):
         c = Client(self.server, token=self.TOKEN)
