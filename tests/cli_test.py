@@ -183,6 +183,9 @@ def append_batches_and_reads():
     weir("append", "many", input="late\n")
     got = weir("read", "many", "--timestamp", str(t)).stdout
     assert got == "late\n", got
+    # A time after every record's: nothing yet, as --from the tail.
+    later = weir("read", "many", "--timestamp", str(int(time.time() * 1000) + 60000))
+    assert later.returncode == 0 and later.stdout == "", later
     past = weir("read", "many", "--from", "999999", ok=False)
     assert "(416 range_not_satisfiable)" in error_line(past), past.stderr
     # An incomplete last line and empty lines are records too.

@@ -2330,6 +2330,15 @@ TEST_F(EngineTest, AnAppendThatMayNotWaitIsRefusedAtOnceWithoutRoom) {
                             /*may_wait=*/false);
   ASSERT_EQ(answer.wait_for(20s), std::future_status::ready) << "the append waited for admission";
   EXPECT_EQ(answer.get().status.code(), Code::kResourceExhausted);
+  // Records (REST) alike.
+  AppendOptions no_wait;
+  no_wait.may_wait = false;
+  std::promise<AppendOutcome> records_done;
+  auto records_answer = records_done.get_future();
+  engine_->AppendAsync(kBasin, "s", Bodies({"z"}), no_wait,
+                       [&](AppendOutcome o) { records_done.set_value(std::move(o)); });
+  ASSERT_EQ(records_answer.wait_for(20s), std::future_status::ready) << "the append waited for admission";
+  EXPECT_EQ(records_answer.get().status.code(), Code::kResourceExhausted);
   EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), appended);
   ASSERT_TRUE(engine_->SettleNow().ok());
   std::promise<AppendOutcome> again;

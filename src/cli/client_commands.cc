@@ -231,13 +231,17 @@ size_t Metered(const client::AppendRecord& r) {
 // append that did land comes back as a duplicate instead of a second copy.
 Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, const std::vector<client::AppendRecord>& batch,
                                           const client::AppendOptions& ao) {
+  // Backpressure (429) lasts as long as settle is behind: waited out for up
+  // to 5 minutes. Other retryable failures get 10 tries.
   auto backoff = std::chrono::milliseconds(100);
+  const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
   for (int attempt = 1;; ++attempt) {
     auto ack = c.Append(s.name, batch, ao);
     if (ack.ok()) return ack;
     const Status& st = ack.status();
-    bool safe = s.producer ? st.retryable() : st.code() == Code::kResourceExhausted;
-    if (!safe || attempt >= 10) return st;
+    const bool backpressure = st.code() == Code::kResourceExhausted;
+    bool safe = s.producer ? st.retryable() : backpressure;
+    if (!safe || (!backpressure && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) return st;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }

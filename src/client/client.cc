@@ -137,14 +137,15 @@ Result<ReadBatch> Client::Read(std::string_view stream, const ReadOptions& optio
   WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Do(req));
   if (resp.status == 416) {
     // The server answers 416 both for a start past the tail and for one at
-    // the tail with nothing to wait for; the second is an empty read.
+    // the tail with nothing to wait for; the second is an empty read. A time
+    // after every record's is the tail too (nothing is there yet).
     auto tail = DecodeTail(resp.body);
     if (tail.ok()) {
       const ReadStart& st = options.start;
       bool at_tail = options.clamp || st.kind == ReadStart::Kind::kTailOffset ||
                      st.kind == ReadStart::Kind::kFirst ||  // an empty or fully trimmed stream
                      (st.kind == ReadStart::Kind::kSeqNum && st.value <= tail->seq_num) ||
-                     (st.kind == ReadStart::Kind::kTimestamp && st.value <= tail->timestamp);
+                     st.kind == ReadStart::Kind::kTimestamp;
       if (at_tail) return ReadBatch{{}, *tail};
     }
   }

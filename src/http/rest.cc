@@ -945,7 +945,10 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       std::vector<Input> inputs;
       std::optional<Response> undecodable;
       Decode(raw, &inputs, &undecodable);
-      for (auto& i : inputs) Submit(std::move(i.in), i.frame_bytes);
+      for (auto& i : inputs) {
+        i.in.options.may_wait = !on_io_thread;  // as for unary appends (SubmitAppend)
+        Submit(std::move(i.in), i.frame_bytes);
+      }
       lk.lock();
       // After the inputs before the bad frame (a frame that does not decode
       // comes before one whose framing is bad: Take stopped there).
@@ -1557,6 +1560,9 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
 
 void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                            size_t bytes) {
+  // On the I/O thread only when admission looked free (Handle); should it
+  // fill meanwhile, a 429 now rather than a wait that stalls the thread.
+  in.options.may_wait = c.on_worker;
   engine_->AppendAsync(
       c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes](log::AppendOutcome o) {
         if (!o.status.ok()) return c.Send(c.AppendFailure(o));

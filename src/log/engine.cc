@@ -991,7 +991,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     return;
   }
   // One admission_timeout for both waits (settle room, then pool budget).
-  const TimePoint admit_by = Now() + options_.admission_timeout;
+  const TimePoint admit_by = options.may_wait ? Now() + options_.admission_timeout : Now();
   if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());

@@ -118,6 +118,9 @@ struct AppendOptions {
   std::optional<uint64_t> match_seq_num;
   std::optional<std::string> fencing_token;
   std::optional<ProducerRef> producer;
+  // False for a caller on an I/O thread: admission does not wait (no room in
+  // the WAL pool or the settle backlog now is kResourceExhausted at once).
+  bool may_wait = true;
 };
 
 struct AppendAck {

@@ -1,6 +1,8 @@
 #include "server/serve.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -77,6 +79,27 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& addr, 
   }
   if (port < 0 || port > 65535) return InvalidArgument("{} has a bad port: \"{}\"", flag, addr);
   return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+// A listen address's host as an IP literal: a name (localhost, the
+// machine's own) is resolved, and its first address taken.
+Result<std::string> ResolveListenHost(const std::string& host, const char* flag) {
+  in6_addr scratch{};
+  if (inet_pton(AF_INET, host.c_str(), &scratch) == 1 || inet_pton(AF_INET6, host.c_str(), &scratch) == 1) return host;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || found == nullptr) {
+    return InvalidArgument("{}: cannot resolve host \"{}\": {}", flag, host, rc != 0 ? gai_strerror(rc) : "no address");
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* a = found->ai_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr)
+                                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr);
+  const char* ok = inet_ntop(found->ai_family, a, text, sizeof text);
+  freeaddrinfo(found);
+  if (ok == nullptr) return InvalidArgument("{}: cannot resolve host \"{}\"", flag, host);
+  return std::string(text);
 }
 
 Result<std::optional<std::string>> ReadToken(const std::string& file) {
@@ -263,17 +286,30 @@ int RunServe(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto fail = [](const Status& st) {
-    Log().error("weir serve: {}", st.message());
+    // Said even with logging off (WEIR_LOG_LEVEL=off): the reason it exits.
+    if (Log().should_log(spdlog::level::err)) {
+      Log().error("weir serve: {}", st.message());
+    } else {
+      fmt::print(stderr, "weir serve: {}\n", st.message());
+    }
     return 1;
   };
   DataDirLock lock;
   if (Status st = lock.Acquire(o.data_dir); !st.ok()) return fail(st);
   auto addr = ParseHostPort(o.http_addr, "--http-addr");
   if (!addr.ok()) return fail(addr.status());
+  if (auto host = ResolveListenHost(addr->first, "--http-addr"); host.ok()) {
+    addr->first = *host;
+  } else {
+    return fail(host.status());
+  }
   std::optional<std::pair<std::string, uint16_t>> kafka_addr, kafka_advertised;
   if (!o.kafka_addr.empty()) {
     auto a = ParseHostPort(o.kafka_addr, "--kafka-addr");
     if (!a.ok()) return fail(a.status());
+    auto host = ResolveListenHost(a->first, "--kafka-addr");
+    if (!host.ok()) return fail(host.status());
+    a->first = *host;
     kafka_addr = *a;
   }
   if (!o.kafka_advertised_addr.empty()) {

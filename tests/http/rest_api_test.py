@@ -2008,6 +2008,13 @@ class LifecycleTest(ClosingTestCase):
             self.assertIsNotNone(code, f"a second server (env vars) started on a locked data dir:\n{out}")
             self.assertNotEqual(code, 0, out)
             self.assertIn("lock", out.lower(), out)
+            # The reason is said whatever WEIR_LOG_LEVEL says (spdlog took
+            # words it does not know, upper case included, as "off").
+            for level in ("INFO", "", "verbose", "off"):
+                code, out = run_expecting_exit([WEIR, "serve"], cwd=cwd, env={
+                    "WEIR_DATA_DIR": server.data_dir, "WEIR_HTTP_ADDR": "localhost:0", "WEIR_LOG_LEVEL": level})
+                self.assertNotEqual(code, 0, out)
+                self.assertIn("lock", out.lower(), f"WEIR_LOG_LEVEL={level!r}: {out}")
         self.assertEqual(c.get("/health").status_code, 200)  # the first one is unharmed
 
         # A Kafka listener on every interface needs an address to advertise.
