@@ -1635,6 +1635,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
  private:
   // One read; then answer, send an event, or wait.
   void Step() {
+    // A long poll whose client is gone (an HTTP/2 stream reset, say): nothing
+    // to answer, and nothing more to read for it.
+    if (!sse_ && c_.ex->closed()) return;
     if (sse_ && (c_.ex->closed() || api_->draining_)) {
       // server_draining, as for requests: S2's SDKs reconnect at once on it.
       // Before the session's headers, as a plain answer.
@@ -1837,19 +1840,21 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       waiting_ = true;
       gen = ++wait_gen_;
     }
+    // Only this wait's end may step: a watch of an earlier wait can fire
+    // late (the engine took its callback just before an unwatch).
     auto id = api_->engine_->WatchTail(
         c_.basin, stream_, tail,
-        [self] {
-          if (self->TakeWait()) self->c_.ex->Post([self] { self->Step(); });
+        [self, gen] {
+          if (self->TakeWait(gen)) self->c_.ex->Post([self] { self->Step(); });
         },
         stream_id_);
     if (!id.ok()) {
-      TakeWait();
+      if (!TakeWait(gen)) return;
       if (!started_) return c_.Fail(id.status(), "stream_not_found");
       return Finish(id.status());
     }
     if (*id == 0) {  // the tail moved already
-      TakeWait();
+      if (!TakeWait(gen)) return;
       return c_.ex->Post([self] { self->Step(); });
     }
     {
@@ -1904,11 +1909,12 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     });
   }
 
-  bool TakeWait() {
+  // Ends wait `gen` if it is the one going on; whether it was.
+  bool TakeWait(uint64_t gen) {
     std::lock_guard lk(mu_);
-    bool was = waiting_;
+    if (!waiting_ || wait_gen_ != gen) return false;
     waiting_ = false;
-    return was;
+    return true;
   }
 
   // The session reached its count, bytes or until limit (or its wait bound).
