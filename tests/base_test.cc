@@ -278,6 +278,17 @@ TEST(Histogram, QuantilesAndConcurrentRecords) {
   EXPECT_EQ(h.Quantile(1.0), 10000u);
   h.Reset();
   EXPECT_EQ(h.count(), 0u);
+  // Nearest rank: of 1,000 values, p99.9 is the 999th (not the one outlier),
+  // and of 100 values p99 the 99th.
+  for (uint64_t v = 1; v <= 999; ++v) h.Record(v * 1000);
+  h.Record(10'000'000);
+  EXPECT_LT(h.Quantile(0.999), 1'100'000u);
+  EXPECT_GE(h.Quantile(0.999), 999'000u);
+  h.Reset();
+  for (uint64_t v = 1; v <= 99; ++v) h.Record(v * 1000);
+  h.Record(10'000'000);
+  EXPECT_LT(h.Quantile(0.99), 110'000u);
+  EXPECT_EQ(h.Quantile(1.0), 10'000'000u);
 }
 
 TEST(KeyedMutex, OneHolderPerKeyAndEntriesOnlyWhileInUse) {

@@ -382,8 +382,10 @@ def numbers_are_decimal():
     weir("append", "nums", input="".join(f"{i}\n" for i in range(12)))
     # CLI11 alone reads "010" as octal, "0x10" as hex and "-1" as 2^64 - 1.
     assert weir("read", "nums", "--from", "010", "--count", "1").stdout == "10\n"
+    # Past 64 bits: refused, not saturated to the largest value.
     for args in (("--count", "-1"), ("--tail-offset", "-1"), ("--from", "0x1"), ("--count", "1e3"),
-                 ("--count", "0"), ("--from", "")):
+                 ("--count", "0"), ("--from", ""), ("--from", "18446744073709551616"),
+                 ("--timestamp", "99999999999999999999")):
         out = weir("read", "nums", *args, ok=False)
         assert out.returncode == 1 and args[0] in error_line(out), (args, out.stderr)
     # NaN got past CLI11's range checks into a duration cast.

@@ -326,6 +326,9 @@ TEST(WalWriter, ReservationsHoldRoomAndGiveBackWhatIsNotUsed) {
   }
   EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
   EXPECT_FALSE(held.empty());
+  // More than the whole budget: no wait could make room, so no retry either.
+  auto never = (*w)->Reserve(1 << 30, Later());
+  EXPECT_EQ(never.status().code(), Code::kInvalidArgument) << never.status().ToString();
   // An append past its (empty) reservation never waits: no room now is an error.
   Writer::Reservation none = std::move(held.back());
   held.pop_back();

@@ -1,5 +1,7 @@
 #include "base/histogram.h"
 
+#include <cmath>
+
 #include <bit>
 
 namespace weir {
@@ -35,7 +37,10 @@ uint64_t Histogram::Quantile(double q) const {
   if (total == 0) return 0;
   if (q < 0) q = 0;
   if (q > 1) q = 1;
-  auto rank = static_cast<uint64_t>(q * static_cast<double>(total));
+  // Nearest rank: the ceil(q * total)-th smallest value (the 0-based index
+  // one less); the epsilon keeps 0.99 * 100 from rounding up to 100.
+  auto nth = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total) - 1e-9));
+  uint64_t rank = nth == 0 ? 0 : nth - 1;
   if (rank >= total) rank = total - 1;
   uint64_t seen = 0;
   for (int i = 0; i < kBuckets; ++i) {

@@ -133,6 +133,11 @@ Status Writer::Append(uint64_t stream_id, std::shared_ptr<const std::string> sha
 Result<Writer::Reservation> Writer::Reserve(size_t payload_bytes, TimePoint deadline) {
   const TimePoint start = Now();
   const size_t charge = payload_bytes + kEntryOverhead;
+  // Would wait for ever (and be told to retry): the budget is set too small.
+  if (charge > options_.budget_bytes) {
+    return InvalidArgument("an append of {} bytes cannot fit the WAL pool budget of {} bytes; raise the budget",
+                           charge, options_.budget_bytes);
+  }
   std::unique_lock lk(mu_);
   WEIR_RETURN_IF_ERROR(WaitForRoom(lk, charge, start, deadline));
   held_bytes_ += charge;

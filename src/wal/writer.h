@@ -138,7 +138,8 @@ class Writer {
   // Waits (until `deadline`, as Append does) for room for an append of up to
   // `payload_bytes`, and holds it. A caller that appends under a lock of its
   // own reserves before taking that lock: a release's callbacks may need the
-  // lock, and the pool's room comes back only through releases.
+  // lock, and the pool's room comes back only through releases. More than the
+  // whole budget is kInvalidArgument at once (no wait could make room).
   Result<Reservation> Reserve(size_t payload_bytes, TimePoint deadline);
   // Appends from `room` and never blocks: a charge past the reservation is
   // admitted only if the pool has room for it now.
