@@ -1112,6 +1112,11 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
                                [self, index = *index, records, bytes, started = Now()](log::AppendOutcome o) {
                                  Ctx c = self->c_;
                                  c.started = started;
+                                 if (!o.status.ok() && o.status.code() == Code::kNotFound) {
+                                   // Telling a missing basin asks the metastore: not here (this
+                                   // may be a WAL thread, whose acks wait behind it).
+                                   return c.ex->Post([self, c, index, o] { self->Deliver(index, c.AppendFailure(o)); });
+                                 }
                                  if (!o.status.ok()) return self->Deliver(index, c.AppendFailure(o));
                                  c.Acked(o.ack, records, bytes);
                                  self->Deliver(index, Response{200, "", EncodeS2sFrame(ProtoAck(o.ack)), {}});
@@ -1565,6 +1570,10 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
   in.options.may_wait = c.on_worker;
   engine_->AppendAsync(
       c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes](log::AppendOutcome o) {
+        if (!o.status.ok() && o.status.code() == Code::kNotFound) {
+          // Telling a missing basin asks the metastore: not on a WAL or I/O thread.
+          return c.ex->Post([c, o] { c.Send(c.AppendFailure(o)); });
+        }
         if (!o.status.ok()) return c.Send(c.AppendFailure(o));
         const auto& a = o.ack;
         c.Acked(a, records, bytes);
