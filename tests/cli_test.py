@@ -250,15 +250,22 @@ def follow_until_an_append(env, args, line):
     return proc.returncode, out, err
 
 
+def start_follower(stream):
+    """Starts `weir read STREAM --follow`: the process and a queue of the lines it prints."""
+    env = dict(os.environ, WEIR_SERVER=SERVER.base_url)
+    proc = subprocess.Popen([WEIR, "read", stream, "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    got = queue.Queue()
+    threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
+    return proc, got
+
+
 @case
 def follow():
     weir("stream", "create", "live")
     weir("append", "live", input="before\n")
     env = dict(os.environ, WEIR_SERVER=SERVER.base_url)
-    proc = subprocess.Popen([WEIR, "read", "live", "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-    got = queue.Queue()
-    threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
+    proc, got = start_follower("live")
     try:
         assert got.get(timeout=30) == "before\n"
         weir("append", "live", input="one\n")
@@ -289,12 +296,8 @@ def follow_ends_when_its_stream_is_deleted():
     # up a new stream of the same name (here made at once) past its records.
     weir("stream", "create", "phoenix")
     weir("append", "phoenix", input="a\nb\nc\n")
-    env = dict(os.environ, WEIR_SERVER=SERVER.base_url)
-    proc = subprocess.Popen([WEIR, "read", "phoenix", "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc, got = start_follower("phoenix")
     try:
-        got = queue.Queue()
-        threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
         assert [got.get(timeout=30) for _ in range(3)] == ["a\n", "b\n", "c\n"]
         weir("stream", "delete", "phoenix")
         weir("stream", "create", "phoenix")

@@ -1784,26 +1784,24 @@ class AuthAndRequestLimitTest(ClosingTestCase):
         # A request without the token and with a body of 64 KiB or more is answered
         # on its head: its body is never read (nor memory set aside for it),
         # and the connection closes. (A smaller body is read, then refused.)
-        sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=30)
-        self.addCleanup(sock.close)
-        sock.sendall(b"POST /v1/streams HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 65536\r\n\r\n")  # and no body (64 KiB)
-        got = b""
-        while b"\r\n\r\n" not in got:
-            data = sock.recv(65536)
-            self.assertTrue(data, "closed without an answer")
-            got += data
+        def answer_to_head(head):
+            # Sends only the head (no body) and reads the answer's head.
+            sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=30)
+            self.addCleanup(sock.close)
+            sock.sendall(head)
+            got = b""
+            while b"\r\n\r\n" not in got:
+                data = sock.recv(65536)
+                self.assertTrue(data, "closed without an answer")
+                got += data
+            return got
+
+        got = answer_to_head(b"POST /v1/streams HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 65536\r\n\r\n")  # and no body (64 KiB)
         self.assertTrue(got.startswith(b"HTTP/1.1 401"), got[:100])
         self.assertIn(b"WWW-Authenticate: Bearer", got)
         # A target that cannot be parsed is answered on its head too.
-        sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=30)
-        self.addCleanup(sock.close)
-        sock.sendall(b"POST /v1/streams?%zz HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n")
-        got = b""
-        while b"\r\n\r\n" not in got:
-            data = sock.recv(65536)
-            self.assertTrue(data, "closed without an answer")
-            got += data
+        got = answer_to_head(b"POST /v1/streams?%zz HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n")
         self.assertTrue(got.startswith(b"HTTP/1.1 400"), got[:100])
 
     def test_request_too_large(self):
