@@ -987,6 +987,40 @@ TEST_F(GroupTest, EveryGroupsMembersShareOneMemoryBudget) {
   EXPECT_EQ(join("other", "", 30 << 10)->error_code, kErrNone);
 }
 
+TEST_F(GroupTest, AnUnchangedRejoinFitsABudgetThatIsFull) {
+  auto a = Join("", 0, std::string(1000, 'm'));
+  ASSERT_EQ(a->error_code, kErrNone);
+  GroupOptions o = TestOptions();
+  o.max_total_bytes = c_->Stats().bytes;  // exactly what A holds
+  Reset(o);
+  a = Join("", 0, std::string(1000, 'm'));  // the same seed: the same member id
+  ASSERT_EQ(a->error_code, kErrNone);
+  ASSERT_EQ(c_->Stats().bytes, o.max_total_bytes);
+  auto again = Join(a->member_id, 10, std::string(1000, 'm'));
+  EXPECT_EQ(again->error_code, kErrNone) << "an unchanged rejoin was refused at a full budget";
+  EXPECT_EQ(Join(a->member_id, 20, std::string(1001, 'm'))->error_code, kErrCoordinatorNotAvailable);
+}
+
+TEST_F(GroupTest, LongIdsAreCutOrRefused) {
+  // A new member id takes at most 64 bytes of the client id (pending ids are
+  // held for a session timeout), cut between UTF-8 characters.
+  JoinGroupInput in = In("", "m", 4);
+  in.client_id = std::string(63, 'c') + "\xc3\xa9" + std::string(30000, 'c');
+  auto pending = Join(in, 0);
+  ASSERT_EQ(pending->error_code, kErrMemberIdRequired);
+  EXPECT_EQ(pending->member_id.substr(0, 64), std::string(63, 'c') + "-");
+  EXPECT_EQ(pending->member_id.size(), 63u + 37u);
+  // Group ids and protocol types longer than 255 bytes are refused.
+  JoinGroupInput long_group = In("");
+  long_group.group_id = std::string(256, 'g');
+  EXPECT_EQ(Join(long_group, 0)->error_code, kErrInvalidGroupId);
+  JoinGroupInput long_type = In("");
+  long_type.group_id = "other";
+  long_type.protocol_type = std::string(256, 't');
+  EXPECT_EQ(Join(long_type, 0)->error_code, kErrInvalidRequest);
+  EXPECT_FALSE(c_->DescribeGroup("other").has_value());
+}
+
 TEST_F(GroupTest, GroupLimitForgetsEmptyGroupsFirst) {
   GroupOptions o = TestOptions();
   o.max_groups = 2;

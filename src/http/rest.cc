@@ -1645,8 +1645,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // One read; then answer, send an event, or wait.
   void Step() {
     // A long poll whose client is gone (an HTTP/2 stream reset, say): nothing
-    // to answer, and nothing more to read for it.
-    if (!sse_ && c_.ex->closed()) return;
+    // more to read for it. Answered all the same (into the void), as an
+    // exchange must be.
+    if (!sse_ && c_.ex->closed()) return c_.Error(503, "unavailable", "the client went away");
     if (sse_ && (c_.ex->closed() || api_->draining_)) {
       // server_draining, as for requests: S2's SDKs reconnect at once on it.
       // Before the session's headers, as a plain answer.

@@ -21,13 +21,22 @@ size_t ProtocolBytes(const Protocols& protocols) {
   return n;
 }
 
-// What a member joining with `in` will hold, its assignment aside (its id is
-// taken as long as the one it sent, or its client id plus a UUID).
+// A new member id's prefix (the client id, or a static member's instance id)
+// is cut to this many bytes: ids are opaque to clients, and a pending id is
+// held for its session timeout.
+constexpr size_t kMaxMemberIdPrefix = 64;
+constexpr size_t kUuidBytes = 37;  // "-" and a UUID
+
+// Group ids and protocol types a join may bring (a group keeps them, uncharged).
+constexpr size_t kMaxGroupString = 255;
+
+// What a member joining with `in` will hold, its assignment aside: as
+// Member::Bytes counts it (its id is the one it sent, or a new one).
 size_t JoinBytes(const JoinGroupInput& in) {
-  const size_t id = std::max(in.member_id.size(), std::max(in.client_id.size(),
-                                                           in.group_instance_id.value_or("").size()) + 37);
+  const size_t prefix = in.group_instance_id ? in.group_instance_id->size() : in.client_id.size();
+  const size_t id = !in.member_id.empty() ? in.member_id.size() : std::min(prefix, kMaxMemberIdPrefix) + kUuidBytes;
   return kEntryBytes + id + in.group_instance_id.value_or("").size() + in.client_id.size() +
-         in.client_host.size() + in.protocol_type.size() + ProtocolBytes(in.protocols);
+         in.client_host.size() + ProtocolBytes(in.protocols);
 }
 
 }  // namespace
@@ -291,6 +300,11 @@ GroupCoordinator::GroupMap::iterator GroupCoordinator::EraseGroup(GroupMap::iter
 // "<prefix>-<uuid>", as Kafka forms member ids (prefix: client id, or the
 // instance id of a static member).
 std::string GroupCoordinator::NewMemberId(std::string_view prefix) {
+  if (prefix.size() > kMaxMemberIdPrefix) {
+    size_t cut = kMaxMemberIdPrefix;
+    while (cut > 0 && (static_cast<unsigned char>(prefix[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 character
+    prefix = prefix.substr(0, cut);
+  }
   uint64_t hi = rng_();
   uint64_t lo = rng_();
   hi = (hi & ~uint64_t{0xf000}) | 0x4000;                                  // version 4
@@ -326,14 +340,29 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
   }
   const bool unknown = in.member_id.empty();
   Group* g = FindGroup(in.group_id);
+  if (in.group_id.size() > kMaxGroupString) return fail(kErrInvalidGroupId, in.member_id);
   const size_t wants = JoinBytes(in);
-  if (in.protocols.size() > opts_.max_protocols_per_member || wants > opts_.max_member_bytes) {
+  if (in.protocols.size() > opts_.max_protocols_per_member || wants > opts_.max_member_bytes ||
+      in.protocol_type.size() > kMaxGroupString) {
     return fail(kErrInvalidRequest, in.member_id);
   }
-  // A member rejoining gives back what it holds now (its assignment aside:
-  // it may keep that until the rebalance clears it).
-  const Member* rejoining = g != nullptr && !unknown ? g->Find(in.member_id) : nullptr;
-  const size_t gives_back = rejoining != nullptr ? rejoining->charged - rejoining->assignment.size() : 0;
+  // A member rejoining (or a static member's new incarnation, or a pending
+  // id joining) gives back what it holds now, its assignment aside (kept
+  // until the rebalance clears it): an unchanged rejoin costs nothing.
+  size_t gives_back = 0;
+  if (g != nullptr) {
+    const Member* held = nullptr;
+    if (!unknown) {
+      held = g->Find(in.member_id);
+      if (auto p = g->pending.find(in.member_id); held == nullptr && p != g->pending.end()) {
+        gives_back = kEntryBytes + p->first.size();
+      }
+    } else if (in.group_instance_id) {
+      auto it = g->static_members.find(*in.group_instance_id);
+      if (it != g->static_members.end()) held = g->Find(it->second);
+    }
+    if (held != nullptr) gives_back = held->charged - held->assignment.size();
+  }
   if (bytes_ - gives_back + wants > opts_.max_total_bytes) return fail(kErrCoordinatorNotAvailable, in.member_id);
   bool created = false;
   if (g == nullptr) {

@@ -296,8 +296,8 @@ class Engine {
   // log-append-time bit set; otherwise, when the producer's were wrong,
   // maxTimestamp as the records' largest with the bit clear). Idempotence comes from the batch's own
   // producer id, epoch and base sequence. Transactional and control batches
-  // are kNotSupported; an uncompressed batch holding a record shaped like an
-  // S2 command record (one header, empty name) is kInvalidArgument. At most
+  // are kNotSupported; a batch (compressed or not) holding a record shaped
+  // like an S2 command record (one header, empty name) is kInvalidArgument. At most
   // max_batch_bytes. `done` runs as for AppendAsync. With `may_wait` false
   // (a caller on an I/O thread) admission does not wait: no room in the WAL
   // pool or the settle backlog now is kResourceExhausted at once.

@@ -93,10 +93,19 @@ Result<std::string> ResolveListenHost(const std::string& host, const char* flag)
   if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || found == nullptr) {
     return InvalidArgument("{}: cannot resolve host \"{}\": {}", flag, host, rc != 0 ? gai_strerror(rc) : "no address");
   }
+  // IPv4 first: clients default to 127.0.0.1, and glibc may list ::1 first for localhost.
+  const addrinfo* pick = found;
+  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      pick = ai;
+      break;
+    }
+  }
   char text[INET6_ADDRSTRLEN] = {};
-  const void* a = found->ai_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr)
-                                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr);
-  const char* ok = inet_ntop(found->ai_family, a, text, sizeof text);
+  const void* a = pick->ai_family == AF_INET6
+                      ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr)
+                      : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr);
+  const char* ok = inet_ntop(pick->ai_family, a, text, sizeof text);
   freeaddrinfo(found);
   if (ok == nullptr) return InvalidArgument("{}: cannot resolve host \"{}\"", flag, host);
   return std::string(text);
@@ -304,11 +313,13 @@ int RunServe(const ServeOptions& o) {
     return fail(host.status());
   }
   std::optional<std::pair<std::string, uint16_t>> kafka_addr, kafka_advertised;
+  std::string kafka_listen_name;
   if (!o.kafka_addr.empty()) {
     auto a = ParseHostPort(o.kafka_addr, "--kafka-addr");
     if (!a.ok()) return fail(a.status());
     auto host = ResolveListenHost(a->first, "--kafka-addr");
     if (!host.ok()) return fail(host.status());
+    kafka_listen_name = a->first;  // advertised as given (a name), unless --kafka-advertised-addr says otherwise
     a->first = *host;
     kafka_addr = *a;
   }
@@ -410,7 +421,10 @@ int RunServe(const ServeOptions& o) {
     kafka_server = std::move(*ks);
     auto bound = ParseHostPort(kafka_server->address(), "kafka");
     if (!bound.ok()) return fail(bound.status());
-    bo.advertised_host = kafka_advertised ? kafka_advertised->first : bound->first;
+    bo.advertised_host = kafka_advertised ? kafka_advertised->first
+                         : kafka_listen_name != kafka_addr->first && !kafka_listen_name.empty()
+                             ? kafka_listen_name  // a name the listen address was resolved from
+                             : bound->first;
     bo.advertised_port = kafka_advertised ? kafka_advertised->second : bound->second;
     broker->SetAdvertised(bo.advertised_host, bo.advertised_port);
     kafka_server->StartAccepting();
