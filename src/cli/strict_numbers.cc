@@ -30,14 +30,13 @@ std::string CheckNumber(const std::string& type, std::string& value) {
     if (type == "UINT" && sign == "-") return "must not be negative, got \"" + value + "\"";
     size_t first = v.find_first_not_of('0');
     v.remove_prefix(first == std::string_view::npos ? v.size() - 1 : first);
-    value = sign + std::string(v);
     // Past 64 bits CLI11 would saturate quietly (narrower flags check their range).
     const std::string_view limit = type == "UINT" ? "18446744073709551615"
                                    : sign == "-" ? "9223372036854775808"
                                                  : "9223372036854775807";
-    if (v.size() > limit.size() || (v.size() == limit.size() && v > limit)) {
-      return "is out of range, got \"" + value + "\"";
-    }
+    const bool too_large = v.size() > limit.size() || (v.size() == limit.size() && v > limit);
+    value = sign + std::string(v);  // v views the old value: not used past here
+    if (too_large) return "is out of range, got \"" + value + "\"";
     return "";
   }
   // FLOAT: digits, an optional fraction, an optional decimal exponent.
