@@ -1,11 +1,8 @@
 #include "base/log.h"
 
-#include <algorithm>
 #include <cctype>
 #include <cstdlib>
-#include <iterator>
 #include <string>
-#include <string_view>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -20,10 +17,9 @@ spdlog::logger& Log() {
     const char* env = std::getenv("WEIR_LOG_LEVEL");
     std::string level = env ? env : "";
     for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    static constexpr std::string_view kNames[] = {"trace", "debug", "info",     "warn", "warning",
-                                                  "error", "err",   "critical", "off"};
-    const bool known = std::find(std::begin(kNames), std::end(kNames), level) != std::end(kNames);
-    l->set_level(known ? spdlog::level::from_str(level) : spdlog::level::info);
+    const spdlog::level::level_enum parsed = spdlog::level::from_str(level);
+    const bool known = parsed != spdlog::level::off || level == "off";
+    l->set_level(known ? parsed : spdlog::level::info);
     if (!known && !level.empty()) {
       l->warn("WEIR_LOG_LEVEL \"{}\" is not one of trace, debug, info, warn, error, critical, off: using info", env);
     }

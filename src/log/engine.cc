@@ -985,19 +985,11 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     // read as none, and the window would not survive settle or a restart.
     return fail(InvalidArgument("producer id {} is above {}", options.producer->id, INT64_MAX));
   }
-  const size_t bound = BatchSizeBound(records);
-  if (options.producer &&
-      DuplicateAnsweredBeforeAdmission(basin, stream, *options.producer, records.size(), bound, done)) {
-    return;
-  }
-  // One admission_timeout for both waits (settle room, then pool budget).
-  const TimePoint admit_by = options.may_wait ? Now() + options_.admission_timeout : Now();
-  if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
-  auto found = Find(basin, stream);
-  if (!found.ok()) return fail(found.status());
-  std::shared_ptr<Stream> s = *found;
-  auto room = wal_->Reserve(bound, admit_by);
-  if (!room.ok()) return fail(room.status());
+  auto admitted =
+      Admit(basin, stream, options.producer, records.size(), BatchSizeBound(records), options.may_wait, done);
+  if (!admitted) return;
+  std::shared_ptr<Stream> s = std::move(admitted->stream);
+  auto& room = admitted->room;
 
   std::unique_lock lk(s->mu);
   if (s->deleted) {
@@ -1076,7 +1068,25 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     return fail(st);
   }
   Submit(lk, s, std::move(batch), recs.size(), recs.front().timestamp, last_ts, options.producer, std::move(token),
-         trim_point, std::move(done), *room);
+         trim_point, std::move(done), room);
+}
+
+std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const std::string& stream,
+                                              const std::optional<ProducerRef>& producer, size_t count, size_t bytes,
+                                              bool may_wait, AppendCallback& done) {
+  auto fail = [&](Status st) {
+    done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt});
+    return std::nullopt;
+  };
+  if (producer && DuplicateAnsweredBeforeAdmission(basin, stream, *producer, count, bytes, done)) return std::nullopt;
+  // One admission_timeout for both waits (settle room, then pool budget).
+  const TimePoint admit_by = may_wait ? Now() + options_.admission_timeout : Now();
+  if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
+  auto found = Find(basin, stream);
+  if (!found.ok()) return fail(found.status());
+  auto room = wal_->Reserve(bytes, admit_by);
+  if (!room.ok()) return fail(room.status());
+  return Admitted{std::move(*found), std::move(*room)};
 }
 
 bool Engine::DuplicateAnsweredBeforeAdmission(const std::string& basin, const std::string& stream,
@@ -1239,18 +1249,10 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   if (h.producer_id >= 0) {
     producer = ProducerRef{static_cast<uint64_t>(h.producer_id), h.producer_epoch, h.base_sequence};
   }
-  if (producer && DuplicateAnsweredBeforeAdmission(basin, stream, *producer, static_cast<size_t>(h.record_count),
-                                                   batch.size(), done)) {
-    return;
-  }
-  // One admission_timeout for both waits (settle room, then pool budget).
-  const TimePoint admit_by = may_wait ? Now() + options_.admission_timeout : Now();
-  if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
-  auto found = Find(basin, stream);
-  if (!found.ok()) return fail(found.status());
-  std::shared_ptr<Stream> s = *found;
-  auto room = wal_->Reserve(batch.size(), admit_by);
-  if (!room.ok()) return fail(room.status());
+  auto admitted = Admit(basin, stream, producer, static_cast<size_t>(h.record_count), batch.size(), may_wait, done);
+  if (!admitted) return;
+  std::shared_ptr<Stream> s = std::move(admitted->stream);
+  auto& room = admitted->room;
 
   std::unique_lock lk(s->mu);
   if (s->deleted) {
@@ -1276,7 +1278,7 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   wal::SetBaseOffset(&batch, 0, static_cast<int64_t>(s->live.next_offset));
   bool stamped = s->info.config.timestamping == metastore::TimestampingMode::kArrival;
   Submit(lk, s, std::move(batch), static_cast<size_t>(h.record_count), first_ts, last_ts, producer,
-         s->live.fencing_token, s->live.trim_point, std::move(done), *room, stamped);
+         s->live.fencing_token, s->live.trim_point, std::move(done), room, stamped);
 }
 
 void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,

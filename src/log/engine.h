@@ -430,6 +430,17 @@ class Engine {
   // queued); false for a new batch.
   bool HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
                                const ProducerRef& p, size_t count, AppendCallback& done);
+  // Admission, for both kinds of append: a producer's duplicate answered at
+  // once (below), then room in the settle backlog and the WAL pool, waited
+  // for up to admission_timeout (not at all unless `may_wait`). Empty when
+  // `done` has been answered (or queued behind a duplicate's original).
+  struct Admitted {
+    std::shared_ptr<Stream> stream;
+    wal::Writer::Reservation room;
+  };
+  std::optional<Admitted> Admit(const std::string& basin, const std::string& stream,
+                                const std::optional<ProducerRef>& producer, size_t count, size_t bytes, bool may_wait,
+                                AppendCallback& done);
   // Before the admission waits, while they may wait: a producer's retry of a
   // batch its window holds needs no pool or settle room, so it is answered
   // (or queued behind its original) at once. True when it took `done`.

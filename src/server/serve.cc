@@ -101,13 +101,10 @@ Result<std::string> ResolveListenHost(const std::string& host, const char* flag)
       break;
     }
   }
-  char text[INET6_ADDRSTRLEN] = {};
-  const void* a = pick->ai_family == AF_INET6
-                      ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr)
-                      : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr);
-  const char* ok = inet_ntop(pick->ai_family, a, text, sizeof text);
+  char text[NI_MAXHOST] = {};
+  const int named = getnameinfo(pick->ai_addr, pick->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST);
   freeaddrinfo(found);
-  if (ok == nullptr) return InvalidArgument("{}: cannot resolve host \"{}\"", flag, host);
+  if (named != 0) return InvalidArgument("{}: cannot resolve host \"{}\": {}", flag, host, gai_strerror(named));
   return std::string(text);
 }
 
