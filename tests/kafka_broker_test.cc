@@ -326,13 +326,17 @@ class BrokerTest : public ::testing::Test {
     return o;
   }
 
-  void OpenEngine() {
+  void OpenEngine(size_t pool_budget_bytes = 0) {
     log::EngineOptions o;
     o.node = "n1";
     o.group_offsets_basin = kKafkaBasin;
     o.settle_interval = Duration::zero();
     o.wal.retry_initial = 1ms;
     o.wal.retry_max = 5ms;
+    if (pool_budget_bytes > 0) {
+      o.wal.slot_cap_bytes = pool_budget_bytes;
+      o.wal.budget_bytes = pool_budget_bytes;
+    }
     auto e = log::Engine::Open(o, store_, meta_);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(*e);
@@ -1010,6 +1014,19 @@ TEST_F(BrokerTest, CompressedBatchesAreStoredAsSent) {
   std::string bad = WithAttributes(gz, 0x07);
   EXPECT_NE(Produce("zipped", 0, bad).error_code, ErrorCode::kNone);
   EXPECT_EQ(Latest("zipped"), 3);
+}
+
+// A batch the WAL pool could never hold (but within max.message.bytes) is
+// MESSAGE_TOO_LARGE, which a client may split; INVALID_RECORD was fatal.
+TEST_F(BrokerTest, ABatchPastTheWholeWalPoolIsTooLarge) {
+  StopAll();
+  OpenEngine(256 << 10);
+  StartBroker(Options());
+  ASSERT_EQ(CreateTopic("pooled", 1).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Produce("pooled", 0, Batch({std::string(300 << 10, 'x')})).error_code, ErrorCode::kMessageTooLarge);
+  EXPECT_EQ(Latest("pooled"), 0);
+  EXPECT_EQ(Produce("pooled", 0, Batch({std::string(100 << 10, 'x')})).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Latest("pooled"), 1);
 }
 
 // A topic whose table exists in the metastore but whose partitions memory

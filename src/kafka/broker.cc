@@ -25,8 +25,8 @@ ErrorCode AppendError(const log::AppendOutcome& o) {
       return ErrorCode::kNone;
     case Code::kCorruption:
       return ErrorCode::kCorruptMessage;
-    case Code::kInvalidArgument:
-      return ErrorCode::kInvalidRecord;
+    case Code::kInvalidArgument:  // past the WAL pool: the client may split it
+      return o.too_large ? ErrorCode::kMessageTooLarge : ErrorCode::kInvalidRecord;
     case Code::kNotSupported:
       return ErrorCode::kTransactionalIdAuthorizationFailed;
     case Code::kOutOfRange:

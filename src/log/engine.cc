@@ -1085,7 +1085,12 @@ std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const st
   auto found = Find(basin, stream);
   if (!found.ok()) return fail(found.status());
   auto room = wal_->Reserve(bytes, admit_by);
-  if (!room.ok()) return fail(room.status());
+  if (!room.ok()) {
+    AppendOutcome o{room.status(), {}, std::nullopt, std::nullopt};
+    o.too_large = room.status().code() == Code::kInvalidArgument;  // past the whole budget
+    done(std::move(o));
+    return std::nullopt;
+  }
   return Admitted{std::move(*found), std::move(*room)};
 }
 

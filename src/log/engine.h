@@ -152,6 +152,9 @@ struct AppendOutcome {
   // INVALID_PRODUCER_EPOCH); status is kFenced. Any other kFenced means this
   // node lost its WAL to a successor: the append was not written, retry.
   bool producer_fenced = false;
+  // The append is larger than the whole WAL pool budget: no retry can fit it
+  // (Kafka's MESSAGE_TOO_LARGE); status is kInvalidArgument.
+  bool too_large = false;
 };
 using AppendCallback = std::function<void(AppendOutcome)>;
 
