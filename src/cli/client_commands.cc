@@ -226,9 +226,10 @@ size_t Metered(const client::AppendRecord& r) {
   return n;
 }
 
-// Sends one batch; with a producer (or on 429, where nothing was appended) it
-// retries retryable failures with the same producer sequence, so a retry of an
-// append that did land comes back as a duplicate instead of a second copy.
+// Sends one batch, and again after a retryable failure: with a producer (the
+// same producer sequence, so a retry of an append that did land comes back as
+// a duplicate instead of a second copy), else only when the failure says
+// nothing was appended (no connection, 429, 503 server_draining).
 Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, const std::vector<client::AppendRecord>& batch,
                                           const client::AppendOptions& ao) {
   // Backpressure (429) lasts as long as settle is behind: waited out for up
@@ -236,11 +237,12 @@ Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, con
   auto backoff = std::chrono::milliseconds(100);
   const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
   for (int attempt = 1;; ++attempt) {
-    auto ack = c.Append(s.name, batch, ao);
+    bool nothing_appended = false;
+    auto ack = c.Append(s.name, batch, ao, &nothing_appended);
     if (ack.ok()) return ack;
     const Status& st = ack.status();
     const bool backpressure = st.code() == Code::kResourceExhausted;
-    bool safe = s.producer ? st.retryable() : backpressure;
+    bool safe = st.retryable() && (s.producer || nothing_appended);
     if (!safe || (!backpressure && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) return st;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));

@@ -117,7 +117,8 @@ Status Client::DeleteStream(std::string_view name) {
 }
 
 Result<AppendAck> Client::Append(std::string_view stream, const std::vector<AppendRecord>& records,
-                                 const AppendOptions& options) {
+                                 const AppendOptions& options, bool* nothing_appended) {
+  if (nothing_appended) *nothing_appended = false;
   HttpRequest req = Request("POST", StreamPath(stream) + "/records");
   req.headers.emplace_back("Content-Type", "application/json");
   if (options.producer) {
@@ -127,8 +128,16 @@ Result<AppendAck> Client::Append(std::string_view stream, const std::vector<Appe
   }
   req.fresh_connection = !options.producer;  // a silent resend would append twice
   req.body = EncodeAppendInput(records, options);
-  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, stream));
-  return DecodeAppendAck(resp.body);
+  auto resp = http_->Do(req);
+  if (!resp.ok()) {
+    if (nothing_appended) *nothing_appended = http_->failed_before_connect();
+    return resp.status();
+  }
+  if (!Is2xx(resp->status)) {
+    if (nothing_appended) *nothing_appended = ErrorHasNoSideEffects(resp->status, resp->body);
+    return ApiError(resp->status, resp->body, ErrorSubject{options_.basin, stream});
+  }
+  return DecodeAppendAck(resp->body);
 }
 
 Result<ReadBatch> Client::Read(std::string_view stream, const ReadOptions& options) {

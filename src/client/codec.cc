@@ -148,6 +148,18 @@ Result<std::vector<NamedInfo>> DecodeNamedList(std::string_view text, std::strin
   });
 }
 
+bool ErrorHasNoSideEffects(long http_status, std::string_view body) {
+  if (http_status != 429 && http_status != 502 && http_status != 503) return false;
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("code") || !j["code"].is_string()) return false;
+  const std::string& code = j["code"].get_ref<const std::string&>();
+  switch (http_status) {
+    case 429: return code == "rate_limited";
+    case 502: return code == "hot_server";
+    default: return code == "reconnect_advised" || code == "server_draining" || code == "server_starting";
+  }
+}
+
 Status ApiError(long http_status, std::string_view body, const ErrorSubject& subject) {
   std::string code;
   std::string message;

@@ -46,6 +46,12 @@ struct ErrorSubject {
 // 416 OutOfRange, 400/401/413/422 InvalidArgument, other 5xx Internal.
 Status ApiError(long http_status, std::string_view body, const ErrorSubject& subject);
 
+// Whether an error answer says the request changed nothing, as S2's SDKs
+// judge it (429 rate_limited, 502 hot_server, 503 reconnect_advised and
+// 503 server_draining) and weir's 503 server_starting. Such an append may be
+// sent again without a producer.
+bool ErrorHasNoSideEffects(long http_status, std::string_view body);
+
 // One Server-Sent Event. `id` is empty when the event carried none.
 struct SseEvent {
   std::string event = "message";

@@ -186,7 +186,12 @@ Result<HttpResponse> HttpConnection::Stream(const HttpRequest& request,
   curl_easy_setopt(easy, CURLOPT_HTTPHEADER, list);
   CURLcode rc = curl_easy_perform(easy);
   curl_slist_free_all(list);
+  failed_before_connect_ = false;
   if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && t.stopped)) {
+    curl_off_t connected_at = 0;  // microseconds to the connect; 0 if none
+    curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connected_at);
+    failed_before_connect_ = rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
+                             (rc == CURLE_OPERATION_TIMEDOUT && connected_at == 0);
     return TransportError(easy, rc, errbuf, base_url_);
   }
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &response.status);

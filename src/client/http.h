@@ -59,6 +59,9 @@ class HttpConnection {
   const std::string& base_url() const { return base_url_; }
 
   Result<HttpResponse> Do(const HttpRequest& request);
+  // Whether the last Do or Stream failed before a connection was made (no
+  // byte of the request reached a server).
+  bool failed_before_connect() const { return failed_before_connect_; }
 
   // Like Do, but a 2xx body goes to `on_data` as it arrives instead of into
   // the response; `on_data` returns false to stop reading, which ends the
@@ -73,6 +76,7 @@ class HttpConnection {
   explicit HttpConnection(std::string base_url, std::unique_ptr<Impl> impl);
   std::string base_url_;
   std::unique_ptr<Impl> impl_;
+  bool failed_before_connect_ = false;
 };
 
 }  // namespace weir::client

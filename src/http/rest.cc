@@ -716,7 +716,7 @@ std::optional<Response> RestApi::RefuseHead(const Request& head) const {
 
 bool RestApi::Admit(const Request& req, Ctx& c) const {
   if (!c.engine) {
-    c.Error(503, "unavailable", "the server is still recovering", {{"Retry-After", "1"}});
+    c.Error(503, "server_starting", "the server is still recovering", {{"Retry-After", "1"}});
     return false;
   }
   // S2's SDK reconnects at once (without spending a retry) on this code.
