@@ -2324,6 +2324,11 @@ TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
   EXPECT_EQ(Committed("events", 0).committed_offset, 42);
   EXPECT_EQ(Commit(a, gen2, "events", 0, 51, std::string(4096, 'm')), ErrorCode::kNone);
   EXPECT_EQ(Committed("events", 0).committed_offset, 51);
+  // Metadata is opaque (librdkafka sends it as raw bytes): not UTF-8 is kept as is.
+  const std::string binary("\xc0\x80\xff\x00z", 5);
+  EXPECT_EQ(Commit(a, gen2, "events", 0, 52, binary), ErrorCode::kNone);
+  EXPECT_EQ(Committed("events", 0).committed_offset, 52);
+  EXPECT_EQ(Committed("events", 0).metadata, std::optional<std::string>(binary));
   // Never committed: -1.
   EXPECT_EQ(Committed("other", 0).committed_offset, -1);
   EXPECT_EQ(Committed("other", 0).error_code, ErrorCode::kNone);

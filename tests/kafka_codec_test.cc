@@ -623,6 +623,41 @@ TEST(KafkaRoundTrip, FetchRecordsAreConcatenatedPieces) {
   EXPECT_LE(view.data() + view.size(), buf.data() + buf.size());
 }
 
+// Clients older than Produce v4 / Fetch v6 take KAFKA_STORAGE_ERROR as fatal:
+// they get NOT_LEADER_OR_FOLLOWER, which they retry.
+TEST(KafkaRoundTrip, OldClientsGetStorageErrorsAsNotLeader) {
+  for (int16_t v = 3; v <= 7; ++v) {
+    ProduceResponse m;
+    m.responses.push_back({"t", {}});
+    m.responses[0].partition_responses.push_back({});
+    m.responses[0].partition_responses[0].error_code = ErrorCode::kKafkaStorageError;
+    std::string buf;
+    Writer w(&buf);
+    EncodeProduceResponse(m, v, w);
+    Reader r(buf);
+    ProduceResponse got;
+    ASSERT_TRUE(DecodeProduceResponse(r, v, &got).ok());
+    EXPECT_EQ(got.responses[0].partition_responses[0].error_code,
+              v < 4 ? ErrorCode::kNotLeaderOrFollower : ErrorCode::kKafkaStorageError)
+        << "produce v" << v;
+  }
+  for (int16_t v = 4; v <= 11; ++v) {
+    FetchResponse m;
+    FetchPartitionData p;
+    p.error_code = ErrorCode::kKafkaStorageError;
+    m.responses = {{"t", {p}}};
+    std::string buf;
+    Writer w(&buf);
+    EncodeFetchResponse(m, v, w);
+    Reader r(buf);
+    FetchResponse got;
+    ASSERT_TRUE(DecodeFetchResponse(r, v, &got).ok());
+    EXPECT_EQ(got.responses[0].partitions[0].error_code,
+              v < 6 ? ErrorCode::kNotLeaderOrFollower : ErrorCode::kKafkaStorageError)
+        << "fetch v" << v;
+  }
+}
+
 TEST(KafkaRoundTrip, NullAndEmptyVariants) {
   // Metadata v1+: null topics = all topics; v0 writes an empty array instead.
   MetadataRequest all;

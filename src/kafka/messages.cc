@@ -128,12 +128,21 @@ void EncodeProduceRequest(const ProduceRequest& m, int16_t version, Writer& w) {
   });
 }
 
+// KAFKA_STORAGE_ERROR came with Produce v4 and Fetch v6; older clients take it
+// as fatal. As on Kafka, they get NOT_LEADER_OR_FOLLOWER instead, which they
+// retry after a metadata refresh.
+namespace {
+ErrorCode StorageErrorFor(ErrorCode e, bool client_knows_it) {
+  return e == ErrorCode::kKafkaStorageError && !client_knows_it ? ErrorCode::kNotLeaderOrFollower : e;
+}
+}  // namespace
+
 void EncodeProduceResponse(const ProduceResponse& m, int16_t version, Writer& w) {
   WriteArray(w, m.responses, [&](const ProduceTopicResponse& t) {
     w.String(t.name);
     WriteArray(w, t.partition_responses, [&](const ProducePartitionResponse& p) {
       w.Int32(p.index);
-      WriteErrorCode(w, p.error_code);
+      WriteErrorCode(w, StorageErrorFor(p.error_code, version >= 4));
       w.Int64(p.base_offset);
       if (version >= 2) w.Int64(p.log_append_time_ms);
       if (version >= 5) w.Int64(p.log_start_offset);
@@ -233,7 +242,7 @@ void EncodeFetchResponse(const FetchResponse& m, int16_t version, Writer& w) {
     w.String(t.topic);
     WriteArray(w, t.partitions, [&](const FetchPartitionData& p) {
       w.Int32(p.partition_index);
-      WriteErrorCode(w, p.error_code);
+      WriteErrorCode(w, StorageErrorFor(p.error_code, version >= 6));
       w.Int64(p.high_watermark);
       if (version >= 4) w.Int64(p.last_stable_offset);
       if (version >= 5) w.Int64(p.log_start_offset);
@@ -450,7 +459,7 @@ Status DecodeOffsetCommitRequest(Reader& r, int16_t version, OffsetCommitRequest
       p.committed_offset = r.Int64("committed_offset");
       if (version >= 6) p.committed_leader_epoch = r.Int32("committed_leader_epoch");
       if (version == 1) p.commit_timestamp = r.Int64("commit_timestamp");
-      p.committed_metadata = r.NullableString("committed_metadata");
+      p.committed_metadata = r.NullableRawString("committed_metadata");
     });
   });
   return r.Finish();
@@ -558,7 +567,7 @@ Status DecodeOffsetFetchResponse(Reader& r, int16_t version, OffsetFetchResponse
       p.partition_index = r.Int32("partition_index");
       p.committed_offset = r.Int64("committed_offset");
       if (version >= 5) p.committed_leader_epoch = r.Int32("committed_leader_epoch");
-      p.metadata = r.NullableString("metadata");
+      p.metadata = r.NullableRawString("metadata");
       p.error_code = ReadErrorCode(r);
     });
   });
