@@ -658,6 +658,22 @@ TEST(KafkaRoundTrip, OldClientsGetStorageErrorsAsNotLeader) {
   }
 }
 
+// A message quoting a long name is cut (at a character boundary), not a
+// reason to close the connection with every other resource's answer.
+TEST(KafkaRoundTrip, LongErrorMessagesAreCut) {
+  CreateTopicsResponse m;
+  m.topics.push_back({"t", ErrorCode::kUnknownTopicOrPartition, "topic " + std::string(kMaxStringSize - 7, 'x') + "\u00e9!"});
+  std::string buf;
+  Writer w(&buf);
+  EncodeCreateTopicsResponse(m, 1, w);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  Reader r(buf);
+  CreateTopicsResponse got;
+  ASSERT_TRUE(DecodeCreateTopicsResponse(r, 1, &got).ok());
+  ASSERT_TRUE(got.topics.at(0).error_message.has_value());
+  EXPECT_EQ(*got.topics[0].error_message, m.topics[0].error_message->substr(0, kMaxStringSize - 1));
+}
+
 TEST(KafkaRoundTrip, NullAndEmptyVariants) {
   // Metadata v1+: null topics = all topics; v0 writes an empty array instead.
   MetadataRequest all;

@@ -132,6 +132,15 @@ void EncodeProduceRequest(const ProduceRequest& m, int16_t version, Writer& w) {
 // as fatal. As on Kafka, they get NOT_LEADER_OR_FOLLOWER instead, which they
 // retry after a metadata refresh.
 namespace {
+// An error message a string cannot carry (it may quote a long name) is cut at
+// a character boundary rather than closing the connection.
+void WriteErrorMessage(Writer& w, const std::optional<std::string>& m) {
+  if (!m || m->size() <= kMaxStringSize) return w.NullableString(m);
+  size_t n = kMaxStringSize;
+  while (n > 0 && (static_cast<unsigned char>((*m)[n]) & 0xC0) == 0x80) --n;
+  w.NullableString(std::string_view(*m).substr(0, n));
+}
+
 ErrorCode StorageErrorFor(ErrorCode e, bool client_knows_it) {
   return e == ErrorCode::kKafkaStorageError && !client_knows_it ? ErrorCode::kNotLeaderOrFollower : e;
 }
@@ -593,7 +602,7 @@ void EncodeFindCoordinatorRequest(const FindCoordinatorRequest& m, int16_t versi
 void EncodeFindCoordinatorResponse(const FindCoordinatorResponse& m, int16_t version, Writer& w) {
   if (version >= 1) w.Int32(m.throttle_time_ms);
   WriteErrorCode(w, m.error_code);
-  if (version >= 1) w.NullableString(m.error_message);
+  if (version >= 1) WriteErrorMessage(w, m.error_message);
   w.Int32(m.node_id);
   w.String(m.host);
   w.Int32(m.port);
@@ -882,7 +891,7 @@ void EncodeCreateTopicsResponse(const CreateTopicsResponse& m, int16_t version, 
   WriteArray(w, m.topics, [&](const CreatableTopicResult& t) {
     w.String(t.name);
     WriteErrorCode(w, t.error_code);
-    if (version >= 1) w.NullableString(t.error_message);
+    if (version >= 1) WriteErrorMessage(w, t.error_message);
   });
 }
 
@@ -1109,7 +1118,7 @@ void EncodeDescribeConfigsResponse(const DescribeConfigsResponse& m, int16_t ver
   w.Int32(m.throttle_time_ms);
   WriteArray(w, m.results, [&](const DescribeConfigsResult& res) {
     WriteErrorCode(w, res.error_code);
-    w.NullableString(res.error_message);
+    WriteErrorMessage(w, res.error_message);
     w.Int8(res.resource_type);
     w.String(res.resource_name);
     WriteArray(w, res.configs, [&](const DescribeConfigsEntry& e) {
@@ -1195,7 +1204,7 @@ void EncodeCreatePartitionsResponse(const CreatePartitionsResponse& m, int16_t /
   WriteArray(w, m.results, [&](const CreatePartitionsTopicResult& res) {
     w.String(res.name);
     WriteErrorCode(w, res.error_code);
-    w.NullableString(res.error_message);
+    WriteErrorMessage(w, res.error_message);
   });
 }
 
@@ -1298,7 +1307,7 @@ void EncodeAlterConfigsResponse(const AlterConfigsResponse& m, int16_t /*version
   w.Int32(m.throttle_time_ms);
   WriteArray(w, m.responses, [&](const AlterConfigsResult& res) {
     WriteErrorCode(w, res.error_code);
-    w.NullableString(res.error_message);
+    WriteErrorMessage(w, res.error_message);
     w.Int8(res.resource_type);
     w.String(res.resource_name);
   });

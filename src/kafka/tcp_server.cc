@@ -168,7 +168,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // OrderedMustWait.
   void ResumeOrdered() {
     if (OrderedMustWait()) return;
-    if (ordered_parked_.exchange(false)) DrainOrdered();
+    if (ordered_parked_.exchange(false)) {
+      // Parked after CloseNow looked (the drain paused just before the
+      // close): dropped as CloseNow would have. Parked, no drain runs.
+      if (closed_.load()) return ordered_.Drop();
+      DrainOrdered();
+    }
     if (read_held_.exchange(false)) {
       net::post(socket_.get_executor(), [self = shared_from_this()] {
         self->ResumeHeld();
