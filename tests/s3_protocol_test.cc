@@ -38,6 +38,20 @@ TEST(Xml, RejectsMalformedAndDeepDocuments) {
   EXPECT_NE(st.message().find("deeper"), std::string::npos) << st.message();
 }
 
+// A DTD's entities could blow a small body up a hundredfold, and even short
+// tags cost a tree node each: both are refused.
+TEST(Xml, RejectsDtdsAndTooManyElements) {
+  const Status dtd = xml::Parse("<?xml version=\"1.0\"?><!DOCTYPE K [<!ENTITY a \"aaaaaaaa\">]><K>&a;&a;</K>").status();
+  EXPECT_EQ(dtd.code(), Code::kCorruption);
+  EXPECT_NE(dtd.message().find("DTD"), std::string::npos) << dtd.message();
+  std::string wide = "<K>";
+  for (int i = 0; i < 300000; ++i) wide += "<a/>";
+  wide += "</K>";
+  const Status st = xml::Parse(wide).status();
+  EXPECT_EQ(st.code(), Code::kCorruption);
+  EXPECT_NE(st.message().find("elements"), std::string::npos) << st.message();
+}
+
 TEST(Xml, EscapeRoundTrips) {
   const std::string text = "a<b>&\"c'd";
   EXPECT_EQ(xml::Escape(text), "a&lt;b&gt;&amp;&quot;c&apos;d");

@@ -187,6 +187,14 @@ TEST(S3Client, ListRefusesPagesThatDoNotMoveOn) {
   EXPECT_EQ(s->List("", "b", 10).status().code(), Code::kCorruption);  // "a" and "b" are not after "b"
   fake.Script(200, ListPage({"pre/c", "pre/b"}, false, ""));
   EXPECT_EQ(s->List("", "", 10).status().code(), Code::kCorruption);  // not ascending
+  // Tokens that go round in a circle (t1, t2, t1) on empty pages.
+  fake.Script(200, ListPage({}, true, "t1"));
+  fake.Script(200, ListPage({}, true, "t2"));
+  fake.Script(200, ListPage({}, true, "t1"));
+  EXPECT_EQ(s->List("", "", 10).status().code(), Code::kCorruption);
+  // Keys outside the prefix asked for (the service ignored prefix=).
+  fake.Script(200, ListPage({"pre/seg/1", "pre/wal/2"}, false, ""));
+  EXPECT_EQ(s->List("wal/", "", 10).status().code(), Code::kCorruption);
   // A well-behaved page still lists.
   fake.Script(200, ListPage({"pre/c", "pre/d"}, false, ""));
   auto page = s->List("", "b", 10);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <random>
 #include <thread>
+#include <unordered_set>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -29,6 +30,8 @@ constexpr size_t kDeleteBatch = 1000;  // S3's DeleteObjects limit
 // at most 1,024 bytes is a few MB) and whole objects (weir writes none this
 // large: slots and merged segments are a few MiB).
 constexpr uint64_t kMaxXmlBodyBytes = 16u << 20;
+// Requests of one List call (pages of keys, or S3's empty truncated pages).
+constexpr size_t kMaxListRoundTrips = 10000;
 constexpr uint64_t kMaxObjectBodyBytes = uint64_t{1} << 30;
 constexpr std::string_view kScheme = "s3://";
 
@@ -601,10 +604,14 @@ Result<ListPage> S3Store::List(std::string_view prefix, std::string_view start_a
     bool truncated = false;
     std::string token;
     std::string last_full_key;
+    std::unordered_set<std::string> seen_tokens;
     do {
       WEIR_ASSIGN_OR_RETURN(s3::ListResult r, impl_->ListOnce(full_prefix, full_start, token, want - found.size()));
       for (ObjectInfo& info : r.objects) {
-        if (!info.key.starts_with(impl_->key_prefix)) {
+        // Not only under the store's prefix: under the one asked for. A
+        // service that ignored prefix= would hand callers (the startup sweep)
+        // keys of another kind to parse, and delete.
+        if (!info.key.starts_with(full_prefix)) {
           return Corruption("LIST s3://{}/{}: the service returned key \"{}\" outside the prefix", impl_->o.bucket,
                             full_prefix, info.key);
         }
@@ -620,10 +627,17 @@ Result<ListPage> S3Store::List(std::string_view prefix, std::string_view start_a
         found.push_back(std::move(info));
       }
       truncated = r.truncated;
-      // A truncated page must say where the next one starts, and move on.
-      if (truncated && (r.next_continuation_token.empty() || r.next_continuation_token == token)) {
+      // A truncated page must say where the next one starts, and move on:
+      // a token seen before would loop for ever.
+      if (truncated && (r.next_continuation_token.empty() || !seen_tokens.insert(r.next_continuation_token).second)) {
         return Corruption("LIST s3://{}/{}: a truncated page with {} continuation token", impl_->o.bucket,
-                          full_prefix, r.next_continuation_token.empty() ? "no" : "the same");
+                          full_prefix, r.next_continuation_token.empty() ? "no" : "an earlier");
+      }
+      // S3 may answer empty truncated pages while it skips deleted keys, but
+      // not without end.
+      if (truncated && seen_tokens.size() >= kMaxListRoundTrips) {
+        return Unavailable("LIST s3://{}/{}: no page of keys after {} requests", impl_->o.bucket, full_prefix,
+                           kMaxListRoundTrips);
       }
       token = std::move(r.next_continuation_token);
     } while (truncated && found.size() < want);
