@@ -1041,6 +1041,37 @@ TEST(KafkaHostile, EveryTruncationOfEveryRequestFails) {
   });
 }
 
+// A request that decodes to far more than its frame (tiny elements, each a
+// struct or a string object) is refused; real requests of many elements are
+// not.
+TEST(KafkaHostile, RequestsThatDecodeFarLargerThanTheirFrameFail) {
+  DeleteGroupsRequest empties;
+  empties.groups_names.resize(100000);  // 2 bytes each on the wire, 32 decoded
+  auto frame = EncodeRequest(samples::Header(ApiKey::kDeleteGroups, 1), empties);
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  auto got = DecodeRequest(*frame);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("decoded request would take more than"), std::string::npos)
+      << got.status().message();
+
+  DeleteGroupsRequest named;
+  for (int i = 0; i < 20000; ++i) named.groups_names.push_back(fmt::format("consumer-group-{:08}", i));
+  frame = EncodeRequest(samples::Header(ApiKey::kDeleteGroups, 1), named);
+  ASSERT_TRUE(frame.ok());
+  EXPECT_TRUE(DecodeRequest(*frame).ok());
+
+  FetchRequest fetch;
+  fetch.topics.resize(100);
+  for (auto& t : fetch.topics) {
+    t.topic = "a-topic-with-a-name";
+    t.partitions.resize(1000);
+  }
+  frame = EncodeRequest(samples::Header(ApiKey::kFetch, 4), fetch);
+  ASSERT_TRUE(frame.ok());
+  EXPECT_TRUE(DecodeRequest(*frame).ok());
+}
+
 TEST(KafkaHostile, TrailingBytesFail) {
   samples::ForEachApiVersion([](ApiKey key, int16_t v) {
     std::string frame = samples::RequestFrame(key, v) + "\x00"s;

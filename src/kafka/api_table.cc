@@ -141,6 +141,10 @@ Result<RequestHeader> PeekRequestHeader(std::string_view frame) {
 
 Result<DecodedRequest> DecodeRequest(std::string_view frame) {
   Reader r(frame);
+  // Requests wait decoded for their turn, holding only their frame's share
+  // of the request budget: one whose decoded form would be far larger (a
+  // million empty group names) is refused. Real ones take 1-3x their frame.
+  r.SetDecodedLimit(kDecodedPerFrameByte * frame.size() + kDecodedAllowance);
   DecodedRequest out;
   WEIR_RETURN_IF_ERROR(DecodeRequestHeader(r, &out.header));
   const RequestHeader& h = out.header;

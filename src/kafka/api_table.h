@@ -128,7 +128,11 @@ struct DecodedRequest {
 //   with EncodeApiVersionsUnsupported (PeekRequestHeader gives the correlation
 //   id) and closes the connection for any other.
 // - InvalidArgument: malformed bytes (truncated, a length past the frame, a
-//   bad string, an impossible array count, bytes left over), naming the field.
+//   bad string, an impossible array count, bytes left over), naming the field;
+//   or a request whose decoded form would take more than
+//   kDecodedPerFrameByte bytes per frame byte plus kDecodedAllowance.
+inline constexpr uint64_t kDecodedPerFrameByte = 8;
+inline constexpr uint64_t kDecodedAllowance = 64 << 10;
 Result<DecodedRequest> DecodeRequest(std::string_view frame);
 // The records views would dangle: decode from a buffer that outlives the result.
 Result<DecodedRequest> DecodeRequest(std::string&& frame) = delete;

@@ -20,6 +20,8 @@ constexpr size_t kBytes = 4;
 template <typename T, typename Fn>
 void ReadArray(Reader& r, const char* field, size_t min_size, std::vector<T>* out, Fn&& read_one) {
   int32_t n = r.ArrayLength(field, min_size);
+  r.Charge(field, static_cast<uint64_t>(n) * sizeof(T));
+  if (r.ok()) out->reserve(out->size() + static_cast<size_t>(n));
   for (int32_t i = 0; i < n && r.ok(); ++i) {
     Reader::Scope scope(r, field, i);
     read_one(out->emplace_back());
@@ -35,6 +37,8 @@ void ReadNullableArray(Reader& r, const char* field, size_t min_size, std::optio
     return;
   }
   out->emplace();
+  r.Charge(field, static_cast<uint64_t>(*n) * sizeof(T));
+  if (r.ok()) (*out)->reserve(static_cast<size_t>(*n));
   for (int32_t i = 0; i < *n && r.ok(); ++i) {
     Reader::Scope scope(r, field, i);
     read_one((*out)->emplace_back());

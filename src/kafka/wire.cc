@@ -126,7 +126,15 @@ std::optional<std::string> Reader::ReadString(const char* field, bool nullable, 
     return std::nullopt;
   }
   pos_ += s.size();
+  if (s.size() > 15) Charge(field, s.size());  // past the small-string buffer
   return std::string(s);
+}
+
+void Reader::Charge(const char* field, uint64_t bytes) {
+  decoded_ += bytes;
+  if (decoded_ > decoded_limit_ && ok()) {
+    Fail(field, fmt::format("the decoded request would take more than {} bytes", decoded_limit_));
+  }
 }
 
 std::string Reader::String(const char* field) {

@@ -85,6 +85,12 @@ class Reader {
 
   // Records a semantic error at `field` (e.g. a value a version forbids).
   void Fail(const char* field, std::string reason);
+  // Decoded requests take more memory than their frame (an empty string is 2
+  // bytes on the wire, 32 decoded). Decoders charge what they build (arrays
+  // sizeof(T) per element, strings their heap bytes); past the limit the
+  // read fails. No limit unless set.
+  void SetDecodedLimit(uint64_t bytes) { decoded_limit_ = bytes; }
+  void Charge(const char* field, uint64_t bytes);
 
   bool ok() const { return status_.ok(); }
   // OK, or the first failure.
@@ -110,6 +116,8 @@ class Reader {
   std::string_view data_;
   size_t pos_ = 0;
   uint64_t elements_ = 0;  // array elements announced so far
+  uint64_t decoded_ = 0;   // bytes charged (Charge)
+  uint64_t decoded_limit_ = UINT64_MAX;
   Status status_;
   std::vector<PathPart> path_;
 };
