@@ -144,6 +144,9 @@ std::string KindName(Answer::Kind k) {
 
 // One request's Reply: the first answer fulfils the promise; a Reply
 // destroyed unanswered reports kDropped (the real server would close).
+// What FakeReply::ResponseRoom answers (the transport's response budget).
+std::atomic<size_t> g_response_room{SIZE_MAX};
+
 class FakeReply : public Reply {
  public:
   FakeReply(std::shared_ptr<Executor> exec, std::promise<Answer> promise,
@@ -168,6 +171,7 @@ class FakeReply : public Reply {
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   const std::string& peer() const override { return peer_; }
   bool closed() const override { return false; }
+  size_t ResponseRoom() const override { return g_response_room.load(); }
 
  private:
   void Finish(Answer a) {
@@ -306,6 +310,7 @@ std::string Be64(uint64_t v) {
 class BrokerTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    g_response_room = SIZE_MAX;
     store_ = objstore::NewMemStore();
     auto meta = metastore::OpenMetastore("sqlite://:memory:");
     ASSERT_TRUE(meta.ok()) << meta.status().ToString();
@@ -1301,6 +1306,30 @@ TEST_F(BrokerTest, FetchHonoursPartitionAndResponseLimits) {
   auto [counts, bytes] = limited(one + one / 2);
   EXPECT_EQ(counts, (std::vector<size_t>{1, 0}));
   EXPECT_LE(bytes, static_cast<size_t>(one + one / 2));
+}
+
+// Responses not yet read by slow clients share one budget: a fetch is cut to
+// what is left of it, and reads nothing with less than a batch left.
+TEST_F(BrokerTest, FetchAnswersFitTheResponseBudget) {
+  BrokerOptions o = Options();
+  o.max_batch_bytes = 16384;
+  RestartBroker(o);
+  ASSERT_EQ(CreateTopic("slow", 1).error_code, ErrorCode::kNone);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(Produce("slow", 0, Batch({std::string(6000, static_cast<char>('a' + i))})).error_code, ErrorCode::kNone);
+  }
+  ASSERT_EQ(Batches(Fetch("slow", 0, 0)).size(), 3u);
+  g_response_room = 17000;  // two batches of about 6 KB fit, not three
+  auto pd = Fetch("slow", 0, 0);
+  EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+  EXPECT_EQ(Batches(pd).size(), 2u);
+  g_response_room = 10000;  // less than a batch may be: nothing is read
+  pd = Fetch("slow", 0, 0);
+  EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+  EXPECT_EQ(pd.high_watermark, 3);
+  EXPECT_TRUE(Batches(pd).empty());
+  g_response_room = SIZE_MAX;
+  EXPECT_EQ(Batches(Fetch("slow", 0, 1)).size(), 2u);
 }
 
 TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {

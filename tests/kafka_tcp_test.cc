@@ -437,6 +437,7 @@ class BigAnswerHandler : public FrameHandler {
   explicit BigAnswerHandler(size_t size) : size_(size) {}
   void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
     reply->PostOneAtATime([this, frame = std::move(frame), reply] {
+      room_ = reply->ResponseRoom();
       started_++;
       std::string answer = frame;
       answer.resize(size_, '.');
@@ -444,10 +445,12 @@ class BigAnswerHandler : public FrameHandler {
     });
   }
   int started() const { return started_.load(); }
+  size_t room() const { return room_.load(); }  // ResponseRoom when the last one started
 
  private:
   size_t size_;
   std::atomic<int> started_{0};
+  std::atomic<size_t> room_{0};
 };
 
 TEST(KafkaTcpOneAtATime, AClientThatDoesNotReadHoldsOneLargeResponse) {
@@ -470,6 +473,32 @@ TEST(KafkaTcpOneAtATime, AClientThatDoesNotReadHoldsOneLargeResponse) {
   }
   EXPECT_EQ(handler.started(), 8);
   ::close(fd);
+  (*server)->Stop();
+}
+
+// Responses not yet written count against one budget over all connections,
+// which handlers see as ResponseRoom; written, they give it back.
+TEST(KafkaTcpOneAtATime, UnwrittenResponsesShareOneBudget) {
+  BigAnswerHandler handler(16 << 20);
+  auto server = TcpServer::Start({.port = 0, .max_unwritten_total_bytes = 40 << 20}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int a = Connect((*server)->address());
+  int b = Connect((*server)->address());
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  ASSERT_TRUE(SendFrame(a, "a"));
+  ASSERT_TRUE(WaitUntil([&] { return handler.started() == 1; }));
+  EXPECT_EQ(handler.room(), size_t{40} << 20);
+  // a reads nothing: its answer stays unwritten.
+  ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().unwritten_bytes.load() == int64_t{16} << 20; }));
+  ASSERT_TRUE(SendFrame(b, "b"));
+  ASSERT_TRUE(WaitUntil([&] { return handler.started() == 2; }));
+  EXPECT_EQ(handler.room(), size_t{24} << 20);
+  EXPECT_EQ(ReadFrame(b, 30000).size(), size_t{16} << 20);
+  EXPECT_EQ(ReadFrame(a, 30000).size(), size_t{16} << 20);
+  EXPECT_TRUE(WaitUntil([&] { return (*server)->metrics().unwritten_bytes.load() == 0; }));
+  ::close(a);
+  ::close(b);
   (*server)->Stop();
 }
 

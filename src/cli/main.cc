@@ -109,6 +109,9 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   opt("--kafka-max-in-flight-mib", o.kafka_max_in_flight_mib,
       "Memory (MiB) for Kafka requests read and not yet answered, all connections; more wait unread")
       ->check(CLI::Range(1, 1 << 20));
+  opt("--kafka-max-unwritten-mib", o.kafka_max_unwritten_mib,
+      "Memory (MiB) for Kafka responses not yet read by their clients, all connections; fetches shrink past it")
+      ->check(CLI::Range(4, 1 << 20));
   opt("--kafka-max-connections", o.kafka_max_connections, "Open Kafka connections; more are closed on accept")
       ->check(CLI::Range(1, 1 << 20));
   opt("--kafka-stall-timeout-s", o.kafka_stall_timeout_s,

@@ -516,6 +516,14 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
   FetchResponse resp;
   std::vector<std::shared_ptr<const std::string>> hold;  // keeps the views in resp alive
   size_t budget = std::min<size_t>(static_cast<size_t>(std::max(in.max_bytes, 1)), options_.max_fetch_bytes);
+  // Responses waiting for slow readers share one budget (the server's
+  // max_unwritten_total_bytes): the answer is cut to what is left, and with
+  // less than a batch's worth left the fetch reads nothing (the first batch
+  // may pass the limits, KIP-74) and waits as for data, until max_wait_ms.
+  const size_t room = req->reply->ResponseRoom();
+  const bool starved = room < options_.max_batch_bytes;
+  budget = starved ? 0 : std::min(budget, room);
+  if (starved) metrics_.fetches_without_room++;
   size_t total = 0;
   bool error = false;
   bool held_back = false;  // a partition has data this answer leaves out
@@ -604,8 +612,9 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
   // min_bytes 0 answers at once, as in Kafka; so does a response that is as
   // full as max_bytes allows, and one with a partition whose data the limits
   // held back (waiting would add nothing: Kafka counts that data as there).
-  bool enough = error || total >= static_cast<size_t>(std::max(in.min_bytes, 0)) || total >= budget ||
-                waits.empty() || held_back;
+  bool enough = error || (!starved && (total >= static_cast<size_t>(std::max(in.min_bytes, 0)) ||
+                                       total >= budget || held_back)) ||
+                waits.empty();
   if (!final && !enough) {
     // Long poll: read again when a partition at its end gets data, until
     // min_bytes are there or max_wait_ms is over (or the broker stops).

@@ -121,7 +121,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Answer(uint64_t seq, std::string response, bool respond, bool close) {
-    if (respond) in_transit_ += response.size();
+    if (respond) {
+      in_transit_ += response.size();
+      srv_->metrics.unwritten_bytes += static_cast<int64_t>(response.size());
+    }
     net::post(socket_.get_executor(), [self = shared_from_this(), seq, response = std::move(response), respond,
                                        close]() mutable {
       self->OnAnswer(seq, std::move(response), respond, close);
@@ -328,7 +331,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnAnswer(uint64_t seq, std::string response, bool respond, bool close) {
     // After a close, CloseNow has already settled every unanswered slot.
     if (respond) in_transit_ -= response.size();
-    if (closed_ || seq < first_seq_ || seq - first_seq_ >= slots_.size()) return ResumeOrdered();
+    if (closed_ || seq < first_seq_ || seq - first_seq_ >= slots_.size()) {
+      if (respond) srv_->metrics.unwritten_bytes -= static_cast<int64_t>(response.size());
+      return ResumeOrdered();
+    }
     Slot& s = slots_[seq - first_seq_];
     s.done = true;
     s.respond = respond;
@@ -433,6 +439,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Pop(size_t count) {
     for (size_t i = 0; i < count; ++i) {
       unwritten_bytes_ -= slots_.front().bytes.size();
+      srv_->metrics.unwritten_bytes -= static_cast<int64_t>(slots_.front().bytes.size());
       slots_.pop_front();
     }
     first_seq_ += count;
@@ -462,6 +469,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void DropSlots() {
     first_seq_ += slots_.size();
     slots_.clear();
+    srv_->metrics.unwritten_bytes -= static_cast<int64_t>(unwritten_bytes_);
     unwritten_bytes_ = 0;
     UpdateWritable();
   }
@@ -584,6 +592,12 @@ class ReplyImpl : public Reply {
   }
   const std::string& peer() const override { return conn_->peer(); }
   bool closed() const override { return conn_->closed(); }
+  size_t ResponseRoom() const override {
+    auto* srv = conn_->srv();
+    const int64_t held = std::max<int64_t>(srv->metrics.unwritten_bytes.load(), 0);
+    const size_t limit = srv->options.max_unwritten_total_bytes;
+    return static_cast<size_t>(held) >= limit ? 0 : limit - static_cast<size_t>(held);
+  }
 
  private:
   std::shared_ptr<Connection> conn_;

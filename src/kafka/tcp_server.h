@@ -82,6 +82,10 @@ class Reply {
   virtual const std::string& peer() const = 0;
   // The connection is gone; a response would be dropped.
   virtual bool closed() const = 0;
+  // Bytes of responses the server may still hold, over all connections,
+  // before max_unwritten_total_bytes: a handler building a large response
+  // (Fetch) makes it fit, or waits. A hint, read without locks.
+  virtual size_t ResponseRoom() const { return SIZE_MAX; }
 };
 
 class FrameHandler {
@@ -106,6 +110,10 @@ struct TcpServerOptions {
   // budget for all).
   size_t small_frame_bytes = 64u << 10;
   size_t max_unwritten_bytes = 64u << 20;              // per connection: reading pauses past it
+  // Responses answered and not yet written, over all connections (slow
+  // readers each hold one Fetch answer of up to 64 MiB): Fetch answers are
+  // cut to what is left (Reply::ResponseRoom).
+  size_t max_unwritten_total_bytes = 512u << 20;
   // Per connection: ordered work (every request but Fetch) pauses past it,
   // so a client that reads no responses holds this plus one.
   size_t max_unwritten_ordered_bytes = 1u << 20;
@@ -124,6 +132,7 @@ struct TcpServerMetrics {
   std::atomic<uint64_t> stalled{0};               // connections closed by stall_timeout
   std::atomic<int64_t> open_connections{0}, in_flight{0};
   std::atomic<int64_t> in_flight_bytes{0};        // request frames read and not yet answered
+  std::atomic<int64_t> unwritten_bytes{0};        // responses answered and not yet written (all connections)
 };
 
 class TcpServer {

@@ -267,6 +267,12 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
   http::PromGauge(out, "weir_kafka_requests_in_flight", "Kafka requests not yet answered", k.metrics().in_flight.load());
   http::PromGauge(out, "weir_kafka_request_bytes_in_flight", "Bytes of Kafka requests read and not yet answered",
                   static_cast<double>(k.metrics().in_flight_bytes.load()));
+  http::PromGauge(out, "weir_kafka_response_bytes_unwritten",
+                  "Bytes of Kafka responses answered and not yet written (all connections)",
+                  static_cast<double>(k.metrics().unwritten_bytes.load()));
+  http::PromCounter(out, "weir_kafka_fetches_without_room_total",
+                    "Kafka fetch passes that read nothing: unwritten responses filled their budget",
+                    m.fetches_without_room.load());
   http::PromCounter(out, "weir_kafka_request_budget_waits_total",
                     "Kafka requests that waited unread for --kafka-max-in-flight-mib", k.metrics().budget_waits.load());
   http::PromCounter(out, "weir_kafka_rejected_connections_total", "Kafka connections closed over --kafka-max-connections",
@@ -408,6 +414,7 @@ int RunServe(const ServeOptions& o) {
     ko.port = kafka_addr->second;
     ko.max_request_bytes = o.kafka_max_request_bytes;
     ko.max_in_flight_bytes = o.kafka_max_in_flight_mib << 20;
+    ko.max_unwritten_total_bytes = o.kafka_max_unwritten_mib << 20;
     ko.max_connections = o.kafka_max_connections;
     ko.stall_timeout = std::chrono::microseconds(static_cast<int64_t>(o.kafka_stall_timeout_s * 1e6));
     ko.worker_threads = std::max(2, o.worker_threads / 2);

@@ -50,6 +50,7 @@ struct ServeOptions {
   int kafka_auto_create_partitions = 1;  // 0 = no auto-creation
   size_t kafka_max_request_bytes = 100u << 20;
   size_t kafka_max_in_flight_mib = 512;  // request frames read and not yet answered
+  size_t kafka_max_unwritten_mib = 512;  // responses answered and not yet written
   size_t kafka_max_connections = 4096;
   double kafka_stall_timeout_s = 60;  // a request body not whole, or responses not read, this long
   // Object-store fault injection, for tests and benchmarks.
