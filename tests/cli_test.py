@@ -233,7 +233,7 @@ def producer():
     assert weir("read", "prod").stdout.split() == ["1", "2", "3", "4", "5", "6"]
 
 
-def follow_until_an_append(env, args, line):
+def follow_until_an_append(env, args, line, not_before_ms=None):
     """Runs `weir read live -f ARGS`, checks that it waits, appends LINE and
     returns the follower's (exit code, stdout, stderr)."""
     proc = subprocess.Popen([WEIR, "read", "live", "-f"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -242,6 +242,10 @@ def follow_until_an_append(env, args, line):
     try:
         time.sleep(1)
         assert proc.poll() is None, f"the follower ended: {proc.communicate()}"
+        # Not before `not_before_ms`: a record the follower must get whenever
+        # its start was resolved.
+        while not_before_ms and time.time() * 1000 < not_before_ms + 50:
+            time.sleep(0.05)
         weir("append", "live", input=line + "\n")
         out, err = proc.communicate(timeout=60)
     finally:
@@ -256,7 +260,8 @@ def start_follower(stream):
     proc = subprocess.Popen([WEIR, "read", stream, "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     got = queue.Queue()
-    threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
+    proc.reader = threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True)
+    proc.reader.start()
     return proc, got
 
 
@@ -284,9 +289,12 @@ def follow():
     # --count past what the stream holds: the follower waits for the rest.
     rc, out, err = follow_until_an_append(env, ["--from", "2", "--count", "2"], "three")
     assert rc == 0 and out == "two\nthree\n", (rc, out, err)
-    # From a time later than the last record's: the follower waits at the tail.
+    # From a time later than the last record's: the follower waits for a
+    # record of that time (appended once it is past, wherever the follower's
+    # start was resolved meanwhile).
     later_ms = int(time.time() * 1000) + 2000
-    rc, out, err = follow_until_an_append(env, ["--timestamp", str(later_ms), "--count", "1"], "later")
+    rc, out, err = follow_until_an_append(env, ["--timestamp", str(later_ms), "--count", "1"], "later",
+                                          not_before_ms=later_ms)
     assert rc == 0 and out == "later\n", (rc, out, err)
 
 
@@ -306,6 +314,7 @@ def follow_ends_when_its_stream_is_deleted():
         err = proc.stderr.read()
         assert rc == 1, (rc, err)
         assert "not found" in err, err
+        proc.reader.join(timeout=30)  # every line it printed is queued
         assert got.empty(), "the follower printed records of the new stream"
     finally:
         if proc.poll() is None:
@@ -462,8 +471,13 @@ def lines_too_long_for_a_record():
             proc.stdin.close()
         except BrokenPipeError:
             pass
-    err = proc.stderr.read()
-    proc.wait(timeout=60)
+    proc.stdin = None  # closed above; communicate() must not touch it
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
     assert proc.returncode == 1 and b"line 1 is over" in err, (proc.returncode, err)
     assert weir("tail", "long").stdout == "2\n"
 

@@ -54,6 +54,9 @@ class Executor {
   ~Executor() { Stop(); }
 
   void set_inline_posts(bool on) { inline_posts_ = on; }
+  // Timers set while frozen fire only at Stop (their work is then dropped):
+  // a test of a wake-up fails instead of passing late at the timer.
+  void set_timers_frozen(bool on) { timers_frozen_ = on; }
 
   // Posts made from the test's thread (where Handle runs, as on the I/O thread).
   size_t posts_from_test_thread() const { return posts_from_test_thread_.load(); }
@@ -65,9 +68,10 @@ class Executor {
   }
 
   void After(Duration delay, std::function<void()> fn) {
-    Spawn([this, delay, fn = std::move(fn)] {
+    Spawn([this, delay, frozen = timers_frozen_.load(), fn = std::move(fn)] {
       {
         std::unique_lock lk(mu_);
+        if (frozen) return cv_.wait(lk, [&] { return stopped_; });
         if (cv_.wait_for(lk, delay, [&] { return stopped_; })) return;
       }
       fn();
@@ -119,6 +123,7 @@ class Executor {
 
   const std::thread::id test_thread_;
   std::atomic<bool> inline_posts_{false};
+  std::atomic<bool> timers_frozen_{false};
   std::atomic<size_t> posts_from_test_thread_{0};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -1335,6 +1340,7 @@ TEST_F(BrokerTest, FetchAnswersFitTheResponseBudget) {
 TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {
   ASSERT_EQ(CreateTopic("poll", 1).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("poll", 0, Batch({"old"})).error_code, ErrorCode::kNone);
+  exec_->set_timers_frozen(true);  // only the wake-up can answer
   Pending waiting = Start(FetchReq("poll", {{0, 1}}, /*max_wait_ms=*/5000, /*min_bytes=*/1), 11);
   std::string fresh = Batch({"new"});
   ASSERT_EQ(Produce("poll", 0, fresh).error_code, ErrorCode::kNone);
@@ -1353,6 +1359,7 @@ TEST_F(BrokerTest, FetchLongPollWaitsForMinBytes) {
   ASSERT_EQ(CreateTopic("minb", 1).error_code, ErrorCode::kNone);
   std::string first = Batch({"a"}), second = Batch({"b"});
   auto min_bytes = static_cast<int32_t>(first.size() + second.size());
+  exec_->set_timers_frozen(true);  // only the wake-up can answer
   Pending waiting = Start(FetchReq("minb", {{0, 0}}, /*max_wait_ms=*/20000, min_bytes), 11);
   ASSERT_EQ(Produce("minb", 0, first).error_code, ErrorCode::kNone);
   std::this_thread::sleep_for(300ms);
@@ -1363,6 +1370,7 @@ TEST_F(BrokerTest, FetchLongPollWaitsForMinBytes) {
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[1], WithBaseOffset(second, 1));
   // And max_wait_ms still ends a fetch that never gets enough.
+  exec_->set_timers_frozen(false);
   auto short_wait = Call(FetchReq("minb", {{0, 2}}, /*max_wait_ms=*/100, /*min_bytes=*/1 << 20), 11,
                          DecodeFetchResponse);
   EXPECT_TRUE(Batches(short_wait.responses.at(0).partitions.at(0)).empty());
@@ -1466,6 +1474,7 @@ TEST_F(BrokerTest, FetchWithMinBytesZeroAnswersAtOnce) {
 
 TEST_F(BrokerTest, FetchLongPollAnswersWhenTheTopicIsDeleted) {
   ASSERT_EQ(CreateTopic("doomed", 1).error_code, ErrorCode::kNone);
+  exec_->set_timers_frozen(true);  // only the wake-up can answer
   Pending waiting = Start(FetchReq("doomed", {{0, 0}}, /*max_wait_ms=*/20000, /*min_bytes=*/1), 11);
   DeleteTopicsRequest del;
   del.topic_names = {"doomed"};
@@ -1482,6 +1491,7 @@ TEST_F(BrokerTest, FetchLongPollAnswersWhenTheTopicIsDeleted) {
 TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesWatchesItOnce) {
   ASSERT_EQ(CreateTopic("dup", 1).error_code, ErrorCode::kNone);
   std::vector<std::pair<int32_t, int64_t>> parts(1000, {0, 0});
+  exec_->set_timers_frozen(true);  // only the wake-up can answer
   Pending waiting = Start(FetchReq("dup", parts, /*max_wait_ms=*/20000, /*min_bytes=*/1), 11);
   ASSERT_TRUE(weir::testing::WaitUntil([&] { return engine_->TailWatchCount(kKafkaBasin, "dup/0") > 0; }));
   EXPECT_EQ(engine_->TailWatchCount(kKafkaBasin, "dup/0"), 1u);

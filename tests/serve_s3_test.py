@@ -7,6 +7,7 @@ server refuse to start with an authentication error.
 Usage: serve_s3_test.py WEIR_BINARY (WEIR_TEST_S3_ENV names the fixture's env file)
 """
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -34,21 +35,21 @@ def main():
     server.start()
     try:
         base = server.base_url
-        assert requests.post(f"{base}/v1/streams", json={"stream": "s"}).status_code == 201
+        assert requests.post(f"{base}/v1/streams", json={"stream": "s"}, timeout=60).status_code == 201
         sent = []
         for i in range(20):
             body = [{"body": f"r{i}-{j}"} for j in range(5)]
-            r = requests.post(f"{base}/v1/streams/s/records", json={"records": body})
+            r = requests.post(f"{base}/v1/streams/s/records", json={"records": body}, timeout=60)
             assert r.status_code == 200, r.text
             assert r.json()["start"]["seq_num"] == len(sent)
             sent += [b["body"] for b in body]
-        metrics = requests.get(f"{base}/metrics").text
+        metrics = requests.get(f"{base}/metrics", timeout=60).text
         assert 'weir_s3_requests_total{op="put",outcome="2xx"}' in metrics, metrics[:2000]
 
         def read_all():
             got = []
             while True:
-                r = requests.get(f"{base}/v1/streams/s/records", params={"seq_num": len(got)})
+                r = requests.get(f"{base}/v1/streams/s/records", params={"seq_num": len(got)}, timeout=60)
                 if r.status_code == 416:  # at the tail
                     return got
                 assert r.status_code == 200, r.text
@@ -60,7 +61,7 @@ def main():
         server.restart()  # SIGTERM: drain and settle into segments on S3
         base = server.base_url
         assert read_all() == sent
-        r = requests.post(f"{base}/v1/streams/s/records", json={"records": [{"body": "after"}]})
+        r = requests.post(f"{base}/v1/streams/s/records", json={"records": [{"body": "after"}]}, timeout=60)
         assert r.status_code == 200, r.text
         sent.append("after")
         server.kill()  # SIGKILL: the next start replays the WAL from S3
@@ -68,17 +69,20 @@ def main():
         base = server.base_url
         assert read_all() == sent
         server.stop()
-    except BaseException:
-        server.kill()
-        raise
 
-    # A wrong secret: the probe fails, the server refuses to start, naming the cause.
-    bad_env = dict(proc_env, AWS_SECRET_ACCESS_KEY="wrong" + env["AWS_SECRET_ACCESS_KEY"])
-    out = subprocess.run([binary, "serve", "--data-dir", server.data_dir + "-bad", "--http-addr", "127.0.0.1:0", "--kafka-addr", "",
-                          "--object-store", store_uri(env, prefix)], env=bad_env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode != 0, out
-    assert "SignatureDoesNotMatch" in out.stderr or "auth" in out.stderr.lower(), out.stderr
+        # A wrong secret: the probe fails, the server refuses to start, naming the cause.
+        bad_env = dict(proc_env, AWS_SECRET_ACCESS_KEY="wrong" + env["AWS_SECRET_ACCESS_KEY"])
+        bad_dir = server.data_dir + "-bad"
+        try:
+            out = subprocess.run([binary, "serve", "--data-dir", bad_dir, "--http-addr", "127.0.0.1:0",
+                                  "--kafka-addr", "", "--object-store", store_uri(env, prefix)], env=bad_env,
+                                 capture_output=True, text=True, timeout=120)
+        finally:
+            shutil.rmtree(bad_dir, ignore_errors=True)
+        assert out.returncode != 0, out
+        assert "SignatureDoesNotMatch" in out.stderr or "auth" in out.stderr.lower(), out.stderr
+    finally:
+        server.cleanup()
     print("serve on s3:// ok")
 
 

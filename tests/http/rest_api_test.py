@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -182,6 +183,16 @@ def server_bug(note):
 
 def unique(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def recv_exactly(sock, n):
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {len(out)} of {n} bytes")
+        out += chunk
+    return out
 
 
 def q(name):
@@ -371,9 +382,10 @@ class HealthAndMetricsTest(ApiTestCase):
         self.assertEqual(self.c.post("/v1/streams", json={"stream": stream}).status_code, 201)
         conn = http.client.HTTPConnection("127.0.0.1", SHARED.port, timeout=REQ_TIMEOUT)
         try:
+            # The read session last: its GET runs until the connection closes.
             for path, headers in [("/health", {}), ("/v1/basins", {}), (f"/v1/streams/{stream}/records", {}),
-                                  (f"/v1/streams/{stream}/records", {"Accept": "text/event-stream"}),
-                                  ("/no/such/route", {})]:
+                                  ("/no/such/route", {}),
+                                  (f"/v1/streams/{stream}/records", {"Accept": "text/event-stream"})]:
                 conn.request("HEAD", path, headers=headers)
                 r = conn.getresponse()
                 self.assertEqual(r.read(), b"", path)
@@ -583,7 +595,8 @@ class BasinTest(ApiTestCase):
             self.assertEqual(r.status_code, 201, r.text)
         self.assertError(self.c.post("/v1/basins", json={"basin": name}, headers=tok),
                          409, "resource_already_exists")
-        self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_read": True})
+        p = self.c.patch(f"/v1/basins/{name}", json={"create_stream_on_read": True})
+        self.assertEqual(p.status_code, 200, p.text)
         r = self.c.post("/v1/basins", json={"basin": name, "config": {"create_stream_on_append": True}}, headers=tok)
         self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (201, "noop"), r.text)
 
@@ -1017,9 +1030,11 @@ class AppendReadJsonTest(ApiTestCase):
         # A long poll from the tail returns records appended after it began,
         # never the old one. (Appends repeat until it answers: the poll may
         # reach the server after the first of them.)
+        # The client gives up (45 s) before the server's wait ends (60 s): only
+        # a wake-up by the append can answer in time.
         out = {}
         reader = threading.Thread(target=lambda: out.update(
-            r=self.c.get(f"/v1/streams/{q(s)}/records", params={"wait": 30}, timeout=REQ_TIMEOUT)))
+            r=self.c.get(f"/v1/streams/{q(s)}/records", params={"wait": 60}, timeout=45)))
         reader.start()
         for i in range(100):
             time.sleep(0.2)
@@ -1027,6 +1042,7 @@ class AppendReadJsonTest(ApiTestCase):
                 break
             self.c.append(s, [{"body": f"new-{i}"}])
         reader.join()
+        self.assertIn("r", out, "the long poll was not woken by the appends")
         self.assertEqual(out["r"].status_code, 200, out["r"].text)
         bodies = [x["body"] for x in out["r"].json()["records"]]
         self.assertTrue(bodies and all(b.startswith("new-") for b in bodies), bodies)
@@ -1136,10 +1152,11 @@ class AppendReadJsonTest(ApiTestCase):
         self.c.append(s, [{"body": "first"}])
         result = {}
 
+        # The client gives up (45 s) before the server's wait ends (60 s): only
+        # a wake-up by the append can answer in time.
         def reader():
             c = Client(SHARED)
-            result["r"] = c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 1, "wait": 30},
-                                timeout=REQ_TIMEOUT + 30)
+            result["r"] = c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 1, "wait": 60}, timeout=45)
 
         t = threading.Thread(target=reader)
         t.start()
@@ -1147,6 +1164,7 @@ class AppendReadJsonTest(ApiTestCase):
         self.c.append(s, [{"body": "late"}])
         t.join(REQ_TIMEOUT + 40)
         self.assertFalse(t.is_alive())
+        self.assertIn("r", result, "the long poll was not woken by the append")
         r = result["r"]
         self.assertEqual(r.status_code, 200, r.text)
         self.assertEqual([(x["seq_num"], x["body"]) for x in r.json()["records"]], [(1, "late")])
@@ -1715,6 +1733,38 @@ class ErrorStatusTest(ApiTestCase):
                 self.assertError(fn(), 400, code)
         self.assertEqual(self.c.tail(s)["seq_num"], 0)
 
+    def test_a_bad_escape_in_the_path_is_bad_path(self):
+        # Sent as is (requests would encode the "%").
+        conn = http.client.HTTPConnection("127.0.0.1", SHARED.port, timeout=REQ_TIMEOUT)
+        try:
+            for path in ("/v1/streams/%zz", "/v1/streams/a%2/records", "/v1/basins/%g0"):
+                with self.subTest(path=path):
+                    conn.request("GET", path)
+                    r = conn.getresponse()
+                    body = r.read()
+                    self.assertEqual(r.status, 400, body)
+                    self.assertEqual(json.loads(body)["code"], "bad_path", body)
+        finally:
+            conn.close()
+
+    def test_deleting_a_stream_that_backs_a_kafka_partition_is_a_conflict(self):
+        if not SHARED.kafka_addr:
+            self.skipTest("the shared server has no Kafka listener")
+        topic = unique("ktopic")
+        # Metadata v1 for the topic auto-creates it (one partition).
+        cid = b"rest-api-test"
+        body = (struct.pack(">hhi", 3, 1, 7) + struct.pack(">h", len(cid)) + cid + struct.pack(">i", 1)
+                + struct.pack(">h", len(topic)) + topic.encode())
+        host, port = SHARED.kafka_addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=REQ_TIMEOUT) as k:
+            k.sendall(struct.pack(">i", len(body)) + body)
+            size = struct.unpack(">i", recv_exactly(k, 4))[0]
+            recv_exactly(k, size)
+        kc = Client(SHARED, basin="weir-kafka")
+        self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").status_code, 200)
+        self.assertError(kc.delete(f"/v1/streams/{q(topic + '/0')}"), 409, "conflict")
+        self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").status_code, 200)
+
     def test_empty_header_name_outside_a_command(self):
         # s2.proto: a header name cannot be empty, except in a command record
         # (exactly one header); the whole append is refused.
@@ -2011,6 +2061,7 @@ class LifecycleTest(ClosingTestCase):
             for level in ("INFO", "", "verbose", "off"):
                 code, out = run_expecting_exit([WEIR, "serve"], cwd=cwd, env={
                     "WEIR_DATA_DIR": server.data_dir, "WEIR_HTTP_ADDR": "localhost:0", "WEIR_LOG_LEVEL": level})
+                self.assertIsNotNone(code, f"WEIR_LOG_LEVEL={level!r}: a second server started:\n{out}")
                 self.assertNotEqual(code, 0, out)
                 self.assertIn("lock", out.lower(), f"WEIR_LOG_LEVEL={level!r}: {out}")
         self.assertEqual(c.get("/health").status_code, 200)  # the first one is unharmed
@@ -2038,7 +2089,7 @@ class LifecycleTest(ClosingTestCase):
             self.assertFalse(os.path.exists(os.path.join(m.data_dir, "meta.db")), os.listdir(m.data_dir))
 
         # SIGTERM while appenders run: every acked record survives the restart.
-        acked, stop = [], threading.Event()
+        acked, unexpected, stop = [], [], threading.Event()
         busy = unique("busy")
         c.create_stream(busy)
 
@@ -2051,8 +2102,12 @@ class LifecycleTest(ClosingTestCase):
                     r = w.post(f"/v1/streams/{q(busy)}/records", json={"records": [{"body": body}]}, timeout=60)
                 except requests.RequestException:
                     return
+                if r.status_code == 429:
+                    continue  # backpressure on a loaded machine: the same record again
                 if r.status_code != 200:
-                    return  # 503 while draining
+                    if r.status_code != 503 or r.json().get("code") != "server_draining":
+                        unexpected.append(f"{r.status_code} {r.text}")
+                    return
                 acked.append((r.json()["start"]["seq_num"], body))
                 i += 1
 
@@ -2069,6 +2124,7 @@ class LifecycleTest(ClosingTestCase):
             for t in threads:
                 t.join(120)
         self.assertGreaterEqual(len(acked), 20)
+        self.assertEqual(unexpected, [], "appends refused otherwise than with 503 server_draining")
 
         server.start()
         c = Client(server)
@@ -2117,7 +2173,12 @@ class LifecycleTest(ClosingTestCase):
         self.addCleanup(sock.close)
         sock.sendall(f"GET /v1/streams/{q(s)}/records?seq_num=0 HTTP/1.1\r\nHost: t\r\n"
                      "Accept: text/event-stream\r\n\r\n".encode())
-        time.sleep(1)  # the session fills the buffers; the client reads nothing
+        # The session is open (and fills the buffers; the client reads nothing).
+        deadline = time.monotonic() + REQ_TIMEOUT
+        while not re.search(r"^weir_read_sessions [1-9]", c.get("/metrics").text, re.M):
+            self.assertLess(time.monotonic(), deadline, "the read session did not open")
+            time.sleep(0.1)
+        time.sleep(0.5)
         server.stop(timeout=120)
 
     def test_drain_answers_appends_left_open_by_the_drain_timeout(self):

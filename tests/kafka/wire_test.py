@@ -370,7 +370,10 @@ class WireTest(unittest.TestCase):
     def test_long_poll_fetch_wakes_on_a_produce_from_another_connection(self):
         offset = WireTest.expected
         with connect() as waiting, connect() as producer:
-            waiting.sendall(frame(fetch(300, TOPIC, offset, max_wait_ms=10000, min_bytes=1)))
+            # The client gives up (20 s) before the fetch's wait ends (30 s):
+            # only a wake-up by the produce can answer in time.
+            waiting.settimeout(20)
+            waiting.sendall(frame(fetch(300, TOPIC, offset, max_wait_ms=30000, min_bytes=1)))
             producer.sendall(frame(produce(301, TOPIC, record_batch([b"wake up"]), acks=-1)))
             self.assertEqual(decode_produce(read_response(producer, 301)[1]), (0, offset))
             WireTest.expected += 1
