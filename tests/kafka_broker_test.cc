@@ -1536,6 +1536,38 @@ TEST_F(BrokerTest, FetchSessionsAreNotKept) {
   EXPECT_EQ(resp.error_code, ErrorCode::kFetchSessionIdNotFound);
 }
 
+// retention.ms drops settled segments whose records are older: the log start
+// moves past them, for ListOffsets, Fetch and produce acks alike.
+TEST_F(BrokerTest, RetentionMovesTheLogStartOffset) {
+  ASSERT_EQ(CreateTopic("aged", 1, 1, {{"retention.ms", "3600000"}, {"message.timestamp.type", "CreateTime"}})
+                .error_code,
+            ErrorCode::kNone);
+  // Two batches from 2023, settled into a segment of their own...
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(Produce("aged", 0, Batch({"old" + std::to_string(i)})).error_code,
+                                        ErrorCode::kNone);
+  ASSERT_OK(engine_->SettleNow());
+  // ...then one from now, in the next segment.
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  ASSERT_EQ(Produce("aged", 0, Batch(BatchSpec{{"new"}, now_ms})).error_code, ErrorCode::kNone);
+  ASSERT_OK(engine_->SettleNow());
+  EXPECT_EQ(Earliest("aged"), 0);
+  ASSERT_OK(engine_->ApplyRetention());
+  EXPECT_EQ(Earliest("aged"), 2);
+  EXPECT_EQ(Latest("aged"), 3);
+  auto below = Fetch("aged", 0, 0);
+  EXPECT_EQ(below.error_code, ErrorCode::kOffsetOutOfRange);
+  EXPECT_EQ(below.log_start_offset, 2);
+  auto from = Fetch("aged", 0, 2);
+  EXPECT_EQ(from.error_code, ErrorCode::kNone);
+  EXPECT_EQ(from.log_start_offset, 2);
+  auto got = Batches(from);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(BaseOffset(got[0]), 2);
+  EXPECT_EQ(Produce("aged", 0, Batch(BatchSpec{{"later"}, now_ms})).log_start_offset, 2);
+}
+
 TEST_F(BrokerTest, TrimMovesTheLogStartOffset) {
   ASSERT_EQ(CreateTopic("trimmed", 1).error_code, ErrorCode::kNone);
   for (int i = 0; i < 4; ++i) ASSERT_EQ(Produce("trimmed", 0, Batch({"r" + std::to_string(i)})).error_code,
