@@ -17,10 +17,10 @@
 
 namespace weir::testing {
 
-// Polls `done` every 10 ms for up to 10 s.
+// Polls `done` every 10 ms for up to 60 s (a bound, not a timing check).
 template <typename F>
 bool WaitUntil(F done) {
-  for (int i = 0; i < 1000; ++i) {
+  for (int i = 0; i < 6000; ++i) {
     if (done()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
