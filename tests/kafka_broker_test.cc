@@ -54,8 +54,9 @@ class Executor {
   ~Executor() { Stop(); }
 
   void set_inline_posts(bool on) { inline_posts_ = on; }
-  // Timers set while frozen fire only at Stop (their work is then dropped):
-  // a test of a wake-up fails instead of passing late at the timer.
+  // Timers of 1 s or more (a fetch's max_wait_ms) set while frozen fire only
+  // at Stop (their work is then dropped): a test of a wake-up fails instead
+  // of passing late at the timer. Shorter ones (retries) still run.
   void set_timers_frozen(bool on) { timers_frozen_ = on; }
 
   // Posts made from the test's thread (where Handle runs, as on the I/O thread).
@@ -68,7 +69,7 @@ class Executor {
   }
 
   void After(Duration delay, std::function<void()> fn) {
-    Spawn([this, delay, frozen = timers_frozen_.load(), fn = std::move(fn)] {
+    Spawn([this, delay, frozen = timers_frozen_.load() && delay >= 1s, fn = std::move(fn)] {
       {
         std::unique_lock lk(mu_);
         if (frozen) return cv_.wait(lk, [&] { return stopped_; });
@@ -149,8 +150,10 @@ std::string KindName(Answer::Kind k) {
 
 // One request's Reply: the first answer fulfils the promise; a Reply
 // destroyed unanswered reports kDropped (the real server would close).
-// What FakeReply::ResponseRoom answers (the transport's response budget).
+// What FakeReply::ResponseRoom answers (the transport's response budget):
+// for small responses, and (at most) for large ones.
 std::atomic<size_t> g_response_room{SIZE_MAX};
+std::atomic<size_t> g_large_response_room{SIZE_MAX};
 
 class FakeReply : public Reply {
  public:
@@ -176,7 +179,9 @@ class FakeReply : public Reply {
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   const std::string& peer() const override { return peer_; }
   bool closed() const override { return false; }
-  size_t ResponseRoom() const override { return g_response_room.load(); }
+  size_t ResponseRoom(bool small) const override {
+    return small ? g_response_room.load() : std::min(g_response_room.load(), g_large_response_room.load());
+  }
 
  private:
   void Finish(Answer a) {
@@ -316,6 +321,7 @@ class BrokerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     g_response_room = SIZE_MAX;
+    g_large_response_room = SIZE_MAX;
     store_ = objstore::NewMemStore();
     auto meta = metastore::OpenMetastore("sqlite://:memory:");
     ASSERT_TRUE(meta.ok()) << meta.status().ToString();
@@ -1333,8 +1339,31 @@ TEST_F(BrokerTest, FetchAnswersFitTheResponseBudget) {
   EXPECT_EQ(pd.error_code, ErrorCode::kNone);
   EXPECT_EQ(pd.high_watermark, 3);
   EXPECT_TRUE(Batches(pd).empty());
+  // The last eighth of the budget is for answers of at most a batch: with
+  // only that left, the fetch gets a batch's worth (two of these), not none.
+  g_large_response_room = 10000;
+  g_response_room = 17000;
+  EXPECT_EQ(Batches(Fetch("slow", 0, 0)).size(), 2u);
   g_response_room = SIZE_MAX;
+  g_large_response_room = SIZE_MAX;
   EXPECT_EQ(Batches(Fetch("slow", 0, 1)).size(), 2u);
+
+  // A long poll without room watches no partition (appends do not make it
+  // read again); it looks for room again until it finds some, then answers.
+  exec_->set_timers_frozen(true);  // not at max_wait_ms
+  g_response_room = 10000;
+  const uint64_t passes = broker_->metrics().fetches_without_room.load();
+  Pending waiting = Start(FetchReq("slow", {{0, 3}}, /*max_wait_ms=*/20000, /*min_bytes=*/1), 11);
+  ASSERT_TRUE(weir::testing::WaitUntil([&] { return broker_->metrics().fetches_without_room.load() >= passes + 3; }));
+  EXPECT_EQ(engine_->TailWatchCount(kKafkaBasin, "slow/0"), 0u);
+  std::string fresh = Batch({"fresh"});
+  ASSERT_EQ(Produce("slow", 0, fresh).error_code, ErrorCode::kNone);
+  EXPECT_FALSE(waiting.answered());
+  g_response_room = SIZE_MAX;
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  auto got = Batches(resp.responses.at(0).partitions.at(0));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], WithBaseOffset(fresh, 3));
 }
 
 TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {

@@ -437,7 +437,8 @@ class BigAnswerHandler : public FrameHandler {
   explicit BigAnswerHandler(size_t size) : size_(size) {}
   void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
     reply->PostOneAtATime([this, frame = std::move(frame), reply] {
-      room_ = reply->ResponseRoom();
+      room_ = reply->ResponseRoom(/*small=*/true);
+      large_room_ = reply->ResponseRoom(/*small=*/false);
       started_++;
       std::string answer = frame;
       answer.resize(size_, '.');
@@ -446,11 +447,13 @@ class BigAnswerHandler : public FrameHandler {
   }
   int started() const { return started_.load(); }
   size_t room() const { return room_.load(); }  // ResponseRoom when the last one started
+  size_t large_room() const { return large_room_.load(); }
 
  private:
   size_t size_;
   std::atomic<int> started_{0};
   std::atomic<size_t> room_{0};
+  std::atomic<size_t> large_room_{0};
 };
 
 TEST(KafkaTcpOneAtATime, AClientThatDoesNotReadHoldsOneLargeResponse) {
@@ -489,11 +492,13 @@ TEST(KafkaTcpOneAtATime, UnwrittenResponsesShareOneBudget) {
   ASSERT_TRUE(SendFrame(a, "a"));
   ASSERT_TRUE(WaitUntil([&] { return handler.started() == 1; }));
   EXPECT_EQ(handler.room(), size_t{40} << 20);
+  EXPECT_EQ(handler.large_room(), size_t{35} << 20);  // the last eighth is for small answers
   // a reads nothing: its answer stays unwritten.
   ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().unwritten_bytes.load() == int64_t{16} << 20; }));
   ASSERT_TRUE(SendFrame(b, "b"));
   ASSERT_TRUE(WaitUntil([&] { return handler.started() == 2; }));
   EXPECT_EQ(handler.room(), size_t{24} << 20);
+  EXPECT_EQ(handler.large_room(), size_t{19} << 20);
   EXPECT_EQ(ReadFrame(b, 30000).size(), size_t{16} << 20);
   EXPECT_EQ(ReadFrame(a, 30000).size(), size_t{16} << 20);
   EXPECT_TRUE(WaitUntil([&] { return (*server)->metrics().unwritten_bytes.load() == 0; }));

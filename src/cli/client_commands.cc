@@ -229,21 +229,25 @@ size_t Metered(const client::AppendRecord& r) {
 // Sends one batch, and again after a retryable failure: with a producer (the
 // same producer sequence, so a retry of an append that did land comes back as
 // a duplicate instead of a second copy), else only when the failure says
-// nothing was appended (no connection, 429, 503 server_draining).
+// nothing was appended (no connection, 429, 503 server_draining or
+// server_starting).
 Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, const std::vector<client::AppendRecord>& batch,
                                           const client::AppendOptions& ao) {
-  // Backpressure (429) lasts as long as settle is behind: waited out for up
-  // to 5 minutes. Other retryable failures get 10 tries.
+  // Backpressure (429) lasts as long as settle is behind, and a server may
+  // take a while to recover: refusals that appended nothing are waited out
+  // for up to 5 minutes. Other retryable failures (no server answering
+  // included) get 10 tries.
   auto backoff = std::chrono::milliseconds(100);
   const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
   for (int attempt = 1;; ++attempt) {
-    bool nothing_appended = false;
-    auto ack = c.Append(s.name, batch, ao, &nothing_appended);
+    using Nothing = Client::NothingAppended;
+    Nothing nothing = Nothing::kUnknown;
+    auto ack = c.Append(s.name, batch, ao, &nothing);
     if (ack.ok()) return ack;
     const Status& st = ack.status();
-    const bool backpressure = st.code() == Code::kResourceExhausted;
-    bool safe = st.retryable() && (s.producer || nothing_appended);
-    if (!safe || (!backpressure && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) return st;
+    const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
+    bool safe = st.retryable() && (s.producer || nothing != Nothing::kUnknown);
+    if (!safe || (!wait_out && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) return st;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }

@@ -117,8 +117,8 @@ Status Client::DeleteStream(std::string_view name) {
 }
 
 Result<AppendAck> Client::Append(std::string_view stream, const std::vector<AppendRecord>& records,
-                                 const AppendOptions& options, bool* nothing_appended) {
-  if (nothing_appended) *nothing_appended = false;
+                                 const AppendOptions& options, NothingAppended* nothing_appended) {
+  if (nothing_appended) *nothing_appended = NothingAppended::kUnknown;
   HttpRequest req = Request("POST", StreamPath(stream) + "/records");
   req.headers.emplace_back("Content-Type", "application/json");
   if (options.producer) {
@@ -130,11 +130,13 @@ Result<AppendAck> Client::Append(std::string_view stream, const std::vector<Appe
   req.body = EncodeAppendInput(records, options);
   auto resp = http_->Do(req);
   if (!resp.ok()) {
-    if (nothing_appended) *nothing_appended = http_->failed_before_connect();
+    if (nothing_appended && http_->failed_before_connect()) *nothing_appended = NothingAppended::kNoConnection;
     return resp.status();
   }
   if (!Is2xx(resp->status)) {
-    if (nothing_appended) *nothing_appended = ErrorHasNoSideEffects(resp->status, resp->body);
+    if (nothing_appended && ErrorHasNoSideEffects(resp->status, resp->body)) {
+      *nothing_appended = NothingAppended::kRefused;
+    }
     return ApiError(resp->status, resp->body, ErrorSubject{options_.basin, stream});
   }
   return DecodeAppendAck(resp->body);

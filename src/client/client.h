@@ -43,10 +43,12 @@ class Client {
   Status DeleteStream(std::string_view name);
 
   // On failure, `*nothing_appended` (if given) says whether the append
-  // certainly changed nothing (no connection was made, or the answer says
-  // so: ErrorHasNoSideEffects), so that sending it again cannot duplicate it.
+  // certainly changed nothing, so that sending it again cannot duplicate it:
+  // no connection was made (kNoConnection), or the server's answer says so
+  // (kRefused: ErrorHasNoSideEffects).
+  enum class NothingAppended { kUnknown, kNoConnection, kRefused };
   Result<AppendAck> Append(std::string_view stream, const std::vector<AppendRecord>& records,
-                           const AppendOptions& options = {}, bool* nothing_appended = nullptr);
+                           const AppendOptions& options = {}, NothingAppended* nothing_appended = nullptr);
   // One read request (at most 1000 records / 1 MiB, per the server). A start
   // at the tail reads no records (the server's 416 for it becomes an empty
   // batch with the tail); a start past the tail is kOutOfRange.

@@ -143,7 +143,8 @@ Result<DecodedRequest> DecodeRequest(std::string_view frame) {
   Reader r(frame);
   // Requests wait decoded for their turn, holding only their frame's share
   // of the request budget: one whose decoded form would be far larger (a
-  // million empty group names) is refused. Real ones take 1-3x their frame.
+  // million empty group names) is refused. Real ones take up to about 6x
+  // their frame (OffsetCommit's partitions; most 1-3x).
   r.SetDecodedLimit(kDecodedPerFrameByte * frame.size() + kDecodedAllowance);
   DecodedRequest out;
   WEIR_RETURN_IF_ERROR(DecodeRequestHeader(r, &out.header));

@@ -484,6 +484,8 @@ void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<
 // fails, or max_wait_ms is over.
 // A longer max_wait_ms is cut to this (an earlier empty answer is legal).
 constexpr int32_t kMaxFetchWaitMs = 30000;
+// A fetch that found no room for its answer looks again this often.
+constexpr auto kFetchRoomRetry = std::chrono::milliseconds(100);
 
 struct FetchState {
   std::mutex mu;
@@ -517,19 +519,31 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
   std::vector<std::shared_ptr<const std::string>> hold;  // keeps the views in resp alive
   size_t budget = std::min<size_t>(static_cast<size_t>(std::max(in.max_bytes, 1)), options_.max_fetch_bytes);
   // Responses waiting for slow readers share one budget (the server's
-  // max_unwritten_total_bytes): the answer is cut to what is left, and with
-  // less than a batch's worth left the fetch reads nothing (the first batch
-  // may pass the limits, KIP-74) and waits as for data, until max_wait_ms.
-  const size_t room = req->reply->ResponseRoom();
-  const bool starved = room < options_.max_batch_bytes;
-  budget = starved ? 0 : std::min(budget, room);
-  if (starved) metrics_.fetches_without_room++;
+  // max_unwritten_total_bytes): the answer is cut to what is left. Its last
+  // eighth is for answers of at most a batch, so consumers that keep up are
+  // answered while bulk reads fill the rest. With less than a batch left
+  // (the first batch may pass the limits, KIP-74) the fetch reads nothing:
+  // it looks again every kFetchRoomRetry until max_wait_ms, then answers
+  // without data.
+  bool starved = false;
+  if (size_t room = req->reply->ResponseRoom(/*small=*/false); room >= options_.max_batch_bytes) {
+    budget = std::min(budget, room);
+  } else if (req->reply->ResponseRoom(/*small=*/true) >= options_.max_batch_bytes) {
+    budget = std::min(budget, options_.max_batch_bytes);
+  } else {
+    starved = true;
+    budget = 0;
+    metrics_.fetches_without_room++;
+  }
+  // Waiting for room, a pass reads nothing and watches no partition.
+  const bool wait_for_room = starved && !final;
   size_t total = 0;
   bool error = false;
   bool held_back = false;  // a partition has data this answer leaves out
   // Where to watch if the fetch has to wait: (stream, offset).
   std::vector<std::pair<std::string, uint64_t>> waits;
-  for (auto& t : in.topics) {
+  static const std::vector<FetchTopic> kNoTopics;
+  for (const auto& t : wait_for_room ? kNoTopics : in.topics) {
     FetchableTopicResponse tr;
     tr.topic = t.topic;
     for (auto& p : t.partitions) {
@@ -612,9 +626,9 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
   // min_bytes 0 answers at once, as in Kafka; so does a response that is as
   // full as max_bytes allows, and one with a partition whose data the limits
   // held back (waiting would add nothing: Kafka counts that data as there).
-  bool enough = error || (!starved && (total >= static_cast<size_t>(std::max(in.min_bytes, 0)) ||
-                                       total >= budget || held_back)) ||
-                waits.empty();
+  bool enough = !wait_for_room && (error || (!starved && (total >= static_cast<size_t>(std::max(in.min_bytes, 0)) ||
+                                                          total >= budget || held_back)) ||
+                                   waits.empty());
   if (!final && !enough) {
     // Long poll: read again when a partition at its end gets data, until
     // min_bytes are there or max_wait_ms is over (or the broker stops).
@@ -626,12 +640,25 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
       stopped = fetches_stopped_;
       if (!stopped) waiting_fetches_[state.get()] = {req, state};
     }
+    if (wait_for_room && (state->expired || stopped)) {
+      // No more waiting: the final pass answers (errors and watermarks too).
+      lk.unlock();
+      return FetchOnce(req, state, /*final=*/true);
+    }
     if (!state->expired && !stopped) {
       auto wake = [this, req, state] {
         if (!state->waiting.exchange(false)) return;  // another watch, or the timer, took it
         req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/false); });
       };
       state->waiting = true;
+      if (wait_for_room) {
+        // The retry keeps the fetch alive (no watch does) for 100 ms at most.
+        req->reply->After(kFetchRoomRetry, [this, req, state] {
+          if (!state->waiting.exchange(false)) return;  // answered, or the timer took it
+          req->reply->Post([this, req, state] { FinishFetch(req, state, /*final=*/false); });
+        });
+        waits.clear();
+      }
       // One watch per stream, however often the request names its partition
       // (Kafka keys a fetch's partitions by name too).
       std::sort(waits.begin(), waits.end());

@@ -592,10 +592,11 @@ class ReplyImpl : public Reply {
   }
   const std::string& peer() const override { return conn_->peer(); }
   bool closed() const override { return conn_->closed(); }
-  size_t ResponseRoom() const override {
+  size_t ResponseRoom(bool small) const override {
     auto* srv = conn_->srv();
     const int64_t held = std::max<int64_t>(srv->metrics.unwritten_bytes.load(), 0);
-    const size_t limit = srv->options.max_unwritten_total_bytes;
+    const size_t total = srv->options.max_unwritten_total_bytes;
+    const size_t limit = small ? total : total - total / 8;
     return static_cast<size_t>(held) >= limit ? 0 : limit - static_cast<size_t>(held);
   }
 

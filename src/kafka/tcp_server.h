@@ -84,8 +84,14 @@ class Reply {
   virtual bool closed() const = 0;
   // Bytes of responses the server may still hold, over all connections,
   // before max_unwritten_total_bytes: a handler building a large response
-  // (Fetch) makes it fit, or waits. A hint, read without locks.
-  virtual size_t ResponseRoom() const { return SIZE_MAX; }
+  // (Fetch) makes it fit, or waits. The last eighth of the budget is only for
+  // `small` responses (at most about 1 MiB), so that while large ones fill
+  // the rest, small ones still go out. A hint, read without locks: handlers
+  // building at once may together pass the budget by what each builds.
+  virtual size_t ResponseRoom(bool small) const {
+    (void)small;
+    return SIZE_MAX;
+  }
 };
 
 class FrameHandler {
@@ -112,7 +118,7 @@ struct TcpServerOptions {
   size_t max_unwritten_bytes = 64u << 20;              // per connection: reading pauses past it
   // Responses answered and not yet written, over all connections (slow
   // readers each hold one Fetch answer of up to 64 MiB): Fetch answers are
-  // cut to what is left (Reply::ResponseRoom).
+  // cut to what is left (Reply::ResponseRoom; the last eighth for small ones).
   size_t max_unwritten_total_bytes = 512u << 20;
   // Per connection: ordered work (every request but Fetch) pauses past it,
   // so a client that reads no responses holds this plus one.
