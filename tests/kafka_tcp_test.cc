@@ -409,6 +409,30 @@ TEST_F(KafkaTcpServer, ReadingPausesWhileTooManyResponseBytesAreUnwritten) {
   ::close(a);
 }
 
+// The count of unwritten response bytes (all connections) comes back to 0
+// when a client leaves with a response half written, and when a response
+// comes after its client left.
+TEST_F(KafkaTcpServer, UnwrittenBytesAreGivenBackWhenClientsLeave) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  int a = Connect(addr);
+  const std::string big(8 << 20, 'x');  // echoed: more than the socket buffers hold
+  ASSERT_TRUE(SendFrame(a, big));
+  ASSERT_TRUE(handler.WaitFor(1));
+  handler.Answer(0);
+  ASSERT_TRUE(WaitUntil([&] { return server->metrics().unwritten_bytes.load() == int64_t{8} << 20; }));
+  ::close(a);  // mid-write
+  EXPECT_TRUE(WaitUntil([&] { return server->metrics().unwritten_bytes.load() == 0; }));
+
+  int b = Connect(addr);
+  ASSERT_TRUE(SendFrame(b, std::string(100000, 'y')));
+  ASSERT_TRUE(handler.WaitFor(2));
+  ::close(b);
+  ASSERT_TRUE(WaitUntil([&] { return server->metrics().open_connections.load() == 0; }));
+  handler.Answer(1);  // into the void
+  EXPECT_TRUE(WaitUntil([&] { return server->metrics().unwritten_bytes.load() == 0; }));
+  EXPECT_EQ(server->metrics().unwritten_bytes.load(), 0);
+}
+
 // Small frames (heartbeats, commits, fetch requests) have a share of the
 // budget of their own: big frames waiting for room never hold them up.
 TEST_F(KafkaTcpServer, SmallFramesDoNotWaitBehindBigOnes) {
