@@ -185,16 +185,6 @@ def unique(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def recv_exactly(sock, n):
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError(f"connection closed after {len(out)} of {n} bytes")
-        out += chunk
-    return out
-
-
 def q(name):
     return urllib.parse.quote(name, safe="")
 
@@ -1756,10 +1746,10 @@ class ErrorStatusTest(ApiTestCase):
         body = (struct.pack(">hhi", 3, 1, 7) + struct.pack(">h", len(cid)) + cid + struct.pack(">i", 1)
                 + struct.pack(">h", len(topic)) + topic.encode())
         host, port = SHARED.kafka_addr.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=REQ_TIMEOUT) as k:
+        with socket.create_connection((host, int(port)), timeout=REQ_TIMEOUT) as k, k.makefile("rb") as f:
             k.sendall(struct.pack(">i", len(body)) + body)
-            size = struct.unpack(">i", recv_exactly(k, 4))[0]
-            recv_exactly(k, size)
+            size = struct.unpack(">i", f.read(4))[0]
+            self.assertEqual(len(f.read(size)), size, "a short Metadata response")
         kc = Client(SHARED, basin="weir-kafka")
         self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").status_code, 200)
         self.assertError(kc.delete(f"/v1/streams/{q(topic + '/0')}"), 409, "conflict")
