@@ -2,8 +2,8 @@
 # Installs what is missing, builds with warnings as errors, runs every test,
 # then runs the unit tests (and the integration tests labelled sanitize) again under
 # AddressSanitizer + UndefinedBehaviorSanitizer,
-# then fuzzes the Kafka request decoder for WEIR_FUZZ_SECONDS (default 60) and the
-# S2S input decoders for a third of that.
+# then fuzzes the Kafka request decoder for WEIR_FUZZ_SECONDS (default 60), and the
+# S2S input decoders and the record batch checks for a third of that each.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh" --tests
@@ -21,5 +21,5 @@ echo "== unit tests, and the integration tests labelled sanitize, under ASan + U
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build/asan" --output-on-failure -j"$jobs" -L 'unit|sanitize' --timeout 900
 
-echo "== fuzz the Kafka request and S2S input decoders (bounded)"
+echo "== fuzz the Kafka request, S2S input and record batch decoders (bounded)"
 "$root/scripts/fuzz.sh" "${WEIR_FUZZ_SECONDS:-60}"

@@ -188,10 +188,12 @@ Result<HttpResponse> HttpConnection::Stream(const HttpRequest& request,
   curl_slist_free_all(list);
   failed_before_connect_ = false;
   if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && t.stopped)) {
+    // A connect time of 0 tells "never connected" only on a fresh connection
+    // (a reused one reports 0 as well).
     curl_off_t connected_at = 0;  // microseconds to the connect; 0 if none
     curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connected_at);
     failed_before_connect_ = rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
-                             (rc == CURLE_OPERATION_TIMEDOUT && connected_at == 0);
+                             (rc == CURLE_OPERATION_TIMEDOUT && connected_at == 0 && request.fresh_connection);
     return TransportError(easy, rc, errbuf, base_url_);
   }
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &response.status);

@@ -60,7 +60,8 @@ class HttpConnection {
 
   Result<HttpResponse> Do(const HttpRequest& request);
   // Whether the last Do or Stream failed before a connection was made (no
-  // byte of the request reached a server).
+  // byte of the request reached a server). A timeout counts only for a
+  // request sent on a fresh connection.
   bool failed_before_connect() const { return failed_before_connect_; }
 
   // Like Do, but a 2xx body goes to `on_data` as it arrives instead of into
