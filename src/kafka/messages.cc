@@ -132,9 +132,6 @@ void EncodeProduceRequest(const ProduceRequest& m, int16_t version, Writer& w) {
   });
 }
 
-// KAFKA_STORAGE_ERROR came with Produce v4 and Fetch v6; older clients take it
-// as fatal. As on Kafka, they get NOT_LEADER_OR_FOLLOWER instead, which they
-// retry after a metadata refresh.
 namespace {
 // An error message a string cannot carry (it may quote a long name) is cut at
 // a character boundary rather than closing the connection.
@@ -145,6 +142,9 @@ void WriteErrorMessage(Writer& w, const std::optional<std::string>& m) {
   w.NullableString(std::string_view(*m).substr(0, n));
 }
 
+// KAFKA_STORAGE_ERROR came with Produce v4 and Fetch v6; older clients take it
+// as fatal. As on Kafka, they get NOT_LEADER_OR_FOLLOWER instead, which they
+// retry after a metadata refresh.
 ErrorCode StorageErrorFor(ErrorCode e, bool client_knows_it) {
   return e == ErrorCode::kKafkaStorageError && !client_knows_it ? ErrorCode::kNotLeaderOrFollower : e;
 }
