@@ -366,6 +366,20 @@ TEST(KafkaRoundTrip, EveryRequestAtEveryVersion) {
 }
 
 // Encodes m at v, decodes it back, and expects an equal message.
+// `m` encoded at version `v` and decoded again (what a client reads).
+template <typename T>
+T Reencoded(const T& m, int16_t v, void (*encode)(const T&, int16_t, Writer&), Status (*decode)(Reader&, int16_t, T*)) {
+  std::string buf;
+  Writer w(&buf);
+  encode(m, v, w);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  Reader r(buf);
+  T got;
+  Status st = decode(r, v, &got);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return got;
+}
+
 template <typename T>
 void ExpectResponseRoundTrip(const T& m, int16_t v, void (*encode)(const T&, int16_t, Writer&),
                              Status (*decode)(Reader&, int16_t, T*)) {
@@ -626,33 +640,25 @@ TEST(KafkaRoundTrip, FetchRecordsAreConcatenatedPieces) {
 // Clients older than Produce v4 / Fetch v6 take KAFKA_STORAGE_ERROR as fatal:
 // they get NOT_LEADER_OR_FOLLOWER, which they retry.
 TEST(KafkaRoundTrip, OldClientsGetStorageErrorsAsNotLeader) {
+  ProduceResponse produce;
+  produce.responses.push_back({"t", {}});
+  produce.responses[0].partition_responses.push_back({});
+  produce.responses[0].partition_responses[0].error_code = ErrorCode::kKafkaStorageError;
   for (int16_t v = 3; v <= 7; ++v) {
-    ProduceResponse m;
-    m.responses.push_back({"t", {}});
-    m.responses[0].partition_responses.push_back({});
-    m.responses[0].partition_responses[0].error_code = ErrorCode::kKafkaStorageError;
-    std::string buf;
-    Writer w(&buf);
-    EncodeProduceResponse(m, v, w);
-    Reader r(buf);
-    ProduceResponse got;
-    ASSERT_TRUE(DecodeProduceResponse(r, v, &got).ok());
-    EXPECT_EQ(got.responses[0].partition_responses[0].error_code,
+    auto got = Reencoded(produce, v, EncodeProduceResponse, DecodeProduceResponse);
+    ASSERT_EQ(got.responses.size(), 1u);
+    EXPECT_EQ(got.responses[0].partition_responses.at(0).error_code,
               v < 4 ? ErrorCode::kNotLeaderOrFollower : ErrorCode::kKafkaStorageError)
         << "produce v" << v;
   }
+  FetchResponse fetch;
+  FetchPartitionData p;
+  p.error_code = ErrorCode::kKafkaStorageError;
+  fetch.responses = {{"t", {p}}};
   for (int16_t v = 4; v <= 11; ++v) {
-    FetchResponse m;
-    FetchPartitionData p;
-    p.error_code = ErrorCode::kKafkaStorageError;
-    m.responses = {{"t", {p}}};
-    std::string buf;
-    Writer w(&buf);
-    EncodeFetchResponse(m, v, w);
-    Reader r(buf);
-    FetchResponse got;
-    ASSERT_TRUE(DecodeFetchResponse(r, v, &got).ok());
-    EXPECT_EQ(got.responses[0].partitions[0].error_code,
+    auto got = Reencoded(fetch, v, EncodeFetchResponse, DecodeFetchResponse);
+    ASSERT_EQ(got.responses.size(), 1u);
+    EXPECT_EQ(got.responses[0].partitions.at(0).error_code,
               v < 6 ? ErrorCode::kNotLeaderOrFollower : ErrorCode::kKafkaStorageError)
         << "fetch v" << v;
   }
@@ -663,14 +669,9 @@ TEST(KafkaRoundTrip, OldClientsGetStorageErrorsAsNotLeader) {
 TEST(KafkaRoundTrip, LongErrorMessagesAreCut) {
   CreateTopicsResponse m;
   m.topics.push_back({"t", ErrorCode::kUnknownTopicOrPartition, "topic " + std::string(kMaxStringSize - 7, 'x') + "\u00e9!"});
-  std::string buf;
-  Writer w(&buf);
-  EncodeCreateTopicsResponse(m, 1, w);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  Reader r(buf);
-  CreateTopicsResponse got;
-  ASSERT_TRUE(DecodeCreateTopicsResponse(r, 1, &got).ok());
-  ASSERT_TRUE(got.topics.at(0).error_message.has_value());
+  auto got = Reencoded(m, 1, EncodeCreateTopicsResponse, DecodeCreateTopicsResponse);
+  ASSERT_EQ(got.topics.size(), 1u);
+  ASSERT_TRUE(got.topics[0].error_message.has_value());
   EXPECT_EQ(*got.topics[0].error_message, m.topics[0].error_message->substr(0, kMaxStringSize - 1));
 }
 
