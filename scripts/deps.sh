@@ -5,7 +5,7 @@
 # Runs `apt-get update` once, only when something has to be installed.
 set -euo pipefail
 pkgs=(g++ cmake ninja-build ccache pkg-config
-      libisal-dev libsqlite3-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
+      libisal-dev libsqlite3-dev libpq-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
       libcurl4-openssl-dev libssl-dev libexpat1-dev  # s3:// (src/objstore), and the HTTP client of the CLI (src/client)
       libboost-dev          # Boost.Asio/Beast for the HTTP server (headers only)
       libnghttp2-dev        # HTTP/2 for S2S sessions (src/http)
@@ -17,6 +17,7 @@ if [ "${1:-}" = "--tests" ]; then
   tests=true
   pkgs+=(python3 python3-requests libgtest-dev libgmock-dev
          curl radosgw ceph-mon ceph-osd  # a real S3 server for the s3:// tests (tests/s3)
+         postgresql                      # a real PostgreSQL server for the postgres:// tests (tests/pg)
          python3-h2                      # the S2S test client
          clang libclang-rt-14-dev        # libFuzzer for scripts/fuzz.sh
          kcat librdkafka-dev python3-confluent-kafka  # Kafka client suites (tests/kafka), weir_kafka_bench

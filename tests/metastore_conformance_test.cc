@@ -1,11 +1,16 @@
 // One conformance suite, run against every Metastore backend. To cover a new
-// backend (postgres://), add one factory to Backends() below.
+// backend, add one factory to Backends() below. The postgres backend runs on
+// the server of CTest's "pg" fixture (tests/pg/pg-start.sh), found through
+// WEIR_TEST_POSTGRES_ENV; without it, its cases skip.
+#include <libpq-fe.h>
 #include <sqlite3.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,7 +27,7 @@
 
 #include "test_support.h"
 #include "metastore/metastore.h"
-#include "metastore/sqlite_metastore.h"
+#include "metastore/sqlite_db.h"
 
 namespace weir::metastore {
 namespace {
@@ -67,6 +72,48 @@ void SqliteBumpSchemaVersion(const BackendEnv& env) {
   sqlite3_close(db);
 }
 
+// The fixture's server: "postgres://weir@127.0.0.1:PORT/postgres", or "" when
+// WEIR_TEST_POSTGRES_ENV is unset (aborts if it is set but unreadable: a
+// broken fixture must not pass as skipped).
+std::string PostgresBaseUri() {
+  const char* path = ::getenv("WEIR_TEST_POSTGRES_ENV");
+  if (path == nullptr || *path == '\0') return "";
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("POSTGRES_URI=")) return line.substr(std::string_view("POSTGRES_URI=").size());
+  }
+  fmt::print(stderr, "WEIR_TEST_POSTGRES_ENV={} names no POSTGRES_URI\n", path);
+  ::abort();
+}
+
+// Runs one statement on the server at `uri`; a test failure if it fails.
+void PostgresExec(const std::string& uri, const std::string& sql) {
+  PGconn* conn = PQconnectdb(uri.c_str());
+  if (PQstatus(conn) != CONNECTION_OK) {
+    ADD_FAILURE() << uri << ": " << PQerrorMessage(conn);
+  } else {
+    PGresult* res = PQexec(conn, sql.c_str());
+    EXPECT_EQ(PQresultStatus(res), PGRES_COMMAND_OK) << sql << ": " << PQresultErrorMessage(res);
+    PQclear(res);
+  }
+  PQfinish(conn);
+}
+
+// Each test gets a schema of its own (the URI sets its search_path).
+BackendEnv MakePostgresEnv() {
+  const std::string base = PostgresBaseUri();
+  if (base.empty()) return BackendEnv{};
+  static std::atomic<int> next{0};
+  const std::string schema = fmt::format("t{}_{}", ::getpid(), next++);
+  PostgresExec(base, "CREATE SCHEMA " + schema);
+  return OpenEnv(nullptr, base + "?options=-csearch_path%3D" + schema, true);
+}
+
+void PostgresBumpSchemaVersion(const BackendEnv& env) {
+  PostgresExec(env.uri, "UPDATE schema_version SET version = version + 1");
+}
+
 std::vector<BackendFactory> Backends() {
   return {
       {"sqlite_memory", [] { return OpenEnv(nullptr, "sqlite://:memory:", false); }, nullptr},
@@ -77,6 +124,7 @@ std::vector<BackendFactory> Backends() {
          return OpenEnv(std::move(dir), std::move(uri), true);
        },
        SqliteBumpSchemaVersion},
+      {"postgres", MakePostgresEnv, PostgresBumpSchemaVersion},
   };
 }
 
@@ -1837,13 +1885,13 @@ TEST(SqliteMetastoreErrors, AFullDatabaseIsRetryableAndChangesNothing) {
   // As the file store's ENOSPC: settle and retention may free space, so a
   // caller retries rather than failing hard.
   TempDir dir;
-  ASSERT_OK_AND_ASSIGN(auto m, SqliteMetastore::Open(dir.path() + "/meta.db"));
+  ASSERT_OK_AND_ASSIGN(auto m, OpenSqliteMetastore(dir.path() + "/meta.db"));
   ASSERT_OK(m->CreateBasin(BasinInfo{"b", 1}));
   StreamInfo info;
   info.basin = "b";
   info.name = "first";
   ASSERT_OK(m->CreateStream(info, kNoNode).status());
-  ASSERT_OK(m->SetMaxPageCountForTest(1));  // below what it has: no page may be added
+  ASSERT_OK(m->ExecForTest("PRAGMA max_page_count = 1"));  // below what it has: no page may be added
   Status st;
   for (int i = 0; i < 1000 && st.ok(); ++i) {
     info.name = "s" + std::string(200, 'x') + std::to_string(i);
@@ -1851,7 +1899,7 @@ TEST(SqliteMetastoreErrors, AFullDatabaseIsRetryableAndChangesNothing) {
   }
   ASSERT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
   EXPECT_TRUE(st.retryable());
-  ASSERT_OK(m->SetMaxPageCountForTest(1 << 30));
+  ASSERT_OK(m->ExecForTest("PRAGMA max_page_count = 1073741824"));
   EXPECT_EQ(m->GetStream("b", info.name).status().code(), Code::kNotFound);
   info.name = "after";
   EXPECT_OK(m->CreateStream(info, kNoNode).status());
@@ -1890,7 +1938,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     ASSERT_OK(meta->CreateBasin(BasinInfo{"upgraded", 1, "tok"}));  // schema 3's create tokens
     EXPECT_EQ(*meta->CreateToken("upgraded", ""), "tok");
   }
-  EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
+  EXPECT_EQ(SqliteSchemaVersion(path), kSchemaVersion);
   // Opening the upgraded file again changes nothing.
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(uri));
   EXPECT_EQ(meta->GetTable("weir-kafka", "topic")->bucket_count, 2u);
@@ -1898,7 +1946,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
   ASSERT_EQ(offsets.size(), 1u);
   EXPECT_EQ(offsets[0].offset, 42);
   EXPECT_EQ(meta->GetStream("weir-kafka", "legacy")->config.delete_on_empty_min_age_s, 30);
-  EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
+  EXPECT_EQ(SqliteSchemaVersion(path), kSchemaVersion);
 }
 
 // What schemas 2 and 3 added to version 1, as they wrote it, and data in them.
@@ -1931,7 +1979,7 @@ TEST(SqliteSchemaUpgrade, Version3DatabaseGainsDeleteOnEmpty) {
   const std::string uri = "sqlite://" + path;
   {
     ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(uri));
-    EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
+    EXPECT_EQ(SqliteSchemaVersion(path), kSchemaVersion);
     // Every row of schema 3 reads back; the new column has its default.
     ASSERT_OK_AND_ASSIGN(StreamInfo bucket, meta->GetStream("weir-kafka", "orders/0"));
     EXPECT_EQ(bucket.id, 8u);
@@ -1967,7 +2015,7 @@ TEST(SqliteSchemaUpgrade, Version3DatabaseGainsDeleteOnEmpty) {
   ASSERT_OK(meta->ReconfigureBasin("weir-kafka", on_append));
   EXPECT_EQ(meta->GetBasin("weir-kafka")->config, on_append);
   EXPECT_EQ(meta->GetTable("weir-kafka", "orders")->bucket_count, 2u);
-  EXPECT_EQ(SqliteSchemaVersion(path), SqliteMetastore::kSchemaVersion);
+  EXPECT_EQ(SqliteSchemaVersion(path), kSchemaVersion);
 }
 
 // ---- Names and URIs (backend-independent) --------------------------------------------
@@ -2000,10 +2048,20 @@ TEST(OpenMetastoreTest, UriErrors) {
   EXPECT_EQ(code_of(""), Code::kInvalidArgument);
   EXPECT_EQ(code_of("sqlite://"), Code::kInvalidArgument);
   EXPECT_EQ(code_of("sqlite:"), Code::kInvalidArgument);
-  auto pg = OpenMetastore("postgres://localhost/weir");
-  EXPECT_EQ(pg.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(pg.status().message().find("sqlite://"), std::string::npos) << pg.status().ToString();
-  EXPECT_NE(pg.status().message().find("postgres:// arrives later"), std::string::npos) << pg.status().ToString();
+  auto other = OpenMetastore("mysql://localhost/weir");
+  EXPECT_EQ(other.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(other.status().message().find("sqlite://"), std::string::npos) << other.status().ToString();
+  EXPECT_NE(other.status().message().find("postgres://"), std::string::npos) << other.status().ToString();
+  // A URI libpq cannot parse; a server that is not there (retryable), named
+  // without the password.
+  auto bad_param = OpenMetastore("postgres://localhost/weir?no_such_param=1");
+  EXPECT_EQ(bad_param.status().code(), Code::kInvalidArgument) << bad_param.status().ToString();
+  EXPECT_NE(bad_param.status().message().find("no_such_param"), std::string::npos) << bad_param.status().ToString();
+  auto down = OpenMetastore("postgresql://weir:s3cret@127.0.0.1:1/weir?connect_timeout=5");
+  EXPECT_EQ(down.status().code(), Code::kUnavailable) << down.status().ToString();
+  EXPECT_NE(down.status().message().find("postgres://weir@127.0.0.1:1/weir"), std::string::npos)
+      << down.status().ToString();
+  EXPECT_EQ(down.status().message().find("s3cret"), std::string::npos) << down.status().ToString();
 
   auto missing_parent = OpenMetastore("sqlite://" + dir.path() + "/no/such/dir/meta.db");
   EXPECT_EQ(missing_parent.status().code(), Code::kInvalidArgument);

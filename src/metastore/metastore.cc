@@ -6,7 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "metastore/sqlite_metastore.h"
+#include "metastore/postgres_db.h"
+#include "metastore/sqlite_db.h"
 
 namespace weir::metastore {
 
@@ -98,13 +99,18 @@ Result<std::shared_ptr<Metastore>> OpenMetastoreUnchecked(std::string_view uri) 
           "or :memory:",
           uri);
     }
-    auto store = SqliteMetastore::Open(std::string(path));
+    auto store = OpenSqliteMetastore(std::string(path));
+    if (!store.ok()) return store.status();
+    return std::shared_ptr<Metastore>(std::move(store).value());
+  }
+  if (uri.starts_with("postgres://") || uri.starts_with("postgresql://")) {
+    auto store = OpenPostgresMetastore(uri);
     if (!store.ok()) return store.status();
     return std::shared_ptr<Metastore>(std::move(store).value());
   }
   return InvalidArgument(
-      "unsupported metastore URI scheme in \"{}\"; supported: sqlite://PATH, sqlite://:memory: "
-      "(postgres:// arrives later)",
+      "unsupported metastore URI scheme in \"{}\"; supported: sqlite://PATH, sqlite://:memory:, "
+      "postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE[?PARAM=VALUE...]",
       uri);
 }
 

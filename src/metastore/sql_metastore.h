@@ -1,4 +1,5 @@
-// sqlite://PATH: the embedded default Metastore, one SQLite database file.
+// SqlMetastore: the Metastore on a SQL database, through a SqlDb driver:
+// sqlite://PATH (sqlite_db.h) or postgres://... (postgres_db.h).
 #pragma once
 
 #include <functional>
@@ -6,48 +7,46 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 
 #include "metastore/metastore.h"
-
-struct sqlite3;
-struct sqlite3_stmt;
+#include "metastore/sql_db.h"
 
 namespace weir::metastore {
 
-// A Metastore in one SQLite database (WAL journal, synchronous=FULL, so a
-// committed transaction survives a crash or power loss).
+// The catalog's schema version, the same on every driver. Each driver
+// refuses a database with a newer one (kNotSupported) and creates or
+// upgrades an older one in place, in one transaction:
+//   1: basins, streams, stream_states, segments, nodes, counters
+//   2: + tables, group_offsets (new tables only, so a v1 database just
+//      gains them; a v1 build then refuses the upgraded file)
+//   3: + create_tokens (likewise)
+//   4: + streams.delete_on_empty_s (ALTER TABLE for a v1 to v3 file)
+//   5: + the basin config columns of basins (ALTER TABLE for a v1 to v4 file)
+// PostgreSQL databases start at 5.
+inline constexpr int kSchemaVersion = 5;
+
+// A Metastore whose every query and rule is written once here; the driver
+// runs them. Each write method is one transaction of the driver's (writers
+// serialized with every other writer of the database, all or nothing).
 //
-// Ownership: created by Open (usually via OpenMetastore) and shared by the
-// engine. Threads: any; every method is blocking and serialized on one
-// connection by a mutex. Other processes may open the same file: SQLite
-// serializes their writers, and a lock held longer than 5 s surfaces as
-// kUnavailable (retryable). Guarantees: each write method is one
-// BEGIN IMMEDIATE transaction, all or nothing; reads += 1 per read method call,
-// writes += 1 per write method call, transactions += 1 per committed write.
+// Ownership: created by a driver's Open (usually via OpenMetastore) and
+// shared by the engine. Threads: any; every method is blocking and
+// serialized on the driver's one connection by a mutex. Guarantees: reads += 1
+// per read method call, writes += 1 per write method call, transactions += 1
+// per committed write.
 //
-// Storage: u64 values are stored as SQLite INTEGER (int64) by two's-complement
-// cast and read back by the reverse cast. Segment offsets must be below 2^63
-// because SQL compares them; they are validated on insert.
-class SqliteMetastore final : public Metastore {
+// Storage: u64 values are stored as int64 by two's-complement cast and read
+// back by the reverse cast. Segment offsets must be below 2^63 because SQL
+// compares them; they are validated on insert.
+class SqlMetastore final : public Metastore {
  public:
-  // Current schema; Open refuses a database with a newer one (kNotSupported)
-  // and upgrades an older one in place, in one transaction:
-  //   1: basins, streams, stream_states, segments, nodes, counters
-  //   2: + tables, group_offsets (new tables only, so a v1 database just
-  //      gains them; a v1 build then refuses the upgraded file)
-  //   3: + create_tokens (likewise)
-  //   4: + streams.delete_on_empty_s (ALTER TABLE for a v1 to v3 file)
-  //   5: + the basin config columns of basins (ALTER TABLE for a v1 to v4 file)
-  static constexpr int kSchemaVersion = 5;
+  // Creates or upgrades the schema (one transaction) and returns the store.
+  static Result<std::shared_ptr<SqlMetastore>> Open(std::unique_ptr<SqlDb> db);
 
-  // Opens PATH (created if missing; its parent directory must exist) or, for
-  // ":memory:", a private in-memory database. Creates the schema if missing.
-  static Result<std::shared_ptr<SqliteMetastore>> Open(const std::string& path);
-
-  ~SqliteMetastore() override;
-  SqliteMetastore(const SqliteMetastore&) = delete;
-  SqliteMetastore& operator=(const SqliteMetastore&) = delete;
+  explicit SqlMetastore(std::unique_ptr<SqlDb> db);  // use Open
+  ~SqlMetastore() override;
+  SqlMetastore(const SqlMetastore&) = delete;
+  SqlMetastore& operator=(const SqlMetastore&) = delete;
 
   Status CreateBasin(const BasinInfo& basin) override;
   Result<BasinInfo> GetBasin(std::string_view name) override;
@@ -113,25 +112,21 @@ class SqliteMetastore final : public Metastore {
                                                       const std::vector<std::string>& keep) override;
 
   const MetastoreCounters& counters() const override { return counters_; }
-  std::string Describe() const override { return "sqlite://" + path_; }
+  std::string Describe() const override { return describe_; }
 
-  // Tests: caps the database at `pages` pages, so writes past it fail as on a full disk.
-  Status SetMaxPageCountForTest(int64_t pages);
+  // Tests: runs one statement of the driver's own SQL (e.g. to cap a SQLite
+  // database's size).
+  Status ExecForTest(const std::string& sql);
 
  private:
   class Stmt;
 
-  SqliteMetastore(std::string path, sqlite3* db);
-
   // All below: mu_ held.
   Status Init();
-  Status Exec(const char* sql, std::string_view what);
   Result<Stmt> Prepare(const char* sql);
-  Status Error(int rc, std::string_view what) const;
-  // Runs body inside BEGIN IMMEDIATE ... COMMIT; rolls back if it fails.
+  // Runs body inside the driver's write transaction; rolls back if it fails.
   template <typename F>
   Status InTransaction(std::string_view what, F&& body);
-  void RollbackIfActive();
   Result<bool> StreamExists(uint64_t id);
   Result<bool> BasinExists(std::string_view name);
   // Inserts a stream row (new id) and its zero state; kAlreadyExists if the name is taken.
@@ -168,11 +163,10 @@ class SqliteMetastore final : public Metastore {
   template <typename F>
   auto Locked(std::string_view op, F&& body) -> decltype(body());
 
-  const std::string path_;
   MetastoreCounters counters_;
   std::mutex mu_;
-  sqlite3* db_;                                                // guarded by mu_
-  std::unordered_map<std::string, sqlite3_stmt*> statements_;  // by SQL text; guarded by mu_
+  const std::unique_ptr<SqlDb> db_;  // guarded by mu_
+  const std::string describe_;
 };
 
 }  // namespace weir::metastore

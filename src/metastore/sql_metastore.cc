@@ -1,33 +1,23 @@
-// sqlite://PATH: the Metastore on one SQLite database, through the C API.
-#include "metastore/sqlite_metastore.h"
-
-#include <fcntl.h>
-#include <sqlite3.h>
-#include <sys/stat.h>
-#include <unistd.h>
+// SqlMetastore: the Metastore's queries and rules, over a SqlDb driver
+// (SQLite or PostgreSQL).
+#include "metastore/sql_metastore.h"
 
 #include <algorithm>
-#include <set>
-#include <cerrno>
-#include <cstring>
 #include <exception>
-#include <filesystem>
 #include <limits>
 #include <new>
 #include <optional>
-#include <system_error>
-#include <unordered_map>
+#include <set>
 #include <utility>
 #include <vector>
 
-#include "base/fs.h"
+#include <fmt/format.h>
 
 namespace weir::metastore {
 
 namespace {
 
 constexpr size_t kMaxListLimit = 1000;
-constexpr int kBusyTimeoutMs = 5000;
 // Offsets are compared in SQL as int64, so they must stay below 2^63.
 constexpr uint64_t kMaxOffset = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
@@ -92,66 +82,19 @@ Status ValidateSegment(const SegmentInfo& s) {
   return Status::Ok();
 }
 
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
-
 // ---- SQL ------------------------------------------------------------------
 // Every statement binds its inputs as parameters; none is assembled from data.
+// One text serves every driver (sql_db.h says which SQL that allows); each
+// driver creates the tables (sqlite_db.cc, postgres_db.cc).
 
-// Schema 5: the basin config. NULL default_* columns are unset fields.
-#define WEIR_BASIN_CONFIG_DDL                                                                           \
-  "on_append INTEGER NOT NULL DEFAULT 0, on_read INTEGER NOT NULL DEFAULT 0, default_storage_class TEXT, " \
-  "default_retention_age_s INTEGER, default_timestamping TEXT, default_uncapped INTEGER, "               \
-  "default_delete_on_empty_s INTEGER"
-constexpr const char* kAddBasinConfig[] = {
-    "ALTER TABLE basins ADD COLUMN on_append INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE basins ADD COLUMN on_read INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE basins ADD COLUMN default_storage_class TEXT",
-    "ALTER TABLE basins ADD COLUMN default_retention_age_s INTEGER",
-    "ALTER TABLE basins ADD COLUMN default_timestamping TEXT",
-    "ALTER TABLE basins ADD COLUMN default_uncapped INTEGER",
-    "ALTER TABLE basins ADD COLUMN default_delete_on_empty_s INTEGER",
-};
-
-constexpr const char* kSchema[] = {
-    "CREATE TABLE IF NOT EXISTS basins(name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL, " WEIR_BASIN_CONFIG_DDL
-    ") WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS streams(id INTEGER PRIMARY KEY, basin TEXT NOT NULL REFERENCES basins(name), "
-    "name TEXT NOT NULL, storage_class TEXT NOT NULL, retention_age_s INTEGER NOT NULL, "
-    "timestamping TEXT NOT NULL, uncapped INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, "
-    "delete_on_empty_s INTEGER NOT NULL DEFAULT 0, UNIQUE(basin, name))",
-    "CREATE TABLE IF NOT EXISTS stream_states(stream_id INTEGER PRIMARY KEY REFERENCES streams(id), "
-    "settled_offset INTEGER NOT NULL, trim_point INTEGER NOT NULL, fencing_token BLOB NOT NULL, "
-    "last_timestamp_ms INTEGER NOT NULL, producer_state BLOB NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS segments(stream_id INTEGER NOT NULL, start_offset INTEGER NOT NULL, "
-    "end_offset INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL, "
-    "object_key TEXT NOT NULL, size_bytes INTEGER NOT NULL, PRIMARY KEY(stream_id, start_offset)) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS nodes(node TEXT PRIMARY KEY, epoch INTEGER NOT NULL, window INTEGER NOT NULL, "
-    "ckpt_epoch INTEGER NOT NULL, ckpt_seq INTEGER NOT NULL) WITHOUT ROWID",
-    // Allocators: value = the last id handed out; only ever increases.
-    "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
-    // Schema 2. A table's bucket streams are found by name (BucketStreamName).
-    "CREATE TABLE IF NOT EXISTS tables(id INTEGER PRIMARY KEY, basin TEXT NOT NULL REFERENCES basins(name), "
-    "name TEXT NOT NULL, kind TEXT NOT NULL, bucket_count INTEGER NOT NULL, config BLOB NOT NULL, "
-    "created_at_ms INTEGER NOT NULL, UNIQUE(basin, name))",
-    "CREATE TABLE IF NOT EXISTS group_offsets(group_id TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, "
-    "committed_offset INTEGER NOT NULL, leader_epoch INTEGER NOT NULL, metadata BLOB NOT NULL, "
-    "commit_time_ms INTEGER NOT NULL, PRIMARY KEY(group_id, topic, part)) WITHOUT ROWID",
-    // Schema 3. The request token a basin (stream '') or stream was created with.
-    "CREATE TABLE IF NOT EXISTS create_tokens(basin TEXT NOT NULL, stream TEXT NOT NULL, token TEXT NOT NULL, "
-    "PRIMARY KEY(basin, stream)) WITHOUT ROWID",
-};
-
-constexpr const char kCreateSchemaVersion[] = "CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)";
+constexpr const char kCreateSchemaVersion[] = "CREATE TABLE IF NOT EXISTS schema_version(version BIGINT NOT NULL)";
 constexpr const char kGetSchemaVersion[] = "SELECT version FROM schema_version";
 constexpr const char kSetSchemaVersion[] = "INSERT INTO schema_version(version) VALUES(?1)";
 constexpr const char kUpgradeSchemaVersion[] = "UPDATE schema_version SET version = ?1";
-// Schema 4: streams.delete_on_empty_s (created with the table since).
-constexpr const char kAddDeleteOnEmpty[] =
-    "ALTER TABLE streams ADD COLUMN delete_on_empty_s INTEGER NOT NULL DEFAULT 0";
 
 constexpr const char kBumpCounter[] =
     "INSERT INTO counters(name, value) VALUES(?1, 1) "
-    "ON CONFLICT(name) DO UPDATE SET value = value + 1 RETURNING value";
+    "ON CONFLICT(name) DO UPDATE SET value = counters.value + 1 RETURNING value";
 constexpr const char kCounterValue[] = "SELECT value FROM counters WHERE name = ?1";
 constexpr std::string_view kStreamIdCounter = "stream_id";
 constexpr std::string_view kProducerIdCounter = "producer_id";
@@ -173,7 +116,9 @@ constexpr const char kListBasinsOpen[] =
     "SELECT " WEIR_BASIN_COLUMNS " FROM basins WHERE name > ?1 AND name >= ?2 ORDER BY name LIMIT ?4";
 constexpr const char kFirstStreamOfBasin[] = "SELECT name FROM streams WHERE basin = ?1 ORDER BY name LIMIT 1";
 constexpr const char kDeleteBasin[] = "DELETE FROM basins WHERE name = ?1";
-constexpr const char kInsertToken[] = "INSERT OR REPLACE INTO create_tokens(basin, stream, token) VALUES(?1, ?2, ?3)";
+constexpr const char kInsertToken[] =
+    "INSERT INTO create_tokens(basin, stream, token) VALUES(?1, ?2, ?3) "
+    "ON CONFLICT(basin, stream) DO UPDATE SET token = excluded.token";
 constexpr const char kGetToken[] = "SELECT token FROM create_tokens WHERE basin = ?1 AND stream = ?2";
 constexpr const char kDeleteToken[] = "DELETE FROM create_tokens WHERE basin = ?1 AND stream = ?2";
 
@@ -197,21 +142,21 @@ constexpr const char kDeleteStream[] = "DELETE FROM streams WHERE id = ?1";
 
 #define WEIR_STATE_COLUMNS "stream_id, settled_offset, trim_point, fencing_token, last_timestamp_ms, producer_state"
 constexpr const char kInsertZeroState[] =
-    "INSERT INTO stream_states(" WEIR_STATE_COLUMNS ") VALUES(?1, 0, 0, x'', 0, x'')";
+    "INSERT INTO stream_states(" WEIR_STATE_COLUMNS ") VALUES(?1, 0, 0, ?2, 0, ?2)";  // ?2: an empty blob
 constexpr const char kGetState[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states WHERE stream_id = ?1";
 constexpr const char kListStates[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states ORDER BY stream_id";
 #undef WEIR_STATE_COLUMNS
 constexpr const char kUpdateState[] =
-    "UPDATE stream_states SET settled_offset = ?2, trim_point = MAX(trim_point, ?3), fencing_token = ?4, "
+    "UPDATE stream_states SET settled_offset = ?2, trim_point = CASE WHEN trim_point > ?3 THEN trim_point ELSE ?3 END, fencing_token = ?4, "
     "last_timestamp_ms = ?5, producer_state = ?6 WHERE stream_id = ?1";
 constexpr const char kRaiseTrimPoint[] =
-    "UPDATE stream_states SET trim_point = MAX(trim_point, ?2) WHERE stream_id = ?1";
+    "UPDATE stream_states SET trim_point = CASE WHEN trim_point > ?2 THEN trim_point ELSE ?2 END WHERE stream_id = ?1";
 constexpr const char kDeleteState[] = "DELETE FROM stream_states WHERE stream_id = ?1";
 
-constexpr const char kGetNode[] = "SELECT epoch, window, ckpt_epoch, ckpt_seq FROM nodes WHERE node = ?1";
+constexpr const char kGetNode[] = "SELECT epoch, \"window\", ckpt_epoch, ckpt_seq FROM nodes WHERE node = ?1";
 constexpr const char kUpsertEpoch[] =
-    "INSERT INTO nodes(node, epoch, window, ckpt_epoch, ckpt_seq) VALUES(?1, ?2, ?3, 0, 0) "
-    "ON CONFLICT(node) DO UPDATE SET epoch = excluded.epoch, window = excluded.window";
+    "INSERT INTO nodes(node, epoch, \"window\", ckpt_epoch, ckpt_seq) VALUES(?1, ?2, ?3, 0, 0) "
+    "ON CONFLICT(node) DO UPDATE SET epoch = excluded.epoch, \"window\" = excluded.\"window\"";
 constexpr const char kSetCheckpoint[] = "UPDATE nodes SET ckpt_epoch = ?2, ckpt_seq = ?3 WHERE node = ?1";
 
 #define WEIR_SEGMENT_COLUMNS "stream_id, start_offset, end_offset, first_ts, last_ts, object_key, size_bytes"
@@ -279,84 +224,50 @@ constexpr const char kDeletePartitionOffset[] =
     "DELETE FROM group_offsets WHERE group_id = ?1 AND topic = ?2 AND part = ?3";
 constexpr const char kListOffsetGroups[] = "SELECT DISTINCT group_id FROM group_offsets ORDER BY group_id";
 #undef WEIR_BASIN_COLUMNS
-#undef WEIR_BASIN_CONFIG_DDL
 
 }  // namespace
 
-// A cached prepared statement borrowed for one use: bind, step, read columns.
-// Owned by the calling method (mu_ held); resets the statement and clears its
-// bindings when destroyed. A bind failure is reported by the next Step.
-class SqliteMetastore::Stmt {
+// A statement borrowed from the driver for one use (mu_ held): resets it
+// when destroyed.
+class SqlMetastore::Stmt {
  public:
-  Stmt(const SqliteMetastore* owner, sqlite3_stmt* stmt) : owner_(owner), stmt_(stmt) {}
-  Stmt(Stmt&& other) noexcept
-      : owner_(other.owner_), stmt_(std::exchange(other.stmt_, nullptr)), bind_rc_(other.bind_rc_) {}
+  explicit Stmt(SqlStatement* stmt) : stmt_(stmt) {}
+  Stmt(Stmt&& other) noexcept : stmt_(std::exchange(other.stmt_, nullptr)) {}
   Stmt& operator=(Stmt&&) = delete;
   ~Stmt() {
-    if (stmt_ != nullptr) {
-      sqlite3_reset(stmt_);
-      sqlite3_clear_bindings(stmt_);
-    }
+    if (stmt_ != nullptr) stmt_->Reset();
   }
 
-  Stmt& Int(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_, i, v)); }
-  Stmt& Text(int i, std::string_view v) {
-    // A null data pointer would bind SQL NULL; an empty view binds ''.
-    return Check(sqlite3_bind_text64(stmt_, i, v.empty() ? "" : v.data(), v.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
-  }
-  Stmt& Null(int i) { return Check(sqlite3_bind_null(stmt_, i)); }
+  Stmt& Int(int i, int64_t v) { return stmt_->BindInt(i, v), *this; }
+  Stmt& Text(int i, std::string_view v) { return stmt_->BindText(i, v), *this; }
+  Stmt& Blob(int i, std::string_view v) { return stmt_->BindBlob(i, v), *this; }
+  Stmt& Null(int i) { return stmt_->BindNull(i), *this; }
   template <typename T>
   Stmt& OptInt(int i, const std::optional<T>& v) {
     return v ? Int(i, static_cast<int64_t>(*v)) : Null(i);
   }
-  Stmt& Blob(int i, std::string_view v) {
-    return Check(sqlite3_bind_blob64(stmt_, i, v.empty() ? "" : v.data(), v.size(), SQLITE_TRANSIENT));
-  }
 
-  // true: a row is ready; false: done.
-  Result<bool> Step(std::string_view what) {
-    if (bind_rc_ != SQLITE_OK) return owner_->Error(bind_rc_, what);
-    const int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    return owner_->Error(rc, what);
-  }
+  Result<bool> Step(std::string_view what) { return stmt_->Step(what); }
   // Steps a statement that returns no rows.
   Status Run(std::string_view what) {
     auto r = Step(what);
     if (!r.ok()) return r.status();
     return Status::Ok();
   }
-  int Changes() const { return sqlite3_changes(sqlite3_db_handle(stmt_)); }
+  int64_t Changes() const { return stmt_->Changes(); }
 
-  int64_t ColInt(int c) const { return sqlite3_column_int64(stmt_, c); }
-  bool ColNull(int c) const { return sqlite3_column_type(stmt_, c) == SQLITE_NULL; }
-  std::string ColText(int c) const {
-    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, c));
-    const int n = sqlite3_column_bytes(stmt_, c);
-    return p == nullptr ? std::string() : std::string(p, static_cast<size_t>(n));
-  }
-  std::string ColBlob(int c) const {
-    const auto* p = static_cast<const char*>(sqlite3_column_blob(stmt_, c));
-    const int n = sqlite3_column_bytes(stmt_, c);
-    return p == nullptr ? std::string() : std::string(p, static_cast<size_t>(n));
-  }
+  int64_t ColInt(int c) const { return stmt_->ColInt(c); }
+  bool ColNull(int c) const { return stmt_->ColNull(c); }
+  std::string ColText(int c) const { return stmt_->ColBytes(c); }
+  std::string ColBlob(int c) const { return stmt_->ColBytes(c); }
 
  private:
-  Stmt& Check(int rc) {
-    if (rc != SQLITE_OK && bind_rc_ == SQLITE_OK) bind_rc_ = rc;
-    return *this;
-  }
-
-  const SqliteMetastore* owner_;
-  sqlite3_stmt* stmt_;
-  int bind_rc_ = SQLITE_OK;
+  SqlStatement* stmt_;
 };
-
 namespace {
 
 // Row readers, in the column order of the SQL above (templates, because Stmt
-// is private to SqliteMetastore).
+// is private to SqlMetastore).
 template <typename Row>
 Result<StreamInfo> ReadStream(const Row& st) {
   StreamInfo s;
@@ -446,96 +357,19 @@ SegmentInfo ReadSegment(const Row& st) {
 
 // ---- Plumbing ---------------------------------------------------------------
 
-SqliteMetastore::SqliteMetastore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+SqlMetastore::SqlMetastore(std::unique_ptr<SqlDb> db) : db_(std::move(db)), describe_(db_->Describe()) {}
 
-SqliteMetastore::~SqliteMetastore() {
-  for (auto& [sql, stmt] : statements_) sqlite3_finalize(stmt);
-  statements_.clear();
-  sqlite3_close_v2(db_);
+SqlMetastore::~SqlMetastore() = default;
+
+Result<std::shared_ptr<SqlMetastore>> SqlMetastore::Open(std::unique_ptr<SqlDb> db) {
+  auto store = std::make_shared<SqlMetastore>(std::move(db));
+  WEIR_RETURN_IF_ERROR(store->Locked("open", [&] { return store->Init(); }));
+  return store;
 }
 
-Result<std::shared_ptr<SqliteMetastore>> SqliteMetastore::Open(const std::string& path) {
-  try {
-    const std::string uri = "sqlite://" + path;
-    if (path.empty()) return InvalidArgument("metastore {}: empty database path", uri);
-    const bool memory = path == ":memory:";
-    std::string filename = path;
-    bool created = false;
-    std::string parent;
-    if (!memory) {
-      if (path.back() == '/') {
-        return InvalidArgument("metastore {}: the path names a directory; name the database file, e.g. {}meta.db",
-                               uri, path);
-      }
-      parent = std::filesystem::path(path).parent_path().string();
-      if (parent.empty()) parent = ".";
-      struct stat st {};
-      if (::stat(parent.c_str(), &st) != 0) {
-        const int err = errno;
-        if (err == ENOENT) return InvalidArgument("metastore {}: parent directory {} does not exist", uri, parent);
-        return IOError("metastore {}: stat parent directory {}: {}", uri, parent, ErrnoText(err));
-      }
-      if (!S_ISDIR(st.st_mode)) return InvalidArgument("metastore {}: {} is not a directory", uri, parent);
-      if (::stat(path.c_str(), &st) == 0) {
-        if (S_ISDIR(st.st_mode)) {
-          return InvalidArgument("metastore {}: {} is a directory; name the database file, e.g. {}/meta.db", uri,
-                                 path, path);
-        }
-      } else if (errno == ENOENT) {
-        created = true;
-      }
-      // SQLite reads names starting with "file:" as URIs; "./" keeps a path a path.
-      if (path.front() != '/') filename = "./" + path;
-    }
-
-    sqlite3* db = nullptr;
-    const int rc = sqlite3_open_v2(filename.c_str(), &db,
-                                   SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
-    if (rc != SQLITE_OK) {
-      const int sys_errno = db != nullptr ? sqlite3_system_errno(db) : 0;
-      std::string msg = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-      sqlite3_close_v2(db);
-      if (sys_errno != 0) msg += ": " + ErrnoText(sys_errno);
-      if ((rc & 0xff) == SQLITE_NOMEM) return ResourceExhausted("metastore {}: open: {}", uri, msg);
-      return IOError("metastore {}: open: {}", uri, msg);
-    }
-    std::shared_ptr<SqliteMetastore> store;
-    try {
-      store.reset(new SqliteMetastore(path, db));
-    } catch (...) {
-      sqlite3_close_v2(db);
-      throw;
-    }
-    {
-      std::lock_guard lock(store->mu_);
-      WEIR_RETURN_IF_ERROR(store->Init());
-    }
-    if (created) WEIR_RETURN_IF_ERROR(FsyncDir(parent).WithContext("metastore " + uri));
-    return store;
-  } catch (const std::bad_alloc&) {
-    return ResourceExhausted("metastore sqlite://{}: open: out of memory", path);
-  } catch (const std::exception& e) {
-    return Internal("metastore sqlite://{}: open: unexpected exception: {}", path, e.what());
-  }
-}
-
-Status SqliteMetastore::Init() {
-  sqlite3_extended_result_codes(db_, 1);
-  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
-  WEIR_RETURN_IF_ERROR(Exec("PRAGMA foreign_keys = ON", "enable foreign keys"));
-  {
-    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare("PRAGMA journal_mode = WAL"));
-    WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("enable the WAL journal"));
-    const std::string mode = row ? st.ColText(0) : std::string();
-    if (path_ != ":memory:" && mode != "wal") {
-      return IOError("metastore {}: could not enable the WAL journal (journal_mode is \"{}\")", Describe(), mode);
-    }
-  }
-  WEIR_RETURN_IF_ERROR(Exec("PRAGMA synchronous = FULL", "set synchronous=FULL"));
-
-  WEIR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin schema transaction"));
-  Status st = [&]() -> Status {
-    WEIR_RETURN_IF_ERROR(Exec(kCreateSchemaVersion, "create schema_version"));
+Status SqlMetastore::Init() {
+  return InTransaction("create or upgrade the schema", [&]() -> Status {
+    WEIR_RETURN_IF_ERROR(db_->Exec(kCreateSchemaVersion, "create schema_version"));
     std::vector<int64_t> versions;
     {
       WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kGetSchemaVersion));
@@ -546,139 +380,88 @@ Status SqliteMetastore::Init() {
       }
     }
     if (versions.size() > 1) {
-      return Corruption("metastore {}: schema_version has {} rows, expected one", Describe(), versions.size());
+      return Corruption("metastore {}: schema_version has {} rows, expected one", describe_, versions.size());
     }
     if (!versions.empty() && versions[0] > kSchemaVersion) {
       return NotSupported("metastore {}: schema version {} is newer than this build supports ({}); upgrade weir",
-                          Describe(), versions[0], kSchemaVersion);
+                          describe_, versions[0], kSchemaVersion);
     }
     if (!versions.empty() && versions[0] < 1) {
-      return Corruption("metastore {}: invalid schema version {}", Describe(), versions[0]);
+      return Corruption("metastore {}: invalid schema version {}", describe_, versions[0]);
     }
     // Creating what is missing upgrades any older version, except for the
     // columns added to existing tables since.
-    for (const char* sql : kSchema) WEIR_RETURN_IF_ERROR(Exec(sql, "create schema"));
-    if (!versions.empty() && versions[0] < 4) WEIR_RETURN_IF_ERROR(Exec(kAddDeleteOnEmpty, "upgrade schema to 4"));
-    if (!versions.empty() && versions[0] < 5) {
-      for (const char* sql : kAddBasinConfig) WEIR_RETURN_IF_ERROR(Exec(sql, "upgrade schema to 5"));
+    for (const char* sql : db_->Schema()) WEIR_RETURN_IF_ERROR(db_->Exec(sql, "create schema"));
+    if (!versions.empty()) {
+      for (const char* sql : db_->Upgrade(static_cast<int>(versions[0]))) {
+        WEIR_RETURN_IF_ERROR(db_->Exec(sql, fmt::format("upgrade schema to {}", kSchemaVersion)));
+      }
     }
     if (versions.empty()) {
       WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kSetSchemaVersion));
-      WEIR_RETURN_IF_ERROR(set.Int(1, kSchemaVersion).Run("write schema version"));
-    } else if (versions[0] < kSchemaVersion) {
+      return set.Int(1, kSchemaVersion).Run("write schema version");
+    }
+    if (versions[0] < kSchemaVersion) {
       WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kUpgradeSchemaVersion));
-      WEIR_RETURN_IF_ERROR(set.Int(1, kSchemaVersion).Run("upgrade schema version"));
+      return set.Int(1, kSchemaVersion).Run("upgrade schema version");
     }
-    return Exec("COMMIT", "commit schema");
-  }();
-  if (!st.ok()) RollbackIfActive();
-  return st;
+    return Status::Ok();
+  });
 }
 
-Status SqliteMetastore::SetMaxPageCountForTest(int64_t pages) {
+Status SqlMetastore::ExecForTest(const std::string& sql) {
   std::lock_guard lock(mu_);
-  const std::string sql = fmt::format("PRAGMA max_page_count = {}", pages);
-  return Exec(sql.c_str(), "set max_page_count");
+  return db_->ExecForTest(sql);
 }
 
-Status SqliteMetastore::Exec(const char* sql, std::string_view what) {
-  const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
-  return rc == SQLITE_OK ? Status::Ok() : Error(rc, what);
-}
-
-Result<SqliteMetastore::Stmt> SqliteMetastore::Prepare(const char* sql) {
-  auto it = statements_.find(sql);
-  if (it == statements_.end()) {
-    sqlite3_stmt* stmt = nullptr;
-    const int rc = sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
-    if (rc != SQLITE_OK) {
-      Status st = Error(rc, fmt::format("prepare \"{}\"", sql));
-      sqlite3_finalize(stmt);
-      return st;
-    }
-    try {
-      it = statements_.emplace(sql, stmt).first;
-    } catch (...) {
-      sqlite3_finalize(stmt);
-      throw;
-    }
-  } else if (sqlite3_stmt_busy(it->second)) {
-    return Internal("metastore {}: statement \"{}\" is already in use", Describe(), sql);
-  }
-  return Stmt(this, it->second);
-}
-
-Status SqliteMetastore::Error(int rc, std::string_view what) const {
-  const std::string text = fmt::format("metastore {}: {}: {}", Describe(), what, sqlite3_errmsg(db_));
-  if (rc == SQLITE_IOERR_NOMEM) return ResourceExhausted("{}", text);
-  switch (rc & 0xff) {
-    case SQLITE_FULL:  // as the file store's ENOSPC: retryable, settle and retention free space
-      return ResourceExhausted("{}", text);
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-      return Unavailable("{} (another connection holds the database lock; retry)", text);
-    case SQLITE_CORRUPT:
-    case SQLITE_NOTADB:
-      return Corruption("{}", text);
-    case SQLITE_NOMEM:
-      return ResourceExhausted("{}", text);
-    case SQLITE_CONSTRAINT:
-      if (rc == SQLITE_CONSTRAINT_UNIQUE || rc == SQLITE_CONSTRAINT_PRIMARYKEY) return AlreadyExists("{}", text);
-      if (rc == SQLITE_CONSTRAINT_FOREIGNKEY) return PreconditionFailed("{}", text);
-      return Internal("{}", text);
-    default:
-      return IOError("{}", text);
-  }
-}
-
-void SqliteMetastore::RollbackIfActive() {
-  // Some errors (disk full, I/O) already rolled the transaction back.
-  if (sqlite3_get_autocommit(db_) == 0) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+Result<SqlMetastore::Stmt> SqlMetastore::Prepare(const char* sql) {
+  WEIR_ASSIGN_OR_RETURN(SqlStatement * stmt, db_->Prepare(sql));
+  return Stmt(stmt);
 }
 
 template <typename F>
-Status SqliteMetastore::InTransaction(std::string_view what, F&& body) {
-  WEIR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", fmt::format("{}: begin", what)));
+Status SqlMetastore::InTransaction(std::string_view what, F&& body) {
+  WEIR_RETURN_IF_ERROR(db_->Begin(what));
   Status st = body();
   if (st.ok()) {
-    st = Exec("COMMIT", fmt::format("{}: commit", what));
+    st = db_->Commit(what);
     if (st.ok()) {
       counters_.transactions.fetch_add(1, std::memory_order_relaxed);
       return st;
     }
   }
-  RollbackIfActive();
+  db_->RollbackIfActive();
   return st;
 }
 
 template <typename F>
-auto SqliteMetastore::Locked(std::string_view op, F&& body) -> decltype(body()) {
+auto SqlMetastore::Locked(std::string_view op, F&& body) -> decltype(body()) {
   try {
     std::lock_guard lock(mu_);
     try {
       return body();
     } catch (...) {
-      RollbackIfActive();
+      db_->RollbackIfActive();
       throw;
     }
   } catch (const std::bad_alloc&) {
-    return ResourceExhausted("metastore sqlite://{}: {}: out of memory", path_, op);
+    return ResourceExhausted("metastore {}: {}: out of memory", describe_, op);
   } catch (const std::exception& e) {
-    return Internal("metastore sqlite://{}: {}: unexpected exception: {}", path_, op, e.what());
+    return Internal("metastore {}: {}: unexpected exception: {}", describe_, op, e.what());
   }
 }
 
-Result<bool> SqliteMetastore::StreamExists(uint64_t id) {
+Result<bool> SqlMetastore::StreamExists(uint64_t id) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamExists));
   return st.Int(1, I64(id)).Step("look up stream");
 }
 
-Result<bool> SqliteMetastore::BasinExists(std::string_view name) {
+Result<bool> SqlMetastore::BasinExists(std::string_view name) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetBasin));
   return st.Text(1, name).Step("look up basin");
 }
 
-Status SqliteMetastore::InsertStream(StreamInfo* info) {
+Status SqlMetastore::InsertStream(StreamInfo* info) {
   {
     WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kStreamByName));
     WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, info->basin).Text(2, info->name).Step("look up stream"));
@@ -699,12 +482,12 @@ Status SqliteMetastore::InsertStream(StreamInfo* info) {
     WEIR_RETURN_IF_ERROR(ins.Run("insert stream"));
   }
   WEIR_ASSIGN_OR_RETURN(Stmt state, Prepare(kInsertZeroState));
-  WEIR_RETURN_IF_ERROR(state.Int(1, I64(info->id)).Run("insert stream state"));
+  WEIR_RETURN_IF_ERROR(state.Int(1, I64(info->id)).Blob(2, "").Run("insert stream state"));
   // A stream name reused after a delete starts without the old token.
   return SetToken(info->basin, info->name, info->request_token);
 }
 
-Status SqliteMetastore::RemoveStream(uint64_t id, std::vector<std::string>* keys) {
+Status SqlMetastore::RemoveStream(uint64_t id, std::vector<std::string>* keys) {
   {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentKeysOfStream));
     st.Int(1, I64(id));
@@ -721,7 +504,7 @@ Status SqliteMetastore::RemoveStream(uint64_t id, std::vector<std::string>* keys
   return Status::Ok();
 }
 
-Result<std::optional<TableInfo>> SqliteMetastore::TableOfBucket(std::string_view basin, std::string_view stream) {
+Result<std::optional<TableInfo>> SqlMetastore::TableOfBucket(std::string_view basin, std::string_view stream) {
   const std::optional<BucketRef> ref = ParseBucketStreamName(stream);
   if (!ref) return std::optional<TableInfo>();
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kTableByName));
@@ -732,7 +515,7 @@ Result<std::optional<TableInfo>> SqliteMetastore::TableOfBucket(std::string_view
   return std::optional<TableInfo>(std::move(table));
 }
 
-Result<uint64_t> SqliteMetastore::LastStreamId() {
+Result<uint64_t> SqlMetastore::LastStreamId() {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("LastStreamId", [&]() -> Result<uint64_t> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kCounterValue));
@@ -741,7 +524,7 @@ Result<uint64_t> SqliteMetastore::LastStreamId() {
   });
 }
 
-Result<uint64_t> SqliteMetastore::NextCounter(std::string_view name) {
+Result<uint64_t> SqlMetastore::NextCounter(std::string_view name) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kBumpCounter));
   const std::string what = fmt::format("allocate {}", name);
   WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, name).Step(what));
@@ -752,7 +535,7 @@ Result<uint64_t> SqliteMetastore::NextCounter(std::string_view name) {
   return value;
 }
 
-Result<std::optional<NodeState>> SqliteMetastore::ReadNode(std::string_view node) {
+Result<std::optional<NodeState>> SqlMetastore::ReadNode(std::string_view node) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetNode));
   WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, node).Step("read node"));
   if (!row) return std::optional<NodeState>();
@@ -767,7 +550,7 @@ Result<std::optional<NodeState>> SqliteMetastore::ReadNode(std::string_view node
 
 // ---- Basins -----------------------------------------------------------------
 
-Status SqliteMetastore::CreateBasin(const BasinInfo& basin) {
+Status SqlMetastore::CreateBasin(const BasinInfo& basin) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("CreateBasin", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateConfig(basin.config.default_stream_config.Resolve()));
@@ -785,7 +568,7 @@ Status SqliteMetastore::CreateBasin(const BasinInfo& basin) {
   });
 }
 
-void SqliteMetastore::BindBasinConfig(Stmt& st, const BasinConfig& config) {
+void SqlMetastore::BindBasinConfig(Stmt& st, const BasinConfig& config) {
   const StreamConfigLayer& d = config.default_stream_config;
   st.Int(3, config.create_stream_on_append ? 1 : 0).Int(4, config.create_stream_on_read ? 1 : 0);
   if (d.storage_class) {
@@ -802,7 +585,7 @@ void SqliteMetastore::BindBasinConfig(Stmt& st, const BasinConfig& config) {
   st.OptInt(8, d.uncapped_timestamps).OptInt(9, d.delete_on_empty_min_age_s);
 }
 
-Status SqliteMetastore::ReconfigureBasin(std::string_view name, const BasinConfig& config) {
+Status SqlMetastore::ReconfigureBasin(std::string_view name, const BasinConfig& config) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("ReconfigureBasin", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateConfig(config.default_stream_config.Resolve()));
@@ -816,7 +599,7 @@ Status SqliteMetastore::ReconfigureBasin(std::string_view name, const BasinConfi
   });
 }
 
-Status SqliteMetastore::SetToken(std::string_view basin, std::string_view stream, std::string_view token) {
+Status SqlMetastore::SetToken(std::string_view basin, std::string_view stream, std::string_view token) {
   if (token.empty()) {
     WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteToken));
     return del.Text(1, basin).Text(2, stream).Run("delete create token");
@@ -825,7 +608,7 @@ Status SqliteMetastore::SetToken(std::string_view basin, std::string_view stream
   return ins.Text(1, basin).Text(2, stream).Text(3, token).Run("insert create token");
 }
 
-Result<std::string> SqliteMetastore::CreateToken(std::string_view basin, std::string_view stream) {
+Result<std::string> SqlMetastore::CreateToken(std::string_view basin, std::string_view stream) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("CreateToken", [&]() -> Result<std::string> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetToken));
@@ -834,7 +617,7 @@ Result<std::string> SqliteMetastore::CreateToken(std::string_view basin, std::st
   });
 }
 
-Result<BasinInfo> SqliteMetastore::GetBasin(std::string_view name) {
+Result<BasinInfo> SqlMetastore::GetBasin(std::string_view name) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("GetBasin", [&]() -> Result<BasinInfo> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetBasin));
@@ -844,7 +627,7 @@ Result<BasinInfo> SqliteMetastore::GetBasin(std::string_view name) {
   });
 }
 
-Result<std::vector<BasinInfo>> SqliteMetastore::ListBasins(std::string_view prefix, std::string_view start_after,
+Result<std::vector<BasinInfo>> SqlMetastore::ListBasins(std::string_view prefix, std::string_view start_after,
                                                            size_t limit) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("ListBasins", [&]() -> Result<std::vector<BasinInfo>> {
@@ -864,7 +647,7 @@ Result<std::vector<BasinInfo>> SqliteMetastore::ListBasins(std::string_view pref
   });
 }
 
-Status SqliteMetastore::DeleteBasin(std::string_view name) {
+Status SqlMetastore::DeleteBasin(std::string_view name) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteBasin", [&]() -> Status {
     return InTransaction("delete basin", [&]() -> Status {
@@ -893,7 +676,7 @@ Status SqliteMetastore::DeleteBasin(std::string_view name) {
 
 // ---- Streams ----------------------------------------------------------------
 
-Result<StreamInfo> SqliteMetastore::CreateStream(const StreamInfo& info, const EpochCheck& by) {
+Result<StreamInfo> SqlMetastore::CreateStream(const StreamInfo& info, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("CreateStream", [&]() -> Result<StreamInfo> {
     WEIR_RETURN_IF_ERROR(ValidateConfig(info.config));
@@ -909,7 +692,7 @@ Result<StreamInfo> SqliteMetastore::CreateStream(const StreamInfo& info, const E
   });
 }
 
-Result<StreamInfo> SqliteMetastore::GetStream(std::string_view basin, std::string_view name) {
+Result<StreamInfo> SqlMetastore::GetStream(std::string_view basin, std::string_view name) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("GetStream", [&]() -> Result<StreamInfo> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamByName));
@@ -919,7 +702,7 @@ Result<StreamInfo> SqliteMetastore::GetStream(std::string_view basin, std::strin
   });
 }
 
-Result<StreamInfo> SqliteMetastore::GetStreamById(uint64_t id) {
+Result<StreamInfo> SqlMetastore::GetStreamById(uint64_t id) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("GetStreamById", [&]() -> Result<StreamInfo> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamById));
@@ -929,7 +712,7 @@ Result<StreamInfo> SqliteMetastore::GetStreamById(uint64_t id) {
   });
 }
 
-Result<std::vector<StreamInfo>> SqliteMetastore::ListStreams(std::string_view basin, std::string_view prefix,
+Result<std::vector<StreamInfo>> SqlMetastore::ListStreams(std::string_view basin, std::string_view prefix,
                                                              std::string_view start_after, size_t limit) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("ListStreams", [&]() -> Result<std::vector<StreamInfo>> {
@@ -954,7 +737,7 @@ Result<std::vector<StreamInfo>> SqliteMetastore::ListStreams(std::string_view ba
   });
 }
 
-Status SqliteMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& config, const EpochCheck& by) {
+Status SqlMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& config, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("UpdateStreamConfig", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateConfig(config));
@@ -965,7 +748,7 @@ Status SqliteMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& conf
   });
 }
 
-Status SqliteMetastore::WriteStreamConfig(uint64_t id, const StreamConfig& config) {
+Status SqlMetastore::WriteStreamConfig(uint64_t id, const StreamConfig& config) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateConfig));
   st.Int(1, I64(id))
       .Text(2, StorageClassName(config.storage_class))
@@ -978,7 +761,7 @@ Status SqliteMetastore::WriteStreamConfig(uint64_t id, const StreamConfig& confi
   return Status::Ok();
 }
 
-Status SqliteMetastore::UpdateTableConfig(uint64_t table_id, std::string_view config,
+Status SqlMetastore::UpdateTableConfig(uint64_t table_id, std::string_view config,
                                           const std::vector<std::pair<uint64_t, StreamConfig>>& stream_configs,
                                           const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
@@ -997,7 +780,7 @@ Status SqliteMetastore::UpdateTableConfig(uint64_t table_id, std::string_view co
   });
 }
 
-Status SqliteMetastore::InsertSegmentRow(const SegmentInfo& s) {
+Status SqlMetastore::InsertSegmentRow(const SegmentInfo& s) {
   WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertSegment));
   ins.Int(1, I64(s.stream_id))
       .Int(2, I64(s.start_offset))
@@ -1009,7 +792,7 @@ Status SqliteMetastore::InsertSegmentRow(const SegmentInfo& s) {
   return ins.Run("insert segment");
 }
 
-Result<NodeState> SqliteMetastore::NodeAtEpoch(std::string_view node, uint64_t epoch) {
+Result<NodeState> SqlMetastore::NodeAtEpoch(std::string_view node, uint64_t epoch) {
   WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
   const uint64_t current_epoch = current ? current->epoch : 0;
   if (current_epoch == epoch) return current.value_or(NodeState{});
@@ -1017,7 +800,7 @@ Result<NodeState> SqliteMetastore::NodeAtEpoch(std::string_view node, uint64_t e
                             current_epoch > epoch ? "this node was superseded" : "that epoch was never minted");
 }
 
-Status SqliteMetastore::RaiseTrimPoint(std::string_view node, uint64_t epoch, uint64_t id, uint64_t trim_point) {
+Status SqlMetastore::RaiseTrimPoint(std::string_view node, uint64_t epoch, uint64_t id, uint64_t trim_point) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("RaiseTrimPoint", [&]() -> Status {
     return InTransaction("raise trim point", [&]() -> Status {
@@ -1030,16 +813,16 @@ Status SqliteMetastore::RaiseTrimPoint(std::string_view node, uint64_t epoch, ui
   });
 }
 
-Result<std::vector<std::string>> SqliteMetastore::DeleteStream(uint64_t id, const EpochCheck& by) {
+Result<std::vector<std::string>> SqlMetastore::DeleteStream(uint64_t id, const EpochCheck& by) {
   return DeleteStreamIf(id, "DeleteStream", [&](const StreamInfo&) { return CheckEpoch(by); });
 }
 
-Status SqliteMetastore::CheckEpoch(const EpochCheck& by) {
+Status SqlMetastore::CheckEpoch(const EpochCheck& by) {
   if (by.node.empty()) return Status::Ok();
   return NodeAtEpoch(by.node, by.epoch).status();
 }
 
-Result<std::vector<std::string>> SqliteMetastore::DeleteEmptyStream(uint64_t id, std::string_view node,
+Result<std::vector<std::string>> SqlMetastore::DeleteEmptyStream(uint64_t id, std::string_view node,
                                                                     uint64_t epoch) {
   return DeleteStreamIf(id, "DeleteEmptyStream", [&](const StreamInfo& s) -> Status {
     if (s.config.delete_on_empty_min_age_s <= 0) {
@@ -1049,7 +832,7 @@ Result<std::vector<std::string>> SqliteMetastore::DeleteEmptyStream(uint64_t id,
   });
 }
 
-Result<std::vector<std::string>> SqliteMetastore::DeleteStreamIf(
+Result<std::vector<std::string>> SqlMetastore::DeleteStreamIf(
     uint64_t id, const char* what, const std::function<Status(const StreamInfo&)>& check) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked(what, [&]() -> Result<std::vector<std::string>> {
@@ -1079,7 +862,7 @@ Result<std::vector<std::string>> SqliteMetastore::DeleteStreamIf(
   });
 }
 
-Result<StreamState> SqliteMetastore::GetStreamState(uint64_t id) {
+Result<StreamState> SqlMetastore::GetStreamState(uint64_t id) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("GetStreamState", [&]() -> Result<StreamState> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetState));
@@ -1089,7 +872,7 @@ Result<StreamState> SqliteMetastore::GetStreamState(uint64_t id) {
   });
 }
 
-Result<std::vector<StreamState>> SqliteMetastore::ListStreamStates() {
+Result<std::vector<StreamState>> SqlMetastore::ListStreamStates() {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("ListStreamStates", [&]() -> Result<std::vector<StreamState>> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kListStates));
@@ -1105,7 +888,7 @@ Result<std::vector<StreamState>> SqliteMetastore::ListStreamStates() {
 
 // ---- Nodes and producers ------------------------------------------------------
 
-Result<NodeState> SqliteMetastore::GetNode(std::string_view node) {
+Result<NodeState> SqlMetastore::GetNode(std::string_view node) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("GetNode", [&]() -> Result<NodeState> {
     WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> n, ReadNode(node));
@@ -1116,7 +899,7 @@ Result<NodeState> SqliteMetastore::GetNode(std::string_view node) {
   });
 }
 
-Result<NodeState> SqliteMetastore::MintEpoch(std::string_view node, uint64_t expected, uint32_t window) {
+Result<NodeState> SqlMetastore::MintEpoch(std::string_view node, uint64_t expected, uint32_t window) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("MintEpoch", [&]() -> Result<NodeState> {
     if (expected == std::numeric_limits<uint64_t>::max()) {
@@ -1144,7 +927,7 @@ Result<NodeState> SqliteMetastore::MintEpoch(std::string_view node, uint64_t exp
   });
 }
 
-Result<uint64_t> SqliteMetastore::AllocateProducerId() {
+Result<uint64_t> SqlMetastore::AllocateProducerId() {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("AllocateProducerId", [&]() -> Result<uint64_t> {
     uint64_t id = 0;
@@ -1159,7 +942,7 @@ Result<uint64_t> SqliteMetastore::AllocateProducerId() {
 
 // ---- Settle -------------------------------------------------------------------
 
-Status SqliteMetastore::CommitSettle(std::string_view node, uint64_t epoch, const ChainPosition& expected,
+Status SqlMetastore::CommitSettle(std::string_view node, uint64_t epoch, const ChainPosition& expected,
                                      const ChainPosition& next, const std::vector<SegmentInfo>& segments,
                                      const std::vector<StreamState>& states) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
@@ -1230,7 +1013,7 @@ Status SqliteMetastore::CommitSettle(std::string_view node, uint64_t epoch, cons
 
 // ---- Segments -----------------------------------------------------------------
 
-Result<std::vector<SegmentInfo>> SqliteMetastore::FindSegments(uint64_t stream_id, uint64_t from_offset,
+Result<std::vector<SegmentInfo>> SqlMetastore::FindSegments(uint64_t stream_id, uint64_t from_offset,
                                                                size_t limit) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("FindSegments", [&]() -> Result<std::vector<SegmentInfo>> {
@@ -1250,7 +1033,7 @@ Result<std::vector<SegmentInfo>> SqliteMetastore::FindSegments(uint64_t stream_i
   });
 }
 
-Result<std::optional<SegmentInfo>> SqliteMetastore::FindSegmentByTimestamp(uint64_t stream_id, int64_t timestamp_ms) {
+Result<std::optional<SegmentInfo>> SqlMetastore::FindSegmentByTimestamp(uint64_t stream_id, int64_t timestamp_ms) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("FindSegmentByTimestamp", [&]() -> Result<std::optional<SegmentInfo>> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentByTimestamp));
@@ -1261,7 +1044,7 @@ Result<std::optional<SegmentInfo>> SqliteMetastore::FindSegmentByTimestamp(uint6
   });
 }
 
-Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(std::string_view node, uint64_t epoch,
+Result<std::vector<SegmentInfo>> SqlMetastore::DeleteSegmentsBelow(std::string_view node, uint64_t epoch,
                                                                       uint64_t stream_id, uint64_t below_offset) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteSegmentsBelow", [&]() -> Result<std::vector<SegmentInfo>> {
@@ -1286,7 +1069,7 @@ Result<std::vector<SegmentInfo>> SqliteMetastore::DeleteSegmentsBelow(std::strin
   });
 }
 
-Status SqliteMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
+Status SqlMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
                                         const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("ReplaceSegments", [&]() -> Status {
@@ -1326,7 +1109,7 @@ Status SqliteMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, u
 
 // ---- Tables -------------------------------------------------------------------
 
-Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::CreateTable(const TableInfo& table,
+Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqlMetastore::CreateTable(const TableInfo& table,
                                                                                    const StreamConfig& stream_config,
                                                                                    const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
@@ -1367,7 +1150,7 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::CreateTab
   });
 }
 
-Status SqliteMetastore::InsertBucketStreams(const TableInfo& table, uint32_t from, uint32_t to,
+Status SqlMetastore::InsertBucketStreams(const TableInfo& table, uint32_t from, uint32_t to,
                                             const StreamConfig& config, int64_t created_at_ms,
                                             std::vector<StreamInfo>* out) {
   out->reserve(out->size() + (to - from));
@@ -1389,7 +1172,7 @@ Status SqliteMetastore::InsertBucketStreams(const TableInfo& table, uint32_t fro
   return Status::Ok();
 }
 
-Result<TableInfo> SqliteMetastore::GetTable(std::string_view basin, std::string_view name) {
+Result<TableInfo> SqlMetastore::GetTable(std::string_view basin, std::string_view name) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("GetTable", [&]() -> Result<TableInfo> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kTableByName));
@@ -1399,7 +1182,7 @@ Result<TableInfo> SqliteMetastore::GetTable(std::string_view basin, std::string_
   });
 }
 
-Result<std::vector<TableInfo>> SqliteMetastore::ListTables(std::string_view basin, std::string_view prefix,
+Result<std::vector<TableInfo>> SqlMetastore::ListTables(std::string_view basin, std::string_view prefix,
                                                            std::string_view start_after, size_t limit) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("ListTables", [&]() -> Result<std::vector<TableInfo>> {
@@ -1421,7 +1204,7 @@ Result<std::vector<TableInfo>> SqliteMetastore::ListTables(std::string_view basi
   });
 }
 
-Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::AddBuckets(uint64_t table_id,
+Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqlMetastore::AddBuckets(uint64_t table_id,
                                                                                    uint32_t new_bucket_count,
                                                                                    const StreamConfig& stream_config,
                                                                                    int64_t created_at_ms,
@@ -1458,7 +1241,7 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqliteMetastore::AddBucket
   });
 }
 
-Result<std::vector<std::string>> SqliteMetastore::DeleteTable(uint64_t table_id, bool with_group_offsets,
+Result<std::vector<std::string>> SqlMetastore::DeleteTable(uint64_t table_id, bool with_group_offsets,
                                                               const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteTable", [&]() -> Result<std::vector<std::string>> {
@@ -1497,7 +1280,7 @@ Result<std::vector<std::string>> SqliteMetastore::DeleteTable(uint64_t table_id,
 
 // ---- Consumer-group offsets ------------------------------------------------------
 
-Status SqliteMetastore::CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) {
+Status SqlMetastore::CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("CommitGroupOffsets", [&]() -> Status {
     for (const GroupOffset& o : offsets) {
@@ -1524,7 +1307,7 @@ Status SqliteMetastore::CommitGroupOffsets(std::string_view group, const std::ve
   });
 }
 
-Result<std::vector<GroupOffset>> SqliteMetastore::FetchGroupOffsets(std::string_view group) {
+Result<std::vector<GroupOffset>> SqlMetastore::FetchGroupOffsets(std::string_view group) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("FetchGroupOffsets", [&]() -> Result<std::vector<GroupOffset>> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kFetchGroupOffsets));
@@ -1546,7 +1329,7 @@ Result<std::vector<GroupOffset>> SqliteMetastore::FetchGroupOffsets(std::string_
   });
 }
 
-Status SqliteMetastore::DeleteGroupOffsets(std::string_view group, std::string_view topic) {
+Status SqlMetastore::DeleteGroupOffsets(std::string_view group, std::string_view topic) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteGroupOffsets", [&]() -> Status {
     return InTransaction("delete group offsets", [&]() -> Status {
@@ -1556,7 +1339,7 @@ Status SqliteMetastore::DeleteGroupOffsets(std::string_view group, std::string_v
   });
 }
 
-Status SqliteMetastore::DeletePartitionOffsets(std::string_view group,
+Status SqlMetastore::DeletePartitionOffsets(std::string_view group,
                                                const std::vector<std::pair<std::string, int32_t>>& partitions) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeletePartitionOffsets", [&]() -> Status {
@@ -1570,7 +1353,7 @@ Status SqliteMetastore::DeletePartitionOffsets(std::string_view group,
   });
 }
 
-Result<std::vector<std::string>> SqliteMetastore::ListOffsetGroups() {
+Result<std::vector<std::string>> SqlMetastore::ListOffsetGroups() {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("ListOffsetGroups", [&]() -> Result<std::vector<std::string>> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kListOffsetGroups));
@@ -1584,7 +1367,7 @@ Result<std::vector<std::string>> SqliteMetastore::ListOffsetGroups() {
   });
 }
 
-Result<bool> SqliteMetastore::DeleteAllGroupOffsets(std::string_view group) {
+Result<bool> SqlMetastore::DeleteAllGroupOffsets(std::string_view group) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteAllGroupOffsets", [&]() -> Result<bool> {
     bool any = false;
@@ -1599,7 +1382,7 @@ Result<bool> SqliteMetastore::DeleteAllGroupOffsets(std::string_view group) {
   });
 }
 
-Result<std::vector<std::string>> SqliteMetastore::ExpireGroupOffsets(int64_t committed_before_ms,
+Result<std::vector<std::string>> SqlMetastore::ExpireGroupOffsets(int64_t committed_before_ms,
                                                                      const std::vector<std::string>& keep) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("ExpireGroupOffsets", [&]() -> Result<std::vector<std::string>> {

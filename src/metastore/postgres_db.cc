@@ -1,0 +1,434 @@
+// postgres://...: the SqlDb driver for a PostgreSQL server, through libpq.
+#include "metastore/postgres_db.h"
+
+#include <libpq-fe.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <exception>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace weir::metastore {
+
+namespace {
+
+// Type OIDs (pg_type), for binary parameters and results.
+constexpr Oid kBoolOid = 16;
+constexpr Oid kByteaOid = 17;
+constexpr Oid kInt8Oid = 20;
+constexpr Oid kInt2Oid = 21;
+constexpr Oid kInt4Oid = 23;
+
+// The key of the writers' transaction-scoped advisory lock ("weir" in its
+// high bytes): every write transaction holds it, so writers are serialized.
+constexpr int64_t kWriterLockKey = 0x7765697200000001;
+constexpr const char kTakeWriterLock[] = "SELECT pg_advisory_xact_lock(?1)";
+
+// Run on every new connection.
+constexpr const char* kSessionSettings[] = {
+    "SET lock_timeout = '5s'",
+    "SET statement_timeout = '60s'",
+    "SET idle_in_transaction_session_timeout = '60s'",
+};
+
+// Connection parameters set unless the URI sets them.
+constexpr std::pair<const char*, const char*> kDefaultParams[] = {
+    {"connect_timeout", "10"},     {"keepalives_idle", "30"},    {"keepalives_interval", "10"},
+    {"keepalives_count", "3"},     {"tcp_user_timeout", "30000"}, {"application_name", "weir"},
+};
+
+// Schema 5 (sql_metastore.h), as SQLite's with bytea for every name, key
+// and blob (compared byte-wise) and bigint for every integer.
+#define WEIR_BASIN_CONFIG_DDL                                                                             \
+  "on_append BIGINT NOT NULL DEFAULT 0, on_read BIGINT NOT NULL DEFAULT 0, default_storage_class BYTEA, " \
+  "default_retention_age_s BIGINT, default_timestamping BYTEA, default_uncapped BIGINT, "                 \
+  "default_delete_on_empty_s BIGINT"
+constexpr const char* kSchema[] = {
+    "CREATE TABLE IF NOT EXISTS basins(name BYTEA PRIMARY KEY, created_at_ms BIGINT NOT NULL, " WEIR_BASIN_CONFIG_DDL
+    ")",
+    "CREATE TABLE IF NOT EXISTS streams(id BIGINT PRIMARY KEY, basin BYTEA NOT NULL REFERENCES basins(name), "
+    "name BYTEA NOT NULL, storage_class BYTEA NOT NULL, retention_age_s BIGINT NOT NULL, "
+    "timestamping BYTEA NOT NULL, uncapped BIGINT NOT NULL, created_at_ms BIGINT NOT NULL, "
+    "delete_on_empty_s BIGINT NOT NULL DEFAULT 0, UNIQUE(basin, name))",
+    "CREATE TABLE IF NOT EXISTS stream_states(stream_id BIGINT PRIMARY KEY REFERENCES streams(id), "
+    "settled_offset BIGINT NOT NULL, trim_point BIGINT NOT NULL, fencing_token BYTEA NOT NULL, "
+    "last_timestamp_ms BIGINT NOT NULL, producer_state BYTEA NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS segments(stream_id BIGINT NOT NULL, start_offset BIGINT NOT NULL, "
+    "end_offset BIGINT NOT NULL, first_ts BIGINT NOT NULL, last_ts BIGINT NOT NULL, "
+    "object_key BYTEA NOT NULL, size_bytes BIGINT NOT NULL, PRIMARY KEY(stream_id, start_offset))",
+    "CREATE TABLE IF NOT EXISTS nodes(node BYTEA PRIMARY KEY, epoch BIGINT NOT NULL, \"window\" BIGINT NOT NULL, "
+    "ckpt_epoch BIGINT NOT NULL, ckpt_seq BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS counters(name BYTEA PRIMARY KEY, value BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS tables(id BIGINT PRIMARY KEY, basin BYTEA NOT NULL REFERENCES basins(name), "
+    "name BYTEA NOT NULL, kind BYTEA NOT NULL, bucket_count BIGINT NOT NULL, config BYTEA NOT NULL, "
+    "created_at_ms BIGINT NOT NULL, UNIQUE(basin, name))",
+    "CREATE TABLE IF NOT EXISTS group_offsets(group_id BYTEA NOT NULL, topic BYTEA NOT NULL, part BIGINT NOT NULL, "
+    "committed_offset BIGINT NOT NULL, leader_epoch BIGINT NOT NULL, metadata BYTEA NOT NULL, "
+    "commit_time_ms BIGINT NOT NULL, PRIMARY KEY(group_id, topic, part))",
+    "CREATE TABLE IF NOT EXISTS create_tokens(basin BYTEA NOT NULL, stream BYTEA NOT NULL, token BYTEA NOT NULL, "
+    "PRIMARY KEY(basin, stream))",
+};
+#undef WEIR_BASIN_CONFIG_DDL
+
+// ?N -> $N, outside quoted text.
+std::string Renumber(std::string_view sql) {
+  std::string out;
+  out.reserve(sql.size());
+  char quote = 0;
+  for (size_t i = 0; i < sql.size(); ++i) {
+    const char c = sql[i];
+    if (quote != 0) {
+      if (c == quote) quote = 0;
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+    } else if (c == '?' && i + 1 < sql.size() && std::isdigit(static_cast<unsigned char>(sql[i + 1])) != 0) {
+      out += '$';
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string Trimmed(const char* message) {
+  std::string s = message != nullptr ? message : "";
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())) != 0) s.pop_back();
+  return s;
+}
+
+// A Status for an error with SQLSTATE `state` (empty if none).
+Status FromSqlState(std::string_view state, const std::string& text) {
+  if (state == "23505") return AlreadyExists("{}", text);         // unique_violation
+  if (state == "23503") return PreconditionFailed("{}", text);    // foreign_key_violation
+  if (state == "57014") return Timeout("{}", text);               // query_canceled (statement_timeout)
+  if (state == "40001" || state == "40P01" || state == "55P03" ||  // serialization, deadlock, lock_timeout
+      state.starts_with("08") || state.starts_with("57P") || state == "53300") {
+    return Unavailable("{} (retry)", text);
+  }
+  if (state.starts_with("53")) return ResourceExhausted("{}", text);  // disk full, out of memory
+  if (state == "XX001" || state == "XX002") return Corruption("{}", text);
+  if (state.starts_with("42")) return Internal("{}", text);  // a statement or schema this build did not expect
+  return IOError("{}", text);
+}
+
+int64_t BigEndian(const char* p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  if (n < 8 && n > 0 && (static_cast<unsigned char>(p[0]) & 0x80) != 0) v |= ~uint64_t{0} << (8 * n);  // sign
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+// The driver. Ownership: its SqlMetastore. Threads: one at a time (the
+// metastore's mutex). Guarantees: see OpenPostgresMetastore.
+class PostgresDb final : public SqlDb {
+ public:
+  PostgresDb(PGconn* conn, std::string describe) : conn_(conn), describe_(std::move(describe)) {
+    PQsetNoticeProcessor(conn_, [](void*, const char*) {}, nullptr);  // NOTICEs ("already exists") are noise
+  }
+  ~PostgresDb() override {
+    statements_.clear();
+    PQfinish(conn_);
+  }
+  PostgresDb(const PostgresDb&) = delete;
+  PostgresDb& operator=(const PostgresDb&) = delete;
+
+  // The session settings of a new connection.
+  Status Configure() {
+    for (const char* sql : kSessionSettings) WEIR_RETURN_IF_ERROR(Run(sql, "configure the session"));
+    return Status::Ok();
+  }
+
+  Result<SqlStatement*> Prepare(const char* sql) override;
+  Status Exec(const char* sql, std::string_view what) override {
+    WEIR_RETURN_IF_ERROR(EnsureConnected(what));
+    return Run(sql, what);
+  }
+  Status Begin(std::string_view what) override;
+  Status Commit(std::string_view what) override;
+  void RollbackIfActive() override {
+    in_transaction_ = false;
+    if (PQstatus(conn_) != CONNECTION_OK) return;
+    const PGTransactionStatusType t = PQtransactionStatus(conn_);
+    if (t == PQTRANS_INTRANS || t == PQTRANS_INERROR) PQclear(PQexec(conn_, "ROLLBACK"));
+  }
+  std::vector<const char*> Schema() const override { return {std::begin(kSchema), std::end(kSchema)}; }
+  std::vector<const char*> Upgrade(int) const override { return {}; }  // PostgreSQL databases start at 5
+  Status ExecForTest(const std::string& sql) override { return Exec(sql.c_str(), "test statement"); }
+  std::string Describe() const override { return describe_; }
+
+  // A broken connection is reopened here, outside a transaction.
+  Status EnsureConnected(std::string_view what);
+  // The Status for a failed command (`res` may be null).
+  Status ResultError(const PGresult* res, std::string_view what) const;
+  PGconn* conn() const { return conn_; }
+
+ private:
+  class Statement;
+
+  // One command without parameters, on the connection as it is.
+  Status Run(const char* sql, std::string_view what) {
+    PGresult* res = PQexec(conn_, sql);
+    const ExecStatusType s = res != nullptr ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+    Status st = s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK ? Status::Ok() : ResultError(res, what);
+    PQclear(res);
+    return st;
+  }
+
+  PGconn* const conn_;
+  const std::string describe_;
+  bool in_transaction_ = false;
+  std::unordered_map<std::string, std::unique_ptr<Statement>> statements_;  // by SQL text
+};
+
+// One statement: its parameters are bound in binary (int8, bytea) and its
+// results read in binary; it runs at the first Step, with every row at once.
+class PostgresDb::Statement final : public SqlStatement {
+ public:
+  Statement(PostgresDb* owner, std::string sql) : owner_(owner), sql_(std::move(sql)) {}
+  ~Statement() override { PQclear(res_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  bool borrowed() const { return borrowed_; }
+  void Borrow() { borrowed_ = true; }
+
+  void BindInt(int i, int64_t v) override {
+    Param& p = At(i);
+    p.type = kInt8Oid;
+    p.null = false;
+    p.value.resize(8);
+    for (int b = 0; b < 8; ++b) p.value[b] = static_cast<char>(static_cast<uint64_t>(v) >> (56 - 8 * b));
+  }
+  void BindText(int i, std::string_view v) override { BindBlob(i, v); }
+  void BindBlob(int i, std::string_view v) override {
+    Param& p = At(i);
+    p.type = kByteaOid;
+    p.null = false;
+    p.value.assign(v);
+  }
+  void BindNull(int i) override {
+    Param& p = At(i);
+    p.type = 0;  // the server infers it from the context
+    p.null = true;
+    p.value.clear();
+  }
+
+  Result<bool> Step(std::string_view what) override {
+    if (!executed_) {
+      executed_ = true;
+      WEIR_RETURN_IF_ERROR(owner_->EnsureConnected(what));
+      std::vector<Oid> types;
+      std::vector<const char*> values;
+      std::vector<int> lengths, formats;
+      for (const Param& p : params_) {
+        types.push_back(p.type);
+        values.push_back(p.null ? nullptr : p.value.data());
+        lengths.push_back(static_cast<int>(p.value.size()));
+        formats.push_back(1);
+      }
+      res_ = PQexecParams(owner_->conn(), sql_.c_str(), static_cast<int>(params_.size()), types.data(),
+                          values.data(), lengths.data(), formats.data(), /*resultFormat=*/1);
+      const ExecStatusType s = res_ != nullptr ? PQresultStatus(res_) : PGRES_FATAL_ERROR;
+      if (s != PGRES_TUPLES_OK && s != PGRES_COMMAND_OK) {
+        Status st = owner_->ResultError(res_, what);
+        PQclear(res_);
+        res_ = nullptr;
+        return st;
+      }
+    }
+    if (res_ == nullptr) return false;
+    ++row_;
+    return row_ < PQntuples(res_);
+  }
+  int64_t Changes() const override {
+    const char* n = res_ != nullptr ? PQcmdTuples(res_) : "";
+    return *n != '\0' ? std::strtoll(n, nullptr, 10) : 0;
+  }
+
+  int64_t ColInt(int c) const override {
+    if (ColNull(c)) return 0;
+    const char* p = PQgetvalue(res_, row_, c);
+    const int n = PQgetlength(res_, row_, c);
+    switch (PQftype(res_, c)) {
+      case kInt8Oid:
+      case kInt4Oid:
+      case kInt2Oid:
+        return n >= 1 && n <= 8 ? BigEndian(p, n) : 0;
+      case kBoolOid:
+        return n == 1 && p[0] != 0 ? 1 : 0;
+      default:
+        return 0;
+    }
+  }
+  bool ColNull(int c) const override { return res_ == nullptr || PQgetisnull(res_, row_, c) != 0; }
+  std::string ColBytes(int c) const override {
+    if (ColNull(c)) return {};
+    return std::string(PQgetvalue(res_, row_, c), static_cast<size_t>(PQgetlength(res_, row_, c)));
+  }
+
+  void Reset() override {
+    PQclear(res_);
+    res_ = nullptr;
+    row_ = -1;
+    executed_ = false;
+    borrowed_ = false;
+    params_.clear();
+  }
+
+ private:
+  struct Param {
+    Oid type = kByteaOid;  // a parameter the statement does not bind: a NULL bytea
+    bool null = true;
+    std::string value;
+  };
+  Param& At(int i) {
+    if (params_.size() < static_cast<size_t>(i)) params_.resize(static_cast<size_t>(i));
+    return params_[static_cast<size_t>(i) - 1];
+  }
+
+  PostgresDb* const owner_;
+  const std::string sql_;  // with $N parameters
+  std::vector<Param> params_;
+  PGresult* res_ = nullptr;
+  int row_ = -1;
+  bool executed_ = false;
+  bool borrowed_ = false;
+};
+
+Result<SqlStatement*> PostgresDb::Prepare(const char* sql) {
+  auto it = statements_.find(sql);
+  if (it == statements_.end()) {
+    it = statements_.emplace(sql, std::make_unique<Statement>(this, Renumber(sql))).first;
+  } else if (it->second->borrowed()) {
+    return Internal("metastore {}: statement \"{}\" is already in use", describe_, sql);
+  }
+  it->second->Borrow();
+  return static_cast<SqlStatement*>(it->second.get());
+}
+
+Status PostgresDb::EnsureConnected(std::string_view what) {
+  if (PQstatus(conn_) == CONNECTION_OK) return Status::Ok();
+  if (in_transaction_) {
+    return Unavailable("metastore {}: {}: the connection broke inside a transaction (retry)", describe_, what);
+  }
+  PQreset(conn_);
+  if (PQstatus(conn_) != CONNECTION_OK) {
+    return Unavailable("metastore {}: {}: reconnect: {} (retry)", describe_, what, Trimmed(PQerrorMessage(conn_)));
+  }
+  return Configure();
+}
+
+Status PostgresDb::ResultError(const PGresult* res, std::string_view what) const {
+  std::string message = res != nullptr ? Trimmed(PQresultErrorMessage(res)) : "";
+  if (message.empty()) message = Trimmed(PQerrorMessage(conn_));
+  const std::string text = fmt::format("metastore {}: {}: {}", describe_, what, message);
+  if (PQstatus(conn_) != CONNECTION_OK) {
+    return Unavailable("{} (the connection broke; the next call reconnects)", text);
+  }
+  const char* state = res != nullptr ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
+  return FromSqlState(state != nullptr ? state : "", text);
+}
+
+Status PostgresDb::Begin(std::string_view what) {
+  WEIR_RETURN_IF_ERROR(Exec("BEGIN", fmt::format("{}: begin", what)));
+  in_transaction_ = true;
+  WEIR_ASSIGN_OR_RETURN(SqlStatement * lock, Prepare(kTakeWriterLock));
+  lock->BindInt(1, kWriterLockKey);
+  auto taken = lock->Step(fmt::format("{}: take the writers' lock", what));
+  lock->Reset();
+  if (!taken.ok()) {
+    RollbackIfActive();
+    return taken.status();
+  }
+  return Status::Ok();
+}
+
+Status PostgresDb::Commit(std::string_view what) {
+  in_transaction_ = false;
+  PGresult* res = PQexec(conn_, "COMMIT");
+  const ExecStatusType s = res != nullptr ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+  Status st;
+  if (s == PGRES_COMMAND_OK) {
+    // COMMIT of a failed transaction succeeds as a ROLLBACK.
+    if (std::string_view(PQcmdStatus(res)) != "COMMIT") {
+      st = Internal("metastore {}: {}: commit: the transaction had failed and was rolled back", describe_, what);
+    }
+  } else if (PQstatus(conn_) != CONNECTION_OK) {
+    st = Unavailable("metastore {}: {}: commit: {}; the connection broke, so whether it committed is unknown",
+                     describe_, what, Trimmed(PQerrorMessage(conn_)));
+  } else {
+    st = ResultError(res, fmt::format("{}: commit", what));
+  }
+  PQclear(res);
+  return st;
+}
+
+Result<std::shared_ptr<SqlMetastore>> OpenPostgresMetastore(std::string_view uri) {
+  try {
+    const std::string text(uri);
+    char* error = nullptr;
+    PQconninfoOption* options = PQconninfoParse(text.c_str(), &error);
+    if (options == nullptr) {
+      const std::string why = error != nullptr ? Trimmed(error) : "out of memory";
+      PQfreemem(error);
+      return InvalidArgument("metastore URI: {} (expected postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE)", why);
+    }
+    std::vector<std::string> keys, values;
+    std::unordered_map<std::string, std::string> given;
+    for (const PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
+      if (o->val == nullptr) continue;
+      keys.emplace_back(o->keyword);
+      values.emplace_back(o->val);
+      given[o->keyword] = o->val;
+    }
+    PQconninfoFree(options);
+    for (const auto& [key, value] : kDefaultParams) {
+      if (given.count(key) != 0) continue;
+      keys.emplace_back(key);
+      values.emplace_back(value);
+    }
+    // Described without the password.
+    const std::string& user = given["user"];
+    const std::string& port = given["port"];
+    const std::string describe = fmt::format("postgres://{}{}{}{}/{}", user.empty() ? "" : user + "@", given["host"],
+                                             port.empty() ? "" : ":", port, given["dbname"]);
+
+    std::vector<const char*> key_ptrs, value_ptrs;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      key_ptrs.push_back(keys[i].c_str());
+      value_ptrs.push_back(values[i].c_str());
+    }
+    key_ptrs.push_back(nullptr);
+    value_ptrs.push_back(nullptr);
+    PGconn* conn = PQconnectdbParams(key_ptrs.data(), value_ptrs.data(), /*expand_dbname=*/0);
+    if (conn == nullptr) return ResourceExhausted("metastore {}: connect: out of memory", describe);
+    if (PQstatus(conn) != CONNECTION_OK) {
+      const std::string why = Trimmed(PQerrorMessage(conn));
+      PQfinish(conn);
+      return Unavailable("metastore {}: connect: {}", describe, why);
+    }
+    std::unique_ptr<PostgresDb> driver;
+    try {
+      driver = std::make_unique<PostgresDb>(conn, describe);
+    } catch (...) {
+      PQfinish(conn);
+      throw;
+    }
+    WEIR_RETURN_IF_ERROR(driver->Configure());
+    return SqlMetastore::Open(std::move(driver));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("metastore postgres: open: out of memory");
+  } catch (const std::exception& e) {
+    return Internal("metastore postgres: open: unexpected exception: {}", e.what());
+  }
+}
+
+}  // namespace weir::metastore
