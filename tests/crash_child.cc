@@ -47,6 +47,7 @@ const std::string kBasin = "crash-basin";
 struct Flags {
   std::string dir;
   std::string object_store;  // URI; default file://DIR/objects
+  std::string metastore;  // default: sqlite://DIR/meta.db
   std::string mode;
   int threads = 8;
   int streams = 4;
@@ -169,7 +170,8 @@ Result<std::unique_ptr<wl::Engine>> OpenEngine(const Flags& f, bool faults, size
     fo.put_ambiguous_rate = f.put_ambiguous_rate;
     store = std::make_shared<weir::objstore::FaultStore>(store, fo);
   }
-  WEIR_ASSIGN_OR_RETURN(auto meta, weir::metastore::OpenMetastore("sqlite://" + f.dir + "/meta.db"));
+  WEIR_ASSIGN_OR_RETURN(auto meta, weir::metastore::OpenMetastore(f.metastore.empty() ? "sqlite://" + f.dir + "/meta.db"
+                                                                                      : f.metastore));
   wl::EngineOptions o;
   o.node = "crash-node";
   o.wal.retry_initial = 2ms;
@@ -773,6 +775,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag wins
   app.add_option("--dir", f.dir, "state directory")->required();
   app.add_option("--object-store", f.object_store, "object store URI (default: file://DIR/objects)");
+  app.add_option("--metastore", f.metastore, "metastore URI (default: sqlite://DIR/meta.db)");
   app.add_option("--mode", f.mode, "append | verify")->required()->check(CLI::IsMember({"append", "verify"}));
   app.add_option("--threads", f.threads)->check(CLI::Range(1, 256));
   app.add_option("--streams", f.streams)->check(CLI::Range(1, 1000));

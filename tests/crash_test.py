@@ -3,10 +3,12 @@
 crash_child in append mode, SIGKILL it after a random delay, repeat; then run
 it in verify mode, which recovers and checks every stream against the ack log.
 
-Usage: crash_test.py CRASH_CHILD [--s3-env FILE]
+Usage: crash_test.py CRASH_CHILD [--s3-env FILE] [--postgres-env FILE]
 With --s3-env (the KEY=VALUE file tests/s3/ceph-s3-start.sh writes), each
 scenario's objects live on that S3 server under a fresh prefix of its bucket
-(s3://); otherwise in DIR/objects (file://).
+(s3://); otherwise in DIR/objects (file://). With --postgres-env (the file
+tests/pg/pg-start.sh writes), each scenario's metastore is a fresh schema on
+that PostgreSQL server; otherwise DIR/meta.db (sqlite://).
 Environment: WEIR_CRASH_SEED (default random; printed), WEIR_CRASH_CYCLES
 (default 30), WEIR_CRASH_KEEP=1 keeps the directory of a failed scenario,
 WEIR_CRASH_EXTRA adds append-mode flags (e.g. "--threads 16 --cache-bytes 65536")."""
@@ -22,6 +24,7 @@ import time
 
 CHILD = sys.argv[1]
 S3_ENV = sys.argv[sys.argv.index("--s3-env") + 1] if "--s3-env" in sys.argv else None
+PG_ENV = sys.argv[sys.argv.index("--postgres-env") + 1] if "--postgres-env" in sys.argv else None
 SEED = int(os.environ.get("WEIR_CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
 CYCLES = int(os.environ.get("WEIR_CRASH_CYCLES", "30"))
 KEEP = os.environ.get("WEIR_CRASH_KEEP") == "1"
@@ -78,14 +81,21 @@ def read_s3_env(path):
 
 def store_for(name, seed):
     """Child flags and environment for one scenario's object store."""
+    flags, env = [], None
+    if PG_ENV is not None:
+        base = read_s3_env(PG_ENV)["POSTGRES_URI"]
+        schema = f"crash_{name}_{seed}_{os.getpid()}".replace("-", "_")
+        subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", base, "-c", f"CREATE SCHEMA {schema}"],
+                       check=True, timeout=60)
+        flags += ["--metastore", f"{base}?options=-csearch_path%3D{schema}"]
     if S3_ENV is None:
-        return [], None
+        return flags, env
     s3 = read_s3_env(S3_ENV)
     uri = (f"s3://{s3['S3_BUCKET']}/crash-{name}-{seed}-{os.getpid()}"
            f"?endpoint={s3['S3_ENDPOINT']}&region={s3.get('AWS_DEFAULT_REGION', 'us-east-1')}")
     env = dict(os.environ, AWS_ACCESS_KEY_ID=s3["AWS_ACCESS_KEY_ID"], AWS_SECRET_ACCESS_KEY=s3["AWS_SECRET_ACCESS_KEY"])
     env.pop("AWS_SESSION_TOKEN", None)
-    return ["--object-store", uri], env
+    return flags + ["--object-store", uri], env
 
 
 def slots_past_a_hole(d):
@@ -195,7 +205,8 @@ def scenario(name, extra, seed):
 
 def main():
     print(f"crash test: seed {SEED} (WEIR_CRASH_SEED={SEED} repeats the kill schedule and fault seeds), "
-          f"{CYCLES} cycles per scenario, on {'s3:// (' + S3_ENV + ')' if S3_ENV else 'file://'}")
+          f"{CYCLES} cycles per scenario, on {'s3:// (' + S3_ENV + ')' if S3_ENV else 'file://'}"
+          f"{' with a postgres:// metastore (' + PG_ENV + ')' if PG_ENV else ''}")
     passed = failed = 0
     for n, (name, extra) in enumerate(SCENARIOS):
         print(f"scenario {name}")

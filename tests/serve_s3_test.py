@@ -4,6 +4,10 @@ probe passes, records appended over HTTP survive a SIGTERM restart and a
 SIGKILL restart, /metrics shows S3 requests, and a wrong secret key makes the
 server refuse to start with an authentication error.
 
+With WEIR_TEST_POSTGRES_ENV set (the CTest fixture "pg"), the metastore is on
+PostgreSQL too (a schema of its own), and the node keeps no state on its disk:
+its data directory is wiped before the SIGKILL restart.
+
 Usage: serve_s3_test.py WEIR_BINARY (WEIR_TEST_S3_ENV names the fixture's env file)
 """
 import os
@@ -31,7 +35,15 @@ def main():
     prefix = "serve-" + uuid.uuid4().hex[:8]
     proc_env = dict(os.environ, AWS_ACCESS_KEY_ID=env["AWS_ACCESS_KEY_ID"],
                     AWS_SECRET_ACCESS_KEY=env["AWS_SECRET_ACCESS_KEY"])
-    server = WeirServer(binary, args=["--object-store", store_uri(env, prefix)], env=proc_env)
+    args = ["--object-store", store_uri(env, prefix)]
+    pg_env = os.environ.get("WEIR_TEST_POSTGRES_ENV")
+    if pg_env:
+        base_uri = read_s3_env(pg_env)["POSTGRES_URI"]
+        schema = prefix.replace("-", "_")
+        subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", base_uri, "-c", f"CREATE SCHEMA {schema}"],
+                       check=True, timeout=60)
+        args += ["--metastore", f"{base_uri}?options=-csearch_path%3D{schema}"]
+    server = WeirServer(binary, args=args, env=proc_env)
     server.start()
     try:
         base = server.base_url
@@ -65,6 +77,9 @@ def main():
         assert r.status_code == 200, r.text
         sent.append("after")
         server.kill()  # SIGKILL: the next start replays the WAL from S3
+        if pg_env:  # everything is on S3 and PostgreSQL
+            shutil.rmtree(server.data_dir)
+            os.makedirs(server.data_dir)
         server.start()
         base = server.base_url
         assert read_all() == sent
@@ -83,7 +98,7 @@ def main():
         assert "SignatureDoesNotMatch" in out.stderr or "auth" in out.stderr.lower(), out.stderr
     finally:
         server.cleanup()
-    print("serve on s3:// ok")
+    print("serve on s3:// ok" + (" with a postgres:// metastore" if pg_env else ""))
 
 
 if __name__ == "__main__":

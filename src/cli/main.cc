@@ -59,7 +59,8 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   opt("--object-store", o.object_store,
       "Object store URI (file://DIR, s3://BUCKET/PREFIX?..., mem://); default file://DATA_DIR/objects");
   opt("--metastore", o.metastore,
-      "Metastore URI (sqlite://PATH, sqlite://:memory:); default sqlite://DATA_DIR/meta.db (:memory: with mem://)");
+      "Metastore URI (sqlite://PATH, sqlite://:memory:, postgres://USER@HOST:PORT/DB); default "
+      "sqlite://DATA_DIR/meta.db (:memory: with mem://)");
   opt("--node-id", o.node_id, "This node's id in the WAL and metastore");
   cmd->add_flag("--allow-unconditional-put", o.allow_unconditional_put,
                 "s3:// only: start even if the store ignores If-None-Match: * (unsafe with several nodes)")

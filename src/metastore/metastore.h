@@ -12,7 +12,7 @@
 // The metastore is off the append path (DESIGN.md §2.8): the engine calls it
 // for admin operations, at start-up, and once per settle cycle.
 //
-// Backends: sqlite://PATH (embedded default), later postgres://...; one
+// Backends: sqlite://PATH (embedded default) and postgres://...; one
 // conformance suite (tests/metastore_conformance_test.cc) runs against each.
 #pragma once
 
@@ -382,7 +382,8 @@ class Metastore {
 };
 
 // Opens a backend from a URI: sqlite://PATH (file created if missing; the
-// parent directory must exist) or sqlite://:memory: for tests.
+// parent directory must exist), sqlite://:memory: for tests, or a libpq URI
+// postgres://... / postgresql://... (docs/postgres.md).
 Result<std::shared_ptr<Metastore>> OpenMetastore(std::string_view uri);
 
 }  // namespace weir::metastore
