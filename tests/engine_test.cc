@@ -1221,7 +1221,17 @@ TEST_F(EngineTest, ADeleteWhoseAnswerWasLostLeavesNoStreamThatAcksAppends) {
   soon.delete_on_empty_min_age_s = 1;
   ASSERT_TRUE(engine_->ReconfigureStream(kBasin, "u", soon).ok());
   std::this_thread::sleep_for(1100ms);
+  // While retention asks whether its delete landed, appends stay refused: one
+  // acknowledged then would be lost with the row.
+  std::optional<Status> during;
+  hooked->fail_get_stream_by_id = [&] {
+    if (!during) during = engine_->Append(kBasin, "u", Bodies({"x"})).status;
+    return Status::Ok();
+  };
   ASSERT_TRUE(engine_->ApplyRetention().ok());
+  hooked->fail_get_stream_by_id = nullptr;
+  ASSERT_TRUE(during.has_value());
+  EXPECT_EQ(during->code(), Code::kUnavailable) << during->ToString();
   EXPECT_EQ(engine_->Append(kBasin, "u", Bodies({"x"})).status.code(), Code::kNotFound);
   hooked->map_delete_answer = nullptr;
   EXPECT_EQ(meta_->GetStream(kBasin, "u").status().code(), Code::kNotFound);
@@ -1726,6 +1736,29 @@ TEST_F(EngineTest, RetentionGoesOnPastAStreamItCannotDeleteFrom) {
   EXPECT_TRUE(engine_->ApplyRetention().ok());
   EXPECT_EQ(engine_->metrics().segments_deleted.load(), 2u);
   EXPECT_EQ(CountKeys(*store_, "seg/"), segments - 2);
+}
+
+// Rows removed with the answer lost: the next pass finds nothing to remove,
+// takes the metastore's rows, and deletes the objects no row names any more.
+TEST_F(EngineTest, RetentionDeletesTheObjectsOfRowsRemovedWithTheAnswerLost) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"b"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(1)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(trim)).status.ok());
+  const size_t segments = CountKeys(*store_, "seg/");
+  hooked->map_delete_segments_answer = [](Status) { return Unavailable("the answer was lost"); };
+  EXPECT_FALSE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), segments);
+  hooked->map_delete_segments_answer = nullptr;
+  EXPECT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), segments - 1);
+  EXPECT_EQ(engine_->metrics().segments_deleted.load(), 1u);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"b", Be64(1)}));
 }
 
 TEST_F(EngineTest, RetentionAndTrimDeleteSettledSegments) {

@@ -23,6 +23,8 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<void()> before_commit_settle;            // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;     // maps the real answer
   std::function<Status(uint64_t)> fail_delete_segments;  // non-OK for a stream id: DeleteSegmentsBelow answers it
+  // Maps DeleteSegmentsBelow's real answer (after the delete ran): rows removed with the answer lost.
+  std::function<Status(Status)> map_delete_segments_answer;
   std::function<Status(Status)> after_replace_segments;  // maps the real answer
   std::function<void()> after_list_stream_states;        // runs once, then is cleared
   std::function<Status()> fail_commit_settle;            // non-OK: CommitSettle answers it without committing
@@ -203,7 +205,10 @@ class HookedMetastore final : public metastore::Metastore {
     if (fail_delete_segments) {
       if (Status st = fail_delete_segments(id); !st.ok()) return st;
     }
-    return m_->DeleteSegmentsBelow(n, e, id, below);
+    auto r = m_->DeleteSegmentsBelow(n, e, id, below);
+    if (!map_delete_segments_answer) return r;
+    if (Status mapped = map_delete_segments_answer(r.ok() ? Status::Ok() : r.status()); !mapped.ok()) return mapped;
+    return r;
   }
   Status ReplaceSegments(std::string_view n, uint64_t e, uint64_t id, const std::vector<SegmentInfo>& replaced,
                          const SegmentInfo& merged) override {

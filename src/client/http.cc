@@ -94,7 +94,10 @@ size_t OnBody(char* data, size_t size, size_t n, void* user) {
   return chunk.size();
 }
 
-Status TransportError(CURL* easy, CURLcode rc, const char* detail, const std::string& base_url) {
+// `never_connected`: a timeout came before any connection (known only on a
+// fresh connection: a reused one reports a connect time of 0 as well).
+Status TransportError(CURL* easy, CURLcode rc, const char* detail, const std::string& base_url,
+                      bool never_connected) {
   std::string what = detail[0] != '\0' ? detail : curl_easy_strerror(rc);
   long os_errno = 0;
   curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &os_errno);
@@ -104,12 +107,9 @@ Status TransportError(CURL* easy, CURLcode rc, const char* detail, const std::st
       return Unavailable("cannot connect to {}: {}", base_url, what);
     case CURLE_COULDNT_RESOLVE_HOST:
       return Unavailable("cannot connect to {}: {}", base_url, what);
-    case CURLE_OPERATION_TIMEDOUT: {
-      curl_off_t connected_at = 0;  // microseconds to the connect; 0 if none
-      curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connected_at);
-      if (connected_at == 0) return Unavailable("cannot connect to {}: {}", base_url, what);
+    case CURLE_OPERATION_TIMEDOUT:
+      if (never_connected) return Unavailable("cannot connect to {}: {}", base_url, what);
       return Timeout("request to {} timed out: {}", base_url, what);
-    }
     case CURLE_URL_MALFORMAT:
     case CURLE_UNSUPPORTED_PROTOCOL:
       return InvalidArgument("bad server URL \"{}\": {}", base_url, what);
@@ -194,7 +194,7 @@ Result<HttpResponse> HttpConnection::Stream(const HttpRequest& request,
     curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connected_at);
     failed_before_connect_ = rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
                              (rc == CURLE_OPERATION_TIMEDOUT && connected_at == 0 && request.fresh_connection);
-    return TransportError(easy, rc, errbuf, base_url_);
+    return TransportError(easy, rc, errbuf, base_url_, failed_before_connect_);
   }
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &response.status);
   return response;

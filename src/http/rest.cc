@@ -1089,6 +1089,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     auto in = DecodeInput(first, &why);
     if (!in) return InvalidArgument("the first input does not decode: {}", why.body);
     WEIR_RETURN_IF_ERROR(api_->engine_->CheckAppendRecords(in->records));
+    if (auto refused = log::Engine::RefusedByANewStream(in->options, in->records.size())) return refused->status;
     return log::CheckClientTimestamps(config, in->records);
   }
 
@@ -1543,16 +1544,20 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   bool proto_out = WantsProto(req);
   if (!engine_->HasStream(c.basin, stream)) {
     // The basin may create it (S2's create_stream_on_append): a metastore
-    // write, kept off this I/O thread. An append that is invalid anyway
-    // creates nothing.
+    // write, kept off this I/O thread. An append that is invalid anyway, or
+    // that a new stream would refuse (match_seq_num, fencing token, producer
+    // sequence), creates nothing: it gets the new stream's answer.
     if (Status st = engine_->CheckAppendRecords(in.records); !st.ok()) return c.Fail(st);
+    if (auto refused = log::Engine::RefusedByANewStream(in.options, records)) return c.Send(c.AppendFailure(*refused));
     auto held = std::make_shared<AppendInput>(std::move(in));
     auto create_then_submit = [this, c, stream, held, proto_out, records, bytes] {
       auto created = engine_->CreateIfConfigured(
           c.basin, stream, log::Engine::AutoCreate::kOnAppend,
           [&](const metastore::StreamConfig& config) { return log::CheckClientTimestamps(config, held->records); });
       if (!created.ok() && created.status().code() != Code::kNotFound) return c.Fail(created.status());
-      SubmitAppend(c, stream, std::move(*held), proto_out, records, bytes);
+      Ctx on_worker = c;  // this runs on a worker: admission may wait for room
+      on_worker.on_worker = true;
+      SubmitAppend(on_worker, stream, std::move(*held), proto_out, records, bytes);
     };
     // On a worker already (in the connection's order, for HTTP/2): here and
     // now, so no later request of the connection overtakes it.
@@ -1883,13 +1888,16 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     Duration delay = std::chrono::seconds(1);
     if (!sse_) delay = std::clamp<Duration>(deadline() - Now(), Duration::zero(), delay);
     c_.ex->After(delay, [self, gen] {
+      TimePoint last_record;
       {
         std::lock_guard lk(self->mu_);
         if (!self->waiting_ || self->wait_gen_ != gen) return;  // this wait is over
+        // Read while the wait lasts: once it ends, Step writes it (unlocked).
+        last_record = self->last_record_;
       }
       auto now = Now();
       bool stop = self->api_->draining_ || self->c_.ex->closed() || (!self->sse_ && now >= self->deadline()) ||
-                  (self->sse_ && self->wait_ && now - self->last_record_ >= *self->wait_);
+                  (self->sse_ && self->wait_ && now - last_record >= *self->wait_);
       if (stop) {
         uint64_t watch;
         {

@@ -6,6 +6,7 @@
 #include <deque>
 #include <future>
 #include <random>
+#include <system_error>
 #include <thread>
 
 #include "base/bytes.h"
@@ -189,7 +190,11 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_
   wal_options.node = options.node;
   WEIR_RETURN_IF_ERROR(wal::ValidateWriterOptions(wal_options));
   std::unique_ptr<Engine> e(new Engine(std::move(options), std::move(store), std::move(meta)));
-  WEIR_RETURN_IF_ERROR(e->Recover());
+  try {
+    WEIR_RETURN_IF_ERROR(e->Recover());
+  } catch (const std::system_error& ex) {  // a thread that could not start
+    return ResourceExhausted("starting the engine: {}", ex.what());
+  }
   return e;
 }
 
@@ -293,7 +298,14 @@ Status Engine::Recover() {
     if (previous.joinable()) previous.join();
     std::lock_guard lk(mu_);
     if (closing_) return;  // Close joins only a thread it finds here
-    halt_thread_ = std::thread([this, epoch] { HandleHalt(epoch); });
+    try {
+      halt_thread_ = std::thread([this, epoch] { HandleHalt(epoch); });
+    } catch (const std::system_error& e) {
+      // On a WAL upload thread: nothing may escape. The writer stays halted.
+      Log().error("WAL halted at epoch {}, and its handler thread could not start ({}): this node takes no "
+                  "appends until it restarts",
+                  epoch, e.what());
+    }
   };
   evict_thread_ = std::thread([this] { EvictLoop(); });
   WEIR_ASSIGN_OR_RETURN(wal_, wal::Writer::Start(store_, wo));
@@ -975,6 +987,29 @@ size_t BatchSizeBound(const std::vector<AppendRecord>& records) {
   return n;
 }
 }  // namespace
+
+std::optional<AppendOutcome> Engine::RefusedByANewStream(const AppendOptions& options, size_t count) {
+  // AppendAsync's checks, in its order, against an empty stream.
+  if (options.producer) {
+    const ProducerRef& p = *options.producer;
+    auto check = ProducerWindows{}.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
+    if (!check.ok()) {
+      AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
+      o.unknown_producer = check.status().code() == Code::kOutOfRange;
+      return o;
+    }
+  }
+  if (options.fencing_token && !options.fencing_token->empty()) {
+    return AppendOutcome{PreconditionFailed("fencing token mismatch"), {}, std::nullopt, std::string()};
+  }
+  if (options.match_seq_num && *options.match_seq_num != 0) {
+    return AppendOutcome{PreconditionFailed("match_seq_num {} does not match the tail 0", *options.match_seq_num),
+                         {},
+                         uint64_t{0},
+                         std::nullopt};
+  }
+  return std::nullopt;
+}
 
 void Engine::AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                          const AppendOptions& options, AppendCallback done) {

@@ -230,6 +230,11 @@ class Engine {
   // What AppendAsync checks first, without the stream (the limits on records
   // and metered bytes; header names; command records): kInvalidArgument.
   Status CheckAppendRecords(const std::vector<AppendRecord>& records) const;
+  // The answer a stream that does not exist yet would give an append of
+  // `count` records with `options` (as a new stream: tail 0, no fencing
+  // token, no producers), if it would refuse it: a basin that creates streams
+  // on append then creates nothing.
+  static std::optional<AppendOutcome> RefusedByANewStream(const AppendOptions& options, size_t count);
   Result<std::vector<metastore::BasinInfo>> ListBasins(const std::string& prefix, const std::string& start_after,
                                                        size_t limit);
   Result<metastore::BasinInfo> GetBasin(const std::string& name);

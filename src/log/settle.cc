@@ -478,25 +478,35 @@ Status Engine::ApplyRetention() {
     std::vector<std::string> keys;
     for (const auto& seg : *removed) keys.push_back(seg.object_key);
     bool as_read = true;  // the rows removed are the segments memory drops
+    std::vector<std::string> expected;  // the objects memory drops
     {
       std::lock_guard lk(s->mu);
-      size_t dropped = 0;
       for (const auto& seg : s->segments) {
         if (seg.end_offset > below) break;
-        as_read = as_read && dropped < keys.size() && keys[dropped] == seg.object_key;
-        ++dropped;
+        as_read = as_read && expected.size() < keys.size() && keys[expected.size()] == seg.object_key;
+        expected.push_back(seg.object_key);
       }
-      as_read = as_read && dropped == keys.size();
-      if (as_read) s->segments.erase(s->segments.begin(), s->segments.begin() + static_cast<std::ptrdiff_t>(dropped));
+      as_read = as_read && expected.size() == keys.size();
+      if (as_read) {
+        s->segments.erase(s->segments.begin(), s->segments.begin() + static_cast<std::ptrdiff_t>(expected.size()));
+      }
     }
     // Otherwise memory missed a merge swap that landed (a row may span
-    // `below`): it takes the metastore's rows.
+    // `below`), or an earlier pass removed rows and lost the answer: memory
+    // takes the metastore's rows, and the objects it expected to drop that no
+    // row names any more go too.
     if (!as_read) {
       if (Status st = ReloadSegments(s); !st.ok()) {
         // Memory may still name these objects: readers would find them gone.
         // The rows are gone, so the next start's sweep deletes them.
         if (first_error.ok()) first_error = st.WithContext(fmt::format("stream {}", s->info.id));
         continue;
+      }
+      std::lock_guard lk(s->mu);
+      std::set<std::string> named(keys.begin(), keys.end());  // copies: keys grows below
+      for (const auto& seg : s->segments) named.insert(seg.object_key);
+      for (std::string& key : expected) {
+        if (named.count(key) == 0) keys.push_back(std::move(key));
       }
     }
     Status st = store_->DeleteMany(keys);
@@ -550,19 +560,24 @@ Status Engine::DeleteEmptyStreams() {
     // table's bucket stream (checked again there, in the transaction).
     auto keys = meta_->DeleteEmptyStream(s->info.id, options_.node, epoch_.load());
     if (!keys.ok()) {
-      {
-        std::lock_guard lk(s->mu);
-        s->deleting = false;
-      }
       if (keys.status().code() == Code::kPreconditionFailed) {  // refused: superseded, or the config changed
+        {
+          std::lock_guard lk(s->mu);
+          s->deleting = false;
+        }
         Log().warn("delete_on_empty: keeping stream {}/{}: {}", s->info.basin, s->info.name, keys.status().ToString());
         continue;
       }
       // Failed, or not found (deleted by a user meanwhile, or by an earlier
       // attempt whose answer was lost): forgotten if its row is gone, else
-      // it stays (refusing appends if that cannot be known).
+      // it stays (refusing appends if that cannot be known). Appends stay
+      // refused until then: one acknowledged meanwhile would go with the row.
       std::vector<std::string> held = AfterFailedDelete(s);
       garbage.insert(garbage.end(), held.begin(), held.end());
+      {
+        std::lock_guard lk(s->mu);
+        if (!s->deleted) s->deleting = false;  // delete_unknown, if set, refuses them now
+      }
       if (!IsForgotten(*s)) {
         Log().warn("delete_on_empty: keeping stream {}/{}: {}", s->info.basin, s->info.name, keys.status().ToString());
       }

@@ -636,6 +636,15 @@ class BasinTest(ApiTestCase):
                     {"headers": [["", "nope"]]},                       # an unknown command
                     {"headers": [["", "trim"]], "body": "abc"}):       # a trim without its 8 bytes
             self.assertError(c.post("/v1/streams/never/records", json={"records": [bad]}), 422, "invalid")
+        # So does one a new stream would refuse; it gets a new stream's answer.
+        r = c.post("/v1/streams/never/records", json={"records": [{"body": "x"}], "match_seq_num": 5})
+        self.assertEqual((r.status_code, r.json()), (412, {"seq_num_mismatch": 0}), r.text)
+        r = c.post("/v1/streams/never/records", json={"records": [{"body": "x"}], "fencing_token": "abc"})
+        self.assertEqual((r.status_code, r.json()), (412, {"fencing_token_mismatch": ""}), r.text)
+        pid = self.assertJson(self.c.post("/v1/producers"))["id"]
+        producer = producer_headers(pid, 0, 3)
+        self.assertError(c.post("/v1/streams/never/records", json={"records": [{"body": "x"}]}, headers=producer),
+                         409, "out_of_order_sequence")
         self.assertError(c.get("/v1/streams/never"), 404, "stream_not_found")
         strict = unique("bstrict")
         self.assertEqual(self.c.post("/v1/basins", json={"basin": strict, "config": {
