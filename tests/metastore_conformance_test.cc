@@ -94,7 +94,8 @@ void PostgresExec(const std::string& uri, const std::string& sql) {
     ADD_FAILURE() << uri << ": " << PQerrorMessage(conn);
   } else {
     PGresult* res = PQexec(conn, sql.c_str());
-    EXPECT_EQ(PQresultStatus(res), PGRES_COMMAND_OK) << sql << ": " << PQresultErrorMessage(res);
+    const ExecStatusType st = PQresultStatus(res);
+    EXPECT_TRUE(st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) << sql << ": " << PQresultErrorMessage(res);
     PQclear(res);
   }
   PQfinish(conn);
@@ -2040,6 +2041,35 @@ TEST(MetastoreNames, EnumsRoundTrip) {
   auto bad_mode = ParseTimestampingMode("");
   EXPECT_EQ(bad_mode.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad_mode.status().message().find("client-prefer, client-require, arrival"), std::string::npos);
+}
+
+// The server ends weir's session (a restart, a failover, an administrator):
+// the call that finds it broken fails, retryably, and the next one reconnects.
+TEST(PostgresMetastore, ABrokenConnectionFailsOneCallAndIsReopened) {
+  const std::string base = PostgresBaseUri();
+  if (base.empty()) GTEST_SKIP() << "no PostgreSQL server (WEIR_TEST_POSTGRES_ENV)";
+  const std::string schema = fmt::format("reconnect_{}", ::getpid());
+  PostgresExec(base, "CREATE SCHEMA " + schema);
+  const std::string app = "weir-reconnect-" + std::to_string(::getpid());  // none but this test's connection
+  ASSERT_OK_AND_ASSIGN(auto m, OpenMetastore(base + "?options=-csearch_path%3D" + schema + "&application_name=" + app));
+  ASSERT_OK(m->CreateBasin(BasinInfo{"basin-a", 1}));
+  auto end_session = [&] {
+    PostgresExec(base, "SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE application_name = '" +
+                           app + "'");
+  };
+  end_session();
+  auto lost = m->GetBasin("basin-a");
+  EXPECT_EQ(lost.status().code(), Code::kUnavailable) << lost.status().ToString();
+  ASSERT_OK_AND_ASSIGN(BasinInfo again, m->GetBasin("basin-a"));
+  EXPECT_EQ(again.name, "basin-a");
+  // A write: its transaction fails as a whole; the next one commits.
+  end_session();
+  Status failed = m->CreateBasin(BasinInfo{"basin-b", 1});
+  EXPECT_EQ(failed.code(), Code::kUnavailable) << failed.ToString();
+  EXPECT_EQ(m->GetBasin("basin-b").status().code(), Code::kNotFound);
+  ASSERT_OK(m->CreateBasin(BasinInfo{"basin-b", 1}));
+  ASSERT_OK_AND_ASSIGN(auto ids, m->AllocateProducerId());
+  EXPECT_GT(ids, 0u);
 }
 
 TEST(OpenMetastoreTest, UriErrors) {

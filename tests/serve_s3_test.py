@@ -42,7 +42,10 @@ def main():
         schema = prefix.replace("-", "_")
         subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", base_uri, "-c", f"CREATE SCHEMA {schema}"],
                        check=True, timeout=60)
-        args += ["--metastore", f"{base_uri}?options=-csearch_path%3D{schema}"]
+        # A password the server (trust authentication) never asks for: it must not show in the log.
+        with_password = base_uri.replace("postgres://weir@", "postgres://weir:not-to-be-logged@")
+        assert with_password != base_uri, base_uri
+        args += ["--metastore", f"{with_password}?options=-csearch_path%3D{schema}"]
     server = WeirServer(binary, args=args, env=proc_env)
     server.start()
     try:
@@ -84,6 +87,11 @@ def main():
         base = server.base_url
         assert read_all() == sent
         server.stop()
+        if pg_env:
+            with open(server.log_path) as f:  # the server's lines, not the harness's command lines
+                log = "".join(line for line in f if not line.startswith("====="))
+            assert "postgres://weir@127.0.0.1" in log, log[-2000:]
+            assert "not-to-be-logged" not in log, log[-2000:]
 
         # A wrong secret: the probe fails, the server refuses to start, naming the cause.
         bad_env = dict(proc_env, AWS_SECRET_ACCESS_KEY="wrong" + env["AWS_SECRET_ACCESS_KEY"])

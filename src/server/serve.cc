@@ -357,7 +357,7 @@ int RunServe(const ServeOptions& o) {
   if (store_in_memory && meta_uri != "sqlite://:memory:") {
     return fail(InvalidArgument("--object-store mem:// keeps nothing past exit; the metastore {} would, and would "
                                 "then name objects that are gone: use sqlite://:memory: (the default with mem://)",
-                                meta_uri));
+                                meta_uri.starts_with("sqlite://") ? meta_uri : "on a server"));
   }
   auto meta = metastore::OpenMetastore(meta_uri);
   if (!meta.ok()) return fail(meta.status().WithContext("metastore"));
@@ -392,7 +392,7 @@ int RunServe(const ServeOptions& o) {
   so.max_connections = o.http_max_connections;
   so.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.http_stall_timeout_s * 1000));
 
-  Log().info("weir serve: recovering (object store {}, metastore {})", (*store)->Describe(), meta_uri);
+  Log().info("weir serve: recovering (object store {}, metastore {})", (*store)->Describe(), (*meta)->Describe());
   auto server = http::HttpServer::Start(so, &rest);
   if (!server.ok()) return fail(server.status());
   auto started = Now();
