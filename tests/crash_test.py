@@ -163,11 +163,11 @@ def count_log(ack_log):
 
 def scenario(name, extra, seed):
     rng = random.Random(seed)
+    store = store_for(name, seed)  # before the directory: a failure here leaves nothing behind
     d = tempfile.mkdtemp(prefix=f"weir-crash-{name}-")
     ack_log = os.path.join(d, "acks.log")
     ok = False
     start = time.monotonic()
-    store = store_for(name, seed)
     try:
         kills = []
         for i in range(CYCLES):

@@ -2078,10 +2078,15 @@ TEST(OpenMetastoreTest, UriErrors) {
   EXPECT_EQ(code_of(""), Code::kInvalidArgument);
   EXPECT_EQ(code_of("sqlite://"), Code::kInvalidArgument);
   EXPECT_EQ(code_of("sqlite:"), Code::kInvalidArgument);
-  auto other = OpenMetastore("mysql://localhost/weir");
+  auto other = OpenMetastore("mysql://root:s3cret@localhost/weir");
   EXPECT_EQ(other.status().code(), Code::kInvalidArgument);
   EXPECT_NE(other.status().message().find("sqlite://"), std::string::npos) << other.status().ToString();
   EXPECT_NE(other.status().message().find("postgres://"), std::string::npos) << other.status().ToString();
+  EXPECT_NE(other.status().message().find("\"mysql\""), std::string::npos) << other.status().ToString();
+  EXPECT_EQ(other.status().message().find("s3cret"), std::string::npos) << other.status().ToString();
+  auto bad_escape = OpenMetastore("postgres://weir:50%off@localhost/weir");  // libpq quotes the bad token
+  EXPECT_EQ(bad_escape.status().code(), Code::kInvalidArgument) << bad_escape.status().ToString();
+  EXPECT_EQ(bad_escape.status().message().find("50%off"), std::string::npos) << bad_escape.status().ToString();
   // A URI libpq cannot parse; a server that is not there (retryable), named
   // without the password.
   auto bad_param = OpenMetastore("postgres://localhost/weir?no_such_param=1");

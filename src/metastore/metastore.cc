@@ -108,10 +108,12 @@ Result<std::shared_ptr<Metastore>> OpenMetastoreUnchecked(std::string_view uri) 
     if (!store.ok()) return store.status();
     return std::shared_ptr<Metastore>(std::move(store).value());
   }
+  // Only the scheme: the rest may hold a password.
+  const size_t scheme = uri.find("://");
   return InvalidArgument(
-      "unsupported metastore URI scheme in \"{}\"; supported: sqlite://PATH, sqlite://:memory:, "
+      "unsupported metastore URI scheme \"{}\"; supported: sqlite://PATH, sqlite://:memory:, "
       "postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE[?PARAM=VALUE...]",
-      uri);
+      scheme == std::string_view::npos ? "(none)" : uri.substr(0, scheme));
 }
 
 }  // namespace

@@ -25,10 +25,12 @@ constexpr Oid kInt8Oid = 20;
 constexpr Oid kInt2Oid = 21;
 constexpr Oid kInt4Oid = 23;
 
-// The key of the writers' transaction-scoped advisory lock ("weir" in its
-// high bytes): every write transaction holds it, so writers are serialized.
-constexpr int64_t kWriterLockKey = 0x7765697200000001;
-constexpr const char kTakeWriterLock[] = "SELECT pg_advisory_xact_lock(?1)";
+// The writers' transaction-scoped advisory lock: every write transaction
+// holds it, so writers are serialized. Its key is "weir" (0x77656972) and the
+// schema's name, so deployments in other schemas of the database do not wait
+// for each other (unless their names' hashes collide: then they only wait).
+constexpr const char kTakeWriterLock[] =
+    "SELECT pg_advisory_xact_lock(2003134834, hashtext(coalesce(current_schema(), '')))";
 
 // Run on every new connection.
 constexpr const char* kSessionSettings[] = {
@@ -41,6 +43,8 @@ constexpr const char* kSessionSettings[] = {
 constexpr std::pair<const char*, const char*> kDefaultParams[] = {
     {"connect_timeout", "10"},     {"keepalives_idle", "30"},    {"keepalives_interval", "10"},
     {"keepalives_count", "3"},     {"tcp_user_timeout", "30000"}, {"application_name", "weir"},
+    // With several hosts: the primary, never a standby (whose writes all fail).
+    {"target_session_attrs", "read-write"},
 };
 
 // Schema 5 (sql_metastore.h), as SQLite's with bytea for every name, key
@@ -107,6 +111,7 @@ Status FromSqlState(std::string_view state, const std::string& text) {
   if (state == "23505") return AlreadyExists("{}", text);         // unique_violation
   if (state == "23503") return PreconditionFailed("{}", text);    // foreign_key_violation
   if (state == "57014") return Timeout("{}", text);               // query_canceled (statement_timeout)
+  if (state == "25006") return Unavailable("{} (a read-only server; reconnecting to the primary)", text);
   if (state == "40001" || state == "40P01" || state == "55P03" ||  // serialization, deadlock, lock_timeout
       state.starts_with("08") || state.starts_with("57P") || state == "53300") {
     return Unavailable("{} (retry)", text);
@@ -115,6 +120,23 @@ Status FromSqlState(std::string_view state, const std::string& text) {
   if (state == "XX001" || state == "XX002") return Corruption("{}", text);
   if (state.starts_with("42")) return Internal("{}", text);  // a statement or schema this build did not expect
   return IOError("{}", text);
+}
+
+// `message` with the URI's password (as written: it may not parse) replaced.
+std::string WithoutPassword(std::string message, std::string_view uri) {
+  const size_t scheme = uri.find("://");
+  if (scheme == std::string_view::npos) return message;
+  std::string_view rest = uri.substr(scheme + 3);
+  rest = rest.substr(0, rest.find_first_of("/?"));
+  const size_t at = rest.rfind('@');
+  if (at == std::string_view::npos) return message;
+  const size_t colon = rest.substr(0, at).find(':');
+  if (colon == std::string_view::npos || colon + 1 == at) return message;
+  const std::string password(rest.substr(colon + 1, at - colon - 1));
+  for (size_t i = message.find(password); i != std::string::npos; i = message.find(password, i + 3)) {
+    message.replace(i, password.size(), "***");
+  }
+  return message;
 }
 
 int64_t BigEndian(const char* p, int n) {
@@ -185,6 +207,7 @@ class PostgresDb final : public SqlDb {
   PGconn* const conn_;
   const std::string describe_;
   bool in_transaction_ = false;
+  mutable bool reconnect_ = false;  // the next call reconnects (set by ResultError, which is const)
   std::unordered_map<std::string, std::unique_ptr<Statement>> statements_;  // by SQL text
 };
 
@@ -315,10 +338,11 @@ Result<SqlStatement*> PostgresDb::Prepare(const char* sql) {
 }
 
 Status PostgresDb::EnsureConnected(std::string_view what) {
-  if (PQstatus(conn_) == CONNECTION_OK) return Status::Ok();
+  if (PQstatus(conn_) == CONNECTION_OK && !reconnect_) return Status::Ok();
   if (in_transaction_) {
     return Unavailable("metastore {}: {}: the connection broke inside a transaction (retry)", describe_, what);
   }
+  reconnect_ = false;
   PQreset(conn_);
   if (PQstatus(conn_) != CONNECTION_OK) {
     return Unavailable("metastore {}: {}: reconnect: {} (retry)", describe_, what, Trimmed(PQerrorMessage(conn_)));
@@ -334,14 +358,18 @@ Status PostgresDb::ResultError(const PGresult* res, std::string_view what) const
     return Unavailable("{} (the connection broke; the next call reconnects)", text);
   }
   const char* state = res != nullptr ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
+  // A server that became a standby (a failover): the next call connects again,
+  // to whichever host is the primary then.
+  if (state != nullptr && std::string_view(state) == "25006") reconnect_ = true;
   return FromSqlState(state != nullptr ? state : "", text);
 }
 
 Status PostgresDb::Begin(std::string_view what) {
-  WEIR_RETURN_IF_ERROR(Exec("BEGIN", fmt::format("{}: begin", what)));
+  // READ COMMITTED whatever the database's default: each statement then sees
+  // every commit made before the writers' lock was granted.
+  WEIR_RETURN_IF_ERROR(Exec("BEGIN ISOLATION LEVEL READ COMMITTED", fmt::format("{}: begin", what)));
   in_transaction_ = true;
   WEIR_ASSIGN_OR_RETURN(SqlStatement * lock, Prepare(kTakeWriterLock));
-  lock->BindInt(1, kWriterLockKey);
   auto taken = lock->Step(fmt::format("{}: take the writers' lock", what));
   lock->Reset();
   if (!taken.ok()) {
@@ -377,7 +405,7 @@ Result<std::shared_ptr<SqlMetastore>> OpenPostgresMetastore(std::string_view uri
     char* error = nullptr;
     PQconninfoOption* options = PQconninfoParse(text.c_str(), &error);
     if (options == nullptr) {
-      const std::string why = error != nullptr ? Trimmed(error) : "out of memory";
+      const std::string why = error != nullptr ? WithoutPassword(Trimmed(error), uri) : "out of memory";
       PQfreemem(error);
       return InvalidArgument("metastore URI: {} (expected postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE)", why);
     }
@@ -411,7 +439,7 @@ Result<std::shared_ptr<SqlMetastore>> OpenPostgresMetastore(std::string_view uri
     PGconn* conn = PQconnectdbParams(key_ptrs.data(), value_ptrs.data(), /*expand_dbname=*/0);
     if (conn == nullptr) return ResourceExhausted("metastore {}: connect: out of memory", describe);
     if (PQstatus(conn) != CONNECTION_OK) {
-      const std::string why = Trimmed(PQerrorMessage(conn));
+      const std::string why = WithoutPassword(Trimmed(PQerrorMessage(conn)), uri);
       PQfinish(conn);
       return Unavailable("metastore {}: connect: {}", describe, why);
     }

@@ -364,6 +364,7 @@ SqlMetastore::~SqlMetastore() = default;
 Result<std::shared_ptr<SqlMetastore>> SqlMetastore::Open(std::unique_ptr<SqlDb> db) {
   auto store = std::make_shared<SqlMetastore>(std::move(db));
   WEIR_RETURN_IF_ERROR(store->Locked("open", [&] { return store->Init(); }));
+  store->counters_.transactions.store(0);  // the counters count the interface's calls, not the schema's
   return store;
 }
 
@@ -891,7 +892,13 @@ Result<std::vector<StreamState>> SqlMetastore::ListStreamStates() {
 Result<NodeState> SqlMetastore::GetNode(std::string_view node) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("GetNode", [&]() -> Result<NodeState> {
-    WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> n, ReadNode(node));
+    // Read inside the writers' lock: a commit whose answer was lost (a
+    // remote database) may still be in flight, and the caller asks to learn
+    // whether it landed (Engine::SettleLanded). It waits for that commit to end.
+    WEIR_RETURN_IF_ERROR(db_->Begin("read node"));
+    auto read = ReadNode(node);
+    db_->RollbackIfActive();
+    WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> n, std::move(read));
     if (n) return std::move(*n);
     NodeState fresh;
     fresh.node = std::string(node);

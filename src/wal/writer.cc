@@ -315,7 +315,8 @@ void Writer::UploaderLoop() {
 
 void Writer::BuildSlot(Slot& slot, std::string buffer) {
   std::lock_guard lk(slot.build_mu);
-  if (slot.built) return;
+  // Emptied: abandoned (Requeue, Abandon) before its uploader came to build it.
+  if (slot.built || slot.entries.empty()) return;
   SlotBuilder b;
   for (const Entry& e : slot.entries) b.Add(e.stream_id, *e.bytes, e.batch_count, e.record_count);
   b.FinishInto(slot.epoch, slot.seq, options_.nonce, &buffer);
@@ -344,6 +345,7 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
     }
   }
   BuildSlot(*slot, std::move(buffer));
+  if (!slot->built) return;  // abandoned and emptied: nothing to write
   const std::string key = SlotKey(options_.node, slot->epoch, slot->seq);
   const std::string& bytes = slot->bytes;
   TimePoint start = Now();
