@@ -77,6 +77,7 @@ class EngineTest : public ::testing::Test {
     o.settle_interval = Duration::zero();  // tests settle by hand
     o.settle_on_close = settle_on_close_;
     o.merge_interval = Duration::zero();  // tests merge by hand
+    o.heartbeat_interval = Duration::zero();  // at start only (tests count metastore transactions)
     o.merge_min_age = Duration::zero();
     o.merge_small_bytes = merge_small_bytes_;
     o.wal.retry_initial = 1ms;
@@ -1416,12 +1417,55 @@ TEST_F(EngineTest, AStoreHoldingThisNodesWalRefusesAMetastoreThatNeverSawTheNode
   ASSERT_FALSE(e3.ok());
   EXPECT_NE(e3.status().message().find("settled segments"), std::string::npos) << e3.status().ToString();
   Start();
-  // A new node on the same store and metastore (which has streams) starts:
-  // n1's WAL and segments are not its business.
+  // A new node on the same store and metastore (which has streams) is
+  // refused while n1 is live: each stream would have two sequencers.
   EngineOptions other = Options();
   other.node = "n2";
+  auto refused = Engine::Open(other, store_, meta_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kPreconditionFailed) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("node n1 is live"), std::string::npos) << refused.status().ToString();
+  // Once n1 has stopped, it starts: n1's WAL and segments are not its business.
+  engine_->Close();
+  engine_.reset();
   auto e2 = Engine::Open(other, store_, meta_);
-  EXPECT_TRUE(e2.ok()) << e2.status().ToString();
+  ASSERT_TRUE(e2.ok()) << e2.status().ToString();
+  // Now n1 waits for n2 (a restart of n2 itself is not held up).
+  auto n1 = Engine::Open(Options(), store_, meta_);
+  EXPECT_EQ(n1.status().code(), Code::kPreconditionFailed) << n1.status().ToString();
+  (*e2)->Close();
+  e2->reset();
+  e2 = Engine::Open(other, store_, meta_);
+  ASSERT_TRUE(e2.ok()) << e2.status().ToString();
+  (*e2)->Close();
+}
+
+// A node that died (no Close) holds the metastore until its heartbeat is
+// older than node_live_window; the heartbeat thread keeps a live one fresh.
+TEST_F(EngineTest, ANodesHeartbeatKeepsOthersOutUntilItGoesStale) {
+  engine_->Close();
+  engine_.reset();
+  EngineOptions beating = Options();
+  beating.heartbeat_interval = 50ms;
+  beating.node_live_window = 2s;
+  auto n1 = Engine::Open(beating, store_, meta_);
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  EngineOptions other = beating;
+  other.node = "n2";
+  // Past its first heartbeat's window: the thread has renewed it.
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_EQ(Engine::Open(other, store_, meta_).status().code(), Code::kPreconditionFailed);
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok());
+  (*n1)->Close();  // clears it
+  n1->reset();
+  // What a killed n1 leaves: its last heartbeat, live for the window, then stale.
+  ASSERT_OK(meta_->Heartbeat("n1", node->epoch, WallMillis(), 0));
+  EXPECT_EQ(Engine::Open(other, store_, meta_).status().code(), Code::kPreconditionFailed);
+  ASSERT_OK(meta_->Heartbeat("n1", node->epoch, WallMillis() - 3000, 0));
+  auto n2 = Engine::Open(other, store_, meta_);
+  ASSERT_TRUE(n2.ok()) << n2.status().ToString();
+  (*n2)->Close();
 }
 
 // A table's bucket stream with delete_on_empty set (a reconfiguration can

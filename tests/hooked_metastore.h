@@ -180,6 +180,9 @@ class HookedMetastore final : public metastore::Metastore {
     }
     return m_->MintEpoch(n, e, w);
   }
+  Status Heartbeat(std::string_view n, uint64_t e, int64_t now, int64_t since) override {
+    return m_->Heartbeat(n, e, now, since);
+  }
   Result<uint64_t> AllocateProducerId() override { return m_->AllocateProducerId(); }
   Result<uint64_t> LastStreamId() override { return m_->LastStreamId(); }
   Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,

@@ -89,6 +89,11 @@ void Engine::Close() {
     backlog_cv_.notify_all();
   }
   if (settle_thread_.joinable()) settle_thread_.join();
+  {
+    std::lock_guard lk(heartbeat_mu_);
+    heartbeat_cv_.notify_all();
+  }
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   std::thread halt;
   {
     std::lock_guard lk(mu_);
@@ -109,10 +114,33 @@ void Engine::Close() {
   } stop_evicting{this};
   if (!wal_) return;
   wal_->Close();  // drains: every admitted append is acknowledged (or failed)
-  if (!options_.settle_on_close) return;
-  // Settle what was acknowledged, so the next start has little to replay.
-  Status st = SettleNow();
-  if (!st.ok()) Log().warn("final settle: {}", st.ToString());
+  if (options_.settle_on_close) {
+    // Settle what was acknowledged, so the next start has little to replay.
+    Status st = SettleNow();
+    if (!st.ok()) Log().warn("final settle: {}", st.ToString());
+  }
+  // Stopped: another node may serve the metastore at once. (A successor of
+  // this node's minted a later epoch: the metastore refuses, and it is not ours.)
+  if (Status hb = Heartbeat(0); !hb.ok() && hb.code() != Code::kPreconditionFailed) {
+    Log().warn("clearing this node's heartbeat: {}", hb.ToString());
+  }
+}
+
+Status Engine::Heartbeat(int64_t now_ms) {
+  const auto window = std::chrono::duration_cast<std::chrono::milliseconds>(options_.node_live_window).count();
+  return meta_->Heartbeat(options_.node, epoch_.load(), now_ms, now_ms - window);
+}
+
+void Engine::HeartbeatLoop() {
+  SetThreadName("heartbeat");
+  std::unique_lock lk(heartbeat_mu_);
+  while (!closing_) {
+    heartbeat_cv_.wait_for(lk, options_.heartbeat_interval, [&] { return closing_.load(); });
+    if (closing_) break;
+    lk.unlock();
+    if (Status st = Heartbeat(WallMillis()); !st.ok()) Log().warn("heartbeat: {}", st.ToString());
+    lk.lock();
+  }
 }
 
 void Engine::HandleHalt(uint64_t epoch) {
@@ -225,6 +253,8 @@ Status Engine::Recover() {
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window));
   epoch_ = now.epoch;
+  // No other node may be serving this metastore (its streams would have two sequencers).
+  WEIR_RETURN_IF_ERROR(Heartbeat(WallMillis()));
   // The checkpoint as of the mint, not as read before it: a process of this
   // node still running may have settled (and deleted slots) in between, and
   // the fence must start at its chain's live part, or that process is never
@@ -314,6 +344,7 @@ Status Engine::Recover() {
   if (!swept.ok()) Log().warn("sweeping garbage: {}", swept.ToString());
   last_retention_ = Now();
   if (options_.settle_interval > Duration::zero()) settle_thread_ = std::thread([this] { SettleLoop(); });
+  if (options_.heartbeat_interval > Duration::zero()) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   return Status::Ok();
 }
 

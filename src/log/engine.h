@@ -82,6 +82,14 @@ struct EngineOptions {
   size_t merge_small_bytes = 1u << 20;
   Duration merge_min_age = std::chrono::minutes(10);
   bool settle_on_close = true;  // false: leave acknowledged slots for the next start to replay
+  // One node per metastore, until stream leases land: the engine stores a
+  // heartbeat this often (Metastore::Heartbeat, from a thread of its own;
+  // 0 = only at start), refuses to start while another node's is younger
+  // than node_live_window, and clears its own on Close. It guards against
+  // two nodes configured on one metastore; it is not a lease (a node cut off
+  // from the metastore goes on serving).
+  Duration heartbeat_interval = std::chrono::seconds(5);
+  Duration node_live_window = std::chrono::seconds(20);
   // The basin whose tables are Kafka topics (kafka::kKafkaBasin when serving
   // Kafka): deleting one of its tables, by any path, deletes the groups'
   // committed offsets of that topic in the same metastore transaction.
@@ -419,6 +427,9 @@ class Engine {
   // for the scan.
   void RequestEvict();
   void EvictLoop();
+  // Stores this node's heartbeat (now_ms, or 0 to clear it).
+  Status Heartbeat(int64_t now_ms);
+  void HeartbeatLoop();
   // Wakes the settle loop before its interval (the log cache is filling up).
   void RequestSettle();
   // Under settle_mu_: memory's segment list of `s` as the metastore has it
@@ -583,6 +594,9 @@ class Engine {
   bool evict_requested_ = false;
   bool evict_stop_ = false;   // set by Close once the WAL has drained
   std::thread evict_thread_;  // runs EvictLoop, from Open to Close
+  std::mutex heartbeat_mu_;   // with heartbeat_cv_: wakes HeartbeatLoop at Close
+  std::condition_variable heartbeat_cv_;
+  std::thread heartbeat_thread_;  // runs HeartbeatLoop, from Open to Close
 };
 
 // The size S2 meters for a record, used by every limit on bytes: 8 + body +

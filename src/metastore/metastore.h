@@ -334,6 +334,14 @@ class Metastore {
   // successor exists). The first mint of a node expects 0.
   virtual Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) = 0;
 
+  // Liveness, while a metastore serves one node at a time (stream leases are
+  // not built yet): one transaction that stores `now_ms` as `node`'s
+  // heartbeat (0 clears it: a clean stop). kPreconditionFailed, writing
+  // nothing, if `node` is not at `epoch` (superseded), or if another node's
+  // heartbeat is set and at or after `others_live_since_ms` (the message
+  // names it): that node is live, and this one must not serve.
+  virtual Status Heartbeat(std::string_view node, uint64_t epoch, int64_t now_ms, int64_t others_live_since_ms) = 0;
+
   // Producer ids: unique, increasing, never reused across restarts.
   virtual Result<uint64_t> AllocateProducerId() = 0;
   // The largest stream id ever allocated (0 if none). Stream ids increase and

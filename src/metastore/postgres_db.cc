@@ -47,7 +47,7 @@ constexpr std::pair<const char*, const char*> kDefaultParams[] = {
     {"target_session_attrs", "read-write"},
 };
 
-// Schema 5 (sql_metastore.h), as SQLite's with bytea for every name, key
+// Schema 6 (sql_metastore.h), as SQLite's with bytea for every name, key
 // and blob (compared byte-wise) and bigint for every integer.
 #define WEIR_BASIN_CONFIG_DDL                                                                             \
   "on_append BIGINT NOT NULL DEFAULT 0, on_read BIGINT NOT NULL DEFAULT 0, default_storage_class BYTEA, " \
@@ -67,7 +67,7 @@ constexpr const char* kSchema[] = {
     "end_offset BIGINT NOT NULL, first_ts BIGINT NOT NULL, last_ts BIGINT NOT NULL, "
     "object_key BYTEA NOT NULL, size_bytes BIGINT NOT NULL, PRIMARY KEY(stream_id, start_offset))",
     "CREATE TABLE IF NOT EXISTS nodes(node BYTEA PRIMARY KEY, epoch BIGINT NOT NULL, \"window\" BIGINT NOT NULL, "
-    "ckpt_epoch BIGINT NOT NULL, ckpt_seq BIGINT NOT NULL)",
+    "ckpt_epoch BIGINT NOT NULL, ckpt_seq BIGINT NOT NULL, heartbeat_ms BIGINT NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS counters(name BYTEA PRIMARY KEY, value BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS tables(id BIGINT PRIMARY KEY, basin BYTEA NOT NULL REFERENCES basins(name), "
     "name BYTEA NOT NULL, kind BYTEA NOT NULL, bucket_count BIGINT NOT NULL, config BYTEA NOT NULL, "
@@ -182,7 +182,11 @@ class PostgresDb final : public SqlDb {
     if (t == PQTRANS_INTRANS || t == PQTRANS_INERROR) PQclear(PQexec(conn_, "ROLLBACK"));
   }
   std::vector<const char*> Schema() const override { return {std::begin(kSchema), std::end(kSchema)}; }
-  std::vector<const char*> Upgrade(int) const override { return {}; }  // PostgreSQL databases start at 5
+  // PostgreSQL databases start at 5.
+  std::vector<const char*> Upgrade(int from_version) const override {
+    if (from_version < 6) return {"ALTER TABLE nodes ADD COLUMN IF NOT EXISTS heartbeat_ms BIGINT NOT NULL DEFAULT 0"};
+    return {};
+  }
   Status ExecForTest(const std::string& sql) override { return Exec(sql.c_str(), "test statement"); }
   std::string Describe() const override { return describe_; }
 

@@ -157,6 +157,10 @@ constexpr const char kGetNode[] = "SELECT epoch, \"window\", ckpt_epoch, ckpt_se
 constexpr const char kUpsertEpoch[] =
     "INSERT INTO nodes(node, epoch, \"window\", ckpt_epoch, ckpt_seq) VALUES(?1, ?2, ?3, 0, 0) "
     "ON CONFLICT(node) DO UPDATE SET epoch = excluded.epoch, \"window\" = excluded.\"window\"";
+constexpr const char kLiveOtherNode[] =
+    "SELECT node, heartbeat_ms FROM nodes WHERE node <> ?1 AND heartbeat_ms > 0 AND heartbeat_ms >= ?2 "
+    "ORDER BY heartbeat_ms DESC LIMIT 1";
+constexpr const char kSetHeartbeat[] = "UPDATE nodes SET heartbeat_ms = ?2 WHERE node = ?1";
 constexpr const char kSetCheckpoint[] = "UPDATE nodes SET ckpt_epoch = ?2, ckpt_seq = ?3 WHERE node = ?1";
 
 #define WEIR_SEGMENT_COLUMNS "stream_id, start_offset, end_offset, first_ts, last_ts, object_key, size_bytes"
@@ -903,6 +907,28 @@ Result<NodeState> SqlMetastore::GetNode(std::string_view node) {
     NodeState fresh;
     fresh.node = std::string(node);
     return fresh;
+  });
+}
+
+Status SqlMetastore::Heartbeat(std::string_view node, uint64_t epoch, int64_t now_ms,
+                               int64_t others_live_since_ms) {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("Heartbeat", [&]() -> Status {
+    return InTransaction("heartbeat", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
+      if (now_ms != 0) {
+        WEIR_ASSIGN_OR_RETURN(Stmt live, Prepare(kLiveOtherNode));
+        WEIR_ASSIGN_OR_RETURN(const bool row, live.Text(1, node).Int(2, others_live_since_ms).Step("find live nodes"));
+        if (row) {
+          return PreconditionFailed(
+              "node {} is live on this metastore (its last heartbeat was {} ms before this one's): a metastore is "
+              "served by one node at a time until stream leases land; stop it, or run this node as {}",
+              live.ColText(0), now_ms - live.ColInt(1), live.ColText(0));
+        }
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kSetHeartbeat));
+      return set.Text(1, node).Int(2, now_ms).Run("store the heartbeat");
+    });
   });
 }
 

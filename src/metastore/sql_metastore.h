@@ -22,8 +22,9 @@ namespace weir::metastore {
 //   3: + create_tokens (likewise)
 //   4: + streams.delete_on_empty_s (ALTER TABLE for a v1 to v3 file)
 //   5: + the basin config columns of basins (ALTER TABLE for a v1 to v4 file)
+//   6: + nodes.heartbeat_ms (ALTER TABLE for a v1 to v5 database)
 // PostgreSQL databases start at 5.
-inline constexpr int kSchemaVersion = 5;
+inline constexpr int kSchemaVersion = 6;
 
 // A Metastore whose every query and rule is written once here; the driver
 // runs them. Each write method is one transaction of the driver's (writers
@@ -74,6 +75,7 @@ class SqlMetastore final : public Metastore {
 
   Result<NodeState> GetNode(std::string_view node) override;
   Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) override;
+  Status Heartbeat(std::string_view node, uint64_t epoch, int64_t now_ms, int64_t others_live_since_ms) override;
 
   Result<uint64_t> AllocateProducerId() override;
 
