@@ -1416,6 +1416,7 @@ TEST_F(EngineTest, AStoreHoldingThisNodesWalRefusesAMetastoreThatNeverSawTheNode
   auto e3 = Engine::Open(Options(), store_, *again);
   ASSERT_FALSE(e3.ok());
   EXPECT_NE(e3.status().message().find("settled segments"), std::string::npos) << e3.status().ToString();
+  settle_on_close_ = true;  // its Close then frees the metastore for n2
   Start();
   // A new node on the same store and metastore (which has streams) is
   // refused while n1 is live: each stream would have two sequencers.
@@ -1460,9 +1461,30 @@ TEST_F(EngineTest, ANodesHeartbeatKeepsOthersOutUntilItGoesStale) {
   (*n1)->Close();  // clears it
   n1->reset();
   // What a killed n1 leaves: its last heartbeat, live for the window, then stale.
-  ASSERT_OK(meta_->Heartbeat("n1", node->epoch, WallMillis(), 0));
+  ASSERT_OK(meta_->Heartbeat("n1", node->epoch, 60'000));
   EXPECT_EQ(Engine::Open(other, store_, meta_).status().code(), Code::kPreconditionFailed);
-  ASSERT_OK(meta_->Heartbeat("n1", node->epoch, WallMillis() - 3000, 0));
+  std::this_thread::sleep_for(20ms);
+  other.node_live_window = 5ms;
+  auto n2 = Engine::Open(other, store_, meta_);
+  ASSERT_TRUE(n2.ok()) << n2.status().ToString();
+  (*n2)->Close();
+}
+
+// A Close that leaves acknowledged records unsettled keeps its heartbeat
+// (until it goes stale): another node would serve without them.
+TEST_F(EngineTest, ACloseThatLeavesRecordsUnsettledKeepsTheHeartbeat) {
+  settle_on_close_ = false;
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  engine_->Close();
+  engine_.reset();
+  EngineOptions other = Options();
+  other.node = "n2";
+  EXPECT_EQ(Engine::Open(other, store_, meta_).status().code(), Code::kPreconditionFailed);
+  settle_on_close_ = true;
+  Start();  // n1 again: replays and settles
+  engine_->Close();
+  engine_.reset();
   auto n2 = Engine::Open(other, store_, meta_);
   ASSERT_TRUE(n2.ok()) << n2.status().ToString();
   (*n2)->Close();

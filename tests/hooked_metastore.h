@@ -180,9 +180,7 @@ class HookedMetastore final : public metastore::Metastore {
     }
     return m_->MintEpoch(n, e, w);
   }
-  Status Heartbeat(std::string_view n, uint64_t e, int64_t now, int64_t since) override {
-    return m_->Heartbeat(n, e, now, since);
-  }
+  Status Heartbeat(std::string_view n, uint64_t e, int64_t window) override { return m_->Heartbeat(n, e, window); }
   Result<uint64_t> AllocateProducerId() override { return m_->AllocateProducerId(); }
   Result<uint64_t> LastStreamId() override { return m_->LastStreamId(); }
   Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,

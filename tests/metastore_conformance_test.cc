@@ -1814,28 +1814,31 @@ TEST_P(MetastoreConformance, TablesAndGroupOffsetsSurviveReopen) {
 }
 
 TEST_P(MetastoreConformance, HeartbeatsKeepOneNodeServing) {
+  constexpr int64_t kLong = 3'600'000;  // an hour: any heartbeat of this test is live
   ASSERT_OK(m().MintEpoch("n1", 0, 8).status());
   ASSERT_OK(m().MintEpoch("n2", 0, 8).status());
   // Only a node at its epoch beats.
-  EXPECT_EQ(m().Heartbeat("n1", 2, 1000, 0).code(), Code::kPreconditionFailed);
-  EXPECT_EQ(m().Heartbeat("n3", 1, 1000, 0).code(), Code::kPreconditionFailed);  // never minted
-  ASSERT_OK(m().Heartbeat("n1", 1, 1000, 0));
-  // Another node is live while its heartbeat is at or after the bound.
-  Status st = m().Heartbeat("n2", 1, 1500, 1000);
+  EXPECT_EQ(m().Heartbeat("n1", 2, kLong).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().Heartbeat("n3", 1, kLong).code(), Code::kPreconditionFailed);  // never minted
+  ASSERT_OK(m().Heartbeat("n1", 1, kLong));
+  ASSERT_OK(m().Heartbeat("n1", 1, kLong));  // a node's own heartbeat never stops it
+  // Another node is live while its heartbeat is within the window.
+  Status st = m().Heartbeat("n2", 1, kLong);
   EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
   EXPECT_NE(st.message().find("node n1 is live"), std::string::npos) << st.ToString();
-  ASSERT_OK(m().Heartbeat("n2", 1, 1500, 1001));  // n1's is stale now
-  EXPECT_EQ(m().Heartbeat("n1", 1, 1600, 1000).code(), Code::kPreconditionFailed);  // n2 serves
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_OK(m().Heartbeat("n2", 1, 5));  // n1's is more than 5 ms old: stale
+  EXPECT_EQ(m().Heartbeat("n1", 1, kLong).code(), Code::kPreconditionFailed);  // n2 serves
   // Clearing checks no other node; a cleared heartbeat is never live.
-  ASSERT_OK(m().Heartbeat("n1", 1, 0, 0));
-  ASSERT_OK(m().Heartbeat("n2", 1, 0, 0));
-  ASSERT_OK(m().Heartbeat("n1", 1, 1700, 0));
+  ASSERT_OK(m().Heartbeat("n1", 1, 0));
+  ASSERT_OK(m().Heartbeat("n2", 1, 0));
+  ASSERT_OK(m().Heartbeat("n1", 1, kLong));
   // The rest of the node's state is untouched.
   ASSERT_OK_AND_ASSIGN(NodeState after, m().GetNode("n1"));
   EXPECT_EQ(after.epoch, 1u);
   EXPECT_EQ(after.window, 8u);
   ASSERT_OK(m().MintEpoch("n1", 1, 8).status());
-  EXPECT_EQ(m().Heartbeat("n1", 1, 1800, 0).code(), Code::kPreconditionFailed);  // superseded
+  EXPECT_EQ(m().Heartbeat("n1", 1, kLong).code(), Code::kPreconditionFailed);  // superseded
 }
 
 TEST_P(MetastoreConformance, NewerSchemaRefusesToOpen) {

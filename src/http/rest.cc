@@ -897,6 +897,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       std::lock_guard lk(in_mu_);
       failed_ = true;  // input arriving meanwhile is dropped
     }
+    // A first input a new stream would refuse gets that stream's answer (a 412 body).
+    if (first_refused_) return c_.Send(c_.AppendFailure(*first_refused_));
     c_.Fail(st, "stream_not_found");  // may ask the metastore: not under in_mu_, which the I/O thread takes
   }
 
@@ -1089,7 +1091,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     auto in = DecodeInput(first, &why);
     if (!in) return InvalidArgument("the first input does not decode: {}", why.body);
     WEIR_RETURN_IF_ERROR(api_->engine_->CheckAppendRecords(in->records));
-    if (auto refused = log::Engine::RefusedByANewStream(in->options, in->records.size())) return refused->status;
+    first_refused_ = log::Engine::RefusedByANewStream(in->options, in->records.size());
+    if (first_refused_) return first_refused_->status;
     return log::CheckClientTimestamps(config, in->records);
   }
 
@@ -1211,6 +1214,9 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   size_t whole_ = 0;  // buf_[0, whole_) holds whole frames (in_mu_)
   bool ready_ = false, failed_ = false, input_ended_ = false, counted_ = false;  // in_mu_
   bool pumping_ = false;  // a thread is submitting buf_'s frames (in_mu_)
+  // What a new stream answers the first input, when it would refuse it (set
+  // and read by Open's worker, in CheckFirstInput and Refuse).
+  std::optional<log::AppendOutcome> first_refused_;
   std::atomic<bool> acks_stalled_{false};  // the pump waits for the client to read acks (set under in_mu_)
   // Inputs numbered and not yet acked on the wire at which the pump stops:
   // with S2's 2 MiB frames and a 4 MiB stream window, what a session holds
@@ -1548,12 +1554,17 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     // that a new stream would refuse (match_seq_num, fencing token, producer
     // sequence), creates nothing: it gets the new stream's answer.
     if (Status st = engine_->CheckAppendRecords(in.records); !st.ok()) return c.Fail(st);
-    if (auto refused = log::Engine::RefusedByANewStream(in.options, records)) return c.Send(c.AppendFailure(*refused));
     auto held = std::make_shared<AppendInput>(std::move(in));
     auto create_then_submit = [this, c, stream, held, proto_out, records, bytes] {
+      std::optional<log::AppendOutcome> refused;
       auto created = engine_->CreateIfConfigured(
-          c.basin, stream, log::Engine::AutoCreate::kOnAppend,
-          [&](const metastore::StreamConfig& config) { return log::CheckClientTimestamps(config, held->records); });
+          c.basin, stream, log::Engine::AutoCreate::kOnAppend, [&](const metastore::StreamConfig& config) {
+            // Asked only when the basin creates it (else the append's own 404).
+            refused = log::Engine::RefusedByANewStream(held->options, records);
+            if (refused) return refused->status;
+            return log::CheckClientTimestamps(config, held->records);
+          });
+      if (refused) return c.Send(c.AppendFailure(*refused));
       if (!created.ok() && created.status().code() != Code::kNotFound) return c.Fail(created.status());
       Ctx on_worker = c;  // this runs on a worker: admission may wait for room
       on_worker.on_worker = true;

@@ -88,12 +88,28 @@ void Engine::Close() {
     std::lock_guard lk(backlog_mu_);
     backlog_cv_.notify_all();
   }
+  // The heartbeat goes on until Close has finished (its drain and final
+  // settle may take long: another node must not start meanwhile), and is
+  // cleared only once everything acknowledged is settled, so that another
+  // node may serve at once. Otherwise it goes stale (node_live_window).
+  struct StopHeartbeat {
+    Engine* e;
+    bool clear = false;
+    ~StopHeartbeat() {
+      {
+        std::lock_guard lk(e->heartbeat_mu_);
+        e->heartbeat_stop_ = true;
+        e->heartbeat_cv_.notify_all();
+      }
+      if (e->heartbeat_thread_.joinable()) e->heartbeat_thread_.join();
+      if (!clear) return;
+      // A successor of this node's minted a later epoch: the metastore refuses, and it is not ours.
+      if (Status hb = e->Heartbeat(false); !hb.ok() && hb.code() != Code::kPreconditionFailed) {
+        Log().warn("clearing this node's heartbeat: {}", hb.ToString());
+      }
+    }
+  } stop_heartbeat{this};
   if (settle_thread_.joinable()) settle_thread_.join();
-  {
-    std::lock_guard lk(heartbeat_mu_);
-    heartbeat_cv_.notify_all();
-  }
-  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   std::thread halt;
   {
     std::lock_guard lk(mu_);
@@ -114,31 +130,28 @@ void Engine::Close() {
   } stop_evicting{this};
   if (!wal_) return;
   wal_->Close();  // drains: every admitted append is acknowledged (or failed)
-  if (options_.settle_on_close) {
-    // Settle what was acknowledged, so the next start has little to replay.
-    Status st = SettleNow();
-    if (!st.ok()) Log().warn("final settle: {}", st.ToString());
-  }
-  // Stopped: another node may serve the metastore at once. (A successor of
-  // this node's minted a later epoch: the metastore refuses, and it is not ours.)
-  if (Status hb = Heartbeat(0); !hb.ok() && hb.code() != Code::kPreconditionFailed) {
-    Log().warn("clearing this node's heartbeat: {}", hb.ToString());
-  }
+  if (!options_.settle_on_close) return;
+  // Settle what was acknowledged, so the next start has little to replay.
+  Status st = SettleNow();
+  if (!st.ok()) Log().warn("final settle: {}", st.ToString());
+  stop_heartbeat.clear = st.ok();
 }
 
-Status Engine::Heartbeat(int64_t now_ms) {
-  const auto window = std::chrono::duration_cast<std::chrono::milliseconds>(options_.node_live_window).count();
-  return meta_->Heartbeat(options_.node, epoch_.load(), now_ms, now_ms - window);
+Status Engine::Heartbeat(bool beating) {
+  const int64_t window =
+      beating ? std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(options_.node_live_window).count())
+              : 0;
+  return meta_->Heartbeat(options_.node, epoch_.load(), window);
 }
 
 void Engine::HeartbeatLoop() {
   SetThreadName("heartbeat");
   std::unique_lock lk(heartbeat_mu_);
-  while (!closing_) {
-    heartbeat_cv_.wait_for(lk, options_.heartbeat_interval, [&] { return closing_.load(); });
-    if (closing_) break;
+  while (!heartbeat_stop_) {
+    heartbeat_cv_.wait_for(lk, options_.heartbeat_interval, [&] { return heartbeat_stop_; });
+    if (heartbeat_stop_) break;
     lk.unlock();
-    if (Status st = Heartbeat(WallMillis()); !st.ok()) Log().warn("heartbeat: {}", st.ToString());
+    if (Status st = Heartbeat(true); !st.ok()) Log().warn("heartbeat: {}", st.ToString());
     lk.lock();
   }
 }
@@ -253,8 +266,10 @@ Status Engine::Recover() {
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window));
   epoch_ = now.epoch;
-  // No other node may be serving this metastore (its streams would have two sequencers).
-  WEIR_RETURN_IF_ERROR(Heartbeat(WallMillis()));
+  // No other node may be serving this metastore (its streams would have two
+  // sequencers). Renewed from here on: recovery may take longer than the window.
+  WEIR_RETURN_IF_ERROR(Heartbeat(true));
+  if (options_.heartbeat_interval > Duration::zero()) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   // The checkpoint as of the mint, not as read before it: a process of this
   // node still running may have settled (and deleted slots) in between, and
   // the fence must start at its chain's live part, or that process is never
@@ -344,7 +359,6 @@ Status Engine::Recover() {
   if (!swept.ok()) Log().warn("sweeping garbage: {}", swept.ToString());
   last_retention_ = Now();
   if (options_.settle_interval > Duration::zero()) settle_thread_ = std::thread([this] { SettleLoop(); });
-  if (options_.heartbeat_interval > Duration::zero()) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   return Status::Ok();
 }
 

@@ -84,8 +84,9 @@ struct EngineOptions {
   bool settle_on_close = true;  // false: leave acknowledged slots for the next start to replay
   // One node per metastore, until stream leases land: the engine stores a
   // heartbeat this often (Metastore::Heartbeat, from a thread of its own;
-  // 0 = only at start), refuses to start while another node's is younger
-  // than node_live_window, and clears its own on Close. It guards against
+  // 0 = only at start; by the metastore's clock), refuses to start while
+  // another node's is younger than node_live_window, and clears its own once
+  // Close has settled everything acknowledged. It guards against
   // two nodes configured on one metastore; it is not a lease (a node cut off
   // from the metastore goes on serving).
   Duration heartbeat_interval = std::chrono::seconds(5);
@@ -427,8 +428,8 @@ class Engine {
   // for the scan.
   void RequestEvict();
   void EvictLoop();
-  // Stores this node's heartbeat (now_ms, or 0 to clear it).
-  Status Heartbeat(int64_t now_ms);
+  // Stores this node's heartbeat (the metastore's clock), or clears it.
+  Status Heartbeat(bool beating);
   void HeartbeatLoop();
   // Wakes the settle loop before its interval (the log cache is filling up).
   void RequestSettle();
@@ -594,9 +595,10 @@ class Engine {
   bool evict_requested_ = false;
   bool evict_stop_ = false;   // set by Close once the WAL has drained
   std::thread evict_thread_;  // runs EvictLoop, from Open to Close
-  std::mutex heartbeat_mu_;   // with heartbeat_cv_: wakes HeartbeatLoop at Close
+  std::mutex heartbeat_mu_;   // with heartbeat_cv_: guards heartbeat_stop_
   std::condition_variable heartbeat_cv_;
-  std::thread heartbeat_thread_;  // runs HeartbeatLoop, from Open to Close
+  bool heartbeat_stop_ = false;   // set by Close once it has finished
+  std::thread heartbeat_thread_;  // runs HeartbeatLoop, from Recover's first heartbeat to Close's end
 };
 
 // The size S2 meters for a record, used by every limit on bytes: 8 + body +

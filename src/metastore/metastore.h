@@ -335,12 +335,14 @@ class Metastore {
   virtual Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) = 0;
 
   // Liveness, while a metastore serves one node at a time (stream leases are
-  // not built yet): one transaction that stores `now_ms` as `node`'s
-  // heartbeat (0 clears it: a clean stop). kPreconditionFailed, writing
-  // nothing, if `node` is not at `epoch` (superseded), or if another node's
-  // heartbeat is set and at or after `others_live_since_ms` (the message
-  // names it): that node is live, and this one must not serve.
-  virtual Status Heartbeat(std::string_view node, uint64_t epoch, int64_t now_ms, int64_t others_live_since_ms) = 0;
+  // not built yet): one transaction that stores the metastore's clock (the
+  // database server's, so nodes' clocks need not agree) as `node`'s
+  // heartbeat, or with live_window_ms <= 0 clears it (a clean stop).
+  // kPreconditionFailed, writing nothing, if `node` is not at `epoch`
+  // (superseded), or, unless clearing, if another node's heartbeat is set
+  // and at most live_window_ms old (the message names it): that node is
+  // live, and this one must not serve.
+  virtual Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) = 0;
 
   // Producer ids: unique, increasing, never reused across restarts.
   virtual Result<uint64_t> AllocateProducerId() = 0;

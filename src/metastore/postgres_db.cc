@@ -32,6 +32,8 @@ constexpr Oid kInt4Oid = 23;
 constexpr const char kTakeWriterLock[] =
     "SELECT pg_advisory_xact_lock(2003134834, hashtext(coalesce(current_schema(), '')))";
 
+constexpr const char kNowMs[] = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
 // Run on every new connection.
 constexpr const char* kSessionSettings[] = {
     "SET lock_timeout = '5s'",
@@ -186,6 +188,15 @@ class PostgresDb final : public SqlDb {
   std::vector<const char*> Upgrade(int from_version) const override {
     if (from_version < 6) return {"ALTER TABLE nodes ADD COLUMN IF NOT EXISTS heartbeat_ms BIGINT NOT NULL DEFAULT 0"};
     return {};
+  }
+  Result<int64_t> NowMs() override {
+    WEIR_ASSIGN_OR_RETURN(SqlStatement * st, Prepare(kNowMs));
+    auto row = st->Step("read the server's clock");
+    const int64_t ms = row.ok() && *row ? st->ColInt(0) : 0;
+    st->Reset();
+    if (!row.ok()) return row.status();
+    if (ms <= 0) return Internal("metastore {}: the server's clock read {}", describe_, ms);
+    return ms;
   }
   Status ExecForTest(const std::string& sql) override { return Exec(sql.c_str(), "test statement"); }
   std::string Describe() const override { return describe_; }

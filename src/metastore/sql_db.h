@@ -56,6 +56,9 @@ class SqlDb {
   // of an older version up to it (tables the first list creates aside).
   virtual std::vector<const char*> Schema() const = 0;
   virtual std::vector<const char*> Upgrade(int from_version) const = 0;
+  // The database's clock, in milliseconds since the Unix epoch: one clock
+  // for every node that shares the database.
+  virtual Result<int64_t> NowMs() = 0;
   // Tests only: runs one statement of the driver's own SQL.
   virtual Status ExecForTest(const std::string& sql) = 0;
   // The URI, without a password.

@@ -910,15 +910,17 @@ Result<NodeState> SqlMetastore::GetNode(std::string_view node) {
   });
 }
 
-Status SqlMetastore::Heartbeat(std::string_view node, uint64_t epoch, int64_t now_ms,
-                               int64_t others_live_since_ms) {
+Status SqlMetastore::Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("Heartbeat", [&]() -> Status {
     return InTransaction("heartbeat", [&]() -> Status {
       WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
-      if (now_ms != 0) {
+      int64_t now_ms = 0;  // 0: cleared
+      if (live_window_ms > 0) {
+        WEIR_ASSIGN_OR_RETURN(now_ms, db_->NowMs());
         WEIR_ASSIGN_OR_RETURN(Stmt live, Prepare(kLiveOtherNode));
-        WEIR_ASSIGN_OR_RETURN(const bool row, live.Text(1, node).Int(2, others_live_since_ms).Step("find live nodes"));
+        WEIR_ASSIGN_OR_RETURN(const bool row,
+                              live.Text(1, node).Int(2, now_ms - live_window_ms).Step("find live nodes"));
         if (row) {
           return PreconditionFailed(
               "node {} is live on this metastore (its last heartbeat was {} ms before this one's): a metastore is "

@@ -75,7 +75,7 @@ class SqlMetastore final : public Metastore {
 
   Result<NodeState> GetNode(std::string_view node) override;
   Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) override;
-  Status Heartbeat(std::string_view node, uint64_t epoch, int64_t now_ms, int64_t others_live_since_ms) override;
+  Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) override;
 
   Result<uint64_t> AllocateProducerId() override;
 

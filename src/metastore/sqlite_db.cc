@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 #include <exception>
 #include <filesystem>
 #include <new>
@@ -114,6 +115,12 @@ class SqliteDb final : public SqlDb {
     if (from_version < 5) out.insert(out.end(), std::begin(kAddBasinConfig), std::end(kAddBasinConfig));
     if (from_version < 6) out.push_back(kAddHeartbeat);
     return out;
+  }
+  // One file, so one machine: its clock.
+  Result<int64_t> NowMs() override {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
   }
   Status ExecForTest(const std::string& sql) override { return Exec(sql.c_str(), "test statement"); }
   std::string Describe() const override { return "sqlite://" + path_; }

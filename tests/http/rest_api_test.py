@@ -646,6 +646,12 @@ class BasinTest(ApiTestCase):
         self.assertError(c.post("/v1/streams/never/records", json={"records": [{"body": "x"}]}, headers=producer),
                          409, "out_of_order_sequence")
         self.assertError(c.get("/v1/streams/never"), 404, "stream_not_found")
+        # Where the basin creates nothing, a missing stream is 404 whatever the append asks.
+        for extra, headers in (({"match_seq_num": 5}, {}), ({"fencing_token": "abc"}, {}),
+                               ({}, producer_headers(pid, 0, 3))):
+            body = dict({"records": [{"body": "x"}]}, **extra)
+            self.assertError(self.c.post(f"/v1/streams/{unique('missing')}/records", json=body, headers=headers),
+                             404, "stream_not_found")
         strict = unique("bstrict")
         self.assertEqual(self.c.post("/v1/basins", json={"basin": strict, "config": {
             "create_stream_on_append": True,

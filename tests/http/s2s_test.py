@@ -435,6 +435,14 @@ class CreateOnAppendTest(unittest.TestCase):
             self.assertEqual(r.status_code, 422, r.text)
             r = requests.get(f"{base}/v1/streams/never", headers={"s2-basin": basin}, timeout=TIMEOUT)
             self.assertEqual(r.status_code, 404, r.text)
+        # One a new stream would refuse: a new stream's answer, and no stream.
+        for input_, answer in ((pb_append_input([pb_append_record(b"x")], match_seq_num=5), {"seq_num_mismatch": 0}),
+                               (pb_append_input([pb_append_record(b"x")], fencing_token=b"abc"),
+                                {"fencing_token_mismatch": ""})):
+            r = requests.post(f"{base}/v1/streams/never/records", data=frame(input_), headers=hdrs, timeout=TIMEOUT)
+            self.assertEqual((r.status_code, r.json()), (412, answer), r.text)
+            r = requests.get(f"{base}/v1/streams/never", headers={"s2-basin": basin}, timeout=TIMEOUT)
+            self.assertEqual(r.status_code, 404, r.text)
         good = frame(pb_append_input([pb_append_record(b"ok")]))
         r = requests.post(f"{base}/v1/streams/fresh/records", data=good, headers=hdrs, timeout=TIMEOUT)
         self.assertEqual(r.status_code, 200, r.text)
