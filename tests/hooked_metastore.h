@@ -45,6 +45,8 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status(Status)> map_create_answer;
   std::function<void()> before_commit_group_offsets;  // runs once, then is cleared
   std::function<void()> before_expire_group_offsets;  // runs once, then is cleared
+  std::function<Status()> fail_fetch_group_offsets;   // non-OK: FetchGroupOffsets answers it
+  std::function<Status()> fail_allocate_producer_id;  // non-OK: AllocateProducerId answers it
   std::atomic<int> delete_empty_stream_calls{0};
 
   using BasinInfo = metastore::BasinInfo;
@@ -161,7 +163,12 @@ class HookedMetastore final : public metastore::Metastore {
     if (auto hook = std::exchange(before_commit_group_offsets, nullptr)) hook();
     return m_->CommitGroupOffsets(g, o);
   }
-  Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view g) override { return m_->FetchGroupOffsets(g); }
+  Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view g) override {
+    if (fail_fetch_group_offsets) {
+      if (Status st = fail_fetch_group_offsets(); !st.ok()) return st;
+    }
+    return m_->FetchGroupOffsets(g);
+  }
   Status DeleteGroupOffsets(std::string_view g, std::string_view t) override { return m_->DeleteGroupOffsets(g, t); }
   Status DeletePartitionOffsets(std::string_view g, const std::vector<std::pair<std::string, int32_t>>& p) override {
     return m_->DeletePartitionOffsets(g, p);
@@ -181,7 +188,12 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->MintEpoch(n, e, w);
   }
   Status Heartbeat(std::string_view n, uint64_t e, int64_t window) override { return m_->Heartbeat(n, e, window); }
-  Result<uint64_t> AllocateProducerId() override { return m_->AllocateProducerId(); }
+  Result<uint64_t> AllocateProducerId() override {
+    if (fail_allocate_producer_id) {
+      if (Status st = fail_allocate_producer_id(); !st.ok()) return st;
+    }
+    return m_->AllocateProducerId();
+  }
   Result<uint64_t> LastStreamId() override { return m_->LastStreamId(); }
   Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,
                       const std::vector<SegmentInfo>& segs, const std::vector<StreamState>& states) override {

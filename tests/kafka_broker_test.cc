@@ -2622,6 +2622,45 @@ TEST_F(GroupTest, OffsetDeleteKeepsTheOffsetsOfSubscribedTopics) {
   EXPECT_EQ(del({"connectors", {{"events", {0}}}}).error_code, ErrorCode::kNonEmptyGroup);
 }
 
+// An id the metastore cannot allocate now: "loading" (14), which every client
+// retries in place. The Java producer takes 15 as "find the transaction
+// coordinator", which an idempotent producer cannot, and gives up. Admin
+// requests: REQUEST_TIMED_OUT, not UNKNOWN_SERVER_ERROR (not retried).
+TEST_F(BrokerTest, WithTheMetastoreAwayClientsAreAskedToRetry) {
+  StopAll();
+  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+  meta_ = hooked;
+  OpenEngine();
+  StartBroker(Options());
+  hooked->fail_allocate_producer_id = [] { return Unavailable("the metastore is away"); };
+  EXPECT_EQ(InitProducerId().error_code, ErrorCode::kCoordinatorLoadInProgress);
+  hooked->fail_allocate_producer_id = nullptr;
+  auto pid = InitProducerId();
+  EXPECT_EQ(pid.error_code, ErrorCode::kNone);
+  EXPECT_GE(pid.producer_id, 0);
+  hooked->fail_create = [] { return Unavailable("the metastore is away"); };
+  EXPECT_EQ(CreateTopic("later", 1).error_code, ErrorCode::kRequestTimedOut);
+  hooked->fail_create = nullptr;
+  EXPECT_EQ(CreateTopic("later", 1).error_code, ErrorCode::kNone);
+}
+
+// A metastore that cannot answer: OffsetFetch says "loading" (14), which every
+// client retries; Java consumers before 3.8.1 give up on 15 here.
+TEST_F(GroupTest, OffsetFetchWithTheMetastoreAwayAsksClientsToRetry) {
+  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+  RestartBroker(Options(), hooked);
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  hooked->fail_fetch_group_offsets = [] { return Unavailable("the metastore is away"); };
+  OffsetFetchRequest f;
+  f.group_id = kGroup;
+  f.topics = std::vector<OffsetFetchRequestTopic>{{"events", {0}}};
+  auto resp = Call(f, 5, DecodeOffsetFetchResponse);
+  EXPECT_EQ(resp.error_code, ErrorCode::kCoordinatorLoadInProgress);
+  EXPECT_EQ(resp.topics.at(0).partitions.at(0).error_code, ErrorCode::kCoordinatorLoadInProgress);
+  hooked->fail_fetch_group_offsets = nullptr;
+  EXPECT_EQ(Call(f, 5, DecodeOffsetFetchResponse).error_code, ErrorCode::kNone);
+}
+
 // A commit validated for a generation whose metastore write stalls while the
 // group moves on: the next generation's commit waits for it and lands after
 // it, so the offset is never moved back by the deposed member.

@@ -46,6 +46,14 @@ ErrorCode AppendError(const log::AppendOutcome& o) {
   }
 }
 
+// An admin request's answer to a failure of the engine or metastore: a
+// retryable one (kUnavailable, kTimeout, kResourceExhausted) as
+// REQUEST_TIMED_OUT, which clients retry; UNKNOWN_SERVER_ERROR, which they
+// do not, otherwise.
+ErrorCode AdminFailure(const Status& st) {
+  return IsRetryableCode(st.code()) ? ErrorCode::kRequestTimedOut : ErrorCode::kUnknownServerError;
+}
+
 // What Kafka's broker answers for a partition's records before it reads a
 // record (ProduceRequest.validateRecords, v3 and later): INVALID_RECORD when
 // there is no whole first batch or it is not magic 2 (not retried, unlike
@@ -889,9 +897,15 @@ void Broker::InitProducerId(const std::shared_ptr<Request>& req) {
     resp.error_code = ErrorCode::kTransactionalIdAuthorizationFailed;
   } else {
     auto id = engine_->AllocateProducerId();
-    if (!id.ok() || *id > static_cast<uint64_t>(INT64_MAX)) {
+    if (!id.ok()) {
+      // Every client retries "loading" in place; the Java producer takes
+      // COORDINATOR_NOT_AVAILABLE as "find the transaction coordinator",
+      // which an idempotent producer (no transactional id) cannot do.
       Log().warn("kafka: allocating a producer id: {}", id.status().ToString());
-      resp.error_code = ErrorCode::kCoordinatorNotAvailable;
+      resp.error_code = ErrorCode::kCoordinatorLoadInProgress;
+    } else if (*id > static_cast<uint64_t>(INT64_MAX)) {
+      Log().error("kafka: producer ids are exhausted (the allocator is at {})", *id);
+      resp.error_code = ErrorCode::kUnknownServerError;
     } else {
       resp.producer_id = static_cast<int64_t>(*id);
       resp.producer_epoch = 0;
@@ -1059,7 +1073,7 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
       if (st.code() == Code::kAlreadyExists) {
         fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
       } else if (!st.ok()) {
-        fail(ErrorCode::kUnknownServerError, st.ToString());
+        fail(AdminFailure(st), st.ToString());
       }
     } else if (r.error_code == ErrorCode::kNone && engine_->GetTable(options_.basin, t.name).ok()) {
       fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
@@ -1095,7 +1109,7 @@ void Broker::CreatePartitions(const std::shared_ptr<Request>& req) {
       if (table.status().code() == Code::kNotFound) {
         fail(ErrorCode::kUnknownTopicOrPartition, fmt::format("topic {} does not exist", t.name));
       } else {
-        fail(ErrorCode::kUnknownServerError, table.status().ToString());
+        fail(AdminFailure(table.status()), table.status().ToString());
       }
     } else if (t.count < 0 || static_cast<uint32_t>(t.count) < table->bucket_count) {
       fail(ErrorCode::kInvalidPartitions, fmt::format("topic {} has {} partitions, more than the {} asked for; "
@@ -1112,7 +1126,7 @@ void Broker::CreatePartitions(const std::shared_ptr<Request>& req) {
       if (!grown.ok()) {
         Log().warn("kafka: adding partitions to topic {}: {}", t.name, grown.status().ToString());
         fail(grown.status().code() == Code::kInvalidArgument ? ErrorCode::kInvalidPartitions
-                                                              : ErrorCode::kUnknownServerError,
+                                                              : AdminFailure(grown.status()),
              grown.status().message());
       } else {
         Log().info("kafka: topic {} now has {} partitions", t.name, t.count);
@@ -1142,7 +1156,7 @@ void Broker::DeleteRecords(const std::shared_ptr<Request>& req) {
       pr.partition_index = p.partition_index;
       pr.low_watermark = -1;
       if (!table.ok() && table.status().code() != Code::kNotFound) {
-        pr.error_code = ErrorCode::kUnknownServerError;
+        pr.error_code = AdminFailure(table.status());
       } else if (!table.ok() || p.partition_index < 0 ||
                  static_cast<uint32_t>(p.partition_index) >= table->bucket_count) {
         pr.error_code = ErrorCode::kUnknownTopicOrPartition;
@@ -1210,7 +1224,7 @@ AlterConfigsResponse Broker::AlterEachTopic(const std::vector<Resource>& resourc
         apply(res, *table, &out);
       } else {
         const bool missing = table.status().code() == Code::kNotFound;
-        out.error_code = missing ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kUnknownServerError;
+        out.error_code = missing ? ErrorCode::kUnknownTopicOrPartition : AdminFailure(table.status());
         out.error_message =
             missing ? fmt::format("topic {} does not exist", res.resource_name) : table.status().ToString();
       }
@@ -1262,7 +1276,7 @@ void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<Alt
   });
   if (!st.ok()) {
     Log().warn("kafka: altering the configs of topic {}: {}", topic, st.ToString());
-    out->error_code = ErrorCode::kUnknownServerError;
+    out->error_code = AdminFailure(st);
     out->error_message = st.message();
   } else {
     Log().info("kafka: topic {} configs now {}", topic, config.dump());
@@ -1362,7 +1376,7 @@ void Broker::DescribeConfigs(const std::shared_ptr<Request>& req) {
       auto table = engine_->GetTable(options_.basin, res.resource_name);
       if (!table.ok()) {
         const bool missing = table.status().code() == Code::kNotFound;
-        out.error_code = missing ? ErrorCode::kUnknownTopicOrPartition : ErrorCode::kUnknownServerError;
+        out.error_code = missing ? ErrorCode::kUnknownTopicOrPartition : AdminFailure(table.status());
         out.error_message = missing ? fmt::format("topic {} does not exist", res.resource_name)
                                     : table.status().ToString();
         resp.results.push_back(std::move(out));
@@ -1374,7 +1388,7 @@ void Broker::DescribeConfigs(const std::shared_ptr<Request>& req) {
       // created alike, and the REST API changes them one by one).
       auto stream = engine_->GetStream(options_.basin, metastore::BucketStreamName(res.resource_name, 0));
       if (!stream.ok()) {
-        out.error_code = ErrorCode::kUnknownServerError;
+        out.error_code = AdminFailure(stream.status());
         out.error_message = stream.status().ToString();
         resp.results.push_back(std::move(out));
         continue;
@@ -1464,7 +1478,7 @@ void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {
     } else if (!st.ok()) {
       Log().warn("kafka: deleting topic {}: {}", name, st.ToString());
       // Retryable (the metastore away, or this process superseded) as such.
-      r.error_code = IsRetryableCode(st.code()) ? ErrorCode::kRequestTimedOut : ErrorCode::kUnknownServerError;
+      r.error_code = AdminFailure(st);
     } else {
       metrics_.topics_deleted++;  // with its committed offsets (EngineOptions::group_offsets_basin)
     }

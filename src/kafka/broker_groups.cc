@@ -173,7 +173,9 @@ void Broker::OffsetFetch(const std::shared_ptr<Request>& req) {
   auto committed = meta_->FetchGroupOffsets(in.group_id);
   if (!committed.ok()) {
     Log().warn("kafka: fetching offsets of group {}: {}", in.group_id, committed.status().ToString());
-    return fail(ErrorCode::kCoordinatorNotAvailable);
+    // As Kafka while it loads a group's offsets: Java consumers before 3.8.1
+    // treat COORDINATOR_NOT_AVAILABLE here as fatal; every client retries this.
+    return fail(ErrorCode::kCoordinatorLoadInProgress);
   }
   std::map<std::pair<std::string, int32_t>, const metastore::GroupOffset*> by_key;
   for (const auto& o : *committed) by_key[{o.topic, o.partition}] = &o;
