@@ -2042,6 +2042,18 @@ TEST_F(BrokerTest, IncrementalAlterConfigsChangesOnlyWhatItNames) {
   EXPECT_EQ(values["message.timestamp.type"], "LogAppendTime");
   EXPECT_EQ(engine_->GetStream(kKafkaBasin, "inc/0")->info.config.retention_age_s,
             metastore::StreamConfig{}.retention_age_s);
+  // What the partitions' streams were changed to otherwise (the REST API)
+  // stays, unless the request names it.
+  auto forever = engine_->GetStream(kKafkaBasin, "inc/0")->info.config;
+  forever.retention_age_s = 0;
+  forever.timestamping = metastore::TimestampingMode::kClientRequire;
+  ASSERT_OK(engine_->ReconfigureStream(kKafkaBasin, "inc/0", forever));
+  resp = alter({{{kConfigResourceTopic, "inc", {{"max.message.bytes", kConfigOpSet, "500000"}}}}});
+  ASSERT_EQ(resp.responses.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(engine_->GetStream(kKafkaBasin, "inc/0")->info.config, forever);
+  resp = alter({{{kConfigResourceTopic, "inc", {{"max.message.bytes", kConfigOpDelete, std::nullopt}}}}});
+  ASSERT_EQ(resp.responses.at(0).error_code, ErrorCode::kNone);
+  values = described();
   // Refused, changing nothing: compact, APPEND to a non-list config, an
   // unknown operation, a name given twice, a broker, a missing topic.
   for (const IncrementalAlterConfigsResource& res : std::vector<IncrementalAlterConfigsResource>{

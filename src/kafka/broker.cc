@@ -1250,14 +1250,14 @@ bool Broker::CheckConfigResource(int8_t resource_type, int times_named, AlterCon
 }
 
 void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<AlterConfigsEntry>& set,
-                                 bool validate_only, AlterConfigsResult* out) {
+                                 bool validate_only, AlterConfigsResult* out, const std::set<std::string>* named) {
   metastore::StreamConfig cfg;  // as CreateTopics starts from
   cfg.timestamping = metastore::TimestampingMode::kClientPrefer;
   cfg.uncapped_timestamps = true;
   nlohmann::json config = nlohmann::json::object();
-  std::set<std::string> named;
+  std::set<std::string> seen;
   for (const auto& c : set) {
-    Status st = !named.insert(c.name).second ? InvalidArgument("config {} is named more than once", c.name)
+    Status st = !seen.insert(c.name).second ? InvalidArgument("config {} is named more than once", c.name)
                                              : ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes);
     if (!st.ok()) {
       out->error_code = ErrorCode::kInvalidConfig;
@@ -1269,9 +1269,12 @@ void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<Alt
   if (validate_only) return;
   Status st = engine_->ReconfigureTable(options_.basin, topic, config.dump(), [&](const metastore::StreamConfig& old) {
     metastore::StreamConfig next = old;
-    next.retention_age_s = cfg.retention_age_s;
-    next.timestamping = cfg.timestamping;
-    next.uncapped_timestamps = cfg.uncapped_timestamps;
+    auto changes = [&](const char* name) { return named == nullptr || named->count(name) != 0; };
+    if (changes("retention.ms")) next.retention_age_s = cfg.retention_age_s;
+    if (changes("message.timestamp.type")) {
+      next.timestamping = cfg.timestamping;
+      next.uncapped_timestamps = cfg.uncapped_timestamps;
+    }
     return next;
   });
   if (!st.ok()) {
@@ -1336,7 +1339,7 @@ void Broker::IncrementalAlterConfigs(const std::shared_ptr<Request>& req) {
     }
     std::vector<AlterConfigsEntry> set;
     for (auto& [name, value] : current) set.push_back(AlterConfigsEntry{name, value});
-    ReplaceTopicConfigs(res.resource_name, set, in.validate_only, out);
+    ReplaceTopicConfigs(res.resource_name, set, in.validate_only, out, &named);
   });
   Send(req, resp, EncodeAlterConfigsResponse);
 }

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -146,8 +147,11 @@ class Broker : public FrameHandler {
   template <typename Resource, typename Apply>
   AlterConfigsResponse AlterEachTopic(const std::vector<Resource>& resources, Apply&& apply);
   static bool CheckConfigResource(int8_t resource_type, int times_named, AlterConfigsResult* out);
+  // With `named` (IncrementalAlterConfigs: the configs the request changes),
+  // the partitions' stream configs change only in those (they may have been
+  // changed otherwise, through the REST API); without (AlterConfigs), in all.
   void ReplaceTopicConfigs(const std::string& topic, const std::vector<AlterConfigsEntry>& set, bool validate_only,
-                           AlterConfigsResult* out);
+                           AlterConfigsResult* out, const std::set<std::string>* named = nullptr);
 
   // The partition count of a topic, creating it with `partitions` if it is
   // missing and partitions > 0. kNotFound if missing (and not created).
