@@ -46,6 +46,7 @@ def main():
         with_password = base_uri.replace("postgres://weir@", "postgres://weir:not-to-be-logged@")
         assert with_password != base_uri, base_uri
         args += ["--metastore", f"{with_password}?options=-csearch_path%3D{schema}"]
+        proc_env["WEIR_LOG_LEVEL"] = "info"  # the line naming the metastore (scripts/test.sh sets warn)
     server = WeirServer(binary, args=args, env=proc_env)
     server.start()
     try:
