@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "base/bytes.h"
+
 namespace weir::metastore {
 
 namespace {
@@ -141,13 +143,6 @@ std::string WithoutPassword(std::string message, std::string_view uri) {
   return message;
 }
 
-int64_t BigEndian(const char* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  if (n < 8 && n > 0 && (static_cast<unsigned char>(p[0]) & 0x80) != 0) v |= ~uint64_t{0} << (8 * n);  // sign
-  return static_cast<int64_t>(v);
-}
-
 }  // namespace
 
 // The driver. Ownership: its SqlMetastore. Threads: one at a time (the
@@ -242,8 +237,8 @@ class PostgresDb::Statement final : public SqlStatement {
     Param& p = At(i);
     p.type = kInt8Oid;
     p.null = false;
-    p.value.resize(8);
-    for (int b = 0; b < 8; ++b) p.value[b] = static_cast<char>(static_cast<uint64_t>(v) >> (56 - 8 * b));
+    p.value.clear();
+    PutBE64(&p.value, static_cast<uint64_t>(v));
   }
   void BindText(int i, std::string_view v) override { BindBlob(i, v); }
   void BindBlob(int i, std::string_view v) override {
@@ -295,11 +290,13 @@ class PostgresDb::Statement final : public SqlStatement {
     if (ColNull(c)) return 0;
     const char* p = PQgetvalue(res_, row_, c);
     const int n = PQgetlength(res_, row_, c);
-    switch (PQftype(res_, c)) {
+    switch (PQftype(res_, c)) {  // two's complement, big-endian
       case kInt8Oid:
+        return n == 8 ? static_cast<int64_t>(LoadBE64(p)) : 0;
       case kInt4Oid:
+        return n == 4 ? static_cast<int32_t>(LoadBE32(p)) : 0;
       case kInt2Oid:
-        return n >= 1 && n <= 8 ? BigEndian(p, n) : 0;
+        return n == 2 ? static_cast<int16_t>(LoadBE16(p)) : 0;
       case kBoolOid:
         return n == 1 && p[0] != 0 ? 1 : 0;
       default:

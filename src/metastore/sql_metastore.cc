@@ -147,10 +147,11 @@ constexpr const char kGetState[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_st
 constexpr const char kListStates[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states ORDER BY stream_id";
 #undef WEIR_STATE_COLUMNS
 constexpr const char kUpdateState[] =
-    "UPDATE stream_states SET settled_offset = ?2, trim_point = CASE WHEN trim_point > ?3 THEN trim_point ELSE ?3 END, fencing_token = ?4, "
-    "last_timestamp_ms = ?5, producer_state = ?6 WHERE stream_id = ?1";
+    "UPDATE stream_states SET settled_offset = ?2, trim_point = CASE WHEN trim_point > ?3 THEN trim_point ELSE ?3 END, "
+    "fencing_token = ?4, last_timestamp_ms = ?5, producer_state = ?6 WHERE stream_id = ?1";
 constexpr const char kRaiseTrimPoint[] =
-    "UPDATE stream_states SET trim_point = CASE WHEN trim_point > ?2 THEN trim_point ELSE ?2 END WHERE stream_id = ?1";
+    "UPDATE stream_states SET trim_point = CASE WHEN trim_point > ?2 THEN trim_point ELSE ?2 END "
+    "WHERE stream_id = ?1";
 constexpr const char kDeleteState[] = "DELETE FROM stream_states WHERE stream_id = ?1";
 
 constexpr const char kGetNode[] = "SELECT epoch, \"window\", ckpt_epoch, ckpt_seq FROM nodes WHERE node = ?1";

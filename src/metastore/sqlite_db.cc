@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 
 #include <cerrno>
-#include <chrono>
 #include <exception>
 #include <filesystem>
 #include <new>
@@ -16,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "base/clock.h"
 #include "base/fs.h"
 
 namespace weir::metastore {
@@ -117,11 +117,7 @@ class SqliteDb final : public SqlDb {
     return out;
   }
   // One file, so one machine: its clock.
-  Result<int64_t> NowMs() override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
+  Result<int64_t> NowMs() override { return WallMillis(); }
   Status ExecForTest(const std::string& sql) override { return Exec(sql.c_str(), "test statement"); }
   std::string Describe() const override { return "sqlite://" + path_; }
 
