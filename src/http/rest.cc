@@ -1655,6 +1655,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
 
   ~ReadSession() {
     if (counted_) api_->metrics_.read_sessions--;
+    if (polling_) api_->metrics_.long_polls--;
   }
 
  private:
@@ -1843,6 +1844,10 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
 
   void Answer(const log::ReadResult& r, bool caught_up) {
     api_->metrics_.reads++;
+    if (polling_) {
+      polling_ = false;
+      api_->metrics_.long_polls--;
+    }
     if (p_.proto) {
       std::optional<StreamPosition> tail;
       if (caught_up) tail = TailPosition(r);
@@ -1860,6 +1865,10 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   // Waits for the tail to pass `tail`, the next timer tick, or the deadline.
   void Wait(uint64_t tail) {
     auto self = shared_from_this();
+    if (!sse_ && !polling_) {
+      polling_ = true;
+      api_->metrics_.long_polls++;
+    }
     uint64_t gen;
     {
       std::lock_guard lk(mu_);
@@ -1981,6 +1990,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   bool started_ = false;  // session headers sent (steps run one at a time)
   std::optional<uint64_t> stream_id_;  // the stream the first read found (Engine::Read pins it)
   bool counted_ = false;  // in metrics_.read_sessions
+  bool polling_ = false;  // in metrics_.long_polls (steps run one at a time)
   TimePoint start_ = Now();
   TimePoint last_record_;
   TimePoint last_ping_ = Now();
@@ -2087,6 +2097,8 @@ void RestApi::Metrics(const Ctx& c) {
   PromCounter(&out, "weir_read_records_total", "Records returned by reads", m.read_records.load());
   PromCounter(&out, "weir_read_bytes_total", "Metered bytes returned by reads", m.read_bytes.load());
   PromGauge(&out, "weir_read_sessions", "Open read sessions (SSE and S2S)", static_cast<double>(m.read_sessions.load()));
+  PromGauge(&out, "weir_long_polls", "Unary reads waiting at the tail (long polls)",
+            static_cast<double>(m.long_polls.load()));
   PromGauge(&out, "weir_append_sessions", "Open S2S append sessions", static_cast<double>(m.append_sessions.load()));
   PromHistogramSeconds(&out, "weir_append_ack_seconds", "HTTP append latency, request to acknowledgement",
                        m.append_latency_ns);

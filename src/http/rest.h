@@ -41,6 +41,7 @@ struct RestMetrics {
   std::atomic<uint64_t> backpressure{0};  // 429s
   std::atomic<uint64_t> reads{0}, read_records{0}, read_bytes{0};
   std::atomic<int64_t> read_sessions{0};    // SSE and S2S
+  std::atomic<int64_t> long_polls{0};       // unary reads that have waited at the tail, until answered
   std::atomic<int64_t> append_sessions{0};  // S2S
   Histogram append_latency_ns;  // request parsed to ack sent
 };

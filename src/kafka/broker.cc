@@ -646,7 +646,9 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
     {
       std::lock_guard flk(fetches_mu_);
       stopped = fetches_stopped_;
-      if (!stopped) waiting_fetches_[state.get()] = {req, state};
+      if (!stopped && waiting_fetches_.insert_or_assign(state.get(), std::pair{req, state}).second) {
+        metrics_.fetches_waiting++;
+      }
     }
     if (wait_for_room && (state->expired || stopped)) {
       // No more waiting: the final pass answers (errors and watermarks too).
@@ -716,7 +718,7 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
   }
   {
     std::lock_guard flk(fetches_mu_);
-    waiting_fetches_.erase(state.get());
+    metrics_.fetches_waiting -= static_cast<int64_t>(waiting_fetches_.erase(state.get()));
   }
   metrics_.fetch_bytes += total;
   Send(req, resp, EncodeFetchResponse);

@@ -75,6 +75,7 @@ struct BrokerMetrics {
   std::atomic<uint64_t> offset_expiry_checks{0};   // runs of the offsets retention check
   std::atomic<uint64_t> groups_deleted{0};         // by DeleteGroups
   std::atomic<uint64_t> fetches_without_room{0};   // fetch passes that found the response budget full
+  std::atomic<int64_t> fetches_waiting{0};         // long polls: fetches in waiting_fetches_
 };
 
 class Broker : public FrameHandler {

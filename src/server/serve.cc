@@ -270,6 +270,8 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
   http::PromGauge(out, "weir_kafka_response_bytes_unwritten",
                   "Bytes of Kafka responses answered and not yet written (all connections)",
                   static_cast<double>(k.metrics().unwritten_bytes.load()));
+  http::PromGauge(out, "weir_kafka_fetches_waiting", "Kafka fetches waiting for data (long polls)",
+                  m.fetches_waiting.load());
   http::PromCounter(out, "weir_kafka_fetches_without_room_total",
                     "Kafka fetch passes that read nothing: unwritten responses filled their budget",
                     m.fetches_without_room.load());

@@ -107,6 +107,12 @@ class WeirServer:
         self.stop()
         return self.start()
 
+    def crash_restart(self):
+        """SIGKILL (no drain: what was acknowledged must already be durable),
+        then start again on the same data dir."""
+        self.kill()
+        return self.start()
+
     def kill(self):
         if self.proc is not None:
             if self.proc.poll() is None:

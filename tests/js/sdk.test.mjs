@@ -3,7 +3,9 @@
 // over S2S (HTTP/2), the SDK's default for sessions in Node.
 // Run: WEIR_BIN=/path/to/weir node --test sdk.test.mjs  (or ./run.sh WEIR)
 // The tests in the first suite share one server and build on each other;
-// halfway, the server restarts on the same data dir and everything is read back.
+// halfway, the server is killed (SIGKILL, no drain) and started again on the
+// same data dir, and everything is read back; the S2S suite restarts it with
+// SIGTERM and reads everything back too.
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -40,6 +42,27 @@ function client(server, accessToken = "ignored-when-auth-is-off") {
 const text = (s) => new TextEncoder().encode(s);
 const bodies = (records) => records.map((r) => r.body);
 const seqs = (records) => records.map((r) => r.seqNum);
+// What the append-session test writes to js-append-session, in order.
+const SESSION_BODIES = [...Array(40).keys()].flatMap((i) => [`batch-${i}-a`, `batch-${i}-b`]);
+// What the S2S append test writes to s2s-append, in order.
+const S2S_BODIES = [...Array(100).keys()].flatMap((i) => [`s2s-${i}-a`, `s2s-${i}-b`]);
+
+// How many reads and read sessions the server has begun (a counter).
+async function readsBegun(server) {
+  const metrics = await (await fetch(`${server.url}/metrics`)).text();
+  return Number(/^weir_reads_total (\d+)$/m.exec(metrics)?.[1] ?? NaN);
+}
+
+// Waits until the server has begun read number n, then a little longer for
+// the session to reach the tail, so that an append after it comes live.
+async function untilReadBegun(server, n) {
+  const deadline = Date.now() + 60_000;
+  while ((await readsBegun(server)) < n) {
+    if (Date.now() > deadline) throw new Error(`fewer than ${n} reads begun after 60 s`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  await new Promise((r) => setTimeout(r, 200));
+}
 
 async function collect(session, n) {
   const out = [];
@@ -164,9 +187,10 @@ describe("S2 SDK against weir", () => {
     assert.deepEqual(all[2].body, new Uint8Array([0, 1, 2, 255]));
 
     // A session at the tail, then an append: the session delivers it.
+    const readsBefore = await readsBegun(server);
     const live = await stream.readSession({ start: { from: { seqNum: 4 } } });
     const next = collect(live, 1);
-    await new Promise((r) => setTimeout(r, 500));
+    await untilReadBegun(server, readsBefore + 1); // the record then comes live
     await stream.append(AppendInput.create([AppendRecord.string({ body: "live" })]));
     const got = await next;
     assert.deepEqual(seqs(got), [4]);
@@ -266,8 +290,7 @@ describe("S2 SDK against weir", () => {
       await session.close();
     }
     const back = await target.read({ start: { from: { seqNum: 0 } } });
-    assert.equal(back.records.length, 80);
-    assert.deepEqual(bodies(back.records).slice(0, 3), ["batch-0-a", "batch-0-b", "batch-1-a"]);
+    assert.deepEqual(bodies(back.records), SESSION_BODIES);
     await target.close();
   });
 
@@ -300,13 +323,13 @@ describe("S2 SDK against weir", () => {
     assert.deepEqual(names, ["made-on-append", "made-on-read"]);
   });
 
-  it("restarts the server mid-suite (SIGTERM, same data dir)", T, async () => {
+  it("kills the server mid-suite (SIGKILL, same data dir) and starts it again", T, async () => {
     const bytes = await stream.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
     const tail = (await stream.checkTail()).tail;
     snapshot = { bytes, tail };
     assert.equal(tail.seqNum, 8);
     await stream.close();
-    await server.stop();
+    await server.crash(); // no drain: what was acknowledged must already be durable
     await server.start(); // a new port: new clients
     open();
   });
@@ -333,6 +356,14 @@ describe("S2 SDK against weir", () => {
     const trimmed = await s2.basin("weir-default").stream("js-trimmed", { forceTransport: "fetch" })
       .read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
     assert.deepEqual(seqs(trimmed.records), [2, 3]);
+
+    const piped = await s2.basin(BASIN).stream("js-append-session", { forceTransport: "fetch" })
+      .read({ start: { from: { seqNum: 0 } } });
+    assert.deepEqual(seqs(piped.records), [...Array(80).keys()]);
+    assert.deepEqual(bodies(piped.records), SESSION_BODIES);
+    const made = await s2.basin(AUTO_BASIN).stream("made-on-append", { forceTransport: "fetch" })
+      .read({ start: { from: { seqNum: 0 } } });
+    assert.deepEqual(bodies(made.records), ["first"]);
   });
 
   it("still enforces the fencing token and match_seq_num after the restart", T, async () => {
@@ -431,9 +462,11 @@ describe("S2 SDK sessions over S2S (HTTP/2, the default transport)", () => {
   it("follows the tail in a read session", T, async () => {
     await basin().streams.create({ stream: "s2s-live" });
     const target = basin().stream("s2s-live");
+    const readsBefore = await readsBegun(server);
     const live = await target.readSession({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
     const next = collect(live, 2);
-    await new Promise((r) => setTimeout(r, 500));
+    // Append only once the session is open, so the records come live.
+    await untilReadBegun(server, readsBefore + 1);
     await target.append(AppendInput.create([
       AppendRecord.bytes({ body: new Uint8Array([0, 1, 255]) }),
       AppendRecord.string({ body: "two" }),
@@ -507,7 +540,12 @@ describe("S2 SDK sessions over S2S (HTTP/2, the default transport)", () => {
       start: { from: { seqNum: 0 } }, stop: { limits: { count: 200 } },
     }), 200);
     assert.deepEqual(seqs(all), [...Array(200).keys()]);
-    assert.equal(all[0].body, "s2s-0-a");
+    assert.deepEqual(bodies(all), S2S_BODIES);
+    assert.deepEqual(all[4].headers, [["k", "2"]]);
+    const gz = await collect(await s2.basin("weir-default").stream("s2s-gzip").readSession({
+      start: { from: { seqNum: 0 } }, stop: { limits: { count: 5 } },
+    }), 5);
+    assert.deepEqual(bodies(gz), [0, 1, 2, 3, 4].map((i) => `${i}:${"g".repeat(4000)}`));
     const session = await target.appendSession();
     const ack = await (await session.submit(AppendInput.create([AppendRecord.string({ body: "after" })]))).ack();
     assert.equal(ack.start.seqNum, 200);

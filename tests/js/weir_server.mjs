@@ -2,8 +2,8 @@
 // when the server logs `listening on http://HOST:PORT` (the same line names
 // `kafka://HOST:PORT`: kafkaAddr, "host:port", or null when the listener is
 // off); the Kafka listener takes a free port unless args name --kafka-addr.
-// stop() sends SIGTERM and expects exit status 0; start() again reuses the
-// same data dir.
+// stop() sends SIGTERM and expects exit status 0; crash() sends SIGKILL;
+// start() again reuses the same data dir.
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -90,6 +90,16 @@ export class WeirServer {
     if (result.code !== 0) {
       throw new Error(`weir serve exited with ${result.code ?? result.signal} after SIGTERM\n${this.logTail()}`);
     }
+  }
+
+  // SIGKILL and wait for the exit: no drain, so what was acknowledged must
+  // already be durable when start() runs again.
+  async crash() {
+    const proc = this.proc;
+    if (!proc) return;
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGKILL");
+    await this.exit;
+    this.proc = null;
   }
 
   kill() {

@@ -343,5 +343,5 @@ class AdvertisedAddr(ks.TestCase):
 if __name__ == "__main__":
     if not os.access(KCAT, os.X_OK):
         print(f"SKIP: {KCAT} not found (apt-get install kcat)")
-        sys.exit(77)  # CTest's SKIP_RETURN_CODE: shown as skipped, not passed
+        sys.exit(ks.missing_client_exit_code())  # CTest's SKIP_RETURN_CODE: shown as skipped, not passed
     ks.main("kcat_test.py WEIR_BINARY [unittest args] (or set WEIR_BIN)")

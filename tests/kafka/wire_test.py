@@ -9,6 +9,7 @@ each test checks that bad input changed nothing and the server still serves.
 No test asserts an upper bound on time; every wait is bounded.
 """
 import os
+import re
 import socket
 import struct
 import sys
@@ -291,6 +292,14 @@ def health():
 
 # --------------------------------------------------------------------------
 
+def fetches_waiting():
+    """The server's count of Kafka fetches waiting for data (long polls)."""
+    with urllib.request.urlopen(SERVER.url("/metrics"), timeout=WAIT) as r:
+        m = re.search(rb"(?m)^weir_kafka_fetches_waiting (\S+)$", r.read())
+    assert m, "no weir_kafka_fetches_waiting in /metrics"
+    return float(m.group(1))
+
+
 class WireTest(unittest.TestCase):
     """Each test keeps the topic's expected high watermark in `expected`;
     tearDown checks that the server is up and nothing else landed."""
@@ -373,7 +382,14 @@ class WireTest(unittest.TestCase):
             # The client gives up (20 s) before the fetch's wait ends (30 s):
             # only a wake-up by the produce can answer in time.
             waiting.settimeout(20)
+            before = fetches_waiting()
             waiting.sendall(frame(fetch(300, TOPIC, offset, max_wait_ms=30000, min_bytes=1)))
+            # Produce only once the fetch waits: one handled after the
+            # produce would answer at once, woken or not.
+            deadline = time.monotonic() + WAIT
+            while fetches_waiting() <= before:
+                self.assertLess(time.monotonic(), deadline, "the fetch never waited")
+                time.sleep(0.02)
             producer.sendall(frame(produce(301, TOPIC, record_batch([b"wake up"]), acks=-1)))
             self.assertEqual(decode_produce(read_response(producer, 301)[1]), (0, offset))
             WireTest.expected += 1
