@@ -154,6 +154,8 @@ std::string KindName(Answer::Kind k) {
 // for small responses, and (at most) for large ones.
 std::atomic<size_t> g_response_room{SIZE_MAX};
 std::atomic<size_t> g_large_response_room{SIZE_MAX};
+// What FakeReply::closed answers: whether the client has left.
+std::atomic<bool> g_client_left{false};
 
 class FakeReply : public Reply {
  public:
@@ -178,7 +180,7 @@ class FakeReply : public Reply {
   void PostOneAtATime(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   const std::string& peer() const override { return peer_; }
-  bool closed() const override { return false; }
+  bool closed() const override { return g_client_left.load(); }
   size_t ResponseRoom(bool small) const override {
     return small ? g_response_room.load() : std::min(g_response_room.load(), g_large_response_room.load());
   }
@@ -322,6 +324,7 @@ class BrokerTest : public ::testing::Test {
   void SetUp() override {
     g_response_room = SIZE_MAX;
     g_large_response_room = SIZE_MAX;
+    g_client_left = false;
     store_ = objstore::NewMemStore();
     auto meta = metastore::OpenMetastore("sqlite://:memory:");
     ASSERT_TRUE(meta.ok()) << meta.status().ToString();
@@ -1545,6 +1548,25 @@ TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesWatchesItOnce) {
   ASSERT_EQ(resp.responses.size(), 1u);
   EXPECT_FALSE(Batches(resp.responses[0].partitions.at(0)).empty());
   EXPECT_EQ(engine_->TailWatchCount(kKafkaBasin, "dup/0"), 0u);
+}
+
+TEST_F(BrokerTest, AWaitingFetchWhoseClientLeftStopsAtItsNextWake) {
+  // min_bytes past what one append brings: woken, the fetch would read and
+  // wait again, for as long as max_wait_ms, for a client that is gone.
+  ASSERT_EQ(CreateTopic("gone", 2).error_code, ErrorCode::kNone);
+  exec_->set_timers_frozen(true);  // only the wake-up can answer
+  Pending waiting = Start(FetchReq("gone", {{0, 0}, {1, 0}}, /*max_wait_ms=*/20000, /*min_bytes=*/1 << 20), 11);
+  ASSERT_TRUE(weir::testing::WaitUntil([&] {
+    return engine_->TailWatchCount(kKafkaBasin, "gone/0") == 1 && engine_->TailWatchCount(kKafkaBasin, "gone/1") == 1;
+  }));
+  EXPECT_EQ(broker_->metrics().fetches_waiting.load(), 1);
+  g_client_left = true;
+  ASSERT_EQ(Produce("gone", 0, Batch({"wakes"})).error_code, ErrorCode::kNone);
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  EXPECT_TRUE(resp.responses.empty());  // nothing read for it
+  EXPECT_EQ(engine_->TailWatchCount(kKafkaBasin, "gone/0"), 0u);
+  EXPECT_EQ(engine_->TailWatchCount(kKafkaBasin, "gone/1"), 0u);
+  EXPECT_EQ(broker_->metrics().fetches_waiting.load(), 0);
 }
 
 TEST_F(BrokerTest, BigProducesAreCheckedOffTheIoThread) {

@@ -18,8 +18,10 @@ namespace weir {
 // At most one drain runs at a time. Busy is true from a Push until that
 // function has returned. Functions must not throw. Holds no reference to any
 // pool, so it may outlive one; Drop forgets what never ran, which may hold
-// the owner itself: once the pool was joined, or while the drain is parked
-// (RunSomeUnless answered kPaused and none was started since).
+// the owner itself, and ends the drain (the next Push starts one): call it
+// once the pool was joined, while the drain is parked (RunSomeUnless
+// answered kPaused and none was started since), or from the drain itself in
+// place of parking.
 class OrderedQueue {
  public:
   bool Push(std::function<void()> fn) {
@@ -71,6 +73,7 @@ class OrderedQueue {
     std::lock_guard lk(mu_);
     pending_ -= static_cast<uint32_t>(queue_.size());
     dropped.swap(queue_);
+    running_ = false;
   }
 
  private:

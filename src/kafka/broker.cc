@@ -524,6 +524,19 @@ void Broker::Fetch(const std::shared_ptr<Request>& req) {
 void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final) {
   auto& in = req->body<FetchRequest>();
   FetchResponse resp;
+  if (req->reply->closed()) {
+    // The client left: no more reads or waits (an append woke it, or its
+    // timer fired). The empty answer goes nowhere; it ends the exchange.
+    {
+      std::lock_guard lk(state->mu);
+      state->answered = true;
+    }
+    {
+      std::lock_guard flk(fetches_mu_);
+      metrics_.fetches_waiting -= static_cast<int64_t>(waiting_fetches_.erase(state.get()));
+    }
+    return Send(req, resp, EncodeFetchResponse);
+  }
   std::vector<std::shared_ptr<const std::string>> hold;  // keeps the views in resp alive
   size_t budget = std::min<size_t>(static_cast<size_t>(std::max(in.max_bytes, 1)), options_.max_fetch_bytes);
   // Responses waiting for slow readers share one budget (the server's

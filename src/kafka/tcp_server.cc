@@ -137,11 +137,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   // A turn of the ordered work on the pool; posted again while more waits,
   // parked while the client has not read its responses (OrderedMustWait).
+  // Once the connection is closed, what waits is dropped, not run: Kafka
+  // reads a connection's next request only after answering the last, so
+  // nothing a client pipelined before it left takes effect after (its
+  // retries on a new connection would append twice). The drain owns the
+  // queue here, so it drops it; CloseNow drops a parked one.
   void DrainOrdered() {
     net::post(*srv_->workers, [self = shared_from_this()] {
-      switch (self->ordered_.RunSomeUnless([&] { return self->OrderedMustWait(); })) {
+      switch (self->ordered_.RunSomeUnless([&] { return self->closed_.load() || self->OrderedMustWait(); })) {
         case OrderedQueue::Turn::kMore: return self->DrainOrdered();
-        case OrderedQueue::Turn::kPaused: return self->ParkOrdered();
+        case OrderedQueue::Turn::kPaused:
+          if (self->closed_.load()) return self->ordered_.Drop();
+          return self->ParkOrdered();
         case OrderedQueue::Turn::kDone: return;
       }
     });
