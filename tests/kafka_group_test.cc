@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "base/utf8.h"
+
 namespace weir::kafka {
 namespace {
 
@@ -1019,6 +1021,18 @@ TEST_F(GroupTest, LongIdsAreCutOrRefused) {
   long_type.protocol_type = std::string(256, 't');
   EXPECT_EQ(Join(long_type, 0)->error_code, kErrInvalidRequest);
   EXPECT_FALSE(c_->DescribeGroup("other").has_value());
+}
+
+TEST_F(GroupTest, AClientIdThatIsNotUtf8MakesAUtf8MemberId) {
+  // The header's client id is not checked; the member id is a string the
+  // client sends back, which the decoders check (IsValidUtf8).
+  JoinGroupInput in = In("", "m", 4);
+  in.client_id = "caf\xe9\x01ok";
+  auto pending = Join(in, 0);
+  ASSERT_EQ(pending->error_code, kErrMemberIdRequired);
+  EXPECT_EQ(pending->member_id.substr(0, 7), "caf__ok");
+  EXPECT_TRUE(IsValidUtf8(pending->member_id)) << pending->member_id;
+  EXPECT_EQ(Join(pending->member_id, 0)->error_code, kErrNone);
 }
 
 TEST_F(GroupTest, GroupLimitForgetsEmptyGroupsFirst) {

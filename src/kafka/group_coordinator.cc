@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "base/utf8.h"
+
 namespace weir::kafka {
 namespace {
 
@@ -298,8 +300,17 @@ GroupCoordinator::GroupMap::iterator GroupCoordinator::EraseGroup(GroupMap::iter
 }
 
 // "<prefix>-<uuid>", as Kafka forms member ids (prefix: client id, or the
-// instance id of a static member).
+// instance id of a static member). The request header's client id is not
+// checked as UTF-8, but member ids are strings the client sends back: a
+// prefix that is not UTF-8 keeps its printable ASCII and gets '_' for the
+// other bytes, or every later request of the member would be refused.
 std::string GroupCoordinator::NewMemberId(std::string_view prefix) {
+  std::string ascii;
+  if (!IsValidUtf8(prefix)) {
+    ascii.reserve(std::min(prefix.size(), kMaxMemberIdPrefix));
+    for (char c : prefix.substr(0, kMaxMemberIdPrefix)) ascii.push_back(c >= 0x20 && c < 0x7f ? c : '_');
+    prefix = ascii;
+  }
   if (prefix.size() > kMaxMemberIdPrefix) {
     size_t cut = kMaxMemberIdPrefix;
     while (cut > 0 && (static_cast<unsigned char>(prefix[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 character
