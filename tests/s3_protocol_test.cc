@@ -176,7 +176,8 @@ TEST(S3Protocol, ErrorsMapToStatus) {
   EXPECT_NE(moved.message().find("region="), std::string::npos) << moved.message();
 
   for (auto [status, code] : std::vector<std::pair<long, std::string>>{
-           {500, "InternalError"}, {503, "SlowDown"}, {400, "RequestTimeout"}, {409, "ConditionalRequestConflict"}}) {
+           {500, "InternalError"}, {503, "SlowDown"}, {400, "RequestTimeout"}, {409, "ConditionalRequestConflict"},
+           {408, ""}, {400, "IncompleteBody"}, {400, "BadDigest"}, {400, "XAmzContentSHA256Mismatch"}}) {
     EXPECT_TRUE(s3::IsRetryable(Err(status, code))) << code;
   }
   for (auto [status, code] : std::vector<std::pair<long, std::string>>{

@@ -76,6 +76,47 @@ TEST(S3Client, RetriesThrottlingAndCountsIt) {
   EXPECT_EQ(Count(*s, S3Metrics::kPut, S3Metrics::k2xx), 1u);
 }
 
+TEST(S3Client, RetriesOutlastAShortBurstOfThrottling) {
+  // Seven 503s in a row (about 2.6 to 5 s with the real backoff): the eighth
+  // attempt gets through.
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  for (int i = 0; i < 7; ++i) fake.Inject(Fault::k503SlowDown);
+  ASSERT_OK(s->Put("k", "v"));
+  EXPECT_EQ(fake.requests(), 8);
+}
+
+TEST(S3Client, ABodyThatChangedOnTheWayIsSentAgain) {
+  // BadDigest / XAmzContentSHA256Mismatch / IncompleteBody: nothing was
+  // stored, and the retry sends the same bytes.
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  for (const char* code : {"BadDigest", "XAmzContentSHA256Mismatch", "IncompleteBody"}) {
+    fake.Script(400, fmt::format("<?xml version=\"1.0\"?><Error><Code>{}</Code><Message>m</Message></Error>", code));
+    ASSERT_OK(s->Put(std::string("k-") + code, "v"));
+    auto got = s->Get(std::string("k-") + code);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, "v");
+  }
+  EXPECT_EQ(s->metrics().retries[S3Metrics::kPut].load(), 3u);
+}
+
+TEST(S3Client, ADeleteTheServiceWasTooBusyForIsRetryable) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  fake.Script(200,
+              "<DeleteResult><Deleted><Key>pre/a</Key></Deleted><Error><Key>pre/b</Key><Code>InternalError</Code>"
+              "<Message>busy</Message></Error></DeleteResult>");
+  const std::vector<std::string> keys{"a", "b"};
+  Status st = s->DeleteMany(keys);
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  fake.Script(200,
+              "<DeleteResult><Error><Key>pre/b</Key><Code>AccessDenied</Code><Message>no</Message></Error>"
+              "</DeleteResult>");
+  st = s->DeleteMany(keys);
+  EXPECT_EQ(st.code(), Code::kIOError) << st.ToString();
+}
+
 TEST(S3Client, RetriesAreBounded) {
   ::weir::testing::FakeS3 fake;
   S3Options o = FakeOptions(fake);

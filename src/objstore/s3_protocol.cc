@@ -64,9 +64,13 @@ Error ParseError(long http_status, std::string_view body, std::string_view reque
 }
 
 bool IsRetryable(const Error& e) {
-  // 501 Not Implemented is permanent: the service lacks the feature.
-  return (e.http_status >= 500 && e.http_status != 501) || e.http_status == 429 || e.code == "SlowDown" || e.code == "RequestTimeout" ||
-         e.code == "ConditionalRequestConflict" || e.code == "OperationAborted" || e.code == "InternalError";
+  // 501 Not Implemented is permanent: the service lacks the feature. 408 (a
+  // proxy's timeout), IncompleteBody and the digest mismatches (the body
+  // changed on the way) were not applied, and a retry sends the bytes again.
+  return (e.http_status >= 500 && e.http_status != 501) || e.http_status == 429 || e.http_status == 408 ||
+         e.code == "SlowDown" || e.code == "RequestTimeout" || e.code == "ConditionalRequestConflict" ||
+         e.code == "OperationAborted" || e.code == "InternalError" || e.code == "IncompleteBody" ||
+         e.code == "BadDigest" || e.code == "XAmzContentSHA256Mismatch";
 }
 
 bool MayHaveBeenApplied(const Error& e) { return e.http_status >= 500; }

@@ -487,6 +487,13 @@ struct S3Store::Impl {
     if (!errors.ok()) return errors.status().WithContext(call.what);
     for (const s3::DeleteError& e : *errors) {
       if (e.code == "NoSuchKey") continue;
+      // A key the service was too busy for (InternalError, SlowDown) is
+      // retryable: the caller deletes it again later.
+      s3::Error busy;
+      busy.code = e.code;
+      if (s3::IsRetryable(busy)) {
+        return Unavailable("{}: key \"{}\" was not deleted: {} {}", call.what, e.key, e.code, e.message);
+      }
       return IOError("{}: key \"{}\" was not deleted: {} {}", call.what, e.key, e.code, e.message);
     }
     return Status::Ok();

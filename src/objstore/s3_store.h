@@ -43,7 +43,9 @@ struct S3Options {
   bool probe_conditional_put = true;     // false only for tests of the client itself
 
   int max_connections = 64;  // concurrent requests (and pooled connections)
-  int max_attempts = 5;      // per request, the first included
+  // Per request, the first included: 8 waits up to about 5 s in all (a
+  // burst of 503 SlowDown outlasts a shorter budget).
+  int max_attempts = 8;
   std::chrono::milliseconds retry_initial{50}, retry_max{2000};
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds request_timeout{120000};  // whole request
