@@ -76,9 +76,9 @@ class FakeS3 {
   }
   // Answers for the next requests, in order (one each), taking precedence
   // over faults: the status and body as given, nothing applied.
-  void Script(int status, std::string body) {
+  void Script(int status, std::string body, std::string extra_headers = "") {
     std::lock_guard lk(mu_);
-    scripted_.emplace_back(status, std::move(body));
+    scripted_.push_back(Scripted{status, std::move(body), std::move(extra_headers)});
   }
   // Every request waits this long before it is answered (0: none).
   void SetDelay(std::chrono::milliseconds d) { delay_ms_ = static_cast<int>(d.count()); }
@@ -169,7 +169,7 @@ class FakeS3 {
       for (int m = max_concurrent_.load(); now > m && !max_concurrent_.compare_exchange_weak(m, now);) {
       }
       std::optional<Fault> fault;
-      std::optional<std::pair<int, std::string>> scripted;
+      std::optional<Scripted> scripted;
       {
         std::lock_guard lk(mu_);
         if (!scripted_.empty()) {
@@ -187,7 +187,7 @@ class FakeS3 {
         stop_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return stopping_.load(); });
       }
       if (scripted) {
-        Send(fd, scripted->first, "X", scripted->second);
+        Send(fd, scripted->status, "X", scripted->body, scripted->extra);
       } else if (fault == Fault::kDropBeforeApply) {
         keep = false;
       } else if (fault == Fault::k503SlowDown) {
@@ -212,6 +212,11 @@ class FakeS3 {
     open_fds_.erase(std::find(open_fds_.begin(), open_fds_.end(), fd));
     ::close(fd);
   }
+
+  struct Scripted {
+    int status;
+    std::string body, extra;  // extra: header lines, each ending in \r\n
+  };
 
   struct Answer {
     int status;
@@ -243,7 +248,8 @@ class FakeS3 {
       uint64_t last = last_s.empty() ? data.size() - 1 : std::stoull(last_s);
       if (first >= data.size()) return {416, ErrorBody("InvalidRange"), ""};
       last = std::min<uint64_t>(last, data.size() - 1);
-      return {206, data.substr(first, last - first + 1), ""};
+      return {206, data.substr(first, last - first + 1),
+              fmt::format("Content-Range: bytes {}-{}/{}\r\n", first, last, data.size())};
     }
     return {200, data, ""};
   }
@@ -258,7 +264,7 @@ class FakeS3 {
   std::vector<std::thread> workers_;
   std::vector<int> open_fds_;
   std::deque<Fault> faults_;
-  std::deque<std::pair<int, std::string>> scripted_;
+  std::deque<Scripted> scripted_;
   std::map<std::string, std::string> objects_;
   std::atomic<int> delay_ms_{0};
   std::atomic<int> connections_{0}, requests_{0}, concurrent_{0}, max_concurrent_{0};

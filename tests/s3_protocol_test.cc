@@ -192,6 +192,21 @@ TEST(S3Protocol, ErrorsMapToStatus) {
   EXPECT_EQ(s3::ToStatus(junk, "x").code(), Code::kUnavailable);
 }
 
+TEST(S3Protocol, ContentRange) {
+  auto r = s3::ParseContentRange("bytes 5-9/100");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first, 5u);
+  EXPECT_EQ(r->last, 9u);
+  EXPECT_EQ(r->total, std::optional<uint64_t>(100));
+  r = s3::ParseContentRange("bytes 0-0/*");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_FALSE(r->total.has_value());
+  for (const char* bad : {"", "bytes", "bytes 5-4/10", "bytes 5-9/9", "bytes -9/10", "bytes 1-2", "items 0-1/2",
+                          "bytes 0-1/x", "bytes 0-1/2 "}) {
+    EXPECT_FALSE(s3::ParseContentRange(bad).has_value()) << bad;
+  }
+}
+
 TEST(S3Protocol, UrlDecode) {
   EXPECT_EQ(*s3::UrlDecode("a%20b+c%2b"), "a b c+");
   EXPECT_EQ(*s3::UrlDecode("a+b", false), "a+b");

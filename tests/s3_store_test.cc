@@ -117,6 +117,30 @@ TEST(S3Client, ADeleteTheServiceWasTooBusyForIsRetryable) {
   EXPECT_EQ(st.code(), Code::kIOError) << st.ToString();
 }
 
+TEST(S3Client, ARangedReadGetsTheWindowItAskedFor) {
+  ::weir::testing::FakeS3 fake;
+  auto s = Open(FakeOptions(fake));
+  // Another window than the one asked for.
+  fake.Script(206, "abc", "Content-Range: bytes 5-7/100\r\n");
+  EXPECT_EQ(s->Get("k", ByteRange{0, 3}).status().code(), Code::kCorruption);
+  // Fewer bytes than asked, with more in the object: not the object's end.
+  fake.Script(206, "ab", "Content-Range: bytes 0-1/100\r\n");
+  EXPECT_EQ(s->Get("k", ByteRange{0, 10}).status().code(), Code::kUnavailable);
+  // Fewer bytes because the object ends there.
+  fake.Script(206, "ab", "Content-Range: bytes 0-1/2\r\n");
+  auto got = s->Get("k", ByteRange{0, 10});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "ab");
+  // A Content-Range that does not match the body.
+  fake.Script(206, "abcd", "Content-Range: bytes 0-2/100\r\n");
+  EXPECT_EQ(s->Get("k", ByteRange{0, 4}).status().code(), Code::kCorruption);
+  // The fake's own ranged answers pass.
+  ASSERT_OK(s->Put("k", "0123456789"));
+  got = s->Get("k", ByteRange{3, 4});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "3456");
+}
+
 TEST(S3Client, RetriesAreBounded) {
   ::weir::testing::FakeS3 fake;
   S3Options o = FakeOptions(fake);

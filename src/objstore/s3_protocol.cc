@@ -168,6 +168,28 @@ std::string DeleteObjectsBody(std::span<const std::string> full_keys) {
   return body;
 }
 
+std::optional<ContentRange> ParseContentRange(std::string_view v) {
+  auto number = [](std::string_view s) -> std::optional<uint64_t> {
+    uint64_t n = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+    return n;
+  };
+  if (!v.starts_with("bytes ")) return std::nullopt;
+  v.remove_prefix(6);
+  const size_t dash = v.find('-'), slash = v.find('/');
+  if (dash == std::string_view::npos || slash == std::string_view::npos || dash > slash) return std::nullopt;
+  auto first = number(v.substr(0, dash));
+  auto last = number(v.substr(dash + 1, slash - dash - 1));
+  if (!first || !last || *last < *first) return std::nullopt;
+  ContentRange r{*first, *last, std::nullopt};
+  if (v.substr(slash + 1) != "*") {
+    r.total = number(v.substr(slash + 1));
+    if (!r.total || *r.total <= *last) return std::nullopt;
+  }
+  return r;
+}
+
 Result<std::vector<DeleteError>> ParseDeleteResult(std::string_view body) {
   WEIR_ASSIGN_OR_RETURN(xml::Element doc, xml::Parse(body));
   if (doc.name != "DeleteResult") return Corruption("DeleteObjects answered <{}>, not <DeleteResult>", doc.name);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -53,6 +54,14 @@ struct DeleteError {
   std::string key, code, message;
 };
 Result<std::vector<DeleteError>> ParseDeleteResult(std::string_view body);
+
+// A 206's `Content-Range: bytes FIRST-LAST/TOTAL` (TOTAL may be `*`:
+// nullopt). nullopt for anything else.
+struct ContentRange {
+  uint64_t first = 0, last = 0;
+  std::optional<uint64_t> total;
+};
+std::optional<ContentRange> ParseContentRange(std::string_view value);
 
 // %XX decoding; with plus_is_space a '+' is a space (S3's url encoding-type
 // for listed keys). kCorruption on a malformed escape.

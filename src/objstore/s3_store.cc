@@ -413,7 +413,23 @@ struct S3Store::Impl {
       call.truncate_body = true;
     }
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
-    if (r.status == 206) return std::move(r.body);
+    if (r.status == 206) {
+      // The window sent must be the one asked for: a gateway that moves or
+      // caps ranges would otherwise read as the object's end. (A 206
+      // without Content-Range is taken as is.)
+      if (std::string_view h = r.Header("content-range"); range && !h.empty()) {
+        auto cr = s3::ParseContentRange(h);
+        if (!cr || cr->first != range->offset || cr->last - cr->first + 1 != r.body.size()) {
+          return Corruption("{}: asked for bytes from {}, got {} bytes with Content-Range \"{}\"", call.what,
+                            range->offset, r.body.size(), h);
+        }
+        if (r.body.size() < range->length && (!cr->total || cr->last + 1 < *cr->total)) {
+          return Unavailable("{}: asked for {} bytes from {}, the service sent {} (Content-Range \"{}\")", call.what,
+                             range->length, range->offset, r.body.size(), h);
+        }
+      }
+      return std::move(r.body);
+    }
     if (r.status == 200) {
       if (!range) return std::move(r.body);
       // The service ignored the Range header: cut the range out ourselves.
