@@ -369,23 +369,21 @@ def follow_across_a_restart():
         srv.stop()
 
 
-@case
-def append_waits_for_a_server_that_is_starting():
-    # No connection, then (while it recovers) 503 server_starting: neither
-    # appended anything, so even without --producer the line is sent again.
-    srv = start_server(os.path.join(tmp.name, "data-starting"))
+def append_waits_for_a_server_that_is_starting_with(flags):
+    name = "late" + "".join(f.strip("-") for f in flags)
+    srv = start_server(os.path.join(tmp.name, "data-starting-" + name))
     port, base_command = srv.port, srv.command
     proc = None
     try:
-        weir("stream", "create", "late", server=srv.base_url)
+        weir("stream", "create", name, server=srv.base_url)
         srv.stop()
-        proc = subprocess.Popen([WEIR, "append", "late"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([WEIR, "append", name] + flags, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=dict(os.environ, WEIR_SERVER=srv.base_url))
         proc.stdin.write("waited\n")
         proc.stdin.close()
         proc.stdin = None  # communicate() below must not touch it
         time.sleep(0.5)
-        assert proc.poll() is None, f"append gave up at once: {proc.stderr.read()}"
+        assert proc.poll() is None, f"append {flags} gave up at once: {proc.stderr.read()}"
 
         def same_port():
             cmd = base_command()
@@ -395,14 +393,23 @@ def append_waits_for_a_server_that_is_starting():
         srv.command = same_port
         srv.start()
         out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"append exited {proc.returncode}: {err}"
-        got = weir("read", "late", server=srv.base_url).stdout
+        assert proc.returncode == 0, f"append {flags} exited {proc.returncode}: {err}"
+        got = weir("read", name, server=srv.base_url).stdout
         assert got == "waited\n", got
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
         srv.stop()
+
+
+@case
+def append_waits_for_a_server_that_is_starting():
+    # No connection, then (while it recovers) 503 server_starting: neither
+    # appended anything, so even without --producer the line is sent again;
+    # with --producer, allocating the producer waits the same way.
+    for flags in ([], ["--producer"]):
+        append_waits_for_a_server_that_is_starting_with(flags)
 
 
 @case

@@ -253,12 +253,31 @@ Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, con
   }
 }
 
+// A producer id for `append --producer`, waiting for a server that is
+// starting or busy as AppendWithRetry does (an id allocated by a try whose
+// answer was lost is merely unused).
+Result<client::ProducerId> AllocateWithRetry(Client& c) {
+  auto backoff = std::chrono::milliseconds(100);
+  const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  for (int attempt = 1;; ++attempt) {
+    using Nothing = Client::NothingAppended;
+    Nothing nothing = Nothing::kUnknown;
+    auto p = c.AllocateProducer(&nothing);
+    if (p.ok()) return p;
+    const Status& st = p.status();
+    const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
+    if (!st.retryable() || (!wait_out && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) return st;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
+
 int Append(ClientCommandsState& s, Client& c) {
   client::AppendOptions ao;
   ao.match_seq_num = s.match_seq_num;
   ao.fencing_token = s.fencing_token;
   if (s.producer) {
-    auto p = c.AllocateProducer();
+    auto p = AllocateWithRetry(c);
     if (!p.ok()) return Fail(s, p.status());
     ao.producer = *p;
   }

@@ -169,12 +169,21 @@ Result<StreamPosition> Client::CheckTail(std::string_view stream) {
   return DecodeTail(resp.body);
 }
 
-Result<ProducerId> Client::AllocateProducer() {
+Result<ProducerId> Client::AllocateProducer(NothingAppended* nothing_done) {
+  if (nothing_done) *nothing_done = NothingAppended::kUnknown;
   HttpRequest req = Request("POST", "/v1/producers");
   req.headers.emplace_back("Content-Type", "application/json");
   req.body = "{}";
-  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(req, {}));
-  return DecodeProducer(resp.body);
+  auto resp = http_->Do(req);
+  if (!resp.ok()) {
+    if (nothing_done && http_->failed_before_connect()) *nothing_done = NothingAppended::kNoConnection;
+    return resp.status();
+  }
+  if (!Is2xx(resp->status)) {
+    if (nothing_done && ErrorHasNoSideEffects(resp->status, resp->body)) *nothing_done = NothingAppended::kRefused;
+    return ApiError(resp->status, resp->body, ErrorSubject{options_.basin, {}});
+  }
+  return DecodeProducer(resp->body);
 }
 
 Status Client::ReadSession(std::string_view stream, const ReadOptions& options, std::string* last_event_id,

@@ -54,7 +54,9 @@ class Client {
   // batch with the tail); a start past the tail is kOutOfRange.
   Result<ReadBatch> Read(std::string_view stream, const ReadOptions& options);
   Result<StreamPosition> CheckTail(std::string_view stream);
-  Result<ProducerId> AllocateProducer();
+  // On failure, `*nothing_done` (if given) says as for Append whether the
+  // server certainly allocated nothing (a retry wastes no id either way).
+  Result<ProducerId> AllocateProducer(NothingAppended* nothing_done = nullptr);
 
   // A read session (SSE). Calls `on_batch` for each batch until it returns
   // false, the server sends `done` (OK), an `error` event (Unavailable with its
