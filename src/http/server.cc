@@ -1468,7 +1468,10 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& optio
 HttpServer::~HttpServer() { Stop(); }
 
 std::string HttpServer::address() const {
-  return fmt::format("{}:{}", impl_->bound.address().to_string(), impl_->bound.port());
+  // "[v6]:port", as URLs and --server want it.
+  const auto& a = impl_->bound.address();
+  if (a.is_v6()) return fmt::format("[{}]:{}", a.to_string(), impl_->bound.port());
+  return fmt::format("{}:{}", a.to_string(), impl_->bound.port());
 }
 
 int64_t HttpServer::in_flight() const { return impl_->in_flight.load(); }

@@ -186,7 +186,7 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // "host:port" actually bound.
+  // "host:port" actually bound ("[v6]:port" for IPv6).
   std::string address() const;
   // Requests handed to the handler and not yet answered (streams count until End).
   int64_t in_flight() const;

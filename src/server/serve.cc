@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -106,6 +107,48 @@ Result<std::string> ResolveListenHost(const std::string& host, const char* flag)
   freeaddrinfo(found);
   if (named != 0) return InvalidArgument("{}: cannot resolve host \"{}\": {}", flag, host, gai_strerror(named));
   return std::string(text);
+}
+
+// Whether HOST:PORT can be bound now (as the listener will: SO_REUSEADDR).
+Status CheckCanListen(const std::string& host, uint16_t port, const char* flag) {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    len = sizeof *v4;
+  } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    len = sizeof *v6;
+  } else {
+    return Status::Ok();  // not a literal: the listener's own bind reports it
+  }
+  const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Ok();
+  const int one = 1;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&ss), len);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return IOError("{} {}:{}: cannot listen there: {}", flag, host, port, strerror(err));
+  return Status::Ok();
+}
+
+// The fault flags must describe one distribution and rates that add up.
+Status CheckFaultFlags(const ServeOptions& o) {
+  const auto& l = o.inject_put_latency_ms;
+  if (l.size() > 2) return InvalidArgument("--inject-put-latency-ms takes P50[,P99], got {} values", l.size());
+  if (l.size() == 2 && l[1] < l[0]) {
+    return InvalidArgument("--inject-put-latency-ms {},{}: P99 is below P50", l[0], l[1]);
+  }
+  if (o.inject_put_error_rate + o.inject_put_ambiguous_rate > 1.0) {
+    return InvalidArgument("--inject-put-error-rate {} and --inject-put-ambiguous-rate {} add up to more than 1",
+                           o.inject_put_error_rate, o.inject_put_ambiguous_rate);
+  }
+  return Status::Ok();
 }
 
 Result<std::optional<std::string>> ReadToken(const std::string& file) {
@@ -308,8 +351,8 @@ int RunServe(const ServeOptions& o) {
     }
     return 1;
   };
-  DataDirLock lock;
-  if (Status st = lock.Acquire(o.data_dir); !st.ok()) return fail(st);
+  // Every flag is checked before anything on disk changes.
+  if (Status st = CheckFaultFlags(o); !st.ok()) return fail(st);
   auto addr = ParseHostPort(o.http_addr, "--http-addr");
   if (!addr.ok()) return fail(addr.status());
   if (auto host = ResolveListenHost(addr->first, "--http-addr"); host.ok()) {
@@ -345,11 +388,14 @@ int RunServe(const ServeOptions& o) {
                                 "HOST:PORT to the address Kafka clients should connect to",
                                 o.kafka_addr));
   }
+  if (kafka_addr && kafka_addr->second != 0) {
+    // Bound only after recovery (the broker needs the engine): a port in use
+    // is found now, not minutes later.
+    if (Status st = CheckCanListen(kafka_addr->first, kafka_addr->second, "--kafka-addr"); !st.ok()) return fail(st);
+  }
   auto token = ReadToken(o.auth_token_file);
   if (!token.ok()) return fail(token.status());
 
-  auto store = OpenStore(o);
-  if (!store.ok()) return fail(store.status().WithContext("object store"));
   // A store in memory forgets every object at exit: a metastore on disk would
   // then list segments and a checkpoint that no longer exist.
   const bool store_in_memory = o.object_store.starts_with("mem://");
@@ -361,6 +407,17 @@ int RunServe(const ServeOptions& o) {
                                 "then name objects that are gone: use sqlite://:memory: (the default with mem://)",
                                 meta_uri.starts_with("sqlite://") ? meta_uri : "on a server"));
   }
+  // The data dir is made and locked only when something lives there (the
+  // default file:// store or SQLite metastore): a node on s3:// and
+  // postgres://, or on mem://, keeps nothing on its own disk.
+  DataDirLock lock;
+  const bool uses_data_dir = o.object_store.empty() || (o.metastore.empty() && !store_in_memory);
+  if (uses_data_dir) {
+    if (Status st = lock.Acquire(o.data_dir); !st.ok()) return fail(st);
+  }
+
+  auto store = OpenStore(o);
+  if (!store.ok()) return fail(store.status().WithContext("object store"));
   auto meta = metastore::OpenMetastore(meta_uri);
   if (!meta.ok()) return fail(meta.status().WithContext("metastore"));
 

@@ -1971,6 +1971,43 @@ class ServeFlagsTest(ClosingTestCase):
             self.assertEqual([r["body"] for r in Client(server).read_all(s)], [f"e{i}" for i in range(20)])
             server.stop()
 
+    def test_bad_flags_change_nothing_on_disk(self):
+        with tempfile.TemporaryDirectory() as d:
+            data = os.path.join(d, "data")
+            with socket.socket() as taken:
+                taken.bind(("127.0.0.1", 0))
+                taken.listen()
+                kafka_in_use = f"127.0.0.1:{taken.getsockname()[1]}"
+                for args, needle in [
+                        (["--http-addr", "bogus"], "--http-addr"),
+                        (["--inject-put-latency-ms", "120,50"], "P99 is below P50"),
+                        (["--inject-put-error-rate", "0.8", "--inject-put-ambiguous-rate", "0.5"], "more than 1"),
+                        # Found before recovery, not after it.
+                        (["--kafka-addr", kafka_in_use], "cannot listen there")]:
+                    kafka = [] if "--kafka-addr" in args else ["--kafka-addr", ""]
+                    cmd = [WEIR, "serve", "--data-dir", data, "--http-addr", "127.0.0.1:0"] + kafka + args
+                    code, out = run_expecting_exit(cmd)
+                    self.assertEqual(code, 1, f"{args}: {out}")
+                    self.assertIn(needle, out, args)
+                    self.assertEqual(len(out.strip().splitlines()), 1, f"{args}: not one line: {out}")
+                    self.assertFalse(os.path.exists(data), f"{args} made {data}")
+
+    def test_servers_that_keep_nothing_on_disk_share_a_directory(self):
+        # mem:// (and s3:// with postgres://) use no data dir: neither made
+        # nor locked, so two such servers run side by side.
+        with tempfile.TemporaryDirectory() as d:
+            data = os.path.join(d, "data")
+            servers = [WeirServer(WEIR, data_dir=data, args=["--object-store", "mem://"]) for _ in range(2)]
+            for server in servers:
+                ALL_SERVERS.append(server)
+                self.addCleanup(server.cleanup)
+                server.start()
+            for server in servers:
+                self.assertEqual(Client(server).get("/health").status_code, 200)
+            self.assertFalse(os.path.exists(data))
+            for server in servers:
+                server.stop()
+
     def test_health_is_503_until_recovery_has_finished(self):
         with tempfile.TemporaryDirectory() as d:
             data = os.path.join(d, "data")
@@ -2106,7 +2143,7 @@ class LifecycleTest(ClosingTestCase):
             mc = Client(m)
             mc.create_stream("in-memory")
             mc.append("in-memory", [{"body": "x"}])
-            self.assertFalse(os.path.exists(os.path.join(m.data_dir, "meta.db")), os.listdir(m.data_dir))
+            self.assertFalse(os.path.exists(m.data_dir), os.listdir(m.data_dir) if os.path.isdir(m.data_dir) else "")
 
         # SIGTERM while appenders run: every acked record survives the restart.
         acked, unexpected, stop = [], [], threading.Event()
