@@ -413,6 +413,39 @@ def append_waits_for_a_server_that_is_starting():
 
 
 @case
+def an_append_whose_answer_was_lost_says_it_may_have_landed():
+    # A server that reads the request and hangs up: the append may have
+    # been applied, so without --producer it is not sent again, and the
+    # error says why.
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def hang_up():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                try:
+                    conn.recv(65536)
+                except OSError:
+                    pass
+    t = threading.Thread(target=hang_up, daemon=True)
+    t.start()
+    try:
+        out = weir("append", "anywhere", input="x\n", ok=False,
+                   server=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        line = error_line(out)
+        assert "may have been appended" in line and "--producer" in line, line
+    finally:
+        listener.close()
+
+
+@case
 def errors():
     out = weir("read", "s-missing", ok=False)
     assert out.returncode == 1 and error_line(out) == 'weir: stream "s-missing" not found (404 stream_not_found)'

@@ -247,7 +247,15 @@ Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, con
     const Status& st = ack.status();
     const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
     bool safe = st.retryable() && (s.producer || nothing != Nothing::kUnknown);
-    if (!safe || (!wait_out && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) return st;
+    if (!safe || (!wait_out && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) {
+      if (!s.producer && st.retryable() && nothing == Nothing::kUnknown) {
+        // A timeout, a lost connection, a 503 that may have landed: sending
+        // it again could append it twice.
+        return Status(st.code(), st.message() + "; the batch may have been appended (with --producer, "
+                                                "`weir append` retries such failures without duplicates)");
+      }
+      return st;
+    }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
