@@ -110,8 +110,17 @@ Result<Target> ResolveTarget(std::string_view url) {
   if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
     return Unavailable("cannot resolve {}: {}", t.host_header, gai_strerror(rc));
   }
-  std::memcpy(&t.addr, found->ai_addr, found->ai_addrlen);
-  t.addr_len = found->ai_addrlen;
+  // IPv4 first, as `weir serve` resolves its own listen address: glibc may
+  // list ::1 first for localhost, where the server listens on 127.0.0.1.
+  const addrinfo* pick = found;
+  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      pick = ai;
+      break;
+    }
+  }
+  std::memcpy(&t.addr, pick->ai_addr, pick->ai_addrlen);
+  t.addr_len = pick->ai_addrlen;
   freeaddrinfo(found);
   return t;
 }
@@ -273,6 +282,7 @@ class Driver {
     measuring_ = true;
     measured_at_ = at;
     window_.Reset();
+    first_error_.clear();
   }
 
   const HttpBenchOptions& o_;
@@ -286,7 +296,7 @@ class Driver {
   TimePoint measured_at_;
   Tally window_, second_;
   std::string first_error_;
-  std::deque<std::pair<TimePoint, BenchClient*>> backoff_;  // clients pausing after a transport error
+  std::deque<std::pair<TimePoint, BenchClient*>> backoff_;  // clients pausing after a transport error, 429 or 503
 };
 
 void Driver::Send(BenchClient& c) {
@@ -420,6 +430,12 @@ void Driver::Complete(BenchClient& c, const Response& r) {
     Count(key);
     if (first_error_.empty()) {
       first_error_ = key + " " + c.in.substr(r.body_start, std::min<size_t>(200, r.end - r.body_start));
+    }
+    if (r.status == 429 || r.status == 503) {
+      // Backpressure or a draining server: wait as for a transport failure
+      // (the server asks for a second; 50 ms keeps the load on).
+      backoff_.emplace_back(Now() + std::chrono::milliseconds(50), &c);
+      return;
     }
   }
   Send(c);
