@@ -35,8 +35,11 @@ constexpr size_t kMaxListRoundTrips = 10000;
 constexpr uint64_t kMaxObjectBodyBytes = uint64_t{1} << 30;
 constexpr std::string_view kScheme = "s3://";
 
+// libcurl reports no 1xx as final, but a status of 0 or 1xx is no success.
+bool Is2xx(long status) { return status >= 200 && status < 300; }
+
 S3Metrics::Outcome OutcomeOf(long status) {
-  if (status >= 200 && status < 300) return S3Metrics::k2xx;
+  if (Is2xx(status)) return S3Metrics::k2xx;
   switch (status) {
     case 404: return S3Metrics::k404;
     case 409: return S3Metrics::k409;
@@ -332,7 +335,7 @@ struct S3Store::Impl {
       metrics.bytes_sent.fetch_add(sent, std::memory_order_relaxed);
       metrics.bytes_received.fetch_add(resp->body.size(), std::memory_order_relaxed);
       if (resp->new_connection) metrics.connections_opened.fetch_add(1, std::memory_order_relaxed);
-      if (resp->status < 300) return resp;
+      if (Is2xx(resp->status)) return resp;
       const s3::Error err = ErrorOf(*resp);
       if (!s3::IsRetryable(err) || attempt == attempts) return resp;
       if (s3::MayHaveBeenApplied(err)) *maybe_applied = true;
@@ -364,7 +367,7 @@ struct S3Store::Impl {
     if (create_only) call.headers.emplace_back("if-none-match", "*");
     bool maybe_applied = false;
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
-    if (r.status < 300) return Status::Ok();
+    if (Is2xx(r.status)) return Status::Ok();
     if (r.status == 412 && create_only && maybe_applied) {
       metrics.ambiguous_creates.fetch_add(1, std::memory_order_relaxed);
       return Timeout(
@@ -378,7 +381,7 @@ struct S3Store::Impl {
   Result<ObjectInfo> HeadObject(std::string_view key) {
     const Call call = ObjectCall(S3Metrics::kHead, "HEAD", key);
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
-    if (r.status >= 300) return ErrorStatus(r, call.what);
+    if (!Is2xx(r.status)) return ErrorStatus(r, call.what);
     const std::string_view len = r.Header("content-length");
     ObjectInfo info{std::string(key), 0};
     auto [p, ec] = std::from_chars(len.data(), len.data() + len.size(), info.size);
@@ -466,7 +469,7 @@ struct S3Store::Impl {
     }
     call.what = fmt::format("LIST s3://{}/{}*", o.bucket, full_prefix);
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
-    if (r.status >= 300) return ErrorStatus(r, call.what);
+    if (!Is2xx(r.status)) return ErrorStatus(r, call.what);
     auto parsed = s3::ParseListObjectsV2(r.body);
     if (!parsed.ok()) return parsed.status().WithContext(call.what);
     return parsed;
@@ -475,7 +478,7 @@ struct S3Store::Impl {
   Status DeleteObject(std::string_view key) {
     const Call call = ObjectCall(S3Metrics::kDelete, "DELETE", key);
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
-    if (r.status < 300) return Status::Ok();
+    if (Is2xx(r.status)) return Status::Ok();
     const s3::Error e = ErrorOf(r);
     if (r.status == 404 && e.code != "NoSuchBucket") return Status::Ok();  // already gone
     return s3::ToStatus(e, call.what);
@@ -498,7 +501,7 @@ struct S3Store::Impl {
     call.headers.emplace_back("content-type", "application/xml");
     call.what = fmt::format("DeleteObjects s3://{}/ ({} keys from {})", o.bucket, keys.size(), full.front());
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
-    if (r.status >= 300) return ErrorStatus(r, call.what);
+    if (!Is2xx(r.status)) return ErrorStatus(r, call.what);
     auto errors = s3::ParseDeleteResult(r.body);
     if (!errors.ok()) return errors.status().WithContext(call.what);
     for (const s3::DeleteError& e : *errors) {
@@ -524,7 +527,7 @@ struct S3Store::Impl {
     call.payload_sha256 = sigv4::Sha256Hex(body);
     call.what = fmt::format("{} bucket s3://{}", method, o.bucket);
     WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call));
-    if (r.status < 300) return Status::Ok();
+    if (Is2xx(r.status)) return Status::Ok();
     const s3::Error e = ErrorOf(r);
     if (method == "PUT" && e.code == "BucketAlreadyOwnedByYou") return Status::Ok();
     if (method == "DELETE" && r.status == 404 && e.code == "NoSuchBucket") return Status::Ok();
@@ -771,7 +774,9 @@ Status S3Store::ProbeOnce() {
         where, first.ToString());
     return Status::Ok();
   }
-  if (first.code() == Code::kTimeout) impl_->DeleteObject(key).IgnoreError();  // it may be there
+  // An outcome not known (a timeout, a 5xx or dropped connection after
+  // retries): the object may be there, and no sweep lists _weir-probe/.
+  if (first.code() == Code::kTimeout || first.code() == Code::kUnavailable) impl_->DeleteObject(key).IgnoreError();
   if (!first.ok()) return first.WithContext("probing the object store " + where);
   const Status second = impl_->PutObject(key, "probe 2", true);
   Status cleanup = impl_->DeleteObject(key);
