@@ -1441,6 +1441,42 @@ TEST_F(EngineTest, AStoreHoldingThisNodesWalRefusesAMetastoreThatNeverSawTheNode
   (*e2)->Close();
 }
 
+TEST_F(EngineTest, AStoreIsServedOnlyWithTheMetastoreItWasUsedWith) {
+  // Two metastores over one store, both started before anything settled
+  // (so neither's start-up check sees the other's data): stream ids and
+  // epochs repeat across metastores, so each would take the other's
+  // segments for garbage. The store names its metastore; the second is
+  // refused.
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  auto marker = store_->Get("_weir/deployment");
+  ASSERT_TRUE(marker.ok()) << marker.status().ToString();
+  auto id = meta_->DeploymentId();
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_EQ(*marker, fmt::format("{:016x}\n", *id));
+  auto other_meta = metastore::OpenMetastore("sqlite://:memory:");
+  ASSERT_TRUE(other_meta.ok());
+  EngineOptions other = Options();
+  other.node = "n2";
+  auto refused = Engine::Open(other, store_, *other_meta);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kPreconditionFailed) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("another metastore"), std::string::npos) << refused.status().ToString();
+  auto node = (*other_meta)->GetNode("n2");
+  ASSERT_TRUE(node.ok());
+  EXPECT_EQ(node->epoch, 0u) << "the refused start minted an epoch";
+  // A store from before the marker (or whose marker was lost) is claimed
+  // again by the metastore that serves it.
+  engine_->Close();
+  engine_.reset();
+  ASSERT_OK(store_->Delete("_weir/deployment"));
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
+  marker = store_->Get("_weir/deployment");
+  ASSERT_TRUE(marker.ok()) << marker.status().ToString();
+  EXPECT_EQ(*marker, fmt::format("{:016x}\n", *id));
+}
+
 // A node that died (no Close) holds the metastore until its heartbeat is
 // older than node_live_window; the heartbeat thread keeps a live one fresh.
 TEST_F(EngineTest, ANodesHeartbeatKeepsOthersOutUntilItGoesStale) {

@@ -195,6 +195,7 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->AllocateProducerId();
   }
   Result<uint64_t> LastStreamId() override { return m_->LastStreamId(); }
+  Result<uint64_t> DeploymentId() override { return m_->DeploymentId(); }
   Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,
                       const std::vector<SegmentInfo>& segs, const std::vector<StreamState>& states) override {
     if (auto hook = std::exchange(before_commit_settle, nullptr)) hook();

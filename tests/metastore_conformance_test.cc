@@ -1813,6 +1813,22 @@ TEST_P(MetastoreConformance, TablesAndGroupOffsetsSurviveReopen) {
   EXPECT_GT(MakeTable("weir-kafka", "next", 1).first.id, gone.id);
 }
 
+TEST_P(MetastoreConformance, TheDeploymentIdIsDrawnOnceAndKept) {
+  auto id = m().DeploymentId();
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_NE(*id, 0u);
+  EXPECT_LT(*id, uint64_t{1} << 63);
+  auto again = m().DeploymentId();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *id);
+  if (persistent()) {
+    Reopen();
+    auto reopened = m().DeploymentId();
+    ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+    EXPECT_EQ(*reopened, *id);
+  }
+}
+
 TEST_P(MetastoreConformance, HeartbeatsKeepOneNodeServing) {
   constexpr int64_t kLong = 3'600'000;  // an hour: any heartbeat of this test is live
   ASSERT_OK(m().MintEpoch("n1", 0, 8).status());

@@ -239,6 +239,38 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_
   return e;
 }
 
+// The object naming the metastore a store is served with: two metastores
+// over one store would each take the other's segments for garbage (stream
+// ids and epochs repeat across metastores) and delete them.
+constexpr std::string_view kDeploymentKey = "_weir/deployment";
+
+Status Engine::CheckDeployment() {
+  WEIR_ASSIGN_OR_RETURN(const uint64_t id, meta_->DeploymentId());
+  const std::string ours = fmt::format("{:016x}\n", id);
+  for (int attempt = 1;; ++attempt) {
+    auto found = store_->Get(kDeploymentKey);
+    if (found.ok()) {
+      if (*found == ours) return Status::Ok();
+      std::string theirs = found->substr(0, 64);
+      while (!theirs.empty() && (theirs.back() == '\n' || theirs.back() == '\r')) theirs.pop_back();
+      return PreconditionFailed(
+          "the object store {} is used with another metastore: its {} names deployment \"{}\", and the metastore {} "
+          "is deployment {:016x}. Point --metastore at the one this store was used with, or use another bucket or "
+          "prefix",
+          store_->Describe(), kDeploymentKey, theirs, meta_->Describe(), id);
+    }
+    if (found.status().code() != Code::kNotFound) return found.status().WithContext("reading the deployment marker");
+    // Unclaimed (a new store, or one from before the marker): ours, unless
+    // another metastore's server claims it first. A create whose outcome is
+    // unknown is read back.
+    Status put = store_->Put(kDeploymentKey, ours, objstore::PutOptions{.if_none_match = true});
+    if (put.ok()) return Status::Ok();
+    const bool read_back = put.code() == Code::kPreconditionFailed || put.code() == Code::kTimeout ||
+                           put.code() == Code::kUnavailable;
+    if (!read_back || attempt >= 3) return put.WithContext("writing the deployment marker");
+  }
+}
+
 Status Engine::Recover() {
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState prev, meta_->GetNode(options_.node));
   if (prev.epoch == 0) {
@@ -263,6 +295,7 @@ Status Engine::Recover() {
           options_.node, last_stream_id == 0 ? " or of any stream" : "");
     }
   }
+  WEIR_RETURN_IF_ERROR(CheckDeployment());
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window));
   epoch_ = now.epoch;

@@ -392,6 +392,9 @@ class Engine {
   Engine(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
          std::shared_ptr<metastore::Metastore> meta);
   Status Recover();
+  // Refuses a store that names another metastore (kDeploymentKey); claims an
+  // unclaimed one for this metastore.
+  Status CheckDeployment();
   Status ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where);
   Result<std::shared_ptr<Stream>> Find(const std::string& basin, const std::string& name);
   // Makes newly created streams (empty, as the metastore made them) findable.

@@ -346,6 +346,11 @@ class Metastore {
 
   // Producer ids: unique, increasing, never reused across restarts.
   virtual Result<uint64_t> AllocateProducerId() = 0;
+  // This metastore's identity: a random non-zero number drawn by the first
+  // call ever made (on any node) and the same for every call after it. The
+  // engine records it in the object store, so that a store is never served
+  // with a metastore it was not used with.
+  virtual Result<uint64_t> DeploymentId() = 0;
   // The largest stream id ever allocated (0 if none). Stream ids increase and
   // are never reused; a stream's row is written in the transaction that
   // allocates its id, so every id up to this one names a stream that exists

@@ -7,6 +7,7 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <random>
 #include <set>
 #include <utility>
 #include <vector>
@@ -96,6 +97,9 @@ constexpr const char kBumpCounter[] =
     "INSERT INTO counters(name, value) VALUES(?1, 1) "
     "ON CONFLICT(name) DO UPDATE SET value = counters.value + 1 RETURNING value";
 constexpr const char kCounterValue[] = "SELECT value FROM counters WHERE name = ?1";
+constexpr const char kInsertCounterIfAbsent[] =
+    "INSERT INTO counters(name, value) VALUES(?1, ?2) ON CONFLICT(name) DO NOTHING";
+constexpr std::string_view kDeploymentIdCounter = "deployment_id";
 constexpr std::string_view kStreamIdCounter = "stream_id";
 constexpr std::string_view kProducerIdCounter = "producer_id";
 constexpr std::string_view kTableIdCounter = "table_id";
@@ -969,6 +973,30 @@ Result<uint64_t> SqlMetastore::AllocateProducerId() {
     uint64_t id = 0;
     const Status txn = InTransaction("allocate producer id", [&]() -> Status {
       WEIR_ASSIGN_OR_RETURN(id, NextCounter(kProducerIdCounter));
+      return Status::Ok();
+    });
+    if (!txn.ok()) return txn;
+    return id;
+  });
+}
+
+Result<uint64_t> SqlMetastore::DeploymentId() {
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  return Locked("DeploymentId", [&]() -> Result<uint64_t> {
+    uint64_t id = 0;
+    const Status txn = InTransaction("read the deployment id", [&]() -> Status {
+      {
+        // Drawn once: a later call (or another node's) finds the row.
+        std::random_device rd;
+        const uint64_t drawn = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) >> 1 | 1;  // positive, non-zero
+        WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertCounterIfAbsent));
+        WEIR_RETURN_IF_ERROR(
+            ins.Text(1, kDeploymentIdCounter).Int(2, static_cast<int64_t>(drawn)).Run("draw the deployment id"));
+      }
+      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kCounterValue));
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, kDeploymentIdCounter).Step("read the deployment id"));
+      if (!row) return Internal("metastore {}: the deployment id was not stored", Describe());
+      id = U64(st.ColInt(0));
       return Status::Ok();
     });
     if (!txn.ok()) return txn;

@@ -78,6 +78,7 @@ class SqlMetastore final : public Metastore {
   Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) override;
 
   Result<uint64_t> AllocateProducerId() override;
+  Result<uint64_t> DeploymentId() override;
 
   Status CommitSettle(std::string_view node, uint64_t epoch, const ChainPosition& expected,
                       const ChainPosition& next, const std::vector<SegmentInfo>& segments,
