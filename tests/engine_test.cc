@@ -80,6 +80,7 @@ class EngineTest : public ::testing::Test {
     o.heartbeat_interval = Duration::zero();  // at start only (tests count metastore transactions)
     o.merge_min_age = Duration::zero();
     o.merge_small_bytes = merge_small_bytes_;
+    o.merge_parts_per_pass = merge_parts_per_pass_;
     o.wal.retry_initial = 1ms;
     o.wal.retry_max = 5ms;
     o.log_cache_bytes = cache_bytes_;
@@ -164,6 +165,7 @@ class EngineTest : public ::testing::Test {
   Duration admission_timeout_ = std::chrono::seconds(10);
   size_t wal_budget_ = 0;  // 0: the WAL's default
   size_t merge_small_bytes_ = 1 << 20;
+  size_t merge_parts_per_pass_ = 2048;
   bool settle_on_close_ = true;
 };
 
@@ -1596,6 +1598,37 @@ std::vector<std::string> ReadPaged(Engine& e, const std::string& name) {
     for (auto& rec : page->records) got.push_back(rec.record.value.value_or("<null>"));
     from = page->records.back().offset + 1;
   }
+}
+
+TEST_F(EngineTest, MergePassesThatRunOutOfBudgetTakeTheStreamsInTurn) {
+  // "a" (the lower id) makes a new run of small segments before every pass,
+  // as a busy stream does: a pass starting from the lowest id each time
+  // would spend its whole budget there, and "b" would never be merged.
+  merge_parts_per_pass_ = 6;  // a run of "a" (5 parts) fits, and leaves too little for "b" (4)
+  Restart();
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "a", StreamConfig{}).ok());
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "b", StreamConfig{}).ok());
+  auto settled = [&](const std::string& stream, int n) {
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(engine_->Append(kBasin, stream, Bodies({stream + std::to_string(i)})).status.ok());
+      ASSERT_TRUE(engine_->SettleNow().ok());
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(settled("a", 1));
+  ASSERT_NO_FATAL_FAILURE(settled("b", 4));
+  auto segments_of = [&](const std::string& stream) {
+    auto info = engine_->GetStream(kBasin, stream);
+    EXPECT_TRUE(info.ok());
+    auto found = meta_->FindSegments(info.ok() ? info->info.id : 0, 0, 1000);
+    EXPECT_TRUE(found.ok());
+    return found.ok() ? found->size() : 0;
+  };
+  for (int pass = 0; pass < 3; ++pass) {
+    ASSERT_NO_FATAL_FAILURE(settled("a", 4));
+    ASSERT_TRUE(engine_->MergeSegmentsNow().ok());
+  }
+  EXPECT_EQ(segments_of("b"), 1u) << "b was never merged";
+  EXPECT_EQ(ReadAll("b"), (std::vector<std::string>{"b0", "b1", "b2", "b3"}));
 }
 
 TEST_F(EngineTest, SmallSegmentsAreMergedIntoOne) {

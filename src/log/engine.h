@@ -81,6 +81,9 @@ struct EngineOptions {
   Duration merge_interval = std::chrono::seconds(10);
   size_t merge_small_bytes = 1u << 20;
   Duration merge_min_age = std::chrono::minutes(10);
+  // Segments merged per pass at most (each a GET); a pass that runs out
+  // resumes at the stream it stopped at, so every stream gets its turn.
+  size_t merge_parts_per_pass = 2048;
   bool settle_on_close = true;  // false: leave acknowledged slots for the next start to replay
   // One node per metastore, until stream leases land: the engine stores a
   // heartbeat this often (Metastore::Heartbeat, from a thread of its own;
@@ -567,6 +570,7 @@ class Engine {
   std::map<uint64_t, uint64_t> epoch_cuts_;  // fenced epochs of this node -> cut
   TimePoint last_retention_;
   TimePoint last_merge_;
+  uint64_t merge_resume_at_ = 0;  // the stream id the last merge pass stopped at (settle thread, settle_mu_)
   uint64_t last_stream_id_at_start_ = 0;  // the metastore's, read by Recover before it loads the streams
   // A stream as of its settled state and segment index in the metastore.
   Result<std::shared_ptr<Stream>> StreamFromState(const metastore::StreamState& st);

@@ -597,11 +597,17 @@ Status Engine::DeleteEmptyStreams() {
 Status Engine::MergeSegmentsNow() {
   std::lock_guard settle(settle_mu_);  // one writer of s->segments' objects at a time
   last_merge_ = Now();
+  // From the stream the last pass stopped at, round the ids: a pass that
+  // runs out of budget must not leave the same streams last every time.
   std::vector<std::shared_ptr<Stream>> streams;
   {
     std::lock_guard lk(mu_);
-    for (auto& [id, s] : by_id_) streams.push_back(s);
+    for (auto it = by_id_.lower_bound(merge_resume_at_); it != by_id_.end(); ++it) streams.push_back(it->second);
+    for (auto it = by_id_.begin(); it != by_id_.end() && it->first < merge_resume_at_; ++it) {
+      streams.push_back(it->second);
+    }
   }
+  merge_resume_at_ = 0;
   const size_t small = options_.merge_small_bytes;
   const int64_t now_ms = WallMillis();
   const int64_t aged_before =
@@ -609,7 +615,7 @@ Status Engine::MergeSegmentsNow() {
   // Per call, so one call stays short (settle waits for it): about 64 MiB,
   // 2,048 parts (each a GET), 5 s.
   uint64_t budget = uint64_t{64} << 20;
-  size_t parts_budget = 2048;
+  size_t parts_budget = options_.merge_parts_per_pass;
   const TimePoint deadline = Now() + std::chrono::seconds(5);
   Status first_error;
   for (auto& s : streams) {
@@ -678,7 +684,10 @@ Status Engine::MergeSegmentsNow() {
     }
     close_run();
     for (const auto& r : runs) {
-      if (budget == 0 || parts_budget < r.size() || closing_ || Now() >= deadline) return first_error;
+      if (budget == 0 || parts_budget < r.size() || closing_ || Now() >= deadline) {
+        merge_resume_at_ = s->info.id;  // its runs left come first next time
+        return first_error;
+      }
       uint64_t bytes = 0;
       for (const auto& seg : r) bytes += seg.size_bytes;
       budget -= std::min(budget, bytes);
