@@ -1782,6 +1782,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (!r->records.empty()) {
       p_.start = {log::ReadStart::kOffset, r->records.back().offset + 1};
       sent_records_ += r->records.size();
+      following_ = false;
       sent_bytes_ += bytes;
       last_record_ = Now();
       api_->metrics_.read_records += r->records.size();
@@ -1812,7 +1813,26 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     }
     if (done) return Done();
     if (wait_ && Now() - last_record_ >= *wait_) return Done();
+    if (!following_) {
+      // As S2: a heartbeat (the tail) whenever the session turns to
+      // following, which tells a client it caught up (S2's SDK pins a
+      // tail_offset or timestamp start on it before it resumes).
+      following_ = true;
+      last_ping_ = Now();
+      Heartbeat(r->tail, r->tail_timestamp_ms);
+    }
     Wait(r->tail);
+  }
+
+  // S2S: a batch of no records, with the tail; SSE: a ping with the tail.
+  void Heartbeat(std::optional<uint64_t> tail, int64_t tail_timestamp_ms) {
+    if (s2s_) {
+      if (tail) c_.ex->Write(EncodeS2sFrame(EncodeProtoReadBatch({}, ProtoPosition(*tail, tail_timestamp_ms))), nullptr);
+      return;
+    }
+    Json ping{{"timestamp", WallMillis()}};
+    if (tail) ping["tail"] = Position(*tail, tail_timestamp_ms);
+    c_.ex->Write(fmt::format("event: ping\ndata: {}\n\n", ping.dump()), nullptr);
   }
 
   TimePoint deadline() const { return start_ + std::chrono::seconds(p_.wait_s.value_or(0)); }
@@ -1932,16 +1952,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
         self->last_ping_ = now;
         auto s = self->api_->engine_->GetStream(self->c_.basin, self->stream_);
-        if (self->s2s_) {  // a heartbeat: a batch of no records, with the tail
-          if (s.ok()) {
-            self->c_.ex->Write(EncodeS2sFrame(EncodeProtoReadBatch({}, ProtoPosition(s->tail, s->tail_timestamp_ms))),
-                               nullptr);
-          }
-        } else {
-          Json ping{{"timestamp", WallMillis()}};
-          if (s.ok()) ping["tail"] = Position(s->tail, s->tail_timestamp_ms);
-          self->c_.ex->Write(fmt::format("event: ping\ndata: {}\n\n", ping.dump()), nullptr);
-        }
+        self->Heartbeat(s.ok() ? std::optional<uint64_t>(s->tail) : std::nullopt, s.ok() ? s->tail_timestamp_ms : 0);
       }
       self->Tick(gen);
     });
@@ -1990,6 +2001,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   bool started_ = false;  // session headers sent (steps run one at a time)
   std::optional<uint64_t> stream_id_;  // the stream the first read found (Engine::Read pins it)
   bool counted_ = false;  // in metrics_.read_sessions
+  bool following_ = false;  // waiting at the tail since the last records sent (its heartbeat is sent)
   bool polling_ = false;  // in metrics_.long_polls (steps run one at a time)
   TimePoint start_ = Now();
   TimePoint last_record_;

@@ -267,7 +267,15 @@ Status Engine::CheckDeployment() {
     if (put.ok()) return Status::Ok();
     const bool read_back = put.code() == Code::kPreconditionFailed || put.code() == Code::kTimeout ||
                            put.code() == Code::kUnavailable;
-    if (!read_back || attempt >= 3) return put.WithContext("writing the deployment marker");
+    if (read_back && attempt < 3) continue;
+    if (put.retryable() || put.code() == Code::kIOError) {
+      // A store refusing writes now (the WAL will say so too): the marker
+      // guards, it holds no data; the next start claims the store.
+      Log().warn("could not write the deployment marker {} to {}: {}", kDeploymentKey, store_->Describe(),
+                 put.ToString());
+      return Status::Ok();
+    }
+    return put.WithContext("writing the deployment marker");
   }
 }
 

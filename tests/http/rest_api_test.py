@@ -1671,6 +1671,21 @@ class SseTest(ApiTestCase):
         self.assertIsNotNone(got, "no batch after the append")
         self.assertEqual([(r["seq_num"], r["body"]) for r in got], [(2, "live")])
 
+    def test_turning_to_follow_sends_a_heartbeat_with_the_tail(self):
+        # As S2: a ping with the tail whenever the session turns to following,
+        # at once (pings otherwise come every 5 s; this session waits 3).
+        s, _ = self.filled(2)
+        _, _, events = self.collect(self.open(s, {"seq_num": 0, "wait": 3}, timeout=120))
+        kinds = [e.get("event", "data") for e in events]
+        self.assertEqual(kinds, ["batch", "ping", "data"], events)
+        self.assertEqual(json.loads(events[1]["data"])["tail"]["seq_num"], 2)
+        self.assertEqual(events[-1], {"data": "[DONE]"})
+        # At the tail from the start: the heartbeat is the first event.
+        _, _, events = self.collect(self.open(s, {"tail_offset": 0, "wait": 3}, timeout=120))
+        self.assertEqual(events[0].get("event"), "ping", events)
+        self.assertEqual(json.loads(events[0]["data"])["tail"]["seq_num"], 2)
+        self.assertEqual(events[-1], {"data": "[DONE]"})
+
     def test_wait_ends_idle_session(self):
         s, _ = self.filled(1)
         records, _, events = self.collect(self.open(s, {"seq_num": 0, "wait": 1}, timeout=120))

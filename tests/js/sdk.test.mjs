@@ -323,6 +323,14 @@ describe("S2 SDK against weir", () => {
     assert.deepEqual(names, ["made-on-append", "made-on-read"]);
   });
 
+  it("reports a session at the tail as caught up (SSE: a ping with the tail)", T, async () => {
+    const tail = (await stream.checkTail()).tail;
+    const session = await stream.readSession({ start: { from: { tailOffset: 0 } }, stop: { waitSecs: 3 } });
+    const caught = session.caughtUp();
+    for await (const record of session) assert.fail(`no record was appended, got ${record.seqNum}`);
+    assert.equal((await caught).seqNum, tail.seqNum);
+  });
+
   it("kills the server mid-suite (SIGKILL, same data dir) and starts it again", T, async () => {
     const bytes = await stream.read({ start: { from: { seqNum: 0 } } }, { as: "bytes" });
     const tail = (await stream.checkTail()).tail;
@@ -528,6 +536,16 @@ describe("S2 SDK sessions over S2S (HTTP/2, the default transport)", () => {
       return true;
     });
     await missing.close();
+    await target.close();
+  });
+
+  it("reports a session at the tail as caught up (S2S: a heartbeat batch with the tail)", T, async () => {
+    const target = basin().stream("s2s-append");
+    const tail = (await target.checkTail()).tail;
+    const session = await target.readSession({ start: { from: { tailOffset: 0 } }, stop: { waitSecs: 3 } });
+    const caught = session.caughtUp();
+    for await (const record of session) assert.fail(`no record was appended, got ${record.seqNum}`);
+    assert.equal((await caught).seqNum, tail.seqNum);
     await target.close();
   });
 
