@@ -880,7 +880,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     if (!self->srv_->budget.TryReserve(len, st->reserved)) {
       self->srv_->metrics.budget_refusals++;
       return self->Refuse(st, Response{429, "application/json",
-                                       ErrorBody("unavailable", "the server holds too many request bodies; retry"),
+                                       ErrorBody("rate_limited", "the server holds too many request bodies; retry"),
                                        {{"retry-after", "1"}}});
     }
     st->reserved += len;
