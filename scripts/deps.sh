@@ -19,6 +19,7 @@ if [ "${1:-}" = "--tests" ]; then
          curl radosgw ceph-mon ceph-osd  # a real S3 server for the s3:// tests (tests/s3)
          postgresql                      # a real PostgreSQL server for the postgres:// tests (tests/pg)
          python3-h2                      # the S2S test client
+         zstd                            # zstd request bodies (tests/http)
          clang libclang-rt-14-dev        # libFuzzer for scripts/fuzz.sh
          kcat librdkafka-dev python3-confluent-kafka  # Kafka client suites (tests/kafka), weir_kafka_bench
          )

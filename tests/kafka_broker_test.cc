@@ -175,8 +175,8 @@ class FakeReply : public Reply {
   void Post(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   // Ordering is the transport's (kafka_tcp_test); here, as when nothing is
   // pending: RunInOrder runs at once, PostInOrder posts.
-  void PostInOrder(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
-  void RunInOrder(std::function<void(bool)> fn) override { fn(false); }
+  void PostInOrder(std::function<void()> fn, bool) override { exec_->Post(std::move(fn)); }
+  void RunInOrder(std::function<void(bool)> fn, bool) override { fn(false); }
   void PostOneAtATime(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   const std::string& peer() const override { return peer_; }

@@ -625,40 +625,58 @@ TEST(KafkaTcpOrdering, OrderedWorkWaitingForAClientThatLeftIsDropped) {
 }
 
 // Ordered work whose first function waits until the test opens the gate.
+// Frames starting with 'n' get no response (as acks=0 Produces); the others
+// are echoed.
 class GatedOrderedHandler : public FrameHandler {
  public:
   void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
-    reply->PostInOrder([this, frame = std::move(frame), reply] {
-      if (started_++ == 0) gate_.get_future().wait();
-      reply->Respond(frame);
-    });
+    const bool answers = frame[0] != 'n';
+    reply->PostInOrder(
+        [this, frame = std::move(frame), reply, answers] {
+          if (started_++ == 0) gate_.get_future().wait();
+          {
+            std::lock_guard lk(mu_);
+            ran_.push_back(frame);
+          }
+          if (answers) return reply->Respond(frame);
+          reply->NoResponse();
+        },
+        answers);
   }
   void Open() { gate_.set_value(); }
   int started() const { return started_.load(); }
+  std::vector<std::string> ran() {
+    std::lock_guard lk(mu_);
+    return ran_;
+  }
 
  private:
   std::promise<void> gate_;
   std::atomic<int> started_{0};
+  std::mutex mu_;
+  std::vector<std::string> ran_;
 };
 
-TEST(KafkaTcpOrdering, OrderedWorkQueuedBehindRunningWorkIsDroppedWhenTheClientLeaves) {
+TEST(KafkaTcpOrdering, OrderedWorkQueuedWhenTheClientLeavesRunsOnlyUpToTheFirstThatAnswers) {
   // Kafka reads a connection's next request only after answering the last:
-  // nothing a client pipelined takes effect after it left (a Produce that
-  // did would be appended twice once the client retried it elsewhere). Here
-  // the drain is running, not parked, when the client leaves.
+  // of what a client pipelined before it left, requests that get no
+  // response (acks=0) still run, up to the first that answers; that one
+  // and the rest never do (a Produce that did would be appended twice once
+  // the client retried it elsewhere). The drain is running, not parked,
+  // when the client leaves.
   GatedOrderedHandler handler;
   auto server = TcpServer::Start({.port = 0, .worker_threads = 2}, &handler);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   int fd = Connect((*server)->address());
   ASSERT_GE(fd, 0);
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(SendFrame(fd, "o" + std::to_string(i)));
+  for (const char* f : {"o-gate", "n1", "n2", "o3", "n4", "o5"}) ASSERT_TRUE(SendFrame(fd, f));
   ASSERT_TRUE(WaitUntil([&] { return handler.started() == 1 && (*server)->metrics().in_flight.load() == 6; }));
   ::close(fd);
   ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().open_connections.load() == 0; }));
   handler.Open();
   ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().in_flight_bytes.load() == 0; }));
   std::this_thread::sleep_for(300ms);  // room for wrong starts to show
-  EXPECT_EQ(handler.started(), 1);
+  EXPECT_EQ(handler.ran(), (std::vector<std::string>{"o-gate", "n1", "n2"}));
   (*server)->Stop();
 }
 

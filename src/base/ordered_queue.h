@@ -19,9 +19,8 @@ namespace weir {
 // function has returned. Functions must not throw. Holds no reference to any
 // pool, so it may outlive one; Drop forgets what never ran, which may hold
 // the owner itself, and ends the drain (the next Push starts one): call it
-// once the pool was joined, while the drain is parked (RunSomeUnless
-// answered kPaused and none was started since), or from the drain itself in
-// place of parking.
+// once the pool was joined, or while the drain is parked (RunSomeUnless
+// answered kPaused and none was started since).
 class OrderedQueue {
  public:
   bool Push(std::function<void()> fn) {

@@ -79,6 +79,9 @@ struct RestApi::Ctx {
   std::string basin;
   TimePoint started;
   bool on_worker = false;  // the request is served on a worker thread (free to block)
+  // The s2-stream-config header: the config of a stream this request creates
+  // (on append or read), over the basin's default.
+  metastore::StreamConfigLayer create_config{};
 
   void Send(Response r) const {
     if (r.status < 300) {
@@ -517,6 +520,34 @@ bool IsProtoType(std::string_view media_type) {
   return EqualsLowercase(media_type, "application/protobuf") || EqualsLowercase(media_type, "application/x-protobuf");
 }
 
+// A request body sent with Content-Encoding gzip or zstd (S2's server
+// decodes these; its Rust SDK and CLI compress bodies) is decoded in place,
+// to at most `limit` bytes (over it: 413). identity passes; another coding is
+// 415. S2S input is framed, each frame compressed on its own: not here.
+void DecodeContentEncoding(Request& req, size_t limit) {
+  const std::string* enc = req.Header("content-encoding");
+  if (!enc) return;
+  const std::string_view coding = TrimOws(*enc);
+  if (coding.empty() || EqualsLowercase(coding, "identity")) return;
+  int codec = -1;
+  if (EqualsLowercase(coding, "gzip") || EqualsLowercase(coding, "x-gzip")) codec = wal::kCodecGzip;
+  if (EqualsLowercase(coding, "zstd")) codec = wal::kCodecZstd;
+  if (codec < 0) {
+    throw BadRequest{fmt::format("Content-Encoding \"{}\" is not supported: use gzip, zstd or identity", *enc),
+                     "unsupported_encoding", 415};
+  }
+  if (req.body.empty()) return;
+  auto decoded = wal::DecompressRecords(codec, req.body, limit);
+  if (!decoded.ok()) {
+    if (decoded.status().code() == Code::kResourceExhausted) throw BadRequest{decoded.status().message(), "unavailable", 503};
+    if (decoded.status().message().find("limit") != std::string::npos) {
+      throw BadRequest{fmt::format("the request body decodes to more than {} bytes", limit), "request_too_large", 413};
+    }
+    throw BadRequest{fmt::format("the body is not valid {}: {}", coding, decoded.status().message()), "bad_body"};
+  }
+  req.body = std::move(*decoded);
+}
+
 // As S2: the first media type the client accepts decides.
 std::string_view FirstAccepted(const Request& req) {
   const std::string* a = req.Header("accept");
@@ -728,6 +759,19 @@ bool RestApi::Admit(const Request& req, Ctx& c) const {
     if (Status st = log::ValidateBasinName(*b); !st.ok()) throw BadRequest{"s2-basin: " + st.message(), "bad_header"};
     c.basin = *b;
   }
+  if (const std::string* cfg = req.Header("s2-stream-config")) {
+    // JSON StreamConfig, as S2's SDK sends it with appends and reads; checked
+    // here, before anything is created.
+    Json j = ParseRequestJson(*cfg);
+    if (j.is_discarded() || !j.is_object()) throw BadRequest{"s2-stream-config must be a JSON object", "bad_header"};
+    Status st;
+    try {
+      st = ApplyStreamLayer(j, &c.create_config, ConfigMode::kCreate);
+    } catch (const BadRequest& bad) {
+      throw BadRequest{"s2-stream-config: " + bad.message, "bad_header"};
+    }
+    if (!st.ok()) throw BadRequest{"s2-stream-config: " + st.message(), "bad_header"};
+  }
   return true;
 }
 
@@ -811,7 +855,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     c_.ex->Post([self] {
       auto created = self->api_->engine_->CreateIfConfigured(
           self->c_.basin, self->stream_, log::Engine::AutoCreate::kOnAppend,
-          [&self](const metastore::StreamConfig& config) { return self->CheckFirstInput(config); });
+          [&self](const metastore::StreamConfig& config) { return self->CheckFirstInput(config); },
+          self->c_.create_config);
       if (!created.ok() && created.status().code() != Code::kNotFound) return self->Refuse(created.status());
       if (!self->api_->engine_->HasStream(self->c_.basin, self->stream_)) {
         return self->Refuse(NotFound("stream \"{}\" does not exist", self->stream_));
@@ -1277,6 +1322,7 @@ std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<
 }
 
 void RestApi::Route(Request& req, const Ctx& c) {
+  if (!IsS2s(req)) DecodeContentEncoding(req, options_.max_request_bytes);
   auto parts = SplitPath(req.path);
   auto method_not_allowed = [&](const char* allow) {
     c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method), {{"Allow", allow}});
@@ -1558,12 +1604,14 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     auto create_then_submit = [this, c, stream, held, proto_out, records, bytes] {
       std::optional<log::AppendOutcome> refused;
       auto created = engine_->CreateIfConfigured(
-          c.basin, stream, log::Engine::AutoCreate::kOnAppend, [&](const metastore::StreamConfig& config) {
+          c.basin, stream, log::Engine::AutoCreate::kOnAppend,
+          [&](const metastore::StreamConfig& config) {
             // Asked only when the basin creates it (else the append's own 404).
             refused = log::Engine::RefusedByANewStream(held->options, records);
             if (refused) return refused->status;
             return log::CheckClientTimestamps(config, held->records);
-          });
+          },
+          c.create_config);
       if (refused) return c.Send(c.AppendFailure(*refused));
       if (!created.ok() && created.status().code() != Code::kNotFound) return c.Fail(created.status());
       Ctx on_worker = c;  // this runs on a worker: admission may wait for room
@@ -1818,7 +1866,10 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       // following, which tells a client it caught up (S2's SDK pins a
       // tail_offset or timestamp start on it before it resumes).
       following_ = true;
-      last_ping_ = Now();
+      {
+        std::lock_guard lk(mu_);  // a Tick of the wait just ended may read it
+        last_ping_ = Now();
+      }
       Heartbeat(r->tail, r->tail_timestamp_ms);
     }
     Wait(r->tail);
@@ -1929,13 +1980,18 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (!sse_) delay = std::clamp<Duration>(deadline() - Now(), Duration::zero(), delay);
     c_.ex->After(delay, [self, gen] {
       TimePoint last_record;
+      const auto now = Now();
+      bool ping = false;
       {
         std::lock_guard lk(self->mu_);
         if (!self->waiting_ || self->wait_gen_ != gen) return;  // this wait is over
         // Read while the wait lasts: once it ends, Step writes it (unlocked).
         last_record = self->last_record_;
+        if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
+          self->last_ping_ = now;
+          ping = true;
+        }
       }
-      auto now = Now();
       bool stop = self->api_->draining_ || self->c_.ex->closed() || (!self->sse_ && now >= self->deadline()) ||
                   (self->sse_ && self->wait_ && now - last_record >= *self->wait_);
       if (stop) {
@@ -1949,8 +2005,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         self->api_->engine_->UnwatchTail(self->c_.basin, self->stream_, watch);
         return self->Step();
       }
-      if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
-        self->last_ping_ = now;
+      if (ping) {
         auto s = self->api_->engine_->GetStream(self->c_.basin, self->stream_);
         self->Heartbeat(s.ok() ? std::optional<uint64_t>(s->tail) : std::nullopt, s.ok() ? s->tail_timestamp_ms : 0);
       }
@@ -2005,7 +2060,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   bool polling_ = false;  // in metrics_.long_polls (steps run one at a time)
   TimePoint start_ = Now();
   TimePoint last_record_;
-  TimePoint last_ping_ = Now();
+  TimePoint last_ping_ = Now();  // mu_
   std::optional<Duration> wait_;
   uint64_t sent_records_ = 0, sent_bytes_ = 0;
   std::mutex mu_;
@@ -2048,7 +2103,7 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
 
 Status RestApi::CreateOnRead(const Ctx& c, const std::string& stream) {
   if (engine_->GetStream(c.basin, stream).status().code() != Code::kNotFound) return Status::Ok();
-  auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnRead);
+  auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnRead, nullptr, c.create_config);
   // A missing basin or stream is reported by the read itself.
   return created.ok() || created.status().code() == Code::kNotFound ? Status::Ok() : created.status();
 }

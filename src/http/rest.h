@@ -32,6 +32,7 @@ struct RestOptions {
   Duration ping_interval = std::chrono::seconds(5);  // read sessions: idle keep-alive
   size_t max_append_records = 1000;
   size_t max_append_bytes = 1 << 20;
+  size_t max_request_bytes = 8u << 20;  // a body decoded from Content-Encoding, at most
 };
 
 // Counters for /metrics; read from any thread.

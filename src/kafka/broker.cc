@@ -237,7 +237,9 @@ void Broker::Dispatch(const std::shared_ptr<Request>& req) {
     r.RunInOrder([this, req, fn](bool) { (this->*fn)(req); });
   };
   switch (RequestKey(req->decoded.body)) {
-    case ApiKey::kProduce:         return r.RunInOrder([this, req](bool on_worker) { Produce(req, on_worker); });
+    case ApiKey::kProduce:  // acks=0 gets no response: it still runs after a clean close (tcp_server.h)
+      return r.RunInOrder([this, req](bool on_worker) { Produce(req, on_worker); },
+                          req->body<ProduceRequest>().acks != 0);
     case ApiKey::kFetch:           return r.PostOneAtATime([this, req] { Fetch(req); });
     case ApiKey::kListOffsets:     return ordered(&Broker::ListOffsets);
     case ApiKey::kMetadata:        return ordered(&Broker::Metadata);
@@ -345,7 +347,7 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
       uncached = uncached || !limits[i];
     }
     if (compressed || uncached || bytes > kInlineProduceBytes || engine_->AdmissionMayWait(bytes)) {
-      return req->reply->PostInOrder([this, req] { Produce(req, true); });
+      return req->reply->PostInOrder([this, req] { Produce(req, true); }, in.acks != 0);
     }
   }
   auto resp = std::make_shared<ProduceResponse>();
@@ -427,7 +429,7 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
     ProduceAppend(req, std::move(resp), std::move(jobs), /*may_wait=*/true);
   };
   if (on_worker) return create_then_append();
-  req->reply->PostInOrder(std::move(create_then_append));
+  req->reply->PostInOrder(std::move(create_then_append), req->body<ProduceRequest>().acks != 0);
 }
 
 void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,

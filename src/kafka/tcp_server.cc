@@ -132,30 +132,35 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // Ordered work (Reply::PostInOrder / RunInOrder), drained on the workers.
-  void PostInOrder(std::function<void()> fn) {
-    if (ordered_.Push(std::move(fn))) DrainOrdered();
+  // Work that comes up after the close is skipped: Kafka reads a request
+  // only after answering the last, so nothing a client pipelined before it
+  // left takes effect after (its retry on a new connection would append
+  // twice), except requests that get no response (acks=0), which Kafka
+  // reads and runs up to the first that answers.
+  void PostInOrder(std::function<void()> fn, bool answers = true) {
+    auto item = [this, fn = std::move(fn), answers] {
+      if (closed_.load() && (answers || skip_ordered_.load())) {
+        skip_ordered_.store(true);  // this one, and everything after it
+        return;
+      }
+      fn();
+    };
+    if (ordered_.Push(std::move(item))) DrainOrdered();
   }
   // A turn of the ordered work on the pool; posted again while more waits,
   // parked while the client has not read its responses (OrderedMustWait).
-  // Once the connection is closed, what waits is dropped, not run: Kafka
-  // reads a connection's next request only after answering the last, so
-  // nothing a client pipelined before it left takes effect after (its
-  // retries on a new connection would append twice). The drain owns the
-  // queue here, so it drops it; CloseNow drops a parked one.
   void DrainOrdered() {
     net::post(*srv_->workers, [self = shared_from_this()] {
-      switch (self->ordered_.RunSomeUnless([&] { return self->closed_.load() || self->OrderedMustWait(); })) {
+      switch (self->ordered_.RunSomeUnless([&] { return self->OrderedMustWait(); })) {
         case OrderedQueue::Turn::kMore: return self->DrainOrdered();
-        case OrderedQueue::Turn::kPaused:
-          if (self->closed_.load()) return self->ordered_.Drop();
-          return self->ParkOrdered();
+        case OrderedQueue::Turn::kPaused: return self->ParkOrdered();
         case OrderedQueue::Turn::kDone: return;
       }
     });
   }
-  void RunInOrder(std::function<void(bool)> fn) {
+  void RunInOrder(std::function<void(bool)> fn, bool answers = true) {
     if (!ordered_.Busy() && !OrderedMustWait()) return fn(false);
-    PostInOrder([fn = std::move(fn)] { fn(true); });
+    PostInOrder([fn = std::move(fn)] { fn(true); }, answers);
   }
   // Kafka's broker handles a connection's next request once the last
   // response is sent. Here requests pipeline, but ordered work (every
@@ -535,6 +540,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> read_held_{false};        // ReadHeader stopped at OrderedMustWait
   std::optional<uint32_t> held_frame_;  // a frame's size read while over max_unwritten_bytes
   OrderedQueue ordered_;  // PostInOrder work (not an asio strand on the pool: this may outlive it)
+  std::atomic<bool> skip_ordered_{false};  // closed, and an answering item was skipped: skip the rest
   std::string peer_;
   char size_buf_[4] = {};
   std::deque<Slot> slots_;
@@ -587,8 +593,8 @@ class ReplyImpl : public Reply {
     if (!released_.exchange(true)) conn_->srv()->Release(reserved_);
   }
   void Post(std::function<void()> fn) override { net::post(*conn_->srv()->readers, std::move(fn)); }
-  void PostInOrder(std::function<void()> fn) override { conn_->PostInOrder(std::move(fn)); }
-  void RunInOrder(std::function<void(bool)> fn) override { conn_->RunInOrder(std::move(fn)); }
+  void PostInOrder(std::function<void()> fn, bool answers) override { conn_->PostInOrder(std::move(fn), answers); }
+  void RunInOrder(std::function<void(bool)> fn, bool answers) override { conn_->RunInOrder(std::move(fn), answers); }
   void PostOneAtATime(std::function<void()> fn) override { conn_->PostOneAtATime(seq_, std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override {
     auto* srv = conn_->srv();

@@ -69,8 +69,13 @@ class Reply {
   // has finished, one at a time. RunInOrder runs `fn` at once on the calling
   // (I/O) thread when no such work is pending, else queues it the same way;
   // `fn` learns which (true: on a worker, free to block).
-  virtual void PostInOrder(std::function<void()> fn) = 0;
-  virtual void RunInOrder(std::function<void(bool on_worker)> fn) = 0;
+  // Once the connection is closed, queued work is dropped, not run, as
+  // Kafka's broker (which reads a request only after answering the last)
+  // would never see it: except work whose request gets no response
+  // (`answers` false: an acks=0 Produce), which Kafka reads and runs up to
+  // the first request that answers.
+  virtual void PostInOrder(std::function<void()> fn, bool answers = true) = 0;
+  virtual void RunInOrder(std::function<void(bool on_worker)> fn, bool answers = true) = 0;
   // Runs `fn` on a read thread once the connection's earlier PostOneAtATime
   // request is answered and its response written (Kafka's broker reads no
   // further request until then). Requests whose responses may be large

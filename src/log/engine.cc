@@ -256,14 +256,18 @@ Status Engine::CheckDeployment() {
       return PreconditionFailed(
           "the object store {} is used with another metastore: its {} names deployment \"{}\", and the metastore {} "
           "is deployment {:016x}. Point --metastore at the one this store was used with, or use another bucket or "
-          "prefix",
-          store_->Describe(), kDeploymentKey, theirs, meta_->Describe(), id);
+          "prefix (if this metastore is that one, restored from a backup older than the marker, delete the object "
+          "{} and start again)",
+          store_->Describe(), kDeploymentKey, theirs, meta_->Describe(), id, kDeploymentKey);
     }
     if (found.status().code() != Code::kNotFound) return found.status().WithContext("reading the deployment marker");
     // Unclaimed (a new store, or one from before the marker): ours, unless
     // another metastore's server claims it first. A create whose outcome is
     // unknown is read back.
+    // Read back even after a success: a store that emulates create-only
+    // PUTs (HEAD, then PUT) lets two claims both succeed; the last one holds.
     Status put = store_->Put(kDeploymentKey, ours, objstore::PutOptions{.if_none_match = true});
+    if (put.ok() && attempt < 3) continue;
     if (put.ok()) return Status::Ok();
     const bool read_back = put.code() == Code::kPreconditionFailed || put.code() == Code::kTimeout ||
                            put.code() == Code::kUnavailable;
@@ -562,12 +566,13 @@ Status Engine::ReconfigureBasin(const std::string& name, const metastore::BasinC
 }
 
 Result<bool> Engine::CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when,
-                                        const std::function<Status(const metastore::StreamConfig&)>& admit) {
+                                        const std::function<Status(const metastore::StreamConfig&)>& admit,
+                                        const metastore::StreamConfigLayer& requested) {
   WEIR_ASSIGN_OR_RETURN(metastore::BasinInfo b, meta_->GetBasin(basin));
   const bool wanted =
       when == AutoCreate::kOnAppend ? b.config.create_stream_on_append : b.config.create_stream_on_read;
   if (!wanted) return false;
-  const metastore::StreamConfig config = b.config.default_stream_config.Resolve();
+  const metastore::StreamConfig config = requested.Over(b.config.default_stream_config).Resolve();
   if (admit) WEIR_RETURN_IF_ERROR(admit(config));
   auto created = CreateStream(basin, name, config);
   if (created.ok()) return true;
@@ -850,7 +855,7 @@ bool Engine::IsForgotten(Stream& s) {
 }
 
 std::vector<std::string> Engine::Forget(const std::shared_ptr<Stream>& s) {
-  std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
+  std::map<uint64_t, std::pair<uint64_t, TailCallback>> watchers;
   std::vector<std::string> held;
   uint64_t released = 0, released_batches = 0;
   {
@@ -876,7 +881,7 @@ std::vector<std::string> Engine::Forget(const std::shared_ptr<Stream>& s) {
     by_id_.erase(s->info.id);
   }
   if (released_batches > 0) SettledBytes(released, released_batches);
-  for (auto& w : watchers) std::get<2>(w)();
+  for (auto& [id, w] : watchers) w.second();
   return held;
 }
 
@@ -1430,8 +1435,8 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
       s->tail_timestamp_ms = std::max(s->tail_timestamp_ms, p->last_timestamp_ms);
       s->durable_trim_point = std::max(s->durable_trim_point, p->trim_point);
       std::erase_if(s->watchers, [&](auto& w) {
-        if (std::get<1>(w) >= s->tail) return false;
-        woken.push_back(std::move(std::get<2>(w)));
+        if (w.second.first >= s->tail) return false;
+        woken.push_back(std::move(w.second.second));
         return true;
       });
       size_t size = p->bytes->size();
@@ -1567,7 +1572,7 @@ Result<uint64_t> Engine::WatchTail(const std::string& basin, const std::string& 
   std::lock_guard lk(s->mu);
   if (s->deleted || s->tail > offset) return uint64_t{0};
   uint64_t id = next_watch_id_++;
-  s->watchers.emplace_back(id, offset, std::move(fn));
+  s->watchers.emplace(id, std::pair{offset, std::move(fn)});
   return id;
 }
 
@@ -1575,7 +1580,7 @@ void Engine::UnwatchTail(const std::string& basin, const std::string& stream, ui
   auto s = Find(basin, stream);
   if (!s.ok()) return;
   std::lock_guard lk((*s)->mu);
-  std::erase_if((*s)->watchers, [&](const auto& w) { return std::get<0>(w) == id; });
+  (*s)->watchers.erase(id);
 }
 
 size_t Engine::TailWatchCount(const std::string& basin, const std::string& stream) {

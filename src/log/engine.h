@@ -229,10 +229,12 @@ class Engine {
   // create, and registered); false: the basin does not auto-create.
   // kNotFound if the basin does not exist.
   enum class AutoCreate { kOnAppend, kOnRead };
-  // `admit`, if given, judges the config the stream would get first: its
-  // error is returned, and nothing is created.
+  // The stream gets `requested` over the basin's default config. `admit`, if
+  // given, judges that config first: its error is returned, and nothing is
+  // created.
   Result<bool> CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when,
-                                  const std::function<Status(const metastore::StreamConfig&)>& admit = nullptr);
+                                  const std::function<Status(const metastore::StreamConfig&)>& admit = nullptr,
+                                  const metastore::StreamConfigLayer& requested = {});
   // Whether the stream is known here (memory only; for choosing a thread).
   bool HasStream(const std::string& basin, const std::string& name);
   // Whether admitting an append of about `bytes` may have to wait now (the

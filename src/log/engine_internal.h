@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -82,8 +83,9 @@ struct Engine::Stream {
   StreamFacts live;          // as sequenced, including pending appends
   uint64_t tail = 0;         // acknowledged
   int64_t tail_timestamp_ms = 0;  // of the last acknowledged record
-  // One-shot watchers of the tail: (id, offset, callback), fired outside `mu`.
-  std::vector<std::tuple<uint64_t, uint64_t, TailCallback>> watchers;
+  // One-shot watchers of the tail: id -> (offset, callback), fired outside
+  // `mu`. Keyed by id: an unwatch (every long poll's end) is no scan.
+  std::map<uint64_t, std::pair<uint64_t, TailCallback>> watchers;
   std::vector<metastore::SegmentInfo> segments;  // settled, offset order
   std::deque<BatchRef> durable;  // acknowledged, not yet settled, offset order
   std::deque<std::shared_ptr<Pending>> pending;  // assigned, not yet acknowledged

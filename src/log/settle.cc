@@ -618,7 +618,9 @@ Status Engine::MergeSegmentsNow() {
   size_t parts_budget = options_.merge_parts_per_pass;
   const TimePoint deadline = Now() + std::chrono::seconds(5);
   Status first_error;
+  bool merged_any = false;  // this pass: the first run is merged whatever its size
   for (auto& s : streams) {
+    bool merged_here = false;
     std::vector<metastore::SegmentInfo> segments;
     uint64_t trim_point = 0;
     int64_t age_s = 0;
@@ -684,14 +686,16 @@ Status Engine::MergeSegmentsNow() {
     }
     close_run();
     for (const auto& r : runs) {
-      if (budget == 0 || parts_budget < r.size() || closing_ || Now() >= deadline) {
-        merge_resume_at_ = s->info.id;  // its runs left come first next time
+      if ((merged_any && (budget == 0 || parts_budget < r.size())) || closing_ || Now() >= deadline) {
+        // Next time from here, or, if this stream had its turn, from the next one.
+        merge_resume_at_ = merged_here ? s->info.id + 1 : s->info.id;
         return first_error;
       }
       uint64_t bytes = 0;
       for (const auto& seg : r) bytes += seg.size_bytes;
       budget -= std::min(budget, bytes);
-      parts_budget -= r.size();
+      parts_budget -= std::min(parts_budget, r.size());
+      merged_any = merged_here = true;
       Status st = MergeRun(s, r);
       if (!st.ok()) {
         if (first_error.ok()) first_error = st.WithContext(fmt::format("stream {}", s->info.id));

@@ -426,7 +426,9 @@ struct S3Store::Impl {
           return Corruption("{}: asked for bytes from {}, got {} bytes with Content-Range \"{}\"", call.what,
                             range->offset, r.body.size(), h);
         }
-        if (r.body.size() < range->length && (!cr->total || cr->last + 1 < *cr->total)) {
+        // (With the total unknown, `bytes F-L/*`, a short window is taken
+        // as the object's end, as a 206 without Content-Range is.)
+        if (r.body.size() < range->length && cr->total && cr->last + 1 < *cr->total) {
           return Unavailable("{}: asked for {} bytes from {}, the service sent {} (Content-Range \"{}\")", call.what,
                              range->length, range->offset, r.body.size(), h);
         }

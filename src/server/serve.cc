@@ -438,6 +438,7 @@ int RunServe(const ServeOptions& o) {
   ro.auth_token = *token;
   ro.max_append_records = eo.max_append_records;
   ro.max_append_bytes = eo.max_append_bytes;
+  ro.max_request_bytes = o.max_request_bytes;
   // Listen first, so /health answers 503 during recovery; the engine is
   // attached once it has recovered.
   http::RestApi rest(nullptr, ro);
