@@ -262,10 +262,10 @@ Status Engine::CheckDeployment() {
     }
     if (found.status().code() != Code::kNotFound) return found.status().WithContext("reading the deployment marker");
     // Unclaimed (a new store, or one from before the marker): ours, unless
-    // another metastore's server claims it first. A create whose outcome is
-    // unknown is read back.
-    // Read back even after a success: a store that emulates create-only
-    // PUTs (HEAD, then PUT) lets two claims both succeed; the last one holds.
+    // another metastore's server claims it first. The claim is read back,
+    // whatever its answer: one whose outcome is unknown may have landed, and
+    // a store that emulates create-only PUTs (HEAD, then PUT) lets two
+    // claims both succeed (the last one holds).
     Status put = store_->Put(kDeploymentKey, ours, objstore::PutOptions{.if_none_match = true});
     if (put.ok() && attempt < 3) continue;
     if (put.ok()) return Status::Ok();

@@ -81,8 +81,9 @@ struct EngineOptions {
   Duration merge_interval = std::chrono::seconds(10);
   size_t merge_small_bytes = 1u << 20;
   Duration merge_min_age = std::chrono::minutes(10);
-  // Segments merged per pass at most (each a GET); a pass that runs out
-  // resumes at the stream it stopped at, so every stream gets its turn.
+  // Segments merged per pass at most (each a GET; a pass's first run is
+  // merged whatever its size). A pass that runs out resumes at the stream it
+  // stopped at, or past it if it merged some: every stream gets its turn.
   size_t merge_parts_per_pass = 2048;
   bool settle_on_close = true;  // false: leave acknowledged slots for the next start to replay
   // One node per metastore, until stream leases land: the engine stores a
