@@ -226,58 +226,53 @@ size_t Metered(const client::AppendRecord& r) {
   return n;
 }
 
-// Sends one batch, and again after a retryable failure: with a producer (the
-// same producer sequence, so a retry of an append that did land comes back as
-// a duplicate instead of a second copy), else only when the failure says
-// nothing was appended (no connection, 429, 503 server_draining or
-// server_starting).
-Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, const std::vector<client::AppendRecord>& batch,
-                                          const client::AppendOptions& ao) {
-  // Backpressure (429) lasts as long as settle is behind, and a server may
-  // take a while to recover: refusals that appended nothing are waited out
-  // for up to 5 minutes. Other retryable failures (no server answering
-  // included) get 10 tries.
+// Calls `attempt` (which says, on failure, whether the server certainly did
+// nothing) again after a retryable failure: a failure that may have taken
+// effect only when `unknown_is_safe`, else only one that did nothing (no
+// connection, 429, 503 server_draining or server_starting). Backpressure
+// (429) lasts as long as settle is behind, and a server may take a while to
+// recover: refusals that did nothing are waited out for up to 5 minutes.
+// Other retryable failures (no server answering included) get 10 tries.
+template <typename Attempt>
+auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt) -> decltype(attempt(nullptr)) {
+  using Nothing = Client::NothingAppended;
   auto backoff = std::chrono::milliseconds(100);
   const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  for (int attempt = 1;; ++attempt) {
-    using Nothing = Client::NothingAppended;
+  for (int n = 1;; ++n) {
     Nothing nothing = Nothing::kUnknown;
-    auto ack = c.Append(s.name, batch, ao, &nothing);
-    if (ack.ok()) return ack;
-    const Status& st = ack.status();
+    auto result = attempt(&nothing);
+    if (result.ok()) return result;
+    const Status& st = result.status();
     const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
-    bool safe = st.retryable() && (s.producer || nothing != Nothing::kUnknown);
-    if (!safe || (!wait_out && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) {
-      if (!s.producer && st.retryable() && nothing == Nothing::kUnknown) {
-        // A timeout, a lost connection, a 503 that may have landed: sending
-        // it again could append it twice.
-        return Status(st.code(), st.message() + "; the batch may have been appended (with --producer, "
-                                                "`weir append` retries such failures without duplicates)");
-      }
-      return st;
+    const bool unknown = nothing == Nothing::kUnknown;
+    if (!st.retryable() || (unknown && !unknown_is_safe) || (!wait_out && n >= 10) ||
+        std::chrono::steady_clock::now() >= give_up_at) {
+      return result;
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
 }
 
-// A producer id for `append --producer`, waiting for a server that is
-// starting or busy as AppendWithRetry does (an id allocated by a try whose
-// answer was lost is merely unused).
-Result<client::ProducerId> AllocateWithRetry(Client& c) {
-  auto backoff = std::chrono::milliseconds(100);
-  const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  for (int attempt = 1;; ++attempt) {
-    using Nothing = Client::NothingAppended;
-    Nothing nothing = Nothing::kUnknown;
-    auto p = c.AllocateProducer(&nothing);
-    if (p.ok()) return p;
-    const Status& st = p.status();
-    const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
-    if (!st.retryable() || (!wait_out && attempt >= 10) || std::chrono::steady_clock::now() >= give_up_at) return st;
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+// Sends one batch, and again after a retryable failure: with a producer (the
+// same producer sequence, so a retry of an append that did land comes back as
+// a duplicate instead of a second copy), else only when nothing was appended.
+Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, const std::vector<client::AppendRecord>& batch,
+                                          const client::AppendOptions& ao) {
+  bool unknown = false;
+  auto ack = RetryWhileSafe(s.producer, [&](Client::NothingAppended* nothing) {
+    auto r = c.Append(s.name, batch, ao, nothing);
+    unknown = *nothing == Client::NothingAppended::kUnknown;
+    return r;
+  });
+  if (!ack.ok() && !s.producer && ack.status().retryable() && unknown) {
+    // A timeout, a lost connection, a 503 that may have landed: sending it
+    // again could append it twice.
+    return Status(ack.status().code(), ack.status().message() +
+                                           "; the batch may have been appended (with --producer, `weir append` "
+                                           "retries such failures without duplicates)");
   }
+  return ack;
 }
 
 int Append(ClientCommandsState& s, Client& c) {
@@ -285,7 +280,9 @@ int Append(ClientCommandsState& s, Client& c) {
   ao.match_seq_num = s.match_seq_num;
   ao.fencing_token = s.fencing_token;
   if (s.producer) {
-    auto p = AllocateWithRetry(c);
+    // An id allocated by a try whose answer was lost is merely unused.
+    auto p = RetryWhileSafe(/*unknown_is_safe=*/true,
+                            [&](Client::NothingAppended* nothing) { return c.AllocateProducer(nothing); });
     if (!p.ok()) return Fail(s, p.status());
     ao.producer = *p;
   }

@@ -54,6 +54,20 @@ HttpRequest Client::Request(std::string method, std::string target) const {
   return req;
 }
 
+Result<HttpResponse> Client::CallNoting(const HttpRequest& req, std::string_view stream, NothingAppended* nothing) {
+  if (nothing) *nothing = NothingAppended::kUnknown;
+  auto resp = http_->Do(req);
+  if (!resp.ok()) {
+    if (nothing && http_->failed_before_connect()) *nothing = NothingAppended::kNoConnection;
+    return resp.status();
+  }
+  if (!Is2xx(resp->status)) {
+    if (nothing && ErrorHasNoSideEffects(resp->status, resp->body)) *nothing = NothingAppended::kRefused;
+    return ApiError(resp->status, resp->body, ErrorSubject{options_.basin, stream});
+  }
+  return resp;
+}
+
 Result<HttpResponse> Client::Call(const HttpRequest& req, std::string_view stream, std::string_view basin) {
   WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Do(req));
   if (!Is2xx(resp.status)) {
@@ -118,7 +132,6 @@ Status Client::DeleteStream(std::string_view name) {
 
 Result<AppendAck> Client::Append(std::string_view stream, const std::vector<AppendRecord>& records,
                                  const AppendOptions& options, NothingAppended* nothing_appended) {
-  if (nothing_appended) *nothing_appended = NothingAppended::kUnknown;
   HttpRequest req = Request("POST", StreamPath(stream) + "/records");
   req.headers.emplace_back("Content-Type", "application/json");
   if (options.producer) {
@@ -128,18 +141,8 @@ Result<AppendAck> Client::Append(std::string_view stream, const std::vector<Appe
   }
   req.fresh_connection = !options.producer;  // a silent resend would append twice
   req.body = EncodeAppendInput(records, options);
-  auto resp = http_->Do(req);
-  if (!resp.ok()) {
-    if (nothing_appended && http_->failed_before_connect()) *nothing_appended = NothingAppended::kNoConnection;
-    return resp.status();
-  }
-  if (!Is2xx(resp->status)) {
-    if (nothing_appended && ErrorHasNoSideEffects(resp->status, resp->body)) {
-      *nothing_appended = NothingAppended::kRefused;
-    }
-    return ApiError(resp->status, resp->body, ErrorSubject{options_.basin, stream});
-  }
-  return DecodeAppendAck(resp->body);
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, CallNoting(req, stream, nothing_appended));
+  return DecodeAppendAck(resp.body);
 }
 
 Result<ReadBatch> Client::Read(std::string_view stream, const ReadOptions& options) {
@@ -170,20 +173,11 @@ Result<StreamPosition> Client::CheckTail(std::string_view stream) {
 }
 
 Result<ProducerId> Client::AllocateProducer(NothingAppended* nothing_done) {
-  if (nothing_done) *nothing_done = NothingAppended::kUnknown;
   HttpRequest req = Request("POST", "/v1/producers");
   req.headers.emplace_back("Content-Type", "application/json");
   req.body = "{}";
-  auto resp = http_->Do(req);
-  if (!resp.ok()) {
-    if (nothing_done && http_->failed_before_connect()) *nothing_done = NothingAppended::kNoConnection;
-    return resp.status();
-  }
-  if (!Is2xx(resp->status)) {
-    if (nothing_done && ErrorHasNoSideEffects(resp->status, resp->body)) *nothing_done = NothingAppended::kRefused;
-    return ApiError(resp->status, resp->body, ErrorSubject{options_.basin, {}});
-  }
-  return DecodeProducer(resp->body);
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, CallNoting(req, {}, nothing_done));
+  return DecodeProducer(resp.body);
 }
 
 Status Client::ReadSession(std::string_view stream, const ReadOptions& options, std::string* last_event_id,

@@ -73,6 +73,9 @@ class Client {
   HttpRequest Request(std::string method, std::string target) const;
   // Sends `req`; a 2xx response comes back, anything else as ApiError about `subject`.
   Result<HttpResponse> Call(const HttpRequest& req, std::string_view stream, std::string_view basin = {});
+  // As Call (in the client's basin), and on failure sets `*nothing` (if
+  // given) to whether the request certainly changed nothing.
+  Result<HttpResponse> CallNoting(const HttpRequest& req, std::string_view stream, NothingAppended* nothing);
   Result<std::vector<NamedInfo>> List(std::string_view path, std::string_view key, std::string_view prefix);
 
   ClientOptions options_;
