@@ -540,7 +540,7 @@ void DecodeContentEncoding(Request& req, size_t limit) {
   auto decoded = wal::DecompressRecords(codec, req.body, limit);
   if (!decoded.ok()) {
     if (decoded.status().code() == Code::kResourceExhausted) throw BadRequest{decoded.status().message(), "unavailable", 503};
-    if (decoded.status().message().find("limit") != std::string::npos) {
+    if (wal::DecompressedPastLimit(decoded.status())) {
       throw BadRequest{fmt::format("the request body decodes to more than {} bytes", limit), "request_too_large", 413};
     }
     throw BadRequest{fmt::format("the body is not valid {}: {}", coding, decoded.status().message()), "bad_body"};

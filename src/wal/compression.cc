@@ -26,9 +26,12 @@ constexpr size_t kSnappyJavaHeaderSize = 16;  // magic, version, compatible vers
 constexpr uint32_t kSnappyJavaVersion = 1;
 constexpr size_t kFirstOutputChunk = 64 * 1024;
 
+// Every message of TooLarge holds it (DecompressedPastLimit looks for it).
+constexpr std::string_view kPastLimit = "the limit of";
+
 Status TooLarge(int codec, size_t max_output) {
-  if (codec == kCodecNone) return Corruption("records exceed the limit of {} bytes", max_output);
-  return Corruption("{}-compressed records decompress to more than the limit of {} bytes", CodecName(codec),
+  if (codec == kCodecNone) return Corruption("records exceed {} {} bytes", kPastLimit, max_output);
+  return Corruption("{}-compressed records decompress to more than {} {} bytes", CodecName(codec), kPastLimit,
                     max_output);
 }
 
@@ -305,6 +308,10 @@ std::string_view CodecName(int codec) {
     default:
       return "unknown";
   }
+}
+
+bool DecompressedPastLimit(const Status& st) {
+  return st.code() == Code::kCorruption && st.message().find(kPastLimit) != std::string::npos;
 }
 
 Result<std::string> DecompressRecords(int codec, std::string_view compressed, size_t max_output) {

@@ -40,6 +40,9 @@ std::string_view CodecName(int codec);
 // codec (5-7) kNotSupported; an allocation failure kResourceExhausted.
 // kCodecNone returns a copy of the input (bounded the same way).
 Result<std::string> DecompressRecords(int codec, std::string_view compressed, size_t max_output);
+// Whether a DecompressRecords failure is its output passing the limit (not
+// damaged input).
+bool DecompressedPastLimit(const Status& st);
 
 // Compresses a record section as a Kafka producer would: gzip, raw snappy
 // (as librdkafka sends it), one LZ4 frame, one zstd frame (level 3).
