@@ -23,6 +23,7 @@
 
 #include "base/clock.h"
 #include "base/histogram.h"
+#include "base/tcp.h"
 #include "client/client.h"
 
 namespace weir::bench {
@@ -110,15 +111,8 @@ Result<Target> ResolveTarget(std::string_view url) {
   if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
     return Unavailable("cannot resolve {}: {}", t.host_header, gai_strerror(rc));
   }
-  // IPv4 first, as `weir serve` resolves its own listen address: glibc may
-  // list ::1 first for localhost, where the server listens on 127.0.0.1.
-  const addrinfo* pick = found;
-  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    if (ai->ai_family == AF_INET) {
-      pick = ai;
-      break;
-    }
-  }
+  // IPv4 first, as `weir serve` resolves its own listen address.
+  const addrinfo* pick = PreferIPv4(found);
   std::memcpy(&t.addr, pick->ai_addr, pick->ai_addrlen);
   t.addr_len = pick->ai_addrlen;
   freeaddrinfo(found);

@@ -1,6 +1,7 @@
 // Socket options the listeners share.
 #pragma once
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -19,6 +20,16 @@ inline void EnableTcpKeepAlive(int fd, int idle_s = 60, int interval_s = 10, int
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+}
+
+// The address to use of a getaddrinfo list: its first IPv4 one, else its
+// first. glibc may list ::1 first for localhost, where servers (and clients)
+// default to 127.0.0.1.
+inline const addrinfo* PreferIPv4(const addrinfo* found) {
+  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) return ai;
+  }
+  return found;
 }
 
 }  // namespace weir

@@ -17,6 +17,7 @@
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "base/tcp.h"
 #include "http/rest.h"
 #include "http/server.h"
 #include "kafka/api_table.h"
@@ -94,14 +95,7 @@ Result<std::string> ResolveListenHost(const std::string& host, const char* flag)
   if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || found == nullptr) {
     return InvalidArgument("{}: cannot resolve host \"{}\": {}", flag, host, rc != 0 ? gai_strerror(rc) : "no address");
   }
-  // IPv4 first: clients default to 127.0.0.1, and glibc may list ::1 first for localhost.
-  const addrinfo* pick = found;
-  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    if (ai->ai_family == AF_INET) {
-      pick = ai;
-      break;
-    }
-  }
+  const addrinfo* pick = PreferIPv4(found);
   char text[NI_MAXHOST] = {};
   const int named = getnameinfo(pick->ai_addr, pick->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST);
   freeaddrinfo(found);
