@@ -725,6 +725,40 @@ TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
   }
 }
 
+TEST_F(EngineTest, AStartLoadsEveryStreamWithAFewPagedReadsNotARoundTripPerStream) {
+  // Streams with several segments each, one with none, one deleted: the
+  // start reads rows and segments a page at a time, across streams.
+  std::vector<std::string> names;
+  for (int i = 0; i < 12; ++i) {
+    names.push_back("many-" + std::to_string(i));
+    ASSERT_TRUE(engine_->CreateStream(kBasin, names.back(), StreamConfig{}).ok());
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 1; i < names.size(); ++i) {
+      ASSERT_TRUE(engine_->Append(kBasin, names[i], Bodies({names[i] + "." + std::to_string(round)})).status.ok());
+    }
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  }
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, names[5]).ok());
+  ASSERT_TRUE(engine_->Append(kBasin, names[7], Bodies({"unsettled"})).status.ok());  // replayed from the WAL
+  settle_on_close_ = false;
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  EXPECT_EQ(hooked->get_stream_by_id_calls.load(), 0);
+  EXPECT_EQ(hooked->find_segments_calls.load(), 0);
+  EXPECT_EQ(hooked->list_streams_by_id_calls.load(), 1);
+  EXPECT_EQ(hooked->list_segments_calls.load(), 1);
+  EXPECT_TRUE(ReadAll(names[0]).empty());
+  EXPECT_EQ(engine_->GetStream(kBasin, names[5]).status().code(), Code::kNotFound);
+  for (size_t i = 1; i < names.size(); ++i) {
+    if (i == 5) continue;
+    std::vector<std::string> want;
+    for (int round = 0; round < 3; ++round) want.push_back(names[i] + "." + std::to_string(round));
+    if (i == 7) want.push_back("unsettled");
+    EXPECT_EQ(ReadAll(names[i]), want) << names[i];
+  }
+}
+
 TEST_F(EngineTest, ASettleCommitThatFailedOnIoAndDidNotLandKeepsItsSegments) {
   // Not landed as this process sees it, but SQLite may replay it at the next
   // open: the segments stay, and the next round commits them.

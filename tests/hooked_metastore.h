@@ -47,7 +47,12 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<void()> before_expire_group_offsets;  // runs once, then is cleared
   std::function<Status()> fail_fetch_group_offsets;   // non-OK: FetchGroupOffsets answers it
   std::function<Status()> fail_allocate_producer_id;  // non-OK: AllocateProducerId answers it
+  std::function<Status()> fail_list_segments;  // non-OK: ListSegmentsFrom answers it
   std::atomic<int> delete_empty_stream_calls{0};
+  std::atomic<int> list_streams_by_id_calls{0};
+  std::atomic<int> list_segments_calls{0};
+  std::atomic<int> get_stream_by_id_calls{0};
+  std::atomic<int> find_segments_calls{0};
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -87,6 +92,7 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->GetStream(b, n);
   }
   Result<StreamInfo> GetStreamById(uint64_t id) override {
+    ++get_stream_by_id_calls;
     if (fail_get_stream_by_id) {
       if (Status st = fail_get_stream_by_id(); !st.ok()) return st;
     }
@@ -125,6 +131,17 @@ class HookedMetastore final : public metastore::Metastore {
       if (Status st = fail_get_stream_state(); !st.ok()) return st;
     }
     return m_->GetStreamState(id);
+  }
+  Result<std::vector<StreamInfo>> ListStreamsById(uint64_t after, size_t l) override {
+    ++list_streams_by_id_calls;
+    return m_->ListStreamsById(after, l);
+  }
+  Result<std::vector<SegmentInfo>> ListSegmentsFrom(uint64_t id, uint64_t from, size_t l) override {
+    ++list_segments_calls;
+    if (fail_list_segments) {
+      if (Status st = fail_list_segments(); !st.ok()) return st;
+    }
+    return m_->ListSegmentsFrom(id, from, l);
   }
   Result<std::vector<StreamState>> ListStreamStates() override {
     auto states = m_->ListStreamStates();
@@ -206,6 +223,7 @@ class HookedMetastore final : public metastore::Metastore {
     return after_commit_settle ? after_commit_settle(std::move(st)) : st;
   }
   Result<std::vector<SegmentInfo>> FindSegments(uint64_t id, uint64_t from, size_t l) override {
+    ++find_segments_calls;
     if (fail_find_segments) {
       if (Status st = fail_find_segments(); !st.ok()) return st;
     }

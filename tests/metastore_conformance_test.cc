@@ -918,6 +918,72 @@ TEST_P(MetastoreConformance, CommitSettleMakesEverythingVisible) {
   EXPECT_EQ(m().GetStreamState(c)->settled_offset, 9u);
 }
 
+// Recovery reads every stream's segments in pages across streams.
+TEST_P(MetastoreConformance, ListSegmentsFromPagesAcrossStreams) {
+  const uint64_t a = MakeStream("b", "a");
+  const uint64_t empty = MakeStream("b", "empty");
+  const uint64_t c = MakeStream("b", "c");
+  ASSERT_LT(a, empty);
+  ASSERT_LT(empty, c);
+  MintTo("n1", 1);
+  // Inserted out of order: the listing sorts by stream, then by start offset
+  // as a number (10 after 9, not before it).
+  const std::vector<SegmentInfo> segs = {Seg(c, 0, 3), Seg(a, 10, 25), Seg(a, 0, 9), Seg(a, 9, 10), Seg(c, 3, 100)};
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1}, segs, {State(a, 25), State(c, 100)}));
+  const std::vector<SegmentInfo> sorted = {segs[2], segs[3], segs[1], segs[0], segs[4]};
+
+  ASSERT_OK_AND_ASSIGN(auto all, m().ListSegmentsFrom(0, 0, 10000));
+  EXPECT_EQ(Str(all), Str(sorted));
+  // Paged two at a time from (last stream, last start + 1): each exactly once.
+  std::vector<SegmentInfo> paged;
+  for (uint64_t id = 0, from = 0;;) {
+    ASSERT_OK_AND_ASSIGN(auto page, m().ListSegmentsFrom(id, from, 2));
+    ASSERT_LE(page.size(), 2u);
+    if (page.empty()) break;
+    id = page.back().stream_id;
+    from = page.back().start_offset + 1;
+    paged.insert(paged.end(), page.begin(), page.end());
+  }
+  EXPECT_EQ(Str(paged), Str(sorted));
+  // A start inside a stream; a start past every offset moves to the next stream.
+  ASSERT_OK_AND_ASSIGN(auto mid, m().ListSegmentsFrom(a, 1, 10000));
+  EXPECT_EQ(Str(mid), Str(std::vector<SegmentInfo>{segs[3], segs[1], segs[0], segs[4]}));
+  ASSERT_OK_AND_ASSIGN(auto next, m().ListSegmentsFrom(a, std::numeric_limits<uint64_t>::max(), 10000));
+  EXPECT_EQ(Str(next), Str(std::vector<SegmentInfo>{segs[0], segs[4]}));
+  ASSERT_OK_AND_ASSIGN(auto none, m().ListSegmentsFrom(c + 1, 0, 10000));
+  EXPECT_TRUE(none.empty());
+  ASSERT_OK_AND_ASSIGN(auto beyond, m().ListSegmentsFrom(std::numeric_limits<uint64_t>::max(), 0, 10000));
+  EXPECT_TRUE(beyond.empty());
+  EXPECT_EQ(m().ListSegmentsFrom(0, 0, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ListSegmentsFrom(0, 0, 10001).status().code(), Code::kInvalidArgument);
+}
+
+TEST_P(MetastoreConformance, ListStreamsByIdPagesAcrossBasins) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(MakeStream(i % 2 == 0 ? "zz-basin" : "aa-basin", "s" + std::to_string(i)));
+  ASSERT_OK(m().DeleteStream(ids[3], kNoNode).status());
+  const std::vector<uint64_t> live = {ids[0], ids[1], ids[2], ids[4]};
+  std::vector<uint64_t> got;
+  for (uint64_t after = 0;;) {
+    ASSERT_OK_AND_ASSIGN(auto page, m().ListStreamsById(after, 3));
+    ASSERT_LE(page.size(), 3u);
+    if (page.empty()) break;
+    for (const StreamInfo& s : page) {
+      got.push_back(s.id);
+      ASSERT_OK_AND_ASSIGN(StreamInfo same, m().GetStreamById(s.id));
+      EXPECT_EQ(Str(s), Str(same));
+    }
+    after = page.back().id;
+  }
+  EXPECT_EQ(got, live);
+  ASSERT_OK_AND_ASSIGN(auto after_last, m().ListStreamsById(ids[4], 1000));
+  EXPECT_TRUE(after_last.empty());
+  ASSERT_OK_AND_ASSIGN(auto beyond, m().ListStreamsById(std::numeric_limits<uint64_t>::max(), 1000));
+  EXPECT_TRUE(beyond.empty());
+  EXPECT_EQ(m().ListStreamsById(0, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ListStreamsById(0, 1001).status().code(), Code::kInvalidArgument);
+}
+
 TEST_P(MetastoreConformance, RaisedTrimPointsNeverGoDown) {
   const uint64_t a = MakeStream("b", "a");
   MintTo("n1", 1);

@@ -7,6 +7,7 @@
 #include <future>
 #include <random>
 #include <system_error>
+#include <unordered_map>
 #include <thread>
 
 #include "base/bytes.h"
@@ -326,11 +327,7 @@ Status Engine::Recover() {
   WEIR_ASSIGN_OR_RETURN(last_stream_id_at_start_, meta_->LastStreamId());
   // Streams as of their last settle.
   WEIR_ASSIGN_OR_RETURN(auto states, meta_->ListStreamStates());
-  for (const auto& st : states) {
-    Status loaded = LoadStream(st);
-    if (loaded.code() == Code::kNotFound) continue;  // deleted since the listing (by a process still serving)
-    WEIR_RETURN_IF_ERROR(loaded);
-  }
+  WEIR_RETURN_IF_ERROR(LoadStreams(states));
 
   // Fence and replay every earlier epoch of this node from the checkpoint.
   nonce_ = RandomNonce();
@@ -467,23 +464,65 @@ Status ApplyBatch(StreamFacts* f, std::string_view batch, bool verified) {
   return Status::Ok();
 }
 
-Result<std::shared_ptr<Engine::Stream>> Engine::StreamFromState(const metastore::StreamState& st) {
-  WEIR_ASSIGN_OR_RETURN(auto info, meta_->GetStreamById(st.stream_id));
+Result<std::shared_ptr<Engine::Stream>> Engine::MakeStream(metastore::StreamInfo info,
+                                                           const metastore::StreamState& st,
+                                                           std::vector<metastore::SegmentInfo> segments) {
   auto s = std::make_shared<Stream>();
-  s->info = info;
+  s->info = std::move(info);
   s->live.next_offset = s->tail = st.settled_offset;
   s->live.trim_point = s->durable_trim_point = st.trim_point;  // stored: durable
   s->live.fencing_token = st.fencing_token;
   s->live.last_timestamp_ms = s->tail_timestamp_ms = st.last_timestamp_ms;
   WEIR_ASSIGN_OR_RETURN(s->live.producers, ProducerWindows::Deserialize(st.producer_state));
   s->settled = s->live;
+  s->segments = std::move(segments);
+  return s;
+}
+
+Result<std::shared_ptr<Engine::Stream>> Engine::StreamFromState(const metastore::StreamState& st) {
+  WEIR_ASSIGN_OR_RETURN(auto info, meta_->GetStreamById(st.stream_id));
+  std::vector<metastore::SegmentInfo> segments;
   for (uint64_t from = 0;;) {
     WEIR_ASSIGN_OR_RETURN(auto segs, meta_->FindSegments(info.id, from, 1000));
     if (segs.empty()) break;
     from = segs.back().end_offset;
-    for (auto& seg : segs) s->segments.push_back(std::move(seg));
+    for (auto& seg : segs) segments.push_back(std::move(seg));
   }
-  return s;
+  return MakeStream(std::move(info), st, std::move(segments));
+}
+
+Status Engine::LoadStreams(const std::vector<metastore::StreamState>& states) {
+  constexpr size_t kStreamPage = 1000;
+  constexpr size_t kSegmentPage = 10000;
+  std::unordered_map<uint64_t, metastore::StreamInfo> rows;
+  rows.reserve(states.size());
+  for (uint64_t after = 0;;) {
+    WEIR_ASSIGN_OR_RETURN(auto page, meta_->ListStreamsById(after, kStreamPage));
+    if (page.empty()) break;
+    after = page.back().id;
+    for (auto& info : page) rows.emplace(info.id, std::move(info));
+    if (page.size() < kStreamPage) break;
+  }
+  std::unordered_map<uint64_t, std::vector<metastore::SegmentInfo>> segments;
+  for (uint64_t id = 0, from = 0;;) {
+    WEIR_ASSIGN_OR_RETURN(auto page, meta_->ListSegmentsFrom(id, from, kSegmentPage));
+    if (page.empty()) break;
+    id = page.back().stream_id;
+    from = page.back().start_offset + 1;
+    for (auto& seg : page) segments[seg.stream_id].push_back(std::move(seg));
+    if (page.size() < kSegmentPage) break;
+  }
+  for (const auto& st : states) {
+    auto row = rows.find(st.stream_id);
+    if (row == rows.end()) continue;  // deleted since the listing (by a process still serving)
+    auto seg = segments.find(st.stream_id);
+    WEIR_ASSIGN_OR_RETURN(auto s, MakeStream(std::move(row->second), st,
+                                             seg == segments.end() ? std::vector<metastore::SegmentInfo>{}
+                                                                   : std::move(seg->second)));
+    by_name_[{s->info.basin, s->info.name}] = s->info.id;
+    by_id_[s->info.id] = std::move(s);
+  }
+  return Status::Ok();
 }
 
 Status Engine::LoadStream(const metastore::StreamState& st) {

@@ -575,10 +575,16 @@ class Engine {
   TimePoint last_merge_;
   uint64_t merge_resume_at_ = 0;  // the stream id the last merge pass stopped at (settle thread, settle_mu_)
   uint64_t last_stream_id_at_start_ = 0;  // the metastore's, read by Recover before it loads the streams
-  // A stream as of its settled state and segment index in the metastore.
+  // A stream as of its row, settled state and segment index.
+  static Result<std::shared_ptr<Stream>> MakeStream(metastore::StreamInfo info, const metastore::StreamState& st,
+                                                    std::vector<metastore::SegmentInfo> segments);
+  // A stream as of its settled state, its row and segments read from the metastore.
   Result<std::shared_ptr<Stream>> StreamFromState(const metastore::StreamState& st);
   // Recovery: registers a stream from its settled state (in by_id_ and by_name_).
   Status LoadStream(const metastore::StreamState& st);
+  // Recovery: registers every stream of `states` whose row still exists, with
+  // its rows and segments read a page at a time (not a round trip per stream).
+  Status LoadStreams(const std::vector<metastore::StreamState>& states);
   // After a create failed: loads those of `found` (rows the metastore has)
   // whose id and name are not registered, from their settled state. A
   // stream that cannot be loaded is logged and left out (the first such

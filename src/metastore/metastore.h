@@ -233,6 +233,9 @@ class Metastore {
   virtual Result<StreamInfo> GetStreamById(uint64_t id) = 0;
   virtual Result<std::vector<StreamInfo>> ListStreams(std::string_view basin, std::string_view prefix,
                                                       std::string_view start_after, size_t limit) = 0;
+  // Streams of every basin with id > after_id, by id, at most limit (1..1000,
+  // else kInvalidArgument): recovery loads them a page per round trip.
+  virtual Result<std::vector<StreamInfo>> ListStreamsById(uint64_t after_id, size_t limit) = 0;
   virtual Status UpdateStreamConfig(uint64_t id, const StreamConfig& config, const EpochCheck& by) = 0;  // kNotFound
   // Raises a stream's stored trim point to `trim_point` (never lowers it):
   // a trim made without a command record (Kafka DeleteRecords), by `node` at
@@ -374,6 +377,12 @@ class Metastore {
   // from_offset), ascending, at most limit (>= 1, else kInvalidArgument).
   virtual Result<std::vector<SegmentInfo>> FindSegments(uint64_t stream_id, uint64_t from_offset,
                                                         size_t limit) = 0;
+  // Segments of every stream from (stream_id, start_offset) on, ordered by
+  // stream id then start offset, at most limit (1..10000, else
+  // kInvalidArgument). The next page starts at (last.stream_id,
+  // last.start_offset + 1). Recovery loads every stream's segments this way.
+  virtual Result<std::vector<SegmentInfo>> ListSegmentsFrom(uint64_t stream_id, uint64_t start_offset,
+                                                            size_t limit) = 0;
   // The first segment of a stream whose last_timestamp_ms >= timestamp_ms.
   virtual Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id,
                                                                     int64_t timestamp_ms) = 0;

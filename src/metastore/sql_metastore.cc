@@ -19,6 +19,7 @@ namespace weir::metastore {
 namespace {
 
 constexpr size_t kMaxListLimit = 1000;
+constexpr size_t kMaxSegmentListLimit = 10000;
 // Offsets are compared in SQL as int64, so they must stay below 2^63.
 constexpr uint64_t kMaxOffset = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
@@ -130,6 +131,7 @@ constexpr const char kDeleteToken[] = "DELETE FROM create_tokens WHERE basin = ?
   "id, basin, name, storage_class, retention_age_s, timestamping, uncapped, created_at_ms, delete_on_empty_s"
 constexpr const char kStreamByName[] = "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE basin = ?1 AND name = ?2";
 constexpr const char kStreamById[] = "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE id = ?1";
+constexpr const char kStreamsById[] = "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE id > ?1 ORDER BY id LIMIT ?2";
 constexpr const char kListStreamsBounded[] =
     "SELECT " WEIR_STREAM_COLUMNS
     " FROM streams WHERE basin = ?1 AND name > ?2 AND name >= ?3 AND name < ?4 ORDER BY name LIMIT ?5";
@@ -184,6 +186,10 @@ constexpr const char kFindSegments[] =
     "SELECT " WEIR_SEGMENT_COLUMNS " FROM segments WHERE stream_id = ?1 AND end_offset > ?2 AND start_offset >= "
     "coalesce((SELECT start_offset FROM segments WHERE stream_id = ?1 AND start_offset <= ?2 "
     "ORDER BY start_offset DESC LIMIT 1), 0) ORDER BY start_offset LIMIT ?3";
+// A row-value comparison: an index range on (stream_id, start_offset).
+constexpr const char kSegmentsFrom[] = "SELECT " WEIR_SEGMENT_COLUMNS
+                                       " FROM segments WHERE (stream_id, start_offset) >= (?1, ?2) "
+                                       "ORDER BY stream_id, start_offset LIMIT ?3";
 constexpr const char kSegmentByTimestamp[] =
     "SELECT " WEIR_SEGMENT_COLUMNS
     " FROM segments WHERE stream_id = ?1 AND last_ts >= ?2 ORDER BY start_offset LIMIT 1";
@@ -747,6 +753,24 @@ Result<std::vector<StreamInfo>> SqlMetastore::ListStreams(std::string_view basin
   });
 }
 
+Result<std::vector<StreamInfo>> SqlMetastore::ListStreamsById(uint64_t after_id, size_t limit) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ListStreamsById", [&]() -> Result<std::vector<StreamInfo>> {
+    WEIR_RETURN_IF_ERROR(CheckListLimit(limit));
+    std::vector<StreamInfo> out;
+    if (after_id >= kMaxOffset) return out;  // ids are stored as int64
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamsById));
+    st.Int(1, I64(after_id)).Int(2, static_cast<int64_t>(limit));
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list streams by id"));
+      if (!row) break;
+      WEIR_ASSIGN_OR_RETURN(StreamInfo s, ReadStream(st));
+      out.push_back(std::move(s));
+    }
+    return out;
+  });
+}
+
 Status SqlMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& config, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("UpdateStreamConfig", [&]() -> Status {
@@ -1090,6 +1114,32 @@ Result<std::vector<SegmentInfo>> SqlMetastore::FindSegments(uint64_t stream_id, 
         .Int(3, static_cast<int64_t>(std::min<uint64_t>(limit, kMaxOffset)));
     while (true) {
       WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("find segments"));
+      if (!row) break;
+      out.push_back(ReadSegment(st));
+    }
+    return out;
+  });
+}
+
+Result<std::vector<SegmentInfo>> SqlMetastore::ListSegmentsFrom(uint64_t stream_id, uint64_t start_offset,
+                                                                   size_t limit) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ListSegmentsFrom", [&]() -> Result<std::vector<SegmentInfo>> {
+    if (limit < 1 || limit > kMaxSegmentListLimit) {
+      return InvalidArgument("segment list limit {} is out of range; it must be 1..{}", limit, kMaxSegmentListLimit);
+    }
+    std::vector<SegmentInfo> out;
+    // Ids and offsets are stored as int64: nothing is at or past 2^63.
+    if (stream_id >= kMaxOffset) return out;
+    if (start_offset >= kMaxOffset) {
+      ++stream_id;
+      start_offset = 0;
+      if (stream_id >= kMaxOffset) return out;
+    }
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentsFrom));
+    st.Int(1, I64(stream_id)).Int(2, I64(start_offset)).Int(3, static_cast<int64_t>(limit));
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list segments"));
       if (!row) break;
       out.push_back(ReadSegment(st));
     }

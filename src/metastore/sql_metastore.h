@@ -72,6 +72,7 @@ class SqlMetastore final : public Metastore {
 
   Result<StreamState> GetStreamState(uint64_t id) override;
   Result<std::vector<StreamState>> ListStreamStates() override;
+  Result<std::vector<StreamInfo>> ListStreamsById(uint64_t after_id, size_t limit) override;
 
   Result<NodeState> GetNode(std::string_view node) override;
   Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) override;
@@ -85,6 +86,7 @@ class SqlMetastore final : public Metastore {
                       const std::vector<StreamState>& states) override;
 
   Result<std::vector<SegmentInfo>> FindSegments(uint64_t stream_id, uint64_t from_offset, size_t limit) override;
+  Result<std::vector<SegmentInfo>> ListSegmentsFrom(uint64_t stream_id, uint64_t start_offset, size_t limit) override;
   Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id, int64_t timestamp_ms) override;
   Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view node, uint64_t epoch, uint64_t stream_id,
                                                        uint64_t below_offset) override;
