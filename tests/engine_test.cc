@@ -81,6 +81,7 @@ class EngineTest : public ::testing::Test {
     o.merge_min_age = Duration::zero();
     o.merge_small_bytes = merge_small_bytes_;
     o.merge_parts_per_pass = merge_parts_per_pass_;
+    o.retention_streams_per_txn = retention_streams_per_txn_;
     o.wal.retry_initial = 1ms;
     o.wal.retry_max = 5ms;
     o.log_cache_bytes = cache_bytes_;
@@ -165,6 +166,7 @@ class EngineTest : public ::testing::Test {
   Duration admission_timeout_ = std::chrono::seconds(10);
   size_t wal_budget_ = 0;  // 0: the WAL's default
   size_t merge_small_bytes_ = 1 << 20;
+  size_t retention_streams_per_txn_ = 500;
   size_t merge_parts_per_pass_ = 2048;
   bool settle_on_close_ = true;
 };
@@ -1885,7 +1887,8 @@ TEST_F(EngineTest, ASupersededNodeTrimsAndDeletesNothing) {
   EXPECT_EQ(engine_->TrimTo(kBasin, "s", 3).status().code(), Code::kPreconditionFailed);
 }
 
-TEST_F(EngineTest, RetentionGoesOnPastAStreamItCannotDeleteFrom) {
+TEST_F(EngineTest, RetentionGoesOnPastATransactionItCannotCommit) {
+  retention_streams_per_txn_ = 1;
   auto hooked = RestartHooked();
   ASSERT_TRUE(engine_);
   ASSERT_TRUE(engine_->CreateStream(kBasin, "t", StreamConfig{}).ok());
@@ -1905,6 +1908,37 @@ TEST_F(EngineTest, RetentionGoesOnPastAStreamItCannotDeleteFrom) {
   EXPECT_TRUE(engine_->ApplyRetention().ok());
   EXPECT_EQ(engine_->metrics().segments_deleted.load(), 2u);
   EXPECT_EQ(CountKeys(*store_, "seg/"), segments - 2);
+}
+
+TEST_F(EngineTest, RetentionCutsManyStreamsInOneTransaction) {
+  retention_streams_per_txn_ = 3;
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  std::vector<std::string> names;
+  for (int i = 0; i < 7; ++i) {
+    names.push_back("cut-" + std::to_string(i));
+    ASSERT_TRUE(engine_->CreateStream(kBasin, names.back(), StreamConfig{}).ok());
+    ASSERT_TRUE(engine_->Append(kBasin, names.back(), Bodies({"old"})).status.ok());
+  }
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  for (const std::string& name : names) {
+    ASSERT_TRUE(engine_->Append(kBasin, name, Bodies({"new"})).status.ok());
+    std::vector<AppendRecord> trim;
+    trim.push_back(Command("trim", Be64(1)));
+    ASSERT_TRUE(engine_->Append(kBasin, name, std::move(trim)).status.ok());
+  }
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  const size_t segments = CountKeys(*store_, "seg/");
+  const uint64_t txns = meta_->counters().transactions.load();
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(hooked->delete_segments_calls.load(), 3);  // 7 streams, 3 per transaction
+  EXPECT_EQ(meta_->counters().transactions.load() - txns, 3u);
+  EXPECT_EQ(engine_->metrics().segments_deleted.load(), 7u);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), segments - 7);
+  for (const std::string& name : names) EXPECT_EQ(ReadAll(name, 1), (std::vector<std::string>{"new", Be64(1)})) << name;
+  // Nothing left to cut: no transaction.
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(hooked->delete_segments_calls.load(), 3);
 }
 
 // Rows removed with the answer lost: the next pass finds nothing to remove,

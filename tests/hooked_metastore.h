@@ -22,7 +22,8 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_mint;                     // non-OK: MintEpoch answers it (and changes nothing)
   std::function<void()> before_commit_settle;            // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;     // maps the real answer
-  std::function<Status(uint64_t)> fail_delete_segments;  // non-OK for a stream id: DeleteSegmentsBelow answers it
+  // Non-OK for a stream id: DeleteSegmentsBelow with a cut of it answers it (removing nothing).
+  std::function<Status(uint64_t)> fail_delete_segments;
   // Maps DeleteSegmentsBelow's real answer (after the delete ran): rows removed with the answer lost.
   std::function<Status(Status)> map_delete_segments_answer;
   std::function<Status(Status)> after_replace_segments;  // maps the real answer
@@ -53,6 +54,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::atomic<int> list_segments_calls{0};
   std::atomic<int> get_stream_by_id_calls{0};
   std::atomic<int> find_segments_calls{0};
+  std::atomic<int> delete_segments_calls{0};
 
   using BasinInfo = metastore::BasinInfo;
   using BasinConfig = metastore::BasinConfig;
@@ -232,12 +234,15 @@ class HookedMetastore final : public metastore::Metastore {
   Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t id, int64_t ms) override {
     return m_->FindSegmentByTimestamp(id, ms);
   }
-  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view n, uint64_t e, uint64_t id,
-                                                       uint64_t below) override {
+  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view n, uint64_t e,
+                                                       const std::vector<metastore::SegmentCut>& cuts) override {
+    ++delete_segments_calls;
     if (fail_delete_segments) {
-      if (Status st = fail_delete_segments(id); !st.ok()) return st;
+      for (const auto& cut : cuts) {
+        if (Status st = fail_delete_segments(cut.stream_id); !st.ok()) return st;
+      }
     }
-    auto r = m_->DeleteSegmentsBelow(n, e, id, below);
+    auto r = m_->DeleteSegmentsBelow(n, e, cuts);
     if (!map_delete_segments_answer) return r;
     if (Status mapped = map_delete_segments_answer(r.ok() ? Status::Ok() : r.status()); !mapped.ok()) return mapped;
     return r;

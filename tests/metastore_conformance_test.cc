@@ -1296,27 +1296,27 @@ TEST_P(SegmentIndexTest, DeleteSegmentsBelow) {
   };
   const uint64_t txns = m().counters().transactions.load();
   // Only the node's current epoch deletes.
-  EXPECT_EQ(m().DeleteSegmentsBelow("n1", 2, a_, 1000).status().code(), Code::kPreconditionFailed);
-  EXPECT_EQ(m().DeleteSegmentsBelow("n9", 1, a_, 1000).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteSegmentsBelow("n1", 2, {{a_, 1000}}).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteSegmentsBelow("n9", 1, {{a_, 1000}}).status().code(), Code::kPreconditionFailed);
   EXPECT_EQ(Starts(a_), (V{0, 10, 20, 40}));
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> none, m().DeleteSegmentsBelow("n1", 1, a_, 9));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> none, m().DeleteSegmentsBelow("n1", 1, {{a_, 9}}));
   EXPECT_TRUE(none.empty());
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> first, m().DeleteSegmentsBelow("n1", 1, a_, 10));  // ends at or below
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> first, m().DeleteSegmentsBelow("n1", 1, {{a_, 10}}));  // ends at or below
   EXPECT_EQ(Str(first), Str(std::vector<SegmentInfo>{Seg(a_, 0, 10, 100, 200)}));
   EXPECT_EQ(Starts(a_), (V{10, 20, 40}));
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> mid, m().DeleteSegmentsBelow("n1", 1, a_, 34));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> mid, m().DeleteSegmentsBelow("n1", 1, {{a_, 34}}));
   EXPECT_EQ(starts_of(mid), (V{10}));  // [20,35) still holds offset 34
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> gap, m().DeleteSegmentsBelow("n1", 1, a_, 39));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> gap, m().DeleteSegmentsBelow("n1", 1, {{a_, 39}}));
   EXPECT_EQ(starts_of(gap), (V{20}));
   EXPECT_EQ(Starts(a_), (V{40}));
   EXPECT_EQ(Starts(other_), (V{0}));  // other streams untouched
   ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> rest,
-                       m().DeleteSegmentsBelow("n1", 1, a_, std::numeric_limits<uint64_t>::max()));
+                       m().DeleteSegmentsBelow("n1", 1, {{a_, std::numeric_limits<uint64_t>::max()}}));
   EXPECT_EQ(starts_of(rest), (V{40}));
   EXPECT_TRUE(Starts(a_).empty());
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> empty, m().DeleteSegmentsBelow("n1", 1, a_, 1000));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> empty, m().DeleteSegmentsBelow("n1", 1, {{a_, 1000}}));
   EXPECT_TRUE(empty.empty());
-  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> unknown, m().DeleteSegmentsBelow("n1", 1, 123456, 1000));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> unknown, m().DeleteSegmentsBelow("n1", 1, {{123456, 1000}}));
   EXPECT_TRUE(unknown.empty());
   EXPECT_EQ(m().counters().transactions.load() - txns, 7u);
   // The stream and its state are not touched by trimming.
@@ -1325,6 +1325,33 @@ TEST_P(SegmentIndexTest, DeleteSegmentsBelow) {
   // Trimmed offsets can be settled again only above what remains (none here).
   ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(a_, 50, 60)}, {}));
   EXPECT_EQ(Starts(a_), (V{50}));
+}
+
+TEST_P(SegmentIndexTest, DeleteSegmentsBelowCutsManyStreamsInOneTransaction) {
+  using V = std::vector<uint64_t>;
+  const uint64_t txns = m().counters().transactions.load();
+  // Cuts in any order, one matching nothing, one of an unknown stream.
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> removed,
+                       m().DeleteSegmentsBelow("n1", 1, {{other_, 100}, {123456, 5}, {a_, 5}, {a_, 34}}));
+  EXPECT_EQ(Str(removed), Str(std::vector<SegmentInfo>{Seg(other_, 0, 100, 0, 1000), Seg(a_, 0, 10, 100, 200),
+                                                       Seg(a_, 10, 20, 200, 300)}));
+  EXPECT_EQ(m().counters().transactions.load() - txns, 1u);
+  EXPECT_EQ(Starts(a_), (V{20, 40}));
+  EXPECT_TRUE(Starts(other_).empty());
+  // All or nothing: a superseded epoch removes nothing for any cut.
+  MintTo("n1", 2);
+  EXPECT_EQ(m().DeleteSegmentsBelow("n1", 1, {{a_, 1000}}).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(Starts(a_), (V{20, 40}));
+  // Bounded: more cuts than one transaction takes is refused, and removes nothing.
+  std::vector<SegmentCut> many(Metastore::kMaxSegmentCuts + 1, SegmentCut{a_, 1000});
+  EXPECT_EQ(m().DeleteSegmentsBelow("n1", 2, many).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Starts(a_), (V{20, 40}));
+  many.pop_back();
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> all, m().DeleteSegmentsBelow("n1", 2, many));
+  EXPECT_EQ(all.size(), 2u);
+  EXPECT_TRUE(Starts(a_).empty());
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> none, m().DeleteSegmentsBelow("n1", 2, {}));
+  EXPECT_TRUE(none.empty());
 }
 
 // ---- Tables ---------------------------------------------------------------------

@@ -74,6 +74,9 @@ struct EngineOptions {
   Duration settle_interval = std::chrono::seconds(1);
   // Retention and trim: expired or trimmed segments are deleted this often.
   Duration retention_interval = std::chrono::seconds(60);
+  // Streams whose segment rows one retention transaction removes, at most
+  // (1..Metastore::kMaxSegmentCuts); their objects go in one DeleteMany.
+  size_t retention_streams_per_txn = 500;
   // Merging small segments (each settle cycle writes one per stream that took
   // appends): adjacent segments under merge_small_bytes are merged once they
   // add up to merge_small_bytes, or once the newest of them is merge_min_age

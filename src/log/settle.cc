@@ -8,6 +8,7 @@
 #include <set>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 
 #include "base/crc32c.h"
 #include "base/log.h"
@@ -457,6 +458,11 @@ Status Engine::ApplyRetention() {
   }
   int64_t now_ms = WallMillis();
   Status first_error;
+  struct Cut {
+    std::shared_ptr<Stream> stream;
+    uint64_t below = 0;
+  };
+  std::vector<Cut> cuts;
   for (auto& s : streams) {
     uint64_t below = 0;
     {
@@ -469,49 +475,68 @@ Status Engine::ApplyRetention() {
         below = seg.end_offset;
       }
     }
-    if (below == 0) continue;
-    auto removed = meta_->DeleteSegmentsBelow(options_.node, epoch_.load(), s->info.id, below);
-    if (!removed.ok()) {  // the next pass tries again; the other streams go on
-      if (first_error.ok()) first_error = removed.status().WithContext(fmt::format("stream {}", s->info.id));
+    if (below != 0) cuts.push_back(Cut{s, below});
+  }
+  // A transaction's worth of streams at a time; a chunk that fails is tried
+  // again next pass, and the chunks after it go on.
+  const size_t per_txn = std::clamp<size_t>(options_.retention_streams_per_txn, 1, metastore::Metastore::kMaxSegmentCuts);
+  for (size_t begin = 0; begin < cuts.size(); begin += per_txn) {
+    const size_t end = std::min(cuts.size(), begin + per_txn);
+    std::vector<metastore::SegmentCut> chunk;
+    for (size_t i = begin; i < end; ++i) chunk.push_back({cuts[i].stream->info.id, cuts[i].below});
+    auto removed = meta_->DeleteSegmentsBelow(options_.node, epoch_.load(), chunk);
+    if (!removed.ok()) {
+      if (first_error.ok()) {
+        first_error = removed.status().WithContext(
+            fmt::format("{} stream(s) from id {}", end - begin, cuts[begin].stream->info.id));
+      }
       continue;
     }
-    std::vector<std::string> keys;
-    for (const auto& seg : *removed) keys.push_back(seg.object_key);
-    bool as_read = true;  // the rows removed are the segments memory drops
-    std::vector<std::string> expected;  // the objects memory drops
-    {
-      std::lock_guard lk(s->mu);
-      for (const auto& seg : s->segments) {
-        if (seg.end_offset > below) break;
-        as_read = as_read && expected.size() < keys.size() && keys[expected.size()] == seg.object_key;
-        expected.push_back(seg.object_key);
+    std::unordered_map<uint64_t, std::vector<std::string>> removed_keys;  // by stream, ascending
+    for (const auto& seg : *removed) removed_keys[seg.stream_id].push_back(seg.object_key);
+    std::vector<std::string> garbage;  // the chunk's objects, deleted together
+    for (size_t i = begin; i < end; ++i) {
+      const auto& s = cuts[i].stream;
+      const uint64_t below = cuts[i].below;
+      std::vector<std::string> keys = std::move(removed_keys[s->info.id]);
+      bool as_read = true;  // the rows removed are the segments memory drops
+      std::vector<std::string> expected;  // the objects memory drops
+      {
+        std::lock_guard lk(s->mu);
+        for (const auto& seg : s->segments) {
+          if (seg.end_offset > below) break;
+          as_read = as_read && expected.size() < keys.size() && keys[expected.size()] == seg.object_key;
+          expected.push_back(seg.object_key);
+        }
+        as_read = as_read && expected.size() == keys.size();
+        if (as_read) {
+          s->segments.erase(s->segments.begin(), s->segments.begin() + static_cast<std::ptrdiff_t>(expected.size()));
+        }
       }
-      as_read = as_read && expected.size() == keys.size();
-      if (as_read) {
-        s->segments.erase(s->segments.begin(), s->segments.begin() + static_cast<std::ptrdiff_t>(expected.size()));
+      // Otherwise memory missed a merge swap that landed (a row may span
+      // `below`), or an earlier pass removed rows and lost the answer: memory
+      // takes the metastore's rows, and the objects it expected to drop that no
+      // row names any more go too.
+      if (!as_read) {
+        if (Status st = ReloadSegments(s); !st.ok()) {
+          // Memory may still name these objects: readers would find them gone.
+          // The rows are gone, so the next start's sweep deletes them.
+          if (first_error.ok()) first_error = st.WithContext(fmt::format("stream {}", s->info.id));
+          continue;
+        }
+        std::lock_guard lk(s->mu);
+        std::set<std::string> named(keys.begin(), keys.end());  // copies: keys grows below
+        for (const auto& seg : s->segments) named.insert(seg.object_key);
+        for (std::string& key : expected) {
+          if (named.count(key) == 0) keys.push_back(std::move(key));
+        }
       }
+      for (std::string& key : keys) garbage.push_back(std::move(key));
     }
-    // Otherwise memory missed a merge swap that landed (a row may span
-    // `below`), or an earlier pass removed rows and lost the answer: memory
-    // takes the metastore's rows, and the objects it expected to drop that no
-    // row names any more go too.
-    if (!as_read) {
-      if (Status st = ReloadSegments(s); !st.ok()) {
-        // Memory may still name these objects: readers would find them gone.
-        // The rows are gone, so the next start's sweep deletes them.
-        if (first_error.ok()) first_error = st.WithContext(fmt::format("stream {}", s->info.id));
-        continue;
-      }
-      std::lock_guard lk(s->mu);
-      std::set<std::string> named(keys.begin(), keys.end());  // copies: keys grows below
-      for (const auto& seg : s->segments) named.insert(seg.object_key);
-      for (std::string& key : expected) {
-        if (named.count(key) == 0) keys.push_back(std::move(key));
-      }
-    }
-    Status st = store_->DeleteMany(keys);
-    if (!st.ok()) Log().warn("deleting expired segments of stream {}: {}", s->info.id, st.ToString());
-    metrics_.segments_deleted.fetch_add(keys.size());
+    if (garbage.empty()) continue;
+    Status st = store_->DeleteMany(garbage);
+    if (!st.ok()) Log().warn("deleting {} expired segment object(s): {}", garbage.size(), st.ToString());
+    metrics_.segments_deleted.fetch_add(garbage.size());
   }
   Status empty = DeleteEmptyStreams();
   return first_error.ok() ? empty : first_error;

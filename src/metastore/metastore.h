@@ -126,6 +126,13 @@ struct SegmentInfo {
   uint64_t size_bytes = 0;
 };
 
+// Retention's cut of one stream: its segments that end at or below
+// below_offset go.
+struct SegmentCut {
+  uint64_t stream_id = 0;
+  uint64_t below_offset = 0;
+};
+
 // ---- Tables -----------------------------------------------------------------
 
 // A table: a named set of buckets, each bucket one stream of the same basin.
@@ -386,12 +393,15 @@ class Metastore {
   // The first segment of a stream whose last_timestamp_ms >= timestamp_ms.
   virtual Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id,
                                                                     int64_t timestamp_ms) = 0;
-  // Removes segment rows of a stream that end at or below `below_offset` and
-  // returns them, ascending (retention and trim), for `node` at `epoch`; one
-  // transaction. kPreconditionFailed (nothing removed) if the node's epoch is
-  // not `epoch`: a superseded process must not delete what its successor reads.
+  // For each cut, removes the segment rows of its stream that end at or below
+  // its below_offset (retention and trim), for `node` at `epoch`, all in one
+  // transaction; returns the rows removed, in the order of the cuts and each
+  // stream's ascending. kPreconditionFailed (nothing removed) if the node's
+  // epoch is not `epoch`: a superseded process must not delete what its
+  // successor reads. kInvalidArgument for more than kMaxSegmentCuts cuts.
+  static constexpr size_t kMaxSegmentCuts = 1000;
   virtual Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view node, uint64_t epoch,
-                                                               uint64_t stream_id, uint64_t below_offset) = 0;
+                                                               const std::vector<SegmentCut>& cuts) = 0;
   // Replaces adjacent segment rows of one stream with one row covering the
   // same offsets (a merge of small segments), for `node` at `epoch`; one
   // transaction. kPreconditionFailed (nothing changed) if the node's epoch is

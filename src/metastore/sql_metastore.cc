@@ -194,12 +194,10 @@ constexpr const char kSegmentByTimestamp[] =
     "SELECT " WEIR_SEGMENT_COLUMNS
     " FROM segments WHERE stream_id = ?1 AND last_ts >= ?2 ORDER BY start_offset LIMIT 1";
 // "start_offset < ?2" is implied by "end_offset <= ?2"; it bounds the index range.
-constexpr const char kSegmentsBelow[] =
-    "SELECT " WEIR_SEGMENT_COLUMNS " FROM segments WHERE stream_id = ?1 AND start_offset < ?2 AND end_offset <= ?2 "
-    "ORDER BY start_offset";
-#undef WEIR_SEGMENT_COLUMNS
 constexpr const char kDeleteSegmentsBelow[] =
-    "DELETE FROM segments WHERE stream_id = ?1 AND start_offset < ?2 AND end_offset <= ?2";
+    "DELETE FROM segments WHERE stream_id = ?1 AND start_offset < ?2 AND end_offset <= ?2 "
+    "RETURNING " WEIR_SEGMENT_COLUMNS;
+#undef WEIR_SEGMENT_COLUMNS
 constexpr const char kSegmentKeysOfStream[] =
     "SELECT object_key FROM segments WHERE stream_id = ?1 ORDER BY start_offset";
 constexpr const char kDeleteSegmentsOfStream[] = "DELETE FROM segments WHERE stream_id = ?1";
@@ -1159,24 +1157,32 @@ Result<std::optional<SegmentInfo>> SqlMetastore::FindSegmentByTimestamp(uint64_t
 }
 
 Result<std::vector<SegmentInfo>> SqlMetastore::DeleteSegmentsBelow(std::string_view node, uint64_t epoch,
-                                                                      uint64_t stream_id, uint64_t below_offset) {
+                                                                      const std::vector<SegmentCut>& cuts) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteSegmentsBelow", [&]() -> Result<std::vector<SegmentInfo>> {
-    const int64_t below = I64(std::min(below_offset, kMaxOffset));
+    if (cuts.size() > kMaxSegmentCuts) {
+      return InvalidArgument("{} segment cuts in one call; at most {}", cuts.size(), kMaxSegmentCuts);
+    }
     std::vector<SegmentInfo> removed;
+    if (cuts.empty()) return removed;
     const Status txn = InTransaction("delete segments", [&]() -> Status {
+      removed.clear();  // a retried transaction starts over
       WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
-      {
-        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentsBelow));
-        st.Int(1, I64(stream_id)).Int(2, below);
+      for (const SegmentCut& cut : cuts) {
+        if (cut.stream_id >= kMaxOffset) continue;  // ids are stored as int64: no such stream
+        const size_t first = removed.size();
+        WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteSegmentsBelow));
+        del.Int(1, I64(cut.stream_id)).Int(2, I64(std::min(cut.below_offset, kMaxOffset)));
         while (true) {
-          WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list segments to delete"));
+          WEIR_ASSIGN_OR_RETURN(const bool row, del.Step("delete segments"));
           if (!row) break;
-          removed.push_back(ReadSegment(st));
+          removed.push_back(ReadSegment(del));
         }
+        // RETURNING has no order.
+        std::sort(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end(),
+                  [](const SegmentInfo& a, const SegmentInfo& b) { return a.start_offset < b.start_offset; });
       }
-      WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteSegmentsBelow));
-      return del.Int(1, I64(stream_id)).Int(2, below).Run("delete segments");
+      return Status::Ok();
     });
     if (!txn.ok()) return txn;
     return removed;

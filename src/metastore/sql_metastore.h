@@ -88,8 +88,8 @@ class SqlMetastore final : public Metastore {
   Result<std::vector<SegmentInfo>> FindSegments(uint64_t stream_id, uint64_t from_offset, size_t limit) override;
   Result<std::vector<SegmentInfo>> ListSegmentsFrom(uint64_t stream_id, uint64_t start_offset, size_t limit) override;
   Result<std::optional<SegmentInfo>> FindSegmentByTimestamp(uint64_t stream_id, int64_t timestamp_ms) override;
-  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view node, uint64_t epoch, uint64_t stream_id,
-                                                       uint64_t below_offset) override;
+  Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view node, uint64_t epoch,
+                                                       const std::vector<SegmentCut>& cuts) override;
   Result<uint64_t> LastStreamId() override;
   Status ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
                          const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) override;
