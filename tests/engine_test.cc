@@ -750,6 +750,7 @@ TEST_F(EngineTest, AStartLoadsEveryStreamWithAFewPagedReadsNotARoundTripPerStrea
   EXPECT_EQ(hooked->find_segments_calls.load(), 0);
   EXPECT_EQ(hooked->list_streams_by_id_calls.load(), 1);
   EXPECT_EQ(hooked->list_segments_calls.load(), 1);
+  EXPECT_EQ(hooked->list_stream_states_calls.load(), 1);
   EXPECT_TRUE(ReadAll(names[0]).empty());
   EXPECT_EQ(engine_->GetStream(kBasin, names[5]).status().code(), Code::kNotFound);
   for (size_t i = 1; i < names.size(); ++i) {
@@ -1695,6 +1696,33 @@ TEST_F(EngineTest, SmallSegmentsAreMergedIntoOne) {
   Restart();
   EXPECT_EQ(ReadPaged(*engine_, "s"), all);
   EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);  // the start's sweep found nothing to collect
+}
+
+// A row naming another stream's object (same offsets): the merge refuses
+// it, as reads do, instead of stamping that stream's records with this one's id.
+TEST_F(EngineTest, AMergeRefusesAPartThatHoldsAnotherStream) {
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "other", StreamConfig{}).ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"mine" + std::to_string(i)})).status.ok());
+    ASSERT_TRUE(engine_->Append(kBasin, "other", Bodies({"theirs" + std::to_string(i)})).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  }
+  auto first_segment = [&](const std::string& stream) {
+    auto found = meta_->FindSegments(engine_->GetStream(kBasin, stream)->info.id, 0, 1);
+    EXPECT_TRUE(found.ok() && found->size() == 1);
+    return found.ok() && !found->empty() ? found->front() : metastore::SegmentInfo{};
+  };
+  const metastore::SegmentInfo mine = first_segment("s");
+  const metastore::SegmentInfo theirs = first_segment("other");
+  ASSERT_EQ(mine.start_offset, theirs.start_offset);
+  ASSERT_EQ(mine.end_offset, theirs.end_offset);
+  ASSERT_OK_AND_ASSIGN(std::string bytes, store_->Get(theirs.object_key));
+  ASSERT_TRUE(store_->Put(mine.object_key, bytes).ok());
+  Status merged = engine_->MergeSegmentsNow();
+  EXPECT_EQ(merged.code(), Code::kCorruption) << merged.ToString();
+  EXPECT_NE(merged.message().find("holds stream"), std::string::npos) << merged.ToString();
+  ASSERT_OK_AND_ASSIGN(auto rows, meta_->FindSegments(mine.stream_id, 0, 10));
+  EXPECT_EQ(rows.size(), 2u) << "the parts were replaced";
 }
 
 TEST_F(EngineTest, MergesSpanAtMostAnEighthOfTheRetentionAge) {

@@ -52,6 +52,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::atomic<int> delete_empty_stream_calls{0};
   std::atomic<int> list_streams_by_id_calls{0};
   std::atomic<int> list_segments_calls{0};
+  std::atomic<int> list_stream_states_calls{0};
   std::atomic<int> get_stream_by_id_calls{0};
   std::atomic<int> find_segments_calls{0};
   std::atomic<int> delete_segments_calls{0};
@@ -145,8 +146,9 @@ class HookedMetastore final : public metastore::Metastore {
     }
     return m_->ListSegmentsFrom(id, from, l);
   }
-  Result<std::vector<StreamState>> ListStreamStates() override {
-    auto states = m_->ListStreamStates();
+  Result<std::vector<StreamState>> ListStreamStates(uint64_t after, size_t l) override {
+    ++list_stream_states_calls;
+    auto states = m_->ListStreamStates(after, l);
     if (auto hook = std::exchange(after_list_stream_states, nullptr)) hook();
     return states;
   }

@@ -306,7 +306,7 @@ class MetastoreConformance : public ::testing::TestWithParam<BackendFactory> {
   // Everything a settle may touch, printed: compare before and after.
   std::string Snapshot(std::string_view node, const std::vector<uint64_t>& streams) {
     std::string out = Str(Node(node));
-    auto states = m().ListStreamStates();
+    auto states = m().ListStreamStates(0, 1000);
     EXPECT_TRUE(states.ok()) << states.status().ToString();
     if (states.ok()) out += Str(*states);
     for (uint64_t id : streams) out += Str(Segments(id));
@@ -714,7 +714,7 @@ TEST_P(MetastoreConformance, DeleteStreamRemovesStateAndSegments) {
   EXPECT_EQ(m().GetStreamState(a).status().code(), Code::kNotFound);
   EXPECT_TRUE(Segments(a).empty());
   EXPECT_FALSE(m().FindSegmentByTimestamp(a, 0)->has_value());
-  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates());
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates(0, 1000));
   ASSERT_EQ(states.size(), 1u);
   EXPECT_EQ(states[0].stream_id, keep);
   EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"keep"}));
@@ -756,13 +756,13 @@ TEST_P(MetastoreConformance, CreateTokensAreKeptUntilTheNameIsDeleted) {
 }
 
 TEST_P(MetastoreConformance, ListStreamStatesReturnsEveryStream) {
-  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> empty, m().ListStreamStates());
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> empty, m().ListStreamStates(0, 1000));
   EXPECT_TRUE(empty.empty());
   std::vector<uint64_t> ids;
   for (int i = 0; i < 5; ++i) ids.push_back(MakeStream("b" + std::to_string(i % 2), "s" + std::to_string(i)));
   MintTo("n", 1);
   ASSERT_OK(m().CommitSettle("n", 1, {0, 0}, {1, 1}, {}, {State(ids[2], 77, "fence", std::string("\0\1\2", 3))}));
-  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates());
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates(0, 1000));
   ASSERT_EQ(states.size(), 5u);
   std::set<uint64_t> got;
   for (const StreamState& s : states) {
@@ -774,6 +774,20 @@ TEST_P(MetastoreConformance, ListStreamStatesReturnsEveryStream) {
     }
   }
   EXPECT_EQ(got, std::set<uint64_t>(ids.begin(), ids.end()));
+  // Paged by id, two at a time: each once, in order.
+  std::vector<uint64_t> paged;
+  for (uint64_t after = 0;;) {
+    ASSERT_OK_AND_ASSIGN(std::vector<StreamState> page, m().ListStreamStates(after, 2));
+    ASSERT_LE(page.size(), 2u);
+    if (page.empty()) break;
+    for (const StreamState& s : page) paged.push_back(s.stream_id);
+    after = page.back().stream_id;
+  }
+  EXPECT_EQ(paged, ids);
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> beyond, m().ListStreamStates(std::numeric_limits<uint64_t>::max(), 1));
+  EXPECT_TRUE(beyond.empty());
+  EXPECT_EQ(m().ListStreamStates(0, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ListStreamStates(0, 1001).status().code(), Code::kInvalidArgument);
 }
 
 // ---- Nodes, epochs, producer ids ----------------------------------------------------
@@ -1145,7 +1159,7 @@ TEST_P(MetastoreConformance, CommitSettleSkipsDeletedStreams) {
                              {State(gone, 10), State(live, 4)}));
   EXPECT_EQ(m().GetStreamState(gone).status().code(), Code::kNotFound);
   EXPECT_TRUE(Segments(gone).empty());
-  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates());
+  ASSERT_OK_AND_ASSIGN(std::vector<StreamState> states, m().ListStreamStates(0, 1000));
   ASSERT_EQ(states.size(), 1u);
   EXPECT_EQ(Str(states[0]), Str(State(live, 4)));
   EXPECT_EQ(Starts(live), (std::vector<uint64_t>{0}));
@@ -1420,7 +1434,7 @@ TEST_P(MetastoreConformance, CreateTableCreatesBucketStreams) {
     EXPECT_EQ(Str(state), Str(zero));
   }
   EXPECT_EQ(StreamNames("weir-kafka", ""), (std::vector<std::string>{"orders/0", "orders/1", "orders/2"}));
-  EXPECT_EQ(m().ListStreamStates()->size(), 3u);
+  EXPECT_EQ(m().ListStreamStates(0, 1000)->size(), 3u);
 
   // Stream and table ids come from different allocators; both are unique.
   const uint64_t plain = MakeStream("weir-kafka", "plain");
@@ -1490,7 +1504,7 @@ TEST_P(MetastoreConformance, CreateTableErrorsCreateNothing) {
   EXPECT_NE(st.message().find("t/2"), std::string::npos) << st.ToString();
   EXPECT_EQ(m().GetTable("b", "t").status().code(), Code::kNotFound);
   EXPECT_EQ(StreamNames("b", ""), (std::vector<std::string>{"t/2"}));
-  EXPECT_EQ(m().ListStreamStates()->size(), 1u);
+  EXPECT_EQ(m().ListStreamStates(0, 1000)->size(), 1u);
   EXPECT_TRUE(TableNames("b", "").empty());
   // With fewer buckets the name is free, and the squatter is not a bucket.
   auto two = MakeTable("b", "t", 2);
@@ -1599,7 +1613,7 @@ TEST_P(MetastoreConformance, DeleteTableRemovesBucketsStatesAndSegments) {
 
 TEST_P(MetastoreConformance, DeleteStreamOfABucketIsRefused) {
   auto [t, buckets] = MakeTable("k", "t", 2);
-  const std::string before = Str(*m().ListStreamStates());
+  const std::string before = Str(*m().ListStreamStates(0, 1000));
   for (const StreamInfo& s : buckets) {
     auto st = m().DeleteStream(s.id, kNoNode);
     EXPECT_EQ(st.status().code(), Code::kPreconditionFailed) << st.status().ToString();
@@ -1607,7 +1621,7 @@ TEST_P(MetastoreConformance, DeleteStreamOfABucketIsRefused) {
     EXPECT_NE(st.status().message().find("table t"), std::string::npos) << st.status().ToString();
     EXPECT_TRUE(m().GetStreamById(s.id).ok());
   }
-  EXPECT_EQ(Str(*m().ListStreamStates()), before);
+  EXPECT_EQ(Str(*m().ListStreamStates(0, 1000)), before);
 
   // Names that only look like buckets are ordinary streams.
   for (const char* name : {"t/2", "t/01", "u/0", "t/0/0"}) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <lz4frame.h>
 
 #include "base/bytes.h"
 #include "base/crc32c.h"
@@ -469,14 +470,28 @@ TEST(RecordBatchTest, TooManyHeadersToDecodeAreRefused) {
     PutVarint(&rec, static_cast<int64_t>(fields.size()));
     return rec + fields;
   };
-  const int64_t too_many = static_cast<int64_t>(kMaxDecodedRecordsOverheadBytes / sizeof(RecordHeader)) + 1;
+  const int64_t too_many = static_cast<int64_t>(kMaxDecodedRecordsOverheadBytes / kRecordHeaderCost) + 1;
   const std::string b = BatchWithRecordBytes(record_with_headers(too_many));
   auto h = VerifyBatch(b);
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   Status st = ValidateRecords(*h, b);
   EXPECT_EQ(st.code(), Code::kCorruption);
   EXPECT_NE(st.message().find("too many records and headers"), std::string::npos) << st.ToString();
-  EXPECT_EQ(DecodeRecords(b).status().code(), Code::kCorruption);
+  // A reader allows twice the producer-side limit (a batch once accepted
+  // stays readable if the limits change), and no more.
+  const int64_t too_many_to_read = static_cast<int64_t>(OverheadLimit(true) / kRecordHeaderCost) + 1;
+  auto unread = DecodeRecords(BatchWithRecordBytes(record_with_headers(too_many_to_read)));
+  EXPECT_EQ(unread.status().code(), Code::kCorruption);
+  EXPECT_NE(unread.status().message().find("too many records and headers"), std::string::npos)
+      << unread.status().ToString();
+  const int64_t most = static_cast<int64_t>((kMaxDecodedRecordsOverheadBytes - kDecodedRecordCost) / kRecordHeaderCost);
+  const std::string accepted = BatchWithRecordBytes(record_with_headers(most));
+  auto ah = VerifyBatch(accepted);
+  ASSERT_TRUE(ah.ok()) << ah.status().ToString();
+  ASSERT_OK(ValidateRecords(*ah, accepted));
+  auto read = DecodeRecords(accepted);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->at(0).record.headers.size(), static_cast<size_t>(most));
   // A thousand headers decode.
   auto fine = DecodeRecords(BatchWithRecordBytes(record_with_headers(1000)));
   ASSERT_TRUE(fine.ok()) << fine.status().ToString();
@@ -931,6 +946,90 @@ TEST(CompressionTest, ConcatenatedStreams) {
     const std::string c = Compress(codec, a) + Compress(codec, b);
     ASSERT_OK_AND_ASSIGN(std::string d, DecompressRecords(codec, c, a.size() + b.size()));
     EXPECT_TRUE(d == a + b) << CodecName(codec);
+    // Java's readers take several gzip members and zstd frames, but one lz4 frame only.
+    auto ingested = DecompressRecords(codec, c, a.size() + b.size(), /*as_ingested=*/true);
+    if (codec == kCodecLz4) {
+      EXPECT_EQ(ingested.status().code(), Code::kCorruption);
+      EXPECT_NE(ingested.status().message().find("after the first frame"), std::string::npos)
+          << ingested.status().ToString();
+    } else {
+      ASSERT_TRUE(ingested.ok()) << CodecName(codec) << ": " << ingested.status().ToString();
+      EXPECT_TRUE(*ingested == a + b) << CodecName(codec);
+    }
+  }
+}
+
+// An LZ4 frame made by liblz4 with the given block mode and dictionary id.
+std::string Lz4Frame(std::string_view raw, LZ4F_blockMode_t mode, unsigned dict_id = 0) {
+  LZ4F_preferences_t prefs{};
+  prefs.frameInfo.blockSizeID = LZ4F_max64KB;
+  prefs.frameInfo.blockMode = mode;
+  prefs.frameInfo.dictID = dict_id;
+  std::string out(LZ4F_compressFrameBound(raw.size(), &prefs), '\0');
+  const size_t n = LZ4F_compressFrame(out.data(), out.size(), raw.data(), raw.size(), &prefs);
+  EXPECT_FALSE(LZ4F_isError(n));
+  out.resize(LZ4F_isError(n) ? 0 : n);
+  return out;
+}
+
+// Kafka's Java reader (KafkaLZ4BlockInputStream) takes one frame of
+// independent blocks without a dictionary id: a batch it could not read is
+// refused on ingest (a consumer would fail at it for ever), and read as
+// liblz4 reads it when it is already stored.
+TEST(CompressionTest, IngestTakesOnlyTheLz4FramesKafkaReadersRead) {
+  const std::string raw = Payload(200000, 3);  // several 64 KiB blocks
+  const std::string independent = Lz4Frame(raw, LZ4F_blockIndependent);
+  ASSERT_OK_AND_ASSIGN(std::string ok, DecompressRecords(kCodecLz4, independent, raw.size(), true));
+  EXPECT_TRUE(ok == raw);
+  ASSERT_OK_AND_ASSIGN(std::string ours, DecompressRecords(kCodecLz4, Compress(kCodecLz4, raw), raw.size(), true));
+  EXPECT_TRUE(ours == raw);
+
+  struct Case {
+    const char* name;
+    std::string frame;
+    const char* why;
+  };
+  std::string skippable = "\x50\x2a\x4d\x18\x04\x00\x00\x00"s + "abcd" + independent;
+  const std::vector<Case> cases = {
+      {"linked blocks", Lz4Frame(raw, LZ4F_blockLinked), "linked blocks"},
+      {"dictionary id", Lz4Frame(raw, LZ4F_blockIndependent, 7), "dictionary id"},
+      {"skippable frame first", skippable, "frame magic 0x184d2a50"},
+      {"trailing skippable frame", independent + "\x50\x2a\x4d\x18\x00\x00\x00\x00"s, "after the first frame"},
+  };
+  for (const Case& c : cases) {
+    auto refused = DecompressRecords(kCodecLz4, c.frame, raw.size(), /*as_ingested=*/true);
+    EXPECT_EQ(refused.status().code(), Code::kCorruption) << c.name;
+    EXPECT_NE(refused.status().message().find(c.why), std::string::npos) << c.name << ": " << refused.status().ToString();
+    // Stored before this check, such a batch still reads.
+    auto read = DecompressRecords(kCodecLz4, c.frame, raw.size());
+    ASSERT_TRUE(read.ok()) << c.name << ": " << read.status().ToString();
+    EXPECT_TRUE(*read == raw) << c.name;
+  }
+
+  // Through the producer-side check, as a Kafka produce or REST append takes it.
+  std::vector<Record> records;
+  // Over one 64 KiB block: liblz4 marks a frame of one block independent.
+  for (int i = 0; i < 300; ++i) records.push_back(MakeRecord(1'700'000'000'000 + i, std::nullopt, Payload(300, i), {}));
+  EncodeOptions opt;
+  opt.attributes = kCodecLz4;
+  std::string batch;
+  ASSERT_OK(EncodeRecordBatch(records, opt, &batch));
+  std::string section = batch.substr(kRecordBatchHeaderSize);
+  ASSERT_OK_AND_ASSIGN(std::string plain, DecompressRecords(kCodecLz4, section, 1 << 20));
+  auto with_section = [&](const std::string& s) {
+    std::string b = batch.substr(0, kRecordBatchHeaderSize) + s;
+    StoreBE32(b.data() + 8, static_cast<uint32_t>(b.size() - 12));  // batchLength
+    StoreBE32(b.data() + 17, Crc32c(b.data() + 21, b.size() - 21));
+    return b;
+  };
+  for (const auto& [good, s] : {std::pair{true, section}, std::pair{false, Lz4Frame(plain, LZ4F_blockLinked)}}) {
+    const std::string b = with_section(s);
+    auto h = VerifyBatch(b);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    EXPECT_EQ(ValidateRecords(*h, b).ok(), good) << ValidateRecords(*h, b).ToString();
+    auto decoded = DecodeRecords(b);
+    ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+    EXPECT_EQ(decoded->size(), 300u);
   }
 }
 

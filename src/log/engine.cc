@@ -326,8 +326,7 @@ Status Engine::Recover() {
   // deleted, which tells the start's sweep whose segments are garbage.
   WEIR_ASSIGN_OR_RETURN(last_stream_id_at_start_, meta_->LastStreamId());
   // Streams as of their last settle.
-  WEIR_ASSIGN_OR_RETURN(auto states, meta_->ListStreamStates());
-  WEIR_RETURN_IF_ERROR(LoadStreams(states));
+  WEIR_RETURN_IF_ERROR(LoadStreams());
 
   // Fence and replay every earlier epoch of this node from the checkpoint.
   nonce_ = RandomNonce();
@@ -491,11 +490,10 @@ Result<std::shared_ptr<Engine::Stream>> Engine::StreamFromState(const metastore:
   return MakeStream(std::move(info), st, std::move(segments));
 }
 
-Status Engine::LoadStreams(const std::vector<metastore::StreamState>& states) {
+Status Engine::LoadStreams() {
   constexpr size_t kStreamPage = 1000;
   constexpr size_t kSegmentPage = 10000;
   std::unordered_map<uint64_t, metastore::StreamInfo> rows;
-  rows.reserve(states.size());
   for (uint64_t after = 0;;) {
     WEIR_ASSIGN_OR_RETURN(auto page, meta_->ListStreamsById(after, kStreamPage));
     if (page.empty()) break;
@@ -512,15 +510,21 @@ Status Engine::LoadStreams(const std::vector<metastore::StreamState>& states) {
     for (auto& seg : page) segments[seg.stream_id].push_back(std::move(seg));
     if (page.size() < kSegmentPage) break;
   }
-  for (const auto& st : states) {
-    auto row = rows.find(st.stream_id);
-    if (row == rows.end()) continue;  // deleted since the listing (by a process still serving)
-    auto seg = segments.find(st.stream_id);
-    WEIR_ASSIGN_OR_RETURN(auto s, MakeStream(std::move(row->second), st,
-                                             seg == segments.end() ? std::vector<metastore::SegmentInfo>{}
-                                                                   : std::move(seg->second)));
-    by_name_[{s->info.basin, s->info.name}] = s->info.id;
-    by_id_[s->info.id] = std::move(s);
+  for (uint64_t after = 0;;) {
+    WEIR_ASSIGN_OR_RETURN(auto page, meta_->ListStreamStates(after, kStreamPage));
+    if (page.empty()) break;
+    after = page.back().stream_id;
+    for (const auto& st : page) {
+      auto row = rows.find(st.stream_id);
+      if (row == rows.end()) continue;  // deleted (by a process still serving until this one minted)
+      auto seg = segments.find(st.stream_id);
+      WEIR_ASSIGN_OR_RETURN(auto s, MakeStream(std::move(row->second), st,
+                                               seg == segments.end() ? std::vector<metastore::SegmentInfo>{}
+                                                                     : std::move(seg->second)));
+      by_name_[{s->info.basin, s->info.name}] = s->info.id;
+      by_id_[s->info.id] = std::move(s);
+    }
+    if (page.size() < kStreamPage) break;
   }
   return Status::Ok();
 }

@@ -585,9 +585,10 @@ class Engine {
   Result<std::shared_ptr<Stream>> StreamFromState(const metastore::StreamState& st);
   // Recovery: registers a stream from its settled state (in by_id_ and by_name_).
   Status LoadStream(const metastore::StreamState& st);
-  // Recovery: registers every stream of `states` whose row still exists, with
-  // its rows and segments read a page at a time (not a round trip per stream).
-  Status LoadStreams(const std::vector<metastore::StreamState>& states);
+  // Recovery: registers every stream (in by_id_ and by_name_) as of its last
+  // settle, with rows, segments and states read a page at a time across
+  // streams (not a round trip per stream).
+  Status LoadStreams();
   // After a create failed: loads those of `found` (rows the metastore has)
   // whose id and name are not registered, from their settled state. A
   // stream that cannot be loaded is logged and left out (the first such

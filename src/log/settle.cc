@@ -743,9 +743,11 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
     fetched[i] = [&]() -> Status {
       WEIR_ASSIGN_OR_RETURN(std::string object, store_->Get(seg.object_key, std::nullopt));
       WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(object, object.size()));
-      if (footer.start_offset != seg.start_offset || footer.end_offset != seg.end_offset) {
-        return Corruption("segment {} holds [{}, {}), its row says [{}, {})", seg.object_key, footer.start_offset,
-                          footer.end_offset, seg.start_offset, seg.end_offset);
+      if (footer.stream_id != seg.stream_id || footer.start_offset != seg.start_offset ||
+          footer.end_offset != seg.end_offset) {
+        return Corruption("segment {} holds stream {} [{}, {}), its row says stream {} [{}, {})", seg.object_key,
+                          footer.stream_id, footer.start_offset, footer.end_offset, seg.stream_id, seg.start_offset,
+                          seg.end_offset);
       }
       object.resize(footer.data_end);
       if (Crc32c(object) != footer.data_crc) return Corruption("segment {}: data CRC mismatch", seg.object_key);

@@ -263,8 +263,9 @@ class Metastore {
                                                              uint64_t epoch) = 0;
 
   virtual Result<StreamState> GetStreamState(uint64_t id) = 0;
-  // Every stream's state, for recovery.
-  virtual Result<std::vector<StreamState>> ListStreamStates() = 0;
+  // Stream states with stream id > after_id, by id, at most limit (1..1000,
+  // else kInvalidArgument): recovery reads them a page at a time.
+  virtual Result<std::vector<StreamState>> ListStreamStates(uint64_t after_id, size_t limit) = 0;
 
   // Tables. CreateTable allocates the table id (ignores table.id) and, in the
   // same transaction, creates one stream per bucket, named BucketStreamName

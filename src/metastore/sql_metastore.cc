@@ -150,7 +150,8 @@ constexpr const char kDeleteStream[] = "DELETE FROM streams WHERE id = ?1";
 constexpr const char kInsertZeroState[] =
     "INSERT INTO stream_states(" WEIR_STATE_COLUMNS ") VALUES(?1, 0, 0, ?2, 0, ?2)";  // ?2: an empty blob
 constexpr const char kGetState[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states WHERE stream_id = ?1";
-constexpr const char kListStates[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states ORDER BY stream_id";
+constexpr const char kListStates[] =
+    "SELECT " WEIR_STATE_COLUMNS " FROM stream_states WHERE stream_id > ?1 ORDER BY stream_id LIMIT ?2";
 #undef WEIR_STATE_COLUMNS
 constexpr const char kUpdateState[] =
     "UPDATE stream_states SET settled_offset = ?2, trim_point = CASE WHEN trim_point > ?3 THEN trim_point ELSE ?3 END, "
@@ -904,11 +905,14 @@ Result<StreamState> SqlMetastore::GetStreamState(uint64_t id) {
   });
 }
 
-Result<std::vector<StreamState>> SqlMetastore::ListStreamStates() {
+Result<std::vector<StreamState>> SqlMetastore::ListStreamStates(uint64_t after_id, size_t limit) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("ListStreamStates", [&]() -> Result<std::vector<StreamState>> {
-    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kListStates));
+    WEIR_RETURN_IF_ERROR(CheckListLimit(limit));
     std::vector<StreamState> out;
+    if (after_id >= kMaxOffset) return out;  // ids are stored as int64
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kListStates));
+    st.Int(1, I64(after_id)).Int(2, static_cast<int64_t>(limit));
     while (true) {
       WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list stream states"));
       if (!row) break;

@@ -71,7 +71,7 @@ class SqlMetastore final : public Metastore {
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view node, uint64_t epoch) override;
 
   Result<StreamState> GetStreamState(uint64_t id) override;
-  Result<std::vector<StreamState>> ListStreamStates() override;
+  Result<std::vector<StreamState>> ListStreamStates(uint64_t after_id, size_t limit) override;
   Result<std::vector<StreamInfo>> ListStreamsById(uint64_t after_id, size_t limit) override;
 
   Result<NodeState> GetNode(std::string_view node) override;

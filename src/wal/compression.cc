@@ -209,7 +209,33 @@ std::string SnappyBlock(std::string_view raw) {
 
 // ---- lz4 ----------------------------------------------------------------------
 
-Result<std::string> Unlz4Records(std::string_view in, size_t max_output) {
+// What Kafka's Java reader takes of an LZ4 frame header: the frame magic
+// (not a skippable frame), version 01, independent blocks, and neither a
+// dictionary id nor the reserved bit.
+Status CheckKafkaLz4Header(std::string_view in) {
+  constexpr uint32_t kLz4FrameMagic = 0x184D2204;
+  if (in.size() < 5) return Damaged(kCodecLz4, "input shorter than a frame header");
+  const uint32_t magic = static_cast<uint32_t>(static_cast<uint8_t>(in[0])) |
+                         static_cast<uint32_t>(static_cast<uint8_t>(in[1])) << 8 |
+                         static_cast<uint32_t>(static_cast<uint8_t>(in[2])) << 16 |
+                         static_cast<uint32_t>(static_cast<uint8_t>(in[3])) << 24;
+  if (magic != kLz4FrameMagic) {
+    return Damaged(kCodecLz4, fmt::format("frame magic {:#010x} is not 0x184d2204 (Kafka's readers take no other)",
+                                          magic));
+  }
+  const auto flg = static_cast<uint8_t>(in[4]);
+  if ((flg >> 6) != 1) return Damaged(kCodecLz4, fmt::format("frame version {} is not 1", flg >> 6));
+  if ((flg & 0x20) == 0) {
+    return Damaged(kCodecLz4, "a frame of linked blocks, which Kafka's readers do not take (use independent blocks)");
+  }
+  if ((flg & 0x03) != 0) {
+    return Damaged(kCodecLz4, "a frame with a dictionary id or the reserved bit set, which Kafka's readers refuse");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> Unlz4Records(std::string_view in, size_t max_output, bool as_ingested) {
+  if (as_ingested) WEIR_RETURN_IF_ERROR(CheckKafkaLz4Header(in));
   LZ4F_dctx* raw_ctx = nullptr;
   if (LZ4F_isError(LZ4F_createDecompressionContext(&raw_ctx, LZ4F_VERSION))) {
     return ResourceExhausted("lz4: cannot create a decompression context");
@@ -228,6 +254,11 @@ Result<std::string> Unlz4Records(std::string_view in, size_t max_output) {
     consumed += src;
     WEIR_RETURN_IF_ERROR(out.Advance(dst));
     if (src == 0 && dst == 0 && !out.full()) break;  // no progress: the input ended inside a frame
+    if (as_ingested && hint == 0 && consumed < in.size()) {
+      // Kafka's reader stops at the first frame's end: it would never see the rest.
+      return Damaged(kCodecLz4, fmt::format("{} bytes after the first frame (Kafka's readers take one frame)",
+                                            in.size() - consumed));
+    }
   }
   // After a complete frame the context starts the next one, so sequences work.
   if (hint != 0) return Damaged(kCodecLz4, fmt::format("truncated ({} input bytes end inside a frame)", in.size()));
@@ -314,7 +345,7 @@ bool DecompressedPastLimit(const Status& st) {
   return st.code() == Code::kCorruption && st.message().find(kPastLimit) != std::string::npos;
 }
 
-Result<std::string> DecompressRecords(int codec, std::string_view compressed, size_t max_output) {
+Result<std::string> DecompressRecords(int codec, std::string_view compressed, size_t max_output, bool as_ingested) {
   return Guarded("decompress records", [&]() -> Result<std::string> {
     switch (codec) {
       case kCodecNone:
@@ -325,7 +356,7 @@ Result<std::string> DecompressRecords(int codec, std::string_view compressed, si
       case kCodecSnappy:
         return UnsnappyRecords(compressed, max_output);
       case kCodecLz4:
-        return Unlz4Records(compressed, max_output);
+        return Unlz4Records(compressed, max_output, as_ingested);
       case kCodecZstd:
         return UnzstdRecords(compressed, max_output);
       default:

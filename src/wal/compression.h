@@ -12,6 +12,7 @@
 //           raw snappy; told apart by the magic, which no valid raw snappy
 //           stream can start with (its first element would be a copy)
 //   lz4     LZ4 frames (not the bare block format); several in sequence
+//           (on ingest: one frame, independent blocks, no dictionary id)
 //   zstd    zstd frames, streamed, so a frame without a content size is fine
 #pragma once
 
@@ -39,7 +40,13 @@ std::string_view CodecName(int codec);
 // Damaged or truncated input is kCorruption naming the codec; an unknown
 // codec (5-7) kNotSupported; an allocation failure kResourceExhausted.
 // kCodecNone returns a copy of the input (bounded the same way).
-Result<std::string> DecompressRecords(int codec, std::string_view compressed, size_t max_output);
+// `as_ingested`: also refuse what Kafka's own readers cannot read, so no
+// batch is stored that a Java consumer would fail on: for lz4, anything but
+// one frame of independent blocks without a dictionary id (the Java client's
+// KafkaLZ4BlockInputStream reads no more). Reads of stored batches leave it
+// false and take every form listed above.
+Result<std::string> DecompressRecords(int codec, std::string_view compressed, size_t max_output,
+                                      bool as_ingested = false);
 // Whether a DecompressRecords failure is its output passing the limit (not
 // damaged input).
 bool DecompressedPastLimit(const Status& st);

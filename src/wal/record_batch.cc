@@ -176,10 +176,10 @@ Status DecodeRecord(ByteReader* batch, const BatchHeader& h, int32_t index, Deco
     return Corruption("record {}: headerCount {} does not fit the {} bytes left in the record", index, header_count,
                       r.remaining());
   }
-  *overhead += static_cast<size_t>(header_count) * sizeof(RecordHeader);
-  if (*overhead > kMaxDecodedRecordsOverheadBytes) {
+  *overhead += static_cast<size_t>(header_count) * kRecordHeaderCost;
+  if (*overhead > OverheadLimit(out != nullptr)) {
     return Corruption("record {}: the batch has too many records and headers to decode (more than {} bytes of them)",
-                      index, kMaxDecodedRecordsOverheadBytes);
+                      index, OverheadLimit(out != nullptr));
   }
   if (out) rec.headers.resize(static_cast<size_t>(header_count));
   const bool shape_wanted = command_shaped != nullptr && header_count == 1;
@@ -359,7 +359,8 @@ Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_deco
   std::string_view body = batch.substr(kRecordBatchHeaderSize, h.total_size() - kRecordBatchHeaderSize);
   std::string decompressed;
   if (h.compression() != kCodecNone) {
-    auto d = DecompressRecords(h.compression(), body, max_decompressed);
+    // Ingest (ValidateRecords) refuses what Kafka's readers could not read.
+    auto d = DecompressRecords(h.compression(), body, max_decompressed, /*as_ingested=*/out == nullptr);
     if (!d.ok()) return d.status().WithContext("record batch");
     decompressed = std::move(d).value();
     body = decompressed;
@@ -368,10 +369,11 @@ Status WalkRecords(const BatchHeader& h, std::string_view batch, size_t max_deco
   if (static_cast<size_t>(h.record_count) > body.size() / kMinRecordSize) {
     return Corruption("record batch recordCount {} does not fit its {} bytes of records", h.record_count, body.size());
   }
-  size_t overhead = static_cast<size_t>(h.record_count) * sizeof(DecodedRecord);
-  if (overhead > kMaxDecodedRecordsOverheadBytes) {
+  const size_t max_overhead = OverheadLimit(out != nullptr);
+  size_t overhead = static_cast<size_t>(h.record_count) * kDecodedRecordCost;
+  if (overhead > max_overhead) {
     return Corruption("record batch recordCount {} is too many records to decode (more than {} bytes of them)",
-                      h.record_count, kMaxDecodedRecordsOverheadBytes);
+                      h.record_count, max_overhead);
   }
   if (out) out->resize(static_cast<size_t>(h.record_count));
   ByteReader reader(body);

@@ -34,11 +34,19 @@ inline constexpr int32_t kNoSequence = -1;
 // around 1 MB, so real batches stay well below it.
 inline constexpr size_t kMaxDecompressedRecordsBytes = 64 * 1024 * 1024;
 // A batch whose decoded records and headers would take more than this in
-// memory, besides their bytes (about 120 bytes a record and 72 a header, so
-// half a million records or about 900,000 headers), is refused by
-// ValidateRecords and DecodeRecords alike: a header costs two bytes on the
-// wire, so bytes alone do not bound a decode.
+// memory, besides their bytes, is refused by ValidateRecords: a header costs
+// two bytes on the wire, so bytes alone do not bound a decode. Costs are
+// fixed numbers, not sizeof (which a new field or another standard library
+// changes): half a million records or about 900,000 headers. DecodeRecords,
+// which reads stored batches, allows twice as much, so a batch once accepted
+// stays readable if these change.
+inline constexpr size_t kDecodedRecordCost = 128;
+inline constexpr size_t kRecordHeaderCost = 72;
 inline constexpr size_t kMaxDecodedRecordsOverheadBytes = 64 * 1024 * 1024;
+// The limit ValidateRecords (ingest) or DecodeRecords (reads) applies.
+constexpr size_t OverheadLimit(bool reading) {
+  return reading ? 2 * kMaxDecodedRecordsOverheadBytes : kMaxDecodedRecordsOverheadBytes;
+}
 
 // attributes bits (Kafka): 0-2 compression, 3 timestamp type, 4 transactional, 5 control.
 inline constexpr int16_t kCompressionMask = 0x07;
