@@ -473,6 +473,51 @@ class DecompressionTest(unittest.TestCase):
         self.assertEqual(r.json()["tail"]["seq_num"], 0, r.text)
 
 
+class RefusedBodyTest(unittest.TestCase):
+    def test_a_refused_body_is_freed_while_its_answer_waits_for_the_window(self):
+        # 40 bodies of 1 MiB + 1 over HTTP/2, each refused with 413 at the
+        # limit, from a client whose stream windows are shut (initial window
+        # 0): the answers' bodies cannot go out, so the streams stay open.
+        # The bodies taken so far must go at the refusal, not when the
+        # stream closes: 40 MiB held outside every budget otherwise.
+        server = WeirServer(WEIR, args=["--max-request-bytes", "1048576"]).start()
+        self.addCleanup(server.cleanup)
+        with open(f"/proc/{server.proc.pid}/maps") as f:
+            if "libasan" in f.read():
+                self.skipTest("ASan's quarantine keeps freed memory resident")
+        stream = unique("refused")
+        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+
+        def rss_kib():
+            with open(f"/proc/{server.proc.pid}/status") as f:
+                return int(re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.M).group(1))
+
+        h2c = H2Client(server.port)
+        self.addCleanup(h2c.close)
+        h2c.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        h2c.flush()
+        # One refusal first: what the server allocates for any of them is in the baseline.
+        first = h2c.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                            body=b"x" * ((1 << 20) + 1), end=False)
+        h2c.pump(lambda: h2c.streams[first]["status"] is not None)
+        before = rss_kib()
+        sids = []
+        for _ in range(40):
+            sid = h2c.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                              body=b"x" * ((1 << 20) + 1), end=False)
+            h2c.pump(lambda: h2c.streams[sid]["status"] is not None)
+            sids.append(sid)
+        self.assertEqual({h2c.streams[sid]["status"] for sid in sids}, {413})
+        self.assertTrue(all(not h2c.streams[sid]["ended"] for sid in sids), "an answer went out through a shut window")
+        grown_mib = (rss_kib() - before) / 1024
+        self.assertLess(grown_mib, 20, f"the server kept {grown_mib:.0f} MiB of refused bodies")
+        # Once the window opens, every answer arrives whole.
+        h2c.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 65535})
+        h2c.flush()
+        for sid in sids:
+            self.assertEqual(json.loads(h2c.wait_end(sid)["data"])["code"], "request_too_large")
+
+
 class StallTest(unittest.TestCase):
     """--http-stall-timeout-s on HTTP/2: a body that never ends, and response
     data the client's window never lets through, are not held for ever."""
