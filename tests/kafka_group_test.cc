@@ -910,22 +910,67 @@ TEST_F(GroupTest, InvalidGroupIdAndSessionTimeout) {
   EXPECT_TRUE(b.done());
 }
 
+// Kafka's acceptJoiningMember: ids handed out with MEMBER_ID_REQUIRED do not
+// count; in a rebalance only the members that rejoined do, and a member
+// rejoining after newer ones filled the rebalance is dropped.
 TEST_F(GroupTest, MembersPerGroupLimit) {
   GroupOptions o = TestOptions();
   o.max_members_per_group = 2;
   Reset(o);
   auto a = Join("", 0);
-  auto pend = Join(In("", "m", 4), 0);  // a pending id counts
-  ASSERT_EQ(pend->error_code, kErrMemberIdRequired);
-  auto full = Join(In("", "m", 4), 0);
-  EXPECT_EQ(full->error_code, kErrGroupMaxSizeReached);
-  EXPECT_TRUE(full->member_id.empty());
-  EXPECT_EQ(Join(Static("", "i1"), 0)->error_code, kErrGroupMaxSizeReached);
-  auto b = Join(In(pend->member_id, "m", 4), 0);  // the reserved place is honoured
-  auto a2 = Join(a->member_id, 0);
-  ASSERT_TRUE(b.done() && a2.done());
-  EXPECT_EQ(b->error_code, kErrNone);
+  ASSERT_EQ(a->error_code, kErrNone);
+  const std::string A = a->member_id;
+  ASSERT_EQ(Sync(A, 1, {{A, "x"}}, 0)->error_code, kErrNone);
+  // Two new members get ids: pending ids are not members.
+  auto p1 = Join(In("", "m", 4), 0);
+  auto p2 = Join(In("", "m", 4), 0);
+  ASSERT_EQ(p1->error_code, kErrMemberIdRequired);
+  ASSERT_EQ(p2->error_code, kErrMemberIdRequired);
+  // Ids outstanding are capped too, with a refusal clients retry.
+  EXPECT_EQ(Join(In("", "m", 4), 0)->error_code, kErrCoordinatorNotAvailable);
+  // Both come back: the rebalance counts only who rejoined, so both fit...
+  auto j1 = Join(In(p1->member_id, "m", 4), 0);
+  auto j2 = Join(In(p2->member_id, "m", 4), 0);
+  EXPECT_FALSE(j1.done() || j2.done());
+  EXPECT_EQ(Describe().state, GroupState::kPreparingRebalance);
+  // ...and A, rejoining after them, is over the limit: dropped, as on Kafka.
+  auto a2 = Join(A, 0);
+  ASSERT_TRUE(a2.done());
+  EXPECT_EQ(a2->error_code, kErrGroupMaxSizeReached);
+  ASSERT_TRUE(j1.done() && j2.done());
+  EXPECT_EQ(j1->error_code, kErrNone);
+  EXPECT_EQ(j2->error_code, kErrNone);
+  EXPECT_EQ(j1->generation_id, 2);
+  EXPECT_EQ(Describe().members.size(), 2u);
+  // Full: a new member (dynamic or static) is refused, a pending id too.
   EXPECT_EQ(Join("", 0)->error_code, kErrGroupMaxSizeReached);
+  EXPECT_EQ(Join(Static("", "i1"), 0)->error_code, kErrGroupMaxSizeReached);
+  EXPECT_EQ(Join(In("", "m", 4), 0)->error_code, kErrGroupMaxSizeReached);
+  EXPECT_EQ(Describe().members.size(), 2u);
+}
+
+// A member that died without leaving stays until its session runs out;
+// new members must still get in (not 81, which is fatal to Java clients):
+// the dead one is not waited for, and ids handed out do not count.
+TEST_F(GroupTest, NewMembersGetInWhileADeadOneAwaitsItsSessionTimeout) {
+  GroupOptions o = TestOptions();
+  o.max_members_per_group = 2;
+  Reset(o);
+  auto a = Join("", 0);
+  ASSERT_EQ(a->error_code, kErrNone);
+  ASSERT_EQ(Sync(a->member_id, 1, {{a->member_id, "x"}}, 0)->error_code, kErrNone);
+  // A dies; its replacements arrive before its session (10 s) runs out.
+  auto n1 = Join(In("", "m", 4), 1000);
+  auto n2 = Join(In("", "m", 4), 1000);
+  ASSERT_EQ(n1->error_code, kErrMemberIdRequired);
+  ASSERT_EQ(n2->error_code, kErrMemberIdRequired);
+  auto j1 = Join(In(n1->member_id, "m", 4), 1000);
+  auto j2 = Join(In(n2->member_id, "m", 4), 1000);
+  c_->Tick(T(40000));  // A's session is over, and so is the rebalance's timeout
+  ASSERT_TRUE(j1.done() && j2.done());
+  EXPECT_EQ(j1->error_code, kErrNone);
+  EXPECT_EQ(j2->error_code, kErrNone);
+  EXPECT_EQ(j1->generation_id, j2->generation_id);
   EXPECT_EQ(Describe().members.size(), 2u);
 }
 
@@ -1296,6 +1341,11 @@ class Sim {
     cl.phase = Client::kIdle;
   }
 
+  // A member, by instance if static (its member ids are "inst-N-<uuid>").
+  static std::string Who(const std::string& id) {
+    return id.starts_with("inst-") && id.size() > 37 ? id.substr(0, id.size() - 37) : id;
+  }
+
   void SendJoin(Client& cl) {
     JoinGroupInput in;
     in.group_id = "g";
@@ -1319,8 +1369,11 @@ class Sim {
     if (r.error_code == kErrNone) {
       EXPECT_GE(r.generation_id, last_join_generation_);
       last_join_generation_ = std::max(last_join_generation_, r.generation_id);
+      // A static leader replaced in a Stable group keeps the generation: its
+      // new incarnation is told the old id, later rejoins the new one (as on
+      // Kafka). One leader per generation is one instance, then.
       auto [l, fresh] = leader_of_gen_.emplace(r.generation_id, r.leader);
-      EXPECT_EQ(l->second, r.leader) << "two leaders in generation " << r.generation_id;
+      EXPECT_EQ(Who(l->second), Who(r.leader)) << "two leaders in generation " << r.generation_id;
       auto [p, fresh_p] = protocol_of_gen_.emplace(r.generation_id, r.protocol_name);
       EXPECT_EQ(p->second, r.protocol_name);
       if (r.member_id == r.leader) {
@@ -1466,7 +1519,13 @@ class Sim {
     if (!d) return;
     EXPECT_GE(d->generation_id, last_described_generation_);
     last_described_generation_ = d->generation_id;
-    EXPECT_LE(d->members.size(), max_members_);
+    // In a rebalance only the members that rejoined count toward the limit
+    // (Kafka's rule); those that did not go when the join completes.
+    if (d->state == GroupState::kPreparingRebalance) {
+      EXPECT_LE(d->members.size(), 2 * max_members_);
+    } else {
+      EXPECT_LE(d->members.size(), max_members_);
+    }
     if (d->state == GroupState::kEmpty) {
       EXPECT_TRUE(d->members.empty());
     }
@@ -1514,7 +1573,7 @@ class Sim {
     for (const auto& [gen, nonce] : nonce_of_gen) {
       const Attempt& a = attempts_.at(nonce);
       EXPECT_EQ(a.generation, gen);
-      EXPECT_EQ(a.submitter, leader_of_gen_.at(gen)) << "assignment not from the generation's leader";
+      EXPECT_EQ(Who(a.submitter), Who(leader_of_gen_.at(gen))) << "assignment not from the generation's leader";
     }
     for (const SyncSeen& s : syncs_) {
       auto n = nonce_of_gen.find(s.generation);

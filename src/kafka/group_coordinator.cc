@@ -141,7 +141,32 @@ struct GroupCoordinator::Group {
     }
     return members.find(member_id) == members.end() ? kErrUnknownMemberId : kErrNone;
   }
-  bool HasRoom(size_t max) const { return members.size() + pending.size() < max; }
+  // Kafka's rule (GroupCoordinator.acceptJoiningMember) for a join by
+  // `member_id` (a member, a pending id, or ""): in PreparingRebalance only
+  // the members that stay count: those that rejoined, and static members
+  // (kept when the join completes; Kafka counts only the rejoined, so its
+  // groups can end up over the limit); the dynamic members that did not
+  // rejoin are dropped then. Otherwise every member counts; an empty group
+  // takes anyone. Ids handed out with MEMBER_ID_REQUIRED are not members and
+  // do not count. So a group has at most `max` members once a join completes.
+  bool AcceptsJoin(std::string_view member_id, size_t max) const {
+    auto it = members.find(member_id);
+    switch (state) {
+      case GroupState::kEmpty:
+        return true;
+      case GroupState::kPreparingRebalance: {
+        if (it != members.end() && (it->second.join_cb || it->second.instance_id)) return true;
+        const auto staying = std::count_if(members.begin(), members.end(), [](const auto& kv) {
+          return kv.second.join_cb || kv.second.instance_id;
+        });
+        return static_cast<size_t>(staying) < max;
+      }
+      case GroupState::kCompletingRebalance:
+      case GroupState::kStable:
+        return it != members.end() || members.size() < max;
+    }
+    return false;
+  }
 
   // Whether a member offering `protocols` of `type` may be in the group next
   // to every member other than `exclude`: same type and at least one protocol
@@ -396,10 +421,14 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
       fail(kErrInconsistentGroupProtocol, "");
     } else if (!old_static.empty()) {
       ReplaceStaticMember(*g, old_static, in, rebalance_ms, now, std::move(respond), out);
-    } else if (!g->HasRoom(opts_.max_members_per_group)) {
+    } else if (!g->AcceptsJoin("", opts_.max_members_per_group)) {
       fail(kErrGroupMaxSizeReached, "");
     } else if (in.group_instance_id) {
       AddMember(*g, NewMemberId(*in.group_instance_id), in, rebalance_ms, now, std::move(respond), out);
+    } else if (in.version >= 4 && g->pending.size() >= opts_.max_members_per_group) {
+      // Ids handed out and not yet used (they expire with the session
+      // timeout): a retryable refusal, as Kafka has no such limit.
+      fail(kErrCoordinatorNotAvailable, "");
     } else if (in.version >= 4) {
       // KIP-394: hand out the id first; the member joins when it comes back with it.
       std::string id = NewMemberId(in.client_id);
@@ -412,9 +441,17 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
     fail(kErrInconsistentGroupProtocol, in.member_id);
   } else if (!in.group_instance_id && g->pending.count(in.member_id) != 0) {
     ErasePending(*g, in.member_id);
-    AddMember(*g, in.member_id, in, rebalance_ms, now, std::move(respond), out);
+    if (g->AcceptsJoin(in.member_id, opts_.max_members_per_group)) {
+      AddMember(*g, in.member_id, in, rebalance_ms, now, std::move(respond), out);
+    } else {
+      fail(kErrGroupMaxSizeReached, "");
+    }
   } else if (int16_t err = g->Validate(in.member_id, in.group_instance_id); err != kErrNone) {
     fail(err, in.member_id);
+  } else if (!g->AcceptsJoin(in.member_id, opts_.max_members_per_group)) {
+    // As Kafka: newer members filled the rebalance first; this one is out.
+    RemoveMember(*g, in.member_id, now, /*update_group=*/true, out);
+    fail(kErrGroupMaxSizeReached, "");
   } else {
     Member& m = *g->Find(in.member_id);
     switch (g->state) {
