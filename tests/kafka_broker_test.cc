@@ -2539,6 +2539,7 @@ TEST_F(GroupTest, DescribeListAndDeleteGroups) {
     EXPECT_EQ(g.members[0].member_id, a);
     EXPECT_EQ(g.members[0].member_metadata, "meta-A");
     EXPECT_EQ(g.members[0].member_assignment, "assigned-A");
+    EXPECT_EQ(g.members[0].client_host, "/127.0.0.1");  // as Kafka: no port
     EXPECT_EQ(resp.groups[1].group_state, "Empty");
     EXPECT_TRUE(resp.groups[1].members.empty());
     EXPECT_EQ(resp.groups[2].error_code, ErrorCode::kNone);  // Kafka: an unknown group is Dead, not an error

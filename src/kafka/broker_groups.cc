@@ -33,7 +33,10 @@ void Broker::JoinGroup(const std::shared_ptr<Request>& req) {
   for (auto& p : in.protocols) j.protocols.emplace_back(std::move(p.name), std::move(p.metadata));
   j.version = req->version();
   j.client_id = req->decoded.header.client_id.value_or("");
-  j.client_host = req->reply->peer();
+  // As Kafka reports it (DescribeGroups): "/" and the address, no port.
+  const std::string& peer = req->reply->peer();
+  const size_t colon = peer.rfind(':');
+  j.client_host = "/" + (colon == std::string::npos ? peer : peer.substr(0, colon));
   ReleaseFrame(*req);  // the answer may wait for the whole rebalance
   groups_.JoinGroup(j, Now(), [req](JoinGroupResult r) {
     JoinGroupResponse resp;
