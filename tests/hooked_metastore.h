@@ -180,9 +180,10 @@ class HookedMetastore final : public metastore::Metastore {
                            const metastore::EpochCheck& by) override {
     return m_->UpdateTableConfig(id, c, s, by);
   }
-  Status CommitGroupOffsets(std::string_view g, const std::vector<GroupOffset>& o) override {
+  Status CommitGroupOffsets(std::string_view g, const std::vector<GroupOffset>& o,
+                            const metastore::EpochCheck& by) override {
     if (auto hook = std::exchange(before_commit_group_offsets, nullptr)) hook();
-    return m_->CommitGroupOffsets(g, o);
+    return m_->CommitGroupOffsets(g, o, by);
   }
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view g) override {
     if (fail_fetch_group_offsets) {
@@ -191,14 +192,18 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->FetchGroupOffsets(g);
   }
   Status DeleteGroupOffsets(std::string_view g, std::string_view t) override { return m_->DeleteGroupOffsets(g, t); }
-  Status DeletePartitionOffsets(std::string_view g, const std::vector<std::pair<std::string, int32_t>>& p) override {
-    return m_->DeletePartitionOffsets(g, p);
+  Status DeletePartitionOffsets(std::string_view g, const std::vector<std::pair<std::string, int32_t>>& p,
+                                const metastore::EpochCheck& by) override {
+    return m_->DeletePartitionOffsets(g, p, by);
   }
   Result<std::vector<std::string>> ListOffsetGroups() override { return m_->ListOffsetGroups(); }
-  Result<bool> DeleteAllGroupOffsets(std::string_view g) override { return m_->DeleteAllGroupOffsets(g); }
-  Result<std::vector<std::string>> ExpireGroupOffsets(int64_t ms, const std::vector<std::string>& k) override {
+  Result<bool> DeleteAllGroupOffsets(std::string_view g, const metastore::EpochCheck& by) override {
+    return m_->DeleteAllGroupOffsets(g, by);
+  }
+  Result<std::vector<std::string>> ExpireGroupOffsets(int64_t ms, const std::vector<std::string>& k,
+                                                      const metastore::EpochCheck& by) override {
     if (auto hook = std::exchange(before_expire_group_offsets, nullptr)) hook();
-    return m_->ExpireGroupOffsets(ms, k);
+    return m_->ExpireGroupOffsets(ms, k, by);
   }
   Result<NodeState> GetNode(std::string_view n) override { return m_->GetNode(n); }
   Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w) override {

@@ -2141,6 +2141,36 @@ TEST_F(BrokerTest, DeletedTopicsLoseTheirCommittedOffsets) {
   EXPECT_EQ(resp.topics.at(0).partitions.at(0).committed_offset, -1);
 }
 
+// Once a successor holds the node (the same --node-id started elsewhere),
+// this process's listener changes no committed offset: its groups' commits
+// would overwrite the successor's.
+TEST_F(BrokerTest, ASupersededProcessCommitsNoOffset) {
+  ASSERT_EQ(CreateTopic("fenced", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("fenced", 0, Batch({"a", "b", "c"})).error_code, ErrorCode::kNone);
+  auto commit = [&](int64_t offset) {
+    OffsetCommitRequest c;
+    c.group_id = "g-fenced";
+    c.topics.push_back(OffsetCommitRequestTopic{"fenced", {OffsetCommitRequestPartition{0, offset, -1, -1, ""}}});
+    return Call(c, 2, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code;
+  };
+  auto committed = [&] {
+    OffsetFetchRequest f;
+    f.group_id = "g-fenced";
+    f.topics = std::vector<OffsetFetchRequestTopic>{{"fenced", {0}}};
+    return Call(f, 5, DecodeOffsetFetchResponse).topics.at(0).partitions.at(0).committed_offset;
+  };
+  ASSERT_EQ(commit(3), ErrorCode::kNone);
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());  // a successor
+  EXPECT_EQ(commit(1), ErrorCode::kCoordinatorNotAvailable);
+  EXPECT_EQ(committed(), 3);
+  DeleteGroupsRequest d;
+  d.groups_names = {"g-fenced"};
+  EXPECT_EQ(Call(d, 1, DecodeDeleteGroupsResponse).results.at(0).error_code, ErrorCode::kCoordinatorNotAvailable);
+  EXPECT_EQ(committed(), 3);
+}
+
 TEST_F(BrokerTest, ATopicDeletedOtherwiseThanByDeleteTopicsLeavesNothingBehind) {
   // Deleting the weir-kafka basin through REST deletes its tables through
   // the engine, never through DeleteTopics: the committed offsets and the
@@ -2334,7 +2364,7 @@ TEST_F(GroupTest, OldOffsetsOutliveARestartUntilTheirGroupCouldHaveRejoined) {
   // are not persisted, so right after a restart its members are not back yet.
   ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
   metastore::GroupOffset old{"events", 0, 9, -1, "", WallMillis() - 8 * 24 * 3600 * 1000LL};
-  ASSERT_TRUE(meta_->CommitGroupOffsets("quiet", {old}).ok());
+  ASSERT_TRUE(meta_->CommitGroupOffsets("quiet", {old}, metastore::EpochCheck{}).ok());
   BrokerOptions o = Options();
   o.offsets_retention_check = std::chrono::milliseconds(20);
   RestartBroker(o);

@@ -1054,15 +1054,15 @@ TEST_P(MetastoreConformance, DeletePartitionOffsetsRemovesOnlyThose) {
   o.topic = "u";
   o.partition = 0;
   commit.push_back(o);
-  ASSERT_OK(m().CommitGroupOffsets("g", commit));
-  ASSERT_OK(m().CommitGroupOffsets("h", commit));
-  ASSERT_OK(m().DeletePartitionOffsets("g", {{"t", 1}, {"u", 0}, {"t", 9}, {"none", 0}}));
+  ASSERT_OK(m().CommitGroupOffsets("g", commit, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("h", commit, kNoNode));
+  ASSERT_OK(m().DeletePartitionOffsets("g", {{"t", 1}, {"u", 0}, {"t", 9}, {"none", 0}}, kNoNode));
   ASSERT_OK_AND_ASSIGN(std::vector<GroupOffset> left, m().FetchGroupOffsets("g"));
   ASSERT_EQ(left.size(), 2u);
   EXPECT_EQ(left[0].partition, 0);
   EXPECT_EQ(left[1].partition, 2);
   EXPECT_EQ(m().FetchGroupOffsets("h")->size(), 4u);
-  ASSERT_OK(m().DeletePartitionOffsets("nobody", {{"t", 0}}));
+  ASSERT_OK(m().DeletePartitionOffsets("nobody", {{"t", 0}}, kNoNode));
 }
 
 TEST_P(MetastoreConformance, CommitSettlePreconditionFailuresChangeNothing) {
@@ -1669,7 +1669,7 @@ GroupOffset Offset(std::string topic, int32_t partition, int64_t offset, std::st
 TEST_P(MetastoreConformance, GroupOffsetsCommitFetchUpsert) {
   EXPECT_EQ(Offsets("g"), "[]");
   ASSERT_OK(m().CommitGroupOffsets("g", {Offset("b", 10, 5), Offset("b", 2, 7, "m", 3), Offset("a", 0, 0),
-                                         Offset("b", 9, -1), Offset("a\xc3\xa9", 0, 1)}));
+                                         Offset("b", 9, -1), Offset("a\xc3\xa9", 0, 1)}, kNoNode));
   // Sorted by (topic bytes, partition as a number).
   const std::vector<GroupOffset> want = {Offset("a", 0, 0), Offset("a\xc3\xa9", 0, 1), Offset("b", 2, 7, "m", 3),
                                          Offset("b", 9, -1), Offset("b", 10, 5)};
@@ -1677,19 +1677,19 @@ TEST_P(MetastoreConformance, GroupOffsetsCommitFetchUpsert) {
 
   // Upsert: replaces every field of the committed partitions, keeps the others.
   ASSERT_OK(m().CommitGroupOffsets(
-      "g", {Offset("b", 2, 100, std::string("x\0y", 3), 4, 42), Offset("c", 0, 1, "", -1, 43)}));
+      "g", {Offset("b", 2, 100, std::string("x\0y", 3), 4, 42), Offset("c", 0, 1, "", -1, 43)}, kNoNode));
   EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("a", 0, 0), Offset("a\xc3\xa9", 0, 1),
                                                        Offset("b", 2, 100, std::string("x\0y", 3), 4, 42),
                                                        Offset("b", 9, -1), Offset("b", 10, 5),
                                                        Offset("c", 0, 1, "", -1, 43)}));
   // The last entry for a partition in one commit wins; an empty commit is fine.
-  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 1), Offset("t", 0, 2)}));
+  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 1), Offset("t", 0, 2)}, kNoNode));
   EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 2)}));
-  ASSERT_OK(m().CommitGroupOffsets("h", {}));
+  ASSERT_OK(m().CommitGroupOffsets("h", {}, kNoNode));
   EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 2)}));
 
   // Groups are independent, including the empty group id and prefixes of names.
-  ASSERT_OK(m().CommitGroupOffsets("", {Offset("t", 0, 9)}));
+  ASSERT_OK(m().CommitGroupOffsets("", {Offset("t", 0, 9)}, kNoNode));
   EXPECT_EQ(Offsets(""), Str(std::vector<GroupOffset>{Offset("t", 0, 9)}));
   EXPECT_EQ(Offsets("g2"), "[]");
   EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 2)}));
@@ -1697,37 +1697,63 @@ TEST_P(MetastoreConformance, GroupOffsetsCommitFetchUpsert) {
   const GroupOffset big = Offset("t", std::numeric_limits<int32_t>::max(), std::numeric_limits<int64_t>::max(),
                                  std::string(10000, 'm'), std::numeric_limits<int32_t>::max(),
                                  std::numeric_limits<int64_t>::min());
-  ASSERT_OK(m().CommitGroupOffsets("x", {big}));
+  ASSERT_OK(m().CommitGroupOffsets("x", {big}, kNoNode));
   EXPECT_EQ(Offsets("x"), Str(std::vector<GroupOffset>{big}));
 }
 
+// A superseded process's Kafka listener changes no committed offset.
+TEST_P(MetastoreConformance, GroupOffsetWritesOfASupersededNodeChangeNothing) {
+  MintTo("n1", 1);
+  const EpochCheck current{"n1", 1};
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 500, "", -1, 100)}, current));
+  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 7, "", -1, 100)}, current));
+  MintTo("n1", 2);  // a successor
+  const EpochCheck stale{"n1", 1};
+  const std::string g = Offsets("g");
+  const std::string h = Offsets("h");
+  EXPECT_EQ(m().CommitGroupOffsets("g", {Offset("t", 0, 100)}, stale).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeletePartitionOffsets("g", {{"t", 0}}, stale).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteAllGroupOffsets("g", stale).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().ExpireGroupOffsets(1000, {}, stale).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(Offsets("g"), g);
+  EXPECT_EQ(Offsets("h"), h);
+  // The successor's epoch writes.
+  const EpochCheck now{"n1", 2};
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 600)}, now));
+  ASSERT_OK(m().DeletePartitionOffsets("g", {{"t", 0}}, now));
+  EXPECT_EQ(Offsets("g"), "[]");
+  ASSERT_OK_AND_ASSIGN(bool had, m().DeleteAllGroupOffsets("h", now));
+  EXPECT_TRUE(had);
+  ASSERT_OK(m().ExpireGroupOffsets(1000, {}, now).status());
+}
+
 TEST_P(MetastoreConformance, GroupOffsetsBadCommitStoresNothing) {
-  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1)}));
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1)}, kNoNode));
   const std::string before = Offsets("g");
   const uint64_t txns = m().counters().transactions.load();
-  Status st = m().CommitGroupOffsets("g", {Offset("t", 0, 50), Offset("u", -1, 5)});
+  Status st = m().CommitGroupOffsets("g", {Offset("t", 0, 50), Offset("u", -1, 5)}, kNoNode);
   EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
   EXPECT_NE(st.message().find("partition -1"), std::string::npos) << st.ToString();
-  st = m().CommitGroupOffsets("g", {Offset("t", 0, 50), Offset("", 0, 5)});
+  st = m().CommitGroupOffsets("g", {Offset("t", 0, 50), Offset("", 0, 5)}, kNoNode);
   EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
   EXPECT_EQ(Offsets("g"), before);
   EXPECT_EQ(m().counters().transactions.load(), txns);
 }
 
 TEST_P(MetastoreConformance, ExpireGroupOffsetsRemovesWholeStaleGroups) {
-  ASSERT_OK(m().CommitGroupOffsets("old", {Offset("t", 0, 1, "", -1, 100), Offset("t", 1, 2, "", -1, 200)}));
-  ASSERT_OK(m().CommitGroupOffsets("mixed", {Offset("t", 0, 3, "", -1, 100), Offset("u", 0, 4, "", -1, 900)}));
-  ASSERT_OK(m().CommitGroupOffsets("kept", {Offset("t", 0, 5, "", -1, 100)}));
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed, m().ExpireGroupOffsets(500, {"kept"}));
+  ASSERT_OK(m().CommitGroupOffsets("old", {Offset("t", 0, 1, "", -1, 100), Offset("t", 1, 2, "", -1, 200)}, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("mixed", {Offset("t", 0, 3, "", -1, 100), Offset("u", 0, 4, "", -1, 900)}, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("kept", {Offset("t", 0, 5, "", -1, 100)}, kNoNode));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed, m().ExpireGroupOffsets(500, {"kept"}, kNoNode));
   EXPECT_EQ(removed, (std::vector<std::string>{"old"}));
   EXPECT_EQ(Offsets("old"), "[]");
   // A group whose newest commit is recent keeps all its offsets, old ones too.
   EXPECT_EQ(Offsets("mixed"), Str(std::vector<GroupOffset>{Offset("t", 0, 3, "", -1, 100),
                                                           Offset("u", 0, 4, "", -1, 900)}));
   EXPECT_EQ(Offsets("kept"), Str(std::vector<GroupOffset>{Offset("t", 0, 5, "", -1, 100)}));
-  ASSERT_OK_AND_ASSIGN(removed, m().ExpireGroupOffsets(500, {}));
+  ASSERT_OK_AND_ASSIGN(removed, m().ExpireGroupOffsets(500, {}, kNoNode));
   EXPECT_EQ(removed, (std::vector<std::string>{"kept"}));
-  ASSERT_OK_AND_ASSIGN(removed, m().ExpireGroupOffsets(500, {}));
+  ASSERT_OK_AND_ASSIGN(removed, m().ExpireGroupOffsets(500, {}, kNoNode));
   EXPECT_TRUE(removed.empty());
 }
 
@@ -1770,26 +1796,26 @@ TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
 TEST_P(MetastoreConformance, ListAndDeleteWholeGroups) {
   ASSERT_OK_AND_ASSIGN(auto groups, m().ListOffsetGroups());
   EXPECT_TRUE(groups.empty());
-  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("u", 2, 2)}));
-  ASSERT_OK(m().CommitGroupOffsets("caf\xc3\xa9", {Offset("t", 0, 3)}));
-  ASSERT_OK(m().CommitGroupOffsets("a", {Offset("t", 1, 4)}));
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("u", 2, 2)}, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("caf\xc3\xa9", {Offset("t", 0, 3)}, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("a", {Offset("t", 1, 4)}, kNoNode));
   ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups());
   EXPECT_EQ(groups, (std::vector<std::string>{"a", "caf\xc3\xa9", "g"}));  // sorted by bytes, each once
-  ASSERT_OK_AND_ASSIGN(bool had, m().DeleteAllGroupOffsets("g"));
+  ASSERT_OK_AND_ASSIGN(bool had, m().DeleteAllGroupOffsets("g", kNoNode));
   EXPECT_TRUE(had);
   EXPECT_EQ(Offsets("g"), "[]");
   EXPECT_EQ(Offsets("a"), Str(std::vector<GroupOffset>{Offset("t", 1, 4)}));
-  ASSERT_OK_AND_ASSIGN(had, m().DeleteAllGroupOffsets("g"));
+  ASSERT_OK_AND_ASSIGN(had, m().DeleteAllGroupOffsets("g", kNoNode));
   EXPECT_FALSE(had);
-  ASSERT_OK_AND_ASSIGN(had, m().DeleteAllGroupOffsets("nobody"));
+  ASSERT_OK_AND_ASSIGN(had, m().DeleteAllGroupOffsets("nobody", kNoNode));
   EXPECT_FALSE(had);
   ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups());
   EXPECT_EQ(groups, (std::vector<std::string>{"a", "caf\xc3\xa9"}));
 }
 
 TEST_P(MetastoreConformance, DeleteGroupOffsetsOfATopic) {
-  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 2), Offset("t2", 0, 3), Offset("u", 0, 4)}));
-  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 5)}));
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 2), Offset("t2", 0, 3), Offset("u", 0, 4)}, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 5)}, kNoNode));
   ASSERT_OK(m().DeleteGroupOffsets("g", "t"));
   EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("t2", 0, 3), Offset("u", 0, 4)}));
   EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 5)}));
@@ -1801,15 +1827,15 @@ TEST_P(MetastoreConformance, DeleteGroupOffsetsOfATopic) {
   ASSERT_OK(m().DeleteGroupOffsets("g", "t2"));
   EXPECT_EQ(Offsets("g"), "[]");
   // A deleted partition can be committed again.
-  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 7)}));
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 7)}, kNoNode));
   EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("t", 0, 7)}));
 }
 
 // A table deleted as a Kafka topic takes every group's offsets of its name
 // with it, in the same transaction; one deleted otherwise leaves them.
 TEST_P(MetastoreConformance, DeletingATopicTableDeletesItsGroupOffsets) {
-  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("u", 0, 2)}));
-  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 3, 8), Offset("u", 0, 9)}));
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("u", 0, 2)}, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 3, 8), Offset("u", 0, 9)}, kNoNode));
   const auto plain = MakeTable("k", "u", 1);
   ASSERT_OK(m().DeleteTable(plain.first.id, false, kNoNode).status());
   const auto topic = MakeTable("k", "t", 2);
@@ -1842,7 +1868,7 @@ TEST_P(MetastoreConformance, CountersForTablesAndGroupOffsets) {
   ASSERT_TRUE(m().GetTable("k", "t").ok());
   ASSERT_TRUE(m().ListTables("k", "", "", 10).ok());
   EXPECT_EQ(delta(), "r2 w2 t1");
-  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 1), Offset("t", 2, 1)}));
+  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 1), Offset("t", 2, 1)}, kNoNode));
   EXPECT_EQ(delta(), "r2 w3 t2");
   ASSERT_TRUE(m().FetchGroupOffsets("g").ok());
   EXPECT_EQ(delta(), "r3 w3 t2");
@@ -1899,8 +1925,8 @@ TEST_P(MetastoreConformance, TablesAndGroupOffsetsSurviveReopen) {
   ASSERT_TRUE(m().DeleteTable(gone.id, false, kNoNode).ok());
   const std::vector<GroupOffset> offsets = {Offset("events", 0, 10, "m0", 2, 111), Offset("events", 2, 30),
                                             Offset("other", 0, 1, std::string("\0\xff", 2), -1, 222)};
-  ASSERT_OK(m().CommitGroupOffsets("g1", offsets));
-  ASSERT_OK(m().CommitGroupOffsets("g2", {Offset("events", 1, 5)}));
+  ASSERT_OK(m().CommitGroupOffsets("g1", offsets, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("g2", {Offset("events", 1, 5)}, kNoNode));
   ASSERT_OK(m().DeleteGroupOffsets("g2", "events"));
 
   Reopen();
@@ -2086,7 +2112,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     ASSERT_OK_AND_ASSIGN(auto created, meta->CreateTable(t, StreamConfig{}, kNoNode));
     EXPECT_EQ(created.first.id, 1u);
     EXPECT_EQ(created.second[0].id, 8u);  // the stream allocator continues
-    ASSERT_OK(meta->CommitGroupOffsets("g", {GroupOffset{"topic", 1, 42, -1, "", 5}}));
+    ASSERT_OK(meta->CommitGroupOffsets("g", {GroupOffset{"topic", 1, 42, -1, "", 5}}, kNoNode));
     ASSERT_OK(meta->CreateBasin(BasinInfo{"upgraded", 1, "tok"}));  // schema 3's create tokens
     EXPECT_EQ(*meta->CreateToken("upgraded", ""), "tok");
   }

@@ -165,9 +165,13 @@ void Broker::ExpireOffsets() {
   if (started_ms_ >= cutoff) return;
   std::vector<std::string> keep;
   for (const auto& [group, at] : last_active_ms_) keep.push_back(group);
-  auto removed = meta_->ExpireGroupOffsets(cutoff, keep);
-  if (!removed.ok()) {
-    Log().warn("kafka: expiring committed offsets: {}", removed.status().ToString());
+  Result<std::vector<std::string>> removed = std::vector<std::string>{};
+  Status expired = engine_->RunAsThisNode([&](const metastore::EpochCheck& by) {
+    removed = meta_->ExpireGroupOffsets(cutoff, keep, by);
+    return removed.status();
+  });
+  if (!expired.ok()) {
+    Log().warn("kafka: expiring committed offsets: {}", expired.ToString());
     return;
   }
   for (const std::string& group : *removed) {

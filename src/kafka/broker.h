@@ -133,6 +133,8 @@ class Broker : public FrameHandler {
   void DescribeGroups(const std::shared_ptr<Request>& req);
   void ListGroups(const std::shared_ptr<Request>& req);
   void DeleteGroups(const std::shared_ptr<Request>& req);
+  // Kafka DeleteGroups' metastore part, as this node at its epoch: whether the group had offsets.
+  Result<bool> DeleteAllOffsetsOf(const std::string& group);
   void OffsetDelete(const std::shared_ptr<Request>& req);
   void DescribeConfigs(const std::shared_ptr<Request>& req);
   void CreatePartitions(const std::shared_ptr<Request>& req);

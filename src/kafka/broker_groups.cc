@@ -140,7 +140,9 @@ void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
       }
       resp.topics.push_back(std::move(tr));
     }
-    return offsets.empty() ? Status::Ok() : meta_->CommitGroupOffsets(in.group_id, offsets);
+    if (offsets.empty()) return Status::Ok();
+    return engine_->RunAsThisNode(
+        [&](const metastore::EpochCheck& by) { return meta_->CommitGroupOffsets(in.group_id, offsets, by); });
   });
   if (!committed.ok()) {
     Log().warn("kafka: committing offsets of group {}: {}", in.group_id, committed.ToString());
@@ -273,6 +275,16 @@ void Broker::ListGroups(const std::shared_ptr<Request>& req) {
 // Runs on a worker thread (a metastore write). A group is deleted when it has
 // no members: its committed offsets first (if that fails, nothing changed),
 // then its membership state.
+Result<bool> Broker::DeleteAllOffsetsOf(const std::string& group) {
+  Result<bool> had = false;
+  Status st = engine_->RunAsThisNode([&](const metastore::EpochCheck& by) {
+    had = meta_->DeleteAllGroupOffsets(group, by);
+    return had.status();
+  });
+  if (!st.ok()) return st;
+  return had;
+}
+
 void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
   auto& in = req->body<DeleteGroupsRequest>();
   DeleteGroupsResponse resp;
@@ -283,7 +295,7 @@ void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
     auto d = groups_.DescribeGroup(id);
     if (d && d->state != GroupState::kEmpty) {
       r.error_code = ErrorCode::kNonEmptyGroup;
-    } else if (auto had_offsets = meta_->DeleteAllGroupOffsets(id); !had_offsets.ok()) {
+    } else if (Result<bool> had_offsets = DeleteAllOffsetsOf(id); !had_offsets.ok()) {
       Log().warn("kafka: deleting the offsets of group {}: {}", id, had_offsets.status().ToString());
       r.error_code = ErrorCode::kCoordinatorNotAvailable;
     } else {
@@ -366,7 +378,10 @@ void Broker::OffsetDelete(const std::shared_ptr<Request>& req) {
     resp.topics.push_back(std::move(tr));
   }
   if (!doomed.empty()) {
-    if (Status st = meta_->DeletePartitionOffsets(in.group_id, doomed); !st.ok()) {
+    if (Status st = engine_->RunAsThisNode([&](const metastore::EpochCheck& by) {
+          return meta_->DeletePartitionOffsets(in.group_id, doomed, by);
+        });
+        !st.ok()) {
       Log().warn("kafka: deleting offsets of group {}: {}", in.group_id, st.ToString());
       return reply(ErrorCode::kCoordinatorNotAvailable);
     }

@@ -710,6 +710,10 @@ auto Engine::AsThisNode(Change change) -> decltype(change(metastore::EpochCheck{
   }
 }
 
+Status Engine::RunAsThisNode(const std::function<Status(const metastore::EpochCheck&)>& change) {
+  return AsThisNode([&](const metastore::EpochCheck& by) { return change(by); });
+}
+
 namespace {
 
 // After a create that failed with `failed`, the row may be there anyway: this

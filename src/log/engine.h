@@ -387,6 +387,11 @@ class Engine {
   Status MergeSegmentsNow();
 
   uint64_t epoch() const { return epoch_.load(); }
+  // Runs a metastore change a superseded process must not make (the Kafka
+  // listener's group offset writes) as this node at its epoch, as the
+  // engine's own changes run: once more if this process's own halt minted
+  // its next epoch meanwhile; kUnavailable once a successor holds the node.
+  Status RunAsThisNode(const std::function<Status(const metastore::EpochCheck&)>& change);
   EngineMetrics& metrics() { return metrics_; }
   // Bytes of batches in the log cache (may pass its budget until the
   // eviction thread catches up).

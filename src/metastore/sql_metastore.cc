@@ -1404,7 +1404,8 @@ Result<std::vector<std::string>> SqlMetastore::DeleteTable(uint64_t table_id, bo
 
 // ---- Consumer-group offsets ------------------------------------------------------
 
-Status SqlMetastore::CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) {
+Status SqlMetastore::CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets,
+                                          const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("CommitGroupOffsets", [&]() -> Status {
     for (const GroupOffset& o : offsets) {
@@ -1415,6 +1416,7 @@ Status SqlMetastore::CommitGroupOffsets(std::string_view group, const std::vecto
       }
     }
     return InTransaction("commit group offsets", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       for (const GroupOffset& o : offsets) {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpsertGroupOffset));
         st.Text(1, group)
@@ -1464,10 +1466,12 @@ Status SqlMetastore::DeleteGroupOffsets(std::string_view group, std::string_view
 }
 
 Status SqlMetastore::DeletePartitionOffsets(std::string_view group,
-                                               const std::vector<std::pair<std::string, int32_t>>& partitions) {
+                                               const std::vector<std::pair<std::string, int32_t>>& partitions,
+                                               const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeletePartitionOffsets", [&]() -> Status {
     return InTransaction("delete partition offsets", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       for (const auto& [topic, part] : partitions) {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeletePartitionOffset));
         WEIR_RETURN_IF_ERROR(st.Text(1, group).Text(2, topic).Int(3, part).Run("delete partition offset"));
@@ -1491,11 +1495,12 @@ Result<std::vector<std::string>> SqlMetastore::ListOffsetGroups() {
   });
 }
 
-Result<bool> SqlMetastore::DeleteAllGroupOffsets(std::string_view group) {
+Result<bool> SqlMetastore::DeleteAllGroupOffsets(std::string_view group, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteAllGroupOffsets", [&]() -> Result<bool> {
     bool any = false;
     const Status txn = InTransaction("delete group", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteAllGroupOffsets));
       WEIR_RETURN_IF_ERROR(st.Text(1, group).Run("delete group offsets"));
       any = st.Changes() > 0;
@@ -1507,11 +1512,13 @@ Result<bool> SqlMetastore::DeleteAllGroupOffsets(std::string_view group) {
 }
 
 Result<std::vector<std::string>> SqlMetastore::ExpireGroupOffsets(int64_t committed_before_ms,
-                                                                     const std::vector<std::string>& keep) {
+                                                                     const std::vector<std::string>& keep,
+                                                                     const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("ExpireGroupOffsets", [&]() -> Result<std::vector<std::string>> {
     std::vector<std::string> removed;
     const Status txn = InTransaction("expire group offsets", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       std::vector<std::string> stale;
       {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStaleGroups));

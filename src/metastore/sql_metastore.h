@@ -106,15 +106,18 @@ class SqlMetastore final : public Metastore {
                                                                    const StreamConfig& stream_config,
                                                                    int64_t created_at_ms, const EpochCheck& by) override;
 
-  Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets) override;
+  Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets,
+                            const EpochCheck& by) override;
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;
   Status DeleteGroupOffsets(std::string_view group, std::string_view topic) override;
   Status DeletePartitionOffsets(std::string_view group,
-                                const std::vector<std::pair<std::string, int32_t>>& partitions) override;
+                                const std::vector<std::pair<std::string, int32_t>>& partitions,
+                                const EpochCheck& by) override;
   Result<std::vector<std::string>> ListOffsetGroups() override;
-  Result<bool> DeleteAllGroupOffsets(std::string_view group) override;
+  Result<bool> DeleteAllGroupOffsets(std::string_view group, const EpochCheck& by) override;
   Result<std::vector<std::string>> ExpireGroupOffsets(int64_t committed_before_ms,
-                                                      const std::vector<std::string>& keep) override;
+                                                      const std::vector<std::string>& keep,
+                                                      const EpochCheck& by) override;
 
   const MetastoreCounters& counters() const override { return counters_; }
   std::string Describe() const override { return describe_; }
