@@ -2249,6 +2249,43 @@ TEST(PostgresMetastore, ABrokenConnectionFailsOneCallAndIsReopened) {
   EXPECT_GT(ids, 0u);
 }
 
+// A role that may only read and write the tables (no CREATE on the schema,
+// PostgreSQL 15's default for public) serves a database another role made.
+TEST(PostgresMetastore, ARoleWithoutCreateRightsServesAnExistingSchema) {
+  const std::string base = PostgresBaseUri();
+  if (base.empty()) GTEST_SKIP() << "no PostgreSQL server (WEIR_TEST_POSTGRES_ENV)";
+  const std::string schema = fmt::format("dml_{}", ::getpid());
+  const std::string role = fmt::format("weir_dml_{}", ::getpid());
+  PostgresExec(base, "CREATE SCHEMA " + schema);
+  const std::string path = "?options=-csearch_path%3D" + schema;
+  {
+    ASSERT_OK_AND_ASSIGN(auto owner, OpenMetastore(base + path));  // creates the tables
+    ASSERT_OK(owner->CreateBasin(BasinInfo{"made-by-owner", 1}));
+  }
+  PostgresExec(base, "CREATE ROLE " + role + " LOGIN");
+  PostgresExec(base, "GRANT USAGE ON SCHEMA " + schema + " TO " + role);
+  PostgresExec(base, "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA " + schema + " TO " + role);
+  const size_t at = base.find("://") + 3;
+  const std::string as_role = base.substr(0, at) + role + base.substr(base.find('@', at)) + path;
+  auto m = OpenMetastore(as_role);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_OK_AND_ASSIGN(BasinInfo b, (*m)->GetBasin("made-by-owner"));
+  EXPECT_EQ(b.name, "made-by-owner");
+  ASSERT_OK((*m)->CreateBasin(BasinInfo{"made-by-role", 1}));
+  ASSERT_OK_AND_ASSIGN(uint64_t id, (*m)->AllocateProducerId());
+  EXPECT_GT(id, 0u);
+  // Without the tables, the role cannot make them: a clear error, not a crash.
+  const std::string empty_schema = schema + "_empty";
+  PostgresExec(base, "CREATE SCHEMA " + empty_schema);
+  PostgresExec(base, "GRANT USAGE ON SCHEMA " + empty_schema + " TO " + role);
+  auto refused = OpenMetastore(base.substr(0, at) + role + base.substr(base.find('@', at)) +
+                               "?options=-csearch_path%3D" + empty_schema);
+  EXPECT_FALSE(refused.ok());
+  m->reset();
+  PostgresExec(base, "DROP OWNED BY " + role);
+  PostgresExec(base, "DROP ROLE " + role);
+}
+
 TEST(OpenMetastoreTest, UriErrors) {
   TempDir dir;
   auto code_of = [](std::string_view uri) { return OpenMetastore(uri).status().code(); };

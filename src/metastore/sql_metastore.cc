@@ -382,7 +382,22 @@ Result<std::shared_ptr<SqlMetastore>> SqlMetastore::Open(std::unique_ptr<SqlDb> 
   return store;
 }
 
+bool SqlMetastore::SchemaIsCurrent() {
+  auto get = Prepare(kGetSchemaVersion);
+  if (!get.ok()) return false;
+  auto first = get->Step("read schema version");
+  if (!first.ok() || !*first || get->ColInt(0) != kSchemaVersion) return false;
+  auto second = get->Step("read schema version");
+  return second.ok() && !*second;  // exactly one row
+}
+
 Status SqlMetastore::Init() {
+  // A database already at this version takes no DDL, so a role with only
+  // the rights to read and write the tables can serve it (PostgreSQL checks
+  // CREATE on the schema before IF NOT EXISTS, and 15 grants it to nobody
+  // by default). Read outside a transaction: on PostgreSQL a failed
+  // statement (no table yet) would abort one.
+  if (SchemaIsCurrent()) return Status::Ok();
   return InTransaction("create or upgrade the schema", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(db_->Exec(kCreateSchemaVersion, "create schema_version"));
     std::vector<int64_t> versions;

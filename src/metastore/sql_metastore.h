@@ -131,6 +131,8 @@ class SqlMetastore final : public Metastore {
 
   // All below: mu_ held.
   Status Init();
+  // Whether the database holds exactly one schema_version row, of this build.
+  bool SchemaIsCurrent();
   Result<Stmt> Prepare(const char* sql);
   // Runs body inside the driver's write transaction; rolls back if it fails.
   template <typename F>
