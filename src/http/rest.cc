@@ -17,6 +17,9 @@
 
 namespace weir::http {
 
+// An S2S session holds a frame's bytes until the frame is whole (HTTP/2 flow control).
+static_assert(kS2sMaxFrameBytes + 3 <= kMaxBodySinkUnitBytes);
+
 using Json = nlohmann::json;
 
 namespace {

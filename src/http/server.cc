@@ -95,9 +95,12 @@ constexpr std::string_view kHttp2Preface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24)
 // being able to send. The socket is always read: the client's own
 // WINDOW_UPDATEs must get through.
 constexpr size_t kHttp2MaxQueuedBytes = 4u << 20;
-// Each HTTP/2 stream's receive window: a BodySink's unreturned bytes at most
-// (two S2S frames of 2 MiB fit); the connection's window is larger.
-constexpr uint32_t kHttp2StreamWindow = 4u << 20;
+// Each HTTP/2 stream's receive window: a BodySink's unreturned bytes at most;
+// the connection's window is larger. nghttp2 sends a WINDOW_UPDATE once half
+// the window was given back, so up to half less one byte may be returned and
+// not yet offered again while a sink holds part of a frame: the other half
+// must fit a whole frame of the largest size, or neither side moves.
+constexpr uint32_t kHttp2StreamWindow = 2 * kMaxBodySinkUnitBytes + (64u << 10);
 constexpr int32_t kHttp2ConnectionWindow = 16 << 20;
 
 std::string StatusLine(int status) {

@@ -216,6 +216,38 @@ class S2sTest(unittest.TestCase):
                          [(0, 1), (1, 2), (2, 3), (3, 5)])
         self.assertEqual(self.records(stream), ["r0", "r1", "r2", "r3", "r4"])
 
+    def test_a_frame_of_the_largest_size_fits_the_window_left_after_acked_ones(self):
+        # nghttp2 offers the client more window once half of it was given
+        # back. Two acked inputs give back 2,097,150 bytes (2 bytes short of
+        # half the old 4 MiB window), so no WINDOW_UPDATE; a frame of the
+        # largest size then needs 2,097,155 bytes of the 2,097,154 left. The
+        # window must fit it, or the client and server wait on each other
+        # (our own window holds it: no stall reset either).
+        stream = self.new_stream()
+
+        def input_of(total):
+            n = total - 32
+            while True:
+                f = frame(pb_append_input([pb_append_record(b"x" * n)]))
+                if len(f) == total:
+                    return f
+                n += total - len(f)
+
+        half = (4 << 20) // 2
+        first, second = input_of(1 << 20), input_of(half - 2 - (1 << 20))
+        self.assertEqual(len(first) + len(second), half - 2)
+        sid = self.append_session(stream, first + second)
+        acks = self.h2.wait_frames(sid, 2)
+        self.assertEqual([terminal(f, p) for f, p in acks], [None, None], acks)
+        # The largest frame the server reads: its 3-byte length says 2 MiB.
+        largest = (2 << 20).to_bytes(3, "big") + b"\0" + b"\xff" * ((2 << 20) - 1)
+        self.h2.send(sid, largest, end=True)
+        st = self.h2.wait_end(sid)
+        frames, _ = parse_frames(st["data"])
+        self.assertIsNotNone(terminal(*frames[-1]), frames[-1][:1])  # refused (not an AppendInput), not hung
+        r = requests.get(f"{SERVER.base_url}/v1/streams/{stream}/records/tail", timeout=TIMEOUT)
+        self.assertEqual(r.json()["tail"]["seq_num"], 2, r.text)
+
     def test_gzip_frames_are_accepted(self):
         stream = self.new_stream()
         msg = pb_append_input([pb_append_record(b"z" * 3000)])
