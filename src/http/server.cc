@@ -145,6 +145,10 @@ class ConnBase {
   // that stopped reading): HTTP/1.1 closes the connection, HTTP/2 resets the
   // stream. Any thread.
   virtual void CloseIfStalled(Duration stalled_for) = 0;
+  // A drain began: an HTTP/2 connection sends GOAWAY and closes once no
+  // stream is open (at once if none is). HTTP/1.1 needs nothing: its
+  // answers say `Connection: close` from now on. Any thread.
+  virtual void Drain() {}
 };
 
 class Conn;
@@ -211,6 +215,9 @@ class HttpServer::Impl {
     conns.push_back(conn);
   }
   std::atomic<bool> stopped{false};
+  std::atomic<bool> draining{false};  // BeginDrain: connections are told to go
+  // Whether a connection may stay open after its current response.
+  bool KeepsConnections() const { return !stopped.load() && !draining.load(); }
 };
 
 namespace {
@@ -501,7 +508,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     if (done.then) done.then(true);
     if (done.response_done) {
       if (linger_close_) return LingerClose();
-      if (!done.keep_alive || srv_->stopped) return Shutdown();
+      if (!done.keep_alive || !srv_->KeepsConnections()) return Shutdown();
       ReadHeader();
     }
     if (close_requested_ && out_.empty()) return Shutdown();  // a stream's chunk, a 100 Continue
@@ -629,7 +636,7 @@ class ExchangeImpl : public ExchangeBase {
 
   void Respond(Response r) override {
     if (answered_.exchange(true)) return;
-    bool keep = keep_alive_ && !srv_->stopped;
+    bool keep = keep_alive_ && srv_->KeepsConnections();
     std::string head = StatusLine(r.status);
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
     for (const auto& [k, v] : r.headers) head += fmt::format("{}: {}\r\n", k, v);
@@ -652,7 +659,7 @@ class ExchangeImpl : public ExchangeBase {
     head += "\r\n";
     streaming_ = true;
     if (head_only_) {  // the response ends with its head: later writes fail, which ends the session
-      Emit(std::move(head), nullptr, true, keep_alive_ && !srv_->stopped);
+      Emit(std::move(head), nullptr, true, keep_alive_ && srv_->KeepsConnections());
       Finish();
       return;
     }
@@ -677,7 +684,7 @@ class ExchangeImpl : public ExchangeBase {
 
   void End() override {
     if (!streaming_ || finished_) return;
-    bool keep = keep_alive_ && !srv_->stopped && !http10_;
+    bool keep = keep_alive_ && srv_->KeepsConnections() && !http10_;
     Emit(http10_ ? "" : "0\r\n\r\n", nullptr, true, keep);
     Finish();
   }
@@ -732,6 +739,13 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (self->closed_) return;
       self->closing_ = true;
       self->Flush();  // writes what is queued, then GOAWAY, then closes
+    });
+  }
+  void Drain() override {
+    net::post(sock_.get_executor(), [self = shared_from_this()] {
+      if (self->closed_ || self->draining_ || self->session_ == nullptr) return;
+      self->draining_ = true;
+      self->Flush();  // closes it now if no stream is open
     });
   }
   // A socket write stuck that long closes the connection (nothing reaches
@@ -1114,6 +1128,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   // Writes what nghttp2 has to send, one write at a time.
   void Flush() {
     if (closed_ || writing_) return;
+    // Draining: once no stream is open, GOAWAY and close. (Not GOAWAY while
+    // streams are open: some clients, Python's h2 among them, drop the
+    // connection's open streams when it arrives.)
+    if (draining_ && streams_.empty()) closing_ = true;
     ConsumeHeld();
     wbuf_.clear();
     auto take = [this] {
@@ -1247,6 +1265,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   std::shared_ptr<std::atomic<int>> live_exchanges_ = std::make_shared<std::atomic<int>>(0);
   bool closing_ = false;                // the server closes it: write what is queued, GOAWAY, close
   bool goaway_sent_ = false;
+  bool draining_ = false;     // Drain: GOAWAY and close once no stream is open
   bool reading_ = false;
   bool writing_ = false;
   TimePoint write_started_;
@@ -1491,6 +1510,14 @@ void HttpServer::StopAccepting() {
     i->acceptor.close(ec);
     i->accept_retry.cancel();
   });
+}
+
+void HttpServer::BeginDrain() {
+  impl_->draining = true;
+  std::lock_guard lk(impl_->conns_mu);
+  for (auto& w : impl_->conns) {
+    if (auto c = w.lock()) c->Drain();
+  }
 }
 
 void HttpServer::CloseStalled(Duration stalled_for) {

@@ -198,6 +198,11 @@ class HttpServer {
   const HttpServerMetrics& metrics() const;
   // Closes the listening socket; connections already open keep being served.
   void StopAccepting();
+  // A drain begins: an HTTP/2 connection is sent GOAWAY and closed once no
+  // stream is open on it (idle ones at once), and HTTP/1.1 answers say
+  // `Connection: close`, so clients move to another server instead of
+  // retrying here.
+  void BeginDrain();
   // For a drain (a read session whose client stopped reading would hold it
   // until stall_timeout): ends every response whose data has not moved for
   // `stalled_for`. HTTP/1.1 closes the connection; HTTP/2 resets the stream

@@ -525,6 +525,7 @@ int RunServe(const ServeOptions& o) {
   }).detach();
   (*server)->StopAccepting();
   if (kafka_server) kafka_server->StopAccepting();
+  (*server)->BeginDrain();
   rest.SetDraining();
   // Group joins waiting for a rebalance and long-polling fetches are
   // answered (clients retry); Kafka connections take no further request and

@@ -83,6 +83,7 @@ class H2Client:
         self.streams = {}
         self.hold = set()  # streams whose data is not acknowledged: their window stays shut
         self.closed = False
+        self.open_at_goaway = None
         self.flush()
 
     def close(self):
@@ -150,6 +151,8 @@ class H2Client:
                     st["reset"] = ev.error_code
                     st["ended"] = True
                 elif isinstance(ev, h2.events.ConnectionTerminated):
+                    # GOAWAY: which streams were still open when it came.
+                    self.open_at_goaway = {sid for sid, st in self.streams.items() if not st["ended"]}
                     self.closed = True
             self.flush()
 
@@ -858,10 +861,54 @@ class DrainTest(unittest.TestCase):
         self.assertEqual(pb_append_ack(frames[0][1])["end"]["seq_num"], 1)
         status, body = terminal(*frames[1])
         self.assertEqual((status, body["code"]), (503, "server_draining"))
+        # Then GOAWAY: the connection had no stream left.
+        client.pump(lambda: client.closed)
+        self.assertEqual(client.open_at_goaway, set())
         self.assertEqual(server.stop(), 0)
         with open(server.log_path) as f:
             self.assertNotIn("still open at exit", f.read())
 
+
+    def test_an_idle_connection_is_closed_when_the_drain_begins(self):
+        # An append whose PUT takes 4 s holds the drain open; an idle HTTP/2
+        # connection beside it gets GOAWAY and is closed at once, not when
+        # the server stops: its client reconnects elsewhere.
+        server = WeirServer(WEIR, args=["--inject-put-latency-ms", "4000"]).start()
+        self.addCleanup(server.cleanup)
+        stream = unique("drainidle")
+        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        busy = H2Client(server.port)
+        self.addCleanup(busy.close)
+        idle = H2Client(server.port)
+        self.addCleanup(idle.close)
+        sid = busy.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
+                           body=frame(pb_append_input([pb_append_record(b"slow")])), end=True)
+        wait_for_pool_bytes(server.base_url)
+        server.proc.send_signal(15)
+        idle.pump(lambda: idle.closed)
+        self.assertEqual(idle.open_at_goaway, set(), "closed without GOAWAY")
+        # The append's ack has not been sent yet: the drain is still on.
+        # (What the busy connection has received so far is taken in without waiting.)
+        busy.sock.setblocking(False)
+        try:
+            while True:
+                data = busy.sock.recv(65536)
+                if not data:
+                    break
+                for ev in busy.conn.receive_data(data):
+                    if isinstance(ev, h2.events.DataReceived):
+                        busy.streams[sid]["data"] += ev.data
+                    elif isinstance(ev, h2.events.StreamEnded):
+                        busy.streams[sid]["ended"] = True
+        except BlockingIOError:
+            pass
+        busy.sock.setblocking(True)
+        busy.sock.settimeout(TIMEOUT)
+        self.assertFalse(busy.streams[sid]["ended"], "the idle connection was closed only after the drain")
+        self.assertEqual(parse_frames(busy.streams[sid]["data"])[0], [])
+        frames, _ = parse_frames(busy.wait_end(sid)["data"])
+        self.assertEqual(pb_append_ack(frames[0][1])["end"]["seq_num"], 1)
+        self.assertEqual(server.stop(), 0)
 
     def test_a_session_whose_input_ended_gets_its_acks_and_no_error_at_sigterm(self):
         # The client ended its input before the drain: there is no input to
