@@ -82,6 +82,8 @@ class EngineTest : public ::testing::Test {
     o.merge_small_bytes = merge_small_bytes_;
     o.merge_parts_per_pass = merge_parts_per_pass_;
     o.retention_streams_per_txn = retention_streams_per_txn_;
+    o.load_page_streams = load_page_streams_;
+    o.load_page_segments = load_page_segments_;
     o.wal.retry_initial = 1ms;
     o.wal.retry_max = 5ms;
     o.log_cache_bytes = cache_bytes_;
@@ -166,7 +168,9 @@ class EngineTest : public ::testing::Test {
   Duration admission_timeout_ = std::chrono::seconds(10);
   size_t wal_budget_ = 0;  // 0: the WAL's default
   size_t merge_small_bytes_ = 1 << 20;
-  size_t retention_streams_per_txn_ = 500;
+  size_t retention_streams_per_txn_ = 100;
+  size_t load_page_streams_ = 1000;
+  size_t load_page_segments_ = 10000;
   size_t merge_parts_per_pass_ = 2048;
   bool settle_on_close_ = true;
 };
@@ -751,15 +755,30 @@ TEST_F(EngineTest, AStartLoadsEveryStreamWithAFewPagedReadsNotARoundTripPerStrea
   EXPECT_EQ(hooked->list_streams_by_id_calls.load(), 1);
   EXPECT_EQ(hooked->list_segments_calls.load(), 1);
   EXPECT_EQ(hooked->list_stream_states_calls.load(), 1);
-  EXPECT_TRUE(ReadAll(names[0]).empty());
-  EXPECT_EQ(engine_->GetStream(kBasin, names[5]).status().code(), Code::kNotFound);
-  for (size_t i = 1; i < names.size(); ++i) {
-    if (i == 5) continue;
-    std::vector<std::string> want;
-    for (int round = 0; round < 3; ++round) want.push_back(names[i] + "." + std::to_string(round));
-    if (i == 7) want.push_back("unsettled");
-    EXPECT_EQ(ReadAll(names[i]), want) << names[i];
-  }
+  auto check = [&] {
+    EXPECT_TRUE(ReadAll(names[0]).empty());
+    EXPECT_EQ(engine_->GetStream(kBasin, names[5]).status().code(), Code::kNotFound);
+    for (size_t i = 1; i < names.size(); ++i) {
+      if (i == 5) continue;
+      std::vector<std::string> want;
+      for (int round = 0; round < 3; ++round) want.push_back(names[i] + "." + std::to_string(round));
+      if (i == 7) want.push_back("unsettled");
+      EXPECT_EQ(ReadAll(names[i]), want) << names[i];
+    }
+  };
+  check();
+  // Pages of 2 streams and 3 segments: every boundary falls inside a
+  // stream's segments or between streams, and all is found once.
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  load_page_streams_ = 2;
+  load_page_segments_ = 3;
+  hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  // 12 rows (the fixture's "s" too): 6 full pages, then an empty one.
+  EXPECT_EQ(hooked->list_streams_by_id_calls.load(), 7);
+  EXPECT_EQ(hooked->list_stream_states_calls.load(), 7);
+  EXPECT_EQ(hooked->list_segments_calls.load(), 11);       // 31 segments (10 x 3, and 1): 11 pages
+  check();
 }
 
 TEST_F(EngineTest, ASettleCommitThatFailedOnIoAndDidNotLandKeepsItsSegments) {

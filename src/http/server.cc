@@ -222,12 +222,16 @@ class HttpServer::Impl {
 
 namespace {
 
+// Frees a string's buffer. (Assigning an empty string keeps the buffer:
+// libstdc++ copies into it.)
+void FreeString(std::string& s) { std::string().swap(s); }
+
 // GET and HEAD bodies mean nothing to any handler: dropped at dispatch, and
 // their budget given back, so a read session or long poll holds none of it.
 template <typename Budget>
 void DropUnusedBody(Request& req, size_t& reserved, Budget& budget) {
   if (req.method != "GET" && req.method != "HEAD") return;
-  req.body = std::string();
+  FreeString(req.body);
   if (reserved > 0) budget.Release(std::exchange(reserved, 0));
 }
 
@@ -394,7 +398,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     auto msg = parser_->release();
     parser_.reset();
     if (sized) msg.body() = std::move(body_);
-    body_ = std::string();
+    FreeString(body_);
     keep_alive_ = msg.keep_alive();
     http10_ = msg.version() < 11;
     Request req;

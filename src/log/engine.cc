@@ -491,8 +491,8 @@ Result<std::shared_ptr<Engine::Stream>> Engine::StreamFromState(const metastore:
 }
 
 Status Engine::LoadStreams() {
-  constexpr size_t kStreamPage = 1000;
-  constexpr size_t kSegmentPage = 10000;
+  const size_t kStreamPage = options_.load_page_streams;
+  const size_t kSegmentPage = options_.load_page_segments;
   std::unordered_map<uint64_t, metastore::StreamInfo> rows;
   for (uint64_t after = 0;;) {
     WEIR_ASSIGN_OR_RETURN(auto page, meta_->ListStreamsById(after, kStreamPage));

@@ -76,7 +76,11 @@ struct EngineOptions {
   Duration retention_interval = std::chrono::seconds(60);
   // Streams whose segment rows one retention transaction removes, at most
   // (1..Metastore::kMaxSegmentCuts); their objects go in one DeleteMany.
-  size_t retention_streams_per_txn = 500;
+  size_t retention_streams_per_txn = 100;
+  // Recovery reads stream rows and states this many a round trip (1..1000),
+  // and segments this many (1..10000).
+  size_t load_page_streams = 1000;
+  size_t load_page_segments = 10000;
   // Merging small segments (each settle cycle writes one per stream that took
   // appends): adjacent segments under merge_small_bytes are merged once they
   // add up to merge_small_bytes, or once the newest of them is merge_min_age

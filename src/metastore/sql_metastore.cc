@@ -382,13 +382,15 @@ Result<std::shared_ptr<SqlMetastore>> SqlMetastore::Open(std::unique_ptr<SqlDb> 
   return store;
 }
 
-bool SqlMetastore::SchemaIsCurrent() {
+std::optional<int64_t> SqlMetastore::StoredSchemaVersion() {
   auto get = Prepare(kGetSchemaVersion);
-  if (!get.ok()) return false;
+  if (!get.ok()) return std::nullopt;
   auto first = get->Step("read schema version");
-  if (!first.ok() || !*first || get->ColInt(0) != kSchemaVersion) return false;
+  if (!first.ok() || !*first) return std::nullopt;
+  const int64_t version = get->ColInt(0);
   auto second = get->Step("read schema version");
-  return second.ok() && !*second;  // exactly one row
+  if (!second.ok() || *second) return std::nullopt;  // exactly one row
+  return version;
 }
 
 Status SqlMetastore::Init() {
@@ -397,7 +399,13 @@ Status SqlMetastore::Init() {
   // CREATE on the schema before IF NOT EXISTS, and 15 grants it to nobody
   // by default). Read outside a transaction: on PostgreSQL a failed
   // statement (no table yet) would abort one.
-  if (SchemaIsCurrent()) return Status::Ok();
+  if (const auto stored = StoredSchemaVersion()) {
+    if (*stored == kSchemaVersion) return Status::Ok();
+    if (*stored > kSchemaVersion) {  // before any DDL, which this role may not have the rights for
+      return NotSupported("metastore {}: schema version {} is newer than this build supports ({}); upgrade weir",
+                          describe_, *stored, kSchemaVersion);
+    }
+  }
   return InTransaction("create or upgrade the schema", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(db_->Exec(kCreateSchemaVersion, "create schema_version"));
     std::vector<int64_t> versions;

@@ -131,8 +131,9 @@ class SqlMetastore final : public Metastore {
 
   // All below: mu_ held.
   Status Init();
-  // Whether the database holds exactly one schema_version row, of this build.
-  bool SchemaIsCurrent();
+  // The version in schema_version if it holds exactly one row (read outside
+  // a transaction); nullopt otherwise, or if the table is missing.
+  std::optional<int64_t> StoredSchemaVersion();
   Result<Stmt> Prepare(const char* sql);
   // Runs body inside the driver's write transaction; rolls back if it fails.
   template <typename F>
