@@ -468,6 +468,16 @@ TEST(VerifySegment, EverySingleByteFlipIsDetected) {
   }
 }
 
+TEST(VerifySegment, ANewerFooterVersionIsNamed) {
+  Stream s = MakeStream(5, 3, 11);
+  std::string obj = Build(s, 0);
+  std::string tail = obj.substr(obj.size() - kSegmentFooterSize);
+  tail[4] = 2;  // version 2, the CRC left as version 1's
+  auto f = DecodeSegmentFooter(tail, obj.size());
+  EXPECT_EQ(f.status().code(), Code::kCorruption);
+  EXPECT_NE(f.status().message().find("unknown version 2"), std::string::npos) << f.status().ToString();
+}
+
 TEST(VerifySegment, TruncationsAreDetected) {
   Stream s = MakeStream(5, 12, 12);
   std::string obj = Build(s, 500);

@@ -187,13 +187,17 @@ Result<SegmentFooter> DecodeSegmentFooter(std::string_view tail, uint64_t object
   }
   const char* p = tail.data() + tail.size() - kSegmentFooterSize;
   if (std::memcmp(p, kSegmentMagic, 4) != 0) return Corruption("segment footer: bad magic");
+  // The version before the CRC: a later version may lay the footer out otherwise.
+  const uint16_t version = LoadLE16(p + 4);
+  if (version != kSegmentVersion) {
+    return Corruption("segment footer: unknown version {} (this build reads version {}; written by a newer weir?)",
+                      version, kSegmentVersion);
+  }
   const uint32_t stored = LoadLE32(p + kFooterCrcPos);
   const uint32_t computed = Crc32c(p, kFooterCrcPos);
   if (stored != computed) {
     return Corruption("segment footer CRC mismatch: stored {:#010x}, computed {:#010x}", stored, computed);
   }
-  const uint16_t version = LoadLE16(p + 4);
-  if (version != kSegmentVersion) return Corruption("segment footer: unknown version {}", version);
   const uint16_t reserved = LoadLE16(p + 6);
   if (reserved != 0) return Corruption("segment footer: reserved field is {:#06x}, not 0", reserved);
 

@@ -56,13 +56,22 @@ Result<Envelope> DecodeEnvelope(std::string_view data) {
     return Corruption("slot envelope truncated: {} bytes, need {}", data.size(), kEnvelopeSize);
   }
   if (std::memcmp(data.data(), kEnvelopeMagic, 4) != 0) return Corruption("slot envelope: bad magic");
+  // The version before the CRC: a later version may lay the envelope out
+  // otherwise, and its reader should be named, not a CRC mismatch.
+  uint16_t version = LoadLE16(data.data() + 4);
+  if (version != kFormatVersion) {
+    return Corruption("slot envelope: unknown version {} (this build reads version {}; written by a newer weir?)",
+                      version, kFormatVersion);
+  }
   uint32_t stored = LoadLE32(data.data() + 56);
   uint32_t computed = Crc32c(data.data(), 56);
   if (stored != computed) {
     return Corruption("slot envelope CRC mismatch: stored {:#010x}, computed {:#010x}", stored, computed);
   }
-  uint16_t version = LoadLE16(data.data() + 4);
-  if (version != kFormatVersion) return Corruption("slot envelope: unknown version {}", version);
+  if (uint32_t reserved = LoadLE32(data.data() + 52); reserved != 0 || data[7] != 0) {
+    return Corruption("slot envelope: reserved fields are {:#04x} and {:#010x}, not 0",
+                      static_cast<uint8_t>(data[7]), reserved);
+  }
   Envelope env;
   auto kind = static_cast<uint8_t>(data[6]);
   if (kind != static_cast<uint8_t>(SlotKind::kFlight) && kind != static_cast<uint8_t>(SlotKind::kPoison)) {
