@@ -2222,7 +2222,11 @@ TEST(MetastoreNames, EnumsRoundTrip) {
 
 // The server ends weir's session (a restart, a failover, an administrator):
 // the call that finds it broken fails, retryably, and the next one reconnects.
-TEST(PostgresMetastore, ABrokenConnectionFailsOneCallAndIsReopened) {
+// A connection the server ended (a restart, a failover, a terminated
+// backend) is reopened by the next call: a read or a transaction's BEGIN,
+// which changed nothing on the dead one, run again on the new one, so the
+// call succeeds.
+TEST(PostgresMetastore, ABrokenConnectionIsReopenedWithoutFailingTheNextCall) {
   const std::string base = PostgresBaseUri();
   if (base.empty()) GTEST_SKIP() << "no PostgreSQL server (WEIR_TEST_POSTGRES_ENV)";
   const std::string schema = fmt::format("reconnect_{}", ::getpid());
@@ -2235,16 +2239,13 @@ TEST(PostgresMetastore, ABrokenConnectionFailsOneCallAndIsReopened) {
                            app + "'");
   };
   end_session();
-  auto lost = m->GetBasin("basin-a");
-  EXPECT_EQ(lost.status().code(), Code::kUnavailable) << lost.status().ToString();
   ASSERT_OK_AND_ASSIGN(BasinInfo again, m->GetBasin("basin-a"));
   EXPECT_EQ(again.name, "basin-a");
-  // A write: its transaction fails as a whole; the next one commits.
+  // A write: its BEGIN meets the dead connection and runs again on a new one.
   end_session();
-  Status failed = m->CreateBasin(BasinInfo{"basin-b", 1});
-  EXPECT_EQ(failed.code(), Code::kUnavailable) << failed.ToString();
-  EXPECT_EQ(m->GetBasin("basin-b").status().code(), Code::kNotFound);
   ASSERT_OK(m->CreateBasin(BasinInfo{"basin-b", 1}));
+  ASSERT_OK_AND_ASSIGN(BasinInfo b, m->GetBasin("basin-b"));
+  EXPECT_EQ(b.name, "basin-b");
   ASSERT_OK_AND_ASSIGN(auto ids, m->AllocateProducerId());
   EXPECT_GT(ids, 0u);
 }

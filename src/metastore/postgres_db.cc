@@ -168,8 +168,18 @@ class PostgresDb final : public SqlDb {
   Result<SqlStatement*> Prepare(const char* sql) override;
   Status Exec(const char* sql, std::string_view what) override {
     WEIR_RETURN_IF_ERROR(EnsureConnected(what));
-    return Run(sql, what);
+    Status st = Run(sql, what);
+    // A BEGIN on a connection the server ended (a restart, a failover, an
+    // idle timeout) changed nothing: once more on a new connection, so the
+    // call does not fail for it.
+    if (!st.ok() && std::string_view(sql).starts_with("BEGIN") && BrokenOutsideTransaction()) {
+      WEIR_RETURN_IF_ERROR(EnsureConnected(what));
+      st = Run(sql, what);
+    }
+    return st;
   }
+  // The connection broke, and no transaction of ours was open on it.
+  bool BrokenOutsideTransaction() const { return !in_transaction_ && PQstatus(conn_) != CONNECTION_OK; }
   Status Begin(std::string_view what) override;
   Status Commit(std::string_view what) override;
   void RollbackIfActive() override {
@@ -257,7 +267,6 @@ class PostgresDb::Statement final : public SqlStatement {
   Result<bool> Step(std::string_view what) override {
     if (!executed_) {
       executed_ = true;
-      WEIR_RETURN_IF_ERROR(owner_->EnsureConnected(what));
       std::vector<Oid> types;
       std::vector<const char*> values;
       std::vector<int> lengths, formats;
@@ -267,14 +276,19 @@ class PostgresDb::Statement final : public SqlStatement {
         lengths.push_back(static_cast<int>(p.value.size()));
         formats.push_back(1);
       }
-      res_ = PQexecParams(owner_->conn(), sql_.c_str(), static_cast<int>(params_.size()), types.data(),
-                          values.data(), lengths.data(), formats.data(), /*resultFormat=*/1);
-      const ExecStatusType s = res_ != nullptr ? PQresultStatus(res_) : PGRES_FATAL_ERROR;
-      if (s != PGRES_TUPLES_OK && s != PGRES_COMMAND_OK) {
-        Status st = owner_->ResultError(res_, what);
+      for (int attempt = 1;; ++attempt) {
+        WEIR_RETURN_IF_ERROR(owner_->EnsureConnected(what));
+        res_ = PQexecParams(owner_->conn(), sql_.c_str(), static_cast<int>(params_.size()), types.data(),
+                            values.data(), lengths.data(), formats.data(), /*resultFormat=*/1);
+        const ExecStatusType s = res_ != nullptr ? PQresultStatus(res_) : PGRES_FATAL_ERROR;
+        if (s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK) break;
+        // A read outside a transaction on a connection the server ended:
+        // once more on a new one (it changes nothing, so it may run twice).
+        const bool again = attempt == 1 && sql_.starts_with("SELECT") && owner_->BrokenOutsideTransaction();
+        Status st = again ? Status::Ok() : owner_->ResultError(res_, what);
         PQclear(res_);
         res_ = nullptr;
-        return st;
+        if (!again) return st;
       }
     }
     if (res_ == nullptr) return false;
