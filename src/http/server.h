@@ -96,16 +96,16 @@ class Exchange {
   virtual bool sequential() const { return true; }
 };
 
-// The body of a streamed request, delivered as it arrives (HTTP/2 only).
-// Calls come from one I/O thread at a time, in order; they must not block
-// for long (the connection's other streams wait). The client can send at
-// most one stream window (about 4 MiB) that the sink has not given back with
-// Exchange::ConsumeBody.
 // The largest unit (an S2S frame with its length prefix) a BodySink may
 // hold back whole before it gives its bytes back: the HTTP/2 stream window
 // is sized so that one always fits.
 inline constexpr size_t kMaxBodySinkUnitBytes = (2u << 20) + 3;
 
+// The body of a streamed request, delivered as it arrives (HTTP/2 only).
+// Calls come from one I/O thread at a time, in order; they must not block
+// for long (the connection's other streams wait). The client can send at
+// most one stream window (about 4 MiB) that the sink has not given back with
+// Exchange::ConsumeBody.
 class BodySink {
  public:
   virtual ~BodySink() = default;

@@ -7,8 +7,8 @@
 #include <future>
 #include <random>
 #include <system_error>
-#include <unordered_map>
 #include <thread>
+#include <unordered_map>
 
 #include "base/bytes.h"
 #include "base/log.h"
