@@ -48,7 +48,6 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<void()> before_expire_group_offsets;  // runs once, then is cleared
   std::function<Status()> fail_fetch_group_offsets;   // non-OK: FetchGroupOffsets answers it
   std::function<Status()> fail_allocate_producer_id;  // non-OK: AllocateProducerId answers it
-  std::function<Status()> fail_list_segments;  // non-OK: ListSegmentsFrom answers it
   std::atomic<int> delete_empty_stream_calls{0};
   std::atomic<int> list_streams_by_id_calls{0};
   std::atomic<int> list_segments_calls{0};
@@ -141,9 +140,6 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Result<std::vector<SegmentInfo>> ListSegmentsFrom(uint64_t id, uint64_t from, size_t l) override {
     ++list_segments_calls;
-    if (fail_list_segments) {
-      if (Status st = fail_list_segments(); !st.ok()) return st;
-    }
     return m_->ListSegmentsFrom(id, from, l);
   }
   Result<std::vector<StreamState>> ListStreamStates(uint64_t after, size_t l) override {

@@ -1043,10 +1043,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   int Refuse(H2Stream* st, Response r) {
     st->dropping = true;
     // The body taken so far goes with its budget: the stream may stay open
-    // (its answer waiting for the client's window) long after. Moved out,
-    // not assigned over: a string assigned an empty one keeps its buffer.
-    { Request dropped = std::move(st->req); }
-    st->req = Request{};
+    // (its answer waiting for the client's window) long after.
+    FreeString(st->req.body);
     if (st->reserved > 0) srv_->budget.Release(std::exchange(st->reserved, 0));
     SubmitWhole(st, std::move(r));
     return 0;

@@ -168,15 +168,7 @@ class PostgresDb final : public SqlDb {
   Result<SqlStatement*> Prepare(const char* sql) override;
   Status Exec(const char* sql, std::string_view what) override {
     WEIR_RETURN_IF_ERROR(EnsureConnected(what));
-    Status st = Run(sql, what);
-    // A BEGIN on a connection the server ended (a restart, a failover, an
-    // idle timeout) changed nothing: once more on a new connection, so the
-    // call does not fail for it.
-    if (!st.ok() && std::string_view(sql).starts_with("BEGIN") && BrokenOutsideTransaction()) {
-      WEIR_RETURN_IF_ERROR(EnsureConnected(what));
-      st = Run(sql, what);
-    }
-    return st;
+    return Run(sql, what);
   }
   // The connection broke, and no transaction of ours was open on it.
   bool BrokenOutsideTransaction() const { return !in_transaction_ && PQstatus(conn_) != CONNECTION_OK; }
@@ -393,7 +385,13 @@ Status PostgresDb::ResultError(const PGresult* res, std::string_view what) const
 Status PostgresDb::Begin(std::string_view what) {
   // READ COMMITTED whatever the database's default: each statement then sees
   // every commit made before the writers' lock was granted.
-  WEIR_RETURN_IF_ERROR(Exec("BEGIN ISOLATION LEVEL READ COMMITTED", fmt::format("{}: begin", what)));
+  const std::string begin = fmt::format("{}: begin", what);
+  Status begun = Exec("BEGIN ISOLATION LEVEL READ COMMITTED", begin);
+  // A BEGIN on a connection the server ended (a restart, a failover, an
+  // idle timeout) changed nothing: once more on a new connection, so the
+  // call does not fail for it.
+  if (!begun.ok() && BrokenOutsideTransaction()) begun = Exec("BEGIN ISOLATION LEVEL READ COMMITTED", begin);
+  WEIR_RETURN_IF_ERROR(begun);
   in_transaction_ = true;
   WEIR_ASSIGN_OR_RETURN(SqlStatement * lock, Prepare(kTakeWriterLock));
   auto taken = lock->Step(fmt::format("{}: take the writers' lock", what));
