@@ -33,11 +33,12 @@ def start_server(data_dir, extra=()):
     return WeirServer(WEIR, data_dir=data_dir, args=extra, env={"WEIR_LOG_LEVEL": "info"}).start()
 
 
-def weir(*args, input=None, server=None, ok=True, binary=False, timeout=120):
+def weir(*args, input=None, server=None, ok=True, binary=False, timeout=120, env_vars=None):
     env = dict(os.environ)
     env.pop("WEIR_BASIN", None)
     env.pop("WEIR_AUTH_TOKEN", None)
     env["WEIR_SERVER"] = server or SERVER.base_url
+    env.update(env_vars or {})
     out = subprocess.run([WEIR, *args], input=input, capture_output=True, env=env, timeout=timeout,
                          text=not binary)
     if ok and out.returncode != 0:
@@ -462,6 +463,27 @@ def errors():
         out = weir(*args, ok=False)
         assert out.returncode == 1, (args, out.returncode)
         error_line(out)
+
+
+@case
+def flags_beat_environment_variables():
+    # Every client command: its flag wins over its WEIR_ variable, which
+    # applies only where the flag is left out; another command's variables
+    # (serve's) change nothing.
+    weir("basin", "create", "flag-basin")
+    wrong = {"WEIR_BASIN": "env-basin-missing", "WEIR_SERVER": "http://127.0.0.1:1", "WEIR_PIPELINE_WINDOW": "0"}
+    flags = ("--basin", "flag-basin", "--server", SERVER.base_url)
+    weir("basin", "list", *flags, env_vars=wrong)
+    weir("stream", "create", "fs1", *flags, env_vars=wrong)
+    assert weir("stream", "list", *flags, env_vars=wrong).stdout == "fs1\n"
+    assert weir("append", "fs1", *flags, input="a\nb\n", env_vars=wrong).stdout == "fs1 0..2\n"
+    assert weir("read", "fs1", *flags, env_vars=wrong).stdout == "a\nb\n"
+    assert weir("tail", "fs1", *flags, env_vars=wrong).stdout.strip() == "2"
+    assert json.loads(weir("stream", "info", "fs1", "--json", *flags, env_vars=wrong).stdout)["tail"]["seq_num"] == 2
+    assert weir("stream", "list", env_vars={"WEIR_BASIN": "flag-basin"}).stdout == "fs1\n"
+    weir("stream", "delete", "fs1", *flags, env_vars=wrong)
+    weir("basin", "delete", "flag-basin", "--server", SERVER.base_url, env_vars=wrong)
+    assert "flag-basin" not in weir("basin", "list").stdout
 
 
 @case

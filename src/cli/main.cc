@@ -38,6 +38,19 @@ void ApplyEmptyEnv(const std::vector<EmptyEnv>& flags) {
   }
 }
 
+// CLI11 (2.1) reads every subcommand's environment variables and runs every
+// subcommand's option callbacks, parsed or not, so a WEIR_BASIN meant for one
+// command overwrote the --basin given to another (the client commands share
+// their flags' variables), and a bad WEIR_PIPELINE_WINDOW failed
+// `weir stream list`. A subcommand with a parse-complete callback has both
+// done at the end of its own parse instead: only the command run reads them.
+void ScopeEnvToTheCommandRun(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (!sub->get_name().empty()) sub->parse_complete_callback([] {});
+    ScopeEnvToTheCommandRun(*sub);
+  }
+}
+
 // Registers `weir serve` and its flags; each flag NAME also reads WEIR_NAME.
 CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<EmptyEnv>* empty_env) {
   auto* cmd = app.add_subcommand("serve", "Run a weir node: the S2-compatible HTTP API over the WAL");
@@ -199,6 +212,7 @@ int main(int argc, char** argv) {
 
   weir::cli::ClientCommands client(app, *bench);  // basin, stream, append, read, tail, bench http
   weir::cli::MakeNumbersStrict(app);
+  ScopeEnvToTheCommandRun(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
