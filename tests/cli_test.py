@@ -466,6 +466,21 @@ def errors():
 
 
 @case
+def output_that_cannot_be_written_is_an_error():
+    # A full disk under the output: exit 1 with one error line, never 0 with
+    # the output cut.
+    env = dict(os.environ, WEIR_SERVER=SERVER.base_url)
+    for args, stdin in ((("read", "s1"), None), (("stream", "list"), None), (("tail", "s1"), None),
+                        (("append", "s1"), b"full\n"), (("read", "s1", "--follow", "--count", "1"), None)):
+        with open("/dev/full", "wb") as full:
+            out = subprocess.run([WEIR, *args], input=stdin, stdout=full, stderr=subprocess.PIPE, env=env,
+                                 timeout=60)
+        assert out.returncode == 1, (args, out.returncode)
+        assert out.stderr.decode().startswith("weir: ") and "writing standard output" in out.stderr.decode(), \
+            (args, out.stderr)
+
+
+@case
 def flags_beat_environment_variables():
     # Every client command: its flag wins over its WEIR_ variable, which
     # applies only where the flag is left out; another command's variables

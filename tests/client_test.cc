@@ -1,6 +1,15 @@
 // client: the JSON codec, S2 error bodies as Status, the SSE parser,
-// URL building. No network: the end-to-end CLI test is cli_test.py.
+// URL building, how a connection names a connect that never completed. The
+// end-to-end CLI test is cli_test.py.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #include "client/client.h"
 #include "client/codec.h"
@@ -145,6 +154,47 @@ TEST(Url, EncodesNamesAndReadTargets) {
   o.clamp = true;
   o.wait_s = 2;
   EXPECT_EQ(ReadTarget("s", o), "/v1/streams/s/records?tail_offset=5&count=10&clamp=true&wait=2");
+}
+
+// A listener whose accept queue is full: the kernel drops further SYNs, so a
+// connect to it times out.
+TEST(HttpConnection, AConnectThatTimesOutIsCannotConnectOnAConnectionThatNeverConnected) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&sa), len), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  // Connect until one does not complete: the queue is full from then on.
+  std::vector<int> fillers;
+  bool full = false;
+  for (int i = 0; i < 16 && !full; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    fillers.push_back(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) continue;
+    ASSERT_EQ(errno, EINPROGRESS);
+    pollfd p{fd, POLLOUT, 0};
+    full = ::poll(&p, 1, 1000) == 0;
+  }
+  ASSERT_TRUE(full) << "the accept queue never filled";
+
+  auto conn = HttpConnection::Open("http://127.0.0.1:" + std::to_string(ntohs(sa.sin_port)));
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  HttpRequest req;  // not a fresh connection: a kept-alive one is allowed
+  req.target = "/health";
+  req.connect_timeout_ms = 200;
+  req.timeout_ms = 10000;
+  auto resp = (*conn)->Do(req);
+  ASSERT_FALSE(resp.ok());
+  EXPECT_EQ(resp.status().code(), Code::kUnavailable) << resp.status().ToString();
+  EXPECT_TRUE(resp.status().message().starts_with("cannot connect to")) << resp.status().ToString();
+  EXPECT_TRUE((*conn)->failed_before_connect());
+  for (int fd : fillers) ::close(fd);
+  ::close(listener);
 }
 
 }  // namespace

@@ -128,8 +128,18 @@ json RecordJson(const client::SequencedRecord& r) {
   return j;
 }
 
+// Flushes what was printed; an error if any of it could not be written (a
+// full disk, /dev/full), so the command does not exit 0 with its output cut.
+Status StdoutWritten() {
+  std::cout.flush();
+  errno = 0;
+  std::fflush(stdout);
+  if (!std::cout.fail() && std::ferror(stdout) == 0) return Status::Ok();
+  return IOError("writing standard output failed{}", errno != 0 ? fmt::format(": {}", std::strerror(errno)) : "");
+}
+
 // Prints a batch: raw bodies one per line (command records skipped), or JSON.
-void PrintRecords(const ClientCommandsState& s, const client::ReadBatch& batch) {
+Status PrintRecords(const ClientCommandsState& s, const client::ReadBatch& batch) {
   for (const auto& r : batch.records) {
     if (s.json_out) {
       PrintJson(RecordJson(r));
@@ -138,8 +148,7 @@ void PrintRecords(const ClientCommandsState& s, const client::ReadBatch& batch) 
       std::fputc('\n', stdout);
     }
   }
-  std::cout.flush();
-  std::fflush(stdout);
+  return StdoutWritten();
 }
 
 int PrintNamed(const ClientCommandsState& s, const Result<std::vector<client::NamedInfo>>& list) {
@@ -302,7 +311,7 @@ int Append(ClientCommandsState& s, Client& c) {
       std::cout << s.name << " " << ack.start.seq_num << ".." << ack.end.seq_num
                 << (ack.duplicated ? " (duplicate)" : "") << "\n";
     }
-    std::cout.flush();
+    WEIR_RETURN_IF_ERROR(StdoutWritten().WithContext(fmt::format("printing the ack of records up to {}", ack.end.seq_num)));
     if (ao.match_seq_num) ao.match_seq_num = ack.end.seq_num;  // the next batch follows this one
     // Sequences wrap from 2^31 - 1 to 0, as Kafka's (and the server's producer window).
     ao.producer_seq = (ao.producer_seq + batch.size()) % (uint64_t{1} << 31);
@@ -408,8 +417,10 @@ int Follow(ClientCommandsState& s, Client& c) {
   bool failing = false;    // since the last connect
   auto backoff = std::chrono::milliseconds(500);
   for (;;) {
+    Status printed;
     Status st = c.ReadSession(s.name, ro, &last_event_id, [&](const client::ReadBatch& b) {
-      PrintRecords(s, b);
+      printed = PrintRecords(s, b);
+      if (!printed.ok()) return false;
       delivered += b.records.size();
       // Not waiting for [DONE]: a session resumed after the last record
       // would wait at the tail for one more.
@@ -419,6 +430,7 @@ int Follow(ClientCommandsState& s, Client& c) {
       failing = false;
       backoff = std::chrono::milliseconds(500);
     });
+    if (!printed.ok()) return Fail(s, printed);
     if (st.ok()) return 0;
     bool transient = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
     if (!transient || (!connected && st.message().starts_with("cannot connect"))) return Fail(s, st);
@@ -440,7 +452,7 @@ int Read(ClientCommandsState& s, Client& c) {
     ro.count = left ? std::optional<uint64_t>(std::min<uint64_t>(*left, 1000)) : std::nullopt;
     auto batch = c.Read(s.name, ro);
     if (!batch.ok()) return Fail(s, batch.status());
-    PrintRecords(s, *batch);
+    if (Status printed = PrintRecords(s, *batch); !printed.ok()) return Fail(s, printed);
     if (batch->records.empty()) break;
     if (left) *left -= batch->records.size();
     uint64_t next = batch->records.back().seq_num + 1;
@@ -481,6 +493,9 @@ void AddBenchHttp(CLI::App& bench, ClientCommandsState& s) {
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--stream-prefix", b.stream_prefix, "Stream names: PREFIX0, PREFIX1, ...")->capture_default_str();
 }
+
+// A parsed client command, with its output printed.
+int RunClientCommand(ClientCommandsState& s, CLI::App* cmd);
 
 }  // namespace
 
@@ -563,6 +578,15 @@ std::optional<int> ClientCommands::Run() {
     if (c->parsed()) cmd = c;
   }
   if (cmd == nullptr) return std::nullopt;
+  const int rc = RunClientCommand(s, cmd);
+  if (rc != 0) return rc;
+  if (Status written = StdoutWritten(); !written.ok()) return Fail(s, written);
+  return 0;
+}
+
+namespace {
+
+int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
   auto connected = Client::Connect(s.conn);
   if (!connected.ok()) return Fail(s, connected.status());
   Client& c = **connected;
@@ -591,5 +615,7 @@ std::optional<int> ClientCommands::Run() {
   if (cmd == s.read) return Read(s, c);
   return Tail(s, c);
 }
+
+}  // namespace
 
 }  // namespace weir::cli

@@ -159,7 +159,7 @@ Result<HttpResponse> HttpConnection::Stream(const HttpRequest& request,
   curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, errbuf);
   curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
   if (request.fresh_connection) curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
-  curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+  curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(request.connect_timeout_ms));
   curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, static_cast<long>(request.timeout_ms));
   if (request.idle_timeout_s > 0) {  // under 1 byte/s for that long
     curl_easy_setopt(easy, CURLOPT_LOW_SPEED_LIMIT, 1L);
@@ -187,13 +187,15 @@ Result<HttpResponse> HttpConnection::Stream(const HttpRequest& request,
   CURLcode rc = curl_easy_perform(easy);
   curl_slist_free_all(list);
   failed_before_connect_ = false;
+  // A connect time of 0 tells "never connected" only where no kept-alive
+  // connection could have been used (a reused one reports 0 as well).
+  curl_off_t connected_at = 0;  // microseconds to the connect; 0 if none
+  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connected_at);
+  const bool could_reuse = ever_connected_ && !request.fresh_connection;
+  if (rc == CURLE_OK || connected_at > 0) ever_connected_ = true;
   if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && t.stopped)) {
-    // A connect time of 0 tells "never connected" only on a fresh connection
-    // (a reused one reports 0 as well).
-    curl_off_t connected_at = 0;  // microseconds to the connect; 0 if none
-    curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connected_at);
     failed_before_connect_ = rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
-                             (rc == CURLE_OPERATION_TIMEDOUT && connected_at == 0 && request.fresh_connection);
+                             (rc == CURLE_OPERATION_TIMEDOUT && connected_at == 0 && !could_reuse);
     return TransportError(easy, rc, errbuf, base_url_, failed_before_connect_);
   }
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &response.status);

@@ -22,6 +22,7 @@ struct HttpRequest {
   std::string body;
   int timeout_ms = 0;      // whole request; 0 = no limit
   int idle_timeout_s = 0;  // give up when no byte arrives for this long; 0 = never
+  int connect_timeout_ms = 5000;
   // Sent on a new connection, never a kept-alive one: libcurl silently sends
   // a request again when a reused connection dies before any answer, which a
   // request that is not idempotent (an append without a producer) must not
@@ -60,8 +61,9 @@ class HttpConnection {
 
   Result<HttpResponse> Do(const HttpRequest& request);
   // Whether the last Do or Stream failed before a connection was made (no
-  // byte of the request reached a server). A timeout counts only for a
-  // request sent on a fresh connection.
+  // byte of the request reached a server). A timeout counts only when the
+  // request could not have gone on a kept-alive connection (a fresh one was
+  // asked for, or this connection never connected).
   bool failed_before_connect() const { return failed_before_connect_; }
 
   // Like Do, but a 2xx body goes to `on_data` as it arrives instead of into
@@ -78,6 +80,7 @@ class HttpConnection {
   std::string base_url_;
   std::unique_ptr<Impl> impl_;
   bool failed_before_connect_ = false;
+  bool ever_connected_ = false;  // a connection was made: one may be kept alive
 };
 
 }  // namespace weir::client
