@@ -116,7 +116,8 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   opt("--kafka-advertised-addr", o.kafka_advertised_addr,
       "Kafka address given to clients in metadata (default: the bound address)");
   opt("--kafka-auto-create-partitions", o.kafka_auto_create_partitions,
-      "Partitions of a topic created on first use (0: no auto-creation)")
+      "Partitions of a topic created on first use, and of CreateTopics asking for the default (Kafka's "
+      "num.partitions; 0: no auto-creation, and CreateTopics' default is 1)")
       ->check(CLI::Range(0, 10000));
   opt("--kafka-max-request-bytes", o.kafka_max_request_bytes, "Largest accepted Kafka request")
       ->check(CLI::Range(1024, 1 << 30));

@@ -460,6 +460,8 @@ int RunServe(const ServeOptions& o) {
   if (kafka_addr) {
     kafka::BrokerOptions bo;
     bo.auto_create_partitions = o.kafka_auto_create_partitions;
+    // Kafka's num.partitions: auto-created topics and CreateTopics asking for -1.
+    if (o.kafka_auto_create_partitions > 0) bo.default_partitions = o.kafka_auto_create_partitions;
     bo.max_batch_bytes = eo.max_batch_bytes;
     broker = std::make_unique<kafka::Broker>(bo, (*engine).get(), *meta);
     if (Status st = broker->Init(); !st.ok()) return fail(st);

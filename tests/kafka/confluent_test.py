@@ -7,7 +7,7 @@ package python3-confluent-kafka.
 
 Covers: AdminClient create_topics / list_topics / delete_topics /
 describe_configs / create_partitions (and their
-error codes); an idempotent producer (enable.idempotence, acks=all) whose
+error codes), a CreateTopics asking for the default partition count; an idempotent producer (enable.idempotence, acks=all) whose
 delivery reports all succeed with offsets 0, 1, 2, ... per partition; a
 consumer group of two members that together read every record exactly once,
 committing explicitly, both getting partitions, and listed by
@@ -318,6 +318,26 @@ class Admin(ks.TestCase):
         self.assertEqual(partitions_of(SHARED, topic), [0, 1])
         for part in (0, 1):
             self.assertEqual(watermarks(SHARED, topic, part), (0, 0), f"partition {part} of the re-created topic")
+
+
+class DefaultPartitions(ks.TestCase):
+    def test_num_partitions_is_the_auto_create_count(self):
+        # Kafka's num.partitions: topics created on first use and a
+        # CreateTopics that asks for the default (-1) get the same count.
+        server = ks.start_server(["--kafka-auto-create-partitions", "3"])
+        try:
+            a = admin(server)
+            topic = unique("dflt")
+            futures = a.create_topics([NewTopic(topic, num_partitions=-1, replication_factor=-1)],
+                                      operation_timeout=60, request_timeout=OP_TIMEOUT)
+            futures[topic].result(timeout=OP_TIMEOUT)
+            self.assertEqual(partitions_of(server, topic), [0, 1, 2])
+            md = a.list_topics(timeout=OP_TIMEOUT)
+            res = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(md.brokers))))
+            entries = a.describe_configs([res], request_timeout=OP_TIMEOUT)[res].result(timeout=OP_TIMEOUT)
+            self.assertEqual(entries["num.partitions"].value, "3")
+        finally:
+            ks.stop_server(server)
 
 
 class IdempotentProducer(ks.TestCase):
