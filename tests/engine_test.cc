@@ -706,6 +706,27 @@ TEST_F(EngineTest, AForeignSlotAtTheHaltedKeyFailsTheAppendsInIt) {
   EXPECT_EQ(o.status.code(), Code::kCorruption) << o.status.ToString();
 }
 
+TEST_F(EngineTest, AnUnreadableObjectAtTheHaltedKeyFailsTheAppendsInIt) {
+  // The fence cannot walk past it: the halt fails what it cannot
+  // acknowledge instead of retrying the fence for ever.
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(gated);
+  ASSERT_TRUE(engine_);
+  std::promise<AppendOutcome> pending;
+  const std::string slot0 = AppendHeldAtSlotZero(*gated, &pending);
+  ASSERT_OK(store_->Put(slot0, std::string(200, 'x')));
+  gated->Open(slot0);
+  auto future = pending.get_future();
+  ASSERT_EQ(future.wait_for(60s), std::future_status::ready) << "the append was left waiting";
+  auto o = future.get();
+  EXPECT_EQ(o.status.code(), Code::kCorruption) << o.status.ToString();
+  // Nothing more is taken.
+  EXPECT_FALSE(engine_->Append(kBasin, "s", Bodies({"later"})).status.ok());
+  settle_on_close_ = false;
+}
+
 TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
   // The metastore applies a settle commit but answers a failure: its answer
   // was lost (a timeout), or its COMMIT's fsync failed (SQLite replays it at
@@ -1892,6 +1913,30 @@ TEST_F(EngineTest, ASupersededNodeMergesNothing) {
   EXPECT_EQ(engine_->metrics().segment_merges.load(), 0u);
   EXPECT_EQ(CountKeys(*store_, "seg/"), 5u);  // its parts kept, its own merged object gone
   EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+}
+
+TEST_F(EngineTest, ASupersededProcessStopsSettlingOnceItKnows) {
+  // Each round would upload the unsettled batches as segments, be refused,
+  // and delete them: once the refusal shows a successor, no more rounds.
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  std::atomic<int> commits{0};
+  hooked->after_commit_settle = [&](Status st) {
+    commits++;
+    return st;
+  };
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());
+  EXPECT_EQ(engine_->SettleNow().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(commits.load(), 1);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u);  // the refused round's segment is deleted
+  EXPECT_EQ(engine_->SettleNow().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(engine_->MergeSegmentsNow().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(engine_->ApplyRetention().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(commits.load(), 1) << "a superseded process settled again";
+  settle_on_close_ = false;
 }
 
 TEST_F(EngineTest, MergesStopAtTheSizeTheyAimForAndLeaveLargerSegmentsAlone) {

@@ -187,6 +187,7 @@ void Engine::HandleHalt(uint64_t epoch) {
     // slot below present, so those are committed.
     std::optional<uint64_t> halted = wal_->halted_seq();
     Log().error("node {} was superseded ({}); abandoning its streams", options_.node, minted.status().ToString());
+    superseded_ = true;
     if (halted) abandon(*halted, Fenced("node {} was superseded", options_.node));
     return;
   }
@@ -197,11 +198,26 @@ void Engine::HandleHalt(uint64_t epoch) {
   Result<wal::FenceResult> fence = Status();
   for (;;) {
     fence = wal::Fence(*store_, chain, from, nonce_);
-    if (fence.ok() || closing_) break;
+    // Corruption: an object at one of our keys that is no slot of this
+    // chain (unreadable, or naming another slot). No retry reads it otherwise.
+    if (fence.ok() || closing_ || fence.status().code() == Code::kCorruption) break;
     Log().error("fencing our own halted epoch {}: {}; retrying", epoch, fence.status().ToString());
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  if (!fence.ok()) return;  // closing: Close fails what cannot be acknowledged
+  if (!fence.ok()) {
+    if (closing_) return;  // Close fails what cannot be acknowledged
+    // The walk stopped before the halted slot, perhaps below slots still
+    // being written: none of them is known to be durable (those that land
+    // are told failed, as after a timeout). The writer takes no more appends.
+    std::optional<uint64_t> halted = wal_->halted_seq();
+    Log().error("fencing our own halted epoch {}: {}; failing appends from slot {} on", epoch,
+                fence.status().ToString(), halted ? std::min(from, *halted) : from);
+    if (halted) {
+      abandon(std::min(from, *halted),
+              Corruption("WAL chain {}/{} cannot be fenced: {}", options_.node, epoch, fence.status().message()));
+    }
+    return;
+  }
   // The fence counts any occupant as committed; one past the slot our PUT
   // found taken means objects of another writer at our epoch's keys (never
   // ours: the halted slot was not written by us). Nothing at or after the
@@ -688,6 +704,23 @@ Status StatusOf(const Result<T>& r) {
   return r.status();
 }
 }  // namespace
+
+bool Engine::NoteIfSuperseded(const Status& st) {
+  if (st.code() != Code::kPreconditionFailed) return false;
+  if (superseded_) return true;
+  auto node = meta_->GetNode(options_.node);
+  if (!node.ok() || node->epoch <= epoch_.load()) return false;
+  Log().error("node {} was superseded (its epoch is now {}, this process holds {}): settle, merges and retention "
+              "stop",
+              options_.node, node->epoch, epoch_.load());
+  superseded_ = true;
+  return true;
+}
+
+Status Engine::RefuseIfSuperseded(std::string_view what) const {
+  if (!superseded_) return Status::Ok();
+  return PreconditionFailed("no {}: node {} was superseded by another process", what, options_.node);
+}
 
 template <typename Change>
 auto Engine::AsThisNode(Change change) -> decltype(change(metastore::EpochCheck{})) {

@@ -3,7 +3,8 @@
 //
 // Ownership and threads: one Engine per node (process), owned by the server.
 // Every public method is thread-safe. Append completion callbacks run on a WAL
-// upload thread and must not block.
+// upload thread (or the thread resuming or abandoning the WAL after a halt,
+// or closing the engine) and must not block.
 //
 // Guarantees:
 //  - An append is acknowledged only after its WAL slot and every earlier slot
@@ -212,7 +213,9 @@ struct StreamSummary {
 };
 
 // Runs once when a watched stream's tail moves past the watched offset, or the
-// stream is deleted. Called on a WAL upload thread: must not block.
+// stream is deleted. Called where that happens (a WAL upload thread, the
+// caller of DeleteStream, the settle thread for delete_on_empty and
+// retention): must not block.
 using TailCallback = std::function<void()>;
 
 class Engine {
@@ -587,6 +590,16 @@ class Engine {
   TimePoint last_merge_;
   uint64_t merge_resume_at_ = 0;  // the stream id the last merge pass stopped at (settle thread, settle_mu_)
   uint64_t last_stream_id_at_start_ = 0;  // the metastore's, read by Recover before it loads the streams
+  // A successor process holds this node: settle, merges and retention can
+  // commit nothing, so the settle loop stops doing them (each round would
+  // upload segments only to delete them). Set under settle_mu_, read anywhere.
+  std::atomic<bool> superseded_{false};
+  // With settle_mu_ held (so epoch_ is not being minted meanwhile): after a
+  // change the metastore refused with `st`, whether a successor holds the
+  // node; if so, marks superseded_ (and says so once).
+  bool NoteIfSuperseded(const Status& st);
+  // kPreconditionFailed once superseded_, naming `what` (settle, merge, retention).
+  Status RefuseIfSuperseded(std::string_view what) const;
   // A stream as of its row, settled state and segment index.
   static Result<std::shared_ptr<Stream>> MakeStream(metastore::StreamInfo info, const metastore::StreamState& st,
                                                     std::vector<metastore::SegmentInfo> segments);

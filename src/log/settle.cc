@@ -115,6 +115,7 @@ void Engine::SettleLoop() {
     settle_cv_.wait_for(lk, options_.settle_interval, [&] { return closing_ || settle_requested_; });
     if (closing_) break;
     settle_requested_ = false;
+    if (superseded_) continue;  // nothing it does could commit (said when it was found)
     lk.unlock();
     Status st = SettleNow();
     if (!st.ok()) {
@@ -135,6 +136,7 @@ void Engine::SettleLoop() {
 
 Status Engine::SettleNow() {
   std::lock_guard settle(settle_mu_);
+  WEIR_RETURN_IF_ERROR(RefuseIfSuperseded("settle"));
   auto [rel_epoch, rel_seq] = wal_->released_below();
   const metastore::ChainPosition released{rel_epoch, rel_seq};
   // Rounds, each holding at most about log_cache_bytes of batches read back
@@ -273,6 +275,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
       // epoch, so no other process names them). Still unknown: the objects
       // stay, and the next start's sweep decides on them.
       if (rejected) store_->DeleteMany(created).IgnoreError();
+      NoteIfSuperseded(committed);
       return committed.WithContext("committing settle");
     }
   }
@@ -439,6 +442,7 @@ Status Engine::SweepGarbage() {
 Status Engine::ApplyRetention() {
   std::lock_guard settle(settle_mu_);  // not while a merge swaps segments
   last_retention_ = Now();
+  WEIR_RETURN_IF_ERROR(RefuseIfSuperseded("retention"));
   std::vector<std::shared_ptr<Stream>> streams;
   {
     std::lock_guard lk(mu_);
@@ -490,6 +494,7 @@ Status Engine::ApplyRetention() {
         first_error = removed.status().WithContext(
             fmt::format("{} stream(s) from id {}", end - begin, cuts[begin].stream->info.id));
       }
+      if (NoteIfSuperseded(removed.status())) break;  // every chunk would be refused
       continue;
     }
     std::unordered_map<uint64_t, std::vector<std::string>> removed_keys;  // by stream, ascending
@@ -622,6 +627,7 @@ Status Engine::DeleteEmptyStreams() {
 Status Engine::MergeSegmentsNow() {
   std::lock_guard settle(settle_mu_);  // one writer of s->segments' objects at a time
   last_merge_ = Now();
+  WEIR_RETURN_IF_ERROR(RefuseIfSuperseded("merge"));
   // From the stream the last pass stopped at, round the ids: a pass that
   // runs out of budget must not leave the same streams last every time.
   std::vector<std::shared_ptr<Stream>> streams;
@@ -799,7 +805,7 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
     // The rows were not as memory has them: an earlier swap of ours that
     // landed unseen (its read-back failed too). Memory takes the rows, or
     // every later merge of the stream would fail the same way.
-    if (c == Code::kPreconditionFailed) {
+    if (c == Code::kPreconditionFailed && !NoteIfSuperseded(replaced)) {
       if (Status st = ReloadSegments(s); !st.ok()) Log().warn("stream {}: {}", s->info.id, st.ToString());
     }
     return replaced.WithContext("indexing a merged segment");

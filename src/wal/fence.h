@@ -64,8 +64,9 @@ Status Walk(objstore::ObjectStore& store, const ChainRef& chain, uint64_t from, 
 Result<FenceResult> FenceAndWalk(objstore::ObjectStore& store, const ChainRef& chain, uint64_t from,
                                  uint64_t fencer_nonce, const SlotVisitor& visit, const RetryPolicy& retry = {});
 
-// Deletes flights that landed past the cut (seqs cut+1 .. cut+window): they
-// were never acknowledged. Returns how many it deleted.
+// Deletes whatever is at seqs cut+1 .. cut+window, without reading it: flights
+// that landed past the cut were never acknowledged. Returns how many it
+// deleted.
 Result<uint64_t> DeleteGarbage(objstore::ObjectStore& store, const ChainRef& chain, uint64_t cut,
                                uint64_t window, const RetryPolicy& retry = {});
 

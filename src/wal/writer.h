@@ -4,8 +4,9 @@
 // Ownership and threads: one Writer per node epoch chain, owned by the node
 // (the stream engine). Append/Resume/Abandon/Close may be called from any
 // thread. The Writer runs one flusher thread and `window` upload threads;
-// acknowledgement callbacks run on an upload thread, outside every Writer lock,
-// strictly in slot order, and must not block for long.
+// acknowledgement callbacks run outside every Writer lock, strictly in slot
+// order, and must not block for long: on an upload thread, or on the thread
+// that calls Resume, Abandon or Close (the callbacks a halt held back).
 //
 // Guarantees:
 //  - An entry's callback gets OK only after its slot and every slot cut before
@@ -58,7 +59,8 @@ struct WriterOptions {
   // they may or may not be stored, and the next start's recovery decides.
   // (Close itself then still waits for PUTs in flight to return.)
   Duration close_timeout = std::chrono::seconds(60);
-  // Called once, from an upload thread, when the chain halts (foreign occupant).
+  // Called from an upload thread when the chain halts (foreign occupant): once
+  // per halt (again after a Resume halts anew; not for Close's timeout).
   // The owner is expected to fence and then call Resume or Abandon.
   std::function<void(uint64_t epoch, uint64_t seq, const Status& reason)> on_halt;
 };
