@@ -415,7 +415,10 @@ TEST(S3Client, ProbeTreatsAStoreThatRefusesIfNoneMatchAsOneThatIgnoresIt) {
   const std::string not_implemented =
       "<?xml version=\"1.0\"?><Error><Code>NotImplemented</Code><Message>m</Message></Error>";
   fake.Script(501, not_implemented);
-  EXPECT_FALSE(OpenS3Store(o).ok());
+  const Status refused = OpenS3Store(o).status();
+  EXPECT_EQ(refused.code(), Code::kNotSupported) << refused.ToString();
+  EXPECT_NE(refused.message().find("refuses If-None-Match"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("--allow-unconditional-put"), std::string::npos) << refused.message();
   o.allow_unconditional_put = true;
   fake.Script(501, not_implemented);
   auto s = OpenS3Store(o);

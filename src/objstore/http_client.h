@@ -59,8 +59,10 @@ struct Response {
   std::string_view Header(std::string_view lowercase_name) const;
 };
 
-// Why a request got no HTTP response. `may_have_been_sent` is false only when
-// the request certainly never reached the server (resolve/connect failures).
+// Why a request got no HTTP response. `may_have_been_sent` is false when the
+// request certainly never reached the server (resolve/connect failures), and
+// for errors nothing retries (a bad URL, a TLS certificate refused), whatever
+// was sent.
 struct TransportError {
   Status status;  // kTimeout or kUnavailable (retryable); kInvalidArgument for a bad URL
   bool may_have_been_sent = true;

@@ -776,6 +776,13 @@ Status S3Store::ProbeOnce() {
         where, first.ToString());
     return Status::Ok();
   }
+  if (refused) {
+    return NotSupported(
+        "object store {} refuses If-None-Match: * on PUT ({}). weir's WAL fencing depends on create-only PUTs, so "
+        "it refuses to run on this store. Use a service with conditional writes (AWS S3, Ceph radosgw, MinIO), or "
+        "accept the risk for a single node with --allow-unconditional-put (allow_unconditional_put=true in the URI).",
+        where, first.ToString());
+  }
   // An outcome not known (a timeout, a 5xx or dropped connection after
   // retries): the object may be there, and no sweep lists _weir-probe/.
   if (first.code() == Code::kTimeout || first.code() == Code::kUnavailable) impl_->DeleteObject(key).IgnoreError();
