@@ -570,7 +570,8 @@ def bench_http_smoke():
     assert abs(r["records_per_s"] - 3 * r["appends_per_s"]) < 1e-6 * r["records_per_s"] + 1, r
     assert weir("tail", "bench-1").stdout.strip() != "0"
     # More streams than clients: every stream gets appends.
-    out = weir("bench", "http", "--clients", "2", "--streams", "5", "--duration", "1", "--warmup", "0",
+    # (3 s: client 0 must get three appends through, one after another.)
+    out = weir("bench", "http", "--clients", "2", "--streams", "5", "--duration", "3", "--warmup", "0",
                "--stream-prefix", "spread-", timeout=120).stdout
     assert json.loads(out.strip().splitlines()[-1])["errors"] == 0, out
     for i in range(5):

@@ -827,8 +827,15 @@ TEST_F(EngineTest, ASettleRoundBetweenADeleteAndItsForgetLeavesNoSegmentObject) 
   ASSERT_TRUE(engine_);
   ASSERT_TRUE(engine_->CreateStream(kBasin, "gone", StreamConfig{}).ok());
   ASSERT_TRUE(engine_->Append(kBasin, "gone", Bodies({"a", "b"})).status.ok());
-  hooked->after_delete_stream = [&] { EXPECT_TRUE(engine_->SettleNow().ok()); };
+  int settled_between = 0;
+  const auto settle_between = [&] {
+    const uint64_t written = engine_->metrics().segments_written.load();
+    EXPECT_TRUE(engine_->SettleNow().ok());
+    if (engine_->metrics().segments_written.load() > written) settled_between++;
+  };
+  hooked->after_delete_stream = settle_between;
   ASSERT_TRUE(engine_->DeleteStream(kBasin, "gone").ok());
+  EXPECT_EQ(settled_between, 1) << "no segment was written between the delete and the forget";
   EXPECT_EQ(CountKeys(*store_, "seg/"), 0u) << "a segment no row names was left behind";
 
   metastore::TableInfo t;
@@ -839,8 +846,10 @@ TEST_F(EngineTest, ASettleRoundBetweenADeleteAndItsForgetLeavesNoSegmentObject) 
   ASSERT_TRUE(engine_->CreateTable(t, StreamConfig{}).ok());
   ASSERT_TRUE(engine_->Append(kBasin, "dropped/0", Bodies({"x"})).status.ok());
   ASSERT_TRUE(engine_->Append(kBasin, "dropped/1", Bodies({"y"})).status.ok());
-  hooked->after_delete_stream = [&] { EXPECT_TRUE(engine_->SettleNow().ok()); };
+  settled_between = 0;
+  hooked->after_delete_stream = settle_between;
   ASSERT_TRUE(engine_->DeleteTable(kBasin, "dropped").ok());
+  EXPECT_GE(settled_between, 1) << "no segment was written between the delete and the forget";
   EXPECT_EQ(CountKeys(*store_, "seg/"), 0u) << "a segment no row names was left behind";
   EXPECT_EQ(engine_->GetStream(kBasin, "dropped/0").status().code(), Code::kNotFound);
 }
@@ -852,12 +861,15 @@ TEST_F(EngineTest, ATakeoverLeavesItsPredecessorNoStreamToCreateWhileItStarts) {
   // refused (retryable): a stream made then would be one the new process
   // never loaded, its appends acknowledged by nobody who serves it.
   auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  bool hooked_ran = false;
   hooked->after_list_stream_states = [&] {
+    hooked_ran = true;
     EXPECT_EQ(engine_->CreateStream(kBasin, "born-late", StreamConfig{}).status().code(), Code::kUnavailable);
     EXPECT_FALSE(engine_->Append(kBasin, "born-late", Bodies({"lost"})).status.ok());
   };
   auto next = Engine::Open(Options(), store_, hooked);
   ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_TRUE(hooked_ran) << "the start listed no stream states";
   EXPECT_EQ(meta_->GetStream(kBasin, "born-late").status().code(), Code::kNotFound);
   // Created through the new process, it is there at once.
   ASSERT_TRUE((*next)->CreateStream(kBasin, "born-late", StreamConfig{}).ok());
@@ -1020,6 +1032,30 @@ TEST_F(EngineTest, ReadFromTimestampFindsRecordsPastTheFirstPage) {
   auto none = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 9001}, 1, 4096);
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->records.empty());
+}
+
+TEST_F(EngineTest, AReadByTimeWithATinyLimitFetchesASegmentOnceNotOncePerBatch) {
+  // 700 batches of one 100-byte record at times 1000.. in one segment of
+  // about 120 KB (two time-index entries). Time 1380 sits near the end of
+  // the first index gap: a lookup with a 1-byte limit must not fetch the
+  // segment again for each of the ~380 older batches it passes over.
+  for (int i = 0; i < 700; ++i) {
+    std::vector<AppendRecord> rec(1);
+    rec[0].body = std::string(100, 'v');
+    rec[0].timestamp_ms = 1000 + i;
+    ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(rec)).status.ok());
+  }
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  auto counted = std::make_shared<objstore::FaultStore>(store_, objstore::FaultOptions{});
+  engine_->Close();
+  engine_.reset();
+  Start(counted);
+  const uint64_t before = counted->counters().gets.load();
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 1380}, 1, 1);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 1u);
+  EXPECT_EQ(r->records[0].offset, 380u);
+  EXPECT_LE(counted->counters().gets.load() - before, 2u);
 }
 
 TEST_F(EngineTest, SettleMovesSlotsIntoSegmentsInOneTransaction) {

@@ -42,8 +42,8 @@ class ByteBudget {
   }
 
   // Reserves `n` bytes if they fit now, behind no waiter (true); never waits.
-  // Unlike ReserveOrWait, `n` alone does not always fit: `already` bytes the
-  // caller holds count as used by others.
+  // They fit within the limit, or whatever the limit when nothing but the
+  // caller's own `already` bytes is reserved (a reservation alone always fits).
   bool TryReserve(size_t n, size_t already = 0) {
     std::lock_guard lk(mu_);
     if (!waiters_.empty() || (used_ != already && used_ + n > limit_)) return false;

@@ -1709,6 +1709,7 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
   const bool by_time = start.kind == ReadStart::kTimestamp;
   // Timestamps are u64 milliseconds on the wire; past INT64_MAX they are all "later than any record".
   const int64_t at_time = static_cast<int64_t>(std::min<uint64_t>(start.value, INT64_MAX));
+  bool searching = false;
   for (bool first = true;; first = false) {
     refs.clear();
     segments.clear();
@@ -1757,13 +1758,20 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
       }
       out.tail = s->tail;
       out.tail_timestamp_ms = s->tail_timestamp_ms;
-      CollectSources(*s, from, max_records, max_bytes, &segments, &refs);
+      // A time lookup that has not found its first record looks through as
+      // much as any read may (the records it passes over count toward no
+      // limit): with the client's limits, a small one would fetch the same
+      // segment again for every batch before the time.
+      searching = by_time && out.records.empty();
+      CollectSources(*s, from, searching ? options_.max_read_records : max_records,
+                     searching ? options_.max_read_bytes : max_bytes, &segments, &refs);
     }
     std::vector<std::shared_ptr<const std::string>> batches;
     // Until the lookup has found its first record, the segments' time index
     // skips what is earlier.
     const std::optional<int64_t> seek_time = by_time ? std::optional<int64_t>(at_time) : std::nullopt;
-    WEIR_RETURN_IF_ERROR(FetchSources(segments, refs, from, max_bytes, seek_time, &batches));
+    WEIR_RETURN_IF_ERROR(
+        FetchSources(segments, refs, from, searching ? options_.max_read_bytes : max_bytes, seek_time, &batches));
     size_t bytes = 0;
     uint64_t next = from;  // past the last record looked at
     for (const auto& data : batches) {

@@ -870,10 +870,12 @@ class DrainTest(unittest.TestCase):
 
 
     def test_an_idle_connection_is_closed_when_the_drain_begins(self):
-        # An append whose PUT takes 4 s holds the drain open; an idle HTTP/2
+        # An append whose PUT takes 10 s holds the drain open; an idle HTTP/2
         # connection beside it gets GOAWAY and is closed at once, not when
-        # the server stops: its client reconnects elsewhere.
-        server = WeirServer(WEIR, args=["--inject-put-latency-ms", "4000"]).start()
+        # the server stops: its client reconnects elsewhere. (10 s: the check
+        # that the append is still unanswered must not race its PUT on a
+        # loaded machine.)
+        server = WeirServer(WEIR, args=["--inject-put-latency-ms", "10000"]).start()
         self.addCleanup(server.cleanup)
         stream = unique("drainidle")
         requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()

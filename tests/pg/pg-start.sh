@@ -36,10 +36,18 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 trap 'rc=$?; if [ $rc -ne 0 ]; then echo "pg-start failed ($rc); log:" >&2; cat "$cluster/log" >&2 2>/dev/null; "$here/pg-stop.sh" "$dir" >/dev/null 2>&1 || true; fi' EXIT
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "${as_owner[@]}" "$bindir/initdb" -D "$cluster/data" -U weir --auth=trust -E UTF8 --no-sync >"$cluster/initdb.log" 2>&1 ||
   { cat "$cluster/initdb.log" >&2; exit 1; }
-"${as_owner[@]}" "$bindir/pg_ctl" -D "$cluster/data" -l "$cluster/log" -w -t 60 start \
-  -o "-p $port -k $cluster -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" >/dev/null
+# A free port is picked, then bound by the server: another process (tests
+# run side by side) may take it in between, so a failed start tries another.
+for attempt in 1 2 3 4 5; do
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  if "${as_owner[@]}" "$bindir/pg_ctl" -D "$cluster/data" -l "$cluster/log" -w -t 60 start \
+    -o "-p $port -k $cluster -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" >/dev/null; then
+    break
+  fi
+  [ "$attempt" -lt 5 ] || exit 1
+  echo "pg-start: the server did not start on port $port (attempt $attempt); trying another port" >&2
+done
 echo "POSTGRES_URI=postgres://weir@127.0.0.1:$port/postgres" > "$dir/env"
 echo "pg-start: PostgreSQL on 127.0.0.1:$port (cluster $cluster)"
