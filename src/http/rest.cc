@@ -1863,7 +1863,10 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       return;
     }
     if (done) return Done();
-    if (wait_ && Now() - last_record_ >= *wait_) return Done();
+    // Its wait may have run out before its first look at the tail (a loaded
+    // server): it still says it caught up, then ends.
+    const bool expired = wait_ && Now() - last_record_ >= *wait_;
+    if (expired && !MayFollow()) return Done();  // never follows: no heartbeat (wait 0)
     if (!following_) {
       // As S2: a heartbeat (the tail) whenever the session turns to
       // following, which tells a client it caught up (S2's SDK pins a
@@ -1875,6 +1878,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       }
       Heartbeat(r->tail, r->tail_timestamp_ms);
     }
+    if (expired) return Done();
     Wait(r->tail);
   }
 
