@@ -22,6 +22,7 @@ import socket
 import struct
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 import time
@@ -1905,6 +1906,7 @@ class AuthAndRequestLimitTest(ClosingTestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="weir-auth-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
         token_file = os.path.join(cls.tmp, "token")
         with open(token_file, "w") as f:
             f.write(cls.TOKEN + "\n")  # trimmed by the server

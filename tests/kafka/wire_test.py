@@ -581,13 +581,19 @@ def setUpModule():
     global SERVER
     SERVER = WeirServer(WEIR, args=["--kafka-max-request-bytes", str(MAX_REQUEST)])
     SERVER.start()
-    if not SERVER.kafka_addr:
-        raise RuntimeError("the server did not report a Kafka address\n" + SERVER.log_tail())
-    # The topic every test checks: created by Metadata, one record in it.
-    _, _, topics = decode_metadata(call(metadata(1, [TOPIC]), 1))
-    assert topics[TOPIC][0] == 0, topics
-    err, _ = decode_produce(call(produce(2, TOPIC, record_batch([b"seed"]), acks=-1), 2))
-    assert err == 0, f"produce error {err}"
+    try:
+        if not SERVER.kafka_addr:
+            raise RuntimeError("the server did not report a Kafka address\n" + SERVER.log_tail())
+        # The topic every test checks: created by Metadata, one record in it.
+        _, _, topics = decode_metadata(call(metadata(1, [TOPIC]), 1))
+        if topics[TOPIC][0] != 0:
+            raise AssertionError(f"metadata of {TOPIC}: {topics}")
+        err, _ = decode_produce(call(produce(2, TOPIC, record_batch([b"seed"]), acks=-1), 2))
+        if err != 0:
+            raise AssertionError(f"produce error {err}")
+    except BaseException:
+        SERVER.cleanup()  # tearDownModule does not run after a failed setUpModule
+        raise
 
 
 def tearDownModule():
