@@ -94,8 +94,9 @@ size_t OnBody(char* data, size_t size, size_t n, void* user) {
   return chunk.size();
 }
 
-// `never_connected`: a timeout came before any connection (known only on a
-// fresh connection: a reused one reports a connect time of 0 as well).
+// `never_connected`: a timeout came before any connection (known only where
+// no kept-alive connection could be used: a reused one reports a connect
+// time of 0 as well).
 Status TransportError(CURL* easy, CURLcode rc, const char* detail, const std::string& base_url,
                       bool never_connected) {
   std::string what = detail[0] != '\0' ? detail : curl_easy_strerror(rc);

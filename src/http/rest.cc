@@ -1866,7 +1866,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     // Its wait may have run out before its first look at the tail (a loaded
     // server): it still says it caught up, then ends.
     const bool expired = wait_ && Now() - last_record_ >= *wait_;
-    if (expired && !MayFollow()) return Done();  // never follows: no heartbeat (wait 0)
+    if (expired && *wait_ <= Duration::zero()) return Done();  // wait 0 never follows: no heartbeat
     if (!following_) {
       // As S2: a heartbeat (the tail) whenever the session turns to
       // following, which tells a client it caught up (S2's SDK pins a

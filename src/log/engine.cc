@@ -206,15 +206,17 @@ void Engine::HandleHalt(uint64_t epoch) {
   }
   if (!fence.ok()) {
     if (closing_) return;  // Close fails what cannot be acknowledged
-    // The walk stopped before the halted slot, perhaps below slots still
-    // being written: none of them is known to be durable (those that land
-    // are told failed, as after a timeout). The writer takes no more appends.
+    // Where the walk stopped is not known here: every append not yet
+    // acknowledged (all are past the checkpoint) is failed, as one whose
+    // outcome is unknown, since slots below the object may have landed (a
+    // restart replays them). The writer takes no more appends.
     std::optional<uint64_t> halted = wal_->halted_seq();
-    Log().error("fencing our own halted epoch {}: {}; failing appends from slot {} on", epoch,
-                fence.status().ToString(), halted ? std::min(from, *halted) : from);
+    Log().error("fencing our own halted epoch {}: {}; failing the appends not yet acknowledged", epoch,
+                fence.status().ToString());
     if (halted) {
       abandon(std::min(from, *halted),
-              Corruption("WAL chain {}/{} cannot be fenced: {}", options_.node, epoch, fence.status().message()));
+              Unavailable("WAL chain {}/{} cannot be fenced ({}); whether the append landed is unknown", options_.node,
+                          epoch, fence.status().message()));
     }
     return;
   }
@@ -1758,13 +1760,15 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
       }
       out.tail = s->tail;
       out.tail_timestamp_ms = s->tail_timestamp_ms;
-      // A time lookup that has not found its first record looks through as
-      // much as any read may (the records it passes over count toward no
-      // limit): with the client's limits, a small one would fetch the same
-      // segment again for every batch before the time.
+      // A time lookup fetches as much as any read may from what it
+      // collects, and after a pass that found nothing collects that much
+      // too: the records it passes over are no part of its answer, and with
+      // a small limit it would fetch the same segment again for each batch
+      // before the time. (Its first pass collects by the client's limits:
+      // the first source it finds usually holds the answer.)
       searching = by_time && out.records.empty();
-      CollectSources(*s, from, searching ? options_.max_read_records : max_records,
-                     searching ? options_.max_read_bytes : max_bytes, &segments, &refs);
+      CollectSources(*s, from, searching && !first ? options_.max_read_records : max_records,
+                     searching && !first ? options_.max_read_bytes : max_bytes, &segments, &refs);
     }
     std::vector<std::shared_ptr<const std::string>> batches;
     // Until the lookup has found its first record, the segments' time index

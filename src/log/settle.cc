@@ -733,6 +733,7 @@ Status Engine::MergeSegmentsNow() {
         break;  // this stream's next runs wait for the next call
       }
     }
+    if (superseded_) return first_error;  // no other stream's merge could commit
   }
   return first_error;
 }

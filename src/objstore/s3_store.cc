@@ -767,22 +767,25 @@ Status S3Store::ProbeOnce() {
                        (first.code() == Code::kInvalidArgument &&
                         (first.message().find("NotImplemented") != std::string::npos ||
                          first.message().find("If-None-Match") != std::string::npos));
-  if (refused && impl_->o.allow_unconditional_put) {
-    impl_->emulate_create_only.store(true);
-    Log().warn(
-        "UNSAFE: object store {} refuses If-None-Match: * on PUT ({}); running anyway because "
-        "allow_unconditional_put is set. Create-only PUTs are emulated by HEAD then PUT, which is racy: run exactly "
-        "ONE weir node on this bucket and prefix, or a zombie writer can overwrite acknowledged data.",
-        where, first.ToString());
-    return Status::Ok();
-  }
-  if (refused) {
+  // A store without conditional writes: refused, unless the operator took
+  // the risk (then emulated). `how` says what the probe saw.
+  auto without_conditional_writes = [&](const std::string& how) -> Status {
+    if (impl_->o.allow_unconditional_put) {
+      impl_->emulate_create_only.store(true);
+      Log().warn(
+          "UNSAFE: object store {} {}; running anyway because allow_unconditional_put is set. Create-only PUTs are "
+          "emulated by HEAD then PUT, which is racy: run exactly ONE weir node on this bucket and prefix, or a "
+          "zombie writer can overwrite acknowledged data.",
+          where, how);
+      return Status::Ok();
+    }
     return NotSupported(
-        "object store {} refuses If-None-Match: * on PUT ({}). weir's WAL fencing depends on create-only PUTs, so "
-        "it refuses to run on this store. Use a service with conditional writes (AWS S3, Ceph radosgw, MinIO), or "
-        "accept the risk for a single node with --allow-unconditional-put (allow_unconditional_put=true in the URI).",
-        where, first.ToString());
-  }
+        "object store {} {}. weir's WAL fencing depends on create-only PUTs, so it refuses to run on this store. "
+        "Use a service with conditional writes (AWS S3, Ceph radosgw, MinIO), or accept the risk for a single node "
+        "with --allow-unconditional-put (allow_unconditional_put=true in the URI).",
+        where, how);
+  };
+  if (refused) return without_conditional_writes(fmt::format("refuses If-None-Match: * on PUT ({})", first.ToString()));
   // An outcome not known (a timeout, a 5xx or dropped connection after
   // retries): the object may be there, and no sweep lists _weir-probe/.
   if (first.code() == Code::kTimeout || first.code() == Code::kUnavailable) impl_->DeleteObject(key).IgnoreError();
@@ -795,21 +798,8 @@ Status S3Store::ProbeOnce() {
     return Status::Ok();
   }
   if (!second.ok()) return second.WithContext("probing the object store " + where);
-  if (impl_->o.allow_unconditional_put) {
-    impl_->emulate_create_only.store(true);
-    Log().warn(
-        "UNSAFE: object store {} ignores If-None-Match: * on PUT; running anyway because "
-        "allow_unconditional_put is set. Create-only PUTs are emulated by HEAD then PUT, which is racy: run exactly "
-        "ONE weir node on this bucket and prefix, or a zombie writer can overwrite acknowledged data.",
-        where);
-    return Status::Ok();
-  }
-  return NotSupported(
-      "object store {} ignores If-None-Match: * on PUT (the start-up probe overwrote its own create-only object). "
-      "weir's WAL fencing depends on create-only PUTs, so it refuses to run on this store. Use a service with "
-      "conditional writes (AWS S3, Ceph radosgw, MinIO), or accept the risk for a single node with "
-      "--allow-unconditional-put (allow_unconditional_put=true in the URI).",
-      where);
+  return without_conditional_writes(
+      "ignores If-None-Match: * on PUT (the start-up probe overwrote its own create-only object)");
 }
 
 }  // namespace weir::objstore
