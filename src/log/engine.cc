@@ -1711,7 +1711,6 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
   const bool by_time = start.kind == ReadStart::kTimestamp;
   // Timestamps are u64 milliseconds on the wire; past INT64_MAX they are all "later than any record".
   const int64_t at_time = static_cast<int64_t>(std::min<uint64_t>(start.value, INT64_MAX));
-  bool searching = false;
   for (bool first = true;; first = false) {
     refs.clear();
     segments.clear();
@@ -1760,22 +1759,23 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
       }
       out.tail = s->tail;
       out.tail_timestamp_ms = s->tail_timestamp_ms;
-      // A time lookup fetches as much as any read may from what it
-      // collects, and after a pass that found nothing collects that much
-      // too: the records it passes over are no part of its answer, and with
-      // a small limit it would fetch the same segment again for each batch
-      // before the time. (Its first pass collects by the client's limits:
-      // the first source it finds usually holds the answer.)
-      searching = by_time && out.records.empty();
-      CollectSources(*s, from, searching && !first ? options_.max_read_records : max_records,
-                     searching && !first ? options_.max_read_bytes : max_bytes, &segments, &refs);
+      // A time lookup (every pass of one has found nothing yet: the loop
+      // ends with its first record) fetches as much as any read may from
+      // what it collects, and after a pass that found nothing collects that
+      // much too: the records it passes over are no part of its answer, and
+      // with a small limit it would fetch the same segment again for each
+      // batch before the time. (Its first pass collects by the client's
+      // limits: the first source it finds usually holds the answer.)
+      const bool widen = by_time && !first;
+      CollectSources(*s, from, widen ? options_.max_read_records : max_records,
+                     widen ? options_.max_read_bytes : max_bytes, &segments, &refs);
     }
     std::vector<std::shared_ptr<const std::string>> batches;
     // Until the lookup has found its first record, the segments' time index
     // skips what is earlier.
     const std::optional<int64_t> seek_time = by_time ? std::optional<int64_t>(at_time) : std::nullopt;
     WEIR_RETURN_IF_ERROR(
-        FetchSources(segments, refs, from, searching ? options_.max_read_bytes : max_bytes, seek_time, &batches));
+        FetchSources(segments, refs, from, by_time ? options_.max_read_bytes : max_bytes, seek_time, &batches));
     size_t bytes = 0;
     uint64_t next = from;  // past the last record looked at
     for (const auto& data : batches) {
