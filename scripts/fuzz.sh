@@ -39,6 +39,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 batch_corpus=$dir/corpus/record_batch
 rm -rf "$batch_corpus"
 mkdir -p "$batch_corpus"
+cp "$root"/tests/fuzz/corpus/record_batch/* "$batch_corpus"/
 "$dir/tests/fuzz/record_batch_corpus_gen" "$batch_corpus"
 echo "== fuzzing the record batch checks and decoder for $((seconds / 3))s"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
