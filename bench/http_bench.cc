@@ -193,6 +193,7 @@ Parsed ParseResponse(std::string_view in, Response* r) {
         r->end = trailers_end + 4;
         return Parsed::kDone;
       }
+      if (size > in.size() - line_end - 2) return Parsed::kIncomplete;  // (no wrap past SIZE_MAX)
       pos = line_end + 2 + size;
       if (in.size() < pos + 2) return Parsed::kIncomplete;
       if (in.substr(pos, 2) != "\r\n") return Parsed::kBad;
@@ -200,6 +201,7 @@ Parsed ParseResponse(std::string_view in, Response* r) {
     }
   }
   if (length) {
+    if (*length > SIZE_MAX - r->body_start) return Parsed::kBad;
     r->end = r->body_start + *length;
     return in.size() >= r->end ? Parsed::kDone : Parsed::kIncomplete;
   }

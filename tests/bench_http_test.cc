@@ -57,6 +57,10 @@ TEST(BenchHttpParse, MalformedResponsesAreRejected) {
   EXPECT_EQ(ParseResponse("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", &r), Parsed::kBad);
   EXPECT_EQ(ParseResponse("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabc", &r), Parsed::kBad);
   EXPECT_EQ(ParseResponse("HTTP/1.1 200 OK\r\n" + std::string(70000, 'h'), &r), Parsed::kBad);  // head too long
+  // Sizes that would wrap an offset past SIZE_MAX: never a finished response.
+  EXPECT_EQ(ParseResponse("HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551615\r\n\r\n", &r), Parsed::kBad);
+  EXPECT_NE(ParseResponse("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffe\r\n0\r\n\r\n", &r),
+            Parsed::kDone);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <map>
 #include <set>
 #include <type_traits>
@@ -1003,21 +1004,28 @@ bool KnownTopicConfig(const std::string& name) {
 // produce time (max.message.bytes, up to `max_batch_bytes`); every other
 // known config is kept in the catalog entry and has no effect (replication
 // and segment settings belong to the object store and the WAL here).
+// A config's integer: decimal digits after an optional '-', within int64
+// (Kafka's Long configs); nothing else.
+std::optional<int64_t> ConfigInteger(const std::string& text) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
 Status ApplyTopicConfig(const std::string& name, const std::optional<std::string>& value,
                         metastore::StreamConfig* cfg, size_t max_batch_bytes) {
   if (!KnownTopicConfig(name)) return InvalidArgument("unknown topic config {}", name);
   if (!value) return Status::Ok();
   if (name == "max.message.bytes") {
-    char* end = nullptr;
-    long long v = std::strtoll(value->c_str(), &end, 10);
-    if (value->empty() || *end != '\0' || v < 0 || static_cast<unsigned long long>(v) > max_batch_bytes) {
+    auto v = ConfigInteger(*value);
+    if (!v || *v < 0 || static_cast<uint64_t>(*v) > max_batch_bytes) {
       return InvalidArgument("max.message.bytes must be 0 to {} on this server", max_batch_bytes);
     }
   } else if (name == "retention.ms") {
-    char* end = nullptr;
-    long long ms = std::strtoll(value->c_str(), &end, 10);
-    if (value->empty() || *end != '\0' || ms < -1) return InvalidArgument("retention.ms must be -1 or a number of ms");
-    cfg->retention_age_s = ms == -1 ? 0 : std::max<int64_t>(1, ms / 1000);
+    auto ms = ConfigInteger(*value);
+    if (!ms || *ms < -1) return InvalidArgument("retention.ms must be -1 or a number of ms up to {}", INT64_MAX);
+    cfg->retention_age_s = *ms == -1 ? 0 : std::max<int64_t>(1, *ms / 1000);
   } else if (name == "message.timestamp.type") {
     if (*value == "CreateTime") {
       cfg->timestamping = metastore::TimestampingMode::kClientPrefer;
