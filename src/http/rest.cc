@@ -1717,7 +1717,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     // exchange must be.
     if (!sse_ && c_.ex->closed()) return c_.Error(503, "unavailable", "the client went away");
     if (sse_ && (c_.ex->closed() || api_->draining_)) {
-      // server_draining, as for requests: S2's SDKs reconnect at once on it.
+      // server_draining, as for requests: a retriable code (S2's SDKs retry it with their backoff).
       // Before the session's headers, as a plain answer.
       if (!started_) {
         return c_.Error(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}});
@@ -1843,7 +1843,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (!sse_) {
       bool expired = !p_.wait_s || *p_.wait_s == 0 || Now() >= deadline();
       if (!r->records.empty() || done || expired || api_->draining_) return Answer(*r, caught_up);
-      return Wait(r->tail);
+      return Wait(r->tail, r->tail_timestamp_ms);
     }
     if (!started_) Begin();
     if (!r->records.empty()) {
@@ -1879,7 +1879,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       Heartbeat(r->tail, r->tail_timestamp_ms);
     }
     if (expired) return Done();
-    Wait(r->tail);
+    Wait(r->tail, r->tail_timestamp_ms);
   }
 
   // S2S: a batch of no records, with the tail; SSE: a ping with the tail.
@@ -1940,8 +1940,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     c_.ex->BeginStream(200, s2s_ ? "s2s/proto" : "text/event-stream", {});
   }
 
-  // Waits for the tail to pass `tail`, the next timer tick, or the deadline.
-  void Wait(uint64_t tail) {
+  // Waits for the tail to pass `tail` (where the session is: everything
+  // before it was sent), the next timer tick, or the deadline.
+  void Wait(uint64_t tail, int64_t tail_timestamp_ms) {
     auto self = shared_from_this();
     if (!sse_ && !polling_) {
       polling_ = true;
@@ -1952,6 +1953,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       std::lock_guard lk(mu_);
       waiting_ = true;
       gen = ++wait_gen_;
+      watch_id_ = 0;  // set below, once watching
+      waited_tail_ = tail;
+      waited_tail_timestamp_ms_ = tail_timestamp_ms;
     }
     // Only this wait's end may step: a watch of an earlier wait can fire
     // late (the engine took its callback just before an unwatch).
@@ -1970,53 +1974,74 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       if (!TakeWait(gen)) return;
       return c_.ex->Post([self] { self->Step(); });
     }
+    bool start_ticking = false;
     {
       std::lock_guard lk(mu_);
       // Fired already (its Step may be waiting anew, under another id).
       if (!waiting_ || wait_gen_ != gen) return;
       watch_id_ = *id;
+      start_ticking = !ticking_;
+      ticking_ = true;
     }
-    Tick(gen);
+    if (start_ticking) Tick();
   }
 
-  // Once a second (or at the deadline, if sooner) while wait `gen` lasts: a
-  // ping when due, the deadline, the client, draining.
-  void Tick(uint64_t gen) {
+  // Once a second (or at the deadline, if sooner) while the session waits: a
+  // ping when due, the deadline, the client, draining. One timer at a time
+  // per session: a tick that finds no wait ends the chain, and a wait that
+  // finds none running starts it (a session woken many times a second
+  // leaves no timer behind per wake).
+  void Tick() {
     auto self = shared_from_this();
     Duration delay = std::chrono::seconds(1);
     if (!sse_) delay = std::clamp<Duration>(deadline() - Now(), Duration::zero(), delay);
-    c_.ex->After(delay, [self, gen] {
+    c_.ex->After(delay, [self] {
       TimePoint last_record;
       const auto now = Now();
-      bool ping = false;
+      uint64_t gen = 0;
+      std::optional<std::pair<uint64_t, int64_t>> ping;  // the tail to tell
       {
         std::lock_guard lk(self->mu_);
-        if (!self->waiting_ || self->wait_gen_ != gen) return;  // this wait is over
-        // Read while the wait lasts: once it ends, Step writes it (unlocked).
-        last_record = self->last_record_;
-        if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
-          self->last_ping_ = now;
-          ping = true;
+        if (!self->waiting_) {
+          self->ticking_ = false;
+          return;
+        }
+        // A wait not yet watching (Wait is between its locks): the next tick.
+        if (self->watch_id_ != 0) {
+          gen = self->wait_gen_;
+          // Read while the wait lasts: once it ends, Step writes it (unlocked).
+          last_record = self->last_record_;
+          if (self->sse_ && now - self->last_ping_ >= self->api_->options_.ping_interval) {
+            self->last_ping_ = now;
+            // Where the session is, not the stream's tail now: records past
+            // it may be on their way to the client, and a tail ahead of them
+            // would tell it that it caught up before they arrive.
+            ping.emplace(self->waited_tail_, self->waited_tail_timestamp_ms_);
+          }
         }
       }
+      if (gen == 0) return self->Tick();
       bool stop = self->api_->draining_ || self->c_.ex->closed() || (!self->sse_ && now >= self->deadline()) ||
                   (self->sse_ && self->wait_ && now - last_record >= *self->wait_);
       if (stop) {
         uint64_t watch;
         {
           std::lock_guard lk(self->mu_);
-          if (!self->waiting_ || self->wait_gen_ != gen) return;
+          if (!self->waiting_ || self->wait_gen_ != gen) {
+            // That wait ended meanwhile; a new one keeps this chain.
+            if (self->waiting_) return self->Tick();
+            self->ticking_ = false;
+            return;
+          }
           self->waiting_ = false;
+          self->ticking_ = false;
           watch = self->watch_id_;
         }
         self->api_->engine_->UnwatchTail(self->c_.basin, self->stream_, watch);
         return self->Step();
       }
-      if (ping) {
-        auto s = self->api_->engine_->GetStream(self->c_.basin, self->stream_);
-        self->Heartbeat(s.ok() ? std::optional<uint64_t>(s->tail) : std::nullopt, s.ok() ? s->tail_timestamp_ms : 0);
-      }
-      self->Tick(gen);
+      if (ping) self->Heartbeat(ping->first, ping->second);
+      self->Tick();
     });
   }
 
@@ -2072,7 +2097,10 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   uint64_t sent_records_ = 0, sent_bytes_ = 0;
   std::mutex mu_;
   bool waiting_ = false;
-  uint64_t wait_gen_ = 0;  // which wait the running tick chain belongs to
+  uint64_t wait_gen_ = 0;  // which wait is going on
+  bool ticking_ = false;   // a Tick timer is set
+  uint64_t waited_tail_ = 0;  // where the wait began: the position pings tell
+  int64_t waited_tail_timestamp_ms_ = 0;
   uint64_t watch_id_ = 0;
 };
 

@@ -612,6 +612,7 @@ class ExchangeBase : public Exchange {
   std::atomic<bool> answered_{false};
   std::atomic<bool> finished_{false};
   std::atomic<bool> streaming_{false};
+  std::atomic<bool> head_ended_{false};  // a HEAD's stream, answered with its head alone
 };
 
 // The Exchange of one HTTP/1.1 request. Calls from any thread hop onto the
@@ -662,7 +663,8 @@ class ExchangeImpl : public ExchangeBase {
     for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
     head += "\r\n";
     streaming_ = true;
-    if (head_only_) {  // the response ends with its head: later writes fail, which ends the session
+    if (head_only_) {  // the response ends with its head: later writes are dropped, closed() is true
+      head_ended_ = true;
       Emit(std::move(head), nullptr, true, keep_alive_ && srv_->KeepsConnections());
       Finish();
       return;
@@ -693,7 +695,9 @@ class ExchangeImpl : public ExchangeBase {
     Finish();
   }
 
-  bool closed() const override { return conn_->closed(); }
+  // Also once a HEAD's streamed response ended with its head: a session
+  // sees that nobody reads it (its writes are dropped) and ends.
+  bool closed() const override { return conn_->closed() || head_ended_.load(); }
 
  private:
   // On the strand, in the order the calls reach it: once the response's

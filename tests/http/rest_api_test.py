@@ -396,6 +396,34 @@ class HealthAndMetricsTest(ApiTestCase):
         finally:
             conn.close()
 
+    def test_a_head_for_a_read_session_ends_the_session(self):
+        # HTTP/1.1 keeps the connection: the session must see on its own that
+        # nothing will be sent (it would otherwise wait at the tail, with a
+        # tail watch and a timer, until the connection closes).
+        stream = f"headsess-{uuid.uuid4().hex[:8]}"
+        self.assertEqual(self.c.post("/v1/streams", json={"stream": stream}).status_code, 201)
+
+        def gauge():
+            m = re.search(r"(?m)^weir_read_sessions (\S+)$", self.c.get("/metrics").text)
+            self.assertIsNotNone(m)
+            return float(m.group(1))
+
+        before = gauge()
+        conn = http.client.HTTPConnection("127.0.0.1", SHARED.port, timeout=REQ_TIMEOUT)
+        self.addCleanup(conn.close)
+        for _ in range(5):
+            conn.request("HEAD", f"/v1/streams/{stream}/records", headers={"Accept": "text/event-stream"})
+            r = conn.getresponse()
+            self.assertEqual(r.status, 200)
+            self.assertEqual(r.read(), b"")
+        deadline = time.monotonic() + 30
+        while gauge() > before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertLessEqual(gauge(), before)
+        # The connection still serves requests.
+        conn.request("GET", "/health")
+        self.assertEqual(conn.getresponse().status, 200)
+
     @staticmethod
     def scrape(c):
         r = c.get("/metrics")
