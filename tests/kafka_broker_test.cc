@@ -156,6 +156,8 @@ std::atomic<size_t> g_response_room{SIZE_MAX};
 std::atomic<size_t> g_large_response_room{SIZE_MAX};
 // What FakeReply::closed answers: whether the client has left.
 std::atomic<bool> g_client_left{false};
+// How many times FakeReply::SuspendInOrder was called.
+std::atomic<int> g_suspensions{0};
 
 class FakeReply : public Reply {
  public:
@@ -177,6 +179,19 @@ class FakeReply : public Reply {
   // pending: RunInOrder runs at once, PostInOrder posts.
   void PostInOrder(std::function<void()> fn, bool) override { exec_->Post(std::move(fn)); }
   void RunInOrder(std::function<void(bool)> fn, bool) override { fn(false); }
+  // Resumed work is posted (the ordering itself is kafka_tcp_test's).
+  std::shared_ptr<SuspendedWork> SuspendInOrder() override {
+    class Suspended : public SuspendedWork {
+     public:
+      explicit Suspended(std::shared_ptr<Executor> exec) : exec_(std::move(exec)) {}
+      void Resume(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
+
+     private:
+      std::shared_ptr<Executor> exec_;
+    };
+    g_suspensions++;
+    return std::make_shared<Suspended>(exec_);
+  }
   void PostOneAtATime(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   const std::string& peer() const override { return peer_; }
@@ -345,7 +360,7 @@ class BrokerTest : public ::testing::Test {
     return o;
   }
 
-  void OpenEngine(size_t pool_budget_bytes = 0) {
+  void OpenEngine(size_t pool_budget_bytes = 0, const std::function<void(log::EngineOptions&)>& tweak = nullptr) {
     log::EngineOptions o;
     o.node = "n1";
     o.group_offsets_basin = kKafkaBasin;
@@ -356,6 +371,7 @@ class BrokerTest : public ::testing::Test {
       o.wal.slot_cap_bytes = pool_budget_bytes;
       o.wal.budget_bytes = pool_budget_bytes;
     }
+    if (tweak) tweak(o);
     auto e = log::Engine::Open(o, store_, meta_);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(*e);
@@ -1064,6 +1080,75 @@ TEST_F(BrokerTest, ABatchPastTheWholeWalPoolIsTooLarge) {
   EXPECT_EQ(Latest("pooled"), 0);
   EXPECT_EQ(Produce("pooled", 0, Batch({std::string(100 << 10, 'x')})).error_code, ErrorCode::kNone);
   EXPECT_EQ(Latest("pooled"), 1);
+}
+
+// A Produce that must wait for admission (here: settle is behind) does not
+// wait on a worker: its ordered work is suspended, admission is looked at
+// now and then, and the batch goes in once settle made room. A client that
+// left meanwhile gets no append; one that stays past admission_timeout gets
+// REQUEST_TIMED_OUT, and nothing is appended.
+TEST_F(BrokerTest, AProduceWaitingForAdmissionIsSuspendedNotBlocking) {
+  StopAll();
+  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+  meta_ = hooked;
+  OpenEngine(0, [](log::EngineOptions& o) {
+    o.max_unsettled_bytes = 1;  // one unsettled batch fills the backlog
+    o.admission_timeout = 2s;
+    o.settle_interval = 1h;  // settle runs when asked to
+  });
+  StartBroker(Options());
+  ASSERT_EQ(CreateTopic("slow", 1).error_code, ErrorCode::kNone);
+  // Settle is held at its commit until released.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> entered{false};
+  hooked->before_commit_settle = [&entered, released] {
+    entered = true;
+    released.wait();
+  };
+  ASSERT_EQ(Produce("slow", 0, Batch({"first"})).error_code, ErrorCode::kNone);
+  ASSERT_TRUE(engine_->AdmissionMayWait(1));
+  const int suspended_before = g_suspensions.load();
+  Pending waiting = Start(ProduceReq("slow", 0, Batch({"second"})), 7);
+  // Suspended (the old way blocked a worker inside the append instead).
+  for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
+       g_suspensions.load() == suspended_before && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(g_suspensions.load(), suspended_before + 1);
+  for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout; !entered && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(entered.load());  // the wait hurried settle along
+  EXPECT_FALSE(waiting.answered());
+  release.set_value();
+  auto resp = Finish(waiting, DecodeProduceResponse);
+  ASSERT_EQ(resp.responses.size(), 1u);
+  ASSERT_EQ(resp.responses[0].partition_responses.size(), 1u);
+  const auto& pr = resp.responses[0].partition_responses[0];
+  EXPECT_EQ(pr.error_code, ErrorCode::kNone);
+  EXPECT_EQ(pr.base_offset, 1);
+  EXPECT_EQ(Latest("slow"), 2);
+
+  // Settle held again: a produce that waits past admission_timeout.
+  ASSERT_OK(engine_->SettleNow());
+  std::promise<void> release2;
+  std::shared_future<void> released2 = release2.get_future().share();
+  hooked->before_commit_settle = [released2] { released2.wait(); };
+  ASSERT_EQ(Produce("slow", 0, Batch({"third"})).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Produce("slow", 0, Batch({"late"})).error_code, ErrorCode::kRequestTimedOut);
+  // One whose client leaves while it waits: no answer, no append.
+  Pending left = Start(ProduceReq("slow", 0, Batch({"gone"})), 7);
+  for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
+       g_suspensions.load() < suspended_before + 3 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  g_client_left = true;
+  ASSERT_EQ(left.future.wait_for(kAnswerTimeout), std::future_status::ready);
+  EXPECT_EQ(left.future.get().kind, Answer::kNoResponse);
+  g_client_left = false;
+  release2.set_value();
+  EXPECT_EQ(Latest("slow"), 3);
 }
 
 // A topic whose table exists in the metastore but whose partitions memory

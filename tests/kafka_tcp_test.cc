@@ -2,6 +2,7 @@
 // budget across connections and the connection limit, over real sockets.
 #include "kafka/tcp_server.h"
 
+#include <deque>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -13,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <future>
 #include <mutex>
 #include <string>
@@ -677,6 +679,88 @@ TEST(KafkaTcpOrdering, OrderedWorkQueuedWhenTheClientLeavesRunsOnlyUpToTheFirstT
   ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().in_flight_bytes.load() == 0; }));
   std::this_thread::sleep_for(300ms);  // room for wrong starts to show
   EXPECT_EQ(handler.ran(), (std::vector<std::string>{"o-gate", "n1", "n2"}));
+  (*server)->Stop();
+}
+
+// Ordered work for frames starting with 's' suspends itself (as a Produce
+// waiting for admission) until the test resumes it; other frames are logged
+// and echoed.
+class SuspendingHandler : public FrameHandler {
+ public:
+  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+    reply->PostInOrder([this, frame, reply] {
+      if (frame[0] == 's') {
+        Log("start " + frame);
+        std::lock_guard lk(mu_);
+        suspended_.push_back({frame, reply, reply->SuspendInOrder()});
+        return;
+      }
+      Log(frame);
+      reply->Respond(frame);
+    });
+  }
+  // Resumes the oldest suspended work: it logs, then answers.
+  void ResumeOne() {
+    Suspended s;
+    {
+      std::lock_guard lk(mu_);
+      ASSERT_FALSE(suspended_.empty());
+      s = std::move(suspended_.front());
+      suspended_.pop_front();
+    }
+    s.work->Resume([this, frame = s.frame, reply = s.reply] {
+      Log("resumed " + frame);
+      reply->Respond(frame);
+    });
+  }
+  size_t suspended() {
+    std::lock_guard lk(mu_);
+    return suspended_.size();
+  }
+  std::vector<std::string> log() {
+    std::lock_guard lk(mu_);
+    return log_;
+  }
+
+ private:
+  struct Suspended {
+    std::string frame;
+    std::shared_ptr<Reply> reply;
+    std::shared_ptr<SuspendedWork> work;
+  };
+  void Log(std::string line) {
+    std::lock_guard lk(mu_);
+    log_.push_back(std::move(line));
+  }
+  std::mutex mu_;
+  std::deque<Suspended> suspended_;
+  std::vector<std::string> log_;
+};
+
+TEST(KafkaTcpOrdering, SuspendedOrderedWorkHoldsNoWorkerAndKeepsItsPlace) {
+  // One worker: work that waited on it would hold every connection up.
+  SuspendingHandler handler;
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 1}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int a = Connect((*server)->address());
+  int b = Connect((*server)->address());
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  ASSERT_TRUE(SendFrame(a, "s1"));
+  ASSERT_TRUE(WaitUntil([&] { return handler.suspended() == 1; }));
+  ASSERT_TRUE(SendFrame(a, "o2"));
+  // Another connection's ordered work runs meanwhile.
+  ASSERT_TRUE(SendFrame(b, "o3"));
+  EXPECT_EQ(ReadFrame(b, 30000), "o3");
+  std::this_thread::sleep_for(200ms);  // room for a wrong run of o2 to show
+  EXPECT_EQ(handler.log(), (std::vector<std::string>{"start s1", "o3"}));
+  EXPECT_EQ((*server)->metrics().requests.load(), 2u);  // a's second frame is held unread
+  handler.ResumeOne();
+  EXPECT_EQ(ReadFrame(a, 30000), "s1");
+  EXPECT_EQ(ReadFrame(a, 30000), "o2");
+  EXPECT_EQ(handler.log(), (std::vector<std::string>{"start s1", "o3", "resumed s1", "o2"}));
+  ::close(a);
+  ::close(b);
   (*server)->Stop();
 }
 

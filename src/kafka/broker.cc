@@ -401,7 +401,10 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   }
   // On the I/O thread only when admission looked free (above); should it
   // fill meanwhile, the batch is refused (retriable) rather than waited for.
-  if (to_create.empty()) return ProduceAppend(req, std::move(resp), std::move(jobs), on_worker);
+  if (to_create.empty()) {
+    if (on_worker) return ProduceWhenAdmissible(req, std::move(resp), std::move(jobs));
+    return ProduceAppend(req, std::move(resp), std::move(jobs), false);
+  }
   // A topic is missing: create it off the I/O thread, then append, still
   // before this connection's next request.
   auto create_then_append = [this, req, resp, jobs = std::move(jobs), to_create = std::move(to_create)]() mutable {
@@ -431,10 +434,64 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
       }
       if (has) engine_->LoadTable(options_.basin, topic).IgnoreError();
     }
-    ProduceAppend(req, std::move(resp), std::move(jobs), /*may_wait=*/true);
+    ProduceWhenAdmissible(req, std::move(resp), std::move(jobs));
   };
   if (on_worker) return create_then_append();
   req->reply->PostInOrder(std::move(create_then_append), req->body<ProduceRequest>().acks != 0);
+}
+
+// Admission is looked at first after the shortest, then at twice the last
+// interval, up to the longest: a short wait costs little latency, a long one
+// little CPU.
+constexpr Duration kAdmissionPollFirst = std::chrono::milliseconds(1);
+constexpr Duration kAdmissionPollMax = std::chrono::milliseconds(16);
+
+struct Broker::AdmissionWait {
+  std::shared_ptr<ProduceResponse> resp;
+  std::vector<ProduceJob> jobs;
+  std::shared_ptr<SuspendedWork> suspended;
+  size_t largest = 0;  // the largest batch: once it fits, ProduceAppend goes on
+  TimePoint deadline;
+  Duration interval = kAdmissionPollFirst;
+};
+
+void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
+                                   std::vector<ProduceJob> jobs) {
+  size_t largest = 0;
+  for (const auto& job : jobs) largest = std::max(largest, job.batch.size());
+  if (jobs.empty() || !engine_->AdmissionMayWait(largest)) {
+    return ProduceAppend(req, std::move(resp), std::move(jobs), /*may_wait=*/true);
+  }
+  auto w = std::make_shared<AdmissionWait>();
+  w->resp = std::move(resp);
+  w->jobs = std::move(jobs);
+  w->largest = largest;
+  w->deadline = Now() + engine_->admission_timeout();
+  w->suspended = req->reply->SuspendInOrder();
+  engine_->HurrySettleIfBehind();
+  PollAdmission(req, w);
+}
+
+void Broker::PollAdmission(const std::shared_ptr<Request>& req, const std::shared_ptr<AdmissionWait>& w) {
+  req->reply->After(w->interval, [this, req, w] {
+    // A client that left while its batches waited gets no append: it retries
+    // them elsewhere, and a late append would be a second copy (as ordered
+    // work left waiting at a close is dropped). An acks=0 batch still goes in.
+    const bool left = req->reply->closed() && req->body<ProduceRequest>().acks != 0;
+    const bool expired = Now() >= w->deadline;
+    if (!left && !expired && engine_->AdmissionMayWait(w->largest)) {
+      engine_->HurrySettleIfBehind();
+      w->interval = std::min(w->interval * 2, kAdmissionPollMax);
+      return PollAdmission(req, w);
+    }
+    w->suspended->Resume([this, req, w, left, expired] {
+      if (left) return req->reply->NoResponse();  // nobody to answer
+      // Past the deadline: admitted now or refused, as a wait that ran out.
+      // Otherwise it waits only if another append took the room first (up
+      // to a whole admission_timeout then).
+      ProduceAppend(req, std::move(w->resp), std::move(w->jobs), /*may_wait=*/!expired);
+    });
+  });
 }
 
 void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,

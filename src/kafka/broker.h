@@ -113,6 +113,14 @@ class Broker : public FrameHandler {
   // once gets REQUEST_TIMED_OUT instead of waiting for room.
   void ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                      std::vector<ProduceJob> jobs, bool may_wait);
+  // From ordered work on a worker: ProduceAppend once the WAL has room,
+  // without holding the worker while it waits (the connection's ordered work
+  // is suspended meanwhile; admission is looked at every few ms, up to the
+  // engine's admission_timeout).
+  void ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
+                             std::vector<ProduceJob> jobs);
+  struct AdmissionWait;
+  void PollAdmission(const std::shared_ptr<Request>& req, const std::shared_ptr<AdmissionWait>& w);
   void Fetch(const std::shared_ptr<Request>& req);
   // Reads every partition once; answers, or (unless final) waits for data.
   void FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);

@@ -172,8 +172,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // not one per pipelined request. Responses queued behind an unanswered
   // request do not count (that request may be the ordered work itself).
   // Any thread.
+  // Also while ordered work is suspended, closed or not: nothing queued
+  // behind it overtakes it (an acks=0 Produce would run once closed).
   bool OrderedMustWait() const {
+    if (suspended_.load() > 0) return true;
     return !closed_.load() && in_transit_.load() + writable_.load() > srv_->options.max_unwritten_ordered_bytes;
+  }
+
+  // Reply::SuspendInOrder, from ordered work on a worker.
+  std::shared_ptr<SuspendedWork> SuspendOrdered();
+  // SuspendedWork::Resume: `fn` (if any) on a worker, then the ordered work
+  // goes on. Any thread, once per SuspendOrdered.
+  void ResumeSuspended(std::function<void()> fn) {
+    net::post(*srv_->workers, [self = shared_from_this(), fn = std::move(fn)] {
+      if (fn) fn();
+      self->suspended_--;
+      self->ResumeOrdered();
+    });
   }
   void ParkOrdered() {
     ordered_parked_.store(true);
@@ -537,6 +552,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<size_t> in_transit_{0};
   std::atomic<size_t> writable_{0};
   std::atomic<bool> ordered_parked_{false};  // a drain stopped at OrderedMustWait
+  std::atomic<int> suspended_{0};              // SuspendOrdered calls not yet resumed
   std::atomic<bool> read_held_{false};        // ReadHeader stopped at OrderedMustWait
   std::optional<uint32_t> held_frame_;  // a frame's size read while over max_unwritten_bytes
   OrderedQueue ordered_;  // PostInOrder work (not an asio strand on the pool: this may outlive it)
@@ -555,6 +571,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<uint64_t> one_at_a_time_;
   std::deque<std::pair<uint64_t, std::function<void()>>> one_at_a_time_waiting_;
 };
+
+namespace {
+
+class SuspendedImpl : public SuspendedWork {
+ public:
+  explicit SuspendedImpl(std::shared_ptr<Connection> conn) : conn_(std::move(conn)) {}
+  ~SuspendedImpl() override {
+    if (!resumed_.exchange(true)) conn_->ResumeSuspended(nullptr);
+  }
+  void Resume(std::function<void()> fn) override {
+    if (!resumed_.exchange(true)) conn_->ResumeSuspended(std::move(fn));
+  }
+
+ private:
+  std::shared_ptr<Connection> conn_;
+  std::atomic<bool> resumed_{false};
+};
+
+}  // namespace
+
+std::shared_ptr<SuspendedWork> Connection::SuspendOrdered() {
+  suspended_++;
+  return std::make_shared<SuspendedImpl>(shared_from_this());
+}
 
 namespace {
 
@@ -595,6 +635,7 @@ class ReplyImpl : public Reply {
   void Post(std::function<void()> fn) override { net::post(*conn_->srv()->readers, std::move(fn)); }
   void PostInOrder(std::function<void()> fn, bool answers) override { conn_->PostInOrder(std::move(fn), answers); }
   void RunInOrder(std::function<void(bool)> fn, bool answers) override { conn_->RunInOrder(std::move(fn), answers); }
+  std::shared_ptr<SuspendedWork> SuspendInOrder() override { return conn_->SuspendOrdered(); }
   void PostOneAtATime(std::function<void()> fn) override { conn_->PostOneAtATime(seq_, std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override {
     auto* srv = conn_->srv();

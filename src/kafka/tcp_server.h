@@ -46,6 +46,17 @@
 
 namespace weir::kafka {
 
+// A connection's ordered work, suspended (Reply::SuspendInOrder). Owned by
+// whoever waits on the suspended work's behalf; any thread. Resume, once:
+// `fn` runs on a worker thread as the rest of that work, and the
+// connection's later ordered work runs only after it. Destroyed without a
+// Resume, it resumes with nothing to run.
+class SuspendedWork {
+ public:
+  virtual ~SuspendedWork() = default;
+  virtual void Resume(std::function<void()> fn) = 0;
+};
+
 // One request's way back to its client. Thread-safe; call exactly one of
 // Respond, NoResponse or Close, once.
 class Reply {
@@ -76,6 +87,13 @@ class Reply {
   // the first request that answers.
   virtual void PostInOrder(std::function<void()> fn, bool answers = true) = 0;
   virtual void RunInOrder(std::function<void(bool on_worker)> fn, bool answers = true) = 0;
+  // From ordered work on a worker: the work goes on later (SuspendedWork::
+  // Resume) without holding the worker meanwhile, and until then the
+  // connection runs no later ordered work and reads no further request, as
+  // if the work were still running. For work that waits on something else
+  // (a Produce waiting for the WAL to admit it): the few ordered-work
+  // threads stay free for other connections.
+  virtual std::shared_ptr<SuspendedWork> SuspendInOrder() = 0;
   // Runs `fn` on a read thread once the connection's earlier PostOneAtATime
   // request is answered and its response written (Kafka's broker reads no
   // further request until then). Requests whose responses may be large

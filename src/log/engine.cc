@@ -987,6 +987,10 @@ bool Engine::AdmissionMayWait(size_t bytes) const {
   return pooled + bytes + options_.wal.slot_cap_bytes > options_.wal.budget_bytes;
 }
 
+void Engine::HurrySettleIfBehind() {
+  if (BacklogFull()) RequestSettle();
+}
+
 Status Engine::WaitForSettleRoom(TimePoint deadline) {
   if (!BacklogFull()) return Status::Ok();
   RequestSettle();

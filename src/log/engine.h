@@ -252,6 +252,12 @@ class Engine {
   // WAL pool or the settle backlog is full or nearly): front-ends then append
   // from a worker, not an I/O thread. A hint, read without locks.
   bool AdmissionMayWait(size_t bytes) const;
+  // How long an append that may wait waits for admission at most.
+  Duration admission_timeout() const { return options_.admission_timeout; }
+  // For a front-end that waits for admission without blocking (looking at
+  // AdmissionMayWait now and then): what a waiting append does, once per
+  // look: wakes settle when its backlog is what is full.
+  void HurrySettleIfBehind();
   // What AppendAsync checks first, without the stream (the limits on records
   // and metered bytes; header names; command records): kInvalidArgument.
   Status CheckAppendRecords(const std::vector<AppendRecord>& records) const;
