@@ -181,16 +181,10 @@ class FakeReply : public Reply {
   void RunInOrder(std::function<void(bool)> fn, bool) override { fn(false); }
   // Resumed work is posted (the ordering itself is kafka_tcp_test's).
   std::shared_ptr<SuspendedWork> SuspendInOrder() override {
-    class Suspended : public SuspendedWork {
-     public:
-      explicit Suspended(std::shared_ptr<Executor> exec) : exec_(std::move(exec)) {}
-      void Resume(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
-
-     private:
-      std::shared_ptr<Executor> exec_;
-    };
     g_suspensions++;
-    return std::make_shared<Suspended>(exec_);
+    return std::make_shared<SuspendedWork>([exec = exec_](std::function<void()> fn) {
+      if (fn) exec->Post(std::move(fn));
+    });
   }
   void PostOneAtATime(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }

@@ -11,6 +11,30 @@
 
 namespace weir {
 
+// A connection's ordered work, suspended (the Kafka Reply's or the HTTP
+// Exchange's SuspendInOrder): held by whoever waits on that work's behalf,
+// who calls Resume once, from any thread; `fn` then runs on a worker as the
+// rest of the work, and the connection's later ordered work runs only
+// after it. Destroyed without a Resume, it resumes with nothing to run.
+class SuspendedWork {
+ public:
+  // How the connection goes on: runs `fn` (may be empty) on a worker, then
+  // its later ordered work.
+  using ResumeFn = std::function<void(std::function<void()> fn)>;
+  explicit SuspendedWork(ResumeFn resume) : resume_(std::move(resume)) {}
+  ~SuspendedWork() { Resume(nullptr); }
+  SuspendedWork(const SuspendedWork&) = delete;
+  SuspendedWork& operator=(const SuspendedWork&) = delete;
+
+  void Resume(std::function<void()> fn) {
+    if (!resumed_.exchange(true)) resume_(std::move(fn));
+  }
+
+ private:
+  ResumeFn resume_;
+  std::atomic<bool> resumed_{false};
+};
+
 // Owned by a connection; any thread calls it. Push queues a function and
 // says whether the caller must start a drain: one task on its pool that
 // calls RunSome, and posts itself again while RunSome answers true (so a

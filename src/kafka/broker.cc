@@ -440,58 +440,33 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   req->reply->PostInOrder(std::move(create_then_append), req->body<ProduceRequest>().acks != 0);
 }
 
-// Admission is looked at first after the shortest, then at twice the last
-// interval, up to the longest: a short wait costs little latency, a long one
-// little CPU.
-constexpr Duration kAdmissionPollFirst = std::chrono::milliseconds(1);
-constexpr Duration kAdmissionPollMax = std::chrono::milliseconds(16);
-
-struct Broker::AdmissionWait {
-  std::shared_ptr<ProduceResponse> resp;
-  std::vector<ProduceJob> jobs;
-  std::shared_ptr<SuspendedWork> suspended;
-  size_t largest = 0;  // the largest batch: once it fits, ProduceAppend goes on
-  TimePoint deadline;
-  Duration interval = kAdmissionPollFirst;
-};
-
 void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                                    std::vector<ProduceJob> jobs) {
-  size_t largest = 0;
+  size_t largest = 0;  // once the largest batch fits, the appends go on
   for (const auto& job : jobs) largest = std::max(largest, job.batch.size());
   if (jobs.empty() || !engine_->AdmissionMayWait(largest)) {
     return ProduceAppend(req, std::move(resp), std::move(jobs), /*may_wait=*/true);
   }
-  auto w = std::make_shared<AdmissionWait>();
-  w->resp = std::move(resp);
-  w->jobs = std::move(jobs);
-  w->largest = largest;
-  w->deadline = Now() + engine_->admission_timeout();
-  w->suspended = req->reply->SuspendInOrder();
-  engine_->HurrySettleIfBehind();
-  PollAdmission(req, w);
-}
-
-void Broker::PollAdmission(const std::shared_ptr<Request>& req, const std::shared_ptr<AdmissionWait>& w) {
-  req->reply->After(w->interval, [this, req, w] {
-    // A client that left while its batches waited gets no append: it retries
-    // them elsewhere, and a late append would be a second copy (as ordered
-    // work left waiting at a close is dropped). An acks=0 batch still goes in.
-    const bool left = req->reply->closed() && req->body<ProduceRequest>().acks != 0;
-    const bool expired = Now() >= w->deadline;
-    if (!left && !expired && engine_->AdmissionMayWait(w->largest)) {
-      engine_->HurrySettleIfBehind();
-      w->interval = std::min(w->interval * 2, kAdmissionPollMax);
-      return PollAdmission(req, w);
-    }
-    w->suspended->Resume([this, req, w, left, expired] {
-      if (left) return req->reply->NoResponse();  // nobody to answer
-      // Past the deadline: admitted now or refused, as a wait that ran out.
-      // Otherwise it waits only if another append took the room first (up
-      // to a whole admission_timeout then).
-      ProduceAppend(req, std::move(w->resp), std::move(w->jobs), /*may_wait=*/!expired);
-    });
-  });
+  auto suspended = req->reply->SuspendInOrder();
+  auto held = std::make_shared<std::pair<std::shared_ptr<ProduceResponse>, std::vector<ProduceJob>>>(
+      std::move(resp), std::move(jobs));
+  // A client that left while its batches waited gets no append: it retries
+  // them elsewhere, and a late append would be a second copy (as ordered
+  // work left waiting at a close is dropped). An acks=0 batch still goes in.
+  auto left = [req] { return req->reply->closed() && req->body<ProduceRequest>().acks != 0; };
+  engine_->WhenAdmissible(
+      largest, Now() + engine_->admission_timeout(),
+      [req](Duration delay, std::function<void()> fn) { req->reply->After(delay, std::move(fn)); }, left,
+      [this, req, suspended, held](log::Engine::AdmissionWait how) {
+        suspended->Resume([this, req, held, how] {
+          if (how == log::Engine::AdmissionWait::kAbandoned) return req->reply->NoResponse();  // nobody to answer
+          // Expired: admitted now or refused, as a wait that ran out.
+          // Otherwise it waits only if another append took the room first
+          // (up to a whole admission_timeout then).
+          ProduceAppend(req, std::move(held->first), std::move(held->second),
+                        /*may_wait=*/how == log::Engine::AdmissionWait::kRoom);
+        });
+      });
 }
 
 void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,

@@ -119,8 +119,6 @@ class Broker : public FrameHandler {
   // engine's admission_timeout).
   void ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                              std::vector<ProduceJob> jobs);
-  struct AdmissionWait;
-  void PollAdmission(const std::shared_ptr<Request>& req, const std::shared_ptr<AdmissionWait>& w);
   void Fetch(const std::shared_ptr<Request>& req);
   // Reads every partition once; answers, or (unless final) waits for data.
   void FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);

@@ -180,7 +180,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // Reply::SuspendInOrder, from ordered work on a worker.
-  std::shared_ptr<SuspendedWork> SuspendOrdered();
+  std::shared_ptr<SuspendedWork> SuspendOrdered() {
+    suspended_++;
+    return std::make_shared<SuspendedWork>(
+        [self = shared_from_this()](std::function<void()> fn) { self->ResumeSuspended(std::move(fn)); });
+  }
   // SuspendedWork::Resume: `fn` (if any) on a worker, then the ordered work
   // goes on. Any thread, once per SuspendOrdered.
   void ResumeSuspended(std::function<void()> fn) {
@@ -571,30 +575,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<uint64_t> one_at_a_time_;
   std::deque<std::pair<uint64_t, std::function<void()>>> one_at_a_time_waiting_;
 };
-
-namespace {
-
-class SuspendedImpl : public SuspendedWork {
- public:
-  explicit SuspendedImpl(std::shared_ptr<Connection> conn) : conn_(std::move(conn)) {}
-  ~SuspendedImpl() override {
-    if (!resumed_.exchange(true)) conn_->ResumeSuspended(nullptr);
-  }
-  void Resume(std::function<void()> fn) override {
-    if (!resumed_.exchange(true)) conn_->ResumeSuspended(std::move(fn));
-  }
-
- private:
-  std::shared_ptr<Connection> conn_;
-  std::atomic<bool> resumed_{false};
-};
-
-}  // namespace
-
-std::shared_ptr<SuspendedWork> Connection::SuspendOrdered() {
-  suspended_++;
-  return std::make_shared<SuspendedImpl>(shared_from_this());
-}
 
 namespace {
 

@@ -42,20 +42,10 @@
 #include <string>
 
 #include "base/clock.h"
+#include "base/ordered_queue.h"
 #include "base/status.h"
 
 namespace weir::kafka {
-
-// A connection's ordered work, suspended (Reply::SuspendInOrder). Owned by
-// whoever waits on the suspended work's behalf; any thread. Resume, once:
-// `fn` runs on a worker thread as the rest of that work, and the
-// connection's later ordered work runs only after it. Destroyed without a
-// Resume, it resumes with nothing to run.
-class SuspendedWork {
- public:
-  virtual ~SuspendedWork() = default;
-  virtual void Resume(std::function<void()> fn) = 0;
-};
 
 // One request's way back to its client. Thread-safe; call exactly one of
 // Respond, NoResponse or Close, once.

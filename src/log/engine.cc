@@ -987,6 +987,57 @@ bool Engine::AdmissionMayWait(size_t bytes) const {
   return pooled + bytes + options_.wal.slot_cap_bytes > options_.wal.budget_bytes;
 }
 
+namespace {
+// Admission is looked at first after the shortest interval, then at twice
+// the last, up to the longest: a short wait costs little latency, a long
+// one little CPU.
+constexpr Duration kAdmissionLookFirst = std::chrono::milliseconds(1);
+constexpr Duration kAdmissionLookMax = std::chrono::milliseconds(16);
+
+struct AdmissionLook {
+  Engine* engine;
+  size_t bytes;
+  TimePoint deadline;
+  Engine::AfterFn after;
+  std::function<bool()> abandon;
+  std::function<void(Engine::AdmissionWait)> ready;
+  Duration interval = kAdmissionLookFirst;
+};
+
+void LookAgain(const std::shared_ptr<AdmissionLook>& w);
+
+// Whether the wait is over (and `ready` called).
+bool Look(const std::shared_ptr<AdmissionLook>& w) {
+  using W = Engine::AdmissionWait;
+  if (w->abandon && w->abandon()) {
+    w->ready(W::kAbandoned);
+  } else if (!w->engine->AdmissionMayWait(w->bytes)) {
+    w->ready(W::kRoom);
+  } else if (Now() >= w->deadline) {
+    w->ready(W::kExpired);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void LookAgain(const std::shared_ptr<AdmissionLook>& w) {
+  w->engine->HurrySettleIfBehind();
+  const Duration delay = w->interval;
+  w->interval = std::min(w->interval * 2, kAdmissionLookMax);
+  w->after(delay, [w] {
+    if (!Look(w)) LookAgain(w);
+  });
+}
+}  // namespace
+
+void Engine::WhenAdmissible(size_t bytes, TimePoint deadline, AfterFn after, std::function<bool()> abandon,
+                            std::function<void(AdmissionWait)> ready) {
+  auto w = std::make_shared<AdmissionLook>(
+      AdmissionLook{this, bytes, deadline, std::move(after), std::move(abandon), std::move(ready)});
+  if (!Look(w)) LookAgain(w);
+}
+
 void Engine::HurrySettleIfBehind() {
   if (BacklogFull()) RequestSettle();
 }

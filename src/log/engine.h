@@ -254,9 +254,20 @@ class Engine {
   bool AdmissionMayWait(size_t bytes) const;
   // How long an append that may wait waits for admission at most.
   Duration admission_timeout() const { return options_.admission_timeout; }
-  // For a front-end that waits for admission without blocking (looking at
-  // AdmissionMayWait now and then): what a waiting append does, once per
-  // look: wakes settle when its backlog is what is full.
+  // Waiting for admission without blocking, for a front-end whose threads
+  // must not wait: calls `ready` once AdmissionMayWait(bytes) is false
+  // (kRoom), `deadline` has passed (kExpired) or `abandon` answers true
+  // (kAbandoned), looking every 1 to 16 ms through `after` (the front-end's
+  // timer: runs a function on one of its threads after a delay), and
+  // hurrying settle meanwhile as a blocked wait does. `ready` runs on the
+  // caller's thread when there is room at once, else on a timer's thread.
+  // The engine must outlive the wait.
+  enum class AdmissionWait { kRoom, kExpired, kAbandoned };
+  using AfterFn = std::function<void(Duration delay, std::function<void()> fn)>;
+  void WhenAdmissible(size_t bytes, TimePoint deadline, AfterFn after, std::function<bool()> abandon,
+                      std::function<void(AdmissionWait)> ready);
+  // What an append waiting for admission does: wakes settle when its
+  // backlog is what is full.
   void HurrySettleIfBehind();
   // What AppendAsync checks first, without the stream (the limits on records
   // and metered bytes; header names; command records): kInvalidArgument.
