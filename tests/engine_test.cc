@@ -2693,6 +2693,82 @@ TEST_F(EngineTest, AProducersRetryIsAnsweredWithoutWaitingForAdmission) {
   EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({body}), o).status.code(), Code::kResourceExhausted);
 }
 
+// Admission waited for without blocking (front-ends whose threads must not
+// wait): TryAdmission holds room in the WAL pool for the appends given its
+// ticket, which are then admitted without waiting while others are refused;
+// WhenAdmissible looks until there is room, the deadline passes or the
+// caller gives up.
+TEST_F(EngineTest, AdmissionWaitedForWithoutBlockingHoldsItsRoom) {
+  wal_budget_ = 1 << 20;
+  Restart();
+  const size_t big = 420 << 10;
+  auto t1 = engine_->TryAdmission(big, 1);
+  auto t2 = engine_->TryAdmission(big, 1);
+  ASSERT_NE(t1, nullptr);
+  ASSERT_NE(t2, nullptr);
+  EXPECT_EQ(engine_->TryAdmission(big, 1), nullptr);  // 840 KiB held of 1 MiB
+  const std::string body(200 << 10, 'x');  // (a slot holds 256 KiB)
+  AppendOptions no_wait;
+  no_wait.may_wait = false;
+  EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({body}), no_wait).status.code(), Code::kResourceExhausted);
+  AppendOptions with_ticket = no_wait;
+  with_ticket.ticket = t1;
+  auto admitted = engine_->Append(kBasin, "s", Bodies({body}), with_ticket);
+  ASSERT_TRUE(admitted.status.ok()) << admitted.status.ToString();
+  // Larger than the whole pool: a ticket without room (the append is refused at once).
+  auto huge = engine_->TryAdmission(2 << 20, 1);
+  ASSERT_NE(huge, nullptr);
+  EXPECT_EQ(huge->Take(2 << 20), std::nullopt);
+
+  // WhenAdmissible, with a timer of threads the test joins.
+  std::mutex mu;
+  std::vector<std::thread> timers;
+  auto after = [&](Duration delay, std::function<void()> fn) {
+    std::lock_guard lk(mu);
+    timers.emplace_back([delay, fn = std::move(fn)] {
+      std::this_thread::sleep_for(delay);
+      fn();
+    });
+  };
+  auto wait = [&](TimePoint deadline, std::function<bool()> abandon) {
+    auto p = std::make_shared<std::promise<std::pair<Engine::AdmissionWait, std::shared_ptr<AdmissionTicket>>>>();
+    auto f = p->get_future();
+    engine_->WhenAdmissible(big, 1, deadline, after, std::move(abandon),
+                            [p](Engine::AdmissionWait how, std::shared_ptr<AdmissionTicket> t) {
+                              p->set_value({how, std::move(t)});
+                            });
+    return f;
+  };
+  t1.reset();  // what the append did not use goes back (its own room once its slot is released)
+  with_ticket.ticket.reset();
+  std::shared_ptr<AdmissionTicket> t3;
+  for (auto until = Now() + 30s; !t3 && Now() < until; std::this_thread::sleep_for(1ms)) {
+    t3 = engine_->TryAdmission(big, 1);
+  }
+  ASSERT_NE(t3, nullptr);  // t2 and t3 hold the pool again
+  auto room = wait(Now() + 60s, nullptr);
+  EXPECT_EQ(room.wait_for(200ms), std::future_status::timeout);  // (a wrong early answer shows here)
+  t2.reset();
+  ASSERT_EQ(room.wait_for(30s), std::future_status::ready);
+  auto [how, ticket] = room.get();
+  EXPECT_EQ(how, Engine::AdmissionWait::kRoom);
+  ASSERT_NE(ticket, nullptr);
+  auto taken = ticket->Take(big);
+  EXPECT_NE(taken, std::nullopt);
+  auto expired = wait(Now(), nullptr);  // t3 and the room taken hold the pool
+  ASSERT_EQ(expired.wait_for(30s), std::future_status::ready);
+  EXPECT_EQ(expired.get().first, Engine::AdmissionWait::kExpired);
+  auto abandoned = wait(Now() + 60s, [] { return true; });
+  ASSERT_EQ(abandoned.wait_for(30s), std::future_status::ready);
+  EXPECT_EQ(abandoned.get().first, Engine::AdmissionWait::kAbandoned);
+  std::vector<std::thread> joined;
+  {
+    std::lock_guard lk(mu);
+    joined.swap(timers);
+  }
+  for (auto& t : joined) t.join();
+}
+
 // A caller on an I/O thread asks not to wait: with no room now, the batch
 // is refused at once (retriable), whatever the admission timeout.
 TEST_F(EngineTest, AnAppendThatMayNotWaitIsRefusedAtOnceWithoutRoom) {

@@ -208,6 +208,11 @@ class FakeExchange : public Exchange {
   }
   void After(Duration, std::function<void()> fn) override { fn(); }
   void Post(std::function<void()> fn) override { fn(); }
+  std::shared_ptr<SuspendedWork> SuspendInOrder() override {
+    return std::make_shared<SuspendedWork>([](std::function<void()> fn) {
+      if (fn) fn();
+    });
+  }
   bool closed() const override { return false; }
 
   Response Wait() {

@@ -1634,7 +1634,35 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
                            size_t bytes) {
   // On the I/O thread only when admission looked free (Handle); should it
   // fill meanwhile, a 429 now rather than a wait that stalls the thread.
-  in.options.may_wait = c.on_worker;
+  if (!c.on_worker || !engine_->AdmissionMayWait(bytes)) {
+    return AppendNow(c, stream, std::move(in), proto_out, records, bytes, c.on_worker);
+  }
+  // On a worker, a wait for admission does not hold it (the pool serves
+  // every connection's reads and appends): the connection's later in-order
+  // work waits instead (HTTP/2; HTTP/1.1 sends no request meanwhile).
+  auto suspended = c.ex->SuspendInOrder();
+  auto held = std::make_shared<AppendInput>(std::move(in));
+  using Wait = log::Engine::AdmissionWait;
+  engine_->WhenAdmissible(
+      bytes, 1, Now() + engine_->admission_timeout(),
+      [ex = c.ex](Duration delay, std::function<void()> fn) { ex->After(delay, std::move(fn)); },
+      [ex = c.ex] { return ex->closed(); },
+      [this, c, stream, held, proto_out, records, bytes, suspended](Wait how,
+                                                                     std::shared_ptr<log::AdmissionTicket> ticket) {
+        suspended->Resume([this, c, stream, held, proto_out, records, bytes, how, ticket = std::move(ticket)] {
+          // A client gone meanwhile gets no append (its retry would be a second copy).
+          if (how == Wait::kAbandoned) return c.Error(503, "unavailable", "the client went away");
+          // Room held for it, or (expired) admitted now or refused, as a
+          // wait that ran out.
+          held->options.ticket = ticket;
+          AppendNow(c, stream, std::move(*held), proto_out, records, bytes, false);
+        });
+      });
+}
+
+void RestApi::AppendNow(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
+                        size_t bytes, bool may_wait) {
+  in.options.may_wait = may_wait;
   engine_->AppendAsync(
       c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes](log::AppendOutcome o) {
         if (!o.status.ok() && o.status.code() == Code::kNotFound) {

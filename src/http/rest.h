@@ -95,8 +95,12 @@ class RestApi : public Handler {
   void Streams(Request& req, const Ctx& c, const std::string* name);
   void Append(Request& req, const Ctx& c, const std::string& stream);
   // Hands a parsed append to the engine; answers when it is durable (or failed).
+  // On a worker, an append that must wait for admission waits without
+  // holding the worker (Engine::WhenAdmissible).
   void SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                     size_t bytes);
+  void AppendNow(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
+                 size_t bytes, bool may_wait);
   void Read(Request& req, const Ctx& c, const std::string& stream);
   void Tail(const Ctx& c, const std::string& stream);
   // Creates a missing stream when its basin has create_stream_on_read; a

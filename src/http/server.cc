@@ -593,6 +593,12 @@ class ExchangeBase : public Exchange {
   }
 
   void Post(std::function<void()> fn) override { net::post(srv_->workers, std::move(fn)); }
+  // HTTP/1.1: no later request of the connection comes meanwhile.
+  std::shared_ptr<SuspendedWork> SuspendInOrder() override {
+    return std::make_shared<SuspendedWork>([pool = &srv_->workers](std::function<void()> fn) {
+      if (fn) net::post(*pool, std::move(fn));
+    });
+  }
 
  protected:
   void Finish() {
@@ -781,8 +787,19 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   void PostInOrder(std::function<void()> fn) {
     if (in_order_.Push(std::move(fn))) DrainInOrder();
   }
-  bool InOrderBusy() const { return in_order_.Busy(); }
+  bool InOrderBusy() const { return in_order_.Busy() || in_order_suspended_.load() > 0; }
   void DropQueuedWork() override { in_order_.Drop(); }
+  // Exchange::SuspendInOrder for this connection.
+  std::shared_ptr<SuspendedWork> SuspendInOrder() {
+    in_order_suspended_++;
+    return std::make_shared<SuspendedWork>([self = shared_from_this()](std::function<void()> fn) {
+      net::post(self->srv_->workers, [self, fn = std::move(fn)] {
+        if (fn) fn();
+        self->in_order_suspended_--;
+        self->ResumeInOrder();
+      });
+    });
+  }
 
   // Strand only, from exchanges; a stream that is gone drops the call.
   void Respond(int32_t id, Response r);
@@ -1277,13 +1294,27 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   TimePoint write_started_;
   TimePoint last_activity_ = Now();
   std::atomic<bool> closed_{false};
-  // A turn of PostInOrder's work on the pool; posted again while more waits.
+  // A turn of PostInOrder's work on the pool; posted again while more waits,
+  // parked while work is suspended.
   void DrainInOrder() {
     net::post(srv_->workers, [self = shared_from_this()] {
-      if (self->in_order_.RunSome()) self->DrainInOrder();
+      switch (self->in_order_.RunSomeUnless([&] { return self->in_order_suspended_.load() > 0; })) {
+        case OrderedQueue::Turn::kMore: return self->DrainInOrder();
+        case OrderedQueue::Turn::kPaused:
+          self->in_order_parked_.store(true);
+          return self->ResumeInOrder();  // the suspended work may have gone on meanwhile
+        case OrderedQueue::Turn::kDone: return;
+      }
     });
   }
+  // After a suspended work went on; any thread.
+  void ResumeInOrder() {
+    if (in_order_suspended_.load() > 0) return;
+    if (in_order_parked_.exchange(false)) DrainInOrder();
+  }
   OrderedQueue in_order_;  // PostInOrder's work (not an asio strand on the pool: this may outlive it)
+  std::atomic<int> in_order_suspended_{0};     // SuspendInOrder calls not yet resumed
+  std::atomic<bool> in_order_parked_{false};   // a drain stopped while work was suspended
 };
 
 // The Exchange of one HTTP/2 stream: calls post to the connection's strand
@@ -1298,6 +1329,7 @@ class H2Exchange : public ExchangeBase {
   bool sequential() const override { return false; }
   void PostInOrder(std::function<void()> fn) override { conn_->PostInOrder(std::move(fn)); }
   bool InOrderBusy() const override { return conn_->InOrderBusy(); }
+  std::shared_ptr<SuspendedWork> SuspendInOrder() override { return conn_->SuspendInOrder(); }
   ~H2Exchange() override {
     if (!answered_.exchange(true)) {
       Log().error("http: a request was dropped without a response");

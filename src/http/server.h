@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/ordered_queue.h"
 #include "base/status.h"
 
 namespace weir::http {
@@ -84,6 +85,12 @@ class Exchange {
   virtual void PostInOrder(std::function<void()> fn) { Post(std::move(fn)); }
   // Whether something this connection posted with PostInOrder has not returned.
   virtual bool InOrderBusy() const { return false; }
+  // From PostInOrder work on a worker: the work goes on later
+  // (SuspendedWork::Resume) without holding the worker meanwhile, and the
+  // connection's later PostInOrder work waits until then, as if the work
+  // were still running (InOrderBusy stays true). Elsewhere (HTTP/1.1, which
+  // has no later request meanwhile) Resume just posts.
+  virtual std::shared_ptr<SuspendedWork> SuspendInOrder() = 0;
   // The connection is gone: further writes are dropped.
   virtual bool closed() const = 0;
   // For a body streamed to a BodySink (HTTP/2): `n` more of its bytes are

@@ -442,9 +442,9 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
 
 void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                                    std::vector<ProduceJob> jobs) {
-  size_t largest = 0;  // once the largest batch fits, the appends go on
-  for (const auto& job : jobs) largest = std::max(largest, job.batch.size());
-  if (jobs.empty() || !engine_->AdmissionMayWait(largest)) {
+  size_t bytes = 0;
+  for (const auto& job : jobs) bytes += job.batch.size();
+  if (jobs.empty() || !engine_->AdmissionMayWait(bytes)) {
     return ProduceAppend(req, std::move(resp), std::move(jobs), /*may_wait=*/true);
   }
   auto suspended = req->reply->SuspendInOrder();
@@ -454,23 +454,23 @@ void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::sha
   // them elsewhere, and a late append would be a second copy (as ordered
   // work left waiting at a close is dropped). An acks=0 batch still goes in.
   auto left = [req] { return req->reply->closed() && req->body<ProduceRequest>().acks != 0; };
+  const size_t appends = held->second.size();
   engine_->WhenAdmissible(
-      largest, Now() + engine_->admission_timeout(),
+      bytes, appends, Now() + engine_->admission_timeout(),
       [req](Duration delay, std::function<void()> fn) { req->reply->After(delay, std::move(fn)); }, left,
-      [this, req, suspended, held](log::Engine::AdmissionWait how) {
-        suspended->Resume([this, req, held, how] {
+      [this, req, suspended, held](log::Engine::AdmissionWait how, std::shared_ptr<log::AdmissionTicket> ticket) {
+        suspended->Resume([this, req, held, how, ticket = std::move(ticket)] {
           if (how == log::Engine::AdmissionWait::kAbandoned) return req->reply->NoResponse();  // nobody to answer
-          // Expired: admitted now or refused, as a wait that ran out.
-          // Otherwise it waits only if another append took the room first
-          // (up to a whole admission_timeout then).
-          ProduceAppend(req, std::move(held->first), std::move(held->second),
-                        /*may_wait=*/how == log::Engine::AdmissionWait::kRoom);
+          // Room held for the batches, or (expired) admitted now or refused,
+          // as a wait that ran out.
+          ProduceAppend(req, std::move(held->first), std::move(held->second), /*may_wait=*/false, ticket);
         });
       });
 }
 
 void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
-                           std::vector<ProduceJob> jobs, bool may_wait) {
+                           std::vector<ProduceJob> jobs, bool may_wait,
+                           const std::shared_ptr<log::AdmissionTicket>& ticket) {
   // acks=0 gets no response; Kafka closes the connection instead when a
   // partition failed, its only way to tell the client (which then refreshes
   // its metadata). Either happens once the appends are done, so the
@@ -520,7 +520,7 @@ void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<
           }
           if (last) finish(*resp);
         },
-        may_wait);
+        may_wait, ticket);
   }
 }
 

@@ -111,8 +111,10 @@ class Broker : public FrameHandler {
   void Produce(const std::shared_ptr<Request>& req, bool on_worker);
   // `may_wait` false (on an I/O thread): a batch the WAL cannot admit at
   // once gets REQUEST_TIMED_OUT instead of waiting for room.
+  // `ticket`: room admission waited for (ProduceWhenAdmissible).
   void ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
-                     std::vector<ProduceJob> jobs, bool may_wait);
+                     std::vector<ProduceJob> jobs, bool may_wait,
+                     const std::shared_ptr<log::AdmissionTicket>& ticket = nullptr);
   // From ordered work on a worker: ProduceAppend once the WAL has room,
   // without holding the worker while it waits (the connection's ordered work
   // is suspended meanwhile; admission is looked at every few ms, up to the

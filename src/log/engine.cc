@@ -996,11 +996,11 @@ constexpr Duration kAdmissionLookMax = std::chrono::milliseconds(16);
 
 struct AdmissionLook {
   Engine* engine;
-  size_t bytes;
+  size_t bytes, appends;
   TimePoint deadline;
   Engine::AfterFn after;
   std::function<bool()> abandon;
-  std::function<void(Engine::AdmissionWait)> ready;
+  std::function<void(Engine::AdmissionWait, std::shared_ptr<AdmissionTicket>)> ready;
   Duration interval = kAdmissionLookFirst;
 };
 
@@ -1010,11 +1010,11 @@ void LookAgain(const std::shared_ptr<AdmissionLook>& w);
 bool Look(const std::shared_ptr<AdmissionLook>& w) {
   using W = Engine::AdmissionWait;
   if (w->abandon && w->abandon()) {
-    w->ready(W::kAbandoned);
-  } else if (!w->engine->AdmissionMayWait(w->bytes)) {
-    w->ready(W::kRoom);
+    w->ready(W::kAbandoned, nullptr);
+  } else if (auto ticket = w->engine->TryAdmission(w->bytes, w->appends)) {
+    w->ready(W::kRoom, std::move(ticket));
   } else if (Now() >= w->deadline) {
-    w->ready(W::kExpired);
+    w->ready(W::kExpired, nullptr);
   } else {
     return false;
   }
@@ -1031,15 +1031,26 @@ void LookAgain(const std::shared_ptr<AdmissionLook>& w) {
 }
 }  // namespace
 
-void Engine::WhenAdmissible(size_t bytes, TimePoint deadline, AfterFn after, std::function<bool()> abandon,
-                            std::function<void(AdmissionWait)> ready) {
+void Engine::WhenAdmissible(size_t bytes, size_t appends, TimePoint deadline, AfterFn after,
+                            std::function<bool()> abandon,
+                            std::function<void(AdmissionWait, std::shared_ptr<AdmissionTicket>)> ready) {
   auto w = std::make_shared<AdmissionLook>(
-      AdmissionLook{this, bytes, deadline, std::move(after), std::move(abandon), std::move(ready)});
+      AdmissionLook{this, bytes, appends, deadline, std::move(after), std::move(abandon), std::move(ready)});
   if (!Look(w)) LookAgain(w);
 }
 
 void Engine::HurrySettleIfBehind() {
   if (BacklogFull()) RequestSettle();
+}
+
+std::shared_ptr<AdmissionTicket> Engine::TryAdmission(size_t bytes, size_t appends) {
+  // Closing: no room will come; the appends are refused at once.
+  if (closing_.load()) return std::make_shared<AdmissionTicket>(std::nullopt);
+  if (BacklogFull()) return nullptr;
+  if (!wal_ || bytes >= options_.wal.budget_bytes) return std::make_shared<AdmissionTicket>(std::nullopt);
+  auto room = wal_->TryReserve(bytes, appends);
+  if (!room) return nullptr;
+  return std::make_shared<AdmissionTicket>(std::move(room));
 }
 
 Status Engine::WaitForSettleRoom(TimePoint deadline) {
@@ -1249,7 +1260,8 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     return fail(InvalidArgument("producer id {} is above {}", options.producer->id, INT64_MAX));
   }
   auto admitted =
-      Admit(basin, stream, options.producer, records.size(), BatchSizeBound(records), options.may_wait, done);
+      Admit(basin, stream, options.producer, records.size(), BatchSizeBound(records), options.may_wait, done,
+            options.ticket.get());
   if (!admitted) return;
   std::shared_ptr<Stream> s = std::move(admitted->stream);
   auto& room = admitted->room;
@@ -1336,12 +1348,18 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
 
 std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const std::string& stream,
                                               const std::optional<ProducerRef>& producer, size_t count, size_t bytes,
-                                              bool may_wait, AppendCallback& done) {
+                                              bool may_wait, AppendCallback& done, AdmissionTicket* ticket) {
   auto fail = [&](Status st) {
     done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt});
     return std::nullopt;
   };
   if (producer && DuplicateAnsweredBeforeAdmission(basin, stream, *producer, count, bytes, done)) return std::nullopt;
+  // Room waited for and held (the settle backlog had room then): no wait.
+  if (auto held = ticket ? ticket->Take(bytes) : std::nullopt) {
+    auto found = Find(basin, stream);
+    if (!found.ok()) return fail(found.status());
+    return Admitted{std::move(*found), std::move(*held)};
+  }
   // One admission_timeout for both waits (settle room, then pool budget).
   const TimePoint admit_by = may_wait ? Now() + options_.admission_timeout : Now();
   if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
@@ -1496,7 +1514,7 @@ Result<Engine::CheckedBatch> Engine::CheckBatch(std::string_view batch) const {
 }
 
 void Engine::AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
-                              AppendCallback done, bool may_wait) {
+                              AppendCallback done, bool may_wait, std::shared_ptr<AdmissionTicket> ticket) {
   auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
   auto checked = CheckBatch(batch);
   if (!checked.ok()) return fail(checked.status());
@@ -1517,7 +1535,8 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   if (h.producer_id >= 0) {
     producer = ProducerRef{static_cast<uint64_t>(h.producer_id), h.producer_epoch, h.base_sequence};
   }
-  auto admitted = Admit(basin, stream, producer, static_cast<size_t>(h.record_count), batch.size(), may_wait, done);
+  auto admitted =
+      Admit(basin, stream, producer, static_cast<size_t>(h.record_count), batch.size(), may_wait, done, ticket.get());
   if (!admitted) return;
   std::shared_ptr<Stream> s = std::move(admitted->stream);
   auto& room = admitted->room;

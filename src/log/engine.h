@@ -135,6 +135,26 @@ struct ProducerRef {
   int32_t seq = 0;  // sequence of the batch's first record (Kafka baseSequence)
 };
 
+// Room in the WAL pool held for appends that waited for it
+// (Engine::WhenAdmissible): appends given it (AppendOptions::ticket, or
+// AppendBatchAsync's) are admitted from it without waiting. Shared by one
+// request's appends; any thread. Room no append used goes back to the pool
+// when the last holder drops it.
+class AdmissionTicket {
+ public:
+  explicit AdmissionTicket(std::optional<wal::Writer::Reservation> room) : room_(std::move(room)) {}
+  // Room for an append of `bytes` (or what is left), if any.
+  std::optional<wal::Writer::Reservation> Take(size_t bytes) {
+    std::lock_guard lk(mu_);
+    if (!room_ || room_->bytes() == 0) return std::nullopt;
+    return room_->Split(bytes);
+  }
+
+ private:
+  std::mutex mu_;
+  std::optional<wal::Writer::Reservation> room_;  // none: no WAL, or an append too large to fit ever
+};
+
 struct AppendOptions {
   std::optional<uint64_t> match_seq_num;
   std::optional<std::string> fencing_token;
@@ -142,6 +162,7 @@ struct AppendOptions {
   // False for a caller on an I/O thread: admission does not wait (no room in
   // the WAL pool or the settle backlog now is kResourceExhausted at once).
   bool may_wait = true;
+  std::shared_ptr<AdmissionTicket> ticket = nullptr;  // room this append waited for (WhenAdmissible)
 };
 
 struct AppendAck {
@@ -254,8 +275,13 @@ class Engine {
   bool AdmissionMayWait(size_t bytes) const;
   // How long an append that may wait waits for admission at most.
   Duration admission_timeout() const { return options_.admission_timeout; }
+  // Room for `appends` appends of `bytes` in all, held for them, if the
+  // settle backlog and the WAL pool have it now (a ticket without room when
+  // they could never fit the pool, or the engine is closing: their appends
+  // are refused at once); else null.
+  std::shared_ptr<AdmissionTicket> TryAdmission(size_t bytes, size_t appends);
   // Waiting for admission without blocking, for a front-end whose threads
-  // must not wait: calls `ready` once AdmissionMayWait(bytes) is false
+  // must not wait: calls `ready` with the ticket once TryAdmission gives one
   // (kRoom), `deadline` has passed (kExpired) or `abandon` answers true
   // (kAbandoned), looking every 1 to 16 ms through `after` (the front-end's
   // timer: runs a function on one of its threads after a delay), and
@@ -264,8 +290,8 @@ class Engine {
   // The engine must outlive the wait.
   enum class AdmissionWait { kRoom, kExpired, kAbandoned };
   using AfterFn = std::function<void(Duration delay, std::function<void()> fn)>;
-  void WhenAdmissible(size_t bytes, TimePoint deadline, AfterFn after, std::function<bool()> abandon,
-                      std::function<void(AdmissionWait)> ready);
+  void WhenAdmissible(size_t bytes, size_t appends, TimePoint deadline, AfterFn after, std::function<bool()> abandon,
+                      std::function<void(AdmissionWait, std::shared_ptr<AdmissionTicket>)> ready);
   // What an append waiting for admission does: wakes settle when its
   // backlog is what is full.
   void HurrySettleIfBehind();
@@ -352,7 +378,7 @@ class Engine {
   // (a caller on an I/O thread) admission does not wait: no room in the WAL
   // pool or the settle backlog now is kResourceExhausted at once.
   void AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
-                        AppendCallback done, bool may_wait = true);
+                        AppendCallback done, bool may_wait = true, std::shared_ptr<AdmissionTicket> ticket = nullptr);
   // The checks AppendBatchAsync makes of the batch itself, whatever the
   // stream (as it would fail them): its header and its records' largest
   // timestamp. CPU only (it may decompress the batch).
@@ -501,7 +527,7 @@ class Engine {
   };
   std::optional<Admitted> Admit(const std::string& basin, const std::string& stream,
                                 const std::optional<ProducerRef>& producer, size_t count, size_t bytes, bool may_wait,
-                                AppendCallback& done);
+                                AppendCallback& done, AdmissionTicket* ticket);
   // Before the admission waits, while they may wait: a producer's retry of a
   // batch its window holds needs no pool or settle room, so it is answered
   // (or queued behind its original) at once. True when it took `done`.

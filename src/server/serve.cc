@@ -382,11 +382,6 @@ int RunServe(const ServeOptions& o) {
                                 "HOST:PORT to the address Kafka clients should connect to",
                                 o.kafka_addr));
   }
-  if (kafka_addr && kafka_addr->second != 0) {
-    // Bound only after recovery (the broker needs the engine): a port in use
-    // is found now, not minutes later.
-    if (Status st = CheckCanListen(kafka_addr->first, kafka_addr->second, "--kafka-addr"); !st.ok()) return fail(st);
-  }
   auto token = ReadToken(o.auth_token_file);
   if (!token.ok()) return fail(token.status());
 
@@ -400,6 +395,12 @@ int RunServe(const ServeOptions& o) {
     return fail(InvalidArgument("--object-store mem:// keeps nothing past exit; the metastore {} would, and would "
                                 "then name objects that are gone: use sqlite://:memory: (the default with mem://)",
                                 meta_uri.starts_with("sqlite://") ? meta_uri : "on a server"));
+  }
+  if (kafka_addr && kafka_addr->second != 0) {
+    // Bound only after recovery (the broker needs the engine): a port in use
+    // is found now, not minutes later (after the flags' own checks: a port
+    // someone else holds says nothing about them).
+    if (Status st = CheckCanListen(kafka_addr->first, kafka_addr->second, "--kafka-addr"); !st.ok()) return fail(st);
   }
   // The data dir is made and locked only when something lives there (the
   // default file:// store or SQLite metastore): a node on s3:// and

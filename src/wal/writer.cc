@@ -148,6 +148,26 @@ Result<Writer::Reservation> Writer::Reserve(size_t payload_bytes, TimePoint dead
   return r;
 }
 
+std::optional<Writer::Reservation> Writer::TryReserve(size_t payload_bytes, size_t appends) {
+  const size_t charge = payload_bytes + appends * kEntryOverhead;
+  std::lock_guard lk(mu_);
+  if (closing_ || held_bytes_ + charge > options_.budget_bytes) return std::nullopt;
+  held_bytes_ += charge;
+  metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
+  Reservation r;
+  r.writer_ = this;
+  r.bytes_ = charge;
+  return r;
+}
+
+Writer::Reservation Writer::Reservation::Split(size_t payload_bytes) {
+  Reservation r;
+  r.writer_ = writer_;
+  r.bytes_ = std::min(bytes_, payload_bytes + kEntryOverhead);
+  bytes_ -= r.bytes_;
+  return r;
+}
+
 void Writer::Unreserve(size_t bytes) {
   {
     std::lock_guard lk(mu_);

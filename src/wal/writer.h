@@ -120,6 +120,9 @@ class Writer {
     Reservation& operator=(Reservation&& o) noexcept;
     ~Reservation();
     size_t bytes() const { return bytes_; }
+    // Moves the room for an append of `payload_bytes` (or what is left, if
+    // less) into a reservation of its own.
+    Reservation Split(size_t payload_bytes);
 
    private:
     friend class Writer;
@@ -143,6 +146,9 @@ class Writer {
   // lock, and the pool's room comes back only through releases. More than the
   // whole budget is kInvalidArgument at once (no wait could make room).
   Result<Reservation> Reserve(size_t payload_bytes, TimePoint deadline);
+  // Room for appends of `payload_bytes` in all, made of `appends` entries,
+  // if the pool has it now (no wait, no stall counted); else none.
+  std::optional<Reservation> TryReserve(size_t payload_bytes, size_t appends);
   // Appends from `room` and never blocks: a charge past the reservation is
   // admitted only if the pool has room for it now.
   Status Append(uint64_t stream_id, std::shared_ptr<const std::string> batches, AckCallback done,

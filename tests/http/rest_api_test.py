@@ -2229,7 +2229,9 @@ class LifecycleTest(ClosingTestCase):
         self.assertIn("lock", out.lower(), out)
         with tempfile.TemporaryDirectory() as cwd:
             code, out = run_expecting_exit([WEIR, "serve"], cwd=cwd, env={
-                "WEIR_DATA_DIR": server.data_dir, "WEIR_HTTP_ADDR": "127.0.0.1:0"})
+                "WEIR_DATA_DIR": server.data_dir, "WEIR_HTTP_ADDR": "127.0.0.1:0",
+                # Not the default Kafka port, which anything on the machine may hold.
+                "WEIR_KAFKA_ADDR": "127.0.0.1:0"})
             self.assertIsNotNone(code, f"a second server (env vars) started on a locked data dir:\n{out}")
             self.assertNotEqual(code, 0, out)
             self.assertIn("lock", out.lower(), out)
@@ -2237,7 +2239,8 @@ class LifecycleTest(ClosingTestCase):
             # words it does not know, upper case included, as "off").
             for level in ("INFO", "", "verbose", "off"):
                 code, out = run_expecting_exit([WEIR, "serve"], cwd=cwd, env={
-                    "WEIR_DATA_DIR": server.data_dir, "WEIR_HTTP_ADDR": "localhost:0", "WEIR_LOG_LEVEL": level})
+                    "WEIR_DATA_DIR": server.data_dir, "WEIR_HTTP_ADDR": "localhost:0", "WEIR_LOG_LEVEL": level,
+                    "WEIR_KAFKA_ADDR": "127.0.0.1:0"})
                 self.assertIsNotNone(code, f"WEIR_LOG_LEVEL={level!r}: a second server started:\n{out}")
                 self.assertNotEqual(code, 0, out)
                 self.assertIn("lock", out.lower(), f"WEIR_LOG_LEVEL={level!r}: {out}")

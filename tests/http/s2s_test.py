@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 import unittest
 import uuid
@@ -774,6 +775,36 @@ class BackpressureTest(unittest.TestCase):
         sid = client.request("GET", "/health")
         self.assertEqual(client.wait_end(sid)["status"], 200)
         self.assertFalse(any(client.streams[s]["ended"] for s in [session] + unary))
+
+    def test_unary_appends_waiting_for_admission_hold_no_worker(self):
+        # One worker thread: a unary append that waited on it (as they did,
+        # up to the admission timeout) would leave none for the requests that
+        # need one. HTTP/2 appends on one connection, HTTP/1.1 ones on theirs.
+        server = self.start("--worker-threads", "1", "--inject-put-error-rate", "1",
+                            "--admission-timeout-ms", "60000")
+        stream = self.new_stream(server)
+        client = H2Client(server.port)
+        self.addCleanup(client.close)
+        unary = [client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                                body=json.dumps({"records": [{"body": "u" * 300_000}]}).encode())
+                 for _ in range(4)]
+        h1 = []
+
+        def append_h1():
+            try:
+                h1.append(requests.post(f"{server.base_url}/v1/streams/{stream}/records",
+                                        json={"records": [{"body": "h" * 300_000}]}, timeout=120).status_code)
+            except requests.RequestException as e:  # the server is stopped at the end
+                h1.append(repr(e))
+
+        for _ in range(2):
+            threading.Thread(target=append_h1, daemon=True).start()
+        time.sleep(0.5)  # the appends reach the worker first
+        for _ in range(3):
+            r = requests.get(f"{server.base_url}/v1/streams", timeout=20)
+            self.assertEqual(r.status_code, 200, r.text)
+        self.assertFalse(any(client.streams[s]["ended"] for s in unary))
+        self.assertEqual(h1, [])
 
     def test_appends_that_waited_keep_their_order(self):
         server = self.start("--inject-put-latency-ms", "300", "--admission-timeout-ms", "60000")
