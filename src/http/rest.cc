@@ -995,21 +995,77 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       std::vector<Input> inputs;
       std::optional<Response> undecodable;
       Decode(raw, &inputs, &undecodable);
+      size_t bytes = 0;  // decoded (a compressed frame's records take more room than it)
+      for (const auto& i : inputs) {
+        for (const auto& r : i.in.records) bytes += log::MeteredBytes(r);
+      }
+      if (!on_io_thread && !inputs.empty() && api_->engine_->AdmissionMayWait(bytes)) {
+        // On a worker, a wait for admission does not hold it: the pump
+        // (pumping_ still set) goes on once there is room.
+        WaitForAdmission(std::move(inputs), std::move(undecodable), std::move(bad), bytes);
+        lk.lock();
+        return;
+      }
       for (auto& i : inputs) {
-        i.in.options.may_wait = !on_io_thread;  // as for unary appends (SubmitAppend)
+        // On a worker there was room (above): a wait only if others took it.
+        i.in.options.may_wait = !on_io_thread;
         Submit(std::move(i.in), i.frame_bytes);
       }
       lk.lock();
-      // After the inputs before the bad frame (a frame that does not decode
-      // comes before one whose framing is bad: Take stopped there).
-      if (undecodable) {
-        Fail(std::move(*undecodable));
-      } else if (bad) {
-        Fail(std::move(*bad));
-      }
+      FailAfterInputs(std::move(undecodable), std::move(bad));
     }
     pumping_ = false;
     if (input_ended_) EndOfInput();
+  }
+
+  // in_mu_ held: after the inputs before the bad frame (a frame that does
+  // not decode comes before one whose framing is bad: Take stopped there).
+  void FailAfterInputs(std::optional<Response> undecodable, std::optional<Response> bad) {
+    if (undecodable) {
+      Fail(std::move(*undecodable));
+    } else if (bad) {
+      Fail(std::move(*bad));
+    }
+  }
+
+  // From the pump on a worker, in_mu_ not held, pumping_ set: submits
+  // `inputs` once admission has room for them (held for them), or refused
+  // after the admission timeout, then pumps on.
+  void WaitForAdmission(std::vector<Input> inputs, std::optional<Response> undecodable, std::optional<Response> bad,
+                        size_t bytes) {
+    struct Held {
+      std::vector<Input> inputs;
+      std::optional<Response> undecodable, bad;
+    };
+    auto held = std::make_shared<Held>(Held{std::move(inputs), std::move(undecodable), std::move(bad)});
+    auto self = shared_from_this();
+    using Wait = log::Engine::AdmissionWait;
+    auto* engine = api_->engine_;
+    engine->WhenAdmissible(
+        bytes, held->inputs.size(), Now() + engine->admission_timeout(),
+        [ex = c_.ex](Duration delay, std::function<void()> fn) { ex->After(delay, std::move(fn)); },
+        [self] { return self->c_.ex->closed(); },
+        [self, held](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
+          self->c_.ex->Post([self, held, how, ticket = std::move(ticket)] {
+            if (how == Wait::kAbandoned) {
+              // The client left: nothing more is submitted (each input
+              // below gives its bytes back).
+              std::lock_guard lk(self->in_mu_);
+              if (!self->failed_) self->Fail(Ctx::ErrorResponse(503, "unavailable", "the client went away"));
+            }
+            for (auto& i : held->inputs) {
+              // Room held for them (a wait only for what it falls short
+              // of), or (expired) admitted now or refused.
+              i.in.options.may_wait = how == Wait::kRoom;
+              i.in.options.ticket = ticket;
+              self->Submit(std::move(i.in), i.frame_bytes);
+            }
+            std::unique_lock lk(self->in_mu_);
+            self->FailAfterInputs(std::move(held->undecodable), std::move(held->bad));
+            self->pumping_ = false;
+            self->Pump(lk, false);
+          });
+        });
   }
 
   // in_mu_ held: the client finished its input.
@@ -1652,10 +1708,10 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
         suspended->Resume([this, c, stream, held, proto_out, records, bytes, how, ticket = std::move(ticket)] {
           // A client gone meanwhile gets no append (its retry would be a second copy).
           if (how == Wait::kAbandoned) return c.Error(503, "unavailable", "the client went away");
-          // Room held for it, or (expired) admitted now or refused, as a
-          // wait that ran out.
+          // Room held for it (a wait only for what it falls short of), or
+          // (expired) admitted now or refused, as a wait that ran out.
           held->options.ticket = ticket;
-          AppendNow(c, stream, std::move(*held), proto_out, records, bytes, false);
+          AppendNow(c, stream, std::move(*held), proto_out, records, bytes, how == Wait::kRoom);
         });
       });
 }

@@ -776,15 +776,19 @@ class BackpressureTest(unittest.TestCase):
         self.assertEqual(client.wait_end(sid)["status"], 200)
         self.assertFalse(any(client.streams[s]["ended"] for s in [session] + unary))
 
-    def test_unary_appends_waiting_for_admission_hold_no_worker(self):
-        # One worker thread: a unary append that waited on it (as they did,
-        # up to the admission timeout) would leave none for the requests that
-        # need one. HTTP/2 appends on one connection, HTTP/1.1 ones on theirs.
+    def test_appends_waiting_for_admission_hold_no_worker(self):
+        # One worker thread: an append that waited on it (as they did, up to
+        # the admission timeout) would leave none for the requests that need
+        # one. An S2S session and unary HTTP/2 appends on one connection,
+        # HTTP/1.1 ones on theirs.
         server = self.start("--worker-threads", "1", "--inject-put-error-rate", "1",
                             "--admission-timeout-ms", "60000")
         stream = self.new_stream(server)
         client = H2Client(server.port)
         self.addCleanup(client.close)
+        big = [pb_append_record(b"s" * 300_000)]
+        session = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
+                                 body=b"".join(frame(pb_append_input(big)) for _ in range(6)), end=False)
         unary = [client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
                                 body=json.dumps({"records": [{"body": "u" * 300_000}]}).encode())
                  for _ in range(4)]
@@ -803,7 +807,7 @@ class BackpressureTest(unittest.TestCase):
         for _ in range(3):
             r = requests.get(f"{server.base_url}/v1/streams", timeout=20)
             self.assertEqual(r.status_code, 200, r.text)
-        self.assertFalse(any(client.streams[s]["ended"] for s in unary))
+        self.assertFalse(any(client.streams[s]["ended"] for s in [session] + unary))
         self.assertEqual(h1, [])
 
     def test_appends_that_waited_keep_their_order(self):
