@@ -1837,12 +1837,15 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   EXPECT_EQ(CreateTopic("compacted", 1, 1, {{"cleanup.policy", "compact"}}).error_code, ErrorCode::kInvalidConfig);
   EXPECT_EQ(engine_->GetTable(kKafkaBasin, "compacted").status().code(), Code::kNotFound);
   EXPECT_EQ(CreateTopic("badret", 1, 1, {{"retention.ms", "soon"}}).error_code, ErrorCode::kInvalidConfig);
-  // Past int64 (Kafka's Long), or not plain decimal digits: refused, not saturated.
-  for (const char* ms : {"99999999999999999999", "-99999999999999999999", " 5", "+5", "5 "}) {
+  // Past int64 (Kafka's Long), or not a decimal number: refused, not saturated.
+  for (const char* ms : {"99999999999999999999", "-99999999999999999999", "5x", "+-5", "0x10", ""}) {
     EXPECT_EQ(CreateTopic("badret", 1, 1, {{"retention.ms", ms}}).error_code, ErrorCode::kInvalidConfig) << ms;
     EXPECT_EQ(CreateTopic("badret", 1, 1, {{"max.message.bytes", ms}}).error_code, ErrorCode::kInvalidConfig) << ms;
   }
   EXPECT_EQ(engine_->GetTable(kKafkaBasin, "badret").status().code(), Code::kNotFound);
+  // As Kafka reads a Long: trimmed, with an optional '+'.
+  EXPECT_EQ(CreateTopic("trimmed", 1, 1, {{"retention.ms", " +3600000 "}}, /*validate_only=*/true).error_code,
+            ErrorCode::kNone);
   // An unknown config name, as on Kafka; a known one weir does not act on is kept.
   EXPECT_EQ(CreateTopic("typo", 1, 1, {{"retention.msec", "1"}}).error_code, ErrorCode::kInvalidConfig);
   EXPECT_EQ(CreateTopic("replicas", 1, 1, {{"min.insync.replicas", "2"}}).error_code, ErrorCode::kNone);

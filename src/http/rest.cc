@@ -996,9 +996,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       std::optional<Response> undecodable;
       Decode(raw, &inputs, &undecodable);
       size_t bytes = 0;  // decoded (a compressed frame's records take more room than it)
-      for (const auto& i : inputs) {
-        for (const auto& r : i.in.records) bytes += log::MeteredBytes(r);
-      }
+      for (const auto& i : inputs) bytes += log::Engine::AdmissionBytes(i.in.records);
       if (!on_io_thread && !inputs.empty() && api_->engine_->AdmissionMayWait(bytes)) {
         // On a worker, a wait for admission does not hold it: the pump
         // (pumping_ still set) goes on once there is room.
@@ -1049,9 +1047,10 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
           self->c_.ex->Post([self, held, how, ticket = std::move(ticket)] {
             if (how == Wait::kAbandoned) {
               // The client left: nothing more is submitted (each input
-              // below gives its bytes back).
+              // below gives its bytes back). Also when it was seen to leave
+              // already (failed_): Fail numbers the session's end.
               std::lock_guard lk(self->in_mu_);
-              if (!self->failed_) self->Fail(Ctx::ErrorResponse(503, "unavailable", "the client went away"));
+              self->Fail(Ctx::ErrorResponse(503, "unavailable", "the client went away"));
             }
             for (auto& i : held->inputs) {
               // Room held for them (a wait only for what it falls short
@@ -1699,8 +1698,9 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
   auto suspended = c.ex->SuspendInOrder();
   auto held = std::make_shared<AppendInput>(std::move(in));
   using Wait = log::Engine::AdmissionWait;
+  const size_t room = log::Engine::AdmissionBytes(held->records);
   engine_->WhenAdmissible(
-      bytes, 1, Now() + engine_->admission_timeout(),
+      room, 1, Now() + engine_->admission_timeout(),
       [ex = c.ex](Duration delay, std::function<void()> fn) { ex->After(delay, std::move(fn)); },
       [ex = c.ex] { return ex->closed(); },
       [this, c, stream, held, proto_out, records, bytes, suspended](Wait how,

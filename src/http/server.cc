@@ -193,6 +193,9 @@ class HttpServer::Impl {
   // handlers still count and release into these.
   HttpServerMetrics metrics;
   std::atomic<int64_t> in_flight{0};
+  // Set once Stop joined `workers`: suspended work dropped later (with the
+  // io_context's pending timers) posts nothing.
+  std::atomic<bool> workers_joined{false};
   // Request bodies (options.max_in_flight_bytes). A waiting connection has
   // no I/O pending, so the queue keeps it alive.
   ByteBudget<std::shared_ptr<Conn>> budget{options.max_in_flight_bytes, &metrics.in_flight_bytes,
@@ -595,8 +598,8 @@ class ExchangeBase : public Exchange {
   void Post(std::function<void()> fn) override { net::post(srv_->workers, std::move(fn)); }
   // HTTP/1.1: no later request of the connection comes meanwhile.
   std::shared_ptr<SuspendedWork> SuspendInOrder() override {
-    return std::make_shared<SuspendedWork>([pool = &srv_->workers](std::function<void()> fn) {
-      if (fn) net::post(*pool, std::move(fn));
+    return std::make_shared<SuspendedWork>([srv = srv_](std::function<void()> fn) {
+      if (fn && !srv->workers_joined.load()) net::post(srv->workers, std::move(fn));
     });
   }
 
@@ -793,6 +796,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   std::shared_ptr<SuspendedWork> SuspendInOrder() {
     in_order_suspended_++;
     return std::make_shared<SuspendedWork>([self = shared_from_this()](std::function<void()> fn) {
+      if (self->srv_->workers_joined.load()) return;  // stopped: nothing runs any more
       net::post(self->srv_->workers, [self, fn = std::move(fn)] {
         if (fn) fn();
         self->in_order_suspended_--;
@@ -1576,6 +1580,7 @@ void HttpServer::Stop() {
   }
   impl_->budget.DropWaiters();  // while the io_context lives
   impl_->workers.join();
+  impl_->workers_joined = true;
   impl_->guard.reset();
   // What the strands still hold (responses answered just now, the closes
   // above) runs for up to stop_grace; then everything stops.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <charconv>
 #include <map>
 #include <set>
@@ -461,9 +462,11 @@ void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::sha
       [this, req, suspended, held](log::Engine::AdmissionWait how, std::shared_ptr<log::AdmissionTicket> ticket) {
         suspended->Resume([this, req, held, how, ticket = std::move(ticket)] {
           if (how == log::Engine::AdmissionWait::kAbandoned) return req->reply->NoResponse();  // nobody to answer
-          // Room held for the batches, or (expired) admitted now or refused,
-          // as a wait that ran out.
-          ProduceAppend(req, std::move(held->first), std::move(held->second), /*may_wait=*/false, ticket);
+          // Room held for the batches (a wait only for a batch the ticket
+          // has no room for: a request too large for the pool at once), or
+          // (expired) admitted now or refused, as a wait that ran out.
+          ProduceAppend(req, std::move(held->first), std::move(held->second),
+                        /*may_wait=*/how == log::Engine::AdmissionWait::kRoom, ticket);
         });
       });
 }
@@ -1036,9 +1039,12 @@ bool KnownTopicConfig(const std::string& name) {
 // produce time (max.message.bytes, up to `max_batch_bytes`); every other
 // known config is kept in the catalog entry and has no effect (replication
 // and segment settings belong to the object store and the WAL here).
-// A config's integer: decimal digits after an optional '-', within int64
-// (Kafka's Long configs); nothing else.
-std::optional<int64_t> ConfigInteger(const std::string& text) {
+// A config's integer as Kafka reads a Long config: surrounding whitespace
+// trimmed, then decimal digits after an optional sign, within int64.
+std::optional<int64_t> ConfigInteger(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  if (text.size() > 1 && text.front() == '+' && text[1] != '-') text.remove_prefix(1);
   int64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;

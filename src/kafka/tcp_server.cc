@@ -55,6 +55,10 @@ class TcpServer::Impl {
   }
   void Release(size_t n) { BudgetFor(n).Release(n); }
 
+  // Set once Stop joined the pools (before ioc: still there while the
+  // io_context drops its pending timers): suspended work dropped then posts
+  // nothing.
+  std::atomic<bool> pools_joined{false};
   // Declared after ioc, so destroyed first: work posted to the pool after
   // Stop joined it (it never runs) holds connections, whose sockets and
   // strands belong to the io_context, which must still be there.
@@ -188,6 +192,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // SuspendedWork::Resume: `fn` (if any) on a worker, then the ordered work
   // goes on. Any thread, once per SuspendOrdered.
   void ResumeSuspended(std::function<void()> fn) {
+    if (srv_->pools_joined.load()) return;  // stopped: nothing runs any more
     net::post(*srv_->workers, [self = shared_from_this(), fn = std::move(fn)] {
       if (fn) fn();
       self->suspended_--;
@@ -779,6 +784,7 @@ void TcpServer::Stop() {
   // Workers first: their callbacks may still post answers to the I/O threads.
   impl_->workers->join();
   impl_->readers->join();
+  impl_->pools_joined = true;
   impl_->guard.reset();
   impl_->ioc.stop();
   for (auto& t : impl_->io_threads) t.join();

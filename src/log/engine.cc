@@ -1047,7 +1047,10 @@ std::shared_ptr<AdmissionTicket> Engine::TryAdmission(size_t bytes, size_t appen
   // Closing: no room will come; the appends are refused at once.
   if (closing_.load()) return std::make_shared<AdmissionTicket>(std::nullopt);
   if (BacklogFull()) return nullptr;
-  if (!wal_ || bytes >= options_.wal.budget_bytes) return std::make_shared<AdmissionTicket>(std::nullopt);
+  // Never all at once: each append then waits (or not) for its own room.
+  if (!wal_ || bytes + appends * wal::Writer::kEntryOverhead > options_.wal.budget_bytes) {
+    return std::make_shared<AdmissionTicket>(std::nullopt);
+  }
   auto room = wal_->TryReserve(bytes, appends);
   if (!room) return nullptr;
   return std::make_shared<AdmissionTicket>(std::move(room));
@@ -1214,10 +1217,9 @@ Result<uint64_t> Engine::AllocateProducerId() { return meta_->AllocateProducerId
 
 // ---- Appends ------------------------------------------------------------------
 
-namespace {
 // At least the size EncodeRecordBatch gives `records` (every varint counted
 // at its widest): what an append reserves in the WAL pool before it encodes.
-size_t BatchSizeBound(const std::vector<AppendRecord>& records) {
+size_t Engine::AdmissionBytes(const std::vector<AppendRecord>& records) {
   size_t n = wal::kRecordBatchHeaderSize;
   for (const AppendRecord& r : records) {
     n += 64 + (r.key ? r.key->size() : 0) + r.body.size();
@@ -1225,7 +1227,6 @@ size_t BatchSizeBound(const std::vector<AppendRecord>& records) {
   }
   return n;
 }
-}  // namespace
 
 std::optional<AppendOutcome> Engine::RefusedByANewStream(const AppendOptions& options, size_t count) {
   // AppendAsync's checks, in its order, against an empty stream.
@@ -1260,7 +1261,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     return fail(InvalidArgument("producer id {} is above {}", options.producer->id, INT64_MAX));
   }
   auto admitted =
-      Admit(basin, stream, options.producer, records.size(), BatchSizeBound(records), options.may_wait, done,
+      Admit(basin, stream, options.producer, records.size(), AdmissionBytes(records), options.may_wait, done,
             options.ticket.get());
   if (!admitted) return;
   std::shared_ptr<Stream> s = std::move(admitted->stream);

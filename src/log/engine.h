@@ -275,11 +275,15 @@ class Engine {
   bool AdmissionMayWait(size_t bytes) const;
   // How long an append that may wait waits for admission at most.
   Duration admission_timeout() const { return options_.admission_timeout; }
-  // Room for `appends` appends of `bytes` in all, held for them, if the
-  // settle backlog and the WAL pool have it now (a ticket without room when
-  // they could never fit the pool, or the engine is closing: their appends
-  // are refused at once); else null.
+  // Room for `appends` appends of `bytes` in all (AdmissionBytes of records;
+  // a Kafka batch's size), held for them, if the settle backlog and the WAL
+  // pool have it now; a ticket without room when they could never fit the
+  // pool at once (each append then takes its own room) or the engine is
+  // closing; else null.
   std::shared_ptr<AdmissionTicket> TryAdmission(size_t bytes, size_t appends);
+  // The room an append of `records` takes in the WAL pool (at least their
+  // encoded batch's size).
+  static size_t AdmissionBytes(const std::vector<AppendRecord>& records);
   // Waiting for admission without blocking, for a front-end whose threads
   // must not wait: calls `ready` with the ticket once TryAdmission gives one
   // (kRoom), `deadline` has passed (kExpired) or `abandon` answers true

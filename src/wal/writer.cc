@@ -12,9 +12,6 @@
 namespace weir::wal {
 
 namespace {
-// Bytes charged against the budget per entry beyond its payload (the entry,
-// its callback and its bookkeeping).
-constexpr size_t kEntryOverhead = 64;
 // Released slot buffers kept for reuse (at most this many, each up to the cap):
 // building into warm memory avoids page faults on every slot.
 constexpr size_t kMaxSpareBuffers = 4;
@@ -140,18 +137,17 @@ Result<Writer::Reservation> Writer::Reserve(size_t payload_bytes, TimePoint dead
   }
   std::unique_lock lk(mu_);
   WEIR_RETURN_IF_ERROR(WaitForRoom(lk, charge, start, deadline));
-  held_bytes_ += charge;
-  metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
-  Reservation r;
-  r.writer_ = this;
-  r.bytes_ = charge;
-  return r;
+  return Hold(charge);
 }
 
 std::optional<Writer::Reservation> Writer::TryReserve(size_t payload_bytes, size_t appends) {
   const size_t charge = payload_bytes + appends * kEntryOverhead;
   std::lock_guard lk(mu_);
   if (closing_ || held_bytes_ + charge > options_.budget_bytes) return std::nullopt;
+  return Hold(charge);
+}
+
+Writer::Reservation Writer::Hold(size_t charge) {
   held_bytes_ += charge;
   metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
   Reservation r;

@@ -146,6 +146,9 @@ class Writer {
   // lock, and the pool's room comes back only through releases. More than the
   // whole budget is kInvalidArgument at once (no wait could make room).
   Result<Reservation> Reserve(size_t payload_bytes, TimePoint deadline);
+  // What each append takes from the pool besides its bytes (the entry, its
+  // callback and its bookkeeping).
+  static constexpr size_t kEntryOverhead = 64;
   // Room for appends of `payload_bytes` in all, made of `appends` entries,
   // if the pool has it now (no wait, no stall counted); else none.
   std::optional<Reservation> TryReserve(size_t payload_bytes, size_t appends);
@@ -200,6 +203,8 @@ class Writer {
   Status AppendImpl(uint64_t stream_id, std::shared_ptr<const std::string> batches, AckCallback done,
                     TimePoint deadline, Reservation* room);
   void Unreserve(size_t bytes);
+  // mu_ held: `charge` more of the pool, held by the reservation returned.
+  Reservation Hold(size_t charge);
   void Requeue(std::vector<std::shared_ptr<Slot>>& slots);  // needs mu_
   bool SleepUnlessStopped(Duration d);
 

@@ -754,33 +754,13 @@ class BackpressureTest(unittest.TestCase):
         self.assertEqual(r.status_code, 201, r.text)
         return name
 
-    def test_appends_waiting_for_admission_leave_the_io_thread_free(self):
+    def test_appends_waiting_for_admission_hold_no_thread(self):
         # Every WAL PUT fails (and is retried): the pool fills and stays full,
-        # and admission waits up to a minute.
-        server = self.start("--inject-put-error-rate", "1", "--admission-timeout-ms", "60000")
-        stream = self.new_stream(server)
-        client = H2Client(server.port)
-        self.addCleanup(client.close)
-        big = [pb_append_record(b"s" * 300_000)]
-        session = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
-                                 body=b"".join(frame(pb_append_input(big)) for _ in range(6)), end=False)
-        unary = [client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
-                                body=json.dumps({"records": [{"body": "u" * 300_000}]}).encode())
-                 for _ in range(4)]
-        # Both kinds wait for admission; other requests are served meanwhile,
-        # on a new connection and on the same one.
-        for _ in range(3):
-            r = requests.get(f"{server.base_url}/health", timeout=10)
-            self.assertEqual(r.status_code, 200)
-        sid = client.request("GET", "/health")
-        self.assertEqual(client.wait_end(sid)["status"], 200)
-        self.assertFalse(any(client.streams[s]["ended"] for s in [session] + unary))
-
-    def test_appends_waiting_for_admission_hold_no_worker(self):
-        # One worker thread: an append that waited on it (as they did, up to
-        # the admission timeout) would leave none for the requests that need
-        # one. An S2S session and unary HTTP/2 appends on one connection,
-        # HTTP/1.1 ones on theirs.
+        # and admission waits up to a minute. One I/O thread and one worker
+        # thread: an append that waited on either (as they did on a worker, up
+        # to the admission timeout) would leave none for other requests. An
+        # S2S session and unary HTTP/2 appends on one connection, HTTP/1.1
+        # ones on theirs.
         server = self.start("--worker-threads", "1", "--inject-put-error-rate", "1",
                             "--admission-timeout-ms", "60000")
         stream = self.new_stream(server)
@@ -804,9 +784,12 @@ class BackpressureTest(unittest.TestCase):
         for _ in range(2):
             threading.Thread(target=append_h1, daemon=True).start()
         time.sleep(0.5)  # the appends reach the worker first
+        # Served meanwhile, on a new connection (on a worker) and on the same one.
         for _ in range(3):
             r = requests.get(f"{server.base_url}/v1/streams", timeout=20)
             self.assertEqual(r.status_code, 200, r.text)
+        sid = client.request("GET", "/health")
+        self.assertEqual(client.wait_end(sid)["status"], 200)
         self.assertFalse(any(client.streams[s]["ended"] for s in [session] + unary))
         self.assertEqual(h1, [])
 
