@@ -2753,8 +2753,10 @@ TEST_F(EngineTest, AdmissionWaitedForWithoutBlockingHoldsItsRoom) {
   auto [how, ticket] = room.get();
   EXPECT_EQ(how, Engine::AdmissionWait::kRoom);
   ASSERT_NE(ticket, nullptr);
+  EXPECT_EQ(ticket->Take(big + 1), std::nullopt);  // only room that covers the append
   auto taken = ticket->Take(big);
   EXPECT_NE(taken, std::nullopt);
+  EXPECT_EQ(ticket->Take(1), std::nullopt);  // all of it taken
   auto expired = wait(Now(), nullptr);  // t3 and the room taken hold the pool
   ASSERT_EQ(expired.wait_for(30s), std::future_status::ready);
   EXPECT_EQ(expired.get().first, Engine::AdmissionWait::kExpired);

@@ -143,16 +143,19 @@ struct ProducerRef {
 class AdmissionTicket {
  public:
   explicit AdmissionTicket(std::optional<wal::Writer::Reservation> room) : room_(std::move(room)) {}
-  // Room for an append of `bytes` (or what is left), if any.
+  // Room for an append of `bytes`, if what is left covers it (else the
+  // append takes its room as any other: a part would leave it refused for
+  // the rest instead of waiting).
   std::optional<wal::Writer::Reservation> Take(size_t bytes) {
     std::lock_guard lk(mu_);
-    if (!room_ || room_->bytes() == 0) return std::nullopt;
+    if (!room_ || room_->bytes() < bytes + wal::Writer::kEntryOverhead) return std::nullopt;
     return room_->Split(bytes);
   }
 
  private:
   std::mutex mu_;
-  std::optional<wal::Writer::Reservation> room_;  // none: no WAL, or an append too large to fit ever
+  // None: no WAL, appends that never fit the pool at once, or the engine closing.
+  std::optional<wal::Writer::Reservation> room_;
 };
 
 struct AppendOptions {
