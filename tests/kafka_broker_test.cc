@@ -1145,6 +1145,51 @@ TEST_F(BrokerTest, AProduceWaitingForAdmissionIsSuspendedNotBlocking) {
   EXPECT_EQ(Latest("slow"), 3);
 }
 
+// Batches of one Produce that cannot fit the WAL pool at once (each can)
+// wait for room in groups that do, and none waits on a worker: they were
+// given a ticket without room, and each batch then waited inside the WAL on
+// a worker (a pool of one worker served no other request meanwhile).
+TEST_F(BrokerTest, BatchesTooManyForThePoolAtOnceWaitInGroupsThatFit) {
+  StopAll();
+  OpenEngine(1 << 20);
+  StartBroker(Options());
+  ASSERT_EQ(CreateTopic("wide", 3).error_code, ErrorCode::kNone);
+  auto held = engine_->TryAdmission(700 << 10, 1);  // the pool is nearly full
+  ASSERT_NE(held, nullptr);
+  ASSERT_TRUE(held->has_room());
+  std::vector<std::string> batches;
+  ProduceRequest m;
+  m.acks = -1;
+  m.timeout_ms = 30000;
+  m.topic_data.push_back(ProduceTopicData{"wide", {}});
+  for (int p = 0; p < 3; ++p) batches.push_back(Batch({std::string(400 << 10, static_cast<char>('a' + p))}));
+  for (int p = 0; p < 3; ++p) m.topic_data[0].partition_data.push_back(ProducePartitionData{p, batches[p]});
+  const int suspended_before = g_suspensions.load();
+  Pending waiting = Start(m, 7);
+  for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
+       g_suspensions.load() == suspended_before && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(g_suspensions.load(), suspended_before + 1);
+  // (a batch waiting inside the WAL shows here)
+  const auto& stalls = engine_->wal().metrics().stall_budget_uploads;
+  for (auto until = std::chrono::steady_clock::now() + 300ms; stalls.load() == 0 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(stalls.load(), 0u);
+  EXPECT_FALSE(waiting.answered());
+  held.reset();
+  auto resp = Finish(waiting, DecodeProduceResponse);
+  ASSERT_EQ(resp.responses.size(), 1u);
+  ASSERT_EQ(resp.responses[0].partition_responses.size(), 3u);
+  for (int p = 0; p < 3; ++p) {
+    EXPECT_EQ(resp.responses[0].partition_responses[p].error_code, ErrorCode::kNone) << p;
+    EXPECT_EQ(resp.responses[0].partition_responses[p].base_offset, 0) << p;
+    EXPECT_EQ(Latest("wide", p), 1) << p;
+  }
+  EXPECT_EQ(stalls.load(), 0u);
+}
+
 // A topic whose table exists in the metastore but whose partitions memory
 // lacks (a create whose answer was lost) is loaded by the next produce to
 // it: the produce was UNKNOWN_TOPIC_OR_PARTITION for ever.

@@ -997,16 +997,24 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       Decode(raw, &inputs, &undecodable);
       size_t bytes = 0;  // decoded (a compressed frame's records take more room than it)
       for (const auto& i : inputs) bytes += log::Engine::AdmissionBytes(i.in.records);
-      if (!on_io_thread && !inputs.empty() && api_->engine_->AdmissionMayWait(bytes)) {
-        // On a worker, a wait for admission does not hold it: the pump
-        // (pumping_ still set) goes on once there is room.
-        WaitForAdmission(std::move(inputs), std::move(undecodable), std::move(bad), bytes);
-        lk.lock();
-        return;
+      // On a worker, room is taken for all the inputs at once (held by the
+      // ticket), or waited for without holding the worker: the pump
+      // (pumping_ still set) goes on once the inputs are in. A look then an
+      // append would leave a worker waiting should others take the room in
+      // between. Nothing here waits for admission (may_wait false).
+      std::shared_ptr<log::AdmissionTicket> ticket;
+      if (!on_io_thread && !inputs.empty()) {
+        ticket = api_->engine_->TryAdmission(bytes, inputs.size());
+        if (!ticket || !ticket->has_room()) {
+          auto held = std::make_shared<Held>(Held{std::move(inputs), std::move(undecodable), std::move(bad)});
+          WaitForAdmission(std::move(held), 0);
+          lk.lock();
+          return;
+        }
       }
       for (auto& i : inputs) {
-        // On a worker there was room (above): a wait only if others took it.
-        i.in.options.may_wait = !on_io_thread;
+        i.in.options.may_wait = false;
+        i.in.options.ticket = ticket;
         Submit(std::move(i.in), i.frame_bytes);
       }
       lk.lock();
@@ -1026,25 +1034,42 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     }
   }
 
-  // From the pump on a worker, in_mu_ not held, pumping_ set: submits
-  // `inputs` once admission has room for them (held for them), or refused
-  // after the admission timeout, then pumps on.
-  void WaitForAdmission(std::vector<Input> inputs, std::optional<Response> undecodable, std::optional<Response> bad,
-                        size_t bytes) {
-    struct Held {
-      std::vector<Input> inputs;
-      std::optional<Response> undecodable, bad;
-    };
-    auto held = std::make_shared<Held>(Held{std::move(inputs), std::move(undecodable), std::move(bad)});
-    auto self = shared_from_this();
-    using Wait = log::Engine::AdmissionWait;
+  // Inputs of one round of the pump waiting for admission, and the answers
+  // that come after them.
+  struct Held {
+    std::vector<Input> inputs;
+    std::optional<Response> undecodable, bad;
+  };
+
+  // From the pump on a worker, in_mu_ not held, pumping_ set: submits the
+  // inputs from `from` on as admission has room for them: as many at a time
+  // as fit the WAL pool at once (one too large for it alone is refused),
+  // each group once its room is held for it; what is left at once after
+  // the admission timeout (admitted or refused) or the client leaving (not
+  // submitted). Then pumps on.
+  void WaitForAdmission(std::shared_ptr<Held> held, size_t from) {
+    auto& inputs = held->inputs;
     auto* engine = api_->engine_;
+    auto self = shared_from_this();
+    if (from == inputs.size()) {
+      std::unique_lock lk(in_mu_);
+      FailAfterInputs(std::move(held->undecodable), std::move(held->bad));
+      pumping_ = false;
+      return Pump(lk, false);
+    }
+    size_t to = from + 1, bytes = log::Engine::AdmissionBytes(inputs[from].in.records);
+    for (; to < inputs.size(); ++to) {
+      const size_t next = log::Engine::AdmissionBytes(inputs[to].in.records);
+      if (!engine->FitsPoolAtOnce(bytes + next, to + 1 - from)) break;
+      bytes += next;
+    }
+    using Wait = log::Engine::AdmissionWait;
     engine->WhenAdmissible(
-        bytes, held->inputs.size(), Now() + engine->admission_timeout(),
+        bytes, to - from, Now() + engine->admission_timeout(),
         [ex = c_.ex](Duration delay, std::function<void()> fn) { ex->After(delay, std::move(fn)); },
         [self] { return self->c_.ex->closed(); },
-        [self, held](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
-          self->c_.ex->Post([self, held, how, ticket = std::move(ticket)] {
+        [self, held, from, to](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
+          self->c_.ex->Post([self, held, from, to, how, ticket = std::move(ticket)] {
             if (how == Wait::kAbandoned) {
               // The client left: nothing more is submitted (each input
               // below gives its bytes back). Also when it was seen to leave
@@ -1052,17 +1077,15 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
               std::lock_guard lk(self->in_mu_);
               self->Fail(Ctx::ErrorResponse(503, "unavailable", "the client went away"));
             }
-            for (auto& i : held->inputs) {
-              // Room held for them (a wait only for what it falls short
-              // of), or (expired) admitted now or refused.
-              i.in.options.may_wait = how == Wait::kRoom;
-              i.in.options.ticket = ticket;
-              self->Submit(std::move(i.in), i.frame_bytes);
+            // Room held for this group; else the rest, now.
+            const size_t end = how == Wait::kRoom ? to : held->inputs.size();
+            for (size_t i = from; i < end; ++i) {
+              auto& in = held->inputs[i];
+              in.in.options.may_wait = false;
+              in.in.options.ticket = how == Wait::kRoom ? ticket : nullptr;
+              self->Submit(std::move(in.in), in.frame_bytes);
             }
-            std::unique_lock lk(self->in_mu_);
-            self->FailAfterInputs(std::move(held->undecodable), std::move(held->bad));
-            self->pumping_ = false;
-            self->Pump(lk, false);
+            self->WaitForAdmission(held, end);
           });
         });
   }
@@ -1689,16 +1712,21 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
                            size_t bytes) {
   // On the I/O thread only when admission looked free (Handle); should it
   // fill meanwhile, a 429 now rather than a wait that stalls the thread.
-  if (!c.on_worker || !engine_->AdmissionMayWait(bytes)) {
-    return AppendNow(c, stream, std::move(in), proto_out, records, bytes, c.on_worker);
+  if (!c.on_worker) return AppendNow(c, stream, std::move(in), proto_out, records, bytes);
+  // On a worker, room taken now (held by the ticket: a look then an append
+  // would leave the worker waiting should others take the room in between)
+  // or waited for without holding the worker (the pool serves every
+  // connection's reads and appends): the connection's later in-order work
+  // waits instead (HTTP/2; HTTP/1.1 sends no request meanwhile). The append
+  // itself never waits (an append too large for the pool is refused).
+  const size_t room = log::Engine::AdmissionBytes(in.records);
+  if (auto ticket = engine_->TryAdmission(room, 1)) {
+    in.options.ticket = std::move(ticket);
+    return AppendNow(c, stream, std::move(in), proto_out, records, bytes);
   }
-  // On a worker, a wait for admission does not hold it (the pool serves
-  // every connection's reads and appends): the connection's later in-order
-  // work waits instead (HTTP/2; HTTP/1.1 sends no request meanwhile).
   auto suspended = c.ex->SuspendInOrder();
   auto held = std::make_shared<AppendInput>(std::move(in));
   using Wait = log::Engine::AdmissionWait;
-  const size_t room = log::Engine::AdmissionBytes(held->records);
   engine_->WhenAdmissible(
       room, 1, Now() + engine_->admission_timeout(),
       [ex = c.ex](Duration delay, std::function<void()> fn) { ex->After(delay, std::move(fn)); },
@@ -1708,17 +1736,17 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
         suspended->Resume([this, c, stream, held, proto_out, records, bytes, how, ticket = std::move(ticket)] {
           // A client gone meanwhile gets no append (its retry would be a second copy).
           if (how == Wait::kAbandoned) return c.Error(503, "unavailable", "the client went away");
-          // Room held for it (a wait only for what it falls short of), or
-          // (expired) admitted now or refused, as a wait that ran out.
+          // Room held for it, or (expired) admitted now or refused, as a
+          // wait that ran out.
           held->options.ticket = ticket;
-          AppendNow(c, stream, std::move(*held), proto_out, records, bytes, how == Wait::kRoom);
+          AppendNow(c, stream, std::move(*held), proto_out, records, bytes);
         });
       });
 }
 
 void RestApi::AppendNow(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
-                        size_t bytes, bool may_wait) {
-  in.options.may_wait = may_wait;
+                        size_t bytes) {
+  in.options.may_wait = false;  // room held by its ticket, or none now: it is refused at once
   engine_->AppendAsync(
       c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes](log::AppendOutcome o) {
         if (!o.status.ok() && o.status.code() == Code::kNotFound) {

@@ -99,8 +99,10 @@ class RestApi : public Handler {
   // holding the worker (Engine::WhenAdmissible).
   void SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                     size_t bytes);
+  // Appends without waiting for admission (room held by in.options.ticket,
+  // or taken now, or a refusal).
   void AppendNow(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
-                 size_t bytes, bool may_wait);
+                 size_t bytes);
   void Read(Request& req, const Ctx& c, const std::string& stream);
   void Tail(const Ctx& c, const std::string& stream);
   // Creates a missing stream when its basin has create_stream_on_read; a

@@ -319,6 +319,16 @@ struct ProduceJob {
   std::string batch;
 };
 
+// One Produce request's batches on their way in: answered once the last is
+// done. Shared by the appends' callbacks; `mu` guards the response.
+struct ProduceRun {
+  std::mutex mu;
+  std::shared_ptr<ProduceResponse> resp;
+  std::vector<ProduceJob> jobs;  // a batch is moved out as it is appended
+  size_t outstanding = 0;
+  std::shared_ptr<SuspendedWork> suspended;  // while it waits for admission
+};
+
 // A Produce whose batches add up to more than this is checked (CRC, records)
 // on a worker, not on the I/O thread that serves every connection: the I/O
 // thread spends at most about 10 ms on one. Below it, the hop to a worker
@@ -404,7 +414,7 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
   // fill meanwhile, the batch is refused (retriable) rather than waited for.
   if (to_create.empty()) {
     if (on_worker) return ProduceWhenAdmissible(req, std::move(resp), std::move(jobs));
-    return ProduceAppend(req, std::move(resp), std::move(jobs), false);
+    return ProduceAppend(req, std::move(resp), std::move(jobs), nullptr);
   }
   // A topic is missing: create it off the I/O thread, then append, still
   // before this connection's next request.
@@ -445,86 +455,110 @@ void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::sha
                                    std::vector<ProduceJob> jobs) {
   size_t bytes = 0;
   for (const auto& job : jobs) bytes += job.batch.size();
-  if (jobs.empty() || !engine_->AdmissionMayWait(bytes)) {
-    return ProduceAppend(req, std::move(resp), std::move(jobs), /*may_wait=*/true);
+  // Room taken now for all the batches, held by the ticket (a look then an
+  // append would leave the worker waiting should others take the room in
+  // between), or waited for without holding the worker.
+  std::shared_ptr<log::AdmissionTicket> ticket;
+  if (jobs.empty() || ((ticket = engine_->TryAdmission(bytes, jobs.size())) && ticket->has_room())) {
+    return ProduceAppend(req, std::move(resp), std::move(jobs), ticket);
   }
-  auto suspended = req->reply->SuspendInOrder();
-  auto held = std::make_shared<std::pair<std::shared_ptr<ProduceResponse>, std::vector<ProduceJob>>>(
-      std::move(resp), std::move(jobs));
-  // A client that left while its batches waited gets no append: it retries
-  // them elsewhere, and a late append would be a second copy (as ordered
-  // work left waiting at a close is dropped). An acks=0 batch still goes in.
+  auto run = std::make_shared<ProduceRun>();
+  run->resp = std::move(resp);
+  run->jobs = std::move(jobs);
+  run->outstanding = run->jobs.size();
+  run->suspended = req->reply->SuspendInOrder();
+  WaitForAdmission(req, run, 0);
+}
+
+void Broker::WaitForAdmission(const std::shared_ptr<Request>& req, const std::shared_ptr<ProduceRun>& run,
+                              size_t from) {
+  auto& jobs = run->jobs;
+  if (from == jobs.size()) return run->suspended->Resume(nullptr);  // all in: the connection goes on
+  size_t to = from + 1, bytes = jobs[from].batch.size();
+  for (; to < jobs.size() && engine_->FitsPoolAtOnce(bytes + jobs[to].batch.size(), to + 1 - from); ++to) {
+    bytes += jobs[to].batch.size();
+  }
+  // A client that left while its batches waited gets no more appends: it
+  // retries them elsewhere, and a late append would be a second copy (as
+  // ordered work left waiting at a close is dropped). An acks=0 batch still
+  // goes in.
   auto left = [req] { return req->reply->closed() && req->body<ProduceRequest>().acks != 0; };
-  const size_t appends = held->second.size();
+  using Wait = log::Engine::AdmissionWait;
   engine_->WhenAdmissible(
-      bytes, appends, Now() + engine_->admission_timeout(),
+      bytes, to - from, Now() + engine_->admission_timeout(),
       [req](Duration delay, std::function<void()> fn) { req->reply->After(delay, std::move(fn)); }, left,
-      [this, req, suspended, held](log::Engine::AdmissionWait how, std::shared_ptr<log::AdmissionTicket> ticket) {
-        suspended->Resume([this, req, held, how, ticket = std::move(ticket)] {
-          if (how == log::Engine::AdmissionWait::kAbandoned) return req->reply->NoResponse();  // nobody to answer
-          // Room held for the batches (a wait only for a batch the ticket
-          // has no room for: a request too large for the pool at once), or
-          // (expired) admitted now or refused, as a wait that ran out.
-          ProduceAppend(req, std::move(held->first), std::move(held->second),
-                        /*may_wait=*/how == log::Engine::AdmissionWait::kRoom, ticket);
-        });
+      [this, req, run, from, to](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
+        // On a worker (the timer's, or the caller's when there was room at once).
+        if (how == Wait::kAbandoned) {
+          req->reply->NoResponse();  // nobody to answer; batches appended before still complete
+          return run->suspended->Resume(nullptr);
+        }
+        // Room held for this group; else (expired) the rest now, admitted
+        // or refused, as a wait that ran out.
+        const size_t end = how == Wait::kRoom ? to : run->jobs.size();
+        for (size_t i = from; i < end; ++i) AppendJob(req, run, i, how == Wait::kRoom ? ticket : nullptr);
+        WaitForAdmission(req, run, end);
       });
 }
 
 void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
-                           std::vector<ProduceJob> jobs, bool may_wait,
-                           const std::shared_ptr<log::AdmissionTicket>& ticket) {
+                           std::vector<ProduceJob> jobs, const std::shared_ptr<log::AdmissionTicket>& ticket) {
+  auto run = std::make_shared<ProduceRun>();
+  run->resp = std::move(resp);
+  run->jobs = std::move(jobs);
+  run->outstanding = run->jobs.size();
+  if (run->jobs.empty()) return FinishProduce(req, *run->resp);
+  for (size_t i = 0; i < run->jobs.size(); ++i) AppendJob(req, run, i, ticket);
+}
+
+void Broker::FinishProduce(const std::shared_ptr<Request>& req, const ProduceResponse& r) {
   // acks=0 gets no response; Kafka closes the connection instead when a
   // partition failed, its only way to tell the client (which then refreshes
   // its metadata). Either happens once the appends are done, so the
   // connection's later requests wait as they would on a Kafka broker.
-  auto finish = [this, req](const ProduceResponse& r) {
-    if (req->body<ProduceRequest>().acks != 0) return Send(req, r, EncodeProduceResponse);
-    for (const auto& tr : r.responses) {
-      for (const auto& pr : tr.partition_responses) {
-        if (pr.error_code != ErrorCode::kNone) return req->reply->Close();
-      }
+  if (req->body<ProduceRequest>().acks != 0) return Send(req, r, EncodeProduceResponse);
+  for (const auto& tr : r.responses) {
+    for (const auto& pr : tr.partition_responses) {
+      if (pr.error_code != ErrorCode::kNone) return req->reply->Close();
     }
-    req->reply->NoResponse();
-  };
-  if (jobs.empty()) return finish(*resp);
-  struct State {
-    std::mutex mu;
-    size_t outstanding = 0;
-  };
-  auto state = std::make_shared<State>();
-  state->outstanding = jobs.size();
-  for (auto& job : jobs) {
-    metrics_.produce_batches++;
-    metrics_.produce_bytes += job.batch.size();
-    size_t ti = job.topic, pi = job.partition;
-    engine_->AppendBatchAsync(
-        options_.basin, job.stream, std::move(job.batch),
-        [this, req, resp, state, ti, pi, finish](log::AppendOutcome o) {
-          bool last = false;
-          {
-            std::lock_guard lk(state->mu);
-            auto& pr = resp->responses[ti].partition_responses[pi];
-            pr.error_code = AppendError(o);
-            if (o.status.ok()) {
-              pr.base_offset = static_cast<int64_t>(o.ack.start_offset);
-              pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
-              if (o.ack.log_append_time) pr.log_append_time_ms = o.ack.last_timestamp_ms;
-            } else {
-              pr.base_offset = -1;
-              // Java clients retry an UNKNOWN_PRODUCER_ID whose log start is
-              // unknown (-1) instead of resetting the producer's sequence.
-              if (o.unknown_producer) pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
-              metrics_.produce_errors++;
-              Log().debug("kafka: produce to {}[{}] from {}: {}", resp->responses[ti].name, pr.index,
-                          req->reply->peer(), o.status.ToString());
-            }
-            last = --state->outstanding == 0;
-          }
-          if (last) finish(*resp);
-        },
-        may_wait, ticket);
   }
+  req->reply->NoResponse();
+}
+
+void Broker::AppendJob(const std::shared_ptr<Request>& req, const std::shared_ptr<ProduceRun>& run, size_t i,
+                       const std::shared_ptr<log::AdmissionTicket>& ticket) {
+  ProduceJob& job = run->jobs[i];
+  metrics_.produce_batches++;
+  metrics_.produce_bytes += job.batch.size();
+  const size_t ti = job.topic, pi = job.partition;
+  // Never waits for admission: room held by the ticket, or taken now, or
+  // the batch is refused (retriable).
+  engine_->AppendBatchAsync(
+      options_.basin, job.stream, std::move(job.batch),
+      [this, req, run, ti, pi](log::AppendOutcome o) {
+        bool last = false;
+        {
+          std::lock_guard lk(run->mu);
+          auto& pr = run->resp->responses[ti].partition_responses[pi];
+          pr.error_code = AppendError(o);
+          if (o.status.ok()) {
+            pr.base_offset = static_cast<int64_t>(o.ack.start_offset);
+            pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
+            if (o.ack.log_append_time) pr.log_append_time_ms = o.ack.last_timestamp_ms;
+          } else {
+            pr.base_offset = -1;
+            // Java clients retry an UNKNOWN_PRODUCER_ID whose log start is
+            // unknown (-1) instead of resetting the producer's sequence.
+            if (o.unknown_producer) pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
+            metrics_.produce_errors++;
+            Log().debug("kafka: produce to {}[{}] from {}: {}", run->resp->responses[ti].name, pr.index,
+                        req->reply->peer(), o.status.ToString());
+          }
+          last = --run->outstanding == 0;
+        }
+        if (last) FinishProduce(req, *run->resp);
+      },
+      /*may_wait=*/false, ticket);
 }
 
 // ---- Fetch --------------------------------------------------------------------

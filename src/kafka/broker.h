@@ -39,6 +39,7 @@ namespace weir::kafka {
 inline constexpr const char* kKafkaBasin = "weir-kafka";
 
 struct ProduceJob;
+struct ProduceRun;
 struct FetchState;
 
 struct BrokerOptions {
@@ -109,18 +110,26 @@ class Broker : public FrameHandler {
   void Dispatch(const std::shared_ptr<Request>& req);
   // `on_worker`: free to block (else on an I/O thread).
   void Produce(const std::shared_ptr<Request>& req, bool on_worker);
-  // `may_wait` false (on an I/O thread): a batch the WAL cannot admit at
-  // once gets REQUEST_TIMED_OUT instead of waiting for room.
-  // `ticket`: room admission waited for (ProduceWhenAdmissible).
+  // Appends the batches, none waiting for admission: room held by `ticket`
+  // (ProduceWhenAdmissible), or taken now, or the batch gets
+  // REQUEST_TIMED_OUT (retriable).
   void ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
-                     std::vector<ProduceJob> jobs, bool may_wait,
-                     const std::shared_ptr<log::AdmissionTicket>& ticket = nullptr);
+                     std::vector<ProduceJob> jobs, const std::shared_ptr<log::AdmissionTicket>& ticket);
   // From ordered work on a worker: ProduceAppend once the WAL has room,
   // without holding the worker while it waits (the connection's ordered work
   // is suspended meanwhile; admission is looked at every few ms, up to the
-  // engine's admission_timeout).
+  // engine's admission_timeout). Batches that cannot fit the WAL pool at
+  // once wait in groups that do (WaitForAdmission).
   void ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                              std::vector<ProduceJob> jobs);
+  // Appends run->jobs from `from` on, a group fitting the pool at a time as
+  // admission has room for it; then resumes the connection's ordered work.
+  void WaitForAdmission(const std::shared_ptr<Request>& req, const std::shared_ptr<ProduceRun>& run, size_t from);
+  // Appends run->jobs[i] (room from `ticket` if it holds some); the last
+  // batch done answers the request.
+  void AppendJob(const std::shared_ptr<Request>& req, const std::shared_ptr<ProduceRun>& run, size_t i,
+                 const std::shared_ptr<log::AdmissionTicket>& ticket);
+  void FinishProduce(const std::shared_ptr<Request>& req, const ProduceResponse& r);
   void Fetch(const std::shared_ptr<Request>& req);
   // Reads every partition once; answers, or (unless final) waits for data.
   void FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);

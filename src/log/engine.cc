@@ -1043,14 +1043,16 @@ void Engine::HurrySettleIfBehind() {
   if (BacklogFull()) RequestSettle();
 }
 
+bool Engine::FitsPoolAtOnce(size_t bytes, size_t appends) const {
+  return !wal_ || bytes + appends * wal::Writer::kEntryOverhead <= options_.wal.budget_bytes;
+}
+
 std::shared_ptr<AdmissionTicket> Engine::TryAdmission(size_t bytes, size_t appends) {
   // Closing: no room will come; the appends are refused at once.
   if (closing_.load()) return std::make_shared<AdmissionTicket>(std::nullopt);
   if (BacklogFull()) return nullptr;
-  // Never all at once: each append then waits (or not) for its own room.
-  if (!wal_ || bytes + appends * wal::Writer::kEntryOverhead > options_.wal.budget_bytes) {
-    return std::make_shared<AdmissionTicket>(std::nullopt);
-  }
+  // Never all at once: each append then takes (or not) its own room.
+  if (!wal_ || !FitsPoolAtOnce(bytes, appends)) return std::make_shared<AdmissionTicket>(std::nullopt);
   auto room = wal_->TryReserve(bytes, appends);
   if (!room) return nullptr;
   return std::make_shared<AdmissionTicket>(std::move(room));

@@ -151,6 +151,12 @@ class AdmissionTicket {
     if (!room_ || room_->bytes() < bytes + wal::Writer::kEntryOverhead) return std::nullopt;
     return room_->Split(bytes);
   }
+  // Whether it holds room at all (none: the appends could never fit the
+  // pool at once, there is no WAL, or the engine is closing).
+  bool has_room() {
+    std::lock_guard lk(mu_);
+    return room_.has_value();
+  }
 
  private:
   std::mutex mu_;
@@ -284,6 +290,10 @@ class Engine {
   // pool at once (each append then takes its own room) or the engine is
   // closing; else null.
   std::shared_ptr<AdmissionTicket> TryAdmission(size_t bytes, size_t appends);
+  // Whether `appends` appends of `bytes` in all could be admitted at once
+  // (fit the WAL pool's whole budget): front-ends that wait for admission
+  // without a thread wait for such groups of their appends, one by one.
+  bool FitsPoolAtOnce(size_t bytes, size_t appends) const;
   // The room an append of `records` takes in the WAL pool (at least their
   // encoded batch's size).
   static size_t AdmissionBytes(const std::vector<AppendRecord>& records);
