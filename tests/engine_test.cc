@@ -1392,7 +1392,7 @@ TEST_F(EngineTest, BadWalOptionsAreRefusedBeforeTheNodeIsTakenOver) {
 
 // A process whose node epoch a successor minted deletes nothing: the
 // successor serves those streams (and would acknowledge appends to a stream
-// whose rows settle then skips).
+// whose rows settle then skips). Nor does it create or change anything.
 TEST_F(EngineTest, ASupersededProcessChangesNoStreamOrTable) {
   ASSERT_TRUE(CreateTable("tbl", 1, StreamConfig{}).ok());
   auto node = meta_->GetNode("n1");
@@ -1418,6 +1418,16 @@ TEST_F(EngineTest, ASupersededProcessChangesNoStreamOrTable) {
   EXPECT_EQ(meta_->GetTable(kBasin, "tbl")->bucket_count, 1u);
   EXPECT_NE(meta_->GetStream(kBasin, "s")->config.retention_age_s, 77);
   EXPECT_NE(engine_->GetStream(kBasin, "s")->info.config.retention_age_s, 77);
+  // Nor basins.
+  ASSERT_TRUE(meta_->CreateBasin(metastore::BasinInfo{"empty-basin", 1}, {}).ok());
+  EXPECT_EQ(engine_->CreateBasin("late-basin").code(), Code::kUnavailable);
+  metastore::BasinConfig on_append;
+  on_append.create_stream_on_append = true;
+  EXPECT_EQ(engine_->ReconfigureBasin(kBasin, on_append).code(), Code::kUnavailable);
+  EXPECT_EQ(engine_->DeleteBasin("empty-basin").code(), Code::kUnavailable);
+  EXPECT_EQ(meta_->GetBasin("late-basin").status().code(), Code::kNotFound);
+  EXPECT_FALSE(meta_->GetBasin(kBasin)->config.create_stream_on_append);
+  EXPECT_TRUE(meta_->GetBasin("empty-basin").ok());
 }
 
 TEST_F(EngineTest, ACreateWhoseAnswerWasLostLeavesAUsableStream) {

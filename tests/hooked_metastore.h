@@ -67,13 +67,15 @@ class HookedMetastore final : public metastore::Metastore {
   using ChainPosition = metastore::ChainPosition;
   using SegmentInfo = metastore::SegmentInfo;
 
-  Status CreateBasin(const BasinInfo& b) override { return m_->CreateBasin(b); }
+  Status CreateBasin(const BasinInfo& b, const metastore::EpochCheck& by) override { return m_->CreateBasin(b, by); }
   Result<BasinInfo> GetBasin(std::string_view n) override { return m_->GetBasin(n); }
-  Status ReconfigureBasin(std::string_view n, const BasinConfig& c) override { return m_->ReconfigureBasin(n, c); }
+  Status ReconfigureBasin(std::string_view n, const BasinConfig& c, const metastore::EpochCheck& by) override {
+    return m_->ReconfigureBasin(n, c, by);
+  }
   Result<std::vector<BasinInfo>> ListBasins(std::string_view p, std::string_view a, size_t l) override {
     return m_->ListBasins(p, a, l);
   }
-  Status DeleteBasin(std::string_view n) override { return m_->DeleteBasin(n); }
+  Status DeleteBasin(std::string_view n, const metastore::EpochCheck& by) override { return m_->DeleteBasin(n, by); }
   Result<std::string> CreateToken(std::string_view b, std::string_view s) override { return m_->CreateToken(b, s); }
   Result<StreamInfo> CreateStream(const StreamInfo& i, const metastore::EpochCheck& by) override {
     if (Status st = FailCreate(); !st.ok()) return st;

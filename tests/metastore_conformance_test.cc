@@ -206,13 +206,13 @@ class MetastoreConformance : public ::testing::TestWithParam<BackendFactory> {
   }
 
   void MakeBasin(const std::string& name, int64_t created = 1000) {
-    ASSERT_OK(m().CreateBasin(BasinInfo{name, created}));
+    ASSERT_OK(m().CreateBasin(BasinInfo{name, created}, kNoNode));
   }
 
   // Creates basin/name (and the basin if missing); returns the new stream's id.
   uint64_t MakeStream(const std::string& basin, const std::string& name) {
     if (!m().GetBasin(basin).ok()) {
-      EXPECT_OK(m().CreateBasin(BasinInfo{basin, 1}));
+      EXPECT_OK(m().CreateBasin(BasinInfo{basin, 1}, kNoNode));
     }
     StreamInfo info;
     info.basin = basin;
@@ -252,7 +252,7 @@ class MetastoreConformance : public ::testing::TestWithParam<BackendFactory> {
   std::pair<TableInfo, std::vector<StreamInfo>> MakeTable(const std::string& basin, const std::string& name,
                                                           uint32_t buckets, std::string config = "{}") {
     if (!m().GetBasin(basin).ok()) {
-      EXPECT_OK(m().CreateBasin(BasinInfo{basin, 1}));
+      EXPECT_OK(m().CreateBasin(BasinInfo{basin, 1}, kNoNode));
     }
     TableInfo t;
     t.basin = basin;
@@ -326,22 +326,22 @@ class MetastoreConformance : public ::testing::TestWithParam<BackendFactory> {
 // ---- Basins -------------------------------------------------------------------
 
 TEST_P(MetastoreConformance, BasinCreateGetDelete) {
-  ASSERT_OK(m().CreateBasin(BasinInfo{"orders", 1234}));
+  ASSERT_OK(m().CreateBasin(BasinInfo{"orders", 1234}, kNoNode));
   ASSERT_OK_AND_ASSIGN(BasinInfo b, m().GetBasin("orders"));
   EXPECT_EQ(b.name, "orders");
   EXPECT_EQ(b.created_at_ms, 1234);
 
-  const Status dup = m().CreateBasin(BasinInfo{"orders", 99});
+  const Status dup = m().CreateBasin(BasinInfo{"orders", 99}, kNoNode);
   EXPECT_EQ(dup.code(), Code::kAlreadyExists) << dup.ToString();
   EXPECT_EQ(m().GetBasin("orders")->created_at_ms, 1234);
 
   EXPECT_EQ(m().GetBasin("nope").status().code(), Code::kNotFound);
-  EXPECT_EQ(m().DeleteBasin("nope").code(), Code::kNotFound);
+  EXPECT_EQ(m().DeleteBasin("nope", kNoNode).code(), Code::kNotFound);
 
-  ASSERT_OK(m().DeleteBasin("orders"));
+  ASSERT_OK(m().DeleteBasin("orders", kNoNode));
   EXPECT_EQ(m().GetBasin("orders").status().code(), Code::kNotFound);
-  EXPECT_EQ(m().DeleteBasin("orders").code(), Code::kNotFound);
-  ASSERT_OK(m().CreateBasin(BasinInfo{"orders", 5}));
+  EXPECT_EQ(m().DeleteBasin("orders", kNoNode).code(), Code::kNotFound);
+  ASSERT_OK(m().CreateBasin(BasinInfo{"orders", 5}, kNoNode));
   EXPECT_EQ(m().GetBasin("orders")->created_at_ms, 5);
 }
 
@@ -351,8 +351,8 @@ TEST_P(MetastoreConformance, BasinConfigIsStoredAndReplaced) {
   config.default_stream_config.storage_class = StorageClass::kExpress;
   config.default_stream_config.retention_age_s = 0;  // set: keep forever
   config.default_stream_config.uncapped_timestamps = true;
-  ASSERT_OK(m().CreateBasin(BasinInfo{"configured", 7, "", config}));
-  ASSERT_OK(m().CreateBasin(BasinInfo{"plain-one", 8}));
+  ASSERT_OK(m().CreateBasin(BasinInfo{"configured", 7, "", config}, kNoNode));
+  ASSERT_OK(m().CreateBasin(BasinInfo{"plain-one", 8}, kNoNode));
 
   ASSERT_OK_AND_ASSIGN(BasinInfo b, m().GetBasin("configured"));
   EXPECT_EQ(b.config, config);
@@ -369,16 +369,16 @@ TEST_P(MetastoreConformance, BasinConfigIsStoredAndReplaced) {
   next.create_stream_on_read = true;
   next.default_stream_config.timestamping = TimestampingMode::kArrival;
   next.default_stream_config.delete_on_empty_min_age_s = 30;
-  ASSERT_OK(m().ReconfigureBasin("configured", next));
+  ASSERT_OK(m().ReconfigureBasin("configured", next, kNoNode));
   EXPECT_EQ(m().GetBasin("configured")->config, next);
   EXPECT_EQ(m().GetBasin("configured")->created_at_ms, 7);
-  EXPECT_EQ(m().ReconfigureBasin("missing-one", next).code(), Code::kNotFound);
+  EXPECT_EQ(m().ReconfigureBasin("missing-one", next, kNoNode).code(), Code::kNotFound);
 
   // A default the stream config would refuse is refused here too, changing nothing.
   BasinConfig bad;
   bad.default_stream_config.retention_age_s = -1;
-  EXPECT_EQ(m().ReconfigureBasin("configured", bad).code(), Code::kInvalidArgument);
-  EXPECT_EQ(m().CreateBasin(BasinInfo{"bad-basin", 1, "", bad}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().ReconfigureBasin("configured", bad, kNoNode).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().CreateBasin(BasinInfo{"bad-basin", 1, "", bad}, kNoNode).code(), Code::kInvalidArgument);
   EXPECT_EQ(m().GetBasin("configured")->config, next);
   EXPECT_EQ(m().GetBasin("bad-basin").status().code(), Code::kNotFound);
 }
@@ -462,14 +462,14 @@ TEST_P(MetastoreConformance, ListPrefixMatchesLiterally) {
 
 TEST_P(MetastoreConformance, DeleteBasinWithStreamsIsRefused) {
   const uint64_t id = MakeStream("logs", "app");
-  const Status st = m().DeleteBasin("logs");
+  const Status st = m().DeleteBasin("logs", kNoNode);
   EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
   EXPECT_NE(st.message().find("logs"), std::string::npos) << st.ToString();
   ASSERT_TRUE(m().GetBasin("logs").ok());
   ASSERT_TRUE(m().GetStreamById(id).ok());
 
   ASSERT_TRUE(m().DeleteStream(id, kNoNode).ok());
-  ASSERT_OK(m().DeleteBasin("logs"));
+  ASSERT_OK(m().DeleteBasin("logs", kNoNode));
   EXPECT_EQ(m().GetBasin("logs").status().code(), Code::kNotFound);
 }
 
@@ -495,9 +495,11 @@ TEST_P(MetastoreConformance, DeleteEmptyStreamNeedsTheNodesEpochAndTheConfig) {
 }
 
 // A superseded node deletes no stream or table: its successor serves them
-// and would acknowledge appends that settle then drops.
+// and would acknowledge appends that settle then drops. Nor does it create,
+// change or delete anything else its successor serves (basins included).
 TEST_P(MetastoreConformance, ChangesNeedTheNodesEpoch) {
   const uint64_t id = MakeStream("b", "kept");
+  ASSERT_OK(m().CreateBasin(BasinInfo{"empty-basin", 1}, kNoNode));
   const auto table = MakeTable("b", "tbl", 2);
   ASSERT_OK_AND_ASSIGN(NodeState first, m().MintEpoch("n1", 0, 8));
   ASSERT_OK_AND_ASSIGN(NodeState second, m().MintEpoch("n1", first.epoch, 8));
@@ -521,7 +523,16 @@ TEST_P(MetastoreConformance, ChangesNeedTheNodesEpoch) {
     EXPECT_EQ(m().UpdateStreamConfig(id, changed, stale).code(), Code::kPreconditionFailed);
     EXPECT_EQ(m().UpdateTableConfig(table.first.id, "{}", {{table.second[0].id, changed}}, stale).code(),
               Code::kPreconditionFailed);
+    // Basins too.
+    EXPECT_EQ(m().CreateBasin(BasinInfo{"new-basin", 1}, stale).code(), Code::kPreconditionFailed);
+    BasinConfig on_append;
+    on_append.create_stream_on_append = true;
+    EXPECT_EQ(m().ReconfigureBasin("b", on_append, stale).code(), Code::kPreconditionFailed);
+    EXPECT_EQ(m().DeleteBasin("empty-basin", stale).code(), Code::kPreconditionFailed);
   }
+  EXPECT_EQ(m().GetBasin("new-basin").status().code(), Code::kNotFound);
+  EXPECT_FALSE(m().GetBasin("b")->config.create_stream_on_append);
+  EXPECT_TRUE(m().GetBasin("empty-basin").ok());
   EXPECT_EQ(m().GetStream("b", "new").status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetTable("b", "newtbl").status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetTable("b", "tbl")->bucket_count, 2u);
@@ -730,7 +741,7 @@ TEST_P(MetastoreConformance, DeleteStreamRemovesStateAndSegments) {
 }
 
 TEST_P(MetastoreConformance, CreateTokensAreKeptUntilTheNameIsDeleted) {
-  ASSERT_OK(m().CreateBasin(BasinInfo{"tokened", 1, "basin-token"}));
+  ASSERT_OK(m().CreateBasin(BasinInfo{"tokened", 1, "basin-token"}, kNoNode));
   StreamInfo info;
   info.basin = "tokened";
   info.name = "s";
@@ -751,7 +762,7 @@ TEST_P(MetastoreConformance, CreateTokensAreKeptUntilTheNameIsDeleted) {
   ASSERT_OK(m().CreateStream(info, kNoNode).status());
   EXPECT_EQ(*m().CreateToken("tokened", "s"), "");
   ASSERT_OK(m().DeleteStream(m().GetStream("tokened", "s")->id, kNoNode).status());
-  ASSERT_OK(m().DeleteBasin("tokened"));
+  ASSERT_OK(m().DeleteBasin("tokened", kNoNode));
   EXPECT_EQ(*m().CreateToken("tokened", ""), "");
 }
 
@@ -1642,13 +1653,13 @@ TEST_P(MetastoreConformance, DeleteStreamOfABucketIsRefused) {
 
 TEST_P(MetastoreConformance, DeleteBasinWithTablesIsRefused) {
   auto [t, buckets] = MakeTable("k", "topic", 2);
-  const Status st = m().DeleteBasin("k");
+  const Status st = m().DeleteBasin("k", kNoNode);
   EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
   EXPECT_NE(st.message().find("tables"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("topic"), std::string::npos) << st.ToString();
   ASSERT_TRUE(m().GetTable("k", "topic").ok());
   ASSERT_TRUE(m().DeleteTable(t.id, false, kNoNode).ok());
-  ASSERT_OK(m().DeleteBasin("k"));
+  ASSERT_OK(m().DeleteBasin("k", kNoNode));
   EXPECT_EQ(m().GetBasin("k").status().code(), Code::kNotFound);
 }
 
@@ -1893,7 +1904,7 @@ TEST_P(MetastoreConformance, EverythingSurvivesReopen) {
   ASSERT_OK_AND_ASSIGN(StreamInfo created, m().CreateStream(info, kNoNode));
   const uint64_t dropped = MakeStream("keep", "dropped");
   ASSERT_TRUE(m().DeleteStream(dropped, kNoNode).ok());
-  EXPECT_EQ(m().DeleteBasin("keep").code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteBasin("keep", kNoNode).code(), Code::kPreconditionFailed);
   ASSERT_OK_AND_ASSIGN(NodeState node, m().MintEpoch("n1", 0, 6));
   ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 9}, {Seg(created.id, 0, 10, 5, 6)},
                              {State(created.id, 10, "fence", std::string("\0bin\xff", 5))}));
@@ -2064,7 +2075,7 @@ TEST(SqliteMetastoreErrors, AFullDatabaseIsRetryableAndChangesNothing) {
   // caller retries rather than failing hard.
   TempDir dir;
   ASSERT_OK_AND_ASSIGN(auto m, OpenSqliteMetastore(dir.path() + "/meta.db"));
-  ASSERT_OK(m->CreateBasin(BasinInfo{"b", 1}));
+  ASSERT_OK(m->CreateBasin(BasinInfo{"b", 1}, kNoNode));
   StreamInfo info;
   info.basin = "b";
   info.name = "first";
@@ -2113,7 +2124,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     EXPECT_EQ(created.first.id, 1u);
     EXPECT_EQ(created.second[0].id, 8u);  // the stream allocator continues
     ASSERT_OK(meta->CommitGroupOffsets("g", {GroupOffset{"topic", 1, 42, -1, "", 5}}, kNoNode));
-    ASSERT_OK(meta->CreateBasin(BasinInfo{"upgraded", 1, "tok"}));  // schema 3's create tokens
+    ASSERT_OK(meta->CreateBasin(BasinInfo{"upgraded", 1, "tok"}, kNoNode));  // schema 3's create tokens
     EXPECT_EQ(*meta->CreateToken("upgraded", ""), "tok");
   }
   EXPECT_EQ(SqliteSchemaVersion(path), kSchemaVersion);
@@ -2190,7 +2201,7 @@ TEST(SqliteSchemaUpgrade, Version3DatabaseGainsDeleteOnEmpty) {
   EXPECT_EQ(meta->GetBasin("weir-kafka")->config, BasinConfig{});
   BasinConfig on_append;
   on_append.create_stream_on_append = true;
-  ASSERT_OK(meta->ReconfigureBasin("weir-kafka", on_append));
+  ASSERT_OK(meta->ReconfigureBasin("weir-kafka", on_append, kNoNode));
   EXPECT_EQ(meta->GetBasin("weir-kafka")->config, on_append);
   EXPECT_EQ(meta->GetTable("weir-kafka", "orders")->bucket_count, 2u);
   EXPECT_EQ(SqliteSchemaVersion(path), kSchemaVersion);
@@ -2233,7 +2244,7 @@ TEST(PostgresMetastore, ABrokenConnectionIsReopenedWithoutFailingTheNextCall) {
   PostgresExec(base, "CREATE SCHEMA " + schema);
   const std::string app = "weir-reconnect-" + std::to_string(::getpid());  // none but this test's connection
   ASSERT_OK_AND_ASSIGN(auto m, OpenMetastore(base + "?options=-csearch_path%3D" + schema + "&application_name=" + app));
-  ASSERT_OK(m->CreateBasin(BasinInfo{"basin-a", 1}));
+  ASSERT_OK(m->CreateBasin(BasinInfo{"basin-a", 1}, kNoNode));
   auto end_session = [&] {
     PostgresExec(base, "SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE application_name = '" +
                            app + "'");
@@ -2243,7 +2254,7 @@ TEST(PostgresMetastore, ABrokenConnectionIsReopenedWithoutFailingTheNextCall) {
   EXPECT_EQ(again.name, "basin-a");
   // A write: its BEGIN meets the dead connection and runs again on a new one.
   end_session();
-  ASSERT_OK(m->CreateBasin(BasinInfo{"basin-b", 1}));
+  ASSERT_OK(m->CreateBasin(BasinInfo{"basin-b", 1}, kNoNode));
   ASSERT_OK_AND_ASSIGN(BasinInfo b, m->GetBasin("basin-b"));
   EXPECT_EQ(b.name, "basin-b");
   ASSERT_OK_AND_ASSIGN(auto ids, m->AllocateProducerId());
@@ -2261,7 +2272,7 @@ TEST(PostgresMetastore, ARoleWithoutCreateRightsServesAnExistingSchema) {
   const std::string path = "?options=-csearch_path%3D" + schema;
   {
     ASSERT_OK_AND_ASSIGN(auto owner, OpenMetastore(base + path));  // creates the tables
-    ASSERT_OK(owner->CreateBasin(BasinInfo{"made-by-owner", 1}));
+    ASSERT_OK(owner->CreateBasin(BasinInfo{"made-by-owner", 1}, kNoNode));
   }
   PostgresExec(base, "CREATE ROLE " + role + " LOGIN");
   PostgresExec(base, "GRANT USAGE ON SCHEMA " + schema + " TO " + role);
@@ -2272,7 +2283,7 @@ TEST(PostgresMetastore, ARoleWithoutCreateRightsServesAnExistingSchema) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   ASSERT_OK_AND_ASSIGN(BasinInfo b, (*m)->GetBasin("made-by-owner"));
   EXPECT_EQ(b.name, "made-by-owner");
-  ASSERT_OK((*m)->CreateBasin(BasinInfo{"made-by-role", 1}));
+  ASSERT_OK((*m)->CreateBasin(BasinInfo{"made-by-role", 1}, kNoNode));
   ASSERT_OK_AND_ASSIGN(uint64_t id, (*m)->AllocateProducerId());
   EXPECT_GT(id, 0u);
   // Without the tables, the role cannot make them: a clear error, not a crash.
@@ -2331,7 +2342,7 @@ TEST(OpenMetastoreTest, AbsoluteAndRelativePaths) {
   {
     ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(abs_uri));
     EXPECT_EQ(meta->Describe(), abs_uri);
-    ASSERT_OK(meta->CreateBasin(BasinInfo{"x", 1}));
+    ASSERT_OK(meta->CreateBasin(BasinInfo{"x", 1}, kNoNode));
   }
   EXPECT_TRUE(fs::exists(dir.path() + "/abs.db"));
 
@@ -2341,7 +2352,7 @@ TEST(OpenMetastoreTest, AbsoluteAndRelativePaths) {
   {
     ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> meta, OpenMetastore(rel_uri));
     EXPECT_EQ(meta->Describe(), rel_uri);
-    ASSERT_OK(meta->CreateBasin(BasinInfo{"y", 1}));
+    ASSERT_OK(meta->CreateBasin(BasinInfo{"y", 1}, kNoNode));
   }
   EXPECT_TRUE(fs::exists(dir.path() + "/rel.db"));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> again, OpenMetastore(rel_uri));
@@ -2351,7 +2362,7 @@ TEST(OpenMetastoreTest, AbsoluteAndRelativePaths) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> mem, OpenMetastore("sqlite://:memory:"));
   EXPECT_EQ(mem->Describe(), "sqlite://:memory:");
   // Each in-memory metastore is private.
-  ASSERT_OK(mem->CreateBasin(BasinInfo{"m", 1}));
+  ASSERT_OK(mem->CreateBasin(BasinInfo{"m", 1}, kNoNode));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Metastore> mem2, OpenMetastore("sqlite://:memory:"));
   EXPECT_EQ(mem2->GetBasin("m").status().code(), Code::kNotFound);
 }

@@ -619,11 +619,12 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
 Status Engine::CreateBasin(const std::string& name, const std::string& request_token,
                            const metastore::BasinConfig& config) {
   WEIR_RETURN_IF_ERROR(ValidateBasinName(name));
-  return meta_->CreateBasin(metastore::BasinInfo{name, WallMillis(), request_token, config});
+  const metastore::BasinInfo info{name, WallMillis(), request_token, config};
+  return AsThisNode([&](const metastore::EpochCheck& by) { return meta_->CreateBasin(info, by); });
 }
 
 Status Engine::ReconfigureBasin(const std::string& name, const metastore::BasinConfig& config) {
-  return meta_->ReconfigureBasin(name, config);
+  return AsThisNode([&](const metastore::EpochCheck& by) { return meta_->ReconfigureBasin(name, config, by); });
 }
 
 Result<bool> Engine::CreateIfConfigured(const std::string& basin, const std::string& name, AutoCreate when,
@@ -658,7 +659,9 @@ Result<std::vector<metastore::BasinInfo>> Engine::ListBasins(const std::string& 
 
 Result<metastore::BasinInfo> Engine::GetBasin(const std::string& name) { return meta_->GetBasin(name); }
 
-Status Engine::DeleteBasin(const std::string& name) { return meta_->DeleteBasin(name); }
+Status Engine::DeleteBasin(const std::string& name) {
+  return AsThisNode([&](const metastore::EpochCheck& by) { return meta_->DeleteBasin(name, by); });
+}
 
 Status Engine::CheckAppendRecords(const std::vector<AppendRecord>& records) const {
   if (records.empty()) return InvalidArgument("an append needs at least one record");

@@ -211,19 +211,20 @@ class Metastore {
  public:
   virtual ~Metastore() = default;
 
-  // Basins. Names are validated by the engine, not here.
-  virtual Status CreateBasin(const BasinInfo& basin) = 0;  // kAlreadyExists
+  // Basins. Names are validated by the engine, not here. Writes are checked
+  // against `by` as stream changes are (kPreconditionFailed when superseded).
+  virtual Status CreateBasin(const BasinInfo& basin, const EpochCheck& by) = 0;  // kAlreadyExists
   virtual Result<BasinInfo> GetBasin(std::string_view name) = 0;  // kNotFound
   // Replaces the basin's config; kNotFound if it does not exist. Streams keep
   // the config they were created with.
-  virtual Status ReconfigureBasin(std::string_view name, const BasinConfig& config) = 0;
+  virtual Status ReconfigureBasin(std::string_view name, const BasinConfig& config, const EpochCheck& by) = 0;
   // Basins with names > start_after that start with prefix (byte-wise; '%'
   // and '_' are literal), ascending, at most limit (1..1000, else
   // kInvalidArgument). ListStreams likewise, within one basin (kNotFound).
   virtual Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix, std::string_view start_after,
                                                     size_t limit) = 0;
   // kNotFound if missing; kPreconditionFailed if it still has tables or streams.
-  virtual Status DeleteBasin(std::string_view name) = 0;
+  virtual Status DeleteBasin(std::string_view name, const EpochCheck& by) = 0;
   // The request token the basin (stream empty) or stream was created with;
   // "" if none was given or it does not exist. Deleting it forgets the token.
   virtual Result<std::string> CreateToken(std::string_view basin, std::string_view stream) = 0;

@@ -588,11 +588,12 @@ Result<std::optional<NodeState>> SqlMetastore::ReadNode(std::string_view node) {
 
 // ---- Basins -----------------------------------------------------------------
 
-Status SqlMetastore::CreateBasin(const BasinInfo& basin) {
+Status SqlMetastore::CreateBasin(const BasinInfo& basin, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("CreateBasin", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateConfig(basin.config.default_stream_config.Resolve()));
     return InTransaction("create basin", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       {
         WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kGetBasin));
         WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, basin.name).Step("look up basin"));
@@ -623,11 +624,12 @@ void SqlMetastore::BindBasinConfig(Stmt& st, const BasinConfig& config) {
   st.OptInt(8, d.uncapped_timestamps).OptInt(9, d.delete_on_empty_min_age_s);
 }
 
-Status SqlMetastore::ReconfigureBasin(std::string_view name, const BasinConfig& config) {
+Status SqlMetastore::ReconfigureBasin(std::string_view name, const BasinConfig& config, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("ReconfigureBasin", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateConfig(config.default_stream_config.Resolve()));
     return InTransaction("reconfigure basin", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateBasinConfig));
       BindBasinConfig(st.Text(1, name), config);
       WEIR_RETURN_IF_ERROR(st.Run("update basin config"));
@@ -685,10 +687,11 @@ Result<std::vector<BasinInfo>> SqlMetastore::ListBasins(std::string_view prefix,
   });
 }
 
-Status SqlMetastore::DeleteBasin(std::string_view name) {
+Status SqlMetastore::DeleteBasin(std::string_view name, const EpochCheck& by) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("DeleteBasin", [&]() -> Status {
     return InTransaction("delete basin", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       {
         WEIR_ASSIGN_OR_RETURN(Stmt first, Prepare(kFirstTableOfBasin));
         WEIR_ASSIGN_OR_RETURN(const bool has_table, first.Text(1, name).Step("look up tables of basin"));

@@ -49,12 +49,12 @@ class SqlMetastore final : public Metastore {
   SqlMetastore(const SqlMetastore&) = delete;
   SqlMetastore& operator=(const SqlMetastore&) = delete;
 
-  Status CreateBasin(const BasinInfo& basin) override;
+  Status CreateBasin(const BasinInfo& basin, const EpochCheck& by) override;
   Result<BasinInfo> GetBasin(std::string_view name) override;
-  Status ReconfigureBasin(std::string_view name, const BasinConfig& config) override;
+  Status ReconfigureBasin(std::string_view name, const BasinConfig& config, const EpochCheck& by) override;
   Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix, std::string_view start_after,
                                             size_t limit) override;
-  Status DeleteBasin(std::string_view name) override;
+  Status DeleteBasin(std::string_view name, const EpochCheck& by) override;
   Result<std::string> CreateToken(std::string_view basin, std::string_view stream) override;
 
   Result<StreamInfo> CreateStream(const StreamInfo& info, const EpochCheck& by) override;
