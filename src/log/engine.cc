@@ -1012,11 +1012,14 @@ void LookAgain(const std::shared_ptr<AdmissionLook>& w);
 // Whether the wait is over (and `ready` called).
 bool Look(const std::shared_ptr<AdmissionLook>& w) {
   using W = Engine::AdmissionWait;
+  auto& m = w->engine->metrics();
   if (w->abandon && w->abandon()) {
+    m.admission_waits_abandoned.fetch_add(1, std::memory_order_relaxed);
     w->ready(W::kAbandoned, nullptr);
   } else if (auto ticket = w->engine->TryAdmission(w->bytes, w->appends)) {
     w->ready(W::kRoom, std::move(ticket));
   } else if (Now() >= w->deadline) {
+    m.admission_wait_timeouts.fetch_add(1, std::memory_order_relaxed);
     w->ready(W::kExpired, nullptr);
   } else {
     return false;
@@ -1039,7 +1042,10 @@ void Engine::WhenAdmissible(size_t bytes, size_t appends, TimePoint deadline, Af
                             std::function<void(AdmissionWait, std::shared_ptr<AdmissionTicket>)> ready) {
   auto w = std::make_shared<AdmissionLook>(
       AdmissionLook{this, bytes, appends, deadline, std::move(after), std::move(abandon), std::move(ready)});
-  if (!Look(w)) LookAgain(w);
+  if (Look(w)) return;
+  (BacklogFull() ? metrics_.admission_waits_backlog : metrics_.admission_waits_pool)
+      .fetch_add(1, std::memory_order_relaxed);
+  LookAgain(w);
 }
 
 void Engine::HurrySettleIfBehind() {

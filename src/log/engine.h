@@ -117,6 +117,10 @@ struct EngineMetrics {
   // Batch bytes settle took from the log cache, and read back from WAL slots.
   std::atomic<uint64_t> settle_cached_bytes{0}, settle_reread_bytes{0};
   std::atomic<uint64_t> settle_backlog_timeouts{0};  // appends refused: max_unsettled_bytes
+  // Waits for admission without a thread (WhenAdmissible) that found no room
+  // at first, by what was full; those that ran out, and those abandoned.
+  std::atomic<uint64_t> admission_waits_pool{0}, admission_waits_backlog{0};
+  std::atomic<uint64_t> admission_wait_timeouts{0}, admission_waits_abandoned{0};
 };
 
 // One record as a front-end hands it in. S2 command records have exactly one

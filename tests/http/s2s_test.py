@@ -73,6 +73,23 @@ def wait_for_pool_bytes(base):
     raise AssertionError(f"the server at {base} held no append in its WAL pool within {TIMEOUT} s")
 
 
+def metric(base, line_start):
+    """The value of the /metrics line of the server at `base` starting with `line_start`."""
+    text = requests.get(f"{base}/metrics", timeout=TIMEOUT).text
+    m = re.search(r"^" + re.escape(line_start) + r" (\S+)$", text, re.M)
+    if not m:
+        raise AssertionError(f"no metric {line_start} in /metrics")
+    return float(m.group(1))
+
+
+def wait_for_metric(base, line_start, at_least):
+    deadline = time.monotonic() + TIMEOUT
+    while metric(base, line_start) < at_least:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{line_start} stayed below {at_least} for {TIMEOUT} s")
+        time.sleep(0.05)
+
+
 class H2Client:
     """A blocking HTTP/2 client over one cleartext connection (prior knowledge)."""
 
@@ -792,6 +809,34 @@ class BackpressureTest(unittest.TestCase):
         self.assertEqual(client.wait_end(sid)["status"], 200)
         self.assertFalse(any(client.streams[s]["ended"] for s in [session] + unary))
         self.assertEqual(h1, [])
+        self.assertGreater(metric(server.base_url, 'weir_admission_waits_total{cause="wal_pool"}'), 0)
+
+    def test_an_s2s_session_reset_while_waiting_for_admission_appends_nothing_more(self):
+        # PUTs take 1.5 s: three appends hold the 1 MiB pool until theirs land,
+        # and the session's input waits for room meanwhile. Its client resets
+        # the stream: the input is dropped, not appended once room comes.
+        server = self.start("--inject-put-latency-ms", "1500", "--admission-timeout-ms", "60000")
+        stream = self.new_stream(server)
+        client = H2Client(server.port)
+        self.addCleanup(client.close)
+        fills = [client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
+                                body=json.dumps({"records": [{"body": f"f{i}" + "f" * 300_000}]}).encode())
+                 for i in range(3)]
+        wait_for_pool_bytes(server.base_url)
+        session = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
+                                 body=frame(pb_append_input([pb_append_record(b"s" * 300_000)])), end=False)
+        wait_for_metric(server.base_url, 'weir_admission_waits_total{cause="wal_pool"}', 1)
+        client.reset(session)
+        wait_for_metric(server.base_url, "weir_admission_waits_abandoned_total", 1)
+        for sid in fills:
+            self.assertEqual(client.wait_end(sid)["status"], 200)
+        # Room came back with the fills' acks; the session's input stays out.
+        r = requests.get(f"{server.base_url}/v1/streams/{stream}/records", params={"seq_num": 0}, timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual([rec["body"][:2] for rec in r.json()["records"]], ["f0", "f1", "f2"])
+        self.assertEqual(metric(server.base_url, "weir_admission_wait_timeouts_total"), 0)
+        tail = requests.get(f"{server.base_url}/v1/streams/{stream}/records/tail", timeout=TIMEOUT)
+        self.assertEqual(tail.json()["tail"]["seq_num"], 3)
 
     def test_appends_that_waited_keep_their_order(self):
         server = self.start("--inject-put-latency-ms", "300", "--admission-timeout-ms", "60000")
