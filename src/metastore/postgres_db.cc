@@ -416,6 +416,10 @@ Status PostgresDb::Commit(std::string_view what) {
   } else if (PQstatus(conn_) != CONNECTION_OK) {
     st = Unavailable("metastore {}: {}: commit: {}; the connection broke, so whether it committed is unknown",
                      describe_, what, Trimmed(PQerrorMessage(conn_)));
+  } else if (res == nullptr) {
+    // No result (libpq out of memory): the COMMIT may have been sent.
+    st = Unavailable("metastore {}: {}: commit: no result ({}); whether it committed is unknown", describe_, what,
+                     Trimmed(PQerrorMessage(conn_)));
   } else {
     st = ResultError(res, fmt::format("{}: commit", what));
   }
