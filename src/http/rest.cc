@@ -1006,7 +1006,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       if (!on_io_thread && !inputs.empty()) {
         ticket = api_->engine_->TryAdmission(bytes, inputs.size());
         if (!ticket || !ticket->has_room()) {
-          auto held = std::make_shared<Held>(Held{std::move(inputs), std::move(undecodable), std::move(bad)});
+          auto held = std::make_shared<Held>(Held{std::move(inputs), std::move(undecodable), std::move(bad),
+                                                  Now() + api_->engine_->admission_timeout()});
           WaitForAdmission(std::move(held), 0);
           lk.lock();
           return;
@@ -1039,18 +1040,29 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   struct Held {
     std::vector<Input> inputs;
     std::optional<Response> undecodable, bad;
+    TimePoint admit_by;  // one admission timeout for all its groups
   };
 
   // From the pump on a worker, in_mu_ not held, pumping_ set: submits the
   // inputs from `from` on as admission has room for them: as many at a time
   // as fit the WAL pool at once (one too large for it alone is refused),
   // each group once its room is held for it; what is left at once after
-  // the admission timeout (admitted or refused) or the client leaving (not
-  // submitted). Then pumps on.
+  // the admission timeout (one for the whole round: admitted or refused),
+  // the client leaving, or the session ending (not submitted). Then pumps
+  // on.
   void WaitForAdmission(std::shared_ptr<Held> held, size_t from) {
     auto& inputs = held->inputs;
     auto* engine = api_->engine_;
     auto self = shared_from_this();
+    bool ended;
+    {
+      std::lock_guard lk(out_mu_);
+      ended = last_numbered_ || poisoned_;
+    }
+    // The session's end is numbered (Fail: a bad frame, the client gone, a
+    // drain) or an input was refused: Submit drops each input left, which
+    // gives its bytes back; no wait for room that would not be used.
+    for (; ended && from < inputs.size(); ++from) Submit(std::move(inputs[from].in), inputs[from].frame_bytes);
     if (from == inputs.size()) {
       std::unique_lock lk(in_mu_);
       FailAfterInputs(std::move(held->undecodable), std::move(held->bad));
@@ -1065,11 +1077,11 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     }
     using Wait = log::Engine::AdmissionWait;
     engine->WhenAdmissible(
-        bytes, to - from, Now() + engine->admission_timeout(),
+        bytes, to - from, held->admit_by,
         [ex = c_.ex](Duration delay, std::function<void()> fn) { ex->After(delay, std::move(fn)); },
         [self] { return self->c_.ex->closed(); },
         [self, held, from, to](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
-          self->c_.ex->Post([self, held, from, to, how, ticket = std::move(ticket)] {
+          self->c_.ex->Post([self, held, from, to, how, ticket = std::move(ticket)]() mutable {
             if (how == Wait::kAbandoned) {
               // The client left: nothing more is submitted (each input
               // below gives its bytes back). Also when it was seen to leave
@@ -1085,6 +1097,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
               in.in.options.ticket = how == Wait::kRoom ? ticket : nullptr;
               self->Submit(std::move(in.in), in.frame_bytes);
             }
+            ticket.reset();  // room an input did not take (dropped) goes back before the next look
             self->WaitForAdmission(held, end);
           });
         });

@@ -327,6 +327,7 @@ struct ProduceRun {
   std::vector<ProduceJob> jobs;  // a batch is moved out as it is appended
   size_t outstanding = 0;
   std::shared_ptr<SuspendedWork> suspended;  // while it waits for admission
+  TimePoint admit_by;  // one admission timeout for all its groups
 };
 
 // A Produce whose batches add up to more than this is checked (CRC, records)
@@ -467,6 +468,7 @@ void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::sha
   run->jobs = std::move(jobs);
   run->outstanding = run->jobs.size();
   run->suspended = req->reply->SuspendInOrder();
+  run->admit_by = Now() + engine_->admission_timeout();
   WaitForAdmission(req, run, 0);
 }
 
@@ -485,19 +487,22 @@ void Broker::WaitForAdmission(const std::shared_ptr<Request>& req, const std::sh
   auto left = [req] { return req->reply->closed() && req->body<ProduceRequest>().acks != 0; };
   using Wait = log::Engine::AdmissionWait;
   engine_->WhenAdmissible(
-      bytes, to - from, Now() + engine_->admission_timeout(),
+      bytes, to - from, run->admit_by,
       [req](Duration delay, std::function<void()> fn) { req->reply->After(delay, std::move(fn)); }, left,
       [this, req, run, from, to](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
-        // On a worker (the timer's, or the caller's when there was room at once).
         if (how == Wait::kAbandoned) {
           req->reply->NoResponse();  // nobody to answer; batches appended before still complete
           return run->suspended->Resume(nullptr);
         }
-        // Room held for this group; else (expired) the rest now, admitted
-        // or refused, as a wait that ran out.
-        const size_t end = how == Wait::kRoom ? to : run->jobs.size();
-        for (size_t i = from; i < end; ++i) AppendJob(req, run, i, how == Wait::kRoom ? ticket : nullptr);
-        WaitForAdmission(req, run, end);
+        // On an ordered-work thread (the look ran on a timer's read thread).
+        req->reply->PostWork([this, req, run, from, to, how, ticket = std::move(ticket)]() mutable {
+          // Room held for this group; else (expired) the rest now, admitted
+          // or refused, as a wait that ran out.
+          const size_t end = how == Wait::kRoom ? to : run->jobs.size();
+          for (size_t i = from; i < end; ++i) AppendJob(req, run, i, how == Wait::kRoom ? ticket : nullptr);
+          ticket.reset();  // room a batch did not take (refused before) goes back before the next look
+          WaitForAdmission(req, run, end);
+        });
       });
 }
 

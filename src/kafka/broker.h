@@ -111,15 +111,16 @@ class Broker : public FrameHandler {
   // `on_worker`: free to block (else on an I/O thread).
   void Produce(const std::shared_ptr<Request>& req, bool on_worker);
   // Appends the batches, none waiting for admission: room held by `ticket`
-  // (ProduceWhenAdmissible), or taken now, or the batch gets
-  // REQUEST_TIMED_OUT (retriable).
+  // (TryAdmission), or taken now, or the batch gets REQUEST_TIMED_OUT
+  // (retriable).
   void ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                      std::vector<ProduceJob> jobs, const std::shared_ptr<log::AdmissionTicket>& ticket);
-  // From ordered work on a worker: ProduceAppend once the WAL has room,
-  // without holding the worker while it waits (the connection's ordered work
-  // is suspended meanwhile; admission is looked at every few ms, up to the
-  // engine's admission_timeout). Batches that cannot fit the WAL pool at
-  // once wait in groups that do (WaitForAdmission).
+  // From ordered work on a worker: appends the batches once the WAL has room
+  // for them (ProduceAppend when it has now), without holding the worker
+  // while they wait (the connection's ordered work is suspended meanwhile;
+  // admission is looked at every few ms, up to one engine
+  // admission_timeout for the request). Batches that cannot fit the WAL pool
+  // at once wait in groups that do (WaitForAdmission).
   void ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                              std::vector<ProduceJob> jobs);
   // Appends run->jobs from `from` on, a group fitting the pool at a time as

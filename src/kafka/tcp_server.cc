@@ -621,6 +621,9 @@ class ReplyImpl : public Reply {
   void PostInOrder(std::function<void()> fn, bool answers) override { conn_->PostInOrder(std::move(fn), answers); }
   void RunInOrder(std::function<void(bool)> fn, bool answers) override { conn_->RunInOrder(std::move(fn), answers); }
   std::shared_ptr<SuspendedWork> SuspendInOrder() override { return conn_->SuspendOrdered(); }
+  void PostWork(std::function<void()> fn) override {
+    if (!conn_->srv()->pools_joined.load()) net::post(*conn_->srv()->workers, std::move(fn));
+  }
   void PostOneAtATime(std::function<void()> fn) override { conn_->PostOneAtATime(seq_, std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override {
     auto* srv = conn_->srv();

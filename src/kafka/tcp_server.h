@@ -84,6 +84,10 @@ class Reply {
   // (a Produce waiting for the WAL to admit it): the few ordered-work
   // threads stay free for other connections.
   virtual std::shared_ptr<SuspendedWork> SuspendInOrder() = 0;
+  // Runs `fn` on an ordered-work thread soon, outside the connection's
+  // order: the steps of work suspended by SuspendInOrder (the read threads
+  // of Post and After are Fetch's).
+  virtual void PostWork(std::function<void()> fn) = 0;
   // Runs `fn` on a read thread once the connection's earlier PostOneAtATime
   // request is answered and its response written (Kafka's broker reads no
   // further request until then). Requests whose responses may be large

@@ -139,8 +139,8 @@ struct ProducerRef {
   int32_t seq = 0;  // sequence of the batch's first record (Kafka baseSequence)
 };
 
-// Room in the WAL pool held for appends that waited for it
-// (Engine::WhenAdmissible): appends given it (AppendOptions::ticket, or
+// Room in the WAL pool held for appends (Engine::TryAdmission, directly or
+// through WhenAdmissible): appends given it (AppendOptions::ticket, or
 // AppendBatchAsync's) are admitted from it without waiting. Shared by one
 // request's appends; any thread. Room no append used goes back to the pool
 // when the last holder drops it.
@@ -172,10 +172,11 @@ struct AppendOptions {
   std::optional<uint64_t> match_seq_num;
   std::optional<std::string> fencing_token;
   std::optional<ProducerRef> producer;
-  // False for a caller on an I/O thread: admission does not wait (no room in
-  // the WAL pool or the settle backlog now is kResourceExhausted at once).
+  // False for a caller whose thread must not wait (every front-end: they
+  // wait through WhenAdmissible instead): no room in the WAL pool or the
+  // settle backlog now is kResourceExhausted at once.
   bool may_wait = true;
-  std::shared_ptr<AdmissionTicket> ticket = nullptr;  // room this append waited for (WhenAdmissible)
+  std::shared_ptr<AdmissionTicket> ticket = nullptr;  // room held for this append (TryAdmission)
 };
 
 struct AppendAck {
@@ -396,8 +397,8 @@ class Engine {
   // are kNotSupported; a batch (compressed or not) holding a record shaped
   // like an S2 command record (one header, empty name) is kInvalidArgument. At most
   // max_batch_bytes. `done` runs as for AppendAsync. With `may_wait` false
-  // (a caller on an I/O thread) admission does not wait: no room in the WAL
-  // pool or the settle backlog now is kResourceExhausted at once.
+  // (a caller whose thread must not wait) admission does not wait: no room
+  // in the WAL pool or the settle backlog now is kResourceExhausted at once.
   void AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
                         AppendCallback done, bool may_wait = true, std::shared_ptr<AdmissionTicket> ticket = nullptr);
   // The checks AppendBatchAsync makes of the batch itself, whatever the
