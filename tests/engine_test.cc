@@ -1395,6 +1395,8 @@ TEST_F(EngineTest, BadWalOptionsAreRefusedBeforeTheNodeIsTakenOver) {
 // whose rows settle then skips). Nor does it create or change anything.
 TEST_F(EngineTest, ASupersededProcessChangesNoStreamOrTable) {
   ASSERT_TRUE(CreateTable("tbl", 1, StreamConfig{}).ok());
+  // Still current: a basin that holds streams is its own refusal, not "superseded".
+  EXPECT_EQ(engine_->DeleteBasin(kBasin).code(), Code::kPreconditionFailed);
   auto node = meta_->GetNode("n1");
   ASSERT_TRUE(node.ok());
   ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, 8).ok());  // a successor started

@@ -533,6 +533,17 @@ TEST_P(MetastoreConformance, ChangesNeedTheNodesEpoch) {
   EXPECT_EQ(m().GetBasin("new-basin").status().code(), Code::kNotFound);
   EXPECT_FALSE(m().GetBasin("b")->config.create_stream_on_append);
   EXPECT_TRUE(m().GetBasin("empty-basin").ok());
+  {
+    const EpochCheck now{"n1", second.epoch};
+    ASSERT_OK(m().CreateBasin(BasinInfo{"new-basin", 1}, now));
+    BasinConfig on_append;
+    on_append.create_stream_on_append = true;
+    ASSERT_OK(m().ReconfigureBasin("new-basin", on_append, now));
+    EXPECT_TRUE(m().GetBasin("new-basin")->config.create_stream_on_append);
+    ASSERT_OK(m().DeleteBasin("new-basin", now));
+    ASSERT_OK(m().DeleteBasin("empty-basin", now));
+    EXPECT_EQ(m().GetBasin("empty-basin").status().code(), Code::kNotFound);
+  }
   EXPECT_EQ(m().GetStream("b", "new").status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetTable("b", "newtbl").status().code(), Code::kNotFound);
   EXPECT_EQ(m().GetTable("b", "tbl")->bucket_count, 2u);

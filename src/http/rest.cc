@@ -1079,13 +1079,19 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     engine->WhenAdmissible(
         bytes, to - from, held->admit_by,
         [ex = c_.ex](Duration delay, std::function<void()> fn) { ex->After(delay, std::move(fn)); },
-        [self] { return self->c_.ex->closed(); },
+        // The client left, or the session's end is numbered (a drain, an
+        // answer refused): the inputs would be dropped anyway.
+        [self] {
+          if (self->c_.ex->closed()) return true;
+          std::lock_guard lk(self->out_mu_);
+          return self->last_numbered_ || self->poisoned_;
+        },
         [self, held, from, to](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
           self->c_.ex->Post([self, held, from, to, how, ticket = std::move(ticket)]() mutable {
             if (how == Wait::kAbandoned) {
-              // The client left: nothing more is submitted (each input
-              // below gives its bytes back). Also when it was seen to leave
-              // already (failed_): Fail numbers the session's end.
+              // Nothing more is submitted (each input below gives its bytes
+              // back). The client left: Fail numbers the session's end (a
+              // no-op when it is numbered already).
               std::lock_guard lk(self->in_mu_);
               self->Fail(Ctx::ErrorResponse(503, "unavailable", "the client went away"));
             }

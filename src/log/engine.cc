@@ -1005,6 +1005,7 @@ struct AdmissionLook {
   std::function<bool()> abandon;
   std::function<void(Engine::AdmissionWait, std::shared_ptr<AdmissionTicket>)> ready;
   Duration interval = kAdmissionLookFirst;
+  bool waited = false;  // the first look found no room (counted as a wait)
 };
 
 void LookAgain(const std::shared_ptr<AdmissionLook>& w);
@@ -1014,7 +1015,7 @@ bool Look(const std::shared_ptr<AdmissionLook>& w) {
   using W = Engine::AdmissionWait;
   auto& m = w->engine->metrics();
   if (w->abandon && w->abandon()) {
-    m.admission_waits_abandoned.fetch_add(1, std::memory_order_relaxed);
+    if (w->waited) m.admission_waits_abandoned.fetch_add(1, std::memory_order_relaxed);
     w->ready(W::kAbandoned, nullptr);
   } else if (auto ticket = w->engine->TryAdmission(w->bytes, w->appends)) {
     w->ready(W::kRoom, std::move(ticket));
@@ -1043,6 +1044,7 @@ void Engine::WhenAdmissible(size_t bytes, size_t appends, TimePoint deadline, Af
   auto w = std::make_shared<AdmissionLook>(
       AdmissionLook{this, bytes, appends, deadline, std::move(after), std::move(abandon), std::move(ready)});
   if (Look(w)) return;
+  w->waited = true;
   (BacklogFull() ? metrics_.admission_waits_backlog : metrics_.admission_waits_pool)
       .fetch_add(1, std::memory_order_relaxed);
   LookAgain(w);

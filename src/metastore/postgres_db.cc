@@ -417,7 +417,10 @@ Status PostgresDb::Commit(std::string_view what) {
     st = Unavailable("metastore {}: {}: commit: {}; the connection broke, so whether it committed is unknown",
                      describe_, what, Trimmed(PQerrorMessage(conn_)));
   } else if (res == nullptr) {
-    // No result (libpq out of memory): the COMMIT may have been sent.
+    // No result (libpq out of memory): the COMMIT may not have been sent,
+    // leaving the transaction open on the server. The next call connects
+    // again, which ends it there (rolled back unless it had committed).
+    reconnect_ = true;
     st = Unavailable("metastore {}: {}: commit: no result ({}); whether it committed is unknown", describe_, what,
                      Trimmed(PQerrorMessage(conn_)));
   } else {

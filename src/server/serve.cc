@@ -251,8 +251,8 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
                     e.settle_reread_bytes.load());
   http::PromGauge(&out, "weir_unsettled_bytes", "Acknowledged bytes in WAL slots, not yet settled",
                   static_cast<double>(engine->unsettled_bytes()));
-  out += "# HELP weir_admission_waits_total Waits for admission holding no thread (a request's appends, or a group of "
-         "a session's), by what was full\n"
+  out += "# HELP weir_admission_waits_total Waits for admission holding no thread (one per request, or per group of "
+         "a request's batches or a session's inputs that fits the pool), by what was full\n"
          "# TYPE weir_admission_waits_total counter\n";
   out += fmt::format("weir_admission_waits_total{{cause=\"wal_pool\"}} {}\n", e.admission_waits_pool.load());
   out += fmt::format("weir_admission_waits_total{{cause=\"settle_backlog\"}} {}\n", e.admission_waits_backlog.load());
@@ -260,7 +260,7 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
                     "Waits for admission that ran out (their appends admitted at once if there was room, else refused)",
                     e.admission_wait_timeouts.load());
   http::PromCounter(&out, "weir_admission_waits_abandoned_total",
-                    "Waits for admission ended because the client left (its appends dropped)",
+                    "Waits for admission ended because the client left or the S2S session ended (their appends dropped)",
                     e.admission_waits_abandoned.load());
   http::PromCounter(&out, "weir_settle_backlog_timeouts_total",
                     "Appends refused because settle was behind (--max-unsettled-mib)", e.settle_backlog_timeouts.load());

@@ -62,15 +62,15 @@ def unique(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def wait_for_pool_bytes(base):
-    """Waits until the server at `base` holds appends in its WAL pool."""
+def wait_for_pool_bytes(base, at_least=1):
+    """Waits until the server at `base` holds `at_least` bytes of appends in its WAL pool."""
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
         m = re.search(r"^weir_wal_pool_bytes (\S+)$", requests.get(f"{base}/metrics", timeout=TIMEOUT).text, re.M)
-        if m and float(m.group(1)) > 0:
+        if m and float(m.group(1)) >= at_least:
             return
         time.sleep(0.05)
-    raise AssertionError(f"the server at {base} held no append in its WAL pool within {TIMEOUT} s")
+    raise AssertionError(f"the server at {base} held less than {at_least} bytes in its WAL pool for {TIMEOUT} s")
 
 
 def metric(base, line_start):
@@ -823,13 +823,15 @@ class BackpressureTest(unittest.TestCase):
         for i in range(3):
             client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "application/json")],
                            body=json.dumps({"records": [{"body": f"f{i}" + "f" * 300_000}]}).encode())
-        wait_for_pool_bytes(server.base_url)
+        wait_for_pool_bytes(server.base_url, 900_000)  # all three in: the session's input cannot fit
+        held = metric(server.base_url, "weir_wal_pool_bytes")
         session = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
                                  body=frame(pb_append_input([pb_append_record(b"s" * 300_000)])), end=False)
         wait_for_metric(server.base_url, 'weir_admission_waits_total{cause="wal_pool"}', 1)
         client.reset(session)
         wait_for_metric(server.base_url, "weir_admission_waits_abandoned_total", 1)
         self.assertEqual(metric(server.base_url, "weir_admission_wait_timeouts_total"), 0)
+        self.assertEqual(metric(server.base_url, "weir_wal_pool_bytes"), held)  # nothing of the session's went in
         sid = client.request("GET", "/health")  # the connection goes on
         self.assertEqual(client.wait_end(sid)["status"], 200)
 
