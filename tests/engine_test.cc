@@ -2731,6 +2731,16 @@ TEST_F(EngineTest, AdmissionWaitedForWithoutBlockingHoldsItsRoom) {
   auto huge = engine_->TryAdmission(2 << 20, 1);
   ASSERT_NE(huge, nullptr);
   EXPECT_EQ(huge->Take(2 << 20), std::nullopt);
+  EXPECT_FALSE(huge->has_room());
+  // Appends that never fit the pool together wait in groups that do (at least one each).
+  const std::vector<size_t> rooms{big, big, big, 2 << 20, 10};
+  auto room_of = [&](size_t i) { return rooms[i]; };
+  auto g = engine_->NextAdmissionGroup(0, rooms.size(), room_of);
+  EXPECT_EQ(g.end, 2u);
+  EXPECT_EQ(g.bytes, 2 * big);
+  EXPECT_EQ(engine_->NextAdmissionGroup(2, rooms.size(), room_of).end, 3u);
+  EXPECT_EQ(engine_->NextAdmissionGroup(3, rooms.size(), room_of).end, 4u);  // too large alone: refused later
+  EXPECT_EQ(engine_->NextAdmissionGroup(4, rooms.size(), room_of).end, 5u);
 
   // WhenAdmissible, with a timer of threads the test joins.
   std::mutex mu;

@@ -1069,12 +1069,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       pumping_ = false;
       return Pump(lk, false);
     }
-    size_t to = from + 1, bytes = log::Engine::AdmissionBytes(inputs[from].in.records);
-    for (; to < inputs.size(); ++to) {
-      const size_t next = log::Engine::AdmissionBytes(inputs[to].in.records);
-      if (!engine->FitsPoolAtOnce(bytes + next, to + 1 - from)) break;
-      bytes += next;
-    }
+    const auto [to, bytes] = engine->NextAdmissionGroup(
+        from, inputs.size(), [&](size_t i) { return log::Engine::AdmissionBytes(inputs[i].in.records); });
     using Wait = log::Engine::AdmissionWait;
     engine->WhenAdmissible(
         bytes, to - from, held->admit_by,

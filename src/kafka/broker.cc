@@ -476,10 +476,7 @@ void Broker::WaitForAdmission(const std::shared_ptr<Request>& req, const std::sh
                               size_t from) {
   auto& jobs = run->jobs;
   if (from == jobs.size()) return run->suspended->Resume(nullptr);  // all in: the connection goes on
-  size_t to = from + 1, bytes = jobs[from].batch.size();
-  for (; to < jobs.size() && engine_->FitsPoolAtOnce(bytes + jobs[to].batch.size(), to + 1 - from); ++to) {
-    bytes += jobs[to].batch.size();
-  }
+  const auto [to, bytes] = engine_->NextAdmissionGroup(from, jobs.size(), [&](size_t i) { return jobs[i].batch.size(); });
   // A client that left while its batches waited gets no more appends: it
   // retries them elsewhere, and a late append would be a second copy (as
   // ordered work left waiting at a close is dropped). An acks=0 batch still

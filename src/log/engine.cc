@@ -1058,6 +1058,17 @@ bool Engine::FitsPoolAtOnce(size_t bytes, size_t appends) const {
   return !wal_ || bytes + appends * wal::Writer::kEntryOverhead <= options_.wal.budget_bytes;
 }
 
+Engine::AdmissionGroup Engine::NextAdmissionGroup(size_t from, size_t count,
+                                                  const std::function<size_t(size_t)>& room_of) const {
+  AdmissionGroup g{from + 1, room_of(from)};
+  for (; g.end < count; ++g.end) {
+    const size_t next = room_of(g.end);
+    if (!FitsPoolAtOnce(g.bytes + next, g.end + 1 - from)) break;
+    g.bytes += next;
+  }
+  return g;
+}
+
 std::shared_ptr<AdmissionTicket> Engine::TryAdmission(size_t bytes, size_t appends) {
   // Closing: no room will come; the appends are refused at once.
   if (closing_.load()) return std::make_shared<AdmissionTicket>(std::nullopt);

@@ -295,10 +295,16 @@ class Engine {
   // pool at once (each append then takes its own room) or the engine is
   // closing; else null.
   std::shared_ptr<AdmissionTicket> TryAdmission(size_t bytes, size_t appends);
-  // Whether `appends` appends of `bytes` in all could be admitted at once
-  // (fit the WAL pool's whole budget): front-ends that wait for admission
-  // without a thread wait for such groups of their appends, one by one.
-  bool FitsPoolAtOnce(size_t bytes, size_t appends) const;
+  // The next group of a request's appends to wait for admission together,
+  // from append `from` of `count` (`room_of(i)`: append i's room, as
+  // TryAdmission counts it): as many as fit the WAL pool's whole budget at
+  // once, at least one. Appends that could never fit together wait in such
+  // groups, one after another.
+  struct AdmissionGroup {
+    size_t end;    // exclusive
+    size_t bytes;  // the group's room
+  };
+  AdmissionGroup NextAdmissionGroup(size_t from, size_t count, const std::function<size_t(size_t)>& room_of) const;
   // The room an append of `records` takes in the WAL pool (at least their
   // encoded batch's size).
   static size_t AdmissionBytes(const std::vector<AppendRecord>& records);
@@ -533,6 +539,8 @@ class Engine {
   void SettledBytes(uint64_t n, uint64_t batches);
   // More than max_unsettled_bytes or max_unsettled_batches await settle.
   bool BacklogFull() const;
+  // Whether `appends` appends of `bytes` in all fit the WAL pool's whole budget.
+  bool FitsPoolAtOnce(size_t bytes, size_t appends) const;
   // Under s->mu (held by lk): applies the producer window to an append of
   // `count` records. True when it took `done` (a duplicate, queued or
   // answered, or a failure; lk is then released unless the duplicate is
