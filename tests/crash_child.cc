@@ -58,6 +58,8 @@ struct Flags {
   double put_ambiguous_rate = 0;
   uint64_t seed = 1;
   int settle_ms = 200;
+  std::string node = "crash-node";
+  int node_live_window_ms = 20000;
   size_t cache_bytes = wl::EngineOptions{}.log_cache_bytes;
 };
 
@@ -173,7 +175,8 @@ Result<std::unique_ptr<wl::Engine>> OpenEngine(const Flags& f, bool faults, size
   WEIR_ASSIGN_OR_RETURN(auto meta, weir::metastore::OpenMetastore(f.metastore.empty() ? "sqlite://" + f.dir + "/meta.db"
                                                                                       : f.metastore));
   wl::EngineOptions o;
-  o.node = "crash-node";
+  o.node = f.node;
+  o.node_live_window = std::chrono::milliseconds(f.node_live_window_ms);
   o.wal.retry_initial = 2ms;
   o.wal.retry_max = 50ms;
   o.log_cache_bytes = cache_bytes;
@@ -787,6 +790,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed);
   app.add_option("--cache-bytes", f.cache_bytes, "append mode: log cache size");
   app.add_option("--settle-ms", f.settle_ms, "append mode: settle interval")->check(CLI::Range(1, 600000));
+  app.add_option("--node", f.node, "node id (default crash-node)");
+  app.add_option("--node-live-window-ms", f.node_live_window_ms,
+                 "another node's heartbeat younger than this refuses the start")
+      ->check(CLI::Range(1, 600000));
   CLI11_PARSE(app, argc, argv);
   return f.mode == "append" ? RunAppend(f) : RunVerify(f);
 }

@@ -31,11 +31,17 @@ KEEP = os.environ.get("WEIR_CRASH_KEEP") == "1"
 EXTRA = os.environ.get("WEIR_CRASH_EXTRA", "").split()  # more append-mode flags, for exploring
 READY_TIMEOUT = 120  # seconds; generous for a loaded machine
 
+# (name, append-mode flags, node ids): each cycle runs as one of the node ids,
+# at random, and verify as a node of its own; a node that starts takes over
+# the WAL each dead node of another id left unsettled.
 SCENARIOS = [
-    ("plain", []),
+    ("plain", [], ["crash-node"]),
     # A small log cache too: settle reads most batches back from their WAL slots.
     ("faults", ["--put-error-rate", "0.05", "--put-timeout-rate", "0.05", "--put-ambiguous-rate", "0.1",
-                "--cache-bytes", "262144"]),
+                "--cache-bytes", "262144"], ["crash-node"]),
+    # A killed node's heartbeat is stale at once (1 ms): the next start, of
+    # another id or of its own, goes ahead.
+    ("takeover", ["--put-ambiguous-rate", "0.05", "--node-live-window-ms", "1"], ["crash-a", "crash-b", "crash-c"]),
 ]
 
 
@@ -98,11 +104,11 @@ def store_for(name, seed):
     return flags + ["--object-store", uri], env
 
 
-def slots_past_a_hole(d):
-    """Whether the newest epoch's chain has a slot above a missing seq (a
-    flight that landed past the hole the next start will poison). Only
+def slots_past_a_hole(d, node):
+    """Whether the node's newest epoch's chain has a slot above a missing seq
+    (a flight that landed past the hole the next start will poison). Only
     looked at on file://."""
-    chain = os.path.join(d, "objects", "wal", "crash-node")
+    chain = os.path.join(d, "objects", "wal", node)
     if not os.path.isdir(chain):
         return False
     epochs = sorted(os.listdir(chain))
@@ -113,9 +119,10 @@ def slots_past_a_hole(d):
     return bool(seqs) and seqs[-1] - seqs[0] + 1 != len(seqs)
 
 
-def cycle(rng, d, ack_log, extra, i, log, store):
-    """One append run, killed at a random moment."""
-    args = [CHILD, "--dir", d, "--mode", "append", "--ack-log", ack_log,
+def cycle(rng, d, ack_log, extra, nodes, i, log, store):
+    """One append run as one of `nodes`, killed at a random moment."""
+    node = nodes[0] if len(nodes) == 1 else rng.choice(nodes)
+    args = [CHILD, "--dir", d, "--mode", "append", "--ack-log", ack_log, "--node", node,
             "--seed", str(rng.randrange(1, 1 << 62))] + store[0] + extra + EXTRA
     err_path = os.path.join(d, "append.err")
     with open(err_path, "ab") as err:
@@ -138,7 +145,7 @@ def cycle(rng, d, ack_log, extra, i, log, store):
             raise Failure(f"cycle {i}: the child exited by itself ({proc.returncode}):\n{tail_of(err_path)}")
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        log.append((where, delay, slots_past_a_hole(d)))
+        log.append((where, delay, slots_past_a_hole(d, node), node))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -161,7 +168,15 @@ def count_log(ack_log):
     return acks, dups, resends, resend_dups
 
 
-def scenario(name, extra, seed):
+def extra_node_flags(extra):
+    """The append-mode flags verify takes too (the node live window)."""
+    if "--node-live-window-ms" not in extra:
+        return []
+    i = extra.index("--node-live-window-ms")
+    return extra[i:i + 2]
+
+
+def scenario(name, extra, nodes, seed):
     rng = random.Random(seed)
     store = store_for(name, seed)  # before the directory: a failure here leaves nothing behind
     d = tempfile.mkdtemp(prefix=f"weir-crash-{name}-")
@@ -171,10 +186,13 @@ def scenario(name, extra, seed):
     try:
         kills = []
         for i in range(CYCLES):
-            cycle(rng, d, ack_log, extra, i, kills, store)
+            cycle(rng, d, ack_log, extra, nodes, i, kills, store)
         # Verify twice: after the kills, and again after the first verify's clean close.
+        # With several node ids, as a node that never appended: it takes the last one over.
+        verify_node = nodes[0] if len(nodes) == 1 else "crash-verify"
         for attempt in ("after the last kill", "after a clean close"):
-            verify = subprocess.run([CHILD, "--dir", d, "--mode", "verify", "--ack-log", ack_log] + store[0],
+            verify = subprocess.run([CHILD, "--dir", d, "--mode", "verify", "--ack-log", ack_log,
+                                     "--node", verify_node] + extra_node_flags(extra) + store[0],
                                     capture_output=True, text=True, timeout=600, env=store[1])
             summary = verify.stdout.strip()
             if verify.returncode != 0:
@@ -182,7 +200,9 @@ def scenario(name, extra, seed):
                               f"{verify.stderr[-3000:]}")
         acks, dups, resends, resend_dups = count_log(ack_log)
         holes = str(sum(1 for k in kills if k[2])) if S3_ENV is None else "n/a on s3://"
+        switches = sum(1 for a, b in zip(kills, kills[1:]) if a[3] != b[3])
         print(f"  {len(kills)} kills ({sum(1 for k in kills if k[0] == 'start')} during start-up, "
+              f"{switches} followed by another node id, "
               f"{holes} left slots past a hole); {acks} acks, {dups} duplicated (re-sends after restart: {resends}, "
               f"{resend_dups} duplicated); {time.monotonic() - start:.1f}s")
         print("  " + summary.splitlines()[0])
@@ -208,9 +228,9 @@ def main():
           f"{CYCLES} cycles per scenario, on {'s3:// (' + S3_ENV + ')' if S3_ENV else 'file://'}"
           f"{' with a postgres:// metastore (' + PG_ENV + ')' if PG_ENV else ''}")
     passed = failed = 0
-    for n, (name, extra) in enumerate(SCENARIOS):
+    for n, (name, extra, nodes) in enumerate(SCENARIOS):
         print(f"scenario {name}")
-        if scenario(name, extra, SEED * 1000 + n):
+        if scenario(name, extra, nodes, SEED * 1000 + n):
             passed += 1
         else:
             failed += 1

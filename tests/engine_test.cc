@@ -73,7 +73,8 @@ class EngineTest : public ::testing::Test {
 
   EngineOptions Options() const {
     EngineOptions o;
-    o.node = "n1";
+    o.node = node_;
+    o.node_live_window = node_live_window_;
     o.settle_interval = Duration::zero();  // tests settle by hand
     o.settle_on_close = settle_on_close_;
     o.merge_interval = Duration::zero();  // tests merge by hand
@@ -173,6 +174,8 @@ class EngineTest : public ::testing::Test {
   size_t load_page_segments_ = 10000;
   size_t merge_parts_per_pass_ = 2048;
   bool settle_on_close_ = true;
+  std::string node_ = "n1";
+  Duration node_live_window_ = std::chrono::seconds(20);
 };
 
 size_t CountKeys(objstore::ObjectStore& store, const std::string& prefix) {
@@ -1667,6 +1670,108 @@ TEST_F(EngineTest, ACloseThatLeavesRecordsUnsettledKeepsTheHeartbeat) {
   auto n2 = Engine::Open(other, store_, meta_);
   ASSERT_TRUE(n2.ok()) << n2.status().ToString();
   (*n2)->Close();
+}
+
+// A node that stopped with acknowledged records unsettled (its heartbeat
+// left set) is taken over by the next node to start, whatever its id:
+// nothing it acknowledged is lost, new appends follow its records, and it
+// replays nothing twice when it starts again.
+TEST_F(EngineTest, ANodeOfAnotherIdTakesOverADeadNodesUnsettledRecords) {
+  settle_on_close_ = false;
+  Restart();
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "t", StreamConfig{}).ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  ASSERT_OK(engine_->SettleNow());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"b"})).status.ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "t", Bodies({"x", "y"})).status.ok());
+  engine_->Close();
+  engine_.reset();
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n1, meta_->GetNode("n1"));
+  ASSERT_GT(n1.heartbeat_ms, 0);
+  std::this_thread::sleep_for(20ms);  // n1's heartbeat goes stale (past n2's window)
+  node_ = "n2";
+  node_live_window_ = 5ms;
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(ReadAll("t"), (std::vector<std::string>{"x", "y"}));
+  // n1 was recovered as its own next start would: a new epoch, its chain
+  // settled to that epoch's start, its heartbeat cleared.
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState after, meta_->GetNode("n1"));
+  EXPECT_EQ(after.epoch, n1.epoch + 1);
+  EXPECT_EQ(after.checkpoint, (metastore::ChainPosition{n1.epoch + 1, 0}));
+  EXPECT_EQ(after.heartbeat_ms, 0);
+  EXPECT_EQ(CountKeys(*store_, fmt::format("wal/n1/{}/", n1.epoch)), 0u) << "settled slots are deleted";
+  auto c = engine_->Append(kBasin, "s", Bodies({"c"}));
+  ASSERT_TRUE(c.status.ok()) << c.status.ToString();
+  EXPECT_EQ(c.ack.start_offset, 2u);
+  // n2 stops with "c" unsettled too, and n1 comes back: it takes n2 over in
+  // turn, and finds nothing of its own to replay.
+  engine_->Close();
+  engine_.reset();
+  std::this_thread::sleep_for(20ms);
+  node_ = "n1";
+  settle_on_close_ = true;
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(ReadAll("t"), (std::vector<std::string>{"x", "y"}));
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n2, meta_->GetNode("n2"));
+  EXPECT_EQ(n2.heartbeat_ms, 0);
+  // A node that stopped cleanly (its heartbeat cleared) is left alone.
+  Restart();
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n2_again, meta_->GetNode("n2"));
+  EXPECT_EQ(n2_again.epoch, n2.epoch);
+}
+
+// A node cut off from the metastore (its heartbeat stale) may still run:
+// the takeover supersedes it, so it acknowledges and settles nothing more,
+// and what it acknowledged before is served by its successor.
+TEST_F(EngineTest, ATakeoverFencesTheNodeItTakesOverWhenItStillRuns) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  std::this_thread::sleep_for(20ms);
+  EngineOptions other = Options();
+  other.node = "n2";
+  other.node_live_window = 5ms;
+  auto n2 = Engine::Open(other, store_, meta_);
+  ASSERT_TRUE(n2.ok()) << n2.status().ToString();
+  auto late = engine_->Append(kBasin, "s", Bodies({"late"}));
+  EXPECT_EQ(late.status.code(), Code::kFenced) << late.status.ToString();
+  EXPECT_FALSE(engine_->SettleNow().ok());
+  auto b = (*n2)->Append(kBasin, "s", Bodies({"b"}));
+  ASSERT_TRUE(b.status.ok()) << b.status.ToString();
+  EXPECT_EQ(b.ack.start_offset, 1u);
+  auto r = (*n2)->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 2u);
+  EXPECT_EQ(r->records[0].record.value, "a");
+  EXPECT_EQ(r->records[1].record.value, "b");
+  (*n2)->Close();
+}
+
+// A takeover that fails fails the start: serving without the dead node's
+// records would give their offsets to new appends. The heartbeat stays set,
+// and the next start takes the node over.
+TEST_F(EngineTest, AStartWhoseTakeoverFailsIsRefused) {
+  settle_on_close_ = false;
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  engine_->Close();
+  engine_.reset();
+  std::this_thread::sleep_for(20ms);
+  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  int mints = 0;
+  hooked->fail_mint = [&mints]() { return ++mints == 2 ? Unavailable("the metastore is busy") : Status::Ok(); };
+  node_ = "n2";
+  node_live_window_ = 5ms;
+  settle_on_close_ = true;
+  auto refused = Engine::Open(Options(), store_, hooked);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kUnavailable) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("taking over the unsettled WAL of node n1"), std::string::npos)
+      << refused.status().ToString();
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n1, meta_->GetNode("n1"));
+  EXPECT_GT(n1.heartbeat_ms, 0);
+  Start();  // n2 again (its own heartbeat, left by the failed start, never stops it)
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
 }
 
 // A table's bucket stream with delete_on_empty set (a reconfiguration can

@@ -204,6 +204,7 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->ExpireGroupOffsets(ms, k, by);
   }
   Result<NodeState> GetNode(std::string_view n) override { return m_->GetNode(n); }
+  Result<std::vector<NodeState>> ListNodes() override { return m_->ListNodes(); }
   Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w) override {
     if (auto hook = std::exchange(before_mint, nullptr)) hook();
     if (fail_mint) {

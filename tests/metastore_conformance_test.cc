@@ -2008,8 +2008,37 @@ TEST_P(MetastoreConformance, HeartbeatsKeepOneNodeServing) {
   ASSERT_OK_AND_ASSIGN(NodeState after, m().GetNode("n1"));
   EXPECT_EQ(after.epoch, 1u);
   EXPECT_EQ(after.window, 8u);
+  EXPECT_GT(after.heartbeat_ms, 0);
   ASSERT_OK(m().MintEpoch("n1", 1, 8).status());
   EXPECT_EQ(m().Heartbeat("n1", 1, kLong).code(), Code::kPreconditionFailed);  // superseded
+}
+
+// ListNodes: every minted node by name, with its epoch, window, checkpoint
+// and heartbeat (0 once cleared), as GetNode reads it.
+TEST_P(MetastoreConformance, ListNodesReadsEveryNodesState) {
+  ASSERT_OK_AND_ASSIGN(std::vector<NodeState> none, m().ListNodes());
+  EXPECT_TRUE(none.empty());
+  ASSERT_OK(m().MintEpoch("nb", 0, 8).status());
+  ASSERT_OK(m().MintEpoch("na", 0, 4).status());
+  ASSERT_OK(m().MintEpoch("na", 1, 16).status());
+  ASSERT_OK(m().CommitSettle("na", 2, ChainPosition{}, ChainPosition{2, 3}, {}, {}));
+  ASSERT_OK(m().Heartbeat("nb", 1, 3'600'000));
+  ASSERT_OK_AND_ASSIGN(std::vector<NodeState> nodes, m().ListNodes());
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].node, "na");
+  EXPECT_EQ(nodes[0].epoch, 2u);
+  EXPECT_EQ(nodes[0].window, 16u);
+  EXPECT_EQ(nodes[0].checkpoint, (ChainPosition{2, 3}));
+  EXPECT_EQ(nodes[0].heartbeat_ms, 0);
+  EXPECT_EQ(nodes[1].node, "nb");
+  EXPECT_EQ(nodes[1].epoch, 1u);
+  EXPECT_GT(nodes[1].heartbeat_ms, 0);
+  ASSERT_OK_AND_ASSIGN(NodeState nb, m().GetNode("nb"));
+  EXPECT_EQ(nb.heartbeat_ms, nodes[1].heartbeat_ms);
+  ASSERT_OK(m().Heartbeat("nb", 1, 0));
+  ASSERT_OK_AND_ASSIGN(nodes, m().ListNodes());
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[1].heartbeat_ms, 0);
 }
 
 TEST_P(MetastoreConformance, NewerSchemaRefusesToOpen) {

@@ -326,14 +326,18 @@ Status Engine::Recover() {
           options_.node, last_stream_id == 0 ? " or of any stream" : "");
     }
   }
-  WEIR_RETURN_IF_ERROR(CheckDeployment());
+  if (!taking_over_) WEIR_RETURN_IF_ERROR(CheckDeployment());
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window));
   epoch_ = now.epoch;
-  // No other node may be serving this metastore (its streams would have two
-  // sequencers). Renewed from here on: recovery may take longer than the window.
-  WEIR_RETURN_IF_ERROR(Heartbeat(true));
-  if (options_.heartbeat_interval > Duration::zero()) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  if (!taking_over_) {
+    // No other node may be serving this metastore (its streams would have two
+    // sequencers). Renewed from here on: recovery may take longer than the window.
+    WEIR_RETURN_IF_ERROR(Heartbeat(true));
+    if (options_.heartbeat_interval > Duration::zero()) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+    // Before the streams load: they must include what dead nodes acknowledged.
+    WEIR_RETURN_IF_ERROR(TakeOverDeadNodes());
+  }
   // The checkpoint as of the mint, not as read before it: a process of this
   // node still running may have settled (and deleted slots) in between, and
   // the fence must start at its chain's live part, or that process is never
@@ -418,6 +422,35 @@ Status Engine::Recover() {
   if (!swept.ok()) Log().warn("sweeping garbage: {}", swept.ToString());
   last_retention_ = Now();
   if (options_.settle_interval > Duration::zero()) settle_thread_ = std::thread([this] { SettleLoop(); });
+  return Status::Ok();
+}
+
+Status Engine::TakeOverDeadNodes() {
+  WEIR_ASSIGN_OR_RETURN(std::vector<metastore::NodeState> nodes, meta_->ListNodes());
+  for (const metastore::NodeState& n : nodes) {
+    // A heartbeat still set: that node stopped without settling everything
+    // it acknowledged (a clean stop clears it), and it is stale (this start's
+    // Heartbeat refused a live one). Its chain is recovered as its own next
+    // start would: its epoch is minted (a process of it still running is
+    // superseded, and the fence stops its WAL), its slots from the
+    // checkpoint are replayed and settled, and its heartbeat is cleared.
+    if (n.node == options_.node || n.heartbeat_ms == 0) continue;
+    Log().warn("node {} left its heartbeat set (it stopped without settling everything it acknowledged, or lost "
+               "the metastore): taking over its WAL from epoch {}, checkpoint {}/{}",
+               n.node, n.epoch, n.checkpoint.epoch, n.checkpoint.seq);
+    EngineOptions o = options_;
+    o.node = n.node;
+    o.settle_interval = Duration::zero();
+    o.merge_interval = Duration::zero();
+    o.heartbeat_interval = Duration::zero();
+    o.settle_on_close = true;
+    std::unique_ptr<Engine> dead(new Engine(std::move(o), store_, meta_));
+    dead->taking_over_ = true;
+    Status st = dead->Recover();
+    if (st.ok()) st = dead->SettleNow();
+    dead->Close();  // clears its heartbeat once everything it replayed is settled
+    if (!st.ok()) return st.WithContext(fmt::format("taking over the unsettled WAL of node {}", n.node));
+  }
   return Status::Ok();
 }
 

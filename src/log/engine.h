@@ -484,6 +484,11 @@ class Engine {
   Engine(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
          std::shared_ptr<metastore::Metastore> meta);
   Status Recover();
+  // Recovers, settles and clears the chain of every other node whose
+  // heartbeat was left set (it stopped without settling all it
+  // acknowledged), each as that node (taking_over_); fails the start if one
+  // cannot be (its records would be missing, and new ones take their offsets).
+  Status TakeOverDeadNodes();
   // Refuses a store that names another metastore (kDeploymentKey); claims an
   // unclaimed one for this metastore.
   Status CheckDeployment();
@@ -655,6 +660,11 @@ class Engine {
   std::atomic<uint64_t> next_watch_id_{1};
   std::thread halt_thread_;
   EngineMetrics metrics_;
+
+  // Set before Recover, then only read: this engine recovers a dead node's
+  // chain for the node starting (TakeOverDeadNodes): no deployment check, no
+  // heartbeat, no takeovers of its own.
+  bool taking_over_ = false;
 
   std::mutex settle_mu_;  // one settle cycle at a time; guards the fields below
   metastore::ChainPosition checkpoint_;

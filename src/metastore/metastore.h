@@ -190,6 +190,9 @@ struct NodeState {
   uint64_t epoch = 0;        // current (latest minted) epoch; 0 = never minted
   uint32_t window = 0;       // pipeline window recorded with that epoch
   ChainPosition checkpoint;  // settle progress of this node's chain
+  // Its last heartbeat, by the metastore's clock (ms since the epoch); 0 =
+  // cleared (it stopped having settled all it acknowledged) or never set.
+  int64_t heartbeat_ms = 0;
 };
 
 // Operation counters, for the "O(1) per settle cycle" check and /metrics.
@@ -349,6 +352,8 @@ class Metastore {
 
   // Nodes. GetNode of an unknown node returns a zero NodeState (epoch 0).
   virtual Result<NodeState> GetNode(std::string_view node) = 0;
+  // Every node ever minted, ordered by name (a row per --node-id that started here).
+  virtual Result<std::vector<NodeState>> ListNodes() = 0;
   // Compare-and-swap: if the node's current epoch is `expected`, sets it to
   // expected + 1 with `window`, keeps the checkpoint, and returns the new
   // state; otherwise kPreconditionFailed naming the current epoch (a

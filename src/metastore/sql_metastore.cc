@@ -161,7 +161,10 @@ constexpr const char kRaiseTrimPoint[] =
     "WHERE stream_id = ?1";
 constexpr const char kDeleteState[] = "DELETE FROM stream_states WHERE stream_id = ?1";
 
-constexpr const char kGetNode[] = "SELECT epoch, \"window\", ckpt_epoch, ckpt_seq FROM nodes WHERE node = ?1";
+#define WEIR_NODE_COLUMNS "node, epoch, \"window\", ckpt_epoch, ckpt_seq, heartbeat_ms"
+constexpr const char kGetNode[] = "SELECT " WEIR_NODE_COLUMNS " FROM nodes WHERE node = ?1";
+constexpr const char kListNodes[] = "SELECT " WEIR_NODE_COLUMNS " FROM nodes ORDER BY node";
+#undef WEIR_NODE_COLUMNS
 constexpr const char kUpsertEpoch[] =
     "INSERT INTO nodes(node, epoch, \"window\", ckpt_epoch, ckpt_seq) VALUES(?1, ?2, ?3, 0, 0) "
     "ON CONFLICT(node) DO UPDATE SET epoch = excluded.epoch, \"window\" = excluded.\"window\"";
@@ -323,6 +326,17 @@ Result<BasinInfo> ReadBasin(const Row& st) {
   if (!st.ColNull(7)) d.uncapped_timestamps = st.ColInt(7) != 0;
   if (!st.ColNull(8)) d.delete_on_empty_min_age_s = st.ColInt(8);
   return b;
+}
+
+template <typename Row>
+NodeState ReadNodeRow(const Row& st) {
+  NodeState n;
+  n.node = st.ColText(0);
+  n.epoch = U64(st.ColInt(1));
+  n.window = static_cast<uint32_t>(st.ColInt(2));
+  n.checkpoint = {U64(st.ColInt(3)), U64(st.ColInt(4))};
+  n.heartbeat_ms = st.ColInt(5);
+  return n;
 }
 
 template <typename Row>
@@ -577,12 +591,7 @@ Result<std::optional<NodeState>> SqlMetastore::ReadNode(std::string_view node) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetNode));
   WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, node).Step("read node"));
   if (!row) return std::optional<NodeState>();
-  NodeState n;
-  n.node = std::string(node);
-  n.epoch = U64(st.ColInt(0));
-  n.window = static_cast<uint32_t>(st.ColInt(1));
-  n.checkpoint = {U64(st.ColInt(2)), U64(st.ColInt(3))};
-  return std::optional<NodeState>(std::move(n));
+  return std::optional<NodeState>(ReadNodeRow(st));
 }
 
 
@@ -964,6 +973,20 @@ Result<NodeState> SqlMetastore::GetNode(std::string_view node) {
     NodeState fresh;
     fresh.node = std::string(node);
     return fresh;
+  });
+}
+
+Result<std::vector<NodeState>> SqlMetastore::ListNodes() {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("ListNodes", [&]() -> Result<std::vector<NodeState>> {
+    std::vector<NodeState> out;
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kListNodes));
+    while (true) {
+      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list nodes"));
+      if (!row) break;
+      out.push_back(ReadNodeRow(st));
+    }
+    return out;
   });
 }
 

@@ -75,6 +75,7 @@ class SqlMetastore final : public Metastore {
   Result<std::vector<StreamInfo>> ListStreamsById(uint64_t after_id, size_t limit) override;
 
   Result<NodeState> GetNode(std::string_view node) override;
+  Result<std::vector<NodeState>> ListNodes() override;
   Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) override;
   Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) override;
 
