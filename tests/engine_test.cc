@@ -19,6 +19,7 @@
 #include "wal/compression.h"
 #include "wal/fence.h"
 #include "log/engine_internal.h"
+#include "metastore/sql_metastore.h"
 #include "wal/slot_format.h"
 
 namespace weir::log {
@@ -1700,7 +1701,13 @@ TEST_F(EngineTest, ANodeOfAnotherIdTakesOverADeadNodesUnsettledRecords) {
   EXPECT_EQ(after.epoch, n1.epoch + 1);
   EXPECT_EQ(after.checkpoint, (metastore::ChainPosition{n1.epoch + 1, 0}));
   EXPECT_EQ(after.heartbeat_ms, 0);
-  EXPECT_EQ(CountKeys(*store_, fmt::format("wal/n1/{}/", n1.epoch)), 0u) << "settled slots are deleted";
+  // Its slots are settled, so deleted; the poison at the cut stays.
+  const std::string slot0 = wal::SlotKey("n1", n1.epoch, 0);
+  auto left = store_->List(slot0.substr(0, slot0.rfind('/') + 1), "", 1000);
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  ASSERT_EQ(left->objects.size(), 1u);
+  EXPECT_EQ(left->objects[0].key, wal::SlotKey("n1", n1.epoch, 3));
+  EXPECT_EQ(left->objects[0].size, wal::kEnvelopeSize);
   auto c = engine_->Append(kBasin, "s", Bodies({"c"}));
   ASSERT_TRUE(c.status.ok()) << c.status.ToString();
   EXPECT_EQ(c.ack.start_offset, 2u);
@@ -1745,6 +1752,88 @@ TEST_F(EngineTest, ATakeoverFencesTheNodeItTakesOverWhenItStillRuns) {
   EXPECT_EQ(r->records[0].record.value, "a");
   EXPECT_EQ(r->records[1].record.value, "b");
   (*n2)->Close();
+}
+
+// Stale nodes are taken over one after another: while the first is, a later
+// one (cut off from the metastore, not yet superseded) may still commit a
+// segment; the takeover's sweep must not take that segment for garbage.
+TEST_F(EngineTest, ATakeoverSweepsNoSegmentALaterStaleNodeMayStillCommit) {
+  engine_->Close();  // n1: a clean stop
+  engine_.reset();
+  auto hooked3 = std::make_shared<testing::HookedMetastore>(meta_);
+  EngineOptions o3 = Options();
+  o3.node = "n3";
+  auto n3 = Engine::Open(o3, store_, hooked3);
+  ASSERT_TRUE(n3.ok()) << n3.status().ToString();
+  ASSERT_TRUE((*n3)->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  // n3's settle uploads its segment, then waits before committing it.
+  std::promise<void> at_commit, release;
+  hooked3->before_commit_settle = [&] {
+    at_commit.set_value();
+    release.get_future().wait();
+  };
+  std::future<Status> settled = std::async(std::launch::async, [&] { return (*n3)->SettleNow(); });
+  bool released = false;
+  struct ReleaseOnExit {  // before `settled` waits for n3's settle, whatever failed
+    std::promise<void>& p;
+    bool& done;
+    ~ReleaseOnExit() {
+      if (!done) p.set_value();
+    }
+  } release_on_exit{release, released};
+  at_commit.get_future().wait();
+  // n1 looks dead too (its heartbeat set by this build, then stale).
+  std::this_thread::sleep_for(20ms);
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n1, meta_->GetNode("n1"));
+  ASSERT_OK(meta_->Heartbeat("n1", n1.epoch, 1));
+  std::this_thread::sleep_for(20ms);
+  // n2 starts: it takes n1 over (minting, replaying, sweeping), and n3's
+  // commit lands just before n3's own takeover mints its epoch.
+  auto hooked2 = std::make_shared<testing::HookedMetastore>(meta_);
+  int mints = 0;
+  hooked2->fail_mint = [&]() {
+    if (++mints == 3) {  // n2's own, n1's, then n3's
+      released = true;
+      release.set_value();
+      EXPECT_OK(settled.get());
+    }
+    return Status::Ok();
+  };
+  node_ = "n2";
+  node_live_window_ = 5ms;
+  auto n2 = Engine::Open(Options(), store_, hooked2);
+  ASSERT_TRUE(n2.ok()) << n2.status().ToString();
+  EXPECT_EQ(mints, 3);
+  auto r = (*n2)->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 1u);
+  EXPECT_EQ(r->records[0].record.value, "a");
+  (*n2)->Close();
+  (*n3)->Close();
+}
+
+// A heartbeat an older build left (schema 6: no takeover flag) is not taken
+// over: nodes of other ids may have served since without that node's records.
+TEST_F(EngineTest, AHeartbeatAnOlderBuildLeftIsNotTakenOver) {
+  settle_on_close_ = false;
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  ASSERT_OK(engine_->SettleNow());
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"b"})).status.ok());
+  engine_->Close();
+  engine_.reset();
+  auto sql = std::dynamic_pointer_cast<metastore::SqlMetastore>(meta_);
+  ASSERT_NE(sql, nullptr);
+  ASSERT_OK(sql->ExecForTest("UPDATE nodes SET takeover = 0"));  // as schema 6 left it
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n1, meta_->GetNode("n1"));
+  std::this_thread::sleep_for(20ms);
+  node_ = "n2";
+  node_live_window_ = 5ms;
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState after, meta_->GetNode("n1"));
+  EXPECT_EQ(after.epoch, n1.epoch);
+  EXPECT_EQ(after.heartbeat_ms, n1.heartbeat_ms);
 }
 
 // A takeover that fails fails the start: serving without the dead node's

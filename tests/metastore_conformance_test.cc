@@ -2030,15 +2030,18 @@ TEST_P(MetastoreConformance, ListNodesReadsEveryNodesState) {
   EXPECT_EQ(nodes[0].window, 16u);
   EXPECT_EQ(nodes[0].checkpoint, (ChainPosition{2, 3}));
   EXPECT_EQ(nodes[0].heartbeat_ms, 0);
+  EXPECT_FALSE(nodes[0].takeover);
   EXPECT_EQ(nodes[1].node, "nb");
   EXPECT_EQ(nodes[1].epoch, 1u);
   EXPECT_GT(nodes[1].heartbeat_ms, 0);
+  EXPECT_TRUE(nodes[1].takeover);  // set by this build: taken over once stale
   ASSERT_OK_AND_ASSIGN(NodeState nb, m().GetNode("nb"));
   EXPECT_EQ(nb.heartbeat_ms, nodes[1].heartbeat_ms);
   ASSERT_OK(m().Heartbeat("nb", 1, 0));
   ASSERT_OK_AND_ASSIGN(nodes, m().ListNodes());
   ASSERT_EQ(nodes.size(), 2u);
   EXPECT_EQ(nodes[1].heartbeat_ms, 0);
+  EXPECT_FALSE(nodes[1].takeover);
 }
 
 TEST_P(MetastoreConformance, NewerSchemaRefusesToOpen) {
@@ -2154,6 +2157,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     EXPECT_EQ(meta->GetStreamState(7)->settled_offset, 10u);
     EXPECT_EQ(meta->FindSegments(7, 0, 10)->size(), 1u);
     EXPECT_EQ(meta->GetNode("n1")->checkpoint, (ChainPosition{3, 9}));
+    EXPECT_FALSE(meta->GetNode("n1")->takeover);  // schema 7's column, added with its default
     EXPECT_EQ(*meta->AllocateProducerId(), 6u);
     // The new tables work.
     TableInfo t;

@@ -435,6 +435,15 @@ Status Engine::TakeOverDeadNodes() {
     // superseded, and the fence stops its WAL), its slots from the
     // checkpoint are replayed and settled, and its heartbeat is cleared.
     if (n.node == options_.node || n.heartbeat_ms == 0) continue;
+    if (!n.takeover) {
+      // Left by a build that did not take dead nodes over: others may have
+      // served since without its records, so replaying them now could put
+      // them after newer ones. Only its own --node-id replays its WAL.
+      Log().warn("node {} left its heartbeat set under an older build: it is not taken over (only --node-id {} "
+                 "replays its WAL)",
+                 n.node, n.node);
+      continue;
+    }
     Log().warn("node {} left its heartbeat set (it stopped without settling everything it acknowledged, or lost "
                "the metastore): taking over its WAL from epoch {}, checkpoint {}/{}",
                n.node, n.epoch, n.checkpoint.epoch, n.checkpoint.seq);

@@ -418,6 +418,10 @@ Status Engine::SweepGarbage() {
   //    A key written in this epoch or a later one (`-e<epoch>`) is never
   //    judged: a successor that took the node over while this listing ran
   //    may have committed it after the rows were loaded.
+  //    Not while taking a dead node over: a later node of the list, not yet
+  //    superseded, may still commit segments this engine did not load; the
+  //    node starting sweeps once every takeover is done.
+  if (taking_over_) return garbage.empty() ? Status::Ok() : store_->DeleteMany(garbage);
   std::set<std::string> known;
   for (auto& [id, s] : by_id_) {
     for (const auto& seg : s->segments) known.insert(seg.object_key);

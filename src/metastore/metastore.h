@@ -193,6 +193,11 @@ struct NodeState {
   // Its last heartbeat, by the metastore's clock (ms since the epoch); 0 =
   // cleared (it stopped having settled all it acknowledged) or never set.
   int64_t heartbeat_ms = 0;
+  // The heartbeat was set by a build that takes dead nodes over (schema 7):
+  // once stale, the node's unsettled WAL awaits the next node to start. A
+  // heartbeat an older build left is not (nodes may have served since
+  // without that node's records, and new appends took their offsets).
+  bool takeover = false;
 };
 
 // Operation counters, for the "O(1) per settle cycle" check and /metrics.
@@ -363,7 +368,8 @@ class Metastore {
   // Liveness, while a metastore serves one node at a time (stream leases are
   // not built yet): one transaction that stores the metastore's clock (the
   // database server's, so nodes' clocks need not agree) as `node`'s
-  // heartbeat, or with live_window_ms <= 0 clears it (a clean stop).
+  // heartbeat (with `takeover` set), or with live_window_ms <= 0 clears it
+  // (a clean stop).
   // kPreconditionFailed, writing nothing, if `node` is not at `epoch`
   // (superseded), or, unless clearing, if another node's heartbeat is set
   // and at most live_window_ms old (the message names it): that node is

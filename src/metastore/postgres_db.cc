@@ -71,7 +71,8 @@ constexpr const char* kSchema[] = {
     "end_offset BIGINT NOT NULL, first_ts BIGINT NOT NULL, last_ts BIGINT NOT NULL, "
     "object_key BYTEA NOT NULL, size_bytes BIGINT NOT NULL, PRIMARY KEY(stream_id, start_offset))",
     "CREATE TABLE IF NOT EXISTS nodes(node BYTEA PRIMARY KEY, epoch BIGINT NOT NULL, \"window\" BIGINT NOT NULL, "
-    "ckpt_epoch BIGINT NOT NULL, ckpt_seq BIGINT NOT NULL, heartbeat_ms BIGINT NOT NULL DEFAULT 0)",
+    "ckpt_epoch BIGINT NOT NULL, ckpt_seq BIGINT NOT NULL, heartbeat_ms BIGINT NOT NULL DEFAULT 0, "
+    "takeover BIGINT NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS counters(name BYTEA PRIMARY KEY, value BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS tables(id BIGINT PRIMARY KEY, basin BYTEA NOT NULL REFERENCES basins(name), "
     "name BYTEA NOT NULL, kind BYTEA NOT NULL, bucket_count BIGINT NOT NULL, config BYTEA NOT NULL, "
@@ -183,8 +184,10 @@ class PostgresDb final : public SqlDb {
   std::vector<const char*> Schema() const override { return {std::begin(kSchema), std::end(kSchema)}; }
   // PostgreSQL databases start at 5.
   std::vector<const char*> Upgrade(int from_version) const override {
-    if (from_version < 6) return {"ALTER TABLE nodes ADD COLUMN IF NOT EXISTS heartbeat_ms BIGINT NOT NULL DEFAULT 0"};
-    return {};
+    std::vector<const char*> out;
+    if (from_version < 6) out.push_back("ALTER TABLE nodes ADD COLUMN IF NOT EXISTS heartbeat_ms BIGINT NOT NULL DEFAULT 0");
+    if (from_version < 7) out.push_back("ALTER TABLE nodes ADD COLUMN IF NOT EXISTS takeover BIGINT NOT NULL DEFAULT 0");
+    return out;
   }
   Result<int64_t> NowMs() override {
     WEIR_ASSIGN_OR_RETURN(SqlStatement * st, Prepare(kNowMs));

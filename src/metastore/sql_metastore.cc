@@ -161,7 +161,7 @@ constexpr const char kRaiseTrimPoint[] =
     "WHERE stream_id = ?1";
 constexpr const char kDeleteState[] = "DELETE FROM stream_states WHERE stream_id = ?1";
 
-#define WEIR_NODE_COLUMNS "node, epoch, \"window\", ckpt_epoch, ckpt_seq, heartbeat_ms"
+#define WEIR_NODE_COLUMNS "node, epoch, \"window\", ckpt_epoch, ckpt_seq, heartbeat_ms, takeover"
 constexpr const char kGetNode[] = "SELECT " WEIR_NODE_COLUMNS " FROM nodes WHERE node = ?1";
 constexpr const char kListNodes[] = "SELECT " WEIR_NODE_COLUMNS " FROM nodes ORDER BY node";
 #undef WEIR_NODE_COLUMNS
@@ -171,7 +171,7 @@ constexpr const char kUpsertEpoch[] =
 constexpr const char kLiveOtherNode[] =
     "SELECT node, heartbeat_ms FROM nodes WHERE node <> ?1 AND heartbeat_ms > 0 AND heartbeat_ms >= ?2 "
     "ORDER BY heartbeat_ms DESC LIMIT 1";
-constexpr const char kSetHeartbeat[] = "UPDATE nodes SET heartbeat_ms = ?2 WHERE node = ?1";
+constexpr const char kSetHeartbeat[] = "UPDATE nodes SET heartbeat_ms = ?2, takeover = ?3 WHERE node = ?1";
 constexpr const char kSetCheckpoint[] = "UPDATE nodes SET ckpt_epoch = ?2, ckpt_seq = ?3 WHERE node = ?1";
 
 #define WEIR_SEGMENT_COLUMNS "stream_id, start_offset, end_offset, first_ts, last_ts, object_key, size_bytes"
@@ -336,6 +336,7 @@ NodeState ReadNodeRow(const Row& st) {
   n.window = static_cast<uint32_t>(st.ColInt(2));
   n.checkpoint = {U64(st.ColInt(3)), U64(st.ColInt(4))};
   n.heartbeat_ms = st.ColInt(5);
+  n.takeover = st.ColInt(6) != 0;
   return n;
 }
 
@@ -1009,7 +1010,7 @@ Status SqlMetastore::Heartbeat(std::string_view node, uint64_t epoch, int64_t li
         }
       }
       WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kSetHeartbeat));
-      return set.Text(1, node).Int(2, now_ms).Run("store the heartbeat");
+      return set.Text(1, node).Int(2, now_ms).Int(3, now_ms > 0 ? 1 : 0).Run("store the heartbeat");
     });
   });
 }

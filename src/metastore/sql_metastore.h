@@ -24,7 +24,7 @@ namespace weir::metastore {
 //   5: + the basin config columns of basins (ALTER TABLE for a v1 to v4 file)
 //   6: + nodes.heartbeat_ms (ALTER TABLE for a v1 to v5 database)
 // PostgreSQL databases start at 5.
-inline constexpr int kSchemaVersion = 6;
+inline constexpr int kSchemaVersion = 7;
 
 // A Metastore whose every query and rule is written once here; the driver
 // runs them. Each write method is one transaction of the driver's (writers
