@@ -330,6 +330,14 @@ struct ProduceRun {
   TimePoint admit_by;  // one admission timeout for all its groups
 };
 
+static std::shared_ptr<ProduceRun> NewProduceRun(std::shared_ptr<ProduceResponse> resp, std::vector<ProduceJob> jobs) {
+  auto run = std::make_shared<ProduceRun>();
+  run->resp = std::move(resp);
+  run->jobs = std::move(jobs);
+  run->outstanding = run->jobs.size();
+  return run;
+}
+
 // A Produce whose batches add up to more than this is checked (CRC, records)
 // on a worker, not on the I/O thread that serves every connection: the I/O
 // thread spends at most about 10 ms on one. Below it, the hop to a worker
@@ -463,10 +471,7 @@ void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::sha
   if (jobs.empty() || ((ticket = engine_->TryAdmission(bytes, jobs.size())) && ticket->has_room())) {
     return ProduceAppend(req, std::move(resp), std::move(jobs), ticket);
   }
-  auto run = std::make_shared<ProduceRun>();
-  run->resp = std::move(resp);
-  run->jobs = std::move(jobs);
-  run->outstanding = run->jobs.size();
+  auto run = NewProduceRun(std::move(resp), std::move(jobs));
   run->suspended = req->reply->SuspendInOrder();
   run->admit_by = Now() + engine_->admission_timeout();
   WaitForAdmission(req, run, 0);
@@ -505,10 +510,7 @@ void Broker::WaitForAdmission(const std::shared_ptr<Request>& req, const std::sh
 
 void Broker::ProduceAppend(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                            std::vector<ProduceJob> jobs, const std::shared_ptr<log::AdmissionTicket>& ticket) {
-  auto run = std::make_shared<ProduceRun>();
-  run->resp = std::move(resp);
-  run->jobs = std::move(jobs);
-  run->outstanding = run->jobs.size();
+  auto run = NewProduceRun(std::move(resp), std::move(jobs));
   if (run->jobs.empty()) return FinishProduce(req, *run->resp);
   for (size_t i = 0; i < run->jobs.size(); ++i) AppendJob(req, run, i, ticket);
 }

@@ -486,8 +486,9 @@ class Engine {
   Status Recover();
   // Recovers, settles and clears the chain of every other node whose
   // heartbeat was left set (it stopped without settling all it
-  // acknowledged), each as that node (taking_over_); fails the start if one
-  // cannot be (its records would be missing, and new ones take their offsets).
+  // acknowledged) by a build that takes nodes over (NodeState::takeover),
+  // each as that node (taking_over_); fails the start if one cannot be (its
+  // records would be missing, and new ones take their offsets).
   Status TakeOverDeadNodes();
   // Refuses a store that names another metastore (kDeploymentKey); claims an
   // unclaimed one for this metastore.

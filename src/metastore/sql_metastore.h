@@ -23,6 +23,7 @@ namespace weir::metastore {
 //   4: + streams.delete_on_empty_s (ALTER TABLE for a v1 to v3 file)
 //   5: + the basin config columns of basins (ALTER TABLE for a v1 to v4 file)
 //   6: + nodes.heartbeat_ms (ALTER TABLE for a v1 to v5 database)
+//   7: + nodes.takeover (likewise, for a v1 to v6 database)
 // PostgreSQL databases start at 5.
 inline constexpr int kSchemaVersion = 7;
 
