@@ -600,9 +600,11 @@ Status Writer::Abandon(uint64_t cut, const Status& reason) {
       Slot& slot = **it;
       slot.abandoned = true;
       if (slot.epoch == epoch_ && slot.seq >= cut) {
-        std::lock_guard blk(slot.build_mu);
-        for (Entry& e : slot.entries) failed.push_back(std::move(e));
-        slot.entries.clear();  // an uploader about to build it finds nothing to read
+        {
+          std::lock_guard blk(slot.build_mu);  // released before the erase may free the slot
+          for (Entry& e : slot.entries) failed.push_back(std::move(e));
+          slot.entries.clear();  // an uploader about to build it finds nothing to read
+        }
         held_bytes_ -= slot.charge;
         it = slots_.erase(it);
         continue;
