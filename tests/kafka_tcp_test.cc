@@ -595,8 +595,9 @@ TEST(KafkaTcpOrdering, WhileOrderedWorkWaitsNoFurtherRequestIsRead) {
   int fd = Connect((*server)->address());
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendFrame(fd, "o0"));
-  ASSERT_TRUE(WaitUntil([&] { return handler.ordered_started() == 1; }));
-  std::this_thread::sleep_for(300ms);  // the answer is built and waits for the client
+  // The answer is built and waits for the client (requests read while it is
+  // being built are read as pipelined ones).
+  ASSERT_TRUE(WaitUntil([&] { return (*server)->metrics().unwritten_bytes.load() > 0; }));
   for (int i = 1; i < 6; ++i) ASSERT_TRUE(SendFrame(fd, "o" + std::to_string(i)));
   std::this_thread::sleep_for(300ms);  // room for wrong reads to show
   EXPECT_EQ((*server)->metrics().requests.load(), 1u);  // a frame whose header came in is held before its body
