@@ -21,6 +21,7 @@ if [ "${1:-}" = "--tests" ]; then
          python3-h2                      # the S2S test client
          zstd                            # zstd request bodies (tests/http)
          clang libclang-rt-14-dev        # libFuzzer for scripts/fuzz.sh
+         libtsan2                        # ThreadSanitizer runtime for scripts/tsan.sh
          kcat librdkafka-dev python3-confluent-kafka  # Kafka client suites (tests/kafka), weir_kafka_bench
          )
 fi

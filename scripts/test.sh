@@ -2,6 +2,7 @@
 # Installs what is missing, builds with warnings as errors, runs every test,
 # then runs the unit tests (and the integration tests labelled sanitize) again under
 # AddressSanitizer + UndefinedBehaviorSanitizer,
+# then the WAL and engine unit tests under ThreadSanitizer,
 # then fuzzes the Kafka request decoder for WEIR_FUZZ_SECONDS (default 60), and the
 # S2S input decoders and the record batch checks for a third of that each.
 set -euo pipefail
@@ -22,6 +23,9 @@ echo "== build with ASan + UBSan"
 echo "== unit tests, and the integration tests labelled sanitize, under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build/asan" --output-on-failure -j"$jobs" -L 'unit|sanitize' --timeout 900
+
+echo "== the WAL and engine unit tests under ThreadSanitizer"
+"$root/scripts/tsan.sh"
 
 echo "== fuzz the Kafka request, S2S input and record batch decoders (bounded)"
 "$root/scripts/fuzz.sh" "${WEIR_FUZZ_SECONDS:-60}"
