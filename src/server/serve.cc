@@ -9,11 +9,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "base/fs.h"
 #include "base/log.h"
@@ -131,13 +135,37 @@ Status CheckCanListen(const std::string& host, uint16_t port, const char* flag) 
   return Status::Ok();
 }
 
+// --inject-put-latency-ms "P50[,P99]": {p50, p99} (p99 = p50 when absent),
+// each a number of ms from 0 to 600000; nullopt for "".
+Result<std::optional<std::pair<double, double>>> ParsePutLatency(std::string_view text) {
+  if (text.empty()) return std::optional<std::pair<double, double>>();
+  auto bad = [&](std::string_view why) {
+    return InvalidArgument("--inject-put-latency-ms \"{}\": {} (expected P50[,P99] in ms, each 0 to 600000)", text,
+                           why);
+  };
+  double values[2] = {0, 0};
+  size_t n = 0;
+  for (std::string_view rest = text;;) {
+    const size_t comma = rest.find(',');
+    const std::string_view piece = rest.substr(0, comma);
+    if (n == 2) return bad("more than two values");
+    double v = 0;
+    auto [end, ec] = std::from_chars(piece.data(), piece.data() + piece.size(), v);
+    if (piece.empty() || ec != std::errc() || end != piece.data() + piece.size() || !(v >= 0 && v <= 600000)) {
+      return bad(fmt::format("\"{}\" is not a latency", piece));
+    }
+    values[n++] = v;
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  if (n == 1) values[1] = values[0];
+  if (values[1] < values[0]) return bad("P99 is below P50");
+  return std::optional<std::pair<double, double>>(std::pair(values[0], values[1]));
+}
+
 // The fault flags must describe one distribution and rates that add up.
 Status CheckFaultFlags(const ServeOptions& o) {
-  const auto& l = o.inject_put_latency_ms;
-  if (l.size() > 2) return InvalidArgument("--inject-put-latency-ms takes P50[,P99], got {} values", l.size());
-  if (l.size() == 2 && l[1] < l[0]) {
-    return InvalidArgument("--inject-put-latency-ms {},{}: P99 is below P50", l[0], l[1]);
-  }
+  WEIR_RETURN_IF_ERROR(ParsePutLatency(o.inject_put_latency_ms).status());
   if (o.inject_put_error_rate + o.inject_put_ambiguous_rate > 1.0) {
     return InvalidArgument("--inject-put-error-rate {} and --inject-put-ambiguous-rate {} add up to more than 1",
                            o.inject_put_error_rate, o.inject_put_ambiguous_rate);
@@ -162,14 +190,12 @@ Result<std::shared_ptr<objstore::ObjectStore>> OpenStore(const ServeOptions& o) 
   objstore::OpenOptions open;
   open.allow_unconditional_put = o.allow_unconditional_put;
   WEIR_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri, open));
-  bool faults = !o.inject_put_latency_ms.empty() || o.inject_put_error_rate > 0 || o.inject_put_ambiguous_rate > 0;
+  WEIR_ASSIGN_OR_RETURN(const auto latency, ParsePutLatency(o.inject_put_latency_ms));  // checked already
+  bool faults = latency || o.inject_put_error_rate > 0 || o.inject_put_ambiguous_rate > 0;
   if (!faults) return store;
   objstore::FaultOptions f;
   f.seed = static_cast<uint64_t>(getpid());
-  if (!o.inject_put_latency_ms.empty()) {
-    f.put_latency.p50_ms = o.inject_put_latency_ms[0];
-    f.put_latency.p99_ms = o.inject_put_latency_ms.size() > 1 ? o.inject_put_latency_ms[1] : o.inject_put_latency_ms[0];
-  }
+  if (latency) std::tie(f.put_latency.p50_ms, f.put_latency.p99_ms) = *latency;
   f.put_error_rate = o.inject_put_error_rate;
   f.put_ambiguous_rate = o.inject_put_ambiguous_rate;
   Log().warn("object store faults injected: PUT latency p50 {} ms p99 {} ms, error rate {}, ambiguous rate {}",

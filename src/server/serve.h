@@ -54,7 +54,7 @@ struct ServeOptions {
   size_t kafka_max_connections = 4096;
   double kafka_stall_timeout_s = 60;  // a request body not whole, or responses not read, this long
   // Object-store fault injection, for tests and benchmarks.
-  std::vector<double> inject_put_latency_ms;  // P50 or P50,P99
+  std::string inject_put_latency_ms;  // "P50" or "P50,P99" (ms); "" injects none
   double inject_put_error_rate = 0;
   double inject_put_ambiguous_rate = 0;
 };

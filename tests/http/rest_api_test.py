@@ -2101,6 +2101,8 @@ class ServeFlagsTest(ClosingTestCase):
                 for args, needle in [
                         (["--http-addr", "bogus"], "--http-addr"),
                         (["--inject-put-latency-ms", "120,50"], "P99 is below P50"),
+                        (["--inject-put-latency-ms", "50,"], "\"\" is not a latency"),
+                        (["--inject-put-latency-ms", "1,2,3"], "more than two values"),
                         (["--inject-put-error-rate", "0.8", "--inject-put-ambiguous-rate", "0.5"], "more than 1"),
                         # Found before recovery, not after it.
                         (["--kafka-addr", kafka_in_use], "cannot listen there")]:
