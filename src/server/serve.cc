@@ -363,6 +363,45 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
                     static_cast<double>(stats.rebalances_completed));
 }
 
+// While recovery runs (minutes, with a large WAL on a slow store), a SIGTERM
+// or SIGINT ends the process as the signal's default action would: nothing
+// is acknowledged before recovery ends, and a recovery cut short is a crash
+// the next start recovers from. A supervisor need not wait for it to stop.
+// Owned by RunServe, for the call to Engine::Open; its thread sigtimedwaits
+// for the signals RunServe blocked, until destroyed.
+class RecoverySignals {
+ public:
+  explicit RecoverySignals(const sigset_t& signals) : thread_([this, signals] { Watch(signals); }) {}
+  ~RecoverySignals() {
+    done_.store(true);
+    thread_.join();
+  }
+  RecoverySignals(const RecoverySignals&) = delete;
+  RecoverySignals& operator=(const RecoverySignals&) = delete;
+
+ private:
+  void Watch(sigset_t signals) {
+    const timespec tick{0, 100'000'000};
+    while (!done_.load()) {
+      const int sig = sigtimedwait(&signals, nullptr, &tick);
+      if (sig <= 0) continue;
+      static const char kMsg[] = "weir serve: signal during recovery; stopping now (nothing was acknowledged yet; "
+                                 "the next start recovers)\n";
+      (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+      ::signal(sig, SIG_DFL);
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, sig);
+      pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+      ::raise(sig);
+      std::_Exit(128 + sig);
+    }
+  }
+
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
 }  // namespace
 
 int RunServe(const ServeOptions& o) {
@@ -488,7 +527,10 @@ int RunServe(const ServeOptions& o) {
   auto server = http::HttpServer::Start(so, &rest);
   if (!server.ok()) return fail(server.status());
   auto started = Now();
-  auto engine = log::Engine::Open(eo, *store, *meta);
+  auto engine = [&] {
+    RecoverySignals stop_early(signals);
+    return log::Engine::Open(eo, *store, *meta);
+  }();
   if (!engine.ok()) return fail(engine.status().WithContext("recovery"));
   Status basin = (*engine)->CreateBasin(ro.default_basin);
   if (!basin.ok() && basin.code() != Code::kAlreadyExists) return fail(basin);

@@ -2363,6 +2363,49 @@ class LifecycleTest(ClosingTestCase):
         time.sleep(0.5)
         server.stop(timeout=120)
 
+    def test_a_signal_during_recovery_ends_the_process_at_once(self):
+        # Every PUT takes 60 s, and recovery writes one (the fence of the new
+        # epoch): the signal ends the process as it would without a handler,
+        # not after the PUT and a drain. The next start recovers.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with tempfile.TemporaryDirectory() as d:
+                data = os.path.join(d, "data")
+                cmd = [WEIR, "serve", "--data-dir", data, "--http-addr", "127.0.0.1:0", "--kafka-addr", "",
+                       "--inject-put-latency-ms", "60000"]
+                with tempfile.TemporaryFile() as out:
+                    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=dict(os.environ, WEIR_LOG_LEVEL="info"))
+                    try:
+                        deadline = time.monotonic() + 60
+                        while True:
+                            out.seek(0)
+                            text = out.read().decode(errors="replace")
+                            if "weir serve: recovering" in text:
+                                break
+                            self.assertIsNone(p.poll(), text)
+                            self.assertLess(time.monotonic(), deadline, text)
+                            time.sleep(0.05)
+                        p.send_signal(sig)
+                        code = p.wait(timeout=50)  # the PUT would take 60 s
+                    finally:
+                        if p.poll() is None:
+                            p.kill()
+                            p.wait()
+                    out.seek(0)
+                    text = out.read().decode(errors="replace")
+                self.assertEqual(code, -sig, text)
+                self.assertIn("signal during recovery; stopping now", text)
+                self.assertNotIn("listening on", text)
+                server = WeirServer(WEIR, data_dir=data, args=["--kafka-addr", ""])
+                self.addCleanup(server.cleanup)
+                server.start()
+                c = Client(server)
+                s = unique("after")
+                c.create_stream(s)
+                c.append(s, [{"body": "x"}])
+                self.assertEqual([r["body"] for r in c.read_all(s)], ["x"])
+                server.stop()
+
     def test_drain_answers_appends_left_open_by_the_drain_timeout(self):
         # Every PUT takes 3 s and the drain gives up at once: the WAL's close
         # still acknowledges the append in flight before connections close.
