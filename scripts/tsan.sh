@@ -23,5 +23,6 @@ core=(wal_writer_test wal_fence_test producer_window_test engine_test)
 ninja -C "$dir" -j"$jobs" "${core[@]}"
 for t in "${core[@]}"; do
   echo "== $t under ThreadSanitizer"
-  "$dir/tests/$t" --gtest_brief=1
+  # Bounded as CTest bounds them (a deadlock must fail CI, not stall it).
+  timeout --kill-after=30 1800 "$dir/tests/$t" --gtest_brief=1
 done

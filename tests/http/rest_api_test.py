@@ -2364,9 +2364,10 @@ class LifecycleTest(ClosingTestCase):
         server.stop(timeout=120)
 
     def test_a_signal_during_recovery_ends_the_process_at_once(self):
-        # Every PUT takes 60 s, and recovery writes one (the fence of the new
-        # epoch): the signal ends the process as it would without a handler,
-        # not after the PUT and a drain. The next start recovers.
+        # Every PUT takes 60 s, and recovery writes one (a first start claims
+        # the store: _weir/deployment): the signal ends the process as it
+        # would without a handler, not after the PUT and a drain. The next
+        # start recovers.
         for sig in (signal.SIGTERM, signal.SIGINT):
             with tempfile.TemporaryDirectory() as d:
                 data = os.path.join(d, "data")
