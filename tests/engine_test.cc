@@ -1653,6 +1653,26 @@ TEST_F(EngineTest, ANodesHeartbeatKeepsOthersOutUntilItGoesStale) {
   (*n2)->Close();
 }
 
+// A process whose node a later start took learns it from its next refused
+// heartbeat, without appending or settling, and stops beating.
+TEST_F(EngineTest, ARefusedHeartbeatTellsAProcessItWasSuperseded) {
+  engine_->Close();
+  engine_.reset();
+  EngineOptions beating = Options();
+  beating.heartbeat_interval = 20ms;
+  auto first = Engine::Open(beating, store_, meta_);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  std::this_thread::sleep_for(100ms);  // some beats, all taken
+  EXPECT_FALSE((*first)->superseded());
+  auto second = Engine::Open(Options(), store_, meta_);  // the same node: a restart while it runs
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  for (int i = 0; i < 6000 && !(*first)->superseded(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE((*first)->superseded());
+  EXPECT_FALSE((*second)->superseded());
+  (*first)->Close();
+  (*second)->Close();
+}
+
 // A Close that leaves acknowledged records unsettled keeps its heartbeat
 // (until it goes stale): another node would serve without them.
 TEST_F(EngineTest, ACloseThatLeavesRecordsUnsettledKeepsTheHeartbeat) {

@@ -695,7 +695,11 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker) {
   try {
     if (req.path == "/health") {
       if (req.method != "GET") return c.Error(405, "method_not_allowed", "use GET", {{"Allow", "GET"}});
-      if (ready_ && !draining_) return c.Reply(200, Json{{"status", "ok"}});
+      if (c.engine != nullptr && !draining_) {  // ready (c.engine is set once it is)
+        // Appends here are fenced: a load balancer should send them elsewhere.
+        if (c.engine->superseded()) return c.Reply(503, Json{{"status", "superseded"}});
+        return c.Reply(200, Json{{"status", "ok"}});
+      }
       return c.Reply(503, Json{{"status", draining_ ? "draining" : "starting"}});
     }
     if (!Authorized(req, c)) return;

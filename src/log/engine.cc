@@ -150,9 +150,15 @@ void Engine::HeartbeatLoop() {
   std::unique_lock lk(heartbeat_mu_);
   while (!heartbeat_stop_) {
     heartbeat_cv_.wait_for(lk, options_.heartbeat_interval, [&] { return heartbeat_stop_; });
-    if (heartbeat_stop_) break;
+    if (heartbeat_stop_ || superseded_) break;  // a successor's: every beat would be refused (said once)
     lk.unlock();
-    if (Status st = Heartbeat(true); !st.ok()) Log().warn("heartbeat: {}", st.ToString());
+    if (Status st = Heartbeat(true); !st.ok()) {
+      // Refused: a successor may hold the node. Asked with settle_mu_ held, so
+      // not while this process's own halt mints its next epoch; when a settle
+      // round holds it, the next beat asks.
+      std::unique_lock settle(settle_mu_, std::try_to_lock);
+      if (!settle.owns_lock() || !NoteIfSuperseded(st)) Log().warn("heartbeat: {}", st.ToString());
+    }
     lk.lock();
   }
 }

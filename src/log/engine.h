@@ -465,6 +465,10 @@ class Engine {
   Status MergeSegmentsNow();
 
   uint64_t epoch() const { return epoch_.load(); }
+  // Whether a later process holds this node (a restart of it, or a takeover,
+  // minted its epoch since): appends are fenced; settle, merges, retention
+  // and heartbeats stop. Learnt from a refused heartbeat or change. Any thread.
+  bool superseded() const { return superseded_.load(); }
   // Runs a metastore change a superseded process must not make (the Kafka
   // listener's group offset writes) as this node at its epoch, as the
   // engine's own changes run: once more if this process's own halt minted

@@ -2363,6 +2363,35 @@ class LifecycleTest(ClosingTestCase):
         time.sleep(0.5)
         server.stop(timeout=120)
 
+    def test_health_is_503_once_another_process_holds_the_node(self):
+        # Two processes of one node id on one store and metastore (named, so
+        # no data dir is locked): the second start supersedes the first, which
+        # learns it from its next refused heartbeat (every 5 s), or sooner
+        # from a refused change (retention, merges), and says so.
+        with tempfile.TemporaryDirectory() as d:
+            args = ["--kafka-addr", "", "--object-store", "file://" + os.path.join(d, "objects"),
+                    "--metastore", "sqlite://" + os.path.join(d, "meta.db")]
+            first = WeirServer(WEIR, data_dir=os.path.join(d, "first"), args=args)
+            second = WeirServer(WEIR, data_dir=os.path.join(d, "second"), args=args)
+            for server in (first, second):
+                ALL_SERVERS.append(server)
+                self.addCleanup(server.cleanup)
+            first.start()
+            self.assertEqual(requests.get(first.url("/health"), timeout=30).json(), {"status": "ok"})
+            second.start()
+            deadline = time.monotonic() + 120
+            while True:
+                r = requests.get(first.url("/health"), timeout=30)
+                if r.status_code == 503:
+                    break
+                self.assertEqual(r.status_code, 200, r.text)
+                self.assertLess(time.monotonic(), deadline, "the first process never learnt it was superseded")
+                time.sleep(0.2)
+            self.assertEqual(r.json(), {"status": "superseded"})
+            self.assertEqual(requests.get(second.url("/health"), timeout=30).json(), {"status": "ok"})
+            second.stop()
+            first.stop(expect_code=None)
+
     def test_a_signal_during_recovery_ends_the_process_at_once(self):
         # Every PUT takes 60 s, and recovery writes one (a first start claims
         # the store: _weir/deployment): the signal ends the process as it
