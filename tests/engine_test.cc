@@ -1673,6 +1673,45 @@ TEST_F(EngineTest, ARefusedHeartbeatTellsAProcessItWasSuperseded) {
   (*second)->Close();
 }
 
+// Once a process knows another holds its node, it serves none of the
+// node's streams (what it holds goes stale as soon as the successor
+// appends): reads, tail checks, watches and appends are kFenced, and a read
+// or watch waiting for the tail is woken to learn it.
+TEST_F(EngineTest, ASupersededProcessServesNoReadsAndWakesItsWaiters) {
+  engine_->Close();
+  engine_.reset();
+  EngineOptions beating = Options();
+  beating.heartbeat_interval = 20ms;
+  ASSERT_OK_AND_ASSIGN(auto first, Engine::Open(beating, store_, meta_));
+  ASSERT_TRUE(first->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  // A long poll at the tail, and a watch of it: neither ends by itself for minutes.
+  auto read = std::async(std::launch::async, [&] {
+    return first->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 1}, 10, 1 << 20, Now() + std::chrono::minutes(5));
+  });
+  auto fired = std::make_shared<std::promise<void>>();
+  ASSERT_OK_AND_ASSIGN(uint64_t watch, first->WatchTail(kBasin, "s", 1, [fired] { fired->set_value(); }));
+  ASSERT_NE(watch, 0u);
+  ASSERT_OK_AND_ASSIGN(auto second, Engine::Open(Options(), store_, meta_));  // the same node
+  EXPECT_EQ(read.wait_for(std::chrono::minutes(4)), std::future_status::ready) << "the waiting read was not woken";
+  EXPECT_TRUE(first->superseded());
+  EXPECT_EQ(read.get().status().code(), Code::kFenced);
+  EXPECT_EQ(fired->get_future().wait_for(std::chrono::minutes(2)), std::future_status::ready);
+  EXPECT_EQ(first->TailWatchCount(kBasin, "s"), 0u);
+  EXPECT_EQ(first->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20).status().code(), Code::kFenced);
+  EXPECT_EQ(first->ReadBatches(kBasin, "s", 0, 1 << 20).status().code(), Code::kFenced);
+  EXPECT_EQ(first->Offsets(kBasin, "s").status().code(), Code::kFenced);
+  EXPECT_EQ(first->CheckTail(kBasin, "s").status().code(), Code::kFenced);
+  EXPECT_EQ(first->GetStream(kBasin, "s").status().code(), Code::kFenced);
+  EXPECT_EQ(first->WatchTail(kBasin, "s", 1, [] {}).status().code(), Code::kFenced);
+  EXPECT_EQ(first->Append(kBasin, "s", Bodies({"b"})).status.code(), Code::kFenced);
+  // The successor serves the record, and appends after it.
+  ASSERT_OK_AND_ASSIGN(auto tail, second->CheckTail(kBasin, "s"));
+  EXPECT_EQ(tail, 1u);
+  EXPECT_TRUE(second->Append(kBasin, "s", Bodies({"b"})).status.ok());
+  first->Close();
+  second->Close();
+}
+
 // A Close that leaves acknowledged records unsettled keeps its heartbeat
 // (until it goes stale): another node would serve without them.
 TEST_F(EngineTest, ACloseThatLeavesRecordsUnsettledKeepsTheHeartbeat) {
@@ -2106,7 +2145,15 @@ TEST_F(EngineTest, ASupersededMergeTakesNoRowsOfItsSuccessor) {
   metastore::SegmentInfo theirs{id->id, 3, 5, 0, 0, "seg/successor-object", 100};
   ASSERT_TRUE(meta_->CommitSettle("n1", next->epoch, next->checkpoint, {next->epoch, 0}, {theirs}, {}).ok());
   EXPECT_FALSE(engine_->MergeSegmentsNow().ok());  // refused: the node is the successor's
-  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+  // It serves the stream no more, and the rows are as the successor left them.
+  EXPECT_EQ(engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20).status().code(), Code::kFenced);
+  ASSERT_OK_AND_ASSIGN(auto rows, meta_->FindSegments(id->id, 0, 100));
+  ASSERT_EQ(rows.size(), 4u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rows[i].start_offset, i);
+    EXPECT_EQ(rows[i].end_offset, i + 1);
+  }
+  EXPECT_EQ(rows[3].object_key, theirs.object_key);
   settle_on_close_ = false;
 }
 
@@ -2190,7 +2237,11 @@ TEST_F(EngineTest, ASupersededNodeMergesNothing) {
   EXPECT_EQ(engine_->MergeSegmentsNow().code(), Code::kPreconditionFailed);
   EXPECT_EQ(engine_->metrics().segment_merges.load(), 0u);
   EXPECT_EQ(CountKeys(*store_, "seg/"), 5u);  // its parts kept, its own merged object gone
-  EXPECT_EQ(ReadPaged(*engine_, "s"), all);
+  // It serves the stream no more; a successor serves every record.
+  EXPECT_EQ(engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20).status().code(), Code::kFenced);
+  ASSERT_OK_AND_ASSIGN(auto successor, Engine::Open(Options(), store_, meta_));
+  EXPECT_EQ(ReadPaged(*successor, "s"), all);
+  successor->Close();
 }
 
 TEST_F(EngineTest, ASupersededProcessStopsSettlingOnceItKnows) {
@@ -2251,10 +2302,11 @@ TEST_F(EngineTest, ASupersededNodeTrimsAndDeletesNothing) {
   auto node = meta_->GetNode("n1");
   ASSERT_TRUE(node.ok());
   ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());
+  EXPECT_EQ(engine_->TrimTo(kBasin, "s", 3).status().code(), Code::kPreconditionFailed);  // the metastore refuses
   EXPECT_FALSE(engine_->ApplyRetention().ok());
   EXPECT_EQ(engine_->metrics().segments_deleted.load(), 0u);
   EXPECT_EQ(CountKeys(*store_, "seg/"), segments);
-  EXPECT_EQ(engine_->TrimTo(kBasin, "s", 3).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(engine_->TrimTo(kBasin, "s", 3).status().code(), Code::kFenced);  // it knows now
 }
 
 TEST_F(EngineTest, RetentionGoesOnPastATransactionItCannotCommit) {

@@ -1512,6 +1512,32 @@ TEST_F(BrokerTest, FetchAnswersFitTheResponseBudget) {
   EXPECT_EQ(got[0], WithBaseOffset(fresh, 3));
 }
 
+// Once another process holds its node (a restart of it while it still
+// runs), the broker serves none of its partitions: NOT_LEADER_OR_FOLLOWER,
+// so clients look for the leader again, and a fetch waiting at the tail is
+// woken to say so (what it would read is stale once the successor appends).
+TEST_F(BrokerTest, ASupersededBrokerAnswersNotLeaderOrFollower) {
+  ASSERT_EQ(CreateTopic("gone", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("gone", 0, Batch({"old"})).error_code, ErrorCode::kNone);
+  exec_->set_timers_frozen(true);  // only a wake-up can answer
+  Pending waiting = Start(FetchReq("gone", {{0, 1}}, /*max_wait_ms=*/5000, /*min_bytes=*/1), 11);
+  log::EngineOptions o;
+  o.node = "n1";
+  o.group_offsets_basin = kKafkaBasin;
+  ASSERT_OK_AND_ASSIGN(auto successor, log::Engine::Open(o, store_, meta_));
+  // This produce meets the successor's fence: the engine learns it was superseded.
+  EXPECT_EQ(Produce("gone", 0, Batch({"new"})).error_code, ErrorCode::kNotLeaderOrFollower);
+  EXPECT_TRUE(engine_->superseded());
+  auto resp = Finish(waiting, DecodeFetchResponse);
+  EXPECT_EQ(resp.responses.at(0).partitions.at(0).error_code, ErrorCode::kNotLeaderOrFollower);
+  EXPECT_EQ(Fetch("gone", 0, 0).error_code, ErrorCode::kNotLeaderOrFollower);
+  EXPECT_EQ(ListOffset("gone", 0, kListOffsetsLatest).error_code, ErrorCode::kNotLeaderOrFollower);
+  EXPECT_EQ(ListOffset("gone", 0, 0).error_code, ErrorCode::kNotLeaderOrFollower);
+  ASSERT_OK_AND_ASSIGN(auto tail, successor->CheckTail(kKafkaBasin, "gone/0"));
+  EXPECT_EQ(tail, 1u);
+  successor->Close();
+}
+
 TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {
   ASSERT_EQ(CreateTopic("poll", 1).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("poll", 0, Batch({"old"})).error_code, ErrorCode::kNone);

@@ -48,6 +48,23 @@ ErrorCode AppendError(const log::AppendOutcome& o) {
   }
 }
 
+// A partition's answer to a failed read of its stream (Fetch, ListOffsets,
+// DeleteRecords): NOT_LEADER_OR_FOLLOWER once another process holds this
+// node (kFenced: clients look up the leader again), KAFKA_STORAGE_ERROR for
+// what is not the client's.
+ErrorCode PartitionReadError(const Status& st) {
+  switch (st.code()) {
+    case Code::kOutOfRange:
+      return ErrorCode::kOffsetOutOfRange;
+    case Code::kNotFound:
+      return ErrorCode::kUnknownTopicOrPartition;
+    case Code::kFenced:
+      return ErrorCode::kNotLeaderOrFollower;
+    default:
+      return ErrorCode::kKafkaStorageError;
+  }
+}
+
 // An admin request's answer to a failure of the engine or metastore: a
 // retryable one (kUnavailable, kTimeout, kResourceExhausted) as
 // REQUEST_TIMED_OUT, which clients retry; UNKNOWN_SERVER_ERROR, which they
@@ -682,11 +699,11 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
             pd.high_watermark = pd.last_stable_offset = static_cast<int64_t>(offs->tail);
             pd.log_start_offset = static_cast<int64_t>(offs->log_start);
           }
-        } else if (r.status().code() == Code::kNotFound) {
-          pd.error_code = ErrorCode::kUnknownTopicOrPartition;
         } else {
-          Log().warn("kafka: fetch {} at {}: {}", stream, p.fetch_offset, r.status().ToString());
-          pd.error_code = ErrorCode::kKafkaStorageError;
+          if (r.status().code() != Code::kNotFound && r.status().code() != Code::kFenced) {
+            Log().warn("kafka: fetch {} at {}: {}", stream, p.fetch_offset, r.status().ToString());
+          }
+          pd.error_code = PartitionReadError(r.status());
         }
         tr.partitions.push_back(std::move(pd));
         continue;
@@ -861,7 +878,7 @@ void Broker::ListOffsets(const std::shared_ptr<Request>& req) {
       auto offs = p.partition_index < 0 ? Result<log::BatchReadResult>(NotFound("partition"))
                                         : engine_->Offsets(options_.basin, stream);
       if (!offs.ok()) {
-        pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+        pr.error_code = PartitionReadError(offs.status());
         tr.partitions.push_back(std::move(pr));
         continue;
       }
@@ -877,8 +894,7 @@ void Broker::ListOffsets(const std::shared_ptr<Request>& req) {
                                log::ReadStart{log::ReadStart::kTimestamp, static_cast<uint64_t>(p.timestamp)}, 1,
                                1 << 20);
         if (!r.ok()) {
-          pr.error_code = r.status().code() == Code::kNotFound ? ErrorCode::kUnknownTopicOrPartition
-                                                                : ErrorCode::kKafkaStorageError;
+          pr.error_code = PartitionReadError(r.status());
         } else if (!r->records.empty()) {
           offset = static_cast<int64_t>(r->records[0].offset);
           timestamp = r->records[0].record.timestamp;
@@ -1279,13 +1295,11 @@ void Broker::DeleteRecords(const std::shared_ptr<Request>& req) {
         if (low.ok()) {
           pr.low_watermark = static_cast<int64_t>(*low);
           Log().info("kafka: records of {}-{} below {} deleted", t.name, p.partition_index, *low);
-        } else if (low.status().code() == Code::kOutOfRange) {
-          pr.error_code = ErrorCode::kOffsetOutOfRange;
-        } else if (low.status().code() == Code::kNotFound) {
-          pr.error_code = ErrorCode::kUnknownTopicOrPartition;
         } else {
-          Log().warn("kafka: deleting records of {}-{}: {}", t.name, p.partition_index, low.status().ToString());
-          pr.error_code = ErrorCode::kKafkaStorageError;
+          if (low.status().code() != Code::kOutOfRange && low.status().code() != Code::kNotFound) {
+            Log().warn("kafka: deleting records of {}-{}: {}", t.name, p.partition_index, low.status().ToString());
+          }
+          pr.error_code = PartitionReadError(low.status());
         }
       }
       tr.partitions.push_back(pr);

@@ -120,8 +120,12 @@ void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
         if (all == ErrorCode::kNone) {
           std::string stream =
               metastore::BucketStreamName(t.name, static_cast<uint32_t>(std::max(p.partition_index, 0)));
-          if (p.partition_index < 0 || !engine_->CheckTail(options_.basin, stream).ok()) {
-            pr.error_code = ErrorCode::kUnknownTopicOrPartition;
+          auto tail = p.partition_index < 0 ? Result<uint64_t>(NotFound("partition"))
+                                            : engine_->CheckTail(options_.basin, stream);
+          if (!tail.ok()) {
+            // Superseded: another process holds this node, and coordinates its groups.
+            pr.error_code = tail.status().code() == Code::kFenced ? ErrorCode::kNotCoordinator
+                                                                  : ErrorCode::kUnknownTopicOrPartition;
           } else if (p.committed_metadata && p.committed_metadata->size() > options_.max_offset_metadata_bytes) {
             pr.error_code = ErrorCode::kOffsetMetadataTooLarge;
           } else {

@@ -48,6 +48,11 @@ uint64_t RandomNonce() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 1;
 }
 
+// What a superseded process answers for its streams.
+Status SupersededError(const std::string& node) {
+  return Fenced("node {} was superseded by another process, which serves its streams now", node);
+}
+
 }  // namespace
 
 Status ValidateBasinName(const std::string& name) {
@@ -193,7 +198,7 @@ void Engine::HandleHalt(uint64_t epoch) {
     // slot below present, so those are committed.
     std::optional<uint64_t> halted = wal_->halted_seq();
     Log().error("node {} was superseded ({}); abandoning its streams", options_.node, minted.status().ToString());
-    superseded_ = true;
+    MarkSuperseded();
     if (halted) abandon(*halted, Fenced("node {} was superseded", options_.node));
     return;
   }
@@ -766,8 +771,29 @@ bool Engine::NoteIfSuperseded(const Status& st) {
   Log().error("node {} was superseded (its epoch is now {}, this process holds {}): settle, merges and retention "
               "stop",
               options_.node, node->epoch, epoch_.load());
-  superseded_ = true;
+  MarkSuperseded();
   return true;
+}
+
+void Engine::MarkSuperseded() {
+  if (superseded_.exchange(true)) return;
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    std::lock_guard lk(mu_);
+    streams.reserve(by_id_.size());
+    for (const auto& [id, s] : by_id_) streams.push_back(s);
+  }
+  // Set before each stream's lock is taken: a read or watch that locks it
+  // after this sees the flag; one that waited before is woken here.
+  for (const auto& s : streams) {
+    std::map<uint64_t, std::pair<uint64_t, TailCallback>> watchers;
+    {
+      std::lock_guard lk(s->mu);
+      s->cv.notify_all();
+      watchers.swap(s->watchers);
+    }
+    for (auto& [id, w] : watchers) w.second();
+  }
 }
 
 Status Engine::RefuseIfSuperseded(std::string_view what) const {
@@ -864,6 +890,11 @@ void Engine::Register(const std::vector<metastore::StreamInfo>& created) {
 }
 
 Result<std::shared_ptr<Engine::Stream>> Engine::Find(const std::string& basin, const std::string& name) {
+  if (superseded_) return SupersededError(options_.node);
+  return FindAny(basin, name);
+}
+
+Result<std::shared_ptr<Engine::Stream>> Engine::FindAny(const std::string& basin, const std::string& name) {
   std::lock_guard lk(mu_);
   auto it = by_name_.find({basin, name});
   if (it == by_name_.end()) return NotFound("stream \"{}\" not found in basin \"{}\"", name, basin);
@@ -1799,6 +1830,7 @@ Result<uint64_t> Engine::WatchTail(const std::string& basin, const std::string& 
                                    TailCallback fn, std::optional<uint64_t> stream_id) {
   WEIR_ASSIGN_OR_RETURN(auto s, FindAs(basin, stream, stream_id));
   std::lock_guard lk(s->mu);
+  if (superseded_) return SupersededError(options_.node);  // under mu: MarkSuperseded fires no watch added after it
   if (s->deleted || s->tail > offset) return uint64_t{0};
   uint64_t id = next_watch_id_++;
   s->watchers.emplace(id, std::pair{offset, std::move(fn)});
@@ -1806,14 +1838,14 @@ Result<uint64_t> Engine::WatchTail(const std::string& basin, const std::string& 
 }
 
 void Engine::UnwatchTail(const std::string& basin, const std::string& stream, uint64_t id) {
-  auto s = Find(basin, stream);
+  auto s = FindAny(basin, stream);
   if (!s.ok()) return;
   std::lock_guard lk((*s)->mu);
   (*s)->watchers.erase(id);
 }
 
 size_t Engine::TailWatchCount(const std::string& basin, const std::string& stream) {
-  auto s = Find(basin, stream);
+  auto s = FindAny(basin, stream);
   if (!s.ok()) return 0;
   std::lock_guard lk((*s)->mu);
   return (*s)->watchers.size();
@@ -1897,8 +1929,9 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
         // Below the trim point, or below what retention kept, reads start at the first record held.
         from = std::max(from, LogStart(*s));
         if (from >= s->tail && wait_until) {
-          s->cv.wait_until(lk, *wait_until, [&] { return s->deleted || s->tail > from; });
+          s->cv.wait_until(lk, *wait_until, [&] { return s->deleted || superseded_ || s->tail > from; });
           if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
+          if (superseded_) return SupersededError(options_.node);
           from = std::max(from, LogStart(*s));  // what woke it may have trimmed too
         }
       } else {

@@ -466,8 +466,10 @@ class Engine {
 
   uint64_t epoch() const { return epoch_.load(); }
   // Whether a later process holds this node (a restart of it, or a takeover,
-  // minted its epoch since): appends are fenced; settle, merges, retention
-  // and heartbeats stop. Learnt from a refused heartbeat or change. Any thread.
+  // minted its epoch since): appends, reads and tail watches are kFenced
+  // (waiting reads and watches are woken to learn it); settle, merges,
+  // retention and heartbeats stop. Learnt from a refused heartbeat, append
+  // or change. Any thread.
   bool superseded() const { return superseded_.load(); }
   // Runs a metastore change a superseded process must not make (the Kafka
   // listener's group offset writes) as this node at its epoch, as the
@@ -498,7 +500,12 @@ class Engine {
   // unclaimed one for this metastore.
   Status CheckDeployment();
   Status ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where);
+  // The stream a front-end names: kNotFound if there is none; kFenced once
+  // this process is superseded (its successor serves the streams: what
+  // memory holds here is stale once that one appends).
   Result<std::shared_ptr<Stream>> Find(const std::string& basin, const std::string& name);
+  // Find, superseded or not (to drop a watch).
+  Result<std::shared_ptr<Stream>> FindAny(const std::string& basin, const std::string& name);
   // Makes newly created streams (empty, as the metastore made them) findable.
   void Register(const std::vector<metastore::StreamInfo>& created);
   // Drops a deleted stream from memory and wakes its readers and watchers.
@@ -680,12 +687,17 @@ class Engine {
   uint64_t last_stream_id_at_start_ = 0;  // the metastore's, read by Recover before it loads the streams
   // A successor process holds this node: settle, merges and retention can
   // commit nothing, so the settle loop stops doing them (each round would
-  // upload segments only to delete them). Set under settle_mu_, read anywhere.
+  // upload segments only to delete them); reads and appends are refused.
+  // Set under settle_mu_ (MarkSuperseded), read anywhere.
   std::atomic<bool> superseded_{false};
   // With settle_mu_ held (so epoch_ is not being minted meanwhile): after a
   // change the metastore refused with `st`, whether a successor holds the
   // node; if so, marks superseded_ (and says so once).
   bool NoteIfSuperseded(const Status& st);
+  // Sets superseded_ and wakes every waiting read and tail watch (they find
+  // it set, under their stream's lock, and fail kFenced). Takes mu_, then
+  // each stream's mu in turn; runs the watches' callbacks. Once.
+  void MarkSuperseded();
   // kPreconditionFailed once superseded_, naming `what` (settle, merge, retention).
   Status RefuseIfSuperseded(std::string_view what) const;
   // A stream as of its row, settled state and segment index.

@@ -2367,7 +2367,8 @@ class LifecycleTest(ClosingTestCase):
         # Two processes of one node id on one store and metastore (named, so
         # no data dir is locked): the second start supersedes the first, which
         # learns it from its next refused heartbeat (every 5 s), or sooner
-        # from a refused change (retention, merges), and says so.
+        # from a refused change (retention, merges), says so, and serves the
+        # node's streams no more.
         with tempfile.TemporaryDirectory() as d:
             args = ["--kafka-addr", "", "--object-store", "file://" + os.path.join(d, "objects"),
                     "--metastore", "sqlite://" + os.path.join(d, "meta.db")]
@@ -2378,6 +2379,20 @@ class LifecycleTest(ClosingTestCase):
                 self.addCleanup(server.cleanup)
             first.start()
             self.assertEqual(requests.get(first.url("/health"), timeout=30).json(), {"status": "ok"})
+            c1 = Client(first, basin="superseded")
+            self.assertEqual(c1.post("/v1/basins", json={"basin": "superseded"}).status_code, 201)
+            c1.create_stream("s")
+            c1.append("s", [{"body": "a"}])
+            # A long poll at the tail: the first process ends it once it knows
+            # (unwoken, it would answer 200 with no records after 60 s).
+            polled = {}
+
+            def poll():
+                polled["r"] = Client(first, basin="superseded").get(
+                    "/v1/streams/s/records", params={"seq_num": 1, "wait": 60}, timeout=120)
+
+            poller = threading.Thread(target=poll)
+            poller.start()
             second.start()
             deadline = time.monotonic() + 120
             while True:
@@ -2389,6 +2404,18 @@ class LifecycleTest(ClosingTestCase):
                 time.sleep(0.2)
             self.assertEqual(r.json(), {"status": "superseded"})
             self.assertEqual(requests.get(second.url("/health"), timeout=30).json(), {"status": "ok"})
+            poller.join(150)
+            self.assertFalse(poller.is_alive())
+            r = polled["r"]
+            self.assertEqual((r.status_code, r.json()["code"]), (503, "unavailable"), r.text)
+            # It serves the streams no more (what it holds goes stale once the
+            # second appends); the second serves them.
+            for r in (c1.get("/v1/streams/s/records", params={"seq_num": 0}), c1.get("/v1/streams/s/records/tail"),
+                      c1.post("/v1/streams/s/records", json={"records": [{"body": "b"}]})):
+                self.assertEqual((r.status_code, r.json()["code"]), (503, "unavailable"), r.text)
+            c2 = Client(second, basin="superseded")
+            c2.append("s", [{"body": "b"}])
+            self.assertEqual([x["body"] for x in c2.read_all("s")], ["a", "b"])
             second.stop()
             first.stop(expect_code=None)
 
