@@ -1521,6 +1521,7 @@ TEST_F(BrokerTest, ASupersededBrokerAnswersNotLeaderOrFollower) {
   ASSERT_EQ(Produce("gone", 0, Batch({"old"})).error_code, ErrorCode::kNone);
   exec_->set_timers_frozen(true);  // only a wake-up can answer
   Pending waiting = Start(FetchReq("gone", {{0, 1}}, /*max_wait_ms=*/5000, /*min_bytes=*/1), 11);
+  ASSERT_TRUE(weir::testing::WaitUntil([&] { return engine_->TailWatchCount(kKafkaBasin, "gone/0") == 1; }));
   log::EngineOptions o;
   o.node = "n1";
   o.group_offsets_basin = kKafkaBasin;

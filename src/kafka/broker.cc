@@ -66,11 +66,13 @@ ErrorCode PartitionReadError(const Status& st) {
 }
 
 // An admin request's answer to a failure of the engine or metastore: a
-// retryable one (kUnavailable, kTimeout, kResourceExhausted) as
+// retryable one (kUnavailable, kTimeout, kResourceExhausted; kFenced, this
+// process superseded: a retry may reach its successor) as
 // REQUEST_TIMED_OUT, which clients retry; UNKNOWN_SERVER_ERROR, which they
 // do not, otherwise.
 ErrorCode AdminFailure(const Status& st) {
-  return IsRetryableCode(st.code()) ? ErrorCode::kRequestTimedOut : ErrorCode::kUnknownServerError;
+  return IsRetryableCode(st.code()) || st.code() == Code::kFenced ? ErrorCode::kRequestTimedOut
+                                                                   : ErrorCode::kUnknownServerError;
 }
 
 // What Kafka's broker answers for a partition's records before it reads a
@@ -1296,7 +1298,8 @@ void Broker::DeleteRecords(const std::shared_ptr<Request>& req) {
           pr.low_watermark = static_cast<int64_t>(*low);
           Log().info("kafka: records of {}-{} below {} deleted", t.name, p.partition_index, *low);
         } else {
-          if (low.status().code() != Code::kOutOfRange && low.status().code() != Code::kNotFound) {
+          if (low.status().code() != Code::kOutOfRange && low.status().code() != Code::kNotFound &&
+              low.status().code() != Code::kFenced) {
             Log().warn("kafka: deleting records of {}-{}: {}", t.name, p.partition_index, low.status().ToString());
           }
           pr.error_code = PartitionReadError(low.status());

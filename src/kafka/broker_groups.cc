@@ -123,8 +123,9 @@ void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
           auto tail = p.partition_index < 0 ? Result<uint64_t>(NotFound("partition"))
                                             : engine_->CheckTail(options_.basin, stream);
           if (!tail.ok()) {
-            // Superseded: another process holds this node, and coordinates its groups.
-            pr.error_code = tail.status().code() == Code::kFenced ? ErrorCode::kNotCoordinator
+            // Superseded: another process holds this node, and coordinates
+            // its groups (as when the commit itself is refused).
+            pr.error_code = tail.status().code() == Code::kFenced ? ErrorCode::kCoordinatorNotAvailable
                                                                   : ErrorCode::kUnknownTopicOrPartition;
           } else if (p.committed_metadata && p.committed_metadata->size() > options_.max_offset_metadata_bytes) {
             pr.error_code = ErrorCode::kOffsetMetadataTooLarge;

@@ -545,7 +545,7 @@ Result<std::shared_ptr<Engine::Stream>> Engine::MakeStream(metastore::StreamInfo
   s->live.last_timestamp_ms = s->tail_timestamp_ms = st.last_timestamp_ms;
   WEIR_ASSIGN_OR_RETURN(s->live.producers, ProducerWindows::Deserialize(st.producer_state));
   s->settled = s->live;
-  s->segments = std::move(segments);
+  s->segments.Assign(std::move(segments));
   return s;
 }
 
@@ -777,6 +777,10 @@ bool Engine::NoteIfSuperseded(const Status& st) {
 
 void Engine::MarkSuperseded() {
   if (superseded_.exchange(true)) return;
+  {
+    std::lock_guard lk(backlog_mu_);  // appends waiting for settle room: none will come
+    backlog_cv_.notify_all();
+  }
   std::vector<std::shared_ptr<Stream>> streams;
   {
     std::lock_guard lk(mu_);
@@ -934,15 +938,11 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
     if (offset <= s->durable_trim_point) return LogStart(*s);
   }
   // Stored first (settle commits never lower it), then applied: reads stop
-  // returning the records only once the trim survives a restart.
-  for (int attempt = 1;; ++attempt) {
-    const uint64_t epoch = epoch_.load();
-    Status raised = meta_->RaiseTrimPoint(options_.node, epoch, s->info.id, offset);
-    // A halt may have minted this process's next epoch meanwhile: once more with it.
-    if (raised.code() == Code::kPreconditionFailed && attempt == 1 && epoch_.load() != epoch) continue;
-    WEIR_RETURN_IF_ERROR(raised);
-    break;
-  }
+  // returning the records only once the trim survives a restart. A
+  // superseded process gets kUnavailable.
+  WEIR_RETURN_IF_ERROR(AsThisNode([&](const metastore::EpochCheck& by) {
+    return meta_->RaiseTrimPoint(by.node, by.epoch, s->info.id, offset);
+  }));
   std::lock_guard lk(s->mu);
   s->live.trim_point = std::max(s->live.trim_point, offset);
   s->durable_trim_point = std::max(s->durable_trim_point, offset);
@@ -1149,8 +1149,8 @@ Engine::AdmissionGroup Engine::NextAdmissionGroup(size_t from, size_t count,
 }
 
 std::shared_ptr<AdmissionTicket> Engine::TryAdmission(size_t bytes, size_t appends) {
-  // Closing: no room will come; the appends are refused at once.
-  if (closing_.load()) return std::make_shared<AdmissionTicket>(std::nullopt);
+  // Closing or superseded: no room will come; the appends are refused at once.
+  if (closing_.load() || superseded_.load()) return std::make_shared<AdmissionTicket>(std::nullopt);
   if (BacklogFull()) return nullptr;
   // Never all at once: each append then takes (or not) its own room.
   if (!wal_ || !FitsPoolAtOnce(bytes, appends)) return std::make_shared<AdmissionTicket>(std::nullopt);
@@ -1163,8 +1163,9 @@ Status Engine::WaitForSettleRoom(TimePoint deadline) {
   if (!BacklogFull()) return Status::Ok();
   RequestSettle();
   std::unique_lock lk(backlog_mu_);
+  // A superseded process settles no more: it waits no longer (Find refuses).
   bool room = backlog_cv_.wait_until(lk, deadline, [&] {
-    return closing_ || !BacklogFull();
+    return closing_ || superseded_ || !BacklogFull();
   });
   if (room) return Status::Ok();
   metrics_.settle_backlog_timeouts.fetch_add(1, std::memory_order_relaxed);
@@ -1909,12 +1910,9 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
             // goes on from there.
             from = s->tail;
             bool found = false;
-            for (const auto& seg : s->segments) {
-              if (seg.last_timestamp_ms >= at_time) {
-                from = seg.start_offset;
-                found = true;
-                break;
-              }
+            if (auto seg = s->segments.FirstReaching(at_time); seg != s->segments.end()) {
+              from = seg->start_offset;
+              found = true;
             }
             for (size_t i = 0; !found && i < s->durable.size(); ++i) {
               if (s->durable[i].max_timestamp_ms >= at_time) {

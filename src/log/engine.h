@@ -468,8 +468,8 @@ class Engine {
   // Whether a later process holds this node (a restart of it, or a takeover,
   // minted its epoch since): appends, reads and tail watches are kFenced
   // (waiting reads and watches are woken to learn it); settle, merges,
-  // retention and heartbeats stop. Learnt from a refused heartbeat, append
-  // or change. Any thread.
+  // retention and heartbeats stop. Learnt from a refused heartbeat, WAL
+  // write, settle, merge or retention. Any thread.
   bool superseded() const { return superseded_.load(); }
   // Runs a metastore change a superseded process must not make (the Kafka
   // listener's group offset writes) as this node at its epoch, as the

@@ -16,6 +16,7 @@
 #include "log/engine.h"
 #include "log/producer_window.h"
 #include "log/segment_format.h"
+#include "log/segment_list.h"
 
 namespace weir::log {
 
@@ -86,7 +87,7 @@ struct Engine::Stream {
   // One-shot watchers of the tail: id -> (offset, callback), fired outside
   // `mu`. Keyed by id: an unwatch (every long poll's end) is no scan.
   std::map<uint64_t, std::pair<uint64_t, TailCallback>> watchers;
-  std::vector<metastore::SegmentInfo> segments;  // settled, offset order
+  SegmentList segments;  // settled, offset order
   std::deque<BatchRef> durable;  // acknowledged, not yet settled, offset order
   std::deque<std::shared_ptr<Pending>> pending;  // assigned, not yet acknowledged
   bool deleted = false;

@@ -295,7 +295,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
       settled_batches++;
       s.durable.pop_front();
     }
-    s.segments.push_back(w.segment);
+    s.segments.Append(w.segment);
   }
   if (settled_batches > 0) SettledBytes(settled_bytes, settled_batches);
   if (!orphans.empty()) store_->DeleteMany(orphans).IgnoreError();  // else the next start's sweep
@@ -519,7 +519,7 @@ Status Engine::ApplyRetention() {
         }
         as_read = as_read && expected.size() == keys.size();
         if (as_read) {
-          s->segments.erase(s->segments.begin(), s->segments.begin() + static_cast<std::ptrdiff_t>(expected.size()));
+          s->segments.EraseFront(expected.size());
         }
       }
       // Otherwise memory missed a merge swap that landed (a row may span
@@ -662,7 +662,7 @@ Status Engine::MergeSegmentsNow() {
     {
       std::lock_guard lk(s->mu);
       if (s->deleted || s->deleting) continue;
-      segments = s->segments;
+      segments = s->segments.rows();
       trim_point = s->durable_trim_point;
       age_s = s->info.config.retention_age_s;
     }
@@ -823,8 +823,7 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
     });
     if (first != s->segments.end() && static_cast<size_t>(s->segments.end() - first) >= run.size() &&
         std::prev(first + static_cast<std::ptrdiff_t>(run.size()))->end_offset == run.back().end_offset) {
-      *first = merged;
-      s->segments.erase(first + 1, first + static_cast<std::ptrdiff_t>(run.size()));
+      s->segments.ReplaceRun(first, run.size(), merged);
       swapped = true;
     }
   }
@@ -873,7 +872,7 @@ Status Engine::ReloadSegments(const std::shared_ptr<Stream>& s) {
     Log().info("stream {}: {} segments in memory, {} in the metastore; taking the metastore's", s->info.id,
                s->segments.size(), rows.size());
   }
-  s->segments = std::move(rows);
+  s->segments.Assign(std::move(rows));
   return Status::Ok();
 }
 

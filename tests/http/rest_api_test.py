@@ -2393,6 +2393,10 @@ class LifecycleTest(ClosingTestCase):
 
             poller = threading.Thread(target=poll)
             poller.start()
+            deadline = time.monotonic() + 60
+            while not re.search(r"(?m)^weir_long_polls [1-9]", c1.get("/metrics").text):  # it waits at the tail
+                self.assertLess(time.monotonic(), deadline, "the read never waited")
+                time.sleep(0.05)
             second.start()
             deadline = time.monotonic() + 120
             while True:
