@@ -2665,6 +2665,49 @@ TEST_F(EngineTest, AReadByTimeSeeksOnlyUntilItsFirstRecord) {
   EXPECT_EQ(r->records.back().record.value, "late");
 }
 
+// The segment a read by time starts in is found through the segments'
+// running newest time (their times go back and forth here) after each way
+// the segment list changes: settles, retention, a merge, a restart's load.
+TEST_F(EngineTest, AReadByTimeFindsItsSegmentAsTheSegmentListChanges) {
+  // Times a minute ago (older ones would be past the stream's retention age).
+  const int64_t base = WallMillis() - 60'000;
+  for (int64_t ts : {100, 40, 300, 200}) {
+    ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"x"}, base + ts)).status.ok());
+    ASSERT_OK(engine_->SettleNow());
+  }
+  auto first_at = [&](int64_t t) -> int64_t {
+    auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, static_cast<uint64_t>(base + t)}, 1, 4096);
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status().ToString();
+      return -2;
+    }
+    return r->records.empty() ? -1 : static_cast<int64_t>(r->records[0].offset);
+  };
+  EXPECT_EQ(first_at(30), 0);
+  EXPECT_EQ(first_at(100), 0);
+  EXPECT_EQ(first_at(101), 2);  // not 1 (40) nor 3 (200, later): 2 holds 300
+  EXPECT_EQ(first_at(250), 2);
+  EXPECT_EQ(first_at(301), -1);
+  // Retention takes [0, 1): the 100 no longer hides the 40.
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(1)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(trim)).status.ok());
+  ASSERT_OK(engine_->SettleNow());
+  ASSERT_OK(engine_->ApplyRetention());
+  EXPECT_EQ(first_at(30), 1);
+  EXPECT_EQ(first_at(41), 2);
+  EXPECT_EQ(first_at(201), 2);
+  // Merged into one segment (newest time: the trim command's, now), then loaded again.
+  ASSERT_OK(engine_->MergeSegmentsNow());
+  EXPECT_GT(engine_->metrics().segment_merges.load(), 0u);
+  for (bool restarted : {false, true}) {
+    if (restarted) Restart();
+    EXPECT_EQ(first_at(30), 1) << "restarted " << restarted;
+    EXPECT_EQ(first_at(41), 2) << "restarted " << restarted;
+    EXPECT_EQ(first_at(250), 2) << "restarted " << restarted;
+  }
+}
+
 TEST_F(EngineTest, ABatchMaxTimestampIsTheRecordsLargest) {
   // A producer's header says 0 (or anything) while its records run 5000..5002:
   // lookups and retention go by the records, as in Kafka.
