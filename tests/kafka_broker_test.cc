@@ -329,6 +329,60 @@ std::string Be64(uint64_t v) {
 
 // ---- The fixture ------------------------------------------------------------------
 
+// A store whose segment GETs wait (up to a minute) until `meet` of them are
+// in flight at once, and which records how many ever were.
+class MeetingStore : public objstore::ObjectStore {
+ public:
+  explicit MeetingStore(std::shared_ptr<objstore::ObjectStore> inner) : inner_(std::move(inner)) {}
+  void set_meet(int n) {
+    std::lock_guard lk(mu_);
+    meet_ = n;
+  }
+  int most_in_flight() {
+    std::lock_guard lk(mu_);
+    return most_;
+  }
+
+  Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> range) override {
+    if (key.starts_with("seg/")) {
+      std::unique_lock lk(mu_);
+      most_ = std::max(most_, ++in_flight_);
+      cv_.notify_all();
+      cv_.wait_for(lk, std::chrono::minutes(1), [&] { return in_flight_ >= meet_ || met_; });
+      met_ = met_ || in_flight_ >= meet_;
+      lk.unlock();
+      auto got = inner_->Get(key, range);
+      lk.lock();
+      --in_flight_;
+      return got;
+    }
+    return inner_->Get(key, range);
+  }
+  Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& o) override {
+    return inner_->Put(key, data, o);
+  }
+  Status PutParts(std::string_view key, std::span<const std::string_view> parts,
+                  const objstore::PutOptions& o) override {
+    return inner_->PutParts(key, parts, o);
+  }
+  Result<objstore::ObjectInfo> Head(std::string_view key) override { return inner_->Head(key); }
+  Result<objstore::ListPage> List(std::string_view prefix, std::string_view start_after, size_t limit) override {
+    return inner_->List(prefix, start_after, limit);
+  }
+  Status Delete(std::string_view key) override { return inner_->Delete(key); }
+  Status DeleteMany(std::span<const std::string> keys) override { return inner_->DeleteMany(keys); }
+  std::string Describe() const override { return "meeting(" + inner_->Describe() + ")"; }
+
+ private:
+  std::shared_ptr<objstore::ObjectStore> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int meet_ = 1;
+  int in_flight_ = 0;
+  int most_ = 0;
+  bool met_ = false;  // once met, later GETs wait for no one
+};
+
 class BrokerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -1537,6 +1591,37 @@ TEST_F(BrokerTest, ASupersededBrokerAnswersNotLeaderOrFollower) {
   ASSERT_OK_AND_ASSIGN(auto tail, successor->CheckTail(kKafkaBasin, "gone/0"));
   EXPECT_EQ(tail, 1u);
   successor->Close();
+}
+
+// A fetch's partitions whose data is settled (read from the object store)
+// are read in parallel, not one GET after another; the answer is as a
+// sequential read's.
+TEST_F(BrokerTest, AFetchReadsColdPartitionsInParallel) {
+  StopAll();
+  auto meeting = std::make_shared<MeetingStore>(store_);
+  store_ = meeting;
+  OpenEngine();
+  StartBroker(Options());
+  ASSERT_EQ(CreateTopic("cold", 3).error_code, ErrorCode::kNone);
+  std::vector<std::string> sent;
+  for (int32_t p = 0; p < 3; ++p) {
+    sent.push_back(Batch({"cold-" + std::to_string(p)}));
+    ASSERT_EQ(Produce("cold", p, sent.back()).error_code, ErrorCode::kNone);
+  }
+  ASSERT_OK(engine_->SettleNow());  // the batches leave memory for segments
+  meeting->set_meet(3);
+  // Room for each partition's partition_max_bytes (as consumers ask: 50 MiB and 1 MiB).
+  auto resp = Call(FetchReq("cold", {{0, 0}, {1, 0}, {2, 0}}, 0, 1, /*max_bytes=*/1 << 20,
+                            /*partition_max_bytes=*/64 << 10),
+                   11, DecodeFetchResponse);
+  EXPECT_EQ(meeting->most_in_flight(), 3);
+  ASSERT_EQ(resp.responses.size(), 1u);
+  ASSERT_EQ(resp.responses[0].partitions.size(), 3u);
+  for (int32_t p = 0; p < 3; ++p) {
+    const auto& pd = resp.responses[0].partitions[static_cast<size_t>(p)];
+    EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+    EXPECT_EQ(Batches(pd), std::vector<std::string>{WithBaseOffset(sent[static_cast<size_t>(p)], 0)});
+  }
 }
 
 TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {

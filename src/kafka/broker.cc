@@ -593,6 +593,20 @@ void Broker::AppendJob(const std::shared_ptr<Request>& req, const std::shared_pt
 constexpr int32_t kMaxFetchWaitMs = 30000;
 // A fetch that found no room for its answer looks again this often.
 constexpr auto kFetchRoomRetry = std::chrono::milliseconds(100);
+// A fetch's partitions whose reads need the object store (settled or
+// evicted data) are read this many at a time.
+constexpr size_t kFetchParallelReads = 8;
+
+// Drops a read's trailing batches past `max_bytes` (its first stays).
+void KeepWithin(std::vector<std::shared_ptr<const std::string>>* batches, size_t max_bytes) {
+  size_t bytes = 0, keep = 0;
+  for (; keep < batches->size(); ++keep) {
+    const size_t size = (*batches)[keep]->size();
+    if (keep > 0 && bytes + size > max_bytes) break;
+    bytes += size;
+  }
+  batches->resize(keep);
+}
 
 struct FetchState {
   std::mutex mu;
@@ -663,10 +677,42 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
   // Where to watch if the fetch has to wait: (stream, offset).
   std::vector<std::pair<std::string, uint64_t>> waits;
   static const std::vector<FetchTopic> kNoTopics;
+  // The partitions' reads first, together: those that need the object store
+  // run in parallel (a consumer catching up over many partitions waits
+  // about one GET, not one per partition). Each reads what the budget would
+  // leave it if every partition before it filled its partition_max_bytes;
+  // partitions past that (the budget may have room for them once the
+  // answer is assembled) are read below, one after another.
+  std::vector<log::Engine::BatchRead> reads;
+  std::vector<size_t> read_of;  // partition (in request order) -> index into reads, or SIZE_MAX
+  if (!wait_for_room) {
+    size_t planned = 0;
+    for (const auto& t : in.topics) {
+      for (const auto& p : t.partitions) {
+        const size_t want = std::min<size_t>(static_cast<size_t>(std::max(p.partition_max_bytes, 1)),
+                                             budget > planned ? budget - planned : 0);
+        if (p.partition < 0 || p.fetch_offset < 0 || want == 0) {
+          read_of.push_back(SIZE_MAX);
+          continue;
+        }
+        planned += want;
+        read_of.push_back(reads.size());
+        reads.push_back(log::Engine::BatchRead{
+            metastore::BucketStreamName(t.topic, static_cast<uint32_t>(p.partition)),
+            static_cast<uint64_t>(p.fetch_offset), want});
+      }
+    }
+  }
+  std::vector<Result<log::BatchReadResult>> read =
+      reads.empty() ? std::vector<Result<log::BatchReadResult>>{}
+                    : engine_->ReadBatchesMany(options_.basin, reads, kFetchParallelReads);
+  size_t partition_no = 0;
   for (const auto& t : wait_for_room ? kNoTopics : in.topics) {
     FetchableTopicResponse tr;
     tr.topic = t.topic;
     for (auto& p : t.partitions) {
+      const size_t read_no = partition_no < read_of.size() ? read_of[partition_no] : SIZE_MAX;
+      ++partition_no;
       FetchPartitionData pd;
       pd.partition_index = p.partition;
       pd.aborted_transactions = std::vector<AbortedTransaction>{};
@@ -689,6 +735,11 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
                        static_cast<uint64_t>(p.fetch_offset) > r->tail)) {
           r = OutOfRange("offset {} is outside [{}, {}]", p.fetch_offset, r->log_start, r->tail);
         }
+      } else if (read_no != SIZE_MAX) {
+        // Read above with at most what was planned; the budget left may be
+        // less (the first partition with data may pass its limit).
+        r = std::move(read[read_no]);
+        if (r.ok() && !r->batches.empty()) KeepWithin(&r->batches, want);
       } else {
         r = engine_->ReadBatches(options_.basin, stream, static_cast<uint64_t>(p.fetch_offset), want);
       }

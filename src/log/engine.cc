@@ -2045,6 +2045,38 @@ Result<BatchReadResult> Engine::Offsets(const std::string& basin, const std::str
   return out;
 }
 
+bool Engine::ReadNeedsStore(const std::string& basin, const std::string& stream, uint64_t from) {
+  auto found = Find(basin, stream);
+  if (!found.ok()) return false;
+  const Stream& s = **found;
+  std::lock_guard lk((*found)->mu);
+  if (from > s.tail || from < LogStart(s)) return false;
+  auto seg = std::upper_bound(s.segments.begin(), s.segments.end(), from,
+                              [](uint64_t off, const metastore::SegmentInfo& g) { return off < g.end_offset; });
+  if (seg != s.segments.end()) return true;
+  auto it = std::upper_bound(s.durable.begin(), s.durable.end(), from,
+                             [](uint64_t off, const BatchRef& b) { return off < b.end; });
+  return it != s.durable.end() && !it->bytes;
+}
+
+std::vector<Result<BatchReadResult>> Engine::ReadBatchesMany(const std::string& basin,
+                                                             const std::vector<BatchRead>& reads, size_t parallel) {
+  std::vector<Result<BatchReadResult>> out(reads.size(), Result<BatchReadResult>(Status()));
+  std::vector<size_t> cold;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    if (reads[i].max_bytes > 0 && ReadNeedsStore(basin, reads[i].stream, reads[i].from)) {
+      cold.push_back(i);
+    } else {
+      out[i] = ReadBatches(basin, reads[i].stream, reads[i].from, reads[i].max_bytes);
+    }
+  }
+  ForEachParallel(cold.size(), parallel, "read-many", [&](size_t k) {
+    const BatchRead& r = reads[cold[k]];
+    out[cold[k]] = ReadBatches(basin, r.stream, r.from, r.max_bytes);
+  });
+  return out;
+}
+
 Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std::string& stream, uint64_t from,
                                             size_t max_bytes) {
   max_bytes = std::max<size_t>(max_bytes, 1);

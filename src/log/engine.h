@@ -421,6 +421,17 @@ class Engine {
   // if `from` is past the tail or below the first offset held.
   Result<BatchReadResult> ReadBatches(const std::string& basin, const std::string& stream, uint64_t from,
                                       size_t max_bytes);
+  // ReadBatches of several streams of a basin (a Kafka fetch's partitions):
+  // out[i] is what ReadBatches(basin, reads[i]...) answers. Reads that need
+  // the object store (settled or evicted batches) run up to `parallel` at a
+  // time on threads of their own; the rest run on the caller's thread.
+  struct BatchRead {
+    std::string stream;
+    uint64_t from = 0;
+    size_t max_bytes = 0;
+  };
+  std::vector<Result<BatchReadResult>> ReadBatchesMany(const std::string& basin, const std::vector<BatchRead>& reads,
+                                                       size_t parallel);
   // The first offset held and the tail, without reading.
   Result<BatchReadResult> Offsets(const std::string& basin, const std::string& stream);
 
@@ -618,6 +629,10 @@ class Engine {
   Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
                               size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until,
                               uint64_t stream_id);
+  // Whether a read of `stream` from `from` would start with a GET (a settled
+  // segment, or a batch evicted from the log cache). False if it cannot be
+  // read (the read itself says why).
+  bool ReadNeedsStore(const std::string& basin, const std::string& stream, uint64_t from);
   // Find, and kNotFound if the name now names a stream other than `stream_id` (if set).
   Result<std::shared_ptr<Stream>> FindAs(const std::string& basin, const std::string& stream,
                                          std::optional<uint64_t> stream_id);

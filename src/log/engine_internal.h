@@ -116,4 +116,9 @@ std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end, uint64_
 // keys carried it.
 std::optional<uint64_t> SegmentKeyEpoch(std::string_view key);
 
+// Runs fn(i) for every i in [0, n) on up to `workers` threads (the caller's
+// is one), each taking the next index not yet taken, so one slow call (a PUT
+// or GET) holds up only its own thread.
+void ForEachParallel(size_t n, size_t workers, const char* thread_name, const std::function<void(size_t)>& fn);
+
 }  // namespace weir::log

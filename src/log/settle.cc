@@ -23,10 +23,8 @@ namespace {
 bool Before(const wal::AckInfo& where, const metastore::ChainPosition& p) {
   return std::pair(where.epoch, where.seq) < std::pair(p.epoch, p.seq);
 }
+}  // namespace
 
-// Runs fn(i) for every i in [0, n) on up to `workers` threads (the caller's
-// is one), each taking the next index not yet taken, so one slow call (a PUT
-// or GET) holds up only its own thread.
 void ForEachParallel(size_t n, size_t workers, const char* thread_name, const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
   auto work = [&] {
@@ -46,7 +44,6 @@ void ForEachParallel(size_t n, size_t workers, const char* thread_name, const st
   work();
   for (auto& t : threads) t.join();
 }
-}  // namespace
 
 std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end, uint64_t epoch) {
   return fmt::format("seg/{:020}/{:020}-{:020}-e{}", stream_id, start, end, epoch);
