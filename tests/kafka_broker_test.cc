@@ -337,15 +337,22 @@ class MeetingStore : public objstore::ObjectStore {
   void set_meet(int n) {
     std::lock_guard lk(mu_);
     meet_ = n;
+    met_ = false;
+    most_ = 0;
   }
   int most_in_flight() {
     std::lock_guard lk(mu_);
     return most_;
   }
+  int segment_gets() {
+    std::lock_guard lk(mu_);
+    return gets_;
+  }
 
   Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> range) override {
     if (key.starts_with("seg/")) {
       std::unique_lock lk(mu_);
+      ++gets_;
       most_ = std::max(most_, ++in_flight_);
       cv_.notify_all();
       cv_.wait_for(lk, std::chrono::minutes(1), [&] { return in_flight_ >= meet_ || met_; });
@@ -380,6 +387,7 @@ class MeetingStore : public objstore::ObjectStore {
   int meet_ = 1;
   int in_flight_ = 0;
   int most_ = 0;
+  int gets_ = 0;
   bool met_ = false;  // once met, later GETs wait for no one
 };
 
@@ -1622,6 +1630,47 @@ TEST_F(BrokerTest, AFetchReadsColdPartitionsInParallel) {
     EXPECT_EQ(pd.error_code, ErrorCode::kNone);
     EXPECT_EQ(Batches(pd), std::vector<std::string>{WithBaseOffset(sent[static_cast<size_t>(p)], 0)});
   }
+}
+
+// Over more cold partitions than one wave reads, the answer is what reading
+// them one at a time gives; and no partition is read past the answer's room.
+TEST_F(BrokerTest, AFetchOverManyColdPartitionsAnswersAsOneAtATimeWould) {
+  StopAll();
+  auto meeting = std::make_shared<MeetingStore>(store_);
+  store_ = meeting;
+  OpenEngine();
+  StartBroker(Options());
+  constexpr int32_t kParts = 19;  // three waves
+  ASSERT_EQ(CreateTopic("many", kParts).error_code, ErrorCode::kNone);
+  std::vector<std::string> sent;
+  std::vector<std::pair<int32_t, int64_t>> all;
+  for (int32_t p = 0; p < kParts; ++p) {
+    sent.push_back(Batch({std::string(2000, static_cast<char>('a' + p))}));
+    ASSERT_EQ(Produce("many", p, sent.back()).error_code, ErrorCode::kNone);
+    all.emplace_back(p, 0);
+  }
+  ASSERT_OK(engine_->SettleNow());
+  auto resp = Call(FetchReq("many", all, 0, 1, 1 << 20, 64 << 10), 11, DecodeFetchResponse);
+  ASSERT_EQ(resp.responses.at(0).partitions.size(), static_cast<size_t>(kParts));
+  for (int32_t p = 0; p < kParts; ++p) {
+    const auto& pd = resp.responses[0].partitions[static_cast<size_t>(p)];
+    EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+    EXPECT_EQ(Batches(pd), std::vector<std::string>{WithBaseOffset(sent[static_cast<size_t>(p)], 0)}) << p;
+  }
+  EXPECT_EQ(meeting->segment_gets(), kParts);
+  // Room for 1 KiB: the first partition's batch passes it (KIP-74); the
+  // others have no room left, and are not read.
+  const int before = meeting->segment_gets();
+  resp = Call(FetchReq("many", all, 0, 1, /*max_bytes=*/1024, 64 << 10), 11, DecodeFetchResponse);
+  ASSERT_EQ(resp.responses.at(0).partitions.size(), static_cast<size_t>(kParts));
+  EXPECT_EQ(Batches(resp.responses[0].partitions[0]), std::vector<std::string>{WithBaseOffset(sent[0], 0)});
+  for (int32_t p = 1; p < kParts; ++p) {
+    const auto& pd = resp.responses[0].partitions[static_cast<size_t>(p)];
+    EXPECT_EQ(pd.error_code, ErrorCode::kNone);
+    EXPECT_TRUE(pd.records.empty()) << p;
+    EXPECT_EQ(pd.high_watermark, 1) << p;
+  }
+  EXPECT_EQ(meeting->segment_gets() - before, 1);
 }
 
 TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {

@@ -677,42 +677,43 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
   // Where to watch if the fetch has to wait: (stream, offset).
   std::vector<std::pair<std::string, uint64_t>> waits;
   static const std::vector<FetchTopic> kNoTopics;
-  // The partitions' reads first, together: those that need the object store
-  // run in parallel (a consumer catching up over many partitions waits
-  // about one GET, not one per partition). Each reads what the budget would
-  // leave it if every partition before it filled its partition_max_bytes;
-  // partitions past that (the budget may have room for them once the
-  // answer is assembled) are read below, one after another.
-  std::vector<log::Engine::BatchRead> reads;
-  std::vector<size_t> read_of;  // partition (in request order) -> index into reads, or SIZE_MAX
-  if (!wait_for_room) {
-    size_t planned = 0;
-    for (const auto& t : in.topics) {
-      for (const auto& p : t.partitions) {
-        const size_t want = std::min<size_t>(static_cast<size_t>(std::max(p.partition_max_bytes, 1)),
-                                             budget > planned ? budget - planned : 0);
-        if (p.partition < 0 || p.fetch_offset < 0 || want == 0) {
-          read_of.push_back(SIZE_MAX);
-          continue;
-        }
-        planned += want;
-        read_of.push_back(reads.size());
-        reads.push_back(log::Engine::BatchRead{
-            metastore::BucketStreamName(t.topic, static_cast<uint32_t>(p.partition)),
-            static_cast<uint64_t>(p.fetch_offset), want});
-      }
-    }
+  // Partitions are read in waves of up to kFetchParallelReads, those that
+  // need the object store in parallel (a consumer catching up over many
+  // partitions waits about one GET per wave, not one per partition). A wave
+  // starts at the first partition not yet read, with the room the answer
+  // has left, and takes the partitions after it while room would be left
+  // if each before it filled its partition_max_bytes; each is read up to
+  // that. So a fetch holds at most a wave's reads besides its answer.
+  std::vector<std::pair<const FetchTopic*, const FetchPartition*>> flat;  // in request order
+  for (const auto& t : wait_for_room ? kNoTopics : in.topics) {
+    for (const auto& p : t.partitions) flat.emplace_back(&t, &p);
   }
-  std::vector<Result<log::BatchReadResult>> read =
-      reads.empty() ? std::vector<Result<log::BatchReadResult>>{}
-                    : engine_->ReadBatchesMany(options_.basin, reads, kFetchParallelReads);
+  std::vector<std::optional<Result<log::BatchReadResult>>> wave(flat.size());
+  auto read_wave = [&](size_t first) {
+    std::vector<log::Engine::BatchRead> reads;
+    std::vector<size_t> of;  // index into flat of each read
+    size_t planned = total;
+    for (size_t i = first; i < flat.size() && reads.size() < kFetchParallelReads; ++i) {
+      const FetchPartition& p = *flat[i].second;
+      if (p.partition < 0 || p.fetch_offset < 0) continue;
+      const size_t want = std::min<size_t>(static_cast<size_t>(std::max(p.partition_max_bytes, 1)),
+                                           budget > planned ? budget - planned : 0);
+      if (want == 0) break;
+      planned += want;
+      of.push_back(i);
+      reads.push_back(log::Engine::BatchRead{
+          metastore::BucketStreamName(flat[i].first->topic, static_cast<uint32_t>(p.partition)),
+          static_cast<uint64_t>(p.fetch_offset), want});
+    }
+    auto got = engine_->ReadBatchesMany(options_.basin, reads, kFetchParallelReads);
+    for (size_t k = 0; k < of.size(); ++k) wave[of[k]] = std::move(got[k]);
+  };
   size_t partition_no = 0;
   for (const auto& t : wait_for_room ? kNoTopics : in.topics) {
     FetchableTopicResponse tr;
     tr.topic = t.topic;
     for (auto& p : t.partitions) {
-      const size_t read_no = partition_no < read_of.size() ? read_of[partition_no] : SIZE_MAX;
-      ++partition_no;
+      const size_t flat_no = partition_no++;
       FetchPartitionData pd;
       pd.partition_index = p.partition;
       pd.aborted_transactions = std::vector<AbortedTransaction>{};
@@ -735,14 +736,15 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
                        static_cast<uint64_t>(p.fetch_offset) > r->tail)) {
           r = OutOfRange("offset {} is outside [{}, {}]", p.fetch_offset, r->log_start, r->tail);
         }
-      } else if (read_no != SIZE_MAX) {
-        // Read above with at most what was planned; the budget left may be
-        // less (the first partition with data may pass its limit).
-        r = std::move(read[read_no]);
-        if (r.ok() && !r->batches.empty()) KeepWithin(&r->batches, want);
       } else {
-        r = engine_->ReadBatches(options_.basin, stream, static_cast<uint64_t>(p.fetch_offset), want);
+        if (!wave[flat_no]) read_wave(flat_no);  // it leads the wave, with this very `want`
+        r = wave[flat_no] ? std::move(*wave[flat_no])
+                          : engine_->ReadBatches(options_.basin, stream, static_cast<uint64_t>(p.fetch_offset), want);
+        // Read with at most what was planned; the room left may be less (a
+        // partition before it passed its limit with its first batch).
+        if (r.ok() && !r->batches.empty()) KeepWithin(&r->batches, want);
       }
+      wave[flat_no].reset();  // read in a wave but left no room: dropped now
       if (!r.ok()) {
         error = true;
         if (r.status().code() == Code::kOutOfRange) {

@@ -2061,19 +2061,23 @@ bool Engine::ReadNeedsStore(const std::string& basin, const std::string& stream,
 
 std::vector<Result<BatchReadResult>> Engine::ReadBatchesMany(const std::string& basin,
                                                              const std::vector<BatchRead>& reads, size_t parallel) {
-  std::vector<Result<BatchReadResult>> out(reads.size(), Result<BatchReadResult>(Status()));
-  std::vector<size_t> cold;
+  std::vector<Result<BatchReadResult>> out(reads.size(), Result<BatchReadResult>(Internal("not read")));
+  // Those that need the store first (each thread takes the next), then the rest.
+  std::vector<size_t> order, hot;
   for (size_t i = 0; i < reads.size(); ++i) {
-    if (reads[i].max_bytes > 0 && ReadNeedsStore(basin, reads[i].stream, reads[i].from)) {
-      cold.push_back(i);
-    } else {
-      out[i] = ReadBatches(basin, reads[i].stream, reads[i].from, reads[i].max_bytes);
-    }
+    (ReadNeedsStore(basin, reads[i].stream, reads[i].from) ? order : hot).push_back(i);
   }
-  ForEachParallel(cold.size(), parallel, "read-many", [&](size_t k) {
-    const BatchRead& r = reads[cold[k]];
-    out[cold[k]] = ReadBatches(basin, r.stream, r.from, r.max_bytes);
-  });
+  const size_t cold = order.size();
+  order.insert(order.end(), hot.begin(), hot.end());
+  auto read = [&](size_t k) {
+    const BatchRead& r = reads[order[k]];
+    out[order[k]] = ReadBatches(basin, r.stream, r.from, r.max_bytes);
+  };
+  if (cold < 2) {
+    for (size_t k = 0; k < order.size(); ++k) read(k);  // at most one GET: no thread to start
+  } else {
+    ForEachParallel(order.size(), std::min(parallel, cold), "read-many", read);
+  }
   return out;
 }
 
