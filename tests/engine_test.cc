@@ -1406,6 +1406,7 @@ TEST_F(EngineTest, ASupersededProcessChangesNoStreamOrTable) {
   ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, 8).ok());  // a successor started
   // Not a conflict of the client's making: retryable (elsewhere).
   EXPECT_EQ(engine_->DeleteStream(kBasin, "s").code(), Code::kUnavailable);
+  EXPECT_TRUE(engine_->superseded());  // the refusal told it: its streams are the successor's
   EXPECT_EQ(engine_->DeleteTable(kBasin, "tbl").code(), Code::kUnavailable);
   EXPECT_TRUE(meta_->GetStream(kBasin, "s").ok());
   EXPECT_TRUE(meta_->GetTable(kBasin, "tbl").ok());
@@ -1413,17 +1414,18 @@ TEST_F(EngineTest, ASupersededProcessChangesNoStreamOrTable) {
   // Nor creates or reconfigures what the successor would not know of.
   EXPECT_EQ(engine_->CreateStream(kBasin, "late", StreamConfig{}).status().code(), Code::kUnavailable);
   EXPECT_EQ(CreateTable("late-t", 1, StreamConfig{}).code(), Code::kUnavailable);
-  EXPECT_EQ(engine_->AddTableBuckets(kBasin, "tbl", 2).status().code(), Code::kUnavailable);
+  // Changes of its streams are refused before the metastore is asked.
+  EXPECT_EQ(engine_->AddTableBuckets(kBasin, "tbl", 2).status().code(), Code::kFenced);
   StreamConfig changed;
   changed.retention_age_s = 77;
-  EXPECT_EQ(engine_->ReconfigureStream(kBasin, "s", changed).code(), Code::kUnavailable);
+  EXPECT_EQ(engine_->ReconfigureStream(kBasin, "s", changed).code(), Code::kFenced);
   EXPECT_EQ(engine_->ReconfigureTable(kBasin, "tbl", "{}", [&](const StreamConfig&) { return changed; }).code(),
-            Code::kUnavailable);
+            Code::kFenced);
   EXPECT_EQ(meta_->GetStream(kBasin, "late").status().code(), Code::kNotFound);
   EXPECT_EQ(meta_->GetTable(kBasin, "late-t").status().code(), Code::kNotFound);
   EXPECT_EQ(meta_->GetTable(kBasin, "tbl")->bucket_count, 1u);
   EXPECT_NE(meta_->GetStream(kBasin, "s")->config.retention_age_s, 77);
-  EXPECT_NE(engine_->GetStream(kBasin, "s")->info.config.retention_age_s, 77);
+  EXPECT_EQ(engine_->GetStream(kBasin, "s").status().code(), Code::kFenced);
   // Nor basins.
   ASSERT_TRUE(meta_->CreateBasin(metastore::BasinInfo{"empty-basin", 1}, {}).ok());
   EXPECT_EQ(engine_->CreateBasin("late-basin").code(), Code::kUnavailable);
@@ -2308,7 +2310,9 @@ TEST_F(EngineTest, ASupersededNodeTrimsAndDeletesNothing) {
   auto node = meta_->GetNode("n1");
   ASSERT_TRUE(node.ok());
   ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());
+  EXPECT_FALSE(engine_->superseded());
   EXPECT_EQ(engine_->TrimTo(kBasin, "s", 3).status().code(), Code::kUnavailable);  // the metastore refuses
+  EXPECT_TRUE(engine_->superseded());  // and it knows from then on
   EXPECT_FALSE(engine_->ApplyRetention().ok());
   EXPECT_EQ(engine_->metrics().segments_deleted.load(), 0u);
   EXPECT_EQ(CountKeys(*store_, "seg/"), segments);

@@ -818,6 +818,10 @@ auto Engine::AsThisNode(Change change) -> decltype(change(metastore::EpochCheck{
       // client made, and this process will serve no more.
       auto node = meta_->GetNode(options_.node);
       if (node.ok() && node->epoch != epoch_.load()) {
+        // Learnt now rather than at the next heartbeat, asked as the heartbeat
+        // asks: with settle_mu_ tried (no caller holds it), so never while
+        // this process's own halt mints its next epoch.
+        if (std::unique_lock settle(settle_mu_, std::try_to_lock); settle.owns_lock()) NoteIfSuperseded(st);
         return Unavailable("node {} was superseded (its epoch is now {}, this process holds {}): {}", options_.node,
                            node->epoch, epoch_.load(), st.message());
       }

@@ -480,7 +480,7 @@ class Engine {
   // minted its epoch since): appends, reads and tail watches are kFenced
   // (waiting reads and watches are woken to learn it); settle, merges,
   // retention and heartbeats stop. Learnt from a refused heartbeat, WAL
-  // write, settle, merge or retention. Any thread.
+  // write, settle, merge, retention or client change. Any thread.
   bool superseded() const { return superseded_.load(); }
   // Runs a metastore change a superseded process must not make (the Kafka
   // listener's group offset writes) as this node at its epoch, as the
@@ -538,7 +538,9 @@ class Engine {
   // Runs a metastore change that a superseded node must not make, as this
   // node at its epoch; once more if a halt minted this process's next epoch
   // meanwhile (the change answered kPreconditionFailed). A superseded
-  // process gets kUnavailable. `change` returns a Status or a Result.
+  // process gets kUnavailable (and, when settle_mu_ is free, learns it:
+  // superseded()). Never called with settle_mu_ held. `change` returns a
+  // Status or a Result.
   template <typename Change>
   auto AsThisNode(Change change) -> decltype(change(metastore::EpochCheck{}));
   // Deletes `keys` (duplicates allowed), logging a failure.
