@@ -158,11 +158,9 @@ void Engine::HeartbeatLoop() {
     if (heartbeat_stop_ || superseded_) break;  // a successor's: every beat would be refused (said once)
     lk.unlock();
     if (Status st = Heartbeat(true); !st.ok()) {
-      // Refused: a successor may hold the node. Asked with settle_mu_ held, so
-      // not while this process's own halt mints its next epoch; when a settle
-      // round holds it, the next beat asks.
-      std::unique_lock settle(settle_mu_, std::try_to_lock);
-      if (!settle.owns_lock() || !NoteIfSuperseded(st)) Log().warn("heartbeat: {}", st.ToString());
+      // Refused: a successor may hold the node (when a settle round holds
+      // settle_mu_, the next beat asks).
+      if (!TryNoteIfSuperseded(st)) Log().warn("heartbeat: {}", st.ToString());
     }
     lk.lock();
   }
@@ -775,6 +773,11 @@ bool Engine::NoteIfSuperseded(const Status& st) {
   return true;
 }
 
+bool Engine::TryNoteIfSuperseded(const Status& st) {
+  std::unique_lock settle(settle_mu_, std::try_to_lock);
+  return settle.owns_lock() && NoteIfSuperseded(st);
+}
+
 void Engine::MarkSuperseded() {
   if (superseded_.exchange(true)) return;
   {
@@ -818,10 +821,8 @@ auto Engine::AsThisNode(Change change) -> decltype(change(metastore::EpochCheck{
       // client made, and this process will serve no more.
       auto node = meta_->GetNode(options_.node);
       if (node.ok() && node->epoch != epoch_.load()) {
-        // Learnt now rather than at the next heartbeat, asked as the heartbeat
-        // asks: with settle_mu_ tried (no caller holds it), so never while
-        // this process's own halt mints its next epoch.
-        if (std::unique_lock settle(settle_mu_, std::try_to_lock); settle.owns_lock()) NoteIfSuperseded(st);
+        // Learnt now rather than at the next heartbeat (no caller holds settle_mu_).
+        TryNoteIfSuperseded(st);
         return Unavailable("node {} was superseded (its epoch is now {}, this process holds {}): {}", options_.node,
                            node->epoch, epoch_.load(), st.message());
       }

@@ -711,6 +711,10 @@ class Engine {
   // change the metastore refused with `st`, whether a successor holds the
   // node; if so, marks superseded_ (and says so once).
   bool NoteIfSuperseded(const Status& st);
+  // NoteIfSuperseded if settle_mu_ is free now (false if not): never while
+  // this process's own halt mints its next epoch, and never waiting. Not
+  // with settle_mu_ held by the caller.
+  bool TryNoteIfSuperseded(const Status& st);
   // Sets superseded_ and wakes every waiting read and tail watch (they find
   // it set, under their stream's lock, and fail kFenced). Takes mu_, then
   // each stream's mu in turn; runs the watches' callbacks. Once.
