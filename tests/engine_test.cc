@@ -1699,9 +1699,21 @@ TEST_F(EngineTest, ASupersededProcessServesNoReadsAndWakesItsWaiters) {
   auto fired = std::make_shared<std::promise<void>>();
   ASSERT_OK_AND_ASSIGN(uint64_t watch, first->WatchTail(kBasin, "s", 2, [fired] { fired->set_value(); }));
   ASSERT_NE(watch, 0u);
+  // A front-end's callback runs once, when the process learns it.
+  std::atomic<int> told{0};
+  first->OnSuperseded([&told] { ++told; });
+  EXPECT_EQ(told.load(), 0);
   ASSERT_OK_AND_ASSIGN(auto second, Engine::Open(Options(), store_, meta_));  // the same node
   EXPECT_EQ(read.wait_for(std::chrono::minutes(2)), std::future_status::ready) << "the waiting read was not woken";
   EXPECT_TRUE(first->superseded());
+  for (int i = 0; i < 6000 && told.load() == 0; ++i) std::this_thread::sleep_for(10ms);  // it runs last
+  EXPECT_EQ(told.load(), 1);
+  // One set later runs at once; a cleared one never.
+  std::atomic<int> late{0};
+  first->OnSuperseded([&late] { ++late; });
+  EXPECT_EQ(late.load(), 1);
+  first->OnSuperseded(nullptr);
+  EXPECT_EQ(told.load(), 1);
   EXPECT_EQ(read.get().status().code(), Code::kFenced);
   EXPECT_EQ(fired->get_future().wait_for(std::chrono::minutes(2)), std::future_status::ready);
   EXPECT_EQ(first->TailWatchCount(kBasin, "s"), 0u);

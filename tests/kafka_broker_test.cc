@@ -2632,6 +2632,28 @@ TEST_F(GroupTest, FindCoordinatorNamesThisBroker) {
   EXPECT_NE(Call(txn, 1, DecodeFindCoordinatorResponse).error_code, ErrorCode::kNone);
 }
 
+// Once another process holds the node, this one coordinates no group: a
+// join waiting for a rebalance is answered COORDINATOR_NOT_AVAILABLE (it
+// would otherwise wait out its rebalance timeout), as is every group
+// request after, so members look for the coordinator again.
+TEST_F(GroupTest, ASupersededBrokerAnswersWaitingJoinsCoordinatorNotAvailable) {
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  std::string a, b;
+  const int32_t gen = JoinAlone("meta-A", "all", &a);
+  Pending join_b = JoinNew("meta-B", &b);  // waits for A to rejoin (60 s)
+  log::EngineOptions o;
+  o.node = "n1";
+  o.group_offsets_basin = kKafkaBasin;
+  ASSERT_OK_AND_ASSIGN(auto successor, log::Engine::Open(o, store_, meta_));
+  // This produce meets the successor's fence: the engine learns it was superseded.
+  EXPECT_EQ(Produce("events", 0, Batch({"new"})).error_code, ErrorCode::kNotLeaderOrFollower);
+  ASSERT_TRUE(engine_->superseded());
+  EXPECT_EQ(Finish(join_b, DecodeJoinGroupResponse).error_code, ErrorCode::kCoordinatorNotAvailable);
+  EXPECT_EQ(Heartbeat(a, gen), ErrorCode::kCoordinatorNotAvailable);
+  EXPECT_EQ(Call(JoinReq(a, "meta-A"), 5, DecodeJoinGroupResponse).error_code, ErrorCode::kCoordinatorNotAvailable);
+  successor->Close();
+}
+
 TEST_F(GroupTest, OffsetsOfGroupsWithoutMembersExpire) {
   BrokerOptions o = Options();
   o.offsets_retention = std::chrono::milliseconds(1);

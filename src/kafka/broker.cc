@@ -149,10 +149,19 @@ void Broker::Stop() {
 void Broker::TickLoop() {
   SetThreadName("kafka-tick");
   std::unique_lock lk(tick_mu_);
+  bool groups_shut = false;
   while (!stopping_) {
     tick_cv_.wait_for(lk, std::chrono::milliseconds(100));
     if (stopping_) break;
     lk.unlock();
+    if (!groups_shut && engine_->superseded()) {
+      // Its successor coordinates the groups now: joins waiting for a
+      // rebalance are answered COORDINATOR_NOT_AVAILABLE, as is every group
+      // request from here on, so members look for the coordinator again.
+      Log().warn("kafka: node superseded by another process; coordinating no more groups");
+      groups_.Shutdown();
+      groups_shut = true;
+    }
     groups_.Tick(Now());
     lk.lock();
   }

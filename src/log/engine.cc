@@ -801,6 +801,16 @@ void Engine::MarkSuperseded() {
     }
     for (auto& [id, w] : watchers) w.second();
   }
+  std::lock_guard lk(on_superseded_mu_);
+  superseded_announced_ = true;
+  if (on_superseded_) on_superseded_();
+}
+
+void Engine::OnSuperseded(std::function<void()> fn) {
+  std::lock_guard lk(on_superseded_mu_);
+  on_superseded_ = std::move(fn);
+  // Before that, MarkSuperseded runs it (once).
+  if (on_superseded_ && superseded_announced_) on_superseded_();
 }
 
 Status Engine::RefuseIfSuperseded(std::string_view what) const {

@@ -482,6 +482,13 @@ class Engine {
   // retention and heartbeats stop. Learnt from a refused heartbeat, WAL
   // write, settle, merge, retention or client change. Any thread.
   bool superseded() const { return superseded_.load(); }
+  // Runs `fn` once this process is superseded (at once if it already is):
+  // a front-end stops taking clients that only a successor can serve.
+  // Runs on the thread that learns it, with settle_mu_ held, so `fn` must
+  // not block or call into the engine. One callback; a later call replaces
+  // it, and nullptr clears it: once that returns, the old one is not
+  // running and never runs. Any thread.
+  void OnSuperseded(std::function<void()> fn);
   // Runs a metastore change a superseded process must not make (the Kafka
   // listener's group offset writes) as this node at its epoch, as the
   // engine's own changes run: once more if this process's own halt minted
@@ -707,6 +714,12 @@ class Engine {
   // upload segments only to delete them); reads and appends are refused.
   // Set under settle_mu_ (MarkSuperseded), read anywhere.
   std::atomic<bool> superseded_{false};
+  // OnSuperseded's callback; run under on_superseded_mu_ (so clearing it
+  // waits for a run in progress). announced: MarkSuperseded has run the
+  // callback set then (a later one runs when set).
+  std::mutex on_superseded_mu_;
+  std::function<void()> on_superseded_;
+  bool superseded_announced_ = false;
   // With settle_mu_ held (so epoch_ is not being minted meanwhile): after a
   // change the metastore refused with `st`, whether a successor holds the
   // node; if so, marks superseded_ (and says so once).
@@ -717,7 +730,8 @@ class Engine {
   bool TryNoteIfSuperseded(const Status& st);
   // Sets superseded_ and wakes every waiting read and tail watch (they find
   // it set, under their stream's lock, and fail kFenced). Takes mu_, then
-  // each stream's mu in turn; runs the watches' callbacks. Once.
+  // each stream's mu in turn; runs the watches' callbacks, then
+  // OnSuperseded's. Once.
   void MarkSuperseded();
   // kPreconditionFailed once superseded_, naming `what` (settle, merge, retention).
   Status RefuseIfSuperseded(std::string_view what) const;

@@ -568,6 +568,16 @@ int RunServe(const ServeOptions& o) {
     bo.advertised_port = kafka_advertised ? kafka_advertised->second : bound->second;
     broker->SetAdvertised(bo.advertised_host, bo.advertised_port);
     kafka_server->StartAccepting();
+    // Once another process holds this node, its Kafka clients can reach the
+    // successor only over a new connection: answering NOT_LEADER_OR_FOLLOWER,
+    // they would ask this process for metadata again, which names itself.
+    // So the listener closes, and each connection closes once answered (a
+    // long-polling fetch is woken; the broker answers waiting joins).
+    (*engine)->OnSuperseded([k = kafka_server.get()] {
+      Log().warn("kafka: node superseded by another process; closing the Kafka listener and its connections");
+      k->StopAccepting();
+      k->CloseConnectionsWhenAnswered();
+    });
   }
   rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get(), b = broker.get(),
                            k = kafka_server.get(), h = &(*server)->metrics()] {
@@ -645,6 +655,7 @@ int RunServe(const ServeOptions& o) {
   if (open() > 0) Log().warn("weir serve: {} requests still open at exit", open());
   // Both let the answers given be written first (bounded).
   (*server)->Stop();
+  (*engine)->OnSuperseded(nullptr);  // the Kafka listener goes before the engine
   if (kafka_server) kafka_server->Stop();
   drained = true;
   Log().info("weir serve: stopped");

@@ -15,7 +15,9 @@ AdminClient.list_groups (ListGroups + DescribeGroups); a restart of weir, after
 which a new member of the group resumes from the committed offsets; a
 restart between produce and consume that loses nothing; an idempotent
 producer that keeps producing while the server restarts on the same port
-(no loss, no duplicates); ListOffsets through get_watermark_offsets and
+(no loss, no duplicates); the same producer, bootstrapped with two
+addresses, moving to a second process of the node that supersedes the first
+while it runs; ListOffsets through get_watermark_offsets and
 offsets_for_times; a transactional producer rejected with
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 
@@ -24,7 +26,10 @@ asserts an upper bound on time, and group tests allow for the server's
 initial rebalance delay (3 s).
 """
 import os
+import shutil
+import socket
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -533,6 +538,79 @@ class Restart(ks.TestCase):
                 self.assertEqual(watermarks(server, topic, part), (0, len(recs)), f"partition {part}")
         finally:
             ks.stop_server(server)
+
+
+class Failover(ks.TestCase):
+    def test_idempotent_producer_reaches_a_successor_process(self):
+        """A second process of the node starts (on another port, on the same
+        store and metastore) while the first still runs and a producer
+        sends to it: the first learns it was superseded, closes its Kafka
+        listener and connections, and librdkafka, bootstrapped with both
+        addresses, finds the node at the second one. Every record is stored
+        exactly once, in order per partition."""
+        # Kept after a failure, so the run's summary can print both logs.
+        d = tempfile.mkdtemp(prefix="weir-failover-")
+        ports = [ks.free_port(), ks.free_port()]
+        shared = ["--object-store", "file://" + os.path.join(d, "objects"),
+                  "--metastore", "sqlite://" + os.path.join(d, "meta.db")]
+        first = ks.start_server(shared + ["--kafka-addr", f"127.0.0.1:{ports[0]}"],
+                                data_dir=os.path.join(d, "first"))
+        second = ks.WeirServer(ks.WEIR, data_dir=os.path.join(d, "second"),
+                               args=shared + ["--kafka-addr", f"127.0.0.1:{ports[1]}"])
+        ks.SERVERS.append(second)
+        try:
+            topic = unique("failover")
+            create_topic(first, topic, 2)
+            rep = Deliveries()
+            p = producer(",".join(f"127.0.0.1:{port}" for port in ports),
+                         **{"retry.backoff.ms": 200, "reconnect.backoff.max.ms": 1000,
+                            "topic.metadata.refresh.interval.ms": 1000})
+            n = 0
+            started = threading.Event()
+
+            def start_second():
+                try:
+                    second.start()
+                finally:
+                    started.set()
+            t = None
+            deadline = time.monotonic() + CONSUME_TIMEOUT
+            while not started.is_set() or n < 4000:
+                self.assertLess(time.monotonic(), deadline, "producing through the failover took too long")
+                try:
+                    p.produce(topic, key=f"k{n % 2}".encode(), value=f"f-{n}".encode(), on_delivery=rep)
+                    n += 1
+                except BufferError:
+                    p.poll(0.1)
+                p.poll(0)
+                if n == 2000 and t is None:
+                    t = threading.Thread(target=start_second)
+                    t.start()
+                if t is not None:
+                    time.sleep(0.001)  # spread the rest over the failover, at most ~1000/s
+            t.join(OP_TIMEOUT)
+            self.assertTrue(second.running(), "the second process did not start\n" + second.log_tail())
+            left = p.flush(OP_TIMEOUT * 2)
+            self.assertEqual(left, 0, "records left undelivered")
+            self.assertEqual(rep.errors, [])
+            self.assertEqual(len(rep.ok), n)
+            for part, recs in rep.by_partition().items():
+                self.assertEqual([o for o, _, _ in recs], list(range(len(recs))), f"partition {part}")
+            got = read_assigned(second, topic, [0, 1], n)
+            self.assertEqual(got, {(part, o): (k, v) for part, o, k, v in rep.ok})
+            for part, recs in rep.by_partition().items():
+                self.assertEqual(watermarks(second, topic, part), (0, len(recs)), f"partition {part}")
+            # The first process's Kafka listener is closed (its HTTP one
+            # stays, for /health to say superseded).
+            with socket.socket() as sock:
+                sock.settimeout(OP_TIMEOUT)
+                with self.assertRaises(ConnectionRefusedError):
+                    sock.connect(("127.0.0.1", ports[0]))
+        finally:
+            ks.stop_server(second)
+            if first.running():
+                first.stop(expect_code=None)
+        shutil.rmtree(d)
 
 
 class ListOffsets(ks.TestCase):
