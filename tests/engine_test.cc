@@ -1399,6 +1399,10 @@ TEST_F(EngineTest, BadWalOptionsAreRefusedBeforeTheNodeIsTakenOver) {
 // whose rows settle then skips). Nor does it create or change anything.
 TEST_F(EngineTest, ASupersededProcessChangesNoStreamOrTable) {
   ASSERT_TRUE(CreateTable("tbl", 1, StreamConfig{}).ok());
+  // A front-end's callback, cleared (the front-end went away): it never runs.
+  std::atomic<int> cleared{0};
+  engine_->OnSuperseded([&cleared] { ++cleared; });
+  engine_->OnSuperseded(nullptr);
   // Still current: a basin that holds streams is its own refusal, not "superseded".
   EXPECT_EQ(engine_->DeleteBasin(kBasin).code(), Code::kPreconditionFailed);
   auto node = meta_->GetNode("n1");
@@ -1407,6 +1411,7 @@ TEST_F(EngineTest, ASupersededProcessChangesNoStreamOrTable) {
   // Not a conflict of the client's making: retryable (elsewhere).
   EXPECT_EQ(engine_->DeleteStream(kBasin, "s").code(), Code::kUnavailable);
   EXPECT_TRUE(engine_->superseded());  // the refusal told it: its streams are the successor's
+  EXPECT_EQ(cleared.load(), 0);
   EXPECT_EQ(engine_->DeleteTable(kBasin, "tbl").code(), Code::kUnavailable);
   EXPECT_TRUE(meta_->GetStream(kBasin, "s").ok());
   EXPECT_TRUE(meta_->GetTable(kBasin, "tbl").ok());
@@ -1688,6 +1693,8 @@ TEST_F(EngineTest, ASupersededProcessServesNoReadsAndWakesItsWaiters) {
   // for room that a superseded process never makes.
   beating.max_unsettled_batches = 1;
   beating.admission_timeout = std::chrono::minutes(2);
+  // Front-end callbacks (OnSuperseded): declared before the engine, which may run them until it goes.
+  std::atomic<int> replaced{0}, told{0}, late{0};
   ASSERT_OK_AND_ASSIGN(auto first, Engine::Open(beating, store_, meta_));
   ASSERT_TRUE(first->Append(kBasin, "s", Bodies({"a"})).status.ok());
   ASSERT_TRUE(first->Append(kBasin, "s", Bodies({"a2"})).status.ok());
@@ -1699,8 +1706,9 @@ TEST_F(EngineTest, ASupersededProcessServesNoReadsAndWakesItsWaiters) {
   auto fired = std::make_shared<std::promise<void>>();
   ASSERT_OK_AND_ASSIGN(uint64_t watch, first->WatchTail(kBasin, "s", 2, [fired] { fired->set_value(); }));
   ASSERT_NE(watch, 0u);
-  // A front-end's callback runs once, when the process learns it.
-  std::atomic<int> told{0};
+  // A front-end's callback runs once, when the process learns it; one
+  // replaced before then never runs.
+  first->OnSuperseded([&replaced] { ++replaced; });
   first->OnSuperseded([&told] { ++told; });
   EXPECT_EQ(told.load(), 0);
   ASSERT_OK_AND_ASSIGN(auto second, Engine::Open(Options(), store_, meta_));  // the same node
@@ -1708,11 +1716,10 @@ TEST_F(EngineTest, ASupersededProcessServesNoReadsAndWakesItsWaiters) {
   EXPECT_TRUE(first->superseded());
   for (int i = 0; i < 6000 && told.load() == 0; ++i) std::this_thread::sleep_for(10ms);  // it runs last
   EXPECT_EQ(told.load(), 1);
-  // One set later runs at once; a cleared one never.
-  std::atomic<int> late{0};
+  EXPECT_EQ(replaced.load(), 0);
+  // One set later runs at once.
   first->OnSuperseded([&late] { ++late; });
   EXPECT_EQ(late.load(), 1);
-  first->OnSuperseded(nullptr);
   EXPECT_EQ(told.load(), 1);
   EXPECT_EQ(read.get().status().code(), Code::kFenced);
   EXPECT_EQ(fired->get_future().wait_for(std::chrono::minutes(2)), std::future_status::ready);

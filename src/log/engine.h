@@ -484,10 +484,11 @@ class Engine {
   bool superseded() const { return superseded_.load(); }
   // Runs `fn` once this process is superseded (at once if it already is):
   // a front-end stops taking clients that only a successor can serve.
-  // Runs on the thread that learns it, with settle_mu_ held, so `fn` must
-  // not block or call into the engine. One callback; a later call replaces
-  // it, and nullptr clears it: once that returns, the old one is not
-  // running and never runs. Any thread.
+  // Runs on the thread that learns it, with settle_mu_ held (or, if set
+  // later, on the caller's), so `fn` must not block or call into the
+  // engine. One callback; a later call replaces it, and nullptr clears it:
+  // once that returns, the old one is not running and never runs. Any
+  // thread.
   void OnSuperseded(std::function<void()> fn);
   // Runs a metastore change a superseded process must not make (the Kafka
   // listener's group offset writes) as this node at its epoch, as the
