@@ -340,6 +340,72 @@ TEST_F(HttpServerLimits, AStreamToAnHttp10ClientIsNotChunked) {
   ::close(fd);
 }
 
+// A client that asked for `Connection: close` is told so in a stream's head
+// too (as in a Respond's), and the connection ends with the stream.
+TEST_F(HttpServerLimits, AStreamSaysConnectionCloseWhenTheClientAskedForIt) {
+  Start(ServerOptions{});
+  const int fd = Connect(addr);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  auto ex = handler.exchange(0);
+  ex->BeginStream(200, "text/event-stream", {});
+  ex->Write("event: ping\n\n", nullptr);
+  ex->End();
+  const std::string head = ReadUntil(fd, "\r\n\r\n");
+  EXPECT_TRUE(head.starts_with("HTTP/1.1 200")) << head;
+  EXPECT_NE(head.find("Transfer-Encoding: chunked\r\n"), std::string::npos) << head;
+  EXPECT_NE(head.find("Connection: close\r\n"), std::string::npos) << head;
+  EXPECT_TRUE(ReadToEnd(fd).ended);
+  ::close(fd);
+}
+
+// The 500 that answers a HEAD dropped without a response has no body
+// (RFC 9110 §9.3.2), like every answer to a HEAD.
+TEST_F(HttpServerLimits, AHeadDroppedWithoutAResponseGetsA500WithoutABody) {
+  Start(ServerOptions{});
+  const int fd = Connect(addr);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "HEAD /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  handler.Clear();  // the exchange goes unanswered
+  std::string got;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) <= 0) break;
+    char buf[4096];
+    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+    if (r <= 0) break;
+    got.append(buf, static_cast<size_t>(r));
+  }
+  EXPECT_TRUE(got.starts_with("HTTP/1.1 500")) << got;
+  EXPECT_TRUE(got.ends_with("Connection: close\r\n\r\n")) << got;
+  ::close(fd);
+}
+
+// Once a drain begins, HTTP/1.1 answers say `Connection: close` (the client
+// moves to another server) and the connection ends after them.
+TEST_F(HttpServerLimits, ADrainsAnswersSayConnectionClose) {
+  Start(ServerOptions{});
+  const int fd = Connect(addr);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  handler.Answer(0);
+  const std::string before = ReadUntil(fd, "\r\n\r\n");
+  EXPECT_TRUE(before.starts_with("HTTP/1.1 200")) << before;
+  EXPECT_EQ(before.find("Connection: close"), std::string::npos) << before;
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(2));
+  server->BeginDrain();
+  handler.Answer(1);
+  const std::string after = ReadUntil(fd, "\r\n\r\n");
+  EXPECT_TRUE(after.starts_with("HTTP/1.1 200")) << after;
+  EXPECT_NE(after.find("Connection: close\r\n"), std::string::npos) << after;
+  EXPECT_TRUE(ReadToEnd(fd).ended);
+  ::close(fd);
+}
+
 // Stop lets a response already answered reach its client whole.
 TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ASSERT_NO_FATAL_FAILURE(Start({.stop_grace = 60s}));  // 16 MiB read by a sanitized reader on a loaded machine

@@ -350,7 +350,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     // read first, so the answer keeps the connection (4,096 connections
     // holding 64 KiB each are within the default budget).
     if (want >= kRefuseHeadMinBody && srv_->handler->RefusesHeads()) {
-      if (auto refused = RefuseHead()) return RejectWith(std::move(*refused));
+      if (auto refused = RefuseHead()) {
+        return RejectWith(std::move(*refused), parser_->get().method() == bhttp::verb::head);
+      }
     }
     if (want == 0) return ReadBody();
     if (srv_->budget.ReserveOrWait(shared_from_this(), want)) {
@@ -443,13 +445,14 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   void Reject(int status, std::string_view code, std::string_view message) {
     RejectWith(Response{status, "application/json", ErrorBody(code, message), {}});
   }
-  void RejectWith(Response r) {
+  // `head_only`: the answer to a HEAD, without its body (RFC 9110 §9.3.2).
+  void RejectWith(Response r, bool head_only = false) {
     linger_close_ = true;
     std::string bytes = StatusLine(r.status) +
                         fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
     for (const auto& [k, v] : r.headers) bytes += fmt::format("{}: {}\r\n", k, v);
     bytes += "Connection: close\r\n\r\n";
-    bytes += r.body;
+    if (!head_only) bytes += r.body;
     Send(std::move(bytes), nullptr, true, false);
   }
 
@@ -642,7 +645,7 @@ class ExchangeImpl : public ExchangeBase {
       Emit(StatusLine(500) +
                fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                            body.size()) +
-               body,
+               (head_only_ ? std::string() : body),
            nullptr, true, false);
     }
     Finish();
@@ -669,6 +672,9 @@ class ExchangeImpl : public ExchangeBase {
     // HTTP/1.0 has no chunked coding (RFC 9112 §6.1): the body ends with the connection.
     head += fmt::format("Content-Type: {}\r\n{}Cache-Control: no-cache\r\n", content_type,
                         http10_ ? "Connection: close\r\n" : "Transfer-Encoding: chunked\r\n");
+    // The connection ends with the stream (the client asked, or a drain
+    // began): said now, as a Respond says it (RFC 9112 §9.6).
+    if (!http10_ && !(keep_alive_ && srv_->KeepsConnections())) head += "Connection: close\r\n";
     for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
     head += "\r\n";
     streaming_ = true;
