@@ -688,6 +688,32 @@ TEST_F(EngineTest, AHaltRidesOutAMetastoreThatFailsForAWhile) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"x"}));
 }
 
+// The mint after a halt lands, but its answer is lost (a remote metastore's
+// connection drops): asked again, the metastore says the epoch moved on. The
+// node row names this process as its minter, so the node is still its own:
+// it resumes rather than taking itself for superseded.
+TEST_F(EngineTest, AHaltWhoseMintAnswerWasLostKeepsTheNode) {
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  auto hooked = RestartHooked(gated);
+  ASSERT_TRUE(engine_);
+  std::atomic<int> lost{0};
+  hooked->lose_mint_answer = [&]() -> Status {
+    return lost.fetch_add(1) == 0 ? Unavailable("the connection to the metastore was reset") : Status::Ok();
+  };
+  const uint64_t epoch = engine_->epoch();
+  std::promise<AppendOutcome> pending;
+  const std::string slot0 = AppendHeldAtSlotZero(*gated, &pending);
+  ASSERT_TRUE(wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242).ok());  // someone poisons slot 0
+  gated->Open(slot0);
+  auto o = pending.get_future().get();
+  ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_GE(lost.load(), 1);
+  EXPECT_FALSE(engine_->superseded());
+  EXPECT_EQ(engine_->epoch(), epoch + 1);
+  EXPECT_TRUE(engine_->Append(kBasin, "s", Bodies({"y"})).status.ok());
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"x", "y"}));
+}
+
 // Another writer's slot at our epoch's key (the fence counts it as
 // committed, so the cut lands past the slot our PUT found taken): the append
 // in that slot fails, rather than waiting for ever on a writer left halted.
@@ -3233,6 +3259,9 @@ TEST_F(EngineTest, SettleReadsEvictedBatchesBackInBoundedRounds) {
     want.push_back(body + std::to_string(i));
     ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({want.back()})).status.ok());
   }
+  // The eviction thread drops them from the cache (acks never wait for it).
+  for (int i = 0; i < 6000 && engine_->cached_bytes() > 4096; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_LE(engine_->cached_bytes(), 4096u);
   const uint64_t cycles = engine_->metrics().settle_cycles.load();
   ASSERT_TRUE(engine_->SettleNow().ok());
   EXPECT_GT(engine_->metrics().settle_reread_bytes.load(), 30000u);

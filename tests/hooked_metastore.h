@@ -20,6 +20,8 @@ class HookedMetastore final : public metastore::Metastore {
 
   std::function<void()> before_mint;                     // runs once, then is cleared
   std::function<Status()> fail_mint;                     // non-OK: MintEpoch answers it (and changes nothing)
+  // Non-OK: MintEpoch mints, then answers it instead (the answer was lost).
+  std::function<Status()> lose_mint_answer;
   std::function<void()> before_commit_settle;            // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;     // maps the real answer
   // Non-OK for a stream id: DeleteSegmentsBelow with a cut of it answers it (removing nothing).
@@ -205,12 +207,16 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Result<NodeState> GetNode(std::string_view n) override { return m_->GetNode(n); }
   Result<std::vector<NodeState>> ListNodes() override { return m_->ListNodes(); }
-  Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w) override {
+  Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w, uint64_t minter) override {
     if (auto hook = std::exchange(before_mint, nullptr)) hook();
     if (fail_mint) {
       if (Status st = fail_mint(); !st.ok()) return st;
     }
-    return m_->MintEpoch(n, e, w);
+    auto minted = m_->MintEpoch(n, e, w, minter);
+    if (lose_mint_answer && minted.ok()) {
+      if (Status st = lose_mint_answer(); !st.ok()) return st;
+    }
+    return minted;
   }
   Status Heartbeat(std::string_view n, uint64_t e, int64_t window) override { return m_->Heartbeat(n, e, window); }
   Result<uint64_t> AllocateProducerId() override {

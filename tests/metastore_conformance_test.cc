@@ -850,6 +850,19 @@ TEST_P(MetastoreConformance, MintEpochIsACompareAndSwap) {
   ASSERT_OK_AND_ASSIGN(NodeState n2, m().MintEpoch("n2", 0, 4));
   EXPECT_EQ(n2.epoch, 1u);
   EXPECT_EQ(Node("n1").epoch, 2u);
+
+  // Each mint stores its minter (0 when none is named), so a caller whose
+  // answer was lost can tell its own mint from a successor's.
+  EXPECT_EQ(Node("n1").minted_by, 0u);
+  const uint64_t nonce = 0xF00DFACE12345679u;  // past INT64_MAX: stored as is
+  ASSERT_OK_AND_ASSIGN(NodeState third, m().MintEpoch("n1", 2, 16, nonce));
+  EXPECT_EQ(third.minted_by, nonce);
+  EXPECT_EQ(Node("n1").minted_by, nonce);
+  EXPECT_EQ(m().MintEpoch("n1", 2, 16, 77).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(Node("n1").minted_by, nonce);
+  ASSERT_OK(m().MintEpoch("n1", 3, 16, 77).status());
+  EXPECT_EQ(Node("n1").minted_by, 77u);
+  EXPECT_EQ(Node("n1").checkpoint, (ChainPosition{1, 7}));
 }
 
 TEST_P(MetastoreConformance, ConcurrentMintHasExactlyOneWinner) {
@@ -2158,6 +2171,7 @@ TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {
     EXPECT_EQ(meta->FindSegments(7, 0, 10)->size(), 1u);
     EXPECT_EQ(meta->GetNode("n1")->checkpoint, (ChainPosition{3, 9}));
     EXPECT_FALSE(meta->GetNode("n1")->takeover);  // schema 7's column, added with its default
+    EXPECT_EQ(meta->GetNode("n1")->minted_by, 0u);  // schema 8's, likewise
     EXPECT_EQ(*meta->AllocateProducerId(), 6u);
     // The new tables work.
     TableInfo t;

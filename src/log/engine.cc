@@ -184,9 +184,26 @@ void Engine::HandleHalt(uint64_t epoch) {
   // (kPreconditionFailed) means the node is gone; a metastore that fails
   // otherwise (busy, unreachable) is asked again.
   Result<metastore::NodeState> minted = Status();
+  bool asked = false;  // an attempt failed otherwise: it may have minted, its answer lost
   for (;;) {
-    minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window));
+    minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window), nonce_);
+    if (minted.status().code() == Code::kPreconditionFailed && asked) {
+      // Ours if it holds this process's nonce: the node is still ours.
+      auto node = meta_->GetNode(options_.node);
+      if (!node.ok()) {
+        if (closing_) break;
+        Log().error("minting the epoch after {}: {}; retrying", epoch, node.status().ToString());
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        continue;
+      }
+      if (node->epoch == epoch + 1 && node->minted_by == nonce_) {
+        Log().warn("minting the epoch after {}: an earlier attempt, whose answer was lost, minted {}", epoch,
+                   node->epoch);
+        minted = std::move(*node);
+      }
+    }
     if (minted.ok() || minted.status().code() == Code::kPreconditionFailed || closing_) break;
+    asked = true;
     Log().error("minting the epoch after {}: {}; retrying", epoch, minted.status().ToString());
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
@@ -337,7 +354,9 @@ Status Engine::Recover() {
   }
   if (!taking_over_) WEIR_RETURN_IF_ERROR(CheckDeployment());
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
-  WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window));
+  // This process's nonce: its mints and its fences carry it.
+  nonce_ = RandomNonce();
+  WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window, nonce_));
   epoch_ = now.epoch;
   if (!taking_over_) {
     // No other node may be serving this metastore (its streams would have two
@@ -360,7 +379,6 @@ Status Engine::Recover() {
   WEIR_RETURN_IF_ERROR(LoadStreams());
 
   // Fence and replay every earlier epoch of this node from the checkpoint.
-  nonce_ = RandomNonce();
   const uint64_t nonce = nonce_;
   wal::RetryPolicy retry;
   // Slots read at once, each up to the slot cap: within the WAL's memory

@@ -676,7 +676,7 @@ class Engine {
   std::shared_ptr<metastore::Metastore> meta_;
   std::unique_ptr<wal::Writer> wal_;
   std::atomic<uint64_t> epoch_{0};
-  uint64_t nonce_ = 0;  // this process's fencer nonce
+  uint64_t nonce_ = 0;  // this process's nonce: its fences and epoch mints carry it
 
   // Held across a table's metastore change and its streams' (un)registration,
   // and by the table reads: a table is never seen before its bucket streams

@@ -198,6 +198,8 @@ struct NodeState {
   // heartbeat an older build left is not (nodes may have served since
   // without that node's records, and new appends took their offsets).
   bool takeover = false;
+  // The `minter` of the mint that made `epoch` (schema 8; 0 before).
+  uint64_t minted_by = 0;
 };
 
 // Operation counters, for the "O(1) per settle cycle" check and /metrics.
@@ -360,10 +362,14 @@ class Metastore {
   // Every node ever minted, ordered by name (a row per --node-id that started here).
   virtual Result<std::vector<NodeState>> ListNodes() = 0;
   // Compare-and-swap: if the node's current epoch is `expected`, sets it to
-  // expected + 1 with `window`, keeps the checkpoint, and returns the new
-  // state; otherwise kPreconditionFailed naming the current epoch (a
-  // successor exists). The first mint of a node expects 0.
-  virtual Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) = 0;
+  // expected + 1 with `window` and `minter` (minted_by), keeps the
+  // checkpoint, and returns the new state; otherwise kPreconditionFailed
+  // naming the current epoch (a successor exists). The first mint of a node
+  // expects 0. A caller whose answer was lost tells its own mint from a
+  // successor's by GetNode: epoch expected + 1 and minted_by its minter (a
+  // random nonce of the process).
+  virtual Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window,
+                                      uint64_t minter = 0) = 0;
 
   // Liveness, while a metastore serves one node at a time (stream leases are
   // not built yet): one transaction that stores the metastore's clock (the

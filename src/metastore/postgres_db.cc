@@ -72,7 +72,7 @@ constexpr const char* kSchema[] = {
     "object_key BYTEA NOT NULL, size_bytes BIGINT NOT NULL, PRIMARY KEY(stream_id, start_offset))",
     "CREATE TABLE IF NOT EXISTS nodes(node BYTEA PRIMARY KEY, epoch BIGINT NOT NULL, \"window\" BIGINT NOT NULL, "
     "ckpt_epoch BIGINT NOT NULL, ckpt_seq BIGINT NOT NULL, heartbeat_ms BIGINT NOT NULL DEFAULT 0, "
-    "takeover BIGINT NOT NULL DEFAULT 0)",
+    "takeover BIGINT NOT NULL DEFAULT 0, minted_by BIGINT NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS counters(name BYTEA PRIMARY KEY, value BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS tables(id BIGINT PRIMARY KEY, basin BYTEA NOT NULL REFERENCES basins(name), "
     "name BYTEA NOT NULL, kind BYTEA NOT NULL, bucket_count BIGINT NOT NULL, config BYTEA NOT NULL, "
@@ -187,6 +187,7 @@ class PostgresDb final : public SqlDb {
     std::vector<const char*> out;
     if (from_version < 6) out.push_back("ALTER TABLE nodes ADD COLUMN IF NOT EXISTS heartbeat_ms BIGINT NOT NULL DEFAULT 0");
     if (from_version < 7) out.push_back("ALTER TABLE nodes ADD COLUMN IF NOT EXISTS takeover BIGINT NOT NULL DEFAULT 0");
+    if (from_version < 8) out.push_back("ALTER TABLE nodes ADD COLUMN IF NOT EXISTS minted_by BIGINT NOT NULL DEFAULT 0");
     return out;
   }
   Result<int64_t> NowMs() override {

@@ -161,13 +161,14 @@ constexpr const char kRaiseTrimPoint[] =
     "WHERE stream_id = ?1";
 constexpr const char kDeleteState[] = "DELETE FROM stream_states WHERE stream_id = ?1";
 
-#define WEIR_NODE_COLUMNS "node, epoch, \"window\", ckpt_epoch, ckpt_seq, heartbeat_ms, takeover"
+#define WEIR_NODE_COLUMNS "node, epoch, \"window\", ckpt_epoch, ckpt_seq, heartbeat_ms, takeover, minted_by"
 constexpr const char kGetNode[] = "SELECT " WEIR_NODE_COLUMNS " FROM nodes WHERE node = ?1";
 constexpr const char kListNodes[] = "SELECT " WEIR_NODE_COLUMNS " FROM nodes ORDER BY node";
 #undef WEIR_NODE_COLUMNS
 constexpr const char kUpsertEpoch[] =
-    "INSERT INTO nodes(node, epoch, \"window\", ckpt_epoch, ckpt_seq) VALUES(?1, ?2, ?3, 0, 0) "
-    "ON CONFLICT(node) DO UPDATE SET epoch = excluded.epoch, \"window\" = excluded.\"window\"";
+    "INSERT INTO nodes(node, epoch, \"window\", ckpt_epoch, ckpt_seq, minted_by) VALUES(?1, ?2, ?3, 0, 0, ?4) "
+    "ON CONFLICT(node) DO UPDATE SET epoch = excluded.epoch, \"window\" = excluded.\"window\", "
+    "minted_by = excluded.minted_by";
 constexpr const char kLiveOtherNode[] =
     "SELECT node, heartbeat_ms FROM nodes WHERE node <> ?1 AND heartbeat_ms > 0 AND heartbeat_ms >= ?2 "
     "ORDER BY heartbeat_ms DESC LIMIT 1";
@@ -337,6 +338,7 @@ NodeState ReadNodeRow(const Row& st) {
   n.checkpoint = {U64(st.ColInt(3)), U64(st.ColInt(4))};
   n.heartbeat_ms = st.ColInt(5);
   n.takeover = st.ColInt(6) != 0;
+  n.minted_by = U64(st.ColInt(7));
   return n;
 }
 
@@ -1015,7 +1017,8 @@ Status SqlMetastore::Heartbeat(std::string_view node, uint64_t epoch, int64_t li
   });
 }
 
-Result<NodeState> SqlMetastore::MintEpoch(std::string_view node, uint64_t expected, uint32_t window) {
+Result<NodeState> SqlMetastore::MintEpoch(std::string_view node, uint64_t expected, uint32_t window,
+                                          uint64_t minter) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("MintEpoch", [&]() -> Result<NodeState> {
     if (expected == std::numeric_limits<uint64_t>::max()) {
@@ -1031,10 +1034,12 @@ Result<NodeState> SqlMetastore::MintEpoch(std::string_view node, uint64_t expect
                                                    : "the expected epoch was never minted");
       }
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpsertEpoch));
-      WEIR_RETURN_IF_ERROR(st.Text(1, node).Int(2, I64(expected + 1)).Int(3, window).Run("mint epoch"));
+      WEIR_RETURN_IF_ERROR(
+          st.Text(1, node).Int(2, I64(expected + 1)).Int(3, window).Int(4, I64(minter)).Run("mint epoch"));
       minted.node = std::string(node);
       minted.epoch = expected + 1;
       minted.window = window;
+      minted.minted_by = minter;
       if (current) minted.checkpoint = current->checkpoint;
       return Status::Ok();
     });

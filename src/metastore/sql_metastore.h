@@ -24,8 +24,9 @@ namespace weir::metastore {
 //   5: + the basin config columns of basins (ALTER TABLE for a v1 to v4 file)
 //   6: + nodes.heartbeat_ms (ALTER TABLE for a v1 to v5 database)
 //   7: + nodes.takeover (likewise, for a v1 to v6 database)
+//   8: + nodes.minted_by (likewise, for a v1 to v7 database)
 // PostgreSQL databases start at 5.
-inline constexpr int kSchemaVersion = 7;
+inline constexpr int kSchemaVersion = 8;
 
 // A Metastore whose every query and rule is written once here; the driver
 // runs them. Each write method is one transaction of the driver's (writers
@@ -77,7 +78,7 @@ class SqlMetastore final : public Metastore {
 
   Result<NodeState> GetNode(std::string_view node) override;
   Result<std::vector<NodeState>> ListNodes() override;
-  Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window) override;
+  Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window, uint64_t minter) override;
   Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) override;
 
   Result<uint64_t> AllocateProducerId() override;

@@ -56,7 +56,7 @@ constexpr const char* kSchema[] = {
     "object_key TEXT NOT NULL, size_bytes INTEGER NOT NULL, PRIMARY KEY(stream_id, start_offset)) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS nodes(node TEXT PRIMARY KEY, epoch INTEGER NOT NULL, window INTEGER NOT NULL, "
     "ckpt_epoch INTEGER NOT NULL, ckpt_seq INTEGER NOT NULL, heartbeat_ms INTEGER NOT NULL DEFAULT 0, "
-    "takeover INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID",
+    "takeover INTEGER NOT NULL DEFAULT 0, minted_by INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID",
     // Allocators: value = the last id handed out; only ever increases.
     "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
     // Schema 2. A table's bucket streams are found by name (BucketStreamName).
@@ -75,6 +75,8 @@ constexpr const char* kSchema[] = {
 constexpr const char kAddHeartbeat[] = "ALTER TABLE nodes ADD COLUMN heartbeat_ms INTEGER NOT NULL DEFAULT 0";
 // Schema 7: nodes.takeover (likewise): 0 for heartbeats older builds left.
 constexpr const char kAddTakeover[] = "ALTER TABLE nodes ADD COLUMN takeover INTEGER NOT NULL DEFAULT 0";
+// Schema 8: nodes.minted_by (likewise): 0 for epochs older builds minted.
+constexpr const char kAddMintedBy[] = "ALTER TABLE nodes ADD COLUMN minted_by INTEGER NOT NULL DEFAULT 0";
 // Schema 4: streams.delete_on_empty_s (created with the table since).
 constexpr const char kAddDeleteOnEmpty[] =
     "ALTER TABLE streams ADD COLUMN delete_on_empty_s INTEGER NOT NULL DEFAULT 0";
@@ -118,6 +120,7 @@ class SqliteDb final : public SqlDb {
     if (from_version < 5) out.insert(out.end(), std::begin(kAddBasinConfig), std::end(kAddBasinConfig));
     if (from_version < 6) out.push_back(kAddHeartbeat);
     if (from_version < 7) out.push_back(kAddTakeover);
+    if (from_version < 8) out.push_back(kAddMintedBy);
     return out;
   }
   // One file, so one machine: its clock.
