@@ -714,6 +714,33 @@ TEST_F(EngineTest, AHaltWhoseMintAnswerWasLostKeepsTheNode) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"x", "y"}));
 }
 
+// The other way round: the mint after a halt fails without landing, and a
+// successor mints the next epoch meanwhile. The row names another minter: the
+// node is the successor's, and the appends in the halted slot fail.
+TEST_F(EngineTest, AHaltWhoseMintFailedWhileASuccessorMintedIsSuperseded) {
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  auto hooked = RestartHooked(gated);
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  std::atomic<int> failed{0};
+  hooked->fail_mint = [&]() -> Status {
+    if (failed.fetch_add(1) == 0) {
+      EXPECT_TRUE(meta_->MintEpoch("n1", epoch, 8, 12345).ok());  // the successor's
+      return Unavailable("the connection to the metastore was reset");
+    }
+    return Status::Ok();
+  };
+  std::promise<AppendOutcome> pending;
+  const std::string slot0 = AppendHeldAtSlotZero(*gated, &pending);
+  ASSERT_TRUE(wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242).ok());  // the successor's poison
+  gated->Open(slot0);
+  auto o = pending.get_future().get();
+  EXPECT_EQ(o.status.code(), Code::kFenced) << o.status.ToString();
+  EXPECT_GE(failed.load(), 2);
+  EXPECT_TRUE(engine_->superseded());
+  EXPECT_EQ(engine_->epoch(), epoch);
+}
+
 // Another writer's slot at our epoch's key (the fence counts it as
 // committed, so the cut lands past the slot our PUT found taken): the append
 // in that slot fails, rather than waiting for ever on a writer left halted.

@@ -207,7 +207,7 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Result<NodeState> GetNode(std::string_view n) override { return m_->GetNode(n); }
   Result<std::vector<NodeState>> ListNodes() override { return m_->ListNodes(); }
-  Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w, uint64_t minter) override {
+  Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w, uint64_t minter = 0) override {
     if (auto hook = std::exchange(before_mint, nullptr)) hook();
     if (fail_mint) {
       if (Status st = fail_mint(); !st.ok()) return st;

@@ -48,6 +48,17 @@ uint64_t RandomNonce() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 1;
 }
 
+// What a mint of `epoch` by the process of `nonce` stores as its minter:
+// tied to the epoch, so a row left naming this process's mint of an earlier
+// epoch (a build before schema 8 minted the next one, keeping the column)
+// never reads as this mint.
+uint64_t MinterOf(uint64_t nonce, uint64_t epoch) {
+  uint64_t z = epoch + 0x9E3779B97F4A7C15u;  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+  return nonce ^ z ^ (z >> 31);
+}
+
 // What a superseded process answers for its streams.
 Status SupersededError(const std::string& node) {
   return Fenced("node {} was superseded by another process, which serves its streams now", node);
@@ -183,28 +194,27 @@ void Engine::HandleHalt(uint64_t epoch) {
   // only while we still hold the node. Only a successor's epoch
   // (kPreconditionFailed) means the node is gone; a metastore that fails
   // otherwise (busy, unreachable) is asked again.
+  // An attempt that failed otherwise may have minted, its answer lost: the
+  // node row then names this process's minter for the next epoch. Looked
+  // up at once (meanwhile client changes are refused as if superseded), and
+  // again should a later attempt be refused.
+  const uint64_t minter = MinterOf(nonce_, epoch + 1);
   Result<metastore::NodeState> minted = Status();
-  bool asked = false;  // an attempt failed otherwise: it may have minted, its answer lost
+  bool asked = false;
   for (;;) {
-    minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window), nonce_);
-    if (minted.status().code() == Code::kPreconditionFailed && asked) {
-      // Ours if it holds this process's nonce: the node is still ours.
-      auto node = meta_->GetNode(options_.node);
-      if (!node.ok()) {
-        if (closing_) break;
-        Log().error("minting the epoch after {}: {}; retrying", epoch, node.status().ToString());
-        std::this_thread::sleep_for(std::chrono::seconds(1));
-        continue;
-      }
-      if (node->epoch == epoch + 1 && node->minted_by == nonce_) {
-        Log().warn("minting the epoch after {}: an earlier attempt, whose answer was lost, minted {}", epoch,
-                   node->epoch);
-        minted = std::move(*node);
-      }
-    }
-    if (minted.ok() || minted.status().code() == Code::kPreconditionFailed || closing_) break;
+    minted = meta_->MintEpoch(options_.node, epoch, static_cast<uint32_t>(options_.wal.window), minter);
+    const bool refused = minted.status().code() == Code::kPreconditionFailed;
+    if (minted.ok() || (refused && !asked) || closing_) break;
+    Log().error("minting the epoch after {}: {}", epoch, minted.status().ToString());
     asked = true;
-    Log().error("minting the epoch after {}: {}; retrying", epoch, minted.status().ToString());
+    auto node = meta_->GetNode(options_.node);
+    if (node.ok() && node->epoch == epoch + 1 && node->minted_by == minter) {
+      Log().warn("minting the epoch after {}: an attempt whose answer was lost minted {}", epoch, node->epoch);
+      minted = std::move(*node);
+      break;
+    }
+    if (refused && node.ok()) break;  // a successor's
+    if (!node.ok()) Log().error("reading node {}: {}", options_.node, node.status().ToString());
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (!minted.ok()) {
@@ -356,7 +366,8 @@ Status Engine::Recover() {
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   // This process's nonce: its mints and its fences carry it.
   nonce_ = RandomNonce();
-  WEIR_ASSIGN_OR_RETURN(metastore::NodeState now, meta_->MintEpoch(options_.node, prev.epoch, window, nonce_));
+  WEIR_ASSIGN_OR_RETURN(metastore::NodeState now,
+                        meta_->MintEpoch(options_.node, prev.epoch, window, MinterOf(nonce_, prev.epoch + 1)));
   epoch_ = now.epoch;
   if (!taking_over_) {
     // No other node may be serving this metastore (its streams would have two

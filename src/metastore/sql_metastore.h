@@ -78,7 +78,7 @@ class SqlMetastore final : public Metastore {
 
   Result<NodeState> GetNode(std::string_view node) override;
   Result<std::vector<NodeState>> ListNodes() override;
-  Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window, uint64_t minter) override;
+  Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window, uint64_t minter = 0) override;
   Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) override;
 
   Result<uint64_t> AllocateProducerId() override;
