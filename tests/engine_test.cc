@@ -125,6 +125,18 @@ class EngineTest : public ::testing::Test {
     return slot0;
   }
 
+  // Halts the WAL writer: an append of "x" to "s" is held in slot 0 while
+  // someone (a successor, say) poisons that slot, then let go. Returns the
+  // append's outcome, once the halt is handled.
+  AppendOutcome AppendIntoPoisonedSlotZero(testing::GatedStore& gated) {
+    const uint64_t epoch = engine_->epoch();
+    std::promise<AppendOutcome> pending;
+    const std::string slot0 = AppendHeldAtSlotZero(gated, &pending);
+    EXPECT_TRUE(wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242).ok());
+    gated.Open(slot0);
+    return pending.get_future().get();
+  }
+
   // A table of `buckets` bucket streams in kBasin, each configured `config`.
   Status CreateTable(const std::string& name, uint32_t buckets, const StreamConfig& config) {
     metastore::TableInfo t;
@@ -677,11 +689,7 @@ TEST_F(EngineTest, AHaltRidesOutAMetastoreThatFailsForAWhile) {
     return refusals.fetch_add(1) < 2 ? Unavailable("the metastore is busy") : Status::Ok();
   };
   const uint64_t epoch = engine_->epoch();
-  std::promise<AppendOutcome> pending;
-  const std::string slot0 = AppendHeldAtSlotZero(*gated, &pending);
-  ASSERT_TRUE(wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242).ok());  // someone poisons slot 0
-  gated->Open(slot0);
-  auto o = pending.get_future().get();
+  auto o = AppendIntoPoisonedSlotZero(*gated);
   ASSERT_TRUE(o.status.ok()) << o.status.ToString();
   EXPECT_GE(refusals.load(), 3);
   EXPECT_EQ(engine_->epoch(), epoch + 1);
@@ -701,11 +709,7 @@ TEST_F(EngineTest, AHaltWhoseMintAnswerWasLostKeepsTheNode) {
     return lost.fetch_add(1) == 0 ? Unavailable("the connection to the metastore was reset") : Status::Ok();
   };
   const uint64_t epoch = engine_->epoch();
-  std::promise<AppendOutcome> pending;
-  const std::string slot0 = AppendHeldAtSlotZero(*gated, &pending);
-  ASSERT_TRUE(wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242).ok());  // someone poisons slot 0
-  gated->Open(slot0);
-  auto o = pending.get_future().get();
+  auto o = AppendIntoPoisonedSlotZero(*gated);
   ASSERT_TRUE(o.status.ok()) << o.status.ToString();
   EXPECT_GE(lost.load(), 1);
   EXPECT_FALSE(engine_->superseded());
@@ -730,11 +734,7 @@ TEST_F(EngineTest, AHaltWhoseMintFailedWhileASuccessorMintedIsSuperseded) {
     }
     return Status::Ok();
   };
-  std::promise<AppendOutcome> pending;
-  const std::string slot0 = AppendHeldAtSlotZero(*gated, &pending);
-  ASSERT_TRUE(wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242).ok());  // the successor's poison
-  gated->Open(slot0);
-  auto o = pending.get_future().get();
+  auto o = AppendIntoPoisonedSlotZero(*gated);
   EXPECT_EQ(o.status.code(), Code::kFenced) << o.status.ToString();
   EXPECT_GE(failed.load(), 2);
   EXPECT_TRUE(engine_->superseded());

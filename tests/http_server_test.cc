@@ -114,6 +114,19 @@ std::string ReadUntil(int fd, const std::string& until, int timeout_ms = 10000) 
   return out;
 }
 
+// Everything `fd` sends until it closes (or goes silent for 10 s).
+std::string ReadUntilClosed(int fd) {
+  std::string out;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) <= 0) return out;
+    char buf[4096];
+    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+    if (r <= 0) return out;
+    out.append(buf, static_cast<size_t>(r));
+  }
+}
+
 // What a client read of a response of 'z's: how many, and whether the
 // connection ended (EOF or reset) rather than going silent for 10 s.
 struct ReadZs {
@@ -324,15 +337,7 @@ TEST_F(HttpServerLimits, AStreamToAnHttp10ClientIsNotChunked) {
   ex->BeginStream(200, "text/event-stream", {});
   ex->Write("event: ping\n\n", nullptr);
   ex->End();
-  std::string got;
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 10000) <= 0) break;
-    char buf[4096];
-    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-    if (r <= 0) break;
-    got.append(buf, static_cast<size_t>(r));
-  }
+  const std::string got = ReadUntilClosed(fd);
   EXPECT_TRUE(got.starts_with("HTTP/1.1 200")) << got;
   EXPECT_EQ(got.find("100 Continue"), std::string::npos) << got;
   EXPECT_EQ(got.find("chunked"), std::string::npos) << got;
@@ -369,15 +374,7 @@ TEST_F(HttpServerLimits, AHeadDroppedWithoutAResponseGetsA500WithoutABody) {
   ASSERT_TRUE(SendAll(fd, "HEAD /x HTTP/1.1\r\nHost: t\r\n\r\n"));
   ASSERT_TRUE(handler.WaitFor(1));
   handler.Clear();  // the exchange goes unanswered
-  std::string got;
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 10000) <= 0) break;
-    char buf[4096];
-    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-    if (r <= 0) break;
-    got.append(buf, static_cast<size_t>(r));
-  }
+  const std::string got = ReadUntilClosed(fd);
   EXPECT_TRUE(got.starts_with("HTTP/1.1 500")) << got;
   EXPECT_TRUE(got.ends_with("Connection: close\r\n\r\n")) << got;
   ::close(fd);

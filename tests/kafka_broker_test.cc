@@ -473,6 +473,22 @@ class BrokerTest : public ::testing::Test {
     return p;
   }
 
+  // Starts a successor process of this node (on the same store and
+  // metastore), then produces to `topic` partition 0: the produce meets the
+  // successor's fence (NOT_LEADER_OR_FOLLOWER), which tells this engine it
+  // was superseded. Returns the successor (nullptr on a failure).
+  std::unique_ptr<log::Engine> SupersedeThroughAProduce(const std::string& topic) {
+    log::EngineOptions o;
+    o.node = "n1";
+    o.group_offsets_basin = kKafkaBasin;
+    auto successor = log::Engine::Open(o, store_, meta_);
+    EXPECT_TRUE(successor.ok()) << successor.status().ToString();
+    if (!successor.ok()) return nullptr;
+    EXPECT_EQ(Produce(topic, 0, Batch({"new"})).error_code, ErrorCode::kNotLeaderOrFollower);
+    EXPECT_TRUE(engine_->superseded());
+    return std::move(*successor);
+  }
+
   template <typename Req>
   Pending Start(const Req& body, int16_t version) {
     RequestHeader h;
@@ -1584,13 +1600,8 @@ TEST_F(BrokerTest, ASupersededBrokerAnswersNotLeaderOrFollower) {
   exec_->set_timers_frozen(true);  // only a wake-up can answer
   Pending waiting = Start(FetchReq("gone", {{0, 1}}, /*max_wait_ms=*/5000, /*min_bytes=*/1), 11);
   ASSERT_TRUE(weir::testing::WaitUntil([&] { return engine_->TailWatchCount(kKafkaBasin, "gone/0") == 1; }));
-  log::EngineOptions o;
-  o.node = "n1";
-  o.group_offsets_basin = kKafkaBasin;
-  ASSERT_OK_AND_ASSIGN(auto successor, log::Engine::Open(o, store_, meta_));
-  // This produce meets the successor's fence: the engine learns it was superseded.
-  EXPECT_EQ(Produce("gone", 0, Batch({"new"})).error_code, ErrorCode::kNotLeaderOrFollower);
-  EXPECT_TRUE(engine_->superseded());
+  auto successor = SupersedeThroughAProduce("gone");
+  ASSERT_TRUE(successor);
   auto resp = Finish(waiting, DecodeFetchResponse);
   EXPECT_EQ(resp.responses.at(0).partitions.at(0).error_code, ErrorCode::kNotLeaderOrFollower);
   EXPECT_EQ(Fetch("gone", 0, 0).error_code, ErrorCode::kNotLeaderOrFollower);
@@ -2641,13 +2652,8 @@ TEST_F(GroupTest, ASupersededBrokerAnswersWaitingJoinsCoordinatorNotAvailable) {
   std::string a, b;
   const int32_t gen = JoinAlone("meta-A", "all", &a);
   Pending join_b = JoinNew("meta-B", &b);  // waits for A to rejoin (60 s)
-  log::EngineOptions o;
-  o.node = "n1";
-  o.group_offsets_basin = kKafkaBasin;
-  ASSERT_OK_AND_ASSIGN(auto successor, log::Engine::Open(o, store_, meta_));
-  // This produce meets the successor's fence: the engine learns it was superseded.
-  EXPECT_EQ(Produce("events", 0, Batch({"new"})).error_code, ErrorCode::kNotLeaderOrFollower);
-  ASSERT_TRUE(engine_->superseded());
+  auto successor = SupersedeThroughAProduce("events");
+  ASSERT_TRUE(successor && engine_->superseded());
   EXPECT_EQ(Finish(join_b, DecodeJoinGroupResponse).error_code, ErrorCode::kCoordinatorNotAvailable);
   EXPECT_EQ(Heartbeat(a, gen), ErrorCode::kCoordinatorNotAvailable);
   EXPECT_EQ(Call(JoinReq(a, "meta-A"), 5, DecodeJoinGroupResponse).error_code, ErrorCode::kCoordinatorNotAvailable);

@@ -129,6 +129,54 @@ def produce_all(p, topic, records, report, partition=None):
         raise AssertionError(f"{left} messages still undelivered after {OP_TIMEOUT} s")
 
 
+def produce_through(test, p, topic, prefix, report, event, what):
+    """Produces keyed records "PREFIX-n" over two partitions; after 2,000
+    runs `event` on a thread and spreads the rest over it (at most ~1000/s),
+    until it is over and 4,000 are produced. Returns (n, the thread)."""
+    n = 0
+    done = threading.Event()
+
+    def run():
+        try:
+            event()
+        finally:
+            done.set()
+    t = None
+    deadline = time.monotonic() + CONSUME_TIMEOUT
+    while not done.is_set() or n < 4000:
+        test.assertLess(time.monotonic(), deadline, f"producing through {what} took too long")
+        try:
+            p.produce(topic, key=f"k{n % 2}".encode(), value=f"{prefix}-{n}".encode(), on_delivery=report)
+            n += 1
+        except BufferError:
+            p.poll(0.1)
+        p.poll(0)
+        if n == 2000 and t is None:
+            t = threading.Thread(target=run)
+            t.start()
+        if t is not None:
+            time.sleep(0.001)
+    return n, t
+
+
+def assert_stored_once(test, p, server, topic, report, n):
+    """After produce_through: every one of the n records was delivered, at
+    offsets 0, 1, ... per partition, and `server` holds exactly those (read
+    back over both partitions). Returns what was read."""
+    test.assertEqual(p.flush(OP_TIMEOUT * 2), 0, "records left undelivered")
+    test.assertEqual(report.errors, [])
+    test.assertEqual(len(report.ok), n)
+    for part, recs in report.by_partition().items():
+        test.assertEqual([o for o, _, _ in recs], list(range(len(recs))), f"partition {part}")
+    got = read_assigned(server, topic, [0, 1], n)
+    test.assertEqual(got, {(part, o): (k, v) for part, o, k, v in report.ok})
+    # Nothing past the acknowledged records: a retry appended again would
+    # sit past them, unread by the exact read above.
+    for part, recs in report.by_partition().items():
+        test.assertEqual(watermarks(server, topic, part), (0, len(recs)), f"partition {part}")
+    return got
+
+
 def consumer(server_or_addr, group, **conf):
     addr = server_or_addr if isinstance(server_or_addr, str) else server_or_addr.kafka_addr
     c = common(addr)
@@ -497,45 +545,12 @@ class Restart(ks.TestCase):
             create_topic(server, topic, 2)
             rep = Deliveries()
             p = producer(server, **{"retry.backoff.ms": 200, "reconnect.backoff.max.ms": 2000})
-            n = 0
-            restarted = threading.Event()
-
-            def restart():
-                try:
-                    server.crash_restart()
-                finally:
-                    restarted.set()
-            t = None
-            deadline = time.monotonic() + CONSUME_TIMEOUT
-            while not restarted.is_set() or n < 4000:
-                self.assertLess(time.monotonic(), deadline, "producing through the restart took too long")
-                try:
-                    p.produce(topic, key=f"k{n % 2}".encode(), value=f"x-{n}".encode(), on_delivery=rep)
-                    n += 1
-                except BufferError:
-                    p.poll(0.1)
-                p.poll(0)
-                if n == 2000 and t is None:
-                    t = threading.Thread(target=restart)
-                    t.start()
-                if t is not None:
-                    time.sleep(0.001)  # spread the rest over the restart, at most ~1000/s
+            n, t = produce_through(self, p, topic, "x", rep, server.crash_restart, "the restart")
             t.join(OP_TIMEOUT * 3)
             self.assertFalse(t.is_alive(), "the restart did not finish")
             self.assertTrue(server.running(), "the server did not come back\n" + server.log_tail())
-            left = p.flush(OP_TIMEOUT * 2)
-            self.assertEqual(left, 0, "records left undelivered")
-            self.assertEqual(rep.errors, [])
-            self.assertEqual(len(rep.ok), n)
-            for part, recs in rep.by_partition().items():
-                self.assertEqual([o for o, _, _ in recs], list(range(len(recs))), f"partition {part}")
-            got = read_assigned(server, topic, [0, 1], n)
-            self.assertEqual(got, {(part, o): (k, v) for part, o, k, v in rep.ok})
+            got = assert_stored_once(self, p, server, topic, rep, n)
             self.assertEqual(sorted(v for _, v in got.values()), sorted(f"x-{i}".encode() for i in range(n)))
-            # Nothing past the acknowledged records: a retry appended again
-            # would sit past them, unread by the exact read above.
-            for part, recs in rep.by_partition().items():
-                self.assertEqual(watermarks(server, topic, part), (0, len(recs)), f"partition {part}")
         finally:
             ks.stop_server(server)
 
@@ -565,41 +580,10 @@ class Failover(ks.TestCase):
             p = producer(",".join(f"127.0.0.1:{port}" for port in ports),
                          **{"retry.backoff.ms": 200, "reconnect.backoff.max.ms": 1000,
                             "topic.metadata.refresh.interval.ms": 1000})
-            n = 0
-            started = threading.Event()
-
-            def start_second():
-                try:
-                    second.start()
-                finally:
-                    started.set()
-            t = None
-            deadline = time.monotonic() + CONSUME_TIMEOUT
-            while not started.is_set() or n < 4000:
-                self.assertLess(time.monotonic(), deadline, "producing through the failover took too long")
-                try:
-                    p.produce(topic, key=f"k{n % 2}".encode(), value=f"f-{n}".encode(), on_delivery=rep)
-                    n += 1
-                except BufferError:
-                    p.poll(0.1)
-                p.poll(0)
-                if n == 2000 and t is None:
-                    t = threading.Thread(target=start_second)
-                    t.start()
-                if t is not None:
-                    time.sleep(0.001)  # spread the rest over the failover, at most ~1000/s
+            n, t = produce_through(self, p, topic, "f", rep, second.start, "the failover")
             t.join(OP_TIMEOUT)
             self.assertTrue(second.running(), "the second process did not start\n" + second.log_tail())
-            left = p.flush(OP_TIMEOUT * 2)
-            self.assertEqual(left, 0, "records left undelivered")
-            self.assertEqual(rep.errors, [])
-            self.assertEqual(len(rep.ok), n)
-            for part, recs in rep.by_partition().items():
-                self.assertEqual([o for o, _, _ in recs], list(range(len(recs))), f"partition {part}")
-            got = read_assigned(second, topic, [0, 1], n)
-            self.assertEqual(got, {(part, o): (k, v) for part, o, k, v in rep.ok})
-            for part, recs in rep.by_partition().items():
-                self.assertEqual(watermarks(second, topic, part), (0, len(recs)), f"partition {part}")
+            assert_stored_once(self, p, second, topic, rep, n)
             # The first process's Kafka listener is closed (its HTTP one
             # stays, for /health to say superseded).
             with socket.socket() as sock:
