@@ -699,19 +699,25 @@ TEST_F(EngineTest, AHaltRidesOutAMetastoreThatFailsForAWhile) {
 // The mint after a halt lands, but its answer is lost (a remote metastore's
 // connection drops): asked again, the metastore says the epoch moved on. The
 // node row names this process as its minter, so the node is still its own:
-// it resumes rather than taking itself for superseded.
+// it resumes rather than taking itself for superseded. Here the metastore
+// also stays away for a while: the row cannot be read at once, and the next
+// mints are refused until it can.
 TEST_F(EngineTest, AHaltWhoseMintAnswerWasLostKeepsTheNode) {
   auto gated = std::make_shared<testing::GatedStore>(store_);
   auto hooked = RestartHooked(gated);
   ASSERT_TRUE(engine_);
-  std::atomic<int> lost{0};
+  std::atomic<int> lost{0}, unread{0};
   hooked->lose_mint_answer = [&]() -> Status {
     return lost.fetch_add(1) == 0 ? Unavailable("the connection to the metastore was reset") : Status::Ok();
+  };
+  hooked->fail_get_node = [&]() -> Status {
+    return unread.fetch_add(1) < 2 ? Unavailable("the metastore is away") : Status::Ok();
   };
   const uint64_t epoch = engine_->epoch();
   auto o = AppendIntoPoisonedSlotZero(*gated);
   ASSERT_TRUE(o.status.ok()) << o.status.ToString();
   EXPECT_GE(lost.load(), 1);
+  EXPECT_GE(unread.load(), 3);
   EXPECT_FALSE(engine_->superseded());
   EXPECT_EQ(engine_->epoch(), epoch + 1);
   EXPECT_TRUE(engine_->Append(kBasin, "s", Bodies({"y"})).status.ok());

@@ -22,6 +22,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_mint;                     // non-OK: MintEpoch answers it (and changes nothing)
   // Non-OK: MintEpoch mints, then answers it instead (the answer was lost).
   std::function<Status()> lose_mint_answer;
+  std::function<Status()> fail_get_node;  // non-OK: GetNode answers it
   std::function<void()> before_commit_settle;            // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;     // maps the real answer
   // Non-OK for a stream id: DeleteSegmentsBelow with a cut of it answers it (removing nothing).
@@ -205,7 +206,12 @@ class HookedMetastore final : public metastore::Metastore {
     if (auto hook = std::exchange(before_expire_group_offsets, nullptr)) hook();
     return m_->ExpireGroupOffsets(ms, k, by);
   }
-  Result<NodeState> GetNode(std::string_view n) override { return m_->GetNode(n); }
+  Result<NodeState> GetNode(std::string_view n) override {
+    if (fail_get_node) {
+      if (Status st = fail_get_node(); !st.ok()) return st;
+    }
+    return m_->GetNode(n);
+  }
   Result<std::vector<NodeState>> ListNodes() override { return m_->ListNodes(); }
   Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w, uint64_t minter = 0) override {
     if (auto hook = std::exchange(before_mint, nullptr)) hook();
