@@ -367,7 +367,8 @@ class Metastore {
   // naming the current epoch (a successor exists). The first mint of a node
   // expects 0. A caller whose answer was lost tells its own mint from a
   // successor's by GetNode: epoch expected + 1 and minted_by its minter (a
-  // random nonce of the process).
+  // value no other caller uses: the engine's random nonce mixed with the
+  // epoch).
   virtual Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window,
                                       uint64_t minter = 0) = 0;
 
