@@ -403,6 +403,42 @@ TEST_F(HttpServerLimits, ADrainsAnswersSayConnectionClose) {
   ::close(fd);
 }
 
+// Response bytes a client has not read count in unwritten_bytes (and come
+// off ResponseRoom) until written, or until the connection that holds them
+// closes.
+TEST_F(HttpServerLimits, UnwrittenResponseBytesCountUntilWrittenOrDropped) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_unwritten_bytes = 64u << 20}));
+  const size_t size = 16u << 20;  // more than the socket buffers hold
+  for (bool read_it : {true, false}) {
+    SCOPED_TRACE(read_it ? "read" : "dropped");
+    handler.Clear();
+    const int fd = Connect(addr);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+    ASSERT_TRUE(handler.WaitFor(1));
+    auto ex = handler.exchange(0);
+    EXPECT_EQ(ex->ResponseRoom(), 64u << 20);
+    ex->Respond(Response{200, "text/plain", std::string(size, 'z'), {}});
+    // The socket buffers take a few MiB at most; the rest waits for the client.
+    ASSERT_TRUE(WaitUntil([&] { return metrics().unwritten_bytes.load() > static_cast<int64_t>(size / 2); }));
+    EXPECT_LT(ex->ResponseRoom(), (64u << 20) - size / 2);
+    if (read_it) {  // the whole response, the connection kept open
+      size_t zs = 0;
+      std::vector<char> buf(65536);
+      while (zs < size) {
+        const ssize_t r = ::recv(fd, buf.data(), buf.size(), 0);
+        ASSERT_GT(r, 0);
+        zs += static_cast<size_t>(std::count(buf.begin(), buf.begin() + r, 'z'));
+      }
+      EXPECT_TRUE(WaitUntil([&] { return metrics().unwritten_bytes.load() == 0; }));
+    }
+    ::close(fd);
+    EXPECT_TRUE(WaitUntil([&] { return metrics().unwritten_bytes.load() == 0; }))
+        << metrics().unwritten_bytes.load() << " bytes still counted";
+    EXPECT_EQ(ex->ResponseRoom(), 64u << 20);
+  }
+}
+
 // Stop lets a response already answered reach its client whole.
 TEST_F(HttpServerLimits, StopFinishesAResponseAlreadyAnswered) {
   ASSERT_NO_FATAL_FAILURE(Start({.stop_grace = 60s}));  // 16 MiB read by a sanitized reader on a loaded machine

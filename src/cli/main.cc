@@ -106,6 +106,10 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   opt("--http-max-in-flight-mib", o.http_max_in_flight_mib,
       "Memory (MiB) for HTTP request bodies read and not yet answered, all connections; more wait unread")
       ->check(CLI::Range(1, 1 << 20));
+  opt("--http-max-unwritten-mib", o.http_max_unwritten_mib,
+      "Memory (MiB) for HTTP responses queued and not yet written, all connections; reads are cut to what is "
+      "left, or wait")
+      ->check(CLI::Range(1, 1 << 20));
   opt("--http-max-connections", o.http_max_connections, "Open HTTP connections; more are closed on accept")
       ->check(CLI::Range(1, 1 << 20));
   opt("--http-stall-timeout-s", o.http_stall_timeout_s,

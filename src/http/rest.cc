@@ -492,6 +492,11 @@ bool SameCreation(log::Engine* engine, const std::string& key, const std::string
 }
 
 constexpr auto kTombstoneLife = std::chrono::seconds(60);
+// A read needs this much response room (Exchange::ResponseRoom) to go on; with
+// less it looks again every kRoomPoll, for up to kRoomWaitLimit.
+constexpr size_t kMinReadRoom = 128 << 10;
+constexpr auto kRoomPoll = std::chrono::milliseconds(20);
+constexpr auto kRoomWaitLimit = std::chrono::seconds(5);
 constexpr size_t kMaxTombstones = 10000;
 
 // S2's s2-provision-result header: what a create or ensure did.
@@ -1870,6 +1875,15 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     // the tail and otherwise nothing: one record is read, then dropped.
     if (exhausted && started_) return Done();
     if (exhausted) max_records = 1;
+    if (!exhausted) {
+      // Responses clients have not read yet share --http-max-unwritten-mib:
+      // a read takes at most half of what is left (its JSON may be a third
+      // larger than the records), and with little left it waits.
+      const size_t room = c_.ex->ResponseRoom();
+      if (room < kMinReadRoom) return WaitForRoom();
+      room_wait_since_.reset();
+      max_bytes = std::min(max_bytes, room / 2);
+    }
     if (!started_ && p_.start.kind == log::ReadStart::kTimestamp && !p_.clamp) {
       // As S2: a start timestamp past the tail's is unsatisfiable too.
       auto s = api_->engine_->GetStream(c_.basin, stream_);
@@ -2011,6 +2025,24 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     }
     if (expired) return Done();
     Wait(r->tail, r->tail_timestamp_ms);
+  }
+
+  // Little response room left: steps again soon; after kRoomWaitLimit of
+  // that, a retriable 503 (a session ends with it).
+  void WaitForRoom() {
+    if (!room_wait_since_) {
+      room_wait_since_ = Now();
+      api_->metrics_.read_room_waits++;
+    }
+    if (Now() - *room_wait_since_ >= kRoomWaitLimit) {
+      const std::string message = fmt::format(
+          "responses its clients have not read yet fill the server's room for them (--http-max-unwritten-mib); "
+          "retry");
+      if (!started_) return c_.Error(503, "unavailable", message, {{"Retry-After", "1"}});
+      return Finish(Unavailable("{}", message));
+    }
+    auto self = shared_from_this();
+    c_.ex->After(kRoomPoll, [self] { self->Step(); });
   }
 
   // S2S: a batch of no records, with the tail; SSE: a ping with the tail.
@@ -2215,6 +2247,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   ReadParams p_;
   bool sse_;  // a session: SSE or S2S
   bool s2s_;
+  std::optional<TimePoint> room_wait_since_;  // this step has waited for response room since
   int s2s_compression_ = 0;  // of S2S batch frames: 0 none, 1 zstd, 2 gzip
   bool started_ = false;  // session headers sent (steps run one at a time)
   std::optional<uint64_t> stream_id_;  // the stream the first read found (Engine::Read pins it)
@@ -2332,6 +2365,9 @@ void RestApi::Metrics(const Ctx& c) {
   PromGauge(&out, "weir_read_sessions", "Open read sessions (SSE and S2S)", static_cast<double>(m.read_sessions.load()));
   PromGauge(&out, "weir_long_polls", "Unary reads waiting at the tail (long polls)",
             static_cast<double>(m.long_polls.load()));
+  PromCounter(&out, "weir_http_read_room_waits_total",
+              "Reads that waited for room among responses clients had not read (--http-max-unwritten-mib)",
+              m.read_room_waits.load());
   PromGauge(&out, "weir_append_sessions", "Open S2S append sessions", static_cast<double>(m.append_sessions.load()));
   PromHistogramSeconds(&out, "weir_append_ack_seconds", "HTTP append latency, request to acknowledgement",
                        m.append_latency_ns);

@@ -43,6 +43,8 @@ struct RestMetrics {
   std::atomic<uint64_t> reads{0}, read_records{0}, read_bytes{0};
   std::atomic<int64_t> read_sessions{0};    // SSE and S2S
   std::atomic<int64_t> long_polls{0};       // unary reads that have waited at the tail, until answered
+  // Reads (or session steps) that waited for response room (--http-max-unwritten-mib).
+  std::atomic<uint64_t> read_room_waits{0};
   std::atomic<int64_t> append_sessions{0};  // S2S
   Histogram append_latency_ns;  // request parsed to ack sent
 };

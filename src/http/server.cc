@@ -87,6 +87,39 @@ constexpr size_t kMaxReadBufferBytes = 1u << 20;
 // handler's RefuseHead says so (below it, after the body, keeping the connection).
 constexpr size_t kRefuseHeadMinBody = 64 * 1024;
 
+// Response bytes a connection holds for its client, counted in
+// HttpServerMetrics::unwritten_bytes for as long as it holds them: whatever
+// path drops them (written, a reset stream, a closed connection) gives them
+// back. Owned by what holds the bytes; moved, never copied.
+class Charge {
+ public:
+  Charge() = default;
+  Charge(std::atomic<int64_t>* counter, size_t n) : counter_(counter), n_(static_cast<int64_t>(n)) {
+    *counter_ += n_;
+  }
+  Charge(Charge&& o) noexcept : counter_(std::exchange(o.counter_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Charge& operator=(Charge&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      counter_ = std::exchange(o.counter_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  Charge(const Charge&) = delete;
+  Charge& operator=(const Charge&) = delete;
+  ~Charge() { Reset(); }
+
+ private:
+  void Reset() {
+    if (counter_) *counter_ -= n_;
+    counter_ = nullptr;
+    n_ = 0;
+  }
+  std::atomic<int64_t>* counter_ = nullptr;
+  int64_t n_ = 0;
+};
+
 // What an HTTP/2 client sends first (RFC 9113 §3.4).
 constexpr std::string_view kHttp2Preface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
 // While this much of an HTTP/2 connection's response data waits for the
@@ -285,7 +318,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
       if (then) then(false);
       return;
     }
-    out_.push_back(Out{std::move(bytes), std::move(then), response_done, keep_alive});
+    const size_t n = bytes.size();
+    out_.push_back(
+        Out{std::move(bytes), std::move(then), response_done, keep_alive, Charge(&srv_->metrics.unwritten_bytes, n)});
     if (!writing_) WriteNext();
   }
 
@@ -295,6 +330,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     std::function<void(bool)> then;
     bool response_done;
     bool keep_alive;
+    Charge charge;  // bytes' share of unwritten_bytes, until written or dropped
   };
 
   // Reads the first bytes: the HTTP/2 preface hands the connection to
@@ -599,6 +635,11 @@ class ExchangeBase : public Exchange {
   }
 
   void Post(std::function<void()> fn) override { net::post(srv_->workers, std::move(fn)); }
+  size_t ResponseRoom() const override {
+    const int64_t used = std::max<int64_t>(srv_->metrics.unwritten_bytes.load(), 0);
+    const size_t budget = srv_->options.max_unwritten_bytes;
+    return static_cast<size_t>(used) >= budget ? 0 : budget - static_cast<size_t>(used);
+  }
   // HTTP/1.1: no later request of the connection comes meanwhile.
   std::shared_ptr<SuspendedWork> SuspendInOrder() override {
     return std::make_shared<SuspendedWork>([srv = srv_](std::function<void()> fn) {
@@ -821,6 +862,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   struct Chunk {
     std::string bytes;
     std::function<void(bool)> then;
+    Charge charge;  // bytes' share of unwritten_bytes, until handed to nghttp2 whole or dropped
   };
   struct H2Stream {
     int32_t id = 0;
@@ -1087,7 +1129,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     if (!st->head_only) {
       queued_bytes_ += r.body.size();
       st->moved_at = Now();
-      st->out.push_back(Chunk{std::move(r.body), nullptr});
+      const size_t n = r.body.size();
+      st->out.push_back(Chunk{std::move(r.body), nullptr, Charge(&srv_->metrics.unwritten_bytes, n)});
     }
     st->eof = true;
   }
@@ -1465,7 +1508,8 @@ void H2Conn::Write(int32_t id, std::string chunk, std::function<void(bool)> then
   }
   queued_bytes_ += chunk.size();
   if (st->out.empty()) st->moved_at = Now();
-  st->out.push_back(Chunk{std::move(chunk), std::move(then)});
+  const size_t n = chunk.size();
+  st->out.push_back(Chunk{std::move(chunk), std::move(then), Charge(&srv_->metrics.unwritten_bytes, n)});
   Resume(st);
   Flush();
 }

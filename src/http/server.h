@@ -21,7 +21,9 @@
 // max_connections are open; more are closed on accept. HTTP/2 request bodies
 // take from the same budget as they arrive; a body that does not fit gets 429
 // (Retry-After) instead of waiting. A body streamed to a BodySink is the
-// handler's to bound.
+// handler's to bound. Response bytes queued for clients and not yet written
+// count against max_unwritten_bytes, all connections together: a handler
+// building a large response (a read) sizes it to Exchange::ResponseRoom.
 #pragma once
 
 #include <atomic>
@@ -93,6 +95,12 @@ class Exchange {
   virtual std::shared_ptr<SuspendedWork> SuspendInOrder() = 0;
   // The connection is gone: further writes are dropped.
   virtual bool closed() const = 0;
+  // Bytes of responses the server may still queue, over all connections,
+  // before ServerOptions::max_unwritten_bytes (what clients have not read
+  // yet): a handler building a large response makes it fit, or waits. A
+  // hint, read without locks: handlers building at once may together pass
+  // the budget by what each builds.
+  virtual size_t ResponseRoom() const { return SIZE_MAX; }
   // For a body streamed to a BodySink (HTTP/2): `n` more of its bytes are
   // dealt with, so the client may send `n` more (flow control). The sink
   // must give back every byte it was handed, once. A no-op elsewhere.
@@ -175,6 +183,9 @@ struct ServerOptions {
   // response). HTTP/2 checks every 5 s (a quarter of this if shorter).
   Duration stall_timeout = std::chrono::seconds(60);
   size_t max_in_flight_bytes = 512u << 20;  // request bodies read and not yet answered, all connections
+  // Response bytes queued and not yet written, all connections (a client
+  // that reads slowly holds its responses): Exchange::ResponseRoom.
+  size_t max_unwritten_bytes = 512u << 20;
   size_t max_connections = 4096;
   // Stop: how long responses already answered (and the closes) get to be
   // written before the I/O threads stop.
@@ -189,6 +200,7 @@ struct HttpServerMetrics {
   std::atomic<uint64_t> budget_refusals{0};       // HTTP/2 bodies refused (429) for max_in_flight_bytes
   std::atomic<int64_t> open_connections{0};
   std::atomic<int64_t> in_flight_bytes{0};        // request bodies admitted and not yet answered
+  std::atomic<int64_t> unwritten_bytes{0};        // response bytes queued and not yet written
 };
 
 class HttpServer {

@@ -309,6 +309,9 @@ void RenderHttpServerMetrics(std::string* out, const http::HttpServerMetrics& m)
                   static_cast<double>(m.in_flight_bytes.load()));
   http::PromCounter(out, "weir_http_request_budget_waits_total",
                     "HTTP requests whose body waited unread for --http-max-in-flight-mib", m.budget_waits.load());
+  http::PromGauge(out, "weir_http_response_bytes_unwritten",
+                  "Bytes of HTTP responses queued for clients and not yet written (--http-max-unwritten-mib)",
+                  static_cast<double>(m.unwritten_bytes.load()));
   http::PromCounter(out, "weir_http_rejected_connections_total", "HTTP connections closed over --http-max-connections",
                     m.rejected_connections.load());
   http::PromCounter(out, "weir_http2_connections_total", "HTTP connections that spoke HTTP/2",
@@ -520,6 +523,7 @@ int RunServe(const ServeOptions& o) {
   so.io_threads = o.http_threads;
   so.worker_threads = o.worker_threads;
   so.max_in_flight_bytes = o.http_max_in_flight_mib << 20;
+  so.max_unwritten_bytes = o.http_max_unwritten_mib << 20;
   so.max_connections = o.http_max_connections;
   so.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.http_stall_timeout_s * 1000));
 

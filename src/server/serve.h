@@ -41,6 +41,7 @@ struct ServeOptions {
   int http_threads = 2;
   int worker_threads = 8;
   size_t http_max_in_flight_mib = 512;  // request bodies read and not yet answered
+  size_t http_max_unwritten_mib = 512;  // responses queued and not yet written (reads size to what is left)
   size_t http_max_connections = 4096;
   double http_stall_timeout_s = 60;  // a body not whole, or a response not taken, this long after it began
   // Kafka listener ("" = off) and the address given to clients in Metadata

@@ -904,6 +904,62 @@ class AckBacklogTest(unittest.TestCase):
         self.assertEqual(tail(), n)
 
 
+class ResponseRoomTest(unittest.TestCase):
+    def test_reads_wait_for_room_among_responses_clients_have_not_read(self):
+        """--http-max-unwritten-mib 1: answers an HTTP/2 client does not read
+        (its windows shut) hold that room. A read takes at most half of what
+        is left; with little left it waits, up to 5 s, then gets a retriable
+        503; once the room comes back it is served."""
+        server = WeirServer(WEIR, args=["--kafka-addr", "", "--http-max-unwritten-mib", "1"]).start()
+        self.addCleanup(server.cleanup)
+        base = server.base_url
+        requests.post(f"{base}/v1/streams", json={"stream": "big"}, timeout=TIMEOUT).raise_for_status()
+        for _ in range(12):  # about 2.4 MB
+            r = requests.post(f"{base}/v1/streams/big/records", json={"records": [{"body": "x" * 1000}] * 200},
+                              timeout=TIMEOUT)
+            r.raise_for_status()
+        # Reads on a connection whose client reads nothing (no frame of it is
+        # even taken in: its windows stay at 64 KiB), one at a time, until
+        # one finds too little room and waits.
+        stuck = H2Client(server.port)
+        try:
+            while metric(base, "weir_http_read_room_waits_total") < 1:
+                self.assertLess(len(stuck.streams), 20, "no read ever waited for room")
+                stuck.request("GET", "/v1/streams/big/records?seq_num=0")
+                time.sleep(0.2)
+            self.assertGreater(metric(base, "weir_http_response_bytes_unwritten"), 512 << 10)
+            # Nothing goes while it holds them: a read waits, then is told to retry.
+            r = requests.get(f"{base}/v1/streams/big/records", params={"seq_num": 0}, timeout=TIMEOUT)
+            self.assertEqual((r.status_code, r.json()["code"]), (503, "unavailable"), r.text)
+            self.assertEqual(r.headers.get("Retry-After"), "1")
+            # A read waiting when they go is served.
+            waits = metric(base, "weir_http_read_room_waits_total")
+            got = {}
+
+            def read():
+                got["r"] = requests.get(f"{base}/v1/streams/big/records", params={"seq_num": 0}, timeout=TIMEOUT)
+            t = threading.Thread(target=read)
+            t.start()
+            wait_for_metric(base, "weir_http_read_room_waits_total", waits + 1)
+        finally:
+            stuck.close()
+        t.join(TIMEOUT)
+        self.assertFalse(t.is_alive())
+        r = got["r"]
+        self.assertEqual(r.status_code, 200, r.text)
+        records = r.json()["records"]
+        self.assertEqual(records[0]["seq_num"], 0)
+        # Cut to half the room at most (512 KiB of 1,008-byte records, where
+        # the read's own limits allow 1,000).
+        self.assertLessEqual(len(records), (512 << 10) // 1008)
+        # The closed connection's answers count no more.
+        deadline = time.monotonic() + TIMEOUT
+        while metric(base, "weir_http_response_bytes_unwritten") > 0:
+            self.assertLess(time.monotonic(), deadline, "a closed connection's answers still count")
+            time.sleep(0.05)
+        server.stop()
+
+
 class DrainTest(unittest.TestCase):
     def test_sigterm_ends_an_open_append_session_with_server_draining(self):
         server = WeirServer(WEIR).start()
