@@ -107,8 +107,8 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       "Memory (MiB) for HTTP request bodies read and not yet answered, all connections; more wait unread")
       ->check(CLI::Range(1, 1 << 20));
   opt("--http-max-unwritten-mib", o.http_max_unwritten_mib,
-      "Memory (MiB) for HTTP responses queued and not yet written, all connections; reads are cut to what is "
-      "left, or wait")
+      "Memory (MiB) for HTTP responses queued and not yet written, all connections (each at most a sixteenth, at "
+      "least 1 MiB); a read takes at most half of what is left, or waits")
       ->check(CLI::Range(1, 1 << 20));
   opt("--http-max-connections", o.http_max_connections, "Open HTTP connections; more are closed on accept")
       ->check(CLI::Range(1, 1 << 20));

@@ -493,9 +493,11 @@ bool SameCreation(log::Engine* engine, const std::string& key, const std::string
 
 constexpr auto kTombstoneLife = std::chrono::seconds(60);
 // A read needs this much response room (Exchange::ResponseRoom) to go on; with
-// less it looks again every kRoomPoll, for up to kRoomWaitLimit.
+// less it looks again after kRoomPoll, then twice as long each time up to
+// kRoomPollMax, for up to kRoomWaitLimit.
 constexpr size_t kMinReadRoom = 128 << 10;
 constexpr auto kRoomPoll = std::chrono::milliseconds(20);
+constexpr auto kRoomPollMax = std::chrono::milliseconds(100);
 constexpr auto kRoomWaitLimit = std::chrono::seconds(5);
 constexpr size_t kMaxTombstones = 10000;
 
@@ -1876,13 +1878,17 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (exhausted && started_) return Done();
     if (exhausted) max_records = 1;
     if (!exhausted) {
-      // Responses clients have not read yet share --http-max-unwritten-mib:
-      // a read takes at most half of what is left (its JSON may be a third
-      // larger than the records), and with little left it waits.
+      // Responses clients have not read yet share --http-max-unwritten-mib
+      // (and each connection a share of it): a read takes at most half of
+      // what is left (its JSON may be a third larger than the records), and
+      // with little left it waits; but a long poll whose time is up, or a
+      // read during a drain, answers now (with at least one record).
       const size_t room = c_.ex->ResponseRoom();
-      if (room < kMinReadRoom) return WaitForRoom();
+      const bool answer_now = !sse_ && (api_->draining_ || (polling_ && Now() >= deadline()));
+      if (room < kMinReadRoom && !answer_now) return WaitForRoom();
       room_wait_since_.reset();
-      max_bytes = std::min(max_bytes, room / 2);
+      room_poll_ = kRoomPoll;
+      max_bytes = std::min(max_bytes, std::max<size_t>(room / 2, 1));
     }
     if (!started_ && p_.start.kind == log::ReadStart::kTimestamp && !p_.clamp) {
       // As S2: a start timestamp past the tail's is unsatisfiable too.
@@ -2041,8 +2047,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       if (!started_) return c_.Error(503, "unavailable", message, {{"Retry-After", "1"}});
       return Finish(Unavailable("{}", message));
     }
+    // Looks again sooner at first, then less often (up to 10 times a
+    // second): many reads may wait at once.
     auto self = shared_from_this();
-    c_.ex->After(kRoomPoll, [self] { self->Step(); });
+    c_.ex->After(room_poll_, [self] { self->Step(); });
+    room_poll_ = std::min<Duration>(room_poll_ * 2, kRoomPollMax);
   }
 
   // S2S: a batch of no records, with the tail; SSE: a ping with the tail.
@@ -2248,6 +2257,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   bool sse_;  // a session: SSE or S2S
   bool s2s_;
   std::optional<TimePoint> room_wait_since_;  // this step has waited for response room since
+  Duration room_poll_ = kRoomPoll;            // its next look, after that
   int s2s_compression_ = 0;  // of S2S batch frames: 0 none, 1 zstd, 2 gzip
   bool started_ = false;  // session headers sent (steps run one at a time)
   std::optional<uint64_t> stream_id_;  // the stream the first read found (Engine::Read pins it)

@@ -88,20 +88,25 @@ constexpr size_t kMaxReadBufferBytes = 1u << 20;
 constexpr size_t kRefuseHeadMinBody = 64 * 1024;
 
 // Response bytes a connection holds for its client, counted in
-// HttpServerMetrics::unwritten_bytes for as long as it holds them: whatever
-// path drops them (written, a reset stream, a closed connection) gives them
-// back. Owned by what holds the bytes; moved, never copied.
+// HttpServerMetrics::unwritten_bytes and in the connection's own count for
+// as long as it holds them: whatever path drops them (written, a reset
+// stream, a closed connection) gives them back. Owned by what holds the
+// bytes; moved, never copied.
 class Charge {
  public:
   Charge() = default;
-  Charge(std::atomic<int64_t>* counter, size_t n) : counter_(counter), n_(static_cast<int64_t>(n)) {
-    *counter_ += n_;
+  Charge(std::atomic<int64_t>* total, std::atomic<int64_t>* conn, size_t n)
+      : total_(total), conn_(conn), n_(static_cast<int64_t>(n)) {
+    *total_ += n_;
+    *conn_ += n_;
   }
-  Charge(Charge&& o) noexcept : counter_(std::exchange(o.counter_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Charge(Charge&& o) noexcept
+      : total_(std::exchange(o.total_, nullptr)), conn_(std::exchange(o.conn_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   Charge& operator=(Charge&& o) noexcept {
     if (this != &o) {
       Reset();
-      counter_ = std::exchange(o.counter_, nullptr);
+      total_ = std::exchange(o.total_, nullptr);
+      conn_ = std::exchange(o.conn_, nullptr);
       n_ = std::exchange(o.n_, 0);
     }
     return *this;
@@ -112,11 +117,15 @@ class Charge {
 
  private:
   void Reset() {
-    if (counter_) *counter_ -= n_;
-    counter_ = nullptr;
+    if (total_) {
+      *total_ -= n_;
+      *conn_ -= n_;
+    }
+    total_ = conn_ = nullptr;
     n_ = 0;
   }
-  std::atomic<int64_t>* counter_ = nullptr;
+  std::atomic<int64_t>* total_ = nullptr;
+  std::atomic<int64_t>* conn_ = nullptr;
   int64_t n_ = 0;
 };
 
@@ -182,6 +191,9 @@ class ConnBase {
   // stream is open (at once if none is). HTTP/1.1 needs nothing: its
   // answers say `Connection: close` from now on. Any thread.
   virtual void Drain() {}
+  // This connection's share of unwritten_bytes (its Charges; a base member,
+  // so it outlives them).
+  std::atomic<int64_t> unwritten{0};
 };
 
 class Conn;
@@ -319,8 +331,8 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
       return;
     }
     const size_t n = bytes.size();
-    out_.push_back(
-        Out{std::move(bytes), std::move(then), response_done, keep_alive, Charge(&srv_->metrics.unwritten_bytes, n)});
+    out_.push_back(Out{std::move(bytes), std::move(then), response_done, keep_alive,
+                       Charge(&srv_->metrics.unwritten_bytes, &unwritten, n)});
     if (!writing_) WriteNext();
   }
 
@@ -547,6 +559,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     Out done = std::move(out_.front());
     out_.pop_front();
     if (closed_) return;  // Shutdown ran during the write and answered the rest
+    done.charge = Charge();  // written (or not to be): room before `then` looks for it
     if (ec) {
       if (done.then) done.then(false);
       return Fail(ec);
@@ -626,7 +639,10 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
 // worker pool.
 class ExchangeBase : public Exchange {
  public:
-  ExchangeBase(HttpServer::Impl* srv, size_t reserved) : srv_(srv), reserved_(reserved) { srv_->in_flight++; }
+  ExchangeBase(HttpServer::Impl* srv, size_t reserved, const std::atomic<int64_t>* conn_unwritten)
+      : srv_(srv), reserved_(reserved), conn_unwritten_(conn_unwritten) {
+    srv_->in_flight++;
+  }
 
   void After(Duration delay, std::function<void()> fn) override {
     auto timer = std::make_shared<net::steady_timer>(srv_->ioc, delay);
@@ -635,10 +651,16 @@ class ExchangeBase : public Exchange {
   }
 
   void Post(std::function<void()> fn) override { net::post(srv_->workers, std::move(fn)); }
+  // The server's room, and the connection's: a client that reads slowly
+  // holds up its own reads before everyone's.
   size_t ResponseRoom() const override {
-    const int64_t used = std::max<int64_t>(srv_->metrics.unwritten_bytes.load(), 0);
+    auto left = [](int64_t used, size_t budget) {
+      const auto u = static_cast<size_t>(std::max<int64_t>(used, 0));
+      return u >= budget ? 0 : budget - u;
+    };
     const size_t budget = srv_->options.max_unwritten_bytes;
-    return static_cast<size_t>(used) >= budget ? 0 : budget - static_cast<size_t>(used);
+    return std::min(left(srv_->metrics.unwritten_bytes.load(), budget),
+                    left(conn_unwritten_->load(), ConnectionUnwrittenBudget(budget)));
   }
   // HTTP/1.1: no later request of the connection comes meanwhile.
   std::shared_ptr<SuspendedWork> SuspendInOrder() override {
@@ -662,6 +684,7 @@ class ExchangeBase : public Exchange {
 
   HttpServer::Impl* srv_;
   const size_t reserved_;
+  const std::atomic<int64_t>* conn_unwritten_;  // its connection's (which the exchange keeps)
   std::atomic<bool> answered_{false};
   std::atomic<bool> finished_{false};
   std::atomic<bool> streaming_{false};
@@ -674,7 +697,7 @@ class ExchangeImpl : public ExchangeBase {
  public:
   ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved, bool head_only,
                bool http10)
-      : ExchangeBase(srv, reserved),
+      : ExchangeBase(srv, reserved, &conn->unwritten),
         conn_(std::move(conn)),
         keep_alive_(keep_alive),
         head_only_(head_only),
@@ -1130,7 +1153,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       queued_bytes_ += r.body.size();
       st->moved_at = Now();
       const size_t n = r.body.size();
-      st->out.push_back(Chunk{std::move(r.body), nullptr, Charge(&srv_->metrics.unwritten_bytes, n)});
+      st->out.push_back(Chunk{std::move(r.body), nullptr, Charge(&srv_->metrics.unwritten_bytes, &unwritten, n)});
     }
     st->eof = true;
   }
@@ -1376,7 +1399,11 @@ class H2Exchange : public ExchangeBase {
  public:
   H2Exchange(std::shared_ptr<H2Conn> conn, int32_t id, std::shared_ptr<std::atomic<bool>> gone,
              HttpServer::Impl* srv, size_t reserved, std::shared_ptr<std::atomic<int>> live)
-      : ExchangeBase(srv, reserved), conn_(std::move(conn)), id_(id), gone_(std::move(gone)), live_(std::move(live)) {
+      : ExchangeBase(srv, reserved, &conn->unwritten),
+        conn_(std::move(conn)),
+        id_(id),
+        gone_(std::move(gone)),
+        live_(std::move(live)) {
     ++*live_;
   }
   bool sequential() const override { return false; }
@@ -1509,7 +1536,7 @@ void H2Conn::Write(int32_t id, std::string chunk, std::function<void(bool)> then
   queued_bytes_ += chunk.size();
   if (st->out.empty()) st->moved_at = Now();
   const size_t n = chunk.size();
-  st->out.push_back(Chunk{std::move(chunk), std::move(then), Charge(&srv_->metrics.unwritten_bytes, n)});
+  st->out.push_back(Chunk{std::move(chunk), std::move(then), Charge(&srv_->metrics.unwritten_bytes, &unwritten, n)});
   Resume(st);
   Flush();
 }

@@ -95,11 +95,12 @@ class Exchange {
   virtual std::shared_ptr<SuspendedWork> SuspendInOrder() = 0;
   // The connection is gone: further writes are dropped.
   virtual bool closed() const = 0;
-  // Bytes of responses the server may still queue, over all connections,
-  // before ServerOptions::max_unwritten_bytes (what clients have not read
-  // yet): a handler building a large response makes it fit, or waits. A
-  // hint, read without locks: handlers building at once may together pass
-  // the budget by what each builds.
+  // Bytes of responses the server may still queue before
+  // ServerOptions::max_unwritten_bytes over all connections, or this
+  // connection's share of it (ConnectionUnwrittenBudget), whichever is
+  // less (what clients have not read yet): a handler building a large
+  // response makes it fit, or waits. A hint, read without locks: handlers
+  // building at once may together pass the budget by what each builds.
   virtual size_t ResponseRoom() const { return SIZE_MAX; }
   // For a body streamed to a BodySink (HTTP/2): `n` more of its bytes are
   // dealt with, so the client may send `n` more (flow control). The sink
@@ -166,6 +167,13 @@ class Handler {
     return nullptr;
   }
 };
+
+// One connection's share of ServerOptions::max_unwritten_bytes: a sixteenth,
+// at least 1 MiB (and never more than the whole), so that clients that read
+// slowly hold up their own reads first.
+inline size_t ConnectionUnwrittenBudget(size_t total) {
+  return std::min(total, std::max<size_t>(total / 16, size_t{1} << 20));
+}
 
 // Concurrent streams an HTTP/2 client may open on one connection.
 inline constexpr uint32_t kMaxHttp2Streams = 100;

@@ -906,11 +906,12 @@ class AckBacklogTest(unittest.TestCase):
 
 class ResponseRoomTest(unittest.TestCase):
     def test_reads_wait_for_room_among_responses_clients_have_not_read(self):
-        """--http-max-unwritten-mib 1: answers an HTTP/2 client does not read
-        (its windows shut) hold that room. A read takes at most half of what
-        is left; with little left it waits, up to 5 s, then gets a retriable
-        503; once the room comes back it is served."""
-        server = WeirServer(WEIR, args=["--kafka-addr", "", "--http-max-unwritten-mib", "1"]).start()
+        """--http-max-unwritten-mib 2: answers HTTP/2 clients do not read (their
+        windows shut) hold that room, each connection at most 1 MiB of it. A
+        read takes at most half of what is left; with little left it waits, up
+        to 5 s, then gets a retriable 503; once room comes back it is served.
+        A connection that holds its share waits alone."""
+        server = WeirServer(WEIR, args=["--kafka-addr", "", "--http-max-unwritten-mib", "2"]).start()
         self.addCleanup(server.cleanup)
         base = server.base_url
         requests.post(f"{base}/v1/streams", json={"stream": "big"}, timeout=TIMEOUT).raise_for_status()
@@ -918,17 +919,41 @@ class ResponseRoomTest(unittest.TestCase):
             r = requests.post(f"{base}/v1/streams/big/records", json={"records": [{"body": "x" * 1000}] * 200},
                               timeout=TIMEOUT)
             r.raise_for_status()
-        # Reads on a connection whose client reads nothing (no frame of it is
-        # even taken in: its windows stay at 64 KiB), one at a time, until
-        # one finds too little room and waits.
-        stuck = H2Client(server.port)
+        read_path = "/v1/streams/big/records?seq_num=0"
+        unwritten = lambda: metric(base, "weir_http_response_bytes_unwritten")
+        # An answer its client does not take in counts until its stream is reset.
+        alone = H2Client(server.port)
+        self.addCleanup(alone.close)
+        sid = alone.request("GET", read_path)
+        wait_for_metric(base, "weir_http_response_bytes_unwritten", 256 << 10)
+        alone.reset(sid)
+        deadline = time.monotonic() + TIMEOUT
+        while unwritten() > 0:
+            self.assertLess(time.monotonic(), deadline, "a reset stream's answer still counts")
+            time.sleep(0.05)
+        # Reads on a connection whose client takes in nothing (its windows
+        # stay at 64 KiB), one at a time, until one finds too little room in
+        # the connection's share and waits.
+        stuck = [H2Client(server.port)]
         try:
+            stuck[0].request("GET", read_path)
             while metric(base, "weir_http_read_room_waits_total") < 1:
-                self.assertLess(len(stuck.streams), 20, "no read ever waited for room")
-                stuck.request("GET", "/v1/streams/big/records?seq_num=0")
+                self.assertLess(len(stuck[0].streams), 20, "no read ever waited for room")
                 time.sleep(0.2)
-            self.assertGreater(metric(base, "weir_http_response_bytes_unwritten"), 512 << 10)
-            # Nothing goes while it holds them: a read waits, then is told to retry.
+                stuck[0].request("GET", read_path)
+            held = unwritten()
+            self.assertGreater(held, 768 << 10)
+            # Other connections still read: the server's room is not used up.
+            r = requests.get(f"{base}/v1/streams/big/records", params={"seq_num": 0}, timeout=TIMEOUT)
+            self.assertEqual(r.status_code, 200, r.text)
+            # More such connections, until the server's room is used up.
+            while unwritten() < (2 << 20) - (128 << 10):
+                self.assertLess(len(stuck), 8, "the server's room was never used up")
+                stuck.append(H2Client(server.port))
+                for _ in range(6):
+                    stuck[-1].request("GET", read_path)
+                    time.sleep(0.2)
+            # A read now waits, then is told to retry.
             r = requests.get(f"{base}/v1/streams/big/records", params={"seq_num": 0}, timeout=TIMEOUT)
             self.assertEqual((r.status_code, r.json()["code"]), (503, "unavailable"), r.text)
             self.assertEqual(r.headers.get("Retry-After"), "1")
@@ -942,19 +967,20 @@ class ResponseRoomTest(unittest.TestCase):
             t.start()
             wait_for_metric(base, "weir_http_read_room_waits_total", waits + 1)
         finally:
-            stuck.close()
+            for client in stuck:
+                client.close()
         t.join(TIMEOUT)
         self.assertFalse(t.is_alive())
         r = got["r"]
         self.assertEqual(r.status_code, 200, r.text)
         records = r.json()["records"]
         self.assertEqual(records[0]["seq_num"], 0)
-        # Cut to half the room at most (512 KiB of 1,008-byte records, where
-        # the read's own limits allow 1,000).
+        # Cut to half its connection's room at most (512 KiB of 1,008-byte
+        # records, where the read's own limits allow 1,000).
         self.assertLessEqual(len(records), (512 << 10) // 1008)
-        # The closed connection's answers count no more.
+        # The closed connections' answers count no more.
         deadline = time.monotonic() + TIMEOUT
-        while metric(base, "weir_http_response_bytes_unwritten") > 0:
+        while unwritten() > 0:
             self.assertLess(time.monotonic(), deadline, "a closed connection's answers still count")
             time.sleep(0.05)
         server.stop()
