@@ -1884,7 +1884,13 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       // with little left it waits; but a long poll whose time is up, or a
       // read during a drain, answers now (with at least one record).
       const size_t room = c_.ex->ResponseRoom();
-      const bool answer_now = !sse_ && (api_->draining_ || (polling_ && Now() >= deadline()));
+      bool answer_now = !sse_ && (api_->draining_ || (polling_ && Now() >= deadline()));
+      if (room < kMinReadRoom && !answer_now && p_.start.kind == log::ReadStart::kOffset) {
+        // Nothing to send yet (a session or long poll at the tail): it
+        // waits at the tail as usual, not for room.
+        auto tail = api_->engine_->CheckTail(c_.basin, stream_);
+        answer_now = tail.ok() && p_.start.value >= *tail;
+      }
       if (room < kMinReadRoom && !answer_now) return WaitForRoom();
       room_wait_since_.reset();
       room_poll_ = kRoomPoll;
@@ -2042,8 +2048,8 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     }
     if (Now() - *room_wait_since_ >= kRoomWaitLimit) {
       const std::string message = fmt::format(
-          "responses its clients have not read yet fill the server's room for them (--http-max-unwritten-mib); "
-          "retry");
+          "responses not yet read by their clients fill the room for them (this connection's share of "
+          "--http-max-unwritten-mib, or all of it); retry");
       if (!started_) return c_.Error(503, "unavailable", message, {{"Retry-After", "1"}});
       return Finish(Unavailable("{}", message));
     }
