@@ -911,6 +911,20 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     if (ready_ && !pumping_ && (!acks_stalled_ || failed_)) EndOfInput();
   }
 
+  // The server holds too many request bytes to take more of this input:
+  // the session ends with `answer` (429) after the acks of what it took.
+  void OnRefused(Response answer) override {
+    std::lock_guard lk(in_mu_);
+    if (failed_ || poisoned_) return;
+    if (!ready_) {
+      failed_ = true;  // Ready answers it
+      refusal_ = std::move(answer);
+      Discard();
+      return;
+    }
+    Fail(std::move(answer));
+  }
+
   // The server drains: no more input; the session ends with 503
   // server_draining (S2's SDKs reconnect on it) after the acks of what it
   // took.
@@ -940,7 +954,8 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
 
   void Ready(bool on_io_thread) {
     std::unique_lock lk(in_mu_);
-    if (failed_) {  // drained (or the client left) while the stream was being created
+    if (failed_) {  // refused, drained (or the client left) while the stream was being created
+      if (refusal_) return c_.Send(std::move(*refusal_));
       c_.Send(Ctx::ErrorResponse(503, "server_draining", "the server is shutting down", {{"Retry-After", "1"}}));
       return;
     }
@@ -1366,6 +1381,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   size_t whole_ = 0;  // buf_[0, whole_) holds whole frames (in_mu_)
   bool ready_ = false, failed_ = false, input_ended_ = false, counted_ = false;  // in_mu_
   bool pumping_ = false;  // a thread is submitting buf_'s frames (in_mu_)
+  std::optional<Response> refusal_;  // OnRefused before Ready: Ready's answer (in_mu_)
   // What a new stream answers the first input, when it would refuse it (set
   // and read by Open's worker, in CheckFirstInput and Refuse).
   std::optional<log::AppendOutcome> first_refused_;

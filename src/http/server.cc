@@ -893,9 +893,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     size_t header_bytes = 0;
     bool head_done = false;
     bool dropping = false;  // the body is not wanted (answered already)
-    size_t reserved = 0;    // budget held by a buffered body not yet dispatched
+    size_t reserved = 0;    // budget held by a buffered body not yet dispatched, or by a sink's bytes
     std::shared_ptr<BodySink> sink;
     bool sink_ended = false;
+    bool sink_refused = false;  // over the budget: the sink takes no more
     bool responded = false;
     std::deque<Chunk> out;  // response data not yet handed to nghttp2
     size_t out_offset = 0;  // into out.front()
@@ -970,13 +971,25 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   static int OnData(nghttp2_session*, uint8_t, int32_t id, const uint8_t* data, size_t len, void* user) {
     auto* self = static_cast<H2Conn*>(user);
     H2Stream* st = self->Find(id);
-    bool to_sink = st && st->head_done && !st->dropping && st->sink && !st->sink_ended;
+    bool to_sink = st && st->head_done && !st->dropping && st->sink && !st->sink_ended && !st->sink_refused;
     self->Consume(id, len, /*stream_level=*/!to_sink);  // a sink gives its bytes back itself
     if (!st || !st->head_done || st->dropping) return 0;
     self->last_activity_ = Now();
     std::string_view bytes(reinterpret_cast<const char*>(data), len);
     if (st->sink) {
-      if (!st->sink_ended) {
+      if (to_sink) {
+        // Held by the sink until it gives them back (ConsumeBody).
+        if (!self->srv_->budget.TryReserve(len, st->reserved)) {
+          self->srv_->metrics.budget_refusals++;
+          st->sink_refused = true;
+          st->partial_since.reset();
+          self->Consume(id, len, /*stream_level=*/true, /*connection_level=*/false);
+          st->sink->OnRefused(Response{429, "application/json",
+                                       ErrorBody("rate_limited", "the server holds too many request bodies; retry"),
+                                       {{"retry-after", "1"}}});
+          return 0;
+        }
+        st->reserved += len;
         st->sink->OnData(bytes);
         // Progress: a frame still in part counts from its latest bytes.
         if (st->sink->HoldsPartialInput()) {
@@ -1128,7 +1141,12 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
  public:
   // Strand only: a sink gave back `n` bytes of stream `id`.
   void ConsumeBody(int32_t id, size_t n) {
-    if (closed_ || !Find(id)) return;
+    H2Stream* st = closed_ ? nullptr : Find(id);
+    if (!st) return;  // Drop gave the budget back
+    if (const size_t r = std::min(n, st->reserved); r > 0) {
+      srv_->budget.Release(r);
+      st->reserved -= r;
+    }
     Consume(id, n, /*stream_level=*/true, /*connection_level=*/false);
     Flush();
   }

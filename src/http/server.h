@@ -20,8 +20,9 @@
 // before 100 Continue); a request alone is always admitted. At most
 // max_connections are open; more are closed on accept. HTTP/2 request bodies
 // take from the same budget as they arrive; a body that does not fit gets 429
-// (Retry-After) instead of waiting. A body streamed to a BodySink is the
-// handler's to bound. Response bytes queued for clients and not yet written
+// (Retry-After) instead of waiting. A body streamed to a BodySink takes from
+// it too, from arrival until the sink gives the bytes back; bytes that do
+// not fit end the sink's response (BodySink::OnRefused). Response bytes queued for clients and not yet written
 // count against max_unwritten_bytes, all connections together: a handler
 // building a large response (a read) sizes it to Exchange::ResponseRoom.
 #pragma once
@@ -129,6 +130,12 @@ class BodySink {
   // The body ended: `complete` if the client finished it; otherwise the
   // stream was reset or the connection closed (the response cannot arrive).
   virtual void OnEnd(bool complete) = 0;
+  // The server takes no more of the body: bytes that arrived do not fit
+  // ServerOptions::max_in_flight_bytes (a sink's bytes count from arrival
+  // until it gives them back). `answer` is a 429 for the sink to end its
+  // response with, after what it answers already. No OnData follows (the
+  // server drops the rest); OnEnd still does.
+  virtual void OnRefused(Response answer) = 0;
   // Whether bytes it took wait for more to make a whole unit (an S2S frame):
   // such a wait is bounded by the stall timeout, as a body's is.
   virtual bool HoldsPartialInput() { return false; }

@@ -571,6 +571,56 @@ class RefusedBodyTest(unittest.TestCase):
             self.assertEqual(json.loads(h2c.wait_end(sid)["data"])["code"], "request_too_large")
 
 
+class InputBudgetTest(unittest.TestCase):
+    def test_session_input_counts_against_the_request_budget(self):
+        # S2S input a session holds (here half frames, which it keeps until
+        # whole) counts against --http-max-in-flight-mib with request
+        # bodies: once it would pass it, the session that sent the bytes
+        # ends with a terminal 429 after the acks of what it took.
+        server = WeirServer(WEIR, args=["--http-max-in-flight-mib", "4"]).start()
+        self.addCleanup(server.cleanup)
+        stream = unique("budget")
+        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        h2c = H2Client(server.port)
+        self.addCleanup(h2c.close)
+        path = f"/v1/streams/{stream}/records"
+        ctype = [("content-type", "s2s/proto")]
+        held = 1_500_000
+        half = (2_000_000).to_bytes(3, "big") + b"\0" * (held - 3)  # never whole
+        a = h2c.request("POST", path, ctype, body=half, end=False)
+        b = h2c.request("POST", path, ctype, body=half, end=False)
+        wait_for_metric(server.base_url, "weir_http_request_bytes_in_flight", 2 * held)
+        # A third session: one whole input (acked), then half a frame that
+        # does not fit beside the two held.
+        c = h2c.request("POST", path, ctype, body=frame(pb_append_input([pb_append_record(b"taken")])), end=False)
+        self.assertEqual(len(h2c.wait_frames(c, 1)), 1)
+        h2c.send(c, half)
+        frames, _ = parse_frames(h2c.wait_end(c)["data"])
+        self.assertEqual(len(frames), 2, frames)
+        self.assertIsNone(terminal(*frames[0]))
+        t = terminal(*frames[1])
+        self.assertEqual((t[0], t[1]["code"]), (429, "rate_limited"), t)
+        self.assertGreaterEqual(metric(server.base_url, "weir_http_request_budget_refusals_total"), 1)
+        # The sessions holding input are untouched, and give it back when reset.
+        self.assertFalse(h2c.streams[a]["ended"] or h2c.streams[b]["ended"])
+        h2c.reset(a)
+        h2c.reset(b)
+        deadline = time.monotonic() + TIMEOUT
+        while metric(server.base_url, "weir_http_request_bytes_in_flight") > 0:
+            self.assertLess(time.monotonic(), deadline, "the budget was not given back")
+            time.sleep(0.05)
+        # With room again, a session takes a large input.
+        d = h2c.request("POST", path, ctype, body=frame(pb_append_input([pb_append_record(b"y" * 1_000_000)])),
+                        end=True)
+        frames, _ = parse_frames(h2c.wait_end(d)["data"])
+        self.assertEqual(len(frames), 1, frames)
+        self.assertIsNone(terminal(*frames[0]))
+        r = requests.get(f"{server.base_url}/v1/streams/{stream}/records", params={"seq_num": 0},
+                         headers={"s2-format": "base64"}, timeout=TIMEOUT)
+        self.assertEqual(len(r.json()["records"]), 2, r.text[:200])
+        self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
+
+
 class StallTest(unittest.TestCase):
     """--http-stall-timeout-s on HTTP/2: a body that never ends, and response
     data the client's window never lets through, are not held for ever."""
