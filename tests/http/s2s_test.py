@@ -620,6 +620,34 @@ class InputBudgetTest(unittest.TestCase):
         self.assertEqual(len(r.json()["records"]), 2, r.text[:200])
         self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
 
+    def test_an_http2_body_over_the_budget_gets_429_at_once(self):
+        # Plain HTTP/2 bodies take from the same budget as they arrive: one
+        # that does not fit beside those held is answered 429 at once (the
+        # connection's other streams go on), and its bytes are let go.
+        server = WeirServer(WEIR, args=["--http-max-in-flight-mib", "4"]).start()
+        self.addCleanup(server.cleanup)
+        stream = unique("budget")
+        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        h2c = H2Client(server.port)
+        self.addCleanup(h2c.close)
+        path = f"/v1/streams/{stream}/records"
+        json_type = [("content-type", "application/json")]
+        body = json.dumps({"records": [{"body": "z" * 1_000_000}]}).encode()  # about 1 MB
+        held = [h2c.request("POST", path, json_type, body=body, end=False) for _ in range(2)]
+        wait_for_metric(server.base_url, "weir_http_request_bytes_in_flight", 2 * len(body))
+        over = h2c.request("POST", path, json_type, body=b"[" * 2_500_000, end=False)
+        st = h2c.wait_end(over)
+        self.assertEqual(st["status"], 429, st)
+        self.assertEqual(json.loads(st["data"])["code"], "rate_limited")
+        self.assertEqual(st["headers"].get("retry-after"), "1")
+        self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 2 * len(body))
+        # The held bodies, finished, are appended.
+        for sid in held:
+            h2c.end(sid)
+        for sid in held:
+            self.assertEqual(h2c.wait_end(sid)["status"], 200)
+        self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
+
 
 class StallTest(unittest.TestCase):
     """--http-stall-timeout-s on HTTP/2: a body that never ends, and response
