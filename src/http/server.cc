@@ -198,6 +198,26 @@ class ConnBase {
 
 class Conn;
 
+// A request begun and not yet handed to the handler: its body is still
+// arriving, or waits for the budget. It counts in HttpServer::in_flight(),
+// so a drain waits for it to arrive and be answered (503 server_draining)
+// instead of closing it unanswered. Owned by the connection reading it (I/O
+// thread); gone once the request is dispatched or dropped.
+class Receiving {
+ public:
+  explicit Receiving(std::atomic<int64_t>* count) : count_(count) { ++*count_; }
+  Receiving(Receiving&& other) noexcept : count_(std::exchange(other.count_, nullptr)) {}
+  ~Receiving() {
+    if (count_) --*count_;
+  }
+  Receiving(const Receiving&) = delete;
+  Receiving& operator=(const Receiving&) = delete;
+  Receiving& operator=(Receiving&&) = delete;
+
+ private:
+  std::atomic<int64_t>* count_;
+};
+
 }  // namespace
 
 class HttpServer::Impl {
@@ -238,6 +258,7 @@ class HttpServer::Impl {
   // handlers still count and release into these.
   HttpServerMetrics metrics;
   std::atomic<int64_t> in_flight{0};
+  std::atomic<int64_t> receiving{0};  // requests whose body is still arriving (Receiving)
   // Set once Stop joined `workers`: suspended work dropped later (with the
   // io_context's pending timers) posts nothing.
   std::atomic<bool> workers_joined{false};
@@ -403,6 +424,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
       }
     }
     if (want == 0) return ReadBody();
+    receiving_.emplace(&srv_->receiving);
     if (srv_->budget.ReserveOrWait(shared_from_this(), want)) {
       reserved_ = want;
       ReadBody();
@@ -441,6 +463,8 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
 
   // `sized`: the body is in body_; otherwise the parser holds it.
   void OnBody(beast::error_code ec, bool sized) {
+    // Counted until this returns: the answer (or the dispatch) counts next.
+    std::optional<Receiving> receiving = std::exchange(receiving_, std::nullopt);
     if (ec) ReleaseReserved();  // not dispatched: the body is dropped
     if (ec == bhttp::error::body_limit) {
       return Reject(413, "request_too_large",
@@ -619,6 +643,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::string body_;  // a sized request body being read
   size_t reserved_ = 0;  // budget held for the request being read, until Dispatch hands it on
+  std::optional<Receiving> receiving_;  // a body is being read (or waits for the budget)
   std::deque<Out> out_;
   bool writing_ = false;
   size_t front_sent_ = 0;  // bytes of out_.front() written
@@ -897,6 +922,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     std::shared_ptr<BodySink> sink;
     bool sink_ended = false;
     bool sink_refused = false;  // over the budget: the sink takes no more
+    std::optional<Receiving> receiving;  // the head is read, the body not yet whole
     bool responded = false;
     std::deque<Chunk> out;  // response data not yet handed to nghttp2
     size_t out_offset = 0;  // into out.front()
@@ -1085,7 +1111,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       Refuse(st, std::move(*refused));
       return;
     }
-    if (!srv_->handler->WantsBodyStream(st->req)) return;  // the body is read whole
+    if (!srv_->handler->WantsBodyStream(st->req)) {  // the body is read whole
+      st->receiving.emplace(&srv_->receiving);  // BodyDone follows at once when there is none
+      return;
+    }
     Request head = std::move(st->req);
     st->req = Request{};
     auto sink = srv_->handler->OpenBodyStream(std::move(head), MakeExchange(st, 0));
@@ -1110,6 +1139,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     Request req = std::move(st->req);
     st->req = Request{};
     DropUnusedBody(req, st->reserved, srv_->budget);
+    // Counted until the exchange counts it.
+    std::optional<Receiving> receiving = std::exchange(st->receiving, std::nullopt);
     srv_->handler->Handle(std::move(req), MakeExchange(st, std::exchange(st->reserved, 0)));
   }
 
@@ -1156,6 +1187,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   // Answers now and drops the rest of the body.
   int Refuse(H2Stream* st, Response r) {
     st->dropping = true;
+    st->receiving.reset();
     // The body taken so far goes with its budget: the stream may stay open
     // (its answer waiting for the client's window) long after.
     FreeString(st->req.body);
@@ -1638,7 +1670,7 @@ std::string HttpServer::address() const {
   return fmt::format("{}:{}", a.to_string(), impl_->bound.port());
 }
 
-int64_t HttpServer::in_flight() const { return impl_->in_flight.load(); }
+int64_t HttpServer::in_flight() const { return impl_->in_flight.load() + impl_->receiving.load(); }
 const HttpServerMetrics& HttpServer::metrics() const { return impl_->metrics; }
 
 void HttpServer::StopAccepting() {

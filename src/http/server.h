@@ -227,7 +227,9 @@ class HttpServer {
 
   // "host:port" actually bound ("[v6]:port" for IPv6).
   std::string address() const;
-  // Requests handed to the handler and not yet answered (streams count until End).
+  // Requests begun and not yet answered: handed to the handler (streams
+  // count until End), or with their body still arriving (or waiting for the
+  // budget), so that a drain waits for them too.
   int64_t in_flight() const;
   const HttpServerMetrics& metrics() const;
   // Closes the listening socket; connections already open keep being served.

@@ -302,9 +302,13 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
 
 namespace {
 
-void RenderHttpServerMetrics(std::string* out, const http::HttpServerMetrics& m) {
+void RenderHttpServerMetrics(std::string* out, const http::HttpServer& server) {
+  const http::HttpServerMetrics& m = server.metrics();
   http::PromCounter(out, "weir_http_connections_total", "HTTP connections accepted", m.connections.load());
   http::PromGauge(out, "weir_http_open_connections", "Open HTTP connections", m.open_connections.load());
+  http::PromGauge(out, "weir_http_requests_open",
+                  "HTTP requests begun and not yet answered (a drain waits for them)",
+                  static_cast<double>(server.in_flight()));
   http::PromGauge(out, "weir_http_request_bytes_in_flight", "Bytes of HTTP request bodies admitted and not yet answered",
                   static_cast<double>(m.in_flight_bytes.load()));
   http::PromCounter(out, "weir_http_request_budget_waits_total",
@@ -584,7 +588,7 @@ int RunServe(const ServeOptions& o) {
     });
   }
   rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get(), b = broker.get(),
-                           k = kafka_server.get(), h = &(*server)->metrics()] {
+                           k = kafka_server.get(), h = (*server).get()] {
     std::string out = RenderEngineMetrics(e, m, s);
     RenderHttpServerMetrics(&out, *h);
     if (b) RenderKafkaMetrics(&out, *b, *k);

@@ -1136,6 +1136,52 @@ class DrainTest(unittest.TestCase):
         self.assertEqual(pb_append_ack(frames[0][1])["end"]["seq_num"], 1)
         self.assertEqual(server.stop(), 0)
 
+    def test_a_body_still_arriving_at_sigterm_is_answered_server_draining(self):
+        # A request whose head came before SIGTERM and whose body comes
+        # after: the drain waits for the body and answers 503
+        # server_draining (a client knows nothing was applied and retries
+        # elsewhere), on HTTP/1.1 and on HTTP/2, instead of closing the
+        # connection under it. Nothing of either body is appended.
+        server = WeirServer(WEIR).start()
+        self.addCleanup(server.cleanup)
+        stream = unique("drainbody")
+        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        path = f"/v1/streams/{stream}/records"
+        body = json.dumps({"records": [{"body": "late"}]}).encode()
+        h1 = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+        self.addCleanup(h1.close)
+        h1.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+        h2c = H2Client(server.port)
+        self.addCleanup(h2c.close)
+        sid = h2c.request("POST", path, [("content-type", "application/json")], body=body[:5], end=False)
+        # Both heads are in: the server counts both requests as open.
+        deadline = time.monotonic() + TIMEOUT
+        while metric(server.base_url, "weir_http_requests_open") < 2:
+            self.assertLess(time.monotonic(), deadline, "the bodies' requests were never counted")
+            time.sleep(0.05)
+        server.proc.send_signal(15)
+        time.sleep(0.5)  # the drain is on (it waits for them)
+        self.assertIsNone(server.proc.poll())
+        h1.sendall(body[5:])
+        answer = b""
+        while chunk := h1.recv(65536):  # the connection closes after the answer
+            answer += chunk
+        self.assertTrue(answer.startswith(b"HTTP/1.1 503 "), answer)
+        self.assertIn(b"connection: close", answer.lower())
+        self.assertIn(b'"code":"server_draining"', answer)
+        h2c.send(sid, body[5:], end=True)
+        st = h2c.wait_end(sid)
+        self.assertEqual(st["status"], 503, st)
+        self.assertEqual(json.loads(st["data"])["code"], "server_draining")
+        h2c.pump(lambda: h2c.closed)  # then GOAWAY: no stream is left
+        self.assertEqual(server.stop(), 0)
+        after = WeirServer(WEIR, data_dir=server.data_dir).start()
+        self.addCleanup(after.cleanup)
+        r = requests.get(f"{after.base_url}{path}/tail", timeout=TIMEOUT)
+        self.assertEqual(r.json()["tail"]["seq_num"], 0, r.text)
+        after.stop()
+
     def test_a_session_whose_input_ended_gets_its_acks_and_no_error_at_sigterm(self):
         # The client ended its input before the drain: there is no input to
         # refuse, so the session ends with its acks, not with a 503.
