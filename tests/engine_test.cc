@@ -196,6 +196,44 @@ size_t CountKeys(objstore::ObjectStore& store, const std::string& prefix) {
   return page.ok() ? page->objects.size() : 0;
 }
 
+// ForEachParallel's threads come from one allowance for the process: many
+// callers at once (fetch workers, each reading many partitions, settle) start
+// no more than kMaxParallelThreads between them, and every item still runs.
+TEST(ForEachParallelTest, ThreadsStartedAreCappedProcessWide) {
+  constexpr size_t kCallers = 40, kItems = 8;
+  static_assert(kCallers * (kItems - 1) > kMaxParallelThreads, "they would start more without the allowance");
+  std::atomic<size_t> running{0}, peak{0}, done{0};
+  std::atomic<size_t> peak_started{0};
+  std::vector<std::thread> callers;
+  for (size_t c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&] {
+      ForEachParallel(kItems, kItems, "test-parallel", [&](size_t) {
+        const size_t now = ++running;
+        for (size_t p = peak.load(); now > p && !peak.compare_exchange_weak(p, now);) {
+        }
+        const size_t started = ParallelThreadsRunning();
+        for (size_t p = peak_started.load(); started > p && !peak_started.compare_exchange_weak(p, started);) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        --running;
+        ++done;
+      });
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(done.load(), kCallers * kItems);
+  EXPECT_LE(peak_started.load(), kMaxParallelThreads);
+  EXPECT_LE(peak.load(), kCallers + kMaxParallelThreads);
+  EXPECT_EQ(ParallelThreadsRunning(), 0u);
+  // Nested calls with the allowance used up still finish (on their callers' threads).
+  std::atomic<size_t> inner{0};
+  ForEachParallel(4, 4, "test-outer", [&](size_t) {
+    ForEachParallel(4, 4, "test-inner", [&](size_t) { ++inner; });
+  });
+  EXPECT_EQ(inner.load(), 16u);
+  EXPECT_EQ(ParallelThreadsRunning(), 0u);
+}
+
 TEST_F(EngineTest, NamesAreValidated) {
   EXPECT_EQ(engine_->CreateBasin("short").code(), Code::kInvalidArgument);
   EXPECT_EQ(engine_->CreateBasin("Upper-case-basin").code(), Code::kInvalidArgument);

@@ -118,7 +118,13 @@ std::optional<uint64_t> SegmentKeyEpoch(std::string_view key);
 
 // Runs fn(i) for every i in [0, n) on up to `workers` threads (the caller's
 // is one), each taking the next index not yet taken, so one slow call (a PUT
-// or GET) holds up only its own thread.
+// or GET) holds up only its own thread. The threads it starts come from a
+// process-wide allowance (kMaxParallelThreads): with none left (many reads
+// and settle at once, or calls nested), the caller does more of the work
+// itself; it never waits for one.
 void ForEachParallel(size_t n, size_t workers, const char* thread_name, const std::function<void(size_t)>& fn);
+inline constexpr size_t kMaxParallelThreads = 128;
+// Threads ForEachParallel has started and not yet joined, process-wide.
+size_t ParallelThreadsRunning();
 
 }  // namespace weir::log

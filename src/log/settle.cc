@@ -25,6 +25,19 @@ bool Before(const wal::AckInfo& where, const metastore::ChainPosition& p) {
 }
 }  // namespace
 
+namespace {
+std::atomic<size_t> parallel_threads{0};  // started by ForEachParallel, not yet joined
+
+bool TakeParallelThread() {
+  for (size_t n = parallel_threads.load(); n < kMaxParallelThreads;) {
+    if (parallel_threads.compare_exchange_weak(n, n + 1)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+size_t ParallelThreadsRunning() { return parallel_threads.load(); }
+
 void ForEachParallel(size_t n, size_t workers, const char* thread_name, const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
   auto work = [&] {
@@ -32,17 +45,20 @@ void ForEachParallel(size_t n, size_t workers, const char* thread_name, const st
   };
   std::vector<std::thread> threads;
   for (size_t t = 1; t < std::min(std::max<size_t>(workers, 1), n); ++t) {
+    if (!TakeParallelThread()) break;  // the ones there (and this one) do it all
     try {
       threads.emplace_back([&] {
         SetThreadName(thread_name);
         work();
       });
-    } catch (const std::system_error&) {  // out of threads: the ones there (and this one) do it all
+    } catch (const std::system_error&) {  // out of threads: likewise
+      parallel_threads--;
       break;
     }
   }
   work();
   for (auto& t : threads) t.join();
+  parallel_threads -= threads.size();
 }
 
 std::string SegmentKey(uint64_t stream_id, uint64_t start, uint64_t end, uint64_t epoch) {
