@@ -52,6 +52,29 @@ TEST(ByteBudget, FirstComeFirstServedAndAloneAlwaysFits) {
   EXPECT_EQ(used.load(), 0);
 }
 
+TEST(ByteBudget, TryReserveNeverWaitsAndMayGoAheadOfWaiters) {
+  std::atomic<int64_t> used{0};
+  std::atomic<uint64_t> waits{0};
+  ByteBudget<std::shared_ptr<Waiter>> budget(1000, &used, &waits);
+  auto w = std::make_shared<Waiter>();
+  EXPECT_TRUE(budget.TryReserve(500));
+  EXPECT_FALSE(budget.TryReserve(600));               // does not fit
+  EXPECT_TRUE(budget.TryReserve(600, 500));           // it does beside the caller's own bytes alone
+  EXPECT_FALSE(budget.ReserveOrWait(w, 100));         // queued
+  EXPECT_FALSE(budget.TryReserve(1, 1100));           // behind the waiter
+  EXPECT_TRUE(budget.TryReserve(1, 1100, true));      // alone, ahead of it
+  budget.Release(1101);
+  EXPECT_EQ(w->admitted, 100u);
+  EXPECT_FALSE(budget.ReserveOrWait(w, 950));         // 100 + 950 > 1000: queued
+  EXPECT_TRUE(budget.TryReserve(800, 0, true));       // fits ahead of it
+  EXPECT_FALSE(budget.TryReserve(200, 0, true));      // but never past the limit
+  EXPECT_EQ(used.load(), 900);
+  budget.Release(900);  // the 800 and w's first 100
+  EXPECT_EQ(w->admitted, 1050u);
+  budget.Release(950);
+  EXPECT_EQ(used.load(), 0);
+}
+
 TEST(ByteBudget, WeakWaitersThatAreGoneAreSkipped) {
   std::atomic<int64_t> used{0};
   std::atomic<uint64_t> waits{0};

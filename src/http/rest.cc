@@ -905,7 +905,10 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
 
   void OnEnd(bool complete) override {
     std::lock_guard lk(in_mu_);
-    if (!complete) failed_ = true;  // the client is gone: nothing more to answer
+    if (!complete) {  // the client is gone: nothing more to answer
+      failed_ = true;
+      Discard();  // what it sent and nothing took (a partial frame) goes now
+    }
     input_ended_ = true;
     // Else the pump ends the input once it is done (or resumed).
     if (ready_ && !pumping_ && (!acks_stalled_ || failed_)) EndOfInput();
@@ -1266,7 +1269,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // in_mu_ held: input that will never be submitted.
   void Discard() {
     c_.ex->ConsumeBody(buf_.size());
-    buf_.clear();
+    std::string().swap(buf_);  // its memory too: the session may live on for its acks
     whole_ = 0;
   }
 

@@ -199,10 +199,11 @@ class ConnBase {
 class Conn;
 
 // A request begun and not yet handed to the handler: its body is still
-// arriving, or waits for the budget. It counts in HttpServer::in_flight(),
-// so a drain waits for it to arrive and be answered (503 server_draining)
-// instead of closing it unanswered. Owned by the connection reading it (I/O
-// thread); gone once the request is dispatched or dropped.
+// arriving, or waits for the budget. It counts in HttpServer::receiving(),
+// so a drain can wait for it to arrive and be answered (503
+// server_draining) instead of closing it unanswered. Owned by the
+// connection reading it (I/O thread); gone once the request is dispatched
+// (after its exchange counts it) or dropped.
 class Receiving {
  public:
   explicit Receiving(std::atomic<int64_t>* count) : count_(count) { ++*count_; }
@@ -1005,7 +1006,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     if (st->sink) {
       if (to_sink) {
         // Held by the sink until it gives them back (ConsumeBody).
-        if (!self->srv_->budget.TryReserve(len, st->reserved)) {
+        if (!self->srv_->budget.TryReserve(len, st->reserved, /*ahead_of_waiters=*/true)) {
           self->srv_->metrics.budget_refusals++;
           st->sink_refused = true;
           st->partial_since.reset();
@@ -1670,7 +1671,8 @@ std::string HttpServer::address() const {
   return fmt::format("{}:{}", a.to_string(), impl_->bound.port());
 }
 
-int64_t HttpServer::in_flight() const { return impl_->in_flight.load() + impl_->receiving.load(); }
+int64_t HttpServer::in_flight() const { return impl_->in_flight.load(); }
+int64_t HttpServer::receiving() const { return impl_->receiving.load(); }
 const HttpServerMetrics& HttpServer::metrics() const { return impl_->metrics; }
 
 void HttpServer::StopAccepting() {

@@ -227,10 +227,13 @@ class HttpServer {
 
   // "host:port" actually bound ("[v6]:port" for IPv6).
   std::string address() const;
-  // Requests begun and not yet answered: handed to the handler (streams
-  // count until End), or with their body still arriving (or waiting for the
-  // budget), so that a drain waits for them too.
+  // Requests handed to the handler and not yet answered (streams count until End).
   int64_t in_flight() const;
+  // Requests begun whose body is still arriving (or waits for the budget):
+  // a drain may wait for them, to answer them 503. A request counts here
+  // until in_flight() counts it: read this first, then in_flight(), and a
+  // request passing from one to the other is seen at least once.
+  int64_t receiving() const;
   const HttpServerMetrics& metrics() const;
   // Closes the listening socket; connections already open keep being served.
   void StopAccepting();

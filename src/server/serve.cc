@@ -307,8 +307,8 @@ void RenderHttpServerMetrics(std::string* out, const http::HttpServer& server) {
   http::PromCounter(out, "weir_http_connections_total", "HTTP connections accepted", m.connections.load());
   http::PromGauge(out, "weir_http_open_connections", "Open HTTP connections", m.open_connections.load());
   http::PromGauge(out, "weir_http_requests_open",
-                  "HTTP requests begun and not yet answered (a drain waits for them)",
-                  static_cast<double>(server.in_flight()));
+                  "HTTP requests begun and not yet answered, this scrape included",
+                  static_cast<double>(server.receiving() + server.in_flight()));
   http::PromGauge(out, "weir_http_request_bytes_in_flight", "Bytes of HTTP request bodies admitted and not yet answered",
                   static_cast<double>(m.in_flight_bytes.load()));
   http::PromCounter(out, "weir_http_request_budget_waits_total",
@@ -645,7 +645,15 @@ int RunServe(const ServeOptions& o) {
   const auto deadline = drain_start + drain_timeout;
   const Duration grace = std::min<Duration>(std::chrono::seconds(5), drain_timeout / 2);
   TimePoint next_stall_check = drain_start + grace;
-  while (open() > 0 && Now() < deadline) {
+  // Requests whose body is still arriving are waited for during the grace
+  // only (they are answered 503 server_draining once whole): an upload that
+  // stalled does not hold the drain. receiving() first: a request moving to
+  // in_flight() meanwhile is seen by one of them.
+  auto busy = [&] {
+    const bool receiving = (*server)->receiving() > 0 && Now() < drain_start + grace;
+    return receiving || open() > 0;
+  };
+  while (busy() && Now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (Now() >= next_stall_check) {
       (*server)->CloseStalled(grace);

@@ -9,6 +9,7 @@ Usage: s2s_test.py WEIR_BINARY [unittest arguments]. Needs python3-h2 and
 python3-requests (Debian). No test asserts an upper bound on time.
 """
 import gzip
+import http.client
 import json
 import os
 import re
@@ -1138,44 +1139,62 @@ class DrainTest(unittest.TestCase):
 
     def test_a_body_still_arriving_at_sigterm_is_answered_server_draining(self):
         # A request whose head came before SIGTERM and whose body comes
-        # after: the drain waits for the body and answers 503
-        # server_draining (a client knows nothing was applied and retries
-        # elsewhere), on HTTP/1.1 and on HTTP/2, instead of closing the
-        # connection under it. Nothing of either body is appended.
-        server = WeirServer(WEIR).start()
+        # after: the drain waits for the body (for a grace of 5 s) and
+        # answers 503 server_draining (a client knows nothing was applied
+        # and retries elsewhere), on HTTP/1.1 and on HTTP/2, instead of
+        # closing the connection under it. An upload that stalls holds the
+        # drain no longer than the grace. Nothing of any body is appended.
+        server = WeirServer(WEIR, args=["--drain-timeout-s", "120"]).start()
         self.addCleanup(server.cleanup)
         stream = unique("drainbody")
         requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
         path = f"/v1/streams/{stream}/records"
         body = json.dumps({"records": [{"body": "late"}]}).encode()
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
         h1 = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
         self.addCleanup(h1.close)
-        h1.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+        h1.sendall(head + body[:5])
+        stalled = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+        self.addCleanup(stalled.close)
+        stalled.sendall(head + body[:5])  # and never the rest
         h2c = H2Client(server.port)
         self.addCleanup(h2c.close)
         sid = h2c.request("POST", path, [("content-type", "application/json")], body=body[:5], end=False)
-        # Both heads are in: the server counts both requests as open.
+        # The three heads are in (the scrape that reads the gauge counts too).
         deadline = time.monotonic() + TIMEOUT
-        while metric(server.base_url, "weir_http_requests_open") < 2:
+        while metric(server.base_url, "weir_http_requests_open") < 4:
             self.assertLess(time.monotonic(), deadline, "the bodies' requests were never counted")
             time.sleep(0.05)
+        health = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+        self.addCleanup(health.close)
+        health.request("GET", "/health")
+        self.assertEqual(health.getresponse().read(), b'{"status":"ok"}')
+        signalled = time.monotonic()
         server.proc.send_signal(15)
-        time.sleep(0.5)  # the drain is on (it waits for them)
-        self.assertIsNone(server.proc.poll())
+        while True:  # on the connection opened before: the drain is on once /health says so
+            health.request("GET", "/health")
+            r = health.getresponse()
+            if json.loads(r.read())["status"] == "draining":
+                break
+            time.sleep(0.02)
         h1.sendall(body[5:])
+        h2c.send(sid, body[5:], end=True)
         answer = b""
         while chunk := h1.recv(65536):  # the connection closes after the answer
             answer += chunk
         self.assertTrue(answer.startswith(b"HTTP/1.1 503 "), answer)
         self.assertIn(b"connection: close", answer.lower())
         self.assertIn(b'"code":"server_draining"', answer)
-        h2c.send(sid, body[5:], end=True)
         st = h2c.wait_end(sid)
         self.assertEqual(st["status"], 503, st)
         self.assertEqual(json.loads(st["data"])["code"], "server_draining")
         h2c.pump(lambda: h2c.closed)  # then GOAWAY: no stream is left
+        # The stalled upload is cut off unanswered once the grace is over,
+        # long before the drain timeout.
+        self.assertEqual(stalled.recv(65536), b"")
         self.assertEqual(server.stop(), 0)
+        self.assertLess(time.monotonic() - signalled, 60, "a stalled upload held the drain")
         after = WeirServer(WEIR, data_dir=server.data_dir).start()
         self.addCleanup(after.cleanup)
         r = requests.get(f"{after.base_url}{path}/tail", timeout=TIMEOUT)
