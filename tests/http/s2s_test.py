@@ -403,6 +403,37 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(st["status"], 416)
         self.assertEqual(json.loads(st["data"])["tail"]["seq_num"], 0)
 
+    def test_requests_still_served_count_against_100_streams_once_reset(self):
+        # An HTTP/2 connection has 100 streams (SETTINGS_MAX_CONCURRENT_STREAMS);
+        # requests still being served count against them even once their
+        # streams were reset (the server still holds their work): a stream
+        # opened meanwhile is refused with RST_STREAM(REFUSED_STREAM), which
+        # clients retry.
+        stream = self.new_stream()
+        h2c = H2Client(SERVER.port)
+        self.addCleanup(h2c.close)
+        h2c.pump(lambda: h2c.conn.remote_settings.max_concurrent_streams == 100)
+        poll = f"/v1/streams/{stream}/records?seq_num=0&wait=30"  # long polls at the tail
+        polls = [h2c.request("GET", poll) for _ in range(100)]
+        wait_for_metric(SERVER.base_url, "weir_http_requests_open", 101)  # all being served (and the scrape)
+        # Reset every long poll, and at once (in the same write) open another.
+        for sid in polls:
+            h2c.conn.reset_stream(sid)
+        after_reset = h2c.request("GET", f"/v1/streams/{stream}/records/tail")
+        h2c.pump(lambda: h2c.streams[after_reset]["ended"])
+        self.assertEqual(h2c.streams[after_reset]["reset"], 7)
+        # Once the long polls have noticed (within their 1 s tick), streams are served again.
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            sid = h2c.request("GET", f"/v1/streams/{stream}/records/tail")
+            st = h2c.wait_end(sid)
+            if st["status"] == 200:
+                break
+            self.assertEqual(st["reset"], 7, st)
+            self.assertLess(time.monotonic(), deadline, "streams were refused for good")
+            time.sleep(0.2)
+        self.assertEqual(json.loads(st["data"])["tail"]["seq_num"], 0)
+
     def test_sessions_share_a_connection_and_survive_a_reset(self):
         stream = self.new_stream()
         reader = self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=0",
