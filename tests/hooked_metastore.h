@@ -42,6 +42,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_get_stream_by_id;  // non-OK: GetStreamById answers it
   std::function<Status()> fail_get_stream;        // non-OK: GetStream (by name) answers it
   std::function<Status()> fail_get_stream_state;  // non-OK: GetStreamState answers it
+  std::function<Status()> fail_get_table;         // non-OK: GetTable answers it
   // Non-OK: CreateStream, CreateTable and AddBuckets answer it without creating.
   std::function<Status()> fail_create;
   // Maps the real answer of CreateStream, CreateTable and AddBuckets (after
@@ -158,7 +159,12 @@ class HookedMetastore final : public metastore::Metastore {
     if (Status st = FailCreate(); !st.ok()) return st;
     return MapCreate(m_->CreateTable(t, c, by));
   }
-  Result<TableInfo> GetTable(std::string_view b, std::string_view n) override { return m_->GetTable(b, n); }
+  Result<TableInfo> GetTable(std::string_view b, std::string_view n) override {
+    if (fail_get_table) {
+      if (Status st = fail_get_table(); !st.ok()) return st;
+    }
+    return m_->GetTable(b, n);
+  }
   Result<std::vector<TableInfo>> ListTables(std::string_view b, std::string_view p, std::string_view a,
                                             size_t l) override {
     return m_->ListTables(b, p, a, l);

@@ -1142,6 +1142,30 @@ TEST_F(BrokerTest, CompressedBatchesAreStoredAsSent) {
   EXPECT_EQ(Latest("zipped"), 3);
 }
 
+// A topic's max.message.bytes that cannot be read (the metastore fails for a
+// while) is not taken as the server's default, nor remembered as it: the
+// produce is refused with a retriable error, and once the catalog reads
+// again the topic's own limit holds.
+TEST_F(BrokerTest, AnUnreadableMaxMessageBytesIsNotTakenAsTheDefault) {
+  StopAll();
+  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+  meta_ = hooked;
+  OpenEngine();
+  StartBroker(Options());
+  const std::string big = Batch({std::string(3000, 'b')});
+  ASSERT_EQ(CreateTopic("strictly", 1, 1, {{"max.message.bytes", "2000"}}).error_code, ErrorCode::kNone);
+  std::atomic<int> refused{0};
+  hooked->fail_get_table = [&refused] {
+    ++refused;
+    return Unavailable("metastore connection reset");
+  };
+  EXPECT_EQ(Produce("strictly", 0, big).error_code, ErrorCode::kRequestTimedOut);
+  EXPECT_GT(refused.load(), 0);
+  hooked->fail_get_table = nullptr;
+  EXPECT_EQ(Produce("strictly", 0, big).error_code, ErrorCode::kMessageTooLarge);
+  EXPECT_EQ(Produce("strictly", 0, Batch({"fits"})).error_code, ErrorCode::kNone);
+}
+
 // A batch the WAL pool could never hold (but within max.message.bytes) is
 // MESSAGE_TOO_LARGE, which a client may split; INVALID_RECORD was fatal.
 TEST_F(BrokerTest, ABatchPastTheWholeWalPoolIsTooLarge) {

@@ -415,21 +415,23 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
     ProduceTopicResponse tr;
     tr.name = t.name;
     bool valid_topic = ValidateTopicName(t.name).ok();
-    const size_t max_bytes = !valid_topic ? options_.max_batch_bytes
-                             : limits[ti]  ? *limits[ti]
-                                           : MaxMessageBytes(t.name);
+    Result<size_t> max_bytes = !valid_topic ? options_.max_batch_bytes
+                               : limits[ti]  ? *limits[ti]
+                                             : MaxMessageBytes(t.name);
     for (auto& p : t.partition_data) {
       ProducePartitionResponse pr;
       pr.index = p.index;
       pr.error_code = all;
       if (pr.error_code != ErrorCode::kNone) {
+      } else if (!max_bytes.ok()) {  // the topic's limit is unknown for now: retriable
+        pr.error_code = AdminFailure(max_bytes.status());
       } else if (!valid_topic) {
         pr.error_code = ErrorCode::kInvalidTopicException;
       } else if (p.index < 0) {
         pr.error_code = ErrorCode::kUnknownTopicOrPartition;
       } else if (ErrorCode e = ProduceRecordsError(p.records, req->version()); e != ErrorCode::kNone) {
         pr.error_code = e;
-      } else if (p.records->size() > max_bytes) {
+      } else if (p.records->size() > *max_bytes) {
         pr.error_code = ErrorCode::kMessageTooLarge;
       } else {
         ProduceJob job{resp->responses.size(), tr.partition_responses.size(),
@@ -1104,7 +1106,20 @@ std::optional<size_t> Broker::KeptMaxMessageBytes(const std::string& topic) {
   return it->second;
 }
 
-size_t Broker::MaxMessageBytes(const std::string& topic) {
+size_t Broker::MaxMessageBytesOf(const std::string& table_config) const {
+  size_t limit = options_.max_batch_bytes;
+  auto config = nlohmann::json::parse(table_config, nullptr, /*allow_exceptions=*/false);
+  if (config.is_object()) {
+    auto it = config.find("max.message.bytes");
+    if (it != config.end() && it->is_string()) {
+      unsigned long long v = std::strtoull(it->get<std::string>().c_str(), nullptr, 10);
+      limit = std::min<size_t>(v, options_.max_batch_bytes);  // CreateTopics checked the range
+    }
+  }
+  return limit;
+}
+
+Result<size_t> Broker::MaxMessageBytes(const std::string& topic) {
   // Read before the catalog: a table change after it keeps the answer out of
   // the map (it may be stale), one before it is in what the catalog gives.
   const uint64_t version = engine_->TablesVersion();
@@ -1115,17 +1130,11 @@ size_t Broker::MaxMessageBytes(const std::string& topic) {
   }
   // One metastore read per topic, then memory. A missing topic gets the
   // default (auto-creation gives it no other); the map is cleared if names
-  // pile up.
+  // pile up. A catalog that could not be read says nothing: no limit is
+  // assumed, and none is remembered.
   auto table = engine_->GetTable(options_.basin, topic);
-  size_t limit = options_.max_batch_bytes;
-  auto config = nlohmann::json::parse(table.ok() ? table->config : "{}", nullptr, /*allow_exceptions=*/false);
-  if (config.is_object()) {
-    auto it = config.find("max.message.bytes");
-    if (it != config.end() && it->is_string()) {
-      unsigned long long v = std::strtoull(it->get<std::string>().c_str(), nullptr, 10);
-      limit = std::min<size_t>(v, options_.max_batch_bytes);  // CreateTopics checked the range
-    }
-  }
+  if (!table.ok() && table.status().code() != Code::kNotFound) return table.status();
+  const size_t limit = MaxMessageBytesOf(table.ok() ? table->config : "{}");
   std::lock_guard lk(limits_mu_);
   DropStaleLimits();
   if (version != limits_tables_version_) return limit;
@@ -1591,7 +1600,7 @@ void Broker::DescribeConfigs(const std::shared_ptr<Request>& req) {
       const bool log_append_time = cfg.timestamping == metastore::TimestampingMode::kArrival;
       values = {
           {"cleanup.policy", "delete", source("cleanup.policy")},
-          {"max.message.bytes", std::to_string(MaxMessageBytes(res.resource_name)), source("max.message.bytes")},
+          {"max.message.bytes", std::to_string(MaxMessageBytesOf(table->config)), source("max.message.bytes")},
           {"message.timestamp.type", log_append_time ? "LogAppendTime" : "CreateTime",
            source("message.timestamp.type", log_append_time)},
           {"retention.ms", age == 0 ? "-1" : std::to_string(age * 1000),

@@ -193,10 +193,13 @@ class Broker : public FrameHandler {
   KeyedMutex group_offsets_mu_;
   BrokerMetrics metrics_;
   std::mutex create_mu_;  // one topic creation or growth at a time (check, then change)
-  // A topic's max.message.bytes (default options_.max_batch_bytes), read from
-  // its catalog entry once and kept until any table changes (created,
-  // deleted or reconfigured, by Kafka or REST: Engine::TablesVersion).
-  size_t MaxMessageBytes(const std::string& topic);
+  // A topic's max.message.bytes (default options_.max_batch_bytes, also for
+  // a topic that does not exist), read from its catalog entry once and kept
+  // until any table changes (created, deleted or reconfigured, by Kafka or
+  // REST: Engine::TablesVersion); an error, not kept, when the catalog could
+  // not be read.
+  Result<size_t> MaxMessageBytes(const std::string& topic);
+  size_t MaxMessageBytesOf(const std::string& table_config) const;  // from a catalog entry's config
   std::optional<size_t> KeptMaxMessageBytes(const std::string& topic);  // without a metastore read
   // Under limits_mu_: drops the kept limits if the tables changed since.
   void DropStaleLimits();
