@@ -2297,6 +2297,27 @@ TEST_F(BrokerTest, DeleteRecordsMovesTheLogStartDurablyWithoutARecord) {
   EXPECT_EQ(Produce("trim", 0, Batch({"h"})).base_offset, 7);
 }
 
+// LogAppendTime is the broker's clock, as on Kafka, even after records a
+// producer stamped far in the future (CreateTime, before the switch that is
+// Kafka's remedy for such clocks).
+TEST_F(BrokerTest, LogAppendTimeIsTheClockAfterFutureCreateTimes) {
+  ASSERT_EQ(CreateTopic("skewed", 1).error_code, ErrorCode::kNone);
+  constexpr int64_t kYear2100 = 4102444800000;
+  ASSERT_EQ(Produce("skewed", 0, Batch(BatchSpec{{"from the future"}, kYear2100})).error_code, ErrorCode::kNone);
+  auto resp = Call(AlterConfigsRequest{{{kConfigResourceTopic, "skewed", {{"message.timestamp.type", "LogAppendTime"}}}},
+                                       false},
+                   1, DecodeAlterConfigsResponse);
+  ASSERT_EQ(resp.responses.at(0).error_code, ErrorCode::kNone);
+  const int64_t before = WallMillis();
+  auto pr = Produce("skewed", 0, Batch({"now"}));
+  ASSERT_EQ(pr.error_code, ErrorCode::kNone);
+  EXPECT_GE(pr.log_append_time_ms, before);
+  EXPECT_LT(pr.log_append_time_ms, before + 3600 * 1000);  // not the year 2100
+  auto got = Batches(Fetch("skewed", 0, 1));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(wal::VerifyBatch(got[0])->max_timestamp, pr.log_append_time_ms);
+}
+
 TEST_F(BrokerTest, AlterConfigsReplacesATopicsConfigs) {
   ASSERT_EQ(CreateTopic("alter", 2, 1, {{"retention.ms", "3600000"}, {"segment.bytes", "1048576"}}).error_code,
             ErrorCode::kNone);

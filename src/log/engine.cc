@@ -1707,8 +1707,11 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   int64_t first_ts = h.base_timestamp;
   int64_t last_ts = h.max_timestamp;
   if (s->info.config.timestamping == metastore::TimestampingMode::kArrival) {
-    // Kafka's LogAppendTime: the broker's clock stamps the batch.
-    last_ts = first_ts = std::max(WallMillis(), s->live.last_timestamp_ms);
+    // Kafka's LogAppendTime: the broker's clock stamps the batch, as Kafka's
+    // does, not raised to the stream's newest time: a producer's clock far
+    // ahead (CreateTime, before the topic switched) would otherwise stamp
+    // every later batch in the future, and retention would never expire it.
+    last_ts = first_ts = WallMillis();
     wal::SetLogAppendTime(&batch, last_ts);
   }
   wal::SetBaseOffset(&batch, 0, static_cast<int64_t>(s->live.next_offset));
