@@ -1904,12 +1904,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       // read during a drain, answers now (with at least one record).
       const size_t room = c_.ex->ResponseRoom();
       bool answer_now = !sse_ && (api_->draining_ || (polling_ && Now() >= deadline()));
-      if (room < kMinReadRoom && !answer_now && p_.start.kind == log::ReadStart::kOffset) {
-        // Nothing to send yet (a session or long poll at the tail): it
-        // waits at the tail as usual, not for room.
-        auto tail = api_->engine_->CheckTail(c_.basin, stream_);
-        answer_now = tail.ok() && p_.start.value >= *tail;
-      }
+      // Nothing to send yet (a session or long poll at the tail): it waits
+      // at the tail as usual, not for room.
+      if (room < kMinReadRoom && !answer_now) answer_now = StartsAtTail();
       if (room < kMinReadRoom && !answer_now) return WaitForRoom();
       room_wait_since_.reset();
       room_poll_ = kRoomPoll;
@@ -2092,6 +2089,24 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
 
   TimePoint deadline() const { return start_ + std::chrono::seconds(p_.wait_s.value_or(0)); }
 
+  // Whether the next read starts at the stream's tail (has nothing to send):
+  // an offset at or past it, a tail offset of 0 (or of an empty stream), a
+  // time later than the newest record's.
+  bool StartsAtTail() const {
+    auto s = api_->engine_->GetStream(c_.basin, stream_);
+    if (!s.ok()) return false;
+    if (s->tail == 0) return true;
+    switch (p_.start.kind) {
+      case log::ReadStart::kOffset:
+        return p_.start.value >= s->tail;
+      case log::ReadStart::kTailOffset:
+        return p_.start.value == 0 || s->tail == 0;
+      case log::ReadStart::kTimestamp:
+        return p_.start.value > static_cast<uint64_t>(std::max<int64_t>(s->tail_timestamp_ms, 0));
+    }
+    return false;
+  }
+
   // Whether the read may wait for records past the tail (S2's may_follow).
   bool MayFollow() const {
     if (p_.wait_s && *p_.wait_s > 0) return true;
@@ -2196,7 +2211,6 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       TimePoint last_record;
       const auto now = Now();
       uint64_t gen = 0;
-      std::optional<std::pair<uint64_t, int64_t>> ping;  // the tail to tell
       {
         std::lock_guard lk(self->mu_);
         if (!self->waiting_) {
@@ -2212,8 +2226,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
             self->last_ping_ = now;
             // Where the session is, not the stream's tail now: records past
             // it may be on their way to the client, and a tail ahead of them
-            // would tell it that it caught up before they arrive.
-            ping.emplace(self->waited_tail_, self->waited_tail_timestamp_ms_);
+            // would tell it that it caught up before they arrive. Written
+            // under mu_ (Write only queues): a wake ends the wait under it
+            // too, so records read after that wait go out after the ping,
+            // never before it with an older tail.
+            self->Heartbeat(self->waited_tail_, self->waited_tail_timestamp_ms_);
           }
         }
       }
@@ -2237,7 +2254,6 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         self->api_->engine_->UnwatchTail(self->c_.basin, self->stream_, watch);
         return self->Step();
       }
-      if (ping) self->Heartbeat(ping->first, ping->second);
       self->Tick();
     });
   }

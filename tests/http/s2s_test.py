@@ -1064,9 +1064,10 @@ class ResponseRoomTest(unittest.TestCase):
                     stuck[-1].request("GET", read_path)
                     time.sleep(0.2)
             # A long poll at the tail has nothing to send: it waits there, not for room.
-            r = requests.get(f"{base}/v1/streams/big/records", params={"seq_num": 2400, "wait": 1}, timeout=TIMEOUT)
-            self.assertEqual(r.status_code, 200, r.text)
-            self.assertEqual(r.json()["records"], [])
+            for start in ({"seq_num": 2400}, {}, {"tail_offset": 0}, {"timestamp": 1 << 62, "clamp": "true"}):
+                r = requests.get(f"{base}/v1/streams/big/records", params={**start, "wait": 1}, timeout=TIMEOUT)
+                self.assertEqual(r.status_code, 200, f"{start}: {r.text}")
+                self.assertEqual(r.json()["records"], [], start)
             # A read now waits, then is told to retry.
             r = requests.get(f"{base}/v1/streams/big/records", params={"seq_num": 0}, timeout=TIMEOUT)
             self.assertEqual((r.status_code, r.json()["code"]), (503, "unavailable"), r.text)
