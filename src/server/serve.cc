@@ -625,8 +625,10 @@ int RunServe(const ServeOptions& o) {
   }).detach();
   (*server)->StopAccepting();
   if (kafka_server) kafka_server->StopAccepting();
-  (*server)->BeginDrain();
+  // The API first: once an answer says the connection closes, /health says
+  // "draining" and every request is refused.
   rest.SetDraining();
+  (*server)->BeginDrain();
   // Group joins waiting for a rebalance and long-polling fetches are
   // answered (clients retry); Kafka connections take no further request and
   // close once answered.
