@@ -225,7 +225,7 @@ TEST(ForEachParallelTest, ThreadsStartedAreCappedProcessWide) {
   EXPECT_LE(peak_started.load(), kMaxParallelThreads);
   EXPECT_LE(peak.load(), kCallers + kMaxParallelThreads);
   EXPECT_EQ(ParallelThreadsRunning(), 0u);
-  // Nested calls with the allowance used up still finish (on their callers' threads).
+  // Nested calls (each may start threads of its own) all finish, and give every thread back.
   std::atomic<size_t> inner{0};
   ForEachParallel(4, 4, "test-outer", [&](size_t) {
     ForEachParallel(4, 4, "test-inner", [&](size_t) { ++inner; });

@@ -2090,12 +2090,13 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   TimePoint deadline() const { return start_ + std::chrono::seconds(p_.wait_s.value_or(0)); }
 
   // Whether the next read starts at the stream's tail (has nothing to send):
-  // an offset at or past it, a tail offset of 0 (or of an empty stream), a
-  // time later than the newest record's.
+  // an offset at or past it, a tail offset of 0, a time later than the
+  // newest record's, or any start on a stream holding no record (empty, or
+  // trimmed to its tail).
   bool StartsAtTail() const {
     auto s = api_->engine_->GetStream(c_.basin, stream_);
     if (!s.ok()) return false;
-    if (s->tail == 0) return true;
+    if (s->trim_point >= s->tail) return true;
     switch (p_.start.kind) {
       case log::ReadStart::kOffset:
         return p_.start.value >= s->tail;

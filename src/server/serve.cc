@@ -302,13 +302,20 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
 
 namespace {
 
+// Requests begun and not yet answered: receiving() first, so a request
+// moving from it to in_flight() meanwhile is counted.
+int64_t OpenRequests(const http::HttpServer& server) {
+  const int64_t receiving = server.receiving();
+  return receiving + server.in_flight();
+}
+
 void RenderHttpServerMetrics(std::string* out, const http::HttpServer& server) {
   const http::HttpServerMetrics& m = server.metrics();
   http::PromCounter(out, "weir_http_connections_total", "HTTP connections accepted", m.connections.load());
   http::PromGauge(out, "weir_http_open_connections", "Open HTTP connections", m.open_connections.load());
   http::PromGauge(out, "weir_http_requests_open",
                   "HTTP requests begun and not yet answered, this scrape included",
-                  static_cast<double>(server.receiving() + server.in_flight()));
+                  static_cast<double>(OpenRequests(server)));
   http::PromGauge(out, "weir_http_request_bytes_in_flight", "Bytes of HTTP request bodies admitted and not yet answered",
                   static_cast<double>(m.in_flight_bytes.load()));
   http::PromCounter(out, "weir_http_request_budget_waits_total",

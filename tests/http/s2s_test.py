@@ -416,12 +416,22 @@ class S2sTest(unittest.TestCase):
         poll = f"/v1/streams/{stream}/records?seq_num=0&wait=30"  # long polls at the tail
         polls = [h2c.request("GET", poll) for _ in range(100)]
         wait_for_metric(SERVER.base_url, "weir_http_requests_open", 101)  # all being served (and the scrape)
-        # Reset every long poll, and at once (in the same write) open another.
+        # Reset every long poll, and at once (in the same write) open more. A
+        # long poll may notice its reset (on its 1 s tick) just before they
+        # come: of five, at least one is refused.
         for sid in polls:
             h2c.conn.reset_stream(sid)
-        after_reset = h2c.request("GET", f"/v1/streams/{stream}/records/tail")
-        h2c.pump(lambda: h2c.streams[after_reset]["ended"])
-        self.assertEqual(h2c.streams[after_reset]["reset"], 7)
+        for _ in range(4):
+            h2c.conn.send_headers(h2c.conn.get_next_available_stream_id(), [
+                (":method", "GET"), (":path", f"/v1/streams/{stream}/records/tail"), (":scheme", "http"),
+                (":authority", "127.0.0.1")], end_stream=True)
+        after_reset = h2c.request("GET", f"/v1/streams/{stream}/records/tail")  # flushes all five
+        extra = [sid for sid in range(after_reset - 8, after_reset + 1, 2)]
+        for sid in extra:
+            h2c.streams.setdefault(sid, {"status": None, "headers": {}, "data": bytearray(), "ended": False,
+                                         "reset": None})
+        h2c.pump(lambda: all(h2c.streams[sid]["ended"] for sid in extra))
+        self.assertIn(7, [h2c.streams[sid]["reset"] for sid in extra])  # REFUSED_STREAM
         # Once the long polls have noticed (within their 1 s tick), streams are served again.
         deadline = time.monotonic() + TIMEOUT
         while True:
