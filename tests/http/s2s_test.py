@@ -614,18 +614,22 @@ class RefusedBodyTest(unittest.TestCase):
 
 
 class InputBudgetTest(unittest.TestCase):
-    def test_session_input_counts_against_the_request_budget(self):
-        # S2S input a session holds (here half frames, which it keeps until
-        # whole) counts against --http-max-in-flight-mib with request
-        # bodies: once it would pass it, the session that sent the bytes
-        # ends with a terminal 429 after the acks of what it took.
+    def start(self):
+        """A server with 4 MiB for request bodies, an HTTP/2 client, and a new stream's records path."""
         server = WeirServer(WEIR, args=["--http-max-in-flight-mib", "4"]).start()
         self.addCleanup(server.cleanup)
         stream = unique("budget")
         requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
         h2c = H2Client(server.port)
         self.addCleanup(h2c.close)
-        path = f"/v1/streams/{stream}/records"
+        return server, h2c, f"/v1/streams/{stream}/records"
+
+    def test_session_input_counts_against_the_request_budget(self):
+        # S2S input a session holds (here half frames, which it keeps until
+        # whole) counts against --http-max-in-flight-mib with request
+        # bodies: once it would pass it, the session that sent the bytes
+        # ends with a terminal 429 after the acks of what it took.
+        server, h2c, path = self.start()
         ctype = [("content-type", "s2s/proto")]
         held = 1_500_000
         half = (2_000_000).to_bytes(3, "big") + b"\0" * (held - 3)  # never whole
@@ -657,8 +661,8 @@ class InputBudgetTest(unittest.TestCase):
         frames, _ = parse_frames(h2c.wait_end(d)["data"])
         self.assertEqual(len(frames), 1, frames)
         self.assertIsNone(terminal(*frames[0]))
-        r = requests.get(f"{server.base_url}/v1/streams/{stream}/records", params={"seq_num": 0},
-                         headers={"s2-format": "base64"}, timeout=TIMEOUT)
+        r = requests.get(f"{server.base_url}{path}", params={"seq_num": 0}, headers={"s2-format": "base64"},
+                         timeout=TIMEOUT)
         self.assertEqual(len(r.json()["records"]), 2, r.text[:200])
         self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
 
@@ -666,13 +670,7 @@ class InputBudgetTest(unittest.TestCase):
         # Plain HTTP/2 bodies take from the same budget as they arrive: one
         # that does not fit beside those held is answered 429 at once (the
         # connection's other streams go on), and its bytes are let go.
-        server = WeirServer(WEIR, args=["--http-max-in-flight-mib", "4"]).start()
-        self.addCleanup(server.cleanup)
-        stream = unique("budget")
-        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
-        h2c = H2Client(server.port)
-        self.addCleanup(h2c.close)
-        path = f"/v1/streams/{stream}/records"
+        server, h2c, path = self.start()
         json_type = [("content-type", "application/json")]
         body = json.dumps({"records": [{"body": "z" * 1_000_000}]}).encode()  # about 1 MB
         held = [h2c.request("POST", path, json_type, body=body, end=False) for _ in range(2)]
