@@ -22,9 +22,10 @@
 // take from the same budget as they arrive; a body that does not fit gets 429
 // (Retry-After) instead of waiting. A body streamed to a BodySink takes from
 // it too, from arrival until the sink gives the bytes back; bytes that do
-// not fit end the sink's response (BodySink::OnRefused). Response bytes queued for clients and not yet written
-// count against max_unwritten_bytes, all connections together: a handler
-// building a large response (a read) sizes it to Exchange::ResponseRoom.
+// not fit end the sink's response (BodySink::OnRefused). Response bytes
+// queued for clients and not yet written count against
+// max_unwritten_bytes, all connections together: a handler building a
+// large response (a read) sizes it to Exchange::ResponseRoom.
 #pragma once
 
 #include <atomic>

@@ -328,7 +328,8 @@ void RenderHttpServerMetrics(std::string* out, const http::HttpServer& server) {
   http::PromCounter(out, "weir_http2_connections_total", "HTTP connections that spoke HTTP/2",
                     m.http2_connections.load());
   http::PromCounter(out, "weir_http_request_budget_refusals_total",
-                    "HTTP/2 request bodies and S2S inputs refused with 429 for --http-max-in-flight-mib", m.budget_refusals.load());
+                    "HTTP/2 request bodies and S2S inputs refused with 429 for --http-max-in-flight-mib",
+                    m.budget_refusals.load());
 }
 
 void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::TcpServer& k) {
