@@ -592,7 +592,10 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     if (done.then) done.then(true);
     if (done.response_done) {
       if (linger_close_) return LingerClose();
-      if (!done.keep_alive || !srv_->KeepsConnections()) return Shutdown();
+      // As the response said: one that promised keep-alive before a drain
+      // began keeps the connection, and its next request is answered 503
+      // server_draining (a close now could meet that request on its way).
+      if (!done.keep_alive || srv_->stopped.load()) return Shutdown();
       ReadHeader();
     }
     if (close_requested_ && out_.empty()) return Shutdown();  // a stream's chunk, a 100 Continue
