@@ -466,6 +466,16 @@ class BrokerTest : public ::testing::Test {
     StartBroker(Options());
   }
 
+  // RestartAll with the metastore behind hooks, for the engine and the broker both.
+  std::shared_ptr<weir::testing::HookedMetastore> RestartAllHooked() {
+    StopAll();
+    auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+    meta_ = hooked;
+    OpenEngine();
+    StartBroker(Options());
+    return hooked;
+  }
+
   Pending StartRaw(std::string frame, int32_t correlation_id = 0, int16_t version = 0) {
     std::promise<Answer> promise;
     Pending p{promise.get_future(), correlation_id, version};
@@ -1147,11 +1157,7 @@ TEST_F(BrokerTest, CompressedBatchesAreStoredAsSent) {
 // produce is refused with a retriable error, and once the catalog reads
 // again the topic's own limit holds.
 TEST_F(BrokerTest, AnUnreadableMaxMessageBytesIsNotTakenAsTheDefault) {
-  StopAll();
-  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
-  meta_ = hooked;
-  OpenEngine();
-  StartBroker(Options());
+  auto hooked = RestartAllHooked();
   const std::string big = Batch({std::string(3000, 'b')});
   ASSERT_EQ(CreateTopic("strictly", 1, 1, {{"max.message.bytes", "2000"}}).error_code, ErrorCode::kNone);
   std::atomic<int> refused{0};
@@ -3060,11 +3066,7 @@ TEST_F(GroupTest, OffsetDeleteKeepsTheOffsetsOfSubscribedTopics) {
 // coordinator", which an idempotent producer cannot, and gives up. Admin
 // requests: REQUEST_TIMED_OUT, not UNKNOWN_SERVER_ERROR (not retried).
 TEST_F(BrokerTest, WithTheMetastoreAwayClientsAreAskedToRetry) {
-  StopAll();
-  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
-  meta_ = hooked;
-  OpenEngine();
-  StartBroker(Options());
+  auto hooked = RestartAllHooked();
   hooked->fail_allocate_producer_id = [] { return Unavailable("the metastore is away"); };
   EXPECT_EQ(InitProducerId().error_code, ErrorCode::kCoordinatorLoadInProgress);
   hooked->fail_allocate_producer_id = nullptr;

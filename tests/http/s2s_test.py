@@ -91,6 +91,15 @@ def wait_for_metric(base, line_start, at_least):
         time.sleep(0.05)
 
 
+def start_with_stream(test, prefix, args=()):
+    """A server of the test's own (stopped at cleanup) and a new stream on it: (server, stream)."""
+    server = WeirServer(WEIR, args=list(args)).start()
+    test.addCleanup(server.cleanup)
+    stream = unique(prefix)
+    requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+    return server, stream
+
+
 class H2Client:
     """A blocking HTTP/2 client over one cleartext connection (prior knowledge)."""
 
@@ -550,10 +559,7 @@ class DecompressionTest(unittest.TestCase):
         # 4,000 gzip frames of about 1.5 KB, each an input of one 1.5 MiB
         # record (over the batch limit): decoded all at once they would take
         # 6 GiB. The first is refused; the rest are never decoded.
-        server = WeirServer(WEIR).start()
-        self.addCleanup(server.cleanup)
-        stream = unique("bomb")
-        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        server, stream = start_with_stream(self, "bomb")
         bomb = frame(gzip.compress(pb_append_input([pb_append_record(b"\0" * (3 << 19))])), flag=0x40)
         r = requests.post(f"{server.base_url}/v1/streams/{stream}/records", data=bomb * 4000,
                           headers={"content-type": "s2s/proto"}, timeout=TIMEOUT)
@@ -616,10 +622,7 @@ class RefusedBodyTest(unittest.TestCase):
 class InputBudgetTest(unittest.TestCase):
     def start(self):
         """A server with 4 MiB for request bodies, an HTTP/2 client, and a new stream's records path."""
-        server = WeirServer(WEIR, args=["--http-max-in-flight-mib", "4"]).start()
-        self.addCleanup(server.cleanup)
-        stream = unique("budget")
-        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        server, stream = start_with_stream(self, "budget", args=["--http-max-in-flight-mib", "4"])
         h2c = H2Client(server.port)
         self.addCleanup(h2c.close)
         return server, h2c, f"/v1/streams/{stream}/records"
@@ -1111,10 +1114,7 @@ class ResponseRoomTest(unittest.TestCase):
 
 class DrainTest(unittest.TestCase):
     def test_sigterm_ends_an_open_append_session_with_server_draining(self):
-        server = WeirServer(WEIR).start()
-        self.addCleanup(server.cleanup)
-        stream = unique("drain")
-        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        server, stream = start_with_stream(self, "drain")
         client = H2Client(server.port)
         self.addCleanup(client.close)
         sid = client.request("POST", f"/v1/streams/{stream}/records", [("content-type", "s2s/proto")],
@@ -1140,10 +1140,7 @@ class DrainTest(unittest.TestCase):
         # the server stops: its client reconnects elsewhere. (10 s: the check
         # that the append is still unanswered must not race its PUT on a
         # loaded machine.)
-        server = WeirServer(WEIR, args=["--inject-put-latency-ms", "10000"]).start()
-        self.addCleanup(server.cleanup)
-        stream = unique("drainidle")
-        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        server, stream = start_with_stream(self, "drainidle", args=["--inject-put-latency-ms", "10000"])
         busy = H2Client(server.port)
         self.addCleanup(busy.close)
         idle = H2Client(server.port)
@@ -1184,10 +1181,7 @@ class DrainTest(unittest.TestCase):
         # and retries elsewhere), on HTTP/1.1 and on HTTP/2, instead of
         # closing the connection under it. An upload that stalls holds the
         # drain no longer than the grace. Nothing of any body is appended.
-        server = WeirServer(WEIR, args=["--drain-timeout-s", "120"]).start()
-        self.addCleanup(server.cleanup)
-        stream = unique("drainbody")
-        requests.post(f"{server.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
+        server, stream = start_with_stream(self, "drainbody", args=["--drain-timeout-s", "120"])
         path = f"/v1/streams/{stream}/records"
         body = json.dumps({"records": [{"body": "late"}]}).encode()
         head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
