@@ -11,6 +11,7 @@ import os
 import queue
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import time
 import requests
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "http"))
-from weir_server import WeirServer  # noqa: E402
+from weir_server import WeirServer, run_expecting_exit  # noqa: E402
 
 WEIR = sys.argv[1]
 failures = []
@@ -607,6 +608,45 @@ def auth_token():
         env_out = subprocess.run([WEIR, "stream", "list"], capture_output=True, text=True, timeout=60,
                                  env=dict(os.environ, WEIR_SERVER=srv.base_url, WEIR_AUTH_TOKEN="s3cret"))
         assert env_out.returncode == 0 and env_out.stdout == "authed\n", env_out
+    finally:
+        srv.stop()
+
+
+@case
+def express_wal_store():
+    # The express class: the WAL on a quorum of three file:// stores (2 of 3).
+    # One store that fails every write is invisible to appends; a crash then
+    # loses nothing acknowledged; a start on other WAL stores than the ones an
+    # unsettled chain is in is refused, and changes nothing.
+    base = os.path.join(tmp.name, "express")
+    os.mkdir(base)
+    stores = [os.path.join(base, f"wal-{i}") for i in range(3)]
+    flags = [a for s in stores for a in ("--wal-store", "file://" + s)]
+    srv = start_server(os.path.join(base, "data"), flags)
+    try:
+        weir("stream", "create", "ex", server=srv.base_url)
+        weir("append", "ex", input="one\n", server=srv.base_url)
+        # The third store turns into a file: every write to it fails.
+        shutil.rmtree(stores[2])
+        open(stores[2], "w").close()
+        weir("append", "ex", input="two\nthree\n", server=srv.base_url)
+        metrics = requests.get(srv.base_url + "/metrics", timeout=30).text
+        failed = re.search(r'^weir_wal_quorum_copy_failures_total\{store="2"\} (\d+)', metrics, re.M)
+        assert failed and int(failed.group(1)) >= 1, metrics
+        srv.kill()
+        os.remove(stores[2])
+        os.mkdir(stores[2])  # back, empty: its copies are gone
+        srv.start()
+        assert weir("read", "ex", "--count", "3", server=srv.base_url).stdout == "one\ntwo\nthree\n"
+        weir("append", "ex", input="four\n", server=srv.base_url)
+        srv.kill()
+        # Unsettled records are in the quorum: a start on the object store is refused.
+        code, out = run_expecting_exit(srv.command()[:srv.command().index(flags[0])])
+        assert code not in (None, 0) and "WAL is in quorum(2 of 3" in out, out
+        code, out = run_expecting_exit(srv.command() + ["--wal-quorum", "4"])
+        assert code not in (None, 0) and "--wal-quorum 4 is more than the 3 --wal-store" in out, out
+        srv.start()
+        assert weir("read", "ex", "--count", "4", server=srv.base_url).stdout == "one\ntwo\nthree\nfour\n"
     finally:
         srv.stop()
 

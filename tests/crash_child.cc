@@ -33,6 +33,7 @@
 #include "metastore/metastore.h"
 #include "objstore/fault_store.h"
 #include "objstore/file_store.h"
+#include "wal/quorum_store.h"
 
 namespace {
 
@@ -61,6 +62,10 @@ struct Flags {
   std::string node = "crash-node";
   int node_live_window_ms = 20000;
   size_t cache_bytes = wl::EngineOptions{}.log_cache_bytes;
+  // The WAL's own stores, file://DIR/wal-<i>: 0 = the object store, 2 or
+  // more = a quorum (the express class).
+  int wal_stores = 0;
+  int wal_down_store = -1;  // append mode: this one fails every PUT
 };
 
 std::string StreamName(int k) { return "s" + std::to_string(k); }
@@ -172,16 +177,52 @@ Result<std::unique_ptr<wl::Engine>> OpenEngine(const Flags& f, bool faults, size
     fo.put_ambiguous_rate = f.put_ambiguous_rate;
     store = std::make_shared<weir::objstore::FaultStore>(store, fo);
   }
+  std::shared_ptr<weir::objstore::ObjectStore> wal_store;
+  // Fails every PUT once recovery is done: a quorum's recovery may need a
+  // store that is down (a slot with one flight copy and one poison).
+  std::shared_ptr<weir::objstore::FaultStore> down;
+  if (f.wal_stores > 0) {
+    std::vector<std::shared_ptr<weir::objstore::ObjectStore>> stores;
+    for (int i = 0; i < f.wal_stores; ++i) {
+      const std::string dir = f.dir + "/wal-" + std::to_string(i);
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec) return weir::IOError("creating {}: {}", dir, ec.message());
+      WEIR_ASSIGN_OR_RETURN(auto one, weir::objstore::OpenFileStore(dir));
+      if (faults) {
+        weir::objstore::FaultOptions fo;
+        fo.seed = f.seed * 31 + static_cast<uint64_t>(i);
+        fo.put_error_rate = f.put_error_rate;
+        fo.put_timeout_rate = f.put_timeout_rate;
+        fo.put_ambiguous_rate = f.put_ambiguous_rate;
+        auto faulty = std::make_shared<weir::objstore::FaultStore>(one, fo);
+        if (i == f.wal_down_store) down = faulty;
+        one = faulty;
+      }
+      stores.push_back(std::move(one));
+    }
+    if (stores.size() == 1) {
+      wal_store = stores.front();
+    } else {
+      WEIR_ASSIGN_OR_RETURN(wal_store, weir::wal::QuorumStore::Open(std::move(stores)));
+    }
+  }
   WEIR_ASSIGN_OR_RETURN(auto meta, weir::metastore::OpenMetastore(f.metastore.empty() ? "sqlite://" + f.dir + "/meta.db"
                                                                                       : f.metastore));
   wl::EngineOptions o;
   o.node = f.node;
+  o.wal_store = wal_store;
   o.node_live_window = std::chrono::milliseconds(f.node_live_window_ms);
   o.wal.retry_initial = 2ms;
   o.wal.retry_max = 50ms;
   o.log_cache_bytes = cache_bytes;
   o.settle_interval = settle_interval;
   WEIR_ASSIGN_OR_RETURN(auto engine, wl::Engine::Open(o, store, meta));
+  if (down) {
+    weir::objstore::FaultOptions all;
+    all.put_error_rate = 1.0;
+    down->SetOptions(all);
+  }
   Status st = engine->CreateBasin(kBasin);
   if (!st.ok() && st.code() != Code::kAlreadyExists) return st;
   for (int k = 0; k < f.streams; ++k) {
@@ -791,6 +832,9 @@ int main(int argc, char** argv) {
   app.add_option("--cache-bytes", f.cache_bytes, "append mode: log cache size");
   app.add_option("--settle-ms", f.settle_ms, "append mode: settle interval")->check(CLI::Range(1, 600000));
   app.add_option("--node", f.node, "node id (default crash-node)");
+  app.add_option("--wal-stores", f.wal_stores, "WAL stores file://DIR/wal-<i> (0: the object store; 2+: a quorum)")
+      ->check(CLI::Range(0, 8));
+  app.add_option("--wal-down-store", f.wal_down_store, "append mode: this WAL store fails every PUT (-1: none)");
   app.add_option("--node-live-window-ms", f.node_live_window_ms,
                  "another node's heartbeat younger than this refuses the start")
       ->check(CLI::Range(1, 600000));

@@ -42,6 +42,9 @@ SCENARIOS = [
     # A killed node's heartbeat is stale at once (1 ms): the next start, of
     # another id or of its own, goes ahead.
     ("takeover", ["--put-ambiguous-rate", "0.05", "--node-live-window-ms", "1"], ["crash-a", "crash-b", "crash-c"]),
+    # The express class: the WAL on a quorum of three stores (2 of 3), each
+    # with faults of its own; in most cycles one of them fails every PUT.
+    ("express", ["--wal-stores", "3", "--put-error-rate", "0.02", "--put-ambiguous-rate", "0.05"], ["crash-node"]),
 ]
 
 
@@ -124,6 +127,8 @@ def cycle(rng, d, ack_log, extra, nodes, i, log, store):
     node = nodes[0] if len(nodes) == 1 else rng.choice(nodes)
     args = [CHILD, "--dir", d, "--mode", "append", "--ack-log", ack_log, "--node", node,
             "--seed", str(rng.randrange(1, 1 << 62))] + store[0] + extra + EXTRA
+    if "--wal-stores" in extra:
+        args += ["--wal-down-store", str(rng.randrange(-1, int(extra[extra.index("--wal-stores") + 1])))]
     err_path = os.path.join(d, "append.err")
     with open(err_path, "ab") as err:
         err.write(f"--- cycle {i}\n".encode())
@@ -169,11 +174,13 @@ def count_log(ack_log):
 
 
 def extra_node_flags(extra):
-    """The append-mode flags verify takes too (the node live window)."""
-    if "--node-live-window-ms" not in extra:
-        return []
-    i = extra.index("--node-live-window-ms")
-    return extra[i:i + 2]
+    """The append-mode flags verify takes too (the node live window, the WAL stores)."""
+    out = []
+    for flag in ("--node-live-window-ms", "--wal-stores"):
+        if flag in extra:
+            i = extra.index(flag)
+            out += extra[i:i + 2]
+    return out
 
 
 def scenario(name, extra, nodes, seed):

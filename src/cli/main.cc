@@ -75,6 +75,12 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       "Metastore URI (sqlite://PATH, sqlite://:memory:, postgres://USER@HOST:PORT/DB); default "
       "sqlite://DATA_DIR/meta.db (:memory: with mem://)");
   opt("--node-id", o.node_id, "This node's id in the WAL and metastore");
+  opt("--wal-store", o.wal_stores,
+      "WAL store URI, repeatable: none = the object store; two or more = the express class, a quorum of them")
+      ->expected(1)
+      ->take_all();
+  opt("--wal-quorum", o.wal_quorum, "Express class: WAL copies that make a slot durable (0 = a majority)")
+      ->check(CLI::Range(0, 32));
   cmd->add_flag("--allow-unconditional-put", o.allow_unconditional_put,
                 "s3:// only: start even if the store ignores If-None-Match: * (unsafe with several nodes)")
       ->envname("WEIR_ALLOW_UNCONDITIONAL_PUT");

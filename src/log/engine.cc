@@ -91,7 +91,9 @@ Status ValidateStreamName(const std::string& name) {
 
 Engine::Engine(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
                std::shared_ptr<metastore::Metastore> meta)
-    : options_(std::move(options)), store_(std::move(store)), meta_(std::move(meta)), opened_ms_(WallMillis()) {}
+    : options_(std::move(options)), store_(std::move(store)), meta_(std::move(meta)), opened_ms_(WallMillis()) {
+  wal_store_ = options_.wal_store ? options_.wal_store : store_;
+}
 
 Engine::~Engine() { Close(); }
 
@@ -233,7 +235,7 @@ void Engine::HandleHalt(uint64_t epoch) {
   uint64_t from = checkpoint_.epoch == epoch ? checkpoint_.seq : 0;
   Result<wal::FenceResult> fence = Status();
   for (;;) {
-    fence = wal::Fence(*store_, chain, from, nonce_);
+    fence = wal::Fence(*wal_store_, chain, from, nonce_);
     // Corruption: an object at one of our keys that is no slot of this
     // chain (unreadable, or naming another slot). No retry reads it otherwise.
     if (fence.ok() || closing_ || fence.status().code() == Code::kCorruption) break;
@@ -268,7 +270,7 @@ void Engine::HandleHalt(uint64_t epoch) {
     return;
   }
   epoch_cuts_[epoch] = fence->cut;
-  auto garbage = wal::DeleteGarbage(*store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
+  auto garbage = wal::DeleteGarbage(*wal_store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
   if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
   Status st = wal_->Resume(minted->epoch, fence->cut);
   if (st.ok()) return;
@@ -338,6 +340,36 @@ Status Engine::CheckDeployment() {
   }
 }
 
+Status Engine::CheckWalStore(const metastore::NodeState& prev) {
+  const std::string key = fmt::format("_weir/wal-store/{}", options_.node);
+  // Written by a node whose WAL is the object store too: a moved data dir
+  // or a renamed bucket is still the same WAL.
+  constexpr std::string_view kSameStore = "the object store";
+  const std::string ours = options_.wal_store ? wal_store_->Location() : std::string(kSameStore);
+  auto found = store_->Get(key);
+  if (!found.ok() && found.status().code() != Code::kNotFound) {
+    return found.status().WithContext("reading " + key);
+  }
+  std::string theirs = found.ok() ? *found : prev.epoch == 0 ? ours : std::string(kSameStore);  // older builds
+  while (!theirs.empty() && (theirs.back() == '\n' || theirs.back() == '\r')) theirs.pop_back();
+  if (theirs == ours && found.ok()) return Status::Ok();
+  if (theirs != ours) {
+    // A clean stop clears the heartbeat once everything is settled: then
+    // nothing is left in the old WAL store.
+    if (prev.heartbeat_ms != 0) {
+      return PreconditionFailed(
+          "node {}'s WAL is in {}, and this start's WAL store is {}: the node is running, or stopped without "
+          "settling everything it acknowledged, so its unsettled records are only there. Start it with its "
+          "earlier WAL store (--wal-store) and stop it cleanly before changing it (or delete the object {} from "
+          "{} to start without those records)",
+          options_.node, theirs, ours, key, store_->Describe());
+    }
+    if (found.ok()) Log().info("node {}: the WAL moves from {} to {}", options_.node, theirs, ours);
+  }
+  if (taking_over_) return Status::Ok();  // the same store: nothing to record for another node
+  return store_->Put(key, ours + "\n").WithContext("recording the WAL store in " + key);
+}
+
 Status Engine::Recover() {
   WEIR_ASSIGN_OR_RETURN(metastore::NodeState prev, meta_->GetNode(options_.node));
   if (prev.epoch == 0) {
@@ -345,7 +377,7 @@ Status Engine::Recover() {
     // a metastore that never had a stream over a store holding segments: a
     // reset or mismatched metastore. Starting would write epoch 1's slots
     // and new segments where old ones are (or replay them into new streams).
-    WEIR_ASSIGN_OR_RETURN(auto slots, store_->List(fmt::format("wal/{}/", options_.node), "", 1));
+    WEIR_ASSIGN_OR_RETURN(auto slots, wal_store_->List(fmt::format("wal/{}/", options_.node), "", 1));
     std::optional<std::string> found;
     if (!slots.objects.empty()) found = slots.objects.front().key;
     WEIR_ASSIGN_OR_RETURN(uint64_t last_stream_id, meta_->LastStreamId());
@@ -363,6 +395,7 @@ Status Engine::Recover() {
     }
   }
   if (!taking_over_) WEIR_RETURN_IF_ERROR(CheckDeployment());
+  WEIR_RETURN_IF_ERROR(CheckWalStore(prev));
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   // This process's nonce: its mints and its fences carry it.
   nonce_ = RandomNonce();
@@ -401,7 +434,7 @@ Status Engine::Recover() {
   for (uint64_t e = first; e < epoch_; ++e) {
     wal::ChainRef chain{options_.node, e};
     uint64_t from = e == checkpoint.epoch ? checkpoint.seq : 0;
-    auto fenced = wal::FenceAndWalk(*store_, chain, from, nonce,
+    auto fenced = wal::FenceAndWalk(*wal_store_, chain, from, nonce,
                           [&](uint64_t seq, const wal::SlotIndex& index, std::string_view bytes) {
                             ++slots;
                             for (const auto& c : index.chunks) {
@@ -421,7 +454,7 @@ Status Engine::Recover() {
     const wal::FenceResult& fence = *fenced;
     epoch_cuts_[e] = fence.cut;
     uint64_t garbage_window = e + 1 == epoch_ && prev.window > 0 ? prev.window : window;
-    auto garbage = wal::DeleteGarbage(*store_, chain, fence.cut, garbage_window);
+    auto garbage = wal::DeleteGarbage(*wal_store_, chain, fence.cut, garbage_window);
     if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, e, garbage.status().ToString());
   }
   Log().info("node {} recovered epochs {}..{} ({} slots), now epoch {}", options_.node, first, epoch_ - 1, slots,
@@ -454,7 +487,7 @@ Status Engine::Recover() {
     }
   };
   evict_thread_ = std::thread([this] { EvictLoop(); });
-  WEIR_ASSIGN_OR_RETURN(wal_, wal::Writer::Start(store_, wo));
+  WEIR_ASSIGN_OR_RETURN(wal_, wal::Writer::Start(wal_store_, wo));
   checkpoint_ = checkpoint;
   Status swept = SweepGarbage();
   if (!swept.ok()) Log().warn("sweeping garbage: {}", swept.ToString());

@@ -47,6 +47,9 @@ struct SegmentObject;
 struct EngineOptions {
   std::string node = "node-1";
   wal::WriterOptions wal;  // node and epoch are filled in by Open
+  // Where WAL slots go (fence, walk, read-back, trim): null = the object
+  // store. A QuorumStore makes the express class (docs/storage-classes.md).
+  std::shared_ptr<objstore::ObjectStore> wal_store;
   size_t max_append_records = 1000;
   size_t max_append_bytes = 1 << 20;  // metered (MeteredBytes)
   // A RecordBatch appended as sent (AppendBatchAsync): Kafka's default
@@ -501,6 +504,8 @@ class Engine {
   size_t cached_bytes() const { return cache_bytes_.load(); }
   uint64_t unsettled_bytes() const { return unsettled_bytes_.load(); }
   wal::Writer& wal() { return *wal_; }
+  // Where the WAL's slots go (EngineOptions::wal_store, or the object store).
+  objstore::ObjectStore& wal_store() { return *wal_store_; }
   void Close();
 
  private:
@@ -518,6 +523,10 @@ class Engine {
   // Refuses a store that names another metastore (kDeploymentKey); claims an
   // unclaimed one for this metastore.
   Status CheckDeployment();
+  // Refuses a start whose WAL store differs from the one this node's
+  // unsettled chain is in (_weir/wal-store/<node> in the object store names
+  // it), and records this start's.
+  Status CheckWalStore(const metastore::NodeState& prev);
   Status ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where);
   // The stream a front-end names: kNotFound if there is none; kFenced once
   // this process is superseded (its successor serves the streams: what
@@ -673,6 +682,7 @@ class Engine {
 
   EngineOptions options_;
   std::shared_ptr<objstore::ObjectStore> store_;
+  std::shared_ptr<objstore::ObjectStore> wal_store_;  // options_.wal_store, or store_
   std::shared_ptr<metastore::Metastore> meta_;
   std::unique_ptr<wal::Writer> wal_;
   std::atomic<uint64_t> epoch_{0};

@@ -101,7 +101,7 @@ Status Engine::ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std:
   ForEachParallel(runs.size(), parallel, "read-back", [&](size_t k) {
     const Run& run = runs[k];
     const wal::AckInfo& w = refs[run.first].where;
-    auto got = store_->Get(wal::SlotKey(options_.node, w.epoch, w.seq), objstore::ByteRange{w.offset, run.length});
+    auto got = wal_store_->Get(wal::SlotKey(options_.node, w.epoch, w.seq), objstore::ByteRange{w.offset, run.length});
     if (!got.ok()) {
       failed[k] = got.status().WithContext("reading an unsettled batch");
       return;
@@ -391,7 +391,7 @@ void Engine::DeleteSlots(const metastore::ChainPosition& from, const metastore::
     for (uint64_t q = first; q < last; ++q) keys.push_back(wal::SlotKey(options_.node, e, q));
   }
   if (keys.empty()) return;
-  Status st = store_->DeleteMany(keys);
+  Status st = wal_store_->DeleteMany(keys);
   if (!st.ok()) {
     Log().warn("deleting {} settled WAL slots: {}", keys.size(), st.ToString());
     return;
@@ -408,7 +408,7 @@ Status Engine::SweepGarbage() {
   std::vector<std::string> garbage;
   std::string prefix = fmt::format("wal/{}/", options_.node);
   for (std::string after;;) {
-    WEIR_ASSIGN_OR_RETURN(auto page, store_->List(prefix, after, 1000));
+    WEIR_ASSIGN_OR_RETURN(auto page, wal_store_->List(prefix, after, 1000));
     for (const auto& obj : page.objects) {
       uint64_t epoch = 0, seq = 0;
       if (std::sscanf(obj.key.c_str() + prefix.size(), "%20" SCNu64 "/%20" SCNu64, &epoch, &seq) != 2) continue;
@@ -417,6 +417,11 @@ Status Engine::SweepGarbage() {
     }
     if (page.next_start_after.empty()) break;
     after = page.next_start_after;
+  }
+  if (!garbage.empty()) {
+    Log().info("deleting {} settled WAL slots left behind by earlier runs", garbage.size());
+    if (Status st = wal_store_->DeleteMany(garbage); !st.ok()) Log().warn("deleting them: {}", st.ToString());
+    garbage.clear();
   }
   // 2. Segment objects no index row names: a crash between upload and
   //    commit, or a stream deleted while a settle round wrote its segment
@@ -434,7 +439,7 @@ Status Engine::SweepGarbage() {
   //    Not while taking a dead node over: a later node of the list, not yet
   //    superseded, may still commit segments this engine did not load; the
   //    node starting sweeps once every takeover is done.
-  if (taking_over_) return garbage.empty() ? Status::Ok() : store_->DeleteMany(garbage);
+  if (taking_over_) return Status::Ok();
   std::set<std::string> known;
   for (auto& [id, s] : by_id_) {
     for (const auto& seg : s->segments) known.insert(seg.object_key);

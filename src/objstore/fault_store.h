@@ -52,6 +52,7 @@ class FaultStore : public ObjectStore {
   Status Delete(std::string_view key) override;
   Status DeleteMany(std::span<const std::string> keys) override;
   std::string Describe() const override;
+  std::string Location() const override { return inner_->Location(); }
   // The inner store's, unless PUT latency is injected: then the default.
   size_t PreferredParallelPuts() const override;
 

@@ -71,6 +71,9 @@ class ObjectStore {
 
   // A short description for logs and errors, e.g. "file:///var/lib/weir".
   virtual std::string Describe() const = 0;
+  // Where the objects are, to tell two stores apart: a decorator (faults)
+  // gives its inner store's.
+  virtual std::string Location() const { return Describe(); }
   // How many large PUTs (segments) are worth running at once: many on a
   // remote store, whose latency they hide; few on a local disk, where they
   // only queue the WAL's own writes behind them.

@@ -17,6 +17,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <set>
 #include <utility>
 
 #include "base/fs.h"
@@ -32,6 +33,7 @@
 #include "objstore/fault_store.h"
 #include "objstore/object_store.h"
 #include "objstore/s3_store.h"
+#include "wal/quorum_store.h"
 
 namespace weir::server {
 namespace {
@@ -184,9 +186,10 @@ Result<std::optional<std::string>> ReadToken(const std::string& file) {
   return std::optional<std::string>(token);
 }
 
-Result<std::shared_ptr<objstore::ObjectStore>> OpenStore(const ServeOptions& o) {
-  std::string uri = o.object_store.empty() ? "file://" + std::filesystem::absolute(o.data_dir).string() + "/objects"
-                                           : o.object_store;
+// Opens one store, behind the fault injector when a fault flag is set
+// (`which` seeds it, so each store of a quorum draws its own faults).
+Result<std::shared_ptr<objstore::ObjectStore>> OpenOneStore(const ServeOptions& o, const std::string& uri,
+                                                            uint64_t which) {
   objstore::OpenOptions open;
   open.allow_unconditional_put = o.allow_unconditional_put;
   WEIR_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri, open));
@@ -194,13 +197,59 @@ Result<std::shared_ptr<objstore::ObjectStore>> OpenStore(const ServeOptions& o) 
   bool faults = latency || o.inject_put_error_rate > 0 || o.inject_put_ambiguous_rate > 0;
   if (!faults) return store;
   objstore::FaultOptions f;
-  f.seed = static_cast<uint64_t>(getpid());
+  f.seed = static_cast<uint64_t>(getpid()) * 1000 + which;
   if (latency) std::tie(f.put_latency.p50_ms, f.put_latency.p99_ms) = *latency;
   f.put_error_rate = o.inject_put_error_rate;
   f.put_ambiguous_rate = o.inject_put_ambiguous_rate;
-  Log().warn("object store faults injected: PUT latency p50 {} ms p99 {} ms, error rate {}, ambiguous rate {}",
-             f.put_latency.p50_ms, f.put_latency.p99_ms, f.put_error_rate, f.put_ambiguous_rate);
+  Log().warn("faults injected into {}: PUT latency p50 {} ms p99 {} ms, error rate {}, ambiguous rate {}",
+             store->Describe(), f.put_latency.p50_ms, f.put_latency.p99_ms, f.put_error_rate, f.put_ambiguous_rate);
   return std::shared_ptr<objstore::ObjectStore>(std::make_shared<objstore::FaultStore>(store, f));
+}
+
+Result<std::shared_ptr<objstore::ObjectStore>> OpenStore(const ServeOptions& o) {
+  std::string uri = o.object_store.empty() ? "file://" + std::filesystem::absolute(o.data_dir).string() + "/objects"
+                                           : o.object_store;
+  return OpenOneStore(o, uri, 0);
+}
+
+// --wal-store: null when none is given (the WAL goes to the object store).
+Result<std::shared_ptr<objstore::ObjectStore>> OpenWalStore(const ServeOptions& o) {
+  if (o.wal_stores.empty()) return std::shared_ptr<objstore::ObjectStore>();
+  std::vector<std::shared_ptr<objstore::ObjectStore>> stores;
+  for (size_t i = 0; i < o.wal_stores.size(); ++i) {
+    auto store = OpenOneStore(o, o.wal_stores[i], i + 1);
+    if (!store.ok()) return store.status().WithContext(fmt::format("--wal-store {}", o.wal_stores[i]));
+    stores.push_back(std::move(*store));
+  }
+  if (stores.size() == 1) return stores.front();
+  wal::QuorumOptions q;
+  q.write_quorum = static_cast<size_t>(o.wal_quorum);
+  WEIR_ASSIGN_OR_RETURN(auto quorum, wal::QuorumStore::Open(std::move(stores), q));
+  return std::shared_ptr<objstore::ObjectStore>(std::move(quorum));
+}
+
+// --wal-store and --wal-quorum must name distinct stores that keep what they
+// are given, and a quorum they can make.
+Status CheckWalStoreFlags(const ServeOptions& o, bool store_in_memory) {
+  const size_t k = o.wal_stores.size();
+  if (o.wal_quorum != 0 && k < 2) {
+    return InvalidArgument("--wal-quorum {} needs two or more --wal-store (the express class); {} given",
+                           o.wal_quorum, k);
+  }
+  if (k >= 2 && static_cast<size_t>(o.wal_quorum) > k) {
+    return InvalidArgument("--wal-quorum {} is more than the {} --wal-store given", o.wal_quorum, k);
+  }
+  std::set<std::string> seen;
+  for (const std::string& uri : o.wal_stores) {
+    // The same store twice would take a copy's 412 for a second copy.
+    if (!seen.insert(uri).second) return InvalidArgument("--wal-store {} is given twice", uri);
+    if (uri.starts_with("mem://") && !store_in_memory) {
+      return InvalidArgument("--wal-store {} keeps nothing past exit, and the object store and metastore do: a "
+                             "restart would lose every unsettled record",
+                             uri);
+    }
+  }
+  return Status::Ok();
 }
 
 // S3 requests by operation and outcome, latency, retries, bytes.
@@ -229,6 +278,32 @@ void RenderS3Metrics(const objstore::S3Metrics& m, std::string* out) {
                     m.ambiguous_creates.load());
 }
 
+// The express class's stores, by their position in --wal-store.
+void RenderQuorumMetrics(const wal::QuorumStore& q, std::string* out) {
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::atomic<uint64_t> wal::QuorumStoreCounters::*field;
+  };
+  static constexpr Family kFamilies[] = {
+      {"weir_wal_quorum_copies_total", "counter", "WAL slot copies written to each --wal-store",
+       &wal::QuorumStoreCounters::copies},
+      {"weir_wal_quorum_copy_failures_total", "counter", "WAL slot copies that failed, by --wal-store",
+       &wal::QuorumStoreCounters::copy_failures},
+      {"weir_wal_quorum_copies_skipped_total", "counter",
+       "WAL slot copies not sent: the --wal-store's backlog was full", &wal::QuorumStoreCounters::copies_skipped},
+      {"weir_wal_quorum_backlog_bytes", "gauge", "Bytes of WAL slot copies queued or being written, by --wal-store",
+       &wal::QuorumStoreCounters::backlog_bytes},
+  };
+  for (const Family& f : kFamilies) {
+    *out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, f.help, f.name, f.type);
+    for (size_t i = 0; i < q.store_count(); ++i) {
+      *out += fmt::format("{}{{store=\"{}\"}} {}\n", f.name, i, (q.counters(i).*f.field).load());
+    }
+  }
+}
+
 // The part of /metrics the HTTP layer does not own: WAL, engine, metastore, S3.
 std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta, objstore::ObjectStore* store) {
   std::string out;
@@ -242,6 +317,7 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
   http::PromCounter(&out, "weir_wal_put_ambiguous_resolved_total", "Ambiguous PUTs resolved by reading back",
                     w.put_ambiguous_resolved.load());
   http::PromCounter(&out, "weir_wal_halts_total", "WAL chain halts (foreign slot occupant)", w.halts.load());
+  if (auto* q = dynamic_cast<wal::QuorumStore*>(&engine->wal_store())) RenderQuorumMetrics(*q, &out);
   out += "# HELP weir_wal_stalls_total Appends or cuts that waited, by cause\n# TYPE weir_wal_stalls_total counter\n";
   out += fmt::format("weir_wal_stalls_total{{cause=\"budget_uploads\"}} {}\n", w.stall_budget_uploads.load());
   out += fmt::format("weir_wal_stalls_total{{cause=\"budget_halted\"}} {}\n", w.stall_budget_halted.load());
@@ -438,6 +514,7 @@ int RunServe(const ServeOptions& o) {
   };
   // Every flag is checked before anything on disk changes.
   if (Status st = CheckFaultFlags(o); !st.ok()) return fail(st);
+  if (Status st = CheckWalStoreFlags(o, o.object_store.starts_with("mem://")); !st.ok()) return fail(st);
   auto addr = ParseHostPort(o.http_addr, "--http-addr");
   if (!addr.ok()) return fail(addr.status());
   if (auto host = ResolveListenHost(addr->first, "--http-addr"); host.ok()) {
@@ -504,11 +581,14 @@ int RunServe(const ServeOptions& o) {
 
   auto store = OpenStore(o);
   if (!store.ok()) return fail(store.status().WithContext("object store"));
+  auto wal_store = OpenWalStore(o);
+  if (!wal_store.ok()) return fail(wal_store.status().WithContext("WAL store"));
   auto meta = metastore::OpenMetastore(meta_uri);
   if (!meta.ok()) return fail(meta.status().WithContext("metastore"));
 
   log::EngineOptions eo;
   eo.node = o.node_id;
+  eo.wal_store = *wal_store;
   eo.group_offsets_basin = kafka::kKafkaBasin;
   eo.wal.window = o.pipeline_window;
   eo.wal.slot_cap_bytes = o.max_slot_bytes;
@@ -539,7 +619,8 @@ int RunServe(const ServeOptions& o) {
   so.max_connections = o.http_max_connections;
   so.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.http_stall_timeout_s * 1000));
 
-  Log().info("weir serve: recovering (object store {}, metastore {})", (*store)->Describe(), (*meta)->Describe());
+  Log().info("weir serve: recovering (object store {}, metastore {}{})", (*store)->Describe(), (*meta)->Describe(),
+             *wal_store ? ", WAL store " + (*wal_store)->Describe() : std::string());
   auto server = http::HttpServer::Start(so, &rest);
   if (!server.ok()) return fail(server.status());
   auto started = Now();

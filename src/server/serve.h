@@ -17,6 +17,10 @@ struct ServeOptions {
   std::string object_store;  // empty: file://DATA_DIR/objects
   std::string metastore;     // empty: sqlite://DATA_DIR/meta.db
   std::string node_id = "node-1";
+  // WAL stores (docs/storage-classes.md): none = the object store; one = that
+  // store; two or more = the express class, a quorum of them.
+  std::vector<std::string> wal_stores;
+  int wal_quorum = 0;  // copies that make a slot durable; 0 = a majority
   // s3:// only: start even if the store ignores If-None-Match: * (one node only; docs/s3.md).
   bool allow_unconditional_put = false;
   // WAL tuning.
