@@ -122,6 +122,7 @@ class GateStore final : public objstore::ObjectStore {
   Status Delete(std::string_view key) override { return inner_->Delete(key); }
   Status DeleteMany(std::span<const std::string> keys) override { return inner_->DeleteMany(keys); }
   std::string Describe() const override { return "gate(" + inner_->Describe() + ")"; }
+  std::string Location() const override { return inner_->Location(); }
 
  private:
   std::shared_ptr<objstore::ObjectStore> inner_;
@@ -158,8 +159,14 @@ class QuorumStoreTest : public ::testing::Test {
       gate.push_back(std::make_shared<GateStore>(fault[i]));
     }
   }
-  // q: a QuorumStore over gate[0..k).
-  bool OpenQuorum(QuorumOptions options = {}) {
+  // q: a QuorumStore over gate[0..k). Listings and deletes wait for every
+  // store (unless a test says otherwise): these stores all answer.
+  static QuorumOptions Patient() {
+    QuorumOptions o;
+    o.straggler_grace = std::chrono::duration_cast<std::chrono::milliseconds>(kPatience);
+    return o;
+  }
+  bool OpenQuorum(QuorumOptions options = Patient()) {
     std::vector<std::shared_ptr<objstore::ObjectStore>> stores(gate.begin(), gate.end());
     auto opened = QuorumStore::Open(std::move(stores), options);
     if (!opened.ok()) {
@@ -260,6 +267,20 @@ TEST(QuorumStoreOpen, DescribeNamesTheQuorumAndEveryStoreInOrder) {
   auto all = QuorumStore::Open(MemStores(3), QuorumOptions{.write_quorum = 3});
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ((*all)->Describe(), "quorum(3 of 3: mem://, mem://, mem://)");
+}
+
+TEST(QuorumStoreOpen, OneStoreTwiceIsRefusedAndTheOrderIsNoPartOfTheLocation) {
+  auto stores = MemStores(2);
+  // A decorator is the store it decorates: named twice, its own copy's 412
+  // would count as a second copy.
+  auto twice = QuorumStore::Open({stores[0], stores[1],
+                                  std::make_shared<objstore::FaultStore>(stores[0], objstore::FaultOptions{})});
+  EXPECT_EQ(twice.status().code(), Code::kInvalidArgument);
+  auto a = QuorumStore::Open({stores[0], stores[1]});
+  auto b = QuorumStore::Open({stores[1], stores[0]});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->Location(), (*b)->Location());
+  EXPECT_NE((*a)->Location(), (*QuorumStore::Open({stores[1], MemStores(1)[0]}))->Location());
 }
 
 // ---- PUT ----------------------------------------------------------------------
@@ -370,6 +391,19 @@ TEST_F(QuorumStoreTest, ForeignOccupantsFailThePut) {
   ASSERT_OK_AND_ASSIGN(std::string dead, q->Get(Key(1)));
   EXPECT_EQ(dead, Poison(1));
   EXPECT_EQ(EnvelopeOf(dead).kind, SlotKind::kPoison);
+}
+
+TEST_F(QuorumStoreTest, AnotherFencersPoisonCountsTowardsDead) {
+  // One store holds another fencer's poison and one is down: this fencer's
+  // poison lands in the third, and the slot is dead at two poisons.
+  Plant({0}, Key(0), Poison(0, kOtherNonce));
+  Fail(2, /*puts=*/true, /*reads=*/true);
+  ASSERT_TRUE(OpenQuorum());
+  ASSERT_OK(PutSlot(0, Poison(0)));
+  ASSERT_OK_AND_ASSIGN(std::string dead, q->Get(Key(0)));
+  EXPECT_EQ(EnvelopeOf(dead).kind, SlotKind::kPoison);
+  // And a flight can no longer be durable there.
+  EXPECT_EQ(PutSlot(0, Flight(0)).code(), Code::kPreconditionFailed);
 }
 
 // With K = 4 and W = 3 the two thresholds differ: a flight needs W copies and
@@ -576,7 +610,9 @@ TEST_F(QuorumStoreTest, DeleteRemovesEveryCopy) {
 
 TEST_F(QuorumStoreTest, FullBacklogGivesUpCopiesForASlowStore) {
   const size_t slot_size = Flight(0).size();  // every Flight(0..9) has this size
-  ASSERT_TRUE(OpenQuorum(QuorumOptions{.backlog_bytes = slot_size}));
+  QuorumOptions o = Patient();
+  o.backlog_bytes = slot_size;
+  ASSERT_TRUE(OpenQuorum(o));
   gate[2]->CloseGate();
   constexpr uint64_t n = 6;
   for (uint64_t s = 0; s < n; ++s) {
@@ -599,6 +635,34 @@ TEST_F(QuorumStoreTest, FullBacklogGivesUpCopiesForASlowStore) {
     ASSERT_OK_AND_ASSIGN(std::string got, q->Get(Key(s)));
     EXPECT_EQ(got, Flight(s));
   }
+}
+
+TEST_F(QuorumStoreTest, AStoreBehindOnCopiesStillAnswersReadsListsAndDeletes) {
+  // Reads, listings and deletes go ahead of copies: store 2, with more copies
+  // held at its gate than it has threads, still deletes what only it holds.
+  Plant({2}, Key(100), Flight(100));
+  ASSERT_TRUE(OpenQuorum());
+  gate[2]->CloseGate();
+  for (uint64_t s = 0; s < 20; ++s) ASSERT_OK(PutSlot(s, Flight(s)));
+  ASSERT_OK_AND_ASSIGN(std::string got, q->Get(Key(19)));
+  EXPECT_EQ(got, Flight(19));
+  ASSERT_OK(q->Head(Key(100)).status());
+  ASSERT_OK_AND_ASSIGN(auto page, q->List("wal/", "", 1000));
+  EXPECT_EQ(page.objects.size(), 21u);
+  ASSERT_OK(q->DeleteMany(std::vector<std::string>{Key(0), Key(100)}));
+  EXPECT_TRUE(Absent(2, Key(100)));
+  EXPECT_TRUE(Absent(0, Key(0)) && Absent(1, Key(0)));
+}
+
+TEST_F(QuorumStoreTest, ListGivesASlotWithOneFlightCopyAndThePoisonsThePoisonsSize) {
+  // What a crash mid-PUT and the fence leave: the sweep must take it for a
+  // poison (which it keeps), whichever store answers first.
+  Plant({0}, Key(0), Flight(0));
+  Plant({1, 2}, Key(0), Poison(0));
+  ASSERT_TRUE(OpenQuorum());
+  ASSERT_OK_AND_ASSIGN(auto page, q->List("wal/", "", 1000));
+  ASSERT_EQ(page.objects.size(), 1u);
+  EXPECT_EQ(page.objects[0].size, kEnvelopeSize);
 }
 
 // ---- With the WAL writer ------------------------------------------------------

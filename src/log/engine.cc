@@ -340,8 +340,10 @@ Status Engine::CheckDeployment() {
   }
 }
 
-Status Engine::CheckWalStore(const metastore::NodeState& prev) {
-  const std::string key = fmt::format("_weir/wal-store/{}", options_.node);
+std::string Engine::WalStoreMarkerKey() const { return fmt::format("_weir/wal-store/{}", options_.node); }
+
+Result<std::optional<std::string>> Engine::CheckWalStore(const metastore::NodeState& prev) {
+  const std::string key = WalStoreMarkerKey();
   // Written by a node whose WAL is the object store too: a moved data dir
   // or a renamed bucket is still the same WAL.
   constexpr std::string_view kSameStore = "the object store";
@@ -350,24 +352,29 @@ Status Engine::CheckWalStore(const metastore::NodeState& prev) {
   if (!found.ok() && found.status().code() != Code::kNotFound) {
     return found.status().WithContext("reading " + key);
   }
-  std::string theirs = found.ok() ? *found : prev.epoch == 0 ? ours : std::string(kSameStore);  // older builds
+  std::string theirs = found.ok() ? *found : std::string(kSameStore);  // a new node, or an older build
   while (!theirs.empty() && (theirs.back() == '\n' || theirs.back() == '\r')) theirs.pop_back();
-  if (theirs == ours && found.ok()) return Status::Ok();
-  if (theirs != ours) {
+  if (found.ok() && theirs == ours) return std::optional<std::string>();
+  if (theirs != ours && prev.epoch != 0) {
     // A clean stop clears the heartbeat once everything is settled: then
-    // nothing is left in the old WAL store.
-    if (prev.heartbeat_ms != 0) {
+    // nothing is left in the old WAL store. Builds before the marker did not
+    // always clear it so: their node moves once it has started with the
+    // marker written.
+    if (prev.heartbeat_ms != 0 || !found.ok()) {
       return PreconditionFailed(
-          "node {}'s WAL is in {}, and this start's WAL store is {}: the node is running, or stopped without "
-          "settling everything it acknowledged, so its unsettled records are only there. Start it with its "
-          "earlier WAL store (--wal-store) and stop it cleanly before changing it (or delete the object {} from "
-          "{} to start without those records)",
-          options_.node, theirs, ours, key, store_->Describe());
+          "node {}'s WAL is in {}, and this start's WAL store is {}: {}. Start it with its earlier WAL store "
+          "(--wal-store as before) and stop it cleanly before changing it (or delete the object {} from {} to "
+          "start without what it left unsettled)",
+          options_.node, theirs, ours,
+          found.ok() ? "the node is running, or stopped without settling everything it acknowledged, so its "
+                       "unsettled records are only there"
+                     : "the node last ran under a build that did not record its WAL store",
+          key, store_->Describe());
     }
-    if (found.ok()) Log().info("node {}: the WAL moves from {} to {}", options_.node, theirs, ours);
+    Log().info("node {}: the WAL moves from {} to {}", options_.node, theirs, ours);
   }
-  if (taking_over_) return Status::Ok();  // the same store: nothing to record for another node
-  return store_->Put(key, ours + "\n").WithContext("recording the WAL store in " + key);
+  if (taking_over_) return std::optional<std::string>();  // the same store: nothing to record for another node
+  return std::optional<std::string>(ours + "\n");
 }
 
 Status Engine::Recover() {
@@ -395,7 +402,7 @@ Status Engine::Recover() {
     }
   }
   if (!taking_over_) WEIR_RETURN_IF_ERROR(CheckDeployment());
-  WEIR_RETURN_IF_ERROR(CheckWalStore(prev));
+  WEIR_ASSIGN_OR_RETURN(const std::optional<std::string> wal_marker, CheckWalStore(prev));
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   // This process's nonce: its mints and its fences carry it.
   nonce_ = RandomNonce();
@@ -407,6 +414,11 @@ Status Engine::Recover() {
     // sequencers). Renewed from here on: recovery may take longer than the window.
     WEIR_RETURN_IF_ERROR(Heartbeat(true));
     if (options_.heartbeat_interval > Duration::zero()) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+    // Recorded once the node is this process's (a start racing it cannot
+    // have changed the record since: its mint would have failed, or ours).
+    if (wal_marker) {
+      WEIR_RETURN_IF_ERROR(store_->Put(WalStoreMarkerKey(), *wal_marker).WithContext("recording the WAL store"));
+    }
     // Before the streams load: they must include what dead nodes acknowledged.
     WEIR_RETURN_IF_ERROR(TakeOverDeadNodes());
   }

@@ -525,8 +525,9 @@ class Engine {
   Status CheckDeployment();
   // Refuses a start whose WAL store differs from the one this node's
   // unsettled chain is in (_weir/wal-store/<node> in the object store names
-  // it), and records this start's.
-  Status CheckWalStore(const metastore::NodeState& prev);
+  // it); returns what to record there once the node is ours, if anything.
+  Result<std::optional<std::string>> CheckWalStore(const metastore::NodeState& prev);
+  std::string WalStoreMarkerKey() const;
   Status ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where);
   // The stream a front-end names: kNotFound if there is none; kFenced once
   // this process is superseded (its successor serves the streams: what

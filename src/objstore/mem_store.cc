@@ -1,6 +1,8 @@
 // mem://: a std::map of immutable blobs under one mutex.
 #include "objstore/mem_store.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -101,6 +103,8 @@ class MemStore final : public ObjectStore {
   }
 
   std::string Describe() const override { return "mem://"; }
+  // Each store in memory is a store of its own.
+  std::string Location() const override { return fmt::format("mem://{}", static_cast<const void*>(this)); }
 
  private:
   std::shared_ptr<const std::string> Find(std::string_view key) {

@@ -8,12 +8,14 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "base/clock.h"
 #include "base/thread.h"
 #include "wal/slot_format.h"
 
@@ -27,11 +29,15 @@ constexpr size_t kMaxStores = 32;
 constexpr size_t kMaxRemembered = 16384;
 
 // One store and the threads that call it: a slow store's queue never holds
-// another store's requests.
+// another store's requests. Reads, listings and deletes go ahead of slot
+// copies, and copies take at most three quarters of the threads, so a store
+// with a backlog of copies still answers them.
 class Lane {
  public:
   Lane(std::shared_ptr<objstore::ObjectStore> store, size_t threads, size_t backlog_cap)
-      : store_(std::move(store)), backlog_cap_(backlog_cap) {
+      : store_(std::move(store)),
+        backlog_cap_(backlog_cap),
+        copy_threads_(threads > 1 ? threads - std::max<size_t>(1, threads / 4) : 1) {
     for (size_t i = 0; i < threads; ++i) {
       try {
         threads_.emplace_back([this] { Run(); });
@@ -53,16 +59,21 @@ class Lane {
   objstore::ObjectStore& store() { return *store_; }
   QuorumStoreCounters& counters() { return counters_; }
 
-  // Queues `fn`; `bytes` (a slot copy's size) count against the backlog until
-  // it has run. False, and nothing queued, when they would not fit.
+  // Queues `fn`: a slot copy of `bytes` (> 0), which count against the
+  // backlog until it has run, or a request (0). False, and nothing queued,
+  // when the copy would not fit or the lane is stopping.
   bool Submit(size_t bytes, std::function<void()> fn) {
     {
       std::lock_guard lk(mu_);
       if (stop_) return false;
-      if (bytes > 0 && backlog_ + bytes > backlog_cap_ && backlog_ > 0) return false;
-      backlog_ += bytes;
-      counters_.backlog_bytes.store(backlog_, std::memory_order_relaxed);
-      queue_.push_back(Task{bytes, std::move(fn)});
+      if (bytes == 0) {
+        requests_.push_back(Task{0, std::move(fn)});
+      } else {
+        if (backlog_ + bytes > backlog_cap_ && backlog_ > 0) return false;
+        backlog_ += bytes;
+        counters_.backlog_bytes.store(backlog_, std::memory_order_relaxed);
+        copies_.push_back(Task{bytes, std::move(fn)});
+      }
     }
     cv_.notify_one();
     return true;
@@ -77,24 +88,35 @@ class Lane {
     SetThreadName("wal-quorum");
     std::unique_lock lk(mu_);
     while (true) {
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(lk, [&] {
+        return stop_ || !requests_.empty() || (!copies_.empty() && copies_running_ < copy_threads_);
+      });
       if (stop_) return;  // queued copies are dropped: tolerated absent
-      Task t = std::move(queue_.front());
-      queue_.pop_front();
+      std::deque<Task>& from = !requests_.empty() ? requests_ : copies_;
+      Task t = std::move(from.front());
+      from.pop_front();
+      if (t.bytes > 0) ++copies_running_;
       lk.unlock();
       t.fn();
       t.fn = nullptr;  // releases what it held before the backlog says so
       lk.lock();
-      backlog_ -= t.bytes;
-      counters_.backlog_bytes.store(backlog_, std::memory_order_relaxed);
+      if (t.bytes > 0) {
+        --copies_running_;
+        backlog_ -= t.bytes;
+        counters_.backlog_bytes.store(backlog_, std::memory_order_relaxed);
+        if (!copies_.empty()) cv_.notify_one();  // a thread may be waiting for a copy's turn
+      }
     }
   }
 
   std::shared_ptr<objstore::ObjectStore> store_;
   const size_t backlog_cap_;
+  const size_t copy_threads_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
+  std::deque<Task> requests_;
+  std::deque<Task> copies_;
+  size_t copies_running_ = 0;
   size_t backlog_ = 0;
   bool stop_ = false;
   QuorumStoreCounters counters_;
@@ -130,6 +152,7 @@ bool SameEnvelope(const Envelope& a, const Envelope& b) {
 struct QuorumStore::Impl {
   std::vector<std::unique_ptr<Lane>> lanes;
   size_t w = 0;
+  std::chrono::milliseconds grace{0};
   std::mutex remembered_mu;
   std::unordered_map<std::string, uint32_t> holders;  // key -> stores holding our copy
   std::deque<std::string> remembered_order;
@@ -156,14 +179,14 @@ struct QuorumStore::Impl {
     return it == holders.end() ? 0 : it->second;
   }
 
-  // Runs fn(store) for every store on its lane; a store whose lane refuses
-  // (stopping) answers `refused`.
+  // Runs fn(lane) for every store on its lane; a store whose lane refuses
+  // (a full backlog, or stopping) answers `refused`.
   template <typename T, typename Fn>
   std::shared_ptr<Fanout<T>> FanOut(size_t bytes, Fn fn, T refused) {
     auto out = std::make_shared<Fanout<T>>(k());
     for (size_t i = 0; i < k(); ++i) {
       Lane* lane = lanes[i].get();
-      bool queued = lane->Submit(bytes, [out, i, lane, fn] { out->Answer(i, fn(i, lane->store())); });
+      bool queued = lane->Submit(bytes, [out, i, lane, fn] { out->Answer(i, fn(*lane)); });
       if (!queued) {
         if (bytes > 0) lane->counters().copies_skipped.fetch_add(1, std::memory_order_relaxed);
         out->Answer(i, refused);
@@ -189,9 +212,9 @@ struct QuorumStore::Impl {
     const std::string key(key_view);
     auto probes = FanOut<Probe>(
         0,
-        [key](size_t, objstore::ObjectStore& s) {
+        [key](Lane& lane) {
           Probe p;
-          auto got = s.Get(key, objstore::ByteRange{0, kEnvelopeSize});
+          auto got = lane.store().Get(key, objstore::ByteRange{0, kEnvelopeSize});
           if (got.ok()) {
             p.kind = Probe::kFound;
             p.bytes = std::move(*got);
@@ -273,19 +296,24 @@ struct QuorumStore::Impl {
                               key, best_flight, flights.size(), poisons, unreadable);
         return d;
       }
-      if (best_flight + unknown < w) {
-        Decision d;
-        d.status = NotFound("slot {} is not committed (best flight {} of {} copies needed)", key, best_flight, w);
-        return d;
+      // Stores yet to answer may still decide it either way (with those that
+      // failed): wait for them.
+      const size_t pending = n - probes->answered;
+      if (pending > 0 && (best_flight + unknown >= w || poisons + unknown >= poison_quorum)) {
+        probes->cv.wait(lk);
+        continue;
       }
-      if (probes->answered == n) {
+      if (best_flight + failed >= w) {
+        // The stores that failed may hold the copies that commit it.
         Decision d;
         d.status = first_error.WithContext(
             fmt::format("slot {}: {} of {} stores did not answer, and the slot is undecided without them", key,
                         failed, n));
         return d;
       }
-      probes->cv.wait(lk);
+      Decision d;
+      d.status = NotFound("slot {} is not committed (best flight {} of {} copies needed)", key, best_flight, w);
+      return d;
     }
   }
 
@@ -314,11 +342,19 @@ Result<std::shared_ptr<QuorumStore>> QuorumStore::Open(std::vector<std::shared_p
   for (const auto& s : stores) {
     if (!s) return InvalidArgument("a quorum WAL store was given a null store");
   }
+  // One store named twice would take its own copy's 412 for a second copy.
+  std::set<std::string> locations;
+  for (const auto& s : stores) {
+    if (!locations.insert(s->Location()).second) {
+      return InvalidArgument("a quorum WAL store was given {} twice", s->Location());
+    }
+  }
   const size_t w = options.write_quorum == 0 ? k / 2 + 1 : options.write_quorum;
   if (w > k) return InvalidArgument("write quorum {} is more than the {} stores", w, k);
   if (options.threads_per_store == 0) return InvalidArgument("a quorum WAL store needs a thread per store at least");
   auto impl = std::make_unique<Impl>();
   impl->w = w;
+  impl->grace = options.straggler_grace;
   try {
     for (auto& s : stores) {
       impl->lanes.push_back(std::make_unique<Lane>(std::move(s), options.threads_per_store, options.backlog_bytes));
@@ -347,7 +383,11 @@ std::string QuorumStore::Describe() const {
 }
 
 std::string QuorumStore::Location() const {
-  return DescribeQuorum(impl_->w, impl_->k(), [&](size_t i) { return impl_->lanes[i]->store().Location(); });
+  // In order: the same stores named in another order are the same quorum.
+  std::vector<std::string> where;
+  for (const auto& lane : impl_->lanes) where.push_back(lane->store().Location());
+  std::sort(where.begin(), where.end());
+  return DescribeQuorum(impl_->w, impl_->k(), [&](size_t i) { return where[i]; });
 }
 
 size_t QuorumStore::PreferredParallelPuts() const {
@@ -377,8 +417,9 @@ Status QuorumStore::Put(std::string_view key_view, std::string_view data, const 
   const Envelope env = *mine;
   auto fan = im.FanOut<Outcome>(
       bytes->size(),
-      [key, bytes, env, lanes = &im.lanes](size_t i, objstore::ObjectStore& s) {
-        QuorumStoreCounters& c = (*lanes)[i]->counters();
+      [key, bytes, env](Lane& lane) {
+        objstore::ObjectStore& s = lane.store();
+        QuorumStoreCounters& c = lane.counters();
         Outcome o;
         Status st = s.Put(key, *bytes, objstore::PutOptions{.if_none_match = true});
         if (st.ok()) {
@@ -387,8 +428,12 @@ Status QuorumStore::Put(std::string_view key_view, std::string_view data, const 
           // Ours from an earlier attempt, or another writer's or a fencer's.
           auto head = s.Get(key, objstore::ByteRange{0, kEnvelopeSize});
           if (head.ok()) {
+            // A poison's purpose is met by any fencer's poison of this slot.
             auto theirs = DecodeEnvelope(*head);
-            o.copy = theirs.ok() && SameEnvelope(*theirs, env) ? Copy::kOurs : Copy::kForeign;
+            const bool same = theirs.ok() && (SameEnvelope(*theirs, env) ||
+                                              (env.kind == SlotKind::kPoison && theirs->kind == SlotKind::kPoison &&
+                                               theirs->epoch == env.epoch && theirs->seq == env.seq));
+            o.copy = same ? Copy::kOurs : Copy::kForeign;
           } else {
             o.error = head.status().code() == Code::kNotFound
                           ? Unavailable("{}: the occupant vanished", key)  // deleted meanwhile: try again
@@ -461,9 +506,10 @@ Result<objstore::ObjectInfo> QuorumStore::Head(std::string_view key_view) {
   Impl& im = *impl_;
   const std::string key(key_view);
   auto fan = im.FanOut<Result<objstore::ObjectInfo>>(
-      0, [key](size_t, objstore::ObjectStore& s) { return s.Head(key); },
+      0, [key](Lane& lane) { return lane.store().Head(key); },
       Result<objstore::ObjectInfo>(Unavailable("the quorum store is closing")));
   std::unique_lock lk(fan->mu);
+  TimePoint grace_end = TimePoint::max();
   while (true) {
     Status first_error;
     for (const auto& a : fan->answers) {
@@ -471,11 +517,18 @@ Result<objstore::ObjectInfo> QuorumStore::Head(std::string_view key_view) {
       if (a->ok()) return **a;
       if (a->status().code() != Code::kNotFound && first_error.ok()) first_error = a->status();
     }
-    if (fan->answered == im.k()) {
+    // W answers and a grace are enough: a copy only a slow store holds is
+    // garbage a later sweep finds.
+    if (fan->answered == im.k() || (fan->answered >= im.w && Now() >= grace_end)) {
       if (!first_error.ok()) return first_error;
-      return NotFound("{} is in none of the quorum's stores", key);
+      return NotFound("{} is in none of the quorum's stores that answered", key);
     }
-    fan->cv.wait(lk);
+    if (fan->answered >= im.w) {
+      if (grace_end == TimePoint::max()) grace_end = Now() + im.grace;
+      fan->cv.wait_until(lk, grace_end);
+    } else {
+      fan->cv.wait(lk);
+    }
   }
 }
 
@@ -484,27 +537,39 @@ Result<objstore::ListPage> QuorumStore::List(std::string_view prefix_view, std::
   Impl& im = *impl_;
   const std::string prefix(prefix_view), after(after_view);
   auto fan = im.FanOut<Result<objstore::ListPage>>(
-      0, [=](size_t, objstore::ObjectStore& s) { return s.List(prefix, after, max_keys); },
+      0, [=](Lane& lane) { return lane.store().List(prefix, after, max_keys); },
       Result<objstore::ListPage>(Unavailable("the quorum store is closing")));
+  // Up to K-W stores may be down or slow (given a grace once W answered):
+  // what they hold is listed by the others (every committed slot has W copies, every dead one K-W+1
+  // poisons) or is left for a later listing.
   std::unique_lock lk(fan->mu);
-  fan->cv.wait(lk, [&] { return fan->answered == im.k(); });
+  auto listed = [&] {
+    size_t ok = 0;
+    for (const auto& a : fan->answers) ok += a && a->ok();
+    return ok;
+  };
+  fan->cv.wait(lk, [&] { return fan->answered == im.k() || listed() >= im.w; });
+  fan->cv.wait_for(lk, im.grace, [&] { return fan->answered == im.k(); });
   // Each store's page holds its first max_keys keys after `after`, so the
-  // merged first max_keys are the quorum's.
+  // merged first max_keys are the quorum's. A key's size is the smallest
+  // any store gave: a slot with one flight copy and the fence's poisons is
+  // a poison (the sweep keeps poisons), and W answers include one of them.
   std::map<std::string, uint64_t> keys;
   bool more = false;
   size_t failed = 0;
   Status first_error;
   for (const auto& a : fan->answers) {
-    if (!a->ok()) {
+    if (!a || !a->ok()) {
       ++failed;
-      if (first_error.ok()) first_error = a->status();
+      if (a && first_error.ok()) first_error = a->status();
       continue;
     }
-    for (const auto& o : (*a)->objects) keys.emplace(o.key, o.size);
+    for (const auto& o : (*a)->objects) {
+      auto [it, added] = keys.emplace(o.key, o.size);
+      if (!added) it->second = std::min(it->second, o.size);
+    }
     more |= !(*a)->next_start_after.empty();
   }
-  // Up to K-W stores may be down: what they hold is listed by the others
-  // (every committed slot has W copies) or is left for a later listing.
   if (failed > im.k() - im.w) {
     return first_error.WithContext(fmt::format("listing {}: {} of {} stores failed", prefix, failed, im.k()));
   }
@@ -530,11 +595,15 @@ Status QuorumStore::DeleteMany(std::span<const std::string> keys_view) {
   for (const auto& key : keys_view) im.Forget(key);
   auto keys = std::make_shared<const std::vector<std::string>>(keys_view.begin(), keys_view.end());
   auto fan = im.FanOut<Status>(
-      0, [keys](size_t, objstore::ObjectStore& s) { return s.DeleteMany(*keys); },
+      0, [keys](Lane& lane) { return lane.store().DeleteMany(*keys); },
       Unavailable("the quorum store is closing"));
+  // W answers and a grace are enough: what a slow store keeps is garbage a
+  // later sweep finds (the deletes still run there).
   std::unique_lock lk(fan->mu);
-  fan->cv.wait(lk, [&] { return fan->answered == im.k(); });
+  fan->cv.wait(lk, [&] { return fan->answered >= im.w; });
+  fan->cv.wait_for(lk, im.grace, [&] { return fan->answered == im.k(); });
   for (size_t i = 0; i < im.k(); ++i) {
+    if (!fan->answers[i]) continue;
     const Status& st = *fan->answers[i];
     if (!st.ok()) return st.WithContext(fmt::format("deleting from store {} of the quorum", i));
   }

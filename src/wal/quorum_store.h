@@ -6,17 +6,22 @@
 //    then: a slow or failed store is invisible to the writer, and the copies
 //    still on their way finish in the background (or are tolerated absent).
 //    A store answering 412 with the writer's own envelope (an earlier attempt
-//    landed) counts as a copy; K-W+1 foreign occupants (W for a poison) make
-//    the PUT kPreconditionFailed.
+//    landed; for a poison, any fencer's poison of the slot) counts as a copy;
+//    K-W+1 foreign occupants (W for a poison) make the PUT
+//    kPreconditionFailed.
 //  - a GET or a probe classifies the slot from the K envelopes: committed (W
 //    copies of one flight), dead (K-W+1 poisons), or, when no flight has W
-//    copies, kNotFound (the fence then poisons it; its create-only PUT settles
-//    a race with a late writer). A slot no writer or fencer can decide any
+//    copies and the stores yet to answer could not change that, kNotFound
+//    (the fence then poisons it; its create-only PUT settles a race with a
+//    late writer). A slot no writer or fencer can decide any
 //    more is kCorruption; one that a store's failure leaves undecided is that
 //    failure (retryable). Bytes beyond the envelope are read from a store
 //    holding the decided copy, falling through the rest on failure.
 //  - HEAD finds an object in any store; LIST merges the stores' listings
-//    (up to K-W of them may fail); DELETE goes to all of them.
+//    (a key's size is the smallest listed); DELETE goes to all of them. Each
+//    waits `straggler_grace` at most for the stores still out once W have
+//    answered (a slow store's leftovers are garbage a later listing finds).
+// Open refuses a store named twice (by Location()).
 // Only create-only PUTs of WAL slots are taken (kInvalidArgument otherwise):
 // the quorum rules above are the slot format's.
 //
@@ -25,9 +30,11 @@
 // store's latency never holds another's requests; bytes of writes still queued
 // or running for a store are bounded (`backlog_bytes`): past it, a copy for
 // that store is given up at once and counted as a failure of that store.
+// Reads, listings and deletes go ahead of slot copies on a store's threads.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -46,6 +53,9 @@ struct QuorumOptions {
   // Per store: bytes of slot copies queued or being written. A store past it
   // (slow or down) gets no new copies until it catches up.
   size_t backlog_bytes = size_t{256} << 20;
+  // How long a listing, a delete or a HEAD finding nothing waits for the
+  // stores still out once W have answered.
+  std::chrono::milliseconds straggler_grace{500};
 };
 
 // Per store, for /metrics.
@@ -74,7 +84,7 @@ class QuorumStore final : public objstore::ObjectStore {
   Status DeleteMany(std::span<const std::string> keys) override;
   // "quorum(2 of 3: file:///a, file:///b, file:///c)"
   std::string Describe() const override;
-  // The same, from the stores' Location()s.
+  // The same, from the stores' Location()s, sorted.
   std::string Location() const override;
   size_t PreferredParallelPuts() const override;
 
