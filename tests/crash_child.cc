@@ -31,6 +31,7 @@
 
 #include "log/engine.h"
 #include "metastore/metastore.h"
+#include "metastore/postgres_db.h"
 #include "objstore/fault_store.h"
 #include "objstore/file_store.h"
 #include "wal/quorum_store.h"
@@ -66,6 +67,7 @@ struct Flags {
   // more = a quorum (the express class).
   int wal_stores = 0;
   int wal_down_store = -1;  // append mode: this one fails every PUT
+  std::string wal_store_uri;  // the WAL on this store instead (postgres:// too)
 };
 
 std::string StreamName(int k) { return "s" + std::to_string(k); }
@@ -181,6 +183,19 @@ Result<std::unique_ptr<wl::Engine>> OpenEngine(const Flags& f, bool faults, size
   // Fails every PUT once recovery is done: a quorum's recovery may need a
   // store that is down (a slot with one flight copy and one poison).
   std::shared_ptr<weir::objstore::FaultStore> down;
+  if (!f.wal_store_uri.empty()) {
+    const bool pg = f.wal_store_uri.starts_with("postgres://") || f.wal_store_uri.starts_with("postgresql://");
+    WEIR_ASSIGN_OR_RETURN(wal_store, pg ? weir::metastore::OpenPostgresWalStore(f.wal_store_uri)
+                                        : weir::objstore::OpenObjectStore(f.wal_store_uri));
+    if (faults && (f.put_error_rate > 0 || f.put_timeout_rate > 0 || f.put_ambiguous_rate > 0)) {
+      weir::objstore::FaultOptions fo;
+      fo.seed = f.seed * 31 + 7;
+      fo.put_error_rate = f.put_error_rate;
+      fo.put_timeout_rate = f.put_timeout_rate;
+      fo.put_ambiguous_rate = f.put_ambiguous_rate;
+      wal_store = std::make_shared<weir::objstore::FaultStore>(wal_store, fo);
+    }
+  }
   if (f.wal_stores > 0) {
     std::vector<std::shared_ptr<weir::objstore::ObjectStore>> stores;
     for (int i = 0; i < f.wal_stores; ++i) {
@@ -835,6 +850,7 @@ int main(int argc, char** argv) {
   app.add_option("--wal-stores", f.wal_stores, "WAL stores file://DIR/wal-<i> (0: the object store; 2+: a quorum)")
       ->check(CLI::Range(0, 8));
   app.add_option("--wal-down-store", f.wal_down_store, "append mode: this WAL store fails every PUT (-1: none)");
+  app.add_option("--wal-store", f.wal_store_uri, "the WAL on this store (an object store URI or postgres://...)");
   app.add_option("--node-live-window-ms", f.node_live_window_ms,
                  "another node's heartbeat younger than this refuses the start")
       ->check(CLI::Range(1, 600000));

@@ -46,6 +46,9 @@ SCENARIOS = [
     # with faults of its own; in most cycles one of them fails every PUT.
     ("express", ["--wal-stores", "3", "--put-error-rate", "0.02", "--put-ambiguous-rate", "0.05"], ["crash-node"]),
 ]
+if PG_ENV is not None:
+    # The WAL on PostgreSQL (--wal-store postgres://), with ambiguous INSERTs.
+    SCENARIOS.append(("postgres-wal", ["--put-ambiguous-rate", "0.05"], ["crash-node"]))
 
 
 class Failure(Exception):
@@ -91,6 +94,13 @@ def read_s3_env(path):
 def store_for(name, seed):
     """Child flags and environment for one scenario's object store."""
     flags, env = [], None
+    if name == "postgres-wal":
+        # The WAL on PostgreSQL, in a schema of its own (the metastore stays where it is).
+        base = read_s3_env(PG_ENV)["POSTGRES_URI"]
+        schema = f"crash_wal_{seed}_{os.getpid()}"
+        subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", base, "-c", f"CREATE SCHEMA {schema}"],
+                       check=True, timeout=60)
+        flags += ["--wal-store", f"{base}?options=-csearch_path%3D{schema}"]
     if PG_ENV is not None:
         base = read_s3_env(PG_ENV)["POSTGRES_URI"]
         schema = f"crash_{name}_{seed}_{os.getpid()}".replace("-", "_")

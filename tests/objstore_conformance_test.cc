@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -26,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "metastore/postgres_db.h"
 #include "s3_test_env.h"
 #include "test_support.h"
 #include "objstore/fault_store.h"
@@ -52,6 +55,35 @@ struct BackendFactory {
   std::function<BackendEnv()> make;
 };
 
+// The fixture's PostgreSQL server (WEIR_TEST_POSTGRES_ENV: a file with a
+// line POSTGRES_URI=...), or "" when none is given.
+std::string PostgresBaseUri() {
+  const char* path = ::getenv("WEIR_TEST_POSTGRES_ENV");
+  if (path == nullptr || *path == '\0') return "";
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("POSTGRES_URI=")) return line.substr(std::string_view("POSTGRES_URI=").size());
+  }
+  ADD_FAILURE() << "WEIR_TEST_POSTGRES_ENV=" << path << " names no POSTGRES_URI";
+  return "";
+}
+
+bool PostgresExec(const std::string& uri, const std::string& sql) {
+  PGconn* conn = PQconnectdb(uri.c_str());
+  bool ok = PQstatus(conn) == CONNECTION_OK;
+  if (ok) {
+    PGresult* res = PQexec(conn, sql.c_str());
+    ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+    if (!ok) ADD_FAILURE() << sql << ": " << PQresultErrorMessage(res);
+    PQclear(res);
+  } else {
+    ADD_FAILURE() << uri << ": " << PQerrorMessage(conn);
+  }
+  PQfinish(conn);
+  return ok;
+}
+
 std::vector<BackendFactory> Backends() {
   std::vector<BackendFactory> backends = {
       {"mem", [] { return BackendEnv{nullptr, NewMemStore()}; }},
@@ -68,6 +100,20 @@ std::vector<BackendFactory> Backends() {
       {"fault_over_mem",
        [] { return BackendEnv{nullptr, std::make_shared<FaultStore>(NewMemStore(), FaultOptions{})}; }},
   };
+  if (const std::string pg = PostgresBaseUri(); !pg.empty()) {
+    // The WAL store on PostgreSQL: each test gets a schema of its own.
+    backends.push_back({"postgres", [pg] {
+                          static int n = 0;
+                          const std::string schema = fmt::format("objstore_{}_{}", ::getpid(), ++n);
+                          if (!PostgresExec(pg, "CREATE SCHEMA " + schema)) return BackendEnv{nullptr, nullptr};
+                          auto store = ::weir::metastore::OpenPostgresWalStore(pg + "?options=-csearch_path%3D" + schema);
+                          if (!store.ok()) {
+                            ADD_FAILURE() << store.status().ToString();
+                            return BackendEnv{nullptr, nullptr};
+                          }
+                          return BackendEnv{nullptr, *store};
+                        }});
+  }
   if (auto s3 = ::weir::testing::LoadS3TestEnv()) {
     // Each test gets a fresh bucket (emptied and removed afterwards).
     backends.push_back({"s3", [env = *s3] {

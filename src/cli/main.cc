@@ -76,7 +76,8 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       "sqlite://DATA_DIR/meta.db (:memory: with mem://)");
   opt("--node-id", o.node_id, "This node's id in the WAL and metastore");
   opt("--wal-store", o.wal_stores,
-      "WAL store URI, repeatable: none = the object store; two or more = the express class, a quorum of them")
+      "WAL store URI (an object store, or postgres://...), repeatable: none = the object store; two or more = "
+      "the express class, a quorum of them")
       ->expected(1)
       ->take_all();
   opt("--wal-quorum", o.wal_quorum, "Express class: WAL copies that make a slot durable (0 = a majority)")

@@ -394,10 +394,12 @@ Status Engine::Recover() {
     }
     if (found) {
       return PreconditionFailed(
-          "the object store {} holds {} ({}), but the metastore has no record of node {}{}: it is not the "
+          "the {} {} holds {} ({}), but the metastore has no record of node {}{}: it is not the "
           "metastore this store was used with, or it was reset. Point --metastore at the right one, or empty the "
           "store (or use another prefix) to start afresh",
-          store_->Describe(), found->starts_with("wal/") ? "this node's WAL" : "settled segments", *found,
+          found->starts_with("wal/") && options_.wal_store ? "WAL store" : "object store",
+          found->starts_with("wal/") ? wal_store_->Describe() : store_->Describe(),
+          found->starts_with("wal/") ? "this node's WAL" : "settled segments", *found,
           options_.node, last_stream_id == 0 ? " or of any stream" : "");
     }
   }

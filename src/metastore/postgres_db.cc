@@ -3,10 +3,16 @@
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <cctype>
+#include <climits>
+#include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <new>
+#include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -150,7 +156,9 @@ std::string WithoutPassword(std::string message, std::string_view uri) {
 // metastore's mutex). Guarantees: see OpenPostgresMetastore.
 class PostgresDb final : public SqlDb {
  public:
-  PostgresDb(PGconn* conn, std::string describe) : conn_(conn), describe_(std::move(describe)) {
+  // `kind` names its use in errors: "metastore" or "WAL store".
+  PostgresDb(PGconn* conn, std::string describe, std::string kind = "metastore")
+      : conn_(conn), describe_(std::move(describe)), kind_(std::move(kind)) {
     PQsetNoticeProcessor(conn_, [](void*, const char*) {}, nullptr);  // NOTICEs ("already exists") are noise
   }
   ~PostgresDb() override {
@@ -196,7 +204,7 @@ class PostgresDb final : public SqlDb {
     const int64_t ms = row.ok() && *row ? st->ColInt(0) : 0;
     st->Reset();
     if (!row.ok()) return row.status();
-    if (ms <= 0) return Internal("metastore {}: the server's clock read {}", describe_, ms);
+    if (ms <= 0) return Internal("{} {}: the server's clock read {}", kind_, describe_, ms);
     return ms;
   }
   Status ExecForTest(const std::string& sql) override { return Exec(sql.c_str(), "test statement"); }
@@ -222,6 +230,7 @@ class PostgresDb final : public SqlDb {
 
   PGconn* const conn_;
   const std::string describe_;
+  const std::string kind_;
   bool in_transaction_ = false;
   mutable bool reconnect_ = false;  // the next call reconnects (set by ResultError, which is const)
   std::unordered_map<std::string, std::unique_ptr<Statement>> statements_;  // by SQL text
@@ -353,7 +362,7 @@ Result<SqlStatement*> PostgresDb::Prepare(const char* sql) {
   if (it == statements_.end()) {
     it = statements_.emplace(sql, std::make_unique<Statement>(this, Renumber(sql))).first;
   } else if (it->second->borrowed()) {
-    return Internal("metastore {}: statement \"{}\" is already in use", describe_, sql);
+    return Internal("{} {}: statement \"{}\" is already in use", kind_, describe_, sql);
   }
   it->second->Borrow();
   return static_cast<SqlStatement*>(it->second.get());
@@ -362,12 +371,12 @@ Result<SqlStatement*> PostgresDb::Prepare(const char* sql) {
 Status PostgresDb::EnsureConnected(std::string_view what) {
   if (PQstatus(conn_) == CONNECTION_OK && !reconnect_) return Status::Ok();
   if (in_transaction_) {
-    return Unavailable("metastore {}: {}: the connection broke inside a transaction (retry)", describe_, what);
+    return Unavailable("{} {}: {}: the connection broke inside a transaction (retry)", kind_, describe_, what);
   }
   reconnect_ = false;
   PQreset(conn_);
   if (PQstatus(conn_) != CONNECTION_OK) {
-    return Unavailable("metastore {}: {}: reconnect: {} (retry)", describe_, what, Trimmed(PQerrorMessage(conn_)));
+    return Unavailable("{} {}: {}: reconnect: {} (retry)", kind_, describe_, what, Trimmed(PQerrorMessage(conn_)));
   }
   return Configure();
 }
@@ -375,7 +384,7 @@ Status PostgresDb::EnsureConnected(std::string_view what) {
 Status PostgresDb::ResultError(const PGresult* res, std::string_view what) const {
   std::string message = res != nullptr ? Trimmed(PQresultErrorMessage(res)) : "";
   if (message.empty()) message = Trimmed(PQerrorMessage(conn_));
-  const std::string text = fmt::format("metastore {}: {}: {}", describe_, what, message);
+  const std::string text = fmt::format("{} {}: {}: {}", kind_, describe_, what, message);
   if (PQstatus(conn_) != CONNECTION_OK) {
     return Unavailable("{} (the connection broke; the next call reconnects)", text);
   }
@@ -415,17 +424,17 @@ Status PostgresDb::Commit(std::string_view what) {
   if (s == PGRES_COMMAND_OK) {
     // COMMIT of a failed transaction succeeds as a ROLLBACK.
     if (std::string_view(PQcmdStatus(res)) != "COMMIT") {
-      st = Internal("metastore {}: {}: commit: the transaction had failed and was rolled back", describe_, what);
+      st = Internal("{} {}: {}: commit: the transaction had failed and was rolled back", kind_, describe_, what);
     }
   } else if (PQstatus(conn_) != CONNECTION_OK) {
-    st = Unavailable("metastore {}: {}: commit: {}; the connection broke, so whether it committed is unknown",
-                     describe_, what, Trimmed(PQerrorMessage(conn_)));
+    st = Unavailable("{} {}: {}: commit: {}; the connection broke, so whether it committed is unknown",
+                     kind_, describe_, what, Trimmed(PQerrorMessage(conn_)));
   } else if (res == nullptr) {
     // No result (libpq out of memory): the COMMIT may not have been sent,
     // leaving the transaction open on the server. The next call connects
     // again, which ends it there (rolled back unless it had committed).
     reconnect_ = true;
-    st = Unavailable("metastore {}: {}: commit: no result ({}); whether it committed is unknown", describe_, what,
+    st = Unavailable("{} {}: {}: commit: no result ({}); whether it committed is unknown", kind_, describe_, what,
                      Trimmed(PQerrorMessage(conn_)));
   } else {
     st = ResultError(res, fmt::format("{}: commit", what));
@@ -434,63 +443,314 @@ Status PostgresDb::Commit(std::string_view what) {
   return st;
 }
 
+namespace {
+
+// Opens a connection to `uri` with weir's defaults and session settings;
+// `kind` ("metastore", "WAL store") names it in errors.
+Result<std::unique_ptr<PostgresDb>> Connect(std::string_view uri, const std::string& kind) {
+  const std::string text(uri);
+  char* error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(text.c_str(), &error);
+  if (options == nullptr) {
+    const std::string why = error != nullptr ? WithoutPassword(Trimmed(error), uri) : "out of memory";
+    PQfreemem(error);
+    return InvalidArgument("{} URI: {} (expected postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE)", kind, why);
+  }
+  std::vector<std::string> keys, values;
+  std::unordered_map<std::string, std::string> given;
+  for (const PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
+    if (o->val == nullptr) continue;
+    keys.emplace_back(o->keyword);
+    values.emplace_back(o->val);
+    given[o->keyword] = o->val;
+  }
+  PQconninfoFree(options);
+  for (const auto& [key, value] : kDefaultParams) {
+    if (given.count(key) != 0) continue;
+    keys.emplace_back(key);
+    values.emplace_back(value);
+  }
+  // Described without the password.
+  const std::string& user = given["user"];
+  const std::string& port = given["port"];
+  const std::string describe = fmt::format("postgres://{}{}{}{}/{}", user.empty() ? "" : user + "@", given["host"],
+                                           port.empty() ? "" : ":", port, given["dbname"]);
+
+  std::vector<const char*> key_ptrs, value_ptrs;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    key_ptrs.push_back(keys[i].c_str());
+    value_ptrs.push_back(values[i].c_str());
+  }
+  key_ptrs.push_back(nullptr);
+  value_ptrs.push_back(nullptr);
+  PGconn* conn = PQconnectdbParams(key_ptrs.data(), value_ptrs.data(), /*expand_dbname=*/0);
+  if (conn == nullptr) return ResourceExhausted("{} {}: connect: out of memory", kind, describe);
+  if (PQstatus(conn) != CONNECTION_OK) {
+    const std::string why = WithoutPassword(Trimmed(PQerrorMessage(conn)), uri);
+    PQfinish(conn);
+    return Unavailable("{} {}: connect: {}", kind, describe, why);
+  }
+  std::unique_ptr<PostgresDb> driver;
+  try {
+    driver = std::make_unique<PostgresDb>(conn, describe, kind);
+  } catch (...) {
+    PQfinish(conn);
+    throw;
+  }
+  WEIR_RETURN_IF_ERROR(driver->Configure());
+  return driver;
+}
+
+}  // namespace
+
 Result<std::shared_ptr<SqlMetastore>> OpenPostgresMetastore(std::string_view uri) {
   try {
-    const std::string text(uri);
-    char* error = nullptr;
-    PQconninfoOption* options = PQconninfoParse(text.c_str(), &error);
-    if (options == nullptr) {
-      const std::string why = error != nullptr ? WithoutPassword(Trimmed(error), uri) : "out of memory";
-      PQfreemem(error);
-      return InvalidArgument("metastore URI: {} (expected postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE)", why);
-    }
-    std::vector<std::string> keys, values;
-    std::unordered_map<std::string, std::string> given;
-    for (const PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
-      if (o->val == nullptr) continue;
-      keys.emplace_back(o->keyword);
-      values.emplace_back(o->val);
-      given[o->keyword] = o->val;
-    }
-    PQconninfoFree(options);
-    for (const auto& [key, value] : kDefaultParams) {
-      if (given.count(key) != 0) continue;
-      keys.emplace_back(key);
-      values.emplace_back(value);
-    }
-    // Described without the password.
-    const std::string& user = given["user"];
-    const std::string& port = given["port"];
-    const std::string describe = fmt::format("postgres://{}{}{}{}/{}", user.empty() ? "" : user + "@", given["host"],
-                                             port.empty() ? "" : ":", port, given["dbname"]);
-
-    std::vector<const char*> key_ptrs, value_ptrs;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      key_ptrs.push_back(keys[i].c_str());
-      value_ptrs.push_back(values[i].c_str());
-    }
-    key_ptrs.push_back(nullptr);
-    value_ptrs.push_back(nullptr);
-    PGconn* conn = PQconnectdbParams(key_ptrs.data(), value_ptrs.data(), /*expand_dbname=*/0);
-    if (conn == nullptr) return ResourceExhausted("metastore {}: connect: out of memory", describe);
-    if (PQstatus(conn) != CONNECTION_OK) {
-      const std::string why = WithoutPassword(Trimmed(PQerrorMessage(conn)), uri);
-      PQfinish(conn);
-      return Unavailable("metastore {}: connect: {}", describe, why);
-    }
-    std::unique_ptr<PostgresDb> driver;
-    try {
-      driver = std::make_unique<PostgresDb>(conn, describe);
-    } catch (...) {
-      PQfinish(conn);
-      throw;
-    }
-    WEIR_RETURN_IF_ERROR(driver->Configure());
+    WEIR_ASSIGN_OR_RETURN(auto driver, Connect(uri, "metastore"));
     return SqlMetastore::Open(std::move(driver));
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("metastore postgres: open: out of memory");
   } catch (const std::exception& e) {
     return Internal("metastore postgres: open: unexpected exception: {}", e.what());
+  }
+}
+
+// ---- the WAL store ----------------------------------------------------------
+
+namespace {
+
+constexpr const char* kWalSchema[] = {
+    "CREATE TABLE IF NOT EXISTS weir_wal(key BYTEA PRIMARY KEY, body BYTEA NOT NULL)",
+    // Uncompressed out of line: a ranged read fetches only its chunks.
+    "ALTER TABLE weir_wal ALTER COLUMN body SET STORAGE EXTERNAL",
+};
+constexpr const char kWalInsert[] = "INSERT INTO weir_wal(key, body) VALUES (?1, ?2)";
+constexpr const char kWalUpsert[] =
+    "INSERT INTO weir_wal(key, body) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET body = EXCLUDED.body";
+constexpr const char kWalGet[] = "SELECT body FROM weir_wal WHERE key = ?1";
+// PostgreSQL's substr counts from 1; the length comes along to tell a range
+// past the end from a missing row.
+constexpr const char kWalGetRange[] =
+    "SELECT substr(body, (?2)::int, (?3)::int), octet_length(body) FROM weir_wal WHERE key = ?1";
+constexpr const char kWalHead[] = "SELECT octet_length(body) FROM weir_wal WHERE key = ?1";
+constexpr const char kWalList[] =
+    "SELECT key, octet_length(body) FROM weir_wal WHERE key >= ?1 AND key > ?2 AND (?3::bytea IS NULL OR key < ?3) "
+    "ORDER BY key LIMIT ?4";
+constexpr const char kWalDelete[] = "DELETE FROM weir_wal WHERE key = ?1";
+
+// The smallest key greater than every key with `prefix`, if there is one.
+std::optional<std::string> PrefixEnd(std::string prefix) {
+  while (!prefix.empty() && static_cast<unsigned char>(prefix.back()) == 0xff) prefix.pop_back();
+  if (prefix.empty()) return std::nullopt;
+  prefix.back() = static_cast<char>(static_cast<unsigned char>(prefix.back()) + 1);
+  return prefix;
+}
+
+// The WAL store on PostgreSQL. Ownership: shared (the engine, the WAL
+// writer). Threads: any; each call borrows a connection of its own from a
+// pool (up to `connections`, opened as needed). Guarantees: ObjectStore's;
+// a row is durable once its INSERT is acknowledged (synchronous_commit).
+class PostgresWalStore final : public objstore::ObjectStore {
+ public:
+  PostgresWalStore(std::string uri, std::string describe, size_t connections)
+      : uri_(std::move(uri)), describe_(std::move(describe)), max_(connections) {}
+
+  Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& options) override {
+    WEIR_RETURN_IF_ERROR(objstore::ValidateKey(key));
+    return With([&](PostgresDb& db) -> Status {
+      WEIR_ASSIGN_OR_RETURN(SqlStatement * st, db.Prepare(options.if_none_match ? kWalInsert : kWalUpsert));
+      st->BindText(1, key);
+      st->BindBlob(2, data);
+      auto done = st->Step("put");
+      st->Reset();
+      if (!done.ok() && done.status().code() == Code::kAlreadyExists) {
+        return PreconditionFailed("{} exists in {}", key, describe_);
+      }
+      return done.status();
+    });
+  }
+
+  Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> range) override {
+    WEIR_RETURN_IF_ERROR(objstore::ValidateKey(key));
+    Result<std::string> out = Status();
+    Status st = With([&](PostgresDb& db) -> Status {
+      WEIR_ASSIGN_OR_RETURN(SqlStatement * q, db.Prepare(range ? kWalGetRange : kWalGet));
+      q->BindText(1, key);
+      if (range) {
+        // Past INT32_MAX the object cannot reach: rows are at most 1 GB.
+        q->BindInt(2, static_cast<int64_t>(std::min<uint64_t>(range->offset, INT32_MAX - 1)) + 1);
+        q->BindInt(3, static_cast<int64_t>(std::min<uint64_t>(range->length, INT32_MAX)));
+      }
+      auto row = q->Step("get");
+      if (!row.ok() || !*row) {
+        q->Reset();
+        if (!row.ok()) return row.status();
+        out = NotFound("{} does not exist in {}", key, describe_);
+        return Status::Ok();
+      }
+      std::string bytes = q->ColBytes(0);
+      const int64_t size = range ? q->ColInt(1) : static_cast<int64_t>(bytes.size());
+      q->Reset();
+      if (range && range->offset >= static_cast<uint64_t>(size) && !(size == 0 && range->offset == 0)) {
+        out = OutOfRange("{}: range starts at {}, past its {} bytes", key, range->offset, size);
+      } else {
+        out = std::move(bytes);
+      }
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return out;
+  }
+
+  Result<objstore::ObjectInfo> Head(std::string_view key) override {
+    WEIR_RETURN_IF_ERROR(objstore::ValidateKey(key));
+    Result<objstore::ObjectInfo> out = Status();
+    Status st = With([&](PostgresDb& db) -> Status {
+      WEIR_ASSIGN_OR_RETURN(SqlStatement * q, db.Prepare(kWalHead));
+      q->BindText(1, key);
+      auto row = q->Step("head");
+      const bool found = row.ok() && *row;
+      const int64_t size = found ? q->ColInt(0) : 0;
+      q->Reset();
+      if (!row.ok()) return row.status();
+      if (!found) {
+        out = NotFound("{} does not exist in {}", key, describe_);
+      } else {
+        out = objstore::ObjectInfo{std::string(key), static_cast<uint64_t>(size)};
+      }
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return out;
+  }
+
+  Result<objstore::ListPage> List(std::string_view prefix, std::string_view start_after, size_t max_keys) override {
+    if (max_keys < 1 || max_keys > 1000) return InvalidArgument("list: max_keys {} is not 1..1000", max_keys);
+    objstore::ListPage page;
+    const std::optional<std::string> end = PrefixEnd(std::string(prefix));
+    Status st = With([&](PostgresDb& db) -> Status {
+      page.objects.clear();
+      WEIR_ASSIGN_OR_RETURN(SqlStatement * q, db.Prepare(kWalList));
+      q->BindText(1, prefix);
+      q->BindText(2, start_after);
+      if (end) {
+        q->BindBlob(3, *end);
+      } else {
+        q->BindNull(3);
+      }
+      q->BindInt(4, static_cast<int64_t>(max_keys) + 1);  // one more says whether more follow
+      while (true) {
+        auto row = q->Step("list");
+        if (!row.ok()) {
+          q->Reset();
+          return row.status();
+        }
+        if (!*row) break;
+        page.objects.push_back(objstore::ObjectInfo{q->ColBytes(0), static_cast<uint64_t>(q->ColInt(1))});
+      }
+      q->Reset();
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    if (page.objects.size() > max_keys) {
+      page.objects.pop_back();
+      page.next_start_after = page.objects.back().key;
+    }
+    return page;
+  }
+
+  Status Delete(std::string_view key) override {
+    WEIR_RETURN_IF_ERROR(objstore::ValidateKey(key));
+    return With([&](PostgresDb& db) -> Status {
+      WEIR_ASSIGN_OR_RETURN(SqlStatement * q, db.Prepare(kWalDelete));
+      q->BindText(1, key);
+      auto done = q->Step("delete");
+      q->Reset();
+      return done.status();
+    });
+  }
+
+  Status DeleteMany(std::span<const std::string> keys) override {
+    Status first;
+    for (const std::string& key : keys) {
+      Status st = Delete(key);
+      if (!st.ok() && first.ok()) first = st;
+    }
+    return first;
+  }
+
+  std::string Describe() const override { return describe_; }
+  size_t PreferredParallelPuts() const override { return max_; }
+
+  // Opens the first connection and makes the table.
+  Status Init() {
+    WEIR_ASSIGN_OR_RETURN(auto db, Connect(uri_, "WAL store"));
+    for (const char* sql : kWalSchema) WEIR_RETURN_IF_ERROR(db->Exec(sql, "create the WAL table"));
+    std::lock_guard lk(mu_);
+    idle_.push_back(std::move(db));
+    open_ = 1;
+    return Status::Ok();
+  }
+
+ private:
+  // Runs fn on a connection of its own: an idle one, a new one while fewer
+  // than max_ are open, or the next one given back.
+  template <typename Fn>
+  Status With(Fn&& fn) {
+    std::unique_ptr<PostgresDb> db;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return !idle_.empty() || open_ < max_; });
+      if (!idle_.empty()) {
+        db = std::move(idle_.back());
+        idle_.pop_back();
+      } else {
+        ++open_;
+      }
+    }
+    if (!db) {
+      auto made = Connect(uri_, "WAL store");
+      if (!made.ok()) {
+        {
+          std::lock_guard lk(mu_);
+          --open_;
+        }
+        cv_.notify_one();
+        return made.status();
+      }
+      db = std::move(*made);
+    }
+    Status st = fn(*db);
+    {
+      std::lock_guard lk(mu_);
+      idle_.push_back(std::move(db));
+    }
+    cv_.notify_one();
+    return st;
+  }
+
+  const std::string uri_;
+  const std::string describe_;
+  const size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<PostgresDb>> idle_;
+  size_t open_ = 0;  // idle or borrowed
+};
+
+}  // namespace
+
+Result<std::shared_ptr<objstore::ObjectStore>> OpenPostgresWalStore(std::string_view uri, size_t connections) {
+  if (connections == 0) return InvalidArgument("a WAL store on PostgreSQL needs a connection at least");
+  try {
+    WEIR_ASSIGN_OR_RETURN(auto probe, Connect(uri, "WAL store"));
+    auto store = std::make_shared<PostgresWalStore>(std::string(uri), probe->Describe(), connections);
+    probe.reset();
+    WEIR_RETURN_IF_ERROR(store->Init());
+    return std::shared_ptr<objstore::ObjectStore>(std::move(store));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("WAL store postgres: open: out of memory");
+  } catch (const std::exception& e) {
+    return Internal("WAL store postgres: open: unexpected exception: {}", e.what());
   }
 }
 

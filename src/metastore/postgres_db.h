@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "metastore/sql_metastore.h"
+#include "objstore/object_store.h"
 
 namespace weir::metastore {
 
@@ -27,5 +28,13 @@ namespace weir::metastore {
 //   broken fails with kUnavailable. A commit whose answer was lost fails with
 //   kUnavailable and says that its outcome is unknown.
 Result<std::shared_ptr<SqlMetastore>> OpenPostgresMetastore(std::string_view uri);
+
+// A WAL store on PostgreSQL (`--wal-store postgres://...`, DESIGN.md §6,
+// docs/storage-classes.md): slots are rows of the table weir_wal (made in the
+// connection's default schema), a create-only PUT is an INSERT whose primary
+// key conflict is kPreconditionFailed, and a row is durable once its INSERT
+// is acknowledged. Up to `connections` connections, opened as calls need
+// them; the connection settings and error rules are the metastore's above.
+Result<std::shared_ptr<objstore::ObjectStore>> OpenPostgresWalStore(std::string_view uri, size_t connections = 8);
 
 }  // namespace weir::metastore

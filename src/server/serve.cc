@@ -30,6 +30,7 @@
 #include "kafka/tcp_server.h"
 #include "log/engine.h"
 #include "metastore/metastore.h"
+#include "metastore/postgres_db.h"
 #include "objstore/fault_store.h"
 #include "objstore/object_store.h"
 #include "objstore/s3_store.h"
@@ -188,11 +189,14 @@ Result<std::optional<std::string>> ReadToken(const std::string& file) {
 
 // Opens one store, behind the fault injector when a fault flag is set
 // (`which` seeds it, so each store of a quorum draws its own faults).
+// A WAL store (`which` > 0) may also be postgres:// (slots as rows).
 Result<std::shared_ptr<objstore::ObjectStore>> OpenOneStore(const ServeOptions& o, const std::string& uri,
                                                             uint64_t which) {
   objstore::OpenOptions open;
   open.allow_unconditional_put = o.allow_unconditional_put;
-  WEIR_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri, open));
+  const bool postgres = uri.starts_with("postgres://") || uri.starts_with("postgresql://");
+  WEIR_ASSIGN_OR_RETURN(auto store, postgres && which > 0 ? metastore::OpenPostgresWalStore(uri)
+                                                          : objstore::OpenObjectStore(uri, open));
   WEIR_ASSIGN_OR_RETURN(const auto latency, ParsePutLatency(o.inject_put_latency_ms));  // checked already
   bool faults = latency || o.inject_put_error_rate > 0 || o.inject_put_ambiguous_rate > 0;
   if (!faults) return store;
