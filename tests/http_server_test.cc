@@ -229,6 +229,35 @@ TEST_F(HttpServerLimits, HeldRequestsKeepOnlyTheBodyBytesTheyUse) {
   for (int fd : {a, b, c, d}) ::close(fd);
 }
 
+// A request that waits for the budget longer than the stall timeout is
+// refused (429), and the one behind it, which now fits, is read.
+TEST_F(HttpServerLimits, ARequestWaitingForTheBudgetPastTheStallTimeoutGets429) {
+  ServerOptions o;
+  o.max_request_bytes = 10000;
+  o.max_in_flight_bytes = 1000;
+  o.stall_timeout = std::chrono::seconds(1);
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  int a = Connect(addr), b = Connect(addr), c = Connect(addr);
+  for (int fd : {a, b, c}) ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(a, PostHead(600) + std::string(600, 'a')));
+  ASSERT_TRUE(handler.WaitFor(1));  // held: 600 of 1000 in use
+  ASSERT_TRUE(SendAll(b, PostHead(900) + std::string(900, 'b')));
+  ASSERT_TRUE(WaitUntil([&] { return metrics().budget_waits.load() == 1; }));
+  ASSERT_TRUE(SendAll(c, PostHead(300) + std::string(300, 'c')));  // fits, but waits behind b
+  ASSERT_TRUE(WaitUntil([&] { return metrics().budget_waits.load() == 2; }));
+  const std::string refused = ReadUntilClosed(b);
+  EXPECT_NE(refused.find("HTTP/1.1 429"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("rate_limited"), std::string::npos) << refused;
+  EXPECT_GE(metrics().budget_timeouts.load(), 1u);
+  ASSERT_TRUE(handler.WaitFor(2));  // c was read once b left the queue
+  handler.AnswerAll();
+  EXPECT_NE(ReadUntil(a, std::string(600, 'a')), "");
+  EXPECT_NE(ReadUntil(c, std::string(300, 'c')), "");
+  EXPECT_EQ(handler.count(), 2u);
+  EXPECT_TRUE(WaitUntil([&] { return metrics().in_flight_bytes.load() == 0; }));
+  for (int fd : {a, b, c}) ::close(fd);
+}
+
 TEST_F(HttpServerLimits, AWaitingConnectionThatClosesGivesItsTurnAway) {
   ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .max_in_flight_bytes = 1000}));
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);

@@ -75,6 +75,20 @@ class ByteBudget {
     for (auto& [w, want] : admitted) w->Admitted(want);
   }
 
+  // Takes `waiter` out of the queue (true), or finds it no longer there
+  // (false: admitted, or dropped). Those behind it that now fit are admitted.
+  bool Cancel(const typename Ptr::element_type* waiter) {
+    {
+      std::lock_guard lk(mu_);
+      auto it = waiters_.begin();
+      while (it != waiters_.end() && Strong(it->first).get() != waiter) ++it;
+      if (it == waiters_.end()) return false;
+      waiters_.erase(it);
+    }
+    Release(0);
+    return true;
+  }
+
   // Forgets every waiter (at shutdown); they are released outside the lock.
   void DropWaiters() {
     std::deque<std::pair<Ptr, size_t>> dropped;

@@ -309,7 +309,8 @@ void DropUnusedBody(Request& req, size_t& reserved, Budget& budget) {
 // all its state is touched on its strand only.
 class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
  public:
-  Conn(Socket socket, HttpServer::Impl* srv) : stream_(std::move(socket)), srv_(srv) {}
+  Conn(Socket socket, HttpServer::Impl* srv)
+      : stream_(std::move(socket)), srv_(srv), budget_timer_(stream_.get_executor()) {}
 
   void Start() {
     // Beast reads at most the buffer's spare capacity (512 bytes at first):
@@ -341,6 +342,8 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   void Admitted(size_t n) {
     net::post(stream_.get_executor(), [self = shared_from_this(), n] {
       self->reserved_ = n;
+      self->waiting_budget_ = false;
+      self->budget_timer_.cancel();
       if (self->closed_) return self->ReleaseReserved();
       self->ReadBody();
     });
@@ -429,8 +432,27 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     if (srv_->budget.ReserveOrWait(shared_from_this(), want)) {
       reserved_ = want;
       ReadBody();
+      return;
     }
-    // Otherwise Admitted() resumes here once the budget has room.
+    // Otherwise Admitted() resumes here once the budget has room, unless the
+    // stall timeout passes first: a request body not whole that long after
+    // its head is given up, as one that stops arriving is.
+    waiting_budget_ = true;
+    budget_timer_.expires_after(srv_->options.stall_timeout);
+    budget_timer_.async_wait([self = shared_from_this()](beast::error_code waited) {
+      if (waited || !self->waiting_budget_) return;
+      // Admitted meanwhile: its post is on its way.
+      if (!self->srv_->budget.Cancel(self.get())) return;
+      self->waiting_budget_ = false;
+      self->receiving_.reset();
+      if (self->closed_) return;
+      self->srv_->metrics.budget_timeouts++;
+      self->Reject(429, "rate_limited",
+                   fmt::format("the server's memory for request bodies (--http-max-in-flight-mib) stayed full for "
+                               "{} s while this request waited for room; try again later",
+                               std::chrono::duration_cast<std::chrono::seconds>(self->srv_->options.stall_timeout)
+                                   .count()));
+    });
   }
 
   // Reads the body whose header parser_ holds; its budget is reserved.
@@ -646,6 +668,8 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   beast::flat_buffer buf_{kMaxReadBufferBytes};
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::string body_;  // a sized request body being read
+  net::steady_timer budget_timer_;  // a request waiting for the budget gives up at the stall timeout
+  bool waiting_budget_ = false;     // queued in the budget; Admitted() has not come
   size_t reserved_ = 0;  // budget held for the request being read, until Dispatch hands it on
   std::optional<Receiving> receiving_;  // a body is being read (or waits for the budget)
   std::deque<Out> out_;

@@ -212,6 +212,7 @@ struct HttpServerMetrics {
   std::atomic<uint64_t> connections{0};
   std::atomic<uint64_t> rejected_connections{0};  // over max_connections
   std::atomic<uint64_t> budget_waits{0};          // requests that waited for max_in_flight_bytes
+  std::atomic<uint64_t> budget_timeouts{0};       // ... and were refused (429) at the stall timeout
   std::atomic<uint64_t> http2_connections{0};
   std::atomic<uint64_t> budget_refusals{0};       // HTTP/2 bodies refused (429) for max_in_flight_bytes
   std::atomic<int64_t> open_connections{0};

@@ -344,36 +344,31 @@ std::string Engine::WalStoreMarkerKey() const { return fmt::format("_weir/wal-st
 
 Result<std::optional<std::string>> Engine::CheckWalStore(const metastore::NodeState& prev) {
   const std::string key = WalStoreMarkerKey();
-  // Written by a node whose WAL is the object store too: a moved data dir
-  // or a renamed bucket is still the same WAL.
+  // No object means the object store (the default, and every build before
+  // the object): a moved data dir or a renamed bucket is still the same WAL.
   constexpr std::string_view kSameStore = "the object store";
   const std::string ours = options_.wal_store ? wal_store_->Location() : std::string(kSameStore);
   auto found = store_->Get(key);
   if (!found.ok() && found.status().code() != Code::kNotFound) {
     return found.status().WithContext("reading " + key);
   }
-  std::string theirs = found.ok() ? *found : std::string(kSameStore);  // a new node, or an older build
+  std::string theirs = found.ok() ? *found : std::string(kSameStore);
   while (!theirs.empty() && (theirs.back() == '\n' || theirs.back() == '\r')) theirs.pop_back();
-  if (found.ok() && theirs == ours) return std::optional<std::string>();
-  if (theirs != ours && prev.epoch != 0) {
+  if (theirs == ours) return std::optional<std::string>();
+  if (prev.epoch != 0) {
     // A clean stop clears the heartbeat once everything is settled: then
-    // nothing is left in the old WAL store. Builds before the marker did not
-    // always clear it so: their node moves once it has started with the
-    // marker written.
-    if (prev.heartbeat_ms != 0 || !found.ok()) {
+    // nothing is left in the old WAL store.
+    if (prev.heartbeat_ms != 0) {
       return PreconditionFailed(
-          "node {}'s WAL is in {}, and this start's WAL store is {}: {}. Start it with its earlier WAL store "
-          "(--wal-store as before) and stop it cleanly before changing it (or delete the object {} from {} to "
-          "start without what it left unsettled)",
-          options_.node, theirs, ours,
-          found.ok() ? "the node is running, or stopped without settling everything it acknowledged, so its "
-                       "unsettled records are only there"
-                     : "the node last ran under a build that did not record its WAL store",
-          key, store_->Describe());
+          "node {}'s WAL is in {}, and this start's WAL store is {}: the node is running, or stopped without "
+          "settling everything it acknowledged, so its unsettled records are only there. Start it with its "
+          "earlier WAL store (--wal-store as before) and stop it cleanly before changing it (or delete the object "
+          "{} from {} to start without what it left unsettled)",
+          options_.node, theirs, ours, key, store_->Describe());
     }
     Log().info("node {}: the WAL moves from {} to {}", options_.node, theirs, ours);
   }
-  if (taking_over_) return std::optional<std::string>();  // the same store: nothing to record for another node
+  if (taking_over_) return std::optional<std::string>();  // recorded by the node's own starts only
   return std::optional<std::string>(ours + "\n");
 }
 

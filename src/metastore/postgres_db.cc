@@ -171,6 +171,14 @@ class PostgresDb final : public SqlDb {
   // The session settings of a new connection.
   Status Configure() {
     for (const char* sql : kSessionSettings) WEIR_RETURN_IF_ERROR(Run(sql, "configure the session"));
+    for (const char* sql : extra_settings_) WEIR_RETURN_IF_ERROR(Run(sql, "configure the session"));
+    return Status::Ok();
+  }
+  // Settings of this connection's use, run after the common ones (now and
+  // on every reconnect).
+  Status AddSettings(std::vector<const char*> sql) {
+    extra_settings_ = std::move(sql);
+    for (const char* q : extra_settings_) WEIR_RETURN_IF_ERROR(Run(q, "configure the session"));
     return Status::Ok();
   }
 
@@ -233,6 +241,7 @@ class PostgresDb final : public SqlDb {
   const std::string kind_;
   bool in_transaction_ = false;
   mutable bool reconnect_ = false;  // the next call reconnects (set by ResultError, which is const)
+  std::vector<const char*> extra_settings_;
   std::unordered_map<std::string, std::unique_ptr<Statement>> statements_;  // by SQL text
 };
 
@@ -378,7 +387,9 @@ Status PostgresDb::EnsureConnected(std::string_view what) {
   if (PQstatus(conn_) != CONNECTION_OK) {
     return Unavailable("{} {}: {}: reconnect: {} (retry)", kind_, describe_, what, Trimmed(PQerrorMessage(conn_)));
   }
-  return Configure();
+  Status configured = Configure();
+  if (!configured.ok()) reconnect_ = true;  // not used without its settings: the next call tries again
+  return configured;
 }
 
 Status PostgresDb::ResultError(const PGresult* res, std::string_view what) const {
@@ -518,10 +529,19 @@ Result<std::shared_ptr<SqlMetastore>> OpenPostgresMetastore(std::string_view uri
 
 namespace {
 
-constexpr const char* kWalSchema[] = {
-    "CREATE TABLE IF NOT EXISTS weir_wal(key BYTEA PRIMARY KEY, body BYTEA NOT NULL)",
-    // Uncompressed out of line: a ranged read fetches only its chunks.
-    "ALTER TABLE weir_wal ALTER COLUMN body SET STORAGE EXTERNAL",
+constexpr const char kWalCreate[] = "CREATE TABLE IF NOT EXISTS weir_wal(key BYTEA PRIMARY KEY, body BYTEA NOT NULL)";
+// Uncompressed out of line: a ranged read fetches only its chunks. Set once
+// (the ALTER locks the table against every node's WAL).
+constexpr const char kWalStorage[] =
+    "SELECT attstorage FROM pg_attribute WHERE attrelid = to_regclass('weir_wal') AND attname = 'body'";
+constexpr const char kWalSetStorage[] = "ALTER TABLE weir_wal ALTER COLUMN body SET STORAGE EXTERNAL";
+// Every WAL connection: a commit acknowledged is durable (and, with
+// synchronous standbys, on them), whatever the server's or role's default;
+// no statement timeout cancels a commit's wait for a standby (which would
+// report success with a warning).
+constexpr const char* kWalSessionSettings[] = {
+    "SET synchronous_commit = on",
+    "SET statement_timeout = 0",
 };
 constexpr const char kWalInsert[] = "INSERT INTO weir_wal(key, body) VALUES (?1, ?2)";
 constexpr const char kWalUpsert[] =
@@ -548,7 +568,7 @@ std::optional<std::string> PrefixEnd(std::string prefix) {
 // The WAL store on PostgreSQL. Ownership: shared (the engine, the WAL
 // writer). Threads: any; each call borrows a connection of its own from a
 // pool (up to `connections`, opened as needed). Guarantees: ObjectStore's;
-// a row is durable once its INSERT is acknowledged (synchronous_commit).
+// a row is durable once its INSERT is acknowledged (synchronous_commit on).
 class PostgresWalStore final : public objstore::ObjectStore {
  public:
   PostgresWalStore(std::string uri, std::string describe, size_t connections)
@@ -681,10 +701,33 @@ class PostgresWalStore final : public objstore::ObjectStore {
   std::string Describe() const override { return describe_; }
   size_t PreferredParallelPuts() const override { return max_; }
 
-  // Opens the first connection and makes the table.
-  Status Init() {
-    WEIR_ASSIGN_OR_RETURN(auto db, Connect(uri_, "WAL store"));
-    for (const char* sql : kWalSchema) WEIR_RETURN_IF_ERROR(db->Exec(sql, "create the WAL table"));
+  // Takes the first connection, and makes the table unless it is there as
+  // it should be: under the writers' lock (two starts at once would race in
+  // CREATE TABLE), and only then (PostgreSQL checks CREATE on the schema
+  // before IF NOT EXISTS, and the ALTER locks the table).
+  Status Init(std::unique_ptr<PostgresDb> db) {
+    auto storage = [&]() -> Result<std::string> {
+      WEIR_ASSIGN_OR_RETURN(SqlStatement * q, db->Prepare(kWalStorage));
+      auto row = q->Step("read the WAL table's storage");
+      const std::string got = row.ok() && *row ? q->ColBytes(0) : "";  // "": no table
+      q->Reset();
+      WEIR_RETURN_IF_ERROR(row.status());
+      return got;
+    };
+    WEIR_ASSIGN_OR_RETURN(const std::string found, storage());
+    if (found != "e") {
+      WEIR_RETURN_IF_ERROR(db->Begin("create the WAL table"));
+      Status st = [&]() -> Status {
+        WEIR_RETURN_IF_ERROR(db->Exec(kWalCreate, "create the WAL table"));
+        WEIR_ASSIGN_OR_RETURN(const std::string now, storage());
+        if (now != "e") WEIR_RETURN_IF_ERROR(db->Exec(kWalSetStorage, "store WAL bodies uncompressed"));
+        return db->Commit("create the WAL table");
+      }();
+      if (!st.ok()) {
+        db->RollbackIfActive();
+        return st;
+      }
+    }
     std::lock_guard lk(mu_);
     idle_.push_back(std::move(db));
     open_ = 1;
@@ -707,25 +750,38 @@ class PostgresWalStore final : public objstore::ObjectStore {
         ++open_;
       }
     }
-    if (!db) {
-      auto made = Connect(uri_, "WAL store");
-      if (!made.ok()) {
+    // Gives the connection back, or its place in the pool if there is none
+    // (a failed connect, an exception).
+    struct GiveBack {
+      PostgresWalStore* pool;
+      std::unique_ptr<PostgresDb>* db;
+      ~GiveBack() {
         {
-          std::lock_guard lk(mu_);
-          --open_;
+          std::lock_guard lk(pool->mu_);
+          if (*db) {
+            pool->idle_.push_back(std::move(*db));
+          } else {
+            --pool->open_;
+          }
         }
-        cv_.notify_one();
-        return made.status();
+        pool->cv_.notify_one();
       }
-      db = std::move(*made);
+    } give_back{this, &db};
+    try {
+      if (!db) {
+        auto made = Connect(uri_, "WAL store");
+        if (!made.ok()) return made.status();
+        WEIR_RETURN_IF_ERROR((*made)->AddSettings({std::begin(kWalSessionSettings), std::end(kWalSessionSettings)}));
+        db = std::move(*made);
+      }
+      return fn(*db);
+    } catch (const std::bad_alloc&) {
+      db.reset();  // in an unknown state
+      return ResourceExhausted("WAL store {}: out of memory", describe_);
+    } catch (const std::exception& e) {
+      db.reset();
+      return Internal("WAL store {}: unexpected exception: {}", describe_, e.what());
     }
-    Status st = fn(*db);
-    {
-      std::lock_guard lk(mu_);
-      idle_.push_back(std::move(db));
-    }
-    cv_.notify_one();
-    return st;
   }
 
   const std::string uri_;
@@ -742,10 +798,10 @@ class PostgresWalStore final : public objstore::ObjectStore {
 Result<std::shared_ptr<objstore::ObjectStore>> OpenPostgresWalStore(std::string_view uri, size_t connections) {
   if (connections == 0) return InvalidArgument("a WAL store on PostgreSQL needs a connection at least");
   try {
-    WEIR_ASSIGN_OR_RETURN(auto probe, Connect(uri, "WAL store"));
-    auto store = std::make_shared<PostgresWalStore>(std::string(uri), probe->Describe(), connections);
-    probe.reset();
-    WEIR_RETURN_IF_ERROR(store->Init());
+    WEIR_ASSIGN_OR_RETURN(auto first, Connect(uri, "WAL store"));
+    WEIR_RETURN_IF_ERROR(first->AddSettings({std::begin(kWalSessionSettings), std::end(kWalSessionSettings)}));
+    auto store = std::make_shared<PostgresWalStore>(std::string(uri), first->Describe(), connections);
+    WEIR_RETURN_IF_ERROR(store->Init(std::move(first)));
     return std::shared_ptr<objstore::ObjectStore>(std::move(store));
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("WAL store postgres: open: out of memory");

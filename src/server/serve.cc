@@ -400,6 +400,9 @@ void RenderHttpServerMetrics(std::string* out, const http::HttpServer& server) {
                   static_cast<double>(m.in_flight_bytes.load()));
   http::PromCounter(out, "weir_http_request_budget_waits_total",
                     "HTTP requests whose body waited unread for --http-max-in-flight-mib", m.budget_waits.load());
+  http::PromCounter(out, "weir_http_request_budget_timeouts_total",
+                    "HTTP requests refused (429) after waiting --http-stall-timeout-s for --http-max-in-flight-mib",
+                    m.budget_timeouts.load());
   http::PromGauge(out, "weir_http_response_bytes_unwritten",
                   "Bytes of HTTP responses queued for clients and not yet written (--http-max-unwritten-mib)",
                   static_cast<double>(m.unwritten_bytes.load()));
