@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "pg_test_env.h"
 #include "test_support.h"
 #include "metastore/metastore.h"
 #include "metastore/sqlite_db.h"
@@ -72,34 +73,8 @@ void SqliteBumpSchemaVersion(const BackendEnv& env) {
   sqlite3_close(db);
 }
 
-// The fixture's server: "postgres://weir@127.0.0.1:PORT/postgres", or "" when
-// WEIR_TEST_POSTGRES_ENV is unset (aborts if it is set but unreadable: a
-// broken fixture must not pass as skipped).
-std::string PostgresBaseUri() {
-  const char* path = ::getenv("WEIR_TEST_POSTGRES_ENV");
-  if (path == nullptr || *path == '\0') return "";
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.starts_with("POSTGRES_URI=")) return line.substr(std::string_view("POSTGRES_URI=").size());
-  }
-  fmt::print(stderr, "WEIR_TEST_POSTGRES_ENV={} names no POSTGRES_URI\n", path);
-  ::abort();
-}
-
-// Runs one statement on the server at `uri`; a test failure if it fails.
-void PostgresExec(const std::string& uri, const std::string& sql) {
-  PGconn* conn = PQconnectdb(uri.c_str());
-  if (PQstatus(conn) != CONNECTION_OK) {
-    ADD_FAILURE() << uri << ": " << PQerrorMessage(conn);
-  } else {
-    PGresult* res = PQexec(conn, sql.c_str());
-    const ExecStatusType st = PQresultStatus(res);
-    EXPECT_TRUE(st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) << sql << ": " << PQresultErrorMessage(res);
-    PQclear(res);
-  }
-  PQfinish(conn);
-}
+using ::weir::testing::PostgresBaseUri;
+using ::weir::testing::PostgresExec;
 
 // Each test gets a schema of its own (the URI sets its search_path).
 BackendEnv MakePostgresEnv() {

@@ -5,8 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <libpq-fe.h>
-
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -29,6 +27,7 @@
 #include <vector>
 
 #include "metastore/postgres_db.h"
+#include "pg_test_env.h"
 #include "s3_test_env.h"
 #include "test_support.h"
 #include "objstore/fault_store.h"
@@ -55,34 +54,8 @@ struct BackendFactory {
   std::function<BackendEnv()> make;
 };
 
-// The fixture's PostgreSQL server (WEIR_TEST_POSTGRES_ENV: a file with a
-// line POSTGRES_URI=...), or "" when none is given.
-std::string PostgresBaseUri() {
-  const char* path = ::getenv("WEIR_TEST_POSTGRES_ENV");
-  if (path == nullptr || *path == '\0') return "";
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.starts_with("POSTGRES_URI=")) return line.substr(std::string_view("POSTGRES_URI=").size());
-  }
-  ADD_FAILURE() << "WEIR_TEST_POSTGRES_ENV=" << path << " names no POSTGRES_URI";
-  return "";
-}
-
-bool PostgresExec(const std::string& uri, const std::string& sql) {
-  PGconn* conn = PQconnectdb(uri.c_str());
-  bool ok = PQstatus(conn) == CONNECTION_OK;
-  if (ok) {
-    PGresult* res = PQexec(conn, sql.c_str());
-    ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-    if (!ok) ADD_FAILURE() << sql << ": " << PQresultErrorMessage(res);
-    PQclear(res);
-  } else {
-    ADD_FAILURE() << uri << ": " << PQerrorMessage(conn);
-  }
-  PQfinish(conn);
-  return ok;
-}
+using ::weir::testing::PostgresBaseUri;
+using ::weir::testing::PostgresExec;
 
 std::vector<BackendFactory> Backends() {
   std::vector<BackendFactory> backends = {

@@ -650,6 +650,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   void Shutdown() {
     if (closed_.exchange(true)) return;
     srv_->metrics.open_connections--;
+    // Out of the budget's queue, and no timer holding this connection.
+    budget_timer_.cancel();
+    if (std::exchange(waiting_budget_, false)) srv_->budget.Cancel(this);
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();

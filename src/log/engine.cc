@@ -362,9 +362,9 @@ Result<std::optional<std::string>> Engine::CheckWalStore(const metastore::NodeSt
       return PreconditionFailed(
           "node {}'s WAL is in {}, and this start's WAL store is {}: the node is running, or stopped without "
           "settling everything it acknowledged, so its unsettled records are only there. Start it with its "
-          "earlier WAL store (--wal-store as before) and stop it cleanly before changing it (or delete the object "
-          "{} from {} to start without what it left unsettled)",
-          options_.node, theirs, ours, key, store_->Describe());
+          "earlier WAL store (--wal-store as before) and stop it cleanly before changing it (or, to start "
+          "without what it left unsettled, replace the object {} in {} with the line \"{}\")",
+          options_.node, theirs, ours, key, store_->Describe(), ours);
     }
     Log().info("node {}: the WAL moves from {} to {}", options_.node, theirs, ours);
   }
@@ -414,7 +414,16 @@ Status Engine::Recover() {
     // Recorded once the node is this process's (a start racing it cannot
     // have changed the record since: its mint would have failed, or ours).
     if (wal_marker) {
-      WEIR_RETURN_IF_ERROR(store_->Put(WalStoreMarkerKey(), *wal_marker).WithContext("recording the WAL store"));
+      // A plain overwrite: safe to send again after a timeout.
+      Status put;
+      Duration backoff = std::chrono::milliseconds(20);
+      for (int attempt = 1;; ++attempt) {
+        put = store_->Put(WalStoreMarkerKey(), *wal_marker);
+        if (put.ok() || !put.retryable() || attempt == 8) break;
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min<Duration>(backoff * 2, std::chrono::seconds(1));
+      }
+      WEIR_RETURN_IF_ERROR(put.WithContext("recording the WAL store"));
     }
     // Before the streams load: they must include what dead nodes acknowledged.
     WEIR_RETURN_IF_ERROR(TakeOverDeadNodes());

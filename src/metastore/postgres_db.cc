@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "base/bytes.h"
+#include "base/log.h"
 
 namespace weir::metastore {
 
@@ -572,7 +573,9 @@ std::optional<std::string> PrefixEnd(std::string prefix) {
 class PostgresWalStore final : public objstore::ObjectStore {
  public:
   PostgresWalStore(std::string uri, std::string describe, size_t connections)
-      : uri_(std::move(uri)), describe_(std::move(describe)), max_(connections) {}
+      : uri_(std::move(uri)), describe_(std::move(describe)), max_(connections) {
+    idle_.reserve(max_);  // giving a connection back never allocates
+  }
 
   Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& options) override {
     WEIR_RETURN_IF_ERROR(objstore::ValidateKey(key));
@@ -715,7 +718,7 @@ class PostgresWalStore final : public objstore::ObjectStore {
       return got;
     };
     WEIR_ASSIGN_OR_RETURN(const std::string found, storage());
-    if (found != "e") {
+    if (found.empty()) {
       WEIR_RETURN_IF_ERROR(db->Begin("create the WAL table"));
       Status st = [&]() -> Status {
         WEIR_RETURN_IF_ERROR(db->Exec(kWalCreate, "create the WAL table"));
@@ -726,6 +729,12 @@ class PostgresWalStore final : public objstore::ObjectStore {
       if (!st.ok()) {
         db->RollbackIfActive();
         return st;
+      }
+    } else if (found != "e") {
+      // Made beforehand another way: served as it is if this role may not change it.
+      if (Status st = db->Exec(kWalSetStorage, "store WAL bodies uncompressed"); !st.ok()) {
+        Log().warn("WAL store {}: weir_wal's bodies stay stored as they are ({}); ranged reads fetch whole rows",
+                   describe_, st.message());
       }
     }
     std::lock_guard lk(mu_);
