@@ -19,7 +19,7 @@ if [[ ${1:-} == all ]]; then
   ctest --test-dir "$dir" --output-on-failure -j"$jobs" -L 'unit|sanitize' --timeout 900
   exit
 fi
-core=(wal_writer_test wal_fence_test producer_window_test engine_test)
+core=(wal_writer_test wal_fence_test wal_quorum_test producer_window_test engine_test)
 ninja -C "$dir" -j"$jobs" "${core[@]}"
 for t in "${core[@]}"; do
   echo "== $t under ThreadSanitizer"

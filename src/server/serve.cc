@@ -15,9 +15,9 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 #include <tuple>
-#include <set>
 #include <utility>
 
 #include "base/fs.h"
