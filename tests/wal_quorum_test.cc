@@ -654,6 +654,27 @@ TEST_F(QuorumStoreTest, AStoreBehindOnCopiesStillAnswersReadsListsAndDeletes) {
   EXPECT_TRUE(Absent(0, Key(0)) && Absent(1, Key(0)));
 }
 
+TEST_F(QuorumStoreTest, RequestsQueuedForAStoreThatStoppedAnsweringAreBounded) {
+  // Store 2's one thread is held by a copy at its gate: its requests queue,
+  // and past two of them fail at once, while listings answer from the others.
+  QuorumOptions o;
+  o.threads_per_store = 1;
+  o.straggler_grace = std::chrono::milliseconds(1);
+  o.max_queued_requests = 2;
+  ASSERT_TRUE(OpenQuorum(o));
+  gate[2]->CloseGate();
+  ASSERT_OK(PutSlot(0, Flight(0)));
+  ASSERT_TRUE(gate[2]->WaitBlocked());
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto page, q->List("wal/", "", 1000));
+    EXPECT_EQ(page.objects.size(), 1u);
+  }
+  EXPECT_EQ(counters(2).requests_refused.load(), 3u);
+  EXPECT_EQ(counters(0).requests_refused.load(), 0u);
+  gate[2]->OpenGate();
+  ASSERT_TRUE(Eventually([&] { return Holds(2, Key(0), Flight(0)); }));
+}
+
 TEST_F(QuorumStoreTest, ListGivesASlotWithOneFlightCopyAndThePoisonsThePoisonsSize) {
   // What a crash mid-PUT and the fence leave: the sweep must take it for a
   // poison (which it keeps), whichever store answers first.

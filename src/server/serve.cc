@@ -299,6 +299,9 @@ void RenderQuorumMetrics(const wal::QuorumStore& q, std::string* out) {
        "WAL slot copies not sent: the --wal-store's backlog was full", &wal::QuorumStoreCounters::copies_skipped},
       {"weir_wal_quorum_backlog_bytes", "gauge", "Bytes of WAL slot copies queued or being written, by --wal-store",
        &wal::QuorumStoreCounters::backlog_bytes},
+      {"weir_wal_quorum_requests_refused_total", "counter",
+       "WAL reads, listings and deletes failed at once: too many queued for the --wal-store",
+       &wal::QuorumStoreCounters::requests_refused},
   };
   for (const Family& f : kFamilies) {
     *out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, f.help, f.name, f.type);

@@ -34,9 +34,10 @@ constexpr size_t kMaxRemembered = 16384;
 // with a backlog of copies still answers them.
 class Lane {
  public:
-  Lane(std::shared_ptr<objstore::ObjectStore> store, size_t threads, size_t backlog_cap)
+  Lane(std::shared_ptr<objstore::ObjectStore> store, size_t threads, size_t backlog_cap, size_t max_requests)
       : store_(std::move(store)),
         backlog_cap_(backlog_cap),
+        max_requests_(max_requests),
         copy_threads_(threads > 1 ? threads - std::max<size_t>(1, threads / 4) : 1) {
     for (size_t i = 0; i < threads; ++i) {
       try {
@@ -61,12 +62,17 @@ class Lane {
 
   // Queues `fn`: a slot copy of `bytes` (> 0), which count against the
   // backlog until it has run, or a request (0). False, and nothing queued,
-  // when the copy would not fit or the lane is stopping.
+  // when the copy would not fit, max_requests_ requests wait already, or the
+  // lane is stopping.
   bool Submit(size_t bytes, std::function<void()> fn) {
     {
       std::lock_guard lk(mu_);
       if (stop_) return false;
       if (bytes == 0) {
+        if (requests_.size() >= max_requests_) {
+          counters_.requests_refused.fetch_add(1, std::memory_order_relaxed);
+          return false;
+        }
         requests_.push_back(Task{0, std::move(fn)});
       } else {
         if (backlog_ + bytes > backlog_cap_ && backlog_ > 0) return false;
@@ -111,6 +117,7 @@ class Lane {
 
   std::shared_ptr<objstore::ObjectStore> store_;
   const size_t backlog_cap_;
+  const size_t max_requests_;
   const size_t copy_threads_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -180,7 +187,7 @@ struct QuorumStore::Impl {
   }
 
   // Runs fn(lane) for every store on its lane; a store whose lane refuses
-  // (a full backlog, or stopping) answers `refused`.
+  // (a full backlog or request queue, or stopping) answers `refused`.
   template <typename T, typename Fn>
   std::shared_ptr<Fanout<T>> FanOut(size_t bytes, Fn fn, T refused) {
     auto out = std::make_shared<Fanout<T>>(k());
@@ -357,7 +364,8 @@ Result<std::shared_ptr<QuorumStore>> QuorumStore::Open(std::vector<std::shared_p
   impl->grace = options.straggler_grace;
   try {
     for (auto& s : stores) {
-      impl->lanes.push_back(std::make_unique<Lane>(std::move(s), options.threads_per_store, options.backlog_bytes));
+      impl->lanes.push_back(std::make_unique<Lane>(std::move(s), options.threads_per_store, options.backlog_bytes,
+                                                   std::max<size_t>(options.max_queued_requests, 1)));
     }
   } catch (const std::system_error& e) {
     return ResourceExhausted("starting the quorum WAL store's threads: {}", e.what());

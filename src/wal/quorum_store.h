@@ -30,7 +30,8 @@
 // store's latency never holds another's requests; bytes of writes still queued
 // or running for a store are bounded (`backlog_bytes`): past it, a copy for
 // that store is given up at once and counted as a failure of that store.
-// Reads, listings and deletes go ahead of slot copies on a store's threads.
+// Reads, listings and deletes go ahead of slot copies on a store's threads;
+// those queued for a store are bounded too (`max_queued_requests`).
 #pragma once
 
 #include <atomic>
@@ -56,6 +57,10 @@ struct QuorumOptions {
   // How long a listing, a delete or a HEAD finding nothing waits for the
   // stores still out once W have answered.
   std::chrono::milliseconds straggler_grace{500};
+  // Per store: reads, listings and deletes queued and not yet started. Past
+  // it (a store that stopped answering, whose calls its callers no longer
+  // wait for), a new one fails at once for that store.
+  size_t max_queued_requests = 1024;
 };
 
 // Per store, for /metrics.
@@ -64,6 +69,7 @@ struct QuorumStoreCounters {
   std::atomic<uint64_t> copy_failures{0};   // slot copies that failed
   std::atomic<uint64_t> copies_skipped{0};  // slot copies given up: the store's backlog was full
   std::atomic<uint64_t> backlog_bytes{0};   // bytes of slot copies queued or being written
+  std::atomic<uint64_t> requests_refused{0};  // reads, listings, deletes failed at once: too many queued
 };
 
 class QuorumStore final : public objstore::ObjectStore {
