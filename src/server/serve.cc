@@ -25,6 +25,7 @@
 #include "base/tcp.h"
 #include "http/rest.h"
 #include "http/server.h"
+#include "flight/flight_server.h"
 #include "kafka/api_table.h"
 #include "kafka/broker.h"
 #include "kafka/tcp_server.h"
@@ -418,6 +419,21 @@ void RenderHttpServerMetrics(std::string* out, const http::HttpServer& server) {
                     m.budget_refusals.load());
 }
 
+void RenderFlightMetrics(std::string* out, const flight::FlightServer& f) {
+  const auto& m = f.metrics();
+  http::PromCounter(out, "weir_flight_put_calls_total", "Flight DoPut calls", m.put_calls.load());
+  http::PromCounter(out, "weir_flight_put_calls_refused_total", "Flight DoPut calls refused over --flight-max-put-calls",
+                    m.put_calls_refused.load());
+  http::PromGauge(out, "weir_flight_open_put_calls", "Flight DoPut calls open", m.open_put_calls.load());
+  http::PromCounter(out, "weir_flight_batches_total", "Arrow record batches taken by DoPut", m.batches.load());
+  http::PromCounter(out, "weir_flight_rows_total", "Rows taken by DoPut", m.rows.load());
+  http::PromCounter(out, "weir_flight_body_bytes_total", "Arrow body bytes taken by DoPut", m.bytes.load());
+  http::PromCounter(out, "weir_flight_duplicated_batches_total",
+                    "DoPut appends a writer had already made (answered with their offsets)",
+                    m.duplicated_batches.load());
+  http::PromCounter(out, "weir_flight_errors_total", "DoPut messages refused and appends failed", m.errors.load());
+}
+
 void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::TcpServer& k) {
   const auto& m = b.metrics();
   *out += "# HELP weir_kafka_requests_total Kafka requests by API\n# TYPE weir_kafka_requests_total counter\n";
@@ -560,6 +576,15 @@ int RunServe(const ServeOptions& o) {
                                 "HOST:PORT to the address Kafka clients should connect to",
                                 o.kafka_addr));
   }
+  std::optional<std::pair<std::string, uint16_t>> flight_addr;
+  if (!o.flight_addr.empty()) {
+    auto a = ParseHostPort(o.flight_addr, "--flight-addr");
+    if (!a.ok()) return fail(a.status());
+    auto host = ResolveListenHost(a->first, "--flight-addr");
+    if (!host.ok()) return fail(host.status());
+    a->first = *host;
+    flight_addr = *a;
+  }
   auto token = ReadToken(o.auth_token_file);
   if (!token.ok()) return fail(token.status());
 
@@ -579,6 +604,11 @@ int RunServe(const ServeOptions& o) {
     // is found now, not minutes later (after the flags' own checks: a port
     // someone else holds says nothing about them).
     if (Status st = CheckCanListen(kafka_addr->first, kafka_addr->second, "--kafka-addr"); !st.ok()) return fail(st);
+  }
+  if (flight_addr && flight_addr->second != 0) {
+    if (Status st = CheckCanListen(flight_addr->first, flight_addr->second, "--flight-addr"); !st.ok()) {
+      return fail(st);
+    }
   }
   // The data dir is made and locked only when something lives there (the
   // default file:// store or SQLite metastore): a node on s3:// and
@@ -686,19 +716,40 @@ int RunServe(const ServeOptions& o) {
       k->CloseConnectionsWhenAnswered();
     });
   }
+  // Arrow Flight: after recovery, as Kafka; log tables are the Kafka basin's.
+  std::unique_ptr<flight::FlightServer> flight_server;
+  if (flight_addr) {
+    flight::FlightOptions fo;
+    fo.host = flight_addr->first;
+    fo.port = flight_addr->second;
+    fo.max_message_bytes = o.flight_max_message_mib << 20;
+    fo.max_put_calls = o.flight_max_put_calls;
+    fo.auth_token = token->value_or("");
+    fo.default_basin = kafka::kKafkaBasin;
+    auto fs = flight::FlightServer::Start(fo, (*engine).get());
+    if (!fs.ok()) return fail(fs.status());
+    flight_server = std::move(*fs);
+  }
   rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get(), b = broker.get(),
-                           k = kafka_server.get(), h = (*server).get()] {
+                           k = kafka_server.get(), h = (*server).get(), f = flight_server.get()] {
     std::string out = RenderEngineMetrics(e, m, s);
     RenderHttpServerMetrics(&out, *h);
     if (b) RenderKafkaMetrics(&out, *b, *k);
+    if (f) RenderFlightMetrics(&out, *f);
     return out;
   });
   rest.SetEngine((*engine).get());
   rest.SetReady();
   // Printed at every log level: scripts and tests wait for this line.
-  fmt::print(stderr, "weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}{}\n",
+  fmt::print(stderr, "weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}{}{}\n",
              ToMillis(Now() - started), (*engine)->epoch(), (*server)->address(),
-             kafka_server ? " and kafka://" + kafka_server->address() : std::string());
+             kafka_server ? " and kafka://" + kafka_server->address() : std::string(),
+             flight_server ? fmt::format(" and grpc://{}:{} (flight)",
+                                         flight_addr->first.find(':') != std::string::npos
+                                             ? "[" + flight_addr->first + "]"
+                                             : flight_addr->first,
+                                         flight_server->port())
+                           : std::string());
   fflush(stderr);
 
   int sig = 0;
@@ -733,6 +784,11 @@ int RunServe(const ServeOptions& o) {
   // close once answered.
   if (broker) broker->Stop();
   if (kafka_server) kafka_server->CloseConnectionsWhenAnswered();
+  // Flight takes no new call; open DoPut streams get the grace to end (the
+  // appends they handed over complete either way), then are cancelled.
+  if (flight_server) {
+    flight_server->Stop(static_cast<int>(std::min(5000.0, o.drain_timeout_s * 500)));
+  }
   // In-flight appends finish (their acks are released); waits end within a
   // tick (HTTP). A read session whose client stopped reading would hold the
   // drain until the stall timeout: after a grace (5 s, or half the drain

@@ -1,7 +1,8 @@
 // Runs a real `weir serve` for the SDK tests: a temp data dir, port 0, ready
 // when the server logs `listening on http://HOST:PORT` (the same line names
 // `kafka://HOST:PORT`: kafkaAddr, "host:port", or null when the listener is
-// off); the Kafka listener takes a free port unless args name --kafka-addr.
+// off; and `grpc://HOST:PORT` when args turn Flight on: flightAddr); the Kafka
+// listener takes a free port unless args name --kafka-addr.
 // stop() sends SIGTERM and expects exit status 0; crash() sends SIGKILL;
 // start() again reuses the same data dir.
 import { spawn } from "node:child_process";
@@ -11,6 +12,7 @@ import { join } from "node:path";
 
 const READY_RE = /listening on (http:\/\/[^\s/]+:(\d+))/;
 const KAFKA_RE = /kafka:\/\/([^\s/]+:\d+)/;
+const FLIGHT_RE = /grpc:\/\/([^\s/]+:\d+)/;
 const START_TIMEOUT_MS = 120_000; // a loaded 2-core machine recovers slowly
 const STOP_TIMEOUT_MS = 120_000;
 
@@ -25,6 +27,7 @@ export class WeirServer {
     this.proc = null;
     this.url = null;
     this.kafkaAddr = null;
+    this.flightAddr = null;
   }
 
   logTail(lines = 60) {
@@ -63,6 +66,8 @@ export class WeirServer {
           this.url = m[1];
           const k = KAFKA_RE.exec(line.split("\n", 1)[0]);
           this.kafkaAddr = k ? k[1] : null;
+          const f = FLIGHT_RE.exec(line.split("\n", 1)[0]);
+          this.flightAddr = f ? f[1] : null;
           finish();
         }
       };

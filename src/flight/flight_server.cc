@@ -1,0 +1,583 @@
+// The only translation unit that includes gRPC (and the generated Flight
+// code): keep it that way, for build time.
+#include "flight/flight_server.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/thread.h"
+#include "flight.grpc.pb.h"
+#include "flight/arrow_ipc.h"
+#include "flight/log_rows.h"
+#include "log/engine.h"
+#include "metastore/metastore.h"
+#include "wal/record_batch.h"
+
+namespace weir::flight {
+
+namespace proto = arrow::flight::protocol;
+using json = nlohmann::json;
+
+namespace {
+
+grpc::StatusCode GrpcCode(Code c) {
+  switch (c) {
+    case Code::kOk: return grpc::StatusCode::OK;
+    case Code::kInvalidArgument:
+    case Code::kCorruption: return grpc::StatusCode::INVALID_ARGUMENT;
+    case Code::kNotFound: return grpc::StatusCode::NOT_FOUND;
+    case Code::kAlreadyExists: return grpc::StatusCode::ALREADY_EXISTS;
+    case Code::kPreconditionFailed: return grpc::StatusCode::FAILED_PRECONDITION;
+    case Code::kOutOfRange: return grpc::StatusCode::OUT_OF_RANGE;
+    case Code::kResourceExhausted: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case Code::kTimeout: return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case Code::kUnavailable:
+    case Code::kFenced:
+    case Code::kIOError: return grpc::StatusCode::UNAVAILABLE;
+    case Code::kCancelled: return grpc::StatusCode::CANCELLED;
+    case Code::kNotSupported: return grpc::StatusCode::UNIMPLEMENTED;
+    case Code::kInternal: return grpc::StatusCode::INTERNAL;
+  }
+  return grpc::StatusCode::INTERNAL;
+}
+
+grpc::Status ToGrpc(const Status& st) {
+  if (st.ok()) return grpc::Status::OK;
+  return grpc::Status(GrpcCode(st.code()), st.message());
+}
+
+// What a DoPut writes to (its first message's descriptor).
+struct Target {
+  std::string basin;
+  std::string table;
+  std::optional<uint32_t> bucket;  // Append; none: AppendTable (the node routes)
+  std::optional<uint64_t> writer_id;
+  int16_t writer_epoch = 0;
+};
+
+Result<uint64_t> JsonUint(const json& v, std::string_view name, uint64_t max) {
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+    return InvalidArgument("descriptor: {} must be a non-negative integer", name);
+  }
+  const uint64_t n = v.get<uint64_t>();
+  if (n > max) return InvalidArgument("descriptor: {} must be at most {}", name, max);
+  return n;
+}
+
+// CMD: {"append": {...}} or {"append_table": {...}} (docs/flight.md);
+// PATH: [table] or [basin, table], an AppendTable.
+Result<Target> ParseDescriptor(const proto::FlightDescriptor& d, const std::string& default_basin) {
+  Target t;
+  t.basin = default_basin;
+  if (d.type() == proto::FlightDescriptor::PATH) {
+    if (d.path_size() == 1) {
+      t.table = d.path(0);
+    } else if (d.path_size() == 2) {
+      t.basin = d.path(0);
+      t.table = d.path(1);
+    } else {
+      return InvalidArgument("descriptor: a path is [table] or [basin, table], not {} elements", d.path_size());
+    }
+    if (t.table.empty()) return InvalidArgument("descriptor: the table name is empty");
+    return t;
+  }
+  if (d.type() != proto::FlightDescriptor::CMD) return InvalidArgument("descriptor: the type must be PATH or CMD");
+  json cmd = json::parse(d.cmd(), nullptr, /*allow_exceptions=*/false);
+  if (!cmd.is_object() || cmd.size() != 1) {
+    return InvalidArgument(
+        "descriptor: the command is a JSON object with one key: append, append_table, put or put_table");
+  }
+  const std::string kind = cmd.begin().key();
+  const json& args = cmd.begin().value();
+  if (kind == "put" || kind == "put_table") {
+    return NotSupported("descriptor: {}: primary-key tables are not built yet; log tables take append and "
+                        "append_table", kind);
+  }
+  if (kind != "append" && kind != "append_table") {
+    return InvalidArgument("descriptor: unknown command '{}' (append, append_table, put, put_table)", kind);
+  }
+  if (!args.is_object()) return InvalidArgument("descriptor: {} takes an object", kind);
+  for (const auto& [key, value] : args.items()) {
+    if (key == "basin" || key == "table") {
+      if (!value.is_string()) return InvalidArgument("descriptor: {} must be a string", key);
+      (key == "basin" ? t.basin : t.table) = value.get<std::string>();
+    } else if (key == "schema_id") {
+      // Log tables have one schema so far: version 1.
+      WEIR_ASSIGN_OR_RETURN(uint64_t id, JsonUint(value, key, UINT32_MAX));
+      if (id != 1) return InvalidArgument("descriptor: schema_id {}: a log table has schema 1 only", id);
+    } else if (kind == "append" && key == "bucket") {
+      WEIR_ASSIGN_OR_RETURN(uint64_t b, JsonUint(value, key, metastore::kMaxTableBuckets - 1));
+      t.bucket = static_cast<uint32_t>(b);
+    } else if (kind == "append" && key == "writer_id") {
+      WEIR_ASSIGN_OR_RETURN(uint64_t w, JsonUint(value, key, INT64_MAX));
+      t.writer_id = w;
+    } else if (kind == "append" && key == "writer_epoch") {
+      WEIR_ASSIGN_OR_RETURN(uint64_t e, JsonUint(value, key, INT16_MAX));
+      t.writer_epoch = static_cast<int16_t>(e);
+    } else {
+      return InvalidArgument("descriptor: {} takes no '{}'", kind, key);
+    }
+  }
+  if (t.table.empty()) return InvalidArgument("descriptor: {} needs a table", kind);
+  if (kind == "append" && !t.bucket) return InvalidArgument("descriptor: append needs a bucket");
+  return t;
+}
+
+// Runs jobs on a few threads of its own, in submission order per thread.
+class Workers {
+ public:
+  explicit Workers(size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      threads_.emplace_back([this] {
+        SetThreadName("weir-flight");
+        Loop();
+      });
+    }
+  }
+  ~Workers() { Stop(); }
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard lk(mu_);
+      jobs_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  // Runs what is queued, then joins.
+  void Stop() {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+constexpr const char* kAllocateWriter = "allocate-writer";
+
+}  // namespace
+
+struct FlightServer::Impl final : public proto::FlightService::CallbackService {
+  Impl(const FlightOptions& o, log::Engine* e) : options(o), engine(e), workers(o.workers) {}
+
+  grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* DoPut(grpc::CallbackServerContext* ctx) override;
+  grpc::ServerWriteReactor<proto::Result>* DoAction(grpc::CallbackServerContext* ctx,
+                                                    const proto::Action* action) override;
+  grpc::ServerWriteReactor<proto::ActionType>* ListActions(grpc::CallbackServerContext* ctx,
+                                                           const proto::Empty* empty) override;
+
+  grpc::Status Authorize(grpc::CallbackServerContext* ctx) const {
+    if (options.auth_token.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    if (it != md.end() && std::string_view(it->second.data(), it->second.size()) == "Bearer " + options.auth_token) {
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "a bearer token is needed (authorization: Bearer <token>)");
+  }
+
+  FlightOptions options;
+  log::Engine* engine;
+  FlightMetrics metrics;
+  std::atomic<uint64_t> round_robin{0};  // AppendTable's bucket for keyless rows, batch by batch
+  Workers workers;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::once_flag stopped;
+};
+
+namespace {
+
+// Answers a server-streaming call with one message (or none) and a status.
+template <typename T>
+class OneReply final : public grpc::ServerWriteReactor<T> {
+ public:
+  OneReply() = default;
+  void Send(std::optional<T> msg, grpc::Status st) {
+    if (msg && st.ok()) {
+      msg_ = std::move(*msg);
+      this->StartWriteAndFinish(&msg_, grpc::WriteOptions(), st);
+    } else {
+      this->Finish(st);
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  T msg_;
+};
+
+// One DoPut: reads FlightData messages one at a time (a worker decodes each
+// and hands it to the engine before the next read, so a call's batches are
+// appended in order and hold at most one message undecoded), and writes a
+// PutResult per batch in order as each becomes durable. A bad message or a
+// failed append ends the call with its status once every append handed over
+// before has completed; batches after a failed one get no PutResult.
+// gRPC's threads and the workers call it; `mu_` guards its state. It deletes
+// itself in OnDone, which comes only after Finish, which waits for every
+// append's callback.
+class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::PutResult> {
+ public:
+  PutCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx) : impl_(impl) {
+    impl_->metrics.put_calls++;
+    impl_->metrics.open_put_calls++;
+    if (grpc::Status auth = impl_->Authorize(ctx); !auth.ok()) {
+      std::unique_lock lk(mu_);
+      failure_ = auth;
+      Progress(lk);
+      return;
+    }
+    if (impl_->metrics.open_put_calls.load() > impl_->options.max_put_calls) {
+      impl_->metrics.put_calls_refused++;
+      std::unique_lock lk(mu_);
+      failure_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              fmt::format("more than {} DoPut calls are open", impl_->options.max_put_calls));
+      Progress(lk);
+      return;
+    }
+    reading_ = true;
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      std::unique_lock lk(mu_);
+      reading_ = false;
+      Progress(lk);
+      return;
+    }
+    auto msg = std::make_shared<proto::FlightData>(std::move(in_));
+    in_.Clear();
+    impl_->workers.Post([this, msg] { Handle(*msg); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock lk(mu_);
+    writing_ = false;
+    if (!ok) cancelled_ = true;  // the client is gone: nothing more can be written
+    Progress(lk);
+  }
+
+  void OnCancel() override {
+    std::unique_lock lk(mu_);
+    cancelled_ = true;
+    Progress(lk);
+  }
+
+  void OnDone() override {
+    impl_->metrics.open_put_calls--;
+    delete this;
+  }
+
+ private:
+  // A PutResult waiting for its appends (one per bucket the batch went to).
+  struct Slot {
+    size_t waiting = 0;
+    grpc::Status error;
+    json result;
+  };
+
+  // On a worker: one message.
+  void Handle(const proto::FlightData& msg) {
+    Status st;
+    bool cancelled;
+    {
+      std::lock_guard lk(mu_);
+      cancelled = cancelled_;
+    }
+    if (!cancelled) st = Process(msg);
+    std::unique_lock lk(mu_);
+    if (!st.ok()) {
+      impl_->metrics.errors++;
+      if (!failure_) failure_ = ToGrpc(st);
+    }
+    if (failure_ || cancelled_) {
+      reading_ = false;
+      Progress(lk);
+      return;
+    }
+    lk.unlock();
+    StartRead(&in_);
+  }
+
+  Status Process(const proto::FlightData& msg) {
+    if (!target_) {
+      if (!msg.has_flight_descriptor()) return InvalidArgument("the first message of a DoPut carries its descriptor");
+      WEIR_ASSIGN_OR_RETURN(auto t, ParseDescriptor(msg.flight_descriptor(), impl_->options.default_basin));
+      WEIR_ASSIGN_OR_RETURN(auto table, impl_->engine->GetTable(t.basin, t.table));
+      if (table.kind != "log") {
+        return NotSupported("table {}/{} is a {} table; Flight writes log tables", t.basin, t.table, table.kind);
+      }
+      if (t.bucket && *t.bucket >= table.bucket_count) {
+        return InvalidArgument("table {}/{} has {} buckets; there is no bucket {}", t.basin, t.table,
+                               table.bucket_count, *t.bucket);
+      }
+      buckets_ = table.bucket_count;
+      target_ = std::move(t);
+    }
+    if (msg.data_header().empty()) return Status::Ok();  // app_metadata alone: nothing to write
+    WEIR_ASSIGN_OR_RETURN(auto m, ParseMessage(msg.data_header()));
+    if (m.kind == MessageKind::kSchema) {
+      if (schema_) return InvalidArgument("a DoPut sends its schema once, first");
+      WEIR_ASSIGN_OR_RETURN(columns_, CheckLogSchema(*m.schema));
+      schema_ = std::move(m.schema);
+      return Status::Ok();
+    }
+    if (!schema_) return InvalidArgument("a record batch came before the schema");
+    if (static_cast<uint64_t>(m.body_length) > msg.data_body().size()) {
+      return InvalidArgument("the message names a {}-byte body; {} bytes came", m.body_length, msg.data_body().size());
+    }
+    std::optional<int32_t> sequence;
+    if (!msg.app_metadata().empty()) {
+      json meta = json::parse(msg.app_metadata(), nullptr, false);
+      if (!meta.is_object()) return InvalidArgument("a batch's app_metadata is a JSON object");
+      for (const auto& [key, value] : meta.items()) {
+        if (key != "batch_sequence") return InvalidArgument("a batch's app_metadata takes no '{}'", key);
+        if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > INT32_MAX) {
+          return InvalidArgument("batch_sequence must be 0 to {}", INT32_MAX);
+        }
+        sequence = static_cast<int32_t>(value.get<int64_t>());
+      }
+    }
+    if (target_->writer_id && !sequence) return InvalidArgument("a writer's batches carry a batch_sequence");
+    if (!target_->writer_id && sequence) return InvalidArgument("batch_sequence needs a writer_id in the descriptor");
+    std::deque<std::string> storage;
+    WEIR_ASSIGN_OR_RETURN(auto cols, ResolveBatch(*schema_, *m.batch, msg.data_body(), &storage));
+    WEIR_ASSIGN_OR_RETURN(auto records, LogRecords(columns_, cols, WallMillis()));
+    impl_->metrics.batches++;
+    impl_->metrics.rows += records.size();
+    impl_->metrics.bytes += msg.data_body().size();
+    if (records.empty()) return Append({});  // answered in order, with no offsets
+    // One RecordBatch per bucket: Append's bucket, or AppendTable's routing.
+    std::map<uint32_t, std::vector<wal::Record>> parts;
+    if (target_->bucket) {
+      parts[*target_->bucket] = std::move(records);
+    } else {
+      const auto rr = static_cast<uint32_t>(impl_->round_robin.fetch_add(1) % buckets_);
+      for (auto& r : records) {
+        const uint32_t b = r.key ? KafkaPartitionOf(*r.key, buckets_) : rr;
+        parts[b].push_back(std::move(r));
+      }
+    }
+    std::vector<std::pair<uint32_t, std::string>> batches;
+    for (auto& [bucket, rows] : parts) {
+      wal::EncodeOptions eo;
+      if (target_->writer_id) {
+        eo.producer_id = static_cast<int64_t>(*target_->writer_id);
+        eo.producer_epoch = target_->writer_epoch;
+        eo.base_sequence = *sequence;
+      }
+      std::string batch;
+      WEIR_RETURN_IF_ERROR(wal::EncodeRecordBatch(rows, eo, &batch));
+      batches.emplace_back(bucket, std::move(batch));
+    }
+    return Append(std::move(batches));
+  }
+
+  // Hands a batch's parts to the engine (each may wait for admission here,
+  // on the worker) under one slot, answered once all are durable.
+  Status Append(std::vector<std::pair<uint32_t, std::string>> batches) {
+    size_t index;
+    {
+      std::unique_lock lk(mu_);
+      index = base_ + slots_.size();
+      Slot s;
+      s.waiting = batches.size();
+      s.result = target_->bucket ? json{{"first_offset", nullptr}, {"last_offset", nullptr}, {"duplicated", false}}
+                                 : json{{"buckets", json::array()}};
+      slots_.push_back(std::move(s));
+      if (batches.empty()) {
+        Progress(lk);
+        return Status::Ok();
+      }
+    }
+    for (auto& [bucket, batch] : batches) {
+      const uint32_t b = bucket;
+      impl_->engine->AppendBatchAsync(
+          target_->basin, metastore::BucketStreamName(target_->table, b), std::move(batch),
+          [this, index, b](log::AppendOutcome o) { Appended(index, b, o); }, /*may_wait=*/true);
+    }
+    return Status::Ok();
+  }
+
+  void Appended(size_t index, uint32_t bucket, const log::AppendOutcome& o) {
+    std::unique_lock lk(mu_);
+    Slot& s = slots_[index - base_];
+    if (!o.status.ok()) {
+      impl_->metrics.errors++;
+      if (s.error.ok()) {
+        s.error = ToGrpc(o.status.WithContext(fmt::format("bucket {}", bucket)));
+      }
+    } else {
+      if (o.ack.duplicated) impl_->metrics.duplicated_batches++;
+      const int64_t first = static_cast<int64_t>(o.ack.start_offset);
+      const int64_t last = static_cast<int64_t>(o.ack.end_offset) - 1;
+      if (target_->bucket) {
+        s.result = json{{"first_offset", first}, {"last_offset", last}, {"duplicated", o.ack.duplicated}};
+      } else {
+        s.result["buckets"].push_back(
+            json{{"bucket", bucket}, {"first_offset", first}, {"last_offset", last}, {"duplicated", o.ack.duplicated}});
+      }
+    }
+    --s.waiting;
+    Progress(lk);
+  }
+
+  // Writes the next answered PutResult, or finishes the call once nothing is
+  // being read, written or appended. Called with `mu_` held; may release it.
+  void Progress(std::unique_lock<std::mutex>& lk) {
+    if (writing_ || finished_) return;
+    while (!slots_.empty() && slots_.front().waiting == 0) {
+      Slot s = std::move(slots_.front());
+      slots_.pop_front();
+      ++base_;
+      if (!failure_ && !s.error.ok()) failure_ = s.error;
+      if (failure_ || cancelled_) continue;  // nothing is written after a failure
+      out_.set_app_metadata(s.result.dump());
+      writing_ = true;
+      lk.unlock();
+      StartWrite(&out_);
+      return;
+    }
+    if (reading_ || !slots_.empty()) return;
+    finished_ = true;
+    grpc::Status st = failure_ ? *failure_ : cancelled_ ? grpc::Status::CANCELLED : grpc::Status::OK;
+    lk.unlock();
+    Finish(st);
+  }
+
+  FlightServer::Impl* impl_;
+  proto::FlightData in_;  // the read in progress
+  proto::PutResult out_;  // the write in progress
+  // Set by the first message, then read by the worker handling a message
+  // (one at a time) and by append callbacks (after it is set).
+  std::optional<Target> target_;
+  uint32_t buckets_ = 0;
+  std::optional<ArrowSchema> schema_;
+  LogColumns columns_;
+
+  std::mutex mu_;
+  std::deque<Slot> slots_;
+  size_t base_ = 0;         // index of slots_.front()
+  bool reading_ = false;    // a read is outstanding or its message is being handled
+  bool writing_ = false;
+  bool cancelled_ = false;  // by the client, or a write failed
+  bool finished_ = false;
+  std::optional<grpc::Status> failure_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* FlightServer::Impl::DoPut(
+    grpc::CallbackServerContext* ctx) {
+  return new PutCall(this, ctx);
+}
+
+grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::CallbackServerContext* ctx,
+                                                                    const proto::Action* action) {
+  auto* r = new OneReply<proto::Result>();
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
+    r->Send(std::nullopt, auth);
+    return r;
+  }
+  if (action->type() != kAllocateWriter) {
+    r->Send(std::nullopt, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                       fmt::format("unknown action '{}' (ListActions lists them)", action->type())));
+    return r;
+  }
+  // A metastore write: on a worker, not gRPC's thread.
+  workers.Post([this, r] {
+    auto id = engine->AllocateProducerId();
+    if (!id.ok()) return r->Send(std::nullopt, ToGrpc(id.status()));
+    proto::Result out;
+    out.set_body(json{{"writer_id", *id}, {"writer_epoch", 0}}.dump());
+    r->Send(std::move(out), grpc::Status::OK);
+  });
+  return r;
+}
+
+grpc::ServerWriteReactor<proto::ActionType>* FlightServer::Impl::ListActions(grpc::CallbackServerContext* ctx,
+                                                                           const proto::Empty*) {
+  auto* r = new OneReply<proto::ActionType>();
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
+    r->Send(std::nullopt, auth);
+    return r;
+  }
+  proto::ActionType t;
+  t.set_type(kAllocateWriter);
+  t.set_description(
+      "A writer id for idempotent appends: {\"writer_id\": N, \"writer_epoch\": 0}. Give it in an append "
+      "descriptor and a batch_sequence with each batch.");
+  r->Send(std::move(t), grpc::Status::OK);
+  return r;
+}
+
+FlightServer::FlightServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+FlightServer::~FlightServer() { Stop(0); }
+
+Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& options, log::Engine* engine) {
+  auto impl = std::make_unique<Impl>(options, engine);
+  grpc::ServerBuilder b;
+  const std::string addr = options.host.find(':') != std::string::npos
+                               ? fmt::format("[{}]:{}", options.host, options.port)
+                               : fmt::format("{}:{}", options.host, options.port);
+  b.AddListeningPort(addr, grpc::InsecureServerCredentials(), &impl->port);
+  b.RegisterService(impl.get());
+  b.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(options.max_message_bytes, INT32_MAX)));
+  // One port per server: gRPC would otherwise let a second process bind it too.
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  impl->server = b.BuildAndStart();
+  if (!impl->server || impl->port == 0) {
+    impl->workers.Stop();
+    return Unavailable("--flight-addr {}: cannot listen there", addr);
+  }
+  return std::unique_ptr<FlightServer>(new FlightServer(std::move(impl)));
+}
+
+uint16_t FlightServer::port() const { return static_cast<uint16_t>(impl_->port); }
+
+const FlightMetrics& FlightServer::metrics() const { return impl_->metrics; }
+
+void FlightServer::Stop(int grace_ms) {
+  std::call_once(impl_->stopped, [&] {
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+    impl_->workers.Stop();
+  });
+}
+
+}  // namespace weir::flight

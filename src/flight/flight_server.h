@@ -1,0 +1,66 @@
+// The Arrow Flight listener (docs/flight.md): gRPC's FlightService with
+// DoPut for log tables (Append to a bucket, AppendTable routed by the node),
+// DoAction "allocate-writer" for idempotent writers, and ListActions. Rows
+// become records of the bucket's stream through the same append path as the
+// REST API and Kafka: one RecordBatch v2 per bucket per Arrow batch,
+// acknowledged once durable.
+//
+// Owned by `weir serve`; Start and Stop are called from its thread. gRPC's
+// threads and the server's worker threads (decoding batches, waiting for
+// admission) call into the engine, which must outlive the server. This
+// header keeps gRPC out of its includers.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+
+namespace weir::log {
+class Engine;
+}
+
+namespace weir::flight {
+
+struct FlightOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // 0: any free port (port() tells which)
+  // A FlightData message (an Arrow batch and its header) is at most this.
+  size_t max_message_bytes = 16u << 20;
+  // DoPut calls open at once; more are refused with RESOURCE_EXHAUSTED.
+  size_t max_put_calls = 256;
+  // Threads that decode batches and hand them to the engine (each may wait
+  // for admission, up to the engine's admission timeout).
+  size_t workers = 4;
+  std::string auth_token;  // non-empty: every call needs "authorization: Bearer <token>"
+  std::string default_basin = "weir-kafka";  // for descriptors that name no basin
+};
+
+struct FlightMetrics {
+  std::atomic<uint64_t> put_calls{0}, put_calls_refused{0}, open_put_calls{0};
+  std::atomic<uint64_t> batches{0}, rows{0}, bytes{0}, duplicated_batches{0}, errors{0};
+};
+
+class FlightServer {
+ public:
+  static Result<std::unique_ptr<FlightServer>> Start(const FlightOptions& options, log::Engine* engine);
+  ~FlightServer();
+  FlightServer(const FlightServer&) = delete;
+  FlightServer& operator=(const FlightServer&) = delete;
+
+  uint16_t port() const;
+  const FlightMetrics& metrics() const;
+  // Stops taking calls; calls open get up to `grace_ms` to finish (their
+  // appends complete either way), then are cancelled. Idempotent.
+  void Stop(int grace_ms = 5000);
+
+  struct Impl;
+
+ private:
+  explicit FlightServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weir::flight

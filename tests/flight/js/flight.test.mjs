@@ -1,0 +1,385 @@
+// Arrow Flight DoPut against a real weir server. The Arrow batches are built
+// and serialized by Apache Arrow's own JavaScript library (apache-arrow), and
+// sent over gRPC by @grpc/grpc-js with weir's flight.proto (the message names
+// and field numbers of Arrow's Flight.proto). Records are read back through
+// the REST API and a Kafka consumer (kafkajs). All pinned in package-lock.json.
+// Run: WEIR_BIN=/path/to/weir node --test flight.test.mjs  (or ./run.sh WEIR)
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { after, before, describe, it } from "node:test";
+
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+import * as A from "apache-arrow";
+import { Kafka, Partitioners, logLevel } from "kafkajs";
+
+import { WeirServer } from "../../js/weir_server.mjs";
+
+const BIN = process.env.WEIR_BIN;
+const T = { timeout: 300_000 };
+const here = dirname(fileURLToPath(import.meta.url));
+const PROTO = join(here, "../../../src/flight/flight.proto");
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+const unique = (prefix) => `${prefix}-${randomBytes(4).toString("hex")}`;
+
+const FlightService = grpc.loadPackageDefinition(
+  protoLoader.loadSync(PROTO, { keepCase: true, longs: String, enums: String, defaults: true }),
+).arrow.flight.protocol.FlightService;
+
+const HEADERS = new A.Map_(new A.Field("entries", new A.Struct([
+  new A.Field("key", new A.Utf8(), false),
+  new A.Field("value", new A.Binary(), true),
+]), false));
+
+// A table of log rows: rows = [{key, value, timestamp, headers}] (any may be null).
+function logTable(rows, { withHeaders = true, withTimestamp = true } = {}) {
+  const cols = {
+    key: A.vectorFromArray(rows.map((r) => r.key ?? null), new A.Utf8()),
+    value: A.vectorFromArray(rows.map((r) => (r.value == null ? null : enc.encode(r.value))), new A.Binary()),
+  };
+  if (withTimestamp) {
+    cols.timestamp = A.vectorFromArray(rows.map((r) => r.timestamp ?? null), new A.TimestampMillisecond());
+  }
+  if (withHeaders) {
+    cols.headers = A.vectorFromArray(rows.map((r) => (r.headers == null ? null
+      : new Map(Object.entries(r.headers).map(([k, v]) => [k, v == null ? null : enc.encode(v)])))), HEADERS);
+  }
+  return new A.Table(cols);
+}
+
+// The IPC stream of `table` split into its messages: [{header, body}], the
+// schema first (what a Flight client sends as FlightData).
+function ipcMessages(table) {
+  const bytes = Buffer.from(A.tableToIPC(table, "stream"));
+  const out = [];
+  let pos = 0;
+  while (pos + 8 <= bytes.length) {
+    assert.equal(bytes.readUInt32LE(pos), 0xffffffff, "an IPC stream message starts with the continuation marker");
+    const len = bytes.readInt32LE(pos + 4);
+    if (len === 0) break; // end of stream
+    const header = bytes.subarray(pos + 8, pos + 8 + len);
+    const bodyLength = Number(A.Message.decode(header).bodyLength);
+    const body = bytes.subarray(pos + 8 + len, pos + 8 + len + bodyLength);
+    out.push({ header, body });
+    pos += 8 + len + bodyLength;
+  }
+  return out;
+}
+
+function client(server, token) {
+  const creds = grpc.credentials.createInsecure();
+  const c = new FlightService(server.flightAddr, creds);
+  const md = new grpc.Metadata();
+  if (token) md.set("authorization", `Bearer ${token}`);
+  return { c, md };
+}
+
+// One DoPut: the descriptor, then `tables`' batches (each table's schema
+// must be the first's), each with its app_metadata (metas[i], an object).
+// Resolves {results: [parsed PutResult app_metadata], status} once the call ends.
+function doPut(server, descriptor, tables, { metas = [], token, raw } = {}) {
+  const { c, md } = client(server, token);
+  return new Promise((resolve) => {
+    const call = c.DoPut(md);
+    const results = [];
+    let status = null;
+    call.on("data", (r) => results.push(JSON.parse(Buffer.from(r.app_metadata).toString())));
+    call.on("error", (e) => { status = { code: grpc.status[e.code], details: e.details }; });
+    call.on("status", (s) => {
+      status ??= { code: grpc.status[s.code], details: s.details };
+      c.close();
+      resolve({ results, status });
+    });
+    const messages = raw ?? (() => {
+      const list = [];
+      tables.forEach((t, i) => {
+        const m = ipcMessages(t);
+        if (i === 0) list.push({ header: m[0].header, body: Buffer.alloc(0) });
+        for (const b of m.slice(1)) list.push({ header: b.header, body: b.body, meta: metas[list.length - 1] });
+      });
+      return list;
+    })();
+    messages.forEach((m, i) => {
+      call.write({
+        flight_descriptor: i === 0 ? descriptor : null,
+        data_header: m.header,
+        data_body: m.body ?? Buffer.alloc(0),
+        app_metadata: m.meta ? Buffer.from(JSON.stringify(m.meta)) : Buffer.alloc(0),
+      });
+    });
+    call.end();
+  });
+}
+
+const cmd = (obj) => ({ type: "CMD", cmd: Buffer.from(JSON.stringify(obj)), path: [] });
+
+function doAction(server, type, body = "", token) {
+  const { c, md } = client(server, token);
+  return new Promise((resolve, reject) => {
+    const out = [];
+    const call = c.DoAction({ type, body: Buffer.from(body) }, md);
+    call.on("data", (r) => out.push(JSON.parse(Buffer.from(r.body).toString())));
+    call.on("error", (e) => { c.close(); reject(e); });
+    call.on("end", () => { c.close(); resolve(out); });
+  });
+}
+
+// The records of stream `topic/bucket` over the REST API (bodies as text).
+async function restRecords(server, topic, bucket) {
+  const url = `${server.url}/v1/streams/${encodeURIComponent(`${topic}/${bucket}`)}/records?seq_num=0&count=1000`;
+  const r = await fetch(url, { headers: { "s2-basin": "weir-kafka", "s2-format": "base64" } });
+  assert.equal(r.status, 200, await r.clone().text());
+  const body = await r.json();
+  return body.records.map((x) => ({
+    seq: x.seq_num,
+    timestamp: x.timestamp,
+    body: Buffer.from(x.body ?? "", "base64").toString(),
+    headers: (x.headers ?? []).map(([k, v]) => [Buffer.from(k, "base64").toString(), Buffer.from(v, "base64").toString()]),
+  }));
+}
+
+async function tail(server, topic, bucket) {
+  const url = `${server.url}/v1/streams/${encodeURIComponent(`${topic}/${bucket}`)}/records/tail`;
+  const r = await fetch(url, { headers: { "s2-basin": "weir-kafka" } });
+  assert.equal(r.status, 200);
+  return (await r.json()).tail.seq_num;
+}
+
+function kafka(server) {
+  return new Kafka({ clientId: "weir-flight-test", brokers: [server.kafkaAddr], logLevel: logLevel.NOTHING,
+    retry: { retries: 10, initialRetryTime: 300, maxRetryTime: 5_000 } });
+}
+
+async function createTopic(server, topic, partitions) {
+  const admin = kafka(server).admin();
+  await admin.connect();
+  try {
+    assert.equal(await admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true }), true);
+  } finally {
+    await admin.disconnect();
+  }
+}
+
+describe("Arrow Flight DoPut against weir", () => {
+  let server;
+  before(async () => {
+    server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0"] });
+    await server.start();
+    assert.ok(server.flightAddr, "the ready line names grpc://HOST:PORT");
+  });
+  after(async () => {
+    if (server) {
+      await server.stop();
+      server.cleanup();
+    }
+  });
+
+  it("append: each row becomes a record of the bucket, read back over Kafka and REST", T, async () => {
+    const topic = unique("rows");
+    await createTopic(server, topic, 2);
+    const first = [
+      { key: "k1", value: "one", timestamp: 1700000000001, headers: { trace: "t1", empty: null } },
+      { key: null, value: "two", timestamp: 1700000000002, headers: null },
+      { key: "k3", value: null, timestamp: 1700000000003, headers: { a: "x", b: "y" } },
+    ];
+    const second = [{ key: "k4", value: "four", timestamp: 1700000000004 }, { key: "k5", value: "five" }];
+    const { results, status } = await doPut(server, cmd({ append: { table: topic, bucket: 1, schema_id: 1 } }),
+      [logTable(first), logTable(second)]);
+    assert.equal(status.code, "OK", status.details);
+    assert.deepEqual(results, [
+      { first_offset: 0, last_offset: 2, duplicated: false },
+      { first_offset: 3, last_offset: 4, duplicated: false },
+    ]);
+    assert.equal(await tail(server, topic, 0), 0, "nothing went to bucket 0");
+
+    const rest = await restRecords(server, topic, 1);
+    assert.deepEqual(rest.map((r) => [r.seq, r.body]), [[0, "one"], [1, "two"], [2, ""], [3, "four"], [4, "five"]]);
+    assert.deepEqual(rest.slice(0, 4).map((r) => r.timestamp), [1700000000001, 1700000000002, 1700000000003, 1700000000004]);
+    assert.ok(rest[4].timestamp > 1700000000004, "a null timestamp is the time weir took the batch");
+    assert.deepEqual(rest[2].headers, [["a", "x"], ["b", "y"]]);
+
+    // Kafka sees keys, null values (tombstones) and headers as sent.
+    const consumer = kafka(server).consumer({ groupId: unique("g") });
+    await consumer.connect();
+    await consumer.subscribe({ topic, fromBeginning: true });
+    const got = [];
+    await new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error("kafka: records not all read in 120 s")), 120_000);
+      consumer.run({
+        eachMessage: async ({ partition, message }) => {
+          got.push({ partition, offset: Number(message.offset), key: message.key?.toString() ?? null,
+            value: message.value?.toString() ?? null, ts: Number(message.timestamp),
+            headers: Object.fromEntries(Object.entries(message.headers).map(([k, v]) => [k, v?.toString() ?? null])) });
+          if (got.length === 5) {
+            clearTimeout(timer);
+            resolve();
+          }
+        },
+      }).catch(reject);
+    });
+    await consumer.disconnect();
+    got.sort((a, b) => a.offset - b.offset);
+    assert.deepEqual(got.map((g) => [g.partition, g.offset, g.key, g.value]),
+      [[1, 0, "k1", "one"], [1, 1, null, "two"], [1, 2, "k3", null], [1, 3, "k4", "four"], [1, 4, "k5", "five"]]);
+    assert.deepEqual(got[0].headers, { trace: "t1", empty: null });
+    assert.equal(got[0].ts, 1700000000001);
+  });
+
+  it("an idempotent writer: a retried batch gets its first offsets back, duplicated; a gap is refused", T, async () => {
+    const topic = unique("idem");
+    await createTopic(server, topic, 1);
+    const [writer] = await doAction(server, "allocate-writer");
+    assert.ok(Number(writer.writer_id) > 0, JSON.stringify(writer));
+    const desc = cmd({ append: { table: topic, bucket: 0, writer_id: writer.writer_id, writer_epoch: writer.writer_epoch } });
+    const a = logTable([{ value: "a0" }, { value: "a1" }, { value: "a2" }]);
+    const b = logTable([{ value: "b0" }, { value: "b1" }]);
+    let r = await doPut(server, desc, [a, b], { metas: [{ batch_sequence: 0 }, { batch_sequence: 3 }] });
+    assert.equal(r.status.code, "OK", r.status.details);
+    assert.deepEqual(r.results, [
+      { first_offset: 0, last_offset: 2, duplicated: false },
+      { first_offset: 3, last_offset: 4, duplicated: false },
+    ]);
+    // The retry of the second batch (its answer lost, say) writes nothing.
+    r = await doPut(server, desc, [b], { metas: [{ batch_sequence: 3 }] });
+    assert.equal(r.status.code, "OK", r.status.details);
+    assert.deepEqual(r.results, [{ first_offset: 3, last_offset: 4, duplicated: true }]);
+    // A batch past a gap in the writer's sequence is refused.
+    r = await doPut(server, desc, [b], { metas: [{ batch_sequence: 9 }] });
+    assert.notEqual(r.status.code, "OK");
+    assert.deepEqual(r.results, []);
+    assert.equal(await tail(server, topic, 0), 5);
+    // A writer's batch without a sequence is refused before anything is written.
+    r = await doPut(server, desc, [b]);
+    assert.equal(r.status.code, "INVALID_ARGUMENT");
+    assert.match(r.status.details, /batch_sequence/);
+    assert.equal(await tail(server, topic, 0), 5);
+  });
+
+  it("append_table: keyed rows go where Kafka's partitioner sends them; keyless batches round-robin", T, async () => {
+    const topic = unique("routed");
+    await createTopic(server, topic, 4);
+    const keys = Array.from({ length: 24 }, (_, i) => `key-${i}`);
+    // Where kafkajs's default partitioner (Java's murmur2) puts each key.
+    const producer = kafka(server).producer({ createPartitioner: Partitioners.DefaultPartitioner });
+    await producer.connect();
+    const expected = {};
+    for (const key of keys) {
+      const [meta] = await producer.send({ topic, messages: [{ key, value: `kafka-${key}` }] });
+      expected[key] = meta.partition;
+    }
+    await producer.disconnect();
+    assert.ok(new Set(Object.values(expected)).size > 1, "the keys spread over partitions");
+
+    const { results, status } = await doPut(server, { type: "PATH", path: ["weir-kafka", topic], cmd: Buffer.alloc(0) },
+      [logTable(keys.map((key) => ({ key, value: `flight-${key}` })), { withHeaders: false })]);
+    assert.equal(status.code, "OK", status.details);
+    assert.equal(results.length, 1);
+    const buckets = results[0].buckets;
+    assert.deepEqual(buckets.map((b) => b.bucket), [...new Set(Object.values(expected))].sort((x, y) => x - y));
+    assert.equal(buckets.reduce((n, b) => n + b.last_offset - b.first_offset + 1, 0), keys.length);
+    for (let p = 0; p < 4; p++) {
+      const flight = (await restRecords(server, topic, p)).map((r) => r.body).filter((b) => b.startsWith("flight-"));
+      assert.deepEqual(flight, keys.filter((k) => expected[k] === p).map((k) => `flight-${k}`), `partition ${p}`);
+    }
+
+    // Keyless batches: each whole to one bucket, the next batch to the next.
+    const keyless = await doPut(server, cmd({ append_table: { table: topic } }),
+      [logTable([{ value: "x" }, { value: "y" }]), logTable([{ value: "z" }])]);
+    assert.equal(keyless.status.code, "OK", keyless.status.details);
+    const [b1, b2] = keyless.results.map((r) => r.buckets);
+    assert.equal(b1.length, 1);
+    assert.equal(b1[0].last_offset - b1[0].first_offset, 1);
+    assert.equal(b2.length, 1);
+    assert.equal(b2[0].bucket, (b1[0].bucket + 1) % 4);
+  });
+
+  it("bad input gets a clear status and writes nothing", T, async () => {
+    const topic = unique("bad");
+    await createTopic(server, topic, 1);
+    const good = logTable([{ value: "v" }]);
+    const cases = [
+      [cmd({ append: { table: "no-such-table", bucket: 0 } }), [good], {}, "NOT_FOUND", /not/i],
+      [cmd({ append: { table: topic, bucket: 3 } }), [good], {}, "INVALID_ARGUMENT", /no bucket 3/],
+      [cmd({ append: { table: topic } }), [good], {}, "INVALID_ARGUMENT", /needs a bucket/],
+      [cmd({ append: { table: topic, bucket: 0, schema_id: 2 } }), [good], {}, "INVALID_ARGUMENT", /schema 1 only/],
+      [cmd({ append: { table: topic, bucket: 0, colour: "red" } }), [good], {}, "INVALID_ARGUMENT", /colour/],
+      [cmd({ put: { table: topic, bucket: 0 } }), [good], {}, "UNIMPLEMENTED", /primary-key/],
+      [cmd({ append: { table: topic, bucket: 0 } }), [good], { metas: [{ batch_sequence: 0 }] }, "INVALID_ARGUMENT",
+        /writer_id/],
+      [cmd({ append: { table: topic, bucket: 0 } }),
+        [new A.Table({ value: A.vectorFromArray(["v"], new A.Utf8()), extra: A.vectorFromArray([1], new A.Int32()) })],
+        {}, "INVALID_ARGUMENT", /unknown column 'extra'/],
+      [cmd({ append: { table: topic, bucket: 0 } }), [new A.Table({ key: A.vectorFromArray(["k"], new A.Utf8()) })],
+        {}, "INVALID_ARGUMENT", /no value column/],
+      [cmd({ append: { table: topic, bucket: 0 } }), [new A.Table({ value: A.vectorFromArray([1.5], new A.Float64()) })],
+        {}, "INVALID_ARGUMENT", /column 'value'/],
+      [cmd({ append: { table: topic, bucket: 0 } }), null,
+        { raw: [{ header: Buffer.from("not a flatbuffer at all"), body: Buffer.alloc(0) }] }, "INVALID_ARGUMENT",
+        /Arrow IPC message/],
+      [cmd({ append: { table: topic, bucket: 0 } }), null,
+        { raw: [{ header: ipcMessages(good)[1].header, body: ipcMessages(good)[1].body }] }, "INVALID_ARGUMENT",
+        /before the schema/],
+      // A batch whose body is cut short: its buffers point past it.
+      [cmd({ append: { table: topic, bucket: 0 } }), null,
+        { raw: [ipcMessages(good)[0], { header: ipcMessages(good)[1].header, body: Buffer.alloc(0) }] },
+        "INVALID_ARGUMENT", /body/],
+      [cmd({ append: { table: topic, bucket: 0 } }),
+        [new A.Table({ value: A.vectorFromArray(["v"], new A.Utf8()),
+          headers: A.vectorFromArray([new Map([["", enc.encode("fence")]])], HEADERS) })],
+        {}, "INVALID_ARGUMENT", /command record/],
+    ];
+    for (const [desc, tables, opts, code, details] of cases) {
+      const r = await doPut(server, desc, tables, opts);
+      assert.equal(r.status.code, code, `${JSON.stringify(desc.cmd?.toString())}: ${r.status.details}`);
+      assert.match(r.status.details, details);
+      assert.deepEqual(r.results, []);
+    }
+    assert.equal(await tail(server, topic, 0), 0, "nothing was written");
+    await assert.rejects(doAction(server, "no-such-action"), (e) => e.code === grpc.status.INVALID_ARGUMENT);
+  });
+
+  it("what was acknowledged survives a crash of weir", T, async () => {
+    const topic = unique("crash");
+    await createTopic(server, topic, 1);
+    const rows = Array.from({ length: 50 }, (_, i) => ({ key: `k${i}`, value: `value-${i}` }));
+    const r = await doPut(server, cmd({ append: { table: topic, bucket: 0 } }),
+      [logTable(rows.slice(0, 25)), logTable(rows.slice(25))]);
+    assert.equal(r.status.code, "OK", r.status.details);
+    await server.crash();
+    await server.start();
+    const back = await restRecords(server, topic, 0);
+    assert.deepEqual(back.map((x) => x.body), rows.map((x) => x.value));
+  });
+});
+
+describe("Arrow Flight with --auth-token-file", () => {
+  let server;
+  let tmp;
+  before(async () => {
+    tmp = mkdtempSync(join(tmpdir(), "weir-flight-auth-"));
+    writeFileSync(join(tmp, "token"), "s3cret\n");
+    server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0", "--auth-token-file", join(tmp, "token")] });
+    await server.start();
+  });
+  after(async () => {
+    if (server) {
+      await server.stop();
+      server.cleanup();
+    }
+    rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it("a call without the bearer token is UNAUTHENTICATED; with it, it goes through", T, async () => {
+    await assert.rejects(doAction(server, "allocate-writer"), (e) => e.code === grpc.status.UNAUTHENTICATED);
+    await assert.rejects(doAction(server, "allocate-writer", "", "wrong"), (e) => e.code === grpc.status.UNAUTHENTICATED);
+    const r = await doPut(server, cmd({ append: { table: "t", bucket: 0 } }), [logTable([{ value: "v" }])]);
+    assert.equal(r.status.code, "UNAUTHENTICATED");
+    const [w] = await doAction(server, "allocate-writer", "", "s3cret");
+    assert.ok(Number(w.writer_id) > 0);
+  });
+});
