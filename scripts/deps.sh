@@ -11,6 +11,8 @@ pkgs=(g++ cmake ninja-build ccache pkg-config
       libnghttp2-dev        # HTTP/2 for S2S sessions (src/http)
       libsimdjson-dev       # the append body parser
       zlib1g-dev libsnappy-dev liblz4-dev libzstd-dev  # Kafka batch compression (src/wal/compression.cc)
+      libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # Arrow Flight's gRPC service (src/flight)
+      libflatbuffers-dev    # Arrow IPC messages are flatbuffers (src/flight)
       )
 tests=false
 if [ "${1:-}" = "--tests" ]; then
@@ -37,7 +39,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 $tests || exit 0
-# The SDK and kafkajs suites (tests/js, tests/kafka/js) need Node.js 20+ and npm (S2's SDK asks for 20),
+# The SDK, kafkajs and Flight suites (tests/js, tests/kafka/js, tests/flight/js) need Node.js 20+ and npm (S2's SDK asks for 20),
 # newer than Debian 12's nodejs: these machines carry it outside Debian's packages, so it is checked only.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "deps: node and npm are needed for tests/js and tests/kafka/js (Node.js 20 or newer)" >&2

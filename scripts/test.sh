@@ -4,7 +4,8 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer,
 # then the WAL and engine unit tests under ThreadSanitizer,
 # then fuzzes the Kafka request decoder for WEIR_FUZZ_SECONDS (default 60), and the
-# S2S input decoders and the record batch checks for a third of that each.
+# S2S input decoders, the record batch checks and the Arrow IPC reader for a
+# third of that each.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh" --tests
@@ -27,5 +28,5 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 echo "== the WAL and engine unit tests under ThreadSanitizer"
 "$root/scripts/tsan.sh"
 
-echo "== fuzz the Kafka request, S2S input and record batch decoders (bounded)"
+echo "== fuzz the Kafka request, S2S input, record batch and Arrow IPC decoders (bounded)"
 "$root/scripts/fuzz.sh" "${WEIR_FUZZ_SECONDS:-60}"
