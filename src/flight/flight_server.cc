@@ -440,7 +440,9 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     if (!o.status.ok()) {
       impl_->metrics.errors++;
       if (s.error.ok()) {
-        s.error = ToGrpc(o.status.WithContext(fmt::format("bucket {}", bucket)));
+        const Status st = o.status.WithContext(fmt::format("bucket {}", bucket));
+        // An older writer epoch is the writer's to fix, not a node to retry.
+        s.error = o.producer_fenced ? grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message()) : ToGrpc(st);
       }
     } else {
       if (o.ack.duplicated) impl_->metrics.duplicated_batches++;

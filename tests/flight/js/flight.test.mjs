@@ -258,6 +258,15 @@ describe("Arrow Flight DoPut against weir", () => {
     assert.equal(r.status.code, "INVALID_ARGUMENT");
     assert.match(r.status.details, /batch_sequence/);
     assert.equal(await tail(server, topic, 0), 5);
+    // A newer epoch starts again at sequence 0; the older one is then fenced.
+    const newer = cmd({ append: { table: topic, bucket: 0, writer_id: writer.writer_id, writer_epoch: 1 } });
+    r = await doPut(server, newer, [b], { metas: [{ batch_sequence: 0 }] });
+    assert.equal(r.status.code, "OK", r.status.details);
+    assert.deepEqual(r.results, [{ first_offset: 5, last_offset: 6, duplicated: false }]);
+    r = await doPut(server, desc, [b], { metas: [{ batch_sequence: 5 }] });
+    assert.equal(r.status.code, "FAILED_PRECONDITION", r.status.details);
+    assert.match(r.status.details, /fenced/);
+    assert.equal(await tail(server, topic, 0), 7);
   });
 
   it("append_table: keyed rows go where Kafka's partitioner sends them; keyless batches round-robin", T, async () => {
