@@ -145,12 +145,13 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       "connection")
       ->check(CLI::Range(1.0, 86400.0));
   opt("--flight-addr", o.flight_addr,
-      "Arrow Flight (gRPC) listen address HOST:PORT for DoPut into log tables (port 0 picks a free one; \"\", "
-      "the default, turns it off)");
+      "Arrow Flight (gRPC) listen address HOST:PORT: DoPut into log tables, DoGet out of them (port 0 picks a "
+      "free one; \"\", the default, turns it off)");
   opt("--flight-max-message-mib", o.flight_max_message_mib,
       "Largest accepted Flight message (an Arrow batch with its header), in MiB")
       ->check(CLI::Range(1, 1024));
-  opt("--flight-max-put-calls", o.flight_max_put_calls, "Flight DoPut calls open at once; more are refused")
+  opt("--flight-max-put-calls", o.flight_max_put_calls,
+      "Flight DoPut calls open at once (each holds at most one message undecoded); more are refused")
       ->check(CLI::Range(1, 1 << 20));
   // Checked by RunServe: CLI11's split would drop an empty piece ("50,").
   opt("--inject-put-latency-ms", o.inject_put_latency_ms, "Test/bench: object store PUT latency P50[,P99] in ms");

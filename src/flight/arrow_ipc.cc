@@ -323,6 +323,7 @@ class BatchWalker {
     const auto raw = static_cast<int64_t>(LoadLE64(data.data()));
     data.remove_prefix(8);
     if (raw == -1) return data;
+    if (raw == 0) return std::string_view();  // Arrow Java writes an empty buffer as its prefix alone
     if (raw < 0 || static_cast<uint64_t>(raw) > kMaxIpcDecompressedBytes - decompressed_) {
       return Bad(fmt::format("the body decompresses to more than {} bytes", kMaxIpcDecompressedBytes));
     }

@@ -67,7 +67,7 @@ struct Target {
   int16_t writer_epoch = 0;
 };
 
-Result<uint64_t> JsonUint(const json& v, std::string_view name, uint64_t max) {
+Result<uint64_t> JsonUint(const json& v, const std::string& name, uint64_t max) {
   if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
     return InvalidArgument("descriptor: {} must be a non-negative integer", name);
   }
@@ -135,13 +135,54 @@ Result<Target> ParseDescriptor(const proto::FlightDescriptor& d, const std::stri
   return t;
 }
 
+// A DoGet ticket (GetFlightInfo makes them): {"basin"?, "table", "bucket",
+// "from"?, "until"?}: the bucket's records from offset `from` (default 0;
+// below the first held, from that) up to `until` (exclusive; default the
+// tail when the call starts).
+struct ReadTicket {
+  std::string basin;
+  std::string table;
+  uint32_t bucket = 0;
+  uint64_t from = 0;
+  std::optional<uint64_t> until;
+};
+
+Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& default_basin) {
+  json t = json::parse(bytes, nullptr, false);
+  if (!t.is_object()) return InvalidArgument("ticket: a JSON object with table and bucket");
+  ReadTicket out;
+  out.basin = default_basin;
+  bool has_bucket = false;
+  for (const auto& [key, value] : t.items()) {
+    if (key == "basin" || key == "table") {
+      if (!value.is_string()) return InvalidArgument("ticket: {} must be a string", key);
+      (key == "basin" ? out.basin : out.table) = value.get<std::string>();
+    } else if (key == "bucket") {
+      WEIR_ASSIGN_OR_RETURN(uint64_t b, JsonUint(value, "ticket bucket", metastore::kMaxTableBuckets - 1));
+      out.bucket = static_cast<uint32_t>(b);
+      has_bucket = true;
+    } else if (key == "from" || key == "until") {
+      WEIR_ASSIGN_OR_RETURN(uint64_t o, JsonUint(value, "ticket " + key, INT64_MAX));
+      if (key == "from") {
+        out.from = o;
+      } else {
+        out.until = o;
+      }
+    } else {
+      return InvalidArgument("ticket: unknown key '{}'", key);
+    }
+  }
+  if (out.table.empty() || !has_bucket) return InvalidArgument("ticket: needs a table and a bucket");
+  return out;
+}
+
 // Runs jobs on a few threads of its own, in submission order per thread.
 class Workers {
  public:
-  explicit Workers(size_t n) {
+  Workers(size_t n, const char* name) {
     for (size_t i = 0; i < n; ++i) {
-      threads_.emplace_back([this] {
-        SetThreadName("weir-flight");
+      threads_.emplace_back([this, name] {
+        SetThreadName(name);
         Loop();
       });
     }
@@ -177,7 +218,13 @@ class Workers {
         fn = std::move(jobs_.front());
         jobs_.pop_front();
       }
-      fn();
+      // Jobs turn their own failures into statuses; this only keeps an
+      // escaped exception (an allocation failure) from ending the process.
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        Log().error("flight: a worker job failed: {}", e.what());
+      }
     }
   }
   std::mutex mu_;
@@ -192,9 +239,19 @@ constexpr const char* kAllocateWriter = "allocate-writer";
 }  // namespace
 
 struct FlightServer::Impl final : public proto::FlightService::CallbackService {
-  Impl(const FlightOptions& o, log::Engine* e) : options(o), engine(e), workers(o.workers) {}
+  Impl(const FlightOptions& o, log::Engine* e)
+      : options(o), engine(e), workers(o.workers, "weir-flight-put"), readers(2, "weir-flight") {}
 
   grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* DoPut(grpc::CallbackServerContext* ctx) override;
+  grpc::ServerWriteReactor<proto::FlightData>* DoGet(grpc::CallbackServerContext* ctx,
+                                                     const proto::Ticket* ticket) override;
+  grpc::ServerUnaryReactor* GetSchema(grpc::CallbackServerContext* ctx, const proto::FlightDescriptor* d,
+                                      proto::SchemaResult* out) override;
+  grpc::ServerUnaryReactor* GetFlightInfo(grpc::CallbackServerContext* ctx, const proto::FlightDescriptor* d,
+                                          proto::FlightInfo* out) override;
+  // The table a descriptor names, checked to be a log table (and its bucket
+  // to exist). A metastore read: call it on a worker.
+  Result<metastore::TableInfo> LogTable(const Target& t);
   grpc::ServerWriteReactor<proto::Result>* DoAction(grpc::CallbackServerContext* ctx,
                                                     const proto::Action* action) override;
   grpc::ServerWriteReactor<proto::ActionType>* ListActions(grpc::CallbackServerContext* ctx,
@@ -214,7 +271,11 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   log::Engine* engine;
   FlightMetrics metrics;
   std::atomic<uint64_t> round_robin{0};  // AppendTable's bucket for keyless rows, batch by batch
+  // DoPut's decoding and appends (which may wait for admission) on
+  // `workers`; metastore calls and reads on `readers`, so they never queue
+  // behind appends waiting for room.
   Workers workers;
+  Workers readers;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   std::once_flag stopped;
@@ -244,42 +305,47 @@ class OneReply final : public grpc::ServerWriteReactor<T> {
 // One DoPut: reads FlightData messages one at a time (a worker decodes each
 // and hands it to the engine before the next read, so a call's batches are
 // appended in order and hold at most one message undecoded), and writes a
-// PutResult per batch in order as each becomes durable. A bad message or a
-// failed append ends the call with its status once every append handed over
-// before has completed; batches after a failed one get no PutResult.
+// PutResult per batch in order as each becomes durable. A refused message or
+// a failed append answers in its turn: every batch before it gets its
+// PutResult, then the call ends with its status; nothing is read or appended
+// once a refusal is known (batches handed over before then still complete).
 // gRPC's threads and the workers call it; `mu_` guards its state. It deletes
-// itself in OnDone, which comes only after Finish, which waits for every
-// append's callback.
+// itself in OnDone, which comes only after Finish, which waits until no
+// message is being handled and every append has called back.
 class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::PutResult> {
  public:
   PutCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx) : impl_(impl) {
     impl_->metrics.put_calls++;
-    impl_->metrics.open_put_calls++;
+    const bool over = impl_->metrics.open_put_calls.fetch_add(1) >= impl_->options.max_put_calls;
+    std::optional<grpc::Status> refused;
     if (grpc::Status auth = impl_->Authorize(ctx); !auth.ok()) {
-      std::unique_lock lk(mu_);
-      failure_ = auth;
-      Progress(lk);
-      return;
-    }
-    if (impl_->metrics.open_put_calls.load() > impl_->options.max_put_calls) {
+      refused = auth;
+    } else if (over) {
       impl_->metrics.put_calls_refused++;
-      std::unique_lock lk(mu_);
-      failure_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              fmt::format("more than {} DoPut calls are open", impl_->options.max_put_calls));
+      refused = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                             fmt::format("more than {} DoPut calls are open", impl_->options.max_put_calls));
+    }
+    std::unique_lock lk(mu_);
+    if (refused) {
+      failure_ = *refused;
       Progress(lk);
       return;
     }
     reading_ = true;
+    lk.unlock();
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      std::unique_lock lk(mu_);
-      reading_ = false;
+    std::unique_lock lk(mu_);
+    reading_ = false;
+    if (!ok || finished_ || Stopping()) {
+      eof_ = eof_ || !ok;
       Progress(lk);
-      return;
+      return;  // a message read after a refusal is dropped unseen
     }
+    handling_ = true;
+    lk.unlock();
     auto msg = std::make_shared<proto::FlightData>(std::move(in_));
     in_.Clear();
     impl_->workers.Post([this, msg] { Handle(*msg); });
@@ -304,32 +370,49 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   }
 
  private:
-  // A PutResult waiting for its appends (one per bucket the batch went to).
+  // A PutResult waiting for its appends (one per bucket the batch went to),
+  // or a refusal waiting for its turn.
   struct Slot {
     size_t waiting = 0;
     grpc::Status error;
     json result;
   };
 
+  // Whether nothing more is to be read or appended. Under mu_.
+  bool Stopping() const { return failure_.has_value() || refused_ || cancelled_; }
+
   // On a worker: one message.
   void Handle(const proto::FlightData& msg) {
-    Status st;
-    bool cancelled;
     {
-      std::lock_guard lk(mu_);
-      cancelled = cancelled_;
+      std::unique_lock lk(mu_);
+      if (Stopping()) {
+        handling_ = false;
+        Progress(lk);
+        return;
+      }
     }
-    if (!cancelled) st = Process(msg);
+    Status st;
+    try {
+      st = Process(msg);
+    } catch (const std::bad_alloc&) {
+      st = ResourceExhausted("out of memory decoding the batch");
+    }
     std::unique_lock lk(mu_);
+    handling_ = false;
     if (!st.ok()) {
+      // In its turn: the batches before it still get their answers.
       impl_->metrics.errors++;
-      if (!failure_) failure_ = ToGrpc(st);
+      refused_ = true;
+      Slot s;
+      s.error = ToGrpc(st.WithContext(fmt::format("message {}", messages_)));
+      slots_.push_back(std::move(s));
     }
-    if (failure_ || cancelled_) {
-      reading_ = false;
+    ++messages_;
+    if (Stopping()) {
       Progress(lk);
       return;
     }
+    reading_ = true;
     lk.unlock();
     StartRead(&in_);
   }
@@ -338,14 +421,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     if (!target_) {
       if (!msg.has_flight_descriptor()) return InvalidArgument("the first message of a DoPut carries its descriptor");
       WEIR_ASSIGN_OR_RETURN(auto t, ParseDescriptor(msg.flight_descriptor(), impl_->options.default_basin));
-      WEIR_ASSIGN_OR_RETURN(auto table, impl_->engine->GetTable(t.basin, t.table));
-      if (table.kind != "log") {
-        return NotSupported("table {}/{} is a {} table; Flight writes log tables", t.basin, t.table, table.kind);
-      }
-      if (t.bucket && *t.bucket >= table.bucket_count) {
-        return InvalidArgument("table {}/{} has {} buckets; there is no bucket {}", t.basin, t.table,
-                               table.bucket_count, *t.bucket);
-      }
+      WEIR_ASSIGN_OR_RETURN(auto table, impl_->LogTable(t));
       buckets_ = table.bucket_count;
       target_ = std::move(t);
     }
@@ -377,6 +453,18 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     if (!target_->writer_id && sequence) return InvalidArgument("batch_sequence needs a writer_id in the descriptor");
     std::deque<std::string> storage;
     WEIR_ASSIGN_OR_RETURN(auto cols, ResolveBatch(*schema_, *m.batch, msg.data_body(), &storage));
+    // What the batch would take decoded, refused before it is: the bytes a
+    // bucket's Kafka batch may hold, and the record count Kafka batches may.
+    const size_t limit = impl_->options.max_batch_bytes * (target_->bucket ? 1 : buckets_);
+    if (LogRecordsBytes(columns_, cols) > limit) {
+      return InvalidArgument("the batch holds more than {} bytes of keys, values and headers; a bucket takes at most "
+                             "{} bytes a batch: send smaller batches",
+                             limit, impl_->options.max_batch_bytes);
+    }
+    if (static_cast<uint64_t>(m.batch->length) > wal::kMaxDecodedRecordsOverheadBytes / wal::kDecodedRecordCost) {
+      return InvalidArgument("a batch of {} rows; at most {} a batch", m.batch->length,
+                             wal::kMaxDecodedRecordsOverheadBytes / wal::kDecodedRecordCost);
+    }
     WEIR_ASSIGN_OR_RETURN(auto records, LogRecords(columns_, cols, WallMillis()));
     impl_->metrics.batches++;
     impl_->metrics.rows += records.size();
@@ -403,6 +491,12 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       }
       std::string batch;
       WEIR_RETURN_IF_ERROR(wal::EncodeRecordBatch(rows, eo, &batch));
+      // Every part is checked before any is appended: a refused part
+      // leaves the others unwritten too.
+      if (batch.size() > impl_->options.max_batch_bytes) {
+        return InvalidArgument("bucket {}'s part of the batch is {} bytes as a Kafka batch; at most {}: send smaller "
+                               "batches", bucket, batch.size(), impl_->options.max_batch_bytes);
+      }
       batches.emplace_back(bucket, std::move(batch));
     }
     return Append(std::move(batches));
@@ -439,8 +533,9 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     Slot& s = slots_[index - base_];
     if (!o.status.ok()) {
       impl_->metrics.errors++;
+      refused_ = true;  // no further message is read or appended
       if (s.error.ok()) {
-        const Status st = o.status.WithContext(fmt::format("bucket {}", bucket));
+        const Status st = o.status.WithContext(fmt::format("batch {}: bucket {}", index, bucket));
         // An older writer epoch is the writer's to fix, not a node to retry.
         s.error = o.producer_fenced ? grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message()) : ToGrpc(st);
       }
@@ -459,8 +554,10 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     Progress(lk);
   }
 
-  // Writes the next answered PutResult, or finishes the call once nothing is
-  // being read, written or appended. Called with `mu_` held; may release it.
+  // Writes the next answered PutResult, or finishes the call once no message
+  // is being handled, nothing is being written or appended, and the client
+  // is done, gone, or refused (a read still outstanding then completes
+  // unseen). Called with `mu_` held; may release it.
   void Progress(std::unique_lock<std::mutex>& lk) {
     if (writing_ || finished_) return;
     while (!slots_.empty() && slots_.front().waiting == 0) {
@@ -475,7 +572,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       StartWrite(&out_);
       return;
     }
-    if (reading_ || !slots_.empty()) return;
+    if (handling_ || !slots_.empty()) return;
+    if (!failure_ && !cancelled_ && (reading_ || !eof_)) return;
     finished_ = true;
     grpc::Status st = failure_ ? *failure_ : cancelled_ ? grpc::Status::CANCELLED : grpc::Status::OK;
     lk.unlock();
@@ -495,11 +593,98 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   std::mutex mu_;
   std::deque<Slot> slots_;
   size_t base_ = 0;         // index of slots_.front()
-  bool reading_ = false;    // a read is outstanding or its message is being handled
+  size_t messages_ = 0;     // messages handled, for error context
+  bool reading_ = false;    // a read is outstanding
+  bool handling_ = false;   // a worker has (or is about to have) a message
+  bool eof_ = false;        // the client is done sending (or the read failed)
+  bool refused_ = false;    // a message or an append was refused: read and append no more
   bool writing_ = false;
   bool cancelled_ = false;  // by the client, or a write failed
   bool finished_ = false;
-  std::optional<grpc::Status> failure_;
+  std::optional<grpc::Status> failure_;  // the refusal whose turn has come
+};
+
+// One DoGet: the schema, then the bucket's records in batches of up to
+// 1,000 rows (the engine's read limits), each read on a worker and written
+// before the next is read. One step runs at a time (a read, or a write and
+// its OnWriteDone), so only `cancelled_` is shared. It deletes itself in
+// OnDone, after its Finish.
+class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
+ public:
+  GetCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx, const proto::Ticket& ticket) : impl_(impl) {
+    if (grpc::Status auth = impl_->Authorize(ctx); !auth.ok()) {
+      Finish(auth);
+      return;
+    }
+    auto t = ParseTicket(ticket.ticket(), impl_->options.default_basin);
+    if (!t.ok()) {
+      Finish(ToGrpc(t.status()));
+      return;
+    }
+    ticket_ = std::move(*t);
+    stream_ = metastore::BucketStreamName(ticket_.table, ticket_.bucket);
+    impl_->readers.Post([this] { Next(); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::CANCELLED);
+    if (done_) return Finish(grpc::Status::OK);
+    impl_->readers.Post([this] { Next(); });
+  }
+  void OnCancel() override { cancelled_ = true; }
+  void OnDone() override { delete this; }
+
+ private:
+  // On a worker: the next message, or the end.
+  void Next() {
+    if (cancelled_) return Finish(grpc::Status::CANCELLED);
+    out_.Clear();
+    if (!sent_schema_) {
+      // The table must exist (and be a log table) before anything is sent.
+      Target t;
+      t.basin = ticket_.basin;
+      t.table = ticket_.table;
+      t.bucket = ticket_.bucket;
+      if (auto table = impl_->LogTable(t); !table.ok()) return Finish(ToGrpc(table.status()));
+      sent_schema_ = true;
+      out_.set_data_header(LogReadSchemaMessage());
+      StartWrite(&out_);
+      return;
+    }
+    if (!ticket_.until) {
+      auto tail = impl_->engine->CheckTail(ticket_.basin, stream_);
+      if (!tail.ok()) return Finish(ToGrpc(tail.status()));
+      ticket_.until = *tail;
+    }
+    if (ticket_.from >= *ticket_.until) return Finish(grpc::Status::OK);
+    auto r = impl_->engine->Read(ticket_.basin, stream_, log::ReadStart{log::ReadStart::kOffset, ticket_.from},
+                                 kMaxRows, kMaxBytes, std::nullopt, stream_id_);
+    if (!r.ok()) return Finish(ToGrpc(r.status()));
+    stream_id_ = r->stream_id;
+    std::vector<ReadRow> rows;
+    for (const auto& rec : r->records) {
+      if (rec.offset >= *ticket_.until) break;
+      rows.push_back(ReadRow{rec.offset, &rec.record});
+    }
+    if (rows.empty()) return Finish(grpc::Status::OK);
+    ticket_.from = rows.back().offset + 1;
+    done_ = ticket_.from >= *ticket_.until;
+    IpcBytes m = LogReadBatchMessage(rows);
+    out_.set_data_header(std::move(m.header));
+    out_.set_data_body(std::move(m.body));
+    StartWrite(&out_);
+  }
+
+  static constexpr size_t kMaxRows = 1000;
+  static constexpr size_t kMaxBytes = 1 << 20;
+  FlightServer::Impl* impl_;
+  ReadTicket ticket_;
+  std::string stream_;
+  std::optional<uint64_t> stream_id_;  // the stream the first read found (not one created again under its name)
+  proto::FlightData out_;
+  bool sent_schema_ = false;
+  bool done_ = false;
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace
@@ -507,6 +692,78 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
 grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* FlightServer::Impl::DoPut(
     grpc::CallbackServerContext* ctx) {
   return new PutCall(this, ctx);
+}
+
+Result<metastore::TableInfo> FlightServer::Impl::LogTable(const Target& t) {
+  WEIR_ASSIGN_OR_RETURN(auto table, engine->GetTable(t.basin, t.table));
+  if (table.kind != "log") {
+    return NotSupported("table {}/{} is a {} table; Flight serves log tables", t.basin, t.table, table.kind);
+  }
+  if (t.bucket && *t.bucket >= table.bucket_count) {
+    return InvalidArgument("table {}/{} has {} buckets; there is no bucket {}", t.basin, t.table, table.bucket_count,
+                           *t.bucket);
+  }
+  return table;
+}
+
+grpc::ServerWriteReactor<proto::FlightData>* FlightServer::Impl::DoGet(grpc::CallbackServerContext* ctx,
+                                                                     const proto::Ticket* ticket) {
+  return new GetCall(this, ctx, *ticket);
+}
+
+grpc::ServerUnaryReactor* FlightServer::Impl::GetSchema(grpc::CallbackServerContext* ctx,
+                                                        const proto::FlightDescriptor* d, proto::SchemaResult* out) {
+  auto* r = ctx->DefaultReactor();
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
+    r->Finish(auth);
+    return r;
+  }
+  readers.Post([this, r, d, out] {
+    auto t = ParseDescriptor(*d, options.default_basin);
+    if (!t.ok()) return r->Finish(ToGrpc(t.status()));
+    if (auto table = LogTable(*t); !table.ok()) return r->Finish(ToGrpc(table.status()));
+    out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
+    r->Finish(grpc::Status::OK);
+  });
+  return r;
+}
+
+grpc::ServerUnaryReactor* FlightServer::Impl::GetFlightInfo(grpc::CallbackServerContext* ctx,
+                                                            const proto::FlightDescriptor* d, proto::FlightInfo* out) {
+  auto* r = ctx->DefaultReactor();
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
+    r->Finish(auth);
+    return r;
+  }
+  readers.Post([this, r, d, out] {
+    auto t = ParseDescriptor(*d, options.default_basin);
+    if (!t.ok()) return r->Finish(ToGrpc(t.status()));
+    auto table = LogTable(*t);
+    if (!table.ok()) return r->Finish(ToGrpc(table.status()));
+    // One endpoint per bucket (or the descriptor's bucket): its records up
+    // to the tail now, so the dataset is what was acknowledged when asked.
+    int64_t total = 0;
+    for (uint32_t b = 0; b < table->bucket_count; ++b) {
+      if (t->bucket && *t->bucket != b) continue;
+      auto offsets = engine->Offsets(t->basin, metastore::BucketStreamName(t->table, b));
+      if (!offsets.ok()) return r->Finish(ToGrpc(offsets.status()));
+      auto* e = out->add_endpoint();
+      e->mutable_ticket()->set_ticket(json{{"basin", t->basin},
+                                           {"table", t->table},
+                                           {"bucket", b},
+                                           {"from", offsets->log_start},
+                                           {"until", offsets->tail}}
+                                          .dump());
+      total += static_cast<int64_t>(offsets->tail - offsets->log_start);
+    }
+    out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
+    *out->mutable_flight_descriptor() = *d;
+    out->set_total_records(total);
+    out->set_total_bytes(-1);
+    out->set_ordered(true);
+    r->Finish(grpc::Status::OK);
+  });
+  return r;
 }
 
 grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::CallbackServerContext* ctx,
@@ -517,12 +774,12 @@ grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::Call
     return r;
   }
   if (action->type() != kAllocateWriter) {
-    r->Send(std::nullopt, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+    r->Send(std::nullopt, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                        fmt::format("unknown action '{}' (ListActions lists them)", action->type())));
     return r;
   }
   // A metastore write: on a worker, not gRPC's thread.
-  workers.Post([this, r] {
+  readers.Post([this, r] {
     auto id = engine->AllocateProducerId();
     if (!id.ok()) return r->Send(std::nullopt, ToGrpc(id.status()));
     proto::Result out;
@@ -566,6 +823,7 @@ Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& o
   impl->server = b.BuildAndStart();
   if (!impl->server || impl->port == 0) {
     impl->workers.Stop();
+    impl->readers.Stop();
     return Unavailable("--flight-addr {}: cannot listen there", addr);
   }
   return std::unique_ptr<FlightServer>(new FlightServer(std::move(impl)));
@@ -579,6 +837,7 @@ void FlightServer::Stop(int grace_ms) {
   std::call_once(impl_->stopped, [&] {
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
     impl_->workers.Stop();
+    impl_->readers.Stop();
   });
 }
 

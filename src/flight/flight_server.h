@@ -30,9 +30,14 @@ struct FlightOptions {
   // A FlightData message (an Arrow batch and its header) is at most this.
   size_t max_message_bytes = 16u << 20;
   // DoPut calls open at once; more are refused with RESOURCE_EXHAUSTED.
-  size_t max_put_calls = 256;
+  // Each holds at most one message (max_message_bytes) undecoded.
+  size_t max_put_calls = 64;
+  // A bucket's part of a batch, as a Kafka batch, at most (the engine's
+  // max_batch_bytes).
+  size_t max_batch_bytes = 1048588;
   // Threads that decode batches and hand them to the engine (each may wait
-  // for admission, up to the engine's admission timeout).
+  // for admission, up to the engine's admission timeout). Two more serve
+  // reads and actions.
   size_t workers = 4;
   std::string auth_token;  // non-empty: every call needs "authorization: Bearer <token>"
   std::string default_basin = "weir-kafka";  // for descriptors that name no basin

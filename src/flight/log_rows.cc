@@ -2,6 +2,10 @@
 
 #include <limits>
 
+#include <flatbuffers/flatbuffers.h>
+
+#include "base/bytes.h"
+
 namespace weir::flight {
 
 namespace {
@@ -114,6 +118,26 @@ Result<std::vector<wal::Record>> LogRecords(const LogColumns& cols, const std::v
   return out;
 }
 
+uint64_t LogRecordsBytes(const LogColumns& cols, const std::vector<ArrayView>& columns) {
+  // Bytes rows [from, to) of a binary column span (offsets are checked).
+  auto span = [](const ArrayView& a, int64_t from, int64_t to) -> uint64_t {
+    return to > from ? static_cast<uint64_t>(a.Offset(to) - a.Offset(from)) : 0;
+  };
+  uint64_t n = 0;
+  for (int c : {cols.key, cols.value}) {
+    if (c >= 0) n += span(columns[static_cast<size_t>(c)], 0, columns[static_cast<size_t>(c)].length);
+  }
+  if (cols.headers >= 0) {
+    const ArrayView& map = columns[static_cast<size_t>(cols.headers)];
+    if (map.length > 0) {
+      const int64_t from = map.Offset(0), to = map.Offset(map.length);
+      const ArrayView& entries = map.children[0];
+      n += span(entries.children[0], from, to) + span(entries.children[1], from, to);
+    }
+  }
+  return n;
+}
+
 uint32_t KafkaPartitionOf(std::string_view key, uint32_t partitions) {
   constexpr uint32_t m = 0x5bd1e995;
   constexpr int r = 24;
@@ -143,6 +167,184 @@ uint32_t KafkaPartitionOf(std::string_view key, uint32_t partitions) {
   h *= m;
   h ^= h >> 15;
   return (h & 0x7fffffffu) % partitions;
+}
+
+}  // namespace weir::flight
+
+// ---- Writing (DoGet) ----------------------------------------------------------
+
+namespace weir::flight {
+
+namespace {
+
+using FbOffset = flatbuffers::Offset<void>;
+
+// Table field slots (Message.fbs and Schema.fbs order), as arrow_ipc.cc reads them.
+constexpr flatbuffers::voffset_t Slot(int i) { return static_cast<flatbuffers::voffset_t>(4 + 2 * i); }
+constexpr int16_t kMetadataV5 = 4;
+constexpr uint8_t kHeaderSchema = 1, kHeaderRecordBatch = 3;
+
+FbOffset EmptyTable(flatbuffers::FlatBufferBuilder& b) { return FbOffset(b.EndTable(b.StartTable())); }
+
+FbOffset FieldOf(flatbuffers::FlatBufferBuilder& b, const char* name, bool nullable, ArrowType type, FbOffset type_table,
+                 const std::vector<FbOffset>& children) {
+  auto n = b.CreateString(name);
+  auto kids = b.CreateVector(children);
+  const auto start = b.StartTable();
+  b.AddOffset(Slot(0), n);
+  b.AddElement<uint8_t>(Slot(1), nullable ? 1 : 0, 0);
+  b.AddElement<uint8_t>(Slot(2), static_cast<uint8_t>(type), 0);
+  b.AddOffset(Slot(3), type_table);
+  b.AddOffset(Slot(5), kids);
+  return FbOffset(b.EndTable(start));
+}
+
+std::string MessageOf(flatbuffers::FlatBufferBuilder& b, uint8_t header_type, FbOffset header, int64_t body_length) {
+  const auto start = b.StartTable();
+  b.AddElement<int64_t>(Slot(3), body_length, 0);
+  b.AddOffset(Slot(2), header);
+  b.AddElement<int16_t>(Slot(0), kMetadataV5, 0);
+  b.AddElement<uint8_t>(Slot(1), header_type, 0);
+  b.Finish(flatbuffers::Offset<void>(b.EndTable(start)));
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+// A column's buffers as the body lays them out (each padded to 8 bytes).
+struct BodyWriter {
+  std::string body;
+  std::vector<std::pair<int64_t, int64_t>> buffers;  // (offset, length)
+  std::vector<std::pair<int64_t, int64_t>> nodes;    // (length, null_count)
+
+  void Buffer(std::string_view bytes) {
+    buffers.emplace_back(static_cast<int64_t>(body.size()), static_cast<int64_t>(bytes.size()));
+    body.append(bytes);
+    body.resize((body.size() + 7) / 8 * 8, '\0');
+  }
+  // A validity bitmap, left out when nothing is null.
+  void Validity(const std::vector<bool>& valid, int64_t nulls) {
+    if (nulls == 0) return Buffer({});
+    std::string bits((valid.size() + 7) / 8, '\0');
+    for (size_t i = 0; i < valid.size(); ++i) {
+      if (valid[i]) bits[i / 8] = static_cast<char>(bits[i / 8] | (1 << (i % 8)));
+    }
+    Buffer(bits);
+  }
+  // A nullable binary column of `values`.
+  void BinaryColumn(const std::vector<const std::string*>& values) {
+    std::vector<bool> valid(values.size());
+    std::string offsets, data;
+    int64_t nulls = 0;
+    PutLE32(&offsets, 0);
+    for (size_t i = 0; i < values.size(); ++i) {
+      valid[i] = values[i] != nullptr;
+      if (values[i]) data += *values[i];
+      nulls += values[i] == nullptr;
+      PutLE32(&offsets, static_cast<uint32_t>(data.size()));
+    }
+    nodes.emplace_back(static_cast<int64_t>(values.size()), nulls);
+    Validity(valid, nulls);
+    Buffer(offsets);
+    Buffer(data);
+  }
+  void Int64Column(const std::vector<int64_t>& values) {
+    std::string data;
+    for (int64_t v : values) PutLE64(&data, static_cast<uint64_t>(v));
+    nodes.emplace_back(static_cast<int64_t>(values.size()), 0);
+    Buffer({});
+    Buffer(data);
+  }
+};
+
+}  // namespace
+
+std::string LogReadSchemaMessage() {
+  flatbuffers::FlatBufferBuilder b(1024);
+  std::vector<FbOffset> fields;
+  const auto int_start = b.StartTable();
+  b.AddElement<int32_t>(Slot(0), 64, 0);
+  b.AddElement<uint8_t>(Slot(1), 1, 0);
+  const FbOffset int64(b.EndTable(int_start));
+  fields.push_back(FieldOf(b, "offset", false, ArrowType::kInt, int64, {}));
+  const auto ts_start = b.StartTable();
+  b.AddElement<int16_t>(Slot(0), static_cast<int16_t>(TimeUnit::kMillisecond), 0);
+  const FbOffset ts(b.EndTable(ts_start));
+  fields.push_back(FieldOf(b, "timestamp", false, ArrowType::kTimestamp, ts, {}));
+  fields.push_back(FieldOf(b, "key", true, ArrowType::kBinary, EmptyTable(b), {}));
+  fields.push_back(FieldOf(b, "value", true, ArrowType::kBinary, EmptyTable(b), {}));
+  const FbOffset entry_key = FieldOf(b, "key", false, ArrowType::kBinary, EmptyTable(b), {});
+  const FbOffset entry_value = FieldOf(b, "value", true, ArrowType::kBinary, EmptyTable(b), {});
+  const FbOffset entries = FieldOf(b, "entries", false, ArrowType::kStruct, EmptyTable(b), {entry_key, entry_value});
+  const FbOffset map(EmptyTable(b));  // keysSorted: false (the default)
+  fields.push_back(FieldOf(b, "headers", false, ArrowType::kMap, map, {entries}));
+  auto vec = b.CreateVector(fields);
+  const auto start = b.StartTable();
+  b.AddOffset(Slot(1), vec);  // endianness: little (the default)
+  const FbOffset schema(b.EndTable(start));
+  return MessageOf(b, kHeaderSchema, schema, 0);
+}
+
+IpcBytes LogReadBatchMessage(const std::vector<ReadRow>& rows) {
+  BodyWriter w;
+  std::vector<int64_t> offsets, times;
+  std::vector<const std::string*> keys, values, header_names, header_values;
+  std::string map_offsets;
+  PutLE32(&map_offsets, 0);
+  for (const auto& r : rows) {
+    offsets.push_back(static_cast<int64_t>(r.offset));
+    times.push_back(r.record->timestamp);
+    keys.push_back(r.record->key ? &*r.record->key : nullptr);
+    values.push_back(r.record->value ? &*r.record->value : nullptr);
+    for (const auto& h : r.record->headers) {
+      header_names.push_back(&h.key);
+      header_values.push_back(h.value ? &*h.value : nullptr);
+    }
+    PutLE32(&map_offsets, static_cast<uint32_t>(header_names.size()));
+  }
+  w.Int64Column(offsets);
+  w.Int64Column(times);
+  w.BinaryColumn(keys);
+  w.BinaryColumn(values);
+  // headers: a map (validity, offsets), its entries struct (validity), then
+  // the entries' key and value columns.
+  w.nodes.emplace_back(static_cast<int64_t>(rows.size()), 0);
+  w.Buffer({});
+  w.Buffer(map_offsets);
+  w.nodes.emplace_back(static_cast<int64_t>(header_names.size()), 0);
+  w.Buffer({});
+  w.BinaryColumn(header_names);
+  w.BinaryColumn(header_values);
+
+  flatbuffers::FlatBufferBuilder b(1024);
+  std::vector<int64_t> flat_nodes, flat_buffers;
+  for (auto [a, c] : w.nodes) flat_nodes.insert(flat_nodes.end(), {a, c});
+  for (auto [a, c] : w.buffers) flat_buffers.insert(flat_buffers.end(), {a, c});
+  // Vectors of 16-byte structs, written as 8-byte aligned int64 pairs.
+  auto struct_vector = [&](const std::vector<int64_t>& v) {
+    b.StartVector(v.size() / 2, 16);
+    for (size_t i = v.size(); i > 0; --i) b.PushElement(v[i - 1]);
+    return FbOffset(b.EndVector(v.size() / 2));
+  };
+  const FbOffset nodes = struct_vector(flat_nodes);
+  const FbOffset buffers = struct_vector(flat_buffers);
+  const auto start = b.StartTable();
+  b.AddElement<int64_t>(Slot(0), static_cast<int64_t>(rows.size()), 0);
+  b.AddOffset(Slot(1), nodes);
+  b.AddOffset(Slot(2), buffers);
+  const FbOffset batch(b.EndTable(start));
+  IpcBytes out;
+  out.header = MessageOf(b, kHeaderRecordBatch, batch, static_cast<int64_t>(w.body.size()));
+  out.body = std::move(w.body);
+  return out;
+}
+
+std::string EncapsulatedMessage(std::string_view header) {
+  const size_t padded = (header.size() + 7) / 8 * 8;
+  std::string out;
+  PutLE32(&out, 0xffffffffu);
+  PutLE32(&out, static_cast<uint32_t>(padded));
+  out.append(header);
+  out.resize(8 + padded, '\0');
+  return out;
 }
 
 }  // namespace weir::flight

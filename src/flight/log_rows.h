@@ -34,6 +34,30 @@ Result<LogColumns> CheckLogSchema(const ArrowSchema& schema);
 Result<std::vector<wal::Record>> LogRecords(const LogColumns& cols, const std::vector<ArrayView>& columns,
                                             int64_t now_ms);
 
+// The other way, for DoGet: records as Arrow IPC messages of the log-table
+// read schema: offset (int64), timestamp (timestamp[ms]), key and value
+// (binary, nullable) and headers (map of binary to nullable binary; empty
+// for none), all little-endian, version V5, uncompressed.
+struct ReadRow {
+  uint64_t offset = 0;
+  const wal::Record* record = nullptr;
+};
+struct IpcBytes {
+  std::string header;  // a Message flatbuffer (FlightData.data_header)
+  std::string body;    // FlightData.data_body
+};
+// The Schema message.
+std::string LogReadSchemaMessage();
+// One RecordBatch message of `rows`.
+IpcBytes LogReadBatchMessage(const std::vector<ReadRow>& rows);
+// A Message as a stream carries it (SchemaResult.schema, FlightInfo.schema):
+// 0xFFFFFFFF, its length (int32 LE, padded to 8), the flatbuffer, padding.
+std::string EncapsulatedMessage(std::string_view header);
+
+// The bytes of keys, values and header names and values the rows of a
+// resolved batch hold: what LogRecords would copy.
+uint64_t LogRecordsBytes(const LogColumns& cols, const std::vector<ArrayView>& columns);
+
 // Kafka's default partitioner: murmur2 of the key bytes, made positive,
 // modulo the partitions. AppendTable routes keyed rows with it, so a key lands
 // in the bucket a Kafka producer would send it to.

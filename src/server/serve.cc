@@ -724,6 +724,7 @@ int RunServe(const ServeOptions& o) {
     fo.port = flight_addr->second;
     fo.max_message_bytes = o.flight_max_message_mib << 20;
     fo.max_put_calls = o.flight_max_put_calls;
+    fo.max_batch_bytes = eo.max_batch_bytes;
     fo.auth_token = token->value_or("");
     fo.default_basin = kafka::kKafkaBasin;
     auto fs = flight::FlightServer::Start(fo, (*engine).get());

@@ -82,7 +82,8 @@ function client(server, token) {
 // One DoPut: the descriptor, then `tables`' batches (each table's schema
 // must be the first's), each with its app_metadata (metas[i], an object).
 // Resolves {results: [parsed PutResult app_metadata], status} once the call ends.
-function doPut(server, descriptor, tables, { metas = [], token, raw } = {}) {
+// With keepOpen the client does not half-close: the call must end by itself.
+function doPut(server, descriptor, tables, { metas = [], token, raw, keepOpen = false } = {}) {
   const { c, md } = client(server, token);
   return new Promise((resolve) => {
     const call = c.DoPut(md);
@@ -92,6 +93,7 @@ function doPut(server, descriptor, tables, { metas = [], token, raw } = {}) {
     call.on("error", (e) => { status = { code: grpc.status[e.code], details: e.details }; });
     call.on("status", (s) => {
       status ??= { code: grpc.status[s.code], details: s.details };
+      if (keepOpen) call.end();
       c.close();
       resolve({ results, status });
     });
@@ -112,7 +114,7 @@ function doPut(server, descriptor, tables, { metas = [], token, raw } = {}) {
         app_metadata: m.meta ? Buffer.from(JSON.stringify(m.meta)) : Buffer.alloc(0),
       });
     });
-    call.end();
+    if (!keepOpen) call.end();
   });
 }
 
@@ -128,6 +130,50 @@ function doAction(server, type, body = "", token) {
     call.on("end", () => { c.close(); resolve(out); });
   });
 }
+
+function unary(server, method, request, token) {
+  const { c, md } = client(server, token);
+  return new Promise((resolve, reject) => {
+    c[method](request, md, (err, res) => {
+      c.close();
+      if (err) reject(err); else resolve(res);
+    });
+  });
+}
+
+// A DoGet's FlightData messages, as a table read by Apache Arrow.
+function doGet(server, ticket) {
+  const { c, md } = client(server);
+  return new Promise((resolve) => {
+    const msgs = [];
+    let status = null;
+    const call = c.DoGet({ ticket: Buffer.from(ticket) }, md);
+    call.on("data", (d) => msgs.push(d));
+    call.on("error", (e) => { status = { code: grpc.status[e.code], details: e.details }; });
+    call.on("status", (s) => {
+      status ??= { code: grpc.status[s.code], details: s.details };
+      c.close();
+      resolve({ msgs, status });
+    });
+  });
+}
+
+// FlightData messages (the schema first) as an IPC stream, read by Apache Arrow.
+function tableOf(msgs) {
+  const parts = [];
+  for (const m of msgs) {
+    const header = Buffer.from(m.data_header);
+    const pad = (8 - (header.length % 8)) % 8;
+    const prefix = Buffer.alloc(8);
+    prefix.writeUInt32LE(0xffffffff, 0);
+    prefix.writeInt32LE(header.length + pad, 4);
+    parts.push(prefix, header, Buffer.alloc(pad), Buffer.from(m.data_body));
+  }
+  parts.push(Buffer.from([0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]));
+  return A.tableFromIPC(Buffer.concat(parts));
+}
+
+const text = (bytes) => (bytes == null ? null : dec.decode(bytes));
 
 // The records of stream `topic/bucket` over the REST API (bodies as text).
 async function restRecords(server, topic, bucket) {
@@ -349,7 +395,100 @@ describe("Arrow Flight DoPut against weir", () => {
       assert.deepEqual(r.results, []);
     }
     assert.equal(await tail(server, topic, 0), 0, "nothing was written");
-    await assert.rejects(doAction(server, "no-such-action"), (e) => e.code === grpc.status.INVALID_ARGUMENT);
+    await assert.rejects(doAction(server, "no-such-action"), (e) => e.code === grpc.status.UNIMPLEMENTED);
+  });
+
+  it("reads: GetFlightInfo names a ticket per bucket; DoGet streams the rows as Arrow", T, async () => {
+    const topic = unique("read");
+    await createTopic(server, topic, 2);
+    const rows = [
+      { key: "a", value: "one", timestamp: 1700000000001, headers: { h: "x", n: null } },
+      { key: null, value: null, timestamp: 1700000000002, headers: null },
+      { key: "c", value: "three", timestamp: 1700000000003 },
+    ];
+    let r = await doPut(server, cmd({ append: { table: topic, bucket: 1 } }), [logTable(rows)]);
+    assert.equal(r.status.code, "OK", r.status.details);
+    // 1,500 more rows in bucket 0: more than one DoGet batch (1,000 rows).
+    const many = Array.from({ length: 1500 }, (_, i) => ({ value: `v${i}`, timestamp: 1700000000000 + i }));
+    r = await doPut(server, cmd({ append: { table: topic, bucket: 0 } }), [logTable(many.slice(0, 700)), logTable(many.slice(700))]);
+    assert.equal(r.status.code, "OK", r.status.details);
+
+    const schema = await unary(server, "GetSchema", { type: "PATH", path: [topic], cmd: Buffer.alloc(0) });
+    const empty = A.tableFromIPC(Buffer.concat([Buffer.from(schema.schema), Buffer.from([0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])]));
+    assert.deepEqual(empty.schema.fields.map((f) => f.name), ["offset", "timestamp", "key", "value", "headers"]);
+
+    const info = await unary(server, "GetFlightInfo", { type: "PATH", path: ["weir-kafka", topic], cmd: Buffer.alloc(0) });
+    assert.equal(Number(info.total_records), 1503);
+    assert.equal(info.endpoint.length, 2);
+    const got = [];
+    for (const e of info.endpoint) {
+      const res = await doGet(server, e.ticket.ticket);
+      assert.equal(res.status.code, "OK", res.status.details);
+      got.push(tableOf(res.msgs));
+    }
+    assert.equal(got[0].numRows, 1500);
+    assert.ok(got[0].batches.length >= 2, "1,500 rows come in more than one batch");
+    assert.deepEqual(got[0].toArray().slice(0, 3).map((x) => [Number(x.offset), text(x.value)]), [[0, "v0"], [1, "v1"], [2, "v2"]]);
+    assert.equal(text(got[0].get(1499).value), "v1499");
+    const b1 = got[1].toArray();
+    assert.deepEqual(b1.map((x) => [Number(x.offset), Number(x.timestamp), text(x.key), text(x.value)]), [
+      [0, 1700000000001, "a", "one"], [1, 1700000000002, null, null], [2, 1700000000003, "c", "three"],
+    ]);
+    const h = [...b1[0].headers].map(([k, v]) => [text(k), text(v)]);
+    assert.deepEqual(h, [["h", "x"], ["n", null]]);
+    assert.equal([...b1[1].headers].length, 0);
+
+    // A ticket of its own: from an offset, up to another.
+    const part = await doGet(server, JSON.stringify({ table: topic, bucket: 0, from: 10, until: 13 }));
+    assert.equal(part.status.code, "OK", part.status.details);
+    assert.deepEqual(tableOf(part.msgs).toArray().map((x) => Number(x.offset)), [10, 11, 12]);
+    // A missing table, a bad ticket.
+    const missing = await doGet(server, JSON.stringify({ table: "no-such-table", bucket: 0 }));
+    assert.equal(missing.status.code, "NOT_FOUND");
+    const bad = await doGet(server, "not json");
+    assert.equal(bad.status.code, "INVALID_ARGUMENT");
+    await assert.rejects(unary(server, "GetFlightInfo", { type: "PATH", path: ["no-such-table"], cmd: Buffer.alloc(0) }),
+      (e) => e.code === grpc.status.NOT_FOUND);
+  });
+
+  it("a refused batch: the batches before it are answered, and the call ends without the client closing", T, async () => {
+    const topic = unique("refused");
+    await createTopic(server, topic, 1);
+    const good = logTable([{ value: "ok" }]);
+    const commandShaped = new A.Table({ value: A.vectorFromArray(["v"], new A.Utf8()),
+      headers: A.vectorFromArray([new Map([["", enc.encode("trim")]])], HEADERS) });
+    // Schema (value, headers), a good batch, a refused one (a command-shaped
+    // row), then a good one again, which must not be written. The good
+    // batch's answer comes first.
+    const badMsgs = ipcMessages(commandShaped);
+    const okMsgs = ipcMessages(new A.Table({ value: A.vectorFromArray(["x"], new A.Utf8()),
+      headers: A.vectorFromArray([null], HEADERS) }));
+    let r = await doPut(server, cmd({ append: { table: topic, bucket: 0 } }), null, {
+      keepOpen: true,
+      raw: [okMsgs[0], okMsgs[1], badMsgs[1], okMsgs[1]],
+    });
+    assert.equal(r.status.code, "INVALID_ARGUMENT", r.status.details);
+    assert.match(r.status.details, /message 2/);
+    assert.deepEqual(r.results, [{ first_offset: 0, last_offset: 0, duplicated: false }]);
+    assert.equal(await tail(server, topic, 0), 1, "nothing after the refused batch was written");
+
+    // A failed append (a writer's gap) ends the call though the client keeps it open.
+    const [writer] = await doAction(server, "allocate-writer");
+    r = await doPut(server, cmd({ append: { table: topic, bucket: 0, writer_id: writer.writer_id } }), [good],
+      { metas: [{ batch_sequence: 4 }], keepOpen: true });
+    assert.equal(r.status.code, "OUT_OF_RANGE", r.status.details);
+    assert.match(r.status.details, /batch 0: bucket 0/);
+
+    // append_table: a part too large for its bucket leaves every bucket unwritten.
+    const routed = unique("parts");
+    await createTopic(server, routed, 4);
+    const big = "x".repeat(1000);
+    const rows = [...Array.from({ length: 1100 }, () => ({ key: "same-key", value: big })),
+      ...Array.from({ length: 40 }, (_, i) => ({ key: `k${i}`, value: "small" }))];
+    r = await doPut(server, cmd({ append_table: { table: routed } }), [logTable(rows, { withHeaders: false })]);
+    assert.equal(r.status.code, "INVALID_ARGUMENT", r.status.details);
+    assert.match(r.status.details, /as a Kafka batch; at most 1048588/);
+    for (let p = 0; p < 4; p++) assert.equal(await tail(server, routed, p), 0, `partition ${p}`);
   });
 
   it("what was acknowledged survives a crash of weir", T, async () => {
