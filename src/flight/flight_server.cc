@@ -2,6 +2,7 @@
 // code): keep it that way, for build time.
 #include "flight/flight_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -235,6 +236,8 @@ class Workers {
 };
 
 constexpr const char* kAllocateWriter = "allocate-writer";
+constexpr const char* kCreateTable = "create-table";
+constexpr const char* kDeleteTable = "delete-table";
 
 }  // namespace
 
@@ -252,6 +255,8 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   // The table a descriptor names, checked to be a log table (and its bucket
   // to exist). A metastore read: call it on a worker.
   Result<metastore::TableInfo> LogTable(const Target& t);
+  // DoAction's work, on a worker: the Result body.
+  Result<json> RunAction(const proto::Action& action);
   grpc::ServerWriteReactor<proto::Result>* DoAction(grpc::CallbackServerContext* ctx,
                                                     const proto::Action* action) override;
   grpc::ServerWriteReactor<proto::ActionType>* ListActions(grpc::CallbackServerContext* ctx,
@@ -283,23 +288,34 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
 
 namespace {
 
-// Answers a server-streaming call with one message (or none) and a status.
+// Answers a server-streaming call with a few messages (or none) and a
+// status. Send is called once (from any thread); writes then follow one
+// another on gRPC's threads. Deletes itself in OnDone.
 template <typename T>
-class OneReply final : public grpc::ServerWriteReactor<T> {
+class Replies final : public grpc::ServerWriteReactor<T> {
  public:
-  OneReply() = default;
-  void Send(std::optional<T> msg, grpc::Status st) {
-    if (msg && st.ok()) {
-      msg_ = std::move(*msg);
-      this->StartWriteAndFinish(&msg_, grpc::WriteOptions(), st);
-    } else {
-      this->Finish(st);
-    }
+  Replies() = default;
+  void Send(std::vector<T> msgs, grpc::Status st) {
+    msgs_ = std::move(msgs);
+    status_ = std::move(st);
+    if (!status_.ok()) msgs_.clear();
+    Next();
+  }
+  void Send(grpc::Status st) { Send({}, std::move(st)); }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return this->Finish(grpc::Status::CANCELLED);
+    Next();
   }
   void OnDone() override { delete this; }
 
  private:
-  T msg_;
+  void Next() {
+    if (next_ == msgs_.size()) return this->Finish(status_);
+    this->StartWrite(&msgs_[next_++]);
+  }
+  std::vector<T> msgs_;
+  size_t next_ = 0;
+  grpc::Status status_;
 };
 
 // One DoPut: reads FlightData messages one at a time (a worker decodes each
@@ -766,42 +782,102 @@ grpc::ServerUnaryReactor* FlightServer::Impl::GetFlightInfo(grpc::CallbackServer
   return r;
 }
 
+// The actions DoAction takes (ListActions lists them).
+constexpr std::pair<const char*, const char*> kActions[] = {
+    {kAllocateWriter,
+     "A writer id for idempotent appends: {\"writer_id\": N, \"writer_epoch\": 0}. Give it in an append "
+     "descriptor and a batch_sequence with each batch."},
+    {kCreateTable,
+     "Creates a log table: {\"table\": T, \"buckets\"?: N (1), \"basin\"?: B}; a Kafka topic of N partitions "
+     "in the weir-kafka basin. Answers {\"basin\", \"table\", \"buckets\"}."},
+    {kDeleteTable,
+     "Deletes a log table and its buckets' records: {\"table\": T, \"basin\"?: B}. Answers {\"deleted\": T}."},
+};
+
+Result<json> FlightServer::Impl::RunAction(const proto::Action& action) {
+  if (action.type() == kAllocateWriter) {
+    WEIR_ASSIGN_OR_RETURN(uint64_t id, engine->AllocateProducerId());
+    return json{{"writer_id", id}, {"writer_epoch", 0}};
+  }
+  json body = json::parse(action.body(), nullptr, false);
+  if (!body.is_object()) return InvalidArgument("{}: the body is a JSON object", action.type());
+  std::string basin = options.default_basin, table;
+  uint64_t buckets = 1;
+  for (const auto& [key, value] : body.items()) {
+    if (key == "basin" || key == "table") {
+      if (!value.is_string()) return InvalidArgument("{}: {} must be a string", action.type(), key);
+      (key == "basin" ? basin : table) = value.get<std::string>();
+    } else if (key == "buckets" && action.type() == kCreateTable) {
+      WEIR_ASSIGN_OR_RETURN(buckets, JsonUint(value, "buckets", metastore::kMaxTableBuckets));
+      if (buckets == 0) return InvalidArgument("{}: a table has 1 to {} buckets", action.type(), metastore::kMaxTableBuckets);
+    } else {
+      return InvalidArgument("{}: unknown key '{}'", action.type(), key);
+    }
+  }
+  WEIR_RETURN_IF_ERROR(metastore::CheckLogTableName(table));
+  if (action.type() == kDeleteTable) {
+    WEIR_RETURN_IF_ERROR(engine->DeleteTable(basin, table));
+    Log().info("flight: deleted table {}/{}", basin, table);
+    return json{{"deleted", table}};
+  }
+  metastore::TableInfo t;
+  t.basin = basin;
+  t.name = table;
+  t.kind = "log";
+  t.bucket_count = static_cast<uint32_t>(buckets);
+  t.config = "{}";  // no topic configs: Kafka's defaults
+  auto created = engine->CreateTable(t, metastore::LogTableStreamConfig());
+  if (!created.ok() && created.status().code() == Code::kNotFound && basin == options.default_basin) {
+    // The default basin is made on first use (the Kafka listener makes it too).
+    Status st = engine->CreateBasin(basin);
+    if (!st.ok() && st.code() != Code::kAlreadyExists) return st;
+    created = engine->CreateTable(t, metastore::LogTableStreamConfig());
+  }
+  if (!created.ok()) return created.status();
+  Log().info("flight: created table {}/{} with {} buckets", basin, table, buckets);
+  return json{{"basin", basin}, {"table", table}, {"buckets", created->bucket_count}};
+}
+
 grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::CallbackServerContext* ctx,
                                                                     const proto::Action* action) {
-  auto* r = new OneReply<proto::Result>();
+  auto* r = new Replies<proto::Result>();
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
-    r->Send(std::nullopt, auth);
+    r->Send(auth);
     return r;
   }
-  if (action->type() != kAllocateWriter) {
-    r->Send(std::nullopt, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                       fmt::format("unknown action '{}' (ListActions lists them)", action->type())));
+  if (std::none_of(std::begin(kActions), std::end(kActions), [&](const auto& a) { return action->type() == a.first; })) {
+    r->Send(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                         fmt::format("unknown action '{}' (ListActions lists them)", action->type())));
     return r;
   }
-  // A metastore write: on a worker, not gRPC's thread.
-  readers.Post([this, r] {
-    auto id = engine->AllocateProducerId();
-    if (!id.ok()) return r->Send(std::nullopt, ToGrpc(id.status()));
-    proto::Result out;
-    out.set_body(json{{"writer_id", *id}, {"writer_epoch", 0}}.dump());
-    r->Send(std::move(out), grpc::Status::OK);
+  // Metastore writes: on a worker, not gRPC's thread.
+  readers.Post([this, r, action] {
+    auto out = RunAction(*action);
+    if (!out.ok()) return r->Send(ToGrpc(out.status()));
+    proto::Result res;
+    res.set_body(out->dump());
+    std::vector<proto::Result> msgs;
+    msgs.push_back(std::move(res));
+    r->Send(std::move(msgs), grpc::Status::OK);
   });
   return r;
 }
 
 grpc::ServerWriteReactor<proto::ActionType>* FlightServer::Impl::ListActions(grpc::CallbackServerContext* ctx,
                                                                            const proto::Empty*) {
-  auto* r = new OneReply<proto::ActionType>();
+  auto* r = new Replies<proto::ActionType>();
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
-    r->Send(std::nullopt, auth);
+    r->Send(auth);
     return r;
   }
-  proto::ActionType t;
-  t.set_type(kAllocateWriter);
-  t.set_description(
-      "A writer id for idempotent appends: {\"writer_id\": N, \"writer_epoch\": 0}. Give it in an append "
-      "descriptor and a batch_sequence with each batch.");
-  r->Send(std::move(t), grpc::Status::OK);
+  std::vector<proto::ActionType> types;
+  for (const auto& [name, description] : kActions) {
+    proto::ActionType t;
+    t.set_type(name);
+    t.set_description(description);
+    types.push_back(std::move(t));
+  }
+  r->Send(std::move(types), grpc::Status::OK);
   return r;
 }
 

@@ -112,16 +112,7 @@ bool FetchCannotCarry(const std::vector<std::shared_ptr<const std::string>>& bat
 
 }  // namespace
 
-Status ValidateTopicName(const std::string& name) {
-  if (name.empty() || name.size() > 249) return InvalidArgument("topic name must be 1 to 249 characters");
-  if (name == "." || name == "..") return InvalidArgument("topic name cannot be \"{}\"", name);
-  for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-              c == '-';
-    if (!ok) return InvalidArgument("topic name \"{}\" may hold only ASCII letters, digits, '.', '_' and '-'", name);
-  }
-  return Status::Ok();
-}
+Status ValidateTopicName(const std::string& name) { return metastore::CheckLogTableName(name, "topic"); }
 
 Broker::Broker(BrokerOptions options, log::Engine* engine, std::shared_ptr<metastore::Metastore> meta)
     : options_(std::move(options)), engine_(engine), meta_(std::move(meta)), groups_(options_.groups) {
@@ -333,7 +324,7 @@ Result<uint32_t> Broker::TopicPartitions(const std::string& topic, int32_t creat
   if (t.status().code() != Code::kNotFound || create_partitions <= 0) return t.status();
   WEIR_RETURN_IF_ERROR(ValidateTopicName(topic));
   std::lock_guard lk(create_mu_);
-  Status st = CreateTopic(topic, create_partitions, "{}", metastore::StreamConfig{});
+  Status st = CreateTopic(topic, create_partitions, "{}", metastore::LogTableStreamConfig());
   if (!st.ok() && st.code() != Code::kAlreadyExists) return st;
   WEIR_ASSIGN_OR_RETURN(auto made, engine_->GetTable(options_.basin, topic));
   return made.bucket_count;
@@ -1236,9 +1227,7 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
       r.error_message = std::move(message);
     };
     int32_t partitions = t.num_partitions == -1 ? options_.default_partitions : t.num_partitions;
-    metastore::StreamConfig cfg;
-    cfg.timestamping = metastore::TimestampingMode::kClientPrefer;
-    cfg.uncapped_timestamps = true;  // Kafka keeps producer timestamps as sent
+    metastore::StreamConfig cfg = metastore::LogTableStreamConfig();  // Kafka keeps producer timestamps as sent
     nlohmann::json config = nlohmann::json::object();
     Status valid = ValidateTopicName(t.name);
     if (seen[t.name] > 1) {
@@ -1444,9 +1433,7 @@ bool Broker::CheckConfigResource(int8_t resource_type, int times_named, AlterCon
 
 void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<AlterConfigsEntry>& set,
                                  bool validate_only, AlterConfigsResult* out, const std::set<std::string>* named) {
-  metastore::StreamConfig cfg;  // as CreateTopics starts from
-  cfg.timestamping = metastore::TimestampingMode::kClientPrefer;
-  cfg.uncapped_timestamps = true;
+  metastore::StreamConfig cfg = metastore::LogTableStreamConfig();  // as CreateTopics starts from
   nlohmann::json config = nlohmann::json::object();
   std::set<std::string> seen;
   for (const auto& c : set) {

@@ -72,6 +72,24 @@ std::string BucketStreamName(std::string_view table, uint32_t bucket) {
   return fmt::format("{}/{}", table, bucket);
 }
 
+Status CheckLogTableName(std::string_view name, std::string_view what) {
+  if (name.empty() || name.size() > 249) return InvalidArgument("{} name must be 1 to 249 characters", what);
+  if (name == "." || name == "..") return InvalidArgument("{} name cannot be \"{}\"", what, name);
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-';
+    if (!ok) return InvalidArgument("{} name \"{}\" may hold only ASCII letters, digits, '.', '_' and '-'", what, name);
+  }
+  return Status::Ok();
+}
+
+StreamConfig LogTableStreamConfig() {
+  StreamConfig cfg;
+  cfg.timestamping = TimestampingMode::kClientPrefer;
+  cfg.uncapped_timestamps = true;
+  return cfg;
+}
+
 std::optional<BucketRef> ParseBucketStreamName(std::string_view stream) {
   const size_t slash = stream.rfind('/');
   if (slash == std::string_view::npos || slash == 0) return std::nullopt;

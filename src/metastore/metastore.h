@@ -155,6 +155,14 @@ inline constexpr uint32_t kMaxTableBuckets = 10000;
 // The stream that backs bucket `bucket` of table `table`: "<table>/<bucket>",
 // the bucket in decimal without padding ("orders/0", "orders/11").
 std::string BucketStreamName(std::string_view table, uint32_t bucket);
+// A log table's name: Kafka's topic rule (every log table can be read as a
+// topic), 1 to 249 of [a-zA-Z0-9._-], not "." or "..", so never a '/'.
+// `what` names it in the error ("topic", "table").
+Status CheckLogTableName(std::string_view name, std::string_view what = "table");
+// The stream config a log table's buckets start from: client timestamps kept
+// as sent (Kafka's CreateTime, with no cap).
+StreamConfig LogTableStreamConfig();
+
 // The inverse: (table, bucket) if `stream` has that form ("<table>/<decimal>",
 // table non-empty, bucket below kMaxTableBuckets, no leading zeros except
 // "0"); nullopt otherwise. Whether such a table exists is the metastore's to say.

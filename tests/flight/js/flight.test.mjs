@@ -491,6 +491,43 @@ describe("Arrow Flight DoPut against weir", () => {
     for (let p = 0; p < 4; p++) assert.equal(await tail(server, routed, p), 0, `partition ${p}`);
   });
 
+  it("actions: create-table makes a Kafka topic, delete-table removes it; ListActions lists them", T, async () => {
+    const { c, md } = client(server);
+    const types = await new Promise((resolve, reject) => {
+      const out = [];
+      const call = c.ListActions({}, md);
+      call.on("data", (a) => out.push(a.type));
+      call.on("error", reject);
+      call.on("end", () => { c.close(); resolve(out); });
+    });
+    assert.deepEqual(types, ["allocate-writer", "create-table", "delete-table"]);
+
+    const topic = unique("made");
+    const [made] = await doAction(server, "create-table", JSON.stringify({ table: topic, buckets: 3 }));
+    assert.deepEqual(made, { basin: "weir-kafka", table: topic, buckets: 3 });
+    await assert.rejects(doAction(server, "create-table", JSON.stringify({ table: topic })),
+      (e) => e.code === grpc.status.ALREADY_EXISTS);
+    await assert.rejects(doAction(server, "create-table", JSON.stringify({ table: "a/b" })),
+      (e) => e.code === grpc.status.INVALID_ARGUMENT && /may hold only/.test(e.details));
+    await assert.rejects(doAction(server, "create-table", JSON.stringify({ table: "t", buckets: 0 })),
+      (e) => e.code === grpc.status.INVALID_ARGUMENT);
+    // Kafka sees the table as a topic of three partitions.
+    const admin = kafka(server).admin();
+    await admin.connect();
+    const meta = await admin.fetchTopicMetadata({ topics: [topic] });
+    await admin.disconnect();
+    assert.equal(meta.topics[0].partitions.length, 3);
+    const r = await doPut(server, cmd({ append_table: { table: topic } }), [logTable([{ value: "x" }])]);
+    assert.equal(r.status.code, "OK", r.status.details);
+
+    const [deleted] = await doAction(server, "delete-table", JSON.stringify({ table: topic }));
+    assert.deepEqual(deleted, { deleted: topic });
+    const gone = await doPut(server, cmd({ append_table: { table: topic } }), [logTable([{ value: "x" }])]);
+    assert.equal(gone.status.code, "NOT_FOUND", gone.status.details);
+    await assert.rejects(doAction(server, "delete-table", JSON.stringify({ table: topic })),
+      (e) => e.code === grpc.status.NOT_FOUND);
+  });
+
   it("what was acknowledged survives a crash of weir", T, async () => {
     const topic = unique("crash");
     await createTopic(server, topic, 1);
@@ -505,13 +542,15 @@ describe("Arrow Flight DoPut against weir", () => {
   });
 });
 
-describe("Arrow Flight with --auth-token-file", () => {
+describe("Arrow Flight alone (no Kafka listener) with --auth-token-file", () => {
   let server;
   let tmp;
   before(async () => {
     tmp = mkdtempSync(join(tmpdir(), "weir-flight-auth-"));
     writeFileSync(join(tmp, "token"), "s3cret\n");
-    server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0", "--auth-token-file", join(tmp, "token")] });
+    server = new WeirServer(BIN, {
+      args: ["--kafka-addr", "", "--flight-addr", "127.0.0.1:0", "--auth-token-file", join(tmp, "token")],
+    });
     await server.start();
   });
   after(async () => {
@@ -529,5 +568,18 @@ describe("Arrow Flight with --auth-token-file", () => {
     assert.equal(r.status.code, "UNAUTHENTICATED");
     const [w] = await doAction(server, "allocate-writer", "", "s3cret");
     assert.ok(Number(w.writer_id) > 0);
+  });
+
+  it("a table made with create-table takes appends and reads without Kafka", T, async () => {
+    const token = "s3cret";
+    await doAction(server, "create-table", JSON.stringify({ table: "alone", buckets: 2 }), token);
+    const r = await doPut(server, cmd({ append: { table: "alone", bucket: 1 } }), [logTable([{ key: "k", value: "v" }])],
+      { token });
+    assert.equal(r.status.code, "OK", r.status.details);
+    assert.deepEqual(r.results, [{ first_offset: 0, last_offset: 0, duplicated: false }]);
+    const { c, md } = client(server, token);
+    const info = await new Promise((resolve, reject) => c.GetFlightInfo({ type: "PATH", path: ["alone"], cmd: Buffer.alloc(0) },
+      md, (err, res) => { c.close(); if (err) reject(err); else resolve(res); }));
+    assert.equal(Number(info.total_records), 1);
   });
 });
