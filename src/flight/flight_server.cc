@@ -276,9 +276,9 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   log::Engine* engine;
   FlightMetrics metrics;
   std::atomic<uint64_t> round_robin{0};  // AppendTable's bucket for keyless rows, batch by batch
-  // DoPut's decoding and appends (which may wait for admission) on
-  // `workers`; metastore calls and reads on `readers`, so they never queue
-  // behind appends waiting for room.
+  // DoPut's messages (decoding, the table lookup of a call's first message,
+  // appends, which may wait for admission) on `workers`; reads, schemas and
+  // actions on `readers`, so they never queue behind appends waiting for room.
   Workers workers;
   Workers readers;
   std::unique_ptr<grpc::Server> server;
@@ -412,6 +412,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       st = Process(msg);
     } catch (const std::bad_alloc&) {
       st = ResourceExhausted("out of memory decoding the batch");
+    } catch (const std::exception& e) {
+      st = Internal("handling the message: {}", e.what());
     }
     std::unique_lock lk(mu_);
     handling_ = false;
@@ -428,9 +430,15 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       Progress(lk);
       return;
     }
+    // Until StartRead has returned, the call must not finish (a cancel or a
+    // failed append meanwhile would let OnDone free it under StartRead).
     reading_ = true;
+    starting_read_ = true;
     lk.unlock();
     StartRead(&in_);
+    lk.lock();
+    starting_read_ = false;
+    Progress(lk);
   }
 
   Status Process(const proto::FlightData& msg) {
@@ -524,6 +532,9 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     size_t index;
     {
       std::unique_lock lk(mu_);
+      // A failure became known while this batch was decoded: it is not
+      // appended (the call ends with that failure).
+      if (Stopping()) return Status::Ok();
       index = base_ + slots_.size();
       Slot s;
       s.waiting = batches.size();
@@ -535,8 +546,24 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
         return Status::Ok();
       }
     }
-    for (auto& [bucket, batch] : batches) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      auto& [bucket, batch] = batches[i];
       const uint32_t b = bucket;
+      {
+        // A part failed (or the call ended) meanwhile: the rest are not sent.
+        std::unique_lock lk(mu_);
+        if (Stopping()) {
+          Slot& s = slots_[index - base_];
+          s.waiting -= batches.size() - i;
+          if (s.error.ok()) {
+            s.error = grpc::Status(grpc::StatusCode::ABORTED,
+                                   fmt::format("batch {}: not appended to bucket {} and later ones: the call is ending",
+                                               index, b));
+          }
+          Progress(lk);
+          return Status::Ok();
+        }
+      }
       impl_->engine->AppendBatchAsync(
           target_->basin, metastore::BucketStreamName(target_->table, b), std::move(batch),
           [this, index, b](log::AppendOutcome o) { Appended(index, b, o); }, /*may_wait=*/true);
@@ -588,7 +615,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       StartWrite(&out_);
       return;
     }
-    if (handling_ || !slots_.empty()) return;
+    if (handling_ || starting_read_ || !slots_.empty()) return;
     if (!failure_ && !cancelled_ && (reading_ || !eof_)) return;
     finished_ = true;
     grpc::Status st = failure_ ? *failure_ : cancelled_ ? grpc::Status::CANCELLED : grpc::Status::OK;
@@ -611,6 +638,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   size_t base_ = 0;         // index of slots_.front()
   size_t messages_ = 0;     // messages handled, for error context
   bool reading_ = false;    // a read is outstanding
+  bool starting_read_ = false;  // a worker is in StartRead: the call may not finish yet
   bool handling_ = false;   // a worker has (or is about to have) a message
   bool eof_ = false;        // the client is done sending (or the read failed)
   bool refused_ = false;    // a message or an append was refused: read and append no more
@@ -651,32 +679,43 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
   void OnDone() override { delete this; }
 
  private:
-  // On a worker: the next message, or the end.
+  // On a worker: the next message, or the end. Nothing it calls throws
+  // but allocation; a throw still finishes the call.
   void Next() {
+    try {
+      Step();
+    } catch (const std::exception& e) {
+      Finish(grpc::Status(grpc::StatusCode::INTERNAL, fmt::format("reading: {}", e.what())));
+    }
+  }
+
+  void Step() {
     if (cancelled_) return Finish(grpc::Status::CANCELLED);
     out_.Clear();
     if (!sent_schema_) {
-      // The table must exist (and be a log table) before anything is sent.
+      // The table must exist (and be a log table) before anything is sent;
+      // the stream and its tail are taken now: the call reads that stream
+      // (not one made again under its name), up to that tail.
       Target t;
       t.basin = ticket_.basin;
       t.table = ticket_.table;
       t.bucket = ticket_.bucket;
       if (auto table = impl_->LogTable(t); !table.ok()) return Finish(ToGrpc(table.status()));
+      auto summary = impl_->engine->GetStream(ticket_.basin, stream_);
+      if (!summary.ok()) return Finish(ToGrpc(summary.status()));
+      stream_id_ = summary->info.id;
+      if (!ticket_.until) ticket_.until = summary->tail;
       sent_schema_ = true;
       out_.set_data_header(LogReadSchemaMessage());
       StartWrite(&out_);
       return;
     }
-    if (!ticket_.until) {
-      auto tail = impl_->engine->CheckTail(ticket_.basin, stream_);
-      if (!tail.ok()) return Finish(ToGrpc(tail.status()));
-      ticket_.until = *tail;
-    }
     if (ticket_.from >= *ticket_.until) return Finish(grpc::Status::OK);
     auto r = impl_->engine->Read(ticket_.basin, stream_, log::ReadStart{log::ReadStart::kOffset, ticket_.from},
                                  kMaxRows, kMaxBytes, std::nullopt, stream_id_);
+    // Past the tail (a ticket's `until` beyond it): nothing more to read.
+    if (!r.ok() && r.status().code() == Code::kOutOfRange) return Finish(grpc::Status::OK);
     if (!r.ok()) return Finish(ToGrpc(r.status()));
-    stream_id_ = r->stream_id;
     std::vector<ReadRow> rows;
     for (const auto& rec : r->records) {
       if (rec.offset >= *ticket_.until) break;
@@ -696,7 +735,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
   FlightServer::Impl* impl_;
   ReadTicket ticket_;
   std::string stream_;
-  std::optional<uint64_t> stream_id_;  // the stream the first read found (not one created again under its name)
+  std::optional<uint64_t> stream_id_;  // the stream found at the start (not one created again under its name)
   proto::FlightData out_;
   bool sent_schema_ = false;
   bool done_ = false;
@@ -735,11 +774,15 @@ grpc::ServerUnaryReactor* FlightServer::Impl::GetSchema(grpc::CallbackServerCont
     return r;
   }
   readers.Post([this, r, d, out] {
-    auto t = ParseDescriptor(*d, options.default_basin);
-    if (!t.ok()) return r->Finish(ToGrpc(t.status()));
-    if (auto table = LogTable(*t); !table.ok()) return r->Finish(ToGrpc(table.status()));
-    out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
-    r->Finish(grpc::Status::OK);
+    try {
+      auto t = ParseDescriptor(*d, options.default_basin);
+      if (!t.ok()) return r->Finish(ToGrpc(t.status()));
+      if (auto table = LogTable(*t); !table.ok()) return r->Finish(ToGrpc(table.status()));
+      out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
+      r->Finish(grpc::Status::OK);
+    } catch (const std::exception& e) {
+      r->Finish(grpc::Status(grpc::StatusCode::INTERNAL, e.what()));
+    }
   });
   return r;
 }
@@ -752,32 +795,36 @@ grpc::ServerUnaryReactor* FlightServer::Impl::GetFlightInfo(grpc::CallbackServer
     return r;
   }
   readers.Post([this, r, d, out] {
-    auto t = ParseDescriptor(*d, options.default_basin);
-    if (!t.ok()) return r->Finish(ToGrpc(t.status()));
-    auto table = LogTable(*t);
-    if (!table.ok()) return r->Finish(ToGrpc(table.status()));
-    // One endpoint per bucket (or the descriptor's bucket): its records up
-    // to the tail now, so the dataset is what was acknowledged when asked.
-    int64_t total = 0;
-    for (uint32_t b = 0; b < table->bucket_count; ++b) {
-      if (t->bucket && *t->bucket != b) continue;
-      auto offsets = engine->Offsets(t->basin, metastore::BucketStreamName(t->table, b));
-      if (!offsets.ok()) return r->Finish(ToGrpc(offsets.status()));
-      auto* e = out->add_endpoint();
-      e->mutable_ticket()->set_ticket(json{{"basin", t->basin},
-                                           {"table", t->table},
-                                           {"bucket", b},
-                                           {"from", offsets->log_start},
-                                           {"until", offsets->tail}}
-                                          .dump());
-      total += static_cast<int64_t>(offsets->tail - offsets->log_start);
+    try {
+      auto t = ParseDescriptor(*d, options.default_basin);
+      if (!t.ok()) return r->Finish(ToGrpc(t.status()));
+      auto table = LogTable(*t);
+      if (!table.ok()) return r->Finish(ToGrpc(table.status()));
+      // One endpoint per bucket (or the descriptor's bucket): its records up
+      // to the tail now, so the dataset is what was acknowledged when asked.
+      int64_t total = 0;
+      for (uint32_t b = 0; b < table->bucket_count; ++b) {
+        if (t->bucket && *t->bucket != b) continue;
+        auto offsets = engine->Offsets(t->basin, metastore::BucketStreamName(t->table, b));
+        if (!offsets.ok()) return r->Finish(ToGrpc(offsets.status()));
+        auto* e = out->add_endpoint();
+        e->mutable_ticket()->set_ticket(json{{"basin", t->basin},
+                                             {"table", t->table},
+                                             {"bucket", b},
+                                             {"from", offsets->log_start},
+                                             {"until", offsets->tail}}
+                                            .dump());
+        total += static_cast<int64_t>(offsets->tail - offsets->log_start);
+      }
+      out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
+      *out->mutable_flight_descriptor() = *d;
+      out->set_total_records(total);
+      out->set_total_bytes(-1);
+      out->set_ordered(true);
+      r->Finish(grpc::Status::OK);
+    } catch (const std::exception& e) {
+      r->Finish(grpc::Status(grpc::StatusCode::INTERNAL, e.what()));
     }
-    out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
-    *out->mutable_flight_descriptor() = *d;
-    out->set_total_records(total);
-    out->set_total_bytes(-1);
-    out->set_ordered(true);
-    r->Finish(grpc::Status::OK);
   });
   return r;
 }
@@ -852,7 +899,12 @@ grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::Call
   }
   // Metastore writes: on a worker, not gRPC's thread.
   readers.Post([this, r, action] {
-    auto out = RunAction(*action);
+    Result<json> out = Internal("no answer");
+    try {
+      out = RunAction(*action);
+    } catch (const std::exception& e) {
+      out = Internal("{}: {}", action->type(), e.what());
+    }
     if (!out.ok()) return r->Send(ToGrpc(out.status()));
     proto::Result res;
     res.set_body(out->dump());

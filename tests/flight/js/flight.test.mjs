@@ -442,6 +442,10 @@ describe("Arrow Flight DoPut against weir", () => {
     const part = await doGet(server, JSON.stringify({ table: topic, bucket: 0, from: 10, until: 13 }));
     assert.equal(part.status.code, "OK", part.status.details);
     assert.deepEqual(tableOf(part.msgs).toArray().map((x) => Number(x.offset)), [10, 11, 12]);
+    // From past the tail: the schema alone.
+    const past = await doGet(server, JSON.stringify({ table: topic, bucket: 0, from: 99999, until: 100000 }));
+    assert.equal(past.status.code, "OK", past.status.details);
+    assert.equal(tableOf(past.msgs).numRows, 0);
     // A missing table, a bad ticket.
     const missing = await doGet(server, JSON.stringify({ table: "no-such-table", bucket: 0 }));
     assert.equal(missing.status.code, "NOT_FOUND");
