@@ -255,6 +255,12 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   // The table a descriptor names, checked to be a log table (and its bucket
   // to exist). A metastore read: call it on a worker.
   Result<metastore::TableInfo> LogTable(const Target& t);
+  // A unary call about the table a descriptor names: authorized here, then
+  // answered on a reader thread by `answer` once the descriptor and the
+  // table check out (a throw answers INTERNAL).
+  using TableAnswer = std::function<grpc::Status(const Target&, const metastore::TableInfo&)>;
+  grpc::ServerUnaryReactor* OnTable(grpc::CallbackServerContext* ctx, const proto::FlightDescriptor* d,
+                                    TableAnswer answer);
   // DoAction's work, on a worker: the Result body.
   Result<json> RunAction(const proto::Action& action);
   grpc::ServerWriteReactor<proto::Result>* DoAction(grpc::CallbackServerContext* ctx,
@@ -766,67 +772,61 @@ grpc::ServerWriteReactor<proto::FlightData>* FlightServer::Impl::DoGet(grpc::Cal
   return new GetCall(this, ctx, *ticket);
 }
 
-grpc::ServerUnaryReactor* FlightServer::Impl::GetSchema(grpc::CallbackServerContext* ctx,
-                                                        const proto::FlightDescriptor* d, proto::SchemaResult* out) {
+grpc::ServerUnaryReactor* FlightServer::Impl::OnTable(grpc::CallbackServerContext* ctx,
+                                                      const proto::FlightDescriptor* d, TableAnswer answer) {
   auto* r = ctx->DefaultReactor();
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
     r->Finish(auth);
     return r;
   }
-  readers.Post([this, r, d, out] {
+  readers.Post([this, r, d, answer = std::move(answer)] {
+    grpc::Status st;
     try {
       auto t = ParseDescriptor(*d, options.default_basin);
-      if (!t.ok()) return r->Finish(ToGrpc(t.status()));
-      if (auto table = LogTable(*t); !table.ok()) return r->Finish(ToGrpc(table.status()));
-      out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
-      r->Finish(grpc::Status::OK);
+      auto table = t.ok() ? LogTable(*t) : Result<metastore::TableInfo>(t.status());
+      st = table.ok() ? answer(*t, *table) : ToGrpc(table.status());
     } catch (const std::exception& e) {
-      r->Finish(grpc::Status(grpc::StatusCode::INTERNAL, e.what()));
+      st = grpc::Status(grpc::StatusCode::INTERNAL, e.what());
     }
+    r->Finish(st);
   });
   return r;
 }
 
+grpc::ServerUnaryReactor* FlightServer::Impl::GetSchema(grpc::CallbackServerContext* ctx,
+                                                        const proto::FlightDescriptor* d, proto::SchemaResult* out) {
+  return OnTable(ctx, d, [out](const Target&, const metastore::TableInfo&) {
+    out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
+    return grpc::Status::OK;
+  });
+}
+
 grpc::ServerUnaryReactor* FlightServer::Impl::GetFlightInfo(grpc::CallbackServerContext* ctx,
                                                             const proto::FlightDescriptor* d, proto::FlightInfo* out) {
-  auto* r = ctx->DefaultReactor();
-  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
-    r->Finish(auth);
-    return r;
-  }
-  readers.Post([this, r, d, out] {
-    try {
-      auto t = ParseDescriptor(*d, options.default_basin);
-      if (!t.ok()) return r->Finish(ToGrpc(t.status()));
-      auto table = LogTable(*t);
-      if (!table.ok()) return r->Finish(ToGrpc(table.status()));
-      // One endpoint per bucket (or the descriptor's bucket): its records up
-      // to the tail now, so the dataset is what was acknowledged when asked.
-      int64_t total = 0;
-      for (uint32_t b = 0; b < table->bucket_count; ++b) {
-        if (t->bucket && *t->bucket != b) continue;
-        auto offsets = engine->Offsets(t->basin, metastore::BucketStreamName(t->table, b));
-        if (!offsets.ok()) return r->Finish(ToGrpc(offsets.status()));
-        auto* e = out->add_endpoint();
-        e->mutable_ticket()->set_ticket(json{{"basin", t->basin},
-                                             {"table", t->table},
-                                             {"bucket", b},
-                                             {"from", offsets->log_start},
-                                             {"until", offsets->tail}}
-                                            .dump());
-        total += static_cast<int64_t>(offsets->tail - offsets->log_start);
-      }
-      out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
-      *out->mutable_flight_descriptor() = *d;
-      out->set_total_records(total);
-      out->set_total_bytes(-1);
-      out->set_ordered(true);
-      r->Finish(grpc::Status::OK);
-    } catch (const std::exception& e) {
-      r->Finish(grpc::Status(grpc::StatusCode::INTERNAL, e.what()));
+  return OnTable(ctx, d, [this, d, out](const Target& t, const metastore::TableInfo& table) {
+    // One endpoint per bucket (or the descriptor's bucket): its records up
+    // to the tail now, so the dataset is what was acknowledged when asked.
+    int64_t total = 0;
+    for (uint32_t b = 0; b < table.bucket_count; ++b) {
+      if (t.bucket && *t.bucket != b) continue;
+      auto offsets = engine->Offsets(t.basin, metastore::BucketStreamName(t.table, b));
+      if (!offsets.ok()) return ToGrpc(offsets.status());
+      auto* e = out->add_endpoint();
+      e->mutable_ticket()->set_ticket(json{{"basin", t.basin},
+                                           {"table", t.table},
+                                           {"bucket", b},
+                                           {"from", offsets->log_start},
+                                           {"until", offsets->tail}}
+                                          .dump());
+      total += static_cast<int64_t>(offsets->tail - offsets->log_start);
     }
+    out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
+    *out->mutable_flight_descriptor() = *d;
+    out->set_total_records(total);
+    out->set_total_bytes(-1);
+    out->set_ordered(true);
+    return grpc::Status::OK;
   });
-  return r;
 }
 
 // The actions DoAction takes (ListActions lists them).
