@@ -530,6 +530,21 @@ describe("Arrow Flight DoPut against weir", () => {
     assert.equal(gone.status.code, "NOT_FOUND", gone.status.details);
     await assert.rejects(doAction(server, "delete-table", JSON.stringify({ table: topic })),
       (e) => e.code === grpc.status.NOT_FOUND);
+
+    // /metrics counts Flight's calls, batches and refusals.
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    const value = (name) => Number((new RegExp(`^${name} (\\d+)`, "m").exec(metrics) ?? [])[1]);
+    assert.ok(value("weir_flight_put_calls_total") > 0, metrics.slice(0, 200));
+    assert.ok(value("weir_flight_batches_total") > 0);
+    assert.ok(value("weir_flight_rows_total") >= value("weir_flight_batches_total"));
+    assert.ok(value("weir_flight_errors_total") > 0, "the refusals above are counted");
+    // Calls answered are closed (OnDone may trail the client's status a little).
+    for (let i = 0; ; i++) {
+      const text2 = await (await fetch(`${server.url}/metrics`)).text();
+      if (/^weir_flight_open_put_calls 0$/m.test(text2)) break;
+      assert.ok(i < 100, "DoPut calls still open 10 s after they were answered");
+      await new Promise((r) => setTimeout(r, 100));
+    }
   });
 
   it("what was acknowledged survives a crash of weir", T, async () => {
