@@ -236,6 +236,8 @@ class Workers {
 };
 
 constexpr const char* kAllocateWriter = "allocate-writer";
+// A ListFlights answer holds at most this many endpoints (buckets) in all.
+constexpr size_t kMaxListedEndpoints = 100000;
 constexpr const char* kCreateTable = "create-table";
 constexpr const char* kDeleteTable = "delete-table";
 
@@ -252,6 +254,13 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
                                       proto::SchemaResult* out) override;
   grpc::ServerUnaryReactor* GetFlightInfo(grpc::CallbackServerContext* ctx, const proto::FlightDescriptor* d,
                                           proto::FlightInfo* out) override;
+  grpc::ServerWriteReactor<proto::FlightInfo>* ListFlights(grpc::CallbackServerContext* ctx,
+                                                           const proto::Criteria* criteria) override;
+  // A table's FlightInfo: an endpoint per bucket (or the target's bucket).
+  grpc::Status FillFlightInfo(const Target& t, const metastore::TableInfo& table, const proto::FlightDescriptor& d,
+                              proto::FlightInfo* out);
+  // ListFlights' answers, on a worker.
+  grpc::Status ListTableInfos(const std::string& expression, std::vector<proto::FlightInfo>* out);
   // The table a descriptor names, checked to be a log table (and its bucket
   // to exist). A metastore read: call it on a worker.
   Result<metastore::TableInfo> LogTable(const Target& t);
@@ -801,32 +810,105 @@ grpc::ServerUnaryReactor* FlightServer::Impl::GetSchema(grpc::CallbackServerCont
   });
 }
 
+grpc::Status FlightServer::Impl::FillFlightInfo(const Target& t, const metastore::TableInfo& table,
+                                               const proto::FlightDescriptor& d, proto::FlightInfo* out) {
+  // One endpoint per bucket (or the descriptor's bucket): its records up to
+  // the tail now, so the dataset is what was acknowledged when asked.
+  int64_t total = 0;
+  for (uint32_t b = 0; b < table.bucket_count; ++b) {
+    if (t.bucket && *t.bucket != b) continue;
+    auto offsets = engine->Offsets(t.basin, metastore::BucketStreamName(t.table, b));
+    if (!offsets.ok()) return ToGrpc(offsets.status());
+    auto* e = out->add_endpoint();
+    e->mutable_ticket()->set_ticket(json{{"basin", t.basin},
+                                         {"table", t.table},
+                                         {"bucket", b},
+                                         {"from", offsets->log_start},
+                                         {"until", offsets->tail}}
+                                        .dump());
+    total += static_cast<int64_t>(offsets->tail - offsets->log_start);
+  }
+  out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
+  *out->mutable_flight_descriptor() = d;
+  out->set_total_records(total);
+  out->set_total_bytes(-1);
+  out->set_ordered(true);
+  return grpc::Status::OK;
+}
+
 grpc::ServerUnaryReactor* FlightServer::Impl::GetFlightInfo(grpc::CallbackServerContext* ctx,
                                                             const proto::FlightDescriptor* d, proto::FlightInfo* out) {
   return OnTable(ctx, d, [this, d, out](const Target& t, const metastore::TableInfo& table) {
-    // One endpoint per bucket (or the descriptor's bucket): its records up
-    // to the tail now, so the dataset is what was acknowledged when asked.
-    int64_t total = 0;
-    for (uint32_t b = 0; b < table.bucket_count; ++b) {
-      if (t.bucket && *t.bucket != b) continue;
-      auto offsets = engine->Offsets(t.basin, metastore::BucketStreamName(t.table, b));
-      if (!offsets.ok()) return ToGrpc(offsets.status());
-      auto* e = out->add_endpoint();
-      e->mutable_ticket()->set_ticket(json{{"basin", t.basin},
-                                           {"table", t.table},
-                                           {"bucket", b},
-                                           {"from", offsets->log_start},
-                                           {"until", offsets->tail}}
-                                          .dump());
-      total += static_cast<int64_t>(offsets->tail - offsets->log_start);
-    }
-    out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
-    *out->mutable_flight_descriptor() = *d;
-    out->set_total_records(total);
-    out->set_total_bytes(-1);
-    out->set_ordered(true);
-    return grpc::Status::OK;
+    return FillFlightInfo(t, table, *d, out);
   });
+}
+
+grpc::ServerWriteReactor<proto::FlightInfo>* FlightServer::Impl::ListFlights(grpc::CallbackServerContext* ctx,
+                                                                           const proto::Criteria* criteria) {
+  auto* r = new Replies<proto::FlightInfo>();
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
+    r->Send(auth);
+    return r;
+  }
+  readers.Post([this, r, criteria] {
+    grpc::Status st;
+    std::vector<proto::FlightInfo> infos;
+    try {
+      st = ListTableInfos(criteria->expression(), &infos);
+    } catch (const std::exception& e) {
+      st = grpc::Status(grpc::StatusCode::INTERNAL, e.what());
+    }
+    r->Send(std::move(infos), st);
+  });
+  return r;
+}
+
+grpc::Status FlightServer::Impl::ListTableInfos(const std::string& expression, std::vector<proto::FlightInfo>* out) {
+  // The criteria: none (the default basin's tables), or JSON {"basin"?, "prefix"?}.
+  std::string basin = options.default_basin, prefix;
+  if (!expression.empty()) {
+    json c = json::parse(expression, nullptr, false);
+    if (!c.is_object()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "criteria: a JSON object {\"basin\"?, \"prefix\"?}");
+    }
+    for (const auto& [key, value] : c.items()) {
+      if ((key != "basin" && key != "prefix") || !value.is_string()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            fmt::format("criteria: '{}' is not a string basin or prefix", key));
+      }
+      (key == "basin" ? basin : prefix) = value.get<std::string>();
+    }
+  }
+  std::string after;
+  size_t endpoints = 0;
+  for (;;) {
+    auto page = engine->ListTables(basin, prefix, after, 1000);
+    if (!page.ok()) return ToGrpc(page.status());
+    for (const auto& table : *page) {
+      if (table.kind != "log") continue;
+      Target t;
+      t.basin = basin;
+      t.table = table.name;
+      proto::FlightDescriptor d;
+      d.set_type(proto::FlightDescriptor::PATH);
+      d.add_path(basin);
+      d.add_path(table.name);
+      proto::FlightInfo info;
+      grpc::Status st = FillFlightInfo(t, table, d, &info);
+      // A table deleted since the listing is left out.
+      if (st.error_code() == grpc::StatusCode::NOT_FOUND) continue;
+      if (!st.ok()) return st;
+      endpoints += static_cast<size_t>(info.endpoint_size());
+      if (endpoints > kMaxListedEndpoints) {
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            fmt::format("more than {} buckets to list: narrow the criteria with a prefix",
+                                        kMaxListedEndpoints));
+      }
+      out->push_back(std::move(info));
+    }
+    if (page->size() < 1000) return grpc::Status::OK;
+    after = page->back().name;
+  }
 }
 
 // The actions DoAction takes (ListActions lists them).

@@ -453,6 +453,19 @@ describe("Arrow Flight DoPut against weir", () => {
     assert.equal(bad.status.code, "INVALID_ARGUMENT");
     await assert.rejects(unary(server, "GetFlightInfo", { type: "PATH", path: ["no-such-table"], cmd: Buffer.alloc(0) }),
       (e) => e.code === grpc.status.NOT_FOUND);
+    // ListFlights: the log tables of a basin, by prefix.
+    const { c, md } = client(server);
+    const listed = await new Promise((resolve, reject) => {
+      const out = [];
+      const call = c.ListFlights({ expression: Buffer.from(JSON.stringify({ prefix: topic })) }, md);
+      call.on("data", (i) => out.push(i));
+      call.on("error", reject);
+      call.on("end", () => { c.close(); resolve(out); });
+    });
+    assert.equal(listed.length, 1);
+    assert.deepEqual(listed[0].flight_descriptor.path, ["weir-kafka", topic]);
+    assert.equal(Number(listed[0].total_records), 1503);
+    assert.equal(listed[0].endpoint.length, 2);
   });
 
   it("a refused batch: the batches before it are answered, and the call ends without the client closing", T, async () => {
