@@ -311,9 +311,12 @@ class Replies final : public grpc::ServerWriteReactor<T> {
  public:
   Replies() = default;
   void Send(std::vector<T> msgs, grpc::Status st) {
-    msgs_ = std::move(msgs);
-    status_ = std::move(st);
-    if (!status_.ok()) msgs_.clear();
+    {
+      std::lock_guard lk(mu_);
+      msgs_ = std::move(msgs);
+      status_ = std::move(st);
+      if (!status_.ok()) msgs_.clear();
+    }
     Next();
   }
   void Send(grpc::Status st) { Send({}, std::move(st)); }
@@ -321,13 +324,29 @@ class Replies final : public grpc::ServerWriteReactor<T> {
     if (!ok) return this->Finish(grpc::Status::CANCELLED);
     Next();
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    { std::lock_guard lk(mu_); }  // (for ThreadSanitizer, as PutCall's)
+    delete this;
+  }
 
  private:
   void Next() {
-    if (next_ == msgs_.size()) return this->Finish(status_);
-    this->StartWrite(&msgs_[next_++]);
+    T* msg = nullptr;
+    grpc::Status st;
+    {
+      // Writes follow one another, so only the hand-over from Send's
+      // thread needs the lock.
+      std::lock_guard lk(mu_);
+      if (next_ < msgs_.size()) {
+        msg = &msgs_[next_++];
+      } else {
+        st = status_;
+      }
+    }
+    if (msg != nullptr) return this->StartWrite(msg);
+    this->Finish(st);
   }
+  std::mutex mu_;
   std::vector<T> msgs_;
   size_t next_ = 0;
   grpc::Status status_;
@@ -396,6 +415,10 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   }
 
   void OnDone() override {
+    // gRPC orders OnDone after every reaction, but ThreadSanitizer cannot
+    // see its ordering: the lock shows it that all writes to the call came
+    // first.
+    { std::lock_guard lk(mu_); }
     impl_->metrics.open_put_calls--;
     delete this;
   }
@@ -666,8 +689,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
 // One DoGet: the schema, then the bucket's records in batches of up to
 // 1,000 rows (the engine's read limits), each read on a worker and written
 // before the next is read. One step runs at a time (a read, or a write and
-// its OnWriteDone), so only `cancelled_` is shared. It deletes itself in
-// OnDone, after its Finish.
+// its OnWriteDone); `cancelled_` is set from any thread. It deletes itself
+// in OnDone, after its Finish.
 class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
  public:
   GetCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx, const proto::Ticket& ticket) : impl_(impl) {
@@ -687,25 +710,42 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
 
   void OnWriteDone(bool ok) override {
     if (!ok) return Finish(grpc::Status::CANCELLED);
-    if (done_) return Finish(grpc::Status::OK);
+    bool done;
+    {
+      std::lock_guard lk(mu_);
+      done = done_;
+    }
+    if (done) return Finish(grpc::Status::OK);
     impl_->readers.Post([this] { Next(); });
   }
   void OnCancel() override { cancelled_ = true; }
-  void OnDone() override { delete this; }
-
- private:
-  // On a worker: the next message, or the end. Nothing it calls throws
-  // but allocation; a throw still finishes the call.
-  void Next() {
-    try {
-      Step();
-    } catch (const std::exception& e) {
-      Finish(grpc::Status(grpc::StatusCode::INTERNAL, fmt::format("reading: {}", e.what())));
-    }
+  void OnDone() override {
+    { std::lock_guard lk(mu_); }  // (for ThreadSanitizer, as PutCall's)
+    delete this;
   }
 
-  void Step() {
-    if (cancelled_) return Finish(grpc::Status::CANCELLED);
+ private:
+  // On a worker: the next message, or the end. One step runs at a time;
+  // `mu_` only shows ThreadSanitizer the hand-overs between threads that
+  // gRPC orders.
+  void Next() {
+    std::optional<grpc::Status> finish;
+    {
+      std::lock_guard lk(mu_);
+      try {
+        finish = Step();
+      } catch (const std::exception& e) {
+        finish = grpc::Status(grpc::StatusCode::INTERNAL, fmt::format("reading: {}", e.what()));
+      }
+    }
+    if (finish) return Finish(*finish);
+    StartWrite(&out_);
+  }
+
+  // Fills out_ with the next message (nullopt: write it), or says how the
+  // call ends. Nothing it calls throws but allocation.
+  std::optional<grpc::Status> Step() {
+    if (cancelled_) return grpc::Status::CANCELLED;
     out_.Clear();
     if (!sent_schema_) {
       // The table must exist (and be a log table) before anything is sent;
@@ -715,34 +755,33 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       t.basin = ticket_.basin;
       t.table = ticket_.table;
       t.bucket = ticket_.bucket;
-      if (auto table = impl_->LogTable(t); !table.ok()) return Finish(ToGrpc(table.status()));
+      if (auto table = impl_->LogTable(t); !table.ok()) return ToGrpc(table.status());
       auto summary = impl_->engine->GetStream(ticket_.basin, stream_);
-      if (!summary.ok()) return Finish(ToGrpc(summary.status()));
+      if (!summary.ok()) return ToGrpc(summary.status());
       stream_id_ = summary->info.id;
       if (!ticket_.until) ticket_.until = summary->tail;
       sent_schema_ = true;
       out_.set_data_header(LogReadSchemaMessage());
-      StartWrite(&out_);
-      return;
+      return std::nullopt;
     }
-    if (ticket_.from >= *ticket_.until) return Finish(grpc::Status::OK);
+    if (ticket_.from >= *ticket_.until) return grpc::Status::OK;
     auto r = impl_->engine->Read(ticket_.basin, stream_, log::ReadStart{log::ReadStart::kOffset, ticket_.from},
                                  kMaxRows, kMaxBytes, std::nullopt, stream_id_);
     // Past the tail (a ticket's `until` beyond it): nothing more to read.
-    if (!r.ok() && r.status().code() == Code::kOutOfRange) return Finish(grpc::Status::OK);
-    if (!r.ok()) return Finish(ToGrpc(r.status()));
+    if (!r.ok() && r.status().code() == Code::kOutOfRange) return grpc::Status::OK;
+    if (!r.ok()) return ToGrpc(r.status());
     std::vector<ReadRow> rows;
     for (const auto& rec : r->records) {
       if (rec.offset >= *ticket_.until) break;
       rows.push_back(ReadRow{rec.offset, &rec.record});
     }
-    if (rows.empty()) return Finish(grpc::Status::OK);
+    if (rows.empty()) return grpc::Status::OK;
     ticket_.from = rows.back().offset + 1;
     done_ = ticket_.from >= *ticket_.until;
     IpcBytes m = LogReadBatchMessage(rows);
     out_.set_data_header(std::move(m.header));
     out_.set_data_body(std::move(m.body));
-    StartWrite(&out_);
+    return std::nullopt;
   }
 
   static constexpr size_t kMaxRows = 1000;
@@ -751,6 +790,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
   ReadTicket ticket_;
   std::string stream_;
   std::optional<uint64_t> stream_id_;  // the stream found at the start (not one created again under its name)
+  std::mutex mu_;
   proto::FlightData out_;
   bool sent_schema_ = false;
   bool done_ = false;
