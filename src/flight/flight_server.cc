@@ -1070,6 +1070,13 @@ Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& o
   b.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(options.max_message_bytes, INT32_MAX)));
   // One port per server: gRPC would otherwise let a second process bind it too.
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A client that vanished without closing (a host gone, a cable pulled)
+  // is found by keepalive pings within about 80 s, and its calls cancelled,
+  // so its DoPut calls give their places back; a connection idle for 10
+  // minutes is closed.
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 600000);
   impl->server = b.BuildAndStart();
   if (!impl->server || impl->port == 0) {
     impl->workers.Stop();
