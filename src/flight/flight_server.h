@@ -1,9 +1,10 @@
-// The Arrow Flight listener (docs/flight.md): gRPC's FlightService with
-// DoPut for log tables (Append to a bucket, AppendTable routed by the node),
-// DoAction "allocate-writer" for idempotent writers, and ListActions. Rows
-// become records of the bucket's stream through the same append path as the
-// REST API and Kafka: one RecordBatch v2 per bucket per Arrow batch,
-// acknowledged once durable.
+// The Arrow Flight listener (docs/flight.md): gRPC's FlightService for log
+// tables. DoPut (Append to a bucket, AppendTable routed by the node) turns
+// rows into records of the bucket's stream through the same append path as
+// the REST API and Kafka: one RecordBatch v2 per bucket per Arrow batch,
+// acknowledged once durable. GetFlightInfo, ListFlights, GetSchema and DoGet
+// read them back as Arrow; DoAction allocates writers and creates and
+// deletes tables; ListActions lists the actions.
 //
 // Owned by `weir serve`; Start and Stop are called from its thread. gRPC's
 // threads and the server's worker threads (decoding batches, waiting for
