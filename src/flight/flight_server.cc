@@ -235,6 +235,64 @@ class Workers {
   std::vector<std::thread> threads_;
 };
 
+// Runs functions after a delay, on a thread of its own (the engine's
+// admission looks: WhenAdmissible's `after`). Stop drops what has not run.
+class Timer {
+ public:
+  Timer() : thread_([this] {
+    SetThreadName("weir-flight-tmr");
+    Loop();
+  }) {}
+  ~Timer() { Stop(); }
+  void After(Duration delay, std::function<void()> fn) {
+    {
+      std::lock_guard lk(mu_);
+      if (stopping_) return;
+      due_.emplace(Now() + delay, std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  void Stop() {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+      due_.clear();
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock lk(mu_);
+    while (!stopping_) {
+      if (due_.empty()) {
+        cv_.wait(lk);
+        continue;
+      }
+      const TimePoint at = due_.begin()->first;
+      if (Now() < at) {
+        cv_.wait_until(lk, at);
+        continue;
+      }
+      auto fn = std::move(due_.begin()->second);
+      due_.erase(due_.begin());
+      lk.unlock();
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        Log().error("flight: a timer job failed: {}", e.what());
+      }
+      lk.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<TimePoint, std::function<void()>> due_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
 constexpr const char* kAllocateWriter = "allocate-writer";
 // A ListFlights answer holds at most this many endpoints (buckets) in all.
 constexpr size_t kMaxListedEndpoints = 100000;
@@ -292,10 +350,13 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   FlightMetrics metrics;
   std::atomic<uint64_t> round_robin{0};  // AppendTable's bucket for keyless rows, batch by batch
   // DoPut's messages (decoding, the table lookup of a call's first message,
-  // appends, which may wait for admission) on `workers`; reads, schemas and
-  // actions on `readers`, so they never queue behind appends waiting for room.
+  // appends) on `workers`; reads, schemas and actions on `readers`. A batch
+  // waiting for room in the WAL pool holds neither (WhenAdmissible looks
+  // again on `timer`), except one whose parts could never fit the pool at
+  // once: each waits for its own room on its worker.
   Workers workers;
   Workers readers;
+  Timer timer;  // DoPut's admission looks
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   std::once_flag stopped;
@@ -424,6 +485,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   }
 
  private:
+  // A batch's part for one bucket: the bucket and its RecordBatch v2.
+  using Part = std::pair<uint32_t, std::string>;
   // A PutResult waiting for its appends (one per bucket the batch went to),
   // or a refusal waiting for its turn.
   struct Slot {
@@ -435,7 +498,9 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   // Whether nothing more is to be read or appended. Under mu_.
   bool Stopping() const { return failure_.has_value() || refused_ || cancelled_; }
 
-  // On a worker: one message.
+  // On a worker: one message. A record batch is handed to the engine once
+  // the WAL pool has room for it; until then (WhenAdmissible, on the
+  // server's timer) no worker waits and the call reads nothing more.
   void Handle(const proto::FlightData& msg) {
     {
       std::unique_lock lk(mu_);
@@ -447,12 +512,26 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     }
     Status st;
     try {
-      st = Process(msg);
+      std::optional<std::vector<Part>> parts;
+      st = Process(msg, &parts);
+      if (st.ok() && parts) {
+        if (parts->empty()) {
+          st = Append({}, nullptr);  // no rows: answered in order, with no offsets
+        } else if (!AppendWhenAdmissible(std::move(*parts), &st)) {
+          return;  // Continue runs once it is appended
+        }
+      }
     } catch (const std::bad_alloc&) {
       st = ResourceExhausted("out of memory decoding the batch");
     } catch (const std::exception& e) {
       st = Internal("handling the message: {}", e.what());
     }
+    Continue(st);
+  }
+
+  // The end of a message's handling: its refusal queued in its turn, then
+  // the next read (or the end of the call).
+  void Continue(const Status& st) {
     std::unique_lock lk(mu_);
     handling_ = false;
     if (!st.ok()) {
@@ -479,7 +558,45 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     Progress(lk);
   }
 
-  Status Process(const proto::FlightData& msg) {
+  // Appends the parts now if the WAL pool has room for all of them (true),
+  // or once it has (false: a worker appends them then and calls Continue).
+  // A wait that runs past the admission timeout appends anyway, refused
+  // (RESOURCE_EXHAUSTED) unless room came; a call ending meanwhile drops them.
+  bool AppendWhenAdmissible(std::vector<Part> parts, Status* st) {
+    size_t bytes = 0;
+    for (const auto& p : parts) bytes += p.second.size();
+    log::Engine* engine = impl_->engine;
+    if (auto ticket = engine->TryAdmission(bytes, parts.size())) {
+      *st = Append(std::move(parts), ticket);
+      return true;
+    }
+    using Wait = log::Engine::AdmissionWait;
+    auto held = std::make_shared<std::vector<Part>>(std::move(parts));
+    FlightServer::Impl* impl = impl_;
+    engine->WhenAdmissible(
+        bytes, held->size(), Now() + engine->admission_timeout(),
+        [impl](Duration delay, std::function<void()> fn) { impl->timer.After(delay, std::move(fn)); },
+        [this] {
+          std::lock_guard lk(mu_);
+          return Stopping();
+        },
+        [this, held](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
+          impl_->workers.Post([this, held, how, ticket = std::move(ticket)] {
+            Status appended;
+            try {
+              if (how != Wait::kAbandoned) appended = Append(std::move(*held), how == Wait::kRoom ? ticket : nullptr);
+            } catch (const std::exception& e) {
+              appended = Internal("appending: {}", e.what());
+            }
+            Continue(appended);
+          });
+        });
+    return false;
+  }
+
+  // Decodes a message; a record batch's parts (one per bucket; none for no
+  // rows) go to *parts for appending.
+  Status Process(const proto::FlightData& msg, std::optional<std::vector<Part>>* parts) {
     if (!target_) {
       if (!msg.has_flight_descriptor()) return InvalidArgument("the first message of a DoPut carries its descriptor");
       WEIR_ASSIGN_OR_RETURN(auto t, ParseDescriptor(msg.flight_descriptor(), impl_->options.default_basin));
@@ -531,20 +648,23 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     impl_->metrics.batches++;
     impl_->metrics.rows += records.size();
     impl_->metrics.bytes += msg.data_body().size();
-    if (records.empty()) return Append({});  // answered in order, with no offsets
+    if (records.empty()) {
+      parts->emplace();
+      return Status::Ok();
+    }
     // One RecordBatch per bucket: Append's bucket, or AppendTable's routing.
-    std::map<uint32_t, std::vector<wal::Record>> parts;
+    std::map<uint32_t, std::vector<wal::Record>> by_bucket;
     if (target_->bucket) {
-      parts[*target_->bucket] = std::move(records);
+      by_bucket[*target_->bucket] = std::move(records);
     } else {
       const auto rr = static_cast<uint32_t>(impl_->round_robin.fetch_add(1) % buckets_);
       for (auto& r : records) {
         const uint32_t b = r.key ? KafkaPartitionOf(*r.key, buckets_) : rr;
-        parts[b].push_back(std::move(r));
+        by_bucket[b].push_back(std::move(r));
       }
     }
-    std::vector<std::pair<uint32_t, std::string>> batches;
-    for (auto& [bucket, rows] : parts) {
+    std::vector<Part> batches;
+    for (auto& [bucket, rows] : by_bucket) {
       wal::EncodeOptions eo;
       if (target_->writer_id) {
         eo.producer_id = static_cast<int64_t>(*target_->writer_id);
@@ -561,12 +681,16 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       }
       batches.emplace_back(bucket, std::move(batch));
     }
-    return Append(std::move(batches));
+    *parts = std::move(batches);
+    return Status::Ok();
   }
 
-  // Hands a batch's parts to the engine (each may wait for admission here,
-  // on the worker) under one slot, answered once all are durable.
-  Status Append(std::vector<std::pair<uint32_t, std::string>> batches) {
+  // Hands a batch's parts to the engine under one slot, answered once all are
+  // durable: from the room `ticket` holds; without one, each takes room now
+  // or is refused; with a ticket that holds none (parts that could never fit
+  // the pool at once), each waits for its own room here, on the worker.
+  Status Append(std::vector<Part> batches, const std::shared_ptr<log::AdmissionTicket>& ticket) {
+    const bool may_wait = ticket && !ticket->has_room();
     size_t index;
     {
       std::unique_lock lk(mu_);
@@ -604,7 +728,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       }
       impl_->engine->AppendBatchAsync(
           target_->basin, metastore::BucketStreamName(target_->table, b), std::move(batch),
-          [this, index, b](log::AppendOutcome o) { Appended(index, b, o); }, /*may_wait=*/true);
+          [this, index, b](log::AppendOutcome o) { Appended(index, b, o); }, may_wait, ticket);
     }
     return Status::Ok();
   }
@@ -1079,6 +1203,7 @@ Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& o
   b.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 600000);
   impl->server = b.BuildAndStart();
   if (!impl->server || impl->port == 0) {
+    impl->timer.Stop();
     impl->workers.Stop();
     impl->readers.Stop();
     return Unavailable("--flight-addr {}: cannot listen there", addr);
@@ -1092,7 +1217,10 @@ const FlightMetrics& FlightServer::metrics() const { return impl_->metrics; }
 
 void FlightServer::Stop(int grace_ms) {
   std::call_once(impl_->stopped, [&] {
+    // Calls end first (a call waiting for admission needs the timer and the
+    // workers until its wait ends, within the admission timeout).
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+    impl_->timer.Stop();
     impl_->workers.Stop();
     impl_->readers.Stop();
   });

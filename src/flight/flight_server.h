@@ -7,8 +7,9 @@
 // deletes tables; ListActions lists the actions.
 //
 // Owned by `weir serve`; Start and Stop are called from its thread. gRPC's
-// threads and the server's worker threads (decoding batches, waiting for
-// admission) call into the engine, which must outlive the server. This
+// threads and the server's own (workers decoding batches and reading, a
+// timer for admission waits) call into the engine, which must outlive the
+// server. This
 // header keeps gRPC out of its includers.
 #pragma once
 
@@ -36,9 +37,8 @@ struct FlightOptions {
   // A bucket's part of a batch, as a Kafka batch, at most (the engine's
   // max_batch_bytes).
   size_t max_batch_bytes = 1048588;
-  // Threads that decode batches and hand them to the engine (each may wait
-  // for admission, up to the engine's admission timeout). Two more serve
-  // reads and actions.
+  // Threads that decode batches and hand them to the engine (a batch waiting
+  // for room in the WAL pool holds none). Two more serve reads and actions.
   size_t workers = 4;
   std::string auth_token;  // non-empty: every call needs "authorization: Bearer <token>"
   std::string default_basin = "weir-kafka";  // for descriptors that name no basin

@@ -615,3 +615,43 @@ describe("Arrow Flight alone (no Kafka listener) with --auth-token-file", () => 
     assert.equal(Number(info.total_records), 1);
   });
 });
+
+describe("Arrow Flight with a WAL pool smaller than what is sent", () => {
+  let server;
+  before(async () => {
+    // 4 MiB of pool, slow PUTs: most batches wait for room (without a thread).
+    server = new WeirServer(BIN, {
+      args: ["--flight-addr", "127.0.0.1:0", "--pool-budget-mib", "4", "--max-slot-bytes", "1048576",
+        "--inject-put-latency-ms", "150", "--admission-timeout-ms", "60000"],
+    });
+    await server.start();
+  });
+  after(async () => {
+    if (server) {
+      await server.stop();
+      server.cleanup();
+    }
+  });
+
+  it("batches that wait for room in the WAL pool are all appended, in order", T, async () => {
+    const topic = unique("pool");
+    await createTopic(server, topic, 6);
+    const value = "v".repeat(1024);
+    const batch = (call, i) => logTable(Array.from({ length: 900 }, (_, r) => ({ value: r === 0 ? `${call}-${i}` : value })),
+      { withHeaders: false, withTimestamp: false });
+    const calls = await Promise.all(Array.from({ length: 6 }, (_, c) =>
+      doPut(server, cmd({ append: { table: topic, bucket: c } }), [batch(c, 0), batch(c, 1), batch(c, 2)])));
+    for (const [c, r] of calls.entries()) {
+      assert.equal(r.status.code, "OK", `call ${c}: ${r.status.details}`);
+      assert.deepEqual(r.results.map((x) => [x.first_offset, x.last_offset]), [[0, 899], [900, 1799], [1800, 2699]]);
+      const got = await doGet(server, JSON.stringify({ table: topic, bucket: c }));
+      assert.equal(got.status.code, "OK", got.status.details);
+      const rows = tableOf(got.msgs);
+      assert.equal(rows.numRows, 2700);
+      assert.deepEqual([0, 900, 1800].map((o) => text(rows.get(o).value)), [`${c}-0`, `${c}-1`, `${c}-2`]);
+    }
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    const waits = Number(/^weir_admission_waits_total\{cause="wal_pool"\} (\d+)/m.exec(metrics)?.[1]);
+    assert.ok(waits > 0, "some batches waited for room");
+  });
+});
