@@ -560,8 +560,9 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
 
   // Appends the parts now if the WAL pool has room for all of them (true),
   // or once it has (false: a worker appends them then and calls Continue).
-  // A wait that runs past the admission timeout appends anyway, refused
-  // (RESOURCE_EXHAUSTED) unless room came; a call ending meanwhile drops them.
+  // A wait that runs past the admission timeout ends the call
+  // RESOURCE_EXHAUSTED with nothing of the batch appended; a call ending
+  // meanwhile drops them.
   bool AppendWhenAdmissible(std::vector<Part> parts, Status* st) {
     size_t bytes = 0;
     for (const auto& p : parts) bytes += p.second.size();
@@ -580,16 +581,30 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
           std::lock_guard lk(mu_);
           return Stopping();
         },
-        [this, held](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
-          impl_->workers.Post([this, held, how, ticket = std::move(ticket)] {
+        [this, held, bytes](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
+          auto append = [this, held, bytes, how, ticket = std::move(ticket)]() mutable {
             Status appended;
             try {
-              if (how != Wait::kAbandoned) appended = Append(std::move(*held), how == Wait::kRoom ? ticket : nullptr);
+              if (how == Wait::kExpired) {
+                // One last look: all the parts or none (parts admitted one
+                // by one could leave the batch half written).
+                ticket = impl_->engine->TryAdmission(bytes, held->size());
+                if (!ticket) {
+                  appended = ResourceExhausted("no room in the WAL pool for the batch within the admission timeout");
+                }
+              }
+              if (how != Wait::kAbandoned && appended.ok()) appended = Append(std::move(*held), ticket);
             } catch (const std::exception& e) {
               appended = Internal("appending: {}", e.what());
             }
             Continue(appended);
-          });
+          };
+          try {
+            impl_->workers.Post(std::move(append));
+          } catch (const std::exception&) {
+            // (Posting allocates.) The call must still go on, or it never ends.
+            Continue(ResourceExhausted("out of memory queueing the batch"));
+          }
         });
     return false;
   }
@@ -726,9 +741,23 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
           return Status::Ok();
         }
       }
-      impl_->engine->AppendBatchAsync(
-          target_->basin, metastore::BucketStreamName(target_->table, b), std::move(batch),
-          [this, index, b](log::AppendOutcome o) { Appended(index, b, o); }, may_wait, ticket);
+      try {
+        impl_->engine->AppendBatchAsync(
+            target_->basin, metastore::BucketStreamName(target_->table, b), std::move(batch),
+            [this, index, b](log::AppendOutcome o) { Appended(index, b, o); }, may_wait, ticket);
+      } catch (const std::exception& e) {
+        // Nothing of this part was handed over: its slot must not wait for it.
+        std::unique_lock lk(mu_);
+        refused_ = true;
+        Slot& s = slots_[index - base_];
+        s.waiting -= batches.size() - i;
+        if (s.error.ok()) {
+          s.error = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 fmt::format("batch {}: bucket {}: {}", index, b, e.what()));
+        }
+        Progress(lk);
+        return Status::Ok();
+      }
     }
     return Status::Ok();
   }
