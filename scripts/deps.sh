@@ -42,7 +42,7 @@ $tests || exit 0
 # The SDK, kafkajs and Flight suites (tests/js, tests/kafka/js, tests/flight/js) need Node.js 20+ and npm (S2's SDK asks for 20),
 # newer than Debian 12's nodejs: these machines carry it outside Debian's packages, so it is checked only.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "deps: node and npm are needed for tests/js and tests/kafka/js (Node.js 20 or newer)" >&2
+  echo "deps: node and npm are needed for tests/js, tests/kafka/js and tests/flight/js (Node.js 20 or newer)" >&2
   exit 1
 fi
 node_major=$(node -p 'process.versions.node.split(".")[0]')
