@@ -4,21 +4,21 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "base/thread.h"
 #include "flight.grpc.pb.h"
 #include "flight/arrow_ipc.h"
 #include "flight/log_rows.h"
@@ -28,6 +28,7 @@
 
 namespace weir::flight {
 
+namespace net = boost::asio;
 namespace proto = arrow::flight::protocol;
 using json = nlohmann::json;
 
@@ -177,121 +178,17 @@ Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& defa
   return out;
 }
 
-// Runs jobs on a few threads of its own, in submission order per thread.
-class Workers {
- public:
-  Workers(size_t n, const char* name) {
-    for (size_t i = 0; i < n; ++i) {
-      threads_.emplace_back([this, name] {
-        SetThreadName(name);
-        Loop();
-      });
+// Runs `fn` on `pool`. Jobs turn their own failures into statuses; this only
+// keeps an escaped exception (an allocation failure) from ending the process.
+void Post(net::thread_pool& pool, std::function<void()> fn) {
+  net::post(pool, [fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      Log().error("flight: a job failed: {}", e.what());
     }
-  }
-  ~Workers() { Stop(); }
-  void Post(std::function<void()> fn) {
-    {
-      std::lock_guard lk(mu_);
-      jobs_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-  // Runs what is queued, then joins.
-  void Stop() {
-    {
-      std::lock_guard lk(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-
- private:
-  void Loop() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      // Jobs turn their own failures into statuses; this only keeps an
-      // escaped exception (an allocation failure) from ending the process.
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        Log().error("flight: a worker job failed: {}", e.what());
-      }
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::vector<std::thread> threads_;
-};
-
-// Runs functions after a delay, on a thread of its own (the engine's
-// admission looks: WhenAdmissible's `after`). Stop drops what has not run.
-class Timer {
- public:
-  Timer() : thread_([this] {
-    SetThreadName("weir-flight-tmr");
-    Loop();
-  }) {}
-  ~Timer() { Stop(); }
-  void After(Duration delay, std::function<void()> fn) {
-    {
-      std::lock_guard lk(mu_);
-      if (stopping_) return;
-      due_.emplace(Now() + delay, std::move(fn));
-    }
-    cv_.notify_one();
-  }
-  void Stop() {
-    {
-      std::lock_guard lk(mu_);
-      stopping_ = true;
-      due_.clear();
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void Loop() {
-    std::unique_lock lk(mu_);
-    while (!stopping_) {
-      if (due_.empty()) {
-        cv_.wait(lk);
-        continue;
-      }
-      const TimePoint at = due_.begin()->first;
-      if (Now() < at) {
-        cv_.wait_until(lk, at);
-        continue;
-      }
-      auto fn = std::move(due_.begin()->second);
-      due_.erase(due_.begin());
-      lk.unlock();
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        Log().error("flight: a timer job failed: {}", e.what());
-      }
-      lk.lock();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::multimap<TimePoint, std::function<void()>> due_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
+  });
+}
 
 constexpr const char* kAllocateWriter = "allocate-writer";
 // A ListFlights answer holds at most this many endpoints (buckets) in all.
@@ -303,7 +200,7 @@ constexpr const char* kDeleteTable = "delete-table";
 
 struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   Impl(const FlightOptions& o, log::Engine* e)
-      : options(o), engine(e), workers(o.workers, "weir-flight-put"), readers(2, "weir-flight") {}
+      : options(o), engine(e), workers(std::max<size_t>(o.workers, 1)), readers(2) {}
 
   grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* DoPut(grpc::CallbackServerContext* ctx) override;
   grpc::ServerWriteReactor<proto::FlightData>* DoGet(grpc::CallbackServerContext* ctx,
@@ -352,11 +249,10 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   // DoPut's messages (decoding, the table lookup of a call's first message,
   // appends) on `workers`; reads, schemas and actions on `readers`. A batch
   // waiting for room in the WAL pool holds neither (WhenAdmissible looks
-  // again on `timer`), except one whose parts could never fit the pool at
-  // once: each waits for its own room on its worker.
-  Workers workers;
-  Workers readers;
-  Timer timer;  // DoPut's admission looks
+  // again from a timer on `workers`), except one whose parts could never fit
+  // the pool at once: each waits for its own room on its worker.
+  net::thread_pool workers;
+  net::thread_pool readers;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   std::once_flag stopped;
@@ -459,7 +355,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     lk.unlock();
     auto msg = std::make_shared<proto::FlightData>(std::move(in_));
     in_.Clear();
-    impl_->workers.Post([this, msg] { Handle(*msg); });
+    Post(impl_->workers, [this, msg] { Handle(*msg); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -493,6 +389,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     size_t waiting = 0;
     grpc::Status error;
     json result;
+    size_t rows = 0, body_bytes = 0;  // counted in the metrics once it is durable
   };
 
   // Whether nothing more is to be read or appended. Under mu_.
@@ -576,7 +473,16 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     FlightServer::Impl* impl = impl_;
     engine->WhenAdmissible(
         bytes, held->size(), Now() + engine->admission_timeout(),
-        [impl](Duration delay, std::function<void()> fn) { impl->timer.After(delay, std::move(fn)); },
+        [impl](Duration delay, std::function<void()> fn) {
+          auto timer = std::make_shared<net::steady_timer>(impl->workers, delay);
+          timer->async_wait([timer, fn = std::move(fn)](const boost::system::error_code&) {
+            try {
+              fn();
+            } catch (const std::exception& e) {
+              Log().error("flight: an admission look failed: {}", e.what());
+            }
+          });
+        },
         [this] {
           std::lock_guard lk(mu_);
           return Stopping();
@@ -600,7 +506,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
             Continue(appended);
           };
           try {
-            impl_->workers.Post(std::move(append));
+            Post(impl_->workers, std::move(append));
           } catch (const std::exception&) {
             // (Posting allocates.) The call must still go on, or it never ends.
             Continue(ResourceExhausted("out of memory queueing the batch"));
@@ -660,9 +566,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
                              wal::kMaxDecodedRecordsOverheadBytes / wal::kDecodedRecordCost);
     }
     WEIR_ASSIGN_OR_RETURN(auto records, LogRecords(columns_, cols, WallMillis()));
-    impl_->metrics.batches++;
-    impl_->metrics.rows += records.size();
-    impl_->metrics.bytes += msg.data_body().size();
+    decoded_rows_ = records.size();
+    decoded_body_bytes_ = msg.data_body().size();
     if (records.empty()) {
       parts->emplace();
       return Status::Ok();
@@ -715,6 +620,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       index = base_ + slots_.size();
       Slot s;
       s.waiting = batches.size();
+      s.rows = decoded_rows_;
+      s.body_bytes = decoded_body_bytes_;
       s.result = target_->bucket ? json{{"first_offset", nullptr}, {"last_offset", nullptr}, {"duplicated", false}}
                                  : json{{"buckets", json::array()}};
       slots_.push_back(std::move(s));
@@ -799,6 +706,11 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       slots_.pop_front();
       ++base_;
       if (!failure_ && !s.error.ok()) failure_ = s.error;
+      if (s.error.ok()) {
+        impl_->metrics.batches++;
+        impl_->metrics.rows += s.rows;
+        impl_->metrics.bytes += s.body_bytes;
+      }
       if (failure_ || cancelled_) continue;  // nothing is written after a failure
       out_.set_app_metadata(s.result.dump());
       writing_ = true;
@@ -823,6 +735,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   uint32_t buckets_ = 0;
   std::optional<ArrowSchema> schema_;
   LogColumns columns_;
+  // The message being handled: its rows and body, for its slot's metrics.
+  size_t decoded_rows_ = 0, decoded_body_bytes_ = 0;
 
   std::mutex mu_;
   std::deque<Slot> slots_;
@@ -858,7 +772,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
     }
     ticket_ = std::move(*t);
     stream_ = metastore::BucketStreamName(ticket_.table, ticket_.bucket);
-    impl_->readers.Post([this] { Next(); });
+    Post(impl_->readers, [this] { Next(); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -869,7 +783,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       done = done_;
     }
     if (done) return Finish(grpc::Status::OK);
-    impl_->readers.Post([this] { Next(); });
+    Post(impl_->readers, [this] { Next(); });
   }
   void OnCancel() override { cancelled_ = true; }
   void OnDone() override {
@@ -981,7 +895,7 @@ grpc::ServerUnaryReactor* FlightServer::Impl::OnTable(grpc::CallbackServerContex
     r->Finish(auth);
     return r;
   }
-  readers.Post([this, r, d, answer = std::move(answer)] {
+  Post(readers, [this, r, d, answer = std::move(answer)] {
     grpc::Status st;
     try {
       auto t = ParseDescriptor(*d, options.default_basin);
@@ -1043,7 +957,7 @@ grpc::ServerWriteReactor<proto::FlightInfo>* FlightServer::Impl::ListFlights(grp
     r->Send(auth);
     return r;
   }
-  readers.Post([this, r, criteria] {
+  Post(readers, [this, r, criteria] {
     grpc::Status st;
     std::vector<proto::FlightInfo> infos;
     try {
@@ -1173,7 +1087,7 @@ grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::Call
     return r;
   }
   // Metastore writes: on a worker, not gRPC's thread.
-  readers.Post([this, r, action] {
+  Post(readers, [this, r, action] {
     Result<json> out = Internal("no answer");
     try {
       out = RunAction(*action);
@@ -1232,9 +1146,7 @@ Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& o
   b.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 600000);
   impl->server = b.BuildAndStart();
   if (!impl->server || impl->port == 0) {
-    impl->timer.Stop();
-    impl->workers.Stop();
-    impl->readers.Stop();
+    // (The pools stop and join as impl goes.)
     return Unavailable("--flight-addr {}: cannot listen there", addr);
   }
   return std::unique_ptr<FlightServer>(new FlightServer(std::move(impl)));
@@ -1246,12 +1158,12 @@ const FlightMetrics& FlightServer::metrics() const { return impl_->metrics; }
 
 void FlightServer::Stop(int grace_ms) {
   std::call_once(impl_->stopped, [&] {
-    // Calls end first (a call waiting for admission needs the timer and the
-    // workers until its wait ends, within the admission timeout).
+    // Calls end first (a call waiting for admission needs the workers and
+    // their timers until its wait ends, within the admission timeout); the
+    // pools then run what is queued and join.
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
-    impl_->timer.Stop();
-    impl_->workers.Stop();
-    impl_->readers.Stop();
+    impl_->workers.join();
+    impl_->readers.join();
   });
 }
 

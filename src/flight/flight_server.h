@@ -7,10 +7,9 @@
 // deletes tables; ListActions lists the actions.
 //
 // Owned by `weir serve`; Start and Stop are called from its thread. gRPC's
-// threads and the server's own (workers decoding batches and reading, a
-// timer for admission waits) call into the engine, which must outlive the
-// server. This
-// header keeps gRPC out of its includers.
+// threads and the server's own (Boost.Asio pools: workers decoding batches,
+// readers for reads and actions) call into the engine, which must outlive
+// the server. This header keeps gRPC out of its includers.
 #pragma once
 
 #include <atomic>

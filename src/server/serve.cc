@@ -425,9 +425,9 @@ void RenderFlightMetrics(std::string* out, const flight::FlightServer& f) {
   http::PromCounter(out, "weir_flight_put_calls_refused_total", "Flight DoPut calls refused over --flight-max-put-calls",
                     m.put_calls_refused.load());
   http::PromGauge(out, "weir_flight_open_put_calls", "Flight DoPut calls open", m.open_put_calls.load());
-  http::PromCounter(out, "weir_flight_batches_total", "Arrow record batches taken by DoPut", m.batches.load());
-  http::PromCounter(out, "weir_flight_rows_total", "Rows taken by DoPut", m.rows.load());
-  http::PromCounter(out, "weir_flight_body_bytes_total", "Arrow body bytes taken by DoPut", m.bytes.load());
+  http::PromCounter(out, "weir_flight_batches_total", "Arrow record batches DoPut appended (durable)", m.batches.load());
+  http::PromCounter(out, "weir_flight_rows_total", "Rows DoPut appended (durable)", m.rows.load());
+  http::PromCounter(out, "weir_flight_body_bytes_total", "Arrow body bytes of the batches DoPut appended", m.bytes.load());
   http::PromCounter(out, "weir_flight_duplicated_batches_total",
                     "DoPut appends a writer had already made (answered with their offsets)",
                     m.duplicated_batches.load());

@@ -544,6 +544,28 @@ describe("Arrow Flight DoPut against weir", () => {
     await assert.rejects(doAction(server, "delete-table", JSON.stringify({ table: topic })),
       (e) => e.code === grpc.status.NOT_FOUND);
 
+    // A batch counts once it is appended: one refused for a bucket's part
+    // (after its rows were decoded) counts only as an error.
+    const counters = async () => {
+      const text = await (await fetch(`${server.url}/metrics`)).text();
+      const v = (name) => Number((new RegExp(`^${name} (\\d+)`, "m").exec(text) ?? [])[1]);
+      return { batches: v("weir_flight_batches_total"), rows: v("weir_flight_rows_total"),
+        errors: v("weir_flight_errors_total") };
+    };
+    const counted = unique("counted");
+    await doAction(server, "create-table", JSON.stringify({ table: counted, buckets: 2 }));
+    const before = await counters();
+    const big = "v".repeat(600_000);  // two in one bucket: over its 1,048,588 bytes
+    const mixed = await doPut(server, cmd({ append_table: { table: counted } }),
+      [logTable([{ value: "a" }, { value: "b" }, { value: "c" }]),
+        logTable([{ key: "k", value: big }, { key: "k", value: big }])]);
+    assert.equal(mixed.status.code, "INVALID_ARGUMENT", mixed.status.details);
+    assert.match(mixed.status.details, /part of the batch/);
+    assert.equal(mixed.results.length, 1);
+    const after = await counters();
+    assert.deepEqual({ batches: after.batches - before.batches, rows: after.rows - before.rows,
+      errors: after.errors - before.errors }, { batches: 1, rows: 3, errors: 1 });
+
     // /metrics counts Flight's calls, batches and refusals.
     const metrics = await (await fetch(`${server.url}/metrics`)).text();
     const value = (name) => Number((new RegExp(`^${name} (\\d+)`, "m").exec(metrics) ?? [])[1]);
