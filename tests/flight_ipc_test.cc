@@ -62,7 +62,20 @@ Result<std::vector<std::vector<wal::Record>>> Decode(const std::vector<Message>&
     std::deque<std::string> storage;
     WEIR_ASSIGN_OR_RETURN(auto arrays, ResolveBatch(*s.schema, *m.batch, msgs[i].body, &storage));
     WEIR_ASSIGN_OR_RETURN(auto records, LogRecords(cols, arrays, now_ms));
-    out.push_back(std::move(records));
+    // Copied out: the views die with `storage` and the messages.
+    auto& copied = out.emplace_back();
+    for (const auto& v : records) {
+      wal::Record r;
+      r.timestamp = v.timestamp;
+      if (v.key) r.key.emplace(*v.key);
+      if (v.value) r.value.emplace(*v.value);
+      for (const auto& h : v.headers) {
+        auto& rh = r.headers.emplace_back();
+        rh.key = h.key;
+        if (h.value) rh.value.emplace(*h.value);
+      }
+      copied.push_back(std::move(r));
+    }
   }
   return out;
 }

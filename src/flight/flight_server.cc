@@ -573,7 +573,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       return Status::Ok();
     }
     // One RecordBatch per bucket: Append's bucket, or AppendTable's routing.
-    std::map<uint32_t, std::vector<wal::Record>> by_bucket;
+    std::map<uint32_t, std::vector<wal::RecordView>> by_bucket;
     if (target_->bucket) {
       by_bucket[*target_->bucket] = std::move(records);
     } else {

@@ -73,14 +73,14 @@ Result<LogColumns> CheckLogSchema(const ArrowSchema& schema) {
   return c;
 }
 
-Result<std::vector<wal::Record>> LogRecords(const LogColumns& cols, const std::vector<ArrayView>& columns,
-                                            int64_t now_ms) {
+Result<std::vector<wal::RecordView>> LogRecords(const LogColumns& cols, const std::vector<ArrayView>& columns,
+                                                int64_t now_ms) {
   const ArrayView& value = columns.at(static_cast<size_t>(cols.value));
   const int64_t rows = value.length;
-  std::vector<wal::Record> out;
+  std::vector<wal::RecordView> out;
   out.reserve(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) {
-    wal::Record r;
+    wal::RecordView r;
     if (!value.IsNull(i)) r.value.emplace(value.Bytes(i));
     if (cols.key >= 0) {
       const ArrayView& key = columns[static_cast<size_t>(cols.key)];
@@ -103,8 +103,8 @@ Result<std::vector<wal::Record>> LogRecords(const LogColumns& cols, const std::v
         const ArrayView& values = entries.children[1];
         for (int64_t j = map.Offset(i); j < map.Offset(i + 1); ++j) {
           if (entries.IsNull(j)) return InvalidArgument("row {}: a null header entry", i);
-          wal::RecordHeader h;
-          h.key.assign(names.Bytes(j));
+          wal::RecordHeaderView h;
+          h.key = names.Bytes(j);
           if (!values.IsNull(j)) h.value.emplace(values.Bytes(j));
           r.headers.push_back(std::move(h));
         }

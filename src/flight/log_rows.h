@@ -28,11 +28,13 @@ struct LogColumns {
 // kInvalidArgument naming the column for a schema that is not a log table's.
 Result<LogColumns> CheckLogSchema(const ArrowSchema& schema);
 
-// One record per row of a resolved batch (ResolveBatch). A row shaped like
-// an S2 command record (one header, with an empty name) is refused, as it is
-// from Kafka producers. `now_ms` stands in for null or missing timestamps.
-Result<std::vector<wal::Record>> LogRecords(const LogColumns& cols, const std::vector<ArrayView>& columns,
-                                            int64_t now_ms);
+// One record per row of a resolved batch (ResolveBatch), viewing the
+// batch's buffers (the body, or ResolveBatch's storage: they must outlive
+// the records). A row shaped like an S2 command record (one header, with an
+// empty name) is refused, as it is from Kafka producers. `now_ms` stands in
+// for null or missing timestamps.
+Result<std::vector<wal::RecordView>> LogRecords(const LogColumns& cols, const std::vector<ArrayView>& columns,
+                                                int64_t now_ms);
 
 // The other way, for DoGet: records as Arrow IPC messages of the log-table
 // read schema: offset (int64), timestamp (timestamp[ms]), key and value
@@ -55,7 +57,7 @@ IpcBytes LogReadBatchMessage(const std::vector<ReadRow>& rows);
 std::string EncapsulatedMessage(std::string_view header);
 
 // The bytes of keys, values and header names and values the rows of a
-// resolved batch hold: what LogRecords would copy.
+// resolved batch hold: what their Kafka batches would copy.
 uint64_t LogRecordsBytes(const LogColumns& cols, const std::vector<ArrayView>& columns);
 
 // Kafka's default partitioner: murmur2 of the key bytes, made positive,

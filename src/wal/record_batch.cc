@@ -42,27 +42,31 @@ int64_t WrapAdd(int64_t a, int64_t b) {
   return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
 }
 
-size_t NullableSize(const std::optional<std::string>& s) {
+// Record and RecordView (S: std::string or std::string_view).
+template <typename S>
+size_t NullableSize(const std::optional<S>& s) {
   return s ? VarintSize(static_cast<int64_t>(s->size())) + s->size() : VarintSize(-1);
 }
-void PutNullable(std::string* out, const std::optional<std::string>& s) {
+template <typename S>
+void PutNullable(std::string* out, const std::optional<S>& s) {
   if (!s) {
     PutVarint(out, -1);
     return;
   }
   PutVarint(out, static_cast<int64_t>(s->size()));
-  out->append(*s);
+  out->append(std::string_view(*s));
 }
 
 // Rejects what a batch cannot represent: Kafka lengths and counts are int32.
-Status CheckEncodable(const Record& r, size_t index) {
+template <typename R>
+Status CheckEncodable(const R& r, size_t index) {
   auto too_big = [&](std::string_view field, size_t n) {
     return InvalidArgument("record {}: {} of {} bytes exceeds the int32 limit", index, field, n);
   };
   if (r.key && r.key->size() > kMaxInt32) return too_big("key", r.key->size());
   if (r.value && r.value->size() > kMaxInt32) return too_big("value", r.value->size());
   if (r.headers.size() > kMaxInt32) return InvalidArgument("record {}: too many headers", index);
-  for (const RecordHeader& h : r.headers) {
+  for (const auto& h : r.headers) {
     if (h.key.size() > kMaxInt32) return too_big("header key", h.key.size());
     if (h.value && h.value->size() > kMaxInt32) return too_big("header value", h.value->size());
   }
@@ -70,10 +74,11 @@ Status CheckEncodable(const Record& r, size_t index) {
 }
 
 // Bytes of a record after its length varint.
-size_t RecordBodySize(const Record& r, int64_t timestamp_delta, int64_t offset_delta) {
+template <typename R>
+size_t RecordBodySize(const R& r, int64_t timestamp_delta, int64_t offset_delta) {
   size_t n = 1 /* attributes */ + VarintSize(timestamp_delta) + VarintSize(offset_delta) + NullableSize(r.key) +
              NullableSize(r.value) + VarintSize(static_cast<int64_t>(r.headers.size()));
-  for (const RecordHeader& h : r.headers) {
+  for (const auto& h : r.headers) {
     n += VarintSize(static_cast<int64_t>(h.key.size())) + h.key.size() + NullableSize(h.value);
   }
   return n;
@@ -245,7 +250,8 @@ Status CheckFields(const BatchHeader& h) {
 
 // Encodes the batch uncompressed, then replaces its record section with the
 // compressed one and reseals it, as a Kafka producer does.
-Status EncodeCompressed(const std::vector<Record>& records, const EncodeOptions& options, std::string* out) {
+template <typename R>
+Status EncodeCompressed(const std::vector<R>& records, const EncodeOptions& options, std::string* out) {
   const int codec = options.attributes & kCompressionMask;
   EncodeOptions plain_options = options;
   plain_options.attributes = static_cast<int16_t>(options.attributes & ~kCompressionMask);
@@ -268,9 +274,9 @@ Status EncodeCompressed(const std::vector<Record>& records, const EncodeOptions&
   return Status::Ok();
 }
 
-}  // namespace
-
-Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions& options, std::string* out) {
+// EncodeRecordBatch, for Record and RecordView.
+template <typename R>
+Status EncodeBatch(const std::vector<R>& records, const EncodeOptions& options, std::string* out) {
   if (records.empty()) return InvalidArgument("record batch needs at least one record");
   const int codec = options.attributes & kCompressionMask;
   if (codec > kCodecZstd) {
@@ -287,7 +293,7 @@ Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions
   body_sizes.reserve(records.size());
   uint64_t batch_length = kMinBatchLength;
   for (size_t i = 0; i < records.size(); ++i) {
-    const Record& r = records[i];
+    const R& r = records[i];
     WEIR_RETURN_IF_ERROR(CheckEncodable(r, i));
     max_timestamp = std::max(max_timestamp, r.timestamp);
     const size_t body = RecordBodySize(r, WrapSub(r.timestamp, base_timestamp), static_cast<int64_t>(i));
@@ -313,7 +319,7 @@ Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions
   PutBE32(out, static_cast<uint32_t>(records.size()));
 
   for (size_t i = 0; i < records.size(); ++i) {
-    const Record& r = records[i];
+    const R& r = records[i];
     PutVarint(out, static_cast<int64_t>(body_sizes[i]));
     out->push_back(0);  // record attributes
     PutVarint(out, WrapSub(r.timestamp, base_timestamp));
@@ -321,7 +327,7 @@ Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions
     PutNullable(out, r.key);
     PutNullable(out, r.value);
     PutVarint(out, static_cast<int64_t>(r.headers.size()));
-    for (const RecordHeader& h : r.headers) {
+    for (const auto& h : r.headers) {
       PutVarint(out, static_cast<int64_t>(h.key.size()));
       out->append(h.key);
       PutNullable(out, h.value);
@@ -332,6 +338,16 @@ Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions
   char* batch = out->data() + start;
   StoreBE32(batch + kCrcPos, Crc32c(batch + kAttributesPos, out->size() - start - kAttributesPos));
   return Status::Ok();
+}
+
+}  // namespace
+
+Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions& options, std::string* out) {
+  return EncodeBatch(records, options, out);
+}
+
+Status EncodeRecordBatch(const std::vector<RecordView>& records, const EncodeOptions& options, std::string* out) {
+  return EncodeBatch(records, options, out);
 }
 
 Result<BatchHeader> ParseBatchHeader(std::string_view data) {

@@ -67,6 +67,20 @@ struct Record {
   std::vector<RecordHeader> headers;
 };
 
+// A record whose bytes live elsewhere (an Arrow batch's buffers), encoded as
+// a Record is without copying them into one first. The views must outlive
+// the EncodeRecordBatch call.
+struct RecordHeaderView {
+  std::string_view key;
+  std::optional<std::string_view> value;
+};
+struct RecordView {
+  int64_t timestamp = 0;
+  std::optional<std::string_view> key;
+  std::optional<std::string_view> value;
+  std::vector<RecordHeaderView> headers;
+};
+
 // The fixed fields of a batch header.
 struct BatchHeader {
   int64_t base_offset = 0;
@@ -103,6 +117,7 @@ struct EncodeOptions {
 // Fails with kInvalidArgument (appending nothing) for an empty record list, an
 // unknown codec (5-7), the control flag, or a batch past the int32 length limit.
 Status EncodeRecordBatch(const std::vector<Record>& records, const EncodeOptions& options, std::string* out);
+Status EncodeRecordBatch(const std::vector<RecordView>& records, const EncodeOptions& options, std::string* out);
 
 // Parses and checks the 61-byte header at the start of `data` (magic, length
 // bounds); does not verify the CRC.
