@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include <boost/asio/post.hpp>
@@ -138,15 +139,17 @@ Result<Target> ParseDescriptor(const proto::FlightDescriptor& d, const std::stri
 }
 
 // A DoGet ticket (GetFlightInfo makes them): {"basin"?, "table", "bucket",
-// "from"?, "until"?}: the bucket's records from offset `from` (default 0;
-// below the first held, from that) up to `until` (exclusive; default the
-// tail when the call starts).
+// "from"?, "until"?, "follow"?}: the bucket's records from offset `from`
+// (default 0; below the first held, from that) up to `until` (exclusive;
+// default the tail when the call starts), or, with "follow": true, on past
+// the tail as records are acknowledged, until the client cancels.
 struct ReadTicket {
   std::string basin;
   std::string table;
   uint32_t bucket = 0;
   uint64_t from = 0;
   std::optional<uint64_t> until;
+  bool follow = false;
 };
 
 Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& default_basin) {
@@ -163,6 +166,9 @@ Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& defa
       WEIR_ASSIGN_OR_RETURN(uint64_t b, JsonUint(value, "ticket bucket", metastore::kMaxTableBuckets - 1));
       out.bucket = static_cast<uint32_t>(b);
       has_bucket = true;
+    } else if (key == "follow") {
+      if (!value.is_boolean()) return InvalidArgument("ticket: follow must be true or false");
+      out.follow = value.get<bool>();
     } else if (key == "from" || key == "until") {
       WEIR_ASSIGN_OR_RETURN(uint64_t o, JsonUint(value, "ticket " + key, INT64_MAX));
       if (key == "from") {
@@ -175,6 +181,7 @@ Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& defa
     }
   }
   if (out.table.empty() || !has_bucket) return InvalidArgument("ticket: needs a table and a bucket");
+  if (out.follow && out.until) return InvalidArgument("ticket: a ticket that follows the tail takes no until");
   return out;
 }
 
@@ -189,6 +196,20 @@ void Post(net::thread_pool& pool, std::function<void()> fn) {
     }
   });
 }
+
+class GetCall;
+// What a DoGet call shares with its tail watch's callback (which may run
+// after the call is gone), OnCancel and the listener's Stop. `mu` guards it;
+// exactly one of them ends a wait (`waiting` goes false once).
+struct Follow {
+  std::mutex mu;
+  GetCall* call = nullptr;  // cleared in OnDone
+  uint64_t generation = 0;  // the current watch's
+  uint64_t watch_id = 0;
+  bool fired = false;       // the current watch fired
+  bool waiting = false;     // no step runs: the call waits for the watch
+  std::optional<grpc::Status> end;  // cancelled, or the listener stopping
+};
 
 constexpr const char* kAllocateWriter = "allocate-writer";
 // A ListFlights answer holds at most this many endpoints (buckets) in all.
@@ -256,6 +277,14 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   std::once_flag stopped;
+
+  // DoGet calls that follow the tail: Stop ends them, as they would not
+  // end by themselves.
+  void AddFollower(std::shared_ptr<Follow> f);
+  void RemoveFollower(const std::shared_ptr<Follow>& f);
+  std::mutex followers_mu;
+  std::set<std::shared_ptr<Follow>> followers;
+  bool stopping = false;  // under followers_mu
 };
 
 namespace {
@@ -754,13 +783,19 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
 };
 
 // One DoGet: the schema, then the bucket's records in batches of up to
-// 1,000 rows (the engine's read limits), each read on a worker and written
-// before the next is read. One step runs at a time (a read, or a write and
-// its OnWriteDone); `cancelled_` is set from any thread. It deletes itself
-// in OnDone, after its Finish.
+// 1,000 rows (the engine's read limits), each read on a reader thread and
+// written before the next is read. One step runs at a time (a read, or a
+// write and its OnWriteDone). A ticket that follows the tail waits, once it
+// has read everything, on a tail watch that holds no thread; the call then
+// ends only when the client cancels it (or the stream goes, or the listener
+// stops: UNAVAILABLE). `follow_` holds what the watch, OnCancel and Stop
+// share. It deletes itself in OnDone, after its Finish.
 class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
  public:
-  GetCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx, const proto::Ticket& ticket) : impl_(impl) {
+  GetCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx, const proto::Ticket& ticket)
+      : impl_(impl), follow_(std::make_shared<Follow>()) {
+    impl_->metrics.open_get_calls++;
+    follow_->call = this;
     if (grpc::Status auth = impl_->Authorize(ctx); !auth.ok()) {
       Finish(auth);
       return;
@@ -772,6 +807,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
     }
     ticket_ = std::move(*t);
     stream_ = metastore::BucketStreamName(ticket_.table, ticket_.bucket);
+    if (ticket_.follow) impl_->AddFollower(follow_);
     Post(impl_->readers, [this] { Next(); });
   }
 
@@ -785,75 +821,164 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
     if (done) return Finish(grpc::Status::OK);
     Post(impl_->readers, [this] { Next(); });
   }
-  void OnCancel() override { cancelled_ = true; }
+  void OnCancel() override { End(follow_, grpc::Status::CANCELLED, impl_); }
   void OnDone() override {
     { std::lock_guard lk(mu_); }  // (for ThreadSanitizer, as PutCall's)
+    {
+      std::lock_guard lk(follow_->mu);
+      follow_->call = nullptr;
+    }
+    if (ticket_.follow) impl_->RemoveFollower(follow_);
+    impl_->metrics.open_get_calls--;
     delete this;
   }
 
- private:
-  // On a worker: the next message, or the end. One step runs at a time;
-  // `mu_` only shows ThreadSanitizer the hand-overs between threads that
-  // gRPC orders.
-  void Next() {
-    std::optional<grpc::Status> finish;
-    {
-      std::lock_guard lk(mu_);
-      try {
-        finish = Step();
-      } catch (const std::exception& e) {
-        finish = grpc::Status(grpc::StatusCode::INTERNAL, fmt::format("reading: {}", e.what()));
-      }
-    }
-    if (finish) return Finish(*finish);
-    StartWrite(&out_);
+  // Ends the call with `st`: at once if it waits on its watch, else when
+  // its step in progress looks. Any thread; the call may be gone.
+  static void End(const std::shared_ptr<Follow>& f, const grpc::Status& st, FlightServer::Impl* impl) {
+    std::unique_lock lk(f->mu);
+    if (!f->end) f->end = st;
+    if (!f->waiting || f->call == nullptr) return;
+    f->waiting = false;
+    GetCall* call = f->call;
+    const uint64_t id = f->watch_id;
+    lk.unlock();
+    impl->engine->UnwatchTail(call->ticket_.basin, call->stream_, id);
+    call->Finish(st);
   }
 
-  // Fills out_ with the next message (nullopt: write it), or says how the
-  // call ends. Nothing it calls throws but allocation.
-  std::optional<grpc::Status> Step() {
-    if (cancelled_) return grpc::Status::CANCELLED;
+ private:
+  enum class Then { kWrite, kFinish, kWait, kAgain };
+
+  // On a reader thread: the next message, the end, or a wait.
+  void Next() {
+    grpc::Status st;
+    Then then;
+    {
+      // One step runs at a time; `mu_` only shows ThreadSanitizer the
+      // hand-overs between threads that gRPC orders.
+      std::lock_guard lk(mu_);
+      try {
+        then = Step(&st);
+      } catch (const std::exception& e) {
+        st = grpc::Status(grpc::StatusCode::INTERNAL, fmt::format("reading: {}", e.what()));
+        then = Then::kFinish;
+      }
+    }
+    switch (then) {
+      case Then::kWrite: return StartWrite(&out_);
+      case Then::kFinish: return Finish(st);
+      case Then::kWait: return;  // the watch, End or Stop goes on
+      case Then::kAgain: return Post(impl_->readers, [this] { Next(); });
+    }
+  }
+
+  // Fills out_ with the next message (kWrite), or says how the call ends
+  // (kFinish, *st), or registers a tail watch (kWait) or reads again
+  // (kAgain). Nothing it calls throws but allocation.
+  Then Step(grpc::Status* st) {
+    {
+      std::lock_guard lk(follow_->mu);
+      if (follow_->end) {
+        *st = *follow_->end;
+        return Then::kFinish;
+      }
+    }
     out_.Clear();
     if (!sent_schema_) {
       // The table must exist (and be a log table) before anything is sent;
-      // the stream and its tail are taken now: the call reads that stream
-      // (not one made again under its name), up to that tail.
+      // the stream is taken now: the call reads that stream (not one made
+      // again under its name), up to its tail now unless it follows.
       Target t;
       t.basin = ticket_.basin;
       t.table = ticket_.table;
       t.bucket = ticket_.bucket;
-      if (auto table = impl_->LogTable(t); !table.ok()) return ToGrpc(table.status());
+      if (auto table = impl_->LogTable(t); !table.ok()) return Fail(table.status(), st);
       auto summary = impl_->engine->GetStream(ticket_.basin, stream_);
-      if (!summary.ok()) return ToGrpc(summary.status());
+      if (!summary.ok()) return Fail(summary.status(), st);
       stream_id_ = summary->info.id;
-      if (!ticket_.until) ticket_.until = summary->tail;
+      if (!ticket_.until && !ticket_.follow) ticket_.until = summary->tail;
       sent_schema_ = true;
       out_.set_data_header(LogReadSchemaMessage());
-      return std::nullopt;
+      return Then::kWrite;
     }
-    if (ticket_.from >= *ticket_.until) return grpc::Status::OK;
+    if (ticket_.until && ticket_.from >= *ticket_.until) return Then::kFinish;
     auto r = impl_->engine->Read(ticket_.basin, stream_, log::ReadStart{log::ReadStart::kOffset, ticket_.from},
                                  kMaxRows, kMaxBytes, std::nullopt, stream_id_);
-    // Past the tail (a ticket's `until` beyond it): nothing more to read.
-    if (!r.ok() && r.status().code() == Code::kOutOfRange) return grpc::Status::OK;
-    if (!r.ok()) return ToGrpc(r.status());
+    // Past the tail (a ticket's `until` or `from` beyond it): nothing more
+    // to read, or, following, nothing yet.
+    const bool past = !r.ok() && r.status().code() == Code::kOutOfRange;
+    if (!r.ok() && !past) return Fail(r.status(), st);
     std::vector<ReadRow> rows;
-    for (const auto& rec : r->records) {
-      if (rec.offset >= *ticket_.until) break;
-      rows.push_back(ReadRow{rec.offset, &rec.record});
+    if (!past) {
+      for (const auto& rec : r->records) {
+        if (ticket_.until && rec.offset >= *ticket_.until) break;
+        rows.push_back(ReadRow{rec.offset, &rec.record});
+      }
     }
-    if (rows.empty()) return grpc::Status::OK;
+    if (rows.empty()) {
+      if (!ticket_.follow) return Then::kFinish;
+      // Nothing is left below the tail (trimmed meanwhile): wait from there.
+      if (!past && r->tail > ticket_.from) ticket_.from = r->tail;
+      return Wait(st);
+    }
     ticket_.from = rows.back().offset + 1;
-    done_ = ticket_.from >= *ticket_.until;
+    done_ = ticket_.until && ticket_.from >= *ticket_.until;
     IpcBytes m = LogReadBatchMessage(rows);
     out_.set_data_header(std::move(m.header));
     out_.set_data_body(std::move(m.body));
-    return std::nullopt;
+    return Then::kWrite;
+  }
+
+  Then Fail(const Status& s, grpc::Status* st) {
+    *st = ToGrpc(s);
+    return Then::kFinish;
+  }
+
+  // Everything up to the tail is sent: waits for the tail to pass `from`.
+  Then Wait(grpc::Status* st) {
+    uint64_t generation;
+    {
+      std::lock_guard lk(follow_->mu);
+      generation = ++follow_->generation;
+      follow_->fired = false;
+    }
+    std::weak_ptr<Follow> weak = follow_;
+    FlightServer::Impl* impl = impl_;
+    auto id = impl_->engine->WatchTail(
+        ticket_.basin, stream_, ticket_.from,
+        [weak, generation, impl] {
+          // On the thread that moved the tail: hand over to a reader.
+          auto f = weak.lock();
+          if (!f) return;
+          std::lock_guard lk(f->mu);
+          if (f->generation != generation) return;
+          f->fired = true;
+          if (!f->waiting || f->call == nullptr) return;
+          f->waiting = false;
+          GetCall* call = f->call;
+          Post(impl->readers, [call] { call->Next(); });
+        },
+        stream_id_);
+    if (!id.ok()) return Fail(id.status(), st);
+    if (*id == 0) return Then::kAgain;  // the tail moved (or the stream went) meanwhile
+    std::unique_lock lk(follow_->mu);
+    if (follow_->end) {
+      *st = *follow_->end;
+      lk.unlock();
+      impl_->engine->UnwatchTail(ticket_.basin, stream_, *id);
+      return Then::kFinish;
+    }
+    if (follow_->fired) return Then::kAgain;
+    follow_->waiting = true;
+    follow_->watch_id = *id;
+    return Then::kWait;
   }
 
   static constexpr size_t kMaxRows = 1000;
   static constexpr size_t kMaxBytes = 1 << 20;
   FlightServer::Impl* impl_;
+  const std::shared_ptr<Follow> follow_;
   ReadTicket ticket_;
   std::string stream_;
   std::optional<uint64_t> stream_id_;  // the stream found at the start (not one created again under its name)
@@ -861,10 +986,24 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
   proto::FlightData out_;
   bool sent_schema_ = false;
   bool done_ = false;
-  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace
+
+void FlightServer::Impl::AddFollower(std::shared_ptr<Follow> f) {
+  std::unique_lock lk(followers_mu);
+  if (stopping) {
+    lk.unlock();
+    GetCall::End(f, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is stopping"), this);
+    return;
+  }
+  followers.insert(std::move(f));
+}
+
+void FlightServer::Impl::RemoveFollower(const std::shared_ptr<Follow>& f) {
+  std::lock_guard lk(followers_mu);
+  followers.erase(f);
+}
 
 grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* FlightServer::Impl::DoPut(
     grpc::CallbackServerContext* ctx) {
@@ -1161,6 +1300,17 @@ void FlightServer::Stop(int grace_ms) {
     // Calls end first (a call waiting for admission needs the workers and
     // their timers until its wait ends, within the admission timeout); the
     // pools then run what is queued and join.
+    // DoGet calls that follow a tail end now (UNAVAILABLE: clients
+    // reconnect elsewhere); the rest get the grace.
+    std::set<std::shared_ptr<Follow>> followers;
+    {
+      std::lock_guard lk(impl_->followers_mu);
+      impl_->stopping = true;
+      followers.swap(impl_->followers);
+    }
+    for (const auto& f : followers) {
+      GetCall::End(f, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is stopping"), impl_.get());
+    }
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
     impl_->workers.join();
     impl_->readers.join();

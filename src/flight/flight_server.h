@@ -3,8 +3,9 @@
 // rows into records of the bucket's stream through the same append path as
 // the REST API and Kafka: one RecordBatch v2 per bucket per Arrow batch,
 // acknowledged once durable. GetFlightInfo, ListFlights, GetSchema and DoGet
-// read them back as Arrow; DoAction allocates writers and creates and
-// deletes tables; ListActions lists the actions.
+// (up to a tail, or following it) read them back as Arrow; DoAction
+// allocates writers and creates and deletes tables; ListActions lists the
+// actions.
 //
 // Owned by `weir serve`; Start and Stop are called from its thread. gRPC's
 // threads and the server's own (Boost.Asio pools: workers decoding batches,
@@ -44,7 +45,7 @@ struct FlightOptions {
 };
 
 struct FlightMetrics {
-  std::atomic<uint64_t> put_calls{0}, put_calls_refused{0}, open_put_calls{0};
+  std::atomic<uint64_t> put_calls{0}, put_calls_refused{0}, open_put_calls{0}, open_get_calls{0};
   std::atomic<uint64_t> batches{0}, rows{0}, bytes{0}, duplicated_batches{0}, errors{0};
 };
 
@@ -57,7 +58,8 @@ class FlightServer {
 
   uint16_t port() const;
   const FlightMetrics& metrics() const;
-  // Stops taking calls; calls open get up to `grace_ms` to finish (their
+  // Stops taking calls; DoGet calls following a tail end at once
+  // (UNAVAILABLE), other calls open get up to `grace_ms` to finish (their
   // appends complete either way), then are cancelled. Idempotent.
   void Stop(int grace_ms = 5000);
 

@@ -425,6 +425,8 @@ void RenderFlightMetrics(std::string* out, const flight::FlightServer& f) {
   http::PromCounter(out, "weir_flight_put_calls_refused_total", "Flight DoPut calls refused over --flight-max-put-calls",
                     m.put_calls_refused.load());
   http::PromGauge(out, "weir_flight_open_put_calls", "Flight DoPut calls open", m.open_put_calls.load());
+  http::PromGauge(out, "weir_flight_open_get_calls", "Flight DoGet calls open (following a tail or not)",
+                  m.open_get_calls.load());
   http::PromCounter(out, "weir_flight_batches_total", "Arrow record batches DoPut appended (durable)", m.batches.load());
   http::PromCounter(out, "weir_flight_rows_total", "Rows DoPut appended (durable)", m.rows.load());
   http::PromCounter(out, "weir_flight_body_bytes_total", "Arrow body bytes of the batches DoPut appended", m.bytes.load());

@@ -158,6 +158,49 @@ function doGet(server, ticket) {
   });
 }
 
+// A DoGet left open (a ticket that follows the tail): its values so far,
+// waitFor(values) until they are exactly those (the schema counts as
+// having arrived for []), cancel(), and `ended` (its status).
+function follow(server, ticket) {
+  const { c, md } = client(server);
+  const msgs = [];
+  let status = null;
+  const call = c.DoGet({ ticket: Buffer.from(JSON.stringify(ticket)) }, md);
+  call.on("data", (d) => msgs.push(d));
+  call.on("error", () => {});  // the status says it
+  const ended = new Promise((resolve) => call.on("status", (s) => { status = s; c.close(); resolve(s); }));
+  const values = () => (msgs.length ? tableOf(msgs).toArray().map((x) => text(x.value)) : null);
+  return {
+    ended,
+    status: () => status,
+    cancel: () => call.cancel(),
+    async waitFor(want) {
+      for (let i = 0; ; i++) {
+        const got = values();
+        if (JSON.stringify(got) === JSON.stringify(want)) return;
+        assert.ok(i < 200 && status === null, `DoGet: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}; ` +
+          `status ${JSON.stringify(status)}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    },
+  };
+}
+
+async function metric(server, name) {
+  const body = await (await fetch(`${server.url}/metrics`)).text();
+  return Number((new RegExp(`^${name} (\\d+)`, "m").exec(body) ?? [])[1]);
+}
+
+// Gauges move when gRPC calls OnDone, which may trail the client's status.
+async function waitForMetric(server, name, want) {
+  for (let i = 0; ; i++) {
+    const got = await metric(server, name);
+    if (got === want) return;
+    assert.ok(i < 100, `${name} is ${got}, not ${want}, 10 s on`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
 // FlightData messages (the schema first) as an IPC stream, read by Apache Arrow.
 function tableOf(msgs) {
   const parts = [];
@@ -468,6 +511,41 @@ describe("Arrow Flight DoPut against weir", () => {
     assert.equal(listed[0].endpoint.length, 2);
   });
 
+  it("DoGet following the tail: records arrive as they are acknowledged; a cancel or a delete ends it", T, async () => {
+    const topic = unique("follow");
+    await createTopic(server, topic, 1);
+    let r = await doPut(server, cmd({ append: { table: topic, bucket: 0 } }), [logTable([{ value: "a" }, { value: "b" }])]);
+    assert.equal(r.status.code, "OK", r.status.details);
+    const tailing = follow(server, { table: topic, bucket: 0, from: 1, follow: true });
+    await tailing.waitFor(["b"]);
+    // Appends made once it has reached the tail reach it, from Flight and Kafka.
+    r = await doPut(server, cmd({ append: { table: topic, bucket: 0 } }), [logTable([{ value: "c" }])]);
+    assert.equal(r.status.code, "OK", r.status.details);
+    await tailing.waitFor(["b", "c"]);
+    const producer = kafka(server).producer();
+    await producer.connect();
+    await producer.send({ topic, messages: [{ value: "d", partition: 0 }] });
+    await producer.disconnect();
+    await tailing.waitFor(["b", "c", "d"]);
+    assert.equal(tailing.status(), null, "a DoGet that follows does not end by itself");
+    assert.equal(await metric(server, "weir_flight_open_get_calls"), 1);
+    tailing.cancel();
+    assert.equal((await tailing.ended).code, grpc.status.CANCELLED);
+    await waitForMetric(server, "weir_flight_open_get_calls", 0);
+
+    // A follower of a table that is deleted ends NOT_FOUND.
+    const doomed = follow(server, { table: topic, bucket: 0, from: 4, follow: true });
+    await doomed.waitFor([]);
+    await doAction(server, "delete-table", JSON.stringify({ table: topic }));
+    const end = await doomed.ended;
+    assert.equal(end.code, grpc.status.NOT_FOUND, end.details);
+    await waitForMetric(server, "weir_flight_open_get_calls", 0);
+    // follow and until do not go together.
+    const both = await doGet(server, JSON.stringify({ table: topic, bucket: 0, until: 3, follow: true }));
+    assert.equal(both.status.code, "INVALID_ARGUMENT");
+    assert.match(both.status.details, /until/);
+  });
+
   it("a refused batch: the batches before it are answered, and the call ends without the client closing", T, async () => {
     const topic = unique("refused");
     await createTopic(server, topic, 1);
@@ -593,6 +671,31 @@ describe("Arrow Flight DoPut against weir", () => {
     await server.start();
     const back = await restRecords(server, topic, 0);
     assert.deepEqual(back.map((x) => x.body), rows.map((x) => x.value));
+  });
+});
+
+describe("Arrow Flight when weir stops with a DoGet following a tail", () => {
+  let server;
+  before(async () => {
+    server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0"] });
+    await server.start();
+  });
+  after(async () => {
+    if (server) {
+      await server.stop();
+      server.cleanup();
+    }
+  });
+
+  it("the follower ends UNAVAILABLE and weir exits 0", T, async () => {
+    const topic = unique("stopping");
+    await createTopic(server, topic, 1);
+    const tailing = follow(server, { table: topic, bucket: 0, follow: true });
+    await tailing.waitFor([]);
+    await server.stop();
+    const end = await tailing.ended;
+    assert.equal(end.code, grpc.status.UNAVAILABLE, end.details);
+    assert.match(end.details, /stopping/);
   });
 });
 
