@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <latch>
 #include <optional>
 #include <set>
 #include <vector>
@@ -20,6 +21,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "flight.grpc.pb.h"
 #include "flight/arrow_ipc.h"
 #include "flight/log_rows.h"
@@ -185,6 +187,18 @@ Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& defa
   return out;
 }
 
+// Names each of a pool's `n` threads (top, perf and gdb tell them apart):
+// each naming job waits for the others, so each runs on a thread of its own.
+void NameThreads(net::thread_pool& pool, size_t n, const char* name) {
+  auto all = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(n));
+  for (size_t i = 0; i < n; ++i) {
+    net::post(pool, [all, name] {
+      SetThreadName(name);
+      all->arrive_and_wait();
+    });
+  }
+}
+
 // Runs `fn` on `pool`. Jobs turn their own failures into statuses; this only
 // keeps an escaped exception (an allocation failure) from ending the process.
 void Post(net::thread_pool& pool, std::function<void()> fn) {
@@ -221,7 +235,11 @@ constexpr const char* kDeleteTable = "delete-table";
 
 struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   Impl(const FlightOptions& o, log::Engine* e)
-      : options(o), engine(e), workers(std::max<size_t>(o.workers, 1)), readers(2) {}
+      : options(o), engine(e), workers(std::max<size_t>(o.workers, 1)), readers(kReaders) {
+    NameThreads(workers, std::max<size_t>(o.workers, 1), "weir-flight-put");
+    NameThreads(readers, kReaders, "weir-flight-get");
+  }
+  static constexpr size_t kReaders = 2;
 
   grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* DoPut(grpc::CallbackServerContext* ctx) override;
   grpc::ServerWriteReactor<proto::FlightData>* DoGet(grpc::CallbackServerContext* ctx,
@@ -425,8 +443,9 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   bool Stopping() const { return failure_.has_value() || refused_ || cancelled_; }
 
   // On a worker: one message. A record batch is handed to the engine once
-  // the WAL pool has room for it; until then (WhenAdmissible, on the
-  // server's timer) no worker waits and the call reads nothing more.
+  // the WAL pool has room for it; until then (WhenAdmissible, looking again
+  // from a timer on the worker pool) no worker waits and the call reads
+  // nothing more.
   void Handle(const proto::FlightData& msg) {
     {
       std::unique_lock lk(mu_);
@@ -808,7 +827,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
     ticket_ = std::move(*t);
     stream_ = metastore::BucketStreamName(ticket_.table, ticket_.bucket);
     if (ticket_.follow) impl_->AddFollower(follow_);
-    Post(impl_->readers, [this] { Next(); });
+    PostNext();
   }
 
   void OnWriteDone(bool ok) override {
@@ -819,7 +838,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       done = done_;
     }
     if (done) return Finish(grpc::Status::OK);
-    Post(impl_->readers, [this] { Next(); });
+    PostNext();
   }
   void OnCancel() override { End(follow_, grpc::Status::CANCELLED, impl_); }
   void OnDone() override {
@@ -850,6 +869,22 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
  private:
   enum class Then { kWrite, kFinish, kWait, kAgain };
 
+  // The next step on a reader thread, after `delay`. The call is this
+  // caller's (no step or write runs, no wait is registered): if posting
+  // fails (out of memory), it ends here.
+  void PostNext(Duration delay = Duration::zero()) {
+    try {
+      if (delay == Duration::zero()) {
+        Post(impl_->readers, [this] { Next(); });
+        return;
+      }
+      auto timer = std::make_shared<net::steady_timer>(impl_->readers, delay);
+      timer->async_wait([this, timer](const boost::system::error_code&) { Next(); });
+    } catch (const std::exception& e) {
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, fmt::format("reading: {}", e.what())));
+    }
+  }
+
   // On a reader thread: the next message, the end, or a wait.
   void Next() {
     grpc::Status st;
@@ -869,7 +904,11 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       case Then::kWrite: return StartWrite(&out_);
       case Then::kFinish: return Finish(st);
       case Then::kWait: return;  // the watch, End or Stop goes on
-      case Then::kAgain: return Post(impl_->readers, [this] { Next(); });
+      case Then::kAgain:
+        // Once at once (the tail moved between the read and the watch);
+        // again without rows read between (a stream being deleted, whose
+        // watch fires at once): after a pause, not in a tight loop.
+        return PostNext(++agains_ > 1 ? std::chrono::milliseconds(10) : Duration::zero());
     }
   }
 
@@ -923,6 +962,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       return Wait(st);
     }
     ticket_.from = rows.back().offset + 1;
+    agains_ = 0;
     done_ = ticket_.until && ticket_.from >= *ticket_.until;
     IpcBytes m = LogReadBatchMessage(rows);
     out_.set_data_header(std::move(m.header));
@@ -944,10 +984,9 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       follow_->fired = false;
     }
     std::weak_ptr<Follow> weak = follow_;
-    FlightServer::Impl* impl = impl_;
     auto id = impl_->engine->WatchTail(
         ticket_.basin, stream_, ticket_.from,
-        [weak, generation, impl] {
+        [weak, generation] {
           // On the thread that moved the tail: hand over to a reader.
           auto f = weak.lock();
           if (!f) return;
@@ -956,8 +995,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
           f->fired = true;
           if (!f->waiting || f->call == nullptr) return;
           f->waiting = false;
-          GetCall* call = f->call;
-          Post(impl->readers, [call] { call->Next(); });
+          f->call->PostNext();  // (never throws: a failure ends the call)
         },
         stream_id_);
     if (!id.ok()) return Fail(id.status(), st);
@@ -986,6 +1024,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
   proto::FlightData out_;
   bool sent_schema_ = false;
   bool done_ = false;
+  int agains_ = 0;  // kAgain steps since rows were last read
 };
 
 }  // namespace

@@ -58,9 +58,10 @@ class FlightServer {
 
   uint16_t port() const;
   const FlightMetrics& metrics() const;
-  // Stops taking calls; DoGet calls following a tail end at once
-  // (UNAVAILABLE), other calls open get up to `grace_ms` to finish (their
-  // appends complete either way), then are cancelled. Idempotent.
+  // Stops taking calls; DoGet calls following a tail end (UNAVAILABLE) at
+  // once, or after their write in progress; calls open get up to
+  // `grace_ms` to finish (their appends complete either way), then are
+  // cancelled. Idempotent.
   void Stop(int grace_ms = 5000);
 
   struct Impl;
