@@ -19,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
+#include "base/base64.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/thread.h"
@@ -248,6 +249,10 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
                                       proto::SchemaResult* out) override;
   grpc::ServerUnaryReactor* GetFlightInfo(grpc::CallbackServerContext* ctx, const proto::FlightDescriptor* d,
                                           proto::FlightInfo* out) override;
+  grpc::ServerUnaryReactor* PollFlightInfo(grpc::CallbackServerContext* ctx, const proto::FlightDescriptor* d,
+                                           proto::PollInfo* out) override;
+  grpc::ServerBidiReactor<proto::HandshakeRequest, proto::HandshakeResponse>* Handshake(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerWriteReactor<proto::FlightInfo>* ListFlights(grpc::CallbackServerContext* ctx,
                                                            const proto::Criteria* criteria) override;
   // A table's FlightInfo: an endpoint per bucket (or the target's bucket).
@@ -279,6 +284,19 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
       return grpc::Status::OK;
     }
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "a bearer token is needed (authorization: Bearer <token>)");
+  }
+  // Whether the call's authorization header is Basic credentials whose
+  // password is the token (the user name is not checked): Handshake's.
+  bool BasicMatches(grpc::CallbackServerContext* ctx) const {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    if (it == md.end()) return false;
+    std::string_view v(it->second.data(), it->second.size());
+    if (!v.starts_with("Basic ")) return false;
+    auto plain = Base64Decode(v.substr(6));
+    if (!plain.ok()) return false;
+    const size_t colon = plain->find(':');
+    return colon != std::string::npos && std::string_view(*plain).substr(colon + 1) == options.auth_token;
   }
 
   FlightOptions options;
@@ -1044,6 +1062,68 @@ void FlightServer::Impl::RemoveFollower(const std::shared_ptr<Follow>& f) {
   followers.erase(f);
 }
 
+// One Handshake (docs/flight.md). With a token (--auth-token-file), the
+// credentials are the call's authorization header (Bearer <token>, or Basic
+// with the token as the password) or else the first request's payload (the
+// token); on success the answer's headers carry "authorization: Bearer
+// <token>", the header the client then sends with every call, and a request
+// gets one response (its protocol version, the token as payload). Without a
+// token every handshake succeeds. Requests after the first are read and
+// dropped until the client half-closes. gRPC's threads call it, one
+// reaction at a time (at most one operation is outstanding), so it holds
+// no lock; it deletes itself in OnDone.
+class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeRequest, proto::HandshakeResponse> {
+ public:
+  HandshakeCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx)
+      : token_(impl->options.auth_token), ctx_(ctx) {
+    header_ok_ = token_.empty() || impl->Authorize(ctx).ok() || impl->BasicMatches(ctx);
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client is done sending (or gone)
+      if (answered_) return Finish(grpc::Status::OK);
+      if (!header_ok_) return Finish(Refused());
+      // No request came: the headers alone answer (sent before the status,
+      // not merged into its trailers).
+      answered_ = true;
+      AddBearer();
+      return StartSendInitialMetadata();
+    }
+    if (answered_) return StartRead(&in_);
+    if (!header_ok_ && in_.payload() != token_) return Finish(Refused());
+    answered_ = true;
+    AddBearer();
+    out_.set_protocol_version(in_.protocol_version());
+    out_.set_payload(token_);
+    StartWrite(&out_);
+  }
+  void OnSendInitialMetadataDone(bool ok) override {
+    Finish(ok ? grpc::Status::OK : grpc::Status::CANCELLED);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::CANCELLED);
+    StartRead(&in_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  static grpc::Status Refused() {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "handshake: send authorization: Bearer <token>, Basic credentials with the token as the "
+                        "password, or the token as the first request's payload");
+  }
+  void AddBearer() {
+    if (!token_.empty()) ctx_->AddInitialMetadata("authorization", "Bearer " + token_);
+  }
+  const std::string token_;
+  grpc::CallbackServerContext* ctx_;
+  bool header_ok_ = false;
+  bool answered_ = false;
+  proto::HandshakeRequest in_;
+  proto::HandshakeResponse out_;
+};
+
 grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* FlightServer::Impl::DoPut(
     grpc::CallbackServerContext* ctx) {
   return new PutCall(this, ctx);
@@ -1126,6 +1206,21 @@ grpc::ServerUnaryReactor* FlightServer::Impl::GetFlightInfo(grpc::CallbackServer
   return OnTable(ctx, d, [this, d, out](const Target& t, const metastore::TableInfo& table) {
     return FillFlightInfo(t, table, *d, out);
   });
+}
+
+grpc::ServerUnaryReactor* FlightServer::Impl::PollFlightInfo(grpc::CallbackServerContext* ctx,
+                                                             const proto::FlightDescriptor* d, proto::PollInfo* out) {
+  // Done when asked: the whole FlightInfo, no descriptor to poll again.
+  return OnTable(ctx, d, [this, d, out](const Target& t, const metastore::TableInfo& table) {
+    grpc::Status st = FillFlightInfo(t, table, *d, out->mutable_info());
+    if (st.ok()) out->set_progress(1.0);
+    return st;
+  });
+}
+
+grpc::ServerBidiReactor<proto::HandshakeRequest, proto::HandshakeResponse>* FlightServer::Impl::Handshake(
+    grpc::CallbackServerContext* ctx) {
+  return new HandshakeCall(this, ctx);
 }
 
 grpc::ServerWriteReactor<proto::FlightInfo>* FlightServer::Impl::ListFlights(grpc::CallbackServerContext* ctx,

@@ -2,10 +2,10 @@
 // tables. DoPut (Append to a bucket, AppendTable routed by the node) turns
 // rows into records of the bucket's stream through the same append path as
 // the REST API and Kafka: one RecordBatch v2 per bucket per Arrow batch,
-// acknowledged once durable. GetFlightInfo, ListFlights, GetSchema and DoGet
-// (up to a tail, or following it) read them back as Arrow; DoAction
-// allocates writers and creates and deletes tables; ListActions lists the
-// actions.
+// acknowledged once durable. GetFlightInfo, PollFlightInfo, ListFlights,
+// GetSchema and DoGet (up to a tail, or following it) read them back as
+// Arrow; DoAction allocates writers and creates and deletes tables;
+// ListActions lists the actions; Handshake hands out the bearer header.
 //
 // Owned by `weir serve`; Start and Stop are called from its thread. gRPC's
 // threads and the server's own (Boost.Asio pools: workers decoding batches,

@@ -186,6 +186,28 @@ function follow(server, ticket) {
   };
 }
 
+// A Handshake: Basic credentials in its header and/or one request with a
+// payload, then the half-close. Resolves to the answer's authorization
+// header, its responses and its status.
+function handshake(server, { basic, payload } = {}) {
+  const { c, md } = client(server);
+  if (basic) md.set("authorization", `Basic ${Buffer.from(basic).toString("base64")}`);
+  return new Promise((resolve) => {
+    const out = { authorization: null, responses: [], status: null };
+    const call = c.Handshake(md);
+    call.on("metadata", (m) => { out.authorization = m.get("authorization")[0] ?? null; });
+    call.on("data", (r) => out.responses.push({ version: Number(r.protocol_version), payload: Buffer.from(r.payload).toString() }));
+    call.on("error", () => {});  // the status says it
+    call.on("status", (s) => {
+      out.status = { code: grpc.status[s.code], details: s.details };
+      c.close();
+      resolve(out);
+    });
+    if (payload !== undefined) call.write({ protocol_version: 7, payload: Buffer.from(payload) });
+    call.end();
+  });
+}
+
 async function metric(server, name) {
   const body = await (await fetch(`${server.url}/metrics`)).text();
   return Number((new RegExp(`^${name} (\\d+)`, "m").exec(body) ?? [])[1]);
@@ -463,6 +485,15 @@ describe("Arrow Flight DoPut against weir", () => {
     const info = await unary(server, "GetFlightInfo", { type: "PATH", path: ["weir-kafka", topic], cmd: Buffer.alloc(0) });
     assert.equal(Number(info.total_records), 1503);
     assert.equal(info.endpoint.length, 2);
+    // PollFlightInfo: done at once, the same FlightInfo, no descriptor to poll again.
+    const poll = await unary(server, "PollFlightInfo", { type: "PATH", path: ["weir-kafka", topic], cmd: Buffer.alloc(0) });
+    assert.equal(poll.progress, 1);
+    assert.equal(poll.flight_descriptor, null);
+    assert.equal(Number(poll.info.total_records), 1503);
+    assert.deepEqual(poll.info.endpoint.map((e) => Buffer.from(e.ticket.ticket).toString()),
+      info.endpoint.map((e) => Buffer.from(e.ticket.ticket).toString()));
+    await assert.rejects(unary(server, "PollFlightInfo", { type: "PATH", path: ["no-such-table"], cmd: Buffer.alloc(0) }),
+      (e) => e.code === grpc.status.NOT_FOUND);
     const got = [];
     for (const e of info.endpoint) {
       const res = await doGet(server, e.ticket.ticket);
@@ -615,6 +646,12 @@ describe("Arrow Flight DoPut against weir", () => {
     const r = await doPut(server, cmd({ append_table: { table: topic } }), [logTable([{ value: "x" }])]);
     assert.equal(r.status.code, "OK", r.status.details);
 
+    // Without --auth-token-file any handshake succeeds, and gives no token.
+    const open = await handshake(server, { payload: "anything" });
+    assert.equal(open.status.code, "OK", open.status.details);
+    assert.equal(open.authorization, null);
+    assert.deepEqual(open.responses, [{ version: 7, payload: "" }]);
+
     const [deleted] = await doAction(server, "delete-table", JSON.stringify({ table: topic }));
     assert.deepEqual(deleted, { deleted: topic });
     const gone = await doPut(server, cmd({ append_table: { table: topic } }), [logTable([{ value: "x" }])]);
@@ -725,6 +762,29 @@ describe("Arrow Flight alone (no Kafka listener) with --auth-token-file", () => 
     assert.equal(r.status.code, "UNAUTHENTICATED");
     const [w] = await doAction(server, "allocate-writer", "", "s3cret");
     assert.ok(Number(w.writer_id) > 0);
+  });
+
+  it("Handshake: Basic credentials with the token, or the token as payload, get the bearer header", T, async () => {
+    // Arrow's basic-token handshake: the header alone, no request.
+    const basic = await handshake(server, { basic: "anyone:s3cret" });
+    assert.equal(basic.status.code, "OK", basic.status.details);
+    assert.equal(basic.authorization, "Bearer s3cret");
+    assert.deepEqual(basic.responses, []);
+    // The bearer header it returned opens the other calls.
+    const [w] = await doAction(server, "allocate-writer", "", basic.authorization.slice("Bearer ".length));
+    assert.ok(Number(w.writer_id) > 0);
+    // A payload handshake: one response, its version, the token.
+    const payload = await handshake(server, { payload: "s3cret" });
+    assert.equal(payload.status.code, "OK", payload.status.details);
+    assert.equal(payload.authorization, "Bearer s3cret");
+    assert.deepEqual(payload.responses, [{ version: 7, payload: "s3cret" }]);
+    // Wrong ones: UNAUTHENTICATED, and no token given away.
+    for (const bad of [{ basic: "anyone:wrong" }, { basic: "s3cret" }, { payload: "wrong" }, {}]) {
+      const r = await handshake(server, bad);
+      assert.equal(r.status.code, "UNAUTHENTICATED", JSON.stringify(bad));
+      assert.equal(r.authorization, null, JSON.stringify(bad));
+      assert.deepEqual(r.responses, [], JSON.stringify(bad));
+    }
   });
 
   it("a table made with create-table takes appends and reads without Kafka", T, async () => {
