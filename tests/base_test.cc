@@ -17,6 +17,7 @@
 #include "base/histogram.h"
 #include "base/keyed_mutex.h"
 #include "base/ordered_queue.h"
+#include "base/secret.h"
 #include "base/status.h"
 
 namespace weir {
@@ -272,6 +273,21 @@ TEST(Bytes, VarintsRoundTripAndSizes) {
   EXPECT_FALSE(bad.GetUVarint(&u));
   ByteReader truncated(cut);
   EXPECT_FALSE(truncated.GetUVarint(&u));
+}
+
+TEST(Secret, ConstantTimeEqualAndAuthCredentials) {
+  EXPECT_TRUE(ConstantTimeEqual("s3cret", "s3cret"));
+  EXPECT_TRUE(ConstantTimeEqual("", ""));
+  EXPECT_FALSE(ConstantTimeEqual("s3cret", "s3creT"));
+  EXPECT_FALSE(ConstantTimeEqual("s3cret", "s3cret "));
+  EXPECT_FALSE(ConstantTimeEqual("", "x"));
+  EXPECT_EQ(AuthCredentials("Bearer abc", "bearer"), "abc");
+  EXPECT_EQ(AuthCredentials("bEaReR abc def", "Bearer"), "abc def");
+  EXPECT_EQ(AuthCredentials("Basic ", "basic"), "");
+  EXPECT_EQ(AuthCredentials("Bearerabc", "bearer"), std::nullopt);
+  EXPECT_EQ(AuthCredentials("Bearer", "bearer"), std::nullopt);
+  EXPECT_EQ(AuthCredentials("Basic abc", "bearer"), std::nullopt);
+  EXPECT_EQ(AuthCredentials("", "basic"), std::nullopt);
 }
 
 TEST(Histogram, BucketsBoundRelativeError) {

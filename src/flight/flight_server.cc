@@ -22,6 +22,7 @@
 #include "base/base64.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/secret.h"
 #include "base/thread.h"
 #include "flight.grpc.pb.h"
 #include "flight/arrow_ipc.h"
@@ -276,11 +277,16 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   grpc::ServerWriteReactor<proto::ActionType>* ListActions(grpc::CallbackServerContext* ctx,
                                                            const proto::Empty* empty) override;
 
-  grpc::Status Authorize(grpc::CallbackServerContext* ctx) const {
-    if (options.auth_token.empty()) return grpc::Status::OK;
+  // The call's authorization header's credentials for `scheme`, if any.
+  static std::optional<std::string_view> Credentials(grpc::CallbackServerContext* ctx, std::string_view scheme) {
     const auto& md = ctx->client_metadata();
     auto it = md.find("authorization");
-    if (it != md.end() && std::string_view(it->second.data(), it->second.size()) == "Bearer " + options.auth_token) {
+    if (it == md.end()) return std::nullopt;
+    return AuthCredentials(std::string_view(it->second.data(), it->second.size()), scheme);
+  }
+  grpc::Status Authorize(grpc::CallbackServerContext* ctx) const {
+    if (options.auth_token.empty()) return grpc::Status::OK;
+    if (auto bearer = Credentials(ctx, "bearer"); bearer && ConstantTimeEqual(*bearer, options.auth_token)) {
       return grpc::Status::OK;
     }
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "a bearer token is needed (authorization: Bearer <token>)");
@@ -288,15 +294,13 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   // Whether the call's authorization header is Basic credentials whose
   // password is the token (the user name is not checked): Handshake's.
   bool BasicMatches(grpc::CallbackServerContext* ctx) const {
-    const auto& md = ctx->client_metadata();
-    auto it = md.find("authorization");
-    if (it == md.end()) return false;
-    std::string_view v(it->second.data(), it->second.size());
-    if (!v.starts_with("Basic ")) return false;
-    auto plain = Base64Decode(v.substr(6));
+    auto basic = Credentials(ctx, "basic");
+    if (!basic) return false;
+    auto plain = Base64Decode(*basic);
     if (!plain.ok()) return false;
     const size_t colon = plain->find(':');
-    return colon != std::string::npos && std::string_view(*plain).substr(colon + 1) == options.auth_token;
+    return colon != std::string::npos &&
+           ConstantTimeEqual(std::string_view(*plain).substr(colon + 1), options.auth_token);
   }
 
   FlightOptions options;
@@ -1069,19 +1073,39 @@ void FlightServer::Impl::RemoveFollower(const std::shared_ptr<Follow>& f) {
 // <token>", the header the client then sends with every call, and a request
 // gets one response (its protocol version, the token as payload). Without a
 // token every handshake succeeds. Requests after the first are read and
-// dropped until the client half-closes. gRPC's threads call it, one
-// reaction at a time (at most one operation is outstanding), so it holds
-// no lock; it deletes itself in OnDone.
+// dropped until the client half-closes. A caller without credentials in
+// its header that sends no request within kHandshakeWait is cancelled
+// (every other method refuses such a caller at once). gRPC's threads call
+// it, one reaction at a time (at most one operation is outstanding), so it
+// holds no lock but for what it shares with that timer (`pending_`); it
+// deletes itself in OnDone.
 class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeRequest, proto::HandshakeResponse> {
  public:
+  static constexpr auto kHandshakeWait = std::chrono::seconds(10);
+
   HandshakeCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx)
       : token_(impl->options.auth_token), ctx_(ctx) {
     header_ok_ = token_.empty() || impl->Authorize(ctx).ok() || impl->BasicMatches(ctx);
+    if (!header_ok_) {
+      pending_ = std::make_shared<Pending>();
+      pending_->ctx = ctx;
+      try {
+        auto timer = std::make_shared<net::steady_timer>(impl->workers, kHandshakeWait);
+        timer->async_wait([timer, p = pending_](const boost::system::error_code&) {
+          std::lock_guard lk(p->mu);
+          if (p->ctx != nullptr) p->ctx->TryCancel();  // OnReadDone(false) then ends it
+        });
+      } catch (const std::exception&) {
+        Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "out of memory"));
+        return;
+      }
+    }
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client is done sending (or gone)
+    if (!ok) {  // the client is done sending (or gone, or cancelled)
+      Decided();
       if (answered_) return Finish(grpc::Status::OK);
       if (!header_ok_) return Finish(Refused());
       // No request came: the headers alone answer (sent before the status,
@@ -1091,7 +1115,8 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
       return StartSendInitialMetadata();
     }
     if (answered_) return StartRead(&in_);
-    if (!header_ok_ && in_.payload() != token_) return Finish(Refused());
+    Decided();
+    if (!header_ok_ && !ConstantTimeEqual(in_.payload(), token_)) return Finish(Refused());
     answered_ = true;
     AddBearer();
     out_.set_protocol_version(in_.protocol_version());
@@ -1105,9 +1130,23 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
     if (!ok) return Finish(grpc::Status::CANCELLED);
     StartRead(&in_);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    Decided();
+    delete this;
+  }
 
  private:
+  // What the no-request timer shares with the call: `ctx` until the first
+  // request (or the end) came.
+  struct Pending {
+    std::mutex mu;
+    grpc::CallbackServerContext* ctx = nullptr;
+  };
+  void Decided() {
+    if (!pending_) return;
+    std::lock_guard lk(pending_->mu);
+    pending_->ctx = nullptr;
+  }
   static grpc::Status Refused() {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "handshake: send authorization: Bearer <token>, Basic credentials with the token as the "
@@ -1120,6 +1159,7 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
   grpc::CallbackServerContext* ctx_;
   bool header_ok_ = false;
   bool answered_ = false;
+  std::shared_ptr<Pending> pending_;  // without credentials in the header
   proto::HandshakeRequest in_;
   proto::HandshakeResponse out_;
 };
@@ -1433,7 +1473,7 @@ void FlightServer::Stop(int grace_ms) {
   std::call_once(impl_->stopped, [&] {
     // Calls end first (a call waiting for admission needs the workers and
     // their timers until its wait ends, within the admission timeout); the
-    // pools then run what is queued and join.
+    // pools then stop and join.
     // DoGet calls that follow a tail end now (UNAVAILABLE: clients
     // reconnect elsewhere); the rest get the grace.
     std::set<std::shared_ptr<Follow>> followers;
@@ -1446,6 +1486,10 @@ void FlightServer::Stop(int grace_ms) {
       GetCall::End(f, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is stopping"), impl_.get());
     }
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+    // Every call has had its OnDone: what is still queued refers to no call
+    // (a Handshake's pending timer, say) and is dropped, not waited for.
+    impl_->workers.stop();
+    impl_->readers.stop();
     impl_->workers.join();
     impl_->readers.join();
   });

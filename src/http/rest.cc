@@ -12,6 +12,7 @@
 
 #include "base/base64.h"
 #include "base/log.h"
+#include "base/secret.h"
 #include "http/s2_proto.h"
 #include "wal/compression.h"
 
@@ -723,14 +724,6 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker) {
 }
 
 namespace {
-// Equality whose time does not depend on where the first difference is.
-bool ConstantTimeEqual(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 // The 401 for a request without the bearer token `token` (if set), else nullopt.
 std::optional<Response> Unauthorized(const std::optional<std::string>& token, const Request& req) {
   if (!token) return std::nullopt;

@@ -4,9 +4,13 @@
 // unanswered, into a table's bucket (one per client, round robin). One batch
 // is encoded once by Apache Arrow and sent again and again, so the client
 // costs little. Prints one JSON line: batches/s, rows/s, MB/s acknowledged,
-// and the batch ack latency p50/p99 (from write to its PutResult).
+// and the batch ack latency p50/p99 (from write to its PutResult). With
+// --follow, a DoGet following each bucket's tail also measures end-to-end
+// latency: from a batch's write to the arrival of its last row at the
+// follower (at most one client per bucket, so a bucket's rows arrive in the
+// order they were sent).
 //   node bench.mjs --flight HOST:PORT --kafka HOST:PORT [--clients 8] [--inflight 4]
-//        [--rows 900] [--row-bytes 1024] [--duration 10] [--partitions 8]
+//        [--rows 900] [--row-bytes 1024] [--duration 10] [--partitions 8] [--follow]
 import { randomBytes } from "node:crypto";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -23,6 +27,7 @@ const { values: o } = parseArgs({
     clients: { type: "string", default: "8" }, inflight: { type: "string", default: "4" },
     rows: { type: "string", default: "900" }, "row-bytes": { type: "string", default: "1024" },
     duration: { type: "string", default: "10" }, partitions: { type: "string", default: "8" },
+    follow: { type: "boolean", default: false },
   },
 });
 if (!o.flight || !o.kafka) {
@@ -31,6 +36,10 @@ if (!o.flight || !o.kafka) {
 }
 const clients = Number(o.clients), inflight = Number(o.inflight), rows = Number(o.rows);
 const rowBytes = Number(o["row-bytes"]), seconds = Number(o.duration), partitions = Number(o.partitions);
+if (o.follow && clients > partitions) {
+  console.error("--follow needs --clients at most --partitions (one writer per bucket)");
+  process.exit(2);
+}
 
 const here = dirname(fileURLToPath(import.meta.url));
 const FlightService = grpc.loadPackageDefinition(
@@ -61,13 +70,42 @@ const latencies = [];
 let acked = 0, errors = 0;
 const deadline = Date.now() + seconds * 1000;
 
+// --follow: per bucket, the batches written and not yet seen by its
+// follower ({ t: write time, end: rows written up to and with it }).
+const followLatencies = [];
+const written = Array.from({ length: partitions }, () => ({ rows: 0, pending: [] }));
+const followers = [];
+function follow(bucket) {
+  const c = new FlightService(o.flight, grpc.credentials.createInsecure());
+  const call = c.DoGet({ ticket: Buffer.from(JSON.stringify({ table: topic, bucket, follow: true })) });
+  let seen = 0;
+  call.on("data", (d) => {
+    const m = A.Message.decode(Buffer.from(d.data_header));
+    if (!m.isRecordBatch()) return;
+    seen += Number(m.header().length);
+    const w = written[bucket];
+    const now = process.hrtime.bigint();
+    while (w.pending.length && w.pending[0].end <= seen) followLatencies.push(Number(now - w.pending.shift().t) / 1e6);
+  });
+  call.on("error", () => {});  // cancelled at the end
+  const done = new Promise((resolve) => call.on("status", () => { c.close(); resolve(); }));
+  followers.push({ call, done });
+}
+if (o.follow) for (let b = 0; b < clients; b++) follow(b);
+
 function runClient(i) {
   return new Promise((resolve) => {
     const c = new FlightService(o.flight, grpc.credentials.createInsecure());
     const call = c.DoPut();
     const sent = [];
     const send = () => {
-      sent.push(process.hrtime.bigint());
+      const t = process.hrtime.bigint();
+      sent.push(t);
+      if (o.follow) {
+        const w = written[i % partitions];
+        w.rows += rows;
+        w.pending.push({ t, end: w.rows });
+      }
       call.write({ data_header: batch.header, data_body: batch.body });
     };
     call.write({
@@ -89,11 +127,19 @@ function runClient(i) {
 const start = Date.now();
 await Promise.all(Array.from({ length: clients }, (_, i) => runClient(i)));
 const elapsed = (Date.now() - start) / 1000;
-latencies.sort((a, b) => a - b);
-const q = (p) => (latencies.length ? latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))] : 0);
+// Followers get up to 10 s to see the last batches, then are cancelled.
+for (let k = 0; k < 1000 && written.some((w) => w.pending.length); k++) await new Promise((r) => setTimeout(r, 10));
+const unseen = written.reduce((n, w) => n + w.pending.length, 0);
+for (const f of followers) f.call.cancel();
+await Promise.all(followers.map((f) => f.done));
+const q = (xs, p) => {
+  xs.sort((a, b) => a - b);
+  return xs.length ? +xs[Math.min(xs.length - 1, Math.floor(p * xs.length))].toFixed(2) : 0;
+};
 console.log(JSON.stringify({
   batches_per_s: +(acked / elapsed).toFixed(1),
   rows_per_s: Math.round((acked * rows) / elapsed),
   mb_per_s: +((acked * rows * rowBytes) / elapsed / 1e6).toFixed(1),
-  p50_ms: +q(0.5).toFixed(2), p99_ms: +q(0.99).toFixed(2), errors,
+  p50_ms: q(latencies, 0.5), p99_ms: q(latencies, 0.99), errors,
+  ...(o.follow ? { follow_p50_ms: q(followLatencies, 0.5), follow_p99_ms: q(followLatencies, 0.99), unseen } : {}),
 }));

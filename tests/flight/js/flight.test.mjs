@@ -189,9 +189,10 @@ function follow(server, ticket) {
 // A Handshake: Basic credentials in its header and/or one request with a
 // payload, then the half-close. Resolves to the answer's authorization
 // header, its responses and its status.
-function handshake(server, { basic, payload } = {}) {
-  const { c, md } = client(server);
+function handshake(server, { basic, bearer, header, payload, open = false } = {}) {
+  const { c, md } = client(server, bearer);
   if (basic) md.set("authorization", `Basic ${Buffer.from(basic).toString("base64")}`);
+  if (header) md.set("authorization", header);
   return new Promise((resolve) => {
     const out = { authorization: null, responses: [], status: null };
     const call = c.Handshake(md);
@@ -204,7 +205,7 @@ function handshake(server, { basic, payload } = {}) {
       resolve(out);
     });
     if (payload !== undefined) call.write({ protocol_version: 7, payload: Buffer.from(payload) });
-    call.end();
+    if (!open) call.end();
   });
 }
 
@@ -778,13 +779,30 @@ describe("Arrow Flight alone (no Kafka listener) with --auth-token-file", () => 
     assert.equal(payload.status.code, "OK", payload.status.details);
     assert.equal(payload.authorization, "Bearer s3cret");
     assert.deepEqual(payload.responses, [{ version: 7, payload: "s3cret" }]);
+    // A bearer header passes too; with a request, the token is its answer.
+    const bearer = await handshake(server, { bearer: "s3cret", payload: "" });
+    assert.equal(bearer.status.code, "OK", bearer.status.details);
+    assert.equal(bearer.authorization, "Bearer s3cret");
+    assert.deepEqual(bearer.responses, [{ version: 7, payload: "s3cret" }]);
+    // The scheme's case does not matter; a wrong header with the right payload passes on the payload.
+    const lower = await handshake(server, { header: `basic ${Buffer.from("u:s3cret").toString("base64")}` });
+    assert.equal(lower.status.code, "OK", lower.status.details);
+    assert.equal(lower.authorization, "Bearer s3cret");
+    const mixed = await handshake(server, { basic: "anyone:wrong", payload: "s3cret" });
+    assert.equal(mixed.status.code, "OK", mixed.status.details);
+    assert.equal(mixed.authorization, "Bearer s3cret");
     // Wrong ones: UNAUTHENTICATED, and no token given away.
-    for (const bad of [{ basic: "anyone:wrong" }, { basic: "s3cret" }, { payload: "wrong" }, {}]) {
+    for (const bad of [{ basic: "anyone:wrong" }, { basic: "s3cret" }, { payload: "wrong" }, { bearer: "wrong" }, {}]) {
       const r = await handshake(server, bad);
       assert.equal(r.status.code, "UNAUTHENTICATED", JSON.stringify(bad));
       assert.equal(r.authorization, null, JSON.stringify(bad));
       assert.deepEqual(r.responses, [], JSON.stringify(bad));
     }
+    // A caller with no credentials that sends nothing is not kept waiting
+    // for ever: the server cancels it after 10 s.
+    const idle = await handshake(server, { open: true });
+    assert.equal(idle.status.code, "CANCELLED", JSON.stringify(idle.status));
+    assert.equal(idle.authorization, null);
   });
 
   it("a table made with create-table takes appends and reads without Kafka", T, async () => {
