@@ -8,18 +8,54 @@
 // --follow, a DoGet following each bucket's tail also measures end-to-end
 // latency: from a batch's write to the arrival of its last row at the
 // follower (at most one client per bucket, so a bucket's rows arrive in the
-// order they were sent).
+// order they were sent). The followers run on a worker thread of their own,
+// so reading does not wait behind writing on one event loop.
 //   node bench.mjs --flight HOST:PORT --kafka HOST:PORT [--clients 8] [--inflight 4]
 //        [--rows 900] [--row-bytes 1024] [--duration 10] [--partitions 8] [--follow]
 import { randomBytes } from "node:crypto";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
+import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
 
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import * as A from "apache-arrow";
 import { Kafka, logLevel } from "kafkajs";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const FlightService = grpc.loadPackageDefinition(
+  protoLoader.loadSync(join(here, "../../../src/flight/flight.proto"), { keepCase: true, longs: String, defaults: true }),
+).arrow.flight.protocol.FlightService;
+
+// The followers' thread: a DoGet following each of `buckets`, posting
+// { ready: true } once each has its schema (the writers start then), then
+// { bucket, seen (rows so far), t (arrival, hrtime ns) } per record batch;
+// "stop" cancels them.
+if (!isMainThread) {
+  const { flight, topic, buckets } = workerData;
+  const calls = [];
+  let schemas = 0;
+  for (let bucket = 0; bucket < buckets; bucket++) {
+    const c = new FlightService(flight, grpc.credentials.createInsecure());
+    const call = c.DoGet({ ticket: Buffer.from(JSON.stringify({ table: topic, bucket, follow: true })) });
+    let seen = 0;
+    call.on("data", (d) => {
+      const m = A.Message.decode(Buffer.from(d.data_header));
+      if (!m.isRecordBatch()) {
+        if (++schemas === buckets) parentPort.postMessage({ ready: true });
+        return;
+      }
+      seen += Number(m.header().length);
+      parentPort.postMessage({ bucket, seen, t: process.hrtime.bigint() });
+    });
+    call.on("error", () => {});  // cancelled at the end
+    calls.push(new Promise((resolve) => call.on("status", () => { c.close(); resolve(); })));
+    parentPort.on("message", (msg) => { if (msg === "stop") call.cancel(); });
+  }
+  await Promise.all(calls);
+  process.exit(0);
+}
 
 const { values: o } = parseArgs({
   options: {
@@ -40,11 +76,6 @@ if (o.follow && clients > partitions) {
   console.error("--follow needs --clients at most --partitions (one writer per bucket)");
   process.exit(2);
 }
-
-const here = dirname(fileURLToPath(import.meta.url));
-const FlightService = grpc.loadPackageDefinition(
-  protoLoader.loadSync(join(here, "../../../src/flight/flight.proto"), { keepCase: true, longs: String, defaults: true }),
-).arrow.flight.protocol.FlightService;
 
 const topic = `flight-bench-${randomBytes(4).toString("hex")}`;
 const admin = new Kafka({ clientId: "flight-bench", brokers: [o.kafka], logLevel: logLevel.NOTHING }).admin();
@@ -68,30 +99,24 @@ const [schema, batch] = messages;
 
 const latencies = [];
 let acked = 0, errors = 0;
-const deadline = Date.now() + seconds * 1000;
 
 // --follow: per bucket, the batches written and not yet seen by its
 // follower ({ t: write time, end: rows written up to and with it }).
 const followLatencies = [];
 const written = Array.from({ length: partitions }, () => ({ rows: 0, pending: [] }));
-const followers = [];
-function follow(bucket) {
-  const c = new FlightService(o.flight, grpc.credentials.createInsecure());
-  const call = c.DoGet({ ticket: Buffer.from(JSON.stringify({ table: topic, bucket, follow: true })) });
-  let seen = 0;
-  call.on("data", (d) => {
-    const m = A.Message.decode(Buffer.from(d.data_header));
-    if (!m.isRecordBatch()) return;
-    seen += Number(m.header().length);
+let followers = null;
+if (o.follow) {
+  followers = new Worker(new URL(import.meta.url), { workerData: { flight: o.flight, topic, buckets: clients } });
+  let ready;
+  const following = new Promise((resolve) => { ready = resolve; });
+  followers.on("message", ({ ready: isReady, bucket, seen, t }) => {
+    if (isReady) return ready();
     const w = written[bucket];
-    const now = process.hrtime.bigint();
-    while (w.pending.length && w.pending[0].end <= seen) followLatencies.push(Number(now - w.pending.shift().t) / 1e6);
+    while (w.pending.length && w.pending[0].end <= seen) followLatencies.push(Number(t - w.pending.shift().t) / 1e6);
   });
-  call.on("error", () => {});  // cancelled at the end
-  const done = new Promise((resolve) => call.on("status", () => { c.close(); resolve(); }));
-  followers.push({ call, done });
+  await following;
 }
-if (o.follow) for (let b = 0; b < clients; b++) follow(b);
+const deadline = Date.now() + seconds * 1000;
 
 function runClient(i) {
   return new Promise((resolve) => {
@@ -130,8 +155,11 @@ const elapsed = (Date.now() - start) / 1000;
 // Followers get up to 10 s to see the last batches, then are cancelled.
 for (let k = 0; k < 1000 && written.some((w) => w.pending.length); k++) await new Promise((r) => setTimeout(r, 10));
 const unseen = written.reduce((n, w) => n + w.pending.length, 0);
-for (const f of followers) f.call.cancel();
-await Promise.all(followers.map((f) => f.done));
+if (followers) {
+  const exited = new Promise((resolve) => followers.on("exit", resolve));
+  followers.postMessage("stop");
+  await exited;
+}
 const q = (xs, p) => {
   xs.sort((a, b) => a - b);
   return xs.length ? +xs[Math.min(xs.length - 1, Math.floor(p * xs.length))].toFixed(2) : 0;
@@ -141,5 +169,5 @@ console.log(JSON.stringify({
   rows_per_s: Math.round((acked * rows) / elapsed),
   mb_per_s: +((acked * rows * rowBytes) / elapsed / 1e6).toFixed(1),
   p50_ms: q(latencies, 0.5), p99_ms: q(latencies, 0.99), errors,
-  ...(o.follow ? { follow_p50_ms: q(followLatencies, 0.5), follow_p99_ms: q(followLatencies, 0.99), unseen } : {}),
+  ...(o.follow ? { follow_p50_ms: q(followLatencies, 0.5), follow_p90_ms: q(followLatencies, 0.9), follow_p99_ms: q(followLatencies, 0.99), follow_max_ms: q(followLatencies, 1), unseen } : {}),
 }));
