@@ -1012,12 +1012,19 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
           // On the thread that moved the tail: hand over to a reader.
           auto f = weak.lock();
           if (!f) return;
-          std::lock_guard lk(f->mu);
-          if (f->generation != generation) return;
-          f->fired = true;
-          if (!f->waiting || f->call == nullptr) return;
-          f->waiting = false;
-          f->call->PostNext();  // (never throws: a failure ends the call)
+          GetCall* call;
+          {
+            std::lock_guard lk(f->mu);
+            if (f->generation != generation) return;
+            f->fired = true;
+            if (!f->waiting || f->call == nullptr) return;
+            f->waiting = false;
+            call = f->call;
+          }
+          // The call is this callback's now (nothing else ends it), and
+          // PostNext never throws: a failure to post ends the call, whose
+          // OnDone takes f->mu, so that is not held here.
+          call->PostNext();
         },
         stream_id_);
     if (!id.ok()) return Fail(id.status(), st);
