@@ -891,17 +891,12 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
  private:
   enum class Then { kWrite, kFinish, kWait, kAgain };
 
-  // The next step on a reader thread, after `delay`. The call is this
-  // caller's (no step or write runs, no wait is registered): if posting
-  // fails (out of memory), it ends here.
-  void PostNext(Duration delay = Duration::zero()) {
+  // The next step on a reader thread. The call is this caller's (no step or
+  // write runs, no wait is registered): if posting fails (out of memory),
+  // it ends here.
+  void PostNext() {
     try {
-      if (delay == Duration::zero()) {
-        Post(impl_->readers, [this] { Next(); });
-        return;
-      }
-      auto timer = std::make_shared<net::steady_timer>(impl_->readers, delay);
-      timer->async_wait([this, timer](const boost::system::error_code&) { Next(); });
+      Post(impl_->readers, [this] { Next(); });
     } catch (const std::exception& e) {
       Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, fmt::format("reading: {}", e.what())));
     }
@@ -926,11 +921,7 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       case Then::kWrite: return StartWrite(&out_);
       case Then::kFinish: return Finish(st);
       case Then::kWait: return;  // the watch, End or Stop goes on
-      case Then::kAgain:
-        // Once at once (the tail moved between the read and the watch);
-        // again without rows read between (a stream being deleted, whose
-        // watch fires at once): after a pause, not in a tight loop.
-        return PostNext(++agains_ > 1 ? std::chrono::milliseconds(10) : Duration::zero());
+      case Then::kAgain: return PostNext();  // the tail moved (or the stream went) since the read
     }
   }
 
@@ -984,7 +975,6 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       return Wait(st);
     }
     ticket_.from = rows.back().offset + 1;
-    agains_ = 0;
     done_ = ticket_.until && ticket_.from >= *ticket_.until;
     IpcBytes m = LogReadBatchMessage(rows);
     out_.set_data_header(std::move(m.header));
@@ -1053,7 +1043,6 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
   proto::FlightData out_;
   bool sent_schema_ = false;
   bool done_ = false;
-  int agains_ = 0;  // kAgain steps since rows were last read
 };
 
 }  // namespace

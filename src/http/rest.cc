@@ -728,10 +728,8 @@ namespace {
 std::optional<Response> Unauthorized(const std::optional<std::string>& token, const Request& req) {
   if (!token) return std::nullopt;
   const std::string* auth = req.Header("authorization");
-  // The scheme is case-insensitive (RFC 9110 §11.1).
-  auto is_bearer = [](std::string_view v) { return EqualsLowercase(v.substr(0, 7), "bearer "); };
-  if (auth && is_bearer(*auth) &&
-      ConstantTimeEqual(std::string_view(*auth).substr(7), *token)) {
+  if (auto bearer = auth ? AuthCredentials(*auth, "bearer") : std::nullopt;
+      bearer && ConstantTimeEqual(*bearer, *token)) {
     return std::nullopt;
   }
   return RestApi::Ctx::ErrorResponse(401, "authn",

@@ -1994,6 +1994,8 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
     segments.clear();
     {
       std::unique_lock lk(s->mu);
+      // Forgotten by a delete, though still found by name for a moment.
+      if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
       if (first) {
         switch (start.kind) {
           case ReadStart::kOffset:
