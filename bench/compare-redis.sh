@@ -18,6 +18,9 @@
 #   DURATION=10        seconds each weir run is measured (after WARMUP=2)
 #   SERVE_ARGS="..."   extra `weir serve` flags, e.g. "--inject-put-latency-ms 50,120"
 #   KEEP=1             keep the temp dir (data, logs) and print its path
+#   TMPDIR=DIR         where the temp dir goes (default /tmp; on ext4 without a
+#                      journal, a directory no recent run deleted files in: see
+#                      "Running the benchmarks" in docs/benchmarks.md)
 # Prints a table, then one JSON line with every figure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +37,7 @@ if [ -z "${WEIR:-}" ]; then
   [ -x "$WEIR" ] || "$root/scripts/build.sh" "$root/build/release" -DWEIR_TESTS=OFF
 fi
 
-tmp=$(mktemp -d /tmp/weir-compare-redis-XXXXXX)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/weir-compare-redis-XXXXXX")
 redis_pid=""
 weir_pid=""
 cleanup() {

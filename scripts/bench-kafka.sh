@@ -12,6 +12,9 @@
 #   WEIR=path/to/weir              default build/release/src/cli/weir (built if missing)
 #   BENCH=path/to/weir_kafka_bench default next to it: build/release/bench/weir_kafka_bench
 #   KEEP=1                         keep the temp dir (data, server log) and print its path
+#   TMPDIR=DIR                     where the temp dir goes (default /tmp; on ext4 without a
+#                                  journal, a directory no recent run deleted files in:
+#                                  see "Running the benchmarks" in docs/benchmarks.md)
 # The tool's defaults here: --record-bytes 1024 --duration 10 --linger-ms 5
 # --acks all --idempotent --compression none --partitions 8 (later flags win).
 set -euo pipefail
@@ -36,7 +39,7 @@ if [ -z "${BENCH:-}" ]; then
 fi
 [ -x "$BENCH" ] || { echo "bench-kafka: $BENCH not built: it needs librdkafka-dev (scripts/deps.sh)" >&2; exit 2; }
 
-tmp=$(mktemp -d /tmp/weir-bench-kafka-XXXXXX)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/weir-bench-kafka-XXXXXX")
 weir_pid=""
 cleanup() {
   if [ -n "$weir_pid" ]; then

@@ -664,7 +664,7 @@ TEST_F(FileStoreTest, KeyThatIsAlsoADirectoryIsNotSupported) {
 }
 
 // Deleted small objects become free files that a later Put rewrites in place
-// (after a one-second quarantine): same inode, new bytes, exact new size.
+// (after a quarantine of 250 ms): same inode, new bytes, exact new size.
 TEST_F(FileStoreTest, DeletedFilesAreReusedWithTheirNewContents) {
   auto store = Open();
   ASSERT_TRUE(store);
@@ -682,7 +682,7 @@ TEST_F(FileStoreTest, DeletedFilesAreReusedWithTheirNewContents) {
   ASSERT_TRUE(page.ok());
   EXPECT_TRUE(page->objects.empty());
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the quarantine
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the 250 ms quarantine
   ASSERT_OK(store->Put("wal/c", "shorter than before", create_only));
   struct stat c{};
   ASSERT_EQ(::stat((Root() + "/wal/c").c_str(), &c), 0);
@@ -748,7 +748,7 @@ TEST_F(FileStoreTest, AStalledReaderNeverReturnsTheBytesOfAReusedFile) {
       ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return opened; }));
     }
     ASSERT_OK(store->Delete(key));
-    std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the quarantine
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the 250 ms quarantine
     ASSERT_OK(store->Put(other, std::string(5000, 'x'), create_only));
     struct stat reused{};
     ASSERT_EQ(::stat((Root() + "/" + other).c_str(), &reused), 0);

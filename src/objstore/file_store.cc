@@ -50,10 +50,10 @@ constexpr auto kStaleTmpAge = std::chrono::hours(1);
 // later Put instead of creating a new file (see FileStore). The pool is
 // bounded by count and bytes; a free file is reused only after a quarantine,
 // so that any reader still holding it sees its ctime move (see DoGet).
-constexpr size_t kFreeFileMaxBytes = 4 << 20;
+constexpr size_t kFreeFileMaxBytes = 8 << 20;
 constexpr size_t kFreePoolMaxFiles = 4096;
-constexpr size_t kFreePoolMaxBytes = 64 << 20;
-constexpr auto kFreeFileQuarantine = std::chrono::milliseconds(1000);
+constexpr size_t kFreePoolMaxBytes = 256 << 20;
+constexpr auto kFreeFileQuarantine = std::chrono::milliseconds(250);
 
 // SetFileStoreReadHookForTest: checked with one atomic load per Get.
 std::atomic<bool> g_read_hook_set{false};
@@ -198,12 +198,15 @@ bool IsListableDir(std::string_view dir) {
 // unlinking it, and a later Put rewrites that file in place (same inode)
 // before linking it under its new key. Allocating a fresh inode per object
 // is the largest single cost of a small PUT on some file systems (ext4
-// without a journal scans every recently deleted inode). The pool is
+// without a journal steps over every inode of the group deleted in the last
+// one to six minutes), and each unlink adds to that cost for minutes: the
+// pool is sized to take every slot a busy WAL deletes (a quarantine's worth
+// at several hundred MB/s), so slots stop allocating and freeing inodes. It is
 // in-memory only: free files of an earlier process are never reused, since
 // a crash between link and unlink can leave a temp name on a live object.
 // A file joins it only once its removal is synced (PoolFreeFiles).
 // Readers stay safe without locks: a free file is rewritten only after a
-// quarantine of a second, so a read done within half of that counts, and a
+// quarantine (250 ms), so a read done within half of that counts, and a
 // slower one is redone if the file's ctime moved or its key no longer names it.
 class FileStore final : public ObjectStore {
  public:
