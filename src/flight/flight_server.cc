@@ -15,6 +15,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
@@ -377,6 +378,17 @@ class Replies final : public grpc::ServerWriteReactor<T> {
   size_t next_ = 0;
   grpc::Status status_;
 };
+
+// A Replies for a call; if the caller is not authorized it already answers
+// with that (UNAUTHENTICATED) and *refused is set.
+template <typename T>
+Replies<T>* NewReplies(const FlightServer::Impl& impl, grpc::CallbackServerContext* ctx, bool* refused) {
+  auto* r = new Replies<T>();
+  grpc::Status auth = impl.Authorize(ctx);
+  *refused = !auth.ok();
+  if (*refused) r->Send(std::move(auth));
+  return r;
+}
 
 // One DoPut: reads FlightData messages one at a time (a worker decodes each
 // and hands it to the engine before the next read, so a call's batches are
@@ -1086,8 +1098,12 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
       pending_ = std::make_shared<Pending>();
       pending_->ctx = ctx;
       try {
-        auto timer = std::make_shared<net::steady_timer>(impl->workers, kHandshakeWait);
-        timer->async_wait([timer, p = pending_](const boost::system::error_code&) {
+        // On a strand of its own, so that Decided's cancel never runs
+        // alongside the wait's handler.
+        auto timer = std::make_shared<net::steady_timer>(net::make_strand(impl->workers), kHandshakeWait);
+        pending_->timer = timer;
+        timer->async_wait([p = pending_](const boost::system::error_code& ec) {
+          if (ec) return;  // cancelled: the call was decided
           std::lock_guard lk(p->mu);
           if (p->ctx != nullptr) p->ctx->TryCancel();  // OnReadDone(false) then ends it
         });
@@ -1133,15 +1149,28 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
 
  private:
   // What the no-request timer shares with the call: `ctx` until the first
-  // request (or the end) came.
+  // request (or the end) came, and the timer until then.
   struct Pending {
     std::mutex mu;
     grpc::CallbackServerContext* ctx = nullptr;
+    std::shared_ptr<net::steady_timer> timer;
   };
+  // The first request or the end came: the timer must not cancel the call,
+  // and is cancelled itself (on its strand) so that it does not outlive it.
   void Decided() {
     if (!pending_) return;
-    std::lock_guard lk(pending_->mu);
-    pending_->ctx = nullptr;
+    std::shared_ptr<net::steady_timer> timer;
+    {
+      std::lock_guard lk(pending_->mu);
+      pending_->ctx = nullptr;
+      timer = std::move(pending_->timer);
+    }
+    if (!timer) return;
+    try {
+      net::post(timer->get_executor(), [timer] { timer->cancel(); });
+    } catch (const std::exception&) {
+      // Out of memory: the timer fires in its time and finds no call.
+    }
   }
   static grpc::Status Refused() {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -1261,11 +1290,9 @@ grpc::ServerBidiReactor<proto::HandshakeRequest, proto::HandshakeResponse>* Flig
 
 grpc::ServerWriteReactor<proto::FlightInfo>* FlightServer::Impl::ListFlights(grpc::CallbackServerContext* ctx,
                                                                            const proto::Criteria* criteria) {
-  auto* r = new Replies<proto::FlightInfo>();
-  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
-    r->Send(auth);
-    return r;
-  }
+  bool refused = false;
+  auto* r = NewReplies<proto::FlightInfo>(*this, ctx, &refused);
+  if (refused) return r;
   Post(readers, [this, r, criteria] {
     grpc::Status st;
     std::vector<proto::FlightInfo> infos;
@@ -1385,11 +1412,9 @@ Result<json> FlightServer::Impl::RunAction(const proto::Action& action) {
 
 grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::CallbackServerContext* ctx,
                                                                     const proto::Action* action) {
-  auto* r = new Replies<proto::Result>();
-  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
-    r->Send(auth);
-    return r;
-  }
+  bool refused = false;
+  auto* r = NewReplies<proto::Result>(*this, ctx, &refused);
+  if (refused) return r;
   if (std::none_of(std::begin(kActions), std::end(kActions), [&](const auto& a) { return action->type() == a.first; })) {
     r->Send(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                          fmt::format("unknown action '{}' (ListActions lists them)", action->type())));
@@ -1415,11 +1440,9 @@ grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::Call
 
 grpc::ServerWriteReactor<proto::ActionType>* FlightServer::Impl::ListActions(grpc::CallbackServerContext* ctx,
                                                                            const proto::Empty*) {
-  auto* r = new Replies<proto::ActionType>();
-  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
-    r->Send(auth);
-    return r;
-  }
+  bool refused = false;
+  auto* r = NewReplies<proto::ActionType>(*this, ctx, &refused);
+  if (refused) return r;
   std::vector<proto::ActionType> types;
   for (const auto& [name, description] : kActions) {
     proto::ActionType t;
