@@ -714,6 +714,23 @@ TEST_F(FileStoreTest, DeletedFilesAreReusedWithTheirNewContents) {
   EXPECT_EQ(*k, "v2");
 }
 
+// Objects up to a WAL slot's default cap (8 MiB) are kept as free files when
+// deleted; larger ones are removed.
+TEST_F(FileStoreTest, DeletedObjectsUpToTheSlotCapBecomeFreeFiles) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  constexpr size_t kSlotCap = 8u << 20;
+  ASSERT_OK(store->Put("wal/cap", std::string(kSlotCap, 's')));
+  ASSERT_OK(store->Put("wal/over", std::string(kSlotCap + 1, 'o')));
+  ASSERT_OK(store->DeleteMany(std::vector<std::string>{"wal/cap", "wal/over"}));
+  const std::vector<std::string> left = TempFiles();
+  ASSERT_EQ(left.size(), 1u) << "only the object of the slot cap's size is kept";
+  EXPECT_TRUE(left[0].starts_with("free-")) << left[0];
+  struct stat kept{};
+  ASSERT_EQ(::stat((Root() + "/.weir-tmp/" + left[0]).c_str(), &kept), 0);
+  EXPECT_EQ(static_cast<size_t>(kept.st_size), kSlotCap);
+}
+
 // A reader that opened a file and stalls past the quarantine while the file
 // is deleted and rewritten as another object must not return that object's
 // bytes: it sees the file changed and reads the key again.
