@@ -223,6 +223,26 @@ TEST(Crc32c, KnownVectorsAndExtension) {
   }
 }
 
+TEST(Crc32c, CombineMatchesTheConcatenation) {
+  std::mt19937 rng(2);
+  std::string data(3 << 20, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{21}, size_t{4096}, size_t{1 << 20}, data.size() - 3, data.size()}) {
+    const uint32_t a = Crc32c(data.data(), cut);
+    const uint32_t b = Crc32c(data.data() + cut, data.size() - cut);
+    EXPECT_EQ(Crc32cCombine(a, b, data.size() - cut), Crc32c(data)) << "cut at " << cut;
+  }
+  // Many pieces, as a segment's batches are combined one after another.
+  uint32_t crc = 0;
+  size_t pos = 0;
+  while (pos < data.size()) {
+    const size_t n = std::min<size_t>(1 + rng() % 70000, data.size() - pos);
+    crc = Crc32cCombine(crc, Crc32c(data.data() + pos, n), n);
+    pos += n;
+  }
+  EXPECT_EQ(crc, Crc32c(data));
+}
+
 TEST(Bytes, FixedWidthRoundTrip) {
   std::string b;
   PutLE16(&b, 0x1234);

@@ -245,6 +245,18 @@ TEST(RecordBatchTest, BaseOffsetAndLeaderEpochAreOutsideCrc) {
   }
 }
 
+// The whole batch's CRC follows from its own CRC and its first 21 bytes,
+// whatever those bytes (baseOffset and leader epoch are outside its CRC).
+TEST(RecordBatchTest, WholeBatchCrcFromTheBatchCrc) {
+  std::string b = Encode(SmallRecords());
+  for (int64_t base : {int64_t{0}, int64_t{7}, int64_t{1} << 40}) {
+    SetBaseOffset(&b, 0, base);
+    auto h = VerifyBatch(b);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    EXPECT_EQ(WholeBatchCrc32c(*h, b), Crc32c(b)) << "base offset " << base;
+  }
+}
+
 TEST(RecordBatchTest, EveryTruncationIsCorruption) {
   const std::string b = Encode(SmallRecords());
   for (size_t n = 0; n < b.size(); ++n) {

@@ -202,6 +202,33 @@ TEST(SegmentBuilder, FooterFields) {
   ExpectSameFooter(*verified, f);
 }
 
+// Long batches' share of the data CRC is derived from their own CRC (no
+// second pass); short ones are read again. Either way it is the data's CRC.
+TEST(SegmentBuilder, DataCrcOverLongAndShortBatches) {
+  std::mt19937 rng(5);
+  uint64_t offset = 300;
+  std::string data;
+  SegmentBuilder b(kStream, 1 << 20);
+  for (size_t value_bytes : {size_t{10}, size_t{40000}, size_t{16384}, size_t{100}, size_t{200000}, size_t{16300}}) {
+    std::vector<wal::Record> recs(3);
+    for (wal::Record& r : recs) {
+      r.value = std::string(value_bytes, '\0');
+      for (char& c : *r.value) c = static_cast<char>(rng());
+      r.timestamp = 1'700'000'000'000;
+    }
+    const std::string batch = EncodeBatch(recs, offset);
+    offset += recs.size();
+    data += batch;
+    ASSERT_TRUE(b.Add(batch).ok());
+  }
+  auto obj = b.Finish();
+  ASSERT_TRUE(obj.ok()) << obj.status().ToString();
+  EXPECT_EQ(b.footer().data_crc, Crc32c(data));
+  auto verified = VerifySegment(*obj);
+  ASSERT_TRUE(verified.ok()) << verified.status().ToString();
+  EXPECT_EQ(verified->data_crc, Crc32c(data));
+}
+
 TEST(SegmentBuilder, AddAcceptsManyBatchesAtOnce) {
   Stream s = MakeStream(7, 20, 2);
   std::string one_by_one = Build(s, 1000);

@@ -367,6 +367,10 @@ Result<BatchHeader> VerifyBatch(std::string_view data) {
   return h;
 }
 
+uint32_t WholeBatchCrc32c(const BatchHeader& h, std::string_view batch) {
+  return Crc32cCombine(Crc32c(batch.data(), kAttributesPos), h.crc, h.total_size() - kAttributesPos);
+}
+
 // Decodes the first batch in `batch`; bytes after it are ignored, as in VerifyBatch.
 namespace {
 // DecodeRecords, or with a null `out` ValidateRecords; `h` is VerifyBatch's.
