@@ -700,10 +700,21 @@ TEST_F(FileStoreTest, DeletedFilesAreReusedWithTheirNewContents) {
   auto still = store->Get("wal/c");
   ASSERT_TRUE(still.ok());
   EXPECT_EQ(*still, "shorter than before");
-  // An overwrite rewrites a free file too; a closed store leaves none behind.
+  // A plain put and an overwrite rewrite free files too (each past its
+  // quarantine); a closed store leaves none behind.
   ASSERT_OK(store->Delete("wal/c"));
+  EXPECT_EQ(TempFiles().size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the 250 ms quarantine
   ASSERT_OK(store->Put("k", "v1"));
+  EXPECT_EQ(TempFiles().size(), 0u) << "the put did not take the free file";
+  ASSERT_OK(store->Put("x", "x"));
+  ASSERT_OK(store->Delete("x"));
+  EXPECT_EQ(TempFiles().size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
   ASSERT_OK(store->Put("k", "v2"));
+  EXPECT_EQ(TempFiles().size(), 0u) << "the overwrite did not take the free file";
+  ASSERT_OK(store->Put("y", "y"));
+  ASSERT_OK(store->Delete("y"));
   EXPECT_EQ(TempFiles().size(), 1u);
   store.reset();
   EXPECT_TRUE(TempFiles().empty());

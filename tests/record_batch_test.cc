@@ -245,15 +245,19 @@ TEST(RecordBatchTest, BaseOffsetAndLeaderEpochAreOutsideCrc) {
   }
 }
 
-// The whole batch's CRC follows from its own CRC and its first 21 bytes,
-// whatever those bytes (baseOffset and leader epoch are outside its CRC).
-TEST(RecordBatchTest, WholeBatchCrcFromTheBatchCrc) {
+// A CRC extended by a verified batch follows from the batch's own CRC and its
+// first 21 bytes, whatever those bytes (baseOffset and leader epoch are
+// outside its CRC).
+TEST(RecordBatchTest, CrcExtendedByAVerifiedBatch) {
   std::string b = Encode(SmallRecords());
   for (int64_t base : {int64_t{0}, int64_t{7}, int64_t{1} << 40}) {
     SetBaseOffset(&b, 0, base);
     auto h = VerifyBatch(b);
     ASSERT_TRUE(h.ok()) << h.status().ToString();
-    EXPECT_EQ(WholeBatchCrc32c(*h, b), Crc32c(b)) << "base offset " << base;
+    for (uint32_t before : {0u, Crc32c("earlier batches")}) {
+      EXPECT_EQ(Crc32cExtendVerifiedBatch(before, *h, b), Crc32cExtend(before, b.data(), b.size()))
+          << "base offset " << base;
+    }
   }
 }
 

@@ -203,24 +203,41 @@ TEST(SegmentBuilder, FooterFields) {
 }
 
 // Long batches' share of the data CRC is derived from their own CRC (no
-// second pass); short ones are read again. Either way it is the data's CRC.
+// second pass); short ones are read again. Either way it is the data's CRC,
+// also after a failed Add whose long batch was walked before a bad one.
 TEST(SegmentBuilder, DataCrcOverLongAndShortBatches) {
   std::mt19937 rng(5);
   uint64_t offset = 300;
+  // One record of random bytes, the batch exactly `size` bytes long.
+  auto batch_of = [&](size_t size) {
+    std::vector<wal::Record> recs(1);
+    recs[0].timestamp = 1'700'000'000'000;
+    std::string batch;
+    for (size_t value = size - 80; batch.size() != size;) {
+      recs[0].value = std::string(value, '\0');
+      for (char& c : *recs[0].value) c = static_cast<char>(rng());
+      batch = EncodeBatch(recs, offset);
+      value += size - batch.size();  // the framing's size is the same a byte either side
+    }
+    ++offset;
+    return batch;
+  };
   std::string data;
   SegmentBuilder b(kStream, 1 << 20);
-  for (size_t value_bytes : {size_t{10}, size_t{40000}, size_t{16384}, size_t{100}, size_t{200000}, size_t{16300}}) {
-    std::vector<wal::Record> recs(3);
-    for (wal::Record& r : recs) {
-      r.value = std::string(value_bytes, '\0');
-      for (char& c : *r.value) c = static_cast<char>(rng());
-      r.timestamp = 1'700'000'000'000;
-    }
-    const std::string batch = EncodeBatch(recs, offset);
-    offset += recs.size();
+  for (size_t size : {size_t{100}, size_t{16383}, size_t{16384}, size_t{16385}, size_t{200000}, size_t{40000}}) {
+    const std::string batch = batch_of(size);
+    ASSERT_EQ(batch.size(), size);
     data += batch;
     ASSERT_TRUE(b.Add(batch).ok());
   }
+  // A long good batch then a damaged one: refused whole, the CRC untouched.
+  std::string good = batch_of(50000);
+  std::string bad = batch_of(20000);
+  bad[100] ^= 1;
+  ASSERT_FALSE(b.Add(good + bad).ok());
+  --offset;  // `bad`'s offset is free again; `good` is added on its own
+  ASSERT_TRUE(b.Add(good).ok());
+  data += good;
   auto obj = b.Finish();
   ASSERT_TRUE(obj.ok()) << obj.status().ToString();
   EXPECT_EQ(b.footer().data_crc, Crc32c(data));

@@ -15,7 +15,6 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
@@ -1098,15 +1097,14 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
       pending_ = std::make_shared<Pending>();
       pending_->ctx = ctx;
       try {
-        // On a strand of its own, so that Decided's cancel never runs
-        // alongside the wait's handler.
-        auto timer = std::make_shared<net::steady_timer>(net::make_strand(impl->workers), kHandshakeWait);
-        pending_->timer = timer;
+        auto timer = std::make_unique<net::steady_timer>(impl->workers, kHandshakeWait);
+        // The handler never touches the timer: Decided may destroy it meanwhile.
         timer->async_wait([p = pending_](const boost::system::error_code& ec) {
           if (ec) return;  // cancelled: the call was decided
           std::lock_guard lk(p->mu);
           if (p->ctx != nullptr) p->ctx->TryCancel();  // OnReadDone(false) then ends it
         });
+        pending_->timer = std::move(timer);
       } catch (const std::exception&) {
         Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "out of memory"));
         return;
@@ -1153,24 +1151,16 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
   struct Pending {
     std::mutex mu;
     grpc::CallbackServerContext* ctx = nullptr;
-    std::shared_ptr<net::steady_timer> timer;
+    std::unique_ptr<net::steady_timer> timer;
   };
   // The first request or the end came: the timer must not cancel the call,
-  // and is cancelled itself (on its strand) so that it does not outlive it.
+  // and goes (destroying it cancels its wait) so that it does not outlive it.
   void Decided() {
     if (!pending_) return;
-    std::shared_ptr<net::steady_timer> timer;
-    {
-      std::lock_guard lk(pending_->mu);
-      pending_->ctx = nullptr;
-      timer = std::move(pending_->timer);
-    }
-    if (!timer) return;
-    try {
-      net::post(timer->get_executor(), [timer] { timer->cancel(); });
-    } catch (const std::exception&) {
-      // Out of memory: the timer fires in its time and finds no call.
-    }
+    std::unique_ptr<net::steady_timer> timer;  // destroyed after the lock is released
+    std::lock_guard lk(pending_->mu);
+    pending_->ctx = nullptr;
+    timer = std::move(pending_->timer);
   }
   static grpc::Status Refused() {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,

@@ -27,7 +27,7 @@ static_assert(kIndexCrcPos + 4 == kSegmentFooterSize);
 
 constexpr uint64_t kMaxInt64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 // Batches at least this long get their share of the data CRC by Crc32cCombine
-// (about a microsecond); shorter ones are cheaper to read again.
+// (under a microsecond); shorter ones are cheaper to read again.
 constexpr size_t kCombineMinBytes = 16 << 10;
 
 // Appends footer bytes [0, 68): everything but the index CRC.
@@ -123,9 +123,8 @@ Status SegmentBuilder::Append(std::string_view batches, bool copy) {
     end = static_cast<uint64_t>(h.last_offset()) + 1;
     // ForEachBatch verified the batch's CRC: a long batch's whole CRC comes
     // from it rather than from a second pass over its bytes.
-    data_crc = bytes.size() >= kCombineMinBytes
-                   ? Crc32cCombine(data_crc, wal::WholeBatchCrc32c(h, bytes), bytes.size())
-                   : Crc32cExtend(data_crc, bytes.data(), bytes.size());
+    data_crc = bytes.size() >= kCombineMinBytes ? wal::Crc32cExtendVerifiedBatch(data_crc, h, bytes)
+                                                : Crc32cExtend(data_crc, bytes.data(), bytes.size());
     pos += bytes.size();
     ++n;
     return Status::Ok();

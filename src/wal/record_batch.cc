@@ -367,8 +367,8 @@ Result<BatchHeader> VerifyBatch(std::string_view data) {
   return h;
 }
 
-uint32_t WholeBatchCrc32c(const BatchHeader& h, std::string_view batch) {
-  return Crc32cCombine(Crc32c(batch.data(), kAttributesPos), h.crc, h.total_size() - kAttributesPos);
+uint32_t Crc32cExtendVerifiedBatch(uint32_t crc, const BatchHeader& h, std::string_view batch) {
+  return Crc32cCombine(Crc32cExtend(crc, batch.data(), kAttributesPos), h.crc, h.total_size() - kAttributesPos);
 }
 
 // Decodes the first batch in `batch`; bytes after it are ignored, as in VerifyBatch.

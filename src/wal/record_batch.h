@@ -127,11 +127,11 @@ Result<BatchHeader> ParseBatchHeader(std::string_view data);
 // kCorruption names the field or CRC that failed.
 Result<BatchHeader> VerifyBatch(std::string_view data);
 
-// The CRC-32C of a whole batch's bytes (`batch`, h.total_size() of them),
-// derived from its header's CRC, which covers all but the first 21 bytes:
-// with `h` from VerifyBatch (the CRC checked against the bytes) it costs
-// 21 bytes and a Crc32cCombine instead of a second pass over the batch.
-uint32_t WholeBatchCrc32c(const BatchHeader& h, std::string_view batch);
+// Crc32cExtend(crc, batch) for a whole batch (h.total_size() bytes of
+// `batch`) whose header `h` came from VerifyBatch: its CRC, checked against
+// the bytes, covers all but their first 21, so this costs 21 bytes and one
+// Crc32cCombine instead of a second pass over the batch.
+uint32_t Crc32cExtendVerifiedBatch(uint32_t crc, const BatchHeader& h, std::string_view batch);
 
 // Verifies one batch and decodes its records, decompressing the record section
 // first if the batch is compressed (its records may take at most
