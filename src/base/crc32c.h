@@ -17,7 +17,7 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t len);
 
 // The CRC of a + b from the CRCs of a and b and b's length, without the
 // bytes: Crc32cCombine(Crc32c(a), Crc32c(b), b.size()) == Crc32c(a + b).
-// About a microsecond whatever the length: worth it only for long b.
+// Under a microsecond (it grows with log len_b): worth it only for long b.
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 }  // namespace weir

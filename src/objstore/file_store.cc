@@ -201,7 +201,7 @@ bool IsListableDir(std::string_view dir) {
 // without a journal steps over every inode of the group deleted in the last
 // one to six minutes), and each unlink adds to that cost for minutes: the
 // pool is sized to take every slot a busy WAL deletes (a quarantine's worth
-// at several hundred MB/s), so slots stop allocating and freeing inodes. It is
+// at several hundred MB/s), so slots hardly allocate or free inodes. It is
 // in-memory only: free files of an earlier process are never reused, since
 // a crash between link and unlink can leave a temp name on a live object.
 // A file joins it only once its removal is synced (PoolFreeFiles).
