@@ -1496,7 +1496,7 @@ void FlightServer::Stop(int grace_ms) {
     }
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
     // Every call has had its OnDone: what is still queued refers to no call
-    // (a Handshake's pending timer, say) and is dropped, not waited for.
+    // (a decided Handshake's cancelled timer wait, say) and is dropped, not waited for.
     impl_->workers.stop();
     impl_->readers.stop();
     impl_->workers.join();
