@@ -479,7 +479,7 @@ class BrokerTest : public ::testing::Test {
   Pending StartRaw(std::string frame, int32_t correlation_id = 0, int16_t version = 0) {
     std::promise<Answer> promise;
     Pending p{promise.get_future(), correlation_id, version};
-    broker_->Handle(std::move(frame), std::make_shared<FakeReply>(exec_, std::move(promise), frames_released_));
+    broker_->Handle(kafka::Frame(frame), std::make_shared<FakeReply>(exec_, std::move(promise), frames_released_));
     return p;
   }
 

@@ -37,7 +37,8 @@ using namespace std::chrono_literals;
 // Holds every request unanswered until told to answer; echoes the frame.
 class HoldingHandler : public FrameHandler {
  public:
-  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+  void Handle(Frame bytes, std::shared_ptr<Reply> reply) override {
+    std::string frame(bytes.view());
     std::lock_guard lk(mu_);
     held_.emplace_back(std::move(frame), std::move(reply));
     cv_.notify_all();
@@ -267,7 +268,8 @@ TEST_F(KafkaTcpServer, ConnectionsOverTheLimitAreClosed) {
 // answers with its frame.
 class OrderingHandler : public FrameHandler {
  public:
-  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+  void Handle(Frame bytes, std::shared_ptr<Reply> reply) override {
+    std::string frame(bytes.view());
     if (frame[0] == 'p') {
       int ms = std::stoi(frame.substr(1));
       reply->PostInOrder([this, frame, reply, ms] {
@@ -334,7 +336,8 @@ TEST(KafkaTcpOrdering, ASlowReadDoesNotHoldUpOrderedWork) {
     std::mutex mu;
     std::condition_variable cv;
     bool release = false;
-    void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+    void Handle(Frame bytes, std::shared_ptr<Reply> reply) override {
+      std::string frame(bytes.view());
       if (frame == "read") {
         reply->PostOneAtATime([this, reply] {
           std::unique_lock lk(mu);
@@ -462,7 +465,8 @@ TEST_F(KafkaTcpServer, SmallFramesDoNotWaitBehindBigOnes) {
 class BigAnswerHandler : public FrameHandler {
  public:
   explicit BigAnswerHandler(size_t size) : size_(size) {}
-  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+  void Handle(Frame bytes, std::shared_ptr<Reply> reply) override {
+    std::string frame(bytes.view());
     reply->PostOneAtATime([this, frame = std::move(frame), reply] {
       room_ = reply->ResponseRoom(/*small=*/true);
       large_room_ = reply->ResponseRoom(/*small=*/false);
@@ -540,7 +544,8 @@ TEST(KafkaTcpOneAtATime, UnwrittenResponsesShareOneBudget) {
 class MixedAnswerHandler : public FrameHandler {
  public:
   explicit MixedAnswerHandler(size_t big) : big_(big) {}
-  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+  void Handle(Frame bytes, std::shared_ptr<Reply> reply) override {
+    std::string frame(bytes.view());
     if (frame[0] == 'b') {
       return reply->PostOneAtATime([this, frame = std::move(frame), reply] {
         std::string answer = frame;
@@ -632,7 +637,8 @@ TEST(KafkaTcpOrdering, OrderedWorkWaitingForAClientThatLeftIsDropped) {
 // are echoed.
 class GatedOrderedHandler : public FrameHandler {
  public:
-  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+  void Handle(Frame bytes, std::shared_ptr<Reply> reply) override {
+    std::string frame(bytes.view());
     const bool answers = frame[0] != 'n';
     reply->PostInOrder(
         [this, frame = std::move(frame), reply, answers] {
@@ -688,7 +694,8 @@ TEST(KafkaTcpOrdering, OrderedWorkQueuedWhenTheClientLeavesRunsOnlyUpToTheFirstT
 // and echoed.
 class SuspendingHandler : public FrameHandler {
  public:
-  void Handle(std::string frame, std::shared_ptr<Reply> reply) override {
+  void Handle(Frame bytes, std::shared_ptr<Reply> reply) override {
+    std::string frame(bytes.view());
     reply->PostInOrder([this, frame, reply] {
       if (frame[0] == 's') {
         Log("start " + frame);

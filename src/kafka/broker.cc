@@ -214,14 +214,14 @@ Status Broker::Init() {
   return Status::Ok();
 }
 
-void Broker::Handle(std::string frame, std::shared_ptr<Reply> reply) {
+void Broker::Handle(Frame frame, std::shared_ptr<Reply> reply) {
   auto req = std::make_shared<Request>();
   req->frame = std::move(frame);
   req->reply = std::move(reply);
-  auto decoded = DecodeRequest(req->frame);
+  auto decoded = DecodeRequest(req->frame.view());
   if (!decoded.ok()) {
     metrics_.bad_requests++;
-    auto header = PeekRequestHeader(req->frame);
+    auto header = PeekRequestHeader(req->frame.view());
     if (IsUnsupportedApi(decoded.status()) && header.ok() &&
         header->api_key == static_cast<int16_t>(ApiKey::kApiVersions)) {
       return req->reply->Respond(EncodeApiVersionsUnsupported(header->correlation_id));

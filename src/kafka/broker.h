@@ -96,7 +96,7 @@ class Broker : public FrameHandler {
     options_.advertised_host = std::move(host);
     options_.advertised_port = port;
   }
-  void Handle(std::string frame, std::shared_ptr<Reply> reply) override;
+  void Handle(Frame frame, std::shared_ptr<Reply> reply) override;
   // Answers waiting group joins and long-polling fetches, and stops the
   // coordinator's ticks; fetches after it answer at once.
   void Stop();

@@ -15,7 +15,7 @@ ErrorCode E(int16_t code) { return static_cast<ErrorCode>(code); }
 // (moved from already) are freed, and their bytes leave the request budget,
 // so parked requests never hold up other connections' reads.
 void ReleaseFrame(Broker::Request& req) {
-  std::string().swap(req.frame);
+  req.frame = Frame();
   req.decoded.body = HeartbeatRequest{};  // the smallest body; only the header is used from here on
   req.reply->ReleaseFrame();
 }

@@ -15,7 +15,7 @@ namespace weir::kafka {
 // One decoded request in flight. Decoded views (Produce records) point into
 // `frame`, so the request keeps it.
 struct Broker::Request {
-  std::string frame;
+  Frame frame;
   DecodedRequest decoded;
   std::shared_ptr<Reply> reply;
 

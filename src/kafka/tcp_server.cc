@@ -334,7 +334,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // frame and sends it slowly holds budget others wait for.
   void ReadBody(uint32_t n) {
     reading_ = true;
-    auto frame = std::make_shared<std::string>(n, '\0');
+    auto frame = std::make_shared<Frame>(n);
     const uint64_t body = ++bodies_;
     body_timer_.expires_after(srv_->options.stall_timeout);
     body_timer_.async_wait([self = shared_from_this(), body, n](ErrorCode ec) {
@@ -362,7 +362,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                     });
   }
 
-  void Dispatch(std::string frame, uint32_t reserved);
+  void Dispatch(Frame frame, uint32_t reserved);
 
   void OnAnswer(uint64_t seq, std::string response, bool respond, bool close) {
     // After a close, CloseNow has already settled every unanswered slot.
@@ -652,7 +652,7 @@ class ReplyImpl : public Reply {
 
 }  // namespace
 
-void Connection::Dispatch(std::string frame, uint32_t reserved) {
+void Connection::Dispatch(Frame frame, uint32_t reserved) {
   uint64_t seq = next_seq_++;
   slots_.emplace_back();
   srv_->metrics.requests++;

@@ -37,9 +37,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "base/clock.h"
 #include "base/ordered_queue.h"
@@ -111,12 +114,39 @@ class Reply {
   }
 };
 
+// One request frame's bytes (without the size prefix). Allocated without
+// being zero-filled, as the socket read fills it whole (a Produce frame is up
+// to max_request_bytes). Move-only; owned by whoever handles the request.
+class Frame {
+ public:
+  Frame() = default;
+  explicit Frame(size_t size) : data_(std::make_unique_for_overwrite<char[]>(size)), size_(size) {}
+  // A copy of `bytes` (tests, and callers that have the frame elsewhere).
+  explicit Frame(std::string_view bytes) : Frame(bytes.size()) {
+    if (!bytes.empty()) std::memcpy(data_.get(), bytes.data(), bytes.size());
+  }
+  Frame(Frame&& other) noexcept : data_(std::move(other.data_)), size_(std::exchange(other.size_, 0)) {}
+  Frame& operator=(Frame&& other) noexcept {
+    data_ = std::move(other.data_);
+    size_ = std::exchange(other.size_, 0);
+    return *this;
+  }
+
+  char* data() { return data_.get(); }
+  size_t size() const { return size_; }
+  std::string_view view() const { return {data_.get(), size_}; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0;
+};
+
 class FrameHandler {
  public:
   virtual ~FrameHandler() = default;
-  // Called on an I/O thread with one request frame (without its size
-  // prefix); must not block. Must eventually answer on `reply`.
-  virtual void Handle(std::string frame, std::shared_ptr<Reply> reply) = 0;
+  // Called on an I/O thread with one request frame; must not block. Must
+  // eventually answer on `reply`.
+  virtual void Handle(Frame frame, std::shared_ptr<Reply> reply) = 0;
 };
 
 struct TcpServerOptions {
