@@ -580,7 +580,7 @@ bool MayHoldCommands(std::string_view batch) {
   return false;
 }
 
-Status ApplyBatch(StreamFacts* f, std::string_view batch, bool verified) {
+Status ApplyBatch(StreamFacts* f, std::string_view batch, bool verified, bool commands) {
   WEIR_ASSIGN_OR_RETURN(wal::BatchHeader h, verified ? wal::ParseBatchHeader(batch) : wal::VerifyBatch(batch));
   uint64_t base = static_cast<uint64_t>(h.base_offset);
   uint64_t end = static_cast<uint64_t>(h.last_offset()) + 1;
@@ -589,7 +589,7 @@ Status ApplyBatch(StreamFacts* f, std::string_view batch, bool verified) {
     return Corruption("batch at offset {} does not follow offset {}", base, f->next_offset);
   }
   std::vector<wal::DecodedRecord> records;
-  if (MayHoldCommands(batch)) {
+  if (commands && MayHoldCommands(batch)) {
     WEIR_ASSIGN_OR_RETURN(records, wal::DecodeRecords(batch));
   }
   for (const auto& r : records) {
@@ -1505,6 +1505,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   int64_t arrival = WallMillis();
   int64_t last_ts = s->live.last_timestamp_ms;
   std::vector<wal::Record> recs(records.size());
+  bool commands = false;
   std::string token = s->live.fencing_token;
   uint64_t trim_point = s->live.trim_point;
   for (size_t i = 0; i < records.size(); ++i) {
@@ -1521,6 +1522,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     r.headers = std::move(in.headers);
     r.value = std::move(in.body);
     if (IsCommand(r)) {  // checked by CheckAppendRecords: a fence or a trim, well formed
+      commands = true;
       if (r.headers[0].value == "fence") {
         token = *r.value;
       } else {
@@ -1543,7 +1545,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
     return fail(st);
   }
   Submit(lk, s, std::move(batch), recs.size(), recs.front().timestamp, last_ts, options.producer, std::move(token),
-         trim_point, std::move(done), room);
+         trim_point, std::move(done), room, /*log_append_time=*/false, commands);
 }
 
 std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const std::string& stream,
@@ -1634,10 +1636,11 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
 void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s, std::string batch,
                     size_t count, int64_t first_ts, int64_t last_ts, const std::optional<ProducerRef>& producer,
                     std::string token, uint64_t trim_point, AppendCallback done, wal::Writer::Reservation& room,
-                    bool log_append_time) {
+                    bool log_append_time, bool commands) {
   s->last_append_ms = WallMillis();
   auto pend = std::make_shared<Pending>();
   pend->log_append_time = log_append_time;
+  pend->commands = commands;
   pend->start = s->live.next_offset;
   pend->end = s->live.next_offset + count;
   pend->first_timestamp_ms = first_ts;
@@ -1767,8 +1770,9 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   }
   wal::SetBaseOffset(&batch, 0, static_cast<int64_t>(s->live.next_offset));
   bool stamped = s->info.config.timestamping == metastore::TimestampingMode::kArrival;
+  // CheckBatch refused command-shaped records: none here.
   Submit(lk, s, std::move(batch), static_cast<size_t>(h.record_count), first_ts, last_ts, producer,
-         s->live.fencing_token, s->live.trim_point, std::move(done), room, stamped);
+         s->live.fencing_token, s->live.trim_point, std::move(done), room, stamped, /*commands=*/false);
 }
 
 void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
@@ -1803,7 +1807,8 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
       // make room (EvictCache), since tailing readers want the newest.
       bool cache = !s->deleted && size <= options_.log_cache_bytes;
       if (!s->deleted) {  // a deleted stream settles nothing more
-        s->durable.push_back(BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr});
+        s->durable.push_back(
+            BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr, p->commands});
         unsettled_bytes_ += where.length;
         unsettled_batches_++;
       }

@@ -614,11 +614,12 @@ class Engine {
   // Under s->mu: hands a sealed batch to the WAL and commits the sequencer
   // state once it is admitted; `done` runs when it is durable or failed.
   // `room` was reserved before s->mu was taken (never wait for the pool
-  // under a stream lock: the release callbacks take it).
+  // under a stream lock: the release callbacks take it). `commands` false:
+  // the batch holds no command record (settle does not look for them).
   void Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s, std::string batch, size_t count,
               int64_t first_ts, int64_t last_ts, const std::optional<ProducerRef>& producer, std::string token,
               uint64_t trim_point, AppendCallback done, wal::Writer::Reservation& room,
-              bool log_append_time = false);
+              bool log_append_time = false, bool commands = true);
   // Under s->mu: the first offset still held (trim point, retention).
   static uint64_t LogStart(const Stream& s);
   // Under s->mu: the sources covering [from, ...) up to the limits, and at

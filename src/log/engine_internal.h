@@ -35,8 +35,9 @@ struct StreamFacts {
 // next_offset is skipped (already applied); one that does not start at
 // next_offset is kCorruption.
 // `verified`: the batch's CRC was checked already (on append), so only its
-// header is parsed.
-Status ApplyBatch(StreamFacts* facts, std::string_view batch, bool verified = false);
+// header is parsed. `commands` false: no record is a command (checked on
+// append), so the records are not walked for them.
+Status ApplyBatch(StreamFacts* facts, std::string_view batch, bool verified = false, bool commands = true);
 
 // False only if no record of this batch can be a command record (checked
 // without decoding the records). Records of compressed batches never are.
@@ -53,6 +54,7 @@ struct BatchRef {
   int64_t max_timestamp_ms = 0;
   wal::AckInfo where;
   std::shared_ptr<const std::string> bytes;  // null once evicted from the cache
+  bool commands = true;  // may hold command records (false: none, as checked on append)
 };
 
 // A segment as settle writes it: the batches in place (views into `held`),
@@ -71,6 +73,7 @@ struct Engine::Pending {
   int64_t first_timestamp_ms = 0;
   int64_t last_timestamp_ms = 0;
   std::shared_ptr<const std::string> bytes;
+  bool commands = true;  // as BatchRef::commands
   std::vector<std::pair<AppendCallback, bool>> waiters;  // (callback, duplicated)
   uint64_t trim_point = 0;  // the stream's trim point once this batch is applied
 };

@@ -242,7 +242,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
         metrics_.settle_reread_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
       }
       // Cached bytes were verified on append; bytes read back are checked again.
-      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, bytes, ref.bytes != nullptr)
+      WEIR_RETURN_IF_ERROR(ApplyBatch(&w.settled, bytes, ref.bytes != nullptr, ref.commands)
                                .WithContext(fmt::format("settling stream {}", s->info.id)));
       WEIR_RETURN_IF_ERROR(builder.AddView(bytes));
     }
