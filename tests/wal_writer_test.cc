@@ -392,6 +392,7 @@ TEST(WalWriter, TransientPutErrorsAreRetriedWithoutDuplicateSlots) {
   }
   ASSERT_TRUE(acks.WaitFor(n));
   (*w)->Close();
+  EXPECT_TRUE((*w)->closed_clean());
   auto got = acks.Snapshot();
   for (int i = 0; i < n; ++i) {
     ASSERT_TRUE(got[static_cast<size_t>(i)].status.ok());
@@ -425,6 +426,7 @@ TEST(WalWriter, CloseGivesUpOnAStoreThatTakesNoWrite) {
   ASSERT_TRUE((*w)->Append(1, OneRecordBatch("never"), acks.For(1), Later()).ok());
   ASSERT_TRUE((*w)->Append(2, OneRecordBatch("never either"), acks.For(2), Later()).ok());
   (*w)->Close();  // returns: the test would hang otherwise
+  EXPECT_FALSE((*w)->closed_clean());
   ASSERT_TRUE(acks.WaitFor(3));
   auto got = acks.Snapshot();
   EXPECT_TRUE(got[0].status.ok());
@@ -515,6 +517,10 @@ TEST(WalWriter, ForeignFlightHaltsTheChain) {
   auto got = acks.Snapshot();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].status.code(), Code::kCancelled);
+  EXPECT_FALSE((*w)->closed_clean());
+  // Close decided the halted chain's end: a late Resume changes nothing.
+  EXPECT_EQ((*w)->Resume(2, 0).code(), Code::kPreconditionFailed);
+  EXPECT_EQ((*w)->halted_seq(), std::optional<uint64_t>(0));
 }
 
 // The successor scenario: slots 0 and 1 land, slot 2's PUT is delayed, a

@@ -153,7 +153,16 @@ void Engine::Close() {
   // Settle what was acknowledged, so the next start has little to replay.
   Status st = SettleNow();
   if (!st.ok()) Log().warn("final settle: {}", st.ToString());
-  stop_heartbeat.clear = st.ok();
+  // Appends the WAL failed while closing may still land past the settled
+  // checkpoint: the heartbeat stays set, so that whichever node starts next
+  // replays them (this one's restart, or a takeover) before serving.
+  const bool clean = wal_->closed_clean();
+  if (st.ok() && !clean) {
+    Log().warn("leaving node {}'s heartbeat set: appends the WAL failed while closing may still land, and the "
+               "next start must replay them",
+               options_.node);
+  }
+  stop_heartbeat.clear = st.ok() && clean;
 }
 
 Status Engine::Heartbeat(bool beating) {

@@ -457,6 +457,17 @@ Status Engine::SweepGarbage() {
     after = page.next_start_after;
   }
   if (garbage.empty()) return Status::Ok();
+  // Keys carry an epoch but not the writing node's id, so `-e<epoch>` above
+  // only orders this node's own keys. Another node that took this one over
+  // while the listing ran (it minted this node's next epoch) may have
+  // committed segments of its own epochs since the rows were loaded: once
+  // superseded, judge nothing.
+  WEIR_ASSIGN_OR_RETURN(metastore::NodeState self, meta_->GetNode(options_.node));
+  if (self.epoch != epoch_.load()) {
+    Log().warn("not deleting {} unreferenced segment objects: node {} is now at epoch {} (this process holds {})",
+               garbage.size(), options_.node, self.epoch, epoch_.load());
+    return Status::Ok();
+  }
   Log().info("deleting {} objects left behind by earlier runs", garbage.size());
   return store_->DeleteMany(garbage);
 }

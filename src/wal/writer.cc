@@ -458,8 +458,8 @@ void Writer::Halt(const std::shared_ptr<Slot>& slot, const Status& reason) {
     if (first) metrics_.halts.fetch_add(1);
   }
   Log().error("WAL chain {}/{} halted at slot {}: {}", options_.node, epoch, seq, reason.message());
+  idle_cv_.notify_all();  // a Close waiting to drain sees the halt now, whatever on_halt does
   if (first && options_.on_halt) options_.on_halt(epoch, seq, reason);
-  idle_cv_.notify_all();
 }
 
 void Writer::DrainReleases() {
@@ -555,6 +555,8 @@ Status Writer::Resume(uint64_t new_epoch, uint64_t cut) {
   {
     std::lock_guard lk(mu_);
     if (!halted_seq_) return PreconditionFailed("WAL chain {}/{} is not halted", options_.node, epoch_);
+    // Close decides the halted chain's end itself (it abandons from the cut).
+    if (closing_) return PreconditionFailed("WAL chain {}/{} is closing", options_.node, epoch_);
     if (cut > *halted_seq_) {
       return InvalidArgument("fence cut {} is past the halted slot {}", cut, *halted_seq_);
     }
@@ -641,6 +643,11 @@ Status Writer::Abandon(uint64_t cut, const Status& reason) {
   return Status::Ok();
 }
 
+bool Writer::closed_clean() const {
+  std::lock_guard lk(mu_);
+  return closed_clean_;
+}
+
 void Writer::Close() {
   std::unique_lock lk(mu_);
   if (stop_) return;
@@ -671,6 +678,7 @@ void Writer::Close() {
     Log().error("WAL chain {}/{}: {}", options_.node, epoch_, why.message());
   };
   if (!drained) cut_at_first_not_durable();
+  closed_clean_ = !halted_seq_.has_value();
   if (halted_seq_) {
     uint64_t cut = *halted_seq_;
     lk.unlock();

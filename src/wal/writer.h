@@ -160,7 +160,8 @@ class Writer {
   // After a halt, and after the owner fenced the halted epoch and found every
   // slot below `cut` committed: acknowledges those, and re-publishes the entries
   // of the slots at or after `cut` (and everything still pooled) into
-  // `new_epoch`, from seq 0, in their original order.
+  // `new_epoch`, from seq 0, in their original order. Refused once Close
+  // began (kPreconditionFailed).
   Status Resume(uint64_t new_epoch, uint64_t cut);
   // After a halt, when this node lost its streams: acknowledges slots below
   // `cut` (committed), fails every other pending entry with `reason`.
@@ -170,6 +171,9 @@ class Writer {
   // if halted, fails what cannot be acknowledged with kCancelled; after
   // close_timeout, fails what is not durable with kUnavailable); joins threads.
   void Close();
+  // After Close: true if it acknowledged everything admitted; false if it
+  // failed appends (halted, or close_timeout), some of which may still land.
+  bool closed_clean() const;
 
   uint64_t epoch() const;
   uint64_t nonce() const { return options_.nonce; }
@@ -227,6 +231,7 @@ class Writer {
   std::optional<uint64_t> halted_seq_;
   Status halt_reason_;
   bool closing_ = false;
+  bool closed_clean_ = false;  // Close acknowledged everything admitted (closed_clean)
   bool stop_ = false;
   // Append wakes the flusher once the uncut pool reaches this many bytes
   // (1 when it waits for data, the cut size under linger, max while it waits
