@@ -408,6 +408,25 @@ TEST(WalWriter, TransientPutErrorsAreRetriedWithoutDuplicateSlots) {
   ExpectEachValueOnce(*mem, "wal/n1/", n);
 }
 
+// The pace's PUT latency estimate: one stalled PUT moves it little.
+TEST(WalWriter, PutEstimateClipsAStall) {
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  EXPECT_EQ(NextPutEstimate(Duration::zero(), milliseconds(20)), milliseconds(20));
+  EXPECT_EQ(NextPutEstimate(Duration::zero(), seconds(20)), milliseconds(50)) << "a cold first PUT";
+  EXPECT_EQ(NextPutEstimate(milliseconds(80), milliseconds(160)), milliseconds(90));
+  EXPECT_EQ(NextPutEstimate(milliseconds(80), seconds(20)), milliseconds(110)) << "clipped to 4 x 80 ms";
+  EXPECT_EQ(NextPutEstimate(milliseconds(80), milliseconds(0)), milliseconds(70));
+  // A store that is truly slower is followed within a few PUTs.
+  Duration e = milliseconds(20);
+  int puts = 0;
+  while (e < milliseconds(300) && puts < 100) {
+    e = NextPutEstimate(e, milliseconds(400));
+    ++puts;
+  }
+  EXPECT_LE(puts, 14);  // 10 unclipped
+}
+
 TEST(WalWriter, CloseGivesUpOnAStoreThatTakesNoWrite) {
   // A slot lands, then the store fails every PUT: Close waits its
   // close_timeout, then fails what is not durable (kUnavailable) and returns;

@@ -72,6 +72,11 @@ Status ValidateWriterOptions(const WriterOptions& options) {
   return Status::Ok();
 }
 
+Duration NextPutEstimate(Duration estimate, Duration sample) {
+  if (estimate <= Duration::zero()) return std::min<Duration>(sample, std::chrono::milliseconds(50));
+  return (estimate * 7 + std::min(sample, estimate * 4)) / 8;
+}
+
 Result<std::unique_ptr<Writer>> Writer::Start(std::shared_ptr<objstore::ObjectStore> store,
                                               WriterOptions options) {
   if (!store) return InvalidArgument("WAL writer needs an object store");
@@ -431,8 +436,7 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
     std::lock_guard lk(mu_);
     // The pace follows the store's PUT latency: the attempt that landed,
     // not the backoff of an outage before it.
-    Duration put = Now() - attempt_start;
-    put_ewma_ = put_ewma_ == Duration::zero() ? put : (put_ewma_ * 7 + put) / 8;
+    put_ewma_ = NextPutEstimate(put_ewma_, Now() - attempt_start);
     if (slot->abandoned) return;
     slot->durable = true;
     slot->durable_at = Now();

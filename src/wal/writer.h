@@ -101,6 +101,13 @@ struct WalMetrics {
 // on the node (the engine checks them before it mints an epoch).
 Status ValidateWriterOptions(const WriterOptions& options);
 
+// The cut pace's PUT latency estimate after a PUT that took `sample`: an
+// average over about 8 PUTs of samples clipped to 4 times the estimate (the
+// first to 50 ms), so that one PUT held up for seconds (a store's stall, a
+// cold connection) does not space cuts out for the dozens of PUTs it would
+// take to fade. A store that is truly slower raises it by up to 37.5 % a PUT.
+Duration NextPutEstimate(Duration estimate, Duration sample);
+
 class Writer {
  public:
   static Result<std::unique_ptr<Writer>> Start(std::shared_ptr<objstore::ObjectStore> store,
@@ -239,7 +246,8 @@ class Writer {
   size_t flusher_wake_at_ = SIZE_MAX;
   std::vector<std::string> spare_buffers_;  // released slot buffers, reused by BuildSlot
   // Cut pacing: under load, cuts are spaced put_ewma_/window apart so the
-  // window holds slots evenly spread in time instead of in waves.
+  // window holds slots evenly spread in time instead of in waves
+  // (put_ewma_: NextPutEstimate over the PUTs so far).
   Duration put_ewma_ = Duration::zero();
   TimePoint last_cut_;
   // Every slot before (epoch, seq) in chain order has been released and its
