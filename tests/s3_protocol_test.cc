@@ -132,6 +132,10 @@ TEST(S3Protocol, DeleteObjectsBodyAndResult) {
   EXPECT_TRUE(s3::XmlSafe("a b/c"));
   EXPECT_FALSE(s3::XmlSafe("a\x01"));
   EXPECT_FALSE(s3::XmlSafe("a\rb"));
+  EXPECT_FALSE(s3::XmlSafe("x/\xEF\xBF\xBF"));  // U+FFFF
+  EXPECT_FALSE(s3::XmlSafe("\xEF\xBF\xBEx"));   // U+FFFE
+  EXPECT_TRUE(s3::XmlSafe("x/\xEF\xBF\xBD"));   // U+FFFD is a character
+  EXPECT_TRUE(s3::XmlSafe("x/\xEF\xBF"));
 }
 
 s3::Error Err(long status, std::string code) {
@@ -311,6 +315,18 @@ TEST(S3Uri, DescribeShowsWhereButNoSecrets) {
   auto aws = OpenS3Store(o);
   ASSERT_TRUE(aws.ok());
   EXPECT_EQ((*aws)->Describe(), "s3://bkt/pre (endpoint https://s3.us-east-1.amazonaws.com, region us-east-1, virtual host)");
+  // A dotted bucket on AWS goes path style (its name is no single host label
+  // the certificate covers), unless asked otherwise.
+  S3Options dotted = DummyOptions("weir.prod", "");
+  dotted.probe_conditional_put = false;
+  auto dotted_aws = OpenS3Store(dotted);
+  ASSERT_TRUE(dotted_aws.ok());
+  EXPECT_EQ((*dotted_aws)->Describe(),
+            "s3://weir.prod/ (endpoint https://s3.us-east-1.amazonaws.com, region us-east-1, path style)");
+  dotted.path_style = false;
+  auto dotted_virtual = OpenS3Store(dotted);
+  ASSERT_TRUE(dotted_virtual.ok());
+  EXPECT_NE((*dotted_virtual)->Describe().find("virtual host"), std::string::npos);
   o.endpoint = "http://localhost:9000";
   auto local = OpenS3Store(o);
   ASSERT_TRUE(local.ok());

@@ -124,8 +124,14 @@ Result<std::string> UrlDecode(std::string_view s, bool plus_is_space) {
 }
 
 bool XmlSafe(std::string_view s) {
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c == 0x7f) return false;
+    // U+FFFE and U+FFFF (EF BF BE, EF BF BF) are not XML 1.0 characters.
+    if (c == 0xef && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0xbf &&
+        (static_cast<unsigned char>(s[i + 2]) & 0xfe) == 0xbe) {
+      return false;
+    }
   }
   return true;
 }

@@ -555,7 +555,9 @@ Result<std::shared_ptr<S3Store>> OpenS3Store(const S3Options& options) {
     S3Options& o = impl->o;
     const bool aws = o.endpoint.empty();
     if (aws) o.endpoint = fmt::format("https://s3.{}.amazonaws.com", o.region);
-    const bool path_style = o.path_style.value_or(!aws);
+    // A dotted bucket name as a host name is not covered by AWS's wildcard
+    // certificate (*.s3.REGION.amazonaws.com): path style, as AWS's SDKs do.
+    const bool path_style = o.path_style.value_or(!aws || o.bucket.find('.') != std::string::npos);
     o.path_style = path_style;
     const size_t scheme_end = o.endpoint.find("://") + 3;
     std::string authority = o.endpoint.substr(scheme_end);
