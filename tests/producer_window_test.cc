@@ -45,14 +45,18 @@ TEST(ProducerWindows, KeepsTheLastFiveBatches) {
 
 TEST(ProducerWindows, ForgetsTheLeastRecentProducersPastTheBound) {
   // Producer i appends at offset i; producer 0 appends again at the end, so
-  // it is recent however early it started.
+  // it is recent however early it started. All of it longer ago than
+  // kProducerRecentWindow, but for the last two appends.
   ProducerWindows w;
   uint64_t offset = 0;
+  const TimePoint then = Now();
+  TimePoint now = then;
   auto append = [&](uint64_t id, int32_t seq) {
-    w.Record(id, 0, ProducerBatch{seq, seq, offset, offset + 1, 0, 0});
+    w.Record(id, 0, ProducerBatch{seq, seq, offset, offset + 1, 0, 0}, now);
     ++offset;
   };
   for (uint64_t id = 0; id < kMaxProducersPerStream; ++id) append(id, 0);
+  now = then + kProducerRecentWindow;
   append(0, 1);
   EXPECT_EQ(w.size(), kMaxProducersPerStream);
   append(kMaxProducersPerStream, 0);  // one too many: an eighth goes
@@ -71,6 +75,44 @@ TEST(ProducerWindows, ForgetsTheLeastRecentProducersPastTheBound) {
   auto copy = ProducerWindows::Deserialize(w.Serialize());
   ASSERT_TRUE(copy.ok());
   EXPECT_TRUE(*copy == w);
+}
+
+// Producers that appended within kProducerRecentWindow are not forgotten
+// past the bound (their retries may still come), up to the hard bound.
+TEST(ProducerWindows, KeepsProducersThatAppendedRecentlyPastTheBound) {
+  ProducerWindows w;
+  uint64_t offset = 0;
+  const TimePoint start = Now();
+  auto append = [&](uint64_t id, TimePoint at) {
+    w.Record(id, 0, ProducerBatch{0, 0, offset, offset + 1, 0, 0}, at);
+    ++offset;
+  };
+  // 2,000 producers within a minute: all kept, each retry a duplicate.
+  for (uint64_t id = 0; id < 2000; ++id) append(id, start + std::chrono::milliseconds(id * 30));
+  EXPECT_EQ(w.size(), 2000u);
+  EXPECT_EQ(w.Check(0, 0, 0, 1)->kind, ProducerCheck::kDuplicate);
+  // Once the first 1,500 have been idle past the window (the last 500
+  // appended within it), the next append forgets down to 7/8 of the bound
+  // among the idle ones, those that appended earliest first.
+  const TimePoint later = start + std::chrono::milliseconds(1499 * 30) + kProducerRecentWindow;
+  append(2000, later);
+  EXPECT_EQ(w.size(), kMaxProducersPerStream * 7 / 8);  // 2,001 - 1,105
+  EXPECT_FALSE(w.Knows(1104));
+  EXPECT_TRUE(w.Knows(1105));
+  EXPECT_TRUE(w.Knows(1999));
+  EXPECT_TRUE(w.Knows(1500));
+  EXPECT_TRUE(w.Knows(2000));
+  EXPECT_FALSE(w.Knows(0));
+  EXPECT_TRUE(w.Knows(1499)) << "the idle ones that appended last stay";
+  // The hard bound holds even if every producer appended just now.
+  ProducerWindows busy;
+  const TimePoint now = Now();
+  for (uint64_t id = 0; id <= kMaxRecentProducersPerStream; ++id) {
+    busy.Record(id, 0, ProducerBatch{0, 0, id, id + 1, 0, 0}, now);
+  }
+  EXPECT_EQ(busy.size(), kMaxRecentProducersPerStream * 7 / 8);
+  EXPECT_FALSE(busy.Knows(0));
+  EXPECT_TRUE(busy.Knows(kMaxRecentProducersPerStream));
 }
 
 TEST(ProducerWindows, SequencesWrapAtInt32Max) {

@@ -59,22 +59,31 @@ Result<ProducerCheck> ProducerWindows::Check(uint64_t producer_id, int16_t epoch
                     expected);
 }
 
-void ProducerWindows::Record(uint64_t producer_id, int16_t epoch, const ProducerBatch& batch) {
+void ProducerWindows::Record(uint64_t producer_id, int16_t epoch, const ProducerBatch& batch, TimePoint now) {
   Producer& p = producers_[producer_id];
   if (epoch != p.epoch) {
     p.epoch = epoch;
     p.batches.clear();
   }
   p.batches.push_back(batch);
+  p.last_append = now;
   while (p.batches.size() > kProducerWindowBatches) p.batches.pop_front();
   if (producers_.size() <= kMaxProducersPerStream) return;
-  // Forget an eighth at once, so this O(n) pass runs once per n/8 producers.
-  std::vector<std::pair<uint64_t, uint64_t>> by_end;  // (end of newest batch, id)
+  const bool over_hard_bound = producers_.size() > kMaxRecentProducersPerStream;
+  if (!over_hard_bound && now < next_forget_pass_) return;
+  // Forget down to 7/8 of the bound at once, so this O(n) pass runs about
+  // once per n/8 new producers.
+  std::vector<std::pair<uint64_t, uint64_t>> by_end;  // (end of newest batch, id), of those that may go
   by_end.reserve(producers_.size());
   for (const auto& [id, q] : producers_) {
-    by_end.emplace_back(q.batches.empty() ? 0 : q.batches.back().end_offset, id);
+    if (over_hard_bound || now - q.last_append >= kProducerRecentWindow) {
+      by_end.emplace_back(q.batches.empty() ? 0 : q.batches.back().end_offset, id);
+    }
   }
-  const size_t drop = producers_.size() - kMaxProducersPerStream * 7 / 8;
+  const size_t target = (over_hard_bound ? kMaxRecentProducersPerStream : kMaxProducersPerStream) * 7 / 8;
+  const size_t wanted = producers_.size() - target;
+  const size_t drop = std::min(wanted, by_end.size());
+  next_forget_pass_ = drop < wanted ? now + std::chrono::seconds(1) : TimePoint{};
   std::nth_element(by_end.begin(), by_end.begin() + static_cast<std::ptrdiff_t>(drop), by_end.end());
   for (size_t i = 0; i < drop; ++i) producers_.erase(by_end[i].second);
 }
@@ -115,6 +124,7 @@ Result<ProducerWindows> ProducerWindows::Deserialize(std::string_view data) {
     }
     Producer& p = w.producers_[id];
     p.epoch = static_cast<int16_t>(epoch);
+    p.last_append = Now();
     for (uint8_t j = 0; j < count; ++j) {
       ProducerBatch b;
       uint32_t fs = 0, ls = 0;

@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 
+#include "base/clock.h"
 #include "base/status.h"
 
 namespace weir::log {
@@ -22,6 +23,13 @@ inline constexpr size_t kProducerWindowBatches = 5;
 // that appended least recently (by offset) are forgotten, so a stream's state
 // stays bounded however many producers come and go.
 inline constexpr size_t kMaxProducersPerStream = 1024;
+// Except producers that appended within this (by this process's clock): a
+// client retries a batch within its delivery timeout (librdkafka 5 min,
+// Java 2 min), and a forgotten producer's retry of its first batch would be
+// appended again. They are kept past kMaxProducersPerStream, up to
+// kMaxRecentProducersPerStream.
+inline constexpr Duration kProducerRecentWindow = std::chrono::minutes(5);
+inline constexpr size_t kMaxRecentProducersPerStream = 8 * kMaxProducersPerStream;
 
 // Sequence of the last record of a batch of `count` records starting at
 // `first` (sequences wrap from INT32_MAX to 0, as Kafka's do).
@@ -48,11 +56,13 @@ class ProducerWindows {
   // kNew, kDuplicate, or an error: kFenced (epoch older than the producer's
   // current one), kOutOfRange (sequence gap or too old to tell: out of order).
   Result<ProducerCheck> Check(uint64_t producer_id, int16_t epoch, int32_t first_seq, int32_t count) const;
-  // Records an appended batch (after Check said kNew). Past
-  // kMaxProducersPerStream producers, forgets the eighth whose newest batch
-  // ends earliest. Offsets, not timestamps, order them (clients set
-  // timestamps), so the same state and batches forget the same producers.
-  void Record(uint64_t producer_id, int16_t epoch, const ProducerBatch& batch);
+  // Records an appended batch (after Check said kNew) at `now`. Past
+  // kMaxProducersPerStream producers, forgets those that did not append
+  // within kProducerRecentWindow, down to 7/8 of the bound, the ones whose
+  // newest batch ends earliest first; past kMaxRecentProducersPerStream,
+  // any. Offsets, not record timestamps, order them (clients set those).
+  // Producers restored by Deserialize count as having appended then.
+  void Record(uint64_t producer_id, int16_t epoch, const ProducerBatch& batch, TimePoint now = Now());
 
   bool Knows(uint64_t producer_id) const { return producers_.count(producer_id) != 0; }
   bool empty() const { return producers_.empty(); }
@@ -68,8 +78,12 @@ class ProducerWindows {
   struct Producer {
     int16_t epoch = 0;
     std::deque<ProducerBatch> batches;  // oldest first, at most kProducerWindowBatches
+    TimePoint last_append;              // not serialized
   };
   std::map<uint64_t, Producer> producers_;
+  // After a pass that found too few producers to forget, the next one waits
+  // until then (or the hard bound), so appends stay O(log n) meanwhile.
+  TimePoint next_forget_pass_;
 };
 
 bool operator==(const ProducerBatch& a, const ProducerBatch& b);
