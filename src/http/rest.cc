@@ -249,6 +249,7 @@ Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l, ConfigMo
   // negative or fractional retention age) is a 400; a valid value the server
   // refuses is a 422.
   if (auto it = j.find("storage_class"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) throw BadRequest{"storage_class must be a string"};
     auto parsed = metastore::ParseStorageClass(it->get<std::string>());
     if (!parsed.ok()) throw BadRequest{parsed.status().message()};
     l->storage_class = *parsed;
@@ -275,6 +276,7 @@ Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l, ConfigMo
       if (m->is_null()) {
         l->timestamping.reset();
       } else {
+        if (!m->is_string()) throw BadRequest{"timestamping.mode must be a string"};
         auto parsed = metastore::ParseTimestampingMode(m->get<std::string>());
         if (!parsed.ok()) throw BadRequest{parsed.status().message()};
         l->timestamping = *parsed;
@@ -284,6 +286,7 @@ Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l, ConfigMo
       if (u->is_null()) {
         l->uncapped_timestamps.reset();
       } else {
+        if (!u->is_boolean()) throw BadRequest{"timestamping.uncapped must be true or false"};
         l->uncapped_timestamps = u->get<bool>();
       }
     }
@@ -296,10 +299,11 @@ Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l, ConfigMo
         if (mode == ConfigMode::kCreate) throw BadRequest{"delete_on_empty.min_age_secs must be an integer"};
         l->delete_on_empty_min_age_s.reset();
       } else {
-        if (!age->is_number_integer()) throw BadRequest{"delete_on_empty.min_age_secs must be an integer"};
-        if (age->is_number_unsigned() ? age->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
-                                      : age->get<int64_t>() < 0) {
-          return InvalidArgument("delete_on_empty.min_age_secs must be between 0 and {}", INT64_MAX);
+        if (!age->is_number_integer() || (!age->is_number_unsigned() && age->get<int64_t>() < 0)) {
+          throw BadRequest{"delete_on_empty.min_age_secs must be a whole number of seconds"};
+        }
+        if (age->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+          return InvalidArgument("delete_on_empty.min_age_secs must be at most {}", INT64_MAX);
         }
         l->delete_on_empty_min_age_s = age->get<int64_t>();  // 0 turns it off
       }
@@ -774,6 +778,8 @@ bool RestApi::Admit(const Request& req, Ctx& c) const {
       st = ApplyStreamLayer(j, &c.create_config, ConfigMode::kCreate);
     } catch (const BadRequest& bad) {
       throw BadRequest{"s2-stream-config: " + bad.message, "bad_header"};
+    } catch (const Json::exception& e) {
+      throw BadRequest{fmt::format("s2-stream-config: {}", e.what()), "bad_header"};
     }
     if (!st.ok()) throw BadRequest{"s2-stream-config: " + st.message(), "bad_header"};
   }
@@ -1434,6 +1440,12 @@ std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<
     return session;
   } catch (const BadRequest& e) {
     c.Error(e.status, e.code, e.message);
+    return nullptr;
+  } catch (const Json::exception& e) {
+    c.Error(400, "bad_json", fmt::format("bad JSON field: {}", e.what()));
+    return nullptr;
+  } catch (const std::exception& e) {  // called from an HTTP/2 callback: nothing may escape
+    c.Error(500, "internal", fmt::format("opening the append session: {}", e.what()));
     return nullptr;
   }
 }

@@ -43,11 +43,14 @@ constexpr const char kTakeWriterLock[] =
 
 constexpr const char kNowMs[] = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
-// Run on every new connection.
+// Run on every new connection. A commit acknowledged must be durable (and,
+// with synchronous standbys, on them) whatever the server's, database's or
+// role's default: settle deletes WAL slots once its commit is acknowledged.
 constexpr const char* kSessionSettings[] = {
     "SET lock_timeout = '5s'",
     "SET statement_timeout = '60s'",
     "SET idle_in_transaction_session_timeout = '60s'",
+    "SET synchronous_commit = on",
 };
 
 // Connection parameters set unless the URI sets them.
@@ -430,6 +433,11 @@ Status PostgresDb::Begin(std::string_view what) {
 
 Status PostgresDb::Commit(std::string_view what) {
   in_transaction_ = false;
+  // A statement timeout that cancels a COMMIT's wait for a synchronous
+  // standby leaves it committed locally and answers success with only a
+  // warning: no timeout for the COMMIT. (If the transaction failed, this SET
+  // fails too, and the COMMIT rolls back as before.)
+  PQclear(PQexec(conn_, "SET LOCAL statement_timeout = 0"));
   PGresult* res = PQexec(conn_, "COMMIT");
   const ExecStatusType s = res != nullptr ? PQresultStatus(res) : PGRES_FATAL_ERROR;
   Status st;

@@ -227,6 +227,22 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(r.status_code, 200, r.text)
         return [rec["body"] for rec in r.json()["records"]]
 
+    def test_a_stream_config_of_the_wrong_types_is_refused_and_the_server_lives(self):
+        # Each once made the server abort (an uncaught JSON type error in an
+        # HTTP/2 callback); now each gets 400 bad_header and creates nothing.
+        for cfg in ('{"storage_class":1}', '{"timestamping":{"mode":7}}', '{"timestamping":{"uncapped":"yes"}}',
+                    '{"delete_on_empty":{"min_age_secs":-1}}'):
+            with self.subTest(cfg=cfg):
+                stream = unique("s2s-cfg")
+                sid = self.append_session(stream, end=True, headers=[("s2-stream-config", cfg)])
+                st = self.h2.wait_end(sid)
+                self.assertEqual(st["status"], 400, bytes(st["data"]))
+                self.assertEqual(json.loads(bytes(st["data"]))["code"], "bad_header", bytes(st["data"]))
+                r = requests.get(f"{SERVER.base_url}/v1/streams/{stream}/records/tail", timeout=TIMEOUT)
+                self.assertEqual(r.status_code, 404, r.text)
+        r = requests.get(f"{SERVER.base_url}/health", timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 200, r.text)
+
     def test_append_session_acks_each_input_in_order(self):
         stream = self.new_stream()
         inputs = [frame(pb_append_input([pb_append_record(f"r{i}".encode())])) for i in range(3)]
