@@ -996,8 +996,15 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     if (!st || st->head_done) return 0;  // trailers are ignored
     // As HPACK counts a field (RFC 7541 §4.1): 32 bytes more than its
     // name and value, so a flood of empty fields counts too.
-    st->header_bytes += namelen + valuelen + 32;
-    if (st->header_bytes > 64 * 1024) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // resets the stream
+    const size_t field = namelen + valuelen + 32;
+    st->header_bytes += field;
+    self->header_bytes_ += field;
+    // 64 KiB a stream, and kMaxHttp2HeaderBytes for all of a connection's
+    // open streams: HPACK lets a client repeat a long field for a byte, and
+    // a head may wait for its body for the stall timeout.
+    if (st->header_bytes > 64 * 1024 || self->header_bytes_ > kMaxHttp2HeaderBytes) {
+      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // resets the stream
+    }
     std::string_view n(reinterpret_cast<const char*>(name), namelen);
     std::string v(reinterpret_cast<const char*>(value), valuelen);
     if (n == ":method") {
@@ -1094,6 +1101,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     if (it == self->streams_.end()) return 0;
     std::unique_ptr<H2Stream> st = std::move(it->second);
     self->streams_.erase(it);
+    self->header_bytes_ -= st->header_bytes;
     self->Drop(st.get());
     return 0;
   }
@@ -1430,6 +1438,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   net::steady_timer timer_;
   nghttp2_session* session_ = nullptr;
   std::map<int32_t, std::unique_ptr<H2Stream>> streams_;
+  size_t header_bytes_ = 0;  // the open streams' header_bytes
   std::array<char, 16384> rbuf_{};
   std::string wbuf_;  // the write in progress
   std::vector<std::function<void(bool)>> written_;  // chunks handed to nghttp2 since the last write began

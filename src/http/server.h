@@ -185,6 +185,9 @@ inline size_t ConnectionUnwrittenBudget(size_t total) {
 
 // Concurrent streams an HTTP/2 client may open on one connection.
 inline constexpr uint32_t kMaxHttp2Streams = 100;
+// Request header bytes (as HPACK counts them) of one HTTP/2 connection's open
+// streams; a stream whose head would pass it is reset.
+inline constexpr size_t kMaxHttp2HeaderBytes = 256u << 10;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";

@@ -243,6 +243,23 @@ class S2sTest(unittest.TestCase):
         r = requests.get(f"{SERVER.base_url}/health", timeout=TIMEOUT)
         self.assertEqual(r.status_code, 200, r.text)
 
+    def test_heads_waiting_for_their_bodies_hold_at_most_256_kib_of_headers(self):
+        # HPACK lets a client repeat a long header field for a byte or two,
+        # and a head may wait for its body: a connection's open streams hold
+        # at most 256 KiB of headers; a head past that is reset.
+        stream = self.new_stream()
+        pad = [(f"x-pad-{i}", "p" * 4000) for i in range(15)]  # about 60 KB a head (64 KiB a stream)
+        sids = [self.h2.request("POST", f"/v1/streams/{stream}/records",
+                                [("content-type", "application/json")] + pad, end=False) for _ in range(6)]
+        self.h2.pump(lambda: sum(self.h2.streams[sid]["reset"] is not None for sid in sids) >= 2)
+        reset = [sid for sid in sids if self.h2.streams[sid]["reset"] is not None]
+        self.assertEqual(len(sids) - len(reset), 4, "four heads of about 60 KB fit in 256 KiB")
+        # The ones held still take their bodies.
+        held = [sid for sid in sids if sid not in reset]
+        self.h2.send(held[0], json.dumps({"records": [{"body": "after"}]}).encode(), end=True)
+        self.assertEqual(self.h2.wait_end(held[0])["status"], 200)
+        self.assertEqual(self.records(stream), ["after"])
+
     def test_append_session_acks_each_input_in_order(self):
         stream = self.new_stream()
         inputs = [frame(pb_append_input([pb_append_record(f"r{i}".encode())])) for i in range(3)]
