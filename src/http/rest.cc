@@ -24,12 +24,28 @@ static_assert(kS2sMaxFrameBytes + 3 <= kMaxBodySinkUnitBytes);
 using Json = nlohmann::json;
 
 namespace {
+// Thrown inside this file only, for malformed requests: becomes a 400 (or
+// `status`). `code` is S2's name for what was malformed: bad_json (the body),
+// bad_query, bad_header, bad_path or bad_proto.
+struct BadRequest {
+  std::string message;
+  std::string_view code = "bad_json";
+  int status = 400;
+};
+
 // A request's JSON body (not the append body, which simdjson parses with its
 // own depth limit). Values nested deeper than kMaxJsonDepth are refused:
 // nlohmann's parser is iterative, but copies and dumps recurse, and a body
 // of a million brackets would overflow a thread's stack. Discarded if bad.
 constexpr int kMaxJsonDepth = 64;
+// Config bodies (basins, streams) are a few hundred bytes; a tree costs up to
+// about 20 times its text, so a larger body is refused before it is parsed.
+constexpr size_t kMaxConfigJsonBytes = 64 << 10;
 Json ParseRequestJson(std::string_view body) {
+  if (body.size() > kMaxConfigJsonBytes) {
+    throw BadRequest{fmt::format("a JSON config body holds at most {} bytes, got {}", kMaxConfigJsonBytes, body.size()),
+                     "request_too_large", 413};
+  }
   bool too_deep = false;
   Json j = Json::parse(
       body,
@@ -144,15 +160,6 @@ struct RestApi::Ctx {
 };
 
 namespace {
-
-// Thrown inside this file only, for malformed requests: becomes a 400.
-// `code` is S2's name for what was malformed: bad_json (the body),
-// bad_query, bad_header, bad_path or bad_proto.
-struct BadRequest {
-  std::string message;
-  std::string_view code = "bad_json";
-  int status = 400;
-};
 
 std::string Rfc3339(int64_t ms) {
   time_t secs = static_cast<time_t>(ms / 1000);

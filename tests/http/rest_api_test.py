@@ -1843,6 +1843,20 @@ class ErrorStatusTest(ApiTestCase):
             with self.subTest(method=method, path=path):
                 self.assertError(self.c.request(method, path), 405, "method_not_allowed")
 
+    def test_a_config_body_over_64_kib_is_refused_before_it_is_parsed(self):
+        # A JSON tree costs up to about 20 times its text: config bodies (a few
+        # hundred bytes in practice) are refused past 64 KiB, and nothing is made.
+        name = unique("bigcfg")
+        body = json.dumps({"stream": name, "x": [[]] * 30000}).encode()
+        self.assertGreater(len(body), 64 << 10)
+        self.assertError(self.c.post("/v1/streams", data=body, headers={"Content-Type": "application/json"}),
+                         413, "request_too_large")
+        self.assertError(self.c.get(f"/v1/streams/{q(name)}/records/tail"), 404, "stream_not_found")
+        # A config body just under it is parsed (and refused for what it says).
+        small = json.dumps({"stream": name, "config": {"storage_class": "nope"}}).encode()
+        self.assertError(self.c.post("/v1/streams", data=small, headers={"Content-Type": "application/json"}),
+                         400, "bad_json")
+
     def test_bad_requests(self):
         s = self.new_stream("bad")
         rec = f"/v1/streams/{q(s)}/records"
