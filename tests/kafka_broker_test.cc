@@ -1299,6 +1299,63 @@ TEST_F(BrokerTest, BatchesTooManyForThePoolAtOnceWaitInGroupsThatFit) {
   EXPECT_EQ(stalls.load(), 0u);
 }
 
+// An idempotent producer's retry of a batch already appended needs no room
+// in the WAL pool: it is answered at once while the pool is full (it waited
+// for room, up to admission_timeout, before its duplicate answer). A new
+// batch in the same request still waits, and the request is answered once
+// it is in.
+TEST_F(BrokerTest, ARetryOfAnAppendedBatchDoesNotWaitForAdmission) {
+  StopAll();
+  OpenEngine(1 << 20);
+  StartBroker(Options());
+  ASSERT_EQ(CreateTopic("again", 2).error_code, ErrorCode::kNone);
+  auto init = InitProducerId();
+  ASSERT_EQ(init.error_code, ErrorCode::kNone);
+  const std::string batch = Batch(BatchSpec{{std::string(400 << 10, 'r')}, 1700000000000, 0, init.producer_id, 0, 0});
+  auto first = Produce("again", 0, batch);
+  ASSERT_EQ(first.error_code, ErrorCode::kNone);
+  ASSERT_EQ(first.base_offset, 0);
+  auto held = engine_->TryAdmission(700 << 10, 1);  // no room left for the batch's size
+  ASSERT_NE(held, nullptr);
+  ASSERT_TRUE(held->has_room());
+  ASSERT_TRUE(engine_->AdmissionMayWait(batch.size()));
+  const int suspended_before = g_suspensions.load();
+
+  Pending retry = Start(ProduceReq("again", 0, batch), 7);
+  ASSERT_EQ(retry.future.wait_for(kAnswerTimeout), std::future_status::ready);
+  auto resp = Finish(retry, DecodeProduceResponse);
+  ASSERT_EQ(resp.responses.size(), 1u);
+  ASSERT_EQ(resp.responses[0].partition_responses.size(), 1u);
+  EXPECT_EQ(resp.responses[0].partition_responses[0].error_code, ErrorCode::kNone);
+  EXPECT_EQ(resp.responses[0].partition_responses[0].base_offset, 0);
+  EXPECT_EQ(g_suspensions.load(), suspended_before);
+  EXPECT_EQ(Latest("again", 0), 1);
+
+  ProduceRequest m;
+  m.acks = -1;
+  m.timeout_ms = 30000;
+  m.topic_data.push_back(ProduceTopicData{"again", {}});
+  m.topic_data[0].partition_data.push_back(ProducePartitionData{0, batch});
+  const std::string other = Batch({std::string(400 << 10, 'n')});
+  m.topic_data[0].partition_data.push_back(ProducePartitionData{1, other});
+  Pending mixed = Start(m, 7);
+  for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
+       g_suspensions.load() == suspended_before && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(g_suspensions.load(), suspended_before + 1);  // the new batch waits
+  EXPECT_FALSE(mixed.answered());
+  held.reset();
+  auto both = Finish(mixed, DecodeProduceResponse);
+  ASSERT_EQ(both.responses.size(), 1u);
+  ASSERT_EQ(both.responses[0].partition_responses.size(), 2u);
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(both.responses[0].partition_responses[p].error_code, ErrorCode::kNone) << p;
+    EXPECT_EQ(both.responses[0].partition_responses[p].base_offset, 0) << p;
+    EXPECT_EQ(Latest("again", p), 1) << p;
+  }
+}
+
 // A topic whose table exists in the metastore but whose partitions memory
 // lacks (a create whose answer was lost) is loaded by the next produce to
 // it: the produce was UNKNOWN_TOPIC_OR_PARTITION for ever.

@@ -493,6 +493,24 @@ void Broker::ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::sha
     return ProduceAppend(req, std::move(resp), std::move(jobs), ticket);
   }
   auto run = NewProduceRun(std::move(resp), std::move(jobs));
+  // An idempotent producer's retry of a batch already appended (its answer
+  // was lost or late) needs no room: answered now, or once its original is
+  // durable, rather than after waiting out a full pool.
+  std::vector<ProduceJob> waiting;
+  for (size_t i = 0; i < run->jobs.size(); ++i) {
+    ProduceJob& job = run->jobs[i];
+    log::AppendCallback done = JobDone(req, run, i);
+    const size_t size = job.batch.size();
+    if (engine_->AnswerRetriedBatch(options_.basin, job.stream, job.batch, done)) {
+      metrics_.produce_batches++;
+      metrics_.produce_bytes += size;
+      continue;
+    }
+    waiting.push_back(std::move(job));
+  }
+  // Callbacks read only the response indexes, never `jobs`.
+  run->jobs = std::move(waiting);
+  if (run->jobs.empty()) return;  // the last answer finishes the request
   run->suspended = req->reply->SuspendInOrder();
   run->admit_by = Now() + engine_->admission_timeout();
   WaitForAdmission(req, run, 0);
@@ -555,35 +573,38 @@ void Broker::AppendJob(const std::shared_ptr<Request>& req, const std::shared_pt
   ProduceJob& job = run->jobs[i];
   metrics_.produce_batches++;
   metrics_.produce_bytes += job.batch.size();
-  const size_t ti = job.topic, pi = job.partition;
   // Never waits for admission: room held by the ticket, or taken now, or
   // the batch is refused (retriable).
-  engine_->AppendBatchAsync(
-      options_.basin, job.stream, std::move(job.batch),
-      [this, req, run, ti, pi](log::AppendOutcome o) {
-        bool last = false;
-        {
-          std::lock_guard lk(run->mu);
-          auto& pr = run->resp->responses[ti].partition_responses[pi];
-          pr.error_code = AppendError(o);
-          if (o.status.ok()) {
-            pr.base_offset = static_cast<int64_t>(o.ack.start_offset);
-            pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
-            if (o.ack.log_append_time) pr.log_append_time_ms = o.ack.last_timestamp_ms;
-          } else {
-            pr.base_offset = -1;
-            // Java clients retry an UNKNOWN_PRODUCER_ID whose log start is
-            // unknown (-1) instead of resetting the producer's sequence.
-            if (o.unknown_producer) pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
-            metrics_.produce_errors++;
-            Log().debug("kafka: produce to {}[{}] from {}: {}", run->resp->responses[ti].name, pr.index,
-                        req->reply->peer(), o.status.ToString());
-          }
-          last = --run->outstanding == 0;
-        }
-        if (last) FinishProduce(req, *run->resp);
-      },
-      /*may_wait=*/false, ticket);
+  engine_->AppendBatchAsync(options_.basin, job.stream, std::move(job.batch), JobDone(req, run, i),
+                            /*may_wait=*/false, ticket);
+}
+
+log::AppendCallback Broker::JobDone(const std::shared_ptr<Request>& req, const std::shared_ptr<ProduceRun>& run,
+                                    size_t i) {
+  const size_t ti = run->jobs[i].topic, pi = run->jobs[i].partition;
+  return [this, req, run, ti, pi](log::AppendOutcome o) {
+    bool last = false;
+    {
+      std::lock_guard lk(run->mu);
+      auto& pr = run->resp->responses[ti].partition_responses[pi];
+      pr.error_code = AppendError(o);
+      if (o.status.ok()) {
+        pr.base_offset = static_cast<int64_t>(o.ack.start_offset);
+        pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
+        if (o.ack.log_append_time) pr.log_append_time_ms = o.ack.last_timestamp_ms;
+      } else {
+        pr.base_offset = -1;
+        // Java clients retry an UNKNOWN_PRODUCER_ID whose log start is
+        // unknown (-1) instead of resetting the producer's sequence.
+        if (o.unknown_producer) pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
+        metrics_.produce_errors++;
+        Log().debug("kafka: produce to {}[{}] from {}: {}", run->resp->responses[ti].name, pr.index,
+                    req->reply->peer(), o.status.ToString());
+      }
+      last = --run->outstanding == 0;
+    }
+    if (last) FinishProduce(req, *run->resp);
+  };
 }
 
 // ---- Fetch --------------------------------------------------------------------

@@ -120,7 +120,8 @@ class Broker : public FrameHandler {
   // while they wait (the connection's ordered work is suspended meanwhile;
   // admission is looked at every few ms, up to one engine
   // admission_timeout for the request). Batches that cannot fit the WAL pool
-  // at once wait in groups that do (WaitForAdmission).
+  // at once wait in groups that do (WaitForAdmission). Retries of batches
+  // already appended are answered before the wait (they need no room).
   void ProduceWhenAdmissible(const std::shared_ptr<Request>& req, std::shared_ptr<ProduceResponse> resp,
                              std::vector<ProduceJob> jobs);
   // Appends run->jobs from `from` on, a group fitting the pool at a time as
@@ -130,6 +131,9 @@ class Broker : public FrameHandler {
   // batch done answers the request.
   void AppendJob(const std::shared_ptr<Request>& req, const std::shared_ptr<ProduceRun>& run, size_t i,
                  const std::shared_ptr<log::AdmissionTicket>& ticket);
+  // What answers run->jobs[i]'s partition once its append is done; the last
+  // batch done answers the request.
+  log::AppendCallback JobDone(const std::shared_ptr<Request>& req, const std::shared_ptr<ProduceRun>& run, size_t i);
   void FinishProduce(const std::shared_ptr<Request>& req, const ProduceResponse& r);
   void Fetch(const std::shared_ptr<Request>& req);
   // Reads every partition once; answers, or (unless final) waits for data.

@@ -1601,6 +1601,26 @@ bool Engine::DuplicateAnsweredBeforeAdmission(const std::string& basin, const st
   return HandledByProducerWindow(lk, s, p, count, done);
 }
 
+bool Engine::ProducerWindowHolds(const std::string& basin, const std::string& stream, const ProducerRef& p,
+                                 size_t count) {
+  auto found = Find(basin, stream);
+  if (!found.ok()) return false;
+  std::lock_guard lk((*found)->mu);
+  auto check = (*found)->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
+  return check.ok() && check->kind == ProducerCheck::kDuplicate;
+}
+
+bool Engine::AnswerRetriedBatch(const std::string& basin, const std::string& stream, std::string_view batch,
+                                AppendCallback& done) {
+  auto h = wal::ParseBatchHeader(batch);
+  if (!h.ok() || h->producer_id < 0 || h->record_count <= 0) return false;
+  const ProducerRef p{static_cast<uint64_t>(h->producer_id), h->producer_epoch, h->base_sequence};
+  const auto count = static_cast<size_t>(h->record_count);
+  // The look first, so a new batch is not checked twice (here and on append).
+  if (!ProducerWindowHolds(basin, stream, p, count) || !CheckBatch(batch).ok()) return false;
+  return DuplicateAnsweredBeforeAdmission(basin, stream, p, count, batch.size(), done);
+}
+
 bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
                                      const ProducerRef& p, size_t count, AppendCallback& done) {
   auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));

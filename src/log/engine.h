@@ -410,6 +410,15 @@ class Engine {
   // in the WAL pool or the settle backlog now is kResourceExhausted at once.
   void AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
                         AppendCallback done, bool may_wait = true, std::shared_ptr<AdmissionTicket> ticket = nullptr);
+  // Before waiting for admission (a full WAL pool or settle backlog): an
+  // idempotent producer's retry of a batch its window holds needs no room,
+  // so it is answered now, or queued behind its original still on its way
+  // (`done` runs then). True when it took `done`; false for anything else,
+  // which then goes through AppendBatchAsync. The batch passes
+  // AppendBatchAsync's checks before it is answered (as a retry through
+  // AppendBatchAsync would). CPU only (it may decompress the batch).
+  bool AnswerRetriedBatch(const std::string& basin, const std::string& stream, std::string_view batch,
+                          AppendCallback& done);
   // The checks AppendBatchAsync makes of the batch itself, whatever the
   // stream (as it would fail them): its header and its records' largest
   // timestamp. CPU only (it may decompress the batch).
@@ -611,6 +620,10 @@ class Engine {
   // (or queued behind its original) at once. True when it took `done`.
   bool DuplicateAnsweredBeforeAdmission(const std::string& basin, const std::string& stream, const ProducerRef& p,
                                         size_t count, size_t bytes, AppendCallback& done);
+  // Whether the stream's producer window holds this batch (a retry); a look
+  // only: DuplicateAnsweredBeforeAdmission decides.
+  bool ProducerWindowHolds(const std::string& basin, const std::string& stream, const ProducerRef& p,
+                           size_t count);
   // Under s->mu: hands a sealed batch to the WAL and commits the sequencer
   // state once it is admitted; `done` runs when it is durable or failed.
   // `room` was reserved before s->mu was taken (never wait for the pool

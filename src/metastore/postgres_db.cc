@@ -422,8 +422,13 @@ Status PostgresDb::Begin(std::string_view what) {
   WEIR_RETURN_IF_ERROR(begun);
   in_transaction_ = true;
   WEIR_ASSIGN_OR_RETURN(SqlStatement * lock, Prepare(kTakeWriterLock));
+  // Given back however this ends (also by a bad_alloc): a statement left
+  // borrowed would fail every later transaction.
+  struct GiveBack {
+    SqlStatement* stmt;
+    ~GiveBack() { stmt->Reset(); }
+  } give_back{lock};
   auto taken = lock->Step(fmt::format("{}: take the writers' lock", what));
-  lock->Reset();
   if (!taken.ok()) {
     RollbackIfActive();
     return taken.status();
