@@ -6,6 +6,8 @@
 #include <ctime>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 #include <simdjson.h>
@@ -47,19 +49,32 @@ Json ParseRequestJson(std::string_view body) {
                      "request_too_large", 413};
   }
   bool too_deep = false;
+  std::vector<std::set<std::string, std::less<>>> keys;  // each open object's keys so far
+  std::optional<std::string> repeated;
   Json j = Json::parse(
       body,
-      [&too_deep](int depth, Json::parse_event_t event, Json&) {
+      [&](int depth, Json::parse_event_t event, Json& parsed) {
+        if (too_deep || repeated) return true;  // refused whatever follows
         // `depth` counts from 0 (the top-level value's start).
         if (depth >= kMaxJsonDepth &&
             (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start)) {
           too_deep = true;
           return false;  // not kept
         }
+        if (event == Json::parse_event_t::object_start) {
+          keys.emplace_back();
+        } else if (event == Json::parse_event_t::object_end && !keys.empty()) {
+          keys.pop_back();
+        } else if (event == Json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
+                   !keys.back().insert(parsed.get_ref<const std::string&>()).second) {
+          repeated = parsed.get<std::string>();
+        }
         return true;
       },
       /*allow_exceptions=*/false);
   if (too_deep) return Json(Json::value_t::discarded);
+  // As S2 (serde): a field given twice is refused, not one of them taken.
+  if (repeated) throw BadRequest{fmt::format("\"{}\" appears twice in one JSON object", *repeated)};
   return j;
 }
 
@@ -401,8 +416,17 @@ std::string EncodeField(std::string_view s, Format f) { return f == Format::kRaw
 // The append body is the hot path: parsed with simdjson, not nlohmann.
 // Past `limits` (records, metered bytes) it stops at once with 422, before
 // a body of many tiny records or headers becomes far more memory than it is.
+// A thread's parser keeps its buffers (about 14 times the largest body it
+// parsed) for the next body up to this size; one past it gives them back.
+constexpr size_t kKeptParserCapacity = 2 << 20;
+
 AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimits& limits) {
   thread_local simdjson::dom::parser parser;
+  struct Shrink {  // however the parse ends (a refusal throws)
+    ~Shrink() {
+      if (parser.capacity() > kKeptParserCapacity) parser = simdjson::dom::parser{};
+    }
+  } shrink;
   simdjson::dom::element doc;
   // Parses in place when the body has simdjson's padding as spare capacity (the server leaves it).
   if (parser.parse(body).get(doc)) throw BadRequest{"the body is not valid JSON"};
@@ -410,6 +434,21 @@ AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimit
   simdjson::dom::array records;
   if (doc.get_object().get(obj) || obj["records"].get_array().get(records)) {
     throw BadRequest{"AppendInput needs a \"records\" array"};
+  }
+  // As S2 (serde): a field given twice is refused, not one of them taken.
+  auto twice = [](std::string_view key) {
+    return BadRequest{fmt::format("\"{}\" appears twice in one JSON object", key)};
+  };
+  {
+    unsigned seen = 0;
+    for (auto field : obj) {
+      const unsigned bit = field.key == "records"         ? 1
+                           : field.key == "match_seq_num" ? 2
+                           : field.key == "fencing_token" ? 4
+                                                          : 0;
+      if (seen & bit) throw twice(field.key);
+      seen |= bit;
+    }
   }
   if (records.size() > limits.max_records) {
     throw BadRequest{fmt::format("an append holds at most {} records, got {}", limits.max_records, records.size()),
@@ -429,7 +468,11 @@ AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimit
     simdjson::dom::object ro;
     if (r.get_object().get(ro)) throw BadRequest{"each record must be an object"};
     log::AppendRecord rec;
+    unsigned seen = 0;
     for (auto field : ro) {
+      const unsigned bit = field.key == "timestamp" ? 1 : field.key == "body" ? 2 : field.key == "headers" ? 4 : 0;
+      if (seen & bit) throw twice(field.key);
+      seen |= bit;
       if (field.value.is_null()) continue;
       if (field.key == "timestamp") {
         uint64_t ts = 0;
@@ -778,7 +821,12 @@ bool RestApi::Admit(const Request& req, Ctx& c) const {
   if (const std::string* cfg = req.Header("s2-stream-config")) {
     // JSON StreamConfig, as S2's SDK sends it with appends and reads; checked
     // here, before anything is created.
-    Json j = ParseRequestJson(*cfg);
+    Json j;
+    try {
+      j = ParseRequestJson(*cfg);
+    } catch (const BadRequest& bad) {
+      throw BadRequest{"s2-stream-config: " + bad.message, "bad_header"};
+    }
     if (j.is_discarded() || !j.is_object()) throw BadRequest{"s2-stream-config must be a JSON object", "bad_header"};
     Status st;
     try {

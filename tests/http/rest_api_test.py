@@ -1883,6 +1883,25 @@ class ErrorStatusTest(ApiTestCase):
                                                                        headers={"Content-Type": "application/json"})),
             ("bad protobuf", "bad_proto", lambda: self.c.post(rec, data=b"\x0a\xff",
                                                               headers={"Content-Type": "application/protobuf"})),
+            # A field given twice is refused (S2's serde does), not one of them taken.
+            ("records twice", "bad_json", lambda: self.c.post(rec, data=b'{"records":[{"body":"a"}],"records":[]}',
+                                                              headers={"Content-Type": "application/json"})),
+            ("a record's body twice", "bad_json",
+             lambda: self.c.post(rec, data=b'{"records":[{"body":"a","body":"b"}]}',
+                                 headers={"Content-Type": "application/json"})),
+            ("a record's headers twice, one null", "bad_json",
+             lambda: self.c.post(rec, data=b'{"records":[{"headers":[["h","v"]],"headers":null}]}',
+                                 headers={"Content-Type": "application/json"})),
+            ("fencing_token twice", "bad_json",
+             lambda: self.c.post(rec, data=b'{"records":[{"body":"a"}],"fencing_token":"x","fencing_token":"y"}',
+                                 headers={"Content-Type": "application/json"})),
+            ("a create's config key twice", "bad_json",
+             lambda: self.c.post("/v1/streams", data=('{"stream":"%s","config":{"storage_class":"standard",'
+                                                      '"storage_class":"express"}}' % unique("twice")).encode(),
+                                 headers={"Content-Type": "application/json"})),
+            ("s2-stream-config key twice", "bad_header",
+             lambda: self.c.post(rec, json={"records": [{"body": "x"}]},
+                                 headers={"s2-stream-config": '{"storage_class":"standard","storage_class":"standard"}'})),
         ]
         for what, code, fn in cases:
             with self.subTest(what):
