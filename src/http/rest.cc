@@ -2154,7 +2154,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   bool StartsAtTail() const {
     auto s = api_->engine_->GetStream(c_.basin, stream_);
     if (!s.ok()) return false;
-    if (s->trim_point >= s->tail) return true;
+    if (s->log_start >= s->tail) return true;  // trimmed or expired up to the tail: nothing to read
     switch (p_.start.kind) {
       case log::ReadStart::kOffset:
         return p_.start.value >= s->tail;

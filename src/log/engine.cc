@@ -1012,7 +1012,7 @@ Result<std::shared_ptr<Engine::Stream>> Engine::FindAny(const std::string& basin
 Result<StreamSummary> Engine::GetStream(const std::string& basin, const std::string& name) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   std::lock_guard lk(s->mu);
-  return StreamSummary{s->info, s->tail, s->tail_timestamp_ms, s->durable_trim_point, s->live.fencing_token};
+  return StreamSummary{s->info, s->tail, s->tail_timestamp_ms, s->durable_trim_point, s->live.fencing_token, LogStart(*s)};
 }
 
 Result<std::vector<metastore::StreamInfo>> Engine::ListStreams(const std::string& basin, const std::string& prefix,

@@ -248,6 +248,7 @@ struct StreamSummary {
   int64_t tail_timestamp_ms = 0;  // timestamp of the last acknowledged record
   uint64_t trim_point = 0;
   std::string fencing_token;
+  uint64_t log_start = 0;  // the first offset held (trim point, retention)
 };
 
 // Runs once when a watched stream's tail moves past the watched offset, or the
