@@ -2866,6 +2866,39 @@ TEST_F(EngineTest, AReadByTimeSeeksOnlyUntilItsFirstRecord) {
   EXPECT_EQ(r->records.back().record.value, "late");
 }
 
+// A read by time whose only record at or after the time lies below the
+// trim point (producer times out of order) fetches the segment it starts
+// in, not every later segment up to the tail: those hold only older records.
+TEST_F(EngineTest, AReadByTimePassesOverSegmentsOfOlderRecords) {
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"a"}, 100)).status.ok());
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"late"}, 500)).status.ok());
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"b"}, 100)).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"old"}, 100)).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  }
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"unsettled"}, 100)).status.ok());
+  ASSERT_TRUE(engine_->TrimTo(kBasin, "s", 2).ok());
+  auto counted = std::make_shared<objstore::FaultStore>(store_, objstore::FaultOptions{});
+  engine_->Close();
+  engine_.reset();
+  Start(counted);
+  const uint64_t before = counted->counters().gets.load();
+  // (A limit of one record: the first pass collects the first segment only.)
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 400}, 1, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->records.empty());
+  EXPECT_EQ(r->tail, 14u);
+  EXPECT_LE(counted->counters().gets.load() - before, 1u);
+  // Unchanged where the records are: a later one reaching the time is found.
+  ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"newest"}, 450)).status.ok());
+  r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 400}, 10, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 1u);
+  EXPECT_EQ(r->records[0].offset, 14u);
+}
+
 // The segment a read by time starts in is found through the segments'
 // running newest time (their times go back and forth here) after each way
 // the segment list changes: settles, retention, a merge, a restart's load.

@@ -2060,6 +2060,8 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
         if (from > s->tail) return OutOfRange("offset {} is past the tail {}", from, s->tail);
         // Below the trim point, or below what retention kept, reads start at the first record held.
         from = std::max(from, LogStart(*s));
+        // A record that reached the time below there does not count.
+        if (by_time) from = NextReaching(*s, from, at_time);
         if (from >= s->tail && wait_until) {
           s->cv.wait_until(lk, *wait_until, [&] { return s->deleted || superseded_ || s->tail > from; });
           if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);
@@ -2068,6 +2070,8 @@ Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string&
         }
       } else {
         from = std::max(from, LogStart(*s));
+        // Sources with only older records are passed over, not fetched.
+        if (by_time) from = NextReaching(*s, from, at_time);
       }
       out.tail = s->tail;
       out.tail_timestamp_ms = s->tail_timestamp_ms;
@@ -2119,6 +2123,18 @@ uint64_t Engine::LogStart(const Stream& s) {
   // A trim counts once durable: a trim command still pending may fail (or be
   // lost in a crash), and then the records it would have hidden come back.
   return std::max(low, s.durable_trim_point);
+}
+
+uint64_t Engine::NextReaching(const Stream& s, uint64_t from, int64_t at_time) {
+  auto seg = std::upper_bound(s.segments.begin(), s.segments.end(), from,
+                              [](uint64_t off, const metastore::SegmentInfo& g) { return off < g.end_offset; });
+  for (; seg != s.segments.end(); ++seg) {
+    if (seg->last_timestamp_ms >= at_time) return std::max(from, seg->start_offset);
+  }
+  for (const BatchRef& b : s.durable) {
+    if (b.end > from && b.max_timestamp_ms >= at_time) return std::max(from, b.start);
+  }
+  return std::max(from, s.tail);
 }
 
 void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, size_t max_bytes,

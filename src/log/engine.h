@@ -636,6 +636,11 @@ class Engine {
               bool log_append_time = false, bool commands = true);
   // Under s->mu: the first offset still held (trim point, retention).
   static uint64_t LogStart(const Stream& s);
+  // Under s->mu, for a read by time that has found nothing yet: `from` if
+  // the source holding it (a segment, or a batch still in the WAL) has a
+  // record at or after `at_time`, else the start of the first later source
+  // that has, else the tail. The sources passed over hold only older records.
+  static uint64_t NextReaching(const Stream& s, uint64_t from, int64_t at_time);
   // Under s->mu: the sources covering [from, ...) up to the limits, and at
   // most kMaxSegmentsPerRead segments (each costs a GET).
   static constexpr size_t kMaxSegmentsPerRead = 32;
