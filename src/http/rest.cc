@@ -1970,12 +1970,14 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       room_poll_ = kRoomPoll;
       max_bytes = std::min(max_bytes, std::max<size_t>(room / 2, 1));
     }
-    if (!started_ && p_.start.kind == log::ReadStart::kTimestamp && !p_.clamp) {
-      // As S2: a start timestamp past the tail's is unsatisfiable too.
+    if (!started_ && p_.start.kind == log::ReadStart::kTimestamp) {
+      // As S2: a start timestamp past the tail's is unsatisfiable too, or
+      // with `clamp` a start at the tail.
       auto s = api_->engine_->GetStream(c_.basin, stream_);
       if (!s.ok()) return c_.Fail(s.status(), "stream_not_found");
       if (p_.start.value > static_cast<uint64_t>(std::max<int64_t>(s->tail_timestamp_ms, 0))) {
-        return Unsatisfiable(s->tail, s->tail_timestamp_ms);
+        if (!p_.clamp) return Unsatisfiable(s->tail, s->tail_timestamp_ms);
+        p_.start = {log::ReadStart::kOffset, s->tail};
       }
     }
     // Pinned to the stream its first read found: one deleted and created
@@ -1999,8 +2001,12 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       return Finish(r.status());
     }
     // As S2: a read that starts at the tail and may not wait for more is
-    // unsatisfiable (a unary read without `wait`, a bounded session without it).
-    if (!started_ && r->records.empty() && !MayFollow()) return Unsatisfiable(r->tail, r->tail_timestamp_ms);
+    // unsatisfiable (a unary read without `wait`, a bounded session without
+    // it). One that starts below the tail and finds nothing (trimmed or
+    // expired records, or none at or after its time) is an empty answer.
+    if (!started_ && r->records.empty() && !MayFollow() && StartIsTheTail(r->tail)) {
+      return Unsatisfiable(r->tail, r->tail_timestamp_ms);
+    }
     // Later steps continue where this one ended: a start relative to the
     // tail or by time is resolved once.
     if (r->records.empty()) p_.start = {log::ReadStart::kOffset, r->tail};
@@ -2162,6 +2168,21 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         return p_.start.value == 0 || s->tail == 0;
       case log::ReadStart::kTimestamp:
         return p_.start.value > static_cast<uint64_t>(std::max<int64_t>(s->tail_timestamp_ms, 0));
+    }
+    return false;
+  }
+
+  // Whether the read's start, as the client gave it, is `tail` (S2 resolves
+  // a tail offset to an offset; a start by time is never the tail here: one
+  // past the tail's time was refused before reading).
+  bool StartIsTheTail(uint64_t tail) const {
+    switch (p_.start.kind) {
+      case log::ReadStart::kOffset:
+        return p_.start.value >= tail;
+      case log::ReadStart::kTailOffset:
+        return p_.start.value == 0 || tail == 0;
+      case log::ReadStart::kTimestamp:
+        return false;
     }
     return false;
   }

@@ -1416,6 +1416,20 @@ class ConditionsAndCommandsTest(ApiTestCase):
         self.assertEqual([x["seq_num"] for x in recs], [7])
         self.assertEqual(recs[0]["body"], "after")
 
+    def test_a_read_below_the_tail_of_a_stream_trimmed_through_it_is_empty_not_416(self):
+        s = self.new_stream("trimall")
+        self.c.append(s, [{"body": "a"}, {"body": "b"}])
+        self.c.append(s, [trim_b64(1000)], fmt="base64")  # trims through itself: nothing left
+        self.assertEqual(self.c.tail(s)["seq_num"], 3)
+        # As S2: a start below the tail that finds nothing is 200 with no
+        # records; only a start at the tail is 416.
+        for params in ({"seq_num": 0}, {"tail_offset": 2}, {"timestamp": 0}, {"seq_num": 1, "count": 5}):
+            with self.subTest(params=params):
+                self.assertEqual(self.c.read(s, params)["records"], [])
+        for params in ({"seq_num": 3}, {"tail_offset": 0}, {"seq_num": 7, "clamp": "true"}):
+            with self.subTest(params=params):
+                self.assertEqual(self.c.read(s, params, expect=416)["tail"]["seq_num"], 3)
+
     def test_delete_on_empty(self):
         s = self.new_stream("doe", {"delete_on_empty": {"min_age_secs": 1}})
         self.assertEqual(self.config(s)["delete_on_empty"], {"min_age_secs": 1})
