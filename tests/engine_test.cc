@@ -2062,6 +2062,39 @@ TEST_F(EngineTest, DeleteOnEmptyPassesOverATablesBucketStreams) {
   EXPECT_EQ(hooked->delete_empty_stream_calls.load(), 1) << "only the stream no table owns is asked for";
 }
 
+// While delete_on_empty deletes a stream, an append is refused as S2's
+// stream_deletion_pending (nothing written), not as a plain unavailable.
+TEST_F(EngineTest, AnAppendWhileDeleteOnEmptyDeletesTheStreamIsDeletionPending) {
+  auto hooked = RestartHooked();
+  StreamConfig soon;
+  soon.delete_on_empty_min_age_s = 1;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "going", soon).ok());
+  std::this_thread::sleep_for(1100ms);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> entered{false};
+  hooked->fail_delete = [&entered, released] {
+    entered = true;
+    released.wait();
+    return Status::Ok();
+  };
+  std::thread retention([&] { EXPECT_TRUE(engine_->ApplyRetention().ok()); });
+  for (auto until = std::chrono::steady_clock::now() + 10s; !entered && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(entered.load());
+  auto refused = engine_->Append(kBasin, "going", Bodies({"x"}));
+  EXPECT_EQ(refused.status.code(), Code::kUnavailable) << refused.status.ToString();
+  EXPECT_TRUE(refused.deletion_pending);
+  release.set_value();
+  retention.join();
+  hooked->fail_delete = nullptr;
+  EXPECT_EQ(engine_->GetStream(kBasin, "going").status().code(), Code::kNotFound);
+  auto gone = engine_->Append(kBasin, "going", Bodies({"x"}));
+  EXPECT_EQ(gone.status.code(), Code::kNotFound);
+  EXPECT_FALSE(gone.deletion_pending);
+}
+
 TEST_F(EngineTest, DeleteOnEmptyDeletesNothingOnceTheNodeIsSuperseded) {
   StreamConfig soon;
   soon.delete_on_empty_min_age_s = 1;

@@ -126,6 +126,9 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Result<std::vector<std::string>> DeleteEmptyStream(uint64_t id, std::string_view n, uint64_t e) override {
     delete_empty_stream_calls++;
+    if (fail_delete) {
+      if (Status st = fail_delete(); !st.ok()) return st;
+    }
     return MapDelete(m_->DeleteEmptyStream(id, n, e));
   }
   Result<std::vector<std::string>> MapDelete(Result<std::vector<std::string>> r) {

@@ -162,6 +162,7 @@ struct RestApi::Ctx {
     if (o.fencing_token_mismatch) return JsonResponse(412, Json{{"fencing_token_mismatch", *o.fencing_token_mismatch}});
     if (o.status.code() == Code::kOutOfRange) return ErrorResponse(409, "out_of_order_sequence", o.status.message());
     if (o.producer_fenced) return ErrorResponse(409, "invalid_producer_epoch", o.status.message());
+    if (o.deletion_pending) return ErrorResponse(409, "stream_deletion_pending", o.status.message());
     return FailResponse(o.status, "stream_not_found");
   }
   // Counts an acknowledged append.

@@ -1482,7 +1482,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
   if (s->deleting) {
     lk.unlock();
-    return fail(Unavailable("stream \"{}\" is being deleted (delete_on_empty); retry", stream));
+    return done(DeletionPending(stream));
   }
   if (s->delete_unknown) {
     lk.unlock();
@@ -1599,6 +1599,13 @@ bool Engine::DuplicateAnsweredBeforeAdmission(const std::string& basin, const st
   auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
   if (!check.ok() || check->kind != ProducerCheck::kDuplicate) return false;
   return HandledByProducerWindow(lk, s, p, count, done);
+}
+
+AppendOutcome Engine::DeletionPending(const std::string& stream) {
+  AppendOutcome o{Unavailable("stream \"{}\" is being deleted (delete_on_empty)", stream), {}, std::nullopt,
+                  std::nullopt};
+  o.deletion_pending = true;
+  return o;
 }
 
 bool Engine::ProducerWindowHolds(const std::string& basin, const std::string& stream, const ProducerRef& p,
@@ -1780,7 +1787,7 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   }
   if (s->deleting) {
     lk.unlock();
-    return fail(Unavailable("stream \"{}\" is being deleted (delete_on_empty); retry", stream));
+    return done(DeletionPending(stream));
   }
   if (s->delete_unknown) {
     lk.unlock();

@@ -214,6 +214,10 @@ struct AppendOutcome {
   // The append is larger than the whole WAL pool budget: no retry can fit it
   // (Kafka's MESSAGE_TOO_LARGE); status is kInvalidArgument.
   bool too_large = false;
+  // The stream is being deleted (delete_on_empty; S2's
+  // stream_deletion_pending): nothing was written; status is kUnavailable
+  // (should the deletion fail, the stream takes appends again).
+  bool deletion_pending = false;
 };
 using AppendCallback = std::function<void(AppendOutcome)>;
 
@@ -621,6 +625,8 @@ class Engine {
   // (or queued behind its original) at once. True when it took `done`.
   bool DuplicateAnsweredBeforeAdmission(const std::string& basin, const std::string& stream, const ProducerRef& p,
                                         size_t count, size_t bytes, AppendCallback& done);
+  // The refusal of an append to a stream being deleted.
+  static AppendOutcome DeletionPending(const std::string& stream);
   // Whether the stream's producer window holds this batch (a retry); a look
   // only: DuplicateAnsweredBeforeAdmission decides.
   bool ProducerWindowHolds(const std::string& basin, const std::string& stream, const ProducerRef& p,
