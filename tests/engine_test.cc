@@ -693,6 +693,51 @@ TEST_F(EngineTest, DuplicateOfAPendingBatchWaitsForItsDurability) {
   EXPECT_EQ(a.ack.start_offset, b.ack.start_offset);
 }
 
+// As S2: a conditional append refused for a tail or fencing token that a
+// pending append makes is answered once that append is durable (the 412
+// names a state that exists), or with its failure.
+TEST_F(EngineTest, ARefusalNamingAPendingStateWaitsForIt) {
+  auto gated = RestartGated();
+  uint64_t epoch = engine_->epoch();
+  const std::string slot0 = wal::SlotKey("n1", epoch, 0);
+  gated->Gate(slot0);
+  std::promise<AppendOutcome> first, refused;
+  engine_->AppendAsync(kBasin, "s", Bodies({"x"}), {}, [&](AppendOutcome o) { first.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot0));
+  AppendOptions stale;
+  stale.match_seq_num = 0;  // the pending append moved it to 1
+  engine_->AppendAsync(kBasin, "s", Bodies({"y"}), stale, [&](AppendOutcome o) { refused.set_value(std::move(o)); });
+  auto f = refused.get_future();
+  EXPECT_EQ(f.wait_for(50ms), std::future_status::timeout) << "refused for a tail not yet durable";
+  gated->Open(slot0);
+  ASSERT_TRUE(first.get_future().get().status.ok());
+  auto r = f.get();
+  EXPECT_EQ(r.status.code(), Code::kPreconditionFailed) << r.status.ToString();
+  ASSERT_TRUE(r.seq_num_mismatch.has_value());
+  EXPECT_EQ(*r.seq_num_mismatch, 1u);
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 1u);
+
+  // The pending append fails (its stream is deleted before it is durable):
+  // the refusal gets that failure, not a tail that never existed.
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "d", StreamConfig{}).ok());
+  const std::string slot1 = wal::SlotKey("n1", epoch, 1);
+  gated->Gate(slot1);
+  std::promise<AppendOutcome> doomed, refused2;
+  engine_->AppendAsync(kBasin, "d", Bodies({"x"}), {}, [&](AppendOutcome o) { doomed.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(slot1));
+  AppendOptions fenced;
+  fenced.fencing_token = "not-the-token";
+  engine_->AppendAsync(kBasin, "d", Bodies({"y"}), fenced, [&](AppendOutcome o) { refused2.set_value(std::move(o)); });
+  auto f2 = refused2.get_future();
+  EXPECT_EQ(f2.wait_for(50ms), std::future_status::timeout);
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "d").ok());
+  gated->Open(slot1);
+  EXPECT_EQ(doomed.get_future().get().status.code(), Code::kNotFound);
+  auto r2 = f2.get();
+  EXPECT_EQ(r2.status.code(), Code::kNotFound) << r2.status.ToString();
+  EXPECT_FALSE(r2.fencing_token_mismatch.has_value());
+}
+
 TEST_F(EngineTest, PoisonedEpochResumesInTheNextEpochWithoutErrors) {
   auto gated = RestartGated();
   uint64_t epoch = engine_->epoch();

@@ -1335,19 +1335,26 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     size_t records = in.records.size(), bytes = 0;
     for (const auto& r : in.records) bytes += log::MeteredBytes(r);
     auto self = shared_from_this();
-    api_->engine_->AppendAsync(c_.basin, stream_, std::move(in.records), in.options,
-                               [self, index = *index, records, bytes, started = Now()](log::AppendOutcome o) {
-                                 Ctx c = self->c_;
-                                 c.started = started;
-                                 if (!o.status.ok() && o.status.code() == Code::kNotFound) {
-                                   // Telling a missing basin asks the metastore: not here (this
-                                   // may be a WAL thread, whose acks wait behind it).
-                                   return c.ex->Post([self, c, index, o] { self->Deliver(index, c.AppendFailure(o)); });
-                                 }
-                                 if (!o.status.ok()) return self->Deliver(index, c.AppendFailure(o));
-                                 c.Acked(o.ack, records, bytes);
-                                 self->Deliver(index, Response{200, "", EncodeS2sFrame(ProtoAck(o.ack)), {}});
-                               });
+    auto done = [self, index = *index, records, bytes, started = Now()](log::AppendOutcome o) {
+      Ctx c = self->c_;
+      c.started = started;
+      if (!o.status.ok() && o.status.code() == Code::kNotFound) {
+        // Telling a missing basin asks the metastore: not here (this may be
+        // a WAL thread, whose acks wait behind it).
+        return c.ex->Post([self, c, index, o] { self->Deliver(index, c.AppendFailure(o)); });
+      }
+      if (!o.status.ok()) return self->Deliver(index, c.AppendFailure(o));
+      c.Acked(o.ack, records, bytes);
+      self->Deliver(index, Response{200, "", EncodeS2sFrame(ProtoAck(o.ack)), {}});
+    };
+    const bool refused =
+        api_->engine_->AppendAsync(c_.basin, stream_, std::move(in.records), in.options, std::move(done));
+    // Its 412 may come once earlier inputs are durable: nothing after it is
+    // submitted meanwhile.
+    if (refused) {
+      std::lock_guard lk(out_mu_);
+      poisoned_ = true;
+    }
   }
 
   // in_mu_ held: the session ends with `r` after the inputs already numbered.

@@ -1459,9 +1459,12 @@ std::optional<AppendOutcome> Engine::RefusedByANewStream(const AppendOptions& op
   return std::nullopt;
 }
 
-void Engine::AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
+bool Engine::AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                          const AppendOptions& options, AppendCallback done) {
-  auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
+  auto fail = [&](Status st) {
+    done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt});
+    return false;
+  };
   if (Status checked = CheckAppendRecords(records); !checked.ok()) return fail(checked);
   if (options.producer && options.producer->id > static_cast<uint64_t>(INT64_MAX)) {
     // Batches carry it as Kafka's signed producer id: above this it would
@@ -1471,7 +1474,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   auto admitted =
       Admit(basin, stream, options.producer, records.size(), AdmissionBytes(records), options.may_wait, done,
             options.ticket.get());
-  if (!admitted) return;
+  if (!admitted) return false;
   std::shared_ptr<Stream> s = std::move(admitted->stream);
   auto& room = admitted->room;
 
@@ -1482,7 +1485,8 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
   if (s->deleting) {
     lk.unlock();
-    return done(DeletionPending(stream));
+    done(DeletionPending(stream));
+    return false;
   }
   if (s->delete_unknown) {
     lk.unlock();
@@ -1490,18 +1494,25 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
   // A producer's retry of an accepted batch gets that batch's ack, whatever
   // the fencing token and tail are now; the conditions apply to new batches.
-  if (options.producer && HandledByProducerWindow(lk, s, *options.producer, records.size(), done)) return;
-  if (options.fencing_token && *options.fencing_token != s->live.fencing_token) {
-    AppendOutcome o{PreconditionFailed("fencing token mismatch"), {}, std::nullopt, s->live.fencing_token};
+  if (options.producer && HandledByProducerWindow(lk, s, *options.producer, records.size(), done)) return false;
+  // A refusal that names a state still on its way to the WAL waits for it
+  // (or gets its failure): the tail or token it names is then real.
+  auto refuse = [&](AppendOutcome o) {
+    if (!s->pending.empty()) {
+      s->pending.back()->refusals.emplace_back(std::move(done), std::move(o));
+      return true;
+    }
     lk.unlock();
-    return done(std::move(o));
+    done(std::move(o));
+    return true;
+  };
+  if (options.fencing_token && *options.fencing_token != s->live.fencing_token) {
+    return refuse(AppendOutcome{PreconditionFailed("fencing token mismatch"), {}, std::nullopt, s->live.fencing_token});
   }
   if (options.match_seq_num && *options.match_seq_num != s->live.next_offset) {
-    AppendOutcome o{PreconditionFailed("match_seq_num {} does not match the tail {}", *options.match_seq_num,
-                                       s->live.next_offset),
-                    {}, s->live.next_offset, std::nullopt};
-    lk.unlock();
-    return done(std::move(o));
+    return refuse(AppendOutcome{PreconditionFailed("match_seq_num {} does not match the tail {}",
+                                                   *options.match_seq_num, s->live.next_offset),
+                                {}, s->live.next_offset, std::nullopt});
   }
 
   // Timestamps: per the stream's mode, capped at arrival unless uncapped, and
@@ -1555,6 +1566,7 @@ void Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
   Submit(lk, s, std::move(batch), recs.size(), recs.front().timestamp, last_ts, options.producer, std::move(token),
          trim_point, std::move(done), room, /*log_append_time=*/false, commands);
+  return false;
 }
 
 std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const std::string& stream,
@@ -1814,6 +1826,7 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
 void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                        const wal::AckInfo& where) {
   std::vector<std::pair<AppendCallback, bool>> waiters;
+  std::vector<std::pair<AppendCallback, AppendOutcome>> refusals;
   std::vector<TailCallback> woken;
   AppendAck ack;
   Status result = st;
@@ -1827,6 +1840,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     auto it = std::find(s->pending.begin(), s->pending.end(), p);
     if (it != s->pending.end()) s->pending.erase(it);
     waiters = std::move(p->waiters);
+    refusals = std::move(p->refusals);
     if (st.ok()) {
       s->tail = p->end;
       // The largest so far (as recovery computes it): Kafka batches need not
@@ -1865,6 +1879,9 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     AppendAck a = ack;
     a.duplicated = dup;
     cb(AppendOutcome{result, a, std::nullopt, std::nullopt});
+  }
+  for (auto& [cb, refusal] : refusals) {
+    cb(result.ok() ? std::move(refusal) : AppendOutcome{result, {}, std::nullopt, std::nullopt});
   }
   if (settle_early || evict) RequestSettle();
   if (evict) RequestEvict();

@@ -396,8 +396,12 @@ class Engine {
   Status ReconfigureTable(const std::string& basin, const std::string& name, const std::string& config,
                           const std::function<metastore::StreamConfig(const metastore::StreamConfig&)>& apply);
 
-  // Appends a batch of records; `done` runs once the batch is durable (or failed).
-  void AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
+  // Appends a batch of records; `done` runs once the batch is durable (or
+  // failed). True when its conditions (fencing token, match_seq_num) refused
+  // it: nothing of it is written, and `done` gets the 412 now, or once the
+  // state it names (made by appends still on their way) is durable, or their
+  // failure. A caller that pipelines appends stops submitting there.
+  bool AppendAsync(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                    const AppendOptions& options, AppendCallback done);
   AppendOutcome Append(const std::string& basin, const std::string& stream, std::vector<AppendRecord> records,
                        const AppendOptions& options = {});

@@ -75,6 +75,10 @@ struct Engine::Pending {
   std::shared_ptr<const std::string> bytes;
   bool commands = true;  // as BatchRef::commands
   std::vector<std::pair<AppendCallback, bool>> waiters;  // (callback, duplicated)
+  // Conditional appends refused (412) for the state this batch and those
+  // before it make: answered once it is durable, or with its failure (S2
+  // does not report a tail or token that might never exist).
+  std::vector<std::pair<AppendCallback, AppendOutcome>> refusals;
   uint64_t trim_point = 0;  // the stream's trim point once this batch is applied
 };
 
