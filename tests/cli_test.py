@@ -87,6 +87,9 @@ def done_when_of_the_issue():
 def basins():
     assert weir("basin", "create", "cli-test-basin").stdout == 'basin "cli-test-basin" created\n'
     names = weir("basin", "list").stdout.split()
+    # --basin (or WEIR_BASIN) names a basin for stream commands; basin
+    # commands ignore it rather than send it (a bad one was a 400).
+    assert weir("basin", "list", "--basin", "nob").stdout.split() == names
     assert "cli-test-basin" in names and "weir-default" in names, names
     listed = jsonl(weir("basin", "list", "--json", "--prefix", "cli-test").stdout)
     assert [b["name"] for b in listed] == ["cli-test-basin"], listed
@@ -532,8 +535,8 @@ def lines_too_long_for_a_record():
     # send "b" while the long line is still arriving), nothing after it is read.
     out = weir("append", "long", "--linger-ms", "60000", input="b\n" + "y" * (limit + 1) + "\nc\n", ok=False)
     line = error_line(out)
-    # "is over N bytes" if a read of stdin happened to end inside that line
-    assert re.search(rf"line 2 is (over )?\d+ bytes; a record holds at most {limit}\b", line), line
+    # "is at least N bytes" if a read of stdin happened to end inside that line
+    assert re.search(rf"line 2 is (at least )?\d+ bytes; a record holds at most {limit}\b", line), line
     assert weir("tail", "long").stdout == "2\n"
     # A line still growing past the limit fails before it ends (memory stays bounded).
     proc = subprocess.Popen([WEIR, "append", "long"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -556,7 +559,7 @@ def lines_too_long_for_a_record():
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    assert proc.returncode == 1 and b"line 1 is over" in err, (proc.returncode, err)
+    assert proc.returncode == 1 and b"line 1 is at least" in err, (proc.returncode, err)
     assert weir("tail", "long").stdout == "2\n"
 
 
@@ -592,6 +595,25 @@ def server_down():
     assert f"cannot reach the weir server at {SERVER.base_url}" in line and "weir serve" in line, line
     out = weir("bench", "http", "--duration", "1", ok=False)
     assert "cannot connect" in out.stderr, out.stderr
+    # Through a proxy (libcurl honours http_proxy): the error names it.
+    out = weir("tail", "s1", ok=False, env_vars={"http_proxy": "http://127.0.0.1:1"})
+    assert "proxy http_proxy=http://127.0.0.1:1" in error_line(out), out.stderr
+
+
+@case
+def a_server_that_is_not_weir():
+    # Another HTTP server on the port: one line that says so, not its HTML.
+    import http.server
+    import threading
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        out = weir("stream", "create", "s1", server=f"http://127.0.0.1:{httpd.server_port}", ok=False)
+        line = error_line(out)
+        assert "not JSON" in line and "weir server" in line and "<" not in line, line
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @case

@@ -94,8 +94,11 @@ TEST(Codec, ErrorsAreOneLineNamingTheSubject) {
   EXPECT_EQ(ApiError(429, R"({"code":"backpressure","message":"busy"})", {}).code(), Code::kResourceExhausted);
   EXPECT_EQ(ApiError(503, "", {}).code(), Code::kUnavailable);
   EXPECT_EQ(ApiError(503, "", {}).message(), "the server answered HTTP 503 (503)");
+  // Not JSON (another server, a proxy's page): said so, without its HTML.
   EXPECT_EQ(ApiError(502, "<html>\nbad gateway</html>", {}).message(),
-            "the server answered HTTP 502: <html> bad gateway</html> (502)");
+            "the server answered HTTP 502 with a body that is not JSON: is it a weir server? (and no proxy in "
+            "between)");
+  EXPECT_EQ(ApiError(502, "<html>\nbad gateway</html>", {}).code(), Code::kUnavailable);
   EXPECT_EQ(ApiError(409, R"({"code":"invalid_producer_epoch","message":"m"})", {}).code(), Code::kFenced);
   EXPECT_EQ(ApiError(409, R"({"code":"out_of_order_sequence","message":"m"})", {}).code(),
             Code::kPreconditionFailed);

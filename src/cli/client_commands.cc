@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <limits>
@@ -99,6 +100,16 @@ int Fail(const ClientCommandsState& s, const Status& st) {
   if (st.code() == Code::kUnavailable && msg.starts_with("cannot connect to")) {
     msg = fmt::format("cannot reach the weir server at {} ({}); is `weir serve` running there? (--server or WEIR_SERVER)",
                       s.conn.server, msg.substr(msg.find(": ") + 2));
+    // libcurl goes through a proxy these name (unless no_proxy lists the host).
+    const bool tls = s.conn.server.starts_with("https:");
+    for (const char* var : {tls ? "https_proxy" : "http_proxy", tls ? "HTTPS_PROXY" : "", "all_proxy", "ALL_PROXY"}) {
+      if (*var == '\0') continue;
+      const char* v = std::getenv(var);
+      if (v != nullptr && *v != '\0') {
+        msg += fmt::format("; requests go through the proxy {}={} (set no_proxy to reach the server directly)", var, v);
+        break;
+      }
+    }
   }
   std::cerr << "weir: " << msg << "\n";
   return 1;
@@ -131,11 +142,13 @@ json RecordJson(const client::SequencedRecord& r) {
 // Flushes what was printed; an error if any of it could not be written (a
 // full disk, /dev/full), so the command does not exit 0 with its output cut.
 Status StdoutWritten() {
-  std::cout.flush();
   errno = 0;
-  std::fflush(stdout);
+  std::cout.flush();  // with stdio in sync, this is the fflush that fails
+  int err = errno;
+  errno = 0;
+  if (std::fflush(stdout) != 0 && errno != 0) err = errno;
   if (!std::cout.fail() && std::ferror(stdout) == 0) return Status::Ok();
-  return IOError("writing standard output failed{}", errno != 0 ? fmt::format(": {}", std::strerror(errno)) : "");
+  return IOError("writing standard output failed{}", err != 0 ? fmt::format(": {}", std::strerror(err)) : "");
 }
 
 // Prints a batch: raw bodies one per line (command records skipped), or JSON.
@@ -258,6 +271,12 @@ auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt) -> decltype(attempt
         std::chrono::steady_clock::now() >= give_up_at) {
       return result;
     }
+    // Said once a run, so a wait of seconds (or minutes, under backpressure) is not silent.
+    static bool said = false;
+    if (!std::exchange(said, true)) {
+      std::cerr << "weir: " << st.message() << "; retrying (" << (wait_out ? "up to 5 minutes" : "10 tries")
+                << ")\n";
+    }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
@@ -325,7 +344,7 @@ int Append(ClientCommandsState& s, Client& c) {
     return InvalidArgument(
         "line {} is {}{} bytes; a record holds at most {} (S2's limit: {} metered bytes, 8 of them per record); "
         "nothing after the last ack printed was appended",
-        line_no, whole ? "" : "over ", body_bytes, kMaxRecordMetered - 8, kMaxRecordMetered);
+        line_no, whole ? "" : "at least ", body_bytes, kMaxRecordMetered - 8, kMaxRecordMetered);
   };
   auto add = [&](std::string line) -> Status {
     client::AppendRecord r;

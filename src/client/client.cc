@@ -49,7 +49,10 @@ HttpRequest Client::Request(std::string method, std::string target) const {
   req.target = std::move(target);
   req.timeout_ms = options_.timeout_ms;
   req.headers.emplace_back("s2-format", "base64");
-  if (!options_.basin.empty()) req.headers.emplace_back("s2-basin", options_.basin);
+  // Basins are the account's, not a basin's: no s2-basin there.
+  if (!options_.basin.empty() && !req.target.starts_with("/v1/basins")) {
+    req.headers.emplace_back("s2-basin", options_.basin);
+  }
   if (!options_.auth_token.empty()) req.headers.emplace_back("Authorization", "Bearer " + options_.auth_token);
   return req;
 }

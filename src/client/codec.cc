@@ -196,6 +196,9 @@ Status ApiError(long http_status, std::string_view body, const ErrorSubject& sub
   if (http_status == 401) {
     message = (message.empty() ? "unauthorized" : message) + "; pass --auth-token or set WEIR_AUTH_TOKEN";
   }
+  // Not a weir (or S2) answer at all: another server on that port, or a
+  // proxy's page. Its HTML would say little.
+  const bool foreign = message.empty() && !body.empty() && !j.is_object();
   if (message.empty()) {
     std::string snippet(body.substr(0, 200));
     for (char& c : snippet) {
@@ -204,16 +207,20 @@ Status ApiError(long http_status, std::string_view body, const ErrorSubject& sub
     message = snippet.empty() ? fmt::format("the server answered HTTP {}", http_status)
                               : fmt::format("the server answered HTTP {}: {}", http_status, snippet);
   }
-  std::string text = code.empty() ? fmt::format("{} ({})", message, http_status)
-                                  : fmt::format("{} ({} {})", message, http_status, code);
+  std::string text = foreign ? fmt::format("the server answered HTTP {} with a body that is not JSON: is it a weir "
+                                           "server? (and no proxy in between)",
+                                           http_status)
+                     : code.empty() ? fmt::format("{} ({})", message, http_status)
+                                    : fmt::format("{} ({} {})", message, http_status, code);
   Code c = Code::kInternal;
   switch (http_status) {
     case 400: case 401: case 413: case 422: c = Code::kInvalidArgument; break;
     case 404: c = Code::kNotFound; break;
     case 409:
-      c = code == "out_of_order_sequence" ? Code::kPreconditionFailed
-          : code == "invalid_producer_epoch" ? Code::kFenced
-                                             : Code::kAlreadyExists;
+      c = code == "out_of_order_sequence"     ? Code::kPreconditionFailed
+          : code == "invalid_producer_epoch"  ? Code::kFenced
+          : code == "stream_deletion_pending" ? Code::kNotFound  // going: not retried
+                                              : Code::kAlreadyExists;
       break;
     case 412: c = Code::kPreconditionFailed; break;
     case 416: c = Code::kOutOfRange; break;

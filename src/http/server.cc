@@ -280,9 +280,15 @@ class HttpServer::Impl {
   std::vector<std::weak_ptr<ConnBase>> conns;
 
   void Register(const std::shared_ptr<ConnBase>& conn) {
-    std::lock_guard lk(conns_mu);
-    std::erase_if(conns, [](const std::weak_ptr<ConnBase>& w) { return w.expired(); });
-    conns.push_back(conn);
+    {
+      std::lock_guard lk(conns_mu);
+      std::erase_if(conns, [](const std::weak_ptr<ConnBase>& w) { return w.expired(); });
+      conns.push_back(conn);
+    }
+    // One registered after BeginDrain's walk (an HTTP/2 preface that came
+    // later) is told to go too; `draining` is set before the walk takes
+    // conns_mu, so none is missed (a second Drain does nothing).
+    if (draining.load()) conn->Drain();
   }
   std::atomic<bool> stopped{false};
   std::atomic<bool> draining{false};  // BeginDrain: connections are told to go
@@ -504,7 +510,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     Request req;
     if (!HeadToRequest(msg, &req)) {
       ReleaseReserved();
-      return Reject(400, "bad_request", "bad percent escape in the query string");
+      return RejectWith(Response{400, "application/json",
+                                 ErrorBody("bad_request", "bad percent escape in the query string"), {}},
+                        msg.method() == bhttp::verb::head);
     }
     req.body = std::move(msg.body());
     // A chunked body counted as the limit until its size was known.
@@ -538,7 +546,8 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   }
 
   void Reject(int status, std::string_view code, std::string_view message) {
-    RejectWith(Response{status, "application/json", ErrorBody(code, message), {}});
+    const bool head = parser_ && parser_->is_header_done() && parser_->get().method() == bhttp::verb::head;
+    RejectWith(Response{status, "application/json", ErrorBody(code, message), {}}, head);
   }
   // `head_only`: the answer to a HEAD, without its body (RFC 9110 §9.3.2).
   void RejectWith(Response r, bool head_only = false) {
@@ -1319,7 +1328,18 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     // Draining: once no stream is open, GOAWAY and close. (Not GOAWAY while
     // streams are open: some clients, Python's h2 among them, drop the
     // connection's open streams when it arrives.)
-    if (draining_ && streams_.empty()) closing_ = true;
+    if (draining_ && streams_.empty()) {
+      closing_ = true;
+      // Idle: GOAWAY now, with whatever frames are due, so that a request
+      // arriving while they are written is past its last stream id (nghttp2
+      // ignores it, the client sends it again elsewhere) instead of being
+      // taken and then cut off by the close.
+      if (!goaway_sent_) {
+        goaway_sent_ = true;
+        nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(session_),
+                              NGHTTP2_NO_ERROR, nullptr, 0);
+      }
+    }
     ConsumeHeld();
     wbuf_.clear();
     auto take = [this] {

@@ -1936,6 +1936,18 @@ class ErrorStatusTest(ApiTestCase):
         finally:
             conn.close()
 
+    def test_a_refused_head_carries_no_body(self):
+        # A HEAD refused by the server itself (here a bad escape in the query,
+        # which closes the connection) answers with headers only (RFC 9110).
+        with socket.create_connection(("127.0.0.1", SHARED.port), timeout=REQ_TIMEOUT) as sock:
+            sock.sendall(b"HEAD /v1/streams?prefix=%zz HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 400"), head)
+        self.assertEqual(rest, b"", data)
+
     def test_deleting_a_stream_that_backs_a_kafka_partition_is_a_conflict(self):
         if not SHARED.kafka_addr:
             self.skipTest("the shared server has no Kafka listener")
