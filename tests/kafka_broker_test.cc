@@ -499,6 +499,24 @@ class BrokerTest : public ::testing::Test {
     return std::move(*successor);
   }
 
+  // Waits (bounded) until a Produce is suspended past `before` suspensions.
+  static void WaitForSuspension(int before) {
+    for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
+         g_suspensions.load() == before && std::chrono::steady_clock::now() < until;) {
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  // Each of `topic`'s first `partitions` took its batch, at offset 0.
+  void ExpectEachPartitionTookOneBatch(const ProduceResponse& resp, const std::string& topic, int partitions) {
+    ASSERT_EQ(resp.responses.size(), 1u);
+    ASSERT_EQ(resp.responses[0].partition_responses.size(), static_cast<size_t>(partitions));
+    for (int p = 0; p < partitions; ++p) {
+      EXPECT_EQ(resp.responses[0].partition_responses[p].error_code, ErrorCode::kNone) << p;
+      EXPECT_EQ(resp.responses[0].partition_responses[p].base_offset, 0) << p;
+      EXPECT_EQ(Latest(topic, p), 1) << p;
+    }
+  }
+
   template <typename Req>
   Pending Start(const Req& body, int16_t version) {
     RequestHeader h;
@@ -1214,10 +1232,7 @@ TEST_F(BrokerTest, AProduceWaitingForAdmissionIsSuspendedNotBlocking) {
   const int suspended_before = g_suspensions.load();
   Pending waiting = Start(ProduceReq("slow", 0, Batch({"second"})), 7);
   // Suspended (the old way blocked a worker inside the append instead).
-  for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
-       g_suspensions.load() == suspended_before && std::chrono::steady_clock::now() < until;) {
-    std::this_thread::sleep_for(1ms);
-  }
+  WaitForSuspension(suspended_before);
   ASSERT_EQ(g_suspensions.load(), suspended_before + 1);
   for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout; !entered && std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(1ms);
@@ -1275,10 +1290,7 @@ TEST_F(BrokerTest, BatchesTooManyForThePoolAtOnceWaitInGroupsThatFit) {
   for (int p = 0; p < 3; ++p) m.topic_data[0].partition_data.push_back(ProducePartitionData{p, batches[p]});
   const int suspended_before = g_suspensions.load();
   Pending waiting = Start(m, 7);
-  for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
-       g_suspensions.load() == suspended_before && std::chrono::steady_clock::now() < until;) {
-    std::this_thread::sleep_for(1ms);
-  }
+  WaitForSuspension(suspended_before);
   ASSERT_EQ(g_suspensions.load(), suspended_before + 1);
   // (a batch waiting inside the WAL shows here)
   const auto& stalls = engine_->wal().metrics().stall_budget_uploads;
@@ -1288,14 +1300,7 @@ TEST_F(BrokerTest, BatchesTooManyForThePoolAtOnceWaitInGroupsThatFit) {
   EXPECT_EQ(stalls.load(), 0u);
   EXPECT_FALSE(waiting.answered());
   held.reset();
-  auto resp = Finish(waiting, DecodeProduceResponse);
-  ASSERT_EQ(resp.responses.size(), 1u);
-  ASSERT_EQ(resp.responses[0].partition_responses.size(), 3u);
-  for (int p = 0; p < 3; ++p) {
-    EXPECT_EQ(resp.responses[0].partition_responses[p].error_code, ErrorCode::kNone) << p;
-    EXPECT_EQ(resp.responses[0].partition_responses[p].base_offset, 0) << p;
-    EXPECT_EQ(Latest("wide", p), 1) << p;
-  }
+  ExpectEachPartitionTookOneBatch(Finish(waiting, DecodeProduceResponse), "wide", 3);
   EXPECT_EQ(stalls.load(), 0u);
 }
 
@@ -1339,21 +1344,11 @@ TEST_F(BrokerTest, ARetryOfAnAppendedBatchDoesNotWaitForAdmission) {
   const std::string other = Batch({std::string(400 << 10, 'n')});
   m.topic_data[0].partition_data.push_back(ProducePartitionData{1, other});
   Pending mixed = Start(m, 7);
-  for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
-       g_suspensions.load() == suspended_before && std::chrono::steady_clock::now() < until;) {
-    std::this_thread::sleep_for(1ms);
-  }
+  WaitForSuspension(suspended_before);
   ASSERT_EQ(g_suspensions.load(), suspended_before + 1);  // the new batch waits
   EXPECT_FALSE(mixed.answered());
   held.reset();
-  auto both = Finish(mixed, DecodeProduceResponse);
-  ASSERT_EQ(both.responses.size(), 1u);
-  ASSERT_EQ(both.responses[0].partition_responses.size(), 2u);
-  for (int p = 0; p < 2; ++p) {
-    EXPECT_EQ(both.responses[0].partition_responses[p].error_code, ErrorCode::kNone) << p;
-    EXPECT_EQ(both.responses[0].partition_responses[p].base_offset, 0) << p;
-    EXPECT_EQ(Latest("again", p), 1) << p;
-  }
+  ExpectEachPartitionTookOneBatch(Finish(mixed, DecodeProduceResponse), "again", 2);
 }
 
 // A topic whose table exists in the metastore but whose partitions memory
