@@ -1351,6 +1351,39 @@ TEST_F(BrokerTest, ARetryOfAnAppendedBatchDoesNotWaitForAdmission) {
   ExpectEachPartitionTookOneBatch(Finish(mixed, DecodeProduceResponse), "again", 2);
 }
 
+// Retries of several batches, each of which fits the pool's free room but
+// not all together: each is answered before the wait too (the look at
+// admission is the request's, not the batch's).
+TEST_F(BrokerTest, RetriesThatFitOneByOneButNotTogetherDoNotWait) {
+  StopAll();
+  OpenEngine(4 << 20, [](log::EngineOptions& o) { o.wal.slot_cap_bytes = 512 << 10; });
+  StartBroker(Options());
+  ASSERT_EQ(CreateTopic("twice", 3).error_code, ErrorCode::kNone);
+  auto init = InitProducerId();
+  ASSERT_EQ(init.error_code, ErrorCode::kNone);
+  ProduceRequest m;
+  m.acks = -1;
+  m.timeout_ms = 30000;
+  m.topic_data.push_back(ProduceTopicData{"twice", {}});
+  std::vector<std::string> batches;  // the request holds views of them
+  for (int p = 0; p < 3; ++p) {
+    batches.push_back(
+        Batch(BatchSpec{{std::string(400 << 10, static_cast<char>('a' + p))}, 1700000000000, 0, init.producer_id, 0, 0}));
+  }
+  for (int p = 0; p < 3; ++p) m.topic_data[0].partition_data.push_back(ProducePartitionData{p, batches[p]});
+  Pending first = Start(m, 7);
+  ExpectEachPartitionTookOneBatch(Finish(first, DecodeProduceResponse), "twice", 3);
+  auto held = engine_->TryAdmission(3 << 20, 1);  // 1 MiB left: one batch fits (with a slot's margin), not three
+  ASSERT_NE(held, nullptr);
+  ASSERT_TRUE(held->has_room());
+  ASSERT_FALSE(engine_->AdmissionMayWait(batches[0].size()));
+  const int suspended_before = g_suspensions.load();
+  Pending retry = Start(m, 7);
+  ASSERT_EQ(retry.future.wait_for(kAnswerTimeout), std::future_status::ready);
+  ExpectEachPartitionTookOneBatch(Finish(retry, DecodeProduceResponse), "twice", 3);
+  EXPECT_EQ(g_suspensions.load(), suspended_before);
+}
+
 // A topic whose table exists in the metastore but whose partitions memory
 // lacks (a create whose answer was lost) is loaded by the next produce to
 // it: the produce was UNKNOWN_TOPIC_OR_PARTITION for ever.

@@ -1600,7 +1600,11 @@ std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const st
 
 bool Engine::DuplicateAnsweredBeforeAdmission(const std::string& basin, const std::string& stream,
                                               const ProducerRef& p, size_t count, size_t bytes, AppendCallback& done) {
-  if (!AdmissionMayWait(bytes)) return false;
+  return AdmissionMayWait(bytes) && AnswerDuplicate(basin, stream, p, count, done);
+}
+
+bool Engine::AnswerDuplicate(const std::string& basin, const std::string& stream, const ProducerRef& p, size_t count,
+                             AppendCallback& done) {
   auto found = Find(basin, stream);
   if (!found.ok()) return false;  // the full path answers
   const std::shared_ptr<Stream>& s = *found;
@@ -1637,7 +1641,8 @@ bool Engine::AnswerRetriedBatch(const std::string& basin, const std::string& str
   const auto count = static_cast<size_t>(h->record_count);
   // The look first, so a new batch is not checked twice (here and on append).
   if (!ProducerWindowHolds(basin, stream, p, count) || !CheckBatch(batch).ok()) return false;
-  return DuplicateAnsweredBeforeAdmission(basin, stream, p, count, batch.size(), done);
+  // Whether this batch alone would wait does not matter: its request's do.
+  return AnswerDuplicate(basin, stream, p, count, done);
 }
 
 bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
@@ -1881,7 +1886,14 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
     cb(AppendOutcome{result, a, std::nullopt, std::nullopt});
   }
   for (auto& [cb, refusal] : refusals) {
-    cb(result.ok() ? std::move(refusal) : AppendOutcome{result, {}, std::nullopt, std::nullopt});
+    if (result.ok()) {
+      cb(std::move(refusal));
+    } else {
+      cb(AppendOutcome{Status(result.code(), fmt::format("nothing of this append was written (its conditions waited "
+                                                         "for appends before it, which failed: {})",
+                                                         result.message())),
+                       {}, std::nullopt, std::nullopt});
+    }
   }
   if (settle_early || evict) RequestSettle();
   if (evict) RequestEvict();

@@ -629,6 +629,9 @@ class Engine {
   // (or queued behind its original) at once. True when it took `done`.
   bool DuplicateAnsweredBeforeAdmission(const std::string& basin, const std::string& stream, const ProducerRef& p,
                                         size_t count, size_t bytes, AppendCallback& done);
+  // The same, whether or not admission may wait.
+  bool AnswerDuplicate(const std::string& basin, const std::string& stream, const ProducerRef& p, size_t count,
+                       AppendCallback& done);
   // The refusal of an append to a stream being deleted.
   static AppendOutcome DeletionPending(const std::string& stream);
   // Whether the stream's producer window holds this batch (a retry); a look
