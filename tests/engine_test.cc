@@ -114,6 +114,15 @@ class EngineTest : public ::testing::Test {
     return gated;
   }
 
+  // Restarts the engine over a store that counts its calls (GETs, PUTs).
+  std::shared_ptr<objstore::FaultStore> RestartCounted() {
+    auto counted = std::make_shared<objstore::FaultStore>(store_, objstore::FaultOptions{});
+    engine_->Close();
+    engine_.reset();
+    Start(counted);
+    return counted;
+  }
+
   // Starts an append of "x" to "s" whose slot (slot 0 of this epoch) `gated`
   // holds; returns the slot's key once its PUT waits there.
   std::string AppendHeldAtSlotZero(testing::GatedStore& gated, std::promise<AppendOutcome>* pending) {
@@ -1202,10 +1211,7 @@ TEST_F(EngineTest, AReadByTimeWithATinyLimitFetchesASegmentOnceNotOncePerBatch) 
     ASSERT_TRUE(engine_->Append(kBasin, "small", std::move(rec)).status.ok());
     ASSERT_TRUE(engine_->SettleNow().ok());
   }
-  auto counted = std::make_shared<objstore::FaultStore>(store_, objstore::FaultOptions{});
-  engine_->Close();
-  engine_.reset();
-  Start(counted);
+  auto counted = RestartCounted();
   uint64_t before = counted->counters().gets.load();
   auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 1380}, 1, 1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -2165,10 +2171,7 @@ TEST_F(EngineTest, AReadOfManySmallSegmentsTakesOneGetEachAndAtMost32) {
     ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({all.back()})).status.ok());
     ASSERT_TRUE(engine_->SettleNow().ok());  // a segment per record
   }
-  auto counted = std::make_shared<objstore::FaultStore>(store_, objstore::FaultOptions{});
-  engine_->Close();
-  engine_.reset();
-  Start(counted);
+  auto counted = RestartCounted();
   const uint64_t before = counted->counters().gets.load();
   auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -2958,10 +2961,7 @@ TEST_F(EngineTest, AReadByTimePassesOverSegmentsOfOlderRecords) {
   }
   ASSERT_TRUE(AppendRaw(*engine_, "s", KafkaBatch({"unsettled"}, 100)).status.ok());
   ASSERT_TRUE(engine_->TrimTo(kBasin, "s", 2).ok());
-  auto counted = std::make_shared<objstore::FaultStore>(store_, objstore::FaultOptions{});
-  engine_->Close();
-  engine_.reset();
-  Start(counted);
+  auto counted = RestartCounted();
   const uint64_t before = counted->counters().gets.load();
   // (A limit of one record: the first pass collects the first segment only.)
   auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kTimestamp, 400}, 1, 1 << 20);

@@ -469,20 +469,24 @@ AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimit
     simdjson::dom::object ro;
     if (r.get_object().get(ro)) throw BadRequest{"each record must be an object"};
     log::AppendRecord rec;
+    constexpr unsigned kTimestamp = 1, kBody = 2, kHeaders = 4;
     unsigned seen = 0;
     for (auto field : ro) {
-      const unsigned bit = field.key == "timestamp" ? 1 : field.key == "body" ? 2 : field.key == "headers" ? 4 : 0;
-      if (seen & bit) throw twice(field.key);
-      seen |= bit;
-      if (field.value.is_null()) continue;
-      if (field.key == "timestamp") {
+      const unsigned which = field.key == "timestamp" ? kTimestamp
+                             : field.key == "body"    ? kBody
+                             : field.key == "headers" ? kHeaders
+                                                      : 0u;
+      if (seen & which) throw twice(field.key);
+      seen |= which;
+      if (which == 0 || field.value.is_null()) continue;  // other fields are ignored
+      if (which == kTimestamp) {
         uint64_t ts = 0;
         if (field.value.get_uint64().get(ts)) throw BadRequest{"timestamp must be a non-negative integer"};
         rec.timestamp_ms = static_cast<int64_t>(std::min<uint64_t>(ts, INT64_MAX));  // see docs/http-api.md
-      } else if (field.key == "body") {
+      } else if (which == kBody) {
         rec.body = DecodeField(field.value, f, "body");
         meter(rec.body.size());
-      } else if (field.key == "headers") {
+      } else {
         simdjson::dom::array headers;
         if (field.value.get_array().get(headers)) throw BadRequest{"headers must be an array of [name, value] pairs"};
         for (simdjson::dom::element h : headers) {

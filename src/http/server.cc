@@ -396,6 +396,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
 
   void ReadHeader() {
     if (closed_) return;
+    head_ = false;
     parser_.emplace();
     parser_->header_limit(64 * 1024);
     parser_->body_limit(srv_->options.max_request_bytes);
@@ -410,6 +411,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
                     fmt::format("request body is over the limit of {} bytes", srv_->options.max_request_bytes));
     }
     if (ec) return RejectMalformed(ec) ? void() : Fail(ec);
+    head_ = parser_->get().method() == bhttp::verb::head;
     // A body coded other than chunked (last) has no length this server can
     // know: refused, or its bytes would be read as the next request.
     if (parser_->get().find(bhttp::field::transfer_encoding) != parser_->get().end() && !parser_->chunked()) {
@@ -430,7 +432,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     // holding 64 KiB each are within the default budget).
     if (want >= kRefuseHeadMinBody && srv_->handler->RefusesHeads()) {
       if (auto refused = RefuseHead()) {
-        return RejectWith(std::move(*refused), parser_->get().method() == bhttp::verb::head);
+        return RejectWith(std::move(*refused));
       }
     }
     if (want == 0) return ReadBody();
@@ -510,9 +512,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     Request req;
     if (!HeadToRequest(msg, &req)) {
       ReleaseReserved();
-      return RejectWith(Response{400, "application/json",
-                                 ErrorBody("bad_request", "bad percent escape in the query string"), {}},
-                        msg.method() == bhttp::verb::head);
+      return Reject(400, "bad_request", "bad percent escape in the query string");
     }
     req.body = std::move(msg.body());
     // A chunked body counted as the limit until its size was known.
@@ -546,17 +546,16 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   }
 
   void Reject(int status, std::string_view code, std::string_view message) {
-    const bool head = parser_ && parser_->is_header_done() && parser_->get().method() == bhttp::verb::head;
-    RejectWith(Response{status, "application/json", ErrorBody(code, message), {}}, head);
+    RejectWith(Response{status, "application/json", ErrorBody(code, message), {}});
   }
-  // `head_only`: the answer to a HEAD, without its body (RFC 9110 §9.3.2).
-  void RejectWith(Response r, bool head_only = false) {
+  // The answer to a HEAD goes without its body (RFC 9110 §9.3.2).
+  void RejectWith(Response r) {
     linger_close_ = true;
     std::string bytes = StatusLine(r.status) +
                         fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
     for (const auto& [k, v] : r.headers) bytes += fmt::format("{}: {}\r\n", k, v);
     bytes += "Connection: close\r\n\r\n";
-    if (!head_only) bytes += r.body;
+    if (!head_) bytes += r.body;
     Send(std::move(bytes), nullptr, true, false);
   }
 
@@ -692,6 +691,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   bool keep_alive_ = true;
   bool http10_ = false;  // the request being answered is HTTP/1.0: no chunked coding
   bool linger_close_ = false;
+  bool head_ = false;  // the request being read is a HEAD: a refusal carries no body
   std::unique_ptr<std::array<char, 16384>> discard_;  // only while closing after a Reject
   size_t discarded_ = 0;
   std::atomic<bool> closed_{false};
