@@ -80,7 +80,7 @@ class EngineTest : public ::testing::Test {
     o.settle_on_close = settle_on_close_;
     o.merge_interval = Duration::zero();  // tests merge by hand
     o.heartbeat_interval = Duration::zero();  // at start only (tests count metastore transactions)
-    o.merge_min_age = Duration::zero();
+    o.merge_min_age = merge_min_age_;
     o.merge_small_bytes = merge_small_bytes_;
     o.merge_parts_per_pass = merge_parts_per_pass_;
     o.retention_streams_per_txn = retention_streams_per_txn_;
@@ -191,6 +191,7 @@ class EngineTest : public ::testing::Test {
   Duration admission_timeout_ = std::chrono::seconds(10);
   size_t wal_budget_ = 0;  // 0: the WAL's default
   size_t merge_small_bytes_ = 1 << 20;
+  Duration merge_min_age_ = Duration::zero();
   size_t retention_streams_per_txn_ = 100;
   size_t load_page_streams_ = 1000;
   size_t load_page_segments_ = 10000;
@@ -1438,6 +1439,100 @@ TEST_F(EngineTest, TrimToMovesTheStartWithoutARecordAndSurvivesReplayAndSettle) 
   Restart();
   EXPECT_EQ(engine_->GetStream(kBasin, "s")->trim_point, 4u);
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{Be64(1), "e"}));  // the trim command, then e
+}
+
+// A delete whose answer was lost while its commit was still in flight (a
+// remote metastore finishing a COMMIT its client gave up on): the read-back
+// waits for that commit, so it sees the row gone and the stream is
+// forgotten, instead of staying to acknowledge appends settle would skip.
+// A create likewise: the stream it made is loaded, not left unfindable.
+TEST_F(EngineTest, AReadBackAfterALostAnswerWaitsForTheCommitInFlight) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  const uint64_t id = engine_->GetStream(kBasin, "s")->info.id;
+  const metastore::EpochCheck by{node_, engine_->epoch()};
+  hooked->fail_delete = [] { return Unavailable("the connection broke during COMMIT"); };
+  hooked->commit_in_flight = [&] { ASSERT_TRUE(meta_->DeleteStream(id, by).ok()); };
+  EXPECT_TRUE(engine_->DeleteStream(kBasin, "s").ok());  // the row is gone: as on success
+  EXPECT_EQ(hooked->commit_in_flight, nullptr) << "the read-back did not wait";
+  EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({"x"})).status.code(), Code::kNotFound);
+  hooked->fail_delete = nullptr;
+
+  hooked->fail_create = [] { return Unavailable("the connection broke during COMMIT"); };
+  metastore::StreamInfo row;
+  row.basin = kBasin;
+  row.name = "c";
+  hooked->commit_in_flight = [&] {
+    auto created = meta_->CreateStream(row, by);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    row = *created;
+  };
+  auto created = engine_->CreateStream(kBasin, "c", StreamConfig{});
+  EXPECT_EQ(hooked->commit_in_flight, nullptr) << "the read-back did not wait";
+  EXPECT_FALSE(created.ok()) << "another's create (not this call's time and config) is not claimed";
+  hooked->fail_create = nullptr;
+  EXPECT_TRUE(engine_->Append(kBasin, "c", Bodies({"x"})).status.ok()) << "the stream it found is loaded";
+}
+
+// A config change whose answer was lost: memory takes what the metastore
+// holds (once a commit in flight has ended), so retention never goes on
+// deleting by an age the stored config no longer has. While it cannot be
+// read, retention leaves the stream alone.
+TEST_F(EngineTest, AConfigChangeWhoseAnswerWasLostTakesTheStoredConfig) {
+  auto hooked = RestartHooked();
+  StreamConfig expiring;
+  expiring.retention_age_s = 60;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "r", expiring).ok());
+  auto old_record = Bodies({"old"});
+  old_record[0].timestamp_ms = WallMillis() - 3'600'000;
+  ASSERT_TRUE(engine_->Append(kBasin, "r", std::move(old_record)).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());  // a segment of its own, expired by 60 s
+  ASSERT_TRUE(engine_->Append(kBasin, "r", Bodies({"new"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  const uint64_t id = engine_->GetStream(kBasin, "r")->info.id;
+  const metastore::EpochCheck by{node_, engine_->epoch()};
+  StreamConfig keep = expiring;
+  keep.retention_age_s = 0;  // kept for ever
+
+  // Landed while the read-back waited: memory has it.
+  hooked->fail_update_config = [] { return Unavailable("the connection broke during COMMIT"); };
+  hooked->commit_in_flight = [&] { ASSERT_TRUE(meta_->UpdateStreamConfig(id, keep, by).ok()); };
+  EXPECT_FALSE(engine_->ReconfigureStream(kBasin, "r", keep).ok());
+  EXPECT_EQ(hooked->commit_in_flight, nullptr) << "the read-back did not wait";
+  EXPECT_EQ(engine_->GetStream(kBasin, "r")->info.config.retention_age_s, 0);
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(ReadAll("r"), (std::vector<std::string>{"old", "new"}));
+
+  // Landed, and the metastore cannot say: retention waits until it can.
+  hooked->fail_update_config = nullptr;
+  ASSERT_TRUE(engine_->ReconfigureStream(kBasin, "r", expiring).ok());
+  hooked->map_update_config_answer = [](Status) { return Unavailable("the answer was lost"); };
+  hooked->fail_await_commits = [] { return Unavailable("the metastore is away"); };
+  EXPECT_FALSE(engine_->ReconfigureStream(kBasin, "r", keep).ok());
+  EXPECT_EQ(engine_->GetStream(kBasin, "r")->info.config.retention_age_s, 60);
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(ReadAll("r"), (std::vector<std::string>{"old", "new"})) << "retention went by a config it did not know";
+  hooked->map_update_config_answer = nullptr;
+  hooked->fail_await_commits = nullptr;
+  ASSERT_TRUE(engine_->ApplyRetention().ok());  // reads it now: kept for ever
+  EXPECT_EQ(engine_->GetStream(kBasin, "r")->info.config.retention_age_s, 0);
+  EXPECT_EQ(ReadAll("r"), (std::vector<std::string>{"old", "new"}));
+
+  // Refused (nothing changed): memory keeps its config without a read-back.
+  const int awaits = hooked->await_commits_calls.load();
+  hooked->fail_update_config = [] { return InvalidArgument("refused"); };
+  EXPECT_FALSE(engine_->ReconfigureStream(kBasin, "r", expiring).ok());
+  EXPECT_EQ(hooked->await_commits_calls.load(), awaits);
+  hooked->fail_update_config = nullptr;
+  // And a change that did not land: the old config stays, and retention
+  // goes by it again.
+  ASSERT_TRUE(engine_->ReconfigureStream(kBasin, "r", expiring).ok());
+  hooked->fail_update_config = [] { return Unavailable("the metastore is away"); };
+  EXPECT_FALSE(engine_->ReconfigureStream(kBasin, "r", keep).ok());
+  hooked->fail_update_config = nullptr;
+  EXPECT_EQ(engine_->GetStream(kBasin, "r")->info.config.retention_age_s, 60);
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(ReadAll("r"), (std::vector<std::string>{"new"}));
 }
 
 // A delete that landed in the metastore with its answer lost: the stream
@@ -2945,6 +3040,28 @@ TEST_F(EngineTest, AReadByTimeSeeksOnlyUntilItsFirstRecord) {
   EXPECT_EQ(r->records.front().offset, 1u);
   EXPECT_EQ(r->records[1].offset, 2u);
   EXPECT_EQ(r->records.back().record.value, "late");
+}
+
+// A run of small segments merges once its newest record is merge_min_age
+// old, wherever in the run that record is (producers' times need not grow).
+TEST_F(EngineTest, AMergeWaitsForTheNewestRecordOfItsRunNotOfItsLastSegment) {
+  merge_min_age_ = std::chrono::minutes(10);
+  Restart();
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "aged", StreamConfig{}).ok());
+  const int64_t now = WallMillis();
+  const int64_t hour_ago = now - 3'600'000;
+  for (auto [stream, first] : {std::pair{"s", now}, std::pair{"aged", hour_ago}}) {
+    ASSERT_TRUE(AppendRaw(*engine_, stream, KafkaBatch({"first"}, first)).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+    ASSERT_TRUE(AppendRaw(*engine_, stream, KafkaBatch({"older"}, hour_ago - 1000)).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());
+  }
+  ASSERT_EQ(CountKeys(*store_, "seg/"), 4u);
+  ASSERT_TRUE(engine_->MergeSegmentsNow().ok());
+  EXPECT_EQ(engine_->metrics().segment_merges.load(), 1u) << "only the stream whose records are all old";
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 3u);
+  EXPECT_EQ(ReadPaged(*engine_, "s"), (std::vector<std::string>{"first", "older"}));
+  EXPECT_EQ(ReadPaged(*engine_, "aged"), (std::vector<std::string>{"first", "older"}));
 }
 
 // A read by time whose only record at or after the time lies below the

@@ -23,6 +23,15 @@ class HookedMetastore final : public metastore::Metastore {
   // Non-OK: MintEpoch mints, then answers it instead (the answer was lost).
   std::function<Status()> lose_mint_answer;
   std::function<Status()> fail_get_node;  // non-OK: GetNode answers it
+  std::function<Status()> fail_await_commits;  // non-OK: AwaitCommitsInFlight answers it
+  // Runs once when AwaitCommitsInFlight is called, then is cleared: a commit
+  // still in flight (its answer lost) ends while the caller waits for it.
+  std::function<void()> commit_in_flight;
+  // Non-OK: UpdateStreamConfig and UpdateTableConfig answer it without changing anything.
+  std::function<Status()> fail_update_config;
+  // Maps the real answer of UpdateStreamConfig and UpdateTableConfig (after
+  // the change ran): a change that landed with its answer lost.
+  std::function<Status(Status)> map_update_config_answer;
   std::function<void()> before_commit_settle;            // runs once, then is cleared
   std::function<Status(Status)> after_commit_settle;     // maps the real answer
   // Non-OK for a stream id: DeleteSegmentsBelow with a cut of it answers it (removing nothing).
@@ -53,6 +62,7 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<Status()> fail_fetch_group_offsets;   // non-OK: FetchGroupOffsets answers it
   std::function<Status()> fail_allocate_producer_id;  // non-OK: AllocateProducerId answers it
   std::atomic<int> delete_empty_stream_calls{0};
+  std::atomic<int> await_commits_calls{0};
   std::atomic<int> list_streams_by_id_calls{0};
   std::atomic<int> list_segments_calls{0};
   std::atomic<int> list_stream_states_calls{0};
@@ -111,7 +121,7 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->ListStreams(b, p, a, l);
   }
   Status UpdateStreamConfig(uint64_t id, const StreamConfig& c, const metastore::EpochCheck& by) override {
-    return m_->UpdateStreamConfig(id, c, by);
+    return UpdatingConfig([&] { return m_->UpdateStreamConfig(id, c, by); });
   }
   Status RaiseTrimPoint(std::string_view n, uint64_t e, uint64_t id, uint64_t t) override {
     return m_->RaiseTrimPoint(n, e, id, t);
@@ -188,7 +198,7 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Status UpdateTableConfig(uint64_t id, std::string_view c, const std::vector<std::pair<uint64_t, StreamConfig>>& s,
                            const metastore::EpochCheck& by) override {
-    return m_->UpdateTableConfig(id, c, s, by);
+    return UpdatingConfig([&] { return m_->UpdateTableConfig(id, c, s, by); });
   }
   Status CommitGroupOffsets(std::string_view g, const std::vector<GroupOffset>& o,
                             const metastore::EpochCheck& by) override {
@@ -222,6 +232,14 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->GetNode(n);
   }
   Result<std::vector<NodeState>> ListNodes() override { return m_->ListNodes(); }
+  Status AwaitCommitsInFlight() override {
+    await_commits_calls.fetch_add(1);
+    if (auto hook = std::exchange(commit_in_flight, nullptr)) hook();
+    if (fail_await_commits) {
+      if (Status st = fail_await_commits(); !st.ok()) return st;
+    }
+    return m_->AwaitCommitsInFlight();
+  }
   Result<NodeState> MintEpoch(std::string_view n, uint64_t e, uint32_t w, uint64_t minter = 0) override {
     if (auto hook = std::exchange(before_mint, nullptr)) hook();
     if (fail_mint) {
@@ -283,6 +301,15 @@ class HookedMetastore final : public metastore::Metastore {
   std::string Describe() const override { return m_->Describe(); }
 
  private:
+  template <typename Change>
+  Status UpdatingConfig(Change change) {
+    if (fail_update_config) {
+      if (Status st = fail_update_config(); !st.ok()) return st;
+    }
+    Status st = change();
+    return map_update_config_answer ? map_update_config_answer(st) : st;
+  }
+
   std::shared_ptr<metastore::Metastore> m_;
 };
 

@@ -374,6 +374,27 @@ TEST_F(HttpServerLimits, AStreamToAnHttp10ClientIsNotChunked) {
   ::close(fd);
 }
 
+// An HTTP/1.0 client keeps its connection only when the answer says
+// `Connection: keep-alive` (RFC 9112 §9.3); one that did not ask is closed.
+TEST_F(HttpServerLimits, AnHttp10KeepAliveIsAnsweredInKind) {
+  Start(ServerOptions{});
+  const int fd = Connect(addr);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  handler.Answer(0);
+  const std::string head = ReadUntil(fd, "\r\n\r\n");
+  EXPECT_TRUE(head.starts_with("HTTP/1.1 200")) << head;
+  EXPECT_NE(head.find("Connection: keep-alive\r\n"), std::string::npos) << head;
+  ASSERT_TRUE(SendAll(fd, "GET /b HTTP/1.0\r\n\r\n"));  // the same connection, not kept after
+  ASSERT_TRUE(handler.WaitFor(2));
+  handler.Answer(1);
+  const std::string rest = ReadUntilClosed(fd);
+  EXPECT_NE(rest.find("Connection: close\r\n"), std::string::npos) << rest;
+  EXPECT_EQ(rest.find("keep-alive"), std::string::npos) << rest;
+  ::close(fd);
+}
+
 // A client that asked for `Connection: close` is told so in a stream's head
 // too (as in a Respond's), and the connection ends with the stream.
 TEST_F(HttpServerLimits, AStreamSaysConnectionCloseWhenTheClientAskedForIt) {

@@ -320,6 +320,16 @@ TEST_P(MetastoreConformance, BasinCreateGetDelete) {
   EXPECT_EQ(m().GetBasin("orders")->created_at_ms, 5);
 }
 
+// AwaitCommitsInFlight takes the writers' lock and gives it back: it leaves
+// no transaction open, and writes and reads go on after it.
+TEST_P(MetastoreConformance, AwaitCommitsInFlightLeavesNothingOpen) {
+  for (int i = 0; i < 3; ++i) ASSERT_OK(m().AwaitCommitsInFlight());
+  ASSERT_OK(m().CreateBasin(BasinInfo{"after-await", 1}, kNoNode));
+  ASSERT_OK(m().AwaitCommitsInFlight());
+  EXPECT_EQ(m().GetBasin("after-await")->created_at_ms, 1);
+  ASSERT_OK(m().DeleteBasin("after-await", kNoNode));
+}
+
 TEST_P(MetastoreConformance, BasinConfigIsStoredAndReplaced) {
   BasinConfig config;
   config.create_stream_on_append = true;

@@ -786,7 +786,9 @@ class ExchangeImpl : public ExchangeBase {
     std::string head = StatusLine(r.status);
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
     for (const auto& [k, v] : r.headers) head += fmt::format("{}: {}\r\n", k, v);
+    // HTTP/1.0 closes unless both sides say keep-alive (RFC 9112 §9.3).
     if (!keep) head += "Connection: close\r\n";
+    else if (http10_) head += "Connection: keep-alive\r\n";
     head += "\r\n";
     if (!head_only_) head += r.body;
     // Queued before the request stops counting as in flight: a drain that
@@ -809,7 +811,7 @@ class ExchangeImpl : public ExchangeBase {
     streaming_ = true;
     if (head_only_) {  // the response ends with its head: later writes are dropped, closed() is true
       head_ended_ = true;
-      Emit(std::move(head), nullptr, true, keep_alive_ && srv_->KeepsConnections());
+      Emit(std::move(head), nullptr, true, keep_alive_ && srv_->KeepsConnections() && !http10_);
       Finish();
       return;
     }

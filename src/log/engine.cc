@@ -942,10 +942,12 @@ namespace {
 // what it names, so a thing that exists is never left unfindable until a
 // restart. Returns the row when it is this create's (`ours`) and loaded: the
 // create landed. Otherwise `failed`, and the next create of the name loads
-// what `load` could not.
+// what `load` could not. Looks only once no commit is in flight (a create
+// whose answer was lost may still be committing).
 template <class Load, class Ours>
-auto ResolveFailedCreate(const Status& failed, Load load, Ours ours) -> decltype(load()) {
+auto ResolveFailedCreate(metastore::Metastore& meta, const Status& failed, Load load, Ours ours) -> decltype(load()) {
   if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound) return failed;
+  if (!meta.AwaitCommitsInFlight().ok()) return failed;
   auto row = load();
   if (!row.ok()) return failed;
   if (failed.code() != Code::kAlreadyExists && ours(*row)) return row;
@@ -973,7 +975,7 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
     return created;
   }
   return ResolveFailedCreate(
-      created.status(),
+      *meta_, created.status(),
       [&]() -> Result<metastore::StreamInfo> {
         WEIR_ASSIGN_OR_RETURN(metastore::StreamInfo row, meta_->GetStream(basin, name));
         std::lock_guard tables(tables_mu_);  // a table's bucket is created and deleted under it
@@ -1024,11 +1026,43 @@ Status Engine::ReconfigureStream(const std::string& basin, const std::string& na
                                  const metastore::StreamConfig& config) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   std::lock_guard config_lk(config_mu_);
-  WEIR_RETURN_IF_ERROR(
-      AsThisNode([&](const metastore::EpochCheck& by) { return meta_->UpdateStreamConfig(s->info.id, config, by); }));
+  Status changed =
+      AsThisNode([&](const metastore::EpochCheck& by) { return meta_->UpdateStreamConfig(s->info.id, config, by); });
+  if (!changed.ok()) {
+    AfterFailedConfigChange({s}, changed);
+    return changed;
+  }
   std::lock_guard lk(s->mu);
   s->info.config = config;
+  s->config_unknown = false;
   return Status::Ok();
+}
+
+void Engine::AfterFailedConfigChange(const std::vector<std::shared_ptr<Stream>>& streams, const Status& failed) {
+  // Refused: nothing changed (kPreconditionFailed: the epoch check; a
+  // superseded process gets kUnavailable, and serves no more anyway).
+  if (failed.code() == Code::kInvalidArgument || failed.code() == Code::kNotFound ||
+      failed.code() == Code::kPreconditionFailed) {
+    return;
+  }
+  for (const auto& s : streams) ReloadConfigLocked(s);
+}
+
+bool Engine::ReloadConfigLocked(const std::shared_ptr<Stream>& s) {
+  Status awaited = meta_->AwaitCommitsInFlight();
+  Result<metastore::StreamInfo> row = awaited.ok() ? meta_->GetStreamById(s->info.id) : Result<metastore::StreamInfo>(awaited);
+  std::lock_guard lk(s->mu);
+  if (row.ok()) {
+    s->info.config = row->config;
+    s->config_unknown = false;
+    return true;
+  }
+  if (!s->config_unknown) {
+    Log().warn("stream {}/{}: a config change may have landed ({}); retention leaves it alone until that is known",
+               s->info.basin, s->info.name, row.status().ToString());
+  }
+  s->config_unknown = true;
+  return false;
 }
 
 Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& name, uint64_t offset) {
@@ -1099,6 +1133,7 @@ void Engine::DeleteObjects(std::vector<std::string> keys, std::string_view what)
 }
 
 Result<bool> Engine::StreamRowGone(const Stream& s) {
+  WEIR_RETURN_IF_ERROR(meta_->AwaitCommitsInFlight());  // the delete may still be committing
   auto row = meta_->GetStreamById(s.info.id);
   if (row.ok()) return false;
   if (row.status().code() == Code::kNotFound) return true;
@@ -1306,7 +1341,7 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
     return created->first;
   }
   return ResolveFailedCreate(
-      created.status(), [&] { return AdoptTableLocked(t.basin, t.name); },
+      *meta_, created.status(), [&] { return AdoptTableLocked(t.basin, t.name); },
       [&](const metastore::TableInfo& row) { return row.created_at_ms == t.created_at_ms; });
 }
 
@@ -1353,7 +1388,7 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
     return added->first;
   }
   return ResolveFailedCreate(
-      added.status(), [&] { return AdoptTableLocked(basin, name); },
+      *meta_, added.status(), [&] { return AdoptTableLocked(basin, name); },
       [&](const metastore::TableInfo& row) { return row.id == table.id && row.bucket_count == new_bucket_count; });
 }
 
@@ -1371,11 +1406,16 @@ Status Engine::ReconfigureTable(const std::string& basin, const std::string& nam
     configs.emplace_back(s->info.id, apply(s->info.config));
     buckets.push_back(std::move(s));
   }
-  WEIR_RETURN_IF_ERROR(AsThisNode(
-      [&](const metastore::EpochCheck& by) { return meta_->UpdateTableConfig(table.id, config, configs, by); }));
+  Status changed = AsThisNode(
+      [&](const metastore::EpochCheck& by) { return meta_->UpdateTableConfig(table.id, config, configs, by); });
+  if (!changed.ok()) {
+    AfterFailedConfigChange(buckets, changed);
+    return changed;
+  }
   for (size_t i = 0; i < buckets.size(); ++i) {
     std::lock_guard lk(buckets[i]->mu);
     buckets[i]->info.config = configs[i].second;
+    buckets[i]->config_unknown = false;
   }
   return Status::Ok();
 }

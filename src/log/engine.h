@@ -570,6 +570,14 @@ class Engine {
   // attempt knows, so that it never acknowledges records settle would drop.
   // Returns what Forget returned (nothing if the stream stays).
   std::vector<std::string> AfterFailedDelete(const std::shared_ptr<Stream>& s);
+  // After a config change of `streams` failed with `failed`: unless it was
+  // refused (nothing changed), each takes the config the metastore holds
+  // now, as ReloadConfigLocked. Under config_mu_.
+  void AfterFailedConfigChange(const std::vector<std::shared_ptr<Stream>>& streams, const Status& failed);
+  // Reads `s`'s stored config (once no commit is in flight) into memory;
+  // if it cannot be read, sets config_unknown and returns false. Under
+  // config_mu_, so no change lands between the read and its use.
+  bool ReloadConfigLocked(const std::shared_ptr<Stream>& s);
   static bool IsForgotten(Stream& s);
   // Runs a metastore change that a superseded node must not make, as this
   // node at its epoch; once more if a halt minted this process's next epoch
@@ -728,9 +736,11 @@ class Engine {
   std::mutex tables_mu_;
   std::atomic<uint64_t> tables_version_{0};  // TablesVersion; bumped under tables_mu_
   std::mutex mu_;  // guards the maps and halt_thread_
-  // Held by ReconfigureStream (metastore, then memory) and across
-  // DeleteEmptyStreams, so a stream's stored and in-memory configs agree
-  // while its deletion is decided. Taken before mu_ or any stream lock.
+  // Held by ReconfigureStream (metastore, then memory), across
+  // DeleteEmptyStreams and while a stored config is read back
+  // (ReloadConfigLocked), so a stream's stored and in-memory configs agree
+  // while its deletion is decided. Taken after settle_mu_ and tables_mu_,
+  // before mu_ or any stream lock.
   std::mutex config_mu_;
   // Held by CreateStream across the metastore create and Register.
   std::mutex create_mu_;

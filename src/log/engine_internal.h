@@ -105,6 +105,10 @@ struct Engine::Stream {
   // metastore could not say: appends are refused as retryable until a delete
   // or a retention pass knows (restart knows too).
   bool delete_unknown = false;
+  // A config change failed in a way that may have committed, and the
+  // metastore could not say which config it holds: retention leaves the
+  // stream alone until a pass reads it (restart reads it too).
+  bool config_unknown = false;
   int64_t last_append_ms = 0;  // wall clock of the last append sequenced here (delete_on_empty)
   StreamFacts settled;       // as of the last settle (offset == first durable batch)
   // The trim point of acknowledged batches and stored trims (TrimTo): unlike

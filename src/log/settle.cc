@@ -493,6 +493,19 @@ Status Engine::ApplyRetention() {
     }
     if (unknown) DeleteObjects(AfterFailedDelete(s), fmt::format("segments of stream {}", s->info.name));
   }
+  // Streams whose config a failed change may have set: read it now;
+  // retention skips those it still cannot (the stored config may keep more).
+  {
+    std::lock_guard config_lk(config_mu_);
+    for (auto& s : streams) {
+      bool unknown;
+      {
+        std::lock_guard lk(s->mu);
+        unknown = s->config_unknown && !s->deleted;
+      }
+      if (unknown) ReloadConfigLocked(s);
+    }
+  }
   int64_t now_ms = WallMillis();
   Status first_error;
   struct Cut {
@@ -504,6 +517,7 @@ Status Engine::ApplyRetention() {
     uint64_t below = 0;
     {
       std::lock_guard lk(s->mu);
+      if (s->config_unknown) continue;
       int64_t age = s->info.config.retention_age_s;
       for (const auto& seg : s->segments) {
         bool expired = age > 0 && seg.last_timestamp_ms < now_ms - std::min<int64_t>(age, INT64_MAX / 1000) * 1000;
@@ -719,7 +733,7 @@ Status Engine::MergeSegmentsNow() {
     uint64_t run_data = 0;
     int64_t run_first_ms = INT64_MAX, run_last_ms = INT64_MIN;  // the run's oldest and newest record
     auto close_run = [&] {
-      if (run.size() >= 2 && run.back().last_timestamp_ms <= aged_before) runs.push_back(run);
+      if (run.size() >= 2 && run_last_ms <= aged_before) runs.push_back(run);  // its newest record, anywhere in it
       run.clear();
       run_data = 0;
       run_first_ms = INT64_MAX;

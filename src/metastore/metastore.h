@@ -448,6 +448,12 @@ class Metastore {
   virtual Status ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
                                  const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) = 0;
 
+  // Returns once no commit is in flight: a write whose answer was lost (a
+  // broken connection to a remote database) may still be committing, unseen
+  // by other reads until it ends. Call it before reading back whether such a
+  // write landed. An error if the metastore cannot be reached.
+  virtual Status AwaitCommitsInFlight() = 0;
+
   virtual const MetastoreCounters& counters() const = 0;
   virtual std::string Describe() const = 0;
 };

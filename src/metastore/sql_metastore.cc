@@ -979,6 +979,16 @@ Result<NodeState> SqlMetastore::GetNode(std::string_view node) {
   });
 }
 
+Status SqlMetastore::AwaitCommitsInFlight() {
+  return Locked("AwaitCommitsInFlight", [&]() -> Status {
+    // The writers' lock is held by a commit until it ends, also one whose
+    // connection is gone (the server finishes or aborts it, then lets go).
+    WEIR_RETURN_IF_ERROR(db_->Begin("wait for commits in flight"));
+    db_->RollbackIfActive();
+    return Status::Ok();
+  });
+}
+
 Result<std::vector<NodeState>> SqlMetastore::ListNodes() {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("ListNodes", [&]() -> Result<std::vector<NodeState>> {

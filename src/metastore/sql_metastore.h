@@ -77,6 +77,7 @@ class SqlMetastore final : public Metastore {
   Result<std::vector<StreamInfo>> ListStreamsById(uint64_t after_id, size_t limit) override;
 
   Result<NodeState> GetNode(std::string_view node) override;
+  Status AwaitCommitsInFlight() override;
   Result<std::vector<NodeState>> ListNodes() override;
   Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window, uint64_t minter = 0) override;
   Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) override;

@@ -5,7 +5,7 @@
 // listener takes a free port unless args name --kafka-addr.
 // stop() sends SIGTERM and expects exit status 0; crash() sends SIGKILL;
 // start() again reuses the same data dir.
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -14,7 +14,7 @@ const READY_RE = /listening on (http:\/\/[^\s/]+:(\d+))/;
 const KAFKA_RE = /kafka:\/\/([^\s/]+:\d+)/;
 const FLIGHT_RE = /grpc:\/\/([^\s/]+:\d+)/;
 const START_TIMEOUT_MS = 120_000; // a loaded 2-core machine recovers slowly
-const STOP_TIMEOUT_MS = 120_000;
+const STOP_TIMEOUT_MS = Number(process.env.WEIR_STOP_TIMEOUT_MS || 120_000);
 
 export class WeirServer {
   constructor(binary, { args = [] } = {}) {
@@ -89,8 +89,9 @@ export class WeirServer {
     clearTimeout(timer);
     this.proc = null;
     if (result === null) {
+      const stacks = threadStacks(proc.pid);
       proc.kill("SIGKILL");
-      throw new Error(`weir serve did not exit within ${STOP_TIMEOUT_MS} ms of SIGTERM\n${this.logTail()}`);
+      throw new Error(`weir serve did not exit within ${STOP_TIMEOUT_MS} ms of SIGTERM\n${this.logTail()}${stacks}`);
     }
     if (result.code !== 0) {
       throw new Error(`weir serve exited with ${result.code ?? result.signal} after SIGTERM\n${this.logTail()}`);
@@ -116,4 +117,16 @@ export class WeirServer {
     this.kill();
     rmSync(this.tmp, { recursive: true, force: true });
   }
+}
+
+// Every thread's stack of a process that does not exit, for the failure
+// message: gdb, when installed and allowed to attach; else nothing.
+function threadStacks(pid) {
+  const r = spawnSync("gdb", ["-batch", "-p", String(pid), "-ex", "thread apply all bt"], {
+    encoding: "utf8",
+    timeout: 60_000,
+    maxBuffer: 16 << 20,
+  });
+  if (r.error || !r.stdout) return "";
+  return `\n--- thread stacks (gdb) ---\n${r.stdout}`;
 }
