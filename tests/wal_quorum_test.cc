@@ -540,6 +540,30 @@ TEST_F(QuorumStoreTest, ReadOfTheDataFallsThroughAHolderThatFails) {
   EXPECT_EQ(whole, slot);
 }
 
+// A holder whose copy is damaged past the envelope (the probe reads only
+// the envelope, so the slot still counts as committed there): reads go to
+// the next holder instead of failing the fence's walk or settle.
+TEST_F(QuorumStoreTest, ReadOfTheDataPassesOverAHolderWithADamagedCopy) {
+  ASSERT_TRUE(OpenQuorum());
+  const std::string slot = Flight(0);
+  std::string damaged = slot;
+  damaged.back() ^= 0x01;
+  Plant({0}, Key(0), damaged);
+  Plant({1, 2}, Key(0), slot);
+  ASSERT_OK_AND_ASSIGN(std::string whole, q->Get(Key(0)));
+  EXPECT_EQ(whole, slot);
+  // A short answer to a range: the next holder's.
+  std::string cut = slot.substr(0, slot.size() - 1);
+  ASSERT_OK(mem[0]->Put(Key(0), cut));
+  ASSERT_OK_AND_ASSIGN(std::string tail, q->Get(Key(0), ByteRange{kEnvelopeSize, 1 << 20}));
+  EXPECT_EQ(tail, slot.substr(kEnvelopeSize));
+  // Damaged everywhere: Corruption, naming a store.
+  for (size_t i : {1, 2}) ASSERT_OK(mem[i]->Put(Key(0), damaged));
+  auto bad = q->Get(Key(0));
+  EXPECT_EQ(bad.status().code(), Code::kCorruption) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("the copy in store"), std::string::npos) << bad.status().ToString();
+}
+
 // ---- HEAD, LIST, DELETE -------------------------------------------------------
 
 TEST_F(QuorumStoreTest, ListMergesTheStoresListings) {

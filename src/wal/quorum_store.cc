@@ -324,12 +324,23 @@ struct QuorumStore::Impl {
     }
   }
 
-  // Reads `range` from the first store in `mask` that answers.
-  Result<std::string> ReadFrom(uint32_t mask, std::string_view key, std::optional<objstore::ByteRange> range) {
+  // Reads `range` from the first store in `mask` that answers with bytes
+  // that check out: a whole slot must decode (its CRCs), a range must have
+  // `expect` bytes when that is known (nonzero). A store holding a damaged
+  // copy is passed over for the next holder, as one that fails is.
+  Result<std::string> ReadFrom(uint32_t mask, std::string_view key, std::optional<objstore::ByteRange> range,
+                               uint64_t expect = 0) {
     Status last = NotFound("slot {}: no store holds it", key);
     for (size_t i = 0; i < k(); ++i) {
       if (!(mask & (uint32_t{1} << i))) continue;
       auto got = lanes[i]->store().Get(key, range);
+      if (got.ok() && !range) {
+        if (auto decoded = DecodeSlot(key, *got); !decoded.ok()) {
+          got = decoded.status().WithContext(fmt::format("the copy in store {}", i));
+        }
+      } else if (got.ok() && expect != 0 && got->size() != expect) {
+        got = Corruption("slot {}: store {} returned {} bytes of a range of {}", key, i, got->size(), expect);
+      }
       if (got.ok()) return got;
       last = got.status();
     }
@@ -507,7 +518,7 @@ Result<std::string> QuorumStore::Get(std::string_view key, std::optional<objstor
   const uint64_t end = range ? std::min<uint64_t>(total, range->offset + range->length) : total;
   if (begin >= total && total > 0) return OutOfRange("{}: range starts at {}, past its {} bytes", key, begin, total);
   if (end <= have) return d.bytes.substr(begin, end - begin);
-  return im.ReadFrom(d.holders, key, range);
+  return im.ReadFrom(d.holders, key, range, end - begin);
 }
 
 Result<objstore::ObjectInfo> QuorumStore::Head(std::string_view key_view) {
