@@ -500,6 +500,13 @@ def flags_beat_environment_variables():
     assert weir("tail", "fs1", *flags, env_vars=wrong).stdout.strip() == "2"
     assert json.loads(weir("stream", "info", "fs1", "--json", *flags, env_vars=wrong).stdout)["tail"]["seq_num"] == 2
     assert weir("stream", "list", env_vars={"WEIR_BASIN": "flag-basin"}).stdout == "fs1\n"
+    # Before the command too, in either form; given before and after, an error.
+    assert weir(*flags, "read", "fs1", env_vars=wrong).stdout == "a\nb\n"
+    assert weir("--basin=flag-basin", f"--server={SERVER.base_url}", "--json", "tail", "fs1",
+                env_vars=wrong).stdout.startswith('{"seq_num":2,')
+    assert "--basin" in error_line(weir("--basin", "flag-basin", "stream", "list", "--basin", "flag-basin", ok=False))
+    assert "not expected" in error_line(weir("--server", SERVER.base_url, "serve", ok=False))
+    assert "not expected" in error_line(weir("--prefix", "f", "stream", "list", ok=False))
     weir("stream", "delete", "fs1", *flags, env_vars=wrong)
     weir("basin", "delete", "flag-basin", "--server", SERVER.base_url, env_vars=wrong)
     assert "flag-basin" not in weir("basin", "list").stdout

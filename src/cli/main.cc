@@ -6,6 +6,7 @@
 #include <set>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -163,6 +164,33 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   return cmd;
 }
 
+// The client commands' connection flags given before the command
+// (`weir --server URL stream list`) go after it, where the command defines
+// them: CLI11 takes an option only after the command that has it. Only those
+// flags, and only ahead of the first other word; the rest is left in place
+// (a flag that fits no command is still an error).
+std::vector<char*> ConnectionFlagsAfterTheCommand(int argc, char** argv) {
+  static const std::set<std::string, std::less<>> kValued = {"--server", "--basin", "--auth-token"};
+  std::vector<char*> moved;
+  int i = 1;
+  while (i < argc) {
+    const std::string_view arg = argv[i];
+    const std::string_view name = arg.substr(0, arg.find('='));
+    if (arg == "--json" || (name != arg && kValued.count(name) != 0)) {
+      moved.push_back(argv[i++]);
+    } else if (kValued.count(arg) != 0 && i + 1 < argc) {
+      moved.push_back(argv[i++]);
+      moved.push_back(argv[i++]);
+    } else {
+      break;
+    }
+  }
+  std::vector<char*> out{argv[0]};
+  out.insert(out.end(), argv + i, argv + argc);
+  out.insert(out.end(), moved.begin(), moved.end());
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -232,8 +260,9 @@ int main(int argc, char** argv) {
   weir::cli::ClientCommands client(app, *bench);  // basin, stream, append, read, tail, bench http
   weir::cli::MakeNumbersStrict(app);
   ScopeEnvToTheCommandRun(app);
+  std::vector<char*> args = ConnectionFlagsAfterTheCommand(argc, argv);
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {  // one line and exit 1, like every other error

@@ -758,6 +758,22 @@ int RunServe(const ServeOptions& o) {
   int sig = 0;
   sigwait(&signals, &sig);
   Log().info("weir serve: {} received, draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  // Which step of the stop runs now: said on stderr while the stop takes
+  // longer than its bounds allow, so a stop that hangs names its step. (It
+  // runs until the process ends; it touches only this static and stderr.)
+  static std::atomic<const char*> stopping_step{"draining requests"};
+  std::thread([limit = std::chrono::duration<double>(o.drain_timeout_s) + std::chrono::seconds(30)] {
+    const TimePoint began = Now();
+    TimePoint next = began + std::chrono::duration_cast<Duration>(limit);
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (Now() < next) continue;
+      const std::string msg = fmt::format("weir serve: still stopping after {:.0f} s: {}\n", ToMillis(Now() - began) / 1000,
+                                          stopping_step.load());
+      (void)!::write(STDERR_FILENO, msg.data(), msg.size());
+      next = Now() + std::chrono::seconds(30);
+    }
+  }).detach();
   // A second SIGINT (Ctrl-C) ends the drain at once, as a crash would (the
   // next start recovers); another SIGTERM changes nothing (supervisors may
   // repeat it); the drain is bounded anyway (--drain-timeout-s, then the
@@ -790,7 +806,9 @@ int RunServe(const ServeOptions& o) {
   // Flight takes no new call; open DoPut streams get the grace to end (the
   // appends they handed over complete either way), then are cancelled.
   if (flight_server) {
+    stopping_step = "stopping the Arrow Flight listener";
     flight_server->Stop(static_cast<int>(std::min(5000.0, o.drain_timeout_s * 500)));
+    stopping_step = "draining requests";
   }
   // In-flight appends finish (their acks are released); waits end within a
   // tick (HTTP). A read session whose client stopped reading would hold the
@@ -825,15 +843,20 @@ int RunServe(const ServeOptions& o) {
   // close timeout), and those answers reach their clients before the
   // listeners stop. Then it settles.
   if (open() > 0) Log().warn("weir serve: {} requests still open after the drain; closing the WAL", open());
+  stopping_step = "closing the engine (the WAL's last acks, the final settle)";
   (*engine)->Close();
+  stopping_step = "answering the last requests";
   const auto answered = Now() + std::chrono::seconds(5);
   while (open() > 0 && Now() < answered) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (open() > 0) Log().warn("weir serve: {} requests still open at exit", open());
   // Both let the answers given be written first (bounded).
+  stopping_step = "stopping the HTTP listener";
   (*server)->Stop();
   (*engine)->OnSuperseded(nullptr);  // the Kafka listener goes before the engine
+  stopping_step = "stopping the Kafka listener";
   if (kafka_server) kafka_server->Stop();
   drained = true;
+  stopping_step = "releasing what the server held (destructors, exit)";
   Log().info("weir serve: stopped");
   return 0;
 }
