@@ -95,8 +95,9 @@ class WeirServer:
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stacks = thread_stacks(proc.pid)
             self.kill()
-            raise ServerError(f"weir serve did not exit within {timeout} s of SIGTERM\n" + self.log_tail())
+            raise ServerError(f"weir serve did not exit within {timeout} s of SIGTERM\n" + self.log_tail() + stacks)
         self.proc = None
         if expect_code is not None and code != expect_code:
             raise ServerError(f"weir serve exited with {code} after SIGTERM, expected {expect_code}\n"
@@ -189,3 +190,14 @@ def run_expecting_exit(cmd, timeout=START_TIMEOUT, env=None, cwd=None):
                 p.kill()
                 p.wait()
         return code, text
+
+
+def thread_stacks(pid):
+    """Every thread's stack of a process that does not exit, for a failure
+    message: gdb's, when it is installed and may attach; else ""."""
+    try:
+        out = subprocess.run(["gdb", "-batch", "-p", str(pid), "-ex", "thread apply all bt"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return f"\n--- thread stacks (gdb) ---\n{out.stdout}" if out.stdout else ""
