@@ -24,6 +24,7 @@ if [ "${1:-}" = "--tests" ]; then
          zstd                            # zstd request bodies (tests/http)
          clang libclang-rt-14-dev        # libFuzzer for scripts/fuzz.sh
          libtsan2                        # ThreadSanitizer runtime for scripts/tsan.sh
+         gdb                             # thread stacks of a server that does not stop (test harnesses)
          kcat librdkafka-dev python3-confluent-kafka  # Kafka client suites (tests/kafka), weir_kafka_bench
          )
 fi
