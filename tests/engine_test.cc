@@ -3271,6 +3271,12 @@ TEST_F(EngineTest, RawBatchesAreVerified) {
   StoreBE32(miscounted.data() + 57, 2);  // recordCount 2, with one record present
   // (Built wrong rather than damaged: kInvalidArgument, Kafka's INVALID_RECORD.)
   EXPECT_EQ(AppendRaw(*engine_, "s", recrc(miscounted)).status.code(), Code::kInvalidArgument);
+  for (int32_t count : {-1, 0}) {  // negative (or zero, so lastOffsetDelta -1) counts, under a right CRC
+    std::string negative = good;
+    StoreBE32(negative.data() + 23, static_cast<uint32_t>(count - 1));
+    StoreBE32(negative.data() + 57, static_cast<uint32_t>(count));
+    EXPECT_EQ(AppendRaw(*engine_, "s", recrc(negative)).status.code(), Code::kInvalidArgument) << count;
+  }
   std::string zstd;
   eo = {};
   eo.attributes = wal::kCodecZstd;

@@ -1501,6 +1501,7 @@ std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<
       c.Error(404, "not_found", fmt::format("no route for {}", head.path));
       return nullptr;
     }
+    RefuseProducerHeadersOnASession(head);
     auto session = std::make_shared<AppendSession>(this, c, parts[2]);
     TrackSession(session);
     session->Open();
@@ -1748,8 +1749,23 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
 
 // ---- Appends ----------------------------------------------------------------
 
+// An S2S session's inputs are many appends, and one producer sequence number
+// cannot name them: the headers are refused rather than ignored (a retry of
+// the session would append its inputs again).
+void RestApi::RefuseProducerHeadersOnASession(const Request& req) {
+  for (const char* h : {"weir-producer-id", "weir-producer-epoch", "weir-producer-seq"}) {
+    if (req.Header(h)) {
+      throw BadRequest{fmt::format("{} does not apply to an S2S append session (one producer sequence cannot name "
+                                   "its many inputs): send idempotent appends as unary requests",
+                                   h),
+                       "bad_header"};
+    }
+  }
+}
+
 void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   if (IsS2s(req)) {  // an S2S session whose input was read whole (HTTP/1.1)
+    RefuseProducerHeadersOnASession(req);
     auto session = std::make_shared<AppendSession>(this, c, stream);
     TrackSession(session);
     session->Preload(std::move(req.body));
@@ -1839,6 +1855,12 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
     in.options.ticket = std::move(ticket);
     return AppendNow(c, stream, std::move(in), proto_out, records, bytes);
   }
+  // A producer's retry of an append its window holds needs no room: answered
+  // (or queued behind its original) now, not after the wait.
+  if (in.options.producer) {
+    log::AppendCallback answer = AppendAnswer(c, proto_out, records, bytes);
+    if (engine_->AnswerRetriedAppend(c.basin, stream, in.records, in.options, answer)) return;
+  }
   auto suspended = c.ex->SuspendInOrder();
   auto held = std::make_shared<AppendInput>(std::move(in));
   using Wait = log::Engine::AdmissionWait;
@@ -1862,25 +1884,28 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
 void RestApi::AppendNow(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                         size_t bytes) {
   in.options.may_wait = false;  // room held by its ticket, or none now: it is refused at once
-  engine_->AppendAsync(
-      c.basin, stream, std::move(in.records), in.options, [c, proto_out, records, bytes](log::AppendOutcome o) {
-        if (!o.status.ok() && o.status.code() == Code::kNotFound) {
-          // Telling a missing basin asks the metastore: not on a WAL or I/O thread.
-          return c.ex->Post([c, o] { c.Send(c.AppendFailure(o)); });
-        }
-        if (!o.status.ok()) return c.Send(c.AppendFailure(o));
-        const auto& a = o.ack;
-        c.Acked(a, records, bytes);
-        if (proto_out) return c.Send(Response{200, "application/protobuf", ProtoAck(a), {}});
-        // The hot path: formatted directly rather than through a JSON tree.
-        auto first = std::max<int64_t>(a.first_timestamp_ms, 0), last = std::max<int64_t>(a.last_timestamp_ms, 0);
-        auto tail_ts = std::max<int64_t>(a.tail_timestamp_ms, 0);
-        c.Send(Response{200, "application/json",
-                        fmt::format(R"({{"start":{{"seq_num":{},"timestamp":{}}},"end":{{"seq_num":{},"timestamp":{}}},)"
-                                    R"("tail":{{"seq_num":{},"timestamp":{}}},"duplicated":{}}})",
-                                    a.start_offset, first, a.end_offset, last, a.tail, tail_ts, a.duplicated),
-                        {}});
-      });
+  engine_->AppendAsync(c.basin, stream, std::move(in.records), in.options, AppendAnswer(c, proto_out, records, bytes));
+}
+
+log::AppendCallback RestApi::AppendAnswer(const Ctx& c, bool proto_out, size_t records, size_t bytes) {
+  return [c, proto_out, records, bytes](log::AppendOutcome o) {
+    if (!o.status.ok() && o.status.code() == Code::kNotFound) {
+      // Telling a missing basin asks the metastore: not on a WAL or I/O thread.
+      return c.ex->Post([c, o] { c.Send(c.AppendFailure(o)); });
+    }
+    if (!o.status.ok()) return c.Send(c.AppendFailure(o));
+    const auto& a = o.ack;
+    c.Acked(a, records, bytes);
+    if (proto_out) return c.Send(Response{200, "application/protobuf", ProtoAck(a), {}});
+    // The hot path: formatted directly rather than through a JSON tree.
+    auto first = std::max<int64_t>(a.first_timestamp_ms, 0), last = std::max<int64_t>(a.last_timestamp_ms, 0);
+    auto tail_ts = std::max<int64_t>(a.tail_timestamp_ms, 0);
+    c.Send(Response{200, "application/json",
+                    fmt::format(R"({{"start":{{"seq_num":{},"timestamp":{}}},"end":{{"seq_num":{},"timestamp":{}}},)"
+                                R"("tail":{{"seq_num":{},"timestamp":{}}},"duplicated":{}}})",
+                                a.start_offset, first, a.end_offset, last, a.tail, tail_ts, a.duplicated),
+                    {}});
+  };
 }
 
 // ---- Reads ------------------------------------------------------------------

@@ -428,6 +428,12 @@ class Engine {
   // AppendBatchAsync would). CPU only (it may decompress the batch).
   bool AnswerRetriedBatch(const std::string& basin, const std::string& stream, std::string_view batch,
                           AppendCallback& done);
+  // The same for an append of records (AppendAsync's) carrying a producer
+  // (options.producer): answered when its window holds it and the records
+  // pass AppendAsync's checks.
+  bool AnswerRetriedAppend(const std::string& basin, const std::string& stream,
+                           const std::vector<AppendRecord>& records, const AppendOptions& options,
+                           AppendCallback& done);
   // The checks AppendBatchAsync makes of the batch itself, whatever the
   // stream (as it would fail them): its header and its records' largest
   // timestamp. CPU only (it may decompress the batch).

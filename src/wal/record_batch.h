@@ -126,6 +126,10 @@ Result<BatchHeader> ParseBatchHeader(std::string_view data);
 // Parses the header and verifies the CRC of the first batch in `data`.
 // kCorruption names the field or CRC that failed.
 Result<BatchHeader> VerifyBatch(std::string_view data);
+// VerifyBatch without its checks of the fields the CRC covers (a negative
+// record count or lastOffsetDelta): the framing and the CRC only, for a
+// caller that judges those fields itself.
+Result<BatchHeader> VerifyBatchCrc(std::string_view data);
 
 // Crc32cExtend(crc, batch) for a whole batch (h.total_size() bytes of
 // `batch`) whose header `h` came from VerifyBatch: its CRC, checked against

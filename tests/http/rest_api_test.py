@@ -2117,6 +2117,59 @@ class BackpressureTest(ClosingTestCase):
             server.cleanup()
 
 
+class RetryUnderBackpressureTest(ClosingTestCase):
+    """An idempotent producer's retry of an append already acknowledged needs
+    no room in the WAL pool: it is answered (duplicated) while the pool is
+    full, not after waiting for room, and makes no admission wait."""
+
+    def test_a_retry_is_answered_without_waiting_for_room(self):
+        server = start_server(args=["--pool-budget-mib", "2", "--max-slot-bytes", str(2 << 20),
+                                    "--inject-put-latency-ms", "3000,3000", "--admission-timeout-ms", "120000"])
+        try:
+            c = Client(server)
+            name = unique("retry")
+            c.create_stream(name)
+            pid = c.post("/v1/producers").json()
+            headers = producer_headers(pid["id"], pid["epoch"], 0)
+            body = {"records": [{"body": "r" * 400_000}]}  # more than the room the fillers leave
+            first = c.post(f"/v1/streams/{q(name)}/records", json=body, headers=headers, timeout=60)
+            self.assertEqual(first.status_code, 200, first.text)
+
+            def metric(pattern):
+                m = re.search(pattern, Client(server).get("/metrics").text)
+                return float(m.group(1))
+
+            def waits():
+                return metric(r'(?m)^weir_admission_waits_total\{cause="wal_pool"\} (\S+)$')
+
+            before = waits()
+            big = {"records": [{"body": "b" * 900_000}]}
+
+            def fill():
+                try:
+                    Client(server).post(f"/v1/streams/{q(name)}/records", json=big, timeout=120)
+                except requests.RequestException:  # the server is killed at the end
+                    pass
+
+            for _ in range(2):  # both fit the 2 MiB pool, and leave less than the retry's size
+                threading.Thread(target=fill, daemon=True).start()
+            deadline = time.monotonic() + 60
+            while metric(r"(?m)^weir_wal_pool_bytes (\S+)$") < 1_800_000 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertGreaterEqual(metric(r"(?m)^weir_wal_pool_bytes (\S+)$"), 1_800_000, "the pool never filled")
+            retry = c.post(f"/v1/streams/{q(name)}/records", json=body, headers=headers, timeout=60)
+            self.assertEqual(retry.status_code, 200, retry.text)
+            ack = retry.json()
+            self.assertTrue(ack["duplicated"], ack)
+            self.assertEqual((ack["start"]["seq_num"], ack["end"]["seq_num"]), (0, 1), ack)
+            self.assertEqual(waits(), before, "the retry waited for room")
+        finally:
+            server.kill()  # a drain would wait out the slow PUTs
+            if sys.exc_info()[0] is not None:
+                print(server.log_tail())
+            server.cleanup()
+
+
 class ServeFlagsTest(ClosingTestCase):
     """weir serve's flags through their WEIR_<NAME> variables, on servers of
     their own; and the SSE error event a draining server ends sessions with."""

@@ -384,6 +384,23 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(st["status"], 404)
         self.assertEqual(json.loads(st["data"])["code"], "stream_not_found")
 
+    def test_producer_headers_on_a_session_are_refused(self):
+        # One producer sequence cannot name a session's many inputs: refused,
+        # not ignored (a retried session would append its inputs again).
+        stream = self.new_stream()
+        one = frame(pb_append_input([pb_append_record(b"x")]))
+        producer = [("weir-producer-id", "1"), ("weir-producer-epoch", "0"), ("weir-producer-seq", "0")]
+        sid = self.append_session(stream, one, end=True, headers=producer)
+        st = self.h2.wait_end(sid)
+        self.assertEqual(st["status"], 400)
+        self.assertEqual(json.loads(st["data"])["code"], "bad_header")
+        r = requests.post(f"{SERVER.base_url}/v1/streams/{stream}/records", data=one,
+                          headers={"content-type": "s2s/proto", "weir-producer-seq": "0"}, timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 400, r.text)
+        self.assertEqual(r.json()["code"], "bad_header")
+        tail = requests.get(f"{SERVER.base_url}/v1/streams/{stream}/records/tail", timeout=TIMEOUT)
+        self.assertEqual(tail.json()["tail"]["seq_num"], 0, "nothing appended")
+
     def test_read_session_sends_batches_then_heartbeats(self):
         stream = self.new_stream()
         requests.post(f"{SERVER.base_url}/v1/streams/{stream}/records", timeout=TIMEOUT,
