@@ -505,6 +505,7 @@ def flags_beat_environment_variables():
     assert weir("--basin=flag-basin", f"--server={SERVER.base_url}", "--json", "tail", "fs1",
                 env_vars=wrong).stdout.startswith('{"seq_num":2,')
     assert "--basin" in error_line(weir("--basin", "flag-basin", "stream", "list", "--basin", "flag-basin", ok=False))
+    assert weir(*flags, "read", "--", "fs1", env_vars=wrong).stdout == "a\nb\n"  # they go ahead of a `--`
     assert "not expected" in error_line(weir("--server", SERVER.base_url, "serve", ok=False))
     assert "not expected" in error_line(weir("--prefix", "f", "stream", "list", ok=False))
     weir("stream", "delete", "fs1", *flags, env_vars=wrong)

@@ -1535,6 +1535,49 @@ TEST_F(EngineTest, AConfigChangeWhoseAnswerWasLostTakesTheStoredConfig) {
   EXPECT_EQ(ReadAll("r"), (std::vector<std::string>{"new"}));
 }
 
+// While a stream's config is unknown (a change whose answer was lost, and
+// the metastore could not be read back): trims still apply, nothing
+// expires, an empty stream is not deleted by the age memory holds, and a
+// new change is refused (retryable) while the stored config is read again.
+TEST_F(EngineTest, AStreamWhoseConfigIsUnknownIsOnlyTrimmedAndRefusesChanges) {
+  auto hooked = RestartHooked();
+  StreamConfig soon;
+  soon.retention_age_s = 60;
+  soon.delete_on_empty_min_age_s = 1;
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "u", soon).ok());
+  for (const char* body : {"a", "b"}) {
+    auto recs = Bodies({body});
+    recs[0].timestamp_ms = WallMillis() - 3'600'000;
+    ASSERT_TRUE(engine_->Append(kBasin, "u", std::move(recs)).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());  // a segment each, both past 60 s
+  }
+  StreamConfig later = soon;
+  later.retention_age_s = 0;
+  later.delete_on_empty_min_age_s = 86'400;
+  hooked->map_update_config_answer = [](Status) { return Unavailable("the answer was lost"); };
+  hooked->fail_await_commits = [] { return Unavailable("the metastore is away"); };
+  EXPECT_FALSE(engine_->ReconfigureStream(kBasin, "u", later).ok());  // landed: stored is `later`
+  hooked->map_update_config_answer = nullptr;
+  ASSERT_TRUE(engine_->TrimTo(kBasin, "u", 1).ok());
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_EQ(ReadAll("u"), (std::vector<std::string>{"b"})) << "the trim applies; nothing expires";
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 1u);
+  ASSERT_TRUE(engine_->TrimTo(kBasin, "u", 2).ok());  // empty now
+  std::this_thread::sleep_for(1100ms);                  // past the delete_on_empty age memory holds
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "u").ok()) << "deleted by an age the stored config no longer has";
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u);
+
+  Status refused = engine_->ReconfigureStream(kBasin, "u", soon);
+  EXPECT_EQ(refused.code(), Code::kUnavailable) << refused.ToString();
+  hooked->fail_await_commits = nullptr;
+  refused = engine_->ReconfigureStream(kBasin, "u", soon);  // refused once more, reading the stored config
+  EXPECT_EQ(refused.code(), Code::kUnavailable) << refused.ToString();
+  EXPECT_EQ(engine_->GetStream(kBasin, "u")->info.config.delete_on_empty_min_age_s, 86'400);
+  EXPECT_TRUE(engine_->ReconfigureStream(kBasin, "u", later).ok());
+  EXPECT_TRUE(engine_->GetStream(kBasin, "u").ok());
+}
+
 // A delete that landed in the metastore with its answer lost: the stream
 // must not stay in memory acknowledging appends whose rows settle skips (and
 // a restart then drops). It is forgotten once the metastore says the row is

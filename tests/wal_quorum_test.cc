@@ -557,6 +557,13 @@ TEST_F(QuorumStoreTest, ReadOfTheDataPassesOverAHolderWithADamagedCopy) {
   ASSERT_OK(mem[0]->Put(Key(0), cut));
   ASSERT_OK_AND_ASSIGN(std::string tail, q->Get(Key(0), ByteRange{kEnvelopeSize, 1 << 20}));
   EXPECT_EQ(tail, slot.substr(kEnvelopeSize));
+  // The same for a slot this process wrote (its holders are remembered).
+  const std::string own = Flight(1);
+  ASSERT_OK(PutSlot(1, own));
+  for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(Eventually([&] { return Holds(i, Key(1), own); }));
+  ASSERT_OK(mem[0]->Put(Key(1), own.substr(0, own.size() - 1)));
+  ASSERT_OK_AND_ASSIGN(std::string own_tail, q->Get(Key(1), ByteRange{kEnvelopeSize, own.size() - kEnvelopeSize}));
+  EXPECT_EQ(own_tail, own.substr(kEnvelopeSize));
   // Damaged everywhere: Corruption, naming a store.
   for (size_t i : {1, 2}) ASSERT_OK(mem[i]->Put(Key(0), damaged));
   auto bad = q->Get(Key(0));

@@ -185,9 +185,12 @@ std::vector<char*> ConnectionFlagsAfterTheCommand(int argc, char** argv) {
       break;
     }
   }
+  // Ahead of a `--`, after which every word is an argument.
+  char** rest_end = std::find_if(argv + i, argv + argc, [](const char* a) { return std::string_view(a) == "--"; });
   std::vector<char*> out{argv[0]};
-  out.insert(out.end(), argv + i, argv + argc);
+  out.insert(out.end(), argv + i, rest_end);
   out.insert(out.end(), moved.begin(), moved.end());
+  out.insert(out.end(), rest_end, argv + argc);
   return out;
 }
 

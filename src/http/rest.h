@@ -101,11 +101,11 @@ class RestApi : public Handler {
   // holding the worker (Engine::WhenAdmissible).
   void SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                     size_t bytes);
-  // Appends without waiting for admission (room held by in.options.ticket,
-  // or taken now, or a refusal).
   static void RefuseProducerHeadersOnASession(const Request& req);  // throws BadRequest
   // What answers an append: its ack (JSON or protobuf) or its failure.
   static log::AppendCallback AppendAnswer(const Ctx& c, bool proto_out, size_t records, size_t bytes);
+  // Appends without waiting for admission (room held by in.options.ticket,
+  // or taken now, or a refusal).
   void AppendNow(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                  size_t bytes);
   void Read(Request& req, const Ctx& c, const std::string& stream);

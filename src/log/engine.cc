@@ -1026,6 +1026,7 @@ Status Engine::ReconfigureStream(const std::string& basin, const std::string& na
                                  const metastore::StreamConfig& config) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   std::lock_guard config_lk(config_mu_);
+  WEIR_RETURN_IF_ERROR(RefuseUnknownConfigsLocked({s}));
   Status changed =
       AsThisNode([&](const metastore::EpochCheck& by) { return meta_->UpdateStreamConfig(s->info.id, config, by); });
   if (!changed.ok()) {
@@ -1045,24 +1046,44 @@ void Engine::AfterFailedConfigChange(const std::vector<std::shared_ptr<Stream>>&
       failed.code() == Code::kPreconditionFailed) {
     return;
   }
-  for (const auto& s : streams) ReloadConfigLocked(s);
+  ReloadConfigsLocked(streams);
 }
 
-bool Engine::ReloadConfigLocked(const std::shared_ptr<Stream>& s) {
-  Status awaited = meta_->AwaitCommitsInFlight();
-  Result<metastore::StreamInfo> row = awaited.ok() ? meta_->GetStreamById(s->info.id) : Result<metastore::StreamInfo>(awaited);
-  std::lock_guard lk(s->mu);
-  if (row.ok()) {
-    s->info.config = row->config;
-    s->config_unknown = false;
-    return true;
+void Engine::ReloadConfigsLocked(const std::vector<std::shared_ptr<Stream>>& streams) {
+  Status failed = meta_->AwaitCommitsInFlight();
+  for (const auto& s : streams) {
+    // After the first failure, the rest are marked unknown without a read
+    // (each would wait out the same unreachable metastore).
+    Result<metastore::StreamInfo> row = failed;
+    if (failed.ok()) row = meta_->GetStreamById(s->info.id);
+    std::lock_guard lk(s->mu);
+    if (row.ok()) {
+      s->info.config = row->config;
+      s->config_unknown = false;
+      continue;
+    }
+    if (failed.ok()) failed = row.status();
+    if (!s->config_unknown) {
+      Log().warn("stream {}/{}: a config change may have landed ({}); retention expires nothing of it, and it is "
+                 "neither deleted when empty nor reconfigured, until its stored config is read",
+                 s->info.basin, s->info.name, failed.ToString());
+    }
+    s->config_unknown = true;
   }
-  if (!s->config_unknown) {
-    Log().warn("stream {}/{}: a config change may have landed ({}); retention leaves it alone until that is known",
-               s->info.basin, s->info.name, row.status().ToString());
+}
+
+Status Engine::RefuseUnknownConfigsLocked(const std::vector<std::shared_ptr<Stream>>& streams) {
+  std::vector<std::shared_ptr<Stream>> unknown;
+  for (const auto& s : streams) {
+    std::lock_guard lk(s->mu);
+    if (s->config_unknown) unknown.push_back(s);
   }
-  s->config_unknown = true;
-  return false;
+  if (unknown.empty()) return Status::Ok();
+  // The change was built on the config memory held; read, it may differ.
+  ReloadConfigsLocked(unknown);
+  return Unavailable("stream {}/{}: an earlier config change's answer was lost, and its stored config is read "
+                     "again now; retry",
+                     unknown.front()->info.basin, unknown.front()->info.name);
 }
 
 Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& name, uint64_t offset) {
@@ -1406,6 +1427,7 @@ Status Engine::ReconfigureTable(const std::string& basin, const std::string& nam
     configs.emplace_back(s->info.id, apply(s->info.config));
     buckets.push_back(std::move(s));
   }
+  WEIR_RETURN_IF_ERROR(RefuseUnknownConfigsLocked(buckets));
   Status changed = AsThisNode(
       [&](const metastore::EpochCheck& by) { return meta_->UpdateTableConfig(table.id, config, configs, by); });
   if (!changed.ok()) {

@@ -578,12 +578,17 @@ class Engine {
   std::vector<std::string> AfterFailedDelete(const std::shared_ptr<Stream>& s);
   // After a config change of `streams` failed with `failed`: unless it was
   // refused (nothing changed), each takes the config the metastore holds
-  // now, as ReloadConfigLocked. Under config_mu_.
+  // now, as ReloadConfigsLocked. Under config_mu_.
   void AfterFailedConfigChange(const std::vector<std::shared_ptr<Stream>>& streams, const Status& failed);
-  // Reads `s`'s stored config (once no commit is in flight) into memory;
-  // if it cannot be read, sets config_unknown and returns false. Under
-  // config_mu_, so no change lands between the read and its use.
-  bool ReloadConfigLocked(const std::shared_ptr<Stream>& s);
+  // Reads the streams' stored configs (once no commit is in flight) into
+  // memory; those it cannot read (all from the first failure on) get
+  // config_unknown. Under config_mu_, so no change lands between the read
+  // and its use.
+  void ReloadConfigsLocked(const std::vector<std::shared_ptr<Stream>>& streams);
+  // Before a config change: kUnavailable (retryable) if a stream's config is
+  // unknown, as the change was built on memory's; its stored config is read
+  // meanwhile (ReloadConfigsLocked). Under config_mu_.
+  Status RefuseUnknownConfigsLocked(const std::vector<std::shared_ptr<Stream>>& streams);
   static bool IsForgotten(Stream& s);
   // Runs a metastore change that a superseded node must not make, as this
   // node at its epoch; once more if a halt minted this process's next epoch
@@ -744,8 +749,8 @@ class Engine {
   std::mutex mu_;  // guards the maps and halt_thread_
   // Held by ReconfigureStream (metastore, then memory), across
   // DeleteEmptyStreams and while a stored config is read back
-  // (ReloadConfigLocked), so a stream's stored and in-memory configs agree
-  // while its deletion is decided. Taken after settle_mu_ and tables_mu_,
+  // (ReloadConfigsLocked), so a stream's stored and in-memory configs agree
+  // while its deletion is decided (one whose config is unknown is not). Taken after settle_mu_ and tables_mu_,
   // before mu_ or any stream lock.
   std::mutex config_mu_;
   // Held by CreateStream across the metastore create and Register.

@@ -106,8 +106,11 @@ struct Engine::Stream {
   // or a retention pass knows (restart knows too).
   bool delete_unknown = false;
   // A config change failed in a way that may have committed, and the
-  // metastore could not say which config it holds: retention leaves the
-  // stream alone until a pass reads it (restart reads it too).
+  // metastore could not say which config it holds: retention expires
+  // nothing of it (trims still apply), delete_on_empty passes it over, and
+  // config changes are refused (retryable), until a retention pass or a
+  // refused change reads it (a restart reads it too). Merging goes by
+  // memory's config (at worst it keeps records longer).
   bool config_unknown = false;
   int64_t last_append_ms = 0;  // wall clock of the last append sequenced here (delete_on_empty)
   StreamFacts settled;       // as of the last settle (offset == first durable batch)

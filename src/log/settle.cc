@@ -493,17 +493,18 @@ Status Engine::ApplyRetention() {
     }
     if (unknown) DeleteObjects(AfterFailedDelete(s), fmt::format("segments of stream {}", s->info.name));
   }
-  // Streams whose config a failed change may have set: read it now;
-  // retention skips those it still cannot (the stored config may keep more).
+  // Streams whose config a failed change may have set: read it now (until
+  // a read fails: the metastore is away); retention goes by no age for
+  // those it still cannot read (the stored config may keep more).
   {
-    std::lock_guard config_lk(config_mu_);
+    std::vector<std::shared_ptr<Stream>> unknown;
     for (auto& s : streams) {
-      bool unknown;
-      {
-        std::lock_guard lk(s->mu);
-        unknown = s->config_unknown && !s->deleted;
-      }
-      if (unknown) ReloadConfigLocked(s);
+      std::lock_guard lk(s->mu);
+      if (s->config_unknown && !s->deleted) unknown.push_back(s);
+    }
+    if (!unknown.empty()) {
+      std::lock_guard config_lk(config_mu_);
+      ReloadConfigsLocked(unknown);
     }
   }
   int64_t now_ms = WallMillis();
@@ -517,8 +518,8 @@ Status Engine::ApplyRetention() {
     uint64_t below = 0;
     {
       std::lock_guard lk(s->mu);
-      if (s->config_unknown) continue;
-      int64_t age = s->info.config.retention_age_s;
+      // A config that may have changed unseen: trims only (they need none).
+      int64_t age = s->config_unknown ? 0 : s->info.config.retention_age_s;
       for (const auto& seg : s->segments) {
         bool expired = age > 0 && seg.last_timestamp_ms < now_ms - std::min<int64_t>(age, INT64_MAX / 1000) * 1000;
         bool trimmed = seg.end_offset <= s->durable_trim_point;
@@ -604,7 +605,8 @@ Status Engine::DeleteEmptyStreams() {
   // Under s->mu: no record held, nothing in flight, quiet for min_age.
   auto due = [&](const Stream& s) {
     const int64_t min_age_s = s.info.config.delete_on_empty_min_age_s;
-    if (min_age_s <= 0 || s.deleted || s.deleting || !s.pending.empty() || LogStart(s) < s.live.next_offset) {
+    if (min_age_s <= 0 || s.deleted || s.deleting || s.config_unknown || !s.pending.empty() ||
+        LogStart(s) < s.live.next_offset) {
       return false;
     }
     const int64_t quiet_since = std::max({s.info.created_at_ms, s.last_append_ms, opened_ms_});

@@ -758,11 +758,14 @@ int RunServe(const ServeOptions& o) {
   int sig = 0;
   sigwait(&signals, &sig);
   Log().info("weir serve: {} received, draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  // Which step of the stop runs now: said on stderr while the stop takes
-  // longer than its bounds allow, so a stop that hangs names its step. (It
-  // runs until the process ends; it touches only this static and stderr.)
+  // Which step of the stop runs now: said on stderr once the stop takes a
+  // minute longer than its drain timeout and the WAL's close timeout
+  // together (a slow store's final settle may too), so a stop that hangs
+  // names its step. (It runs until the process ends; it touches only this
+  // static and stderr.)
   static std::atomic<const char*> stopping_step{"draining requests"};
-  std::thread([limit = std::chrono::duration<double>(o.drain_timeout_s) + std::chrono::seconds(30)] {
+  std::thread([limit = std::chrono::duration<double>(o.drain_timeout_s) + eo.wal.close_timeout +
+                       std::chrono::seconds(60)] {
     const TimePoint began = Now();
     TimePoint next = began + std::chrono::duration_cast<Duration>(limit);
     for (;;) {

@@ -505,8 +505,10 @@ Result<std::string> QuorumStore::Get(std::string_view key, std::optional<objstor
   // A read past the envelope of a slot this process wrote: its holders are known.
   if (range && range->offset > 0) {
     if (uint32_t holders = im.Holders(key)) {
+      // Whole only: a short answer (a damaged copy, or a range past the end)
+      // is decided below, where the slot's size is known.
       auto got = im.ReadFrom(holders, key, range);
-      if (got.ok()) return got;
+      if (got.ok() && got->size() == range->length) return got;
     }
   }
   Impl::Decision d = im.Classify(key);

@@ -14,7 +14,7 @@ const READY_RE = /listening on (http:\/\/[^\s/]+:(\d+))/;
 const KAFKA_RE = /kafka:\/\/([^\s/]+:\d+)/;
 const FLIGHT_RE = /grpc:\/\/([^\s/]+:\d+)/;
 const START_TIMEOUT_MS = 120_000; // a loaded 2-core machine recovers slowly
-const STOP_TIMEOUT_MS = Number(process.env.WEIR_STOP_TIMEOUT_MS || 120_000);
+const STOP_TIMEOUT_MS = Number(process.env.WEIR_STOP_TIMEOUT_MS) || 120_000;
 
 export class WeirServer {
   constructor(binary, { args = [] } = {}) {
