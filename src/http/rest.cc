@@ -2508,7 +2508,9 @@ void PromHistogramSeconds(std::string* out, std::string_view name, std::string_v
     total = h.CountAtOrBelow(static_cast<uint64_t>(b * 1e9));
     *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, b, total);
   }
-  total = h.count();
+  // Never below a finite bucket: a record counts in its bucket a moment
+  // before it counts in the total.
+  total = std::max(total, h.count());
   *out += fmt::format("{0}_bucket{{le=\"+Inf\"}} {1}\n{0}_sum {2}\n{0}_count {1}\n", name, total,
                       static_cast<double>(h.sum()) / 1e9);
 }
