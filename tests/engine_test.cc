@@ -2587,6 +2587,112 @@ TEST_F(EngineTest, ASupersededNodeMergesNothing) {
   successor->Close();
 }
 
+// Fails the first PUT of a key under `prefix` (retryable, nothing stored),
+// then forwards every PUT.
+class FailFirstPutStore : public testing::GatedStore {
+ public:
+  FailFirstPutStore(std::shared_ptr<objstore::ObjectStore> inner, std::string prefix)
+      : GatedStore(std::move(inner)), prefix_(std::move(prefix)) {}
+  Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& o = {}) override {
+    if (key.starts_with(prefix_) && !failed_.exchange(true)) return Unavailable("injected: {}", key);
+    return GatedStore::Put(key, data, o);
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  std::string prefix_;
+  std::atomic<bool> failed_{false};
+};
+
+TEST_F(EngineTest, TheFinalSettleRetriesASegmentPutThatFailedOnce) {
+  // Close's settle retries as any round does: one failed PUT does not leave
+  // the heartbeat set (a clean stop turned into a crash's replay).
+  auto failing = std::make_shared<FailFirstPutStore>(store_, "seg/");
+  engine_->Close();
+  engine_.reset();
+  Start(failing);
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  engine_->Close();
+  engine_.reset();
+  EXPECT_TRUE(failing->failed());
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n1, meta_->GetNode("n1"));
+  EXPECT_EQ(n1.heartbeat_ms, 0) << "a segment PUT that failed once left the final settle undone";
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(EngineTest, TheFinalSettleReadsBackACommitWhoseAnswerWasLost) {
+  // The commit lands but its answer is lost: the final settle asks the
+  // metastore (it did not before, the engine being closed) and clears the
+  // heartbeat once it knows.
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  std::atomic<int> lost{1};
+  hooked->after_commit_settle = [&](Status st) {
+    return st.ok() && lost.fetch_sub(1) > 0 ? Unavailable("injected: the answer was lost") : st;
+  };
+  engine_->Close();
+  engine_.reset();
+  EXPECT_EQ(lost.load(), 0);
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n1, meta_->GetNode("n1"));
+  EXPECT_EQ(n1.heartbeat_ms, 0) << "a commit whose answer was lost left the final settle unknown";
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
+}
+
+TEST_F(EngineTest, ASupersedingStartDuringRecoveryDoesNotRaceTheStreamsLoading) {
+  // The heartbeat thread runs during recovery: a beat refused because
+  // another start minted the next epoch walks the streams (MarkSuperseded)
+  // while recovery is still loading them. (The ThreadSanitizer step reports
+  // the race without the lock; here the start must end either way.)
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  engine_->Close();
+  engine_.reset();
+  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  std::promise<void> asked;
+  std::atomic<bool> told{false};
+  hooked->fail_get_node = [&] {
+    if (!told.exchange(true)) asked.set_value();
+    return Status::Ok();
+  };
+  hooked->after_list_stream_states = [&] {
+    auto node = meta_->GetNode("n1");
+    ASSERT_TRUE(node.ok());
+    ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());  // another start
+    // The loading goes on once the refused beat has asked who holds the node.
+    EXPECT_EQ(asked.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  };
+  EngineOptions o = Options();
+  o.heartbeat_interval = 1ms;
+  auto opened = Engine::Open(o, store_, hooked);
+  if (opened.ok()) {
+    EXPECT_TRUE((*opened)->superseded());
+    (*opened)->Close();
+  }
+  hooked->fail_get_node = nullptr;
+  settle_on_close_ = false;
+}
+
+TEST_F(EngineTest, AReadOfAnObjectMissingForGoodIsCorruptionNotAMissingStream) {
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  auto segs = store_->List("seg/", "", 1000);
+  ASSERT_TRUE(segs.ok());
+  ASSERT_EQ(segs->objects.size(), 1u);
+  ASSERT_TRUE(store_->Delete(segs->objects[0].key).ok());
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+  auto b = engine_->ReadBatches(kBasin, "s", 0, 1 << 20);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), Code::kCorruption) << b.status().ToString();
+  // A stream that is gone is still "not found".
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "s").ok());
+  EXPECT_EQ(engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20).status().code(),
+            Code::kNotFound);
+}
+
 TEST_F(EngineTest, ASupersededProcessStopsSettlingOnceItKnows) {
   // Each round would upload the unsettled batches as segments, be refused,
   // and delete them: once the refusal shows a successor, no more rounds.

@@ -453,6 +453,34 @@ TEST_F(HttpServerLimits, ADrainsAnswersSayConnectionClose) {
   ::close(fd);
 }
 
+// A stream whose head promised keep-alive before a drain began keeps the
+// connection after its end, as a Respond does: the client's next request,
+// perhaps on its way already, is answered (the API says 503
+// server_draining) instead of meeting a close.
+TEST_F(HttpServerLimits, AStreamBegunBeforeADrainKeepsItsConnectionForTheNextAnswer) {
+  Start(ServerOptions{});
+  const int fd = Connect(addr);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(1));
+  auto ex = handler.exchange(0);
+  ex->BeginStream(200, "text/event-stream", {});
+  ex->Write("event: ping\n\n", nullptr);
+  const std::string head = ReadUntil(fd, "event: ping\n\n");
+  EXPECT_TRUE(head.starts_with("HTTP/1.1 200")) << head;
+  EXPECT_EQ(head.find("Connection: close"), std::string::npos) << head;
+  server->BeginDrain();
+  ex->End();
+  EXPECT_NE(ReadUntil(fd, "0\r\n\r\n"), "");
+  ASSERT_TRUE(SendAll(fd, "GET /y HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(handler.WaitFor(2)) << "the connection closed after the stream";
+  handler.Answer(1);
+  const std::string after = ReadUntilClosed(fd);
+  EXPECT_TRUE(after.starts_with("HTTP/1.1 200")) << after;
+  EXPECT_NE(after.find("Connection: close\r\n"), std::string::npos) << after;
+  ::close(fd);
+}
+
 // Response bytes a client has not read count in unwritten_bytes (and come
 // off ResponseRoom) until written, or until the connection that holds them
 // closes.

@@ -316,7 +316,8 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   net::thread_pool readers;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  std::once_flag stopped;
+  std::once_flag stop_begun, stopped;
+  std::thread stopper;  // runs gRPC's Shutdown (BeginStop); joined by Stop
 
   // DoGet calls that follow the tail: Stop ends them, as they would not
   // end by themselves.
@@ -994,7 +995,8 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
   }
 
   Then Fail(const Status& s, grpc::Status* st) {
-    *st = ToGrpc(s);
+    // Damaged stored bytes, not a bad ticket (as kCorruption means for DoPut's input).
+    *st = s.code() == Code::kCorruption ? grpc::Status(grpc::StatusCode::DATA_LOSS, s.message()) : ToGrpc(s);
     return Then::kFinish;
   }
 
@@ -1478,11 +1480,8 @@ uint16_t FlightServer::port() const { return static_cast<uint16_t>(impl_->port);
 
 const FlightMetrics& FlightServer::metrics() const { return impl_->metrics; }
 
-void FlightServer::Stop(int grace_ms) {
-  std::call_once(impl_->stopped, [&] {
-    // Calls end first (a call waiting for admission needs the workers and
-    // their timers until its wait ends, within the admission timeout); the
-    // pools then stop and join.
+void FlightServer::BeginStop(int grace_ms) {
+  std::call_once(impl_->stop_begun, [&] {
     // DoGet calls that follow a tail end now (UNAVAILABLE: clients
     // reconnect elsewhere); the rest get the grace.
     std::set<std::shared_ptr<Follow>> followers;
@@ -1494,7 +1493,25 @@ void FlightServer::Stop(int grace_ms) {
     for (const auto& f : followers) {
       GetCall::End(f, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is stopping"), impl_.get());
     }
-    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+    // gRPC's Shutdown refuses new calls at once, cancels the open ones at the
+    // deadline and then waits for each to end: a DoPut ends once the appends
+    // it handed over are answered, which a failing store holds off until the
+    // engine's close. So it runs on a thread of its own, and Stop joins it.
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms);
+    impl_->stopper = std::thread([impl = impl_.get(), deadline] {
+      SetThreadName("flight-stop");
+      impl->server->Shutdown(deadline);
+    });
+  });
+}
+
+void FlightServer::Stop(int grace_ms) {
+  BeginStop(grace_ms);
+  std::call_once(impl_->stopped, [&] {
+    // Calls end first (a call waiting for admission needs the workers and
+    // their timers until its wait ends, within the admission timeout); the
+    // pools then stop and join.
+    impl_->stopper.join();
     // Every call has had its OnDone: what is still queued refers to no call
     // (a decided Handshake's cancelled timer wait, say) and is dropped, not waited for.
     impl_->workers.stop();

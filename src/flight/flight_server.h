@@ -61,7 +61,11 @@ class FlightServer {
   // Stops taking calls; DoGet calls following a tail end (UNAVAILABLE) at
   // once, or after their write in progress; calls open get up to
   // `grace_ms` to finish (their appends complete either way), then are
-  // cancelled. Idempotent.
+  // cancelled. Returns at once: a cancelled DoPut still ends only once its
+  // appends are answered (by the engine's close, when the store fails).
+  void BeginStop(int grace_ms);
+  // BeginStop, then waits until every call has ended and joins the
+  // server's threads. Idempotent.
   void Stop(int grace_ms = 5000);
 
   struct Impl;

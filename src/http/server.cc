@@ -753,6 +753,7 @@ class ExchangeBase : public Exchange {
   std::atomic<bool> answered_{false};
   std::atomic<bool> finished_{false};
   std::atomic<bool> streaming_{false};
+  bool stream_keeps_ = false;  // set by BeginStream, before streaming_; read by End after it
   std::atomic<bool> head_ended_{false};  // a HEAD's stream, answered with its head alone
 };
 
@@ -805,13 +806,16 @@ class ExchangeImpl : public ExchangeBase {
                         http10_ ? "Connection: close\r\n" : "Transfer-Encoding: chunked\r\n");
     // The connection ends with the stream (the client asked, or a drain
     // began): said now, as a Respond says it (RFC 9112 §9.6).
-    if (!http10_ && !(keep_alive_ && srv_->KeepsConnections())) head += "Connection: close\r\n";
+    // End keeps to what the head said: a drain that begins meanwhile answers
+    // the next request 503 server_draining, as after a Respond.
+    stream_keeps_ = keep_alive_ && srv_->KeepsConnections() && !http10_;
+    if (!http10_ && !stream_keeps_) head += "Connection: close\r\n";
     for (const auto& [k, v] : headers) head += fmt::format("{}: {}\r\n", k, v);
     head += "\r\n";
     streaming_ = true;
     if (head_only_) {  // the response ends with its head: later writes are dropped, closed() is true
       head_ended_ = true;
-      Emit(std::move(head), nullptr, true, keep_alive_ && srv_->KeepsConnections() && !http10_);
+      Emit(std::move(head), nullptr, true, stream_keeps_);
       Finish();
       return;
     }
@@ -836,8 +840,7 @@ class ExchangeImpl : public ExchangeBase {
 
   void End() override {
     if (!streaming_ || finished_) return;
-    bool keep = keep_alive_ && srv_->KeepsConnections() && !http10_;
-    Emit(http10_ ? "" : "0\r\n\r\n", nullptr, true, keep);
+    Emit(http10_ ? "" : "0\r\n\r\n", nullptr, true, stream_keeps_);
     Finish();
   }
 

@@ -64,6 +64,14 @@ Status SupersededError(const std::string& node) {
   return Fenced("node {} was superseded by another process, which serves its streams now", node);
 }
 
+// A read whose object stayed missing though the stream is there (not a race
+// with settle or retention, which a second look resolves): its records are
+// lost, which "not found" would misreport as a missing stream.
+Status ObjectMissing(const std::string& stream, const Status& why) {
+  return Corruption("stream \"{}\": an object holding these records is missing from the store ({})", stream,
+                    why.message());
+}
+
 }  // namespace
 
 Status ValidateBasinName(const std::string& name) {
@@ -151,6 +159,7 @@ void Engine::Close() {
   wal_->Close();  // drains: every admitted append is acknowledged (or failed)
   if (!options_.settle_on_close) return;
   // Settle what was acknowledged, so the next start has little to replay.
+  final_settle_ = true;
   Status st = SettleNow();
   if (!st.ok()) Log().warn("final settle: {}", st.ToString());
   // Appends the WAL failed while closing may still land past the settled
@@ -679,6 +688,9 @@ Status Engine::LoadStreams() {
       WEIR_ASSIGN_OR_RETURN(auto s, MakeStream(std::move(row->second), st,
                                                seg == segments.end() ? std::vector<metastore::SegmentInfo>{}
                                                                      : std::move(seg->second)));
+      // Under mu_: the heartbeat thread runs already, and a refused beat
+      // walks by_id_ (MarkSuperseded).
+      std::lock_guard lk(mu_);
       by_name_[{s->info.basin, s->info.name}] = s->info.id;
       by_id_[s->info.id] = std::move(s);
     }
@@ -689,6 +701,7 @@ Status Engine::LoadStreams() {
 
 Status Engine::LoadStream(const metastore::StreamState& st) {
   WEIR_ASSIGN_OR_RETURN(auto s, StreamFromState(st));
+  std::lock_guard lk(mu_);  // as in LoadStreams
   by_name_[{s->info.basin, s->info.name}] = s->info.id;
   by_id_[s->info.id] = std::move(s);
   return Status::Ok();
@@ -2113,8 +2126,9 @@ Result<ReadResult> Engine::Read(const std::string& basin, const std::string& str
   // retention (segment deleted) can race with a read's fetch: look again.
   for (int attempt = 1;; ++attempt) {
     auto r = ReadOnce(basin, stream, start, max_records, max_bytes, wait_until, id);
-    if (r.ok() || r.status().code() != Code::kNotFound || attempt == 3) return r;
+    if (r.ok() || r.status().code() != Code::kNotFound) return r;
     if (!FindAs(basin, stream, id).ok()) return r;  // the stream itself is gone
+    if (attempt == 3) return ObjectMissing(stream, r.status());
   }
 }
 
@@ -2342,7 +2356,9 @@ std::vector<Result<BatchReadResult>> Engine::ReadBatchesMany(const std::string& 
 
 Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std::string& stream, uint64_t from,
                                             size_t max_bytes) {
-  max_bytes = std::max<size_t>(max_bytes, 1);
+  // Capped so that ReadSegment's window (the limit plus room for a batch
+  // that straddles it) cannot wrap.
+  max_bytes = std::clamp<size_t>(max_bytes, 1, size_t{1} << 40);
   for (int attempt = 1;; ++attempt) {
     WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
     std::vector<metastore::SegmentInfo> segments;
@@ -2362,6 +2378,7 @@ Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std:
     if (!st.ok()) {
       // A settle or retention raced with the fetch: look again.
       if (st.code() == Code::kNotFound && attempt < 3) continue;
+      if (st.code() == Code::kNotFound && Find(basin, stream).ok()) return ObjectMissing(stream, st);
       return st;
     }
     size_t bytes = 0;

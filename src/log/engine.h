@@ -759,6 +759,9 @@ class Engine {
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
   std::atomic<size_t> cache_bytes_{0};
   std::atomic<bool> closing_{false};
+  // Set by Close for its final settle, which retries like any round does
+  // (background rounds cut their retries short once closing_ is set).
+  std::atomic<bool> final_settle_{false};
   std::atomic<uint64_t> next_watch_id_{1};
   std::thread halt_thread_;
   EngineMetrics metrics_;

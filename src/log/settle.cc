@@ -317,11 +317,12 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
 }
 
 Result<bool> Engine::SettleLanded(const metastore::ChainPosition& target) {
-  // Asks until it knows (or the engine closes): no later round can commit
-  // before this is known, since each expects the checkpoint it leaves.
+  // Asks until it knows (or the engine closes; Close's final settle asks a
+  // few times): no later round can commit before this is known, since each
+  // expects the checkpoint it leaves.
   Status last;
   Duration backoff = std::chrono::milliseconds(50);
-  while (!closing_) {
+  for (int attempt = 1; !closing_ || (final_settle_ && attempt <= 5); ++attempt) {
     auto node = meta_->GetNode(options_.node);
     // Only this node's settles move its checkpoint to a position of its epoch.
     if (node.ok()) return node->checkpoint == target;
@@ -354,7 +355,7 @@ Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segment
       // or an earlier cycle's, it is kept (recovery's sweep removes it if
       // nothing commits it).
       if (st.ok()) made[i] = 1;
-      if (results[i].ok() || !results[i].retryable() || attempt == 5 || closing_) break;
+      if (results[i].ok() || !results[i].retryable() || attempt == 5 || (closing_ && !final_settle_)) break;
       std::this_thread::sleep_for(backoff);
       backoff *= 2;
     }

@@ -637,6 +637,7 @@ int RunServe(const ServeOptions& o) {
   eo.wal.linger = std::chrono::microseconds(static_cast<int64_t>(o.linger_ms * 1000));
   eo.retention_interval = std::chrono::milliseconds(static_cast<int64_t>(o.retention_interval_s * 1000));
   eo.wal.budget_bytes = o.pool_budget_mib << 20;
+  eo.wal.close_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(o.wal_close_timeout_s));
   eo.log_cache_bytes = o.log_cache_mib << 20;
   eo.max_unsettled_bytes = uint64_t{o.max_unsettled_mib} << 20;
   eo.segment_uploads = (*store)->PreferredParallelPuts();
@@ -807,12 +808,11 @@ int RunServe(const ServeOptions& o) {
   if (broker) broker->Stop();
   if (kafka_server) kafka_server->CloseConnectionsWhenAnswered();
   // Flight takes no new call; open DoPut streams get the grace to end (the
-  // appends they handed over complete either way), then are cancelled.
-  if (flight_server) {
-    stopping_step = "stopping the Arrow Flight listener";
-    flight_server->Stop(static_cast<int>(std::min(5000.0, o.drain_timeout_s * 500)));
-    stopping_step = "draining requests";
-  }
+  // appends they handed over complete either way), then are cancelled. A
+  // cancelled DoPut waits for its appends, which a failing store answers
+  // only at the engine's close below: the wait for it comes after that.
+  if (flight_server) flight_server->BeginStop(static_cast<int>(std::min(5000.0, o.drain_timeout_s * 500)));
+  stopping_step = "draining requests";
   // In-flight appends finish (their acks are released); waits end within a
   // tick (HTTP). A read session whose client stopped reading would hold the
   // drain until the stall timeout: after a grace (5 s, or half the drain
@@ -848,6 +848,10 @@ int RunServe(const ServeOptions& o) {
   if (open() > 0) Log().warn("weir serve: {} requests still open after the drain; closing the WAL", open());
   stopping_step = "closing the engine (the WAL's last acks, the final settle)";
   (*engine)->Close();
+  if (flight_server) {
+    stopping_step = "stopping the Arrow Flight listener";
+    flight_server->Stop();
+  }
   stopping_step = "answering the last requests";
   const auto answered = Now() + std::chrono::seconds(5);
   while (open() > 0 && Now() < answered) std::this_thread::sleep_for(std::chrono::milliseconds(10));

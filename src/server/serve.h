@@ -39,6 +39,9 @@ struct ServeOptions {
   // After SIGTERM: how long requests in flight get to finish before the WAL
   // closes (acknowledging or failing what is still open) and the listeners stop.
   double drain_timeout_s = 30;
+  // Then: how long the WAL's close waits for appends still open to become
+  // durable before it fails them (unavailable: they may still land).
+  double wal_close_timeout_s = 60;
   // HTTP.
   std::string auth_token_file;
   size_t max_request_bytes = 8u << 20;

@@ -6,7 +6,7 @@
 // Run: WEIR_BIN=/path/to/weir node --test flight.test.mjs  (or ./run.sh WEIR)
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -899,5 +899,49 @@ describe("Arrow Flight when room in the WAL pool does not come in time", () => {
     const answered = calls.reduce((n, r) => n + r.results.length, 0);
     assert.equal(rows % rowsPerBatch, 0, `${rows} rows are not whole batches of ${rowsPerBatch}`);
     assert.ok(rows >= answered * rowsPerBatch, `${rows} rows, ${answered} batches answered`);
+  });
+});
+
+describe("Arrow Flight stop while the store keeps failing", () => {
+  it("SIGTERM ends the process once the WAL's close fails the append a DoPut waits for", T, async () => {
+    // Every PUT fails once .weir-tmp is a file (file:// writes each object
+    // there first): the WAL retries a slot until its close. The stop must
+    // reach that close while the DoPut still waits, not wait for the DoPut.
+    const server = new WeirServer(BIN, {
+      args: ["--flight-addr", "127.0.0.1:0", "--drain-timeout-s", "1", "--wal-close-timeout-s", "1"],
+    });
+    try {
+      await server.start();
+      const topic = unique("stopfail");
+      await createTopic(server, topic, 1);
+      const rows = logTable([{ value: "x" }], { withHeaders: false, withTimestamp: false });
+      const first = await doPut(server, cmd({ append: { table: topic, bucket: 0 } }), [rows]);
+      assert.equal(first.status.code, "OK", first.status.details);
+      const tmp = join(server.dataDir, "objects", ".weir-tmp");
+      renameSync(tmp, `${tmp}-away`);
+      writeFileSync(tmp, "not a directory");
+      const put = doPut(server, cmd({ append: { table: topic, bucket: 0 } }), [rows]);
+      const retried = async () => {
+        const m = await (await fetch(`${server.url}/metrics`)).text();
+        return Number(/^weir_wal_put_retries_total (\S+)/m.exec(m)?.[1] ?? 0) > 0;
+      };
+      const deadline = Date.now() + 60_000;
+      while (!(await retried())) {
+        assert.ok(Date.now() < deadline, "the slot's PUT was never retried");
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      server.proc.kill("SIGTERM");
+      let timer;
+      const exited = await Promise.race([server.exit,
+        new Promise((r) => { timer = setTimeout(() => r(null), 100_000); })]);
+      clearTimeout(timer);
+      assert.ok(exited !== null, `weir serve did not exit after SIGTERM\n${server.logTail()}`);
+      assert.equal(exited.code, 0, server.logTail());
+      server.proc = null;
+      const r = await put;
+      assert.equal(r.status.code, "UNAVAILABLE", JSON.stringify(r));
+    } finally {
+      server.cleanup();
+    }
   });
 });
