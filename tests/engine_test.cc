@@ -2674,6 +2674,36 @@ TEST_F(EngineTest, ASupersedingStartDuringRecoveryDoesNotRaceTheStreamsLoading) 
   settle_on_close_ = false;
 }
 
+TEST_F(EngineTest, TablesAreReadFromTheMetastoreOnlyAfterAChange) {
+  // Kafka Metadata and every Flight call ask for a table: from memory until
+  // a table change ends (a missing table too), not a metastore read each.
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  std::atomic<int> reads{0};
+  hooked->fail_get_table = [&] {
+    ++reads;
+    return Status::Ok();
+  };
+  ASSERT_TRUE(CreateTable("t", 2, StreamConfig{}).ok());
+  reads = 0;
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto t, engine_->GetTable(kBasin, "t"));
+    EXPECT_EQ(t.bucket_count, 2u);
+    EXPECT_EQ(engine_->GetTable(kBasin, "none").status().code(), Code::kNotFound);
+  }
+  EXPECT_EQ(reads.load(), 2);
+  ASSERT_TRUE(engine_->AddTableBuckets(kBasin, "t", 3).ok());
+  ASSERT_OK_AND_ASSIGN(auto grown, engine_->GetTable(kBasin, "t"));
+  EXPECT_EQ(grown.bucket_count, 3u);
+  ASSERT_TRUE(engine_->DeleteTable(kBasin, "t").ok());
+  EXPECT_EQ(engine_->GetTable(kBasin, "t").status().code(), Code::kNotFound);
+  // A failed read is not remembered.
+  hooked->fail_get_table = [] { return Unavailable("injected"); };
+  EXPECT_EQ(engine_->GetTable(kBasin, "u").status().code(), Code::kUnavailable);
+  hooked->fail_get_table = nullptr;
+  EXPECT_EQ(engine_->GetTable(kBasin, "u").status().code(), Code::kNotFound);
+}
+
 TEST_F(EngineTest, AReadOfAnObjectMissingForGoodIsCorruptionNotAMissingStream) {
   ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a", "b"})).status.ok());
   ASSERT_TRUE(engine_->SettleNow().ok());

@@ -647,6 +647,15 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       return InvalidArgument("a batch of {} rows; at most {} a batch", m.batch->length,
                              wal::kMaxDecodedRecordsOverheadBytes / wal::kDecodedRecordCost);
     }
+    // As the engine bounds a Kafka batch's records and headers together
+    // (each header is an entry in memory, whatever its bytes).
+    const uint64_t headers = LogRecordsHeaderCount(columns_, cols);
+    if (static_cast<uint64_t>(m.batch->length) * wal::kDecodedRecordCost + headers * wal::kRecordHeaderCost >
+        wal::kMaxDecodedRecordsOverheadBytes) {
+      return InvalidArgument("a batch of {} rows with {} headers: rows take {} and headers {} of at most {} a batch",
+                             m.batch->length, headers, wal::kDecodedRecordCost, wal::kRecordHeaderCost,
+                             wal::kMaxDecodedRecordsOverheadBytes);
+    }
     WEIR_ASSIGN_OR_RETURN(auto records, LogRecords(columns_, cols, WallMillis()));
     decoded_rows_ = records.size();
     decoded_body_bytes_ = msg.data_body().size();

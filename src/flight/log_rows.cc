@@ -138,6 +138,12 @@ uint64_t LogRecordsBytes(const LogColumns& cols, const std::vector<ArrayView>& c
   return n;
 }
 
+uint64_t LogRecordsHeaderCount(const LogColumns& cols, const std::vector<ArrayView>& columns) {
+  if (cols.headers < 0) return 0;
+  const ArrayView& map = columns[static_cast<size_t>(cols.headers)];
+  return map.length > 0 ? static_cast<uint64_t>(map.Offset(map.length) - map.Offset(0)) : 0;
+}
+
 uint32_t KafkaPartitionOf(std::string_view key, uint32_t partitions) {
   constexpr uint32_t m = 0x5bd1e995;
   constexpr int r = 24;

@@ -59,6 +59,9 @@ std::string EncapsulatedMessage(std::string_view header);
 // The bytes of keys, values and header names and values the rows of a
 // resolved batch hold: what their Kafka batches would copy.
 uint64_t LogRecordsBytes(const LogColumns& cols, const std::vector<ArrayView>& columns);
+// The header entries the rows of a resolved batch hold, all rows together
+// (empty names and values cost no bytes, so LogRecordsBytes does not bound them).
+uint64_t LogRecordsHeaderCount(const LogColumns& cols, const std::vector<ArrayView>& columns);
 
 // Kafka's default partitioner: murmur2 of the key bytes, made positive,
 // modulo the partitions. AppendTable routes keyed rows with it, so a key lands

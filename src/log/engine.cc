@@ -1396,8 +1396,27 @@ Status Engine::LoadTable(const std::string& basin, const std::string& name) {
 }
 
 Result<metastore::TableInfo> Engine::GetTable(const std::string& basin, const std::string& name) {
+  constexpr size_t kTableCacheEntries = 10000;
+  auto key = std::make_pair(basin, name);
+  {
+    std::lock_guard lk(table_cache_mu_);
+    if (table_cache_version_ == tables_version_.load(std::memory_order_acquire)) {
+      if (auto it = table_cache_.find(key); it != table_cache_.end()) return it->second;
+    }
+  }
   std::lock_guard tables(tables_mu_);
-  return meta_->GetTable(basin, name);
+  // No change is in progress: what is read holds until the next one ends.
+  const uint64_t version = tables_version_.load(std::memory_order_acquire);
+  auto table = meta_->GetTable(basin, name);
+  if (table.ok() || table.status().code() == Code::kNotFound) {
+    std::lock_guard lk(table_cache_mu_);
+    if (table_cache_version_ != version || table_cache_.size() >= kTableCacheEntries) {
+      table_cache_.clear();
+      table_cache_version_ = version;
+    }
+    table_cache_.insert_or_assign(std::move(key), table);
+  }
+  return table;
 }
 
 Result<std::vector<metastore::TableInfo>> Engine::ListTables(const std::string& basin, const std::string& prefix,

@@ -366,6 +366,8 @@ class Engine {
   // weir-kafka basin. CreateTable creates the table and its bucket streams in
   // one metastore transaction; DeleteTable removes them all.
   Result<metastore::TableInfo> CreateTable(const metastore::TableInfo& table, const metastore::StreamConfig& config);
+  // From memory while no table changed since it was last read (Kafka
+  // Metadata and Flight calls ask per request).
   Result<metastore::TableInfo> GetTable(const std::string& basin, const std::string& name);
   // Loads the table's bucket streams that exist in the metastore but not in
   // memory (a create whose answer was lost); kNotFound if there is no table.
@@ -746,6 +748,12 @@ class Engine {
   // can take appends.
   std::mutex tables_mu_;
   std::atomic<uint64_t> tables_version_{0};  // TablesVersion; bumped under tables_mu_
+  // GetTable's answers (a table, or kNotFound) as of table_cache_version_:
+  // read under tables_mu_ with no change in progress, good until the next
+  // change ends. At most kTableCacheEntries (then emptied).
+  std::mutex table_cache_mu_;
+  uint64_t table_cache_version_ = 0;
+  std::map<std::pair<std::string, std::string>, Result<metastore::TableInfo>> table_cache_;
   std::mutex mu_;  // guards the maps and halt_thread_
   // Held by ReconfigureStream (metastore, then memory), across
   // DeleteEmptyStreams and while a stored config is read back

@@ -453,6 +453,12 @@ describe("Arrow Flight DoPut against weir", () => {
         [new A.Table({ value: A.vectorFromArray(["v"], new A.Utf8()),
           headers: A.vectorFromArray([new Map([["", enc.encode("fence")]])], HEADERS) })],
         {}, "INVALID_ARGUMENT", /command record/],
+      // Rows and headers that are nearly no bytes but would each be an entry
+      // in memory: refused before they are decoded, as the engine bounds them.
+      [cmd({ append: { table: topic, bucket: 0 } }),
+        [new A.Table({ value: A.vectorFromArray(Array(400000).fill(""), new A.Utf8()),
+          headers: A.vectorFromArray(Array.from({ length: 400000 }, () => new Map([["h", null]])), HEADERS) })],
+        {}, "INVALID_ARGUMENT", /400000 rows with 400000 headers/],
     ];
     for (const [desc, tables, opts, code, details] of cases) {
       const r = await doPut(server, desc, tables, opts);
