@@ -546,6 +546,14 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     size_t bytes = 0;
     for (const auto& p : parts) bytes += p.second.size();
     log::Engine* engine = impl_->engine;
+    // Parts that could never hold room together would each wait for its
+    // own, and one could be refused after others were written.
+    if (parts.size() > 1 && !engine->FitsPoolAtOnce(bytes, parts.size())) {
+      *st = InvalidArgument("the batch's {} bucket parts take {} bytes, more than the WAL pool holds at once "
+                            "(--pool-budget-mib): send smaller batches",
+                            parts.size(), bytes);
+      return true;
+    }
     if (auto ticket = engine->TryAdmission(bytes, parts.size())) {
       *st = Append(std::move(parts), ticket);
       return true;
@@ -698,8 +706,9 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
 
   // Hands a batch's parts to the engine under one slot, answered once all are
   // durable: from the room `ticket` holds; without one, each takes room now
-  // or is refused; with a ticket that holds none (parts that could never fit
-  // the pool at once), each waits for its own room here, on the worker.
+  // or is refused; with a ticket that holds none (one part that could never
+  // fit the pool, or the engine closing), each waits for its own room here,
+  // on the worker (AppendWhenAdmissible refuses several parts that never fit together).
   Status Append(std::vector<Part> batches, const std::shared_ptr<log::AdmissionTicket>& ticket) {
     const bool may_wait = ticket && !ticket->has_room();
     size_t index;

@@ -303,6 +303,9 @@ class Engine {
   // pool at once (each append then takes its own room) or the engine is
   // closing; else null.
   std::shared_ptr<AdmissionTicket> TryAdmission(size_t bytes, size_t appends);
+  // Whether `appends` appends of `bytes` in all fit the WAL pool's whole
+  // budget (else TryAdmission never holds room for them together).
+  bool FitsPoolAtOnce(size_t bytes, size_t appends) const;
   // The next group of a request's appends to wait for admission together,
   // from append `from` of `count` (`room_of(i)`: append i's room, as
   // TryAdmission counts it): as many as fit the WAL pool's whole budget at
@@ -626,8 +629,6 @@ class Engine {
   void SettledBytes(uint64_t n, uint64_t batches);
   // More than max_unsettled_bytes or max_unsettled_batches await settle.
   bool BacklogFull() const;
-  // Whether `appends` appends of `bytes` in all fit the WAL pool's whole budget.
-  bool FitsPoolAtOnce(size_t bytes, size_t appends) const;
   // Under s->mu (held by lk): applies the producer window to an append of
   // `count` records. True when it took `done` (a duplicate, queued or
   // answered, or a failure; lk is then released unless the duplicate is

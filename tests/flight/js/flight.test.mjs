@@ -951,3 +951,42 @@ describe("Arrow Flight stop while the store keeps failing", () => {
     }
   });
 });
+
+describe("Arrow Flight with an append_table batch larger than the WAL pool", () => {
+  let server;
+  before(async () => {
+    server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0", "--pool-budget-mib", "1", "--max-slot-bytes", "1048576"] });
+    await server.start();
+  });
+  after(async () => {
+    if (server) {
+      await server.stop();
+      server.cleanup();
+    }
+  });
+
+  it("is refused whole: parts that could never hold room together would be written one by one", T, async () => {
+    const topic = unique("pooltoosmall");
+    await createTopic(server, topic, 2);
+    // Two keys that Kafka's partitioner sends to different buckets.
+    const partitionOf = Partitioners.DefaultPartitioner();
+    const meta = [{ partitionId: 0, leader: 0 }, { partitionId: 1, leader: 0 }];
+    const keys = [];
+    for (let i = 0; keys.length < 2; i++) {
+      const key = `k${i}`;
+      const p = partitionOf({ topic, partitionMetadata: meta, message: { key } });
+      if (!keys.some((k) => k.p === p)) keys.push({ key, p });
+    }
+    const value = "v".repeat(600 * 1024);
+    const big = logTable(keys.map(({ key }) => ({ key, value })), { withHeaders: false, withTimestamp: false });
+    const r = await doPut(server, cmd({ append_table: { table: topic } }), [big]);
+    assert.equal(r.status.code, "INVALID_ARGUMENT", JSON.stringify(r.status));
+    assert.match(r.status.details, /more than the WAL pool holds at once/);
+    assert.deepEqual(r.results, []);
+    for (let p = 0; p < 2; p++) assert.equal(await tail(server, topic, p), 0, `bucket ${p}: nothing is written`);
+    // Each part alone fits.
+    const one = await doPut(server, cmd({ append_table: { table: topic } }),
+      [logTable([{ key: keys[0].key, value }], { withHeaders: false, withTimestamp: false })]);
+    assert.equal(one.status.code, "OK", one.status.details);
+  });
+});
