@@ -865,10 +865,16 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
  public:
   GetCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx, const proto::Ticket& ticket)
       : impl_(impl), follow_(std::make_shared<Follow>()) {
-    impl_->metrics.open_get_calls++;
+    const bool over = impl_->metrics.open_get_calls.fetch_add(1) >= impl_->options.max_get_calls;
     follow_->call = this;
     if (grpc::Status auth = impl_->Authorize(ctx); !auth.ok()) {
       Finish(auth);
+      return;
+    }
+    if (over) {  // each open call may hold a message (about 1 MiB) the client has not taken
+      impl_->metrics.get_calls_refused++;
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          fmt::format("more than {} DoGet calls are open", impl_->options.max_get_calls)));
       return;
     }
     auto t = ParseTicket(ticket.ticket(), impl_->options.default_basin);

@@ -34,6 +34,9 @@ struct FlightOptions {
   // DoPut calls open at once; more are refused with RESOURCE_EXHAUSTED.
   // Each holds at most one message (max_message_bytes) undecoded.
   size_t max_put_calls = 64;
+  // DoGet calls open at once (each holds up to one message of about 1 MiB
+  // that its client has not taken); more are refused with RESOURCE_EXHAUSTED.
+  size_t max_get_calls = 256;
   // A bucket's part of a batch, as a Kafka batch, at most (the engine's
   // max_batch_bytes).
   size_t max_batch_bytes = 1048588;
@@ -46,6 +49,7 @@ struct FlightOptions {
 
 struct FlightMetrics {
   std::atomic<uint64_t> put_calls{0}, put_calls_refused{0}, open_put_calls{0}, open_get_calls{0};
+  std::atomic<uint64_t> get_calls_refused{0};
   std::atomic<uint64_t> batches{0}, rows{0}, bytes{0}, duplicated_batches{0}, errors{0};
 };
 

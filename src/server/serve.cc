@@ -424,6 +424,8 @@ void RenderFlightMetrics(std::string* out, const flight::FlightServer& f) {
   http::PromCounter(out, "weir_flight_put_calls_total", "Flight DoPut calls", m.put_calls.load());
   http::PromCounter(out, "weir_flight_put_calls_refused_total", "Flight DoPut calls refused over --flight-max-put-calls",
                     m.put_calls_refused.load());
+  http::PromCounter(out, "weir_flight_get_calls_refused_total", "Flight DoGet calls refused over --flight-max-get-calls",
+                    m.get_calls_refused.load());
   http::PromGauge(out, "weir_flight_open_put_calls", "Flight DoPut calls open", m.open_put_calls.load());
   http::PromGauge(out, "weir_flight_open_get_calls", "Flight DoGet calls open (following a tail or not)",
                   m.open_get_calls.load());
@@ -727,6 +729,7 @@ int RunServe(const ServeOptions& o) {
     fo.port = flight_addr->second;
     fo.max_message_bytes = o.flight_max_message_mib << 20;
     fo.max_put_calls = o.flight_max_put_calls;
+    fo.max_get_calls = o.flight_max_get_calls;
     fo.max_batch_bytes = eo.max_batch_bytes;
     fo.auth_token = token->value_or("");
     fo.default_basin = kafka::kKafkaBasin;

@@ -952,10 +952,11 @@ describe("Arrow Flight stop while the store keeps failing", () => {
   });
 });
 
-describe("Arrow Flight with an append_table batch larger than the WAL pool", () => {
+describe("Arrow Flight with small limits: a 1 MiB WAL pool, two DoGet calls", () => {
   let server;
   before(async () => {
-    server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0", "--pool-budget-mib", "1", "--max-slot-bytes", "1048576"] });
+    server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0", "--pool-budget-mib", "1", "--max-slot-bytes",
+      "1048576", "--flight-max-get-calls", "2"] });
     await server.start();
   });
   after(async () => {
@@ -988,5 +989,29 @@ describe("Arrow Flight with an append_table batch larger than the WAL pool", () 
     const one = await doPut(server, cmd({ append_table: { table: topic } }),
       [logTable([{ key: keys[0].key, value }], { withHeaders: false, withTimestamp: false })]);
     assert.equal(one.status.code, "OK", one.status.details);
+  });
+
+  it("DoGet calls past --flight-max-get-calls are refused RESOURCE_EXHAUSTED until one ends", T, async () => {
+    const topic = unique("getcalls");
+    await createTopic(server, topic, 1);
+    const a = follow(server, { table: topic, bucket: 0, follow: true });
+    const b = follow(server, { table: topic, bucket: 0, follow: true });
+    await a.waitFor([]);
+    await b.waitFor([]);
+    const refused = await doGet(server, JSON.stringify({ table: topic, bucket: 0 }));
+    assert.equal(refused.status.code, "RESOURCE_EXHAUSTED", JSON.stringify(refused.status));
+    assert.match(refused.status.details, /more than 2 DoGet calls/);
+    a.cancel();
+    await a.ended;
+    const m = await (await fetch(`${server.url}/metrics`)).text();
+    assert.match(m, /^weir_flight_get_calls_refused_total 1$/m);
+    for (let i = 0; ; i++) {  // the cancelled call's OnDone comes after its status
+      const ok = await doGet(server, JSON.stringify({ table: topic, bucket: 0 }));
+      if (ok.status.code === "OK") break;
+      assert.ok(i < 100 && ok.status.code === "RESOURCE_EXHAUSTED", JSON.stringify(ok.status));
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    b.cancel();
+    await b.ended;
   });
 });
