@@ -532,6 +532,10 @@ int RunServe(const ServeOptions& o) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A write to a closed pipe or socket fails with EPIPE instead of ending
+  // the process (stderr piped into a reader that left; a library's socket
+  // written without MSG_NOSIGNAL): a log line must not skip the drain.
+  ::signal(SIGPIPE, SIG_IGN);
 
   auto fail = [](const Status& st) {
     // Said even with logging off (WEIR_LOG_LEVEL=off): the reason it exits.
@@ -784,19 +788,22 @@ int RunServe(const ServeOptions& o) {
   // A second SIGINT (Ctrl-C) ends the drain at once, as a crash would (the
   // next start recovers); another SIGTERM changes nothing (supervisors may
   // repeat it); the drain is bounded anyway (--drain-timeout-s, then the
-  // WAL's close).
+  // WAL's close). Once the drain is done, a SIGINT still ends the process
+  // (status 0: what was acknowledged is settled), should its last
+  // destructors hang.
   // (It outlives this function: it logs nothing, so it touches no state
-  // the process's exit destroys, and does nothing once the drain is done.)
+  // the process's exit destroys.)
   static std::atomic<bool> drained{false};
   std::thread([signals] {
     for (;;) {
       int again = 0;
       sigwait(&signals, &again);
-      if (again == SIGINT && !drained.load()) {
-        static const char kMsg[] = "weir serve: SIGINT during the drain; exiting now\n";
-        (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-        std::_Exit(2);
-      }
+      if (again != SIGINT) continue;
+      const bool done = drained.load();
+      const std::string_view msg = done ? "weir serve: SIGINT after the drain; exiting now\n"
+                                        : "weir serve: SIGINT during the drain; exiting now\n";
+      (void)!::write(STDERR_FILENO, msg.data(), msg.size());
+      std::_Exit(done ? 0 : 2);
     }
   }).detach();
   (*server)->StopAccepting();

@@ -2582,6 +2582,30 @@ class LifecycleTest(ClosingTestCase):
                 self.assertEqual([r["body"] for r in c.read_all(s)], ["x"])
                 server.stop()
 
+    def test_a_stderr_pipe_whose_reader_left_does_not_end_the_drain(self):
+        # The log lines of the stop go to a pipe nobody reads any more: the
+        # write fails (EPIPE) instead of killing the process (SIGPIPE), and
+        # the drain ends with status 0.
+        with tempfile.TemporaryDirectory() as d:
+            cmd = [WEIR, "serve", "--data-dir", os.path.join(d, "data"), "--http-addr", "127.0.0.1:0",
+                   "--kafka-addr", ""]
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                 env=dict(os.environ, WEIR_LOG_LEVEL="info"))
+            try:
+                seen = b""
+                while b"listening on" not in seen:
+                    line = p.stderr.readline()
+                    self.assertTrue(line, f"weir serve ended before it was ready:\n{seen.decode(errors='replace')}")
+                    seen += line
+                p.stderr.close()  # the reader leaves
+                p.send_signal(signal.SIGTERM)
+                code = p.wait(timeout=120)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            self.assertEqual(code, 0, "weir serve did not end its drain cleanly (-13 is SIGPIPE)")
+
     def test_drain_answers_appends_left_open_by_the_drain_timeout(self):
         # Every PUT takes 3 s and the drain gives up at once: the WAL's close
         # still acknowledges the append in flight before connections close.
