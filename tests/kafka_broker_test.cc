@@ -2102,6 +2102,32 @@ TEST_F(BrokerTest, ListOffsetsEarliestLatestAndByTimestamp) {
   EXPECT_EQ(ListOffset("times", 0, 6001).offset, -1);
 }
 
+// A partition named twice is INVALID_REQUEST each time (as Kafka answers, v1
+// and later) and not looked up; the others are answered as usual.
+TEST_F(BrokerTest, ListOffsetsAnswersAPartitionNamedTwiceInvalidRequest) {
+  ASSERT_EQ(CreateTopic("twice", 2).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("twice", 0, Batch(BatchSpec{{"a", "b"}, 1000, 1000})).error_code, ErrorCode::kNone);
+  ListOffsetsRequest m;
+  m.topics.push_back(ListOffsetsTopic{"twice", {ListOffsetsPartition{0, 1500, 1}, ListOffsetsPartition{1, -1, 1},
+                                                ListOffsetsPartition{0, kListOffsetsLatest, 1}}});
+  m.topics.push_back(ListOffsetsTopic{"twice", {ListOffsetsPartition{1, 0, 1}}});
+  auto resp = Call(m, 3, DecodeListOffsetsResponse);
+  ASSERT_EQ(resp.topics.size(), 2u);
+  ASSERT_EQ(resp.topics[0].partitions.size(), 3u);
+  ASSERT_EQ(resp.topics[1].partitions.size(), 1u);
+  for (const auto* p : {&resp.topics[0].partitions[0], &resp.topics[0].partitions[2], &resp.topics[0].partitions[1],
+                        &resp.topics[1].partitions[0]}) {
+    EXPECT_EQ(p->error_code, ErrorCode::kInvalidRequest) << p->partition_index;
+    EXPECT_EQ(p->offset, -1);
+  }
+  m.topics.pop_back();  // partition 1 once: answered
+  resp = Call(m, 3, DecodeListOffsetsResponse);
+  ASSERT_EQ(resp.topics.size(), 1u);
+  EXPECT_EQ(resp.topics[0].partitions[1].error_code, ErrorCode::kNone);
+  EXPECT_EQ(resp.topics[0].partitions[1].offset, 0);
+  EXPECT_EQ(resp.topics[0].partitions[0].error_code, ErrorCode::kInvalidRequest);
+}
+
 TEST_F(BrokerTest, ListOffsetsByTimestampSeesCompressedBatches) {
   // Producers with compression.type set send compressed batches; looking up
   // a time in them (offsetsForTimes, kcat -o s@ts) must still work.
@@ -3057,8 +3083,9 @@ TEST_F(GroupTest, DescribeListAndDeleteGroups) {
   leave_b.member_id = b;
   ASSERT_EQ(Call(leave_b, 0, DecodeLeaveGroupResponse).error_code, ErrorCode::kNone);
 
-  // A group with members is not deleted, and keeps its offsets.
-  DeleteGroupsRequest del{{kGroup, "standalone", "nobody", ""}};
+  // A group with members is not deleted, and keeps its offsets. A name
+  // given twice is answered once (as Kafka does).
+  DeleteGroupsRequest del{{kGroup, "standalone", "nobody", "", "nobody", kGroup}};
   auto deleted = Call(del, 1, DecodeDeleteGroupsResponse);
   ASSERT_EQ(deleted.results.size(), 4u);
   EXPECT_EQ(deleted.results[0], (DeletableGroupResult{kGroup, ErrorCode::kNonEmptyGroup}));

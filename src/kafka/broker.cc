@@ -944,14 +944,46 @@ void Broker::AnswerWaitingFetches() {
 // ---- ListOffsets ----------------------------------------------------------------
 
 void Broker::ListOffsets(const std::shared_ptr<Request>& req) {
+  // A lookup by time may read segments from the object store: it runs on a
+  // read thread, the connection's later ordered work waiting for it (as
+  // Kafka answers a connection's requests in order) without holding one of
+  // the few ordered-work threads every connection shares.
+  const auto& in = req->body<ListOffsetsRequest>();
+  const bool by_time = std::any_of(in.topics.begin(), in.topics.end(), [](const auto& t) {
+    return std::any_of(t.partitions.begin(), t.partitions.end(), [](const auto& p) { return p.timestamp >= 0; });
+  });
+  if (!by_time) return ListOffsetsNow(req);
+  std::shared_ptr<SuspendedWork> suspended = req->reply->SuspendInOrder();
+  req->reply->Post([this, req, suspended] {
+    ListOffsetsNow(req);
+    suspended->Resume(nullptr);
+  });
+}
+
+void Broker::ListOffsetsNow(const std::shared_ptr<Request>& req) {
   auto& in = req->body<ListOffsetsRequest>();
   ListOffsetsResponse resp;
+  // Kafka answers a partition named twice INVALID_REQUEST (v1 and later),
+  // every time it is named, and looks none of them up.
+  std::set<std::pair<std::string_view, int32_t>> seen, twice;
+  if (req->version() >= 1) {
+    for (const auto& t : in.topics) {
+      for (const auto& p : t.partitions) {
+        if (!seen.emplace(t.name, p.partition_index).second) twice.emplace(t.name, p.partition_index);
+      }
+    }
+  }
   for (auto& t : in.topics) {
     ListOffsetsTopicResponse tr;
     tr.name = t.name;
     for (auto& p : t.partitions) {
       ListOffsetsPartitionResponse pr;
       pr.partition_index = p.partition_index;
+      if (twice.count({t.name, p.partition_index}) != 0) {
+        pr.error_code = ErrorCode::kInvalidRequest;
+        tr.partitions.push_back(std::move(pr));
+        continue;
+      }
       std::string stream = metastore::BucketStreamName(t.name, static_cast<uint32_t>(std::max(p.partition_index, 0)));
       auto offs = p.partition_index < 0 ? Result<log::BatchReadResult>(NotFound("partition"))
                                         : engine_->Offsets(options_.basin, stream);

@@ -140,6 +140,7 @@ class Broker : public FrameHandler {
   void FetchOnce(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);
   void FinishFetch(const std::shared_ptr<Request>& req, const std::shared_ptr<FetchState>& state, bool final);
   void ListOffsets(const std::shared_ptr<Request>& req);
+  void ListOffsetsNow(const std::shared_ptr<Request>& req);
   void Metadata(const std::shared_ptr<Request>& req);
   void OffsetCommit(const std::shared_ptr<Request>& req);
   void OffsetFetch(const std::shared_ptr<Request>& req);

@@ -293,7 +293,11 @@ Result<bool> Broker::DeleteAllOffsetsOf(const std::string& group) {
 void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
   auto& in = req->body<DeleteGroupsRequest>();
   DeleteGroupsResponse resp;
+  // A group named twice is deleted (and answered) once, as Kafka does: each
+  // name costs a metastore transaction.
+  std::set<std::string_view> seen;
   for (const std::string& id : in.groups_names) {
+    if (!seen.insert(id).second) continue;
     DeletableGroupResult r;
     r.group_id = id;
     auto offsets_guard = group_offsets_mu_.Lock(id);
