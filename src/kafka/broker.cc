@@ -182,6 +182,17 @@ void Broker::ExpireOffsets() {
     if (g.state != GroupState::kEmpty) last_active_ms_[g.group_id] = now;
   }
   std::erase_if(last_active_ms_, [&](const auto& kv) { return kv.second < cutoff; });
+  if (last_active_ms_.size() > kMaxGroupsRemembered) {
+    // Many short-lived groups (ids made up per run): those seen longest ago
+    // are forgotten, and their offsets expire by their last commit alone.
+    std::vector<int64_t> times;
+    times.reserve(last_active_ms_.size());
+    for (const auto& [group, at] : last_active_ms_) times.push_back(at);
+    auto nth = times.begin() + static_cast<ptrdiff_t>(times.size() - kMaxGroupsRemembered);
+    std::nth_element(times.begin(), nth, times.end());
+    const int64_t oldest_kept = *nth;
+    std::erase_if(last_active_ms_, [&](const auto& kv) { return kv.second < oldest_kept; });
+  }
   metrics_.offset_expiry_checks++;
   if (started_ms_ >= cutoff) return;
   std::vector<std::string> keep;

@@ -228,6 +228,9 @@ class Broker : public FrameHandler {
   void ExpiryLoop();
   std::thread expiry_thread_;
   const int64_t started_ms_ = WallMillis();
+  // Groups seen with members within the offsets retention, when last seen;
+  // at most about kMaxGroupsRemembered (those seen longest ago go first).
+  static constexpr size_t kMaxGroupsRemembered = 100000;
   std::map<std::string, int64_t> last_active_ms_;  // expiry thread only
 };
 
