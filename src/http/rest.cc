@@ -596,7 +596,8 @@ bool IsProtoType(std::string_view media_type) {
 // 415. S2S input is framed, each frame compressed on its own: not here.
 void DecodeContentEncoding(Request& req, size_t limit) {
   const std::string* enc = req.Header("content-encoding");
-  if (!enc) return;
+  // No body (a GET, say): nothing is encoded, whatever the header says.
+  if (!enc || req.body.empty()) return;
   const std::string_view coding = TrimOws(*enc);
   if (coding.empty() || EqualsLowercase(coding, "identity")) return;
   int codec = -1;
@@ -606,7 +607,6 @@ void DecodeContentEncoding(Request& req, size_t limit) {
     throw BadRequest{fmt::format("Content-Encoding \"{}\" is not supported: use gzip, zstd or identity", *enc),
                      "unsupported_encoding", 415};
   }
-  if (req.body.empty()) return;
   auto decoded = wal::DecompressRecords(codec, req.body, limit);
   if (!decoded.ok()) {
     if (decoded.status().code() == Code::kResourceExhausted) throw BadRequest{decoded.status().message(), "unavailable", 503};

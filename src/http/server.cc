@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <cstring>
+#include <strings.h>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -155,8 +156,18 @@ std::string ErrorBody(std::string_view code, std::string_view message) {
 }
 
 // Splits a request target into path and percent-decoded query pairs; false
-// on a bad escape.
+// on a bad escape. The absolute form ("http://host/path?query", which a
+// server must accept: RFC 9112 §3.2.2) is read as its path and query.
 bool ParseTarget(std::string_view target, Request* req) {
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (target.size() > scheme.size() && ::strncasecmp(target.data(), scheme.data(), scheme.size()) == 0) {
+      const std::string_view after = target.substr(scheme.size());
+      const size_t end = after.find_first_of("/?");
+      const std::string_view rest = end == std::string_view::npos ? std::string_view() : after.substr(end);
+      // "http://host" and "http://host?q" name the path "/".
+      return ParseTarget(!rest.empty() && rest.front() == '/' ? std::string(rest) : "/" + std::string(rest), req);
+    }
+  }
   auto q = target.find('?');
   req->path = std::string(target.substr(0, q));
   if (q == std::string_view::npos) return true;

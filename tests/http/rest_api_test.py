@@ -788,6 +788,10 @@ class BasinTest(ApiTestCase):
         r = self.c.post(f"/v1/streams/{q(s)}/records", data=json.dumps({"records": [{"body": "i"}]}),
                         headers={"content-encoding": "identity", "content-type": "application/json"})
         self.assertEqual(r.status_code, 200, r.text)
+        # A request without a body has nothing encoded: the header is not looked at.
+        r = self.c.get(f"/v1/streams/{q(s)}/records", params={"seq_num": 0}, headers={"content-encoding": "br"})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual([x["body"] for x in r.json()["records"]], ["i"])
 
     def test_list_pagination(self):
         prefix = unique("page")
@@ -1846,6 +1850,23 @@ class ErrorStatusTest(ApiTestCase):
         # An empty stream name is no name: nothing is created under "records".
         self.assertError(self.c.post("/v1/streams//records", json={"records": [{"body": "x"}]}), 404, "not_found")
         self.assertError(self.c.get("/v1/streams/records"), 404, "stream_not_found")
+
+    def test_an_absolute_form_target_is_its_path(self):
+        # RFC 9112 §3.2.2: a server accepts "http://host/path?query" as a target.
+        s = self.new_stream("absolute")
+        self.c.append(s, [{"body": "a"}])
+        conn = http.client.HTTPConnection("127.0.0.1", SHARED.port, timeout=30)
+        self.addCleanup(conn.close)
+        for target in (f"http://127.0.0.1:{SHARED.port}/v1/streams/{q(s)}/records?seq_num=0",
+                       f"HTTP://elsewhere/v1/streams/{q(s)}/records?seq_num=0"):
+            conn.request("GET", target, headers={"Accept": "application/json"})
+            r = conn.getresponse()
+            body = r.read()
+            self.assertEqual(r.status, 200, body)
+            self.assertEqual([x["body"] for x in json.loads(body)["records"]], ["a"])
+        conn.request("GET", f"http://127.0.0.1:{SHARED.port}")
+        r = conn.getresponse()
+        self.assertEqual(r.status, 404, r.read())
 
     def test_method_not_allowed(self):
         s = self.new_stream("methods")
