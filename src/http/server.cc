@@ -1161,6 +1161,13 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     return static_cast<ssize_t>(n);
   }
 
+  // The head was handed to the handler with the request: its bytes count
+  // no more against the connection's (a long session would keep them).
+  void ReleaseHeaderBytes(H2Stream* st) {
+    header_bytes_ -= st->header_bytes;
+    st->header_bytes = 0;
+  }
+
   // The request head is complete: route it.
   void HeadDone(H2Stream* st) {
     st->head_done = true;
@@ -1181,6 +1188,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     }
     Request head = std::move(st->req);
     st->req = Request{};
+    ReleaseHeaderBytes(st);
     auto sink = srv_->handler->OpenBodyStream(std::move(head), MakeExchange(st, 0));
     st = Find(st->id);
     if (!st) return;
@@ -1202,6 +1210,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     st->dropping = true;  // dispatched: nothing more is read for it
     Request req = std::move(st->req);
     st->req = Request{};
+    ReleaseHeaderBytes(st);
     DropUnusedBody(req, st->reserved, srv_->budget);
     // Counted until the exchange counts it.
     std::optional<Receiving> receiving = std::exchange(st->receiving, std::nullopt);

@@ -260,6 +260,20 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(self.h2.wait_end(held[0])["status"], 200)
         self.assertEqual(self.records(stream), ["after"])
 
+    def test_heads_handed_over_count_no_more_against_the_256_kib(self):
+        # Long-lived reads keep their streams open, but their heads went to
+        # the handler with the request: six of about 60 KB each are served.
+        stream = self.new_stream()
+        pad = [(f"x-pad-{i}", "p" * 4000) for i in range(15)]
+        sids = [self.h2.request("GET", f"/v1/streams/{stream}/records?seq_num=0",
+                                [("accept", "text/event-stream")] + pad) for _ in range(6)]
+        self.h2.pump(lambda: all(self.h2.streams[sid]["status"] is not None or self.h2.streams[sid]["reset"] is not None
+                                 for sid in sids))
+        self.assertEqual([self.h2.streams[sid]["status"] for sid in sids], [200] * 6,
+                         [self.h2.streams[sid]["reset"] for sid in sids])
+        for sid in sids:
+            self.h2.reset(sid)
+
     def test_append_session_acks_each_input_in_order(self):
         stream = self.new_stream()
         inputs = [frame(pb_append_input([pb_append_record(f"r{i}".encode())])) for i in range(3)]
