@@ -1402,9 +1402,13 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
                      });
   }
 
-  // Every 5 s (or a quarter of the stall timeout): a write stuck for the stall timeout, or queued response data
-  // the client's windows let none of through for as long, closes the
-  // connection; a request body not whole that long after its head is reset,
+  // Every 5 s (or a quarter of the stall timeout): a write stuck for the
+  // stall timeout closes the connection; once the client's windows have let
+  // none of the connection's queued response data through for as long, the
+  // streams whose data waits are reset (its other streams, a long poll say,
+  // go on; while some stream's data moves, a stream the client leaves
+  // unread for a while is its business); a request body not whole that long
+  // after its head is reset,
   // which gives its budget back; an idle connection (no stream for the idle timeout) is sent
   // GOAWAY and closed.
   void Tick() {
@@ -1416,9 +1420,14 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (self->writing_ && now - self->write_started_ > stall) return self->Shutdown();
       if (self->queued_bytes_ == 0 || self->data_sent_ != self->tick_data_sent_) self->stalled_since_ = now;
       self->tick_data_sent_ = self->data_sent_;
-      if (now - self->stalled_since_ > stall) return self->Shutdown();
+      const bool nothing_moves = now - self->stalled_since_ > stall;
       bool reset = false;
       for (auto& [id, st] : self->streams_) {
+        if (nothing_moves && !st->out.empty() && now - st->moved_at > stall) {  // (as CloseIfStalled)
+          nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+          reset = true;
+          continue;
+        }
         // A head never finished (HEADERS without END_HEADERS, then silence)
         // counts from the stream's start, as a body from its head.
         // A sink may wait for input as long as it likes, but not sit on half

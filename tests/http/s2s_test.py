@@ -925,7 +925,7 @@ class StallTest(unittest.TestCase):
         end = client.wait_end(sid)
         self.assertIsNotNone(end["status"], f"reset {end['reset']}")
 
-    def test_response_data_held_back_by_the_client_closes_the_connection(self):
+    def test_response_data_held_back_by_the_client_resets_its_stream(self):
         stream = unique("stall")
         base = self.server.base_url
         requests.post(f"{base}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
@@ -936,8 +936,20 @@ class StallTest(unittest.TestCase):
         client.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
         client.flush()
         sid = client.request("GET", f"/v1/streams/{stream}/records?seq_num=0")
-        client.pump(lambda: client.closed)
+        # A long poll beside it, whose answer has no data to hold back yet.
+        poll = client.request("GET", f"/v1/streams/{stream}/records?seq_num=1&wait=30")
+        client.pump(lambda: client.streams[sid]["reset"] is not None or client.closed)
+        self.assertFalse(client.closed, "the whole connection was closed for one stream's stall")
         self.assertFalse(client.streams[sid]["data"])
+        self.assertIsNone(client.streams[poll]["reset"])
+        # The connection serves on once the client opens its windows.
+        client.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 65535})
+        client.flush()
+        requests.post(f"{base}/v1/streams/{stream}/records", json={"records": [{"body": "y"}]},
+                      timeout=TIMEOUT).raise_for_status()
+        end = client.wait_end(poll)
+        self.assertEqual(end["status"], 200, end)
+        self.assertEqual([r["body"] for r in json.loads(bytes(end["data"]))["records"]], ["y"])
 
 
 class BackpressureTest(unittest.TestCase):
