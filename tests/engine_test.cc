@@ -2692,6 +2692,10 @@ TEST_F(EngineTest, TablesAreReadFromTheMetastoreOnlyAfterAChange) {
     EXPECT_EQ(engine_->GetTable(kBasin, "none").status().code(), Code::kNotFound);
   }
   EXPECT_EQ(reads.load(), 2);
+  // A name no table could have is looked up each time (not remembered).
+  const std::string huge(4096, 'h');
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(engine_->GetTable(kBasin, huge).status().code(), Code::kNotFound);
+  EXPECT_EQ(reads.load(), 5);
   ASSERT_TRUE(engine_->AddTableBuckets(kBasin, "t", 3).ok());
   ASSERT_OK_AND_ASSIGN(auto grown, engine_->GetTable(kBasin, "t"));
   EXPECT_EQ(grown.bucket_count, 3u);

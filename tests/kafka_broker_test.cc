@@ -2096,9 +2096,15 @@ TEST_F(BrokerTest, ListOffsetsEarliestLatestAndByTimestamp) {
   EXPECT_EQ(ListOffset("times", 1, kListOffsetsLatest).error_code, ErrorCode::kUnknownTopicOrPartition);
   EXPECT_EQ(ListOffset("times", -1, kListOffsetsLatest).error_code, ErrorCode::kUnknownTopicOrPartition);
   EXPECT_EQ(ListOffset("nowhere", 0, kListOffsetsLatest, 0).error_code, ErrorCode::kUnknownTopicOrPartition);
-  // By timestamp, also once the batches are in segments.
+  // By timestamp, also once the batches are in segments: on a read thread,
+  // the connection's ordered work suspended meanwhile (latest and earliest
+  // are answered from memory, in place).
   ASSERT_OK(engine_->SettleNow());
+  const int suspended_before = g_suspensions.load();
+  EXPECT_EQ(ListOffset("times", 0, kListOffsetsLatest).offset, 6);
+  EXPECT_EQ(g_suspensions.load(), suspended_before);
   EXPECT_EQ(ListOffset("times", 0, 2500).offset, 2);
+  EXPECT_EQ(g_suspensions.load(), suspended_before + 1);
   EXPECT_EQ(ListOffset("times", 0, 6001).offset, -1);
 }
 

@@ -108,7 +108,7 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   opt("--wal-close-timeout-s", o.wal_close_timeout_s,
       "At a stop, how long the WAL waits for appends still open to become durable before it fails them "
       "(unavailable: they may still land)")
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(CLI::Range(1.0, 86400.0));
   opt("--admission-timeout-ms", o.admission_timeout_ms, "How long an append waits for pool budget before 429")
       ->check(CLI::Range(0.0, 600000.0));
   opt("--auth-token-file", o.auth_token_file, "Require Authorization: Bearer <token in this file>");

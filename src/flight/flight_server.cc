@@ -651,10 +651,6 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
                              "{} bytes a batch: send smaller batches",
                              limit, impl_->options.max_batch_bytes);
     }
-    if (static_cast<uint64_t>(m.batch->length) > wal::kMaxDecodedRecordsOverheadBytes / wal::kDecodedRecordCost) {
-      return InvalidArgument("a batch of {} rows; at most {} a batch", m.batch->length,
-                             wal::kMaxDecodedRecordsOverheadBytes / wal::kDecodedRecordCost);
-    }
     // As the engine bounds a Kafka batch's records and headers together
     // (each header is an entry in memory, whatever its bytes).
     const uint64_t headers = LogRecordsHeaderCount(columns_, cols);

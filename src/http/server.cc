@@ -925,15 +925,20 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (self->closed_) return;
       auto now = Now();
       if (self->writing_ && now - self->write_started_ > stalled_for) return self->Shutdown();
-      bool reset = false;
-      for (auto& [id, st] : self->streams_) {
-        if (!st->out.empty() && now - st->moved_at > stalled_for) {
-          nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
-          reset = true;
-        }
-      }
-      if (reset) self->Flush();
+      if (self->ResetStalledStreams(now, stalled_for)) self->Flush();
     });
+  }
+  // Resets the streams whose queued response data has not moved for
+  // `stalled_for`; true if it reset any (the caller flushes).
+  bool ResetStalledStreams(TimePoint now, Duration stalled_for) {
+    bool reset = false;
+    for (auto& [id, st] : streams_) {
+      if (!st->out.empty() && now - st->moved_at > stalled_for) {
+        nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+        reset = true;
+      }
+    }
+    return reset;
   }
   bool closed() const { return closed_.load(); }
   auto executor() { return sock_.get_executor(); }
@@ -1161,8 +1166,9 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     return static_cast<ssize_t>(n);
   }
 
-  // The head was handed to the handler with the request: its bytes count
-  // no more against the connection's (a long session would keep them).
+  // A session (an S2S append session once opened, a read whose response
+  // became a stream) may last long: its head no longer counts against the
+  // connection's headers (a unary request's counts until its stream closes).
   void ReleaseHeaderBytes(H2Stream* st) {
     header_bytes_ -= st->header_bytes;
     st->header_bytes = 0;
@@ -1210,7 +1216,6 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     st->dropping = true;  // dispatched: nothing more is read for it
     Request req = std::move(st->req);
     st->req = Request{};
-    ReleaseHeaderBytes(st);
     DropUnusedBody(req, st->reserved, srv_->budget);
     // Counted until the exchange counts it.
     std::optional<Receiving> receiving = std::exchange(st->receiving, std::nullopt);
@@ -1420,14 +1425,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (self->writing_ && now - self->write_started_ > stall) return self->Shutdown();
       if (self->queued_bytes_ == 0 || self->data_sent_ != self->tick_data_sent_) self->stalled_since_ = now;
       self->tick_data_sent_ = self->data_sent_;
-      const bool nothing_moves = now - self->stalled_since_ > stall;
-      bool reset = false;
+      bool reset = now - self->stalled_since_ > stall && self->ResetStalledStreams(now, stall);
       for (auto& [id, st] : self->streams_) {
-        if (nothing_moves && !st->out.empty() && now - st->moved_at > stall) {  // (as CloseIfStalled)
-          nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
-          reset = true;
-          continue;
-        }
         // A head never finished (HEADERS without END_HEADERS, then silence)
         // counts from the stream's start, as a body from its head.
         // A sink may wait for input as long as it likes, but not sit on half
@@ -1666,6 +1665,7 @@ void H2Conn::BeginStream(int32_t id, int status, std::string content_type, Heade
   H2Stream* st = closed_ ? nullptr : Find(id);
   if (!st || st->responded) return;
   headers.emplace_back("cache-control", "no-cache");
+  ReleaseHeaderBytes(st);
   Submit(st, status, content_type, headers, std::nullopt);
   if (st->head_only) st->eof = true;  // no body: later writes fail, which ends the session
   Flush();

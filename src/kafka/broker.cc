@@ -966,7 +966,13 @@ void Broker::ListOffsets(const std::shared_ptr<Request>& req) {
   if (!by_time) return ListOffsetsNow(req);
   std::shared_ptr<SuspendedWork> suspended = req->reply->SuspendInOrder();
   req->reply->Post([this, req, suspended] {
-    ListOffsetsNow(req);
+    if (req->reply->closed()) {
+      // The client left: no lookups for it. The empty answer goes nowhere;
+      // it ends the exchange (as a fetch's does).
+      Send(req, ListOffsetsResponse{}, EncodeListOffsetsResponse);
+    } else {
+      ListOffsetsNow(req);
+    }
     suspended->Resume(nullptr);
   });
 }

@@ -1408,7 +1408,10 @@ Result<metastore::TableInfo> Engine::GetTable(const std::string& basin, const st
   // No change is in progress: what is read holds until the next one ends.
   const uint64_t version = tables_version_.load(std::memory_order_acquire);
   auto table = meta_->GetTable(basin, name);
-  if (table.ok() || table.status().code() == Code::kNotFound) {
+  // A missing table is remembered only under a name a table could have
+  // (clients send any name: at most 10,000 entries of about 1 KiB each).
+  constexpr size_t kLongestName = 512;
+  if (table.ok() || (table.status().code() == Code::kNotFound && basin.size() + name.size() <= kLongestName)) {
     std::lock_guard lk(table_cache_mu_);
     if (table_cache_version_ != version || table_cache_.size() >= kTableCacheEntries) {
       table_cache_.clear();
@@ -2147,8 +2150,19 @@ Result<ReadResult> Engine::Read(const std::string& basin, const std::string& str
     auto r = ReadOnce(basin, stream, start, max_records, max_bytes, wait_until, id);
     if (r.ok() || r.status().code() != Code::kNotFound) return r;
     if (!FindAs(basin, stream, id).ok()) return r;  // the stream itself is gone
-    if (attempt == 3) return ObjectMissing(stream, r.status());
+    if (attempt == 3) return LostObject(basin, stream, id) ? ObjectMissing(stream, r.status()) : r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * attempt));  // a settle or retention finishing
   }
+}
+
+bool Engine::LostObject(const std::string& basin, const std::string& stream, uint64_t stream_id) {
+  // A superseded process's objects go with its successor's merges and
+  // retention: not a loss of this one's records.
+  if (superseded_) return false;
+  auto s = FindAs(basin, stream, stream_id);
+  if (!s.ok()) return false;  // deleted, or deleted and created again
+  std::lock_guard lk((*s)->mu);
+  return !(*s)->deleted;
 }
 
 Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
@@ -2396,8 +2410,11 @@ Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std:
     Status st = FetchSources(segments, refs, from, max_bytes, std::nullopt, &batches);
     if (!st.ok()) {
       // A settle or retention raced with the fetch: look again.
-      if (st.code() == Code::kNotFound && attempt < 3) continue;
-      if (st.code() == Code::kNotFound && Find(basin, stream).ok()) return ObjectMissing(stream, st);
+      if (st.code() == Code::kNotFound && attempt < 3) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5 * attempt));
+        continue;
+      }
+      if (st.code() == Code::kNotFound && LostObject(basin, stream, s->info.id)) return ObjectMissing(stream, st);
       return st;
     }
     size_t bytes = 0;

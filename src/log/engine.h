@@ -701,6 +701,10 @@ class Engine {
     std::string_view view;
   };
   Status ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std::vector<ReadBackBytes>* out);
+  // After a read's last look found an object missing: whether the stream
+  // is still this process's and there (its records there are lost), not
+  // deleted or superseded meanwhile.
+  bool LostObject(const std::string& basin, const std::string& stream, uint64_t stream_id);
   Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
                               size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until,
                               uint64_t stream_id);

@@ -818,9 +818,10 @@ int RunServe(const ServeOptions& o) {
   if (broker) broker->Stop();
   if (kafka_server) kafka_server->CloseConnectionsWhenAnswered();
   // Flight takes no new call; open DoPut streams get the grace to end (the
-  // appends they handed over complete either way), then are cancelled. A
-  // cancelled DoPut waits for its appends, which a failing store answers
-  // only at the engine's close below: the wait for it comes after that.
+  // drain below waits for them that long, the engine open), then are
+  // cancelled. A cancelled DoPut waits for its appends, which a failing
+  // store answers only at the engine's close below: the wait for the
+  // listener's stop comes after that.
   if (flight_server) flight_server->BeginStop(static_cast<int>(std::min(5000.0, o.drain_timeout_s * 500)));
   stopping_step = "draining requests";
   // In-flight appends finish (their acks are released); waits end within a
@@ -839,10 +840,13 @@ int RunServe(const ServeOptions& o) {
   // Requests whose body is still arriving are waited for during the grace
   // only (they are answered 503 server_draining once whole): an upload that
   // stalled does not hold the drain. receiving() first: a request moving to
-  // in_flight() meanwhile is seen by one of them.
+  // in_flight() meanwhile is seen by one of them. Flight DoPut calls get the
+  // same grace (BeginStop's).
   auto busy = [&] {
-    const bool receiving = (*server)->receiving() > 0 && Now() < drain_start + grace;
-    return receiving || open() > 0;
+    const bool in_grace = Now() < drain_start + grace;
+    const bool receiving = (*server)->receiving() > 0 && in_grace;
+    const bool putting = flight_server && flight_server->metrics().open_put_calls.load() > 0 && in_grace;
+    return receiving || putting || open() > 0;
   };
   while (busy() && Now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
