@@ -860,6 +860,11 @@ TEST_F(EngineTest, AForeignSlotAtTheHaltedKeyFailsTheAppendsInIt) {
   auto o = future.get();
   EXPECT_FALSE(o.status.ok());
   EXPECT_EQ(o.status.code(), Code::kCorruption) << o.status.ToString();
+  // The WAL is abandoned: admission refuses at once (a ticket with no room)
+  // rather than telling appends to wait out the admission timeout.
+  auto ticket = engine_->TryAdmission(100, 1);
+  ASSERT_NE(ticket, nullptr);
+  EXPECT_FALSE(ticket->has_room());
 }
 
 TEST_F(EngineTest, AnUnreadableObjectAtTheHaltedKeyFailsTheAppendsInIt) {

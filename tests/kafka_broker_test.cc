@@ -188,6 +188,7 @@ class FakeReply : public Reply {
   }
   void PostOneAtATime(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
   void PostWork(std::function<void()> fn) override { exec_->Post(std::move(fn)); }
+  void WorkAfter(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   void After(Duration delay, std::function<void()> fn) override { exec_->After(delay, std::move(fn)); }
   const std::string& peer() const override { return peer_; }
   bool closed() const override { return g_client_left.load(); }

@@ -344,6 +344,14 @@ TEST(KafkaTcpOrdering, ASlowReadDoesNotHoldUpOrderedWork) {
           cv.wait(lk, [&] { return release; });
           reply->Respond("read");
         });
+      } else if (frame == "admit") {  // a Produce waiting for room looks again on a timer
+        reply->PostInOrder([reply] {
+          std::shared_ptr<SuspendedWork> waiting = reply->SuspendInOrder();
+          reply->WorkAfter(1ms, [reply, waiting] {
+            reply->Respond("admit");
+            waiting->Resume(nullptr);
+          });
+        });
       } else {
         reply->PostInOrder([frame, reply] { reply->Respond(frame); });
       }
@@ -365,8 +373,12 @@ TEST(KafkaTcpOrdering, ASlowReadDoesNotHoldUpOrderedWork) {
   std::this_thread::sleep_for(100ms);  // the read holds its thread
   ASSERT_TRUE(SendFrame(writer, "produce"));
   const std::string got = ReadFrame(writer, 20000);
+  // WorkAfter's timers run their work on the ordered-work threads too.
+  ASSERT_TRUE(SendFrame(writer, "admit"));
+  const std::string admitted = ReadFrame(writer, 20000);
   handler.Release();
   EXPECT_EQ(got, "produce") << "ordered work waited for a read";
+  EXPECT_EQ(admitted, "admit") << "a timer's work waited for a read";
   EXPECT_EQ(ReadFrame(reader), "read");
   ::close(reader);
   ::close(writer);

@@ -540,13 +540,16 @@ void Broker::WaitForAdmission(const std::shared_ptr<Request>& req, const std::sh
   using Wait = log::Engine::AdmissionWait;
   engine_->WhenAdmissible(
       bytes, to - from, run->admit_by,
-      [req](Duration delay, std::function<void()> fn) { req->reply->After(delay, std::move(fn)); }, left,
+      // Looks on the ordered-work threads: the read threads may all be in
+      // slow GETs of fetches.
+      [req](Duration delay, std::function<void()> fn) { req->reply->WorkAfter(delay, std::move(fn)); }, left,
       [this, req, run, from, to](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
         if (how == Wait::kAbandoned) {
           req->reply->NoResponse();  // nobody to answer; batches appended before still complete
           return run->suspended->Resume(nullptr);
         }
-        // On an ordered-work thread (the look ran on a timer's read thread).
+        // Posted to an ordered-work thread (the look runs on one, or on the
+        // caller's thread when there is room at once).
         req->reply->PostWork([this, req, run, from, to, how, ticket = std::move(ticket)]() mutable {
           // Room held for this group; else (expired) the rest now, admitted
           // or refused, as a wait that ran out.

@@ -625,6 +625,13 @@ class ReplyImpl : public Reply {
     if (!conn_->srv()->pools_joined.load()) net::post(*conn_->srv()->workers, std::move(fn));
   }
   void PostOneAtATime(std::function<void()> fn) override { conn_->PostOneAtATime(seq_, std::move(fn)); }
+  void WorkAfter(Duration delay, std::function<void()> fn) override {
+    auto* srv = conn_->srv();
+    auto timer = std::make_shared<net::steady_timer>(srv->ioc, delay);
+    timer->async_wait([timer, srv, fn = std::move(fn)](ErrorCode) mutable {
+      if (!srv->pools_joined.load()) net::post(*srv->workers, std::move(fn));
+    });
+  }
   void After(Duration delay, std::function<void()> fn) override {
     auto* srv = conn_->srv();
     auto timer = std::make_shared<net::steady_timer>(srv->ioc, delay);

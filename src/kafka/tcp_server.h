@@ -91,6 +91,9 @@ class Reply {
   // order: the steps of work suspended by SuspendInOrder (the read threads
   // of Post and After are Fetch's).
   virtual void PostWork(std::function<void()> fn) = 0;
+  // PostWork after `delay`: the timers of waits that must not queue behind
+  // reads from the object store (a Produce looking for room in the WAL pool).
+  virtual void WorkAfter(Duration delay, std::function<void()> fn) = 0;
   // Runs `fn` on a read thread once the connection's earlier PostOneAtATime
   // request is answered and its response written (Kafka's broker reads no
   // further request until then). Requests whose responses may be large

@@ -647,6 +647,11 @@ Status Writer::Abandon(uint64_t cut, const Status& reason) {
   return Status::Ok();
 }
 
+bool Writer::takes_no_appends() const {
+  std::lock_guard lk(mu_);
+  return closing_;
+}
+
 bool Writer::closed_clean() const {
   std::lock_guard lk(mu_);
   return closed_clean_;

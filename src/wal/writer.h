@@ -159,6 +159,9 @@ class Writer {
   // Room for appends of `payload_bytes` in all, made of `appends` entries,
   // if the pool has it now (no wait, no stall counted); else none.
   std::optional<Reservation> TryReserve(size_t payload_bytes, size_t appends);
+  // Closed or abandoned: no append will be taken again (a wait for room is
+  // for nothing).
+  bool takes_no_appends() const;
   // Appends from `room` and never blocks: a charge past the reservation is
   // admitted only if the pool has room for it now.
   Status Append(uint64_t stream_id, std::shared_ptr<const std::string> batches, AckCallback done,
