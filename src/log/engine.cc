@@ -1322,16 +1322,15 @@ Engine::AdmissionGroup Engine::NextAdmissionGroup(size_t from, size_t count,
 }
 
 std::shared_ptr<AdmissionTicket> Engine::TryAdmission(size_t bytes, size_t appends) {
-  // Closing, superseded or the WAL abandoned (a halt that could not resume):
-  // no room will come; the appends are refused at once.
-  if (closing_.load() || superseded_.load() || (wal_ && wal_->takes_no_appends())) {
-    return std::make_shared<AdmissionTicket>(std::nullopt);
-  }
+  // Closing or superseded: no room will come; the appends are refused at once.
+  if (closing_.load() || superseded_.load()) return std::make_shared<AdmissionTicket>(std::nullopt);
   if (BacklogFull()) return nullptr;
   // Never all at once: each append then takes (or not) its own room.
   if (!wal_ || !FitsPoolAtOnce(bytes, appends)) return std::make_shared<AdmissionTicket>(std::nullopt);
   auto room = wal_->TryReserve(bytes, appends);
-  if (!room) return nullptr;
+  // No room now; none ever once the WAL was abandoned (a halt that could
+  // not resume): refused at once then, as when closing.
+  if (!room) return wal_->takes_no_appends() ? std::make_shared<AdmissionTicket>(std::nullopt) : nullptr;
   return std::make_shared<AdmissionTicket>(std::move(room));
 }
 
