@@ -1531,7 +1531,7 @@ void FlightServer::Stop(int grace_ms) {
     // Calls end first (a call waiting for admission needs the workers and
     // their timers until its wait ends, within the admission timeout); the
     // pools then stop and join.
-    impl_->stopper.join();
+    if (impl_->stopper.joinable()) impl_->stopper.join();
     // Every call has had its OnDone: what is still queued refers to no call
     // (a decided Handshake's cancelled timer wait, say) and is dropped, not waited for.
     impl_->workers.stop();
