@@ -300,8 +300,9 @@ class Engine {
   // Room for `appends` appends of `bytes` in all (AdmissionBytes of records;
   // a Kafka batch's size), held for them, if the settle backlog and the WAL
   // pool have it now; a ticket without room when they could never fit the
-  // pool at once (each append then takes its own room) or the engine is
-  // closing; else null.
+  // pool at once (each append then takes its own room), or when no room
+  // will come (the engine closing or superseded, its WAL abandoned): the
+  // appends are then refused at once; else null.
   std::shared_ptr<AdmissionTicket> TryAdmission(size_t bytes, size_t appends);
   // Whether `appends` appends of `bytes` in all fit the WAL pool's whole
   // budget (else TryAdmission never holds room for them together).
