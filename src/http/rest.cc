@@ -515,6 +515,18 @@ AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimit
   return in;
 }
 
+// What an append's decoded records hold in memory: wal's fixed costs per
+// record and header, and their bytes. It may be many times the request's
+// bytes: an empty header is two bytes of protobuf or seven of JSON.
+size_t DecodedBytes(const std::vector<log::AppendRecord>& records) {
+  size_t n = 0;
+  for (const auto& r : records) {
+    n += wal::kDecodedRecordCost + r.body.size() + (r.key ? r.key->size() : 0);
+    for (const auto& h : r.headers) n += wal::kRecordHeaderCost + h.key.size() + (h.value ? h.value->size() : 0);
+  }
+  return n;
+}
+
 Json RecordJson(const log::ReadRecord& r, Format f) {
   Json headers = Json::array();
   for (const auto& h : r.record.headers) {
@@ -593,8 +605,10 @@ bool IsProtoType(std::string_view media_type) {
 // A request body sent with Content-Encoding gzip or zstd (S2's server
 // decodes these; its Rust SDK and CLI compress bodies) is decoded in place,
 // to at most `limit` bytes (over it: 413). identity passes; another coding is
-// 415. S2S input is framed, each frame compressed on its own: not here.
-void DecodeContentEncoding(Request& req, size_t limit) {
+// 415. S2S input is framed, each frame compressed on its own: not here. The
+// in-flight budget held the body's bytes as sent: what decoding adds is
+// taken from it too (if it has no room: 429).
+void DecodeContentEncoding(Request& req, size_t limit, Exchange& ex) {
   const std::string* enc = req.Header("content-encoding");
   // No body (a GET, say): nothing is encoded, whatever the header says.
   if (!enc || req.body.empty()) return;
@@ -614,6 +628,12 @@ void DecodeContentEncoding(Request& req, size_t limit) {
       throw BadRequest{fmt::format("the request body decodes to more than {} bytes", limit), "request_too_large", 413};
     }
     throw BadRequest{fmt::format("the body is not valid {}: {}", coding, decoded.status().message()), "bad_body"};
+  }
+  if (decoded->size() > req.body.size() && !ex.TakeBudget(decoded->size() - req.body.size())) {
+    throw BadRequest{fmt::format("the body decodes to {} bytes, more than the server's memory for requests "
+                                 "(--http-max-in-flight-mib) has left now; retry",
+                                 decoded->size()),
+                     "rate_limited", 429};
   }
   req.body = std::move(*decoded);
 }
@@ -776,6 +796,10 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker) {
     }
     if (Admit(req, c)) Route(req, c);
   } catch (const BadRequest& e) {
+    if (e.status == 429) {  // no room: back off, as a 429 from the engine says
+      metrics_.backpressure++;
+      return c.Error(e.status, e.code, e.message, {{"Retry-After", "1"}});
+    }
     c.Error(e.status, e.code, e.message);
   } catch (const Json::exception& e) {
     c.Error(400, "bad_json", fmt::format("bad JSON field: {}", e.what()));
@@ -1083,6 +1107,29 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       Decode(raw, &inputs, &undecodable);
       size_t bytes = 0;  // decoded (a compressed frame's records take more room than it)
       for (const auto& i : inputs) bytes += log::Engine::AdmissionBytes(i.in.records);
+      // The frames' bytes hold their place in the in-flight budget; the
+      // decoded records may take more room: that too, until they are
+      // submitted (encoded into the WAL pool), or the session ends with 429.
+      size_t extra = 0;
+      {
+        size_t decoded = 0, framed = 0;
+        for (const auto& i : inputs) {
+          decoded += DecodedBytes(i.in.records);
+          framed += i.frame_bytes;
+        }
+        extra = decoded > framed ? decoded - framed : 0;
+        if (!c_.ex->TakeBudget(extra)) {
+          extra = 0;
+          for (const auto& i : inputs) c_.ex->ConsumeBody(i.frame_bytes);
+          inputs.clear();
+          undecodable = Ctx::ErrorResponse(
+              429, "rate_limited",
+              fmt::format("the session's next inputs take {} bytes decoded, more than the server's memory for "
+                          "requests (--http-max-in-flight-mib) has left now; retry",
+                          decoded),
+              {{"Retry-After", "1"}});
+        }
+      }
       // On a worker, room is taken for all the inputs at once (held by the
       // ticket), or waited for without holding the worker: the pump
       // (pumping_ still set) goes on once the inputs are in. A look then an
@@ -1093,7 +1140,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
         ticket = api_->engine_->TryAdmission(bytes, inputs.size());
         if (!ticket || !ticket->has_room()) {
           auto held = std::make_shared<Held>(Held{std::move(inputs), std::move(undecodable), std::move(bad),
-                                                  Now() + api_->engine_->admission_timeout()});
+                                                  Now() + api_->engine_->admission_timeout(), extra});
           WaitForAdmission(std::move(held), 0);
           lk.lock();
           return;
@@ -1104,6 +1151,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
         i.in.options.ticket = ticket;
         Submit(std::move(i.in), i.frame_bytes);
       }
+      c_.ex->GiveBackBudget(extra);
       lk.lock();
       FailAfterInputs(std::move(undecodable), std::move(bad));
     }
@@ -1127,6 +1175,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     std::vector<Input> inputs;
     std::optional<Response> undecodable, bad;
     TimePoint admit_by;  // one admission timeout for all its groups
+    size_t extra = 0;    // in-flight budget the decoded inputs hold besides their frames
   };
 
   // From the pump on a worker, in_mu_ not held, pumping_ set: submits the
@@ -1150,6 +1199,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
     // gives its bytes back; no wait for room that would not be used.
     for (; ended && from < inputs.size(); ++from) Submit(std::move(inputs[from].in), inputs[from].frame_bytes);
     if (from == inputs.size()) {
+      c_.ex->GiveBackBudget(std::exchange(held->extra, 0));
       std::unique_lock lk(in_mu_);
       FailAfterInputs(std::move(held->undecodable), std::move(held->bad));
       pumping_ = false;
@@ -1519,7 +1569,7 @@ std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<
 }
 
 void RestApi::Route(Request& req, const Ctx& c) {
-  if (!IsS2s(req)) DecodeContentEncoding(req, options_.max_request_bytes);
+  if (!IsS2s(req)) DecodeContentEncoding(req, options_.max_request_bytes, *c.ex);
   auto parts = SplitPath(req.path);
   auto method_not_allowed = [&](const char* allow) {
     c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method), {{"Allow", allow}});
@@ -1785,6 +1835,15 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   }
   if (in.options.fencing_token && in.options.fencing_token->size() > 36) {
     return c.Error(422, "invalid", "fencing_token must be at most 36 bytes");
+  }
+  // The body holds the request's place in the in-flight budget until the
+  // answer; its decoded records may take more room than it: that too.
+  if (const size_t decoded = DecodedBytes(in.records);
+      decoded > req.body.size() && !c.ex->TakeBudget(decoded - req.body.size())) {
+    return c.Fail(ResourceExhausted(
+        "the append's records take {} bytes decoded, more than the server's memory for requests "
+        "(--http-max-in-flight-mib) has left now; retry",
+        decoded));
   }
   const std::string* pid = req.Header("weir-producer-id");
   const std::string* pepoch = req.Header("weir-producer-epoch");

@@ -738,6 +738,23 @@ class ExchangeBase : public Exchange {
     return std::min(left(srv_->metrics.unwritten_bytes.load(), budget),
                     left(conn_unwritten_->load(), ConnectionUnwrittenBudget(budget)));
   }
+  // Bytes that are in memory already: taken ahead of requests waiting for
+  // the budget (which hold nothing yet), as a streamed body's are.
+  bool TakeBudget(size_t n) override {
+    if (n == 0) return true;
+    std::lock_guard lk(extra_mu_);
+    if (finished_ || !srv_->budget.TryReserve(n, reserved_ + extra_, /*ahead_of_waiters=*/true)) return false;
+    extra_ += n;
+    return true;
+  }
+  void GiveBackBudget(size_t n) override {
+    {
+      std::lock_guard lk(extra_mu_);
+      n = std::min(n, extra_);
+      extra_ -= n;
+    }
+    if (n > 0) srv_->budget.Release(n);  // outside the lock: it may admit waiters
+  }
   // HTTP/1.1: no later request of the connection comes meanwhile.
   std::shared_ptr<SuspendedWork> SuspendInOrder() override {
     return std::make_shared<SuspendedWork>([srv = srv_](std::function<void()> fn) {
@@ -747,9 +764,14 @@ class ExchangeBase : public Exchange {
 
  protected:
   void Finish() {
-    if (finished_.exchange(true)) return;
+    size_t extra = 0;
+    {
+      std::lock_guard lk(extra_mu_);
+      if (finished_.exchange(true)) return;
+      extra = std::exchange(extra_, 0);
+    }
     srv_->in_flight--;
-    if (reserved_ > 0) srv_->budget.Release(reserved_);
+    if (reserved_ + extra > 0) srv_->budget.Release(reserved_ + extra);
   }
   // `written`, run on the worker pool.
   std::function<void(bool)> OnWorker(std::function<void(bool)> written) {
@@ -760,6 +782,8 @@ class ExchangeBase : public Exchange {
 
   HttpServer::Impl* srv_;
   const size_t reserved_;
+  std::mutex extra_mu_;  // extra_, and finished_ against it
+  size_t extra_ = 0;     // TakeBudget's bytes, not given back yet
   const std::atomic<int64_t>* conn_unwritten_;  // its connection's (which the exchange keeps)
   std::atomic<bool> answered_{false};
   std::atomic<bool> finished_{false};

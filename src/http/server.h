@@ -104,6 +104,16 @@ class Exchange {
   // response makes it fit, or waits. A hint, read without locks: handlers
   // building at once may together pass the budget by what each builds.
   virtual size_t ResponseRoom() const { return SIZE_MAX; }
+  // Takes `n` more bytes of ServerOptions::max_in_flight_bytes for memory
+  // the request holds besides its body (its decoded records, which may take
+  // many times the body's bytes), if they fit now (true); never waits, and
+  // a request holding nothing else always fits. Given back by
+  // GiveBackBudget, or with the body's once the response is complete.
+  virtual bool TakeBudget(size_t n) {
+    (void)n;
+    return true;
+  }
+  virtual void GiveBackBudget(size_t n) { (void)n; }
   // For a body streamed to a BodySink (HTTP/2): `n` more of its bytes are
   // dealt with, so the client may send `n` more (flow control). The sink
   // must give back every byte it was handed, once. A no-op elsewhere.

@@ -733,6 +733,86 @@ class InputBudgetTest(unittest.TestCase):
         self.assertEqual(len(r.json()["records"]), 2, r.text[:200])
         self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
 
+    def hold_three_mb(self, server, h2c, path):
+        """Two sessions holding half frames: 3 MB of the 4 MiB budget, until reset."""
+        half = (2_000_000).to_bytes(3, "big") + b"\0" * (1_500_000 - 3)  # never whole
+        held = [h2c.request("POST", path, [("content-type", "s2s/proto")], body=half, end=False) for _ in range(2)]
+        wait_for_metric(server.base_url, "weir_http_request_bytes_in_flight", 3_000_000)
+        return held
+
+    def release(self, server, h2c, held):
+        for sid in held:
+            h2c.reset(sid)
+        deadline = time.monotonic() + TIMEOUT
+        while metric(server.base_url, "weir_http_request_bytes_in_flight") > 0:
+            self.assertLess(time.monotonic(), deadline, "the budget was not given back")
+            time.sleep(0.05)
+
+    def test_decoded_records_count_against_the_request_budget(self):
+        # A body's decoded form may take far more room than its bytes (a
+        # header ["h",""] is 9 bytes of JSON and 73 decoded; a gzip body may
+        # decode to 8 MiB): what it adds is taken from the budget too, and an
+        # append it does not fit is 429 (with nothing appended) instead of
+        # memory past --http-max-in-flight-mib.
+        server, h2c, path = self.start()
+        url = f"{server.base_url}{path}"
+        many_headers = json.dumps({"records": [{"body": "h", "headers": [["h", ""]] * 20_000}]},
+                                  separators=(",", ":")).encode()
+        # 1 MB of body and 1 MB of white space: 2 MB decoded.
+        inflated = gzip.compress(json.dumps({"records": [{"body": "g" * 1_000_000}]}).encode() + b" " * 1_000_000)
+        self.assertLess(len(many_headers), 200_000)
+        self.assertLess(len(inflated), 20_000)
+        gz = {"content-type": "application/json", "content-encoding": "gzip"}
+        held = self.hold_three_mb(server, h2c, path)
+        refusals = metric(server.base_url, "weir_backpressure_total")
+        for body, headers in ((many_headers, {"content-type": "application/json"}), (inflated, gz)):
+            r = requests.post(url, data=body, headers=headers, timeout=TIMEOUT)
+            self.assertEqual(r.status_code, 429, r.text[:300])
+            self.assertEqual(r.json()["code"], "rate_limited", r.text[:300])
+            self.assertEqual(r.headers.get("Retry-After"), "1")
+            self.assertIn("--http-max-in-flight-mib", r.json()["message"])
+        self.assertEqual(metric(server.base_url, "weir_backpressure_total"), refusals + 2)
+        self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 3_000_000)
+        tail = requests.get(f"{url}/tail", timeout=TIMEOUT).json()["tail"]["seq_num"]
+        self.assertEqual(tail, 0)  # nothing appended
+        # With the room back, both are appended (a request alone always fits).
+        self.release(server, h2c, held)
+        for body, headers in ((many_headers, {"content-type": "application/json"}), (inflated, gz)):
+            r = requests.post(url, data=body, headers=headers, timeout=TIMEOUT)
+            self.assertEqual(r.status_code, 200, r.text[:300])
+        first, second = (requests.get(url, params={"seq_num": n, "count": 1}, timeout=TIMEOUT).json()["records"]
+                         for n in (0, 1))
+        self.assertEqual([len(first[0]["headers"]), len(second[0]["body"])], [20_000, 1_000_000])
+        self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
+
+    def test_a_session_input_whose_decoded_records_do_not_fit_ends_it_with_429(self):
+        # S2S: a round's decoded inputs take their room beside their frames
+        # until they are submitted; a round that does not fit ends the
+        # session with a terminal 429 after the acks of what it took.
+        server, h2c, path = self.start()
+        ctype = [("content-type", "s2s/proto")]
+        held = self.hold_three_mb(server, h2c, path)
+        many = frame(pb_append_input([pb_append_record(b"m", headers=[(b"h", b"")] * 20_000)]))
+        self.assertLess(len(many), 200_000)
+        c = h2c.request("POST", path, ctype, body=frame(pb_append_input([pb_append_record(b"taken")])), end=False)
+        self.assertEqual(len(h2c.wait_frames(c, 1)), 1)
+        h2c.send(c, many)
+        frames, _ = parse_frames(h2c.wait_end(c)["data"])
+        self.assertEqual(len(frames), 2, frames)
+        self.assertIsNone(terminal(*frames[0]))
+        t = terminal(*frames[1])
+        self.assertEqual((t[0], t[1]["code"]), (429, "rate_limited"), t)
+        self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 3_000_000)
+        # With the room back, the same input is taken, and its room given back.
+        self.release(server, h2c, held)
+        d = h2c.request("POST", path, ctype, body=many, end=True)
+        frames, _ = parse_frames(h2c.wait_end(d)["data"])
+        self.assertEqual(len(frames), 1, frames)
+        self.assertIsNone(terminal(*frames[0]))
+        r = requests.get(f"{server.base_url}{path}", params={"seq_num": 0}, timeout=TIMEOUT)
+        self.assertEqual([len(x["headers"]) for x in r.json()["records"]], [0, 20_000])
+        self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
+
     def test_an_http2_body_over_the_budget_gets_429_at_once(self):
         # Plain HTTP/2 bodies take from the same budget as they arrive: one
         # that does not fit beside those held is answered 429 at once (the
