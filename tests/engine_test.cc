@@ -1540,6 +1540,61 @@ TEST_F(EngineTest, AConfigChangeWhoseAnswerWasLostTakesTheStoredConfig) {
   EXPECT_EQ(ReadAll("r"), (std::vector<std::string>{"new"}));
 }
 
+// A trim stored with its answer lost: the caller gets the error, and memory
+// takes the stored trim point (reads no longer return what a restart would
+// drop); if it cannot be read back, memory keeps the lower one.
+TEST_F(EngineTest, ATrimWhoseAnswerWasLostTakesTheStoredTrimPoint) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "t", {}).ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "t", Bodies({"a", "b", "c", "d"})).status.ok());
+  hooked->map_raise_trim_answer = [](Status) { return Unavailable("the connection broke during COMMIT"); };
+  EXPECT_EQ(engine_->TrimTo(kBasin, "t", 1).status().code(), Code::kUnavailable);
+  EXPECT_EQ(ReadAll("t"), (std::vector<std::string>{"b", "c", "d"}));
+  hooked->fail_get_stream_state = [] { return Unavailable("the metastore is away"); };
+  EXPECT_EQ(engine_->TrimTo(kBasin, "t", 2).status().code(), Code::kUnavailable);
+  EXPECT_EQ(ReadAll("t"), (std::vector<std::string>{"b", "c", "d"})) << "memory keeps what it knows";
+  hooked->fail_get_stream_state = nullptr;
+  hooked->map_raise_trim_answer = nullptr;
+  ASSERT_TRUE(engine_->TrimTo(kBasin, "t", 3).ok());
+  EXPECT_EQ(ReadAll("t"), (std::vector<std::string>{"d"}));
+  RestartHooked();
+  EXPECT_EQ(ReadAll("t"), (std::vector<std::string>{"d"}));
+}
+
+// Retention deletes a chunk of streams at a time: a retention raised (and
+// acknowledged) while earlier chunks were deleted keeps what it keeps in
+// the chunks after (each chunk's cuts are taken again, under the config lock).
+TEST_F(EngineTest, ARetentionRaisedWhileEarlierChunksAreDeletedKeepsItsRecords) {
+  retention_streams_per_txn_ = 1;
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  RestartHooked(gated);
+  StreamConfig expiring;
+  expiring.retention_age_s = 60;
+  for (const char* name : {"a", "b"}) {
+    ASSERT_TRUE(engine_->CreateStream(kBasin, name, expiring).ok());
+    auto old_record = Bodies({"old"});
+    old_record[0].timestamp_ms = WallMillis() - 3'600'000;
+    ASSERT_TRUE(engine_->Append(kBasin, name, std::move(old_record)).status.ok());
+  }
+  ASSERT_TRUE(engine_->SettleNow().ok());  // a segment each, expired by 60 s
+  for (const char* name : {"a", "b"}) ASSERT_TRUE(engine_->Append(kBasin, name, Bodies({"new"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  StreamConfig keep = expiring;
+  keep.retention_age_s = 0;  // kept for ever
+  // Once the first chunk's rows are gone (its objects being deleted), both
+  // streams are kept for ever: the one whose chunk comes second keeps "old".
+  bool changed = false;
+  gated->BeforeDeleteMany([&] {
+    for (const char* name : {"a", "b"}) EXPECT_TRUE(engine_->ReconfigureStream(kBasin, name, keep).ok());
+    changed = true;
+  });
+  ASSERT_TRUE(engine_->ApplyRetention().ok());
+  ASSERT_TRUE(changed);
+  std::vector<std::string> a = ReadAll("a"), b = ReadAll("b");
+  EXPECT_EQ(a.size() + b.size(), 3u) << "a: " << a.size() << ", b: " << b.size()
+                                     << ": retention deleted by the age it read before the change";
+}
+
 // While a stream's config is unknown (a change whose answer was lost, and
 // the metastore could not be read back): trims still apply, nothing
 // expires, an empty stream is not deleted by the age memory holds, and a

@@ -61,6 +61,8 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<void()> before_expire_group_offsets;  // runs once, then is cleared
   std::function<Status()> fail_fetch_group_offsets;   // non-OK: FetchGroupOffsets answers it
   std::function<Status()> fail_allocate_producer_id;  // non-OK: AllocateProducerId answers it
+  // Maps RaiseTrimPoint's real answer (after it ran): a trim stored with its answer lost.
+  std::function<Status(Status)> map_raise_trim_answer;
   std::atomic<int> delete_empty_stream_calls{0};
   std::atomic<int> await_commits_calls{0};
   std::atomic<int> list_streams_by_id_calls{0};
@@ -124,7 +126,8 @@ class HookedMetastore final : public metastore::Metastore {
     return UpdatingConfig([&] { return m_->UpdateStreamConfig(id, c, by); });
   }
   Status RaiseTrimPoint(std::string_view n, uint64_t e, uint64_t id, uint64_t t) override {
-    return m_->RaiseTrimPoint(n, e, id, t);
+    Status st = m_->RaiseTrimPoint(n, e, id, t);
+    return map_raise_trim_answer ? map_raise_trim_answer(std::move(st)) : st;
   }
   Result<std::vector<std::string>> DeleteStream(uint64_t id, const metastore::EpochCheck& by) override {
     if (fail_delete) {

@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "objstore/object_store.h"
 #include "wal/record_batch.h"
@@ -96,7 +98,20 @@ class GatedStore : public objstore::ObjectStore {
     return inner_->List(p, s, m);
   }
   Status Delete(std::string_view key) override { return inner_->Delete(key); }
-  Status DeleteMany(std::span<const std::string> keys) override { return inner_->DeleteMany(keys); }
+  // Runs once, before the next DeleteMany reaches the inner store, then is cleared.
+  void BeforeDeleteMany(std::function<void()> fn) {
+    std::lock_guard lk(mu_);
+    before_delete_many_ = std::move(fn);
+  }
+  Status DeleteMany(std::span<const std::string> keys) override {
+    std::function<void()> fn;
+    {
+      std::lock_guard lk(mu_);
+      fn = std::exchange(before_delete_many_, nullptr);
+    }
+    if (fn) fn();
+    return inner_->DeleteMany(keys);
+  }
   std::string Describe() const override { return "gated(" + inner_->Describe() + ")"; }
 
  private:
@@ -106,6 +121,7 @@ class GatedStore : public objstore::ObjectStore {
   std::set<std::string> gated_, blocked_, after_apply_;
   std::map<std::string, int> put_count_, get_count_;
   uint64_t got_bytes_ = 0;
+  std::function<void()> before_delete_many_;
 };
 
 // One batch of one record whose value is `value`.

@@ -1112,9 +1112,25 @@ Result<uint64_t> Engine::TrimTo(const std::string& basin, const std::string& nam
   // Stored first (settle commits never lower it), then applied: reads stop
   // returning the records only once the trim survives a restart. A
   // superseded process gets kUnavailable.
-  WEIR_RETURN_IF_ERROR(AsThisNode([&](const metastore::EpochCheck& by) {
+  Status stored = AsThisNode([&](const metastore::EpochCheck& by) {
     return meta_->RaiseTrimPoint(by.node, by.epoch, s->info.id, offset);
-  }));
+  });
+  if (!stored.ok()) {
+    // Its answer may have been lost with the trim stored: memory takes the
+    // stored trim point (once a commit in flight has ended), so reads do not
+    // return until a restart what a restart would then drop. If it cannot be
+    // read, memory keeps the lower one (records kept a little longer).
+    const Code c = stored.code();
+    if (c != Code::kInvalidArgument && c != Code::kNotFound && c != Code::kPreconditionFailed &&
+        c != Code::kOutOfRange && meta_->AwaitCommitsInFlight().ok()) {
+      if (auto state = meta_->GetStreamState(s->info.id); state.ok()) {
+        std::lock_guard lk(s->mu);
+        s->live.trim_point = std::max(s->live.trim_point, state->trim_point);
+        s->durable_trim_point = std::max(s->durable_trim_point, state->trim_point);
+      }
+    }
+    return stored;
+  }
   std::lock_guard lk(s->mu);
   s->live.trim_point = std::max(s->live.trim_point, offset);
   s->durable_trim_point = std::max(s->durable_trim_point, offset);

@@ -514,21 +514,24 @@ Status Engine::ApplyRetention() {
     std::shared_ptr<Stream> stream;
     uint64_t below = 0;
   };
+  // The offset below which a stream's segments go (0: none), by its config
+  // and trim point now.
+  auto cut_of = [now_ms](Stream& s) {
+    uint64_t below = 0;
+    std::lock_guard lk(s.mu);
+    // A config that may have changed unseen: trims only (they need none).
+    int64_t age = s.config_unknown ? 0 : s.info.config.retention_age_s;
+    for (const auto& seg : s.segments) {
+      bool expired = age > 0 && seg.last_timestamp_ms < now_ms - std::min<int64_t>(age, INT64_MAX / 1000) * 1000;
+      bool trimmed = seg.end_offset <= s.durable_trim_point;
+      if (!expired && !trimmed) break;
+      below = seg.end_offset;
+    }
+    return below;
+  };
   std::vector<Cut> cuts;
   for (auto& s : streams) {
-    uint64_t below = 0;
-    {
-      std::lock_guard lk(s->mu);
-      // A config that may have changed unseen: trims only (they need none).
-      int64_t age = s->config_unknown ? 0 : s->info.config.retention_age_s;
-      for (const auto& seg : s->segments) {
-        bool expired = age > 0 && seg.last_timestamp_ms < now_ms - std::min<int64_t>(age, INT64_MAX / 1000) * 1000;
-        bool trimmed = seg.end_offset <= s->durable_trim_point;
-        if (!expired && !trimmed) break;
-        below = seg.end_offset;
-      }
-    }
-    if (below != 0) cuts.push_back(Cut{s, below});
+    if (uint64_t below = cut_of(*s); below != 0) cuts.push_back(Cut{s, below});
   }
   // A transaction's worth of streams at a time; a chunk that fails is tried
   // again next pass, and the chunks after it go on.
@@ -536,8 +539,19 @@ Status Engine::ApplyRetention() {
   for (size_t begin = 0; begin < cuts.size(); begin += per_txn) {
     const size_t end = std::min(cuts.size(), begin + per_txn);
     std::vector<metastore::SegmentCut> chunk;
-    for (size_t i = begin; i < end; ++i) chunk.push_back({cuts[i].stream->info.id, cuts[i].below});
-    auto removed = meta_->DeleteSegmentsBelow(options_.node, epoch_.load(), chunk);
+    Result<std::vector<metastore::SegmentInfo>> removed = std::vector<metastore::SegmentInfo>{};
+    {
+      // No reconfiguration between a chunk's cuts and their deletion: the
+      // chunks before may have taken seconds, and a retention raised (and
+      // acknowledged) meanwhile must keep what it keeps. Each cut is taken
+      // again under the lock (a reconfiguration updates memory within it).
+      std::lock_guard config_lk(config_mu_);
+      for (size_t i = begin; i < end; ++i) {
+        cuts[i].below = cut_of(*cuts[i].stream);
+        if (cuts[i].below != 0) chunk.push_back({cuts[i].stream->info.id, cuts[i].below});
+      }
+      if (!chunk.empty()) removed = meta_->DeleteSegmentsBelow(options_.node, epoch_.load(), chunk);
+    }
     if (!removed.ok()) {
       if (first_error.ok()) {
         first_error = removed.status().WithContext(
@@ -552,6 +566,7 @@ Status Engine::ApplyRetention() {
     for (size_t i = begin; i < end; ++i) {
       const auto& s = cuts[i].stream;
       const uint64_t below = cuts[i].below;
+      if (below == 0) continue;  // nothing of it was due any more
       std::vector<std::string> keys = std::move(removed_keys[s->info.id]);
       bool as_read = true;  // the rows removed are the segments memory drops
       std::vector<std::string> expected;  // the objects memory drops
