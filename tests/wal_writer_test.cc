@@ -512,6 +512,69 @@ TEST(WalWriter, AmbiguousPutsAreResolvedByNonce) {
   ExpectEachValueOnce(*mem, "wal/n1/", n);
 }
 
+// Slot 0 of chain n1/1: its first PUT lands and answers an error (the retry
+// then meets 412), and the first `garbled` ranged reads of it answer bytes
+// that are no envelope (a short body, a proxy's page).
+class GarbledEnvelopeStore : public testing::GatedStore {
+ public:
+  GarbledEnvelopeStore(std::shared_ptr<objstore::ObjectStore> inner, int garbled)
+      : GatedStore(std::move(inner)), garbled_(garbled) {}
+  Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& o = {}) override {
+    Status st = GatedStore::Put(key, data, o);
+    if (st.ok() && key == slot0_ && !lost_.exchange(true)) return Unavailable("the answer was lost");
+    return st;
+  }
+  Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> r = std::nullopt) override {
+    if (key == slot0_ && r && garbled_reads.load() < garbled_) {
+      ++garbled_reads;
+      return std::string("<html>502 Bad Gateway</html>");
+    }
+    return GatedStore::Get(key, r);
+  }
+  std::atomic<int> garbled_reads{0};
+
+ private:
+  const std::string slot0_ = SlotKey("n1", 1, 0);
+  const int garbled_;
+  std::atomic<bool> lost_{false};
+};
+
+// An envelope read back after a 412 that does not decode is read again: a
+// read that went wrong once does not halt the chain; one that stays
+// unreadable does, after kUnreadableEnvelopeReads reads.
+TEST(WalWriter, AnUnreadableEnvelopeAfterA412IsReadAgainBeforeAHalt) {
+  auto mem = testing::NewTestStore();
+  auto store = std::make_shared<GarbledEnvelopeStore>(mem, 2);
+  auto w = Writer::Start(store, Opts());
+  ASSERT_TRUE(w.ok());
+  Acks acks;
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("mine"), acks.For(0), Later()).ok());
+  ASSERT_TRUE(acks.WaitFor(1));
+  EXPECT_TRUE(acks.Snapshot()[0].status.ok()) << acks.Snapshot()[0].status.ToString();
+  EXPECT_EQ(store->garbled_reads.load(), 2);
+  EXPECT_EQ((*w)->metrics().put_ambiguous_resolved.load(), 1u);
+  EXPECT_EQ((*w)->metrics().halts.load(), 0u);
+  (*w)->Close();
+
+  auto mem2 = testing::NewTestStore();
+  auto always = std::make_shared<GarbledEnvelopeStore>(mem2, 1 << 30);
+  std::atomic<int> halts{0};
+  WriterOptions o = Opts();
+  o.on_halt = [&](uint64_t, uint64_t seq, const Status& why) {
+    EXPECT_EQ(seq, 0u);
+    EXPECT_NE(why.message().find("unreadable envelope"), std::string::npos) << why.message();
+    ++halts;
+  };
+  auto w2 = Writer::Start(always, o);
+  ASSERT_TRUE(w2.ok());
+  Acks acks2;
+  ASSERT_TRUE((*w2)->Append(1, OneRecordBatch("mine"), acks2.For(0), Later()).ok());
+  for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(halts.load(), 1);
+  EXPECT_EQ(always->garbled_reads.load(), Writer::kUnreadableEnvelopeReads);
+  (*w2)->Close();
+}
+
 TEST(WalWriter, ForeignFlightHaltsTheChain) {
   auto mem = testing::NewTestStore();
   // Another writer (same node and epoch, different nonce) already owns slot 0.

@@ -351,9 +351,14 @@ void Writer::BuildSlot(Slot& slot, std::string buffer) {
   slot.built = true;
 }
 
-bool Writer::SleepUnlessStopped(Duration d) {
+bool Writer::SleepUnlessDone(const Slot& slot, Duration d) {
   std::unique_lock lk(mu_);
-  return !idle_cv_.wait_for(lk, d, [&] { return stop_; });
+  // Resume, Abandon and Halt notify idle_cv_ (Resume and Abandon through
+  // DrainReleases): an uploader backing off learns at once that its slot
+  // went, and takes the next job.
+  return !idle_cv_.wait_for(lk, d, [&] {
+    return stop_ || slot.abandoned || (halted_seq_ && slot.epoch == epoch_ && slot.seq >= *halted_seq_);
+  });
 }
 
 void Writer::Upload(const std::shared_ptr<Slot>& slot) {
@@ -376,10 +381,11 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
     std::uniform_real_distribution<double> u(0.5, 1.0);
     auto d = std::chrono::duration_cast<Duration>(backoff * u(jitter));
     backoff = std::min<Duration>(backoff * 2, options_.retry_max);
-    return SleepUnlessStopped(d);
+    return SleepUnlessDone(*slot, d);
   };
   bool durable = false;
   TimePoint attempt_start = start;
+  int unreadable = 0;  // envelopes read back after a 412 that did not decode, in a row
   while (!durable) {
     {
       std::lock_guard lk(mu_);
@@ -408,15 +414,25 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
           durable = true;
           break;
         }
-        Status why = !env.ok() ? Fenced("slot {} holds an unreadable envelope ({})", key, env.status().message())
-                     : env->kind == SlotKind::kPoison
-                         ? Fenced("slot {} was poisoned by a fencer (nonce {:#x})", key, env->nonce)
-                         : Fenced("slot {} holds another writer's flight (nonce {:#x}, ours {:#x})", key,
-                                  env->nonce, options_.nonce);
-        Halt(slot, why);
-        return;
+        // An envelope that does not decode may be a read that went wrong (a
+        // short body, a proxy's page): read again, as after a failed read,
+        // before taking the slot for another writer's (a halt; the fence
+        // then reads it too).
+        if (!env.ok() && ++unreadable < kUnreadableEnvelopeReads) {
+          st = env.status().WithContext(fmt::format("reading envelope after 412 (read {})", unreadable));
+        } else {
+          Status why = !env.ok() ? Fenced("slot {} holds an unreadable envelope ({}; read {} times)", key,
+                                          env.status().message(), unreadable)
+                       : env->kind == SlotKind::kPoison
+                           ? Fenced("slot {} was poisoned by a fencer (nonce {:#x})", key, env->nonce)
+                           : Fenced("slot {} holds another writer's flight (nonce {:#x}, ours {:#x})", key,
+                                    env->nonce, options_.nonce);
+          Halt(slot, why);
+          return;
+        }
+      } else if (head.status().code() != Code::kNotFound) {
+        st = head.status().WithContext("reading envelope after 412");
       }
-      if (head.status().code() != Code::kNotFound) st = head.status().WithContext("reading envelope after 412");
       // kNotFound: the occupant vanished; simply try the PUT again.
     }
     {

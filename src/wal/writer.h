@@ -186,6 +186,9 @@ class Writer {
   bool closed_clean() const;
 
   uint64_t epoch() const;
+  // Reads of a slot's envelope after a 412 that must fail to decode, in a
+  // row, before the slot is taken for another writer's (a halt).
+  static constexpr int kUnreadableEnvelopeReads = 5;
   uint64_t nonce() const { return options_.nonce; }
   std::optional<uint64_t> halted_seq() const;
   // (epoch, seq): every slot before it in chain order is released and its
@@ -220,7 +223,10 @@ class Writer {
   // mu_ held: `charge` more of the pool, held by the reservation returned.
   Reservation Hold(size_t charge);
   void Requeue(std::vector<std::shared_ptr<Slot>>& slots);  // needs mu_
-  bool SleepUnlessStopped(Duration d);
+  // Sleeps `d`, or less once the writer stops or `slot` is abandoned or at
+  // or past a halt: false then.
+  bool SleepUnlessDone(const Slot& slot, Duration d);
+
 
   std::shared_ptr<objstore::ObjectStore> store_;
   WriterOptions options_;
