@@ -328,8 +328,10 @@ def follow_ends_when_its_stream_is_deleted():
 
 @case
 def follow_across_a_restart():
-    # --tail-offset is resolved once: a follower that reconnects before its
-    # first batch must not skip what was appended while it was away.
+    # --tail-offset and --timestamp are resolved once: a follower that
+    # reconnects before its first batch must not skip what was appended
+    # while it was away (a time past every record's read again would start
+    # at the tail as it is then).
     srv = start_server(os.path.join(tmp.name, "data-follow"))
     port, base_command = srv.port, srv.command
 
@@ -338,18 +340,22 @@ def follow_across_a_restart():
         cmd[cmd.index("--http-addr") + 1] = f"127.0.0.1:{port}"
         return cmd
 
-    proc = None
+    procs = []
     try:
         weir("stream", "create", "quiet", server=srv.base_url)
-        proc = subprocess.Popen([WEIR, "read", "quiet", "-f", "--tail-offset", "0"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, WEIR_SERVER=srv.base_url))
-        got = queue.Queue()
-        threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True).start()
-        # Wait until the session is open on the idle stream (the tail offset is resolved by then).
+        hour_later = str(int(time.time() * 1000) + 3_600_000)
+        for start in (["--tail-offset", "0"], ["--timestamp", hour_later]):
+            proc = subprocess.Popen([WEIR, "read", "quiet", "-f"] + start, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=dict(os.environ, WEIR_SERVER=srv.base_url))
+            proc.got = queue.Queue()
+            threading.Thread(target=lambda p=proc: [p.got.put(l) for l in p.stdout], daemon=True).start()
+            procs.append(proc)
+        # Wait until the sessions are open on the idle stream (their starts are resolved by then).
         deadline = time.monotonic() + 60
-        while not re.search(r"^weir_read_sessions [1-9]", requests.get(srv.base_url + "/metrics", timeout=30).text,
+        while not re.search(r"^weir_read_sessions [2-9]", requests.get(srv.base_url + "/metrics", timeout=30).text,
                             re.M):
-            assert time.monotonic() < deadline and proc.poll() is None, "the follower did not open its session"
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                "the followers did not open their sessions"
             time.sleep(0.1)
         # While the follower is away (the server up on another port, where it
         # cannot reconnect), a record lands; only then is it let back in. A
@@ -360,17 +366,19 @@ def follow_across_a_restart():
         srv.stop()
         # Longer than the 30 s a follower used to give up after.
         time.sleep(35)
-        assert proc.poll() is None, f"the follower gave up: {proc.stderr.read()}"
+        for proc in procs:
+            assert proc.poll() is None, f"the follower gave up: {proc.stderr.read()}"
         srv.command = same_port
         srv.start()
         weir("append", "quiet", input="after\n", server=srv.base_url)
-        assert got.get(timeout=60) == "during\n"
-        assert got.get(timeout=60) == "after\n"
-        assert proc.poll() is None, "the follower exited on its own"
+        for proc in procs:
+            assert [proc.got.get(timeout=60) for _ in range(2)] == ["during\n", "after\n"], proc.args
+            assert proc.poll() is None, "the follower exited on its own"
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
         srv.stop()
 
 
@@ -462,6 +470,13 @@ def errors():
     assert "bad server URL" in error_line(out), out.stderr
     out = weir("read", "s1", "--from", "1", "--tail-offset", "1", ok=False)
     assert out.returncode == 1 and "excludes" in error_line(out), out.stderr
+    # Bytes that are not UTF-8 would reach the server as U+FFFD, naming
+    # another stream: refused before anything is sent.
+    for args in (("stream", "create", "bad\udcff"), ("stream", "list", "--prefix", "\udcff"),
+                 ("append", "s1", "--fencing-token", "t\udcff")):
+        out = weir(*args, input="x\n", ok=False)
+        assert out.returncode == 1 and "is not valid UTF-8" in error_line(out), (args, out.stderr)
+    assert "bad" not in weir("stream", "list").stdout, "created"
     # Usage errors are one line and exit 1 too.
     for args in (("read",), ("read", "s1", "--count", "x"), ("bogus",)):
         out = weir(*args, ok=False)

@@ -17,6 +17,7 @@
 
 #include "base/base64.h"
 #include "base/clock.h"
+#include "base/utf8.h"
 #include "bench/http_bench.h"
 #include "client/client.h"
 
@@ -207,6 +208,53 @@ int PrintDone(const ClientCommandsState& s, const Status& st, const char* kind, 
   return 0;
 }
 
+// Calls `attempt` (which says, on failure, whether the server certainly did
+// nothing) again after a retryable failure: a failure that may have taken
+// effect only when `unknown_is_safe`, else only one that did nothing (no
+// connection, 429, 503 server_draining or server_starting). Backpressure
+// (429) lasts as long as settle is behind, and a server may take a while to
+// recover: refusals that did nothing are waited out for up to 5 minutes.
+// Other retryable failures (no server answering included) get 10 tries;
+// with `fail_without_server`, none when no server answers the first.
+template <typename Attempt>
+auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt, bool fail_without_server = false)
+    -> decltype(attempt(nullptr)) {
+  using Nothing = Client::NothingAppended;
+  auto backoff = std::chrono::milliseconds(100);
+  const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  for (int n = 1;; ++n) {
+    Nothing nothing = Nothing::kUnknown;
+    auto result = attempt(&nothing);
+    if (result.ok()) return result;
+    const Status& st = result.status();
+    const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
+    const bool unknown = nothing == Nothing::kUnknown;
+    if (!st.retryable() || (unknown && !unknown_is_safe) || (!wait_out && n >= 10) ||
+        std::chrono::steady_clock::now() >= give_up_at ||
+        (fail_without_server && n == 1 && st.message().starts_with("cannot connect"))) {
+      return result;
+    }
+    // Said once a run, so a wait of seconds (or minutes, under backpressure) is not silent.
+    static bool said = false;
+    if (!std::exchange(said, true)) {
+      std::cerr << "weir: " << st.message() << "; retrying (" << (wait_out ? "up to 5 minutes" : "10 tries")
+                << ")\n";
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+// A read (a GET changes nothing), again after a retryable failure (a 503
+// while the server drains or recovers, 429, a connection that dropped): a
+// long `weir read` does not end halfway over one. Not when no server
+// answers at all: that is one line at once.
+template <typename Attempt>
+auto Reread(Attempt&& attempt) -> decltype(attempt()) {
+  return RetryWhileSafe(
+      /*unknown_is_safe=*/true, [&](Client::NothingAppended*) { return attempt(); }, /*fail_without_server=*/true);
+}
+
 std::string RetentionText(const client::StreamConfig& c) {
   if (!c.retention_age_s) return "infinite";
   int64_t s = *c.retention_age_s;
@@ -215,9 +263,9 @@ std::string RetentionText(const client::StreamConfig& c) {
 }
 
 int StreamInfo(ClientCommandsState& s, Client& c) {
-  auto config = c.GetStreamConfig(s.name);
+  auto config = Reread([&] { return c.GetStreamConfig(s.name); });
   if (!config.ok()) return Fail(s, config.status());
-  auto tail = c.CheckTail(s.name);
+  auto tail = Reread([&] { return c.CheckTail(s.name); });
   if (!tail.ok()) return Fail(s, tail.status());
   if (s.json_out) {
     PrintJson({{"stream", s.name},
@@ -246,40 +294,6 @@ size_t Metered(const client::AppendRecord& r) {
   size_t n = 8 + r.body.size();
   for (const auto& [k, v] : r.headers) n += 2 + k.size() + v.size();
   return n;
-}
-
-// Calls `attempt` (which says, on failure, whether the server certainly did
-// nothing) again after a retryable failure: a failure that may have taken
-// effect only when `unknown_is_safe`, else only one that did nothing (no
-// connection, 429, 503 server_draining or server_starting). Backpressure
-// (429) lasts as long as settle is behind, and a server may take a while to
-// recover: refusals that did nothing are waited out for up to 5 minutes.
-// Other retryable failures (no server answering included) get 10 tries.
-template <typename Attempt>
-auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt) -> decltype(attempt(nullptr)) {
-  using Nothing = Client::NothingAppended;
-  auto backoff = std::chrono::milliseconds(100);
-  const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  for (int n = 1;; ++n) {
-    Nothing nothing = Nothing::kUnknown;
-    auto result = attempt(&nothing);
-    if (result.ok()) return result;
-    const Status& st = result.status();
-    const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
-    const bool unknown = nothing == Nothing::kUnknown;
-    if (!st.retryable() || (unknown && !unknown_is_safe) || (!wait_out && n >= 10) ||
-        std::chrono::steady_clock::now() >= give_up_at) {
-      return result;
-    }
-    // Said once a run, so a wait of seconds (or minutes, under backpressure) is not silent.
-    static bool said = false;
-    if (!std::exchange(said, true)) {
-      std::cerr << "weir: " << st.message() << "; retrying (" << (wait_out ? "up to 5 minutes" : "10 tries")
-                << ")\n";
-    }
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
-  }
 }
 
 // Sends one batch, and again after a retryable failure: with a producer (the
@@ -419,13 +433,25 @@ int Follow(ClientCommandsState& s, Client& c) {
     // "N back from the tail" means the tail now: a reconnect before the first
     // batch (which has no event id to resume from yet) must not re-resolve it
     // against a tail that has moved, skipping what was appended meanwhile.
-    auto tail = c.CheckTail(s.name);
+    auto tail = Reread([&] { return c.CheckTail(s.name); });
     if (!tail.ok()) return Fail(s, tail.status());
     ro.start = {client::ReadStart::Kind::kSeqNum, tail->seq_num - std::min(tail->seq_num, ro.start.value)};
   }
-  // A follower from a time past the last record's starts at the tail (S2's
-  // clamp): it gets every record appended from then on.
-  if (ro.start.kind == client::ReadStart::Kind::kTimestamp) ro.clamp = true;
+  if (ro.start.kind == client::ReadStart::Kind::kTimestamp) {
+    // Resolved now, for the same reason: the first record at or after the
+    // time, or (a time past the last record's) the tail as it was before
+    // the look, so the follower gets every record appended from then on.
+    auto tail = Reread([&] { return c.CheckTail(s.name); });
+    if (!tail.ok()) return Fail(s, tail.status());
+    client::ReadOptions first;
+    first.start = ro.start;
+    first.count = 1;
+    first.clamp = true;
+    auto found = Reread([&] { return c.Read(s.name, first); });
+    if (!found.ok()) return Fail(s, found.status());
+    ro.start = {client::ReadStart::Kind::kSeqNum,
+                found->records.empty() ? tail->seq_num : found->records.front().seq_num};
+  }
   ro.count = s.count;
   // A session bounded by a count ends at the tail unless told to wait; a
   // follower waits for records as long as it takes.
@@ -469,7 +495,7 @@ int Read(ClientCommandsState& s, Client& c) {
   std::optional<uint64_t> left = s.count;
   while (!left || *left > 0) {
     ro.count = left ? std::optional<uint64_t>(std::min<uint64_t>(*left, 1000)) : std::nullopt;
-    auto batch = c.Read(s.name, ro);
+    auto batch = Reread([&] { return c.Read(s.name, ro); });
     if (!batch.ok()) return Fail(s, batch.status());
     if (Status printed = PrintRecords(s, *batch); !printed.ok()) return Fail(s, printed);
     if (batch->records.empty()) break;
@@ -482,7 +508,7 @@ int Read(ClientCommandsState& s, Client& c) {
 }
 
 int Tail(ClientCommandsState& s, Client& c) {
-  auto tail = c.CheckTail(s.name);
+  auto tail = Reread([&] { return c.CheckTail(s.name); });
   if (!tail.ok()) return Fail(s, tail.status());
   if (s.json_out) {
     PrintJson({{"seq_num", tail->seq_num}, {"timestamp", tail->timestamp}});
@@ -606,6 +632,14 @@ std::optional<int> ClientCommands::Run() {
 namespace {
 
 int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
+  // Names and tokens travel in JSON strings: bytes that are not UTF-8 would
+  // reach the server changed (to U+FFFD), naming something else.
+  const std::string token = s.fencing_token.value_or("");
+  for (const auto& [what, value] : {std::pair<const char*, const std::string*>{"the name", &s.name},
+                                    {"--prefix", &s.prefix},
+                                    {"--fencing-token", &token}}) {
+    if (!IsValidUtf8(*value)) return Fail(s, InvalidArgument("{} is not valid UTF-8", what));
+  }
   auto connected = Client::Connect(s.conn);
   if (!connected.ok()) return Fail(s, connected.status());
   Client& c = **connected;
@@ -619,7 +653,7 @@ int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
     auto r = c.CreateBasin(s.name, config.empty() ? std::string() : config.dump());
     return PrintDone(s, r.status(), "basin", "created");
   }
-  if (cmd == s.basin_list) return PrintNamed(s, c.ListBasins(s.prefix));
+  if (cmd == s.basin_list) return PrintNamed(s, Reread([&] { return c.ListBasins(s.prefix); }));
   if (cmd == s.basin_delete) return PrintDone(s, c.DeleteBasin(s.name), "basin", "deleted");
   if (cmd == s.stream_create) {
     auto config = StreamConfigJson(s);
@@ -627,7 +661,7 @@ int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
     auto r = c.CreateStream(s.name, config->empty() ? std::string() : config->dump());
     return PrintDone(s, r.status(), "stream", "created");
   }
-  if (cmd == s.stream_list) return PrintNamed(s, c.ListStreams(s.prefix));
+  if (cmd == s.stream_list) return PrintNamed(s, Reread([&] { return c.ListStreams(s.prefix); }));
   if (cmd == s.stream_info) return StreamInfo(s, c);
   if (cmd == s.stream_delete) return PrintDone(s, c.DeleteStream(s.name), "stream", "deleted");
   if (cmd == s.append) return Append(s, c);
