@@ -1184,7 +1184,8 @@ TEST_F(BrokerTest, AnUnreadableMaxMessageBytesIsNotTakenAsTheDefault) {
     ++refused;
     return Unavailable("metastore connection reset");
   };
-  EXPECT_EQ(Produce("strictly", 0, big).error_code, ErrorCode::kRequestTimedOut);
+  // Nothing written: NOT_ENOUGH_REPLICAS (REQUEST_TIMED_OUT says "maybe written").
+  EXPECT_EQ(Produce("strictly", 0, big).error_code, ErrorCode::kNotEnoughReplicas);
   EXPECT_GT(refused.load(), 0);
   hooked->fail_get_table = nullptr;
   EXPECT_EQ(Produce("strictly", 0, big).error_code, ErrorCode::kMessageTooLarge);
@@ -1208,7 +1209,9 @@ TEST_F(BrokerTest, ABatchPastTheWholeWalPoolIsTooLarge) {
 // wait on a worker: its ordered work is suspended, admission is looked at
 // now and then, and the batch goes in once settle made room. A client that
 // left meanwhile gets no append; one that stays past admission_timeout gets
-// REQUEST_TIMED_OUT, and nothing is appended.
+// NOT_ENOUGH_REPLICAS (retriable, not written: librdkafka's idempotent
+// producer took REQUEST_TIMED_OUT for possibly written, and the next batch's
+// OUT_OF_ORDER_SEQUENCE_NUMBER for a fatal error), and nothing is appended.
 TEST_F(BrokerTest, AProduceWaitingForAdmissionIsSuspendedNotBlocking) {
   StopAll();
   auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
@@ -1255,7 +1258,9 @@ TEST_F(BrokerTest, AProduceWaitingForAdmissionIsSuspendedNotBlocking) {
   std::shared_future<void> released2 = release2.get_future().share();
   hooked->before_commit_settle = [released2] { released2.wait(); };
   ASSERT_EQ(Produce("slow", 0, Batch({"third"})).error_code, ErrorCode::kNone);
-  EXPECT_EQ(Produce("slow", 0, Batch({"late"})).error_code, ErrorCode::kRequestTimedOut);
+  // An idempotent producer's batch (sequence 0), refused unwritten.
+  auto idempotent = [](std::string v, int32_t seq) { return Batch(BatchSpec{{std::move(v)}, 1700000000000, 0, 4242, 0, seq}); };
+  EXPECT_EQ(Produce("slow", 0, idempotent("late", 0)).error_code, ErrorCode::kNotEnoughReplicas);
   // One whose client leaves while it waits: no answer, no append.
   Pending left = Start(ProduceReq("slow", 0, Batch({"gone"})), 7);
   for (auto until = std::chrono::steady_clock::now() + kAnswerTimeout;
@@ -1268,6 +1273,13 @@ TEST_F(BrokerTest, AProduceWaitingForAdmissionIsSuspendedNotBlocking) {
   g_client_left = false;
   release2.set_value();
   EXPECT_EQ(Latest("slow"), 3);
+  // The refused batch left no trace in the producer's window: its retry is
+  // the producer's first batch, and the next follows it.
+  ASSERT_OK(engine_->SettleNow());
+  EXPECT_EQ(Produce("slow", 0, idempotent("late", 0)).error_code, ErrorCode::kNone);
+  ASSERT_OK(engine_->SettleNow());
+  EXPECT_EQ(Produce("slow", 0, idempotent("later", 1)).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Latest("slow"), 5);
 }
 
 // Batches of one Produce that cannot fit the WAL pool at once (each can)

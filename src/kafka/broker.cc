@@ -40,7 +40,12 @@ ErrorCode AppendError(const log::AppendOutcome& o) {
     case Code::kTimeout:
     case Code::kUnavailable:
     case Code::kResourceExhausted:
-      return ErrorCode::kRequestTimedOut;
+      // REQUEST_TIMED_OUT tells a client the batch may have been written:
+      // librdkafka's idempotent producer then counts it as acknowledged, and
+      // the next batch's OUT_OF_ORDER_SEQUENCE_NUMBER (this one never got
+      // offsets) is fatal to it. A batch refused before it had offsets is
+      // NOT_ENOUGH_REPLICAS: retried, known not written.
+      return o.not_admitted ? ErrorCode::kNotEnoughReplicas : ErrorCode::kRequestTimedOut;
     case Code::kCancelled:
       return ErrorCode::kNotLeaderOrFollower;
     default:
@@ -73,6 +78,13 @@ ErrorCode PartitionReadError(const Status& st) {
 ErrorCode AdminFailure(const Status& st) {
   return IsRetryableCode(st.code()) || st.code() == Code::kFenced ? ErrorCode::kRequestTimedOut
                                                                    : ErrorCode::kUnknownServerError;
+}
+
+// A produce's partition refused before its batch reached the engine: a
+// retryable failure as NOT_ENOUGH_REPLICAS (nothing written; see AppendError).
+ErrorCode ProduceRefusal(const Status& st) {
+  const ErrorCode e = AdminFailure(st);
+  return e == ErrorCode::kRequestTimedOut ? ErrorCode::kNotEnoughReplicas : e;
 }
 
 // What Kafka's broker answers for a partition's records before it reads a
@@ -425,8 +437,8 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
       pr.index = p.index;
       pr.error_code = all;
       if (pr.error_code != ErrorCode::kNone) {
-      } else if (!max_bytes.ok()) {  // the topic's limit is unknown for now: retriable
-        pr.error_code = AdminFailure(max_bytes.status());
+      } else if (!max_bytes.ok()) {  // the topic's limit is unknown for now: retriable, nothing written
+        pr.error_code = ProduceRefusal(max_bytes.status());
       } else if (!valid_topic) {
         pr.error_code = ErrorCode::kInvalidTopicException;
       } else if (p.index < 0) {

@@ -1688,7 +1688,9 @@ std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const st
                                               const std::optional<ProducerRef>& producer, size_t count, size_t bytes,
                                               bool may_wait, AppendCallback& done, AdmissionTicket* ticket) {
   auto fail = [&](Status st) {
-    done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt});
+    AppendOutcome o{std::move(st), {}, std::nullopt, std::nullopt};
+    o.not_admitted = true;
+    done(std::move(o));
     return std::nullopt;
   };
   if (producer && DuplicateAnsweredBeforeAdmission(basin, stream, *producer, count, bytes, done)) return std::nullopt;
@@ -1707,6 +1709,7 @@ std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const st
   if (!room.ok()) {
     AppendOutcome o{room.status(), {}, std::nullopt, std::nullopt};
     o.too_large = room.status().code() == Code::kInvalidArgument;  // past the whole budget
+    o.not_admitted = true;
     done(std::move(o));
     return std::nullopt;
   }
@@ -1897,7 +1900,11 @@ Result<Engine::CheckedBatch> Engine::CheckBatch(std::string_view batch) const {
 
 void Engine::AppendBatchAsync(const std::string& basin, const std::string& stream, std::string batch,
                               AppendCallback done, bool may_wait, std::shared_ptr<AdmissionTicket> ticket) {
-  auto fail = [&](Status st) { done(AppendOutcome{std::move(st), {}, std::nullopt, std::nullopt}); };
+  auto fail = [&](Status st) {  // every refusal here comes before offsets
+    AppendOutcome o{std::move(st), {}, std::nullopt, std::nullopt};
+    o.not_admitted = true;
+    done(std::move(o));
+  };
   auto checked = CheckBatch(batch);
   if (!checked.ok()) return fail(checked.status());
   wal::BatchHeader h = checked->header;

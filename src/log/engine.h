@@ -218,6 +218,12 @@ struct AppendOutcome {
   // stream_deletion_pending): nothing was written; status is kUnavailable
   // (should the deletion fail, the stream takes appends again).
   bool deletion_pending = false;
+  // Refused before it was given offsets (admission: no room in the WAL pool
+  // or the settle backlog in time; the stream missing, deleted or unknown):
+  // nothing of it was written, so a producer's retry with the same sequence
+  // is the next batch (Kafka's NOT_ENOUGH_REPLICAS, not REQUEST_TIMED_OUT,
+  // which clients take for possibly written).
+  bool not_admitted = false;
 };
 using AppendCallback = std::function<void(AppendOutcome)>;
 
