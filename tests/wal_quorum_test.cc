@@ -95,6 +95,7 @@ class GateStore final : public objstore::ObjectStore {
     return cv_.wait_for(lk, kPatience, [&] { return blocked_ > 0; });
   }
   void FailReadsPastEnvelope() { fail_past_envelope_ = true; }
+  void FailDeletes() { fail_deletes_ = true; }
 
   Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& o = {}) override {
     {
@@ -119,8 +120,12 @@ class GateStore final : public objstore::ObjectStore {
                                   size_t max_keys = 1000) override {
     return inner_->List(prefix, start_after, max_keys);
   }
-  Status Delete(std::string_view key) override { return inner_->Delete(key); }
-  Status DeleteMany(std::span<const std::string> keys) override { return inner_->DeleteMany(keys); }
+  Status Delete(std::string_view key) override {
+    return fail_deletes_ ? Unavailable("test: deletes fail") : inner_->Delete(key);
+  }
+  Status DeleteMany(std::span<const std::string> keys) override {
+    return fail_deletes_ ? Unavailable("test: deletes fail") : inner_->DeleteMany(keys);
+  }
   std::string Describe() const override { return "gate(" + inner_->Describe() + ")"; }
   std::string Location() const override { return inner_->Location(); }
 
@@ -131,6 +136,7 @@ class GateStore final : public objstore::ObjectStore {
   bool closed_ = false;
   int blocked_ = 0;  // PUTs waiting at the gate
   std::atomic<bool> fail_past_envelope_{false};
+  std::atomic<bool> fail_deletes_{false};
 };
 
 class QuorumStoreTest : public ::testing::Test {
@@ -621,6 +627,34 @@ TEST_F(QuorumStoreTest, HeadFindsAnyCopy) {
   EXPECT_EQ(q->Head(Key(1)).status().code(), Code::kNotFound);
   Fail(0, /*puts=*/false, /*reads=*/true);
   EXPECT_TRUE(q->Head(Key(0)).ok()) << "another store's failure hid the copy";
+}
+
+// One failing store (of K-W that may fail) is invisible to the garbage
+// probe: W stores without the slot make it absent, and W stores that
+// deleted make a delete done (what the failing store keeps is garbage a
+// later sweep finds). Two failing stores of three are not.
+TEST_F(QuorumStoreTest, OneFailingStoreFailsNeitherTheGarbageProbeNorItsDeletes) {
+  ASSERT_TRUE(OpenQuorum());
+  Plant({1, 2}, Key(2), Flight(2));  // landed past a cut of 1
+  Fail(0, /*puts=*/false, /*reads=*/true);
+  gate[0]->FailDeletes();
+  EXPECT_EQ(q->Head(Key(3)).status().code(), Code::kNotFound);
+  ASSERT_OK(q->DeleteMany(std::vector<std::string>{Key(2)}));
+  EXPECT_TRUE(Absent(1, Key(2)) && Absent(2, Key(2)));
+  Plant({1, 2}, Key(2), Flight(2));
+  RetryPolicy quick;
+  quick.initial = std::chrono::milliseconds(1);
+  quick.max = std::chrono::milliseconds(1);
+  auto deleted = DeleteGarbage(*q, chain, /*cut=*/1, /*window=*/4, quick);
+  ASSERT_TRUE(deleted.ok()) << deleted.status().ToString();
+  EXPECT_EQ(*deleted, 1u);
+  EXPECT_TRUE(Absent(1, Key(2)) && Absent(2, Key(2)));
+
+  Fail(1, /*puts=*/false, /*reads=*/true);
+  gate[1]->FailDeletes();
+  EXPECT_EQ(q->Head(Key(3)).status().code(), Code::kUnavailable);
+  Plant({2}, Key(4), Flight(4));
+  EXPECT_EQ(q->DeleteMany(std::vector<std::string>{Key(4)}).code(), Code::kUnavailable);
 }
 
 TEST_F(QuorumStoreTest, DeleteRemovesEveryCopy) {

@@ -533,15 +533,21 @@ Result<objstore::ObjectInfo> QuorumStore::Head(std::string_view key_view) {
   TimePoint grace_end = TimePoint::max();
   while (true) {
     Status first_error;
+    size_t absent = 0;
     for (const auto& a : fan->answers) {
       if (!a) continue;
       if (a->ok()) return **a;
-      if (a->status().code() != Code::kNotFound && first_error.ok()) first_error = a->status();
+      if (a->status().code() == Code::kNotFound) {
+        ++absent;
+      } else if (first_error.ok()) {
+        first_error = a->status();
+      }
     }
     // W answers and a grace are enough: a copy only a slow store holds is
-    // garbage a later sweep finds.
+    // garbage a later sweep finds; so is one only a failing store may hold,
+    // once W stores said it is not there (up to K-W stores may fail).
     if (fan->answered == im.k() || (fan->answered >= im.w && Now() >= grace_end)) {
-      if (!first_error.ok()) return first_error;
+      if (!first_error.ok() && absent < im.w) return first_error;
       return NotFound("{} is in none of the quorum's stores that answered", key);
     }
     if (fan->answered >= im.w) {
@@ -620,15 +626,24 @@ Status QuorumStore::DeleteMany(std::span<const std::string> keys_view) {
       Unavailable("the quorum store is closing"));
   // W answers and a grace are enough: what a slow store keeps is garbage a
   // later sweep finds (the deletes still run there).
+  // So is what a failing store keeps, once W stores deleted (up to K-W
+  // stores may fail).
   std::unique_lock lk(fan->mu);
-  fan->cv.wait(lk, [&] { return fan->answered >= im.w; });
+  auto deleted = [&] {
+    size_t ok = 0;
+    for (const auto& a : fan->answers) ok += a && a->ok();
+    return ok;
+  };
+  fan->cv.wait(lk, [&] { return fan->answered == im.k() || deleted() >= im.w; });
   fan->cv.wait_for(lk, im.grace, [&] { return fan->answered == im.k(); });
+  if (deleted() >= im.w) return Status::Ok();
   for (size_t i = 0; i < im.k(); ++i) {
-    if (!fan->answers[i]) continue;
-    const Status& st = *fan->answers[i];
-    if (!st.ok()) return st.WithContext(fmt::format("deleting from store {} of the quorum", i));
+    if (fan->answers[i] && !fan->answers[i]->ok()) {
+      return fan->answers[i]->WithContext(
+          fmt::format("deleting from store {} of the quorum ({} of {} deleted)", i, deleted(), im.k()));
+    }
   }
-  return Status::Ok();
+  return Unavailable("deleting: {} of {} stores of the quorum deleted", deleted(), im.k());
 }
 
 }  // namespace weir::wal
