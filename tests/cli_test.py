@@ -658,6 +658,30 @@ def auth_token():
 
 
 @case
+def a_wal_store_of_another_deployment_is_refused():
+    # Two deployments (each its own metastore and object store) on one WAL
+    # store would write the same slot keys for a node id, and one's sweep
+    # delete the other's unsettled slots: the WAL store carries the
+    # deployment marker too (each store of a quorum), and a start of another
+    # deployment on it is refused.
+    base = os.path.join(tmp.name, "shared-wal")
+    os.mkdir(base)
+    one = ["--wal-store", "file://" + os.path.join(base, "one")]
+    three = [a for i in range(3) for a in ("--wal-store", "file://" + os.path.join(base, f"q-{i}"))]
+    for flags in (one, three):
+        first = start_server(os.path.join(base, f"a-{len(flags)}"), flags)
+        weir("stream", "create", "mine", server=first.base_url)
+        weir("append", "mine", input="kept\n", server=first.base_url)
+        first.stop()  # clean: nothing is left in the WAL
+        second = WeirServer(WEIR, data_dir=os.path.join(base, f"b-{len(flags)}"), args=flags)
+        code, out = run_expecting_exit(second.command())
+        assert code not in (None, 0) and "WAL store" in out and "is used with another metastore" in out, out
+        first.start()
+        assert weir("read", "mine", server=first.base_url).stdout == "kept\n"
+        first.stop()
+
+
+@case
 def express_wal_store():
     # The express class: the WAL on a quorum of three file:// stores (2 of 3).
     # One store that fails every write is invisible to appends; a crash then

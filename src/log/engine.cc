@@ -17,6 +17,7 @@
 #include "log/engine_internal.h"
 #include "log/producer_window.h"
 #include "wal/fence.h"
+#include "wal/quorum_store.h"
 #include "wal/slot_format.h"
 
 namespace weir::log {
@@ -319,29 +320,31 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_
 // ids and epochs repeat across metastores) and delete them.
 constexpr std::string_view kDeploymentKey = "_weir/deployment";
 
-Status Engine::CheckDeployment() {
+Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view what) {
   WEIR_ASSIGN_OR_RETURN(const uint64_t id, meta_->DeploymentId());
   const std::string ours = fmt::format("{:016x}\n", id);
   for (int attempt = 1;; ++attempt) {
-    auto found = store_->Get(kDeploymentKey);
+    auto found = store.Get(kDeploymentKey);
     if (found.ok()) {
       if (*found == ours) return Status::Ok();
       std::string theirs = found->substr(0, 64);
       while (!theirs.empty() && (theirs.back() == '\n' || theirs.back() == '\r')) theirs.pop_back();
       return PreconditionFailed(
-          "the object store {} is used with another metastore: its {} names deployment \"{}\", and the metastore {} "
-          "is deployment {:016x}. Point --metastore at the one this store was used with, or use another bucket or "
-          "prefix (if this metastore is that one, restored from a backup older than the marker, delete the object "
-          "{} and start again)",
-          store_->Describe(), kDeploymentKey, theirs, meta_->Describe(), id, kDeploymentKey);
+          "the {} {} is used with another metastore: its {} names deployment \"{}\", and the metastore {} "
+          "is deployment {:016x}. Point --metastore at the one this store was used with, or use another bucket, "
+          "prefix or database (if this metastore is that one, restored from a backup older than the marker, "
+          "delete the object {} and start again)",
+          what, store.Describe(), kDeploymentKey, theirs, meta_->Describe(), id, kDeploymentKey);
     }
-    if (found.status().code() != Code::kNotFound) return found.status().WithContext("reading the deployment marker");
+    if (found.status().code() != Code::kNotFound) {
+      return found.status().WithContext(fmt::format("reading the deployment marker of the {} {}", what, store.Describe()));
+    }
     // Unclaimed (a new store, or one from before the marker): ours, unless
     // another metastore's server claims it first. The claim is read back,
     // whatever its answer: one whose outcome is unknown may have landed, and
     // a store that emulates create-only PUTs (HEAD, then PUT) lets two
     // claims both succeed (the last one holds).
-    Status put = store_->Put(kDeploymentKey, ours, objstore::PutOptions{.if_none_match = true});
+    Status put = store.Put(kDeploymentKey, ours, objstore::PutOptions{.if_none_match = true});
     if (put.ok() && attempt < 3) continue;
     if (put.ok()) return Status::Ok();
     const bool read_back = put.code() == Code::kPreconditionFailed || put.code() == Code::kTimeout ||
@@ -350,12 +353,37 @@ Status Engine::CheckDeployment() {
     if (put.retryable() || put.code() == Code::kIOError) {
       // A store refusing writes now (the WAL will say so too): the marker
       // guards, it holds no data; the next start claims the store.
-      Log().warn("could not write the deployment marker {} to {}: {}", kDeploymentKey, store_->Describe(),
-                 put.ToString());
+      Log().warn("could not write the deployment marker {} to the {} {}: {}", kDeploymentKey, what,
+                 store.Describe(), put.ToString());
       return Status::Ok();
     }
-    return put.WithContext("writing the deployment marker");
+    return put.WithContext(fmt::format("writing the deployment marker to the {} {}", what, store.Describe()));
   }
+}
+
+// A --wal-store is shared state as the object store is: two deployments on
+// one (a PostgreSQL database, the same buckets) would write the same slot
+// keys for a node id, and one's sweep would delete the other's unsettled
+// slots. Each store of a quorum carries the marker; up to K-W of them may
+// fail to answer (as they may for slots).
+Status Engine::CheckWalStoreDeployment() {
+  if (!options_.wal_store) return Status::Ok();
+  std::vector<objstore::ObjectStore*> stores;
+  size_t may_fail = 0;
+  if (auto* quorum = dynamic_cast<wal::QuorumStore*>(wal_store_.get())) {
+    for (size_t i = 0; i < quorum->store_count(); ++i) stores.push_back(&quorum->store(i));
+    may_fail = quorum->store_count() - quorum->write_quorum();
+  } else {
+    stores.push_back(wal_store_.get());
+  }
+  size_t failed = 0;
+  for (objstore::ObjectStore* s : stores) {
+    Status st = CheckDeployment(*s, "WAL store");
+    if (st.ok()) continue;
+    if (st.code() == Code::kPreconditionFailed || ++failed > may_fail) return st;
+    Log().warn("{} (the quorum's other stores answered)", st.ToString());
+  }
+  return Status::Ok();
 }
 
 std::string Engine::WalStoreMarkerKey() const { return fmt::format("_weir/wal-store/{}", options_.node); }
@@ -416,7 +444,10 @@ Status Engine::Recover() {
           options_.node, last_stream_id == 0 ? " or of any stream" : "");
     }
   }
-  if (!taking_over_) WEIR_RETURN_IF_ERROR(CheckDeployment());
+  if (!taking_over_) {
+    WEIR_RETURN_IF_ERROR(CheckDeployment(*store_, "object store"));
+    WEIR_RETURN_IF_ERROR(CheckWalStoreDeployment());
+  }
   WEIR_ASSIGN_OR_RETURN(const std::optional<std::string> wal_marker, CheckWalStore(prev));
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   // This process's nonce: its mints and its fences carry it.

@@ -556,9 +556,11 @@ class Engine {
   // each as that node (taking_over_); fails the start if one cannot be (its
   // records would be missing, and new ones take their offsets).
   Status TakeOverDeadNodes();
-  // Refuses a store that names another metastore (kDeploymentKey); claims an
-  // unclaimed one for this metastore.
-  Status CheckDeployment();
+  // Refuses a store (`what`: "object store", "WAL store") that names another
+  // metastore (kDeploymentKey); claims an unclaimed one for this metastore.
+  Status CheckDeployment(objstore::ObjectStore& store, std::string_view what);
+  // CheckDeployment for the --wal-store (each store of a quorum).
+  Status CheckWalStoreDeployment();
   // Refuses a start whose WAL store differs from the one this node's
   // unsettled chain is in (_weir/wal-store/<node> in the object store names
   // it); returns what to record there once the node is ours, if anything.

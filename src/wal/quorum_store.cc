@@ -386,6 +386,7 @@ Result<std::shared_ptr<QuorumStore>> QuorumStore::Open(std::vector<std::shared_p
 
 size_t QuorumStore::store_count() const { return impl_->k(); }
 size_t QuorumStore::write_quorum() const { return impl_->w; }
+objstore::ObjectStore& QuorumStore::store(size_t i) const { return impl_->lanes.at(i)->store(); }
 const QuorumStoreCounters& QuorumStore::counters(size_t store) const { return impl_->lanes.at(store)->counters(); }
 
 namespace {

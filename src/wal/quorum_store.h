@@ -96,6 +96,9 @@ class QuorumStore final : public objstore::ObjectStore {
 
   size_t store_count() const;
   size_t write_quorum() const;
+  // Store `i` itself (no lane, no quorum): for what is not a slot, such as a
+  // start's deployment marker in each store.
+  objstore::ObjectStore& store(size_t i) const;
   const QuorumStoreCounters& counters(size_t store) const;
 
  private:
