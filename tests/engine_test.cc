@@ -888,6 +888,250 @@ TEST_F(EngineTest, AnUnreadableObjectAtTheHaltedKeyFailsTheAppendsInIt) {
   settle_on_close_ = false;
 }
 
+// HandleHalt's garbage probe, and what a restart replays after a resume.
+// Slot 0 of epoch E lands; slot 1's PUT is held while slots 2..4 land behind
+// it; someone fences E (slot 1 is missing: poisoned, cut 1); the held PUT
+// meets the poison and the chain halts at 1. While the halt is handled (just
+// before its mint) one more append is pooled. The halt deletes slots 2..4
+// (they landed past the cut: garbage), keeps the poison, and re-publishes
+// the appends of slots 1..4 and the pooled one into E+1 from seq 0. A restart
+// with nothing settled replays E up to its poison, then E+1 from seq 0: each
+// append exactly once, at the offset it was acknowledged with.
+TEST_F(EngineTest, AHaltDeletesTheSlotsPastItsCutAndARestartReplaysEachAppendOnce) {
+  settle_on_close_ = false;  // the restart replays everything from the WAL
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  auto hooked = RestartHooked(gated);
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  auto key = [](uint64_t e, uint64_t seq) { return wal::SlotKey("n1", e, seq); };
+  auto a = engine_->Append(kBasin, "s", Bodies({"a"}));  // slot 0
+  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+  ASSERT_EQ(a.ack.start_offset, 0u);
+  ASSERT_TRUE(store_->Head(key(epoch, 0)).ok());
+  const std::vector<std::string> values = {"b", "c", "d", "e", "f"};
+  std::vector<std::promise<AppendOutcome>> outcomes(values.size());
+  auto append = [&](size_t i) {
+    engine_->AppendAsync(kBasin, "s", Bodies({values[i]}), {},
+                         [&outcomes, i](AppendOutcome o) { outcomes[i].set_value(std::move(o)); });
+  };
+  gated->Gate(key(epoch, 1));
+  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(key(epoch, 1)); });
+  append(0);
+  ASSERT_TRUE(gated->WaitBlocked(key(epoch, 1)));
+  // c, d and e each ride a slot of their own (each is appended once the one
+  // before has landed), which lands behind the held slot 1.
+  for (size_t i = 1; i <= 3; ++i) {
+    append(i);
+    const std::string k = key(epoch, i + 1);
+    for (int t = 0; t < 6000 && !store_->Head(k).ok(); ++t) std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(store_->Head(k).ok()) << k;
+  }
+  auto fence = wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242);
+  ASSERT_TRUE(fence.ok()) << fence.status().ToString();
+  ASSERT_EQ(fence->cut, 1u);
+  hooked->before_mint = [&] { append(4); };  // pooled while the writer is halted
+  gated->Open(key(epoch, 1));
+  for (size_t i = 0; i < values.size(); ++i) {
+    auto future = outcomes[i].get_future();
+    ASSERT_EQ(future.wait_for(60s), std::future_status::ready) << values[i] << " was left waiting";
+    AppendOutcome o = future.get();
+    ASSERT_TRUE(o.status.ok()) << values[i] << ": " << o.status.ToString();
+    EXPECT_EQ(o.ack.start_offset, i + 1) << values[i];
+  }
+  EXPECT_EQ(engine_->epoch(), epoch + 1);
+  // The probe deleted what landed past the cut, and left the committed slot and the poison.
+  EXPECT_TRUE(store_->Head(key(epoch, 0)).ok());
+  auto poison = store_->Head(key(epoch, 1));
+  ASSERT_TRUE(poison.ok()) << poison.status().ToString();
+  EXPECT_EQ(poison->size, wal::kEnvelopeSize) << "slot 1 should hold the poison";
+  for (uint64_t seq = 2; seq <= 4; ++seq) {
+    EXPECT_EQ(store_->Head(key(epoch, seq)).status().code(), Code::kNotFound)
+        << "slot " << seq << " landed past the cut and is garbage";
+  }
+  EXPECT_TRUE(store_->Head(key(epoch + 1, 0)).ok()) << "re-published from seq 0 of the next epoch";
+  auto g = engine_->Append(kBasin, "s", Bodies({"g"}));
+  ASSERT_TRUE(g.status.ok()) << g.status.ToString();
+  EXPECT_EQ(g.ack.start_offset, 6u);
+  const std::vector<std::string> want = {"a", "b", "c", "d", "e", "f", "g"};
+  EXPECT_EQ(ReadAll("s"), want);
+
+  Restart();
+  ASSERT_TRUE(engine_);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u) << "nothing was to be settled: the restart replays the WAL";
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tail, want.size());
+  ASSERT_EQ(r->records.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(r->records[i].offset, i);
+    EXPECT_EQ(r->records[i].record.value.value_or("<null>"), want[i]) << "offset " << i;
+  }
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), want.size());
+}
+
+// The superseded path with a slot below the halt still uploading: slot 0
+// landed but its PUT has not returned when a successor starts (its walk
+// finds slot 0 and poisons slot 1). Slot 1's PUT meets the poison; the halt
+// finds the node superseded and abandons from slot 1, which marks slot 0
+// durable: its append is acknowledged while its PUT is still held (the
+// successor replayed it), slot 1's fails. The successor, and a restart after
+// both, read exactly the acknowledged append.
+TEST_F(EngineTest, ASupersededHaltAcknowledgesALandedSlotBelowItWhosePutIsStillHeld) {
+  settle_on_close_ = false;  // the last restart replays the WAL
+  auto gated = RestartGated();
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  const std::string s0 = wal::SlotKey("n1", epoch, 0), s1 = wal::SlotKey("n1", epoch, 1);
+  gated->Gate(s0, /*after_apply=*/true);
+  gated->Gate(s1);
+  std::shared_ptr<void> open_gates(nullptr, [&](void*) {
+    gated->Open(s0);
+    gated->Open(s1);
+  });
+  std::promise<AppendOutcome> first, second;
+  engine_->AppendAsync(kBasin, "s", Bodies({"a"}), {}, [&](AppendOutcome o) { first.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(s0));
+  ASSERT_TRUE(store_->Head(s0).ok());  // landed; the PUT has not returned
+  engine_->AppendAsync(kBasin, "s", Bodies({"b"}), {}, [&](AppendOutcome o) { second.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(s1));
+  auto next = Engine::Open(Options(), store_, meta_);  // mints E+1, replays slot 0, poisons slot 1
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  auto poison = store_->Head(s1);
+  ASSERT_TRUE(poison.ok());
+  ASSERT_EQ(poison->size, wal::kEnvelopeSize);
+  gated->Open(s1);
+  auto f2 = second.get_future();
+  ASSERT_EQ(f2.wait_for(60s), std::future_status::ready) << "the halt was not handled";
+  AppendOutcome o2 = f2.get();
+  EXPECT_EQ(o2.status.code(), Code::kFenced) << o2.status.ToString();
+  // Slot 0's acknowledgement goes out before slot 1's failure.
+  auto f1 = first.get_future();
+  ASSERT_EQ(f1.wait_for(0s), std::future_status::ready) << "slot 0 (below the cut) was not acknowledged";
+  AppendOutcome o1 = f1.get();
+  ASSERT_TRUE(o1.status.ok()) << o1.status.ToString();
+  EXPECT_EQ(o1.ack.start_offset, 0u);
+  EXPECT_TRUE(gated->WaitBlocked(s0, 0s)) << "slot 0's PUT is still held";
+  EXPECT_TRUE(engine_->superseded());
+  EXPECT_EQ(engine_->epoch(), epoch);
+  auto r = (*next)->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 1u);
+  EXPECT_EQ(r->records[0].offset, 0u);
+  EXPECT_EQ(r->records[0].record.value, "a");
+  gated->Open(s0);
+  engine_->Close();
+  engine_.reset();
+  (*next)->Close();
+  next->reset();
+  Start();
+  ASSERT_TRUE(engine_);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 1u);
+}
+
+// Slot `garbled`'s first PUT lands and answers an error (the answer was
+// lost), and every ranged read of it answers bytes that are no envelope (a
+// proxy's page): the writer's retry meets 412, cannot read the envelope, and
+// halts the chain there (as at another writer's slot).
+class UnreadableSlotStore : public testing::GatedStore {
+ public:
+  using GatedStore::GatedStore;
+  void Garble(std::string key) {
+    std::lock_guard lk(mu_);
+    garbled_ = std::move(key);
+  }
+  Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& o = {}) override {
+    Status st = GatedStore::Put(key, data, o);
+    if (st.ok() && IsGarbled(key) && !lost_.exchange(true)) return Unavailable("the answer was lost");
+    return st;
+  }
+  Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> r = std::nullopt) override {
+    if (r && IsGarbled(key)) return std::string("<html>502 Bad Gateway</html>");
+    return GatedStore::Get(key, r);
+  }
+
+ private:
+  bool IsGarbled(std::string_view key) {
+    std::lock_guard lk(mu_);
+    return !garbled_.empty() && key == garbled_;
+  }
+  std::mutex mu_;
+  std::string garbled_;
+  std::atomic<bool> lost_{false};
+};
+
+// The superseded path with a slot below the halt that has NOT landed: slot
+// 0's PUT is held before it reaches the store while slot 1 halts the chain
+// at an occupant that is no poison (another writer's flight; or our own
+// slot, landed with its answer lost, whose envelope reads back garbled). A
+// successor mints and fences before the halt's mint: its walk finds slot 0
+// missing, so it poisons slot 0 and never replays it. Slot 0's append must
+// then not be acknowledged: nothing holds it.
+class SupersededHaltTest : public EngineTest, public ::testing::WithParamInterface<bool> {};
+
+// The superseded path used to abandon from the writer's halted slot, taking
+// every slot below it for committed, which holds only when the halt met the
+// successor's poison: here it acknowledged "a" at offset 0, which neither
+// the successor nor any restart has. Now each slot not yet released is read.
+TEST_P(SupersededHaltTest, NoAppendOfASlotBelowTheHaltThatNeverLandedIsAcknowledged) {
+  const bool foreign = GetParam();
+  settle_on_close_ = false;  // the last restart replays the WAL
+  auto gated = std::make_shared<UnreadableSlotStore>(store_);
+  auto hooked = RestartHooked(gated);
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  const std::string s0 = wal::SlotKey("n1", epoch, 0), s1 = wal::SlotKey("n1", epoch, 1);
+  gated->Gate(s0);
+  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(s0); });
+  std::promise<AppendOutcome> first, second;
+  engine_->AppendAsync(kBasin, "s", Bodies({"a"}), {}, [&](AppendOutcome o) { first.set_value(std::move(o)); });
+  ASSERT_TRUE(gated->WaitBlocked(s0));
+  if (foreign) {
+    wal::SlotBuilder other;
+    ASSERT_OK(store_->Put(s1, other.Finish(epoch, 1, 4242)));
+  } else {
+    gated->Garble(s1);
+  }
+  // The successor starts just before the halt's mint.
+  std::unique_ptr<Engine> next;
+  hooked->before_mint = [&] {
+    auto e = Engine::Open(Options(), store_, meta_);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (e.ok()) next = std::move(*e);
+  };
+  engine_->AppendAsync(kBasin, "s", Bodies({"b"}), {}, [&](AppendOutcome o) { second.set_value(std::move(o)); });
+  auto f2 = second.get_future();
+  ASSERT_EQ(f2.wait_for(60s), std::future_status::ready) << "the halt was not handled";
+  AppendOutcome o2 = f2.get();
+  EXPECT_EQ(o2.status.code(), Code::kFenced) << o2.status.ToString();
+  ASSERT_TRUE(next);
+  EXPECT_TRUE(engine_->superseded());
+  auto poison = store_->Head(s0);
+  ASSERT_TRUE(poison.ok()) << poison.status().ToString();
+  EXPECT_EQ(poison->size, wal::kEnvelopeSize) << "the successor poisoned slot 0";
+  gated->Open(s0);  // its PUT meets the poison
+  auto f1 = first.get_future();
+  ASSERT_EQ(f1.wait_for(60s), std::future_status::ready);
+  AppendOutcome o1 = f1.get();
+  auto r = next->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->records.empty());
+  EXPECT_FALSE(o1.status.ok()) << "\"a\" was acknowledged at offset " << o1.ack.start_offset
+                               << ", but its slot holds the successor's poison";
+  engine_->Close();
+  engine_.reset();
+  next->Close();
+  next.reset();
+  Start();
+  ASSERT_TRUE(engine_);
+  EXPECT_EQ(ReadAll("s"), std::vector<std::string>{});
+}
+
+INSTANTIATE_TEST_SUITE_P(ForeignOrUnreadable, SupersededHaltTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "AnotherWritersFlight" : "AnUnreadableEnvelope";
+                         });
+
 TEST_F(EngineTest, ASettleCommitThatLandedUnseenIsRecognised) {
   // The metastore applies a settle commit but answers a failure: its answer
   // was lost (a timeout), or its COMMIT's fsync failed (SQLite replays it at

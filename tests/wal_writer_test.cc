@@ -676,6 +676,154 @@ TEST_P(PoisonTest, SuccessorPoisonHaltsWriterAndNoLaterAckIsReleased) {
 
 INSTANTIATE_TEST_SUITE_P(ResumeOrAbandon, PoisonTest, ::testing::Bool());
 
+// A second, lower halt (Halt's `slot->seq < *halted_seq_`): slot 1 meets
+// another writer's flight and halts the chain while slot 0's PUT is held; a
+// fencer then finds slot 0 missing and poisons it, and the held PUT meets the
+// poison. The halt moves down to slot 0 (on_halt fires once, for the first);
+// a cut at the first halt (1) is refused, since slot 0 was never committed;
+// and however the chain ends, neither append is acknowledged in epoch 1.
+enum class HaltedChainEnd { kResume, kAbandon, kClose };
+
+class LowerHaltTest : public ::testing::TestWithParam<HaltedChainEnd> {};
+
+TEST_P(LowerHaltTest, AHaltBelowTheFirstLowersTheCut) {
+  auto mem = testing::NewTestStore();
+  auto gated = std::make_shared<GatedStore>(mem);
+  const std::string s0 = SlotKey("n1", 1, 0);
+  gated->Gate(s0);
+  ASSERT_TRUE(PutForeignSlot(*mem, 1).ok());
+  std::atomic<int> halts{0};
+  std::atomic<uint64_t> first_halt{~uint64_t{0}};
+  WriterOptions o = Opts();
+  // Never reached when the cut moves down as it should: Close then returns
+  // at once. Had it to wait for slot 0, it would fail both with kUnavailable.
+  o.close_timeout = 30s;
+  o.on_halt = [&](uint64_t epoch, uint64_t seq, const Status& why) {
+    EXPECT_EQ(epoch, 1u);
+    EXPECT_EQ(why.code(), Code::kFenced) << why.ToString();
+    first_halt = seq;
+    ++halts;
+  };
+  auto w = Writer::Start(gated, o);
+  ASSERT_TRUE(w.ok());
+  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(s0); });
+  Acks acks;
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x0"), acks.For(0), Later()).ok());
+  ASSERT_TRUE(gated->WaitBlocked(s0));
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x1"), acks.For(1), Later()).ok());
+  for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(halts.load(), 1);
+  ASSERT_EQ((*w)->halted_seq(), std::optional<uint64_t>(1));
+  // A fencer walks the chain: slot 0 is missing (its PUT is held), so it is poisoned.
+  auto fence = Fence(*mem, ChainRef{"n1", 1}, 0, /*fencer_nonce=*/999);
+  ASSERT_TRUE(fence.ok()) << fence.status().ToString();
+  ASSERT_EQ(fence->cut, 0u);
+  ASSERT_TRUE(fence->poisoned_here);
+  gated->Open(s0);
+  for (int i = 0; i < 6000 && (*w)->halted_seq() != std::optional<uint64_t>(0); ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ((*w)->halted_seq(), std::optional<uint64_t>(0)) << "the halt did not move down to the poisoned slot";
+  EXPECT_EQ(halts.load(), 1) << "on_halt fires once per halt, not again for a lower slot";
+  EXPECT_EQ(first_halt.load(), 1u);
+  EXPECT_EQ((*w)->metrics().halts.load(), 1u);
+  EXPECT_EQ(acks.size(), 0u);
+  switch (GetParam()) {
+    case HaltedChainEnd::kResume: {
+      // Slot 0 holds the poison: a cut taken from the first halt would
+      // acknowledge x0 as committed in epoch 1.
+      EXPECT_EQ((*w)->Resume(2, 1).code(), Code::kInvalidArgument);
+      ASSERT_TRUE((*w)->Resume(2, fence->cut).ok());
+      ASSERT_TRUE(acks.WaitFor(2));
+      auto got = acks.Snapshot();
+      ASSERT_EQ(got.size(), 2u);
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].id, static_cast<int>(i));
+        ASSERT_TRUE(got[i].status.ok()) << got[i].status.ToString();
+        EXPECT_EQ(got[i].info.epoch, 2u) << "acknowledged in the fenced epoch";
+        EXPECT_EQ(ValueOf(Stored(*mem, "n1", got[i].info)), "x" + std::to_string(i));
+      }
+      break;
+    }
+    case HaltedChainEnd::kAbandon: {
+      EXPECT_EQ((*w)->Abandon(1, Fenced("lost leadership")).code(), Code::kInvalidArgument);
+      ASSERT_TRUE((*w)->Abandon(fence->cut, Fenced("lost leadership")).ok());
+      ASSERT_TRUE(acks.WaitFor(2));
+      for (const auto& a : acks.Snapshot()) EXPECT_EQ(a.status.code(), Code::kFenced) << a.id << ": " << a.status.ToString();
+      break;
+    }
+    case HaltedChainEnd::kClose: {
+      (*w)->Close();
+      EXPECT_FALSE((*w)->closed_clean());
+      ASSERT_TRUE(acks.WaitFor(2));
+      for (const auto& a : acks.Snapshot()) {
+        EXPECT_EQ(a.status.code(), Code::kCancelled) << a.id << ": " << a.status.ToString();
+      }
+      break;
+    }
+  }
+  (*w)->Close();
+  EXPECT_EQ(halts.load(), 1);
+  EXPECT_EQ(acks.size(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(ResumeAbandonOrClose, LowerHaltTest,
+                         ::testing::Values(HaltedChainEnd::kResume, HaltedChainEnd::kAbandon,
+                                           HaltedChainEnd::kClose),
+                         [](const ::testing::TestParamInfo<HaltedChainEnd>& p) {
+                           switch (p.param) {
+                             case HaltedChainEnd::kResume: return "Resume";
+                             case HaltedChainEnd::kAbandon: return "Abandon";
+                             case HaltedChainEnd::kClose: return "Close";
+                           }
+                           return "Unknown";
+                         });
+
+TEST(WalWriter, ClosingAHaltedChainLowersItsCutWhenASlotBelowMeetsAPoison) {
+  // Close's wait for the slots below the halt (below_done): the chain halted
+  // at slot 1 (another writer's flight) and Close waits for slot 0, whose
+  // PUT is held. A fencer poisons slot 0 and the PUT meets the poison: the
+  // cut moves down to 0 and Close fails both appends at once (kCancelled),
+  // rather than waiting out close_timeout for a slot that never lands.
+  auto mem = testing::NewTestStore();
+  auto gated = std::make_shared<GatedStore>(mem);
+  const std::string s0 = SlotKey("n1", 1, 0);
+  gated->Gate(s0);
+  ASSERT_TRUE(PutForeignSlot(*mem, 1).ok());
+  std::atomic<int> halts{0};
+  WriterOptions o = Opts();
+  o.close_timeout = 30s;
+  o.on_halt = [&](uint64_t, uint64_t, const Status&) { ++halts; };
+  auto w = Writer::Start(gated, o);
+  ASSERT_TRUE(w.ok());
+  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(s0); });
+  Acks acks;
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x0"), acks.For(0), Later()).ok());
+  ASSERT_TRUE(gated->WaitBlocked(s0));
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x1"), acks.For(1), Later()).ok());
+  for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ((*w)->halted_seq(), std::optional<uint64_t>(1));
+  auto closed = std::async(std::launch::async, [&] { (*w)->Close(); });
+  // Close stops admission and takes the cut (1) under one lock: once
+  // appends are refused, it has its cut and waits for slot 0.
+  for (int i = 0; i < 60000 && !(*w)->takes_no_appends(); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE((*w)->takes_no_appends());
+  EXPECT_EQ(acks.size(), 0u);
+  auto fence = Fence(*mem, ChainRef{"n1", 1}, 0, /*fencer_nonce=*/999);
+  ASSERT_TRUE(fence.ok()) << fence.status().ToString();
+  ASSERT_EQ(fence->cut, 0u);
+  gated->Open(s0);
+  ASSERT_EQ(closed.wait_for(60s), std::future_status::ready) << "Close kept waiting for the poisoned slot 0";
+  EXPECT_EQ((*w)->halted_seq(), std::optional<uint64_t>(0));
+  EXPECT_EQ(halts.load(), 1);
+  EXPECT_FALSE((*w)->closed_clean());
+  ASSERT_TRUE(acks.WaitFor(2));
+  for (const auto& a : acks.Snapshot()) {
+    // kUnavailable would mean Close gave up at close_timeout instead.
+    EXPECT_EQ(a.status.code(), Code::kCancelled) << a.id << ": " << a.status.ToString();
+  }
+}
+
 TEST(WalWriter, ResumeAcksSlotsBelowTheCutEvenIfTheirPutIsStuck) {
   // Slot 0 landed but its PUT has not returned; slot 1 gets poisoned. The fence
   // finds 0 committed, so Resume acknowledges it and re-publishes slot 1's entry.

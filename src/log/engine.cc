@@ -198,6 +198,35 @@ void Engine::HeartbeatLoop() {
   }
 }
 
+std::pair<uint64_t, Status> Engine::SupersededCut(const wal::ChainRef& chain, uint64_t halted) {
+  // The slots below the halt are committed only up to the successor's
+  // poison, which is where the chain halted only when the halt met it: a
+  // halt at another writer's flight, or at an envelope that stayed
+  // unreadable, may lie above a slot whose PUT has not landed and that the
+  // successor's walk poisoned (or will find missing). So each slot not yet
+  // released is read (only read: the node is the successor's now): our
+  // flights are committed (its walk, done or to come, finds them); from the
+  // first that is not, nothing is.
+  const auto [released_epoch, released_seq] = wal_->released_below();
+  uint64_t seq = released_epoch == chain.epoch ? released_seq : 0;
+  for (; seq < halted; ++seq) {
+    auto probe = wal::ProbeSlot(*wal_store_, chain, seq);
+    if (!probe.ok()) {
+      return {seq, Unavailable("node {} was superseded, and its WAL slot {} cannot be read ({}): whether the "
+                               "append landed is unknown",
+                               options_.node, seq, probe.status().message())};
+    }
+    if (probe->state == wal::SlotState::kMissing) {
+      // Its PUT may still land before the successor's walk reaches it.
+      return {seq, Unavailable("node {} was superseded before its WAL slot {} landed: whether the append is "
+                               "kept is unknown",
+                               options_.node, seq)};
+    }
+    if (probe->state != wal::SlotState::kFlight || probe->envelope.nonce != wal_->nonce()) break;
+  }
+  return {seq, Fenced("node {} was superseded", options_.node)};
+}
+
 void Engine::HandleHalt(uint64_t epoch) {
   SetThreadName("wal-halt");
   wal::ChainRef chain{options_.node, epoch};
@@ -240,12 +269,13 @@ void Engine::HandleHalt(uint64_t epoch) {
   }
   if (!minted.ok()) {
     if (closing_) return;  // Close fails what cannot be acknowledged
-    // The successor's poison is where the chain halted: its walk found every
-    // slot below present, so those are committed.
     std::optional<uint64_t> halted = wal_->halted_seq();
     Log().error("node {} was superseded ({}); abandoning its streams", options_.node, minted.status().ToString());
     MarkSuperseded();
-    if (halted) abandon(*halted, Fenced("node {} was superseded", options_.node));
+    if (halted) {
+      const auto [cut, why] = SupersededCut(chain, *halted);
+      abandon(cut, why);
+    }
     return;
   }
   // The metastore holds the new epoch now: epoch-fenced calls outside

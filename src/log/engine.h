@@ -30,12 +30,14 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/clock.h"
 #include "base/status.h"
 #include "metastore/metastore.h"
 #include "objstore/object_store.h"
+#include "wal/fence.h"
 #include "wal/record_batch.h"
 #include "wal/writer.h"
 
@@ -697,6 +699,10 @@ class Engine {
   // After the WAL halts: fence our own epoch, mint the next one and resume the
   // writer into it, or abandon the writer if a successor holds the node.
   void HandleHalt(uint64_t epoch);
+  // For HandleHalt once a successor holds the node: where to abandon the
+  // halted chain (the first slot below `halted` not yet released that is not
+  // our flight, else `halted`), and what the appends from there on get.
+  std::pair<uint64_t, Status> SupersededCut(const wal::ChainRef& chain, uint64_t halted);
   void SettleLoop();
   // Batches evicted from the log cache, read back from their WAL slots: one
   // ranged GET per run of `refs` adjacent in one slot (a stream's batches in
