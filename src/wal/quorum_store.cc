@@ -24,6 +24,10 @@ namespace weir::wal {
 namespace {
 
 constexpr size_t kMaxStores = 32;
+// What a store's lane answers for a request it did not queue.
+constexpr const char* kNotQueued =
+    "the store did not take the request: its queue is full (a store that stopped answering) or the quorum "
+    "store is closing";
 // Stores known to hold a slot this process wrote, for reads past the
 // envelope (settle's read-back) without probing every store first.
 constexpr size_t kMaxRemembered = 16384;
@@ -232,7 +236,7 @@ struct QuorumStore::Impl {
           }
           return p;
         },
-        Probe{Probe::kFailed, {}, Unavailable("the quorum store is closing")});
+        Probe{Probe::kFailed, {}, Unavailable(kNotQueued)});
     const size_t n = k();
     const size_t poison_quorum = n - w + 1;
     std::unique_lock lk(probes->mu);
@@ -529,7 +533,7 @@ Result<objstore::ObjectInfo> QuorumStore::Head(std::string_view key_view) {
   const std::string key(key_view);
   auto fan = im.FanOut<Result<objstore::ObjectInfo>>(
       0, [key](Lane& lane) { return lane.store().Head(key); },
-      Result<objstore::ObjectInfo>(Unavailable("the quorum store is closing")));
+      Result<objstore::ObjectInfo>(Unavailable(kNotQueued)));
   std::unique_lock lk(fan->mu);
   TimePoint grace_end = TimePoint::max();
   while (true) {
@@ -566,7 +570,7 @@ Result<objstore::ListPage> QuorumStore::List(std::string_view prefix_view, std::
   const std::string prefix(prefix_view), after(after_view);
   auto fan = im.FanOut<Result<objstore::ListPage>>(
       0, [=](Lane& lane) { return lane.store().List(prefix, after, max_keys); },
-      Result<objstore::ListPage>(Unavailable("the quorum store is closing")));
+      Result<objstore::ListPage>(Unavailable(kNotQueued)));
   // Up to K-W stores may be down or slow (given a grace once W answered):
   // what they hold is listed by the others (every committed slot has W copies, every dead one K-W+1
   // poisons) or is left for a later listing.
@@ -624,7 +628,7 @@ Status QuorumStore::DeleteMany(std::span<const std::string> keys_view) {
   auto keys = std::make_shared<const std::vector<std::string>>(keys_view.begin(), keys_view.end());
   auto fan = im.FanOut<Status>(
       0, [keys](Lane& lane) { return lane.store().DeleteMany(*keys); },
-      Unavailable("the quorum store is closing"));
+      Unavailable(kNotQueued));
   // W answers and a grace are enough: what a slow store keeps is garbage a
   // later sweep finds (the deletes still run there).
   // So is what a failing store keeps, once W stores deleted (up to K-W
