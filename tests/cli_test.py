@@ -638,6 +638,32 @@ def a_server_that_is_not_weir():
         httpd.shutdown()
         httpd.server_close()
 
+    # One whose answer has no end: the client stops keeping it at 256 MiB.
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            chunk = b" " * (1 << 20)
+            try:
+                for _ in range(300):
+                    self.wfile.write(chunk)
+            except OSError:
+                pass  # the client hung up
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        out = weir("stream", "list", server=f"http://127.0.0.1:{httpd.server_port}", ok=False)
+        line = error_line(out)
+        assert "larger than 256 MiB" in line, line
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
 
 @case
 def auth_token():

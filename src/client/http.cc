@@ -43,6 +43,11 @@ std::string UrlEncode(std::string_view s) {
 
 namespace {
 
+// The most of one answer the client keeps. A weir answer is far smaller (a
+// read's page holds about 1 MiB of records, one larger record alone, up to
+// 64 MiB decoded, base64 in JSON); past it the server is no weir server.
+constexpr size_t kMaxResponseBytes = size_t{256} << 20;
+
 // State of one request, shared with curl's callbacks.
 struct Transfer {
   CURL* easy = nullptr;
@@ -50,6 +55,7 @@ struct Transfer {
   const std::function<bool(std::string_view)>* on_data = nullptr;
   const std::function<void()>* on_2xx = nullptr;
   bool stopped = false;  // on_data asked to stop
+  bool too_large = false;  // the response body passed kMaxResponseBytes
 };
 
 size_t OnHeader(char* data, size_t size, size_t n, void* user) {
@@ -89,6 +95,10 @@ size_t OnBody(char* data, size_t size, size_t n, void* user) {
       }
       return chunk.size();
     }
+  }
+  if (t->response->body.size() + chunk.size() > kMaxResponseBytes) {
+    t->too_large = true;
+    return 0;  // aborts the transfer with CURLE_WRITE_ERROR
   }
   t->response->body.append(chunk);
   return chunk.size();
@@ -194,6 +204,10 @@ Result<HttpResponse> HttpConnection::Stream(const HttpRequest& request,
   curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connected_at);
   const bool could_reuse = ever_connected_ && !request.fresh_connection;
   if (rc == CURLE_OK || connected_at > 0) ever_connected_ = true;
+  if (t.too_large) {
+    return Internal("the answer from {} is larger than {} MiB: not a weir server, or a proxy's page", base_url_,
+                    kMaxResponseBytes >> 20);
+  }
   if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && t.stopped)) {
     failed_before_connect_ = rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
                              (rc == CURLE_OPERATION_TIMEDOUT && connected_at == 0 && !could_reuse);
