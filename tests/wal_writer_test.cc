@@ -453,38 +453,64 @@ TEST(WalWriter, CloseGivesUpOnAStoreThatTakesNoWrite) {
   EXPECT_EQ(got[2].status.code(), Code::kUnavailable) << got[2].status.ToString();
 }
 
-TEST(WalWriter, CloseOfAHaltedChainGivesUpOnASlotBelowTheHaltThatNeverLands) {
-  // Slot 1 is another writer's (the chain halts there) while slot 0's PUT
-  // hangs, and nothing resumes the chain (the metastore is down, say). Close
-  // waits its close_timeout for slot 0, then fails both appends
-  // (kUnavailable: slot 0 may still land) instead of waiting for ever.
-  auto mem = testing::NewTestStore();
-  auto gated = std::make_shared<GatedStore>(mem);
+// Slot 0's PUT held at a gate while slot 1 meets another writer's flight and
+// halts the chain: x0 sits in slot 0, x1 in slot 1, neither acknowledged.
+// However a test ends, the gate opens before the writer closes.
+struct HeldBelowAHalt {
+  std::shared_ptr<objstore::ObjectStore> mem = testing::NewTestStore();
+  std::shared_ptr<GatedStore> gated = std::make_shared<GatedStore>(mem);
   const std::string s0 = SlotKey("n1", 1, 0);
-  gated->Gate(s0);
-  ASSERT_TRUE(PutForeignSlot(*mem, 1).ok());
   std::atomic<int> halts{0};
-  WriterOptions o = Opts();
-  o.close_timeout = 200ms;
-  o.on_halt = [&](uint64_t, uint64_t, const Status&) { ++halts; };
-  auto w = Writer::Start(gated, o);
-  ASSERT_TRUE(w.ok());
-  // However the test ends, the hung PUT is let go before the writer closes.
-  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(s0); });
+  std::atomic<uint64_t> first_halt{~uint64_t{0}};
+  Status first_reason;  // set by the first halt, before `halts` counts it
+  std::unique_ptr<Writer> w;
   Acks acks;
-  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x0"), acks.For(0), Later()).ok());
-  ASSERT_TRUE(gated->WaitBlocked(s0));
-  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x1"), acks.For(1), Later()).ok());
-  for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
-  ASSERT_EQ((*w)->halted_seq(), std::optional<uint64_t>(1));
-  auto closed = std::async(std::launch::async, [&] { (*w)->Close(); });
+  std::shared_ptr<void> open_gate;
+
+  // Starts the writer with `close_timeout` and halts it as above.
+  void Start(Duration close_timeout) {
+    gated->Gate(s0);
+    ASSERT_TRUE(PutForeignSlot(*mem, 1).ok());
+    WriterOptions o = Opts();
+    o.close_timeout = close_timeout;
+    o.on_halt = [this](uint64_t epoch, uint64_t seq, const Status& why) {
+      if (halts.load() == 0) {
+        EXPECT_EQ(epoch, 1u);
+        first_reason = why;
+        first_halt = seq;
+      }
+      ++halts;
+    };
+    auto started = Writer::Start(gated, o);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    w = std::move(*started);
+    open_gate = std::shared_ptr<void>(nullptr, [g = gated, key = s0](void*) { g->Open(key); });
+    ASSERT_TRUE(w->Append(1, OneRecordBatch("x0"), acks.For(0), Later()).ok());
+    ASSERT_TRUE(gated->WaitBlocked(s0));
+    ASSERT_TRUE(w->Append(1, OneRecordBatch("x1"), acks.For(1), Later()).ok());
+    for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+    ASSERT_EQ(w->halted_seq(), std::optional<uint64_t>(1));
+  }
+  ~HeldBelowAHalt() {
+    open_gate.reset();
+    if (w) w->Close();
+  }
+};
+
+TEST(WalWriter, CloseOfAHaltedChainGivesUpOnASlotBelowTheHaltThatNeverLands) {
+  // Nothing resumes the chain (the metastore is down, say). Close waits its
+  // close_timeout for slot 0, then fails both appends (kUnavailable: slot 0
+  // may still land) instead of waiting for ever.
+  HeldBelowAHalt h;
+  ASSERT_NO_FATAL_FAILURE(h.Start(200ms));
+  auto closed = std::async(std::launch::async, [&] { h.w->Close(); });
   // Both appends fail while slot 0's PUT still hangs (Close then waits for
   // its uploader, which the open gate lets go).
-  const bool failed_in_time = acks.WaitFor(2);
-  gated->Open(s0);
+  const bool failed_in_time = h.acks.WaitFor(2);
+  h.gated->Open(h.s0);
   closed.wait();
   ASSERT_TRUE(failed_in_time) << "Close waited for a slot below the halt that never landed";
-  for (const auto& a : acks.Snapshot()) EXPECT_EQ(a.status.code(), Code::kUnavailable) << a.status.ToString();
+  for (const auto& a : h.acks.Snapshot()) EXPECT_EQ(a.status.code(), Code::kUnavailable) << a.status.ToString();
 }
 
 TEST(WalWriter, AmbiguousPutsAreResolvedByNonce) {
@@ -687,39 +713,22 @@ enum class HaltedChainEnd { kResume, kAbandon, kClose };
 class LowerHaltTest : public ::testing::TestWithParam<HaltedChainEnd> {};
 
 TEST_P(LowerHaltTest, AHaltBelowTheFirstLowersTheCut) {
-  auto mem = testing::NewTestStore();
-  auto gated = std::make_shared<GatedStore>(mem);
-  const std::string s0 = SlotKey("n1", 1, 0);
-  gated->Gate(s0);
-  ASSERT_TRUE(PutForeignSlot(*mem, 1).ok());
-  std::atomic<int> halts{0};
-  std::atomic<uint64_t> first_halt{~uint64_t{0}};
-  WriterOptions o = Opts();
+  HeldBelowAHalt h;
   // Never reached when the cut moves down as it should: Close then returns
   // at once. Had it to wait for slot 0, it would fail both with kUnavailable.
-  o.close_timeout = 30s;
-  o.on_halt = [&](uint64_t epoch, uint64_t seq, const Status& why) {
-    EXPECT_EQ(epoch, 1u);
-    EXPECT_EQ(why.code(), Code::kFenced) << why.ToString();
-    first_halt = seq;
-    ++halts;
-  };
-  auto w = Writer::Start(gated, o);
-  ASSERT_TRUE(w.ok());
-  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(s0); });
-  Acks acks;
-  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x0"), acks.For(0), Later()).ok());
-  ASSERT_TRUE(gated->WaitBlocked(s0));
-  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x1"), acks.For(1), Later()).ok());
-  for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
-  ASSERT_EQ(halts.load(), 1);
-  ASSERT_EQ((*w)->halted_seq(), std::optional<uint64_t>(1));
+  ASSERT_NO_FATAL_FAILURE(h.Start(30s));
+  EXPECT_EQ(h.first_reason.code(), Code::kFenced) << h.first_reason.ToString();
+  auto& mem = h.mem;
+  auto& acks = h.acks;
+  auto& halts = h.halts;
+  auto& first_halt = h.first_halt;
+  auto* w = &h.w;
   // A fencer walks the chain: slot 0 is missing (its PUT is held), so it is poisoned.
   auto fence = Fence(*mem, ChainRef{"n1", 1}, 0, /*fencer_nonce=*/999);
   ASSERT_TRUE(fence.ok()) << fence.status().ToString();
   ASSERT_EQ(fence->cut, 0u);
   ASSERT_TRUE(fence->poisoned_here);
-  gated->Open(s0);
+  h.gated->Open(h.s0);
   for (int i = 0; i < 6000 && (*w)->halted_seq() != std::optional<uint64_t>(0); ++i) {
     std::this_thread::sleep_for(10ms);
   }
@@ -785,24 +794,12 @@ TEST(WalWriter, ClosingAHaltedChainLowersItsCutWhenASlotBelowMeetsAPoison) {
   // PUT is held. A fencer poisons slot 0 and the PUT meets the poison: the
   // cut moves down to 0 and Close fails both appends at once (kCancelled),
   // rather than waiting out close_timeout for a slot that never lands.
-  auto mem = testing::NewTestStore();
-  auto gated = std::make_shared<GatedStore>(mem);
-  const std::string s0 = SlotKey("n1", 1, 0);
-  gated->Gate(s0);
-  ASSERT_TRUE(PutForeignSlot(*mem, 1).ok());
-  std::atomic<int> halts{0};
-  WriterOptions o = Opts();
-  o.close_timeout = 30s;
-  o.on_halt = [&](uint64_t, uint64_t, const Status&) { ++halts; };
-  auto w = Writer::Start(gated, o);
-  ASSERT_TRUE(w.ok());
-  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(s0); });
-  Acks acks;
-  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x0"), acks.For(0), Later()).ok());
-  ASSERT_TRUE(gated->WaitBlocked(s0));
-  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("x1"), acks.For(1), Later()).ok());
-  for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
-  ASSERT_EQ((*w)->halted_seq(), std::optional<uint64_t>(1));
+  HeldBelowAHalt h;
+  ASSERT_NO_FATAL_FAILURE(h.Start(30s));
+  auto& mem = h.mem;
+  auto& acks = h.acks;
+  auto& halts = h.halts;
+  auto* w = &h.w;
   auto closed = std::async(std::launch::async, [&] { (*w)->Close(); });
   // Close stops admission and takes the cut (1) under one lock: once
   // appends are refused, it has its cut and waits for slot 0.
@@ -812,7 +809,7 @@ TEST(WalWriter, ClosingAHaltedChainLowersItsCutWhenASlotBelowMeetsAPoison) {
   auto fence = Fence(*mem, ChainRef{"n1", 1}, 0, /*fencer_nonce=*/999);
   ASSERT_TRUE(fence.ok()) << fence.status().ToString();
   ASSERT_EQ(fence->cut, 0u);
-  gated->Open(s0);
+  h.gated->Open(h.s0);
   ASSERT_EQ(closed.wait_for(60s), std::future_status::ready) << "Close kept waiting for the poisoned slot 0";
   EXPECT_EQ((*w)->halted_seq(), std::optional<uint64_t>(0));
   EXPECT_EQ(halts.load(), 1);

@@ -705,14 +705,7 @@ class InputBudgetTest(unittest.TestCase):
         wait_for_metric(server.base_url, "weir_http_request_bytes_in_flight", 2 * held)
         # A third session: one whole input (acked), then half a frame that
         # does not fit beside the two held.
-        c = h2c.request("POST", path, ctype, body=frame(pb_append_input([pb_append_record(b"taken")])), end=False)
-        self.assertEqual(len(h2c.wait_frames(c, 1)), 1)
-        h2c.send(c, half)
-        frames, _ = parse_frames(h2c.wait_end(c)["data"])
-        self.assertEqual(len(frames), 2, frames)
-        self.assertIsNone(terminal(*frames[0]))
-        t = terminal(*frames[1])
-        self.assertEqual((t[0], t[1]["code"]), (429, "rate_limited"), t)
+        self.ends_with_429_after_one_ack(h2c, path, half)
         self.assertGreaterEqual(metric(server.base_url, "weir_http_request_budget_refusals_total"), 1)
         # The sessions holding input are untouched, and give it back when reset.
         self.assertFalse(h2c.streams[a]["ended"] or h2c.streams[b]["ended"])
@@ -732,6 +725,19 @@ class InputBudgetTest(unittest.TestCase):
                          timeout=TIMEOUT)
         self.assertEqual(len(r.json()["records"]), 2, r.text[:200])
         self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
+
+    def ends_with_429_after_one_ack(self, h2c, path, more):
+        """A session with one whole input (acked), then `more`, which does not
+        fit: it ends with a terminal 429 after that one ack."""
+        c = h2c.request("POST", path, [("content-type", "s2s/proto")],
+                        body=frame(pb_append_input([pb_append_record(b"taken")])), end=False)
+        self.assertEqual(len(h2c.wait_frames(c, 1)), 1)
+        h2c.send(c, more)
+        frames, _ = parse_frames(h2c.wait_end(c)["data"])
+        self.assertEqual(len(frames), 2, frames)
+        self.assertIsNone(terminal(*frames[0]))
+        t = terminal(*frames[1])
+        self.assertEqual((t[0], t[1]["code"]), (429, "rate_limited"), t)
 
     def hold_three_mb(self, server, h2c, path):
         """Two sessions holding half frames: 3 MB of the 4 MiB budget, until reset."""
@@ -794,14 +800,7 @@ class InputBudgetTest(unittest.TestCase):
         held = self.hold_three_mb(server, h2c, path)
         many = frame(pb_append_input([pb_append_record(b"m", headers=[(b"h", b"")] * 20_000)]))
         self.assertLess(len(many), 200_000)
-        c = h2c.request("POST", path, ctype, body=frame(pb_append_input([pb_append_record(b"taken")])), end=False)
-        self.assertEqual(len(h2c.wait_frames(c, 1)), 1)
-        h2c.send(c, many)
-        frames, _ = parse_frames(h2c.wait_end(c)["data"])
-        self.assertEqual(len(frames), 2, frames)
-        self.assertIsNone(terminal(*frames[0]))
-        t = terminal(*frames[1])
-        self.assertEqual((t[0], t[1]["code"]), (429, "rate_limited"), t)
+        self.ends_with_429_after_one_ack(h2c, path, many)
         self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 3_000_000)
         # With the room back, the same input is taken, and its room given back.
         self.release(server, h2c, held)
