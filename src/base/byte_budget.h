@@ -43,13 +43,14 @@ class ByteBudget {
 
   // Reserves `n` bytes if they fit now (true); never waits. They fit within
   // the limit, or whatever the limit when nothing but the caller's own
-  // `already` bytes is reserved (a reservation alone always fits); and only
+  // `already` bytes is reserved (a reservation alone always fits; a caller
+  // that counts its own generously only fits alone more readily); and only
   // behind no waiter, unless `ahead_of_waiters`: for bytes that are in
   // memory already (a streamed body's, refused only by ending its session),
   // where waiters hold nothing yet.
   bool TryReserve(size_t n, size_t already = 0, bool ahead_of_waiters = false) {
     std::lock_guard lk(mu_);
-    if ((!ahead_of_waiters && !waiters_.empty()) || (used_ != already && used_ + n > limit_)) return false;
+    if ((!ahead_of_waiters && !waiters_.empty()) || (used_ > already && used_ + n > limit_)) return false;
     Take(n);
     return true;
   }

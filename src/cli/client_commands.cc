@@ -215,7 +215,9 @@ int PrintDone(const ClientCommandsState& s, const Status& st, const char* kind, 
 // (429) lasts as long as settle is behind, and a server may take a while to
 // recover: refusals that did nothing are waited out for up to 5 minutes.
 // Other retryable failures (no server answering included) get 10 tries;
-// with `fail_without_server`, none when no server answers the first.
+// with `fail_without_server`, none when no server has answered this run yet.
+bool g_server_answered = false;  // a call of this run succeeded (the CLI is one thread)
+bool g_said_retrying = false;    // the "retrying" line was printed
 template <typename Attempt>
 auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt, bool fail_without_server = false)
     -> decltype(attempt(nullptr)) {
@@ -225,18 +227,20 @@ auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt, bool fail_without_s
   for (int n = 1;; ++n) {
     Nothing nothing = Nothing::kUnknown;
     auto result = attempt(&nothing);
-    if (result.ok()) return result;
+    if (result.ok()) {
+      g_server_answered = true;
+      return result;
+    }
     const Status& st = result.status();
     const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
     const bool unknown = nothing == Nothing::kUnknown;
     if (!st.retryable() || (unknown && !unknown_is_safe) || (!wait_out && n >= 10) ||
         std::chrono::steady_clock::now() >= give_up_at ||
-        (fail_without_server && n == 1 && st.message().starts_with("cannot connect"))) {
+        (fail_without_server && !g_server_answered && st.message().starts_with("cannot connect"))) {
       return result;
     }
     // Said once a run, so a wait of seconds (or minutes, under backpressure) is not silent.
-    static bool said = false;
-    if (!std::exchange(said, true)) {
+    if (!std::exchange(g_said_retrying, true)) {
       std::cerr << "weir: " << st.message() << "; retrying (" << (wait_out ? "up to 5 minutes" : "10 tries")
                 << ")\n";
     }
@@ -246,9 +250,9 @@ auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt, bool fail_without_s
 }
 
 // A read (a GET changes nothing), again after a retryable failure (a 503
-// while the server drains or recovers, 429, a connection that dropped): a
-// long `weir read` does not end halfway over one. Not when no server
-// answers at all: that is one line at once.
+// while the server drains or recovers, 429, a connection that dropped, a
+// server restarting between a long `weir read`'s pages). Not when no server
+// has answered at all: that is one line at once.
 template <typename Attempt>
 auto Reread(Attempt&& attempt) -> decltype(attempt()) {
   return RetryWhileSafe(

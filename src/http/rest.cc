@@ -1099,6 +1099,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       std::optional<Response> bad;
       Take(&raw, &bad, on_io_thread);
       if (raw.empty() && !bad) break;
+      const size_t buffered = buf_.size();  // input not yet taken: counted with the body's
       lk.unlock();
       // Decoded outside in_mu_: a compressed frame may take milliseconds,
       // while the I/O thread's OnData waits for the lock.
@@ -1118,11 +1119,14 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
           framed += i.frame_bytes;
         }
         extra = decoded > framed ? decoded - framed : 0;
-        if (!c_.ex->TakeBudget(extra)) {
+        // The session's own frames and input do not make it less alone: over
+        // HTTP/2 the server counts them apart from its exchange (over
+        // HTTP/1.1 the exchange holds the whole body).
+        if (!c_.ex->TakeBudget(extra, c_.ex->sequential() ? 0 : framed + buffered)) {
           extra = 0;
           for (const auto& i : inputs) c_.ex->ConsumeBody(i.frame_bytes);
           inputs.clear();
-          undecodable = Ctx::ErrorResponse(
+          if (!undecodable) undecodable = Ctx::ErrorResponse(
               429, "rate_limited",
               fmt::format("the session's next inputs take {} bytes decoded, more than the server's memory for "
                           "requests (--http-max-in-flight-mib) has left now; retry",

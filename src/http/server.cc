@@ -740,10 +740,12 @@ class ExchangeBase : public Exchange {
   }
   // Bytes that are in memory already: taken ahead of requests waiting for
   // the budget (which hold nothing yet), as a streamed body's are.
-  bool TakeBudget(size_t n) override {
+  bool TakeBudget(size_t n, size_t streamed) override {
     if (n == 0) return true;
     std::lock_guard lk(extra_mu_);
-    if (finished_ || !srv_->budget.TryReserve(n, reserved_ + extra_, /*ahead_of_waiters=*/true)) return false;
+    if (finished_ || !srv_->budget.TryReserve(n, reserved_ + extra_ + streamed, /*ahead_of_waiters=*/true)) {
+      return false;
+    }
     extra_ += n;
     return true;
   }

@@ -107,10 +107,12 @@ class Exchange {
   // Takes `n` more bytes of ServerOptions::max_in_flight_bytes for memory
   // the request holds besides its body (its decoded records, which may take
   // many times the body's bytes), if they fit now (true); never waits, and
-  // a request holding nothing else always fits. Given back by
+  // a request holding nothing else always fits (`streamed`: bytes of its
+  // body a BodySink holds, which the server counts apart). Given back by
   // GiveBackBudget, or with the body's once the response is complete.
-  virtual bool TakeBudget(size_t n) {
+  virtual bool TakeBudget(size_t n, size_t streamed = 0) {
     (void)n;
+    (void)streamed;
     return true;
   }
   virtual void GiveBackBudget(size_t n) { (void)n; }

@@ -206,14 +206,17 @@ std::pair<uint64_t, Status> Engine::SupersededCut(const wal::ChainRef& chain, ui
   // successor's walk poisoned (or will find missing). So each slot not yet
   // released is read (only read: the node is the successor's now): our
   // flights are committed (its walk, done or to come, finds them); from the
-  // first that is not, nothing is.
+  // first that is not, nothing is acknowledged. At a poison nothing from
+  // there on is replayed (not written); at a missing or unreadable slot, or
+  // another writer's flight (the walk counts it and goes on), the
+  // successor's walk may still take ours (unknown).
   const auto [released_epoch, released_seq] = wal_->released_below();
   uint64_t seq = released_epoch == chain.epoch ? released_seq : 0;
   for (; seq < halted; ++seq) {
     auto probe = wal::ProbeSlot(*wal_store_, chain, seq);
     if (!probe.ok()) {
-      return {seq, Unavailable("node {} was superseded, and its WAL slot {} cannot be read ({}): whether the "
-                               "append landed is unknown",
+      return {seq, Unavailable("node {} was superseded, and its WAL slot {} could not be classified ({}): "
+                               "whether the append landed is unknown",
                                options_.node, seq, probe.status().message())};
     }
     if (probe->state == wal::SlotState::kMissing) {
@@ -222,7 +225,14 @@ std::pair<uint64_t, Status> Engine::SupersededCut(const wal::ChainRef& chain, ui
                                "kept is unknown",
                                options_.node, seq)};
     }
-    if (probe->state != wal::SlotState::kFlight || probe->envelope.nonce != wal_->nonce()) break;
+    if (probe->state == wal::SlotState::kPoison) break;  // nothing from here on is replayed
+    if (probe->envelope.nonce != wal_->nonce()) {
+      // Another writer's flight: the successor's walk counts it committed
+      // and may go on to our slots past it.
+      return {seq, Unavailable("node {} was superseded, and its WAL slot {} holds another writer's flight: "
+                               "whether the appends from there on are kept is unknown",
+                               options_.node, seq)};
+    }
   }
   return {seq, Fenced("node {} was superseded", options_.node)};
 }
@@ -233,8 +243,8 @@ void Engine::HandleHalt(uint64_t epoch) {
   std::lock_guard settle(settle_mu_);  // the checkpoint must not move meanwhile
   // Fails what cannot be acknowledged. It refuses only a writer not halted or
   // a cut past the halted slot, which the callers below rule out: say so loudly.
-  auto abandon = [&](uint64_t cut, const Status& why) {
-    if (Status st = wal_->Abandon(cut, why); !st.ok()) {
+  auto abandon = [&](uint64_t cut, const Status& why, const Status& unwritten = Status::Ok()) {
+    if (Status st = wal_->Abandon(cut, why, unwritten); !st.ok()) {
       Log().error("abandoning WAL chain {}/{} from slot {}: {}", options_.node, epoch, cut, st.ToString());
     }
   };
@@ -273,8 +283,9 @@ void Engine::HandleHalt(uint64_t epoch) {
     Log().error("node {} was superseded ({}); abandoning its streams", options_.node, minted.status().ToString());
     MarkSuperseded();
     if (halted) {
+      // Appends never cut into a slot were not written, whatever the slots'.
       const auto [cut, why] = SupersededCut(chain, *halted);
-      abandon(cut, why);
+      abandon(cut, why, Fenced("node {} was superseded", options_.node));
     }
     return;
   }

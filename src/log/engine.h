@@ -776,9 +776,11 @@ class Engine {
   std::map<std::pair<std::string, std::string>, Result<metastore::TableInfo>> table_cache_;
   std::mutex mu_;  // guards the maps and halt_thread_
   // Held by ReconfigureStream (metastore, then memory), across
-  // DeleteEmptyStreams and while a stored config is read back
+  // DeleteEmptyStreams, across each retention chunk's cuts and their
+  // metastore deletion, and while a stored config is read back
   // (ReloadConfigsLocked), so a stream's stored and in-memory configs agree
-  // while its deletion is decided (one whose config is unknown is not). Taken after settle_mu_ and tables_mu_,
+  // while its deletion (or its segments') is decided (one whose config is
+  // unknown is not): a reconfiguration waits for those. Taken after settle_mu_ and tables_mu_,
   // before mu_ or any stream lock.
   std::mutex config_mu_;
   // Held by CreateStream across the metastore create and Register.

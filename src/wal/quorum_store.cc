@@ -639,7 +639,7 @@ Status QuorumStore::DeleteMany(std::span<const std::string> keys_view) {
     for (const auto& a : fan->answers) ok += a && a->ok();
     return ok;
   };
-  fan->cv.wait(lk, [&] { return fan->answered == im.k() || deleted() >= im.w; });
+  fan->cv.wait(lk, [&] { return fan->answered >= im.w; });
   fan->cv.wait_for(lk, im.grace, [&] { return fan->answered == im.k(); });
   if (deleted() >= im.w) return Status::Ok();
   for (size_t i = 0; i < im.k(); ++i) {

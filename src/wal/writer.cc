@@ -430,8 +430,9 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
           Halt(slot, why);
           return;
         }
-      } else if (head.status().code() != Code::kNotFound) {
-        st = head.status().WithContext("reading envelope after 412");
+      } else {
+        unreadable = 0;  // no envelope read: the count is of garbled ones in a row
+        if (head.status().code() != Code::kNotFound) st = head.status().WithContext("reading envelope after 412");
       }
       // kNotFound: the occupant vanished; simply try the PUT again.
     }
@@ -612,8 +613,9 @@ Status Writer::Resume(uint64_t new_epoch, uint64_t cut) {
   return Status::Ok();
 }
 
-Status Writer::Abandon(uint64_t cut, const Status& reason) {
+Status Writer::Abandon(uint64_t cut, const Status& reason, const Status& unwritten) {
   std::vector<Entry> failed;
+  size_t in_slots = 0;  // failed[0, in_slots) were cut into slots; the rest never were
   {
     std::lock_guard lk(mu_);
     if (!halted_seq_) return PreconditionFailed("WAL chain {}/{} is not halted", options_.node, epoch_);
@@ -636,6 +638,7 @@ Status Writer::Abandon(uint64_t cut, const Status& reason) {
       ++it;
     }
     std::erase_if(jobs_, [](const auto& s) { return s->abandoned; });
+    in_slots = failed.size();
     for (Entry& e : pool_) {
       held_bytes_ -= e.length + kEntryOverhead;
       failed.push_back(std::move(e));
@@ -644,21 +647,21 @@ Status Writer::Abandon(uint64_t cut, const Status& reason) {
     pool_uncut_bytes_ = 0;
     closing_ = true;
     dead_reason_ = reason.ok() ? Fenced("WAL chain {} was abandoned", options_.node) : reason;
+    if (!unwritten.ok()) dead_reason_ = unwritten;  // what appends from now on get
     metrics_.pool_bytes.store(static_cast<int64_t>(held_bytes_), std::memory_order_relaxed);
   }
   space_cv_.notify_all();
   DrainReleases();
-  Status why;
   {
     // Callbacks run in append order: the OKs of the slots below the cut go
     // out first, also when another thread is releasing them. (Abandon is
     // never called from a release callback.)
     std::unique_lock lk(mu_);
     idle_cv_.wait(lk, [&] { return !releasing_ && slots_.empty(); });
-    why = dead_reason_;
   }
-  for (Entry& e : failed) {
-    if (e.done) e.done(why, AckInfo{});
+  const Status why = reason.ok() ? Fenced("WAL chain {} was abandoned", options_.node) : reason;
+  for (size_t i = 0; i < failed.size(); ++i) {
+    if (failed[i].done) failed[i].done(i >= in_slots && !unwritten.ok() ? unwritten : why, AckInfo{});
   }
   return Status::Ok();
 }

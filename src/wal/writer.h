@@ -174,8 +174,10 @@ class Writer {
   // began (kPreconditionFailed).
   Status Resume(uint64_t new_epoch, uint64_t cut);
   // After a halt, when this node lost its streams: acknowledges slots below
-  // `cut` (committed), fails every other pending entry with `reason`.
-  Status Abandon(uint64_t cut, const Status& reason);
+  // `cut` (committed), fails every other pending entry with `reason`; those
+  // never cut into a slot (certainly not written) with `unwritten` if it is
+  // set, as later appends.
+  Status Abandon(uint64_t cut, const Status& reason, const Status& unwritten = Status::Ok());
 
   // Stops admission and waits until everything admitted is acknowledged (or,
   // if halted, fails what cannot be acknowledged with kCancelled; after

@@ -812,6 +812,19 @@ class InputBudgetTest(unittest.TestCase):
         self.assertEqual([len(x["headers"]) for x in r.json()["records"]], [0, 20_000])
         self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
 
+    def test_a_session_alone_takes_a_round_larger_than_the_budget(self):
+        # As a request alone always fits: a session holding nothing but its
+        # own input takes a round whose decoded records pass the whole budget
+        # (an input of 60,000 headers: about 4.4 MB decoded, 4 MiB budget).
+        server, h2c, path = self.start()
+        huge = frame(pb_append_input([pb_append_record(b"m", headers=[(b"h", b"")] * 60_000)]))
+        self.assertLess(len(huge), 500_000)
+        c = h2c.request("POST", path, [("content-type", "s2s/proto")], body=huge, end=True)
+        frames, _ = parse_frames(h2c.wait_end(c)["data"])
+        self.assertEqual(len(frames), 1, frames)
+        self.assertIsNone(terminal(*frames[0]))
+        self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
+
     def test_an_http2_body_over_the_budget_gets_429_at_once(self):
         # Plain HTTP/2 bodies take from the same budget as they arrive: one
         # that does not fit beside those held is answered 429 at once (the
