@@ -688,8 +688,8 @@ def a_wal_store_of_another_deployment_is_refused():
     # Two deployments (each its own metastore and object store) on one WAL
     # store would write the same slot keys for a node id, and one's sweep
     # delete the other's unsettled slots: the WAL store carries the
-    # deployment marker too (each store of a quorum), and a start of another
-    # deployment on it is refused.
+    # deployment marker of each node id too (each store of a quorum), and a
+    # start of another deployment with that node id on it is refused.
     base = os.path.join(tmp.name, "shared-wal")
     os.mkdir(base)
     one = ["--wal-store", "file://" + os.path.join(base, "one")]
@@ -702,6 +702,12 @@ def a_wal_store_of_another_deployment_is_refused():
         second = WeirServer(WEIR, data_dir=os.path.join(base, f"b-{len(flags)}"), args=flags)
         code, out = run_expecting_exit(second.command())
         assert code not in (None, 0) and "WAL store" in out and "is used with another metastore" in out, out
+        # Another node id writes other slot keys: that deployment may share it.
+        second.args = flags + ["--node-id", "other-node"]
+        second.start()
+        weir("stream", "create", "theirs", server=second.base_url)
+        weir("append", "theirs", input="apart\n", server=second.base_url)
+        second.stop()
         first.start()
         assert weir("read", "mine", server=first.base_url).stdout == "kept\n"
         first.stop()

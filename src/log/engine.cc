@@ -361,11 +361,11 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_
 // ids and epochs repeat across metastores) and delete them.
 constexpr std::string_view kDeploymentKey = "_weir/deployment";
 
-Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view what) {
+Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view what, const std::string& key) {
   WEIR_ASSIGN_OR_RETURN(const uint64_t id, meta_->DeploymentId());
   const std::string ours = fmt::format("{:016x}\n", id);
   for (int attempt = 1;; ++attempt) {
-    auto found = store.Get(kDeploymentKey);
+    auto found = store.Get(key);
     if (found.ok()) {
       if (*found == ours) return Status::Ok();
       std::string theirs = found->substr(0, 64);
@@ -375,7 +375,7 @@ Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view wh
           "is deployment {:016x}. Point --metastore at the one this store was used with, or use another bucket, "
           "prefix or database (if this metastore is that one, restored from a backup older than the marker, "
           "delete the object {} and start again)",
-          what, store.Describe(), kDeploymentKey, theirs, meta_->Describe(), id, kDeploymentKey);
+          what, store.Describe(), key, theirs, meta_->Describe(), id, key);
     }
     if (found.status().code() != Code::kNotFound) {
       return found.status().WithContext(fmt::format("reading the deployment marker of the {} {}", what, store.Describe()));
@@ -385,7 +385,7 @@ Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view wh
     // whatever its answer: one whose outcome is unknown may have landed, and
     // a store that emulates create-only PUTs (HEAD, then PUT) lets two
     // claims both succeed (the last one holds).
-    Status put = store.Put(kDeploymentKey, ours, objstore::PutOptions{.if_none_match = true});
+    Status put = store.Put(key, ours, objstore::PutOptions{.if_none_match = true});
     if (put.ok() && attempt < 3) continue;
     if (put.ok()) return Status::Ok();
     const bool read_back = put.code() == Code::kPreconditionFailed || put.code() == Code::kTimeout ||
@@ -394,7 +394,7 @@ Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view wh
     if (put.retryable() || put.code() == Code::kIOError) {
       // A store refusing writes now (the WAL will say so too): the marker
       // guards, it holds no data; the next start claims the store.
-      Log().warn("could not write the deployment marker {} to the {} {}: {}", kDeploymentKey, what,
+      Log().warn("could not write the deployment marker {} to the {} {}: {}", key, what,
                  store.Describe(), put.ToString());
       return Status::Ok();
     }
@@ -405,8 +405,9 @@ Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view wh
 // A --wal-store is shared state as the object store is: two deployments on
 // one (a PostgreSQL database, the same buckets) would write the same slot
 // keys for a node id, and one's sweep would delete the other's unsettled
-// slots. Each store of a quorum carries the marker; up to K-W of them may
-// fail to answer (as they may for slots).
+// slots. The marker is the node's (deployments with distinct node ids may
+// share a WAL store: their slot keys differ). Each store of a quorum
+// carries it; up to K-W of them may fail to answer (as they may for slots).
 Status Engine::CheckWalStoreDeployment() {
   if (!options_.wal_store) return Status::Ok();
   std::vector<objstore::ObjectStore*> stores;
@@ -419,7 +420,8 @@ Status Engine::CheckWalStoreDeployment() {
   }
   size_t failed = 0;
   for (objstore::ObjectStore* s : stores) {
-    Status st = CheckDeployment(*s, "WAL store");
+    Status st = CheckDeployment(*s, fmt::format("WAL store of node {}", options_.node),
+                                fmt::format("_weir/wal-deployment/{}", options_.node));
     if (st.ok()) continue;
     if (st.code() == Code::kPreconditionFailed || ++failed > may_fail) return st;
     Log().warn("{} (the quorum's other stores answered)", st.ToString());
@@ -486,7 +488,7 @@ Status Engine::Recover() {
     }
   }
   if (!taking_over_) {
-    WEIR_RETURN_IF_ERROR(CheckDeployment(*store_, "object store"));
+    WEIR_RETURN_IF_ERROR(CheckDeployment(*store_, "object store", std::string(kDeploymentKey)));
     WEIR_RETURN_IF_ERROR(CheckWalStoreDeployment());
   }
   WEIR_ASSIGN_OR_RETURN(const std::optional<std::string> wal_marker, CheckWalStore(prev));

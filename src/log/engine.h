@@ -558,9 +558,9 @@ class Engine {
   // each as that node (taking_over_); fails the start if one cannot be (its
   // records would be missing, and new ones take their offsets).
   Status TakeOverDeadNodes();
-  // Refuses a store (`what`: "object store", "WAL store") that names another
-  // metastore (kDeploymentKey); claims an unclaimed one for this metastore.
-  Status CheckDeployment(objstore::ObjectStore& store, std::string_view what);
+  // Refuses a store (`what`: "object store", ...) whose marker object `key`
+  // names another metastore; claims an unclaimed one for this metastore.
+  Status CheckDeployment(objstore::ObjectStore& store, std::string_view what, const std::string& key);
   // CheckDeployment for the --wal-store (each store of a quorum).
   Status CheckWalStoreDeployment();
   // Refuses a start whose WAL store differs from the one this node's
