@@ -132,12 +132,17 @@ class Charge {
 
 // What an HTTP/2 client sends first (RFC 9113 §3.4).
 constexpr std::string_view kHttp2Preface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
-// While this much of an HTTP/2 connection's response data waits for the
-// client's flow-control window, the request bytes it receives are not
-// acknowledged (no WINDOW_UPDATE), so a client that does not read stops
-// being able to send. The socket is always read: the client's own
-// WINDOW_UPDATEs must get through.
+// Request bytes of an HTTP/2 stream whose own response data waits for the
+// client (past kHttp2MaxStreamQueuedBytes, or at all while the connection's
+// waiting response data is past kHttp2MaxQueuedBytes) are not acknowledged
+// (no WINDOW_UPDATE for the stream), so a client that does not read an
+// append session's acks stops being able to send on it. Streams whose
+// responses move keep their windows, whatever other streams hold (a read
+// session the client pauses does not stall an upload beside it), and the
+// connection's window is always given back. The socket is always read: the
+// client's own WINDOW_UPDATEs must get through.
 constexpr size_t kHttp2MaxQueuedBytes = 4u << 20;
+constexpr size_t kHttp2MaxStreamQueuedBytes = 1u << 20;
 // Each HTTP/2 stream's receive window: a BodySink's unreturned bytes at most;
 // the connection's window is larger. nghttp2 sends a WINDOW_UPDATE once half
 // the window was given back, so up to half less one byte may be returned and
@@ -1013,6 +1018,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     bool responded = false;
     std::deque<Chunk> out;  // response data not yet handed to nghttp2
     size_t out_offset = 0;  // into out.front()
+    size_t queued = 0;      // bytes of `out` not yet handed to nghttp2 (this stream's part of queued_bytes_)
     bool eof = false;       // no more response data after `out`
     bool head_only = false; // a HEAD request: headers only (RFC 9110 §9.3.2)
     bool deferred = false;  // the data source is paused: resume on more data
@@ -1175,6 +1181,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       n += take;
       st->out_offset += take;
       self->queued_bytes_ -= take;
+      st->queued -= take;
       self->data_sent_ += take;
       st->moved_at = Now();
       if (st->out_offset == c.bytes.size()) {
@@ -1251,26 +1258,31 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   std::shared_ptr<Exchange> MakeExchange(H2Stream* st, size_t reserved);
 
   // Flow control is by hand (no automatic WINDOW_UPDATE): request bytes are
-  // acknowledged as they are taken, unless too much response data waits;
-  // then once it has drained (Flush). A BodySink's bytes are acknowledged
-  // for the connection here, for their stream when the sink gives them back.
+  // acknowledged as they are taken, for their stream only while it holds
+  // back no response data of its own (HoldsBack); then once that drained
+  // (Flush). A BodySink's bytes are acknowledged for the connection here,
+  // for their stream when the sink gives them back.
   void Consume(int32_t id, size_t len, bool stream_level, bool connection_level = true) {
-    if (queued_bytes_ > kHttp2MaxQueuedBytes) {
-      // One sum for the connection, one per open stream (OnStreamClose
-      // forgets a closed one's): bounded by the streams open.
-      if (connection_level) unconsumed_connection_ += len;
-      if (stream_level) unconsumed_stream_[id] += len;
+    if (connection_level) nghttp2_session_consume_connection(session_, len);
+    if (!stream_level) return;
+    if (const H2Stream* st = Find(id); st && HoldsBack(*st)) {
+      unconsumed_stream_[id] += len;  // one sum per open stream (OnStreamClose forgets a closed one's)
       return;
     }
-    if (connection_level) nghttp2_session_consume_connection(session_, len);
-    if (stream_level) nghttp2_session_consume_stream(session_, id, len);  // fails harmlessly once closed
+    nghttp2_session_consume_stream(session_, id, len);  // fails harmlessly once closed
+  }
+  bool HoldsBack(const H2Stream& st) const {
+    return st.queued > kHttp2MaxStreamQueuedBytes || (st.queued > 0 && queued_bytes_ > kHttp2MaxQueuedBytes);
   }
   void ConsumeHeld() {
-    if (queued_bytes_ > kHttp2MaxQueuedBytes) return;
-    if (const size_t n = std::exchange(unconsumed_connection_, 0); n > 0) {
-      nghttp2_session_consume_connection(session_, n);
+    for (auto it = unconsumed_stream_.begin(); it != unconsumed_stream_.end();) {
+      if (const H2Stream* st = Find(it->first); st && HoldsBack(*st)) {
+        ++it;
+        continue;
+      }
+      nghttp2_session_consume_stream(session_, it->first, it->second);
+      it = unconsumed_stream_.erase(it);
     }
-    for (const auto& [id, n] : std::exchange(unconsumed_stream_, {})) nghttp2_session_consume_stream(session_, id, n);
   }
 
  public:
@@ -1305,6 +1317,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     Submit(st, r.status, r.content_type, r.headers, r.body.size());
     if (!st->head_only) {
       queued_bytes_ += r.body.size();
+      st->queued += r.body.size();
       st->moved_at = Now();
       const size_t n = r.body.size();
       st->out.push_back(Chunk{std::move(r.body), nullptr, Charge(&srv_->metrics.unwritten_bytes, &unwritten, n)});
@@ -1322,6 +1335,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     }
     queued_bytes_ += st->out_offset;  // the front's copied part was already counted off
     st->out.clear();
+    st->queued = 0;
     if (st->sink && !std::exchange(st->sink_ended, true)) st->sink->OnEnd(false);
     st->sink.reset();
   }
@@ -1460,7 +1474,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
         // the rest back (its bytes are credited once its appends are acked).
         bool stalled = st->sink ? st->partial_since && !st->sink_ended && now - *st->partial_since > stall
                                 : now - st->head_at > stall;
-        // Our own hold-back (responses queued past kHttp2MaxQueuedBytes)
+        // Our own hold-back (the stream's responses queued: HoldsBack)
         // may be what keeps the client from sending: not its stall. The time
         // counts from when it may send again (seen at a tick).
         const bool held = !self->ClientMaySend(id);
@@ -1525,9 +1539,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   uint64_t data_sent_ = 0;       // response bytes handed to nghttp2, ever
   uint64_t tick_data_sent_ = 0;  // data_sent_ at the last Tick
   TimePoint stalled_since_ = Now();  // since when queued response data has not moved
-  // Request bytes held back while responses queue: for the connection, and
-  // by open stream.
-  size_t unconsumed_connection_ = 0;
+  // Request bytes held back, by open stream, while its responses queue
+  // (HoldsBack).
   std::map<int32_t, size_t> unconsumed_stream_;
   // Exchanges handed to the handler and not yet destroyed (H2Exchange).
   std::shared_ptr<std::atomic<int>> live_exchanges_ = std::make_shared<std::atomic<int>>(0);
@@ -1704,6 +1717,7 @@ void H2Conn::Write(int32_t id, std::string chunk, std::function<void(bool)> then
     return;
   }
   queued_bytes_ += chunk.size();
+  st->queued += chunk.size();
   if (st->out.empty()) st->moved_at = Now();
   const size_t n = chunk.size();
   st->out.push_back(Chunk{std::move(chunk), std::move(then), Charge(&srv_->metrics.unwritten_bytes, &unwritten, n)});

@@ -953,10 +953,11 @@ class StallTest(unittest.TestCase):
         sid = client.request("GET", "/health", [("a", "")] * 100)
         self.assertEqual(client.wait_end(sid)["status"], 200)
 
-    def test_a_body_held_back_by_our_own_windows_is_not_reset(self):
-        # Responses the client has not read yet queue past 4 MiB, so the server
-        # stops acknowledging request bytes: a body the client would send is
-        # then ours to wait for, not the client's stall.
+    def test_an_upload_beside_reads_the_client_pauses_goes_on(self):
+        # Responses the client has not read yet queue past 4 MiB on the
+        # connection (reads it pauses). An append session beside them whose
+        # acks the client reads keeps its stream's window: its input passes
+        # that window (about 4 MiB) and is all acked, and no read is reset.
         stream = unique("held")
         base = self.server.base_url
         requests.post(f"{base}/v1/streams", json={"stream": stream}, timeout=TIMEOUT).raise_for_status()
@@ -969,7 +970,7 @@ class StallTest(unittest.TestCase):
         client.conn.increment_flow_control_window(64 << 20)  # only the streams' windows hold answers back
         client.flush()
         reads = []
-        for _ in range(6):  # about 900 KB each, of which the stream's window lets 64 KB through
+        for _ in range(6):  # 1 MB each (10 records), of which the stream's window lets 64 KB through
             sid = client.request("GET", f"/v1/streams/{stream}/records?seq_num=0")
             client.hold.add(sid)
             reads.append(sid)
@@ -977,7 +978,7 @@ class StallTest(unittest.TestCase):
 
         def trickle(seconds, until=lambda: False):
             # The client reads a little of one answer now and then: it is not
-            # one that stopped reading (whose connection closes after 3 s).
+            # one that stopped reading (whose stream is reset after 3 s).
             nonlocal acked
             deadline = time.monotonic() + seconds
             client.sock.settimeout(0.2)
@@ -993,29 +994,41 @@ class StallTest(unittest.TestCase):
 
         trickle(30, lambda: all(len(client.streams[r]["data"]) >= 60_000 for r in reads))
         trickle(0.5)  # the rest of the answers queue on the server
-        body = b"x" * ((4 << 20) + 100_000)  # a little more than the stream's window (4 MiB)
-        sid = client.request("POST", "/v1/basins", [("content-type", "application/json")], body=None, end=False)
+        target = unique("beside")
+        requests.post(f"{base}/v1/streams", json={"stream": target}, timeout=TIMEOUT).raise_for_status()
+        one = frame(pb_append_input([pb_append_record(b"a" * 100_000) for _ in range(9)]))
+        body = one * 6  # 5.4 MB: past the stream's window, which only acks reopen
+        sid = client.request("POST", f"/v1/streams/{target}/records", [("content-type", "s2s/proto")], body=b"",
+                             end=False)
         sent = 0
-        while client.conn.local_flow_control_window(sid) > 0:
-            n = min(client.conn.local_flow_control_window(sid), client.conn.max_outbound_frame_size)
-            client.conn.send_data(sid, body[sent:sent + n])
-            sent += n
-            client.flush()
-        self.assertLess(sent, len(body))
-        # Several stall timeouts (3 s) while the server holds the window shut.
-        trickle(8, lambda: client.streams[sid]["reset"] is not None)
-        self.assertIsNone(client.streams[sid]["reset"], "the server reset a body its own windows held back")
-        # The client reads its answers; the body goes on and gets one.
+        deadline = time.monotonic() + 30
+        while sent < len(body) and time.monotonic() < deadline:
+            n = min(client.conn.local_flow_control_window(sid), client.conn.max_outbound_frame_size, len(body) - sent)
+            if n > 0:
+                client.conn.send_data(sid, body[sent:sent + n])
+                sent += n
+                client.flush()
+            else:
+                trickle(0.2)
+        self.assertEqual(sent, len(body), "the session's window stayed shut while other streams' answers waited")
+        trickle(30, lambda: len(parse_frames(client.streams[sid]["data"])[0]) >= 6 or client.streams[sid]["ended"])
+        acks = [pb_append_ack(p) for _, p in parse_frames(client.streams[sid]["data"])[0]]
+        self.assertEqual([a["end"]["seq_num"] for a in acks], [9 * (i + 1) for i in range(6)])
+        for r in reads:
+            self.assertIsNone(client.streams[r]["reset"], "a read the client paused was reset")
+        # The client reads its answers; they come whole.
         client.hold.clear()
         for r in reads:
             got = len(client.streams[r]["data"]) - (acked if r == reads[0] else 0)
             if got > 0:
                 client.conn.acknowledge_received_data(got, r)
         client.flush()
-        client.send(sid, body[sent:], end=True)
-        client.sock.settimeout(TIMEOUT)
-        end = client.wait_end(sid)
-        self.assertIsNotNone(end["status"], f"reset {end['reset']}")
+        client.end(sid)
+        for r in reads:
+            end = client.wait_end(r)
+            self.assertEqual(end["status"], 200, end)
+            self.assertEqual(len(json.loads(bytes(end["data"]))["records"]), 10)  # 1 MiB of them
+        self.assertEqual(client.wait_end(sid)["reset"], None)
 
     def test_response_data_held_back_by_the_client_resets_its_stream(self):
         stream = unique("stall")
