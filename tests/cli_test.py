@@ -209,6 +209,10 @@ def bytes_round_trip():
     assert weir("read", "bin", binary=True).stdout == body + b"\n"
     rec = jsonl(weir("read", "bin", "--json").stdout)[0]
     assert rec["encoding"] == "base64", rec
+    # A CRLF line ends as an LF one does; a `\r` elsewhere is the record's.
+    weir("stream", "create", "crlf")
+    weir("append", "crlf", input=b"one\r\ntwo\r\r\n\rthree\nlast\r", binary=True)
+    assert weir("read", "crlf", binary=True).stdout == b"one\ntwo\r\n\rthree\nlast\r\n"
 
 
 @case
@@ -552,7 +556,7 @@ def numbers_are_decimal():
 def lines_too_long_for_a_record():
     weir("stream", "create", "long")
     limit = (1 << 20) - 8  # S2: 1 MiB metered per record, 8 of them overhead
-    weir("append", "long", input="a\n" + "x" * limit + "\n")
+    weir("append", "long", input="a\n" + "x" * limit + "\r\n")  # the CR is not the record's
     assert weir("tail", "long").stdout == "2\n"
     # One byte more: the line is named, its batch is not sent (a linger would
     # send "b" while the long line is still arriving), nothing after it is read.

@@ -400,12 +400,13 @@ int Append(ClientCommandsState& s, Client& c) {
     for (size_t nl; (nl = chunk.find('\n')) != std::string_view::npos; chunk.remove_prefix(nl + 1)) {
       ++line_no;
       pending.append(chunk.substr(0, nl));
+      if (pending.ends_with('\r')) pending.pop_back();  // a CRLF line ends as an LF one does
       if (Status st = add(std::move(pending)); !st.ok()) return Fail(s, st);
       pending.clear();
     }
     pending.append(chunk);
     // A line that can no longer fit a record fails now, not once it ends.
-    if (pending.size() + 8 > kMaxRecordMetered) {
+    if (pending.size() - (pending.ends_with('\r') ? 1 : 0) + 8 > kMaxRecordMetered) {
       ++line_no;
       return Fail(s, too_long(pending.size(), false));
     }
