@@ -132,17 +132,16 @@ class Charge {
 
 // What an HTTP/2 client sends first (RFC 9113 §3.4).
 constexpr std::string_view kHttp2Preface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
-// Request bytes of an HTTP/2 stream whose own response data waits for the
-// client (past kHttp2MaxStreamQueuedBytes, or at all while the connection's
-// waiting response data is past kHttp2MaxQueuedBytes) are not acknowledged
-// (no WINDOW_UPDATE for the stream), so a client that does not read an
-// append session's acks stops being able to send on it. Streams whose
-// responses move keep their windows, whatever other streams hold (a read
-// session the client pauses does not stall an upload beside it), and the
-// connection's window is always given back. The socket is always read: the
+// While this much of an HTTP/2 connection's response data waits for the
+// client, request bytes of a stream with response data of its own waiting
+// are not acknowledged (no WINDOW_UPDATE for the stream), so a client that
+// does not read stops being able to send on it. Streams whose responses
+// move keep their windows, whatever other streams hold (a read session the
+// client pauses does not stall an upload beside it), and the connection's
+// window is always given back. (An append session also stops taking input
+// once its acks back up: AnswersBacklogged.) The socket is always read: the
 // client's own WINDOW_UPDATEs must get through.
 constexpr size_t kHttp2MaxQueuedBytes = 4u << 20;
-constexpr size_t kHttp2MaxStreamQueuedBytes = 1u << 20;
 // Each HTTP/2 stream's receive window: a BodySink's unreturned bytes at most;
 // the connection's window is larger. nghttp2 sends a WINDOW_UPDATE once half
 // the window was given back, so up to half less one byte may be returned and
@@ -1272,9 +1271,11 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     nghttp2_session_consume_stream(session_, id, len);  // fails harmlessly once closed
   }
   bool HoldsBack(const H2Stream& st) const {
-    return st.queued > kHttp2MaxStreamQueuedBytes || (st.queued > 0 && queued_bytes_ > kHttp2MaxQueuedBytes);
+    return st.queued > 0 && queued_bytes_ > kHttp2MaxQueuedBytes;
   }
-  void ConsumeHeld() {
+  // Gives back what streams that hold back no more were kept from; whether any.
+  bool ConsumeHeld() {
+    bool any = false;
     for (auto it = unconsumed_stream_.begin(); it != unconsumed_stream_.end();) {
       if (const H2Stream* st = Find(it->first); st && HoldsBack(*st)) {
         ++it;
@@ -1282,7 +1283,9 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       }
       nghttp2_session_consume_stream(session_, it->first, it->second);
       it = unconsumed_stream_.erase(it);
+      any = true;
     }
+    return any;
   }
 
  public:
@@ -1423,6 +1426,9 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       return true;
     };
     if (!take()) return Shutdown();
+    // What was just handed over may end a stream's hold-back: its
+    // WINDOW_UPDATE goes out with this write, not a write later.
+    if (ConsumeHeld() && !take()) return Shutdown();
     if (wbuf_.empty() && closing_ && !goaway_sent_) {
       // Last, so that no client sees stream data after it.
       goaway_sent_ = true;
@@ -1467,6 +1473,16 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       self->tick_data_sent_ = self->data_sent_;
       bool reset = now - self->stalled_since_ > stall && self->ResetStalledStreams(now, stall);
       for (auto& [id, st] : self->streams_) {
+        // A stream holding request budget (an append session's input, kept
+        // while its acks back up) whose own responses the client leaves
+        // unread that long is reset, whatever the connection's other
+        // streams do: else the client could keep that budget for good.
+        if (!st->dropping && st->reserved > 0 && !st->out.empty() && now - st->moved_at > stall) {
+          st->dropping = true;
+          nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+          reset = true;
+          continue;
+        }
         // A head never finished (HEADERS without END_HEADERS, then silence)
         // counts from the stream's start, as a body from its head.
         // A sink may wait for input as long as it likes, but not sit on half

@@ -1030,6 +1030,42 @@ class StallTest(unittest.TestCase):
             self.assertEqual(len(json.loads(bytes(end["data"]))["records"]), 10)  # 1 MiB of them
         self.assertEqual(client.wait_end(sid)["reset"], None)
 
+    def test_a_session_holding_input_whose_acks_are_never_read_is_reset(self):
+        # The client reads none of an append session's acks, so the session
+        # stops taking input and keeps what came after (counted against the
+        # request budget). A read beside it the client keeps moving must not
+        # let the session keep that budget: it is reset after the stall
+        # timeout (3 s) of its own.
+        base = self.server.base_url
+        src, target = unique("moving"), unique("unread")
+        for name in (src, target):
+            requests.post(f"{base}/v1/streams", json={"stream": name}, timeout=TIMEOUT).raise_for_status()
+        requests.post(f"{base}/v1/streams/{src}/records", json={"records": [{"body": "m" * 100_000}]},
+                      timeout=TIMEOUT).raise_for_status()
+        client = H2Client(self.server.port)
+        self.addCleanup(client.close)
+        client.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        client.conn.increment_flow_control_window(64 << 20)
+        client.flush()
+        read = client.request("GET", f"/v1/streams/{src}/records?seq_num=0")
+        client.hold.add(read)  # its window opens only as below
+        one = frame(pb_append_input([pb_append_record(b"x")]))
+        sid = client.request("POST", f"/v1/streams/{target}/records", [("content-type", "s2s/proto")],
+                             body=one * 1300, end=False)
+        deadline = time.monotonic() + 30
+        client.sock.settimeout(0.5)
+        while time.monotonic() < deadline and client.streams[sid]["reset"] is None:
+            client.conn.increment_flow_control_window(100, read)  # the read moves a little
+            client.flush()
+            try:
+                client.pump(lambda: client.streams[sid]["reset"] is not None)
+            except socket.timeout:
+                pass
+        client.sock.settimeout(TIMEOUT)
+        self.assertEqual(client.streams[sid]["reset"], 8, "the session kept its input while the read moved")  # CANCEL
+        self.assertIsNone(client.streams[read]["reset"])
+        self.assertGreater(len(client.streams[read]["data"]), 0)
+
     def test_response_data_held_back_by_the_client_resets_its_stream(self):
         stream = unique("stall")
         base = self.server.base_url
