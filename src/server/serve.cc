@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@
 #include "objstore/object_store.h"
 #include "objstore/s3_store.h"
 #include "wal/quorum_store.h"
+#include "wal/slot_format.h"
 
 namespace weir::server {
 namespace {
@@ -79,14 +81,11 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& addr, 
   std::string host = addr.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host.empty()) host = "0.0.0.0";
+  // Digits only (no sign, no blank), as a port is written.
+  const std::string_view digits = std::string_view(addr).substr(colon + 1);
   int port = -1;
-  try {
-    size_t used = 0;
-    port = std::stoi(addr.substr(colon + 1), &used);
-    if (used != addr.size() - colon - 1) port = -1;
-  } catch (...) {
-    port = -1;
-  }
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (digits.empty() || digits.front() == '-' || ec != std::errc() || end != digits.data() + digits.size()) port = -1;
   if (port < 0 || port > 65535) return InvalidArgument("{} has a bad port: \"{}\"", flag, addr);
   return std::make_pair(host, static_cast<uint16_t>(port));
 }
@@ -167,6 +166,28 @@ Result<std::optional<std::pair<double, double>>> ParsePutLatency(std::string_vie
   return std::optional<std::pair<double, double>>(std::pair(values[0], values[1]));
 }
 
+// Connections, file:// objects and SQLite share the process's file
+// descriptors: the soft limit is raised to the hard one, and a limit below
+// what the connection limits allow is said at start (past it, accepts wait
+// and file:// writes fail).
+void RaiseOpenFileLimit(const ServeOptions& o) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  const uint64_t wanted = uint64_t{o.http_max_connections} + (o.kafka_addr.empty() ? 0 : o.kafka_max_connections) +
+                          1024;  // stores, SQLite, WAL uploads, Flight
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < wanted) {
+    Log().warn("the open-file limit is {} (ulimit -n), less than --http-max-connections and "
+               "--kafka-max-connections allow with 1024 to spare ({}): connections past it wait to be accepted, "
+               "and file:// writes may fail; raise the limit or lower those flags",
+               static_cast<uint64_t>(rl.rlim_cur), wanted);
+  }
+}
+
 // The fault flags must describe one distribution and rates that add up.
 Status CheckFaultFlags(const ServeOptions& o) {
   WEIR_RETURN_IF_ERROR(ParsePutLatency(o.inject_put_latency_ms).status());
@@ -179,12 +200,21 @@ Status CheckFaultFlags(const ServeOptions& o) {
 
 Result<std::optional<std::string>> ReadToken(const std::string& file) {
   if (file.empty()) return std::optional<std::string>();
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec)) return InvalidArgument("--auth-token-file {} is a directory", file);
   std::ifstream in(file);
   if (!in) return IOError("cannot read --auth-token-file {}", file);
   std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   while (!token.empty() && isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
   while (!token.empty() && isspace(static_cast<unsigned char>(token.front()))) token.erase(token.begin());
   if (token.empty()) return InvalidArgument("--auth-token-file {} is empty", file);
+  // A bearer token has no blanks or control characters: one that did could
+  // never be sent, and every request would get 401.
+  for (unsigned char c : token) {
+    if (c <= ' ' || c == 0x7f) {
+      return InvalidArgument("--auth-token-file {} holds blanks or control characters inside its token", file);
+    }
+  }
   return std::optional<std::string>(token);
 }
 
@@ -211,9 +241,21 @@ Result<std::shared_ptr<objstore::ObjectStore>> OpenOneStore(const ServeOptions& 
   return std::shared_ptr<objstore::ObjectStore>(std::make_shared<objstore::FaultStore>(store, f));
 }
 
+// --data-dir as an absolute path (checked before anything is made).
+Result<std::string> AbsoluteDataDir(const ServeOptions& o) {
+  if (o.data_dir.empty()) return InvalidArgument("--data-dir must not be empty");
+  std::error_code ec;
+  std::string abs = std::filesystem::absolute(o.data_dir, ec).string();
+  if (ec) return IOError("cannot resolve --data-dir {}: {}", o.data_dir, ec.message());
+  return abs;
+}
+
 Result<std::shared_ptr<objstore::ObjectStore>> OpenStore(const ServeOptions& o) {
-  std::string uri = o.object_store.empty() ? "file://" + std::filesystem::absolute(o.data_dir).string() + "/objects"
-                                           : o.object_store;
+  std::string uri = o.object_store;
+  if (uri.empty()) {
+    WEIR_ASSIGN_OR_RETURN(const std::string dir, AbsoluteDataDir(o));
+    uri = "file://" + dir + "/objects";
+  }
   return OpenOneStore(o, uri, 0);
 }
 
@@ -237,6 +279,9 @@ Result<std::shared_ptr<objstore::ObjectStore>> OpenWalStore(const ServeOptions& 
 // are given, and a quorum they can make.
 Status CheckWalStoreFlags(const ServeOptions& o, bool store_in_memory) {
   const size_t k = o.wal_stores.size();
+  if (k > wal::QuorumStore::kMaxStores) {
+    return InvalidArgument("at most {} --wal-store may be given; {} were", wal::QuorumStore::kMaxStores, k);
+  }
   if (o.wal_quorum != 0 && k < 2) {
     return InvalidArgument("--wal-quorum {} needs two or more --wal-store (the express class); {} given",
                            o.wal_quorum, k);
@@ -549,6 +594,11 @@ int RunServe(const ServeOptions& o) {
   // Every flag is checked before anything on disk changes.
   if (Status st = CheckFaultFlags(o); !st.ok()) return fail(st);
   if (Status st = CheckWalStoreFlags(o, o.object_store.starts_with("mem://")); !st.ok()) return fail(st);
+  if (Status st = wal::ValidateNodeId(o.node_id); !st.ok()) return fail(st.WithContext("--node-id"));
+  if ((uint64_t{o.pool_budget_mib} << 20) < o.max_slot_bytes) {
+    return fail(InvalidArgument("--pool-budget-mib {} must hold at least one slot (--max-slot-bytes {})",
+                                o.pool_budget_mib, o.max_slot_bytes));
+  }
   auto addr = ParseHostPort(o.http_addr, "--http-addr");
   if (!addr.ok()) return fail(addr.status());
   if (auto host = ResolveListenHost(addr->first, "--http-addr"); host.ok()) {
@@ -570,6 +620,10 @@ int RunServe(const ServeOptions& o) {
   if (!o.kafka_advertised_addr.empty()) {
     auto a = ParseHostPort(o.kafka_advertised_addr, "--kafka-advertised-addr");
     if (!a.ok()) return fail(a.status());
+    if (a->second == 0) {
+      return fail(InvalidArgument("--kafka-advertised-addr {} names port 0, which no client can connect to",
+                                  o.kafka_advertised_addr));
+    }
     kafka_advertised = *a;
   }
   // Kafka clients connect to the address the broker advertises, not the one
@@ -595,17 +649,29 @@ int RunServe(const ServeOptions& o) {
   }
   auto token = ReadToken(o.auth_token_file);
   if (!token.ok()) return fail(token.status());
+  RaiseOpenFileLimit(o);
 
   // A store in memory forgets every object at exit: a metastore on disk would
   // then list segments and a checkpoint that no longer exist.
   const bool store_in_memory = o.object_store.starts_with("mem://");
-  std::string meta_uri = !o.metastore.empty() ? o.metastore
-                         : store_in_memory    ? "sqlite://:memory:"
-                                              : "sqlite://" + std::filesystem::absolute(o.data_dir).string() + "/meta.db";
+  std::string meta_uri = o.metastore;
+  if (meta_uri.empty() && store_in_memory) meta_uri = "sqlite://:memory:";
+  if (meta_uri.empty() || o.object_store.empty()) {  // the data dir is used
+    auto dir = AbsoluteDataDir(o);
+    if (!dir.ok()) return fail(dir.status());
+    if (meta_uri.empty()) meta_uri = "sqlite://" + *dir + "/meta.db";
+  }
   if (store_in_memory && meta_uri != "sqlite://:memory:") {
     return fail(InvalidArgument("--object-store mem:// keeps nothing past exit; the metastore {} would, and would "
                                 "then name objects that are gone: use sqlite://:memory: (the default with mem://)",
                                 meta_uri.starts_with("sqlite://") ? meta_uri : "on a server"));
+  }
+  // The other way round: a catalog, checkpoint and segment list forgotten
+  // at exit, with the objects they name (and unsettled WAL slots) kept.
+  if (!store_in_memory && meta_uri == "sqlite://:memory:") {
+    return fail(InvalidArgument("--metastore sqlite://:memory: keeps nothing past exit, and the object store "
+                                "does: a restart would lose every acknowledged record; use it only with "
+                                "--object-store mem://"));
   }
   if (kafka_addr && kafka_addr->second != 0) {
     // Bound only after recovery (the broker needs the engine): a port in use

@@ -23,7 +23,6 @@ namespace weir::wal {
 
 namespace {
 
-constexpr size_t kMaxStores = 32;
 // What a store's lane answers for a request it did not queue.
 constexpr const char* kNotQueued =
     "the store did not take the request: its queue is full (a store that stopped answering) or the quorum "
@@ -358,8 +357,8 @@ QuorumStore::~QuorumStore() = default;
 Result<std::shared_ptr<QuorumStore>> QuorumStore::Open(std::vector<std::shared_ptr<objstore::ObjectStore>> stores,
                                                        QuorumOptions options) {
   const size_t k = stores.size();
-  if (k < 2 || k > kMaxStores) {
-    return InvalidArgument("a quorum WAL store needs 2 to {} stores, not {}", kMaxStores, k);
+  if (k < 2 || k > QuorumStore::kMaxStores) {
+    return InvalidArgument("a quorum WAL store needs 2 to {} stores, not {}", QuorumStore::kMaxStores, k);
   }
   for (const auto& s : stores) {
     if (!s) return InvalidArgument("a quorum WAL store was given a null store");

@@ -74,7 +74,8 @@ struct QuorumStoreCounters {
 
 class QuorumStore final : public objstore::ObjectStore {
  public:
-  // 2 to 32 stores; 1 <= write_quorum <= stores.size().
+  static constexpr size_t kMaxStores = 32;
+  // 2 to kMaxStores stores; 1 <= write_quorum <= stores.size().
   static Result<std::shared_ptr<QuorumStore>> Open(std::vector<std::shared_ptr<objstore::ObjectStore>> stores,
                                                    QuorumOptions options = {});
   ~QuorumStore() override;

@@ -2390,13 +2390,35 @@ class LifecycleTest(ClosingTestCase):
                                   (["--kafka-addr", ":0"], "--kafka-advertised-addr"),
                                   (["--kafka-addr", "127.0.0.1:0", "--kafka-advertised-addr", "0.0.0.0:9092"],
                                    "not an address a client can connect to"),
-                                  # A store that forgets everything with a metastore that would not.
+                                  (["--kafka-addr", "127.0.0.1:0", "--kafka-advertised-addr", "localhost:0"],
+                                   "port 0"),
+                                  (["--kafka-addr", "127.0.0.1:0", "--kafka-advertised-addr", "localhost:+80"],
+                                   "bad port"),
+                                  # A store that forgets everything with a metastore that would not,
                                   (["--object-store", "mem://", "--metastore", f"sqlite://{d}/meta.db"],
-                                   "sqlite://:memory:")):
-                code, out = run_expecting_exit([WEIR, "serve", "--data-dir", d, "--http-addr", "127.0.0.1:0"] + flags)
+                                   "sqlite://:memory:"),
+                                  # and the other way round.
+                                  (["--metastore", "sqlite://:memory:"], "--metastore sqlite://:memory:"),
+                                  # WAL flags are checked before the data dir is made.
+                                  (["--node-id", "a/b"], "--node-id"),
+                                  (["--pool-budget-mib", "4"], "--pool-budget-mib 4 must hold at least one slot"),
+                                  (["--auth-token-file", d], "is a directory")):
+                code, out = run_expecting_exit([WEIR, "serve", "--data-dir", f"{d}/data", "--http-addr", "127.0.0.1:0"]
+                                               + flags)
                 self.assertIsNotNone(code, f"weir serve {flags} started:\n{out}")
                 self.assertNotEqual(code, 0, out)
                 self.assertIn(needle, out, out)
+                self.assertFalse(os.path.exists(f"{d}/data"), f"weir serve {flags} made its data dir")
+            with open(f"{d}/token", "w") as f:
+                f.write("two words\n")
+            code, out = run_expecting_exit([WEIR, "serve", "--data-dir", f"{d}/data", "--http-addr", "127.0.0.1:0",
+                                            "--auth-token-file", f"{d}/token"])
+            self.assertNotEqual(code, None, out)
+            self.assertIn("blanks or control characters", out)
+            code, out = run_expecting_exit([WEIR, "serve", "--data-dir", "", "--http-addr", "127.0.0.1:0"], cwd=d)
+            self.assertNotIn(code, (None, 0), out)
+            self.assertIn("--data-dir must not be empty", out)
+            self.assertEqual(sorted(os.listdir(d)), ["token"])
 
         # mem:// alone pairs with a metastore in memory: nothing is left on disk
         # to name objects the next start would not find.
