@@ -293,6 +293,11 @@ Status CheckWalStoreFlags(const ServeOptions& o, bool store_in_memory) {
   for (const std::string& uri : o.wal_stores) {
     // The same store twice would take a copy's 412 for a second copy.
     if (!seen.insert(uri).second) return InvalidArgument("--wal-store {} is given twice", uri);
+    if (!uri.starts_with("mem://") && store_in_memory) {
+      return InvalidArgument("--object-store mem:// keeps nothing past exit, and --wal-store {} does: its slots "
+                             "would outlive the records' catalog; use mem:// WAL stores with it",
+                             uri);
+    }
     if (uri.starts_with("mem://") && !store_in_memory) {
       return InvalidArgument("--wal-store {} keeps nothing past exit, and the object store and metastore do: a "
                              "restart would lose every unsettled record",

@@ -2399,6 +2399,8 @@ class LifecycleTest(ClosingTestCase):
                                    "sqlite://:memory:"),
                                   # and the other way round.
                                   (["--metastore", "sqlite://:memory:"], "--metastore sqlite://:memory:"),
+                                  (["--object-store", "mem://", "--wal-store", f"file://{d}/wal"],
+                                   "use mem:// WAL stores with it"),
                                   # WAL flags are checked before the data dir is made.
                                   (["--node-id", "a/b"], "--node-id"),
                                   (["--pool-budget-mib", "4"], "--pool-budget-mib 4 must hold at least one slot"),
