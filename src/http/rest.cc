@@ -1697,6 +1697,12 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     if (*name == options_.default_basin) {
       return c.Error(422, "invalid", fmt::format("the default basin \"{}\" cannot be deleted", *name));
     }
+    if (std::find(options_.kept_basins.begin(), options_.kept_basins.end(), *name) != options_.kept_basins.end()) {
+      return c.Error(422, "invalid",
+                     fmt::format("the basin \"{}\" holds Kafka's topics and group offsets and cannot be deleted; "
+                                 "delete its topics instead",
+                                 *name));
+    }
     const std::string tombstone = "b\n" + *name;
     auto info = engine_->GetBasin(*name);
     if (!info.ok() && info.status().code() == Code::kNotFound && RecentlyDeleted(tombstone)) return c.NoContent(202);

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/histogram.h"
 #include "http/s2_proto.h"
@@ -28,6 +29,9 @@ namespace weir::http {
 
 struct RestOptions {
   std::string default_basin = "weir-default";
+  // Basins that cannot be deleted besides the default (Kafka's: its topics
+  // and group offsets live there, and the broker makes it only at start).
+  std::vector<std::string> kept_basins;
   std::optional<std::string> auth_token;  // set: every request but /health needs it
   Duration ping_interval = std::chrono::seconds(5);  // read sessions: idle keep-alive
   size_t max_append_records = 1000;

@@ -1047,6 +1047,13 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
                                                    const metastore::StreamConfig& config,
                                                    const std::string& request_token) {
   WEIR_RETURN_IF_ERROR(ValidateStreamName(name));
+  // Kafka resolves a partition by its stream's name: a plain stream there
+  // would take a topic's name (or take Kafka's records as one).
+  if (!options_.group_offsets_basin.empty() && basin == options_.group_offsets_basin) {
+    return PreconditionFailed("basin {} holds Kafka topics, whose partitions are its streams: create a topic "
+                              "(Kafka CreateTopics, or a table through Arrow Flight) instead of stream {}",
+                              basin, name);
+  }
   // Create and register as one step, so a create that finds the name taken
   // (CreateIfConfigured losing a race) finds the stream registered too.
   std::lock_guard create(create_mu_);

@@ -722,6 +722,7 @@ int RunServe(const ServeOptions& o) {
 
   http::RestOptions ro;
   ro.auth_token = *token;
+  ro.kept_basins = {eo.group_offsets_basin};
   ro.max_append_records = eo.max_append_records;
   ro.max_append_bytes = eo.max_append_bytes;
   ro.max_request_bytes = o.max_request_bytes;

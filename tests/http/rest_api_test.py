@@ -1969,7 +1969,7 @@ class ErrorStatusTest(ApiTestCase):
         self.assertTrue(head.startswith(b"HTTP/1.1 400"), head)
         self.assertEqual(rest, b"", data)
 
-    def test_deleting_a_stream_that_backs_a_kafka_partition_is_a_conflict(self):
+    def test_a_stream_that_backs_a_kafka_partition_is_changed_only_with_its_topic(self):
         if not SHARED.kafka_addr:
             self.skipTest("the shared server has no Kafka listener")
         topic = unique("ktopic")
@@ -1985,6 +1985,20 @@ class ErrorStatusTest(ApiTestCase):
         kc = Client(SHARED, basin="weir-kafka")
         self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").status_code, 200)
         self.assertError(kc.delete(f"/v1/streams/{q(topic + '/0')}"), 409, "conflict")
+        self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").status_code, 200)
+        # Its config is the topic's: not changed stream by stream.
+        before = kc.get(f"/v1/streams/{q(topic + '/0')}").json()
+        self.assertError(kc.patch(f"/v1/streams/{q(topic + '/0')}", json={"retention_policy": {"age": 60}}),
+                         409, "conflict")
+        self.assertError(kc.put(f"/v1/streams/{q(topic + '/0')}", json={}), 409, "conflict")
+        self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").json(), before)
+        # No plain streams beside the topics (a partition is found by name),
+        # and the basin stays.
+        for name in (topic + "/1", unique("plain")):
+            self.assertError(kc.post("/v1/streams", json={"stream": name}), 409, "conflict")
+            self.assertError(kc.put(f"/v1/streams/{q(name)}", json={}), 409, "conflict")
+            self.assertEqual(kc.get(f"/v1/streams/{q(name)}").status_code, 404)
+        self.assertError(self.c.delete("/v1/basins/weir-kafka"), 422, "invalid")
         self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").status_code, 200)
 
     def test_empty_header_name_outside_a_command(self):
