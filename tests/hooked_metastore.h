@@ -262,6 +262,7 @@ class HookedMetastore final : public metastore::Metastore {
     return m_->AllocateProducerId();
   }
   Result<uint64_t> LastStreamId() override { return m_->LastStreamId(); }
+  Result<uint64_t> LastProducerId() override { return m_->LastProducerId(); }
   Result<uint64_t> DeploymentId() override { return m_->DeploymentId(); }
   Status CommitSettle(std::string_view n, uint64_t e, const ChainPosition& x, const ChainPosition& next,
                       const std::vector<SegmentInfo>& segs, const std::vector<StreamState>& states) override {

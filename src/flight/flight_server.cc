@@ -612,6 +612,14 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       if (!msg.has_flight_descriptor()) return InvalidArgument("the first message of a DoPut carries its descriptor");
       WEIR_ASSIGN_OR_RETURN(auto t, ParseDescriptor(msg.flight_descriptor(), impl_->options.default_basin));
       WEIR_ASSIGN_OR_RETURN(auto table, impl_->LogTable(t));
+      if (t.writer_id) {
+        // One never allocated could later be a Kafka producer's id.
+        WEIR_ASSIGN_OR_RETURN(const bool allocated, impl_->engine->ProducerIdAllocated(*t.writer_id));
+        if (!allocated) {
+          return InvalidArgument("descriptor: writer_id {} was never allocated: the allocate-writer action gives one",
+                                 *t.writer_id);
+        }
+      }
       buckets_ = table.bucket_count;
       target_ = std::move(t);
     }

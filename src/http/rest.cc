@@ -1875,6 +1875,33 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
   size_t bytes = 0;
   for (const auto& r : in.records) bytes += log::MeteredBytes(r);
   bool proto_out = WantsProto(req);
+  if (in.options.producer && !engine_->KnowsProducerId(in.options.producer->id)) {
+    // An id this process has not seen allocated (another node's, or none):
+    // the metastore says, off this I/O thread. An id never allocated could
+    // later be a Kafka producer's, whose batches its window would then take
+    // for duplicates.
+    auto held = std::make_shared<AppendInput>(std::move(in));
+    auto check_then_append = [this, c, stream, held, proto_out, records, bytes] {
+      const uint64_t id = held->options.producer->id;
+      auto allocated = engine_->ProducerIdAllocated(id);
+      if (!allocated.ok()) return c.Fail(allocated.status());
+      if (!*allocated) {
+        return c.Error(400, "bad_header",
+                       fmt::format("weir-producer-id {} was never allocated: POST /v1/producers gives one", id));
+      }
+      Ctx on_worker = c;
+      on_worker.on_worker = true;
+      AppendToStream(on_worker, stream, std::move(*held), proto_out, records, bytes);
+    };
+    if (c.on_worker) return check_then_append();
+    c.ex->PostInOrder(std::move(check_then_append));
+    return;
+  }
+  AppendToStream(c, stream, std::move(in), proto_out, records, bytes);
+}
+
+void RestApi::AppendToStream(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
+                             size_t bytes) {
   if (!engine_->HasStream(c.basin, stream)) {
     // The basin may create it (S2's create_stream_on_append): a metastore
     // write, kept off this I/O thread. An append that is invalid anyway, or

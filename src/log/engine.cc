@@ -1617,7 +1617,25 @@ Status Engine::DeleteTable(const std::string& basin, const std::string& name) {
   return failed;
 }
 
-Result<uint64_t> Engine::AllocateProducerId() { return meta_->AllocateProducerId(); }
+Result<uint64_t> Engine::AllocateProducerId() {
+  WEIR_ASSIGN_OR_RETURN(const uint64_t id, meta_->AllocateProducerId());
+  SeeProducerIds(id);
+  return id;
+}
+
+Result<bool> Engine::ProducerIdAllocated(uint64_t id) {
+  if (id == 0) return false;
+  if (KnowsProducerId(id)) return true;
+  WEIR_ASSIGN_OR_RETURN(const uint64_t last, meta_->LastProducerId());
+  SeeProducerIds(last);
+  return id <= last;
+}
+
+void Engine::SeeProducerIds(uint64_t up_to) {
+  uint64_t seen = producer_ids_seen_.load();
+  while (seen < up_to && !producer_ids_seen_.compare_exchange_weak(seen, up_to)) {
+  }
+}
 
 // ---- Appends ------------------------------------------------------------------
 

@@ -501,6 +501,13 @@ class Engine {
   size_t TailWatchCount(const std::string& basin, const std::string& stream);
 
   Result<uint64_t> AllocateProducerId();
+  // Whether producer id `id` was ever allocated (AllocateProducerId, on any
+  // node): front-ends that take ids from clients (REST, Flight) refuse
+  // others, which could be a Kafka producer's id later. KnowsProducerId is
+  // true for ids this process has seen allocated, without I/O;
+  // ProducerIdAllocated reads the metastore for the others.
+  bool KnowsProducerId(uint64_t id) const { return id != 0 && id <= producer_ids_seen_.load(); }
+  Result<bool> ProducerIdAllocated(uint64_t id);
 
   // Runs one settle cycle now (the background task calls it too): moves
   // every released WAL slot's batches into segments, commits them with the
@@ -783,6 +790,8 @@ class Engine {
   // unknown is not): a reconfiguration waits for those. Taken after settle_mu_ and tables_mu_,
   // before mu_ or any stream lock.
   std::mutex config_mu_;
+  void SeeProducerIds(uint64_t up_to);
+  std::atomic<uint64_t> producer_ids_seen_{0};  // the largest producer id known allocated
   // Held by CreateStream across the metastore create and Register.
   std::mutex create_mu_;
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_;

@@ -393,6 +393,8 @@ class Metastore {
 
   // Producer ids: unique, increasing, never reused across restarts.
   virtual Result<uint64_t> AllocateProducerId() = 0;
+  // The largest producer id allocated so far, on any node (0 if none).
+  virtual Result<uint64_t> LastProducerId() = 0;
   // This metastore's identity: a random non-zero number drawn by the first
   // call ever made (on any node) and the same for every call after it. The
   // engine records it in the object store, so that a store is never served

@@ -579,6 +579,15 @@ Result<uint64_t> SqlMetastore::LastStreamId() {
   });
 }
 
+Result<uint64_t> SqlMetastore::LastProducerId() {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("LastProducerId", [&]() -> Result<uint64_t> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kCounterValue));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, kProducerIdCounter).Step("read the producer id counter"));
+    return row ? U64(st.ColInt(0)) : uint64_t{0};
+  });
+}
+
 Result<uint64_t> SqlMetastore::NextCounter(std::string_view name) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kBumpCounter));
   const std::string what = fmt::format("allocate {}", name);

@@ -95,6 +95,7 @@ class SqlMetastore final : public Metastore {
   Result<std::vector<SegmentInfo>> DeleteSegmentsBelow(std::string_view node, uint64_t epoch,
                                                        const std::vector<SegmentCut>& cuts) override;
   Result<uint64_t> LastStreamId() override;
+  Result<uint64_t> LastProducerId() override;
   Status ReplaceSegments(std::string_view node, uint64_t epoch, uint64_t stream_id,
                          const std::vector<SegmentInfo>& replaced, const SegmentInfo& merged) override;
 

@@ -1551,7 +1551,17 @@ class ProducerTest(ApiTestCase):
         r = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]},
                         headers=producer_headers(2**63, 0, 0))
         self.assertError(r, 400, "bad_header")
+        # An id never allocated (it could be a Kafka producer's later).
+        last = self.assertJson(self.c.post("/v1/producers"))["id"]
+        for pid in (0, last + 1000):
+            r = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]},
+                            headers=producer_headers(pid, 0, 0))
+            self.assertError(r, 400, "bad_header")
+            self.assertIn("never allocated", r.json()["message"])
         self.assertEqual(self.c.get(f"/v1/streams/{q(s)}/records/tail").json()["tail"]["seq_num"], 0)
+        r = self.c.post(f"/v1/streams/{q(s)}/records", json={"records": [{"body": "x"}]},
+                        headers=producer_headers(last, 0, 0))
+        self.assertEqual(r.status_code, 200, r.text)
 
 
 # --------------------------------------------------------------------------

@@ -432,6 +432,9 @@ describe("Arrow Flight DoPut against weir", () => {
       [cmd({ put: { table: topic, bucket: 0 } }), [good], {}, "UNIMPLEMENTED", /primary-key/],
       [cmd({ append: { table: topic, bucket: 0 } }), [good], { metas: [{ batch_sequence: 0 }] }, "INVALID_ARGUMENT",
         /writer_id/],
+      // A writer id nobody allocated (it could be a Kafka producer's later).
+      [cmd({ append: { table: topic, bucket: 0, writer_id: 999999999 } }), [good], { metas: [{ batch_sequence: 0 }] },
+        "INVALID_ARGUMENT", /writer_id 999999999 was never allocated/],
       [cmd({ append: { table: topic, bucket: 0 } }),
         [new A.Table({ value: A.vectorFromArray(["v"], new A.Utf8()), extra: A.vectorFromArray([1], new A.Int32()) })],
         {}, "INVALID_ARGUMENT", /unknown column 'extra'/],
