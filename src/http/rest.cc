@@ -1789,6 +1789,19 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
     }
     if (s->info.config == config) return c.Reply(200, StreamInfoJson(s->info), Provisioned("noop"));
+    // A table's bucket (a Kafka partition) takes its table's config: a PUT
+    // would replace it with the basin's defaults (a topic's retention.ms,
+    // say). PATCH changes what it names.
+    if (auto ref = metastore::ParseBucketStreamName(*name)) {
+      auto table = engine_->GetTable(c.basin, std::string(ref->table));
+      if (table.ok() && ref->bucket < table->bucket_count) {
+        return c.Error(409, "conflict",
+                       fmt::format("stream {} backs bucket {} of table {}: a PUT would replace the table's config; "
+                                   "PATCH what to change, or reconfigure the table (Kafka AlterConfigs)",
+                                   *name, ref->bucket, table->name));
+      }
+      if (!table.ok() && table.status().code() != Code::kNotFound) return c.Fail(table.status());
+    }
     if (Status st = engine_->ReconfigureStream(c.basin, *name, config); !st.ok()) {
       return c.Fail(st, "stream_not_found");
     }

@@ -823,21 +823,6 @@ Status SqlMetastore::UpdateStreamConfig(uint64_t id, const StreamConfig& config,
     WEIR_RETURN_IF_ERROR(ValidateConfig(config));
     return InTransaction("update stream config", [&]() -> Status {
       WEIR_RETURN_IF_ERROR(CheckEpoch(by));
-      std::string basin, name;
-      {
-        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamById));
-        WEIR_ASSIGN_OR_RETURN(const bool row, st.Int(1, I64(id)).Step("read stream"));
-        if (!row) return NotFound("stream id {} does not exist", id);
-        WEIR_ASSIGN_OR_RETURN(StreamInfo info, ReadStream(st));
-        basin = std::move(info.basin);
-        name = std::move(info.name);
-      }
-      // A bucket's config is its table's (UpdateTableConfig changes them all).
-      WEIR_ASSIGN_OR_RETURN(const std::optional<TableInfo> table, TableOfBucket(basin, name));
-      if (table) {
-        return PreconditionFailed("stream {}/{} backs a bucket of table {}; reconfigure the table instead", basin,
-                                  name, table->name);
-      }
       return WriteStreamConfig(id, config);
     });
   });
