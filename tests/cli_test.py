@@ -486,6 +486,8 @@ def errors():
         out = weir(*args, ok=False)
         assert out.returncode == 1, (args, out.returncode)
         error_line(out)
+    assert error_line(weir("bogus", ok=False)) == 'weir: unknown command "bogus" (see weir --help)'
+    assert "--server URL" in weir("--help").stdout  # the client commands' shared flags
 
 
 @case

@@ -271,7 +271,21 @@ int main(int argc, char** argv) {
   weir::cli::ClientCommands client(app, *bench);  // basin, stream, append, read, tail, bench http
   weir::cli::MakeNumbersStrict(app);
   ScopeEnvToTheCommandRun(app);
+  app.footer(
+      "Client commands (basin, stream, append, read, tail, bench http) take --server URL, --basin NAME, "
+      "--auth-token TOKEN and --json before or after the command (or WEIR_SERVER, WEIR_BASIN, WEIR_AUTH_TOKEN); "
+      "`weir COMMAND --help` lists a command's own flags.");
   std::vector<char*> args = ConnectionFlagsAfterTheCommand(argc, argv);
+  // A first word that is no command is named (CLI11 would only say that a
+  // command is required).
+  if (args.size() > 1 && args[1][0] != '-') {
+    const std::string first = args[1];
+    const auto commands = app.get_subcommands([](CLI::App*) { return true; });
+    if (std::none_of(commands.begin(), commands.end(), [&](CLI::App* c) { return c->check_name(first); })) {
+      std::cerr << "weir: unknown command \"" << first << "\" (see weir --help)\n";
+      return 1;
+    }
+  }
   try {
     app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::Success& e) {  // --help, --version

@@ -208,6 +208,9 @@ std::vector<std::string> SplitPath(std::string_view path) {
 uint64_t ParseU64(std::string_view s, std::string_view what, std::string_view code) {
   uint64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc::result_out_of_range) {
+    throw BadRequest{fmt::format("{} must be at most {}, got \"{}\"", what, UINT64_MAX, s), code};
+  }
   if (ec != std::errc() || p != s.data() + s.size() || s.empty()) {
     throw BadRequest{fmt::format("{} must be a non-negative integer, got \"{}\"", what, s), code};
   }
@@ -2041,7 +2044,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     std::string_view s = last_event_id;
     while (true) {
       auto comma = s.find(',');
-      v.push_back(ParseU64(s.substr(0, comma), "Last-Event-ID", "bad_header"));
+      v.push_back(ParseU64(s.substr(0, comma), "each of Last-Event-ID's SEQ,COUNT,BYTES", "bad_header"));
       if (comma == std::string_view::npos) break;
       s.remove_prefix(comma + 1);
     }

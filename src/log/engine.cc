@@ -567,8 +567,12 @@ Status Engine::Recover() {
     auto garbage = wal::DeleteGarbage(*wal_store_, chain, fence.cut, garbage_window);
     if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, e, garbage.status().ToString());
   }
-  Log().info("node {} recovered epochs {}..{} ({} slots), now epoch {}", options_.node, first, epoch_ - 1, slots,
-             epoch_);
+  if (first < epoch_) {
+    Log().info("node {} recovered epochs {}..{} ({} slots), now epoch {}", options_.node, first, epoch_ - 1, slots,
+               epoch_);
+  } else {
+    Log().info("node {}: nothing to recover, now epoch {}", options_.node, epoch_);
+  }
   for (auto& [id, s] : by_id_) s->durable_trim_point = s->live.trim_point;  // all of it is durable
 
   wal::WriterOptions wo = options_.wal;

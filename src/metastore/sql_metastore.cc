@@ -654,7 +654,7 @@ Status SqlMetastore::ReconfigureBasin(std::string_view name, const BasinConfig& 
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateBasinConfig));
       BindBasinConfig(st.Text(1, name), config);
       WEIR_RETURN_IF_ERROR(st.Run("update basin config"));
-      if (st.Changes() == 0) return NotFound("basin {} does not exist", name);
+      if (st.Changes() == 0) return NotFound("basin \"{}\" does not exist", name);
       return Status::Ok();
     });
   });
@@ -683,7 +683,7 @@ Result<BasinInfo> SqlMetastore::GetBasin(std::string_view name) {
   return Locked("GetBasin", [&]() -> Result<BasinInfo> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGetBasin));
     WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, name).Step("read basin"));
-    if (!row) return NotFound("basin {} does not exist", name);
+    if (!row) return NotFound("basin \"{}\" does not exist", name);
     return ReadBasin(st);
   });
 }
@@ -730,7 +730,7 @@ Status SqlMetastore::DeleteBasin(std::string_view name, const EpochCheck& by) {
       }
       WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteBasin));
       WEIR_RETURN_IF_ERROR(del.Text(1, name).Run("delete basin"));
-      if (del.Changes() == 0) return NotFound("basin {} does not exist", name);
+      if (del.Changes() == 0) return NotFound("basin \"{}\" does not exist", name);
       return SetToken(name, "", "");
     });
   });
@@ -746,7 +746,7 @@ Result<StreamInfo> SqlMetastore::CreateStream(const StreamInfo& info, const Epoc
     const Status txn = InTransaction("create stream", [&]() -> Status {
       WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       WEIR_ASSIGN_OR_RETURN(const bool basin_exists, BasinExists(info.basin));
-      if (!basin_exists) return NotFound("basin {} does not exist", info.basin);
+      if (!basin_exists) return NotFound("basin \"{}\" does not exist", info.basin);
       return InsertStream(&created);
     });
     if (!txn.ok()) return txn;
@@ -782,7 +782,7 @@ Result<std::vector<StreamInfo>> SqlMetastore::ListStreams(std::string_view basin
     {
       WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kGetBasin));
       WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, basin).Step("look up basin"));
-      if (!exists) return NotFound("basin {} does not exist", basin);
+      if (!exists) return NotFound("basin \"{}\" does not exist", basin);
     }
     const std::optional<std::string> end = PrefixEnd(prefix);
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(end ? kListStreamsBounded : kListStreamsOpen));
@@ -931,8 +931,9 @@ Result<std::vector<std::string>> SqlMetastore::DeleteStreamIf(
       }
       WEIR_ASSIGN_OR_RETURN(const std::optional<TableInfo> table, TableOfBucket(basin, name));
       if (table) {
-        return PreconditionFailed("stream {}/{} backs a bucket of table {}; delete the table instead", basin, name,
-                                  table->name);
+        return PreconditionFailed(
+            "stream {}/{} backs a bucket of table {}; delete the table instead (a Kafka topic: DeleteTopics)", basin,
+            name, table->name);
       }
       WEIR_RETURN_IF_ERROR(SetToken(basin, name, ""));
       return RemoveStream(id, &keys);
@@ -1323,7 +1324,7 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqlMetastore::CreateTable(
     const Status txn = InTransaction("create table", [&]() -> Status {
       WEIR_RETURN_IF_ERROR(CheckEpoch(by));
       WEIR_ASSIGN_OR_RETURN(const bool basin_exists, BasinExists(table.basin));
-      if (!basin_exists) return NotFound("basin {} does not exist", table.basin);
+      if (!basin_exists) return NotFound("basin \"{}\" does not exist", table.basin);
       {
         WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kTableByName));
         WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, table.basin).Text(2, table.name).Step("look up table"));
@@ -1386,7 +1387,7 @@ Result<std::vector<TableInfo>> SqlMetastore::ListTables(std::string_view basin, 
   return Locked("ListTables", [&]() -> Result<std::vector<TableInfo>> {
     WEIR_RETURN_IF_ERROR(CheckListLimit(limit));
     WEIR_ASSIGN_OR_RETURN(const bool basin_exists, BasinExists(basin));
-    if (!basin_exists) return NotFound("basin {} does not exist", basin);
+    if (!basin_exists) return NotFound("basin \"{}\" does not exist", basin);
     const std::optional<std::string> end = PrefixEnd(prefix);
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(end ? kListTablesBounded : kListTablesOpen));
     st.Text(1, basin).Text(2, start_after).Text(3, prefix).Int(5, static_cast<int64_t>(limit));

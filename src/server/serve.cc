@@ -245,8 +245,9 @@ Result<std::shared_ptr<objstore::ObjectStore>> OpenOneStore(const ServeOptions& 
 Result<std::string> AbsoluteDataDir(const ServeOptions& o) {
   if (o.data_dir.empty()) return InvalidArgument("--data-dir must not be empty");
   std::error_code ec;
-  std::string abs = std::filesystem::absolute(o.data_dir, ec).string();
+  std::string abs = std::filesystem::absolute(o.data_dir, ec).lexically_normal().string();
   if (ec) return IOError("cannot resolve --data-dir {}: {}", o.data_dir, ec.message());
+  while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
   return abs;
 }
 
@@ -677,6 +678,11 @@ int RunServe(const ServeOptions& o) {
     return fail(InvalidArgument("--metastore sqlite://:memory: keeps nothing past exit, and the object store "
                                 "does: a restart would lose every acknowledged record; use it only with "
                                 "--object-store mem://"));
+  }
+  if (addr->second != 0) {
+    // Bound once the stores are open: a port in use is found before the
+    // data dir is made.
+    if (Status st = CheckCanListen(addr->first, addr->second, "--http-addr"); !st.ok()) return fail(st);
   }
   if (kafka_addr && kafka_addr->second != 0) {
     // Bound only after recovery (the broker needs the engine): a port in use

@@ -2267,9 +2267,11 @@ class ServeFlagsTest(ClosingTestCase):
                         (["--inject-put-latency-ms", "1,2,3"], "more than two values"),
                         (["--inject-put-error-rate", "0.8", "--inject-put-ambiguous-rate", "0.5"], "more than 1"),
                         # Found before recovery, not after it.
-                        (["--kafka-addr", kafka_in_use], "cannot listen there")]:
+                        (["--kafka-addr", kafka_in_use], "cannot listen there"),
+                        (["--http-addr", kafka_in_use], "cannot listen there")]:
                     kafka = [] if "--kafka-addr" in args else ["--kafka-addr", ""]
-                    cmd = [WEIR, "serve", "--data-dir", data, "--http-addr", "127.0.0.1:0"] + kafka + args
+                    http = [] if "--http-addr" in args else ["--http-addr", "127.0.0.1:0"]
+                    cmd = [WEIR, "serve", "--data-dir", data] + http + kafka + args
                     code, out = run_expecting_exit(cmd)
                     self.assertEqual(code, 1, f"{args}: {out}")
                     self.assertIn(needle, out, args)
