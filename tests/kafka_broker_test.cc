@@ -2659,9 +2659,10 @@ TEST_F(BrokerTest, ASupersededProcessCommitsNoOffset) {
 }
 
 TEST_F(BrokerTest, ATopicDeletedOtherwiseThanByDeleteTopicsLeavesNothingBehind) {
-  // Deleting the weir-kafka basin through REST deletes its tables through
-  // the engine, never through DeleteTopics: the committed offsets and the
-  // broker's kept size limit must go with the topic all the same.
+  // A table deleted through the engine (Flight's delete-table, a basin
+  // holding tables deleted through REST), never through DeleteTopics: the
+  // committed offsets and the broker's kept size limit must go with the
+  // topic all the same.
   std::string small = Batch({std::string(300, 's')});
   ASSERT_EQ(CreateTopic("gone", 1, 1, {{"max.message.bytes", std::to_string(small.size() - 1)}}).error_code,
             ErrorCode::kNone);

@@ -408,7 +408,7 @@ int Append(ClientCommandsState& s, Client& c) {
     // A line that can no longer fit a record fails now, not once it ends.
     if (pending.size() - (pending.ends_with('\r') ? 1 : 0) + 8 > kMaxRecordMetered) {
       ++line_no;
-      return Fail(s, too_long(pending.size(), false));
+      return Fail(s, too_long(pending.size() - (pending.ends_with('\r') ? 1 : 0), false));
     }
   }
   if (!pending.empty()) {

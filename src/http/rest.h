@@ -100,13 +100,13 @@ class RestApi : public Handler {
   void Basins(Request& req, const Ctx& c, const std::string* name);
   void Streams(Request& req, const Ctx& c, const std::string* name);
   void Append(Request& req, const Ctx& c, const std::string& stream);
-  // Hands a parsed append to the engine; answers when it is durable (or failed).
-  // On a worker, an append that must wait for admission waits without
-  // holding the worker (Engine::WhenAdmissible).
   // An append checked whole: to its stream, created first if the basin
   // creates streams on append (then on a worker).
   void AppendToStream(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                       size_t bytes);
+  // Hands a parsed append to the engine; answers when it is durable (or failed).
+  // On a worker, an append that must wait for admission waits without
+  // holding the worker (Engine::WhenAdmissible).
   void SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                     size_t bytes);
   static void RefuseProducerHeadersOnASession(const Request& req);  // throws BadRequest

@@ -964,6 +964,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     bool reset = false;
     for (auto& [id, st] : streams_) {
       if (!st->out.empty() && now - st->moved_at > stalled_for) {
+        st->dropping = true;  // once: Tick's own resets pass over it
         nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
         reset = true;
       }

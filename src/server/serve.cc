@@ -245,7 +245,8 @@ Result<std::shared_ptr<objstore::ObjectStore>> OpenOneStore(const ServeOptions& 
 Result<std::string> AbsoluteDataDir(const ServeOptions& o) {
   if (o.data_dir.empty()) return InvalidArgument("--data-dir must not be empty");
   std::error_code ec;
-  std::string abs = std::filesystem::absolute(o.data_dir, ec).lexically_normal().string();
+  // Not normalised: "a/../b" goes where the OS takes it (through symlinks).
+  std::string abs = std::filesystem::absolute(o.data_dir, ec).string();
   if (ec) return IOError("cannot resolve --data-dir {}: {}", o.data_dir, ec.message());
   while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
   return abs;

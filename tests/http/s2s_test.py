@@ -559,10 +559,9 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(bytes(st["data"]), b"")
 
     def test_a_client_that_stops_reading_is_resumed_by_its_window_updates(self):
-        # Read sessions whose batches wait for the client's window: over 4 MiB
-        # of them, the server stops acknowledging request bytes but must keep
-        # reading the socket, or it would never see the WINDOW_UPDATEs that let
-        # them drain.
+        # Read sessions whose batches wait for the client's window (over 4 MiB
+        # of them): the server must keep reading the socket, or it would never
+        # see the WINDOW_UPDATEs that let them drain.
         stream = self.new_stream()
         chunk = frame(pb_append_input([pb_append_record(b"r" * 1000) for _ in range(900)]))
         self.h2.wait_end(self.append_session(stream, chunk * 6, end=True))
