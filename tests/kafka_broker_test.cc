@@ -1494,18 +1494,24 @@ TEST_F(BrokerTest, IdempotentProduce) {
   std::string stale = Batch(BatchSpec{{"f"}, 1700000000000, 0, pid, 0, 3});
   EXPECT_EQ(Produce("idem", 0, stale).error_code, ErrorCode::kInvalidProducerEpoch);
 
-  // A producer id this partition has never seen, starting past 0.
+  // A producer id this partition has never seen, starting past 0 (its
+  // state went with a deleted topic, say): taken, as Kafka does since
+  // KIP-360, and its window goes on from there.
   auto other = InitProducerId();
   ASSERT_EQ(other.error_code, ErrorCode::kNone);
   std::string unknown = Batch(BatchSpec{{"g"}, 1700000000000, 0, other.producer_id, 0, 5});
-  // Its answer carries the log start (Java clients retry one that says -1
-  // instead of resetting the producer).
-  auto trimmed = Call(DeleteRecordsRequest{{{"idem", {{0, 1}}}}, 1000}, 1, DecodeDeleteRecordsResponse);
-  ASSERT_EQ(trimmed.topics.at(0).partitions.at(0).error_code, ErrorCode::kNone);
-  auto refused = Produce("idem", 0, unknown);
-  EXPECT_EQ(refused.error_code, ErrorCode::kUnknownProducerId);
-  EXPECT_EQ(refused.log_start_offset, 1);
-  EXPECT_EQ(Latest("idem"), 5);
+  auto taken = Produce("idem", 0, unknown);
+  EXPECT_EQ(taken.error_code, ErrorCode::kNone);
+  EXPECT_EQ(taken.base_offset, 5);
+  EXPECT_EQ(Produce("idem", 0, unknown).base_offset, 5);  // a retry: its offset again
+  std::string next = Batch(BatchSpec{{"h"}, 1700000000000, 0, other.producer_id, 0, 6});
+  EXPECT_EQ(Produce("idem", 0, next).base_offset, 6);
+  std::string skipped = Batch(BatchSpec{{"i"}, 1700000000000, 0, other.producer_id, 0, 9});
+  EXPECT_EQ(Produce("idem", 0, skipped).error_code, ErrorCode::kOutOfOrderSequenceNumber);
+  // A known producer's new epoch still starts at 0.
+  std::string bumped = Batch(BatchSpec{{"j"}, 1700000000000, 0, other.producer_id, 1, 3});
+  EXPECT_EQ(Produce("idem", 0, bumped).error_code, ErrorCode::kOutOfOrderSequenceNumber);
+  EXPECT_EQ(Latest("idem"), 7);
 
   // The window survives a restart: a retry still gets its original offset,
   // and the old epoch stays fenced.
@@ -1514,14 +1520,17 @@ TEST_F(BrokerTest, IdempotentProduce) {
   EXPECT_EQ(after.error_code, ErrorCode::kNone);
   EXPECT_EQ(after.base_offset, 4);
   EXPECT_EQ(Produce("idem", 0, stale).error_code, ErrorCode::kInvalidProducerEpoch);
-  EXPECT_EQ(Latest("idem"), 5);
+  EXPECT_EQ(Produce("idem", 0, next).base_offset, 6);
+  EXPECT_EQ(Latest("idem"), 7);
 
   // Every batch fetched back as sent.
   auto got = Batches(Fetch("idem", 0, 1));
-  ASSERT_EQ(got.size(), 3u);
+  ASSERT_EQ(got.size(), 5u);
   EXPECT_EQ(got[0], WithBaseOffset(first, 1));
   EXPECT_EQ(got[1], WithBaseOffset(second, 3));
   EXPECT_EQ(got[2], WithBaseOffset(epoch1, 4));
+  EXPECT_EQ(got[3], WithBaseOffset(unknown, 5));
+  EXPECT_EQ(got[4], WithBaseOffset(next, 6));
 }
 
 TEST_F(BrokerTest, ConcurrentProducesAutoCreateATopicOnce) {

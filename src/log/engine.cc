@@ -1658,7 +1658,7 @@ std::optional<AppendOutcome> Engine::RefusedByANewStream(const AppendOptions& op
   // AppendAsync's checks, in its order, against an empty stream.
   if (options.producer) {
     const ProducerRef& p = *options.producer;
-    auto check = ProducerWindows{}.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
+    auto check = ProducerWindows{}.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count), p.unknown_starts_anywhere);
     if (!check.ok()) {
       AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
       o.unknown_producer = check.status().code() == Code::kOutOfRange;
@@ -1833,7 +1833,7 @@ bool Engine::AnswerDuplicate(const std::string& basin, const std::string& stream
   if (s->deleted || s->deleting || s->delete_unknown) return false;
   // Only duplicates: a refusal (a gap, say) could change once batches
   // waiting for admission ahead of this one are in.
-  auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
+  auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count), p.unknown_starts_anywhere);
   if (!check.ok() || check->kind != ProducerCheck::kDuplicate) return false;
   return HandledByProducerWindow(lk, s, p, count, done);
 }
@@ -1850,7 +1850,7 @@ bool Engine::ProducerWindowHolds(const std::string& basin, const std::string& st
   auto found = Find(basin, stream);
   if (!found.ok()) return false;
   std::lock_guard lk((*found)->mu);
-  auto check = (*found)->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
+  auto check = (*found)->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count), p.unknown_starts_anywhere);
   return check.ok() && check->kind == ProducerCheck::kDuplicate;
 }
 
@@ -1858,7 +1858,7 @@ bool Engine::AnswerRetriedBatch(const std::string& basin, const std::string& str
                                 AppendCallback& done) {
   auto h = wal::ParseBatchHeader(batch);
   if (!h.ok() || h->producer_id < 0 || h->record_count <= 0) return false;
-  const ProducerRef p{static_cast<uint64_t>(h->producer_id), h->producer_epoch, h->base_sequence};
+  const ProducerRef p{static_cast<uint64_t>(h->producer_id), h->producer_epoch, h->base_sequence, true};
   const auto count = static_cast<size_t>(h->record_count);
   // The look first, so a new batch is not checked twice (here and on append).
   if (!ProducerWindowHolds(basin, stream, p, count) || !CheckBatch(batch).ok()) return false;
@@ -1877,7 +1877,7 @@ bool Engine::AnswerRetriedAppend(const std::string& basin, const std::string& st
 
 bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stream>& s,
                                      const ProducerRef& p, size_t count, AppendCallback& done) {
-  auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count));
+  auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count), p.unknown_starts_anywhere);
   if (!check.ok()) {
     AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
     o.unknown_producer = check.status().code() == Code::kOutOfRange && !s->live.producers.Knows(p.id);
@@ -2025,7 +2025,7 @@ void Engine::AppendBatchAsync(const std::string& basin, const std::string& strea
   // Without a producer id the epoch and sequence mean nothing (kafkajs sends
   // 0 and 0 there); Kafka ignores them too.
   if (h.producer_id >= 0) {
-    producer = ProducerRef{static_cast<uint64_t>(h.producer_id), h.producer_epoch, h.base_sequence};
+    producer = ProducerRef{static_cast<uint64_t>(h.producer_id), h.producer_epoch, h.base_sequence, true};
   }
   auto admitted =
       Admit(basin, stream, producer, static_cast<size_t>(h.record_count), batch.size(), may_wait, done, ticket.get());

@@ -142,6 +142,11 @@ struct ProducerRef {
   uint64_t id = 0;
   int16_t epoch = 0;
   int32_t seq = 0;  // sequence of the batch's first record (Kafka baseSequence)
+  // A producer the stream does not know may start at any sequence (Kafka
+  // since KIP-360: a producer whose state went with a deleted topic, a
+  // DeleteRecords or an expiry goes on). Batches (Kafka, Flight) set it;
+  // REST appends start at 0.
+  bool unknown_starts_anywhere = false;
 };
 
 // Room in the WAL pool held for appends (Engine::TryAdmission, directly or

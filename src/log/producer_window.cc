@@ -27,12 +27,13 @@ bool operator==(const ProducerWindows& a, const ProducerWindows& b) {
 }
 
 Result<ProducerCheck> ProducerWindows::Check(uint64_t producer_id, int16_t epoch, int32_t first_seq,
-                                             int32_t count) const {
+                                             int32_t count, bool unknown_starts_anywhere) const {
   if (epoch < 0 || first_seq < 0 || count <= 0) {
     return InvalidArgument("producer {}: epoch {} / sequence {} / count {} must be non-negative", producer_id,
                            epoch, first_seq, count);
   }
   auto it = producers_.find(producer_id);
+  if (it == producers_.end() && unknown_starts_anywhere) return ProducerCheck{};
   if (it == producers_.end() || epoch > it->second.epoch) {
     if (first_seq != 0) {
       return OutOfRange("producer {} epoch {}: first batch must have sequence 0, got {}", producer_id, epoch,

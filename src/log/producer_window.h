@@ -55,7 +55,10 @@ class ProducerWindows {
  public:
   // kNew, kDuplicate, or an error: kFenced (epoch older than the producer's
   // current one), kOutOfRange (sequence gap or too old to tell: out of order).
-  Result<ProducerCheck> Check(uint64_t producer_id, int16_t epoch, int32_t first_seq, int32_t count) const;
+  // `unknown_starts_anywhere`: a producer not known here takes any first
+  // sequence (else it must start at 0); a known one's new epoch starts at 0.
+  Result<ProducerCheck> Check(uint64_t producer_id, int16_t epoch, int32_t first_seq, int32_t count,
+                              bool unknown_starts_anywhere = false) const;
   // Records an appended batch (after Check said kNew) at `now`. Past
   // kMaxProducersPerStream producers, forgets those that did not append
   // within kProducerRecentWindow, down to 7/8 of the bound, the ones whose

@@ -278,6 +278,32 @@ describe("kafkajs against weir", () => {
     assert.deepEqual(await highWatermarks(admin, topic), countsByPartition(sent, 3));
   });
 
+  test("an idempotent producer goes on after its topic is deleted and created again", async () => {
+    // The new topic's partitions do not know the producer, whose next batch
+    // is past sequence 0: taken (Kafka since KIP-360); kafkajs does not
+    // recover from UNKNOWN_PRODUCER_ID.
+    const again = unique("kjs-again");
+    const producer = idempotentProducer(client);
+    await within(WAIT_MS, "producer connect", producer.connect());
+    try {
+      await within(WAIT_MS, "createTopics", admin.createTopics({ topics: [{ topic: again }], timeout: 60_000 }));
+      const send = (value) => within(WAIT_MS, `send ${value}`, producer.send({
+        topic: again, acks: -1, messages: [{ partition: 0, value }],
+      }));
+      await send("before-1");
+      await send("before-2");
+      await within(WAIT_MS, "deleteTopics", admin.deleteTopics({ topics: [again], timeout: 60_000 }));
+      await until(`${again} gone`, async () => !(await admin.listTopics()).includes(again));
+      await within(WAIT_MS, "createTopics", admin.createTopics({ topics: [{ topic: again }], timeout: 60_000 }));
+      const res = await send("after-1");
+      assert.equal(Number(res[0].baseOffset), 0);
+      assert.equal(Number((await send("after-2"))[0].baseOffset), 1);
+    } finally {
+      await producer.disconnect();
+    }
+    assert.deepEqual(await highWatermarks(admin, again), { 0: 2 });
+  });
+
   test("a plain (not idempotent) producer sends too", async () => {
     // kafkajs sends producer id -1 with epoch 0 and sequence 0 here.
     const producer = client.producer({ createPartitioner: Partitioners.DefaultPartitioner });
