@@ -2236,6 +2236,21 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   // An unknown config name, as on Kafka; a known one weir does not act on is kept.
   EXPECT_EQ(CreateTopic("typo", 1, 1, {{"retention.msec", "1"}}).error_code, ErrorCode::kInvalidConfig);
   EXPECT_EQ(CreateTopic("replicas", 1, 1, {{"min.insync.replicas", "2"}}).error_code, ErrorCode::kNone);
+  // Kept or not, a value is checked as Kafka's ConfigDef checks it.
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"segment.bytes", "abc"}, {"segment.bytes", "13"}, {"min.insync.replicas", "-5"},
+           {"compression.type", "bogus"}, {"retention.bytes", "lots"}, {"preallocate", "yes"},
+           {"min.cleanable.dirty.ratio", "1.5"}, {"flush.messages", "0"}, {"segment.bytes", "4294967296"}}) {
+    EXPECT_EQ(CreateTopic("badvalue", 1, 1, {{name, value}}).error_code, ErrorCode::kInvalidConfig)
+        << name << "=" << value;
+  }
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "badvalue").status().code(), Code::kNotFound);
+  EXPECT_EQ(CreateTopic("goodvalues", 1, 1,
+                        {{"segment.bytes", "1048576"}, {"compression.type", "ZSTD"}, {"preallocate", " True "},
+                         {"min.cleanable.dirty.ratio", "0.5"}, {"retention.bytes", "-1"}},
+                        /*validate_only=*/true)
+                .error_code,
+            ErrorCode::kNone);
   // max.message.bytes: up to the server's limit, and enforced per topic.
   EXPECT_EQ(CreateTopic("huge", 1, 1, {{"max.message.bytes", "104857600"}}).error_code, ErrorCode::kInvalidConfig);
   std::string small = Batch({std::string(300, 's')});
@@ -2551,6 +2566,11 @@ TEST_F(BrokerTest, IncrementalAlterConfigsChangesOnlyWhatItNames) {
   EXPECT_EQ(values["segment.bytes"], "1048576");
   EXPECT_EQ(values["message.timestamp.type"], "LogAppendTime");
   EXPECT_EQ(engine_->GetStream(kKafkaBasin, "inc/1")->info.config.timestamping, metastore::TimestampingMode::kArrival);
+  // retention.ms reads back as set, though the streams keep whole seconds.
+  resp = alter({{{kConfigResourceTopic, "inc", {{"retention.ms", kConfigOpSet, "123456789"}}}}});
+  ASSERT_EQ(resp.responses.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(described()["retention.ms"], "123456789");
+  EXPECT_EQ(engine_->GetStream(kKafkaBasin, "inc/1")->info.config.retention_age_s, 123456);
   // DELETE goes back to the default; APPEND to the list config keeps it valid.
   resp = alter({{{kConfigResourceTopic, "inc",
                   {{"retention.ms", kConfigOpDelete, std::nullopt}, {"cleanup.policy", kConfigOpAppend, "delete"}}}}});

@@ -1254,10 +1254,72 @@ std::optional<int64_t> ConfigInteger(std::string_view text) {
   return v;
 }
 
+// A known config's value as Kafka's ConfigDef would take it (its type and
+// range), whether or not weir applies it: Kafka refuses "abc" for
+// segment.bytes with INVALID_CONFIG, so is it here.
+Status CheckTopicConfigValue(const std::string& name, const std::string& value) {
+  struct Integer {
+    const char* name;
+    int64_t min;
+    int64_t max;
+  };
+  static constexpr int64_t kInt = INT32_MAX, kLong = INT64_MAX;
+  static constexpr Integer kIntegers[] = {
+      {"compression.gzip.level", -1, 9},      {"compression.lz4.level", 1, 17},
+      {"compression.zstd.level", -131072, 22}, {"delete.retention.ms", 0, kLong},
+      {"file.delete.delay.ms", 0, kLong},     {"flush.messages", 1, kLong},
+      {"flush.ms", 0, kLong},                 {"index.interval.bytes", 0, kInt},
+      {"local.retention.bytes", -2, kLong},   {"local.retention.ms", -2, kLong},
+      {"max.compaction.lag.ms", 1, kLong},    {"message.timestamp.after.max.ms", 0, kLong},
+      {"message.timestamp.before.max.ms", 0, kLong}, {"message.timestamp.difference.max.ms", 0, kLong},
+      {"min.compaction.lag.ms", 0, kLong},    {"min.insync.replicas", 1, kInt},
+      {"retention.bytes", INT64_MIN, kLong},  {"segment.bytes", 14, kInt},
+      {"segment.index.bytes", 4, kInt},       {"segment.jitter.ms", 0, kLong},
+      {"segment.ms", 1, kLong}};
+  for (const Integer& i : kIntegers) {
+    if (name != i.name) continue;
+    auto v = ConfigInteger(value);
+    if (!v || *v < i.min || *v > i.max) {
+      return InvalidArgument("invalid value {} for configuration {}: an integer from {} to {}", value, name, i.min,
+                             i.max);
+    }
+    return Status::Ok();
+  }
+  static const std::set<std::string, std::less<>> kBooleans = {
+      "message.downconversion.enable", "preallocate", "remote.log.copy.disable", "remote.log.delete.on.disable",
+      "remote.storage.enable", "unclean.leader.election.enable"};
+  std::string lower;
+  for (char c : value) {
+    if (!std::isspace(static_cast<unsigned char>(c))) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  if (kBooleans.count(name) != 0 && lower != "true" && lower != "false") {
+    return InvalidArgument("invalid value {} for configuration {}: true or false", value, name);
+  }
+  if (name == "compression.type") {
+    static const std::set<std::string, std::less<>> kTypes = {"uncompressed", "zstd", "lz4", "snappy", "gzip",
+                                                              "producer"};
+    if (kTypes.count(lower) == 0) {
+      return InvalidArgument("invalid value {} for configuration compression.type: one of uncompressed, zstd, lz4, "
+                             "snappy, gzip, producer",
+                             value);
+    }
+  }
+  if (name == "min.cleanable.dirty.ratio") {
+    char* end = nullptr;
+    const std::string trimmed = lower;
+    const double d = std::strtod(trimmed.c_str(), &end);
+    if (trimmed.empty() || end != trimmed.c_str() + trimmed.size() || !(d >= 0 && d <= 1)) {
+      return InvalidArgument("invalid value {} for configuration min.cleanable.dirty.ratio: from 0 to 1", value);
+    }
+  }
+  return Status::Ok();
+}
+
 Status ApplyTopicConfig(const std::string& name, const std::optional<std::string>& value,
                         metastore::StreamConfig* cfg, size_t max_batch_bytes) {
   if (!KnownTopicConfig(name)) return InvalidArgument("unknown topic config {}", name);
   if (!value) return Status::Ok();
+  WEIR_RETURN_IF_ERROR(CheckTopicConfigValue(name, *value));
   if (name == "max.message.bytes") {
     auto v = ConfigInteger(*value);
     if (!v || *v < 0 || static_cast<uint64_t>(*v) > max_batch_bytes) {
@@ -1280,6 +1342,19 @@ Status ApplyTopicConfig(const std::string& name, const std::optional<std::string
     if (*value != "delete") return InvalidArgument("cleanup.policy {} is not supported (only delete)", *value);
   }
   return Status::Ok();
+}
+
+// retention.ms as DescribeConfigs shows it: as it was set (the streams keep
+// whole seconds), unless the partitions' retention was changed otherwise.
+std::string RetentionMsOf(const nlohmann::json& stored, int64_t retention_age_s, int64_t age) {
+  auto it = stored.find("retention.ms");
+  if (it != stored.end() && it->is_string()) {
+    if (auto ms = ConfigInteger(it->get<std::string>())) {
+      const int64_t as_age = *ms == -1 ? 0 : std::max<int64_t>(1, *ms / 1000);
+      if (as_age == retention_age_s) return std::to_string(*ms);
+    }
+  }
+  return age == 0 ? "-1" : std::to_string(age * 1000);
 }
 
 // The items of a comma-separated list config value, trimmed, without empty ones.
@@ -1675,7 +1750,7 @@ void Broker::DescribeConfigs(const std::shared_ptr<Request>& req) {
           {"max.message.bytes", std::to_string(MaxMessageBytesOf(table->config)), source("max.message.bytes")},
           {"message.timestamp.type", log_append_time ? "LogAppendTime" : "CreateTime",
            source("message.timestamp.type", log_append_time)},
-          {"retention.ms", age == 0 ? "-1" : std::to_string(age * 1000),
+          {"retention.ms", RetentionMsOf(stored, cfg.retention_age_s, age),
            source("retention.ms", cfg.retention_age_s != defaults.retention_age_s)},
       };
       for (auto& [name, value] : stored.items()) {
