@@ -2210,6 +2210,13 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   EXPECT_EQ(CreateTopic("bad name", 1).error_code, ErrorCode::kInvalidTopicException);
   EXPECT_EQ(CreateTopic("..", 1).error_code, ErrorCode::kInvalidTopicException);
   EXPECT_EQ(CreateTopic(std::string(250, 'n'), 1).error_code, ErrorCode::kInvalidTopicException);
+  // '.' and '_' are one in Kafka's metric names: a topic whose name collides is refused.
+  EXPECT_EQ(CreateTopic("col.x", 1).error_code, ErrorCode::kNone);
+  EXPECT_EQ(CreateTopic("col_x", 1).error_code, ErrorCode::kInvalidTopicException);
+  EXPECT_EQ(CreateTopic("col.x", 1).error_code, ErrorCode::kTopicAlreadyExists);
+  EXPECT_EQ(engine_->GetTable(kKafkaBasin, "col_x").status().code(), Code::kNotFound);
+  ASSERT_EQ(Call(DeleteTopicsRequest{{"col.x"}, 1000}, 1, DecodeDeleteTopicsResponse).responses.at(0).error_code,
+            ErrorCode::kNone);
   // Defaults (-1) are fine.
   EXPECT_EQ(CreateTopic("defaults", -1, -1).error_code, ErrorCode::kNone);
   EXPECT_EQ(engine_->GetTable(kKafkaBasin, "defaults")->bucket_count, 1u);

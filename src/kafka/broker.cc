@@ -323,6 +323,7 @@ Status Broker::CreateTopic(const std::string& topic, int32_t partitions, const s
   if (partitions < 1 || partitions > options_.max_partitions) {
     return InvalidArgument("a topic has 1 to {} partitions, not {}", options_.max_partitions, partitions);
   }
+  WEIR_RETURN_IF_ERROR(CheckTopicCollision(topic));
   metastore::TableInfo t;
   t.basin = options_.basin;
   t.name = topic;
@@ -339,6 +340,28 @@ Status Broker::CreateTopic(const std::string& topic, int32_t partitions, const s
   metrics_.topics_created++;
   Log().info("kafka: created topic {} with {} partitions", topic, partitions);
   return Status::Ok();
+}
+
+Status Broker::CheckTopicCollision(const std::string& topic) {
+  if (topic.find_first_of("._") == std::string::npos) return Status::Ok();
+  auto folded = [](std::string s) {
+    std::replace(s.begin(), s.end(), '.', '_');
+    return s;
+  };
+  const std::string mine = folded(topic);
+  std::string after;
+  for (;;) {
+    WEIR_ASSIGN_OR_RETURN(auto page, engine_->ListTables(options_.basin, "", after, 1000));
+    for (const auto& t : page) {
+      if (t.name != topic && folded(t.name) == mine) {
+        return InvalidArgument("topic '{}' collides with existing topic '{}' ('.' and '_' are one in Kafka's metric "
+                               "names)",
+                               topic, t.name);
+      }
+    }
+    if (page.size() < 1000) return Status::Ok();
+    after = page.back().name;
+  }
 }
 
 Result<uint32_t> Broker::TopicPartitions(const std::string& topic, int32_t create_partitions) {
@@ -1111,6 +1134,8 @@ void Broker::Metadata(const std::shared_ptr<Request>& req) {
         describe(t.name, ErrorCode::kNone, *n);
       } else if (n.status().code() == Code::kNotFound) {
         describe(t.name, ErrorCode::kUnknownTopicOrPartition, 0);
+      } else if (n.status().code() == Code::kInvalidArgument) {  // a name colliding with a topic's
+        describe(t.name, ErrorCode::kInvalidTopicException, 0);
       } else {
         Log().warn("kafka: metadata of topic {}: {}", t.name, n.status().ToString());
         describe(t.name, ErrorCode::kLeaderNotAvailable, 0);
@@ -1415,6 +1440,8 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
       Status st = CreateTopic(t.name, partitions, config.dump(), cfg);
       if (st.code() == Code::kAlreadyExists) {
         fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
+      } else if (st.code() == Code::kInvalidArgument) {  // partitions and name were checked: a collision
+        fail(ErrorCode::kInvalidTopicException, st.message());
       } else if (!st.ok()) {
         fail(AdminFailure(st), st.ToString());
       }

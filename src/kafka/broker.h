@@ -182,6 +182,9 @@ class Broker : public FrameHandler {
   // The partition count of a topic, creating it with `partitions` if it is
   // missing and partitions > 0. kNotFound if missing (and not created).
   Result<uint32_t> TopicPartitions(const std::string& topic, int32_t create_partitions);
+  // kInvalidArgument if another topic's name is this one's with '.' and '_'
+  // taken as one (Kafka refuses such a topic: their metric names collide).
+  Status CheckTopicCollision(const std::string& topic);
   Status CreateTopic(const std::string& topic, int32_t partitions, const std::string& config_json,
                      const metastore::StreamConfig& stream_config);
   void TickLoop();
