@@ -1546,6 +1546,7 @@ void RestApi::SetDraining() {
     }
   }
   for (auto& s : open) s->Drain();
+  WakeReadsForDrain();
 }
 
 std::shared_ptr<BodySink> RestApi::OpenBodyStream(Request head, std::shared_ptr<Exchange> ex) {
@@ -2065,7 +2066,23 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       counted_ = true;
       api_->metrics_.read_sessions++;
     }
+    if (sse_ || (p_.wait_s && *p_.wait_s > 0)) api_->TrackRead(shared_from_this());
     Step();
+  }
+
+  // A drain began: a wait at the tail ends now (its Step answers or ends
+  // the session with server_draining), not at its next tick. Any thread.
+  void WakeForDrain() {
+    uint64_t watch = 0;
+    {
+      std::lock_guard lk(mu_);
+      if (!waiting_ || watch_id_ == 0) return;  // not waiting, or not yet watching: its tick looks
+      waiting_ = false;
+      watch = watch_id_;
+    }
+    api_->engine_->UnwatchTail(c_.basin, stream_, watch);
+    auto self = shared_from_this();
+    c_.ex->Post([self] { self->Step(); });
   }
 
   ~ReadSession() {
@@ -2548,6 +2565,28 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
   uint64_t watch_id_ = 0;
 };
 
+void RestApi::TrackRead(const std::shared_ptr<ReadSession>& s) {
+  {
+    std::lock_guard lk(sessions_mu_);
+    if (read_sessions_.size() >= compact_reads_at_) {
+      std::erase_if(read_sessions_, [](const std::weak_ptr<ReadSession>& w) { return w.expired(); });
+      compact_reads_at_ = std::max<size_t>(64, 2 * read_sessions_.size());
+    }
+    read_sessions_.push_back(s);
+  }
+  if (draining_) s->WakeForDrain();  // tracked after SetDraining's walk
+}
+
+void RestApi::WakeReadsForDrain() {
+  std::vector<std::shared_ptr<ReadSession>> open;
+  {
+    std::lock_guard lk(sessions_mu_);
+    for (auto& w : read_sessions_) {
+      if (auto s = w.lock()) open.push_back(std::move(s));
+    }
+  }
+  for (auto& s : open) s->WakeForDrain();
+}
 void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
   ReadParams p = ParseReadParams(req);
   if (p.start.kind == log::ReadStart::kTimestamp && p.until && p.start.value >= *p.until) {
@@ -2572,7 +2611,7 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
     // As S2: a bounded session does not wait past the tail unless asked to.
     if (!p.wait_s && (p.count || p.bytes || p.until)) p.wait_s = 0;
   }
-  auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), mode);
+  auto session = std::make_shared<ReadSession>(this, c, stream, std::move(p), mode);  // TrackRead at Start
   // Bad input is refused before anything changes (the stream created on read).
   if (const std::string* id = req.Header("last-event-id"); mode == Mode::kSse && id) session->Resume(*id);
   if (mode == Mode::kS2s) session->CompressFrames(S2sCompression(req));

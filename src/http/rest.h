@@ -139,6 +139,12 @@ class RestApi : public Handler {
   std::mutex sessions_mu_;
   std::vector<std::weak_ptr<AppendSession>> append_sessions_;
   void TrackSession(const std::shared_ptr<AppendSession>& s);
+  // Reads that may wait at the tail (sessions, long polls), to wake at a
+  // drain instead of at their next tick. Compacted as it doubles.
+  std::vector<std::weak_ptr<ReadSession>> read_sessions_;  // sessions_mu_
+  size_t compact_reads_at_ = 64;                            // sessions_mu_
+  void TrackRead(const std::shared_ptr<ReadSession>& s);
+  void WakeReadsForDrain();
 
   log::Engine* engine_;
   RestOptions options_;
