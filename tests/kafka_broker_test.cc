@@ -2213,6 +2213,7 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   // '.' and '_' are one in Kafka's metric names: a topic whose name collides is refused.
   EXPECT_EQ(CreateTopic("col.x", 1).error_code, ErrorCode::kNone);
   EXPECT_EQ(CreateTopic("col_x", 1).error_code, ErrorCode::kInvalidTopicException);
+  EXPECT_EQ(CreateTopic("col_x", 1, 1, {}, /*validate_only=*/true).error_code, ErrorCode::kInvalidTopicException);
   EXPECT_EQ(CreateTopic("col.x", 1).error_code, ErrorCode::kTopicAlreadyExists);
   EXPECT_EQ(engine_->GetTable(kKafkaBasin, "col_x").status().code(), Code::kNotFound);
   ASSERT_EQ(Call(DeleteTopicsRequest{{"col.x"}, 1000}, 1, DecodeDeleteTopicsResponse).responses.at(0).error_code,
@@ -2573,6 +2574,18 @@ TEST_F(BrokerTest, IncrementalAlterConfigsChangesOnlyWhatItNames) {
   EXPECT_EQ(values["segment.bytes"], "1048576");
   EXPECT_EQ(values["message.timestamp.type"], "LogAppendTime");
   EXPECT_EQ(engine_->GetStream(kKafkaBasin, "inc/1")->info.config.timestamping, metastore::TimestampingMode::kArrival);
+  // A value stored before values were checked does not block changes to others.
+  {
+    metastore::TableInfo old;
+    old.basin = kKafkaBasin;
+    old.name = "unchecked";
+    old.config = R"({"segment.bytes":"abc"})";
+    ASSERT_TRUE(engine_->CreateTable(old, metastore::LogTableStreamConfig()).ok());
+    auto r = alter({{{kConfigResourceTopic, "unchecked", {{"retention.ms", kConfigOpSet, "60000"}}}}});
+    EXPECT_EQ(r.responses.at(0).error_code, ErrorCode::kNone) << r.responses.at(0).error_message.value_or("");
+    r = alter({{{kConfigResourceTopic, "unchecked", {{"segment.bytes", kConfigOpSet, "abc"}}}}});
+    EXPECT_EQ(r.responses.at(0).error_code, ErrorCode::kInvalidConfig);
+  }
   // retention.ms reads back as set, though the streams keep whole seconds.
   resp = alter({{{kConfigResourceTopic, "inc", {{"retention.ms", kConfigOpSet, "123456789"}}}}});
   ASSERT_EQ(resp.responses.at(0).error_code, ErrorCode::kNone);

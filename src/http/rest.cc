@@ -2442,6 +2442,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       ticking_ = true;
     }
     if (start_ticking) Tick();
+    // A drain that walked the sessions before this wait was watching: seen
+    // here (draining_ is set before the walk).
+    if (api_->draining_) WakeForDrain();
   }
 
   // Once a second (or at the deadline, if sooner) while the session waits: a
@@ -2574,7 +2577,6 @@ void RestApi::TrackRead(const std::shared_ptr<ReadSession>& s) {
     }
     read_sessions_.push_back(s);
   }
-  if (draining_) s->WakeForDrain();  // tracked after SetDraining's walk
 }
 
 void RestApi::WakeReadsForDrain() {

@@ -323,6 +323,8 @@ Status Broker::CreateTopic(const std::string& topic, int32_t partitions, const s
   if (partitions < 1 || partitions > options_.max_partitions) {
     return InvalidArgument("a topic has 1 to {} partitions, not {}", options_.max_partitions, partitions);
   }
+  // As Kafka: a topic that exists is TOPIC_ALREADY_EXISTS before any collision.
+  if (engine_->GetTable(options_.basin, topic).ok()) return AlreadyExists("topic '{}' already exists", topic);
   WEIR_RETURN_IF_ERROR(CheckTopicCollision(topic));
   metastore::TableInfo t;
   t.basin = options_.basin;
@@ -349,9 +351,11 @@ Status Broker::CheckTopicCollision(const std::string& topic) {
     return s;
   };
   const std::string mine = folded(topic);
+  // A colliding name has this one's characters up to its first '.' or '_'.
+  const std::string prefix = topic.substr(0, topic.find_first_of("._"));
   std::string after;
   for (;;) {
-    WEIR_ASSIGN_OR_RETURN(auto page, engine_->ListTables(options_.basin, "", after, 1000));
+    WEIR_ASSIGN_OR_RETURN(auto page, engine_->ListTables(options_.basin, prefix, after, 1000));
     for (const auto& t : page) {
       if (t.name != topic && folded(t.name) == mine) {
         return InvalidArgument("topic '{}' collides with existing topic '{}' ('.' and '_' are one in Kafka's metric "
@@ -1340,11 +1344,13 @@ Status CheckTopicConfigValue(const std::string& name, const std::string& value) 
   return Status::Ok();
 }
 
+// `check_value`: false for a stored value carried over unchanged (stored
+// before its value was checked, it must not block changes to other configs).
 Status ApplyTopicConfig(const std::string& name, const std::optional<std::string>& value,
-                        metastore::StreamConfig* cfg, size_t max_batch_bytes) {
+                        metastore::StreamConfig* cfg, size_t max_batch_bytes, bool check_value = true) {
   if (!KnownTopicConfig(name)) return InvalidArgument("unknown topic config {}", name);
   if (!value) return Status::Ok();
-  WEIR_RETURN_IF_ERROR(CheckTopicConfigValue(name, *value));
+  if (check_value) WEIR_RETURN_IF_ERROR(CheckTopicConfigValue(name, *value));
   if (name == "max.message.bytes") {
     auto v = ConfigInteger(*value);
     if (!v || *v < 0 || static_cast<uint64_t>(*v) > max_batch_bytes) {
@@ -1447,6 +1453,10 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
       }
     } else if (r.error_code == ErrorCode::kNone && engine_->GetTable(options_.basin, t.name).ok()) {
       fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
+    } else if (r.error_code == ErrorCode::kNone) {
+      if (Status c = CheckTopicCollision(t.name); c.code() == Code::kInvalidArgument) {
+        fail(ErrorCode::kInvalidTopicException, c.message());
+      }
     }
     resp.topics.push_back(std::move(r));
   }
@@ -1624,8 +1634,10 @@ void Broker::ReplaceTopicConfigs(const std::string& topic, const std::vector<Alt
   nlohmann::json config = nlohmann::json::object();
   std::set<std::string> seen;
   for (const auto& c : set) {
-    Status st = !seen.insert(c.name).second ? InvalidArgument("config {} is named more than once", c.name)
-                                             : ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes);
+    const bool carried_over = named != nullptr && named->count(c.name) == 0;
+    Status st = !seen.insert(c.name).second
+                    ? InvalidArgument("config {} is named more than once", c.name)
+                    : ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes, !carried_over);
     if (!st.ok()) {
       out->error_code = ErrorCode::kInvalidConfig;
       out->error_message = st.message();
