@@ -32,7 +32,7 @@ ErrorCode AppendError(const log::AppendOutcome& o) {
     case Code::kNotSupported:
       return ErrorCode::kTransactionalIdAuthorizationFailed;
     case Code::kOutOfRange:
-      return o.unknown_producer ? ErrorCode::kUnknownProducerId : ErrorCode::kOutOfOrderSequenceNumber;
+      return ErrorCode::kOutOfOrderSequenceNumber;  // a producer not known here starts anywhere (KIP-360)
     case Code::kFenced:  // the producer's epoch, or this node's WAL lost to a successor
       return o.producer_fenced ? ErrorCode::kInvalidProducerEpoch : ErrorCode::kNotLeaderOrFollower;
     case Code::kNotFound:
@@ -647,9 +647,6 @@ log::AppendCallback Broker::JobDone(const std::shared_ptr<Request>& req, const s
         if (o.ack.log_append_time) pr.log_append_time_ms = o.ack.last_timestamp_ms;
       } else {
         pr.base_offset = -1;
-        // Java clients retry an UNKNOWN_PRODUCER_ID whose log start is
-        // unknown (-1) instead of resetting the producer's sequence.
-        if (o.unknown_producer) pr.log_start_offset = static_cast<int64_t>(o.ack.log_start);
         metrics_.produce_errors++;
         Log().debug("kafka: produce to {}[{}] from {}: {}", run->resp->responses[ti].name, pr.index,
                     req->reply->peer(), o.status.ToString());

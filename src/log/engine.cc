@@ -1660,9 +1660,7 @@ std::optional<AppendOutcome> Engine::RefusedByANewStream(const AppendOptions& op
     const ProducerRef& p = *options.producer;
     auto check = ProducerWindows{}.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count), p.unknown_starts_anywhere);
     if (!check.ok()) {
-      AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
-      o.unknown_producer = check.status().code() == Code::kOutOfRange;
-      return o;
+      return AppendOutcome{check.status(), {}, std::nullopt, std::nullopt};
     }
   }
   if (options.fencing_token && !options.fencing_token->empty()) {
@@ -1880,7 +1878,6 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
   auto check = s->live.producers.Check(p.id, p.epoch, p.seq, static_cast<int32_t>(count), p.unknown_starts_anywhere);
   if (!check.ok()) {
     AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
-    o.unknown_producer = check.status().code() == Code::kOutOfRange && !s->live.producers.Knows(p.id);
     o.producer_fenced = check.status().code() == Code::kFenced;
     o.ack.log_start = LogStart(*s);
     lk.unlock();

@@ -210,10 +210,6 @@ struct AppendOutcome {
   AppendAck ack;
   std::optional<uint64_t> seq_num_mismatch;  // the stream's tail
   std::optional<std::string> fencing_token_mismatch;  // the current token
-  // With a producer: the producer has no window on this stream and the batch
-  // does not start at sequence 0 (Kafka's UNKNOWN_PRODUCER_ID); status is
-  // kOutOfRange. Refusals by the producer's window also set ack.log_start.
-  bool unknown_producer = false;
   // The producer's epoch is older than its window's (Kafka's
   // INVALID_PRODUCER_EPOCH); status is kFenced. Any other kFenced means this
   // node lost its WAL to a successor: the append was not written, retry.

@@ -570,23 +570,18 @@ Result<std::optional<TableInfo>> SqlMetastore::TableOfBucket(std::string_view ba
   return std::optional<TableInfo>(std::move(table));
 }
 
-Result<uint64_t> SqlMetastore::LastStreamId() {
+Result<uint64_t> SqlMetastore::CounterValue(std::string_view op, std::string_view name) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
-  return Locked("LastStreamId", [&]() -> Result<uint64_t> {
+  return Locked(op, [&]() -> Result<uint64_t> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kCounterValue));
-    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, kStreamIdCounter).Step("read the stream id counter"));
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, name).Step(fmt::format("read the {} counter", name)));
     return row ? U64(st.ColInt(0)) : uint64_t{0};
   });
 }
 
-Result<uint64_t> SqlMetastore::LastProducerId() {
-  counters_.reads.fetch_add(1, std::memory_order_relaxed);
-  return Locked("LastProducerId", [&]() -> Result<uint64_t> {
-    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kCounterValue));
-    WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, kProducerIdCounter).Step("read the producer id counter"));
-    return row ? U64(st.ColInt(0)) : uint64_t{0};
-  });
-}
+Result<uint64_t> SqlMetastore::LastStreamId() { return CounterValue("LastStreamId", kStreamIdCounter); }
+
+Result<uint64_t> SqlMetastore::LastProducerId() { return CounterValue("LastProducerId", kProducerIdCounter); }
 
 Result<uint64_t> SqlMetastore::NextCounter(std::string_view name) {
   WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kBumpCounter));

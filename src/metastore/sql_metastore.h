@@ -162,6 +162,8 @@ class SqlMetastore final : public Metastore {
   // The table whose bucket `stream` backs, if any.
   Result<std::optional<TableInfo>> TableOfBucket(std::string_view basin, std::string_view stream);
   Result<uint64_t> NextCounter(std::string_view name);
+  // A counter's value (0 before its first use), as operation `op`.
+  Result<uint64_t> CounterValue(std::string_view op, std::string_view name);
   Result<std::optional<NodeState>> ReadNode(std::string_view node);
   // In a transaction: the node's state, or kPreconditionFailed unless `node`
   // holds `epoch` (a successor minted a later one, or it was never minted).
