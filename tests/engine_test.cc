@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <future>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "log/engine_internal.h"
 #include "metastore/sql_metastore.h"
 #include "wal/slot_format.h"
+#include "wal/writer.h"
 
 namespace weir::log {
 namespace {
@@ -1030,15 +1032,17 @@ TEST_F(EngineTest, ASupersededHaltAcknowledgesALandedSlotBelowItWhosePutIsStillH
 }
 
 // Slot `garbled`'s first PUT lands and answers an error (the answer was
-// lost), and every ranged read of it answers bytes that are no envelope (a
-// proxy's page): the writer's retry meets 412, cannot read the envelope, and
-// halts the chain there (as at another writer's slot).
+// lost), and ranged reads of it (every one, or the first `reads`) answer
+// bytes that are no envelope (a proxy's page): the writer's retry meets 412,
+// cannot read the envelope, and halts the chain there (as at another
+// writer's slot).
 class UnreadableSlotStore : public testing::GatedStore {
  public:
   using GatedStore::GatedStore;
-  void Garble(std::string key) {
+  void Garble(std::string key, int reads = std::numeric_limits<int>::max()) {
     std::lock_guard lk(mu_);
     garbled_ = std::move(key);
+    garbled_reads_left_ = reads;
   }
   Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& o = {}) override {
     Status st = GatedStore::Put(key, data, o);
@@ -1046,7 +1050,7 @@ class UnreadableSlotStore : public testing::GatedStore {
     return st;
   }
   Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> r = std::nullopt) override {
-    if (r && IsGarbled(key)) return std::string("<html>502 Bad Gateway</html>");
+    if (r && IsGarbled(key) && TakeGarbledRead()) return std::string("<html>502 Bad Gateway</html>");
     return GatedStore::Get(key, r);
   }
 
@@ -1055,8 +1059,15 @@ class UnreadableSlotStore : public testing::GatedStore {
     std::lock_guard lk(mu_);
     return !garbled_.empty() && key == garbled_;
   }
+  bool TakeGarbledRead() {
+    std::lock_guard lk(mu_);
+    if (garbled_reads_left_ == 0) return false;
+    --garbled_reads_left_;
+    return true;
+  }
   std::mutex mu_;
   std::string garbled_;
+  int garbled_reads_left_ = 0;
   std::atomic<bool> lost_{false};
 };
 
@@ -1125,6 +1136,66 @@ TEST_P(SupersededHaltTest, NoAppendOfASlotBelowTheHaltThatNeverLandedIsAcknowled
   Start();
   ASSERT_TRUE(engine_);
   EXPECT_EQ(ReadAll("s"), std::vector<std::string>{});
+}
+
+// Our own slot whose PUT landed with its answer lost and whose envelope then
+// read back garbled until the writer halted, and reads fine at the fence:
+// the fence walks past it. It used to be taken for another writer's slot, so
+// the appends in it (committed: every restart replays them) were failed as
+// corrupt, and the writer took no more appends. Now the slot is read back as
+// ours, acknowledged, and the writer resumes past it.
+TEST_F(EngineTest, AHaltAtOurOwnSlotThatReadBackGarbledResumesPastIt) {
+  settle_on_close_ = false;  // the restart replays the WAL
+  auto garbling = std::make_shared<UnreadableSlotStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(garbling);
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  garbling->Garble(wal::SlotKey("n1", epoch, 0), wal::Writer::kUnreadableEnvelopeReads);
+  AppendOutcome a = engine_->Append(kBasin, "s", Bodies({"a"}), {});
+  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+  EXPECT_EQ(a.ack.start_offset, 0u);
+  EXPECT_GT(engine_->epoch(), epoch) << "the halt was handled in a new epoch";
+  AppendOutcome b = engine_->Append(kBasin, "s", Bodies({"b"}), {});
+  ASSERT_TRUE(b.status.ok()) << b.status.ToString();
+  EXPECT_EQ(b.ack.start_offset, 1u);
+  Restart();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+}
+
+// The same slot when a successor holds the node by the time the halt is
+// handled: the successor's walk takes our slot (a flight, with none missing
+// below it), so its append was failed as "not written" (Fenced) though every
+// later owner replays it. Now the slot is read back as ours and acknowledged.
+TEST_F(EngineTest, ASupersededHaltAtOurOwnLandedSlotIsAcknowledged) {
+  settle_on_close_ = false;
+  auto garbling = std::make_shared<UnreadableSlotStore>(store_);
+  auto hooked = RestartHooked(garbling);
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  garbling->Garble(wal::SlotKey("n1", epoch, 0), wal::Writer::kUnreadableEnvelopeReads);
+  std::unique_ptr<Engine> next;
+  hooked->before_mint = [&] {
+    auto e = Engine::Open(Options(), store_, meta_);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (e.ok()) next = std::move(*e);
+  };
+  AppendOutcome a = engine_->Append(kBasin, "s", Bodies({"a"}), {});
+  ASSERT_TRUE(next);
+  EXPECT_TRUE(engine_->superseded());
+  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+  EXPECT_EQ(a.ack.start_offset, 0u);
+  AppendOutcome b = engine_->Append(kBasin, "s", Bodies({"b"}), {});
+  EXPECT_EQ(b.status.code(), Code::kFenced) << b.status.ToString();
+  engine_->Close();
+  engine_.reset();
+  auto r = next->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 1u) << "the successor replays our slot";
+  EXPECT_EQ(r->records[0].record.value, "a");
+  next->Close();
+  next.reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(ForeignOrUnreadable, SupersededHaltTest, ::testing::Bool(),
@@ -1474,6 +1545,42 @@ TEST_F(EngineTest, AReadByTimeWithATinyLimitFetchesASegmentOnceNotOncePerBatch) 
   ASSERT_EQ(r->records.size(), 1u);
   EXPECT_EQ(r->records[0].offset, 0u);
   EXPECT_EQ(counted->counters().gets.load() - before, 1u);
+}
+
+// A store whose next `failures` DeleteMany calls fail before deleting anything.
+class FailingDeletesStore : public testing::GatedStore {
+ public:
+  using GatedStore::GatedStore;
+  std::atomic<int> failures{0};
+  Status DeleteMany(std::span<const std::string> keys) override {
+    if (failures.load() > 0) {
+      failures.fetch_sub(1);
+      return Unavailable("the store is busy");
+    }
+    return GatedStore::DeleteMany(keys);
+  }
+};
+
+// Settled slots whose deletes failed stayed until the next start's sweep
+// (each round deleted only its own); the next round deletes them too.
+TEST_F(EngineTest, SettledSlotsWhoseDeletesFailedAreDeletedByTheNextRound) {
+  auto failing = std::make_shared<FailingDeletesStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(failing);
+  ASSERT_TRUE(engine_);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a" + std::to_string(i)})).status.ok());
+  const size_t before = CountKeys(*store_, "wal/n1/");
+  ASSERT_GE(before, 3u);
+  failing->failures = 1;
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_EQ(failing->failures.load(), 0) << "the round deleted its slots";
+  EXPECT_GE(CountKeys(*store_, "wal/n1/"), before) << "the failed delete deleted nothing";
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"b" + std::to_string(i)})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  // Every slot below the checkpoint is gone; only the last released slot may remain.
+  EXPECT_LE(CountKeys(*store_, "wal/n1/"), 1u);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a0", "a1", "a2", "b0", "b1", "b2"}));
 }
 
 TEST_F(EngineTest, SettleMovesSlotsIntoSegmentsInOneTransaction) {

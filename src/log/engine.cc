@@ -209,10 +209,13 @@ std::pair<uint64_t, Status> Engine::SupersededCut(const wal::ChainRef& chain, ui
   // first that is not, nothing is acknowledged. At a poison nothing from
   // there on is replayed (not written); at a missing or unreadable slot, or
   // another writer's flight (the walk counts it and goes on), the
-  // successor's walk may still take ours (unknown).
+  // successor's walk may still take ours (unknown). The halted slot itself is
+  // read too: ours (landed, its envelope read back garbled until the halt)
+  // means the successor's walk goes on past it, into slots whose PUTs may
+  // have landed (unknown from the next one on).
   const auto [released_epoch, released_seq] = wal_->released_below();
   uint64_t seq = released_epoch == chain.epoch ? released_seq : 0;
-  for (; seq < halted; ++seq) {
+  for (; seq <= halted; ++seq) {
     auto probe = wal::ProbeSlot(*wal_store_, chain, seq);
     if (!probe.ok()) {
       return {seq, Unavailable("node {} was superseded, and its WAL slot {} could not be classified ({}): "
@@ -234,7 +237,30 @@ std::pair<uint64_t, Status> Engine::SupersededCut(const wal::ChainRef& chain, ui
                                options_.node, seq)};
     }
   }
+  if (seq > halted) {
+    return {seq, Unavailable("node {} was superseded past its WAL slot {}: whether the appends from there on "
+                             "are kept is unknown",
+                             options_.node, halted)};
+  }
   return {seq, Fenced("node {} was superseded", options_.node)};
+}
+
+Status Engine::OwnFlights(const wal::ChainRef& chain, uint64_t from, uint64_t to) {
+  for (uint64_t seq = from; seq < to; ++seq) {
+    auto probe = wal::ProbeSlot(*wal_store_, chain, seq);
+    if (!probe.ok()) {
+      return Unavailable("WAL chain {}/{}: slot {} could not be read back ({}): whether the append landed is unknown",
+                         chain.node, chain.epoch, seq, probe.status().message());
+    }
+    if (probe->state != wal::SlotState::kFlight) {
+      return Unavailable("WAL chain {}/{}: slot {} changed while it was fenced: whether the append landed is unknown",
+                         chain.node, chain.epoch, seq);
+    }
+    if (probe->envelope.nonce != wal_->nonce()) {
+      return Corruption("WAL chain {}/{} holds another writer's slots from {} on", chain.node, chain.epoch, seq);
+    }
+  }
+  return Status::Ok();
 }
 
 void Engine::HandleHalt(uint64_t epoch) {
@@ -242,9 +268,10 @@ void Engine::HandleHalt(uint64_t epoch) {
   wal::ChainRef chain{options_.node, epoch};
   std::lock_guard settle(settle_mu_);  // the checkpoint must not move meanwhile
   // Fails what cannot be acknowledged. It refuses only a writer not halted or
-  // a cut past the halted slot, which the callers below rule out: say so loudly.
-  auto abandon = [&](uint64_t cut, const Status& why, const Status& unwritten = Status::Ok()) {
-    if (Status st = wal_->Abandon(cut, why, unwritten); !st.ok()) {
+  // a cut past the slots cut, which the callers below rule out: say so loudly.
+  auto abandon = [&](uint64_t cut, const Status& why, const Status& unwritten = Status::Ok(),
+                     wal::Writer::PastHalt past_halt = wal::Writer::PastHalt::kRefuse) {
+    if (Status st = wal_->Abandon(cut, why, unwritten, past_halt); !st.ok()) {
       Log().error("abandoning WAL chain {}/{} from slot {}: {}", options_.node, epoch, cut, st.ToString());
     }
   };
@@ -285,7 +312,8 @@ void Engine::HandleHalt(uint64_t epoch) {
     if (halted) {
       // Appends never cut into a slot were not written, whatever the slots'.
       const auto [cut, why] = SupersededCut(chain, *halted);
-      abandon(cut, why, Fenced("node {} was superseded", options_.node));
+      // A cut past the halted slot: SupersededCut read it back as ours.
+      abandon(cut, why, Fenced("node {} was superseded", options_.node), wal::Writer::PastHalt::kOurs);
     }
     return;
   }
@@ -318,21 +346,28 @@ void Engine::HandleHalt(uint64_t epoch) {
     }
     return;
   }
-  // The fence counts any occupant as committed; one past the slot our PUT
-  // found taken means objects of another writer at our epoch's keys (never
-  // ours: the halted slot was not written by us). Nothing at or after the
-  // halted slot can be acknowledged; the slots below it are ours.
+  // The fence counts any occupant as committed, so a cut past the slot our
+  // PUT found taken means it read an occupant there: another writer's slots
+  // at our epoch's keys, or our own (a PUT that landed with its answer lost,
+  // whose envelope read back garbled until the writer halted). Ours are
+  // committed and resumed past; otherwise nothing at or after the halted
+  // slot can be acknowledged (the slots below it are ours).
+  auto past_halt = wal::Writer::PastHalt::kRefuse;
   if (std::optional<uint64_t> halted = wal_->halted_seq(); halted && fence->cut > *halted) {
-    Log().error("WAL chain {}/{}: slot {} and later are held by another writer; failing appends from it on",
-                options_.node, epoch, *halted);
-    abandon(*halted, Corruption("WAL chain {}/{} holds another writer's slots from {} on", options_.node, epoch,
-                                *halted));
-    return;
+    if (Status theirs = OwnFlights(chain, *halted, fence->cut); !theirs.ok()) {
+      Log().error("WAL chain {}/{}: failing appends from slot {} on: {}", options_.node, epoch, *halted,
+                  theirs.ToString());
+      abandon(*halted, theirs);
+      return;
+    }
+    Log().warn("WAL chain {}/{}: slots {} to {} are our own flights after all; resuming past them", options_.node,
+               epoch, *halted, fence->cut - 1);
+    past_halt = wal::Writer::PastHalt::kOurs;
   }
   epoch_cuts_[epoch] = fence->cut;
   auto garbage = wal::DeleteGarbage(*wal_store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
   if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
-  Status st = wal_->Resume(minted->epoch, fence->cut);
+  Status st = wal_->Resume(minted->epoch, fence->cut, past_halt);
   if (st.ok()) return;
   // Left halted, its pending appends would wait for ever: fail them.
   Log().error("resuming the WAL in epoch {}: {}; failing its pending appends", minted->epoch, st.ToString());

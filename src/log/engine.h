@@ -708,9 +708,14 @@ class Engine {
   // writer into it, or abandon the writer if a successor holds the node.
   void HandleHalt(uint64_t epoch);
   // For HandleHalt once a successor holds the node: where to abandon the
-  // halted chain (the first slot below `halted` not yet released that is not
-  // our flight, else `halted`), and what the appends from there on get.
+  // halted chain (the first slot up to `halted` not yet released that is not
+  // our flight, else the one after `halted`), and what the appends from there
+  // on get.
   std::pair<uint64_t, Status> SupersededCut(const wal::ChainRef& chain, uint64_t halted);
+  // For HandleHalt when the fence walked past the halted slot: Ok if slots
+  // [from, to) of `chain` are all our own flights; Corruption at another
+  // writer's; Unavailable if one cannot be read or is no flight now.
+  Status OwnFlights(const wal::ChainRef& chain, uint64_t from, uint64_t to);
   void SettleLoop();
   // Batches evicted from the log cache, read back from their WAL slots: one
   // ranged GET per run of `refs` adjacent in one slot (a stream's batches in
@@ -760,8 +765,12 @@ class Engine {
   // After a settle commit that may have landed (timeout, unavailable): whether
   // the node's checkpoint is `target`, read back (with retries).
   Result<bool> SettleLanded(const metastore::ChainPosition& target);
-  // Deletes WAL slots from `from` up to `to` (exclusive), across epochs.
+  // Deletes WAL slots from `from` up to `to` (exclusive), across epochs, and
+  // those of earlier rounds whose deletes failed (kept for the next round).
   void DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to);
+  // Slots past this many that are still to be deleted after failed deletes
+  // are left to the next start's sweep (memory stays bounded).
+  static constexpr size_t kMaxUndeletedSlots = 100'000;
 
   EngineOptions options_;
   std::shared_ptr<objstore::ObjectStore> store_;
@@ -814,6 +823,9 @@ class Engine {
   std::mutex settle_mu_;  // one settle cycle at a time; guards the fields below
   metastore::ChainPosition checkpoint_;
   std::map<uint64_t, uint64_t> epoch_cuts_;  // fenced epochs of this node -> cut
+  // Settled WAL slots from here on were not deleted (a DeleteMany failed):
+  // the next round deletes them with its own.
+  std::optional<metastore::ChainPosition> undeleted_slots_from_;
   TimePoint last_retention_;
   TimePoint last_merge_;
   uint64_t merge_resume_at_ = 0;  // the stream id the last merge pass stopped at (settle thread, settle_mu_)

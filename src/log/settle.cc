@@ -379,7 +379,8 @@ Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segment
   return Status::Ok();
 }
 
-void Engine::DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to) {
+void Engine::DeleteSlots(const metastore::ChainPosition& round_from, const metastore::ChainPosition& to) {
+  const metastore::ChainPosition from = undeleted_slots_from_.value_or(round_from);
   std::vector<std::string> keys;
   for (uint64_t e = std::max<uint64_t>(from.epoch, 1); e <= to.epoch; ++e) {
     uint64_t first = e == from.epoch ? from.seq : 0;
@@ -394,9 +395,14 @@ void Engine::DeleteSlots(const metastore::ChainPosition& from, const metastore::
   if (keys.empty()) return;
   Status st = wal_store_->DeleteMany(keys);
   if (!st.ok()) {
-    Log().warn("deleting {} settled WAL slots: {}", keys.size(), st.ToString());
+    // Some may be gone: deleting them again is harmless.
+    const bool keep = keys.size() <= kMaxUndeletedSlots;
+    Log().warn("deleting {} settled WAL slots: {}; {}", keys.size(), st.ToString(),
+               keep ? "the next settle round tries them again" : "left to the next start's sweep");
+    undeleted_slots_from_ = keep ? std::optional(from) : std::nullopt;
     return;
   }
+  undeleted_slots_from_.reset();
   metrics_.slots_deleted.fetch_add(keys.size());
 }
 

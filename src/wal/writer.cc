@@ -572,15 +572,13 @@ void Writer::Requeue(std::vector<std::shared_ptr<Slot>>& slots) {
   }
 }
 
-Status Writer::Resume(uint64_t new_epoch, uint64_t cut) {
+Status Writer::Resume(uint64_t new_epoch, uint64_t cut, PastHalt past_halt) {
   {
     std::lock_guard lk(mu_);
     if (!halted_seq_) return PreconditionFailed("WAL chain {}/{} is not halted", options_.node, epoch_);
     // Close decides the halted chain's end itself (it abandons from the cut).
     if (closing_) return PreconditionFailed("WAL chain {}/{} is closing", options_.node, epoch_);
-    if (cut > *halted_seq_) {
-      return InvalidArgument("fence cut {} is past the halted slot {}", cut, *halted_seq_);
-    }
+    if (Status st = CheckCut(cut, past_halt); !st.ok()) return st;
     if (new_epoch <= epoch_) return InvalidArgument("new epoch {} must exceed {}", new_epoch, epoch_);
     std::vector<std::shared_ptr<Slot>> requeue;
     for (auto it = slots_.begin(); it != slots_.end();) {
@@ -613,13 +611,21 @@ Status Writer::Resume(uint64_t new_epoch, uint64_t cut) {
   return Status::Ok();
 }
 
-Status Writer::Abandon(uint64_t cut, const Status& reason, const Status& unwritten) {
+Status Writer::CheckCut(uint64_t cut, PastHalt past_halt) const {
+  if (cut > *halted_seq_ && past_halt != PastHalt::kOurs) {
+    return InvalidArgument("fence cut {} is past the halted slot {}", cut, *halted_seq_);
+  }
+  if (cut > next_seq_) return InvalidArgument("fence cut {} is past the slots cut ({})", cut, next_seq_);
+  return Status::Ok();
+}
+
+Status Writer::Abandon(uint64_t cut, const Status& reason, const Status& unwritten, PastHalt past_halt) {
   std::vector<Entry> failed;
   size_t in_slots = 0;  // failed[0, in_slots) were cut into slots; the rest never were
   {
     std::lock_guard lk(mu_);
     if (!halted_seq_) return PreconditionFailed("WAL chain {}/{} is not halted", options_.node, epoch_);
-    if (cut > *halted_seq_) return InvalidArgument("fence cut {} is past the halted slot {}", cut, *halted_seq_);
+    if (Status st = CheckCut(cut, past_halt); !st.ok()) return st;
     for (auto it = slots_.begin(); it != slots_.end();) {
       Slot& slot = **it;
       slot.abandoned = true;
