@@ -143,10 +143,12 @@ Result<Target> ParseDescriptor(const proto::FlightDescriptor& d, const std::stri
 }
 
 // A DoGet ticket (GetFlightInfo makes them): {"basin"?, "table", "bucket",
-// "from"?, "until"?, "follow"?}: the bucket's records from offset `from`
-// (default 0; below the first held, from that) up to `until` (exclusive;
-// default the tail when the call starts), or, with "follow": true, on past
-// the tail as records are acknowledged, until the client cancels.
+// "from"?, "until"?, "follow"?, "stream_id"?}: the bucket's records from
+// offset `from` (default 0; below the first held, from that) up to `until`
+// (exclusive; default the tail when the call starts), or, with "follow":
+// true, on past the tail as records are acknowledged, until the client
+// cancels. With "stream_id" (GetFlightInfo's tickets carry it), only that
+// incarnation of the bucket's stream: not one made again under its name.
 struct ReadTicket {
   std::string basin;
   std::string table;
@@ -154,6 +156,7 @@ struct ReadTicket {
   uint64_t from = 0;
   std::optional<uint64_t> until;
   bool follow = false;
+  std::optional<uint64_t> stream_id;
 };
 
 Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& default_basin) {
@@ -173,6 +176,9 @@ Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& defa
     } else if (key == "follow") {
       if (!value.is_boolean()) return InvalidArgument("ticket: follow must be true or false");
       out.follow = value.get<bool>();
+    } else if (key == "stream_id") {
+      WEIR_ASSIGN_OR_RETURN(uint64_t id, JsonUint(value, "ticket stream_id", INT64_MAX));
+      out.stream_id = id;
     } else if (key == "from" || key == "until") {
       WEIR_ASSIGN_OR_RETURN(uint64_t o, JsonUint(value, "ticket " + key, INT64_MAX));
       if (key == "from") {
@@ -237,11 +243,13 @@ constexpr const char* kDeleteTable = "delete-table";
 
 struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   Impl(const FlightOptions& o, log::Engine* e)
-      : options(o), engine(e), workers(std::max<size_t>(o.workers, 1)), readers(kReaders) {
+      : options(o), engine(e), workers(std::max<size_t>(o.workers, 1)), readers(kReaders), actors(kActors) {
     NameThreads(workers, std::max<size_t>(o.workers, 1), "weir-flight-put");
     NameThreads(readers, kReaders, "weir-flight-get");
+    NameThreads(actors, kActors, "weir-flight-act");
   }
   static constexpr size_t kReaders = 2;
+  static constexpr size_t kActors = 2;
 
   grpc::ServerBidiReactor<proto::FlightData, proto::PutResult>* DoPut(grpc::CallbackServerContext* ctx) override;
   grpc::ServerWriteReactor<proto::FlightData>* DoGet(grpc::CallbackServerContext* ctx,
@@ -289,6 +297,13 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
     if (auto bearer = Credentials(ctx, "bearer"); bearer && ConstantTimeEqual(*bearer, options.auth_token)) {
       return grpc::Status::OK;
     }
+    // Arrow's legacy auth handlers (C++, Python, Java) send the token their
+    // Handshake got back as this binary header.
+    const auto& md = ctx->client_metadata();
+    if (auto it = md.find("auth-token-bin");
+        it != md.end() && ConstantTimeEqual(std::string_view(it->second.data(), it->second.size()), options.auth_token)) {
+      return grpc::Status::OK;
+    }
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "a bearer token is needed (authorization: Bearer <token>)");
   }
   // Whether the call's authorization header is Basic credentials whose
@@ -308,12 +323,14 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   FlightMetrics metrics;
   std::atomic<uint64_t> round_robin{0};  // AppendTable's bucket for keyless rows, batch by batch
   // DoPut's messages (decoding, the table lookup of a call's first message,
-  // appends) on `workers`; reads, schemas and actions on `readers`. A batch
+  // appends) on `workers`; reads and schemas on `readers`; actions (metastore
+  // writes that may take long: a table of many buckets) on `actors`. A batch
   // waiting for room in the WAL pool holds neither (WhenAdmissible looks
   // again from a timer on `workers`), except one whose parts could never fit
   // the pool at once: each waits for its own room on its worker.
   net::thread_pool workers;
   net::thread_pool readers;
+  net::thread_pool actors;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   std::once_flag stop_begun, stopped;
@@ -737,16 +754,18 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     for (size_t i = 0; i < batches.size(); ++i) {
       auto& [bucket, batch] = batches[i];
       const uint32_t b = bucket;
-      {
-        // A part failed (or the call ended) meanwhile: the rest are not sent.
+      if (i == 0) {
+        // A part failed (or the call ended) meanwhile: nothing is sent. Once
+        // the first part is handed over the rest follow, so that the call
+        // ending meanwhile does not cut the batch in two (its client, told
+        // the call's error, cannot tell which buckets took their part).
         std::unique_lock lk(mu_);
         if (Stopping()) {
           Slot& s = slots_[index - base_];
           s.waiting -= batches.size() - i;
           if (s.error.ok()) {
             s.error = grpc::Status(grpc::StatusCode::ABORTED,
-                                   fmt::format("batch {}: not appended to bucket {} and later ones: the call is ending",
-                                               index, b));
+                                   fmt::format("batch {}: not appended: the call is ending", index));
           }
           Progress(lk);
           return Status::Ok();
@@ -988,6 +1007,11 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       if (auto table = impl_->LogTable(t); !table.ok()) return Fail(table.status(), st);
       auto summary = impl_->engine->GetStream(ticket_.basin, stream_);
       if (!summary.ok()) return Fail(summary.status(), st);
+      if (ticket_.stream_id && *ticket_.stream_id != summary->info.id) {
+        return Fail(NotFound("table '{}' was deleted (and made again) since this ticket for its bucket {} was issued",
+                             ticket_.table, ticket_.bucket),
+                    st);
+      }
       stream_id_ = summary->info.id;
       if (!ticket_.until && !ticket_.follow) ticket_.until = summary->tail;
       sent_schema_ = true;
@@ -1156,7 +1180,9 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
     }
     if (answered_) return StartRead(&in_);
     Decided();
-    if (!header_ok_ && !ConstantTimeEqual(in_.payload(), token_)) return Finish(Refused());
+    if (!header_ok_ && !ConstantTimeEqual(in_.payload(), token_) && !BasicAuthMatches(in_.payload())) {
+      return Finish(Refused());
+    }
     answered_ = true;
     AddBearer();
     out_.set_protocol_version(in_.protocol_version());
@@ -1195,10 +1221,18 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
   static grpc::Status Refused() {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "handshake: send authorization: Bearer <token>, Basic credentials with the token as the "
-                        "password, or the token as the first request's payload");
+                        "password, or the token (or a BasicAuth message with it as the password) as the first "
+                        "request's payload");
   }
   void AddBearer() {
     if (!token_.empty()) ctx_->AddInitialMetadata("authorization", "Bearer " + token_);
+  }
+  // A payload that is Arrow Java's BasicAuth message with the token as the
+  // password (the user name is not checked).
+  bool BasicAuthMatches(const std::string& payload) const {
+    proto::BasicAuth basic;
+    return !payload.empty() && basic.ParseFromString(payload) && !basic.password().empty() &&
+           ConstantTimeEqual(basic.password(), token_);
   }
   const std::string token_;
   grpc::CallbackServerContext* ctx_;
@@ -1267,16 +1301,18 @@ grpc::Status FlightServer::Impl::FillFlightInfo(const Target& t, const metastore
   int64_t total = 0;
   for (uint32_t b = 0; b < table.bucket_count; ++b) {
     if (t.bucket && *t.bucket != b) continue;
-    auto offsets = engine->Offsets(t.basin, metastore::BucketStreamName(t.table, b));
-    if (!offsets.ok()) return ToGrpc(offsets.status());
+    auto stream = engine->GetStream(t.basin, metastore::BucketStreamName(t.table, b));
+    if (!stream.ok()) return ToGrpc(stream.status());
+    const uint64_t from = std::min(stream->log_start, stream->tail);
     auto* e = out->add_endpoint();
     e->mutable_ticket()->set_ticket(json{{"basin", t.basin},
                                          {"table", t.table},
                                          {"bucket", b},
-                                         {"from", offsets->log_start},
-                                         {"until", offsets->tail}}
+                                         {"from", from},
+                                         {"until", stream->tail},
+                                         {"stream_id", stream->info.id}}
                                         .dump());
-    total += static_cast<int64_t>(offsets->tail - offsets->log_start);
+    total += static_cast<int64_t>(stream->tail - from);
   }
   out->set_schema(EncapsulatedMessage(LogReadSchemaMessage()));
   *out->mutable_flight_descriptor() = d;
@@ -1440,8 +1476,8 @@ grpc::ServerWriteReactor<proto::Result>* FlightServer::Impl::DoAction(grpc::Call
                          fmt::format("unknown action '{}' (ListActions lists them)", action->type())));
     return r;
   }
-  // Metastore writes: on a worker, not gRPC's thread.
-  Post(readers, [this, r, action] {
+  // Metastore writes: on a thread of their own, not gRPC's nor a reader's.
+  Post(actors, [this, r, action] {
     Result<json> out = Internal("no answer");
     try {
       out = RunAction(*action);
@@ -1544,8 +1580,10 @@ void FlightServer::Stop(int grace_ms) {
     // (a decided Handshake's cancelled timer wait, say) and is dropped, not waited for.
     impl_->workers.stop();
     impl_->readers.stop();
+    impl_->actors.stop();
     impl_->workers.join();
     impl_->readers.join();
+    impl_->actors.join();
   });
 }
 

@@ -859,7 +859,9 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
   // unseen, which is why the rows moved.
   const bool earlier_landed = !created && rc == Code::kPreconditionFailed;
   if (!replaced.ok() && (maybe_landed || earlier_landed)) {
-    // The row at the run's start tells.
+    // The row at the run's start tells, once a commit still on its way (a
+    // remote metastore's session whose answer was lost) has landed or not.
+    if (maybe_landed) meta_->AwaitCommitsInFlight().IgnoreError();
     auto row = meta_->FindSegments(s->info.id, run.front().start_offset, 1);
     if (row.ok() && !row->empty() && row->front().object_key == merged.object_key) {
       Log().info("merge of stream {}: the swap that answered {} had landed", s->info.id, replaced.ToString());

@@ -630,6 +630,31 @@ describe("Arrow Flight DoPut against weir", () => {
     for (let p = 0; p < 4; p++) assert.equal(await tail(server, routed, p), 0, `partition ${p}`);
   });
 
+  it("a ticket from GetFlightInfo does not read the table made again under its name", T, async () => {
+    const name = unique("again");
+    await doAction(server, "create-table", JSON.stringify({ table: name, buckets: 1 }));
+    const put = (value) => doPut(server, cmd({ append: { table: name, bucket: 0 } }), [logTable([{ value }])]);
+    assert.equal((await put("old")).status.code, "OK");
+    const info = await unary(server, "GetFlightInfo", { type: "PATH", path: [name], cmd: Buffer.alloc(0) });
+    const ticket = Buffer.from(info.endpoint[0].ticket.ticket).toString();
+    assert.ok(Number(JSON.parse(ticket).stream_id) > 0, ticket);
+    const before = await doGet(server, ticket);
+    assert.equal(before.status.code, "OK", before.status.details);
+    assert.deepEqual(tableOf(before.msgs).toArray().map((x) => text(x.value)), ["old"]);
+    await doAction(server, "delete-table", JSON.stringify({ table: name }));
+    await doAction(server, "create-table", JSON.stringify({ table: name, buckets: 1 }));
+    assert.equal((await put("new")).status.code, "OK");
+    const stale = await doGet(server, ticket);
+    assert.equal(stale.status.code, "NOT_FOUND", JSON.stringify(stale.status));
+    assert.match(stale.status.details, /made again/);
+    // A ticket written by hand (no stream_id) reads whatever table has the name.
+    const own = await doGet(server, JSON.stringify({ table: name, bucket: 0 }));
+    assert.equal(own.status.code, "OK", own.status.details);
+    assert.deepEqual(tableOf(own.msgs).toArray().map((x) => text(x.value)), ["new"]);
+    const bad = await doGet(server, JSON.stringify({ table: name, bucket: 0, stream_id: "x" }));
+    assert.equal(bad.status.code, "INVALID_ARGUMENT", JSON.stringify(bad.status));
+  });
+
   it("actions: create-table makes a Kafka topic, delete-table removes it; ListActions lists them", T, async () => {
     const { c, md } = client(server);
     const types = await new Promise((resolve, reject) => {
@@ -775,6 +800,22 @@ describe("Arrow Flight alone (no Kafka listener) with --auth-token-file", () => 
     assert.equal(r.status.code, "UNAUTHENTICATED");
     const [w] = await doAction(server, "allocate-writer", "", "s3cret");
     assert.ok(Number(w.writer_id) > 0);
+    // Arrow's legacy auth handlers (pyarrow's client.authenticate, Java's
+    // authenticateBasic) send the token their handshake got back as the
+    // binary header auth-token-bin.
+    const withTokenHeader = (token) => new Promise((resolve, reject) => {
+      const { c, md } = client(server);
+      md.set("auth-token-bin", Buffer.from(token));
+      const out = [];
+      const call = c.DoAction({ type: "allocate-writer", body: Buffer.alloc(0) }, md);
+      call.on("data", (r) => out.push(JSON.parse(Buffer.from(r.body).toString())));
+      call.on("error", (e) => { c.close(); reject(e); });
+      call.on("end", () => { c.close(); resolve(out); });
+    });
+    await assert.rejects(withTokenHeader("wrong"), (e) => e.code === grpc.status.UNAUTHENTICATED);
+    await assert.rejects(withTokenHeader(""), (e) => e.code === grpc.status.UNAUTHENTICATED);
+    const [w2] = await withTokenHeader("s3cret");
+    assert.ok(Number(w2.writer_id) > Number(w.writer_id));
   });
 
   it("Handshake: Basic credentials with the token, or the token as payload, get the bearer header", T, async () => {
@@ -791,6 +832,17 @@ describe("Arrow Flight alone (no Kafka listener) with --auth-token-file", () => 
     assert.equal(payload.status.code, "OK", payload.status.details);
     assert.equal(payload.authorization, "Bearer s3cret");
     assert.deepEqual(payload.responses, [{ version: 7, payload: "s3cret" }]);
+    // Arrow Java's authenticateBasic: a BasicAuth message (username = 2,
+    // password = 3) as the payload, the token as its password.
+    const basicAuth = (user, password) => Buffer.concat([
+      Buffer.from([0x12, user.length]), Buffer.from(user), Buffer.from([0x1a, password.length]), Buffer.from(password)]);
+    const java = await handshake(server, { payload: basicAuth("anyone", "s3cret") });
+    assert.equal(java.status.code, "OK", java.status.details);
+    assert.equal(java.authorization, "Bearer s3cret");
+    assert.deepEqual(java.responses, [{ version: 7, payload: "s3cret" }]);
+    const javaWrong = await handshake(server, { payload: basicAuth("s3cret", "wrong") });
+    assert.equal(javaWrong.status.code, "UNAUTHENTICATED");
+    assert.deepEqual(javaWrong.responses, []);
     // A bearer header passes too; with a request, the token is its answer.
     const bearer = await handshake(server, { bearer: "s3cret", payload: "" });
     assert.equal(bearer.status.code, "OK", bearer.status.details);
