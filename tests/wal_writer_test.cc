@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <future>
 #include <map>
 #include <random>
@@ -425,6 +426,28 @@ TEST(WalWriter, PutEstimateClipsAStall) {
     ++puts;
   }
   EXPECT_LE(puts, 14);  // 10 unclipped
+}
+
+// The linger follows a slow store's PUTs (a share of the estimate, capped),
+// never below the configured one; a share outside 0..1 is refused.
+TEST(WalWriter, LingerFollowsThePutEstimate) {
+  using std::chrono::milliseconds;
+  WriterOptions o;
+  o.node = "n1";
+  o.linger = milliseconds(1);
+  EXPECT_EQ(EffectiveLinger(o, milliseconds(60)), milliseconds(1)) << "no share: the linger as set";
+  o.linger_put_share = 0.05;
+  EXPECT_EQ(EffectiveLinger(o, Duration::zero()), milliseconds(1)) << "no PUT yet";
+  EXPECT_EQ(EffectiveLinger(o, milliseconds(10)), milliseconds(1)) << "a fast store: the linger as set";
+  EXPECT_EQ(EffectiveLinger(o, milliseconds(60)), milliseconds(3));
+  EXPECT_EQ(EffectiveLinger(o, std::chrono::seconds(10)), kMaxLingerFromPuts) << "a stalled store";
+  o.linger = milliseconds(30);
+  EXPECT_EQ(EffectiveLinger(o, std::chrono::seconds(10)), milliseconds(30)) << "the cap is on the share only";
+  EXPECT_TRUE(ValidateWriterOptions(o).ok());
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    o.linger_put_share = bad;
+    EXPECT_EQ(ValidateWriterOptions(o).code(), Code::kInvalidArgument) << bad;
+  }
 }
 
 TEST(WalWriter, CloseGivesUpOnAStoreThatTakesNoWrite) {

@@ -719,6 +719,7 @@ int RunServe(const ServeOptions& o) {
   eo.wal.window = o.pipeline_window;
   eo.wal.slot_cap_bytes = o.max_slot_bytes;
   eo.wal.linger = std::chrono::microseconds(static_cast<int64_t>(o.linger_ms * 1000));
+  eo.wal.linger_put_share = o.linger_put_percent / 100;
   eo.retention_interval = std::chrono::milliseconds(static_cast<int64_t>(o.retention_interval_s * 1000));
   eo.wal.budget_bytes = o.pool_budget_mib << 20;
   eo.wal.close_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(o.wal_close_timeout_s));

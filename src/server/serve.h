@@ -27,6 +27,7 @@ struct ServeOptions {
   int pipeline_window = 8;
   size_t max_slot_bytes = 8u << 20;
   double linger_ms = 1;
+  double linger_put_percent = 5;  // the linger is at least this share of the PUT latency estimate
   size_t pool_budget_mib = 256;
   double admission_timeout_ms = 500;  // a full pool answers 429 after this
   // Acknowledged, unsettled batches kept in memory for reads and settle;

@@ -69,7 +69,15 @@ Status ValidateWriterOptions(const WriterOptions& options) {
                            options.budget_bytes, options.slot_cap_bytes);
   }
   if (options.linger < Duration::zero()) return InvalidArgument("WAL linger must not be negative");
+  if (!(options.linger_put_share >= 0 && options.linger_put_share <= 1)) {
+    return InvalidArgument("WAL linger's share of the PUT latency must be 0..1, got {}", options.linger_put_share);
+  }
   return Status::Ok();
+}
+
+Duration EffectiveLinger(const WriterOptions& options, Duration put_estimate) {
+  const auto from_puts = std::chrono::duration_cast<Duration>(put_estimate * options.linger_put_share);
+  return std::max(options.linger, std::min(kMaxLingerFromPuts, from_puts));
 }
 
 Duration NextPutEstimate(Duration estimate, Duration sample) {
@@ -284,7 +292,7 @@ void Writer::FlusherLoop() {
     if (!closing_ && pool_uncut_bytes_ + kEnvelopeSize + kFooterFixedSize < options_.slot_cap_bytes) {
       // Not yet a full slot: wait for the linger deadline (anchored by the
       // oldest byte) and for the pace; an idle node has passed both already.
-      TimePoint due = std::max(pool_.front().submitted + options_.linger,
+      TimePoint due = std::max(pool_.front().submitted + EffectiveLinger(options_, put_ewma_),
                                last_cut_ + put_ewma_ / options_.window);
       if (Now() < due) {
         flusher_wake_at_ = options_.slot_cap_bytes - kEnvelopeSize - kFooterFixedSize;

@@ -51,6 +51,11 @@ struct WriterOptions {
   size_t budget_bytes = 256u << 20;  // admitted, unacknowledged bytes (entries + 64 B each)
   size_t slot_cap_bytes = 8u << 20;  // a slot is cut at this size
   Duration linger = Duration::zero();  // wait this long for more data before cutting
+  // ... or longer: this share (0..1) of the PUT latency estimate, up to
+  // kMaxLingerFromPuts. Under ordered release an append waits for every
+  // earlier slot's PUT, so on a slow store fewer, fuller slots cost less than
+  // the extra wait (and fewer PUTs).
+  double linger_put_share = 0;
   int window = 8;                      // slots claimed but not yet released
   Duration retry_initial = std::chrono::milliseconds(20);
   Duration retry_max = std::chrono::seconds(2);
@@ -95,6 +100,14 @@ struct WalMetrics {
   Histogram slot_size_bytes;
   Histogram slot_entries;
 };
+
+// The most linger_put_share adds to a linger.
+inline constexpr Duration kMaxLingerFromPuts = std::chrono::milliseconds(20);
+
+// The linger the flusher waits for, given the PUT latency estimate: the
+// options' linger, or their share of the estimate (at most
+// kMaxLingerFromPuts) if that is longer.
+Duration EffectiveLinger(const WriterOptions& options, Duration put_estimate);
 
 // The checks Writer::Start makes of its options (node id, window, slot cap,
 // budget, linger), for callers that must refuse bad options before they act
