@@ -870,6 +870,8 @@ TEST(WalWriter, ResumeAcksSlotsBelowTheCutEvenIfTheirPutIsStuck) {
   for (int i = 0; i < 6000 && halted.load() == 0; ++i) std::this_thread::sleep_for(10ms);
   ASSERT_EQ(halted.load(), 1);
   EXPECT_EQ((*w)->Resume(2, 2).code(), Code::kInvalidArgument);  // a cut past the halt
+  // ... also when what was read back starts past the halt (it moved lower).
+  EXPECT_EQ((*w)->Resume(2, 2, 2).code(), Code::kInvalidArgument);
   EXPECT_EQ((*w)->Resume(1, 1).code(), Code::kInvalidArgument);  // epoch must grow
   ASSERT_TRUE((*w)->Resume(2, fence->cut).ok());
   ASSERT_TRUE(acks.WaitFor(2));

@@ -756,9 +756,10 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       const uint32_t b = bucket;
       if (i == 0) {
         // A part failed (or the call ended) meanwhile: nothing is sent. Once
-        // the first part is handed over the rest follow, so that the call
-        // ending meanwhile does not cut the batch in two (its client, told
-        // the call's error, cannot tell which buckets took their part).
+        // the first part is handed over (and not refused at once, below) the
+        // rest follow, so that the call ending meanwhile does not cut the
+        // batch in two (its client, told the call's error, cannot tell which
+        // buckets took their part).
         std::unique_lock lk(mu_);
         if (Stopping()) {
           Slot& s = slots_[index - base_];
@@ -787,6 +788,18 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
         }
         Progress(lk);
         return Status::Ok();
+      }
+      if (i == 0 && batches.size() > 1) {
+        // The first part refused already (a deleted bucket, the writer's
+        // window, admission): nothing of the batch is written, and the rest
+        // are not sent either.
+        std::unique_lock lk(mu_);
+        Slot& s = slots_[index - base_];
+        if (!s.error.ok()) {
+          s.waiting -= batches.size() - 1;
+          Progress(lk);
+          return Status::Ok();
+        }
       }
     }
     return Status::Ok();

@@ -247,7 +247,14 @@ std::pair<uint64_t, Status> Engine::SupersededCut(const wal::ChainRef& chain, ui
 
 Status Engine::OwnFlights(const wal::ChainRef& chain, uint64_t from, uint64_t to) {
   for (uint64_t seq = from; seq < to; ++seq) {
+    // An envelope that does not decode is read again, as the writer reads it
+    // before it halts: the store garbled reads just now.
     auto probe = wal::ProbeSlot(*wal_store_, chain, seq);
+    for (int read = 1; !probe.ok() && probe.status().code() == Code::kCorruption &&
+                       read < wal::Writer::kUnreadableEnvelopeReads;
+         ++read) {
+      probe = wal::ProbeSlot(*wal_store_, chain, seq);
+    }
     if (!probe.ok()) {
       return Unavailable("WAL chain {}/{}: slot {} could not be read back ({}): whether the append landed is unknown",
                          chain.node, chain.epoch, seq, probe.status().message());
@@ -267,13 +274,22 @@ void Engine::HandleHalt(uint64_t epoch) {
   SetThreadName("wal-halt");
   wal::ChainRef chain{options_.node, epoch};
   std::lock_guard settle(settle_mu_);  // the checkpoint must not move meanwhile
-  // Fails what cannot be acknowledged. It refuses only a writer not halted or
-  // a cut past the slots cut, which the callers below rule out: say so loudly.
+  // Fails what cannot be acknowledged. Every cut below is one whose slots
+  // below it are committed; the writer refuses a cut past its halt, which may
+  // have moved lower meanwhile (an upload below it found its key taken): then
+  // from there, as unknown (the slots below the lower halt are committed too).
   auto abandon = [&](uint64_t cut, const Status& why, const Status& unwritten = Status::Ok(),
-                     wal::Writer::PastHalt past_halt = wal::Writer::PastHalt::kRefuse) {
-    if (Status st = wal_->Abandon(cut, why, unwritten, past_halt); !st.ok()) {
-      Log().error("abandoning WAL chain {}/{} from slot {}: {}", options_.node, epoch, cut, st.ToString());
+                     std::optional<uint64_t> read_back_from = std::nullopt) {
+    Status st = wal_->Abandon(cut, why, unwritten, read_back_from);
+    if (std::optional<uint64_t> halted = wal_->halted_seq();
+        st.code() == Code::kInvalidArgument && halted && *halted < cut) {
+      st = wal_->Abandon(*halted,
+                         Unavailable("WAL chain {}/{}: slot {} was found taken while the halt was handled: whether "
+                                     "the appends from there on landed is unknown",
+                                     options_.node, epoch, *halted),
+                         unwritten);
     }
+    if (!st.ok()) Log().error("abandoning WAL chain {}/{} from slot {}: {}", options_.node, epoch, cut, st.ToString());
   };
   // Minted first: a successor that fenced this epoch may since have settled
   // and deleted slots above our checkpoint, so fencing from it (a new poison
@@ -313,7 +329,7 @@ void Engine::HandleHalt(uint64_t epoch) {
       // Appends never cut into a slot were not written, whatever the slots'.
       const auto [cut, why] = SupersededCut(chain, *halted);
       // A cut past the halted slot: SupersededCut read it back as ours.
-      abandon(cut, why, Fenced("node {} was superseded", options_.node), wal::Writer::PastHalt::kOurs);
+      abandon(cut, why, Fenced("node {} was superseded", options_.node), *halted);
     }
     return;
   }
@@ -352,26 +368,43 @@ void Engine::HandleHalt(uint64_t epoch) {
   // whose envelope read back garbled until the writer halted). Ours are
   // committed and resumed past; otherwise nothing at or after the halted
   // slot can be acknowledged (the slots below it are ours).
-  auto past_halt = wal::Writer::PastHalt::kRefuse;
-  if (std::optional<uint64_t> halted = wal_->halted_seq(); halted && fence->cut > *halted) {
-    if (Status theirs = OwnFlights(chain, *halted, fence->cut); !theirs.ok()) {
-      Log().error("WAL chain {}/{}: failing appends from slot {} on: {}", options_.node, epoch, *halted,
-                  theirs.ToString());
-      abandon(*halted, theirs);
-      return;
+  // The halt may move lower while this runs (an upload below it finding its
+  // key taken too): the slots from the new halt are read back as well, and
+  // the writer refuses a resume past a halt lower than what was read back.
+  std::optional<uint64_t> read_back_from;  // slots [it, fence->cut) are our own flights
+  auto halted_past_read_back = [&]() -> std::optional<uint64_t> {
+    std::optional<uint64_t> halted = wal_->halted_seq();
+    if (!halted || fence->cut <= *halted || (read_back_from && *read_back_from <= *halted)) return std::nullopt;
+    return halted;
+  };
+  Status st;
+  for (bool garbage_probed = false;;) {
+    if (std::optional<uint64_t> halted = halted_past_read_back()) {
+      if (Status theirs = OwnFlights(chain, *halted, read_back_from.value_or(fence->cut)); !theirs.ok()) {
+        Log().error("WAL chain {}/{}: failing appends from slot {} on: {}", options_.node, epoch, *halted,
+                    theirs.ToString());
+        abandon(*halted, theirs);
+        return;
+      }
+      Log().warn("WAL chain {}/{}: slots {} to {} are our own flights after all; resuming past them",
+                 options_.node, epoch, *halted, fence->cut - 1);
+      read_back_from = *halted;
+      continue;
     }
-    Log().warn("WAL chain {}/{}: slots {} to {} are our own flights after all; resuming past them", options_.node,
-               epoch, *halted, fence->cut - 1);
-    past_halt = wal::Writer::PastHalt::kOurs;
+    if (!garbage_probed) {
+      garbage_probed = true;
+      epoch_cuts_[epoch] = fence->cut;
+      auto garbage = wal::DeleteGarbage(*wal_store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
+      if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
+      continue;  // the probe takes a while: look at the halt again
+    }
+    st = wal_->Resume(minted->epoch, fence->cut, read_back_from);
+    if (st.ok()) return;
+    if (st.code() != Code::kInvalidArgument || !halted_past_read_back()) break;
   }
-  epoch_cuts_[epoch] = fence->cut;
-  auto garbage = wal::DeleteGarbage(*wal_store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
-  if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
-  Status st = wal_->Resume(minted->epoch, fence->cut, past_halt);
-  if (st.ok()) return;
   // Left halted, its pending appends would wait for ever: fail them.
   Log().error("resuming the WAL in epoch {}: {}; failing its pending appends", minted->epoch, st.ToString());
-  abandon(fence->cut, st);
+  abandon(fence->cut, st, Status::Ok(), read_back_from);
 }
 
 Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,

@@ -580,13 +580,13 @@ void Writer::Requeue(std::vector<std::shared_ptr<Slot>>& slots) {
   }
 }
 
-Status Writer::Resume(uint64_t new_epoch, uint64_t cut, PastHalt past_halt) {
+Status Writer::Resume(uint64_t new_epoch, uint64_t cut, std::optional<uint64_t> read_back_from) {
   {
     std::lock_guard lk(mu_);
     if (!halted_seq_) return PreconditionFailed("WAL chain {}/{} is not halted", options_.node, epoch_);
     // Close decides the halted chain's end itself (it abandons from the cut).
     if (closing_) return PreconditionFailed("WAL chain {}/{} is closing", options_.node, epoch_);
-    if (Status st = CheckCut(cut, past_halt); !st.ok()) return st;
+    if (Status st = CheckCut(cut, read_back_from); !st.ok()) return st;
     if (new_epoch <= epoch_) return InvalidArgument("new epoch {} must exceed {}", new_epoch, epoch_);
     std::vector<std::shared_ptr<Slot>> requeue;
     for (auto it = slots_.begin(); it != slots_.end();) {
@@ -619,21 +619,22 @@ Status Writer::Resume(uint64_t new_epoch, uint64_t cut, PastHalt past_halt) {
   return Status::Ok();
 }
 
-Status Writer::CheckCut(uint64_t cut, PastHalt past_halt) const {
-  if (cut > *halted_seq_ && past_halt != PastHalt::kOurs) {
+Status Writer::CheckCut(uint64_t cut, std::optional<uint64_t> read_back_from) const {
+  if (cut > *halted_seq_ && !(read_back_from && *read_back_from <= *halted_seq_)) {
     return InvalidArgument("fence cut {} is past the halted slot {}", cut, *halted_seq_);
   }
   if (cut > next_seq_) return InvalidArgument("fence cut {} is past the slots cut ({})", cut, next_seq_);
   return Status::Ok();
 }
 
-Status Writer::Abandon(uint64_t cut, const Status& reason, const Status& unwritten, PastHalt past_halt) {
+Status Writer::Abandon(uint64_t cut, const Status& reason, const Status& unwritten,
+                       std::optional<uint64_t> read_back_from) {
   std::vector<Entry> failed;
   size_t in_slots = 0;  // failed[0, in_slots) were cut into slots; the rest never were
   {
     std::lock_guard lk(mu_);
     if (!halted_seq_) return PreconditionFailed("WAL chain {}/{} is not halted", options_.node, epoch_);
-    if (Status st = CheckCut(cut, past_halt); !st.ok()) return st;
+    if (Status st = CheckCut(cut, read_back_from); !st.ok()) return st;
     for (auto it = slots_.begin(); it != slots_.end();) {
       Slot& slot = **it;
       slot.abandoned = true;

@@ -180,23 +180,23 @@ class Writer {
   Status Append(uint64_t stream_id, std::shared_ptr<const std::string> batches, AckCallback done,
                 Reservation* room);
 
-  // Whether a cut may lie past the halted slot: only once the owner has read
-  // the slots from the halted one to the cut back as our own flights (a PUT
-  // that landed with its answer lost, whose envelope read back garbled until
-  // the halt). Otherwise such a cut is refused (kInvalidArgument).
-  enum class PastHalt { kRefuse, kOurs };
   // After a halt, and after the owner fenced the halted epoch and found every
   // slot below `cut` committed: acknowledges those, and re-publishes the
   // entries of the slots at or after `cut` (and everything still pooled) into
   // `new_epoch`, from seq 0, in their original order. Refused once Close
-  // began (kPreconditionFailed), and for a cut past the slots cut so far.
-  Status Resume(uint64_t new_epoch, uint64_t cut, PastHalt past_halt = PastHalt::kRefuse);
+  // began (kPreconditionFailed), and (kInvalidArgument) for a cut past the
+  // slots cut so far, or past the halted slot unless the owner read the slots
+  // from `read_back_from` to the cut back as our own flights (a PUT that
+  // landed with its answer lost, whose envelope read back garbled until the
+  // halt) and the halt has not moved below `read_back_from` since.
+  Status Resume(uint64_t new_epoch, uint64_t cut, std::optional<uint64_t> read_back_from = std::nullopt);
   // After a halt, when this node lost its streams: acknowledges slots below
   // `cut` (committed), fails every other pending entry with `reason`; those
   // never cut into a slot (certainly not written) with `unwritten` if it is
   // set, as later appends.
+  // (A cut past the halted slot as for Resume.)
   Status Abandon(uint64_t cut, const Status& reason, const Status& unwritten = Status::Ok(),
-                 PastHalt past_halt = PastHalt::kRefuse);
+                 std::optional<uint64_t> read_back_from = std::nullopt);
 
   // Stops admission and waits until everything admitted is acknowledged (or,
   // if halted, fails what cannot be acknowledged with kCancelled; after
@@ -244,7 +244,7 @@ class Writer {
   // mu_ held: `charge` more of the pool, held by the reservation returned.
   Reservation Hold(size_t charge);
   void Requeue(std::vector<std::shared_ptr<Slot>>& slots);  // needs mu_
-  Status CheckCut(uint64_t cut, PastHalt past_halt) const;  // needs mu_ and a halt
+  Status CheckCut(uint64_t cut, std::optional<uint64_t> read_back_from) const;  // needs mu_ and a halt
   // Sleeps `d`, or less once the writer stops or `slot` is abandoned or at
   // or past a halt: false then.
   bool SleepUnlessDone(const Slot& slot, Duration d);
