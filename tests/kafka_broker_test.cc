@@ -1413,6 +1413,29 @@ TEST_F(BrokerTest, AProduceLoadsATopicMemoryLacks) {
   EXPECT_EQ(Produce("behind", 1, Batch({"y"})).error_code, ErrorCode::kNone);  // loaded with partition 0
 }
 
+// A CreatePartitions whose metastore commit landed with its answer lost,
+// and could not be read back then (the metastore away), left partitions
+// that Metadata listed and memory lacked: every produce and fetch of them
+// failed UNKNOWN_TOPIC_OR_PARTITION until a restart (the produce path's
+// repair covers only partitions auto-creation makes). The next table read
+// after the change loads them.
+TEST_F(BrokerTest, PartitionsTheMetastoreHasAndMemoryLacksAreLoaded) {
+  ASSERT_EQ(CreateTopic("grown", 1).error_code, ErrorCode::kNone);
+  auto table = meta_->GetTable(kKafkaBasin, "grown");
+  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  // Behind the engine's back, as the lost answer leaves it; the failed
+  // change still ends as a change of tables (here: another topic's).
+  ASSERT_TRUE(meta_->AddBuckets(table->id, 3, metastore::StreamConfig{}, 1, metastore::EpochCheck{}).ok());
+  ASSERT_EQ(CreateTopic("other", 1).error_code, ErrorCode::kNone);
+  auto md = Metadata(std::vector<std::string>{"grown"});
+  ASSERT_EQ(md.topics.size(), 1u);
+  EXPECT_EQ(md.topics[0].partitions.size(), 3u);
+  for (int32_t p : {1, 2}) {
+    EXPECT_EQ(Produce("grown", p, Batch({"x"})).error_code, ErrorCode::kNone) << p;
+    EXPECT_EQ(Latest("grown", p), 1) << p;
+  }
+}
+
 // Clients before Fetch v10 cannot read zstd: Kafka answers
 // UNSUPPORTED_COMPRESSION_TYPE for such a partition rather than send it.
 TEST_F(BrokerTest, FetchBeforeV10RefusesZstdBatches) {

@@ -1561,6 +1561,14 @@ Result<metastore::TableInfo> Engine::AdoptTableLocked(const std::string& basin, 
   return table;
 }
 
+bool Engine::LacksBuckets(const metastore::TableInfo& table) {
+  std::lock_guard lk(mu_);
+  for (uint32_t b = 0; b < table.bucket_count; ++b) {
+    if (by_name_.count({table.basin, metastore::BucketStreamName(table.name, b)}) == 0) return true;
+  }
+  return false;
+}
+
 Status Engine::LoadTable(const std::string& basin, const std::string& name) {
   std::lock_guard tables(tables_mu_);
   return AdoptTableLocked(basin, name).status();
@@ -1579,10 +1587,22 @@ Result<metastore::TableInfo> Engine::GetTable(const std::string& basin, const st
   // No change is in progress: what is read holds until the next one ends.
   const uint64_t version = tables_version_.load(std::memory_order_acquire);
   auto table = meta_->GetTable(basin, name);
+  // Buckets the metastore has and memory lacks: a create or a bucket increase
+  // whose answer was lost and could not be read back then (the metastore
+  // away). Loaded now, or every append and read of them would fail until a
+  // restart; until they are, the table is not remembered.
+  bool loaded = true;
+  if (table.ok() && LacksBuckets(*table)) {
+    if (Status st = AdoptTableLocked(basin, name).status(); !st.ok()) {
+      Log().warn("table {}/{}: loading buckets memory lacks: {}", basin, name, st.ToString());
+      loaded = false;
+    }
+  }
   // A missing table is remembered only under a name a table could have
   // (clients send any name: at most 10,000 entries of about 1 KiB each).
   constexpr size_t kLongestName = 512;
-  if (table.ok() || (table.status().code() == Code::kNotFound && basin.size() + name.size() <= kLongestName)) {
+  if ((table.ok() && loaded) ||
+      (table.status().code() == Code::kNotFound && basin.size() + name.size() <= kLongestName)) {
     std::lock_guard lk(table_cache_mu_);
     if (table_cache_version_ != version || table_cache_.size() >= kTableCacheEntries) {
       table_cache_.clear();

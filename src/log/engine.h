@@ -380,7 +380,8 @@ class Engine {
   // one metastore transaction; DeleteTable removes them all.
   Result<metastore::TableInfo> CreateTable(const metastore::TableInfo& table, const metastore::StreamConfig& config);
   // From memory while no table changed since it was last read (Kafka
-  // Metadata and Flight calls ask per request).
+  // Metadata and Flight calls ask per request). A read from the metastore
+  // also loads the table's buckets memory lacks (as LoadTable).
   Result<metastore::TableInfo> GetTable(const std::string& basin, const std::string& name);
   // Loads the table's bucket streams that exist in the metastore but not in
   // memory (a create whose answer was lost); kNotFound if there is no table.
@@ -876,6 +877,8 @@ class Engine {
   Status Adopt(const std::vector<metastore::StreamInfo>& found);
   // Adopt for the bucket streams of table basin/name (tables_mu_ held); returns its row.
   Result<metastore::TableInfo> AdoptTableLocked(const std::string& basin, const std::string& name);
+  // Whether a bucket stream of `table` is not in memory (takes mu_).
+  bool LacksBuckets(const metastore::TableInfo& table);
   // Merges `run` (adjacent segments of `s`, at most kMaxMergeParts) into one segment.
   static constexpr size_t kMaxMergeParts = 256;
   Status MergeRun(const std::shared_ptr<Stream>& s, const std::vector<metastore::SegmentInfo>& run);
