@@ -101,7 +101,7 @@ struct WalMetrics {
   Histogram slot_entries;
 };
 
-// The most linger_put_share adds to a linger.
+// The longest linger linger_put_share can ask for (a longer `linger` stays).
 inline constexpr Duration kMaxLingerFromPuts = std::chrono::milliseconds(20);
 
 // The linger the flusher waits for, given the PUT latency estimate: the
