@@ -1562,11 +1562,10 @@ Result<metastore::TableInfo> Engine::AdoptTableLocked(const std::string& basin, 
 }
 
 bool Engine::LacksBuckets(const metastore::TableInfo& table) {
+  if (table.bucket_count == 0) return false;
+  std::pair<std::string, std::string> last{table.basin, metastore::BucketStreamName(table.name, table.bucket_count - 1)};
   std::lock_guard lk(mu_);
-  for (uint32_t b = 0; b < table.bucket_count; ++b) {
-    if (by_name_.count({table.basin, metastore::BucketStreamName(table.name, b)}) == 0) return true;
-  }
-  return false;
+  return by_name_.count(last) == 0;
 }
 
 Status Engine::LoadTable(const std::string& basin, const std::string& name) {
@@ -1967,7 +1966,6 @@ bool Engine::HandledByProducerWindow(std::unique_lock<std::mutex>& lk, const std
   if (!check.ok()) {
     AppendOutcome o{check.status(), {}, std::nullopt, std::nullopt};
     o.producer_fenced = check.status().code() == Code::kFenced;
-    o.ack.log_start = LogStart(*s);
     lk.unlock();
     done(std::move(o));
     return true;

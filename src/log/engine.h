@@ -877,7 +877,9 @@ class Engine {
   Status Adopt(const std::vector<metastore::StreamInfo>& found);
   // Adopt for the bucket streams of table basin/name (tables_mu_ held); returns its row.
   Result<metastore::TableInfo> AdoptTableLocked(const std::string& basin, const std::string& name);
-  // Whether a bucket stream of `table` is not in memory (takes mu_).
+  // Whether `table`'s last bucket stream is not in memory (takes mu_ for one
+  // lookup): creates and bucket increases add buckets at the end, and a
+  // load adopts them all.
   bool LacksBuckets(const metastore::TableInfo& table);
   // Merges `run` (adjacent segments of `s`, at most kMaxMergeParts) into one segment.
   static constexpr size_t kMaxMergeParts = 256;
