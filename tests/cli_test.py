@@ -604,8 +604,9 @@ def bench_http_smoke():
     assert weir("tail", "bench-1").stdout.strip() != "0"
     # More streams than clients: every stream gets appends.
     # (3 s: client 0 must get three appends through, one after another.)
-    out = weir("bench", "http", "--clients", "2", "--streams", "5", "--duration", "3", "--warmup", "0",
-               "--stream-prefix", "spread-", timeout=120).stdout
+    # (--json, as the other client commands take it, before or after the command.)
+    out = weir("--json", "bench", "http", "--clients", "2", "--streams", "5", "--duration", "3", "--warmup", "0",
+               "--stream-prefix", "spread-", "--json", timeout=120).stdout
     assert json.loads(out.strip().splitlines()[-1])["errors"] == 0, out
     for i in range(5):
         assert weir("tail", f"spread-{i}").stdout.strip() != "0", i
@@ -669,6 +670,87 @@ def a_server_that_is_not_weir():
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+class ScriptedServer:
+    """A fake server on loopback answering each request with the next of
+    `script` (status, JSON body); the last entry repeats."""
+
+    def __init__(self, script):
+        import http.server
+        self.script = list(script)
+        self.seen = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                outer.seen.append((self.command, self.path))
+                status, body = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = answer
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@case
+def refusals_waited_out_do_not_use_up_the_tries():
+    # An append with --producer behind a stretch of 429s (more than the 10
+    # tries other failures get), then a 503 that may have done something:
+    # that failure still gets its tries. And a read waits out a server that
+    # is starting for longer than those 10 tries. Both run at once (about
+    # 13 s each: the backoff doubles from 0.1 s up to 2 s).
+    ack = {"start": {"seq_num": 0}, "end": {"seq_num": 1}, "tail": {"seq_num": 1}}
+    appender = ScriptedServer([(200, {"id": 7, "epoch": 0})] +
+                              [(429, {"code": "rate_limited", "message": "behind"})] * 9 +
+                              [(503, {"code": "unavailable", "message": "store down"}), (200, ack)])
+    reader = ScriptedServer([(503, {"code": "server_starting", "message": "recovering"})] * 11 +
+                            [(200, {"tail": {"seq_num": 7, "timestamp": 1}})])
+    try:
+        results = {}
+
+        def run(key, *args, server):
+            try:
+                results[key] = weir(*args, server=server, input="x\n" if key == "append" else None)
+            except AssertionError as e:  # it gave up
+                results[key] = e
+
+        threads = [threading.Thread(target=run, args=("append", "append", "s", "--producer"),
+                                    kwargs={"server": appender.url}),
+                   threading.Thread(target=run, args=("tail", "tail", "s"), kwargs={"server": reader.url})]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out = results["append"]
+        assert not isinstance(out, Exception), out
+        assert len([1 for m, _ in appender.seen if m == "POST"]) == 12, appender.seen
+        out = results["tail"]
+        assert not isinstance(out, Exception), out
+        assert out.stdout == "7\n", out.stdout
+        assert len(reader.seen) == 12, reader.seen
+    finally:
+        appender.close()
+        reader.close()
 
 
 @case

@@ -214,8 +214,10 @@ int PrintDone(const ClientCommandsState& s, const Status& st, const char* kind, 
 // connection, 429, 503 server_draining or server_starting). Backpressure
 // (429) lasts as long as settle is behind, and a server may take a while to
 // recover: refusals that did nothing are waited out for up to 5 minutes.
-// Other retryable failures (no server answering included) get 10 tries;
-// with `fail_without_server`, none when no server has answered this run yet.
+// Other retryable failures (no server answering included) get 10 tries,
+// counted apart from the refusals waited out (a restart after a stretch of
+// 429s still gets its 10); with `fail_without_server`, none when no server
+// has answered this run yet.
 bool g_server_answered = false;  // a call of this run succeeded (the CLI is one thread)
 bool g_said_retrying = false;    // the "retrying" line was printed
 template <typename Attempt>
@@ -224,7 +226,7 @@ auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt, bool fail_without_s
   using Nothing = Client::NothingAppended;
   auto backoff = std::chrono::milliseconds(100);
   const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  for (int n = 1;; ++n) {
+  for (int tries = 0;;) {
     Nothing nothing = Nothing::kUnknown;
     auto result = attempt(&nothing);
     if (result.ok()) {
@@ -234,7 +236,8 @@ auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt, bool fail_without_s
     const Status& st = result.status();
     const bool wait_out = st.code() == Code::kResourceExhausted || nothing == Nothing::kRefused;
     const bool unknown = nothing == Nothing::kUnknown;
-    if (!st.retryable() || (unknown && !unknown_is_safe) || (!wait_out && n >= 10) ||
+    if (!wait_out) ++tries;
+    if (!st.retryable() || (unknown && !unknown_is_safe) || (!wait_out && tries >= 10) ||
         std::chrono::steady_clock::now() >= give_up_at ||
         (fail_without_server && !g_server_answered && st.message().starts_with("cannot connect"))) {
       return result;
@@ -251,12 +254,19 @@ auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt, bool fail_without_s
 
 // A read (a GET changes nothing), again after a retryable failure (a 503
 // while the server drains or recovers, 429, a connection that dropped, a
-// server restarting between a long `weir read`'s pages). Not when no server
-// has answered at all: that is one line at once.
+// server restarting between a long `weir read`'s pages); the refusals are
+// waited out as an append's are. Not when no server has answered at all:
+// that is one line at once.
 template <typename Attempt>
-auto Reread(Attempt&& attempt) -> decltype(attempt()) {
+auto Reread(Client& c, Attempt&& attempt) -> decltype(attempt()) {
   return RetryWhileSafe(
-      /*unknown_is_safe=*/true, [&](Client::NothingAppended*) { return attempt(); }, /*fail_without_server=*/true);
+      /*unknown_is_safe=*/true,
+      [&](Client::NothingAppended* nothing) {
+        auto result = attempt();
+        if (!result.ok() && c.last_refused()) *nothing = Client::NothingAppended::kRefused;
+        return result;
+      },
+      /*fail_without_server=*/true);
 }
 
 std::string RetentionText(const client::StreamConfig& c) {
@@ -267,9 +277,9 @@ std::string RetentionText(const client::StreamConfig& c) {
 }
 
 int StreamInfo(ClientCommandsState& s, Client& c) {
-  auto config = Reread([&] { return c.GetStreamConfig(s.name); });
+  auto config = Reread(c, [&] { return c.GetStreamConfig(s.name); });
   if (!config.ok()) return Fail(s, config.status());
-  auto tail = Reread([&] { return c.CheckTail(s.name); });
+  auto tail = Reread(c, [&] { return c.CheckTail(s.name); });
   if (!tail.ok()) return Fail(s, tail.status());
   if (s.json_out) {
     PrintJson({{"stream", s.name},
@@ -438,7 +448,7 @@ int Follow(ClientCommandsState& s, Client& c) {
     // "N back from the tail" means the tail now: a reconnect before the first
     // batch (which has no event id to resume from yet) must not re-resolve it
     // against a tail that has moved, skipping what was appended meanwhile.
-    auto tail = Reread([&] { return c.CheckTail(s.name); });
+    auto tail = Reread(c, [&] { return c.CheckTail(s.name); });
     if (!tail.ok()) return Fail(s, tail.status());
     ro.start = {client::ReadStart::Kind::kSeqNum, tail->seq_num - std::min(tail->seq_num, ro.start.value)};
   }
@@ -446,13 +456,13 @@ int Follow(ClientCommandsState& s, Client& c) {
     // Resolved now, for the same reason: the first record at or after the
     // time, or (a time past the last record's) the tail as it was before
     // the look, so the follower gets every record appended from then on.
-    auto tail = Reread([&] { return c.CheckTail(s.name); });
+    auto tail = Reread(c, [&] { return c.CheckTail(s.name); });
     if (!tail.ok()) return Fail(s, tail.status());
     client::ReadOptions first;
     first.start = ro.start;
     first.count = 1;
     first.clamp = true;
-    auto found = Reread([&] { return c.Read(s.name, first); });
+    auto found = Reread(c, [&] { return c.Read(s.name, first); });
     if (!found.ok()) return Fail(s, found.status());
     ro.start = {client::ReadStart::Kind::kSeqNum,
                 found->records.empty() ? tail->seq_num : found->records.front().seq_num};
@@ -500,7 +510,7 @@ int Read(ClientCommandsState& s, Client& c) {
   std::optional<uint64_t> left = s.count;
   while (!left || *left > 0) {
     ro.count = left ? std::optional<uint64_t>(std::min<uint64_t>(*left, 1000)) : std::nullopt;
-    auto batch = Reread([&] { return c.Read(s.name, ro); });
+    auto batch = Reread(c, [&] { return c.Read(s.name, ro); });
     if (!batch.ok()) return Fail(s, batch.status());
     if (Status printed = PrintRecords(s, *batch); !printed.ok()) return Fail(s, printed);
     if (batch->records.empty()) break;
@@ -513,7 +523,7 @@ int Read(ClientCommandsState& s, Client& c) {
 }
 
 int Tail(ClientCommandsState& s, Client& c) {
-  auto tail = Reread([&] { return c.CheckTail(s.name); });
+  auto tail = Reread(c, [&] { return c.CheckTail(s.name); });
   if (!tail.ok()) return Fail(s, tail.status());
   if (s.json_out) {
     PrintJson({{"seq_num", tail->seq_num}, {"timestamp", tail->timestamp}});
@@ -542,6 +552,8 @@ void AddBenchHttp(CLI::App& bench, ClientCommandsState& s) {
   cmd->add_option("--streams", b.streams, "Streams, created if missing (default: one per client); client i appends to streams i, i + clients, ... in turn")
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--stream-prefix", b.stream_prefix, "Stream names: PREFIX0, PREFIX1, ...")->capture_default_str();
+  // As the other client commands take it; the result is a JSON line anyway.
+  cmd->add_flag("--json", s.json_out, "Accepted for scripts; the final line is JSON either way");
 }
 
 // A parsed client command, with its output printed.
@@ -658,7 +670,7 @@ int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
     auto r = c.CreateBasin(s.name, config.empty() ? std::string() : config.dump());
     return PrintDone(s, r.status(), "basin", "created");
   }
-  if (cmd == s.basin_list) return PrintNamed(s, Reread([&] { return c.ListBasins(s.prefix); }));
+  if (cmd == s.basin_list) return PrintNamed(s, Reread(c, [&] { return c.ListBasins(s.prefix); }));
   if (cmd == s.basin_delete) return PrintDone(s, c.DeleteBasin(s.name), "basin", "deleted");
   if (cmd == s.stream_create) {
     auto config = StreamConfigJson(s);
@@ -666,7 +678,7 @@ int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
     auto r = c.CreateStream(s.name, config->empty() ? std::string() : config->dump());
     return PrintDone(s, r.status(), "stream", "created");
   }
-  if (cmd == s.stream_list) return PrintNamed(s, Reread([&] { return c.ListStreams(s.prefix); }));
+  if (cmd == s.stream_list) return PrintNamed(s, Reread(c, [&] { return c.ListStreams(s.prefix); }));
   if (cmd == s.stream_info) return StreamInfo(s, c);
   if (cmd == s.stream_delete) return PrintDone(s, c.DeleteStream(s.name), "stream", "deleted");
   if (cmd == s.append) return Append(s, c);

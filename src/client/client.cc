@@ -57,22 +57,29 @@ HttpRequest Client::Request(std::string method, std::string target) const {
   return req;
 }
 
+Result<HttpResponse> Client::Do(const HttpRequest& req) {
+  last_refused_ = false;
+  auto resp = http_->Do(req);
+  if (resp.ok() && !Is2xx(resp->status)) last_refused_ = ErrorHasNoSideEffects(resp->status, resp->body);
+  return resp;
+}
+
 Result<HttpResponse> Client::CallNoting(const HttpRequest& req, std::string_view stream, NothingAppended* nothing) {
   if (nothing) *nothing = NothingAppended::kUnknown;
-  auto resp = http_->Do(req);
+  auto resp = Do(req);
   if (!resp.ok()) {
     if (nothing && http_->failed_before_connect()) *nothing = NothingAppended::kNoConnection;
     return resp.status();
   }
   if (!Is2xx(resp->status)) {
-    if (nothing && ErrorHasNoSideEffects(resp->status, resp->body)) *nothing = NothingAppended::kRefused;
+    if (nothing && last_refused_) *nothing = NothingAppended::kRefused;
     return ApiError(resp->status, resp->body, ErrorSubject{options_.basin, stream});
   }
   return resp;
 }
 
 Result<HttpResponse> Client::Call(const HttpRequest& req, std::string_view stream, std::string_view basin) {
-  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Do(req));
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Do(req));
   if (!Is2xx(resp.status)) {
     return ApiError(resp.status, resp.body, ErrorSubject{basin.empty() ? options_.basin : basin, stream});
   }
@@ -151,7 +158,7 @@ Result<AppendAck> Client::Append(std::string_view stream, const std::vector<Appe
 Result<ReadBatch> Client::Read(std::string_view stream, const ReadOptions& options) {
   HttpRequest req = Request("GET", ReadTarget(stream, options));
   if (options.wait_s) req.timeout_ms += *options.wait_s * 1000;
-  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Do(req));
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Do(req));
   if (resp.status == 416) {
     // The server answers 416 both for a start past the tail and for one at
     // the tail with nothing to wait for; the second is an empty read. A time

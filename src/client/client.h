@@ -68,6 +68,11 @@ class Client {
                      const std::function<bool(const ReadBatch&)>& on_batch,
                      const std::function<void()>& on_event_seen = nullptr);
 
+  // Whether the last call (not a read session) failed with an answer that
+  // says the server did nothing (ErrorHasNoSideEffects: 429, a 503 while it
+  // starts or drains): a caller may wait such refusals out.
+  bool last_refused() const { return last_refused_; }
+
  private:
   Client(ClientOptions options, std::unique_ptr<HttpConnection> http);
   HttpRequest Request(std::string method, std::string target) const;
@@ -77,9 +82,12 @@ class Client {
   // given) to whether the request certainly changed nothing.
   Result<HttpResponse> CallNoting(const HttpRequest& req, std::string_view stream, NothingAppended* nothing);
   Result<std::vector<NamedInfo>> List(std::string_view path, std::string_view key, std::string_view prefix);
+  // http_->Do, noting in last_refused_ whether the answer was such a refusal.
+  Result<HttpResponse> Do(const HttpRequest& req);
 
   ClientOptions options_;
   std::unique_ptr<HttpConnection> http_;
+  bool last_refused_ = false;
 };
 
 // "/v1/streams/NAME/records?seq_num=5&count=10" for `options` (no session).

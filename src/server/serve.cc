@@ -60,7 +60,7 @@ class DataDirLock {
     if (fd_ < 0) return IOError("cannot open {}: {}", path, strerror(errno));
     if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       if (errno == EWOULDBLOCK) {
-        return PreconditionFailed("another weir server is using data dir {} (it holds {})", dir, path);
+        return HeldMessage(dir);
       }
       return IOError("cannot lock {}: {}", path, strerror(errno));
     }
@@ -69,6 +69,20 @@ class DataDirLock {
       Log().warn("cannot record the pid in {}", path);
     }
     return Status::Ok();
+  }
+
+  // Whether another process holds `dir`'s lock now (creates nothing).
+  static bool HeldElsewhere(const std::string& dir) {
+    const std::string path = dir + "/LOCK";
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd);
+    return held;
+  }
+
+  static Status HeldMessage(const std::string& dir) {
+    return PreconditionFailed("another weir server is using data dir {} (it holds {}/LOCK)", dir, dir);
   }
 
  private:
@@ -680,27 +694,38 @@ int RunServe(const ServeOptions& o) {
                                 "does: a restart would lose every acknowledged record; use it only with "
                                 "--object-store mem://"));
   }
+  // The data dir is made and locked only when something lives there (the
+  // default file:// store or SQLite metastore): a node on s3:// and
+  // postgres://, or on mem://, keeps nothing on its own disk.
+  const bool uses_data_dir = o.object_store.empty() || (o.metastore.empty() && !store_in_memory);
+  // A port in use by a server on this data dir (a second `weir serve` in
+  // the same directory) is named as that server's lock.
+  auto listen_failed = [&](const Status& st) {
+    if (uses_data_dir && DataDirLock::HeldElsewhere(o.data_dir)) {
+      Status held = DataDirLock::HeldMessage(o.data_dir);
+      return fail(PreconditionFailed("{} ({})", held.message(), st.message()));
+    }
+    return fail(st);
+  };
   if (addr->second != 0) {
     // Bound once the stores are open: a port in use is found before the
     // data dir is made.
-    if (Status st = CheckCanListen(addr->first, addr->second, "--http-addr"); !st.ok()) return fail(st);
+    if (Status st = CheckCanListen(addr->first, addr->second, "--http-addr"); !st.ok()) return listen_failed(st);
   }
   if (kafka_addr && kafka_addr->second != 0) {
     // Bound only after recovery (the broker needs the engine): a port in use
     // is found now, not minutes later (after the flags' own checks: a port
     // someone else holds says nothing about them).
-    if (Status st = CheckCanListen(kafka_addr->first, kafka_addr->second, "--kafka-addr"); !st.ok()) return fail(st);
+    if (Status st = CheckCanListen(kafka_addr->first, kafka_addr->second, "--kafka-addr"); !st.ok()) {
+      return listen_failed(st);
+    }
   }
   if (flight_addr && flight_addr->second != 0) {
     if (Status st = CheckCanListen(flight_addr->first, flight_addr->second, "--flight-addr"); !st.ok()) {
-      return fail(st);
+      return listen_failed(st);
     }
   }
-  // The data dir is made and locked only when something lives there (the
-  // default file:// store or SQLite metastore): a node on s3:// and
-  // postgres://, or on mem://, keeps nothing on its own disk.
   DataDirLock lock;
-  const bool uses_data_dir = o.object_store.empty() || (o.metastore.empty() && !store_in_memory);
   if (uses_data_dir) {
     if (Status st = lock.Acquire(o.data_dir); !st.ok()) return fail(st);
   }

@@ -2393,6 +2393,13 @@ class LifecycleTest(ClosingTestCase):
         self.assertIsNotNone(code, f"a second server started on a locked data dir:\n{out}")
         self.assertNotEqual(code, 0, out)
         self.assertIn("lock", out.lower(), out)
+        # Also on the first one's own port (as two `weir serve` in one
+        # directory with the default flags): the lock is named, not the port.
+        code, out = run_expecting_exit([WEIR, "serve", "--data-dir", server.data_dir,
+                                        "--http-addr", f"127.0.0.1:{server.port}", "--kafka-addr", ""])
+        self.assertIsNotNone(code, f"a second server started on a locked data dir and a busy port:\n{out}")
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("another weir server is using data dir", out, out)
         with tempfile.TemporaryDirectory() as cwd:
             code, out = run_expecting_exit([WEIR, "serve"], cwd=cwd, env={
                 "WEIR_DATA_DIR": server.data_dir, "WEIR_HTTP_ADDR": "127.0.0.1:0",
