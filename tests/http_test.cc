@@ -1,6 +1,7 @@
 // Unit tests of the HTTP front-end's pieces: base64, S2 protobuf, percent
 // decoding, and the REST handlers driven through a recording Exchange over a
 // real engine (mem:// store, in-memory SQLite).
+#include <atomic>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include "http/s2_proto.h"
 #include "http/server.h"
 #include "metastore/metastore.h"
+#include "hooked_metastore.h"
 #include "objstore/object_store.h"
 #include "test_support.h"
 #include "wal/compression.h"
@@ -234,9 +236,10 @@ class RestTest : public ::testing::Test {
     auto store = objstore::OpenObjectStore("mem://");
     auto meta = metastore::OpenMetastore("sqlite://:memory:");
     ASSERT_TRUE(store.ok() && meta.ok());
+    hooked_ = std::make_shared<testing::HookedMetastore>(*meta);
     log::EngineOptions o;
     o.settle_interval = Duration::zero();
-    auto e = log::Engine::Open(o, *store, *meta);
+    auto e = log::Engine::Open(o, *store, hooked_);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(*e);
     meta_ = *meta;
@@ -270,9 +273,62 @@ class RestTest : public ::testing::Test {
   }
 
   std::shared_ptr<metastore::Metastore> meta_;
+  std::shared_ptr<testing::HookedMetastore> hooked_;  // over meta_: the engine's
   std::unique_ptr<log::Engine> engine_;
   std::unique_ptr<RestApi> api_;
 };
+
+// A PATCH of a table bucket's stream (a Kafka partition) read the stream's
+// config before taking the lock a table's config change (Kafka AlterConfigs)
+// holds, then wrote its change over that read: a table change made meanwhile
+// was undone on that bucket, in memory and in the metastore.
+TEST_F(RestTest, APatchDoesNotUndoATableConfigChangeMadeMeanwhile) {
+  metastore::TableInfo t;
+  t.basin = "weir-default";
+  t.name = "orders";
+  t.bucket_count = 1;
+  t.config = "{}";
+  ASSERT_OK(engine_->CreateTable(t, metastore::StreamConfig{}).status());
+  std::promise<void> table_written;
+  std::promise<void> go;
+  std::shared_future<void> go_on = go.get_future().share();
+  std::atomic<int> updates{0};
+  hooked_->map_update_config_answer = [&](Status st) {
+    if (updates.fetch_add(1) == 0) {  // the table's change: written, not yet in memory
+      table_written.set_value();
+      go_on.wait();
+    }
+    return st;
+  };
+  std::thread alter([&] {
+    EXPECT_OK(engine_->ReconfigureTable("weir-default", "orders", R"({"retention.ms":"3600000"})",
+                                        [](const metastore::StreamConfig& old) {
+                                          metastore::StreamConfig c = old;
+                                          c.retention_age_s = 3600;
+                                          return c;
+                                        }));
+  });
+  table_written.get_future().wait();
+  int patched = 0;
+  std::thread patch([&] {
+    patched = Call("PATCH", "/v1/streams/orders%2F0", R"({"timestamping":{"mode":"arrival"}})").status;
+  });
+  // Time for the PATCH to reach the lock (before the fix: to read the old
+  // config first). Either order must end with both changes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  go.set_value();
+  alter.join();
+  patch.join();
+  EXPECT_EQ(patched, 200);
+  auto s = engine_->GetStream("weir-default", "orders/0");
+  ASSERT_OK(s.status());
+  EXPECT_EQ(s->info.config.retention_age_s, 3600);
+  EXPECT_EQ(s->info.config.timestamping, metastore::TimestampingMode::kArrival);
+  auto row = meta_->GetStream("weir-default", "orders/0");
+  ASSERT_OK(row.status());
+  EXPECT_EQ(row->config.retention_age_s, 3600);
+  EXPECT_EQ(row->config.timestamping, metastore::TimestampingMode::kArrival);
+}
 
 // A stream row the engine had not loaded (made behind its back here, as a
 // create whose answer was lost leaves one) made a basin delete list it for

@@ -1768,18 +1768,27 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     if (req.method == "PATCH" && !j.is_object()) throw BadRequest{"the body must be a StreamReconfiguration object"};
-    std::lock_guard lk(config_mu_);  // read, change, write: concurrent changes do not lose one another
-    auto s = engine_->GetStream(c.basin, *name);
     if (req.method == "PATCH") {
-      if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
-      auto config = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure,
-                                        metastore::StreamConfigLayer::Of(s->info.config));
+      // Read, change and written under the engine's config lock: a change
+      // made meanwhile (another PATCH, Kafka AlterConfigs) is not lost.
+      // (A body refused as malformed is thrown here, not inside the engine.)
+      std::optional<BadRequest> bad;
+      auto config = engine_->ReconfigureStream(
+          c.basin, *name, [&](const metastore::StreamConfig& old) -> Result<metastore::StreamConfig> {
+            try {
+              return ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure,
+                                         metastore::StreamConfigLayer::Of(old));
+            } catch (const BadRequest& e) {
+              bad = e;
+              return InvalidArgument("{}", e.message);
+            }
+          });
+      if (bad) throw *bad;
       if (!config.ok()) return c.Fail(config.status(), "stream_not_found");
-      if (Status st = engine_->ReconfigureStream(c.basin, *name, *config); !st.ok()) {
-        return c.Fail(st, "stream_not_found");
-      }
       return c.Reply(200, StreamConfigJson(*config));
     }
+    std::lock_guard lk(config_mu_);  // a PUT's look, then create or replace, as one
+    auto s = engine_->GetStream(c.basin, *name);
     // PUT: create with this config, or replace the config of the existing stream.
     auto resolved = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kCreate);
     if (!resolved.ok()) return c.Fail(resolved.status(), "basin_not_found");

@@ -1021,6 +1021,18 @@ bool Engine::NoteIfSuperseded(const Status& st) {
   return true;
 }
 
+bool Engine::CreatedObjectsAreOurs(const Status& refused) {
+  if (refused.code() != Code::kPreconditionFailed) return true;  // the stream is gone, or a row was malformed
+  if (superseded_) return false;
+  auto node = meta_->GetNode(options_.node);
+  if (!node.ok()) return false;
+  if (node->epoch > epoch_.load()) {
+    NoteIfSuperseded(refused);
+    return false;
+  }
+  return true;
+}
+
 bool Engine::TryNoteIfSuperseded(const Status& st) {
   std::unique_lock settle(settle_mu_, std::try_to_lock);
   return settle.owns_lock() && NoteIfSuperseded(st);
@@ -1190,9 +1202,21 @@ Result<std::vector<metastore::StreamInfo>> Engine::ListStreams(const std::string
 
 Status Engine::ReconfigureStream(const std::string& basin, const std::string& name,
                                  const metastore::StreamConfig& config) {
+  return ReconfigureStream(basin, name, [&](const metastore::StreamConfig&) { return config; }).status();
+}
+
+Result<metastore::StreamConfig> Engine::ReconfigureStream(
+    const std::string& basin, const std::string& name,
+    const std::function<Result<metastore::StreamConfig>(const metastore::StreamConfig&)>& change) {
   WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, name));
   std::lock_guard config_lk(config_mu_);
   WEIR_RETURN_IF_ERROR(RefuseUnknownConfigsLocked({s}));
+  metastore::StreamConfig old;
+  {
+    std::lock_guard lk(s->mu);
+    old = s->info.config;
+  }
+  WEIR_ASSIGN_OR_RETURN(const metastore::StreamConfig config, change(old));
   Status changed =
       AsThisNode([&](const metastore::EpochCheck& by) { return meta_->UpdateStreamConfig(s->info.id, config, by); });
   if (!changed.ok()) {
@@ -1202,7 +1226,7 @@ Status Engine::ReconfigureStream(const std::string& basin, const std::string& na
   std::lock_guard lk(s->mu);
   s->info.config = config;
   s->config_unknown = false;
-  return Status::Ok();
+  return config;
 }
 
 void Engine::AfterFailedConfigChange(const std::vector<std::shared_ptr<Stream>>& streams, const Status& failed) {

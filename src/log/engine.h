@@ -367,6 +367,13 @@ class Engine {
   Result<std::vector<metastore::StreamInfo>> ListStreams(const std::string& basin, const std::string& prefix,
                                                          const std::string& start_after, size_t limit);
   Status ReconfigureStream(const std::string& basin, const std::string& name, const metastore::StreamConfig& config);
+  // Sets the stream's config to `change(its config)`, read and written under
+  // the lock every config change takes (a table's too), so a change made
+  // meanwhile (Kafka AlterConfigs on a partition's stream) is not lost.
+  // `change`'s error is returned as it is, and nothing changes.
+  Result<metastore::StreamConfig> ReconfigureStream(
+      const std::string& basin, const std::string& name,
+      const std::function<Result<metastore::StreamConfig>(const metastore::StreamConfig&)>& change);
   // Trims the stream below `offset` without a command record (Kafka
   // DeleteRecords): durable in the metastore before it returns; never lowers
   // the trim point. kOutOfRange if `offset` is past the acknowledged tail.
@@ -846,6 +853,15 @@ class Engine {
   // change the metastore refused with `st`, whether a successor holds the
   // node; if so, marks superseded_ (and says so once).
   bool NoteIfSuperseded(const Status& st);
+  // With settle_mu_ held, after the metastore refused (`refused`) a change
+  // this process made objects for (a settle round's segments, a merged
+  // segment): whether those objects are its alone to delete. Not when a
+  // successor holds the node, or that cannot be read: segment keys carry an
+  // epoch but not the node id, so a start that took the node over, at an
+  // epoch of its own id equal to ours, may have written the same key and
+  // indexed it (its 412 taken for an earlier attempt of its own). Then the
+  // next start's sweep decides.
+  bool CreatedObjectsAreOurs(const Status& refused);
   // NoteIfSuperseded if settle_mu_ is free now (false if not): never while
   // this process's own halt mints its next epoch, and never waiting. Not
   // with settle_mu_ held by the caller.
