@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <future>
 #include <initializer_list>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "objstore/fault_store.h"
+#include "objstore/object_store.h"
 #include "objstore/mem_store.h"
 #include "test_support.h"
 #include "test_util.h"
@@ -287,6 +289,27 @@ TEST(QuorumStoreOpen, OneStoreTwiceIsRefusedAndTheOrderIsNoPartOfTheLocation) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ((*a)->Location(), (*b)->Location());
   EXPECT_NE((*a)->Location(), (*QuorumStore::Open({stores[1], MemStores(1)[0]}))->Location());
+}
+
+TEST(QuorumStoreOpen, OneDirectoryThroughTwoPathsIsRefused) {
+  // A symlink to another member's directory: each PUT would land once and
+  // the second lane's 412 (with our own nonce read back) count as a copy.
+  weir::testing::TempDir dir;
+  std::filesystem::create_directory(dir.path() + "/real");
+  std::filesystem::create_directory_symlink(dir.path() + "/real", dir.path() + "/link");
+  std::vector<std::shared_ptr<objstore::ObjectStore>> stores;
+  for (const char* name : {"/real", "/link", "/other"}) {
+    auto s = objstore::OpenObjectStore("file://" + dir.path() + name);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    stores.push_back(*s);
+  }
+  auto opened = QuorumStore::Open(stores);
+  ASSERT_EQ(opened.status().code(), Code::kInvalidArgument) << opened.status().ToString();
+  EXPECT_NE(opened.status().message().find("same directory"), std::string::npos) << opened.status().ToString();
+  // Through a decorator too; and two directories are two stores.
+  stores[1] = std::make_shared<objstore::FaultStore>(stores[1], objstore::FaultOptions{});
+  EXPECT_EQ(QuorumStore::Open(stores).status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(QuorumStore::Open({stores[0], stores[2]}).ok());
 }
 
 // ---- PUT ----------------------------------------------------------------------

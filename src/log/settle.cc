@@ -284,10 +284,10 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
       }
     }
     if (!committed.ok()) {
-      // Rejected: what this round created is garbage (its keys carry this
-      // epoch, so no other process names them). Still unknown: the objects
-      // stay, and the next start's sweep decides on them.
-      if (rejected) store_->DeleteMany(created).IgnoreError();
+      // Rejected: what this round created is garbage, unless a successor
+      // may have written and indexed the same keys (CreatedObjectsAreOurs).
+      // Still unknown: the objects stay, and the next start's sweep decides.
+      if (rejected && CreatedObjectsAreOurs(committed)) store_->DeleteMany(created).IgnoreError();
       NoteIfSuperseded(committed);
       return committed.WithContext("committing settle");
     }
@@ -527,10 +527,16 @@ Status Engine::ApplyRetention() {
     std::lock_guard lk(s.mu);
     // A config that may have changed unseen: trims only (they need none).
     int64_t age = s.config_unknown ? 0 : s.info.config.retention_age_s;
+    const int64_t cutoff_ms = now_ms - std::min<int64_t>(age, INT64_MAX / 1000) * 1000;
     for (const auto& seg : s.segments) {
-      bool expired = age > 0 && seg.last_timestamp_ms < now_ms - std::min<int64_t>(age, INT64_MAX / 1000) * 1000;
-      bool trimmed = seg.end_offset <= s.durable_trim_point;
-      if (!expired && !trimmed) break;
+      if (seg.end_offset > s.durable_trim_point) {
+        if (age <= 0) break;
+        // No timestamps (Kafka's NO_TIMESTAMP, -1): no age of its own (Kafka
+        // ages such a segment by its file's time); it goes with the first
+        // later segment that expires, whose records came after its own.
+        if (seg.last_timestamp_ms < 0) continue;
+        if (seg.last_timestamp_ms >= cutoff_ms) break;
+      }
       below = seg.end_offset;
     }
     return below;
@@ -869,11 +875,12 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
     }
   }
   if (!replaced.ok()) {
-    // Refused (a successor holds the node, the stream is gone, or its rows
-    // changed): the object is ours to delete (its key carries our epoch).
+    // Refused (the stream is gone, or its rows changed): the object is ours
+    // to delete, unless a successor holds the node (CreatedObjectsAreOurs).
     // Any other failure may have landed: the next start's sweep decides.
     const Code c = replaced.code();
-    if (created && (c == Code::kNotFound || c == Code::kPreconditionFailed || c == Code::kInvalidArgument)) {
+    if (created && (c == Code::kNotFound || c == Code::kPreconditionFailed || c == Code::kInvalidArgument) &&
+        CreatedObjectsAreOurs(replaced)) {
       store_->Delete(merged.object_key).IgnoreError();
     }
     // The rows were not as memory has them: an earlier swap of ours that

@@ -53,6 +53,7 @@ class FaultStore : public ObjectStore {
   Status DeleteMany(std::span<const std::string> keys) override;
   std::string Describe() const override;
   std::string Location() const override { return inner_->Location(); }
+  std::string Identity() const override { return inner_->Identity(); }
   // The inner store's, unless PUT latency is injected: then the default.
   size_t PreferredParallelPuts() const override;
 

@@ -293,6 +293,11 @@ class FileStore final : public ObjectStore {
   }
 
   std::string Describe() const override { return "file://" + root_; }
+  std::string Identity() const override {
+    struct stat st {};
+    if (::stat(root_.c_str(), &st) != 0) return Location();
+    return fmt::format("file-device-{}-inode-{}", static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
+  }
   size_t PreferredParallelPuts() const override { return 4; }
 
  private:

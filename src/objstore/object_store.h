@@ -74,6 +74,10 @@ class ObjectStore {
   // Where the objects are, to tell two stores apart: a decorator (faults)
   // gives its inner store's.
   virtual std::string Location() const { return Describe(); }
+  // Tells two stores apart on this machine: Location(), or for a local
+  // directory its device and inode (one directory reached by two paths, a
+  // symlink or a bind mount, is one store).
+  virtual std::string Identity() const { return Location(); }
   // How many large PUTs (segments) are worth running at once: many on a
   // remote store, whose latency they hide; few on a local disk, where they
   // only queue the WAL's own writes behind them.

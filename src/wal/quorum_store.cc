@@ -41,7 +41,7 @@ class Lane {
       : store_(std::move(store)),
         backlog_cap_(backlog_cap),
         max_requests_(max_requests),
-        copy_threads_(threads > 1 ? threads - std::max<size_t>(1, threads / 4) : 1) {
+        copy_threads_(CopyThreads(threads)) {
     for (size_t i = 0; i < threads; ++i) {
       try {
         threads_.emplace_back([this] { Run(); });
@@ -50,7 +50,14 @@ class Lane {
         break;  // fewer threads: slower, not wrong
       }
     }
+    if (threads_.size() < threads) {
+      std::lock_guard lk(mu_);  // the threads started read it
+      copy_threads_ = CopyThreads(threads_.size());
+    }
   }
+  // Copies take at most three quarters of `threads` (one at least), so
+  // requests still find a thread.
+  static size_t CopyThreads(size_t threads) { return threads > 1 ? threads - std::max<size_t>(1, threads / 4) : 1; }
   ~Lane() {
     {
       std::lock_guard lk(mu_);
@@ -121,7 +128,7 @@ class Lane {
   std::shared_ptr<objstore::ObjectStore> store_;
   const size_t backlog_cap_;
   const size_t max_requests_;
-  const size_t copy_threads_;
+  size_t copy_threads_;  // guarded by mu_ once threads run
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> requests_;
@@ -363,11 +370,15 @@ Result<std::shared_ptr<QuorumStore>> QuorumStore::Open(std::vector<std::shared_p
   for (const auto& s : stores) {
     if (!s) return InvalidArgument("a quorum WAL store was given a null store");
   }
-  // One store named twice would take its own copy's 412 for a second copy.
-  std::set<std::string> locations;
+  // One store named twice would take its own copy's 412 for a second copy
+  // (also through two paths to one directory).
+  std::map<std::string, std::string> locations;  // Identity() -> Location()
   for (const auto& s : stores) {
-    if (!locations.insert(s->Location()).second) {
-      return InvalidArgument("a quorum WAL store was given {} twice", s->Location());
+    auto [it, added] = locations.emplace(s->Identity(), s->Location());
+    if (!added) {
+      if (it->second == s->Location()) return InvalidArgument("a quorum WAL store was given {} twice", s->Location());
+      return InvalidArgument("a quorum WAL store was given one store twice: {} and {} are the same directory",
+                             it->second, s->Location());
     }
   }
   const size_t w = options.write_quorum == 0 ? k / 2 + 1 : options.write_quorum;
