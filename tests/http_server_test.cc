@@ -248,6 +248,7 @@ TEST_F(HttpServerLimits, ARequestWaitingForTheBudgetPastTheStallTimeoutGets429) 
   const std::string refused = ReadUntilClosed(b);
   EXPECT_NE(refused.find("HTTP/1.1 429"), std::string::npos) << refused;
   EXPECT_NE(refused.find("rate_limited"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("\r\nRetry-After: 1\r\n"), std::string::npos) << refused;  // as every other 429
   EXPECT_GE(metrics().budget_timeouts.load(), 1u);
   ASSERT_TRUE(handler.WaitFor(2));  // c was read once b left the queue
   handler.AnswerAll();

@@ -278,6 +278,63 @@ class RestTest : public ::testing::Test {
   std::unique_ptr<RestApi> api_;
 };
 
+// An exchange whose posted work waits until the test runs it.
+class QueuedPostExchange : public FakeExchange {
+ public:
+  void Post(std::function<void()> fn) override {
+    std::lock_guard lk(queue_mu_);
+    queued_.push_back(std::move(fn));
+  }
+  void RunQueued() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard lk(queue_mu_);
+        if (queued_.empty()) return;
+        fn = std::move(queued_.front());
+        queued_.erase(queued_.begin());
+      }
+      fn();
+    }
+  }
+
+ private:
+  std::mutex queue_mu_;
+  std::vector<std::function<void()>> queued_;
+};
+
+// An S2S append session whose input was refused because its stream was
+// gone went on submitting inputs until that refusal's answer (posted: it
+// asks the metastore whether the basin exists) was delivered: a stream made
+// again meanwhile under the name took them. A session ends at its first
+// refusal.
+TEST_F(RestTest, AnAppendSessionSubmitsNothingAfterItsStreamWasFoundGone) {
+  ASSERT_EQ(Call("POST", "/v1/streams", R"({"stream":"s"})").status, 201);
+  auto ex = std::make_shared<QueuedPostExchange>();
+  Request head;
+  head.method = "POST";
+  head.path = "/v1/streams/s/records";
+  head.headers = {{"content-type", "s2s/proto"}};
+  auto sink = api_->OpenBodyStream(head, ex);
+  ASSERT_NE(sink, nullptr);
+  ex->RunQueued();
+  ASSERT_OK(engine_->DeleteStream("weir-default", "s"));
+  sink->OnData(EncodeS2sFrame(Field(1, Field(3, "one"))));
+  ASSERT_OK(engine_->CreateStream("weir-default", "s", metastore::StreamConfig{}).status());
+  sink->OnData(EncodeS2sFrame(Field(1, Field(3, "two"))));
+  ex->RunQueued();
+  sink->OnEnd(true);
+  ex->RunQueued();
+  // Appends are acknowledged in order: a marker appended now lands behind
+  // anything the session submitted.
+  log::AppendRecord marker;
+  marker.body = "marker";
+  auto appended = engine_->Append("weir-default", "s", {marker});
+  ASSERT_OK(appended.status);
+  EXPECT_EQ(appended.ack.start_offset, 0u) << "an input after the refusal was appended to the new stream";
+  EXPECT_NE(ex->Wait().body.find("stream_not_found"), std::string::npos);
+}
+
 // A PATCH of a table bucket's stream (a Kafka partition) read the stream's
 // config before taking the lock a table's config change (Kafka AlterConfigs)
 // holds, then wrote its change over that read: a table change made meanwhile

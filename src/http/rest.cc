@@ -1400,6 +1400,12 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       Ctx c = self->c_;
       c.started = started;
       if (!o.status.ok() && o.status.code() == Code::kNotFound) {
+        // Nothing after it is submitted from now (a stream made again
+        // meanwhile under the name would take later inputs).
+        {
+          std::lock_guard lk(self->out_mu_);
+          self->poisoned_ = true;
+        }
         // Telling a missing basin asks the metastore: not here (this may be
         // a WAL thread, whose acks wait behind it).
         return c.ex->Post([self, c, index, o] { self->Deliver(index, c.AppendFailure(o)); });

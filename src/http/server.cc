@@ -561,7 +561,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   }
 
   void Reject(int status, std::string_view code, std::string_view message) {
-    RejectWith(Response{status, "application/json", ErrorBody(code, message), {}});
+    HeaderList headers;
+    if (status == 429 || status == 503) headers.emplace_back("Retry-After", "1");  // as every other such answer
+    RejectWith(Response{status, "application/json", ErrorBody(code, message), std::move(headers)});
   }
   // The answer to a HEAD goes without its body (RFC 9110 §9.3.2).
   void RejectWith(Response r) {
