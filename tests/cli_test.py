@@ -718,7 +718,7 @@ def refusals_waited_out_do_not_use_up_the_tries():
     # tries other failures get), then a 503 that may have done something:
     # that failure still gets its tries. And a read waits out a server that
     # is starting for longer than those 10 tries. Both run at once (about
-    # 13 s each: the backoff doubles from 0.1 s up to 2 s).
+    # 13 and 15 s: the backoff doubles from 0.1 s up to 2 s).
     ack = {"start": {"seq_num": 0}, "end": {"seq_num": 1}, "tail": {"seq_num": 1}}
     appender = ScriptedServer([(200, {"id": 7, "epoch": 0})] +
                               [(429, {"code": "rate_limited", "message": "behind"})] * 9 +

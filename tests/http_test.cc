@@ -278,6 +278,36 @@ class RestTest : public ::testing::Test {
   std::unique_ptr<RestApi> api_;
 };
 
+// A Kafka record's key is not served over REST (S2 records have none), so
+// it does not count against a read's `bytes` either: an S2 client counts the
+// records it gets, and a resumed session asks for what is left by its count.
+TEST_F(RestTest, AReadsBytesLimitCountsWhatIsServedNotTheKafkaKey) {
+  ASSERT_EQ(Call("POST", "/v1/streams", R"({"stream":"k"})").status, 201);
+  for (const char* value : {"a", "b"}) {
+    wal::Record rec;
+    rec.timestamp = 1000;
+    rec.key = std::string(100, 'k');
+    rec.value = value;
+    std::string batch;
+    ASSERT_OK(wal::EncodeRecordBatch({rec}, wal::EncodeOptions{}, &batch));
+    std::promise<log::AppendOutcome> done;
+    engine_->AppendBatchAsync("weir-default", "k", std::move(batch),
+                              [&](log::AppendOutcome o) { done.set_value(std::move(o)); });
+    ASSERT_OK(done.get_future().get().status);
+  }
+  // 9 bytes: one record as served (8 + its 1-byte body).
+  Response r = Call("GET", "/v1/streams/k/records?seq_num=0&bytes=9");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = Json::parse(r.body);
+  ASSERT_EQ(j["records"].size(), 1u) << r.body;
+  EXPECT_EQ(j["records"][0]["body"], "a");
+  r = Call("GET", "/v1/streams/k/records?seq_num=1&bytes=9");
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = Json::parse(r.body);
+  ASSERT_EQ(j["records"].size(), 1u) << r.body;
+  EXPECT_EQ(j["records"][0]["body"], "b");
+}
+
 // An exchange whose posted work waits until the test runs it.
 class QueuedPostExchange : public FakeExchange {
  public:
@@ -347,12 +377,14 @@ TEST_F(RestTest, APatchDoesNotUndoATableConfigChangeMadeMeanwhile) {
   t.config = "{}";
   ASSERT_OK(engine_->CreateTable(t, metastore::StreamConfig{}).status());
   std::promise<void> table_written;
+  std::once_flag written_once;
+  auto say_written = [&] { std::call_once(written_once, [&] { table_written.set_value(); }); };
   std::promise<void> go;
   std::shared_future<void> go_on = go.get_future().share();
   std::atomic<int> updates{0};
   hooked_->map_update_config_answer = [&](Status st) {
     if (updates.fetch_add(1) == 0) {  // the table's change: written, not yet in memory
-      table_written.set_value();
+      say_written();
       go_on.wait();
     }
     return st;
@@ -364,6 +396,7 @@ TEST_F(RestTest, APatchDoesNotUndoATableConfigChangeMadeMeanwhile) {
                                           c.retention_age_s = 3600;
                                           return c;
                                         }));
+    say_written();  // (had it failed before the hook, the test goes on and fails)
   });
   table_written.get_future().wait();
   int patched = 0;
@@ -371,11 +404,13 @@ TEST_F(RestTest, APatchDoesNotUndoATableConfigChangeMadeMeanwhile) {
     patched = Call("PATCH", "/v1/streams/orders%2F0", R"({"timestamping":{"mode":"arrival"}})").status;
   });
   // Time for the PATCH to reach the lock (before the fix: to read the old
-  // config first). Either order must end with both changes.
+  // config first; a run slower than this may miss the bug, never fail on a
+  // right build). Either order must end with both changes.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   go.set_value();
   alter.join();
   patch.join();
+  hooked_->map_update_config_answer = nullptr;
   EXPECT_EQ(patched, 200);
   auto s = engine_->GetStream("weir-default", "orders/0");
   ASSERT_OK(s.status());

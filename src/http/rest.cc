@@ -2206,7 +2206,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
     if (p_.bytes && !r->records.empty()) {
       size_t used = 0, keep = 0;
       for (const auto& rec : r->records) {
-        const size_t b = log::MeteredBytes(rec.record);
+        const size_t b = log::ServedMeteredBytes(rec.record);
         if (used + b > max_bytes) break;
         used += b;
         ++keep;
@@ -2214,7 +2214,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       if (keep == 0) {
         // Over the step's cap (1 MiB; a record from Kafka can be larger) but
         // within the client's limit, or with none: one record, as the engine returns it.
-        if (p_.bytes_asked && log::MeteredBytes(r->records.front().record) > *p_.bytes_asked - sent_bytes_) {
+        if (p_.bytes_asked && log::ServedMeteredBytes(r->records.front().record) > *p_.bytes_asked - sent_bytes_) {
           done = true;
         } else {
           keep = 1;
@@ -2236,7 +2236,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         Status st = InvalidArgument(
             "record {} is {} bytes, more than an S2S frame holds ({} bytes); read it with a unary read or an SSE "
             "session",
-            r->records.front().offset, log::MeteredBytes(r->records.front().record), kS2sMaxFrameBytes - 1);
+            r->records.front().offset, log::ServedMeteredBytes(r->records.front().record), kS2sMaxFrameBytes - 1);
         if (!started_) return c_.Fail(st);
         return Finish(st);
       }
@@ -2247,7 +2247,7 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       }
     }
     size_t bytes = 0;
-    for (const auto& rec : r->records) bytes += log::MeteredBytes(rec.record);
+    for (const auto& rec : r->records) bytes += log::ServedMeteredBytes(rec.record);
     if (!r->records.empty()) {
       p_.start = {log::ReadStart::kOffset, r->records.back().offset + 1};
       sent_records_ += r->records.size();

@@ -131,8 +131,9 @@ class RestApi : public Handler {
   void RememberDeleted(const std::string& key);
   bool RecentlyDeleted(const std::string& key);
   std::mutex tombstones_mu_;
-  // Held across a basin's or stream's config read-modify-write (PUT, PATCH)
-  // on this node.
+  // Held across a basin's config read-modify-write (PUT, PATCH) and a
+  // stream's PUT on this node; a stream's PATCH is applied under the
+  // engine's own config lock (Engine::ReconfigureStream with a change).
   std::mutex config_mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> tombstones_;
   // Open S2S append sessions, to end at a drain.

@@ -34,6 +34,10 @@ size_t MeteredBytes(const AppendRecord& r) { return Metered(r.body.size(), r.key
 
 size_t MeteredBytes(const wal::Record& r) { return Metered(r.value ? r.value->size() : 0, r.key, r.headers); }
 
+size_t ServedMeteredBytes(const wal::Record& r) {
+  return Metered(r.value ? r.value->size() : 0, std::nullopt, r.headers);
+}
+
 Status CheckClientTimestamps(const metastore::StreamConfig& config, const std::vector<AppendRecord>& records) {
   if (config.timestamping != metastore::TimestampingMode::kClientRequire) return Status::Ok();
   for (size_t i = 0; i < records.size(); ++i) {
@@ -1022,12 +1026,18 @@ bool Engine::NoteIfSuperseded(const Status& st) {
 }
 
 bool Engine::CreatedObjectsAreOurs(const Status& refused) {
-  if (refused.code() != Code::kPreconditionFailed) return true;  // the stream is gone, or a row was malformed
+  // Refused past the epoch check (which comes first): a stream gone, a row
+  // already there or malformed.
+  if (refused.code() != Code::kPreconditionFailed) return true;
+  return HoldsItsNode();
+}
+
+bool Engine::HoldsItsNode() {
   if (superseded_) return false;
   auto node = meta_->GetNode(options_.node);
   if (!node.ok()) return false;
   if (node->epoch > epoch_.load()) {
-    NoteIfSuperseded(refused);
+    NoteIfSuperseded(PreconditionFailed("node {} is at epoch {}", options_.node, node->epoch));
     return false;
   }
   return true;
@@ -2379,15 +2389,26 @@ Result<ReadResult> Engine::Read(const std::string& basin, const std::string& str
   WEIR_ASSIGN_OR_RETURN(auto found, FindAs(basin, stream, stream_id));
   const uint64_t id = found->info.id;
   found.reset();
-  // A settle (slot deleted after its batches moved into a segment) or
-  // retention (segment deleted) can race with a read's fetch: look again.
-  for (int attempt = 1;; ++attempt) {
+  // A settle (slot deleted after its batches moved into a segment), a merge
+  // or retention (segments deleted) can race with a read's fetch: look
+  // again. Only a miss while the sources stayed as they were counts towards
+  // calling the object lost (a read can lose one race per merge of a pass).
+  for (int attempt = 1, strikes = 0;; ++attempt) {
+    const uint64_t before = SourceChanges(basin, stream, id);
     auto r = ReadOnce(basin, stream, start, max_records, max_bytes, wait_until, id);
     if (r.ok() || r.status().code() != Code::kNotFound) return r;
     if (!FindAs(basin, stream, id).ok()) return r;  // the stream itself is gone
-    if (attempt == 3) return LostObject(basin, stream, id) ? ObjectMissing(stream, r.status()) : r;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5 * attempt));  // a settle or retention finishing
+    if (SourceChanges(basin, stream, id) == before || attempt >= kMaxReadRaces) ++strikes;
+    if (strikes == 3) return LostObject(basin, stream, id) ? ObjectMissing(stream, r.status()) : r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * std::min(attempt, 4)));  // a settle or retention finishing
   }
+}
+
+uint64_t Engine::SourceChanges(const std::string& basin, const std::string& stream, uint64_t stream_id) {
+  auto s = FindAs(basin, stream, stream_id);
+  if (!s.ok()) return 0;
+  std::lock_guard lk((*s)->mu);
+  return (*s)->segments.changes();
 }
 
 bool Engine::LostObject(const std::string& basin, const std::string& stream, uint64_t stream_id) {
@@ -2627,13 +2648,16 @@ Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std:
   // Capped so that ReadSegment's window (the limit plus room for a batch
   // that straddles it) cannot wrap.
   max_bytes = std::clamp<size_t>(max_bytes, 1, size_t{1} << 40);
-  for (int attempt = 1;; ++attempt) {
+  for (int attempt = 1, strikes = 0;; ++attempt) {
     WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
     std::vector<metastore::SegmentInfo> segments;
     std::vector<BatchRef> refs;
     BatchReadResult out;
+    uint64_t changes = 0;  // of the sources collected (see Read)
     {
       std::lock_guard lk(s->mu);
+      if (s->deleted) return NotFound("stream \"{}\" was deleted", stream);  // as Read
+      changes = s->segments.changes();
       out.tail = s->tail;
       out.log_start = std::min(LogStart(*s), s->tail);
       if (from > out.tail || from < out.log_start) {
@@ -2644,10 +2668,18 @@ Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std:
     std::vector<std::shared_ptr<const std::string>> batches;
     Status st = FetchSources(segments, refs, from, max_bytes, std::nullopt, &batches);
     if (!st.ok()) {
-      // A settle or retention raced with the fetch: look again.
-      if (st.code() == Code::kNotFound && attempt < 3) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5 * attempt));
-        continue;
+      // A settle, a merge or retention raced with the fetch: look again.
+      if (st.code() == Code::kNotFound) {
+        uint64_t now = 0;
+        {
+          std::lock_guard lk(s->mu);
+          now = s->segments.changes();
+        }
+        if (now == changes || attempt >= kMaxReadRaces) ++strikes;
+        if (strikes < 3) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5 * std::min(attempt, 4)));
+          continue;
+        }
       }
       if (st.code() == Code::kNotFound && LostObject(basin, stream, s->info.id)) return ObjectMissing(stream, st);
       return st;

@@ -370,7 +370,9 @@ class Engine {
   // Sets the stream's config to `change(its config)`, read and written under
   // the lock every config change takes (a table's too), so a change made
   // meanwhile (Kafka AlterConfigs on a partition's stream) is not lost.
-  // `change`'s error is returned as it is, and nothing changes.
+  // `change`'s error is returned as it is, and nothing changes. `change`
+  // runs with config_mu_ held: it may read the metastore (GetBasin) but take
+  // no engine lock (GetTable, another reconfiguration) and throw nothing.
   Result<metastore::StreamConfig> ReconfigureStream(
       const std::string& basin, const std::string& name,
       const std::function<Result<metastore::StreamConfig>(const metastore::StreamConfig&)>& change);
@@ -741,6 +743,11 @@ class Engine {
   // is still this process's and there (its records there are lost), not
   // deleted or superseded meanwhile.
   bool LostObject(const std::string& basin, const std::string& stream, uint64_t stream_id);
+  // The stream's source changes (SegmentList::changes), 0 if it is gone.
+  uint64_t SourceChanges(const std::string& basin, const std::string& stream, uint64_t stream_id);
+  // Reads that missed an object while the sources moved are tried again,
+  // up to this many attempts; then every miss counts towards a loss.
+  static constexpr int kMaxReadRaces = 32;
   Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
                               size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until,
                               uint64_t stream_id);
@@ -861,7 +868,12 @@ class Engine {
   // epoch of its own id equal to ours, may have written the same key and
   // indexed it (its 412 taken for an earlier attempt of its own). Then the
   // next start's sweep decides.
+  // (The check and the delete after it are not atomic: a takeover between
+  // them is not caught, as for the start's sweep.)
   bool CreatedObjectsAreOurs(const Status& refused);
+  // With settle_mu_ held: whether the metastore says this process's epoch is
+  // still its node's (false if it cannot say; marks superseded if not).
+  bool HoldsItsNode();
   // NoteIfSuperseded if settle_mu_ is free now (false if not): never while
   // this process's own halt mints its next epoch, and never waiting. Not
   // with settle_mu_ held by the caller.
@@ -924,6 +936,9 @@ class Engine {
 // for each header 2 + name + value (+ the Kafka key, which S2 records lack).
 size_t MeteredBytes(const AppendRecord& r);
 size_t MeteredBytes(const wal::Record& r);
+// As served over REST and S2S, which carry no Kafka key: what an S2 client
+// counts for a record it read (reads' `bytes` limits and positions).
+size_t ServedMeteredBytes(const wal::Record& r);
 // Its parts, for decoders that meter as they go: a record counts this much
 // besides its body, key and headers; a header counts MeteredBytes(header).
 // (Inline: the S2S decoder's fuzzer links without the engine.)

@@ -36,6 +36,7 @@ SegmentList::const_iterator SegmentList::FirstReaching(int64_t time_ms) const {
 }
 
 void SegmentList::Reindex(size_t from) {
+  ++changes_;
   max_time_.resize(rows_.size());
   for (size_t i = from; i < rows_.size(); ++i) {
     max_time_[i] = i == 0 ? rows_[i].last_timestamp_ms : std::max(max_time_[i - 1], rows_[i].last_timestamp_ms);

@@ -36,12 +36,18 @@ class SegmentList {
   // last_timestamp_ms, the newest record's time, reaches it), or end().
   const_iterator FirstReaching(int64_t time_ms) const;
 
+  // How many changes the list has had: a reader whose object went missing
+  // tells a race (settle, a merge or retention moved the sources since it
+  // collected them) from a loss.
+  uint64_t changes() const { return changes_; }
+
  private:
   // Recomputes max_time_ from index `from` on.
   void Reindex(size_t from);
 
   std::vector<metastore::SegmentInfo> rows_;
   std::vector<int64_t> max_time_;  // [i]: the largest last_timestamp_ms of rows_[0..i]
+  uint64_t changes_ = 0;
 };
 
 }  // namespace weir::log

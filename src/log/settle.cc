@@ -368,8 +368,10 @@ Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segment
     if (made[i]) created->push_back(segments[i].object_key);
   }
   if (!first.ok()) {
-    // Nothing of this cycle is committed: what it created is garbage now.
-    store_->DeleteMany(*created).IgnoreError();
+    // Nothing of this cycle is committed: what it created is garbage now,
+    // unless a successor may have indexed the same keys (as after a refused
+    // commit: CreatedObjectsAreOurs).
+    if (!created->empty() && HoldsItsNode()) store_->DeleteMany(*created).IgnoreError();
     return first;
   }
   for (size_t i = 0; i < segments.size(); ++i) {
