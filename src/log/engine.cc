@@ -2413,12 +2413,17 @@ uint64_t Engine::SourceChanges(const std::string& basin, const std::string& stre
 
 bool Engine::LostObject(const std::string& basin, const std::string& stream, uint64_t stream_id) {
   // A superseded process's objects go with its successor's merges and
-  // retention: not a loss of this one's records.
+  // retention: not a loss of this one's records (also before this process
+  // has learnt it: the node's epoch tells).
   if (superseded_) return false;
   auto s = FindAs(basin, stream, stream_id);
   if (!s.ok()) return false;  // deleted, or deleted and created again
-  std::lock_guard lk((*s)->mu);
-  return !(*s)->deleted;
+  {
+    std::lock_guard lk((*s)->mu);
+    if ((*s)->deleted) return false;
+  }
+  auto node = meta_->GetNode(options_.node);
+  return !node.ok() || node->epoch <= epoch_.load();
 }
 
 Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
@@ -2648,8 +2653,10 @@ Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std:
   // Capped so that ReadSegment's window (the limit plus room for a batch
   // that straddles it) cannot wrap.
   max_bytes = std::clamp<size_t>(max_bytes, 1, size_t{1} << 40);
+  std::optional<uint64_t> id;  // every attempt reads the stream the first found (as Read)
   for (int attempt = 1, strikes = 0;; ++attempt) {
-    WEIR_ASSIGN_OR_RETURN(auto s, Find(basin, stream));
+    WEIR_ASSIGN_OR_RETURN(auto s, FindAs(basin, stream, id));
+    id = s->info.id;
     std::vector<metastore::SegmentInfo> segments;
     std::vector<BatchRef> refs;
     BatchReadResult out;

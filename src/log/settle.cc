@@ -371,7 +371,15 @@ Status Engine::UploadSegments(const std::vector<metastore::SegmentInfo>& segment
     // Nothing of this cycle is committed: what it created is garbage now,
     // unless a successor may have indexed the same keys (as after a refused
     // commit: CreatedObjectsAreOurs).
-    if (!created->empty() && HoldsItsNode()) store_->DeleteMany(*created).IgnoreError();
+    if (!created->empty()) {
+      if (HoldsItsNode()) {
+        store_->DeleteMany(*created).IgnoreError();
+      } else {
+        Log().warn("settle: {} segments written by a failed round stay for the next start's sweep (the node may "
+                   "be a successor's, or the metastore cannot say)",
+                   created->size());
+      }
+    }
     return first;
   }
   for (size_t i = 0; i < segments.size(); ++i) {
