@@ -1013,16 +1013,20 @@ Status StatusOf(const Result<T>& r) {
 }
 }  // namespace
 
-bool Engine::NoteIfSuperseded(const Status& st) {
-  if (st.code() != Code::kPreconditionFailed) return false;
+std::optional<bool> Engine::LearnIfSuperseded() {
   if (superseded_) return true;
   auto node = meta_->GetNode(options_.node);
-  if (!node.ok() || node->epoch <= epoch_.load()) return false;
+  if (!node.ok()) return std::nullopt;
+  if (node->epoch <= epoch_.load()) return false;
   Log().error("node {} was superseded (its epoch is now {}, this process holds {}): settle, merges and retention "
               "stop",
               options_.node, node->epoch, epoch_.load());
   MarkSuperseded();
   return true;
+}
+
+bool Engine::NoteIfSuperseded(const Status& st) {
+  return st.code() == Code::kPreconditionFailed && LearnIfSuperseded().value_or(false);
 }
 
 bool Engine::CreatedObjectsAreOurs(const Status& refused) {
@@ -1033,14 +1037,8 @@ bool Engine::CreatedObjectsAreOurs(const Status& refused) {
 }
 
 bool Engine::HoldsItsNode() {
-  if (superseded_) return false;
-  auto node = meta_->GetNode(options_.node);
-  if (!node.ok()) return false;
-  if (node->epoch > epoch_.load()) {
-    NoteIfSuperseded(PreconditionFailed("node {} is at epoch {}", options_.node, node->epoch));
-    return false;
-  }
-  return true;
+  const std::optional<bool> superseded = LearnIfSuperseded();
+  return superseded.has_value() && !*superseded;
 }
 
 bool Engine::TryNoteIfSuperseded(const Status& st) {
@@ -2398,10 +2396,17 @@ Result<ReadResult> Engine::Read(const std::string& basin, const std::string& str
     auto r = ReadOnce(basin, stream, start, max_records, max_bytes, wait_until, id);
     if (r.ok() || r.status().code() != Code::kNotFound) return r;
     if (!FindAs(basin, stream, id).ok()) return r;  // the stream itself is gone
-    if (SourceChanges(basin, stream, id) == before || attempt >= kMaxReadRaces) ++strikes;
-    if (strikes == 3) return LostObject(basin, stream, id) ? ObjectMissing(stream, r.status()) : r;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5 * std::min(attempt, 4)));  // a settle or retention finishing
+    if (!LookAgainAfterMiss(attempt, SourceChanges(basin, stream, id) != before, &strikes)) {
+      return LostObject(basin, stream, id) ? ObjectMissing(stream, r.status()) : r;
+    }
   }
+}
+
+bool Engine::LookAgainAfterMiss(int attempt, bool sources_moved, int* strikes) {
+  if (!sources_moved || attempt >= kMaxReadRaces) ++*strikes;
+  if (*strikes >= 3) return false;
+  std::this_thread::sleep_for(std::chrono::milliseconds(5 * std::min(attempt, 4)));  // a settle or retention finishing
+  return true;
 }
 
 uint64_t Engine::SourceChanges(const std::string& basin, const std::string& stream, uint64_t stream_id) {
@@ -2682,11 +2687,7 @@ Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std:
           std::lock_guard lk(s->mu);
           now = s->segments.changes();
         }
-        if (now == changes || attempt >= kMaxReadRaces) ++strikes;
-        if (strikes < 3) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5 * std::min(attempt, 4)));
-          continue;
-        }
+        if (LookAgainAfterMiss(attempt, now != changes, &strikes)) continue;
       }
       if (st.code() == Code::kNotFound && LostObject(basin, stream, s->info.id)) return ObjectMissing(stream, st);
       return st;

@@ -748,6 +748,10 @@ class Engine {
   // Reads that missed an object while the sources moved are tried again,
   // up to this many attempts; then every miss counts towards a loss.
   static constexpr int kMaxReadRaces = 32;
+  // After a read's `attempt`-th look missed an object: counts a strike if the
+  // sources did not move (or the read raced long enough); false at the third
+  // (the miss is then judged by LostObject), else waits a little and is true.
+  static bool LookAgainAfterMiss(int attempt, bool sources_moved, int* strikes);
   Result<ReadResult> ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
                               size_t max_records, size_t max_bytes, std::optional<TimePoint> wait_until,
                               uint64_t stream_id);
@@ -860,6 +864,10 @@ class Engine {
   // change the metastore refused with `st`, whether a successor holds the
   // node; if so, marks superseded_ (and says so once).
   bool NoteIfSuperseded(const Status& st);
+  // With settle_mu_ held: whether a successor holds the node (marked as for
+  // NoteIfSuperseded), nullopt if the metastore cannot say. Shared by
+  // NoteIfSuperseded and HoldsItsNode.
+  std::optional<bool> LearnIfSuperseded();
   // With settle_mu_ held, after the metastore refused (`refused`) a change
   // this process made objects for (a settle round's segments, a merged
   // segment): whether those objects are its alone to delete. Not when a
