@@ -31,6 +31,7 @@ class FakeS3 {
   enum class Fault {
     kDropBeforeApply,  // close the connection without applying or answering
     kDropAfterApply,   // apply, then close without answering (an ambiguous PUT)
+    k403Denied,        // answer 403 AccessDenied without applying
     k503SlowDown,      // answer 503 SlowDown, not applied
     k500AfterApply,    // apply, then answer 500 InternalError
     k409Conflict,      // answer 409 ConditionalRequestConflict, not applied
@@ -192,6 +193,8 @@ class FakeS3 {
         keep = false;
       } else if (fault == Fault::k503SlowDown) {
         Send(fd, 503, "Slow Down", ErrorBody("SlowDown"));
+      } else if (fault == Fault::k403Denied) {
+        Send(fd, 403, "Forbidden", ErrorBody("AccessDenied"));
       } else if (fault == Fault::k409Conflict) {
         Send(fd, 409, "Conflict", ErrorBody("ConditionalRequestConflict"));
       } else {

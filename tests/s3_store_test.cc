@@ -152,7 +152,8 @@ TEST(S3Client, RetriesAreBounded) {
   o.max_attempts = 3;
   auto s = Open(o);
   for (int i = 0; i < 5; ++i) fake.Inject(Fault::k503SlowDown);
-  const Status st = s->Put("k", "v");
+  // (A PUT's 5xx may have been applied: a PUT would end kTimeout.)
+  const Status st = s->Get("k").status();
   EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("SlowDown"), std::string::npos) << st.ToString();
   EXPECT_EQ(fake.requests(), 3);
@@ -205,6 +206,41 @@ TEST(S3Client, AmbiguousCreateOnAKeptAliveConnection) {
   EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
   EXPECT_EQ(s->metrics().ambiguous_creates.load(), 1u);
   EXPECT_EQ(fake.connections(), 2);
+}
+
+// An attempt that may have landed makes the PUT's outcome unknown whatever
+// the last attempt met: a refusal (an expired token, a denied request) or
+// the retries running out is no proof that nothing was written.
+TEST(S3Client, APutThatMayHaveLandedIsNeverAPlainFailure) {
+  ::weir::testing::FakeS3 fake;
+  S3Options o = FakeOptions(fake);
+  o.max_attempts = 2;
+  auto s = Open(o);
+  fake.Inject(Fault::kDropAfterApply);
+  fake.Inject(Fault::k403Denied);
+  Status st = s->Put("wal/1", "mine", PutOptions{.if_none_match = true});
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
+  EXPECT_NE(st.message().find("AccessDenied"), std::string::npos) << st.ToString();
+  EXPECT_EQ(*s->Get("wal/1"), "mine");
+
+  fake.Inject(Fault::k500AfterApply);
+  fake.Inject(Fault::k503SlowDown);
+  st = s->Put("wal/2", "mine", PutOptions{.if_none_match = true});
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
+  EXPECT_EQ(*s->Get("wal/2"), "mine");
+  EXPECT_EQ(s->metrics().ambiguous_creates.load(), 2u);
+
+  // A plain PUT too: it may have replaced the object.
+  fake.Inject(Fault::k500AfterApply);
+  fake.Inject(Fault::k503SlowDown);
+  st = s->Put("k", "new");
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
+  EXPECT_EQ(*s->Get("k"), "new");
+
+  // Nothing applied: the plain answers stay.
+  fake.Inject(Fault::k403Denied);
+  EXPECT_EQ(s->Put("wal/3", "mine", PutOptions{.if_none_match = true}).code(), Code::kIOError);
+  EXPECT_EQ(s->Head("wal/3").status().code(), Code::kNotFound);
 }
 
 TEST(S3Client, ConflictIsRetriedAndA412AfterItIsDefinite) {

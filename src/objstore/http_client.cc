@@ -198,7 +198,12 @@ struct Client::Handle {
   Handle& operator=(const Handle&) = delete;
 };
 
-Client::Client(const ClientOptions& options) : options_(options) { GlobalInit(); }
+Client::Client(const ClientOptions& options) : options_(options) {
+  GlobalInit();
+  // Release runs in a destructor: its push_back must not allocate (idle_
+  // never holds more than max_connections handles).
+  idle_.reserve(static_cast<size_t>(std::max(1, options_.max_connections)));
+}
 
 Client::~Client() = default;
 

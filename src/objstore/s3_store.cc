@@ -366,16 +366,24 @@ struct S3Store::Impl {
     call.headers.emplace_back("content-type", "application/octet-stream");
     if (create_only) call.headers.emplace_back("if-none-match", "*");
     bool maybe_applied = false;
-    WEIR_ASSIGN_OR_RETURN(http::Response r, Send(call, &maybe_applied));
-    if (Is2xx(r.status)) return Status::Ok();
-    if (r.status == 412 && create_only && maybe_applied) {
-      metrics.ambiguous_creates.fetch_add(1, std::memory_order_relaxed);
-      return Timeout(
-          "{} (create-only): a retry got 412 after an attempt that may have been applied; the object may be ours "
-          "or another writer's (read it back to decide)",
-          call.what);
+    Result<http::Response> r = Send(call, &maybe_applied);
+    if (r.ok() && Is2xx(r->status)) return Status::Ok();
+    if (maybe_applied) {
+      // Whatever the last attempt met (a 412, an expired token, a reset, the
+      // retries running out), an earlier one may have landed: outcome unknown.
+      if (create_only) metrics.ambiguous_creates.fetch_add(1, std::memory_order_relaxed);
+      const Status last = r.ok() ? ErrorStatus(*r, call.what) : r.status();
+      if (r.ok() && r->status == 412 && create_only) {
+        return Timeout(
+            "{} (create-only): a retry got 412 after an attempt that may have been applied; the object may be "
+            "ours or another writer's (read it back to decide)",
+            call.what);
+      }
+      return Timeout("{}: an attempt may have been applied (read it back to decide); the last one failed: {}",
+                     call.what, last.ToString());
     }
-    return ErrorStatus(r, call.what);
+    if (!r.ok()) return r.status();
+    return ErrorStatus(*r, call.what);
   }
 
   Result<ObjectInfo> HeadObject(std::string_view key) {

@@ -98,10 +98,11 @@ struct S3Metrics {
 // Failures map to Status codes: 404 kNotFound, 412 kPreconditionFailed, 416
 // kOutOfRange, authentication and permission failures (403) and a missing
 // bucket kIOError with the S3 code and a hint, other 4xx kInvalidArgument,
-// 5xx/throttling/transport kUnavailable or kTimeout after the retries. A
-// create-only PUT that is retried after an attempt that may have been applied
-// and then gets 412 returns kTimeout (outcome unknown), never OK: the caller
-// reads the object back to decide (the WAL compares its nonce).
+// 5xx/throttling/transport kUnavailable or kTimeout after the retries. A PUT
+// that fails after an attempt that may have been applied (its answer lost, a
+// 500, a resend) returns kTimeout (outcome unknown) whatever the last attempt
+// met; a create-only one that then gets 412 too, never OK: the caller reads
+// the object back to decide (the WAL compares its nonce).
 class S3Store : public ObjectStore {
  public:
   ~S3Store() override;
