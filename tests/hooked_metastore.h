@@ -58,6 +58,7 @@ class HookedMetastore final : public metastore::Metastore {
   // the create ran): a create that landed with its answer lost.
   std::function<Status(Status)> map_create_answer;
   std::function<void()> before_commit_group_offsets;  // runs once, then is cleared
+  std::function<void()> before_delete_group_offsets;  // runs once, then is cleared
   std::function<void()> before_expire_group_offsets;  // runs once, then is cleared
   std::function<Status()> fail_fetch_group_offsets;   // non-OK: FetchGroupOffsets answers it
   std::function<Status()> fail_allocate_producer_id;  // non-OK: AllocateProducerId answers it
@@ -221,6 +222,7 @@ class HookedMetastore final : public metastore::Metastore {
   }
   Result<std::vector<std::string>> ListOffsetGroups() override { return m_->ListOffsetGroups(); }
   Result<bool> DeleteAllGroupOffsets(std::string_view g, const metastore::EpochCheck& by) override {
+    if (auto f = std::exchange(before_delete_group_offsets, nullptr)) f();
     return m_->DeleteAllGroupOffsets(g, by);
   }
   Result<std::vector<std::string>> ExpireGroupOffsets(int64_t ms, const std::vector<std::string>& k,

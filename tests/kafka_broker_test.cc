@@ -761,6 +761,9 @@ TEST_F(BrokerTest, ApiVersionsV3GetsUnsupportedVersionInTheV0Layout) {
   EXPECT_EQ(resp.error_code, ErrorCode::kUnsupportedVersion);
   ASSERT_EQ(resp.api_keys.size(), std::size(kSupportedApis));
   EXPECT_EQ(resp.api_keys[0].api_key, kSupportedApis[0].key);
+  // Counted as an ApiVersions request, not as a bad one (every client sends it).
+  EXPECT_EQ(broker_->metrics().bad_requests.load(), 0u);
+  EXPECT_EQ(broker_->metrics().requests_by_api[static_cast<size_t>(ApiKey::kApiVersions)].load(), 1u);
 }
 
 TEST_F(BrokerTest, UnknownKeysAndUnsupportedVersionsCloseAndChangeNothing) {
@@ -2648,6 +2651,12 @@ TEST_F(BrokerTest, IncrementalAlterConfigsChangesOnlyWhatItNames) {
     EXPECT_NE(resp.responses.at(0).error_code, ErrorCode::kNone) << res.resource_name;
   }
   EXPECT_EQ(described(), values);
+  // As Kafka: a null value only with DELETE (INVALID_REQUEST for the others).
+  for (int8_t op : {kConfigOpSet, kConfigOpAppend, kConfigOpSubtract}) {
+    resp = alter({{{kConfigResourceTopic, "inc", {{"cleanup.policy", op, std::nullopt}}}}});
+    EXPECT_EQ(resp.responses.at(0).error_code, ErrorCode::kInvalidRequest) << static_cast<int>(op);
+  }
+  EXPECT_EQ(described(), values);
   // validate_only changes nothing.
   resp = alter({{{kConfigResourceTopic, "inc", {{"retention.ms", kConfigOpSet, "-1"}}}}, true});
   EXPECT_EQ(resp.responses.at(0).error_code, ErrorCode::kNone);
@@ -2894,7 +2903,9 @@ TEST_F(GroupTest, FindCoordinatorNamesThisBroker) {
     EXPECT_EQ(resp.port, 19092);
   }
   FindCoordinatorRequest txn{"tx", kCoordinatorKeyTransaction};
-  EXPECT_NE(Call(txn, 1, DecodeFindCoordinatorResponse).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Call(txn, 1, DecodeFindCoordinatorResponse).error_code, ErrorCode::kTransactionalIdAuthorizationFailed);
+  FindCoordinatorRequest unknown{"x", 7};
+  EXPECT_EQ(Call(unknown, 1, DecodeFindCoordinatorResponse).error_code, ErrorCode::kInvalidRequest);
 }
 
 // Once another process holds the node, this one coordinates no group: a
@@ -2951,6 +2962,39 @@ TEST_F(GroupTest, OldOffsetsOutliveARestartUntilTheirGroupCouldHaveRejoined) {
   auto kept = meta_->FetchGroupOffsets("quiet");
   ASSERT_TRUE(kept.ok());
   ASSERT_EQ(kept->size(), 1u) << "a restart expired the offsets of a group that had no time to rejoin";
+  EXPECT_EQ(broker_->metrics().offset_groups_expired.load(), 0u);
+}
+
+// A group whose members came and went between two checks had members then:
+// its offsets are kept for the retention from the moment it became empty
+// (as on Kafka), not judged by its newest commit alone.
+TEST_F(GroupTest, AGroupThatHadMembersBetweenChecksKeepsItsOffsets) {
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  metastore::GroupOffset old{"events", 0, 9, -1, "", WallMillis() - 8 * 24 * 3600 * 1000LL};
+  ASSERT_TRUE(meta_->CommitGroupOffsets(kGroup, {old}, metastore::EpochCheck{}).ok());
+  BrokerOptions o = Options();
+  o.offsets_retention = std::chrono::seconds(5);
+  o.offsets_retention_check = std::chrono::milliseconds(100);
+  const int64_t started = WallMillis();
+  RestartBroker(o);
+  // Nothing expires in the retention after the start; the group has a
+  // member only near its end, and none at any check after it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000 - (WallMillis() - started)));
+  std::string a;
+  JoinAlone("meta-A", "all", &a);
+  LeaveGroupRequest leave;
+  leave.group_id = kGroup;
+  leave.member_id = a;
+  ASSERT_EQ(Call(leave, 0, DecodeLeaveGroupResponse).error_code, ErrorCode::kNone);
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::max<int64_t>(0, 5300 - (WallMillis() - started))));
+  const uint64_t checks = broker_->metrics().offset_expiry_checks.load();
+  auto deadline = Now() + kAnswerTimeout;
+  while (Now() < deadline && broker_->metrics().offset_expiry_checks.load() < checks + 2) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GE(broker_->metrics().offset_expiry_checks.load(), checks + 2) << "the expiry check did not run";
+  // (Only a run stalled for almost 4 s could see them expire rightly.)
+  EXPECT_EQ(Committed("events", 0).committed_offset, 9) << "the offsets of a group that just had members expired";
   EXPECT_EQ(broker_->metrics().offset_groups_expired.load(), 0u);
 }
 
@@ -3201,6 +3245,36 @@ TEST_F(GroupTest, DescribeListAndDeleteGroups) {
   EXPECT_TRUE(Call(ListGroupsRequest{}, 2, DecodeListGroupsResponse).groups.empty());
   EXPECT_EQ(Call(DeleteGroupsRequest{{kGroup}}, 1, DecodeDeleteGroupsResponse).results.at(0).error_code,
             ErrorCode::kGroupIdNotFound);
+}
+
+// A member joins an Empty group while DeleteGroups removes its offsets: the
+// deletion happened (the joiner makes the group anew, as on Kafka, where the
+// deleted group is Dead), so it is not answered NON_EMPTY_GROUP, which says
+// the group kept everything.
+TEST_F(GroupTest, ADeletionThatRemovedTheOffsetsIsNotAnsweredNonEmpty) {
+  auto hooked = std::make_shared<weir::testing::HookedMetastore>(meta_);
+  RestartBroker(Options(), hooked);
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  ASSERT_EQ(CommitStandalone(kGroup, "events", 0, 5), ErrorCode::kNone);
+  std::promise<void> entered;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  hooked->before_delete_group_offsets = [&entered, released] {
+    entered.set_value();
+    released.wait();
+  };
+  Pending del = Start(DeleteGroupsRequest{{kGroup}}, 1);
+  ASSERT_EQ(entered.get_future().wait_for(kAnswerTimeout), std::future_status::ready);
+  std::string a;
+  Pending join = JoinNew("meta-A", &a);
+  DescribeGroupsRequest d;
+  d.groups = {kGroup};
+  EXPECT_NE(Call(d, 4, DecodeDescribeGroupsResponse).groups.at(0).group_state, "Empty");
+  release.set_value();
+  auto deleted = Finish(del, DecodeDeleteGroupsResponse);
+  EXPECT_EQ(deleted.results.at(0).error_code, ErrorCode::kNone);
+  EXPECT_EQ(Committed("events", 0).committed_offset, -1);
+  EXPECT_EQ(Finish(join, DecodeJoinGroupResponse).error_code, ErrorCode::kNone);
 }
 
 // A consumer protocol Subscription v0: version, topics, user data.

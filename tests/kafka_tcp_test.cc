@@ -408,6 +408,24 @@ TEST_F(KafkaTcpServer, ABodyNotWholeWithinTheStallTimeoutClosesTheConnection) {
   ::close(b);
 }
 
+// A connection is not idle while a request arrives: a body that takes
+// longer than the idle timeout (but not the stall timeout) is read whole.
+TEST_F(KafkaTcpServer, ARequestArrivingSlowlyIsNotClosedAsIdle) {
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .stall_timeout = 30s, .idle_timeout = 300ms}));
+  int a = Connect(addr);
+  ASSERT_GE(a, 0);
+  const std::string body(900, 'x');
+  const char header[4] = {0, 0, 0x03, static_cast<char>(0x84)};  // 900 bytes
+  ASSERT_EQ(::send(a, header, 4, MSG_NOSIGNAL), 4);
+  ASSERT_EQ(::send(a, body.data(), 10, MSG_NOSIGNAL), 10);
+  std::this_thread::sleep_for(900ms);  // three idle timeouts
+  ASSERT_TRUE(SendAll(a, body.substr(10)));
+  ASSERT_TRUE(handler.WaitFor(1));
+  handler.AnswerAll();
+  EXPECT_EQ(ReadFrame(a), body);
+  ::close(a);
+}
+
 // A connection whose answered responses are not written (its client does
 // not read) reads no further request past max_unwritten_bytes.
 TEST_F(KafkaTcpServer, ReadingPausesWhileTooManyResponseBytesAreUnwritten) {

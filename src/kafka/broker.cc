@@ -171,14 +171,39 @@ void Broker::TickLoop() {
 }
 
 // On its own thread: a slow metastore must not hold up the group timers.
+// Groups are looked at more often than offsets expire: an Empty group is
+// forgotten by the coordinator after its empty_group_retention (10 min), so
+// a check every 10 min alone could miss one that had members in between.
 void Broker::ExpiryLoop() {
   SetThreadName("kafka-expiry");
+  const Duration look_every = std::min<Duration>(options_.offsets_retention_check, std::chrono::minutes(1));
+  TimePoint next_expiry = Now();
   std::unique_lock lk(tick_mu_);
   while (!stopping_) {
     lk.unlock();
-    ExpireOffsets();
+    NoteActiveGroups();
+    if (Now() >= next_expiry) {
+      ExpireOffsets();
+      next_expiry = Now() + options_.offsets_retention_check;
+    }
     lk.lock();
-    tick_cv_.wait_for(lk, options_.offsets_retention_check, [&] { return stopping_; });
+    tick_cv_.wait_for(lk, std::min<Duration>(look_every, std::max<Duration>(next_expiry - Now(), Duration(0))),
+                      [&] { return stopping_; });
+  }
+}
+
+// Groups with members (or rebalancing) are active now; an Empty group was
+// active when it became empty (its last member left).
+void Broker::NoteActiveGroups() {
+  const int64_t now = WallMillis();
+  const TimePoint steady_now = Now();
+  for (const GroupOverview& g : groups_.ListGroups()) {
+    int64_t at = now;
+    if (g.state == GroupState::kEmpty) {
+      at = now - std::chrono::duration_cast<std::chrono::milliseconds>(steady_now - g.empty_since).count();
+    }
+    auto [it, added] = last_active_ms_.emplace(g.group_id, at);
+    if (!added) it->second = std::max(it->second, at);
   }
 }
 
@@ -190,9 +215,6 @@ void Broker::ExpireOffsets() {
   // rejoin after a restart with their members' next requests).
   const int64_t now = WallMillis();
   const int64_t cutoff = now - std::chrono::duration_cast<std::chrono::milliseconds>(options_.offsets_retention).count();
-  for (const GroupOverview& g : groups_.ListGroups()) {
-    if (g.state != GroupState::kEmpty) last_active_ms_[g.group_id] = now;
-  }
   std::erase_if(last_active_ms_, [&](const auto& kv) { return kv.second < cutoff; });
   if (last_active_ms_.size() > kMaxGroupsRemembered) {
     // Many short-lived groups (ids made up per run): those seen longest ago
@@ -243,12 +265,15 @@ void Broker::Handle(Frame frame, std::shared_ptr<Reply> reply) {
   req->reply = std::move(reply);
   auto decoded = DecodeRequest(req->frame.view());
   if (!decoded.ok()) {
-    metrics_.bad_requests++;
     auto header = PeekRequestHeader(req->frame.view());
     if (IsUnsupportedApi(decoded.status()) && header.ok() &&
         header->api_key == static_cast<int16_t>(ApiKey::kApiVersions)) {
+      // A client's first ApiVersions at a version newer than ours: answered
+      // (it asks again at one we have), not a bad request.
+      metrics_.requests_by_api[static_cast<size_t>(ApiKey::kApiVersions)]++;
       return req->reply->Respond(EncodeApiVersionsUnsupported(header->correlation_id));
     }
+    metrics_.bad_requests++;
     Log().warn("kafka: closing the connection of {}: {}", req->reply->peer(), decoded.status().ToString());
     return req->reply->Close();
   }
@@ -1155,9 +1180,12 @@ void Broker::ApiVersions(const std::shared_ptr<Request>& req) {
 void Broker::FindCoordinator(const std::shared_ptr<Request>& req) {
   auto& in = req->body<FindCoordinatorRequest>();
   FindCoordinatorResponse resp;
-  if (in.key_type != kCoordinatorKeyGroup) {
+  if (in.key_type == kCoordinatorKeyTransaction) {
     resp.error_code = ErrorCode::kTransactionalIdAuthorizationFailed;
     resp.error_message = "weir does not support Kafka transactions";
+  } else if (in.key_type != kCoordinatorKeyGroup) {
+    resp.error_code = ErrorCode::kInvalidRequest;  // as Kafka: no such coordinator type
+    resp.error_message = fmt::format("unknown coordinator key type {}", in.key_type);
   } else {
     // Any group id, the empty one included, has this node as coordinator
     // (Kafka checks the id only where a group is joined).
@@ -1684,14 +1712,22 @@ void Broker::IncrementalAlterConfigs(const std::shared_ptr<Request>& req) {
         if (value.is_string()) current[name] = value.get<std::string>();
       }
     }
+    // As Kafka: only a DELETE may leave the value null.
+    std::string null_updates;
+    for (const auto& c : res.configs) {
+      if (c.op != kConfigOpDelete && !c.value) null_updates += (null_updates.empty() ? "" : ", ") + c.name;
+    }
+    if (!null_updates.empty()) {
+      return fail(ErrorCode::kInvalidRequest, fmt::format("a null value is not supported for: {}", null_updates));
+    }
     std::set<std::string> named;
     for (const auto& c : res.configs) {
       if (!named.insert(c.name).second) {
         return fail(ErrorCode::kInvalidRequest, fmt::format("config {} is named more than once", c.name));
       }
-      if (c.op == kConfigOpSet && c.value) {
+      if (c.op == kConfigOpSet) {
         current[c.name] = *c.value;
-      } else if (c.op == kConfigOpSet || c.op == kConfigOpDelete) {
+      } else if (c.op == kConfigOpDelete) {
         current.erase(c.name);
       } else if (c.op == kConfigOpAppend || c.op == kConfigOpSubtract) {
         if (c.name != "cleanup.policy") {
@@ -1701,7 +1737,7 @@ void Broker::IncrementalAlterConfigs(const std::shared_ptr<Request>& req) {
         // A comma-separated list; its default is "delete".
         auto it = current.find(c.name);
         std::vector<std::string> items = SplitList(it != current.end() ? it->second : "delete");
-        for (const std::string& item : SplitList(c.value.value_or(""))) {
+        for (const std::string& item : SplitList(*c.value)) {
           auto at = std::find(items.begin(), items.end(), item);
           if (c.op == kConfigOpAppend && at == items.end()) items.push_back(item);
           if (c.op == kConfigOpSubtract && at != items.end()) items.erase(at);

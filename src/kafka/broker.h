@@ -62,8 +62,9 @@ struct BrokerOptions {
   GroupOptions groups;
   // Committed offsets of a group with no members whose newest commit is
   // older than this are deleted (Kafka's offsets.retention.minutes, 7 days),
-  // checked every offsets_retention_check; a group seen with members within
-  // this (or within this of the broker's start) keeps them.
+  // checked every offsets_retention_check; a group that had members within
+  // this (or within this of the broker's start) keeps them (groups are
+  // looked at once a minute, or every check if that is more often).
   Duration offsets_retention = std::chrono::hours(7 * 24);
   Duration offsets_retention_check = std::chrono::minutes(10);
 };
@@ -188,7 +189,8 @@ class Broker : public FrameHandler {
   Status CreateTopic(const std::string& topic, int32_t partitions, const std::string& config_json,
                      const metastore::StreamConfig& stream_config);
   void TickLoop();
-  void ExpireOffsets();  // offsets retention; on the expiry thread
+  void ExpireOffsets();     // offsets retention; on the expiry thread
+  void NoteActiveGroups();  // into last_active_ms_; on the expiry thread
 
   BrokerOptions options_;
   log::Engine* engine_;
@@ -227,7 +229,7 @@ class Broker : public FrameHandler {
   bool stopping_ = false;
   std::thread tick_thread_;
   // Offset expiry (ExpiryLoop, its own thread): when this broker started, and
-  // when each group was last seen with members (wall ms).
+  // when each group last had members (wall ms), looked at once a minute.
   void ExpiryLoop();
   std::thread expiry_thread_;
   const int64_t started_ms_ = WallMillis();

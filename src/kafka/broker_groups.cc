@@ -309,9 +309,14 @@ void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
       r.error_code = ErrorCode::kCoordinatorNotAvailable;
     } else {
       // A member that joined since the check keeps the group (its offsets
-      // are gone, as if it had joined just after the deletion).
+      // are gone, as if it had joined just after the deletion, as on Kafka,
+      // where the deleted group is Dead and the joiner makes a new one): the
+      // deletion happened, so it is not answered NON_EMPTY_GROUP.
       r.error_code = E(groups_.DeleteGroup(id));
-      if (r.error_code == ErrorCode::kGroupIdNotFound && *had_offsets) r.error_code = ErrorCode::kNone;
+      if (r.error_code == ErrorCode::kNonEmptyGroup ||
+          (r.error_code == ErrorCode::kGroupIdNotFound && *had_offsets)) {
+        r.error_code = ErrorCode::kNone;
+      }
     }
     if (r.error_code == ErrorCode::kNone) {
       metrics_.groups_deleted++;

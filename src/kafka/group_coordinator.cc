@@ -1040,7 +1040,7 @@ std::vector<GroupOverview> GroupCoordinator::ListGroups() const {
   std::lock_guard lock(mu_);
   std::vector<GroupOverview> v;
   v.reserve(groups_.size());
-  for (const auto& [id, g] : groups_) v.push_back(GroupOverview{id, g->protocol_type, g->state});
+  for (const auto& [id, g] : groups_) v.push_back(GroupOverview{id, g->protocol_type, g->state, g->empty_since});
   return v;
 }
 

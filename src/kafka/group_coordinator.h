@@ -192,6 +192,7 @@ struct GroupOverview {
   std::string group_id;
   std::string protocol_type;
   GroupState state = GroupState::kEmpty;
+  TimePoint empty_since{};  // kEmpty: when it last became empty (or was made)
 };
 
 struct GroupCoordinatorStats {

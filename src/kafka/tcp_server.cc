@@ -257,7 +257,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     idle_.expires_after(srv_->options.idle_timeout);
     idle_.async_wait([self = shared_from_this()](ErrorCode ec) {
       if (ec) return;
-      if (self->slots_.empty() && !self->writing_) {
+      if (self->slots_.empty() && !self->writing_ && !self->in_frame_) {
         self->CloseNow();
       } else {
         self->ArmIdle();
@@ -290,8 +290,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
         return self->CloseAfterPending();
       }
       // Reading stays marked busy while the frame waits for budget, or for
-      // this connection's unwritten responses to be written.
+      // this connection's unwritten responses to be written; the connection
+      // is not idle while a request arrives.
       self->reading_ = true;
+      self->in_frame_ = true;
       self->held_frame_ = n;  // admitted once the write brings them under
       self->ResumeHeld();
     });
@@ -347,6 +349,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     net::async_read(socket_, net::buffer(frame->data(), n),
                     [self = shared_from_this(), frame, n](ErrorCode ec, size_t) {
                       self->reading_ = false;
+                      self->in_frame_ = false;
                       ++self->bodies_;  // a timer that fired already and is queued finds it over
                       self->body_timer_.cancel();
                       if (ec) {
@@ -564,6 +567,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<int> suspended_{0};              // SuspendOrdered calls not yet resumed
   std::atomic<bool> read_held_{false};        // ReadHeader stopped at OrderedMustWait
   std::optional<uint32_t> held_frame_;  // a frame's size read while over max_unwritten_bytes
+  bool in_frame_ = false;  // from a frame's size until its body is read
   OrderedQueue ordered_;  // PostInOrder work (not an asio strand on the pool: this may outlive it)
   std::atomic<bool> skip_ordered_{false};  // closed, and an answering item was skipped: skip the rest
   std::string peer_;
