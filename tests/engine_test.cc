@@ -4389,5 +4389,44 @@ TEST_F(EngineTest, SettleReadsEvictedBatchesBackInBoundedRounds) {
   EXPECT_EQ(ReadAll("s"), want);
 }
 
+// A batch read back from its WAL slot (evicted from the cache, not settled)
+// whose baseOffset was damaged in the store: the batch's CRC does not cover
+// it, so the read checks the offsets itself (as segment reads do) and fails,
+// rather than serving the records at other offsets or skipping them.
+TEST_F(EngineTest, ABatchReadBackAtTheWrongOffsetIsCorruption) {
+  cache_bytes_ = 4096;
+  Restart();
+  const std::string body(1000, 'r');
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({body + std::to_string(i)})).status.ok());
+  for (int i = 0; i < 6000 && engine_->cached_bytes() > 4096; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_LE(engine_->cached_bytes(), 4096u);
+  // Batch 3 (offset 3, evicted) in its slot: its header starts with the
+  // baseOffset, then the length, the leader epoch and magic 2.
+  auto slots = store_->List("wal/", "", 1000);
+  ASSERT_TRUE(slots.ok());
+  bool damaged = false;
+  for (const auto& o : slots->objects) {
+    std::string bytes = *store_->Get(o.key);
+    const size_t rec = bytes.find(body + "3");
+    if (rec == std::string::npos) continue;
+    for (size_t at = rec; at-- > 0 && !damaged;) {
+      auto h = wal::ParseBatchHeader(std::string_view(bytes).substr(at));
+      if (!h.ok() || h->base_offset != 3 || at + h->total_size() < rec) continue;
+      bytes[at + 7] = 1;  // baseOffset 1
+      ASSERT_OK(store_->Put(o.key, bytes));
+      damaged = true;
+    }
+  }
+  ASSERT_TRUE(damaged) << "batch 3 was not found in a WAL slot";
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 2}, 100, 1 << 20);
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << (r.ok() ? "read " + std::to_string(r->records.size()) : "");
+  auto batches = engine_->ReadBatches(kBasin, "s", 3, 1 << 20);
+  EXPECT_EQ(batches.status().code(), Code::kCorruption);
+  // Reads before it are served.
+  auto before = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 2, 1 << 20);
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  EXPECT_EQ(before->records.size(), 2u);
+}
+
 }  // namespace
 }  // namespace weir::log

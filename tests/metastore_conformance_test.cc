@@ -1038,6 +1038,10 @@ TEST_P(MetastoreConformance, RaisedTrimPointsNeverGoDown) {
   MintTo("n1", 2);
   EXPECT_EQ(m().RaiseTrimPoint("n1", 1, a, 12).code(), Code::kPreconditionFailed);
   EXPECT_EQ(m().GetStreamState(a)->trim_point, 10u);
+  // Nor does a node that never minted an epoch (it holds none, not epoch 0).
+  EXPECT_EQ(m().RaiseTrimPoint("never-minted", 0, a, 12).code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().DeleteSegmentsBelow("never-minted", 0, {{a, 20}}).status().code(), Code::kPreconditionFailed);
+  EXPECT_EQ(m().GetStreamState(a)->trim_point, 10u);
 }
 
 TEST_P(MetastoreConformance, UpdateTableConfigChangesTheBlobAndStreamsTogether) {

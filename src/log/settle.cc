@@ -113,7 +113,20 @@ Status Engine::ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std:
     auto buffer = std::make_shared<const std::string>(std::move(*got));
     size_t at = 0;
     for (size_t i = run.first; i <= run.last; ++i) {
-      (*out)[i] = ReadBackBytes{buffer, std::string_view(*buffer).substr(at, refs[i].where.length)};
+      const std::string_view view = std::string_view(*buffer).substr(at, refs[i].where.length);
+      // The batch's CRC does not cover its baseOffset: the offsets are
+      // checked against the index, as a segment's are, so damaged bytes
+      // there are an error, not records served at other offsets.
+      auto h = wal::ParseBatchHeader(view);
+      if (!h.ok() || h->total_size() != view.size() || static_cast<uint64_t>(h->base_offset) != refs[i].start ||
+          static_cast<uint64_t>(h->last_offset()) + 1 != refs[i].end) {
+        failed[k] = Corruption("WAL slot {}/{}: the batch at byte {} is not offsets [{}, {}) ({})", w.epoch, w.seq,
+                               refs[i].where.offset, refs[i].start, refs[i].end,
+                               h.ok() ? fmt::format("it holds [{}, {}]", h->base_offset, h->last_offset())
+                                      : h.status().ToString());
+        return;
+      }
+      (*out)[i] = ReadBackBytes{buffer, view};
       at += refs[i].where.length;
     }
   });

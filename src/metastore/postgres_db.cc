@@ -61,7 +61,7 @@ constexpr std::pair<const char*, const char*> kDefaultParams[] = {
     {"target_session_attrs", "read-write"},
 };
 
-// Schema 6 (sql_metastore.h), as SQLite's with bytea for every name, key
+// The schema (kSchemaVersion, sql_metastore.h), as SQLite's with bytea for every name, key
 // and blob (compared byte-wise) and bigint for every integer.
 #define WEIR_BASIN_CONFIG_DDL                                                                             \
   "on_append BIGINT NOT NULL DEFAULT 0, on_read BIGINT NOT NULL DEFAULT 0, default_storage_class BYTEA, " \

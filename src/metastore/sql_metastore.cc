@@ -868,6 +868,8 @@ Status SqlMetastore::InsertSegmentRow(const SegmentInfo& s) {
 }
 
 Result<NodeState> SqlMetastore::NodeAtEpoch(std::string_view node, uint64_t epoch) {
+  // Epoch 0 is never minted: a node that never minted one holds none.
+  if (epoch == 0) return PreconditionFailed("node {} epoch 0 was never minted", node);
   WEIR_ASSIGN_OR_RETURN(std::optional<NodeState> current, ReadNode(node));
   const uint64_t current_epoch = current ? current->epoch : 0;
   if (current_epoch == epoch) return current.value_or(NodeState{});
@@ -1240,7 +1242,7 @@ Result<std::vector<SegmentInfo>> SqlMetastore::DeleteSegmentsBelow(std::string_v
     std::vector<SegmentInfo> removed;
     if (cuts.empty()) return removed;
     const Status txn = InTransaction("delete segments", [&]() -> Status {
-      removed.clear();  // a retried transaction starts over
+      removed.clear();
       WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
       for (const SegmentCut& cut : cuts) {
         if (cut.stream_id >= kMaxOffset) continue;  // ids are stored as int64: no such stream
