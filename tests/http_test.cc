@@ -1,6 +1,7 @@
 // Unit tests of the HTTP front-end's pieces: base64, S2 protobuf, percent
 // decoding, and the REST handlers driven through a recording Exchange over a
 // real engine (mem:// store, in-memory SQLite).
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <future>
@@ -24,6 +25,37 @@ namespace weir::http {
 namespace {
 
 using Json = nlohmann::json;
+
+// Each exported bucket counts exactly the values at or below its `le`
+// (Prometheus's rule), values just under a round bound included.
+TEST(PromHistogram, EachBucketCountsTheValuesAtOrBelowItsBound) {
+  Histogram h;
+  const std::vector<uint64_t> values = {1'000'000'000, 999'000'000, 100'000'000, 99'000'000, 500'000, 20'000'000'000};
+  for (uint64_t v : values) h.Record(v);
+  std::string out;
+  PromHistogramSeconds(&out, "x", "help", h);
+  size_t buckets = 0;
+  double last_le = 0;
+  const std::string prefix = "x_bucket{le=\"";
+  for (size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at + 1)) {
+    const size_t q = out.find('"', at + prefix.size());
+    const std::string le = out.substr(at + prefix.size(), q - at - prefix.size());
+    const uint64_t count = std::stoull(out.substr(q + 3, out.find('\n', q) - q - 3));
+    if (le == "+Inf") {
+      EXPECT_EQ(count, values.size());
+      continue;
+    }
+    ++buckets;
+    const double bound = std::stod(le);
+    EXPECT_GT(bound, last_le);
+    last_le = bound;
+    const auto want = static_cast<uint64_t>(
+        std::count_if(values.begin(), values.end(), [&](uint64_t v) { return static_cast<double>(v) / 1e9 <= bound; }));
+    EXPECT_EQ(count, want) << "le=" << le;
+  }
+  EXPECT_EQ(buckets, 14u);
+  EXPECT_NE(out.find("x_count 6\n"), std::string::npos) << out;
+}
 
 TEST(Base64, RoundTripsEveryLength) {
   std::string data;

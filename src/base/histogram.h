@@ -25,7 +25,8 @@ class Histogram {
   // Value at quantile q in [0,1] (upper edge of its bucket, capped at max); 0 if empty.
   uint64_t Quantile(double q) const;
   // Recorded values whose bucket lies wholly at or below `value` (for
-  // exporting cumulative buckets; exact when `value` is a bucket bound).
+  // exporting cumulative buckets; exact only when `value` is a bucket's
+  // upper bound: values in the bucket holding `value` are left out).
   uint64_t CountAtOrBelow(uint64_t value) const;
   void Reset();
 

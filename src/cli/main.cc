@@ -91,7 +91,7 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   opt("--linger-ms", o.linger_ms, "WAL linger: wait this long for more data before cutting a slot")
       ->check(CLI::Range(0.0, 10000.0));
   opt("--linger-put-percent", o.linger_put_percent,
-      "WAL linger: at least this percent of the PUT latency, counted up to 20 ms (0 turns it off)")
+      "WAL linger: at least this percent of the PUT latency, that share capped at 20 ms (0 turns it off)")
       ->check(CLI::Range(0.0, 100.0));
   opt("--pool-budget-mib", o.pool_budget_mib, "Admitted, unacknowledged bytes (MiB) before appends wait")
       ->check(CLI::Range(1, 1 << 20));

@@ -2673,8 +2673,12 @@ void PromHistogramSeconds(std::string* out, std::string_view name, std::string_v
                                        0.1,    0.25,  0.5,    1,     2.5,  5,     10};
   uint64_t total = 0;
   for (double b : kBounds) {
-    total = h.CountAtOrBelow(static_cast<uint64_t>(b * 1e9));
-    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, b, total);
+    // The fine bucket holding a bound ends a little above it (within 3 %):
+    // its upper edge is the `le` exported, so each counts exactly the values
+    // at or below it (the bound itself would miss those just under it).
+    const uint64_t edge = Histogram::BucketUpperBound(Histogram::BucketOf(static_cast<uint64_t>(b * 1e9)));
+    total = h.CountAtOrBelow(edge);
+    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, static_cast<double>(edge) / 1e9, total);
   }
   // Never below a finite bucket: a record counts in its bucket a moment
   // before it counts in the total.

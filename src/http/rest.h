@@ -158,7 +158,9 @@ class RestApi : public Handler {
 // Prometheus text helpers shared with the server's metrics renderer.
 void PromCounter(std::string* out, std::string_view name, std::string_view help, double value);
 void PromGauge(std::string* out, std::string_view name, std::string_view help, double value);
-// A histogram of nanoseconds exported in seconds, with cumulative buckets.
+// A histogram of nanoseconds exported in seconds, with cumulative buckets
+// near 0.5 ms, 1 ms, 2.5 ms ... 10 s (each `le` is the upper edge of the fine
+// bucket holding the round value, up to 3 % above it, so its count is exact).
 void PromHistogramSeconds(std::string* out, std::string_view name, std::string_view help, const Histogram& h);
 
 }  // namespace weir::http
