@@ -2278,13 +2278,25 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
     EXPECT_EQ(CreateTopic("badvalue", 1, 1, {{name, value}}).error_code, ErrorCode::kInvalidConfig)
         << name << "=" << value;
   }
+  EXPECT_EQ(CreateTopic("badvalue", 1, 1, {{"compression.gzip.level", "0"}}).error_code, ErrorCode::kInvalidConfig);
+  // A null value, as on Kafka (DescribeConfigs would show it as null).
+  for (bool validate_only : {true, false}) {
+    EXPECT_EQ(CreateTopic("badvalue", 1, 1, {{"segment.bytes", std::nullopt}}, validate_only).error_code,
+              ErrorCode::kInvalidConfig);
+  }
   EXPECT_EQ(engine_->GetTable(kKafkaBasin, "badvalue").status().code(), Code::kNotFound);
   EXPECT_EQ(CreateTopic("goodvalues", 1, 1,
                         {{"segment.bytes", "1048576"}, {"compression.type", "ZSTD"}, {"preallocate", " True "},
-                         {"min.cleanable.dirty.ratio", "0.5"}, {"retention.bytes", "-1"}},
+                         {"min.cleanable.dirty.ratio", "0.5"}, {"retention.bytes", "-1"},
+                         {"compression.gzip.level", "-1"}, {"cleanup.policy", " delete "}},
                         /*validate_only=*/true)
                 .error_code,
             ErrorCode::kNone);
+  // String configs are trimmed, as Kafka's ConfigDef does.
+  ASSERT_EQ(CreateTopic("appendtime", 1, 1, {{"message.timestamp.type", " LogAppendTime"}}).error_code,
+            ErrorCode::kNone);
+  EXPECT_EQ(engine_->GetStream(kKafkaBasin, "appendtime/0")->info.config.timestamping,
+            metastore::TimestampingMode::kArrival);
   // max.message.bytes: up to the server's limit, and enforced per topic.
   EXPECT_EQ(CreateTopic("huge", 1, 1, {{"max.message.bytes", "104857600"}}).error_code, ErrorCode::kInvalidConfig);
   std::string small = Batch({std::string(300, 's')});
@@ -2318,7 +2330,20 @@ TEST_F(BrokerTest, CreateTopicsValidatesEverything) {
   auto md = Metadata(std::nullopt);
   std::set<std::string> names;
   for (auto& t : md.topics) names.insert(t.name);
-  EXPECT_EQ(names, (std::set<std::string>{"made", "defaults", "kept", "forever", "old-style", "replicas", "tight"}));
+  EXPECT_EQ(names, (std::set<std::string>{"made", "defaults", "kept", "forever", "old-style", "replicas", "tight",
+                                           "appendtime"}));
+}
+
+// A topic deleted between an admin request's check and its change is
+// UNKNOWN_TOPIC_OR_PARTITION (as on Kafka), not UNKNOWN_SERVER_ERROR, which
+// clients do not retry.
+TEST_F(BrokerTest, ATopicGoneDuringCreatePartitionsIsUnknown) {
+  auto hooked = RestartAllHooked();
+  ASSERT_EQ(CreateTopic("going", 1).error_code, ErrorCode::kNone);
+  hooked->fail_create = [] { return NotFound("table going was deleted"); };
+  auto resp = Call(CreatePartitionsRequest{{{"going", 2, std::nullopt}}, 1000, false}, 1, DecodeCreatePartitionsResponse);
+  hooked->fail_create = nullptr;
+  EXPECT_EQ(resp.results.at(0).error_code, ErrorCode::kUnknownTopicOrPartition);
 }
 
 TEST_F(BrokerTest, CreatePartitionsAddsEmptyPartitions) {

@@ -76,6 +76,8 @@ ErrorCode PartitionReadError(const Status& st) {
 // REQUEST_TIMED_OUT, which clients retry; UNKNOWN_SERVER_ERROR, which they
 // do not, otherwise.
 ErrorCode AdminFailure(const Status& st) {
+  // A topic deleted while the request ran (its check passed before).
+  if (st.code() == Code::kNotFound) return ErrorCode::kUnknownTopicOrPartition;
   return IsRetryableCode(st.code()) || st.code() == Code::kFenced ? ErrorCode::kRequestTimedOut
                                                                    : ErrorCode::kUnknownServerError;
 }
@@ -1298,15 +1300,24 @@ bool KnownTopicConfig(const std::string& name) {
 // and segment settings belong to the object store and the WAL here).
 // A config's integer as Kafka reads a Long config: surrounding whitespace
 // trimmed, then decimal digits after an optional sign, within int64.
+std::string_view TrimSpaces(std::string_view text);
+
 std::optional<int64_t> ConfigInteger(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  text = TrimSpaces(text);
   if (text.size() > 1 && text.front() == '+' && text[1] != '-') text.remove_prefix(1);
   int64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return v;
 }
+
+std::string_view TrimSpaces(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  return text;
+}
+
+std::vector<std::string> SplitList(std::string_view value);
 
 // A known config's value as Kafka's ConfigDef would take it (its type and
 // range), whether or not weir applies it: Kafka refuses "abc" for
@@ -1336,6 +1347,9 @@ Status CheckTopicConfigValue(const std::string& name, const std::string& value) 
     if (!v || *v < i.min || *v > i.max) {
       return InvalidArgument("invalid value {} for configuration {}: an integer from {} to {}", value, name, i.min,
                              i.max);
+    }
+    if (name == "compression.gzip.level" && *v == 0) {  // as Kafka: -1 (the default) or 1 to 9
+      return InvalidArgument("invalid value {} for configuration {}: -1 or an integer from 1 to 9", value, name);
     }
     return Status::Ok();
   }
@@ -1386,16 +1400,22 @@ Status ApplyTopicConfig(const std::string& name, const std::optional<std::string
     if (!ms || *ms < -1) return InvalidArgument("retention.ms must be -1 or a number of ms up to {}", INT64_MAX);
     cfg->retention_age_s = *ms == -1 ? 0 : std::max<int64_t>(1, *ms / 1000);
   } else if (name == "message.timestamp.type") {
-    if (*value == "CreateTime") {
+    // Kafka's ConfigDef trims a string config's value.
+    const std::string_view type = TrimSpaces(*value);
+    if (type == "CreateTime") {
       cfg->timestamping = metastore::TimestampingMode::kClientPrefer;
       cfg->uncapped_timestamps = true;
-    } else if (*value == "LogAppendTime") {
+    } else if (type == "LogAppendTime") {
       cfg->timestamping = metastore::TimestampingMode::kArrival;
     } else {
       return InvalidArgument("message.timestamp.type must be CreateTime or LogAppendTime");
     }
   } else if (name == "cleanup.policy") {
-    if (*value != "delete") return InvalidArgument("cleanup.policy {} is not supported (only delete)", *value);
+    // A list config: its items trimmed.
+    const std::vector<std::string> items = SplitList(*value);
+    if (items.empty() || std::any_of(items.begin(), items.end(), [](const std::string& i) { return i != "delete"; })) {
+      return InvalidArgument("cleanup.policy {} is not supported (only delete)", *value);
+    }
   }
   return Status::Ok();
 }
@@ -1418,9 +1438,7 @@ std::vector<std::string> SplitList(std::string_view value) {
   std::vector<std::string> items;
   while (!value.empty()) {
     const size_t comma = value.find(',');
-    std::string_view item = value.substr(0, comma);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    const std::string_view item = TrimSpaces(value.substr(0, comma));
     if (!item.empty()) items.emplace_back(item);
     if (comma == std::string_view::npos) break;
     value.remove_prefix(comma + 1);
@@ -1458,7 +1476,9 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
       fail(ErrorCode::kInvalidReplicaAssignment, "weir places partitions itself; manual assignments are not supported");
     } else {
       for (auto& c : t.configs) {
-        Status st = ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes);
+        // As Kafka: a topic's configs are created with values.
+        Status st = c.value ? ApplyTopicConfig(c.name, c.value, &cfg, options_.max_batch_bytes)
+                            : InvalidArgument("a null value is not supported for topic config {}", c.name);
         if (!st.ok()) {
           fail(ErrorCode::kInvalidConfig, st.message());
           break;
@@ -1887,6 +1907,9 @@ void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {
   for (auto& name : in.topic_names) {
     DeletableTopicResult r;
     r.name = name;
+    // Not while a CreateTopics or CreatePartitions of it runs (they check
+    // the topic, then change it).
+    std::lock_guard lk(create_mu_);
     Status st = engine_->DeleteTable(options_.basin, name);
     if (st.code() == Code::kNotFound) {
       r.error_code = ErrorCode::kUnknownTopicOrPartition;
