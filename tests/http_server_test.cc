@@ -235,7 +235,7 @@ TEST_F(HttpServerLimits, ARequestWaitingForTheBudgetPastTheStallTimeoutGets429) 
   ServerOptions o;
   o.max_request_bytes = 10000;
   o.max_in_flight_bytes = 1000;
-  o.stall_timeout = std::chrono::seconds(3);  // c must queue behind b within it
+  o.stall_timeout = std::chrono::seconds(10);  // c must queue behind b within it
   ASSERT_NO_FATAL_FAILURE(Start(o));
   int a = Connect(addr), b = Connect(addr), c = Connect(addr);
   for (int fd : {a, b, c}) ASSERT_GE(fd, 0);

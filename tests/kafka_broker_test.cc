@@ -1221,8 +1221,8 @@ TEST_F(BrokerTest, AProduceWaitingForAdmissionIsSuspendedNotBlocking) {
   meta_ = hooked;
   OpenEngine(0, [](log::EngineOptions& o) {
     o.max_unsettled_bytes = 1;  // one unsettled batch fills the backlog
-    o.admission_timeout = 2s;
-    o.settle_interval = 1h;  // settle runs when asked to
+    o.admission_timeout = 5s;   // the waits that must end well before it take a settle round
+    o.settle_interval = 1h;     // settle runs when asked to
   });
   StartBroker(Options());
   ASSERT_EQ(CreateTopic("slow", 1).error_code, ErrorCode::kNone);
@@ -2997,13 +2997,14 @@ TEST_F(GroupTest, AGroupThatHadMembersBetweenChecksKeepsItsOffsets) {
   ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
   metastore::GroupOffset old{"events", 0, 9, -1, "", WallMillis() - 8 * 24 * 3600 * 1000LL};
   ASSERT_TRUE(meta_->CommitGroupOffsets(kGroup, {old}, metastore::EpochCheck{}).ok());
+  constexpr int64_t kRetentionMs = 5000;
   BrokerOptions o = Options();
-  o.offsets_retention = std::chrono::seconds(5);
+  o.offsets_retention = std::chrono::milliseconds(kRetentionMs);
   o.offsets_retention_check = std::chrono::milliseconds(100);
-  const int64_t started = WallMillis();
+  const int64_t started = WallMillis();  // the broker's start is later: nothing expires before started + retention
   RestartBroker(o);
-  // Nothing expires in the retention after the start; the group has a
-  // member only near its end, and none at any check after it.
+  // The group has a member only near the end of that time, and none at any
+  // check after it.
   std::this_thread::sleep_for(std::chrono::milliseconds(4000 - (WallMillis() - started)));
   std::string a;
   JoinAlone("meta-A", "all", &a);
@@ -3011,16 +3012,24 @@ TEST_F(GroupTest, AGroupThatHadMembersBetweenChecksKeepsItsOffsets) {
   leave.group_id = kGroup;
   leave.member_id = a;
   ASSERT_EQ(Call(leave, 0, DecodeLeaveGroupResponse).error_code, ErrorCode::kNone);
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::max<int64_t>(0, 5300 - (WallMillis() - started))));
+  const int64_t left = WallMillis();
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::max<int64_t>(0, kRetentionMs + 300 - (left - started))));
   const uint64_t checks = broker_->metrics().offset_expiry_checks.load();
   auto deadline = Now() + kAnswerTimeout;
   while (Now() < deadline && broker_->metrics().offset_expiry_checks.load() < checks + 2) {
     std::this_thread::sleep_for(20ms);
   }
   ASSERT_GE(broker_->metrics().offset_expiry_checks.load(), checks + 2) << "the expiry check did not run";
-  // (Only a run stalled for almost 4 s could see them expire rightly.)
-  EXPECT_EQ(Committed("events", 0).committed_offset, 9) << "the offsets of a group that just had members expired";
-  EXPECT_EQ(broker_->metrics().offset_groups_expired.load(), 0u);
+  const int64_t committed = Committed("events", 0).committed_offset;
+  // Judged only when the member left before any check could expire the
+  // offsets, and the checks ran within the retention after it: a slow run
+  // (a stall of a second or more) tells nothing, and must not fail.
+  if (left < started + kRetentionMs - 200 && WallMillis() < left + kRetentionMs - 200) {
+    EXPECT_EQ(committed, 9) << "the offsets of a group that just had members expired";
+    EXPECT_EQ(broker_->metrics().offset_groups_expired.load(), 0u);
+  } else {
+    GTEST_LOG_(INFO) << "too slow a run to judge (left at +" << left - started << " ms)";
+  }
 }
 
 TEST_F(GroupTest, ACommitOfGenerationBelowZeroNeedsOnlyAnEmptyGroup) {

@@ -411,14 +411,14 @@ TEST_F(KafkaTcpServer, ABodyNotWholeWithinTheStallTimeoutClosesTheConnection) {
 // A connection is not idle while a request arrives: a body that takes
 // longer than the idle timeout (but not the stall timeout) is read whole.
 TEST_F(KafkaTcpServer, ARequestArrivingSlowlyIsNotClosedAsIdle) {
-  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .stall_timeout = 30s, .idle_timeout = 300ms}));
+  ASSERT_NO_FATAL_FAILURE(Start({.max_request_bytes = 10000, .stall_timeout = 60s, .idle_timeout = 1500ms}));
   int a = Connect(addr);
   ASSERT_GE(a, 0);
   const std::string body(900, 'x');
   const char header[4] = {0, 0, 0x03, static_cast<char>(0x84)};  // 900 bytes
   ASSERT_EQ(::send(a, header, 4, MSG_NOSIGNAL), 4);
   ASSERT_EQ(::send(a, body.data(), 10, MSG_NOSIGNAL), 10);
-  std::this_thread::sleep_for(900ms);  // three idle timeouts
+  std::this_thread::sleep_for(4000ms);  // more than two idle timeouts
   ASSERT_TRUE(SendAll(a, body.substr(10)));
   ASSERT_TRUE(handler.WaitFor(1));
   handler.AnswerAll();
@@ -821,7 +821,7 @@ TEST(KafkaTcpOrdering, ALargeAnswerQueuedBehindOrderedWorkDoesNotHoldItUp) {
 
 TEST(KafkaTcpOneAtATime, AClientThatStopsReadingIsClosedAfterTheStallTimeout) {
   BigAnswerHandler handler(64 << 20);  // far more than the socket buffers hold after what is read
-  auto server = TcpServer::Start({.port = 0, .worker_threads = 2, .stall_timeout = 2s}, &handler);
+  auto server = TcpServer::Start({.port = 0, .worker_threads = 2, .stall_timeout = 4s}, &handler);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   int fd = Connect((*server)->address());
   ASSERT_GE(fd, 0);
@@ -830,9 +830,10 @@ TEST(KafkaTcpOneAtATime, AClientThatStopsReadingIsClosedAfterTheStallTimeout) {
   pollfd p{fd, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 30000), 1);  // the answer has begun
   size_t read = 0;
-  for (int i = 0; i < 12; ++i) {
-    std::this_thread::sleep_for(250ms);
+  for (int i = 0; i < 10; ++i) {  // 5 s in all, longer than the stall timeout
+    std::this_thread::sleep_for(500ms);
     std::vector<char> buf(1 << 20);
+    ASSERT_EQ(::poll(&p, 1, 30000), 1);  // the server may be slow to refill the buffers
     ssize_t r = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
     ASSERT_GT(r, 0) << "closed while the client read";
     read += static_cast<size_t>(r);
