@@ -4428,5 +4428,24 @@ TEST_F(EngineTest, ABatchReadBackAtTheWrongOffsetIsCorruption) {
   EXPECT_EQ(before->records.size(), 2u);
 }
 
+// A producer's batch that fits the WAL pool but no slot (a small
+// --max-slot-bytes) is refused as too large and not written: Kafka answers
+// MESSAGE_TOO_LARGE (it was INVALID_RECORD, and a retry of a batch refused
+// as it reached the WAL was taken for possibly written).
+TEST_F(EngineTest, ABatchLargerThanASlotIsTooLargeAndNotWritten) {
+  wal_budget_ = 1 << 20;  // slots of 256 KiB
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"first"})).status.ok());
+  const AppendOutcome o = AppendRaw(*engine_, "s", KafkaBatch({std::string(300 << 10, 'b')}));
+  EXPECT_EQ(o.status.code(), Code::kInvalidArgument) << o.status.ToString();
+  EXPECT_TRUE(o.too_large);
+  EXPECT_TRUE(o.not_admitted);
+  EXPECT_EQ(ReadAll("s"), std::vector<std::string>{"first"});
+  // The stream goes on at the next offset.
+  const AppendOutcome next = AppendRaw(*engine_, "s", KafkaBatch({"second"}));
+  ASSERT_TRUE(next.status.ok()) << next.status.ToString();
+  EXPECT_EQ(next.ack.start_offset, 1u);
+}
+
 }  // namespace
 }  // namespace weir::log

@@ -1959,6 +1959,7 @@ AppendOutcome Engine::DeletionPending(const std::string& stream) {
   AppendOutcome o{Unavailable("stream \"{}\" is being deleted (delete_on_empty)", stream), {}, std::nullopt,
                   std::nullopt};
   o.deletion_pending = true;
+  o.not_admitted = true;  // nothing was written
   return o;
 }
 
@@ -2054,9 +2055,14 @@ void Engine::Submit(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Stre
                            },
                            &room);
   if (!st.ok()) {
+    // The WAL took nothing (the writer stopped, or the batch cannot fit a
+    // slot: the batch itself was checked before).
     AppendCallback cb = std::move(pend->waiters.front().first);
     lk.unlock();
-    return cb(AppendOutcome{st, {}, std::nullopt, std::nullopt});
+    AppendOutcome o{st, {}, std::nullopt, std::nullopt};
+    o.not_admitted = true;
+    o.too_large = st.code() == Code::kInvalidArgument;
+    return cb(std::move(o));
   }
   // Commit the sequencer state only once the WAL has admitted the batch.
   if (producer) {

@@ -214,8 +214,9 @@ struct AppendOutcome {
   // INVALID_PRODUCER_EPOCH); status is kFenced. Any other kFenced means this
   // node lost its WAL to a successor: the append was not written, retry.
   bool producer_fenced = false;
-  // The append is larger than the whole WAL pool budget: no retry can fit it
-  // (Kafka's MESSAGE_TOO_LARGE); status is kInvalidArgument.
+  // The append is larger than the whole WAL pool budget or than one slot's
+  // payload: no retry can fit it (Kafka's MESSAGE_TOO_LARGE); status is
+  // kInvalidArgument.
   bool too_large = false;
   // The stream is being deleted (delete_on_empty; S2's
   // stream_deletion_pending): nothing was written; status is kUnavailable
