@@ -108,6 +108,7 @@ std::optional<BucketRef> ParseBucketStreamName(std::string_view stream) {
 namespace {
 
 Result<std::shared_ptr<Metastore>> OpenMetastoreUnchecked(std::string_view uri) {
+  WEIR_RETURN_IF_ERROR(CheckMetastoreScheme(uri));
   constexpr std::string_view kSqlite = "sqlite://";
   if (uri.starts_with(kSqlite)) {
     const std::string_view path = uri.substr(kSqlite.size());
@@ -126,6 +127,15 @@ Result<std::shared_ptr<Metastore>> OpenMetastoreUnchecked(std::string_view uri) 
     if (!store.ok()) return store.status();
     return std::shared_ptr<Metastore>(std::move(store).value());
   }
+  return CheckMetastoreScheme(uri).WithContext("unreachable");
+}
+
+}  // namespace
+
+Status CheckMetastoreScheme(std::string_view uri) {
+  if (uri.starts_with("sqlite://") || uri.starts_with("postgres://") || uri.starts_with("postgresql://")) {
+    return Status::Ok();
+  }
   // Only the scheme: the rest may hold a password.
   const size_t scheme = uri.find("://");
   return InvalidArgument(
@@ -133,8 +143,6 @@ Result<std::shared_ptr<Metastore>> OpenMetastoreUnchecked(std::string_view uri) 
       "postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE[?PARAM=VALUE...]",
       scheme == std::string_view::npos ? "(none)" : uri.substr(0, scheme));
 }
-
-}  // namespace
 
 Result<std::shared_ptr<Metastore>> OpenMetastore(std::string_view uri) {
   try {

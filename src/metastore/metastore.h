@@ -464,5 +464,8 @@ class Metastore {
 // parent directory must exist), sqlite://:memory: for tests, or a libpq URI
 // postgres://... / postgresql://... (docs/postgres.md).
 Result<std::shared_ptr<Metastore>> OpenMetastore(std::string_view uri);
+// Whether `uri` names one of the schemes above (kInvalidArgument naming them
+// if not); opens nothing.
+Status CheckMetastoreScheme(std::string_view uri);
 
 }  // namespace weir::metastore

@@ -1024,7 +1024,8 @@ Status SqlMetastore::Heartbeat(std::string_view node, uint64_t epoch, int64_t li
         if (row) {
           return PreconditionFailed(
               "node {} is live on this metastore (its last heartbeat was {} ms before this one's): a metastore is "
-              "served by one node at a time until stream leases land; stop it, or run this node as {}",
+              "served by one node at a time until stream leases land; stop it first (a process started as {} "
+              "would take over its streams and fence the one running)",
               live.ColText(0), now_ms - live.ColInt(1), live.ColText(0));
         }
       }

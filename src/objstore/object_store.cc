@@ -70,11 +70,21 @@ Status ValidateKey(std::string_view key) {
   return Status::Ok();
 }
 
+namespace {
+constexpr std::string_view kMem = "mem://";
+constexpr std::string_view kFile = "file://";
+constexpr std::string_view kS3 = "s3://";
+}  // namespace
+
+Status CheckObjectStoreScheme(std::string_view uri) {
+  if (uri.starts_with(kS3) || uri.starts_with(kMem) || uri.starts_with(kFile)) return Status::Ok();
+  return InvalidArgument(
+      "unsupported object store URI scheme in \"{}\"; supported: file://DIR, mem://, s3://BUCKET[/PREFIX]?...", uri);
+}
+
 Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri, const OpenOptions& options) {
   return internal::CatchAll("OpenObjectStore", [&]() -> Result<std::shared_ptr<ObjectStore>> {
-    constexpr std::string_view kMem = "mem://";
-    constexpr std::string_view kFile = "file://";
-    constexpr std::string_view kS3 = "s3://";
+    WEIR_RETURN_IF_ERROR(CheckObjectStoreScheme(uri));
     if (uri.starts_with(kS3)) {
       WEIR_ASSIGN_OR_RETURN(S3Options s3, ParseS3Uri(uri));
       if (options.allow_unconditional_put) s3.allow_unconditional_put = true;
@@ -95,9 +105,7 @@ Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri, const
       }
       return OpenFileStore(std::string(dir));
     }
-    return InvalidArgument(
-        "unsupported object store URI scheme in \"{}\"; supported: file://DIR, mem://, s3://BUCKET[/PREFIX]?...",
-        uri);
+    return CheckObjectStoreScheme(uri).WithContext("unreachable");
   });
 }
 

@@ -104,5 +104,8 @@ struct OpenOptions {
 //                     any S3-compatible service; probes create-only PUTs first
 //                     (parameters and credentials: s3_store.h, docs/s3.md)
 Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri, const OpenOptions& options = {});
+// Whether `uri` names one of the schemes above (kInvalidArgument naming them
+// if not); opens nothing, for checking flags before anything is made.
+Status CheckObjectStoreScheme(std::string_view uri);
 
 }  // namespace weir::objstore

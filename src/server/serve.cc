@@ -668,6 +668,35 @@ int RunServe(const ServeOptions& o) {
     a->first = *host;
     flight_addr = *a;
   }
+  // Two listeners on one port (a wildcard host covers every address): the
+  // second bind would fail only after recovery.
+  {
+    std::vector<std::pair<const char*, std::pair<std::string, uint16_t>>> listeners = {{"--http-addr", *addr}};
+    if (kafka_addr) listeners.emplace_back("--kafka-addr", *kafka_addr);
+    if (flight_addr) listeners.emplace_back("--flight-addr", *flight_addr);
+    for (size_t i = 0; i < listeners.size(); ++i) {
+      for (size_t j = i + 1; j < listeners.size(); ++j) {
+        const auto& [a_flag, a] = listeners[i];
+        const auto& [b_flag, b] = listeners[j];
+        if (a.second != 0 && a.second == b.second && (a.first == b.first || wildcard(a.first) || wildcard(b.first))) {
+          return fail(InvalidArgument("{} and {} both name port {}: each listener needs a port of its own", a_flag,
+                                      b_flag, a.second));
+        }
+      }
+    }
+  }
+  // The stores' URIs are checked before the data dir is made.
+  if (!o.object_store.empty()) {
+    if (Status st = objstore::CheckObjectStoreScheme(o.object_store); !st.ok()) {
+      return fail(st.WithContext("--object-store"));
+    }
+  }
+  for (const std::string& w : o.wal_stores) {
+    if (Status st = objstore::CheckObjectStoreScheme(w); !st.ok()) return fail(st.WithContext("--wal-store"));
+  }
+  if (!o.metastore.empty()) {
+    if (Status st = metastore::CheckMetastoreScheme(o.metastore); !st.ok()) return fail(st.WithContext("--metastore"));
+  }
   auto token = ReadToken(o.auth_token_file);
   if (!token.ok()) return fail(token.status());
   RaiseOpenFileLimit(o);

@@ -2268,7 +2268,13 @@ class ServeFlagsTest(ClosingTestCase):
                         (["--inject-put-error-rate", "0.8", "--inject-put-ambiguous-rate", "0.5"], "more than 1"),
                         # Found before recovery, not after it.
                         (["--kafka-addr", kafka_in_use], "cannot listen there"),
-                        (["--http-addr", kafka_in_use], "cannot listen there")]:
+                        (["--http-addr", kafka_in_use], "cannot listen there"),
+                        # Two listeners on one (free) port; stores of unknown schemes.
+                        (["--http-addr", "127.0.0.1:1", "--kafka-addr", "127.0.0.1:1"], "both name port 1"),
+                        (["--http-addr", "127.0.0.1:1", "--kafka-addr", "0.0.0.0:1",
+                          "--kafka-advertised-addr", "127.0.0.1:1"], "both name port 1"),
+                        (["--object-store", "bogus://x"], "unsupported object store URI scheme"),
+                        (["--metastore", "mysql://x"], "unsupported metastore URI scheme")]:
                     kafka = [] if "--kafka-addr" in args else ["--kafka-addr", ""]
                     http = [] if "--http-addr" in args else ["--http-addr", "127.0.0.1:0"]
                     cmd = [WEIR, "serve", "--data-dir", data] + http + kafka + args
