@@ -1907,9 +1907,6 @@ void Broker::DeleteTopics(const std::shared_ptr<Request>& req) {
   for (auto& name : in.topic_names) {
     DeletableTopicResult r;
     r.name = name;
-    // Not while a CreateTopics or CreatePartitions of it runs (they check
-    // the topic, then change it).
-    std::lock_guard lk(create_mu_);
     Status st = engine_->DeleteTable(options_.basin, name);
     if (st.code() == Code::kNotFound) {
       r.error_code = ErrorCode::kUnknownTopicOrPartition;

@@ -202,7 +202,7 @@ class Broker : public FrameHandler {
   // of the next generation, never after it.
   KeyedMutex group_offsets_mu_;
   BrokerMetrics metrics_;
-  std::mutex create_mu_;  // one topic creation, growth or deletion at a time (check, then change)
+  std::mutex create_mu_;  // one topic creation or growth at a time (check, then change)
   // A topic's max.message.bytes (default options_.max_batch_bytes, also for
   // a topic that does not exist), read from its catalog entry once and kept
   // until any table changes (created, deleted or reconfigured, by Kafka or

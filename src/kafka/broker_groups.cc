@@ -313,7 +313,7 @@ void Broker::DeleteGroups(const std::shared_ptr<Request>& req) {
       // where the deleted group is Dead and the joiner makes a new one): the
       // deletion happened, so it is not answered NON_EMPTY_GROUP.
       r.error_code = E(groups_.DeleteGroup(id));
-      if (r.error_code == ErrorCode::kNonEmptyGroup ||
+      if ((r.error_code == ErrorCode::kNonEmptyGroup && (d || *had_offsets)) ||
           (r.error_code == ErrorCode::kGroupIdNotFound && *had_offsets)) {
         r.error_code = ErrorCode::kNone;
       }

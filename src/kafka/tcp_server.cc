@@ -256,7 +256,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ArmIdle() {
     idle_.expires_after(srv_->options.idle_timeout);
     idle_.async_wait([self = shared_from_this()](ErrorCode ec) {
-      if (ec) return;
+      if (ec || self->closed_) return;
       if (self->slots_.empty() && !self->writing_ && !self->in_frame_) {
         self->CloseNow();
       } else {
@@ -323,6 +323,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     net::post(socket_.get_executor(), [self = shared_from_this(), n] {
       if (self->stop_reading_ || self->closed_) {
         self->reading_ = false;
+        self->in_frame_ = false;
         self->srv_->Release(n);
         return;
       }

@@ -84,7 +84,7 @@ struct S3Metrics {
   std::array<std::atomic<uint64_t>, kOpCount> retries{};
   std::atomic<uint64_t> bytes_sent{0}, bytes_received{0};  // bodies
   std::atomic<uint64_t> connections_opened{0};             // new TCP connections
-  std::atomic<uint64_t> ambiguous_creates{0};  // create-only PUT retried into a 412
+  std::atomic<uint64_t> ambiguous_creates{0};  // create-only PUTs whose outcome was unknown
   std::atomic<uint64_t> in_flight{0};
 
   uint64_t Requests(int op) const;  // all outcomes

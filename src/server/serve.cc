@@ -345,7 +345,7 @@ void RenderS3Metrics(const objstore::S3Metrics& m, std::string* out) {
   http::PromCounter(out, "weir_s3_bytes_sent_total", "S3 request body bytes", m.bytes_sent.load());
   http::PromCounter(out, "weir_s3_bytes_received_total", "S3 response body bytes", m.bytes_received.load());
   http::PromCounter(out, "weir_s3_connections_opened_total", "New TCP connections to S3", m.connections_opened.load());
-  http::PromCounter(out, "weir_s3_ambiguous_creates_total", "Create-only PUTs retried into a 412",
+  http::PromCounter(out, "weir_s3_ambiguous_creates_total", "Create-only PUTs whose outcome was unknown (an attempt may have landed)",
                     m.ambiguous_creates.load());
 }
 
@@ -678,7 +678,12 @@ int RunServe(const ServeOptions& o) {
       for (size_t j = i + 1; j < listeners.size(); ++j) {
         const auto& [a_flag, a] = listeners[i];
         const auto& [b_flag, b] = listeners[j];
-        if (a.second != 0 && a.second == b.second && (a.first == b.first || wildcard(a.first) || wildcard(b.first))) {
+        // A wildcard covers the addresses of its own family.
+        auto covers = [&](const std::string& w, const std::string& h) {
+          return (w == "0.0.0.0" && h.find(':') == std::string::npos) || (w == "::" && h.find(':') != std::string::npos);
+        };
+        if (a.second != 0 && a.second == b.second &&
+            (a.first == b.first || covers(a.first, b.first) || covers(b.first, a.first))) {
           return fail(InvalidArgument("{} and {} both name port {}: each listener needs a port of its own", a_flag,
                                       b_flag, a.second));
         }
@@ -692,6 +697,7 @@ int RunServe(const ServeOptions& o) {
     }
   }
   for (const std::string& w : o.wal_stores) {
+    if (w.starts_with("postgres://") || w.starts_with("postgresql://")) continue;  // a WAL store on PostgreSQL
     if (Status st = objstore::CheckObjectStoreScheme(w); !st.ok()) return fail(st.WithContext("--wal-store"));
   }
   if (!o.metastore.empty()) {
