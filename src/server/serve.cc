@@ -345,8 +345,8 @@ void RenderS3Metrics(const objstore::S3Metrics& m, std::string* out) {
   http::PromCounter(out, "weir_s3_bytes_sent_total", "S3 request body bytes", m.bytes_sent.load());
   http::PromCounter(out, "weir_s3_bytes_received_total", "S3 response body bytes", m.bytes_received.load());
   http::PromCounter(out, "weir_s3_connections_opened_total", "New TCP connections to S3", m.connections_opened.load());
-  http::PromCounter(out, "weir_s3_ambiguous_creates_total", "Create-only PUTs whose outcome was unknown (an attempt may have landed)",
-                    m.ambiguous_creates.load());
+  http::PromCounter(out, "weir_s3_ambiguous_creates_total",
+                    "Create-only PUTs whose outcome was unknown (an attempt may have landed)", m.ambiguous_creates.load());
 }
 
 // The express class's stores, by their position in --wal-store.
@@ -668,8 +668,8 @@ int RunServe(const ServeOptions& o) {
     a->first = *host;
     flight_addr = *a;
   }
-  // Two listeners on one port (a wildcard host covers every address): the
-  // second bind would fail only after recovery.
+  // Two listeners on one port (a wildcard host covers the addresses of its
+  // family): the second bind would fail only after recovery.
   {
     std::vector<std::pair<const char*, std::pair<std::string, uint16_t>>> listeners = {{"--http-addr", *addr}};
     if (kafka_addr) listeners.emplace_back("--kafka-addr", *kafka_addr);
