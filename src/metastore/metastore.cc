@@ -127,7 +127,7 @@ Result<std::shared_ptr<Metastore>> OpenMetastoreUnchecked(std::string_view uri) 
     if (!store.ok()) return store.status();
     return std::shared_ptr<Metastore>(std::move(store).value());
   }
-  return CheckMetastoreScheme(uri).WithContext("unreachable");
+  return Internal("OpenMetastore: no backend for this URI's scheme");  // CheckMetastoreScheme took it
 }
 
 }  // namespace

@@ -105,7 +105,7 @@ Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri, const
       }
       return OpenFileStore(std::string(dir));
     }
-    return CheckObjectStoreScheme(uri).WithContext("unreachable");
+    return Internal("OpenObjectStore: no backend for \"{}\"", uri);  // CheckObjectStoreScheme took it
   });
 }
 
