@@ -216,6 +216,48 @@ def bytes_round_trip():
 
 
 @case
+def json_input():
+    # `--input json` takes what `read --json` prints: a copy keeps bodies,
+    # headers (text or base64) and timestamps.
+    weir("stream", "create", "jsrc")
+    weir("stream", "create", "jdst", "--timestamping-mode", "client-require")
+    now = int(time.time() * 1000)
+    lines = [json.dumps({"body": "with headers", "headers": [["k", "v"], ["k2", ""]], "timestamp": now - 3000}),
+             json.dumps({"timestamp": now - 2000}),  # an empty body
+             json.dumps({"body": "", "headers": [], "seq_num": 99, "timestamp": now - 1000})]
+    weir("append", "jsrc", "--input", "json", input="\n".join(lines) + "\n")
+    weir("append", "jsrc", input=b"plain\n\xff\n", binary=True)  # not UTF-8: base64 in --json
+    src = weir("read", "jsrc", "--json").stdout
+    assert weir("append", "jdst", "--input", "json", input=src).stdout == "jdst 0..5\n"
+    dst = jsonl(weir("read", "jdst", "--json").stdout)
+    assert dst == jsonl(src), (dst, src)
+    assert [r["body"] for r in dst[:4]] == ["with headers", "", "", "plain"], dst
+    assert [r["timestamp"] for r in dst[:3]] == [now - 3000, now - 2000, now - 1000], dst
+    assert dst[0]["headers"] == [["k", "v"], ["k2", ""]], dst
+    assert dst[4]["encoding"] == "base64" and dst[4]["body"] == "/w==", dst
+    # A client-require stream takes no record without a timestamp.
+    nots = weir("append", "jdst", "--input", "json", input='{"body": "x"}\n', ok=False)
+    assert "timestamp" in error_line(nots), nots.stderr
+    # Bad lines are named; the batch holding one is not sent.
+    for bad, why in (('not json', "not a JSON value"), ('[1]', "not a JSON object"),
+                     ('{"body": 1}', '"body" must be a string'), ('{"bdy": "x"}', 'unknown field "bdy"'),
+                     ('{"timestamp": -1}', '"timestamp" must be a whole number'),
+                     ('{"headers": [["k"]]}', '"headers" must be an array'),
+                     ('{"body": "*", "encoding": "base64"}', '"body" is not base64'),
+                     ('{"encoding": "hex"}', '"encoding" can only be "base64"')):
+        out = weir("append", "jsrc", "--input", "json", "--linger-ms", "60000",
+                   input='{"body": "ok", "timestamp": 1}\n' + bad + "\n", ok=False)
+        line = error_line(out)
+        assert "line 2 is not a record" in line and why in line, (bad, line)
+    big = json.dumps({"body": "x" * ((1 << 20) - 8), "headers": [["h", ""]]})
+    out = weir("append", "jsrc", "--input", "json", input=big + "\n", ok=False)
+    assert "line 1 is a record of 1048579 metered bytes" in error_line(out), out.stderr
+    assert weir("tail", "jsrc").stdout == "5\n"
+    assert weir("tail", "jdst").stdout == "5\n"
+    assert "--input" in error_line(weir("append", "jsrc", "--input", "yaml", input="", ok=False))
+
+
+@case
 def conditions():
     weir("stream", "create", "cond")
     weir("append", "cond", input="a\nb\n")
@@ -529,6 +571,11 @@ def flags_beat_environment_variables():
     assert weir(*flags, "read", "--", "fs1", env_vars=wrong).stdout == "a\nb\n"  # they go ahead of a `--`
     assert "not expected" in error_line(weir("--server", SERVER.base_url, "serve", ok=False))
     assert "not expected" in error_line(weir("--prefix", "f", "stream", "list", ok=False))
+    # Between a command group and its command too.
+    assert weir("stream", "--json", "--basin", "flag-basin", "--server", SERVER.base_url, "list",
+                env_vars=wrong).stdout.startswith('{"name":"fs1",')
+    assert weir("basin", f"--server={SERVER.base_url}", "list", env_vars=wrong).returncode == 0
+    assert "not expected" in error_line(weir("stream", "--prefix", "f", "list", ok=False))
     weir("stream", "delete", "fs1", *flags, env_vars=wrong)
     weir("basin", "delete", "flag-basin", "--server", SERVER.base_url, env_vars=wrong)
     assert "flag-basin" not in weir("basin", "list").stdout

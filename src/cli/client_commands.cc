@@ -43,6 +43,7 @@ struct ClientCommandsState {
   double linger_ms = 10;
   size_t max_batch_records = 1000;
   size_t max_batch_bytes = 512 << 10;
+  std::string input = "text";  // text (a line is a body) or json (a line is a record, as `read --json` prints it)
   // read
   std::optional<uint64_t> from, tail_offset, timestamp, count;
   bool follow = false;
@@ -331,6 +332,59 @@ Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, con
   return ack;
 }
 
+// Longest line `append --input json` reads: a largest record's JSON, its
+// body all \u escapes or in base64 (with room for headers' and keys' JSON).
+constexpr size_t kMaxJsonLine = 6 * kMaxRecordMetered + (64 << 10);
+
+// A record from one line of `append --input json`: an object as `read
+// --json` prints it: "body" (a string), "headers" ([[name, value], ...]),
+// "timestamp" (ms), "encoding": "base64" for a body and headers in base64;
+// "seq_num" is ignored (the server assigns it). Every field may be left out
+// (an empty body); any other field, or a wrong type, is an error.
+Result<client::AppendRecord> RecordFromJson(std::string_view line, uint64_t line_no) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgument("line {} is not a record (--input json): {}; nothing after the last ack printed was appended",
+                           line_no, why);
+  };
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("not a JSON value, or not UTF-8");
+  if (!j.is_object()) return bad("not a JSON object");
+  bool base64 = false;
+  if (auto e = j.find("encoding"); e != j.end() && !e->is_null()) {
+    if (!e->is_string() || e->get<std::string>() != "base64") return bad("\"encoding\" can only be \"base64\"");
+    base64 = true;
+  }
+  auto decode = [&](const json& v, std::string_view what) -> Result<std::string> {
+    if (!v.is_string()) return bad(fmt::format("{} must be a string", what));
+    if (!base64) return v.get<std::string>();
+    auto d = Base64Decode(v.get<std::string>());
+    if (!d.ok()) return bad(fmt::format("{} is not base64", what));
+    return *d;
+  };
+  client::AppendRecord r;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "encoding" || key == "seq_num") continue;
+    if (key == "body") {
+      WEIR_ASSIGN_OR_RETURN(r.body, decode(v, "\"body\""));
+    } else if (key == "timestamp") {
+      if (v.is_null()) continue;
+      if (!v.is_number_unsigned()) return bad("\"timestamp\" must be a whole number of milliseconds");
+      r.timestamp = v.get<uint64_t>();
+    } else if (key == "headers") {
+      if (!v.is_array()) return bad("\"headers\" must be an array of [name, value] pairs");
+      for (const json& h : v) {
+        if (!h.is_array() || h.size() != 2) return bad("\"headers\" must be an array of [name, value] pairs");
+        WEIR_ASSIGN_OR_RETURN(std::string name, decode(h[0], "a header name"));
+        WEIR_ASSIGN_OR_RETURN(std::string value, decode(h[1], "a header value"));
+        r.headers.emplace_back(std::move(name), std::move(value));
+      }
+    } else {
+      return bad(fmt::format("unknown field \"{}\" (a record has body, headers, timestamp, encoding)", key));
+    }
+  }
+  return r;
+}
+
 int Append(ClientCommandsState& s, Client& c) {
   client::AppendOptions ao;
   ao.match_seq_num = s.match_seq_num;
@@ -374,11 +428,22 @@ int Append(ClientCommandsState& s, Client& c) {
         "nothing after the last ack printed was appended",
         line_no, whole ? "" : "at least ", body_bytes, kMaxRecordMetered - 8, kMaxRecordMetered);
   };
+  const bool json_in = s.input == "json";
   auto add = [&](std::string line) -> Status {
     client::AppendRecord r;
-    r.body = std::move(line);
+    if (json_in) {
+      WEIR_ASSIGN_OR_RETURN(r, RecordFromJson(line, line_no));
+    } else {
+      r.body = std::move(line);
+    }
     size_t m = Metered(r);
-    if (m > kMaxRecordMetered) return too_long(r.body.size(), true);
+    if (m > kMaxRecordMetered) {
+      if (!json_in) return too_long(r.body.size(), true);
+      return InvalidArgument(
+          "line {} is a record of {} metered bytes (8 + body + 2 + name + value per header); a record holds at most {} "
+          "(S2's limit); nothing after the last ack printed was appended",
+          line_no, m, kMaxRecordMetered);
+    }
     if (!batch.empty() && batch_bytes + m > s.max_batch_bytes) WEIR_RETURN_IF_ERROR(flush());
     if (batch.empty()) deadline = Now() + std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(s.linger_ms));
     batch.push_back(std::move(r));
@@ -416,9 +481,16 @@ int Append(ClientCommandsState& s, Client& c) {
     }
     pending.append(chunk);
     // A line that can no longer fit a record fails now, not once it ends.
-    if (pending.size() - (pending.ends_with('\r') ? 1 : 0) + 8 > kMaxRecordMetered) {
+    const size_t line_bytes = pending.size() - (pending.ends_with('\r') ? 1 : 0);
+    if (json_in && line_bytes > kMaxJsonLine) {
       ++line_no;
-      return Fail(s, too_long(pending.size() - (pending.ends_with('\r') ? 1 : 0), false));
+      return Fail(s, InvalidArgument("line {} is more than {} bytes, longer than any record's JSON (--input json); "
+                                     "nothing after the last ack printed was appended",
+                                     line_no, kMaxJsonLine));
+    }
+    if (!json_in && line_bytes + 8 > kMaxRecordMetered) {
+      ++line_no;
+      return Fail(s, too_long(line_bytes, false));
     }
   }
   if (!pending.empty()) {
@@ -601,6 +673,13 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
       ->check(CLI::Range(1, 1000))->capture_default_str();
   s.append->add_option("--max-batch-bytes", s.max_batch_bytes, "Metered bytes per append at most")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  s.append
+      ->add_option("--input", s.input,
+                   "text: each line is a record's body; json: each line is a record as `weir read --json` prints it "
+                   "({\"body\", \"headers\": [[name, value]], \"timestamp\", \"encoding\": \"base64\"}; "
+                   "seq_num ignored)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
 
   s.read = Leaf(&app, s, "read", "Print a stream's records, one per line", "STREAM");
   auto* from = s.read->add_option("--from", s.from, "Start at this seq_num");

@@ -176,29 +176,40 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
 }
 
 // The client commands' connection flags given before the command
-// (`weir --server URL stream list`) go after it, where the command defines
-// them: CLI11 takes an option only after the command that has it. Only those
-// flags, and only ahead of the first other word; the rest is left in place
-// (a flag that fits no command is still an error).
+// (`weir --server URL stream list`, `weir stream --json list`) go after it,
+// where the command defines them: CLI11 takes an option only after the
+// command that has it. Only those flags, and only ahead of the first other
+// word or between a command group (basin, stream, bench) and its command; the
+// rest is left in place (a flag that fits no command is still an error).
 std::vector<char*> ConnectionFlagsAfterTheCommand(int argc, char** argv) {
   static const std::set<std::string, std::less<>> kValued = {"--server", "--basin", "--auth-token"};
+  static const std::set<std::string, std::less<>> kGroups = {"basin", "stream", "bench"};
   std::vector<char*> moved;
+  std::vector<char*> words{argv[0]};
   int i = 1;
-  while (i < argc) {
-    const std::string_view arg = argv[i];
-    const std::string_view name = arg.substr(0, arg.find('='));
-    if (arg == "--json" || (name != arg && kValued.count(name) != 0)) {
-      moved.push_back(argv[i++]);
-    } else if (kValued.count(arg) != 0 && i + 1 < argc) {
-      moved.push_back(argv[i++]);
-      moved.push_back(argv[i++]);
-    } else {
-      break;
+  // Moves the connection flags at argv[i...] into `moved`.
+  auto move_flags = [&] {
+    while (i < argc) {
+      const std::string_view arg = argv[i];
+      const std::string_view name = arg.substr(0, arg.find('='));
+      if (arg == "--json" || (name != arg && kValued.count(name) != 0)) {
+        moved.push_back(argv[i++]);
+      } else if (kValued.count(arg) != 0 && i + 1 < argc) {
+        moved.push_back(argv[i++]);
+        moved.push_back(argv[i++]);
+      } else {
+        break;
+      }
     }
+  };
+  move_flags();
+  if (i < argc && kGroups.count(std::string_view(argv[i])) != 0) {
+    words.push_back(argv[i++]);
+    move_flags();
   }
   // Ahead of a `--`, after which every word is an argument.
   char** rest_end = std::find_if(argv + i, argv + argc, [](const char* a) { return std::string_view(a) == "--"; });
-  std::vector<char*> out{argv[0]};
+  std::vector<char*> out = std::move(words);
   out.insert(out.end(), argv + i, rest_end);
   out.insert(out.end(), moved.begin(), moved.end());
   out.insert(out.end(), rest_end, argv + argc);

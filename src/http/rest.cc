@@ -1670,15 +1670,16 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     return c.Reply(200, BasinConfigJson(info->config));
   }
   if (req.method == "PUT") {
-    // Create with this config, or replace the existing basin's config.
+    // S2's create-or-reconfigure: `config` is a BasinReconfiguration, applied
+    // to a new basin's defaults or to the existing basin's config (fields it
+    // leaves out stay as they are).
     Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     if (!j.is_null() && !j.is_object()) throw BadRequest{"the body must be a JSON object"};
+    const Json reconfiguration = j.is_object() ? FieldOrNull(j, "config") : Json();
     metastore::BasinConfig config;
-    if (j.is_object()) {
-      if (Status st = ApplyBasinConfig(FieldOrNull(j, "config"), &config, ConfigMode::kCreate); !st.ok()) {
-        return c.Fail(st);
-      }
+    if (Status st = ApplyBasinConfig(reconfiguration, &config, ConfigMode::kReconfigure); !st.ok()) {
+      return c.Fail(st);
     }
     std::lock_guard lk(config_mu_);  // read, compare, write
     Status st = engine_->CreateBasin(*name, "", config);
@@ -1686,6 +1687,10 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
     if (st.ok()) return c.Reply(201, BasinInfoJson(*info), Provisioned("created"));
+    config = info->config;
+    if (Status re = ApplyBasinConfig(reconfiguration, &config, ConfigMode::kReconfigure); !re.ok()) {
+      return c.Fail(re);
+    }
     if (info->config == config) return c.Reply(200, BasinInfoJson(*info), Provisioned("noop"));
     if (Status re = engine_->ReconfigureBasin(*name, config); !re.ok()) return c.Fail(re, "basin_not_found");
     return c.Reply(200, BasinInfoJson(*info), Provisioned("updated"));
@@ -1771,60 +1776,54 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     return c.Reply(200, StreamConfigJson(s->info.config));
   }
   if (req.method == "PUT" || req.method == "PATCH") {
+    // PATCH reconfigures a stream; PUT (S2's create-or-reconfigure) does the
+    // same to an existing stream, or creates it with the reconfiguration
+    // over the basin's defaults. Either way fields the body leaves out stay.
     Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     if (req.method == "PATCH" && !j.is_object()) throw BadRequest{"the body must be a StreamReconfiguration object"};
-    if (req.method == "PATCH") {
-      // Read, change and written under the engine's config lock: a change
-      // made meanwhile (another PATCH, Kafka AlterConfigs) is not lost.
-      // (A body refused as malformed is thrown here, not inside the engine.)
+    if (!j.is_null() && !j.is_object()) throw BadRequest{"the body must be a StreamReconfiguration object"};
+    // Read, changed and written under the engine's config lock: a change
+    // made meanwhile (another PATCH, Kafka AlterConfigs) is not lost.
+    // (A body refused as malformed is thrown here, not inside the engine.)
+    auto reconfigure = [&](bool* changed) {
       std::optional<BadRequest> bad;
       auto config = engine_->ReconfigureStream(
           c.basin, *name, [&](const metastore::StreamConfig& old) -> Result<metastore::StreamConfig> {
             try {
-              return ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure,
-                                         metastore::StreamConfigLayer::Of(old));
+              auto updated = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure,
+                                                 metastore::StreamConfigLayer::Of(old));
+              if (updated.ok() && changed != nullptr) *changed = !(*updated == old);
+              return updated;
             } catch (const BadRequest& e) {
               bad = e;
               return InvalidArgument("{}", e.message);
             }
           });
       if (bad) throw *bad;
+      return config;
+    };
+    if (req.method == "PATCH") {
+      auto config = reconfigure(nullptr);
       if (!config.ok()) return c.Fail(config.status(), "stream_not_found");
       return c.Reply(200, StreamConfigJson(*config));
     }
-    std::lock_guard lk(config_mu_);  // a PUT's look, then create or replace, as one
+    std::lock_guard lk(config_mu_);  // a PUT's look, then create or reconfigure, as one
     auto s = engine_->GetStream(c.basin, *name);
-    // PUT: create with this config, or replace the config of the existing stream.
-    auto resolved = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kCreate);
-    if (!resolved.ok()) return c.Fail(resolved.status(), "basin_not_found");
-    const metastore::StreamConfig config = *resolved;
     if (!s.ok()) {
       if (s.status().code() != Code::kNotFound) return c.Fail(s.status());
-      auto info = engine_->CreateStream(c.basin, *name, config);
+      auto resolved = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure);
+      if (!resolved.ok()) return c.Fail(resolved.status(), "basin_not_found");
+      auto info = engine_->CreateStream(c.basin, *name, *resolved);
       if (info.ok()) return c.Reply(201, StreamInfoJson(*info), Provisioned("created"));
       if (info.status().code() != Code::kAlreadyExists) return c.Fail(info.status(), "basin_not_found");
       s = engine_->GetStream(c.basin, *name);  // lost a race with another create
       if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
     }
-    if (s->info.config == config) return c.Reply(200, StreamInfoJson(s->info), Provisioned("noop"));
-    // A table's bucket (a Kafka partition) takes its table's config: a PUT
-    // would replace it with the basin's defaults (a topic's retention.ms,
-    // say). PATCH changes what it names.
-    if (auto ref = metastore::ParseBucketStreamName(*name)) {
-      auto table = engine_->GetTable(c.basin, std::string(ref->table));
-      if (table.ok() && ref->bucket < table->bucket_count) {
-        return c.Error(409, "conflict",
-                       fmt::format("stream {} backs bucket {} of table {}: a PUT would replace the table's config; "
-                                   "PATCH what to change, or reconfigure the table (Kafka AlterConfigs)",
-                                   *name, ref->bucket, table->name));
-      }
-      if (!table.ok() && table.status().code() != Code::kNotFound) return c.Fail(table.status());
-    }
-    if (Status st = engine_->ReconfigureStream(c.basin, *name, config); !st.ok()) {
-      return c.Fail(st, "stream_not_found");
-    }
-    return c.Reply(200, StreamInfoJson(s->info), Provisioned("updated"));
+    bool changed = false;
+    auto config = reconfigure(&changed);
+    if (!config.ok()) return c.Fail(config.status(), "stream_not_found");
+    return c.Reply(200, StreamInfoJson(s->info), Provisioned(changed ? "updated" : "noop"));
   }
   if (req.method == "DELETE") {
     const std::string tombstone = "s\n" + c.basin + "\n" + *name;

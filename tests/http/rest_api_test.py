@@ -581,13 +581,19 @@ class BasinTest(ApiTestCase):
                           "timestamping": {"mode": "arrival", "uncapped": None}, "delete_on_empty": None})
         r = self.c.patch(f"/v1/basins/{name}", json={"default_stream_config": None})
         self.assertIsNone(self.assertJson(r)["default_stream_config"])
-        # PUT replaces the whole config.
-        r = self.c.put(f"/v1/basins/{name}", json={"config": {"create_stream_on_read": True}})
+        # PUT (create or reconfigure) of an existing basin is a reconfiguration
+        # too: what it leaves out stays (as on S2).
+        r = self.c.put(f"/v1/basins/{name}", json={"config": {"create_stream_on_read": False,
+                                                              "default_stream_config": {"storage_class": "express"}}})
         self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "updated"), r.text)
         got = self.assertJson(self.c.get(f"/v1/basins/{name}"))
-        self.assertEqual((got["create_stream_on_append"], got["create_stream_on_read"]), (False, True))
-        r = self.c.put(f"/v1/basins/{name}", json={"config": {"create_stream_on_read": True}})
+        self.assertEqual((got["create_stream_on_append"], got["create_stream_on_read"]), (True, False))
+        self.assertEqual(got["default_stream_config"]["storage_class"], "express")
+        r = self.c.put(f"/v1/basins/{name}", json={"config": {"create_stream_on_read": False}})
         self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
+        r = self.c.put(f"/v1/basins/{name}")
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
+        self.assertEqual(self.assertJson(self.c.get(f"/v1/basins/{name}")), got)
         # Bad configs change nothing.
         before = self.assertJson(self.c.get(f"/v1/basins/{name}"))
         self.assertError(self.c.patch(f"/v1/basins/{name}", json={"stream_cipher": "aegis-256"}),
@@ -893,6 +899,24 @@ class StreamTest(ApiTestCase):
         r = self.c.put(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 7200}})
         self.assertEqual(r.status_code, 200, r.text)
         self.assertEqual(r.headers.get("s2-provision-result"), "noop")
+        # An existing stream's PUT is a reconfiguration (S2's create-or-
+        # reconfigure): the fields it leaves out stay as they are.
+        r = self.c.put(f"/v1/streams/{q(name)}", json={"timestamping": {"mode": "arrival"},
+                                                       "delete_on_empty": {"min_age_secs": 60}})
+        self.assertEqual(r.headers.get("s2-provision-result"), "updated", r.text)
+        r = self.c.put(f"/v1/streams/{q(name)}", json={"storage_class": "express"})
+        self.assertEqual(r.headers.get("s2-provision-result"), "updated", r.text)
+        cfg = self.config(name)
+        self.assertEqual((cfg["retention_policy"], cfg["timestamping"]["mode"], cfg["delete_on_empty"],
+                          cfg["storage_class"]), ({"age": 7200}, "arrival", {"min_age_secs": 60}, "express"), cfg)
+        for body in ({}, None):
+            r = self.c.put(f"/v1/streams/{q(name)}", json=body)
+            self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
+        self.assertEqual(self.config(name), cfg)
+        # Bad values change nothing.
+        self.assertError(self.c.put(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 0}}), 422, "invalid")
+        self.assertError(self.c.put(f"/v1/streams/{q(name)}", json=[]), 400, "bad_json")
+        self.assertEqual(self.config(name), cfg)
 
     def test_patch(self):
         name = self.new_stream("patch")
@@ -1996,10 +2020,10 @@ class ErrorStatusTest(ApiTestCase):
         self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").status_code, 200)
         self.assertError(kc.delete(f"/v1/streams/{q(topic + '/0')}"), 409, "conflict")
         self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").status_code, 200)
-        # Its config is the topic's: a PUT would replace it with the basin's
-        # defaults; a PATCH changes what it names.
+        # Its config is the topic's: a PUT or PATCH changes what it names.
         before = kc.get(f"/v1/streams/{q(topic + '/0')}").json()
-        self.assertError(kc.put(f"/v1/streams/{q(topic + '/0')}", json={}), 409, "conflict")
+        r = kc.put(f"/v1/streams/{q(topic + '/0')}", json={})
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
         self.assertEqual(kc.get(f"/v1/streams/{q(topic + '/0')}").json(), before)
         r = kc.patch(f"/v1/streams/{q(topic + '/0')}", json={"retention_policy": {"age": 60}})
         self.assertEqual(r.status_code, 200, r.text)
