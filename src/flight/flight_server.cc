@@ -52,8 +52,10 @@ grpc::StatusCode GrpcCode(Code c) {
     case Code::kTimeout: return grpc::StatusCode::DEADLINE_EXCEEDED;
     case Code::kUnavailable:
     case Code::kFenced:
-    case Code::kIOError: return grpc::StatusCode::UNAVAILABLE;
-    case Code::kCancelled: return grpc::StatusCode::CANCELLED;
+    case Code::kIOError:
+    // The engine's kCancelled is the server stopping (the WAL writer closed):
+    // retry elsewhere. A client's own cancel is answered CANCELLED directly.
+    case Code::kCancelled: return grpc::StatusCode::UNAVAILABLE;
     case Code::kNotSupported: return grpc::StatusCode::UNIMPLEMENTED;
     case Code::kInternal: return grpc::StatusCode::INTERNAL;
   }
@@ -444,10 +446,22 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   void OnReadDone(bool ok) override {
     std::unique_lock lk(mu_);
     reading_ = false;
+    if (ok && !finished_ && !cancelled_ && Stopping()) {
+      // After a refusal: the message is dropped unseen, the next one read (Continue says why).
+      in_.Clear();
+      reading_ = true;
+      starting_read_ = true;
+      lk.unlock();
+      StartRead(&in_);
+      lk.lock();
+      starting_read_ = false;
+      Progress(lk);
+      return;
+    }
     if (!ok || finished_ || Stopping()) {
       eof_ = eof_ || !ok;
       Progress(lk);
-      return;  // a message read after a refusal is dropped unseen
+      return;
     }
     handling_ = true;
     lk.unlock();
@@ -483,12 +497,37 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   using Part = std::pair<uint32_t, std::string>;
   // A PutResult waiting for its appends (one per bucket the batch went to),
   // or a refusal waiting for its turn.
+  // A bucket's part of a durable batch (its PutResult's offsets).
+  struct BucketResult {
+    uint32_t bucket = 0;
+    int64_t first = 0, last = 0;  // inclusive
+    bool duplicated = false;
+  };
   struct Slot {
     size_t waiting = 0;
     grpc::Status error;
-    json result;
+    std::vector<BucketResult> buckets;  // as the parts became durable; none for a batch of no rows
     size_t rows = 0, body_bytes = 0;  // counted in the metrics once it is durable
   };
+  // At most this many batches wait for their PutResults to be written (not
+  // yet durable, or durable while the client does not read its results):
+  // the next message is refused, and their memory stays bounded.
+  static constexpr size_t kMaxUnansweredBatches = 65536;
+
+  // A slot's PutResult app_metadata.
+  std::string ResultJson(const Slot& s) const {
+    if (target_->bucket) {
+      if (s.buckets.empty()) return json{{"first_offset", nullptr}, {"last_offset", nullptr}, {"duplicated", false}}.dump();
+      const BucketResult& r = s.buckets.front();
+      return json{{"first_offset", r.first}, {"last_offset", r.last}, {"duplicated", r.duplicated}}.dump();
+    }
+    json buckets = json::array();
+    for (const BucketResult& r : s.buckets) {
+      buckets.push_back(
+          json{{"bucket", r.bucket}, {"first_offset", r.first}, {"last_offset", r.last}, {"duplicated", r.duplicated}});
+    }
+    return json{{"buckets", std::move(buckets)}}.dump();
+  }
 
   // Whether nothing more is to be read or appended. Under mu_.
   bool Stopping() const { return failure_.has_value() || refused_ || cancelled_; }
@@ -501,9 +540,15 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     {
       std::unique_lock lk(mu_);
       if (Stopping()) {
-        handling_ = false;
-        Progress(lk);
-        return;
+        lk.unlock();
+        return Continue(Status::Ok());  // the message is dropped unseen
+      }
+      if (const size_t unanswered = slots_.size(); unanswered >= kMaxUnansweredBatches) {
+        lk.unlock();
+        return Continue(ResourceExhausted(
+            "{} batches are not answered yet (not yet durable, or their PutResults not read): a client must read "
+            "its PutResults while it writes",
+            unanswered));
       }
     }
     Status st;
@@ -539,7 +584,12 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       slots_.push_back(std::move(s));
     }
     ++messages_;
-    if (Stopping()) {
+    // After a refusal the call still reads, dropping each message unseen
+    // (OnReadDone), until the client is done: one whose results wait unread
+    // behind a write it does not take (it reads them when it closes, as
+    // Arrow's clients do) must not block on its own writes, or it never
+    // gets to read the refusal.
+    if (cancelled_ || finished_) {
       Progress(lk);
       return;
     }
@@ -743,8 +793,6 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       s.waiting = batches.size();
       s.rows = decoded_rows_;
       s.body_bytes = decoded_body_bytes_;
-      s.result = target_->bucket ? json{{"first_offset", nullptr}, {"last_offset", nullptr}, {"duplicated", false}}
-                                 : json{{"buckets", json::array()}};
       slots_.push_back(std::move(s));
       if (batches.empty()) {
         Progress(lk);
@@ -820,12 +868,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       if (o.ack.duplicated) impl_->metrics.duplicated_batches++;
       const int64_t first = static_cast<int64_t>(o.ack.start_offset);
       const int64_t last = static_cast<int64_t>(o.ack.end_offset) - 1;
-      if (target_->bucket) {
-        s.result = json{{"first_offset", first}, {"last_offset", last}, {"duplicated", o.ack.duplicated}};
-      } else {
-        s.result["buckets"].push_back(
-            json{{"bucket", bucket}, {"first_offset", first}, {"last_offset", last}, {"duplicated", o.ack.duplicated}});
-      }
+      s.buckets.push_back(BucketResult{bucket, first, last, o.ack.duplicated});
     }
     --s.waiting;
     Progress(lk);
@@ -848,7 +891,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
         impl_->metrics.bytes += s.body_bytes;
       }
       if (failure_ || cancelled_) continue;  // nothing is written after a failure
-      out_.set_app_metadata(s.result.dump());
+      out_.set_app_metadata(ResultJson(s));
       writing_ = true;
       lk.unlock();
       StartWrite(&out_);
@@ -1378,6 +1421,7 @@ grpc::ServerWriteReactor<proto::FlightInfo>* FlightServer::Impl::ListFlights(grp
 grpc::Status FlightServer::Impl::ListTableInfos(const std::string& expression, std::vector<proto::FlightInfo>* out) {
   // The criteria: none (the default basin's tables), or JSON {"basin"?, "prefix"?}.
   std::string basin = options.default_basin, prefix;
+  bool named_basin = false;
   if (!expression.empty()) {
     json c = json::parse(expression, nullptr, false);
     if (!c.is_object()) {
@@ -1389,12 +1433,17 @@ grpc::Status FlightServer::Impl::ListTableInfos(const std::string& expression, s
                             fmt::format("criteria: '{}' is not a string basin or prefix", key));
       }
       (key == "basin" ? basin : prefix) = value.get<std::string>();
+      named_basin = named_basin || key == "basin";
     }
   }
   std::string after;
   size_t endpoints = 0;
   for (;;) {
     auto page = engine->ListTables(basin, prefix, after, 1000);
+    // The default basin is made by the first table created in it (Kafka's
+    // or create-table's): until then it has none. A basin asked for by name
+    // must exist.
+    if (!page.ok() && page.status().code() == Code::kNotFound && !named_basin) return grpc::Status::OK;
     if (!page.ok()) return ToGrpc(page.status());
     for (const auto& table : *page) {
       if (table.kind != "log") continue;

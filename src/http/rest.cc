@@ -114,6 +114,7 @@ struct RestApi::Ctx {
   std::string basin;
   TimePoint started;
   bool on_worker = false;  // the request is served on a worker thread (free to block)
+  bool head = false;       // a HEAD: it creates nothing (no stream on read)
   // The s2-stream-config header: the config of a stream this request creates
   // (on append or read), over the basin's default.
   metastore::StreamConfigLayer create_config{};
@@ -748,7 +749,9 @@ RestApi::~RestApi() = default;
 
 void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   // HEAD is GET without the body (RFC 9110 §9.3.2); the exchange drops it.
-  if (req.method == "HEAD") req.method = "GET";
+  // It is safe (§9.2.1): it creates no stream a GET would create on read.
+  const bool head = req.method == "HEAD";
+  if (head) req.method = "GET";
   // Appends to known streams run here, on the I/O thread: they wait for
   // durability through a callback. Everything else, an append while the
   // engine is under backpressure (admission may block), and an append that
@@ -762,6 +765,12 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   if (append) {
     log::Engine* engine = ReadyEngine();
     bool may_wait = !engine || engine->AdmissionMayWait(req.body.size());
+    // A compressed body may expand a thousandfold: it is decoded (and
+    // parsed) on a worker, not on the I/O thread its connection shares.
+    if (const std::string* enc = req.Header("content-encoding"); enc && !req.body.empty()) {
+      const std::string_view coding = TrimOws(*enc);
+      may_wait = may_wait || !(coding.empty() || EqualsLowercase(coding, "identity"));
+    }
     if (!ex->sequential() && (may_wait || ex->InOrderBusy())) {
       auto* e = ex.get();
       return e->PostInOrder([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {
@@ -772,16 +781,17 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   }
   if (!append) {
     auto* e = ex.get();
-    return e->Post([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {
-      Serve(std::move(*r), std::move(ex), true);
+    return e->Post([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex), head]() mutable {
+      Serve(std::move(*r), std::move(ex), true, head);
     });
   }
   Serve(std::move(req), std::move(ex), false);
 }
 
-void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker) {
+void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker, bool head) {
   metrics_.requests++;
   Ctx c{std::move(ex), &metrics_, ReadyEngine(), options_.default_basin, Now(), on_worker};
+  c.head = head;
   try {
     if (req.path == "/health") {
       if (req.method != "GET") return c.Error(405, "method_not_allowed", "use GET", {{"Allow", "GET"}});
@@ -803,6 +813,7 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker) {
       metrics_.backpressure++;
       return c.Error(e.status, e.code, e.message, {{"Retry-After", "1"}});
     }
+    if (e.status == 503) return c.Error(e.status, e.code, e.message, {{"Retry-After", "1"}});
     c.Error(e.status, e.code, e.message);
   } catch (const Json::exception& e) {
     c.Error(400, "bad_json", fmt::format("bad JSON field: {}", e.what()));
@@ -2636,6 +2647,7 @@ void RestApi::Read(Request& req, const Ctx& c, const std::string& stream) {
 }
 
 Status RestApi::CreateOnRead(const Ctx& c, const std::string& stream) {
+  if (c.head) return Status::Ok();  // a missing stream is 404, as if create_stream_on_read were off
   if (engine_->GetStream(c.basin, stream).status().code() != Code::kNotFound) return Status::Ok();
   auto created = engine_->CreateIfConfigured(c.basin, stream, log::Engine::AutoCreate::kOnRead, nullptr, c.create_config);
   // A missing basin or stream is reported by the read itself.

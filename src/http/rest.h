@@ -88,7 +88,8 @@ class RestApi : public Handler {
   class AppendSession;
 
  private:
-  void Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker);
+  // `head`: a HEAD, served as a GET (whose body the exchange drops) that creates nothing.
+  void Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker, bool head = false);
   // The engine once SetReady has published it, else null (still recovering).
   log::Engine* ReadyEngine() const { return ready_.load(std::memory_order_acquire) ? engine_ : nullptr; }
   // Bearer-token auth; false once answered (401).

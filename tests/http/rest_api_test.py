@@ -710,6 +710,9 @@ class BasinTest(ApiTestCase):
         self.assertError(c.get("/v1/streams/r1/records/tail"), 404, "stream_not_found")
         self.assertError(c.get("/v1/streams/r1/records", params={"seq_num": 0}), 404, "stream_not_found")
         self.c.patch(f"/v1/basins/{basin}", json={"create_stream_on_read": True})
+        # A HEAD is safe: it creates nothing (a missing stream is 404).
+        for path in ("/v1/streams/h1/records/tail", "/v1/streams/h1/records"):
+            self.assertEqual(c.request("HEAD", path).status_code, 404, path)
         self.assertEqual(c.tail("r1")["seq_num"], 0)
         self.assertEqual(c.read("r2", {"wait": 0}, expect=416), {"tail": {"seq_num": 0, "timestamp": 0}})
         names = [s["name"] for s in self.assertJson(c.get("/v1/streams"))["streams"]]

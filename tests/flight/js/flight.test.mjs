@@ -6,6 +6,7 @@
 // Run: WEIR_BIN=/path/to/weir node --test flight.test.mjs  (or ./run.sh WEIR)
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
+import http2 from "node:http2";
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -630,6 +631,71 @@ describe("Arrow Flight DoPut against weir", () => {
     for (let p = 0; p < 4; p++) assert.equal(await tail(server, routed, p), 0, `partition ${p}`);
   });
 
+  it("a client that reads its PutResults only once it has written everything still learns of a refusal", T, async () => {
+    // As Arrow's C++ and Python clients do when their code never reads the
+    // results: their writes block on flow control, and the results are read
+    // at close. After a refusal the server takes (and drops) what is still
+    // sent, so such a client's writes end and it gets to read the refusal.
+    // A plain HTTP/2 gRPC call (grpc-js would take the results in anyway):
+    // nothing is read from it until every write is through (room for them
+    // all queued: Node's default of 10 MB would refuse the stream).
+    const topic = unique("unread");
+    await createTopic(server, topic, 1);
+    const session = http2.connect(`http://${server.flightAddr}`, { maxSessionMemory: 1000 });
+    session.on("error", () => {});
+    const stream = session.request({ ":method": "POST", ":path": "/arrow.flight.protocol.FlightService/DoPut",
+      "content-type": "application/grpc", te: "trailers" });
+    stream.on("error", () => {});  // the assertions below say what went wrong
+    const frame = (msg) => {
+      const body = FlightService.service.DoPut.requestSerialize(msg);
+      const prefix = Buffer.alloc(5);
+      prefix.writeUInt32BE(body.length, 1);
+      return Buffer.concat([prefix, body]);
+    };
+    const write = (m, first, meta) => new Promise((resolve) => stream.write(frame({
+      flight_descriptor: first ? cmd({ append: { table: topic, bucket: 0 } }) : null,
+      data_header: m.header,
+      data_body: m.body ?? Buffer.alloc(0),
+      app_metadata: meta ? Buffer.from(meta) : Buffer.alloc(0),
+    }), resolve));
+    const small = ipcMessages(logTable([{ value: "v" }]));
+    const big = ipcMessages(logTable([{ value: "x".repeat(32768) }]));
+    const answered = 3000;  // more PutResults than the call's window holds unread
+    const writes = [write(small[0], true)];
+    for (let i = 0; i < answered; i++) writes.push(write(small[1], false));
+    writes.push(write(small[1], false, "not json"));  // refused
+    // 48 MiB more: far past what the server's window takes, should it stop reading.
+    for (let i = 0; i < 1500; i++) writes.push(write(big[1], false));
+    let timer;
+    const blocked = new Promise((resolve) => { timer = setTimeout(() => resolve("blocked"), 60_000); });
+    const outcome = await Promise.race([Promise.all(writes).then(() => "written"), blocked]);
+    clearTimeout(timer);
+    if (outcome !== "written") session.destroy();
+    assert.equal(outcome, "written", "the client's writes after the refusal never got through");
+    const chunks = [];
+    const trailers = await new Promise((resolve) => {
+      stream.on("data", (d) => chunks.push(d));
+      stream.on("trailers", resolve);
+      stream.on("close", () => resolve(null));
+      stream.end();
+    });
+    session.close();
+    assert.ok(trailers, "the call ended without its status");
+    assert.equal(trailers["grpc-status"], String(grpc.status.INVALID_ARGUMENT), JSON.stringify(trailers));
+    assert.match(decodeURIComponent(trailers["grpc-message"]), /message 3001.*app_metadata/);
+    const body = Buffer.concat(chunks);
+    const results = [];
+    for (let at = 0; at < body.length;) {
+      const n = body.readUInt32BE(at + 1);
+      const r = FlightService.service.DoPut.responseDeserialize(body.subarray(at + 5, at + 5 + n));
+      results.push(JSON.parse(Buffer.from(r.app_metadata).toString()));
+      at += 5 + n;
+    }
+    assert.equal(results.length, answered);
+    assert.deepEqual(results[answered - 1], { first_offset: answered - 1, last_offset: answered - 1, duplicated: false });
+    assert.equal(await tail(server, topic, 0), answered, "nothing after the refused batch was written");
+  });
+
   it("a ticket from GetFlightInfo does not read the table made again under its name", T, async () => {
     const name = unique("again");
     await doAction(server, "create-table", JSON.stringify({ table: name, buckets: 1 }));
@@ -791,6 +857,20 @@ describe("Arrow Flight alone (no Kafka listener) with --auth-token-file", () => 
       server.cleanup();
     }
     rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it("ListFlights before any table: no flights, not NOT_FOUND; a basin named in the criteria must exist", T, async () => {
+    const list = (criteria) => new Promise((resolve, reject) => {
+      const { c, md } = client(server, "s3cret");
+      const out = [];
+      const call = c.ListFlights({ expression: Buffer.from(criteria) }, md);
+      call.on("data", (i) => out.push(i));
+      call.on("error", (e) => { c.close(); reject(e); });
+      call.on("end", () => { c.close(); resolve(out); });
+    });
+    assert.deepEqual(await list(""), []);
+    assert.deepEqual(await list(JSON.stringify({ prefix: "x" })), []);
+    await assert.rejects(list(JSON.stringify({ basin: "no-such-basin" })), (e) => e.code === grpc.status.NOT_FOUND);
   });
 
   it("a call without the bearer token is UNAUTHENTICATED; with it, it goes through", T, async () => {
