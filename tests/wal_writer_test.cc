@@ -566,8 +566,10 @@ TEST(WalWriter, AmbiguousPutsAreResolvedByNonce) {
 // that are no envelope (a short body, a proxy's page).
 class GarbledEnvelopeStore : public testing::GatedStore {
  public:
-  GarbledEnvelopeStore(std::shared_ptr<objstore::ObjectStore> inner, int garbled)
-      : GatedStore(std::move(inner)), garbled_(garbled) {}
+  // `as_error`: the reads fail with it instead (a slot an express quorum
+  // can no longer decide answers kCorruption).
+  GarbledEnvelopeStore(std::shared_ptr<objstore::ObjectStore> inner, int garbled, Status as_error = Status::Ok())
+      : GatedStore(std::move(inner)), garbled_(garbled), as_error_(std::move(as_error)) {}
   Status Put(std::string_view key, std::string_view data, const objstore::PutOptions& o = {}) override {
     Status st = GatedStore::Put(key, data, o);
     if (st.ok() && key == slot0_ && !lost_.exchange(true)) return Unavailable("the answer was lost");
@@ -576,6 +578,7 @@ class GarbledEnvelopeStore : public testing::GatedStore {
   Result<std::string> Get(std::string_view key, std::optional<objstore::ByteRange> r = std::nullopt) override {
     if (key == slot0_ && r && garbled_reads.load() < garbled_) {
       ++garbled_reads;
+      if (!as_error_.ok()) return as_error_;
       return std::string("<html>502 Bad Gateway</html>");
     }
     return GatedStore::Get(key, r);
@@ -585,6 +588,7 @@ class GarbledEnvelopeStore : public testing::GatedStore {
  private:
   const std::string slot0_ = SlotKey("n1", 1, 0);
   const int garbled_;
+  const Status as_error_;
   std::atomic<bool> lost_{false};
 };
 
@@ -612,6 +616,42 @@ TEST(WalWriter, AnUnreadableEnvelopeAfterA412IsReadAgainBeforeAHalt) {
   o.on_halt = [&](uint64_t, uint64_t seq, const Status& why) {
     EXPECT_EQ(seq, 0u);
     EXPECT_NE(why.message().find("unreadable envelope"), std::string::npos) << why.message();
+    ++halts;
+  };
+  auto w2 = Writer::Start(always, o);
+  ASSERT_TRUE(w2.ok());
+  Acks acks2;
+  ASSERT_TRUE((*w2)->Append(1, OneRecordBatch("mine"), acks2.For(0), Later()).ok());
+  for (int i = 0; i < 6000 && halts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(halts.load(), 1);
+  EXPECT_EQ(always->garbled_reads.load(), Writer::kUnreadableEnvelopeReads);
+  (*w2)->Close();
+}
+
+// A read back after a 412 that keeps failing for good (not a transient
+// error, not a missing object) halts the chain as an unreadable envelope
+// does, instead of the slot retrying for ever; one that fails only a few
+// times does not.
+TEST(WalWriter, AReadBackAfterA412ThatKeepsFailingHaltsTheChain) {
+  const Status undecided = Corruption("slot cannot be decided: 2 copies of ours, 3 of others");
+  auto mem = testing::NewTestStore();
+  auto store = std::make_shared<GarbledEnvelopeStore>(mem, 2, undecided);
+  auto w = Writer::Start(store, Opts());
+  ASSERT_TRUE(w.ok());
+  Acks acks;
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("mine"), acks.For(0), Later()).ok());
+  ASSERT_TRUE(acks.WaitFor(1));
+  EXPECT_TRUE(acks.Snapshot()[0].status.ok()) << acks.Snapshot()[0].status.ToString();
+  EXPECT_EQ((*w)->metrics().halts.load(), 0u);
+  (*w)->Close();
+
+  auto mem2 = testing::NewTestStore();
+  auto always = std::make_shared<GarbledEnvelopeStore>(mem2, 1 << 30, undecided);
+  std::atomic<int> halts{0};
+  WriterOptions o = Opts();
+  o.on_halt = [&](uint64_t, uint64_t seq, const Status& why) {
+    EXPECT_EQ(seq, 0u);
+    EXPECT_NE(why.message().find("cannot be read back after a 412"), std::string::npos) << why.message();
     ++halts;
   };
   auto w2 = Writer::Start(always, o);

@@ -440,9 +440,19 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
           Halt(slot, why);
           return;
         }
-      } else {
+      } else if (head.status().code() == Code::kNotFound || head.status().retryable()) {
         unreadable = 0;  // no envelope read: the count is of garbled ones in a row
         if (head.status().code() != Code::kNotFound) st = head.status().WithContext("reading envelope after 412");
+      } else if (++unreadable < kUnreadableEnvelopeReads) {
+        // A read that keeps failing for good (a slot an express quorum can
+        // no longer decide: kCorruption; a refused ranged read) counts as an
+        // unreadable envelope: retried a few times, then the engine's fence
+        // decides, instead of this slot retrying for ever.
+        st = head.status().WithContext(fmt::format("reading envelope after 412 (read {})", unreadable));
+      } else {
+        Halt(slot, Fenced("slot {} cannot be read back after a 412 ({}; read {} times)", key, head.status().message(),
+                          unreadable));
+        return;
       }
       // kNotFound: the occupant vanished; simply try the PUT again.
     }
