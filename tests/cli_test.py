@@ -227,10 +227,19 @@ def json_input():
              json.dumps({"body": "", "headers": [], "seq_num": 99, "timestamp": now - 1000})]
     weir("append", "jsrc", "--input", "json", input="\n".join(lines) + "\n")
     weir("append", "jsrc", input=b"plain\n\xff\n", binary=True)  # not UTF-8: base64 in --json
+    # A command record (a fence, here) is printed by read --json, and not
+    # appended by --input json: it would act on the copy.
+    r = requests.post(f"{SERVER.base_url}/v1/streams/jsrc/records", timeout=30,
+                      json={"records": [{"headers": [["", "fence"]], "body": "tok"}]})
+    assert r.status_code == 200, r.text
     src = weir("read", "jsrc", "--json").stdout
-    assert weir("append", "jdst", "--input", "json", input=src).stdout == "jdst 0..5\n"
+    assert len(jsonl(src)) == 6 and jsonl(src)[5]["headers"] == [["", "fence"]], src
+    copied = weir("append", "jdst", "--input", "json", input=src)
+    assert copied.stdout == "jdst 0..5\n", copied.stdout
+    assert copied.stderr == "weir: skipped 1 command record(s) (fence, trim): appended they would act on this " \
+                            "stream\n", copied.stderr
     dst = jsonl(weir("read", "jdst", "--json").stdout)
-    assert dst == jsonl(src), (dst, src)
+    assert dst == jsonl(src)[:5], (dst, src)
     assert [r["body"] for r in dst[:4]] == ["with headers", "", "", "plain"], dst
     assert [r["timestamp"] for r in dst[:3]] == [now - 3000, now - 2000, now - 1000], dst
     assert dst[0]["headers"] == [["k", "v"], ["k2", ""]], dst
@@ -252,7 +261,7 @@ def json_input():
     big = json.dumps({"body": "x" * ((1 << 20) - 8), "headers": [["h", ""]]})
     out = weir("append", "jsrc", "--input", "json", input=big + "\n", ok=False)
     assert "line 1 is a record of 1048579 metered bytes" in error_line(out), out.stderr
-    assert weir("tail", "jsrc").stdout == "5\n"
+    assert weir("tail", "jsrc").stdout == "6\n"
     assert weir("tail", "jdst").stdout == "5\n"
     assert "--input" in error_line(weir("append", "jsrc", "--input", "yaml", input="", ok=False))
 
@@ -714,6 +723,10 @@ def a_server_that_is_not_weir():
         out = weir("stream", "list", server=f"http://127.0.0.1:{httpd.server_port}", ok=False)
         line = error_line(out)
         assert "larger than 256 MiB" in line, line
+        # A read session's event too (its body is streamed, not kept whole).
+        out = weir("read", "s1", "--follow", server=f"http://127.0.0.1:{httpd.server_port}", ok=False)
+        line = error_line(out)
+        assert "an event of more than 64 MiB: not a weir server?" in line, line
     finally:
         httpd.shutdown()
         httpd.server_close()

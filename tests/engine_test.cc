@@ -3077,6 +3077,28 @@ TEST_F(EngineTest, AMissAfterASuccessorTookTheNodeIsNoLoss) {
   settle_on_close_ = false;
 }
 
+// A miss the metastore cannot judge (it is unreachable when asked whether
+// a successor took the node) is a retryable outage, not records lost.
+TEST_F(EngineTest, AMissTheMetastoreCannotJudgeIsUnavailableNotLoss) {
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  auto id = meta_->GetStream(kBasin, "s");
+  ASSERT_TRUE(id.ok());
+  ASSERT_OK_AND_ASSIGN(auto rows, meta_->FindSegments(id->id, 0, 10));
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_OK(store_->Delete(rows[0].object_key));
+  hooked->fail_get_node = [] { return Unavailable("injected: the metastore is unreachable"); };
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+  hooked->fail_get_node = nullptr;
+  // Once it answers (and no successor took the node), the loss is reported.
+  r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1 << 20);
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+  settle_on_close_ = false;
+}
+
 TEST_F(EngineTest, ASupersededNodeMergesNothing) {
   std::vector<std::string> all;
   for (int i = 0; i < 5; ++i) {

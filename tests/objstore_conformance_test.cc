@@ -915,10 +915,19 @@ TEST_F(FileStoreTest, StaleTempFilesAreRemovedOnOpen) {
   const std::string crashed_owner = Root() + "/.weir-tmp/owner-00000000000000aa";
   const std::string crashed_free = Root() + "/.weir-tmp/free-00000000000000aa-1";
   const std::string old_format = Root() + "/.weir-tmp/free-" + std::to_string(::getpid()) + "-1-00";
+  // A crashed store's temp files go however recent (a quick restart after
+  // a crash); a live store's stay.
+  const std::string crashed_tmp = Root() + "/.weir-tmp/tmp-00000000000000aa-5.tmp";
+  const std::string live_tmp = Root() + "/.weir-tmp/tmp-" + free_files().front().substr(5, 16) + "-999.tmp";
   { std::ofstream(crashed_owner) << ""; }
   { std::ofstream(crashed_free) << "old object"; }
   { std::ofstream(old_format) << "old object"; }
+  { std::ofstream(crashed_tmp) << "half a slot"; }
+  { std::ofstream(live_tmp) << "being written"; }
   ASSERT_TRUE(Open());
+  EXPECT_FALSE(fs::exists(crashed_tmp));
+  EXPECT_TRUE(fs::exists(live_tmp));
+  fs::remove(live_tmp);
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(fresh));
   EXPECT_FALSE(fs::exists(crashed_free));
@@ -929,6 +938,25 @@ TEST_F(FileStoreTest, StaleTempFilesAreRemovedOnOpen) {
   live.reset();
   EXPECT_EQ(free_files(), std::vector<std::string>{});
   for (const std::string& name : TempFiles(true)) EXPECT_FALSE(name.starts_with("owner-")) << name;
+}
+
+// A deleted object that is also linked elsewhere (a hard-link backup of
+// the data directory, `cp -al`) is not rewritten in place later: the
+// backup keeps its bytes.
+TEST_F(FileStoreTest, AFileLinkedElsewhereIsNotReused) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  const PutOptions create_only{.if_none_match = true};
+  ASSERT_OK(store->Put("wal/a", "the backed-up bytes", create_only));
+  const std::string backup = tmp_.path() + "/backup-of-a";
+  ASSERT_EQ(::link((Root() + "/wal/a").c_str(), backup.c_str()), 0);
+  ASSERT_OK(store->Delete("wal/a"));
+  EXPECT_TRUE(TempFiles().empty()) << "pooled";
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the quarantine
+  ASSERT_OK(store->Put("wal/b", "new bytes", create_only));
+  std::ifstream in(backup);
+  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "the backed-up bytes");
 }
 
 TEST_F(FileStoreTest, OpenCreatesNestedDirsAndRejectsFiles) {

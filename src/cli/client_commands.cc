@@ -429,10 +429,18 @@ int Append(ClientCommandsState& s, Client& c) {
         line_no, whole ? "" : "at least ", body_bytes, kMaxRecordMetered - 8, kMaxRecordMetered);
   };
   const bool json_in = s.input == "json";
+  uint64_t commands_skipped = 0;
   auto add = [&](std::string line) -> Status {
     client::AppendRecord r;
     if (json_in) {
       WEIR_ASSIGN_OR_RETURN(r, RecordFromJson(line, line_no));
+      // A command record (one header, named ""), as `read --json` prints
+      // them: appended here it would fence or trim this stream, by the
+      // numbering of the one it was read from.
+      if (r.headers.size() == 1 && r.headers[0].first.empty()) {
+        ++commands_skipped;
+        return Status::Ok();
+      }
     } else {
       r.body = std::move(line);
     }
@@ -498,6 +506,10 @@ int Append(ClientCommandsState& s, Client& c) {
     if (Status st = add(std::move(pending)); !st.ok()) return Fail(s, st);
   }
   if (Status st = flush(); !st.ok()) return Fail(s, st);
+  if (commands_skipped > 0) {
+    std::cerr << "weir: skipped " << commands_skipped
+              << " command record(s) (fence, trim): appended they would act on this stream\n";
+  }
   return 0;
 }
 
@@ -677,7 +689,7 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
       ->add_option("--input", s.input,
                    "text: each line is a record's body; json: each line is a record as `weir read --json` prints it "
                    "({\"body\", \"headers\": [[name, value]], \"timestamp\", \"encoding\": \"base64\"}; "
-                   "seq_num ignored)")
+                   "seq_num ignored; command records skipped)")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
 

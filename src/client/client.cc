@@ -190,6 +190,9 @@ Result<ProducerId> Client::AllocateProducer(NothingAppended* nothing_done) {
   return DecodeProducer(resp.body);
 }
 
+// The most a read session's incomplete event may hold (ReadSession).
+constexpr size_t kMaxSseEventBytes = 64 << 20;
+
 Status Client::ReadSession(std::string_view stream, const ReadOptions& options, std::string* last_event_id,
                            const std::function<bool(const ReadBatch&)>& on_batch,
                            const std::function<void()>& on_event_seen) {
@@ -236,7 +239,18 @@ Status Client::ReadSession(std::string_view stream, const ReadOptions& options, 
     }
     return true;  // ping, or an event this client does not know
   };
-  auto on_data = [&](std::string_view chunk) { return parser.Feed(chunk, on_event); };
+  auto on_data = [&](std::string_view chunk) {
+    if (!parser.Feed(chunk, on_event)) return false;
+    // A weir event holds one read batch (at most 1000 records, 1 MiB of
+    // them, a few MiB as JSON): one far larger is no weir session's, and
+    // would otherwise grow without bound.
+    if (parser.buffered() > kMaxSseEventBytes) {
+      outcome = InvalidArgument("the read session from {} sent an event of more than {} MiB: not a weir server?",
+                                http_->base_url(), kMaxSseEventBytes >> 20);
+      return false;
+    }
+    return true;
+  };
   // Connected once a 2xx answer starts (its first event may be a ping 5 s later).
   auto on_2xx = [&] {
     if (on_event_seen) on_event_seen();

@@ -19,7 +19,11 @@ struct ClientOptions {
   std::string server = "http://127.0.0.1:8080";
   std::string basin;       // sent as `s2-basin`; "" = the server's default basin
   std::string auth_token;  // sent as `Authorization: Bearer`; "" = none
-  int timeout_ms = 60000;  // per request (not per read session)
+  // Per request (not per read session). Above the server's default 60 s
+  // `--http-stall-timeout-s`: an append whose body the server holds unread
+  // for want of memory is answered 429 (nothing appended, so retried) before
+  // the client would give up on it as possibly appended.
+  int timeout_ms = 90000;
 };
 
 // Owned by one caller, used from one thread at a time (it holds one

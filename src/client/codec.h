@@ -65,6 +65,8 @@ class SseParser {
  public:
   // Returns false as soon as `on_event` does (the rest of the chunk is dropped).
   bool Feed(std::string_view chunk, const std::function<bool(const SseEvent&)>& on_event);
+  // Bytes held for an event not complete yet (its lines so far).
+  size_t buffered() const { return pending_.size() + event_.data.size(); }
 
  private:
   bool Line(std::string_view line, const std::function<bool(const SseEvent&)>& on_event);

@@ -678,6 +678,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     if (!target_) {
       if (!msg.has_flight_descriptor()) return InvalidArgument("the first message of a DoPut carries its descriptor");
       WEIR_ASSIGN_OR_RETURN(auto t, ParseDescriptor(msg.flight_descriptor(), impl_->options.default_basin));
+      tables_version_ = impl_->engine->TablesVersion();  // before the look: a change after it is seen
       WEIR_ASSIGN_OR_RETURN(auto table, impl_->LogTable(t));
       if (t.writer_id) {
         // One never allocated could later be a Kafka producer's id.
@@ -688,7 +689,20 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
         }
       }
       buckets_ = table.bucket_count;
+      table_id_ = table.id;
       target_ = std::move(t);
+    } else if (const uint64_t v = impl_->engine->TablesVersion(); v != tables_version_) {
+      // A table changed since the call looked: its buckets may have grown
+      // (routing follows them, as a Kafka producer's metadata refresh
+      // would), or the table may be gone or made again under its name (its
+      // batches must not go to another table).
+      tables_version_ = v;
+      WEIR_ASSIGN_OR_RETURN(auto table, impl_->LogTable(*target_));
+      if (table.id != table_id_) {
+        return NotFound("table {}/{} was deleted and made again since the call began", target_->basin,
+                        target_->table);
+      }
+      buckets_ = table.bucket_count;
     }
     if (msg.data_header().empty()) return Status::Ok();  // app_metadata alone: nothing to write
     WEIR_ASSIGN_OR_RETURN(auto m, ParseMessage(msg.data_header()));
@@ -912,6 +926,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   // (one at a time) and by append callbacks (after it is set).
   std::optional<Target> target_;
   uint32_t buckets_ = 0;
+  uint64_t table_id_ = 0;        // the table the first message found
+  uint64_t tables_version_ = 0;  // the engine's TablesVersion when it (or a later message) looked
   std::optional<ArrowSchema> schema_;
   LogColumns columns_;
   // The message being handled: its rows and body, for its slot's metrics.

@@ -2403,7 +2403,7 @@ Result<ReadResult> Engine::Read(const std::string& basin, const std::string& str
     if (r.ok() || r.status().code() != Code::kNotFound) return r;
     if (!FindAs(basin, stream, id).ok()) return r;  // the stream itself is gone
     if (!LookAgainAfterMiss(attempt, SourceChanges(basin, stream, id) != before, &strikes)) {
-      return LostObject(basin, stream, id) ? ObjectMissing(stream, r.status()) : r;
+      return AnswerForMiss(basin, stream, id, r.status());
     }
   }
 }
@@ -2422,19 +2422,27 @@ uint64_t Engine::SourceChanges(const std::string& basin, const std::string& stre
   return (*s)->segments.changes();
 }
 
-bool Engine::LostObject(const std::string& basin, const std::string& stream, uint64_t stream_id) {
+Status Engine::AnswerForMiss(const std::string& basin, const std::string& stream, uint64_t stream_id,
+                             const Status& miss) {
   // A superseded process's objects go with its successor's merges and
   // retention: not a loss of this one's records (also before this process
   // has learnt it: the node's epoch tells).
-  if (superseded_) return false;
+  if (superseded_) return miss;
   auto s = FindAs(basin, stream, stream_id);
-  if (!s.ok()) return false;  // deleted, or deleted and created again
+  if (!s.ok()) return miss;  // deleted, or deleted and created again
   {
     std::lock_guard lk((*s)->mu);
-    if ((*s)->deleted) return false;
+    if ((*s)->deleted) return miss;
   }
   auto node = meta_->GetNode(options_.node);
-  return !node.ok() || node->epoch <= epoch_.load();
+  if (!node.ok()) {
+    // Loss is not told from a successor's deletes without the metastore:
+    // answered as the outage it may be, not as lost records.
+    return Unavailable("stream {}: an object is missing ({}), and the metastore cannot tell whether another process "
+                       "took this node over ({}): retry",
+                       stream, miss.message(), node.status().message());
+  }
+  return node->epoch <= epoch_.load() ? ObjectMissing(stream, miss) : miss;
 }
 
 Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,
@@ -2695,7 +2703,7 @@ Result<BatchReadResult> Engine::ReadBatches(const std::string& basin, const std:
         }
         if (LookAgainAfterMiss(attempt, now != changes, &strikes)) continue;
       }
-      if (st.code() == Code::kNotFound && LostObject(basin, stream, s->info.id)) return ObjectMissing(stream, st);
+      if (st.code() == Code::kNotFound) return AnswerForMiss(basin, stream, s->info.id, st);
       return st;
     }
     size_t bytes = 0;

@@ -112,6 +112,8 @@ bool LocksUnsupported(int err) { return err == ENOLCK || err == EOPNOTSUPP || er
 
 // The file whose flock marks the store of that salt as alive (OwnerLock).
 std::string OwnerFileName(uint64_t salt) { return fmt::format("owner-{:016x}", salt); }
+// A temp file of the store whose owner file is OwnerFileName(salt).
+std::string TempFileName(uint64_t salt, uint64_t n) { return fmt::format("tmp-{:016x}-{}.tmp", salt, n); }
 
 // Owns a DIR* from fdopendir.
 struct DirCloser {
@@ -385,9 +387,14 @@ class FileStore final : public ObjectStore {
       std::optional<std::string> free = TakeFreeFile();
       if (!free) break;
       Fd fd(RetryEintr([&] { return ::open(free->c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW); }));
-      if (!fd.valid()) {  // removed behind our back (another process's cleanup) or unusable: try the next
+      if (!fd.valid()) {
+        const int err = errno;
         ::unlink(free->c_str());
-        continue;
+        // Removed behind our back (another process's cleanup) or not a
+        // file: try the next. Out of descriptors, say: so would the next
+        // be, and they stay pooled for later Puts.
+        if (err == ENOENT || err == ELOOP) continue;
+        break;
       }
       Status st = WriteAll(fd.get(), parts, *free);
       if (st.ok() && RetryEintr([&] { return ::ftruncate(fd.get(), static_cast<off_t>(size)); }) != 0) {
@@ -404,8 +411,9 @@ class FileStore final : public ObjectStore {
     }
     for (int attempt = 0;; ++attempt) {
       const uint64_t n = tmp_counter_.fetch_add(1, std::memory_order_relaxed);
-      const std::string path =
-          Join(tmp_dir_, fmt::format("{}-{}-{:016x}.tmp", ::getpid(), n, salt_ ^ (n * 0x9e3779b97f4a7c15ULL)));
+      // Named by its store (the owner file's salt), so that a crashed
+      // store's temps are removed at the next open, however recent.
+      const std::string path = Join(tmp_dir_, TempFileName(salt_, n));
       Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); }));
       if (!fd.valid()) {
         if (errno == EEXIST && attempt < 3) continue;
@@ -617,9 +625,12 @@ class FileStore final : public ObjectStore {
       return false;
     }
     struct stat moved{};
-    if (::lstat(free.c_str(), &moved) != 0 || moved.st_ino != st.st_ino || moved.st_dev != st.st_dev) {
+    if (::lstat(free.c_str(), &moved) != 0 || moved.st_ino != st.st_ino || moved.st_dev != st.st_dev ||
+        moved.st_nlink != 1) {
       // A Put replaced the object between the stat and the rename: that file
       // is deleted all the same, but not pooled (its size was not reserved).
+      // Nor is a file linked elsewhere too (a hard-link backup of the data
+      // directory): rewriting it in place would change the backup's copy.
       ::unlink(free.c_str());
       std::lock_guard lock(free_mu_);
       free_bytes_ -= size;
@@ -787,7 +798,7 @@ Result<Fd> OwnerLock(const std::string& tmp_dir, uint64_t salt) {
   if (!fd.valid()) return ErrnoStatus(errno, "create", made);
   // A file system without locks (some NFS or FUSE mounts) keeps the file
   // unlocked: the next opens cannot tell whether its store is alive, and
-  // leave its free files (after a crash, up to the pool's 64 MiB stay).
+  // leave its free files (after a crash, up to the pool's 256 MiB stay).
   if (RetryEintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) != 0 && !LocksUnsupported(errno)) {
     Status st = ErrnoStatus(errno, "lock", made);
     ::unlink(made.c_str());
@@ -818,8 +829,32 @@ Owner OwnerState(const std::string& tmp_dir, std::string_view owner) {
   return Owner::kGone;
 }
 
-// Removes temp files old enough to be leftovers of a crashed writer, and the
-// free files (and owner files) of stores that are gone.
+// Create-only Puts link their temp file to the key: a file system without
+// hard links (vfat, exFAT, most FUSE bucket mounts) is refused at open, not
+// found by every WAL write failing.
+Status CheckHardLinks(const std::string& root, const std::string& tmp_dir) {
+  std::random_device rd;
+  const std::string a = fmt::format("{}/link-check-{:08x}", tmp_dir, rd());
+  const std::string b = a + ".linked";
+  Fd fd(RetryEintr([&] { return ::open(a.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); }));
+  if (!fd.valid()) return ErrnoStatus(errno, "create", a);
+  (void)fd.Close();
+  const int linked = ::link(a.c_str(), b.c_str());
+  const int err = errno;
+  ::unlink(b.c_str());
+  ::unlink(a.c_str());
+  if (linked == 0) return Status::Ok();
+  if (err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS || err == EXDEV) {
+    return NotSupported("file://{}: the file system does not support hard links ({}), which create-only writes use; "
+                        "put the directory on a local file system such as ext4 or XFS",
+                        root, ErrnoText(err));
+  }
+  return ErrnoStatus(err, "link", a);
+}
+
+// Removes temp files of stores that are gone (or, where that cannot be
+// told, old enough to be leftovers of a crashed writer), and the free files
+// (and owner files) of stores that are gone.
 void RemoveStaleTemps(const std::string& tmp_dir) {
   std::error_code ec;
   const auto now = std::filesystem::file_time_type::clock::now();
@@ -828,15 +863,20 @@ void RemoveStaleTemps(const std::string& tmp_dir) {
     std::error_code ec2;
     if (!it->is_regular_file(ec2)) continue;
     const std::string name = it->path().filename().string();
-    if (name.starts_with("free-")) {
-      const size_t dash = name.find('-', 5);
-      const std::string owner = name.substr(5, dash == std::string::npos ? std::string::npos : dash - 5);
+    if (name.starts_with("free-") || name.starts_with("tmp-")) {
+      const size_t from = name.find('-') + 1;
+      const size_t dash = name.find('-', from);
+      const std::string owner = name.substr(from, dash == std::string::npos ? std::string::npos : dash - from);
       auto [o, fresh] = owners.try_emplace(owner, Owner::kUnknown);
       if (fresh) o->second = OwnerState(tmp_dir, owner);
-      if (o->second == Owner::kGone) std::filesystem::remove(it->path(), ec2);
+      if (o->second == Owner::kGone) {
+        std::filesystem::remove(it->path(), ec2);
+        continue;
+      }
       // Kept otherwise, however old: a live store's, or one whose liveness
-      // cannot be told without locks (its mtime is the old object's).
-      continue;
+      // cannot be told without locks (its mtime is the old object's); a
+      // temp file of the latter goes by its age, below.
+      if (name.starts_with("free-") || o->second == Owner::kAlive) continue;
     } else if (name.starts_with("owner-") && !name.ends_with(".new")) {
       auto [o, fresh] = owners.try_emplace(name.substr(6), Owner::kUnknown);
       if (fresh) o->second = OwnerState(tmp_dir, name.substr(6));
@@ -886,6 +926,7 @@ Result<std::shared_ptr<ObjectStore>> OpenFileStore(const std::string& dir) {
       }
     }
     RemoveStaleTemps(tmp_dir);
+    WEIR_RETURN_IF_ERROR(CheckHardLinks(root, tmp_dir));
 
     std::random_device rd;
     const uint64_t salt = (static_cast<uint64_t>(rd()) << 32) ^ rd();

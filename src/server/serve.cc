@@ -554,7 +554,7 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
 // or SIGINT ends the process as the signal's default action would: nothing
 // is acknowledged before recovery ends, and a recovery cut short is a crash
 // the next start recovers from. A supervisor need not wait for it to stop.
-// Owned by RunServe, for the call to Engine::Open; its thread sigtimedwaits
+// Owned by RunServe, from opening the stores to the end of Engine::Open; its thread sigtimedwaits
 // for the signals RunServe blocked, until destroyed.
 class RecoverySignals {
  public:
@@ -760,6 +760,10 @@ int RunServe(const ServeOptions& o) {
       return listen_failed(st);
     }
   }
+  // From here until recovery ends a signal stops the process at once:
+  // opening an unreachable S3 store or metastore can take minutes of retries.
+  std::optional<RecoverySignals> stop_early;
+  stop_early.emplace(signals);
   DataDirLock lock;
   if (uses_data_dir) {
     if (Status st = lock.Acquire(o.data_dir); !st.ok()) return fail(st);
@@ -813,10 +817,8 @@ int RunServe(const ServeOptions& o) {
   auto server = http::HttpServer::Start(so, &rest);
   if (!server.ok()) return fail(server.status());
   auto started = Now();
-  auto engine = [&] {
-    RecoverySignals stop_early(signals);
-    return log::Engine::Open(eo, *store, *meta);
-  }();
+  auto engine = log::Engine::Open(eo, *store, *meta);
+  stop_early.reset();
   if (!engine.ok()) return fail(engine.status().WithContext("recovery"));
   Status basin = (*engine)->CreateBasin(ro.default_basin);
   if (!basin.ok() && basin.code() != Code::kAlreadyExists) return fail(basin);

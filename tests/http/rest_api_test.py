@@ -2695,6 +2695,35 @@ class LifecycleTest(ClosingTestCase):
                 self.assertEqual([r["body"] for r in c.read_all(s)], ["x"])
                 server.stop()
 
+    def test_a_signal_while_the_stores_open_ends_the_process_at_once(self):
+        # An S3 endpoint that takes connections and never answers: the
+        # start-up probe would retry for minutes. A signal meanwhile ends
+        # the process at once, as during recovery.
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # connections wait in the backlog, unanswered
+        self.addCleanup(silent.close)
+        port = silent.getsockname()[1]
+        with tempfile.TemporaryDirectory() as d:
+            cmd = [WEIR, "serve", "--data-dir", os.path.join(d, "data"), "--http-addr", "127.0.0.1:0",
+                   "--kafka-addr", "", "--object-store",
+                   f"s3://bucket/p?endpoint=http://127.0.0.1:{port}&access_key=k&secret_key=s&region=us-east-1"]
+            with tempfile.TemporaryFile() as out:
+                p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                try:
+                    time.sleep(1.5)
+                    self.assertIsNone(p.poll())
+                    p.send_signal(signal.SIGTERM)
+                    code = p.wait(timeout=30)
+                finally:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                out.seek(0)
+                text = out.read().decode(errors="replace")
+        self.assertEqual(code, -signal.SIGTERM, text)
+        self.assertIn("signal during recovery; stopping now", text)
+
     def test_a_stderr_pipe_whose_reader_left_does_not_end_the_drain(self):
         # The log lines of the stop go to a pipe nobody reads any more: the
         # write fails (EPIPE) instead of killing the process (SIGPIPE), and

@@ -420,6 +420,68 @@ describe("Arrow Flight DoPut against weir", () => {
     assert.equal(b2[0].bucket, (b1[0].bucket + 1) % 4);
   });
 
+  it("a long append_table call follows its table: new buckets are routed to; a table made again ends it", T, async () => {
+    const topic = unique("grows");
+    await createTopic(server, topic, 1);
+    // One call, its batches sent one at a time, each answered before the next.
+    const { c, md } = client(server);
+    const call = c.DoPut(md);
+    const results = [];
+    let status = null;
+    call.on("data", (r) => results.push(JSON.parse(Buffer.from(r.app_metadata).toString())));
+    call.on("error", () => {});  // the status says it
+    const ended = new Promise((resolve) => call.on("status", (st) => { status = st; c.close(); resolve(st); }));
+    const keys = Array.from({ length: 24 }, (_, i) => `key-${i}`);
+    const msgs = ipcMessages(logTable(keys.map((key) => ({ key, value: key })), { withHeaders: false }));
+    let sent = 0;
+    const send = async (m) => {
+      call.write({ flight_descriptor: sent++ === 0 ? cmd({ append_table: { table: topic } }) : null,
+        data_header: m.header, data_body: m.body ?? Buffer.alloc(0), app_metadata: Buffer.alloc(0) });
+    };
+    const answered = async (n) => {
+      for (let i = 0; results.length < n && status === null; i++) {
+        assert.ok(i < 600, `${results.length} of ${n} PutResults after 30 s`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      assert.equal(results.length, n, JSON.stringify(status));
+    };
+    try {
+      send(msgs[0]);
+      send(msgs[1]);
+      await answered(1);
+      assert.deepEqual(results[0].buckets.map((b) => b.bucket), [0]);
+      // Kafka grows the topic to 4 partitions: the call's next batch is routed
+      // over all four, as Kafka's partitioner does for a fresh producer.
+      const admin = kafka(server).admin();
+      await admin.connect();
+      await admin.createPartitions({ topicPartitions: [{ topic, count: 4 }] });
+      await admin.disconnect();
+      const producer = kafka(server).producer({ createPartitioner: Partitioners.DefaultPartitioner });
+      await producer.connect();
+      const expected = new Set();
+      for (const key of keys) {
+        const [meta] = await producer.send({ topic, messages: [{ key, value: "kafka" }] });
+        expected.add(meta.partition);
+      }
+      await producer.disconnect();
+      assert.ok(expected.size > 1, "the keys spread over partitions");
+      send(msgs[1]);
+      await answered(2);
+      assert.deepEqual(results[1].buckets.map((b) => b.bucket), [...expected].sort((x, y) => x - y));
+      // The table deleted and made again under its name: the call's next
+      // batch is refused, not written to the new table.
+      await doAction(server, "delete-table", JSON.stringify({ table: topic }));
+      await doAction(server, "create-table", JSON.stringify({ table: topic, buckets: 1 }));
+      send(msgs[1]);
+      const st = await ended;
+      assert.equal(st.code, grpc.status.NOT_FOUND, st.details);
+      assert.match(st.details, /deleted and made again/);
+      assert.equal(await tail(server, topic, 0), 0, "nothing went to the new table");
+    } finally {
+      if (status === null) call.cancel();  // a failed assertion leaves no call open for the later tests
+    }
+  });
+
   it("bad input gets a clear status and writes nothing", T, async () => {
     const topic = unique("bad");
     await createTopic(server, topic, 1);
