@@ -450,11 +450,11 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       // After a refusal: the message is dropped unseen, the next one read (Continue says why).
       in_.Clear();
       reading_ = true;
-      starting_read_ = true;
+      ++starting_reads_;
       lk.unlock();
       StartRead(&in_);
       lk.lock();
-      starting_read_ = false;
+      --starting_reads_;
       Progress(lk);
       return;
     }
@@ -596,11 +596,11 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     // Until StartRead has returned, the call must not finish (a cancel or a
     // failed append meanwhile would let OnDone free it under StartRead).
     reading_ = true;
-    starting_read_ = true;
+    ++starting_reads_;
     lk.unlock();
     StartRead(&in_);
     lk.lock();
-    starting_read_ = false;
+    --starting_reads_;
     Progress(lk);
   }
 
@@ -672,6 +672,23 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     return false;
   }
 
+  // If a table changed since the call looked: its buckets may have grown
+  // (routing follows them, as a Kafka producer's metadata refresh would), or
+  // the table may be gone or made again under its name (NotFound: its
+  // batches must not go to another table). On the worker handling the
+  // call's message.
+  Status FollowTable() {
+    const uint64_t v = impl_->engine->TablesVersion();
+    if (v == tables_version_) return Status::Ok();
+    tables_version_ = v;
+    WEIR_ASSIGN_OR_RETURN(auto table, impl_->LogTable(*target_));
+    if (table.id != table_id_) {
+      return NotFound("table {}/{} was deleted and made again since the call began", target_->basin, target_->table);
+    }
+    buckets_ = table.bucket_count;
+    return Status::Ok();
+  }
+
   // Decodes a message; a record batch's parts (one per bucket; none for no
   // rows) go to *parts for appending.
   Status Process(const proto::FlightData& msg, std::optional<std::vector<Part>>* parts) {
@@ -691,18 +708,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       buckets_ = table.bucket_count;
       table_id_ = table.id;
       target_ = std::move(t);
-    } else if (const uint64_t v = impl_->engine->TablesVersion(); v != tables_version_) {
-      // A table changed since the call looked: its buckets may have grown
-      // (routing follows them, as a Kafka producer's metadata refresh
-      // would), or the table may be gone or made again under its name (its
-      // batches must not go to another table).
-      tables_version_ = v;
-      WEIR_ASSIGN_OR_RETURN(auto table, impl_->LogTable(*target_));
-      if (table.id != table_id_) {
-        return NotFound("table {}/{} was deleted and made again since the call began", target_->basin,
-                        target_->table);
-      }
-      buckets_ = table.bucket_count;
+    } else {
+      WEIR_RETURN_IF_ERROR(FollowTable());
     }
     if (msg.data_header().empty()) return Status::Ok();  // app_metadata alone: nothing to write
     WEIR_ASSIGN_OR_RETURN(auto m, ParseMessage(msg.data_header()));
@@ -796,6 +803,10 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   // on the worker (AppendWhenAdmissible refuses several parts that never fit together).
   Status Append(std::vector<Part> batches, const std::shared_ptr<log::AdmissionTicket>& ticket) {
     const bool may_wait = ticket && !ticket->has_room();
+    // Parts are appended by stream name: a table made again while the batch
+    // waited for room is refused now (one made again in the instant between
+    // this look and the append is not told apart).
+    if (!batches.empty()) WEIR_RETURN_IF_ERROR(FollowTable());
     size_t index;
     {
       std::unique_lock lk(mu_);
@@ -911,7 +922,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       StartWrite(&out_);
       return;
     }
-    if (handling_ || starting_read_ || !slots_.empty()) return;
+    if (handling_ || starting_reads_ > 0 || !slots_.empty()) return;
     if (!failure_ && !cancelled_ && (reading_ || !eof_)) return;
     finished_ = true;
     grpc::Status st = failure_ ? *failure_ : cancelled_ ? grpc::Status::CANCELLED : grpc::Status::OK;
@@ -938,7 +949,9 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
   size_t base_ = 0;         // index of slots_.front()
   size_t messages_ = 0;     // messages handled, for error context
   bool reading_ = false;    // a read is outstanding
-  bool starting_read_ = false;  // a worker is in StartRead: the call may not finish yet
+  // Threads in StartRead (a worker's, and a gRPC thread's whose read after a
+  // refusal completed at once): the call may not finish until they are out.
+  int starting_reads_ = 0;
   bool handling_ = false;   // a worker has (or is about to have) a message
   bool eof_ = false;        // the client is done sending (or the read failed)
   bool refused_ = false;    // a message or an append was refused: read and append no more

@@ -455,6 +455,8 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
         return;
       }
       // kNotFound: the occupant vanished; simply try the PUT again.
+    } else {
+      unreadable = 0;  // the count is of reads after 412s in a row
     }
     {
       std::lock_guard lk(mu_);
