@@ -449,14 +449,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     if (ok && !finished_ && !cancelled_ && Stopping()) {
       // After a refusal: the message is dropped unseen, the next one read (Continue says why).
       in_.Clear();
-      reading_ = true;
-      ++starting_reads_;
-      lk.unlock();
-      StartRead(&in_);
-      lk.lock();
-      --starting_reads_;
-      Progress(lk);
-      return;
+      return ReadNext(lk);
     }
     if (!ok || finished_ || Stopping()) {
       eof_ = eof_ || !ok;
@@ -593,8 +586,13 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       Progress(lk);
       return;
     }
-    // Until StartRead has returned, the call must not finish (a cancel or a
-    // failed append meanwhile would let OnDone free it under StartRead).
+    ReadNext(lk);
+  }
+
+  // Starts the next read. Until StartRead has returned, the call must not
+  // finish (a cancel or a failed append meanwhile would let OnDone free it
+  // under StartRead). Called with `mu_` held; releases it for StartRead.
+  void ReadNext(std::unique_lock<std::mutex>& lk) {
     reading_ = true;
     ++starting_reads_;
     lk.unlock();

@@ -212,6 +212,20 @@ def b64(b):
 OPEN_CLIENTS = []  # closed after each test
 
 
+def ended_by(p, sig, timeout, before=None):
+    """Runs `before` (checks while `p` runs), sends `sig` and returns p's exit
+    code; kills `p` if anything fails or it outlives the wait."""
+    try:
+        if before:
+            before()
+        p.send_signal(sig)
+        return p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 class Client:
     """A keep-alive session against one server; `basin` sets s2-basin."""
 
@@ -2664,7 +2678,8 @@ class LifecycleTest(ClosingTestCase):
                 with tempfile.TemporaryFile() as out:
                     p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=dict(os.environ, WEIR_LOG_LEVEL="info"))
-                    try:
+
+                    def recovering():
                         deadline = time.monotonic() + 60
                         while True:
                             out.seek(0)
@@ -2674,12 +2689,7 @@ class LifecycleTest(ClosingTestCase):
                             self.assertIsNone(p.poll(), text)
                             self.assertLess(time.monotonic(), deadline, text)
                             time.sleep(0.05)
-                        p.send_signal(sig)
-                        code = p.wait(timeout=50)  # the PUT would take 60 s
-                    finally:
-                        if p.poll() is None:
-                            p.kill()
-                            p.wait()
+                    code = ended_by(p, sig, timeout=50, before=recovering)  # the PUT would take 60 s
                     out.seek(0)
                     text = out.read().decode(errors="replace")
                 self.assertEqual(code, -sig, text)
@@ -2710,15 +2720,11 @@ class LifecycleTest(ClosingTestCase):
                    f"s3://bucket/p?endpoint=http://127.0.0.1:{port}&access_key=k&secret_key=s&region=us-east-1"]
             with tempfile.TemporaryFile() as out:
                 p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-                try:
+
+                def opening():
                     time.sleep(1.5)
                     self.assertIsNone(p.poll())
-                    p.send_signal(signal.SIGTERM)
-                    code = p.wait(timeout=30)
-                finally:
-                    if p.poll() is None:
-                        p.kill()
-                        p.wait()
+                code = ended_by(p, signal.SIGTERM, timeout=30, before=opening)
                 out.seek(0)
                 text = out.read().decode(errors="replace")
         self.assertEqual(code, -signal.SIGTERM, text)
@@ -2733,19 +2739,15 @@ class LifecycleTest(ClosingTestCase):
                    "--kafka-addr", ""]
             p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                  env=dict(os.environ, WEIR_LOG_LEVEL="info"))
-            try:
+
+            def ready_then_reader_leaves():
                 seen = b""
                 while b"listening on" not in seen:
                     line = p.stderr.readline()
                     self.assertTrue(line, f"weir serve ended before it was ready:\n{seen.decode(errors='replace')}")
                     seen += line
                 p.stderr.close()  # the reader leaves
-                p.send_signal(signal.SIGTERM)
-                code = p.wait(timeout=120)
-            finally:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            code = ended_by(p, signal.SIGTERM, timeout=120, before=ready_then_reader_leaves)
             self.assertEqual(code, 0, "weir serve did not end its drain cleanly (-13 is SIGPIPE)")
 
     def test_drain_answers_appends_left_open_by_the_drain_timeout(self):
