@@ -488,14 +488,14 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
  private:
   // A batch's part for one bucket: the bucket and its RecordBatch v2.
   using Part = std::pair<uint32_t, std::string>;
-  // A PutResult waiting for its appends (one per bucket the batch went to),
-  // or a refusal waiting for its turn.
   // A bucket's part of a durable batch (its PutResult's offsets).
   struct BucketResult {
     uint32_t bucket = 0;
     int64_t first = 0, last = 0;  // inclusive
     bool duplicated = false;
   };
+  // A PutResult waiting for its appends (one per bucket the batch went to),
+  // or a refusal waiting for its turn.
   struct Slot {
     size_t waiting = 0;
     grpc::Status error;

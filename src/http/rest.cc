@@ -612,17 +612,25 @@ bool IsProtoType(std::string_view media_type) {
 // 415. S2S input is framed, each frame compressed on its own: not here. The
 // in-flight budget held the body's bytes as sent: what decoding adds is
 // taken from it too (if it has no room: 429).
-void DecodeContentEncoding(Request& req, size_t limit, Exchange& ex) {
+// The Content-Encoding of a request body that has one (not identity); none
+// without a body (a GET, say), whatever the header says.
+std::optional<std::string_view> BodyCoding(const Request& req) {
   const std::string* enc = req.Header("content-encoding");
-  // No body (a GET, say): nothing is encoded, whatever the header says.
-  if (!enc || req.body.empty()) return;
+  if (!enc || req.body.empty()) return std::nullopt;
   const std::string_view coding = TrimOws(*enc);
-  if (coding.empty() || EqualsLowercase(coding, "identity")) return;
+  if (coding.empty() || EqualsLowercase(coding, "identity")) return std::nullopt;
+  return coding;
+}
+
+void DecodeContentEncoding(Request& req, size_t limit, Exchange& ex) {
+  const std::optional<std::string_view> encoded = BodyCoding(req);
+  if (!encoded) return;
+  const std::string_view coding = *encoded;
   int codec = -1;
   if (EqualsLowercase(coding, "gzip") || EqualsLowercase(coding, "x-gzip")) codec = wal::kCodecGzip;
   if (EqualsLowercase(coding, "zstd")) codec = wal::kCodecZstd;
   if (codec < 0) {
-    throw BadRequest{fmt::format("Content-Encoding \"{}\" is not supported: use gzip, zstd or identity", *enc),
+    throw BadRequest{fmt::format("Content-Encoding \"{}\" is not supported: use gzip, zstd or identity", coding),
                      "unsupported_encoding", 415};
   }
   auto decoded = wal::DecompressRecords(codec, req.body, limit);
@@ -767,10 +775,7 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
     bool may_wait = !engine || engine->AdmissionMayWait(req.body.size());
     // A compressed body may expand a thousandfold: it is decoded (and
     // parsed) on a worker, not on the I/O thread its connection shares.
-    if (const std::string* enc = req.Header("content-encoding"); enc && !req.body.empty()) {
-      const std::string_view coding = TrimOws(*enc);
-      may_wait = may_wait || !(coding.empty() || EqualsLowercase(coding, "identity"));
-    }
+    may_wait = may_wait || BodyCoding(req).has_value();
     if (!ex->sequential() && (may_wait || ex->InOrderBusy())) {
       auto* e = ex.get();
       return e->PostInOrder([this, r = std::make_shared<Request>(std::move(req)), ex = std::move(ex)]() mutable {
@@ -1792,8 +1797,10 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     // over the basin's defaults. Either way fields the body leaves out stay.
     Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
-    if (req.method == "PATCH" && !j.is_object()) throw BadRequest{"the body must be a StreamReconfiguration object"};
-    if (!j.is_null() && !j.is_object()) throw BadRequest{"the body must be a StreamReconfiguration object"};
+    // (PATCH needs the object; a PUT may leave it out.)
+    if (!j.is_object() && (req.method == "PATCH" || !j.is_null())) {
+      throw BadRequest{"the body must be a StreamReconfiguration object"};
+    }
     // Read, changed and written under the engine's config lock: a change
     // made meanwhile (another PATCH, Kafka AlterConfigs) is not lost.
     // (A body refused as malformed is thrown here, not inside the engine.)

@@ -416,8 +416,14 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
     if (st.code() == Code::kPreconditionFailed) {
       // Our earlier attempt may have landed (ambiguous), or someone else owns the slot.
       auto head = store_->Get(key, objstore::ByteRange{0, kEnvelopeSize});
-      if (head.ok()) {
-        auto env = DecodeEnvelope(*head);
+      if (!head.ok() && (head.status().code() == Code::kNotFound || head.status().retryable())) {
+        unreadable = 0;  // no envelope read: the count is of unreadable ones in a row
+        if (head.status().code() != Code::kNotFound) st = head.status().WithContext("reading envelope after 412");
+      } else {
+        // An envelope read back, or a read that fails for good (a slot an
+        // express quorum can no longer decide: kCorruption; a refused
+        // ranged read).
+        Result<Envelope> env = head.ok() ? DecodeEnvelope(*head) : Result<Envelope>(head.status());
         if (env.ok() && env->kind == SlotKind::kFlight && env->nonce == options_.nonce &&
             env->epoch == slot->epoch && env->seq == slot->seq) {
           metrics_.put_ambiguous_resolved.fetch_add(1, std::memory_order_relaxed);
@@ -427,12 +433,14 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
         // An envelope that does not decode may be a read that went wrong (a
         // short body, a proxy's page): read again, as after a failed read,
         // before taking the slot for another writer's (a halt; the fence
-        // then reads it too).
+        // then reads it too). So is one that cannot be read, rather than
+        // this slot retrying for ever.
         if (!env.ok() && ++unreadable < kUnreadableEnvelopeReads) {
           st = env.status().WithContext(fmt::format("reading envelope after 412 (read {})", unreadable));
         } else {
-          Status why = !env.ok() ? Fenced("slot {} holds an unreadable envelope ({}; read {} times)", key,
-                                          env.status().message(), unreadable)
+          Status why = !env.ok() ? Fenced("slot {} cannot be read back after a 412: an unreadable envelope or a "
+                                          "failing read ({}; read {} times)",
+                                          key, env.status().message(), unreadable)
                        : env->kind == SlotKind::kPoison
                            ? Fenced("slot {} was poisoned by a fencer (nonce {:#x})", key, env->nonce)
                            : Fenced("slot {} holds another writer's flight (nonce {:#x}, ours {:#x})", key,
@@ -440,19 +448,6 @@ void Writer::Upload(const std::shared_ptr<Slot>& slot) {
           Halt(slot, why);
           return;
         }
-      } else if (head.status().code() == Code::kNotFound || head.status().retryable()) {
-        unreadable = 0;  // no envelope read: the count is of garbled ones in a row
-        if (head.status().code() != Code::kNotFound) st = head.status().WithContext("reading envelope after 412");
-      } else if (++unreadable < kUnreadableEnvelopeReads) {
-        // A read that keeps failing for good (a slot an express quorum can
-        // no longer decide: kCorruption; a refused ranged read) counts as an
-        // unreadable envelope: retried a few times, then the engine's fence
-        // decides, instead of this slot retrying for ever.
-        st = head.status().WithContext(fmt::format("reading envelope after 412 (read {})", unreadable));
-      } else {
-        Halt(slot, Fenced("slot {} cannot be read back after a 412 ({}; read {} times)", key, head.status().message(),
-                          unreadable));
-        return;
       }
       // kNotFound: the occupant vanished; simply try the PUT again.
     } else {
