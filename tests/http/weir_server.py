@@ -19,12 +19,19 @@ import time
 
 READY_RE = re.compile(r"listening on (http://[^\s/]+:(\d+))")
 KAFKA_RE = re.compile(r"kafka://([^\s/]+):(\d+)")
+# How weir serve refuses a port someone else holds (before recovery, or at
+# the listener's own bind after it).
+PORT_IN_USE_RE = re.compile(r"Address already in use")
 START_TIMEOUT = 120  # seconds; recovery on a loaded 2-core machine can be slow
 STOP_TIMEOUT = 120
 
 
 class ServerError(Exception):
     pass
+
+
+class PortInUse(ServerError):
+    """A start that failed only because a port it names was taken."""
 
 
 class WeirServer:
@@ -53,6 +60,20 @@ class WeirServer:
                 "--http-addr", "127.0.0.1:0"] + kafka + self.args
 
     def start(self, timeout=START_TIMEOUT):
+        """Starts the server and waits for its ready line. A port named in
+        the command (a restart on the same port, a port from free_port())
+        can be taken for a moment by another test's connection or listener:
+        such a start is tried again until `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._start_once(max(1.0, deadline - time.monotonic()))
+            except PortInUse:
+                if time.monotonic() + 0.5 > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _start_once(self, timeout):
         if self.proc is not None and self.proc.poll() is None:
             raise ServerError("already running")
         self.starts += 1
@@ -79,8 +100,12 @@ class WeirServer:
                 self.kafka_addr = f"{k.group(1)}:{k.group(2)}" if k else None
                 return m.group(1), int(m.group(2))
             if self.proc.poll() is not None:
-                raise ServerError(f"weir serve exited with {self.proc.returncode} before it was ready\n"
-                                  + self.log_tail())
+                out = self._log_from(offset)
+                # (Not a port held by another server on this data dir: that lasts.)
+                taken = PORT_IN_USE_RE.search(out) and "another weir server" not in out
+                error = PortInUse if taken else ServerError
+                raise error(f"weir serve exited with {self.proc.returncode} before it was ready\n"
+                            + self.log_tail())
             if time.monotonic() > deadline:
                 raise ServerError(f"weir serve not ready after {timeout} s\n" + self.log_tail())
             time.sleep(0.05)
