@@ -647,6 +647,24 @@ TEST_F(EngineTest, AReadNearTheEndOfALargeSegmentDoesNotFetchItWhole) {
   EXPECT_LT(counting->got_bytes() - before, 3u << 20);
 }
 
+// A reader paging through a large segment (read by range) GETs its footer
+// and index once: each later page is one GET, of its own bytes.
+TEST_F(EngineTest, PagesOfALargeSegmentAfterTheFirstAreOneGetEach) {
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({std::string(1000000, static_cast<char>('a' + i))})).status.ok());
+  }
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  auto counting = RestartGated();  // nothing cached: the reads go to the segment
+  const int before = counting->gets("seg/");
+  for (uint64_t from = 0; from < 12; ++from) {
+    auto r = engine_->ReadBatches(kBasin, "s", from, 1);  // a page of one batch, as a REST read of 1,000 records
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_FALSE(r->batches.empty()) << from;
+    EXPECT_EQ(testing::ValueOf(*r->batches[0]), std::string(1000000, static_cast<char>('a' + from)));
+  }
+  EXPECT_EQ(counting->gets("seg/") - before, 12 + 2) << "footer and index once, then one GET a page";
+}
+
 TEST_F(EngineTest, RecoveryRestoresOffsetsTokensTrimAndProducers) {
   AppendOptions p;
   p.producer = ProducerRef{9, 0, 0};

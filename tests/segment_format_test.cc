@@ -1,4 +1,5 @@
 #include "log/segment_format.h"
+#include "log/segment_index_cache.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -641,4 +642,35 @@ TEST(DecodeSegment, PreciseMessages) {
 }
 
 }  // namespace
+// The footer-and-index cache keeps at most its byte bound, dropping the
+// least recently used entry first; an entry larger than the bound is not kept.
+TEST(SegmentIndexCacheTest, KeepsItsBoundDroppingTheLeastRecentlyUsed) {
+  auto entry = [](size_t n) {
+    auto e = std::make_shared<SegmentIndexCache::Entry>();
+    e->index.resize(n);
+    return e;
+  };
+  // Entries of 200 index entries (4,800 bytes, plus a little): two fit, three do not.
+  SegmentIndexCache cache(12000);
+  cache.Insert("a", entry(200));
+  cache.Insert("b", entry(200));
+  ASSERT_EQ(cache.size(), 2u);
+  ASSERT_NE(cache.Find("a"), nullptr);  // now the most recent: "b" goes first
+  cache.Insert("c", entry(200));
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_LE(cache.bytes(), 12000u);
+  EXPECT_EQ(cache.Find("b"), nullptr);
+  EXPECT_NE(cache.Find("a"), nullptr);
+  EXPECT_NE(cache.Find("c"), nullptr);
+  cache.Erase("a");
+  EXPECT_EQ(cache.Find("a"), nullptr);
+  cache.Insert("huge", entry(1000));  // more than the bound by itself
+  EXPECT_EQ(cache.Find("huge"), nullptr);
+  EXPECT_NE(cache.Find("c"), nullptr);
+  SegmentIndexCache none(0);
+  none.Insert("a", entry(1));
+  EXPECT_EQ(none.size(), 0u);
+  EXPECT_EQ(none.bytes(), 0u);
+}
+
 }  // namespace weir::log

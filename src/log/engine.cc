@@ -104,7 +104,11 @@ Status ValidateStreamName(const std::string& name) {
 
 Engine::Engine(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
                std::shared_ptr<metastore::Metastore> meta)
-    : options_(std::move(options)), store_(std::move(store)), meta_(std::move(meta)), opened_ms_(WallMillis()) {
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      meta_(std::move(meta)),
+      segment_indexes_(options_.segment_index_cache_bytes),
+      opened_ms_(WallMillis()) {
   wal_store_ = options_.wal_store ? options_.wal_store : store_;
 }
 

@@ -35,6 +35,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "log/segment_index_cache.h"
 #include "metastore/metastore.h"
 #include "objstore/object_store.h"
 #include "wal/fence.h"
@@ -61,6 +62,9 @@ struct EngineOptions {
   // runs early once a quarter of it is in use; past it, batches are read
   // back from their WAL slots.
   size_t log_cache_bytes = 64u << 20;
+  // Footers and indexes of segments read by range, kept so that a reader
+  // paging through a large segment GETs them once (SegmentIndexCache).
+  size_t segment_index_cache_bytes = 8u << 20;
   // Segment PUTs a settle cycle runs at once. Object stores want many; a
   // local disk wants few, so the WAL's writes do not queue behind segments.
   size_t segment_uploads = 16;
@@ -769,6 +773,10 @@ class Engine {
   // about max_bytes of them.
   Status ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
                      std::optional<int64_t> at_time, std::vector<std::string>* batches);
+  // One try of ReadSegment; *cache_hit: it used a kept footer and index.
+  Status ReadSegmentOnce(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
+                         std::optional<int64_t> at_time, bool use_cache, bool* cache_hit,
+                         std::vector<std::string>* batches);
   Status SweepGarbage();
   // Deletes each stream with delete_on_empty set that holds no record, has
   // existed for its min age and has taken no append for as long (appends
@@ -840,6 +848,8 @@ class Engine {
   // chain for the node starting (TakeOverDeadNodes): no deployment check, no
   // heartbeat, no takeovers of its own.
   bool taking_over_ = false;
+
+  SegmentIndexCache segment_indexes_;  // for ReadSegment; any thread
 
   std::mutex settle_mu_;  // one settle cycle at a time; guards the fields below
   metastore::ChainPosition checkpoint_;

@@ -977,18 +977,43 @@ Status Engine::ReloadSegments(const std::shared_ptr<Stream>& s) {
 
 Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
                            std::optional<int64_t> at_time, std::vector<std::string>* batches) {
+  const size_t had = batches->size();
+  bool cache_hit = false;
+  Status st = ReadSegmentOnce(seg, from, max_bytes, at_time, /*use_cache=*/true, &cache_hit, batches);
+  if (!st.ok() && cache_hit) {
+    // The object is gone (the caller looks at the stream's segments again),
+    // or not as its entry says: the entry goes, and such a read is made again
+    // from the object's own footer and index.
+    segment_indexes_.Erase(seg.object_key);
+    if (st.code() == Code::kCorruption) {
+      batches->resize(had);
+      st = ReadSegmentOnce(seg, from, max_bytes, at_time, /*use_cache=*/false, &cache_hit, batches);
+    }
+  }
+  return st;
+}
+
+Status Engine::ReadSegmentOnce(const metastore::SegmentInfo& seg, uint64_t from, size_t max_bytes,
+                               std::optional<int64_t> at_time, bool use_cache, bool* cache_hit,
+                               std::vector<std::string>* batches) {
+  *cache_hit = false;
   // Enough for the requested bytes plus one whole batch (an append is at most ~1 MiB).
   const uint64_t window = max_bytes + (2u << 20);
   // A small object is read whole: one GET, not three (footer, index, data).
   // Not a large one: a read near the end of a 60 MiB segment would fetch it
-  // all for a few batches.
+  // all for a few batches. A large one's footer and index are kept
+  // (segment_indexes_): the next page of a reader is one GET.
   constexpr uint64_t kWholeObjectBytes = 8u << 20;
   std::string whole;
+  std::shared_ptr<const SegmentIndexCache::Entry> indexed;
   if (seg.size_bytes <= std::min(window, kWholeObjectBytes)) {
     WEIR_ASSIGN_OR_RETURN(whole, store_->Get(seg.object_key, std::nullopt));
     if (whole.size() != seg.size_bytes) {
       return Corruption("segment {}: {} bytes, the index says {}", seg.object_key, whole.size(), seg.size_bytes);
     }
+  } else if (use_cache) {
+    indexed = segment_indexes_.Find(seg.object_key);
+    *cache_hit = indexed != nullptr;
   }
   // Views into `whole`, or bytes fetched into `*fetched`.
   auto range = [&](uint64_t pos, uint64_t len, std::string* fetched) -> Result<std::string_view> {
@@ -996,25 +1021,34 @@ Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, siz
     WEIR_ASSIGN_OR_RETURN(*fetched, store_->Get(seg.object_key, objstore::ByteRange{pos, len}));
     return std::string_view(*fetched);
   };
-  std::string tail_bytes, index_bytes, data_bytes;
-  uint64_t tail_len = std::min<uint64_t>(seg.size_bytes, kSegmentFooterSize);
-  WEIR_ASSIGN_OR_RETURN(std::string_view tail, range(seg.size_bytes - tail_len, tail_len, &tail_bytes));
-  WEIR_ASSIGN_OR_RETURN(SegmentFooter footer, DecodeSegmentFooter(tail, seg.size_bytes));
-  if (footer.stream_id != seg.stream_id || footer.start_offset != seg.start_offset ||
-      footer.end_offset != seg.end_offset) {
-    return Corruption("segment {} holds stream {} [{}, {}), its row says stream {} [{}, {})", seg.object_key,
-                      footer.stream_id, footer.start_offset, footer.end_offset, seg.stream_id, seg.start_offset,
-                      seg.end_offset);
+  if (!indexed) {
+    auto entry = std::make_shared<SegmentIndexCache::Entry>();
+    std::string tail_bytes, index_bytes;
+    uint64_t tail_len = std::min<uint64_t>(seg.size_bytes, kSegmentFooterSize);
+    WEIR_ASSIGN_OR_RETURN(std::string_view tail, range(seg.size_bytes - tail_len, tail_len, &tail_bytes));
+    WEIR_ASSIGN_OR_RETURN(entry->footer, DecodeSegmentFooter(tail, seg.size_bytes));
+    entry->object_bytes = seg.size_bytes;
+    const SegmentFooter& f = entry->footer;
+    if (f.stream_id != seg.stream_id || f.start_offset != seg.start_offset || f.end_offset != seg.end_offset) {
+      return Corruption("segment {} holds stream {} [{}, {}), its row says stream {} [{}, {})", seg.object_key,
+                        f.stream_id, f.start_offset, f.end_offset, seg.stream_id, seg.start_offset, seg.end_offset);
+    }
+    // A whole object in hand is checked whole: the batches' own CRCs do not
+    // cover their offsets and lengths.
+    if (!whole.empty() && Crc32c(std::string_view(whole).substr(0, f.data_end)) != f.data_crc) {
+      return Corruption("segment {}: data CRC mismatch", seg.object_key);
+    }
+    WEIR_ASSIGN_OR_RETURN(std::string_view index_view, range(f.data_end, seg.size_bytes - f.data_end, &index_bytes));
+    WEIR_ASSIGN_OR_RETURN(entry->index, DecodeSegmentIndex(f, index_view));
+    indexed = std::move(entry);
+    if (whole.empty()) segment_indexes_.Insert(seg.object_key, indexed);
   }
-  // A whole object in hand is checked whole: the batches' own CRCs do not
-  // cover their offsets and lengths.
-  if (!whole.empty() && Crc32c(std::string_view(whole).substr(0, footer.data_end)) != footer.data_crc) {
-    return Corruption("segment {}: data CRC mismatch", seg.object_key);
+  const SegmentFooter& footer = indexed->footer;
+  const std::vector<SegmentIndexEntry>& index = indexed->index;
+  if (indexed->object_bytes != seg.size_bytes) {
+    return Corruption("segment {}: {} bytes, the index says {}", seg.object_key, indexed->object_bytes,
+                      seg.size_bytes);
   }
-  WEIR_ASSIGN_OR_RETURN(std::string_view index_view,
-                        range(footer.data_end, seg.size_bytes - footer.data_end, &index_bytes));
-  WEIR_ASSIGN_OR_RETURN(auto index, DecodeSegmentIndex(footer, index_view));
-  index_bytes = std::string();
   uint64_t pos = SeekOffset(index, from);
   // A lookup by time starts at the last indexed batch before which no record is as late.
   if (at_time) pos = std::max(pos, SeekTimestamp(index, *at_time));
@@ -1027,6 +1061,7 @@ Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, siz
     if (entry == index.end()) return Internal("segment {}: seek position {} is not indexed", seg.object_key, pos);
     next = entry->base_offset;
   }
+  std::string data_bytes;
   uint64_t want = std::min<uint64_t>(footer.data_end - pos, window);
   WEIR_ASSIGN_OR_RETURN(std::string_view data, range(pos, want, &data_bytes));
   size_t at = 0;
