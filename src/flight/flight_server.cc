@@ -76,6 +76,33 @@ struct Target {
   int16_t writer_epoch = 0;
 };
 
+// JSON a client sends in a ticket, a descriptor's command, a batch's
+// app_metadata, ListFlights criteria or an action body: a few hundred bytes.
+// A larger text is refused before it is parsed (a parsed tree costs up to
+// about 80 times its text, and a gRPC message may carry 16 MiB), and so is
+// nesting deeper than kMaxClientJsonDepth (dumps and copies recurse). A text
+// that is not JSON parses to a discarded value, which no caller takes.
+constexpr size_t kMaxClientJsonBytes = 64 << 10;
+constexpr int kMaxClientJsonDepth = 64;
+Result<json> ParseClientJson(std::string_view text, std::string_view what) {
+  if (text.size() > kMaxClientJsonBytes) {
+    return InvalidArgument("{}: at most {} bytes of JSON, got {}", what, kMaxClientJsonBytes, text.size());
+  }
+  bool too_deep = false;
+  json j = json::parse(
+      text,
+      [&](int depth, json::parse_event_t event, json&) {
+        if (depth >= kMaxClientJsonDepth &&
+            (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start)) {
+          too_deep = true;
+        }
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep) return InvalidArgument("{}: JSON nested more than {} deep", what, kMaxClientJsonDepth);
+  return j;
+}
+
 Result<uint64_t> JsonUint(const json& v, const std::string& name, uint64_t max) {
   if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
     return InvalidArgument("descriptor: {} must be a non-negative integer", name);
@@ -103,7 +130,7 @@ Result<Target> ParseDescriptor(const proto::FlightDescriptor& d, const std::stri
     return t;
   }
   if (d.type() != proto::FlightDescriptor::CMD) return InvalidArgument("descriptor: the type must be PATH or CMD");
-  json cmd = json::parse(d.cmd(), nullptr, /*allow_exceptions=*/false);
+  WEIR_ASSIGN_OR_RETURN(json cmd, ParseClientJson(d.cmd(), "descriptor"));
   if (!cmd.is_object() || cmd.size() != 1) {
     return InvalidArgument(
         "descriptor: the command is a JSON object with one key: append, append_table, put or put_table");
@@ -162,7 +189,7 @@ struct ReadTicket {
 };
 
 Result<ReadTicket> ParseTicket(const std::string& bytes, const std::string& default_basin) {
-  json t = json::parse(bytes, nullptr, false);
+  WEIR_ASSIGN_OR_RETURN(json t, ParseClientJson(bytes, "ticket"));
   if (!t.is_object()) return InvalidArgument("ticket: a JSON object with table and bucket");
   ReadTicket out;
   out.basin = default_basin;
@@ -723,7 +750,7 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
     }
     std::optional<int32_t> sequence;
     if (!msg.app_metadata().empty()) {
-      json meta = json::parse(msg.app_metadata(), nullptr, false);
+      WEIR_ASSIGN_OR_RETURN(json meta, ParseClientJson(msg.app_metadata(), "a batch's app_metadata"));
       if (!meta.is_object()) return InvalidArgument("a batch's app_metadata is a JSON object");
       for (const auto& [key, value] : meta.items()) {
         if (key != "batch_sequence") return InvalidArgument("a batch's app_metadata takes no '{}'", key);
@@ -1450,7 +1477,9 @@ grpc::Status FlightServer::Impl::ListTableInfos(const std::string& expression, s
   std::string basin = options.default_basin, prefix;
   bool named_basin = false;
   if (!expression.empty()) {
-    json c = json::parse(expression, nullptr, false);
+    auto parsed = ParseClientJson(expression, "criteria");
+    if (!parsed.ok()) return ToGrpc(parsed.status());
+    const json& c = *parsed;
     if (!c.is_object()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "criteria: a JSON object {\"basin\"?, \"prefix\"?}");
     }
@@ -1516,7 +1545,7 @@ Result<json> FlightServer::Impl::RunAction(const proto::Action& action) {
     WEIR_ASSIGN_OR_RETURN(uint64_t id, engine->AllocateProducerId());
     return json{{"writer_id", id}, {"writer_epoch", 0}};
   }
-  json body = json::parse(action.body(), nullptr, false);
+  WEIR_ASSIGN_OR_RETURN(json body, ParseClientJson(action.body(), action.type()));
   if (!body.is_object()) return InvalidArgument("{}: the body is a JSON object", action.type());
   std::string basin = options.default_basin, table;
   uint64_t buckets = 1;

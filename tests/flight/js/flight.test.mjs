@@ -598,6 +598,15 @@ describe("Arrow Flight DoPut against weir", () => {
     assert.equal(missing.status.code, "NOT_FOUND");
     const bad = await doGet(server, "not json");
     assert.equal(bad.status.code, "INVALID_ARGUMENT");
+    // JSON larger than 64 KiB, or nested more than 64 deep, is refused before it is parsed.
+    const huge = await doGet(server, JSON.stringify({ table: topic, bucket: 0, pad: "x".repeat(70000) }));
+    assert.equal(huge.status.code, "INVALID_ARGUMENT");
+    assert.match(huge.status.details, /ticket: at most 65536 bytes of JSON/);
+    const deep = await doGet(server, "[".repeat(100) + "]".repeat(100));
+    assert.equal(deep.status.code, "INVALID_ARGUMENT");
+    assert.match(deep.status.details, /ticket: JSON nested more than 64 deep/);
+    await assert.rejects(unary(server, "GetFlightInfo", { type: "CMD", path: [], cmd: Buffer.from("[".repeat(1 << 20)) }),
+      (e) => e.code === grpc.status.INVALID_ARGUMENT && /descriptor: at most 65536 bytes/.test(e.details));
     await assert.rejects(unary(server, "GetFlightInfo", { type: "PATH", path: ["no-such-table"], cmd: Buffer.alloc(0) }),
       (e) => e.code === grpc.status.NOT_FOUND);
     // ListFlights: the log tables of a basin, by prefix.
