@@ -1847,6 +1847,34 @@ TEST_F(BrokerTest, AFetchOverManyColdPartitionsAnswersAsOneAtATimeWould) {
   EXPECT_EQ(meeting->segment_gets() - before, 1);
 }
 
+// A partition named many times in one fetch is read and answered once, for
+// its first entry (Kafka keys a fetch's partitions by name).
+TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesReadsItOnce) {
+  StopAll();
+  auto meeting = std::make_shared<MeetingStore>(store_);
+  store_ = meeting;
+  OpenEngine();
+  StartBroker(Options());
+  ASSERT_EQ(CreateTopic("same", 2).error_code, ErrorCode::kNone);
+  const std::string sent = Batch({std::string(2000, 'x')});
+  ASSERT_EQ(Produce("same", 0, sent).error_code, ErrorCode::kNone);
+  ASSERT_EQ(Produce("same", 1, Batch({"y"})).error_code, ErrorCode::kNone);
+  ASSERT_OK(engine_->SettleNow());
+  std::vector<std::pair<int32_t, int64_t>> named(1000, {0, 0});
+  named.emplace_back(1, 1);  // partition 1 at its end
+  FetchRequest m = FetchReq("same", named, 0, 1, 1 << 20, /*partition_max_bytes=*/1);
+  m.topics.push_back(FetchTopic{"same", {FetchPartition{0, -1, 0, -1, 1}}});  // and again under a second entry
+  const int before = meeting->segment_gets();
+  auto resp = Call(m, 11, DecodeFetchResponse);
+  EXPECT_EQ(meeting->segment_gets() - before, 1);
+  ASSERT_EQ(resp.responses.size(), 1u);
+  ASSERT_EQ(resp.responses[0].partitions.size(), 2u);
+  EXPECT_EQ(resp.responses[0].partitions[0].partition_index, 0);
+  EXPECT_EQ(Batches(resp.responses[0].partitions[0]), std::vector<std::string>{WithBaseOffset(sent, 0)});
+  EXPECT_EQ(resp.responses[0].partitions[1].partition_index, 1);
+  EXPECT_EQ(resp.responses[0].partitions[1].high_watermark, 1);
+}
+
 TEST_F(BrokerTest, FetchLongPollWakesOnProduce) {
   ASSERT_EQ(CreateTopic("poll", 1).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("poll", 0, Batch({"old"})).error_code, ErrorCode::kNone);
@@ -2180,6 +2208,14 @@ TEST_F(BrokerTest, ListOffsetsAnswersAPartitionNamedTwiceInvalidRequest) {
   EXPECT_EQ(resp.topics[0].partitions[1].error_code, ErrorCode::kNone);
   EXPECT_EQ(resp.topics[0].partitions[1].offset, 0);
   EXPECT_EQ(resp.topics[0].partitions[0].error_code, ErrorCode::kInvalidRequest);
+  // So in v0 (where Kafka answers one of them): each would be a lookup.
+  resp = Call(m, 0, DecodeListOffsetsResponse);
+  ASSERT_EQ(resp.topics.size(), 1u);
+  EXPECT_EQ(resp.topics[0].partitions[0].error_code, ErrorCode::kInvalidRequest);
+  EXPECT_TRUE(resp.topics[0].partitions[0].old_style_offsets.empty());
+  EXPECT_EQ(resp.topics[0].partitions[2].error_code, ErrorCode::kInvalidRequest);
+  EXPECT_EQ(resp.topics[0].partitions[1].error_code, ErrorCode::kNone);
+  EXPECT_EQ(resp.topics[0].partitions[1].old_style_offsets, std::vector<int64_t>{0});
 }
 
 TEST_F(BrokerTest, ListOffsetsByTimestampSeesCompressedBatches) {

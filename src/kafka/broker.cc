@@ -7,6 +7,8 @@
 #include <map>
 #include <set>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -730,6 +732,16 @@ void Broker::Fetch(const std::shared_ptr<Request>& req) {
     resp.error_code = ErrorCode::kFetchSessionIdNotFound;
     return Send(req, resp, EncodeFetchResponse);
   }
+  // A partition named more than once is read and answered once, for its
+  // first entry (Kafka keys a fetch's partitions by name): a request of a
+  // million entries naming one partition would otherwise read it a million
+  // times.
+  std::unordered_map<std::string, std::unordered_set<int32_t>> named;
+  for (auto& t : in.topics) {
+    auto& parts = named[t.topic];
+    std::erase_if(t.partitions, [&](const FetchPartition& p) { return !parts.insert(p.partition).second; });
+  }
+  std::erase_if(in.topics, [](const FetchTopic& t) { return t.partitions.empty(); });
   auto state = std::make_shared<FetchState>();
   FetchOnce(req, state, /*final=*/in.max_wait_ms <= 0);
 }
@@ -836,6 +848,8 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
                        static_cast<uint64_t>(p.fetch_offset) > r->tail)) {
           r = OutOfRange("offset {} is outside [{}, {}]", p.fetch_offset, r->log_start, r->tail);
         }
+      } else if (req->reply->closed()) {
+        r = Cancelled("the client left");  // no more reads for an answer that goes nowhere
       } else {
         if (!wave[flat_no]) read_wave(flat_no);  // it leads the wave, with this very `want`
         r = wave[flat_no] ? std::move(*wave[flat_no])
@@ -855,7 +869,8 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
             pd.log_start_offset = static_cast<int64_t>(offs->log_start);
           }
         } else {
-          if (r.status().code() != Code::kNotFound && r.status().code() != Code::kFenced) {
+          if (r.status().code() != Code::kNotFound && r.status().code() != Code::kFenced &&
+              r.status().code() != Code::kCancelled) {
             Log().warn("kafka: fetch {} at {}: {}", stream, p.fetch_offset, r.status().ToString());
           }
           pd.error_code = PartitionReadError(r.status());
@@ -1047,13 +1062,12 @@ void Broker::ListOffsetsNow(const std::shared_ptr<Request>& req) {
   auto& in = req->body<ListOffsetsRequest>();
   ListOffsetsResponse resp;
   // Kafka answers a partition named twice INVALID_REQUEST (v1 and later),
-  // every time it is named, and looks none of them up.
+  // every time it is named, and looks none of them up. So does weir for v0
+  // (where Kafka answers one of them): each would be a lookup by time.
   std::set<std::pair<std::string_view, int32_t>> seen, twice;
-  if (req->version() >= 1) {
-    for (const auto& t : in.topics) {
-      for (const auto& p : t.partitions) {
-        if (!seen.emplace(t.name, p.partition_index).second) twice.emplace(t.name, p.partition_index);
-      }
+  for (const auto& t : in.topics) {
+    for (const auto& p : t.partitions) {
+      if (!seen.emplace(t.name, p.partition_index).second) twice.emplace(t.name, p.partition_index);
     }
   }
   for (auto& t : in.topics) {
