@@ -609,6 +609,23 @@ TEST(RestRecovering, EveryRequestBeforeRecoveryGets503) {
   EXPECT_EQ(call("GET", "/health", "").substr(0, 4), "503 ");
 }
 
+// /health is answered on the thread that read it, not on a worker: a load
+// balancer's check does not wait behind reads that hold every worker.
+TEST_F(RestTest, HealthIsAnsweredWithoutAWorker) {
+  class NoWorkers : public FakeExchange {
+   public:
+    void Post(std::function<void()>) override { posted_ = true; }
+    bool posted_ = false;
+  };
+  Request req;
+  req.method = "GET";
+  req.path = "/health";
+  auto ex = std::make_shared<NoWorkers>();
+  api_->Handle(std::move(req), ex);
+  ASSERT_FALSE(ex->posted_);
+  EXPECT_EQ(ex->Wait().status, 200);
+}
+
 TEST_F(RestTest, AuthTokenIsRequired) {
   RestOptions o;
   o.auth_token = "secret";

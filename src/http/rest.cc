@@ -764,6 +764,9 @@ void RestApi::Handle(Request req, std::shared_ptr<Exchange> ex) {
   // durability through a callback. Everything else, an append while the
   // engine is under backpressure (admission may block), and an append that
   // may first create its stream (RestApi::Append), moves to a worker.
+  // /health is answered here too (it reads two flags): a load balancer's
+  // check never waits behind reads that hold every worker.
+  if (req.path == "/health") return Serve(std::move(req), std::move(ex), false, head);
   bool append = req.method == "POST" && req.path.size() > 8 && req.path.ends_with("/records");
   // Under backpressure admission may block: a worker waits, not the I/O
   // thread. HTTP/2 appends of one connection keep their order: one moved to
