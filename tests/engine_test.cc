@@ -1603,6 +1603,50 @@ TEST_F(EngineTest, SettledSlotsWhoseDeletesFailedAreDeletedByTheNextRound) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a0", "a1", "a2", "b0", "b1", "b2"}));
 }
 
+// DESIGN §2.8: the metastore is off the append path. Appends of every kind
+// (plain, by an idempotent producer, with match_seq_num, with a fencing
+// token; retries and misses too) read and write nothing there; their settle
+// is one transaction.
+TEST_F(EngineTest, AppendsOfEveryKindDoNotTouchTheMetastore) {
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(engine_->CreateStream(kBasin, "m" + std::to_string(i), StreamConfig{}).ok());
+  auto id = engine_->AllocateProducerId();
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  std::vector<AppendRecord> fence;
+  fence.push_back(Command("fence", "tok"));
+  ASSERT_TRUE(engine_->Append(kBasin, "m4", std::move(fence)).status.ok());
+  const auto& c = meta_->counters();
+  const uint64_t reads = c.reads.load(), writes = c.writes.load(), tx = c.transactions.load();
+  std::vector<uint64_t> tails(5, 0);
+  tails[4] = 1;
+  int32_t seq = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const int k = i % 5;
+    const std::string name = "m" + std::to_string(k);
+    AppendOptions o;
+    if (k == 1) o.producer = ProducerRef{*id, 0, seq};
+    if (k == 2) o.match_seq_num = tails[2];
+    if (k == 3 && i % 10 == 3) o.match_seq_num = tails[3] + 7;  // a miss
+    if (k == 4) o.fencing_token = i % 20 == 4 ? "other" : "tok";  // some misses
+    auto r = engine_->Append(kBasin, name, Bodies({"x" + std::to_string(i)}), o);
+    const bool miss = (k == 3 && i % 10 == 3) || (k == 4 && i % 20 == 4);
+    ASSERT_EQ(r.status.ok(), !miss) << i << ": " << r.status.ToString();
+    if (!miss) ++tails[static_cast<size_t>(k)];
+    if (k == 1) {
+      // Its retry is a duplicate, answered with its offsets.
+      auto again = engine_->Append(kBasin, name, Bodies({"x" + std::to_string(i)}), o);
+      ASSERT_TRUE(again.status.ok()) << again.status.ToString();
+      EXPECT_TRUE(again.ack.duplicated);
+      ++seq;
+    }
+  }
+  EXPECT_EQ(c.reads.load(), reads) << "metastore reads by appends";
+  EXPECT_EQ(c.writes.load(), writes) << "metastore writes by appends";
+  EXPECT_EQ(c.transactions.load(), tx);
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_EQ(c.transactions.load(), tx + 1) << "one transaction settles them all";
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(*engine_->CheckTail(kBasin, "m" + std::to_string(k)), tails[static_cast<size_t>(k)]);
+}
+
 TEST_F(EngineTest, SettleMovesSlotsIntoSegmentsInOneTransaction) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(engine_->CreateStream(kBasin, "m" + std::to_string(i), StreamConfig{}).ok());
   for (int round = 0; round < 3; ++round) {
