@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -256,7 +257,9 @@ class Recorder {
  public:
   Recorder(int fd, std::vector<uint64_t> tails) : fd_(fd), next_(std::move(tails)) {}
 
-  void Outcome(int k, const std::vector<std::string>& bodies, const wl::AppendOutcome& o) {
+  // `retried`: the batch is sent again until it is acknowledged (an
+  // idempotent producer's), so a failure says nothing of where it ends up.
+  void Outcome(int k, const std::vector<std::string>& bodies, const wl::AppendOutcome& o, bool retried) {
     std::lock_guard lk(mu_);
     if (o.status.ok()) {
       const wl::AppendAck& a = o.ack;
@@ -276,10 +279,12 @@ class Recorder {
         next_[k] = a.end_offset;
       }
     } else if (o.status.code() == Code::kPreconditionFailed && o.seq_num_mismatch) {
-      WriteLocked(fmt::format("MISS {} tail {}", StreamName(k), *o.seq_num_mismatch));
+      WriteLocked(fmt::format("MISS {} tail {} {} {}", StreamName(k), *o.seq_num_mismatch, retried ? 1 : 0,
+                              Join(bodies, '\t')));
       ++misses_;
     } else {
-      WriteLocked(fmt::format("ERR {} {}", StreamName(k), OneLine(o.status.ToString())));
+      WriteLocked(fmt::format("ERR {} {} {} {} {}", StreamName(k), CodeName(o.status.code()), retried ? 1 : 0,
+                              Join(bodies, '\t'), OneLine(o.status.ToString())));
       ++errors_;
     }
   }
@@ -333,7 +338,7 @@ wl::AppendOutcome Send(wl::Engine& engine, Recorder& rec, int k, const std::vect
   auto future = promise->get_future();
   engine.AppendAsync(kBasin, StreamName(k), Records(bodies), options,
                      [&rec, k, bodies, promise](wl::AppendOutcome o) {
-                       rec.Outcome(k, bodies, o);
+                       rec.Outcome(k, bodies, o, /*retried=*/true);
                        promise->set_value(std::move(o));
                      });
   return future.get();
@@ -593,7 +598,7 @@ void PlainThread(Shared& sh, int t) {
     }
     engine.AppendAsync(kBasin, StreamName(k), Records(bodies), o,
                        [&rec, k, bodies, inflight](wl::AppendOutcome out) {
-                         rec.Outcome(k, bodies, out);
+                         rec.Outcome(k, bodies, out, /*retried=*/false);
                          std::lock_guard lk(inflight->mu);
                          --inflight->n;
                          inflight->cv.notify_all();
@@ -743,8 +748,8 @@ int RunVerify(const Flags& f) {
   // The ack log of every run.
   if (!std::filesystem::exists(f.ack_log)) problem("no ack log at " + f.ack_log);
   std::unordered_map<std::string, std::tuple<std::string, uint64_t, uint64_t>> acked;  // first body -> new ack
-  uint64_t acks = 0, dups = 0, dups_unmatched = 0, misses = 0, errors = 0, resends = 0, resend_dups = 0, runs = 0,
-           torn = 0, violations = 0;
+  uint64_t acks = 0, dups = 0, dups_unmatched = 0, misses = 0, errors = 0, refused = 0, resends = 0, resend_dups = 0,
+           runs = 0, torn = 0, violations = 0;
   bool ends_torn = false;
   for (const auto& line : ReadLog(f.ack_log, &torn, &ends_torn)) {
     if (line.empty()) continue;
@@ -754,11 +759,26 @@ int RunVerify(const Flags& f) {
       ++violations;
       problem("append run logged: " + line);
       continue;
-    } else if (kind == "MISS") {
-      ++misses;
-      continue;
-    } else if (kind == "ERR") {
-      ++errors;
+    } else if (kind == "MISS" || kind == "ERR") {
+      // "MISS <stream> tail <n> <retried> <bodies>" and "ERR <stream> <code>
+      // <retried> <bodies> <message>": an append answered as not written
+      // (a missed condition, a refusal) must not be in the stream, unless
+      // it is sent again (`retried`). One whose outcome is unknown may be.
+      ++(kind == "MISS" ? misses : errors);
+      const size_t at = kind == "MISS" ? 4 : 3;
+      if (fields.size() <= at + 1 || fields[at] != "0") continue;
+      static const std::set<std::string_view> kNotWritten = {"PreconditionFailed", "ResourceExhausted",
+                                                             "InvalidArgument",    "NotFound",
+                                                             "Fenced",             "OutOfRange"};
+      if (kind == "ERR" && kNotWritten.count(fields[2]) == 0) continue;
+      ++refused;
+      for (const std::string& body : Split(fields[at + 1], '\t')) {
+        if (auto w = where.find(body); w != where.end()) {
+          problem(fmt::format("{} answered as not written ({}), but the stream holds it at {}@{}", body,
+                              kind == "MISS" ? "a missed match_seq_num" : fields[2], w->second.first,
+                              w->second.second));
+        }
+      }
       continue;
     } else if (kind == "START") {
       ++runs;
@@ -812,11 +832,11 @@ int RunVerify(const Flags& f) {
   engine.Close();
 
   std::printf("verify: runs=%llu streams=%zu records=%llu acks=%llu dups=%llu (unmatched originals %llu) "
-              "resends=%llu resend_dups=%llu misses=%llu errors=%llu torn_lines=%llu violations=%llu\n",
+              "resends=%llu resend_dups=%llu misses=%llu errors=%llu refused=%llu torn_lines=%llu violations=%llu\n",
               (unsigned long long)runs, names.size(), (unsigned long long)total, (unsigned long long)acks,
               (unsigned long long)dups, (unsigned long long)dups_unmatched, (unsigned long long)resends,
               (unsigned long long)resend_dups, (unsigned long long)misses, (unsigned long long)errors,
-              (unsigned long long)torn, (unsigned long long)violations);
+              (unsigned long long)refused, (unsigned long long)torn, (unsigned long long)violations);
   if (problems.empty()) {
     std::printf("OK\n");
     return 0;

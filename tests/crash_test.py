@@ -227,6 +227,11 @@ def scenario(name, extra, nodes, seed):
             raise Failure("no acknowledgement was logged")
         if dups == 0:
             raise Failure("no duplicated ack was observed: the retry path was never exercised")
+        if resends > 0 and resend_dups == 0:
+            raise Failure("no re-send after a restart came back duplicated: the producers' windows were not "
+                          "recovered, or the path was never exercised")
+        if len(nodes) > 1 and switches == 0:
+            raise Failure("no start was of another node id: the takeover path was never exercised")
         ok = True
     except Failure as e:
         print(f"  FAIL: {e}")
