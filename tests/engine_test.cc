@@ -910,6 +910,24 @@ TEST_F(EngineTest, AnUnreadableObjectAtTheHaltedKeyFailsTheAppendsInIt) {
   settle_on_close_ = false;
 }
 
+// A store whose deletes of the keys in `refused` fail and delete nothing.
+// `refused` is set before the store is used.
+class RefusedDeletesStore : public testing::GatedStore {
+ public:
+  using GatedStore::GatedStore;
+  std::set<std::string> refused;
+  Status Delete(std::string_view key) override {
+    if (refused.count(std::string(key)) != 0) return Unavailable("delete refused");
+    return GatedStore::Delete(key);
+  }
+  Status DeleteMany(std::span<const std::string> keys) override {
+    for (const auto& k : keys) {
+      if (refused.count(k) != 0) return Unavailable("delete refused");
+    }
+    return GatedStore::DeleteMany(keys);
+  }
+};
+
 // HandleHalt's garbage probe, and what a restart replays after a resume.
 // Slot 0 of epoch E lands; slot 1's PUT is held while slots 2..4 land behind
 // it; someone fences E (slot 1 is missing: poisoned, cut 1); the held PUT
@@ -919,76 +937,112 @@ TEST_F(EngineTest, AnUnreadableObjectAtTheHaltedKeyFailsTheAppendsInIt) {
 // the appends of slots 1..4 and the pooled one into E+1 from seq 0. A restart
 // with nothing settled replays E up to its poison, then E+1 from seq 0: each
 // append exactly once, at the offset it was acknowledged with.
-TEST_F(EngineTest, AHaltDeletesTheSlotsPastItsCutAndARestartReplaysEachAppendOnce) {
-  settle_on_close_ = false;  // the restart replays everything from the WAL
-  auto gated = std::make_shared<testing::GatedStore>(store_);
-  auto hooked = RestartHooked(gated);
-  ASSERT_TRUE(engine_);
-  const uint64_t epoch = engine_->epoch();
-  auto key = [](uint64_t e, uint64_t seq) { return wal::SlotKey("n1", e, seq); };
-  auto a = engine_->Append(kBasin, "s", Bodies({"a"}));  // slot 0
-  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
-  ASSERT_EQ(a.ack.start_offset, 0u);
-  ASSERT_TRUE(store_->Head(key(epoch, 0)).ok());
-  const std::vector<std::string> values = {"b", "c", "d", "e", "f"};
-  std::vector<std::promise<AppendOutcome>> outcomes(values.size());
-  auto append = [&](size_t i) {
-    engine_->AppendAsync(kBasin, "s", Bodies({values[i]}), {},
-                         [&outcomes, i](AppendOutcome o) { outcomes[i].set_value(std::move(o)); });
-  };
-  gated->Gate(key(epoch, 1));
-  std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(key(epoch, 1)); });
-  append(0);
-  ASSERT_TRUE(gated->WaitBlocked(key(epoch, 1)));
-  // c, d and e each ride a slot of their own (each is appended once the one
-  // before has landed), which lands behind the held slot 1.
-  for (size_t i = 1; i <= 3; ++i) {
-    append(i);
-    const std::string k = key(epoch, i + 1);
-    for (int t = 0; t < 6000 && !store_->Head(k).ok(); ++t) std::this_thread::sleep_for(10ms);
-    ASSERT_TRUE(store_->Head(k).ok()) << k;
+class HaltPastACutTest : public EngineTest {
+ protected:
+  // Runs the halt over `gated` (the engine restarts on it), then appends g;
+  // *epoch is E. Every append must be acknowledged at its offset.
+  void HaltAndResume(std::shared_ptr<testing::GatedStore> gated, uint64_t* epoch_out) {
+    settle_on_close_ = false;  // the restart replays everything from the WAL
+    auto hooked = RestartHooked(gated);
+    ASSERT_TRUE(engine_);
+    const uint64_t epoch = engine_->epoch();
+    *epoch_out = epoch;
+    auto a = engine_->Append(kBasin, "s", Bodies({"a"}));  // slot 0
+    ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+    ASSERT_EQ(a.ack.start_offset, 0u);
+    ASSERT_TRUE(store_->Head(Key(epoch, 0)).ok());
+    const std::vector<std::string> values = {"b", "c", "d", "e", "f"};
+    std::vector<std::promise<AppendOutcome>> outcomes(values.size());
+    auto append = [&](size_t i) {
+      engine_->AppendAsync(kBasin, "s", Bodies({values[i]}), {},
+                           [&outcomes, i](AppendOutcome o) { outcomes[i].set_value(std::move(o)); });
+    };
+    gated->Gate(Key(epoch, 1));
+    std::shared_ptr<void> open_gate(nullptr, [&](void*) { gated->Open(Key(epoch, 1)); });
+    append(0);
+    ASSERT_TRUE(gated->WaitBlocked(Key(epoch, 1)));
+    // c, d and e each ride a slot of their own (each is appended once the one
+    // before has landed), which lands behind the held slot 1.
+    for (size_t i = 1; i <= 3; ++i) {
+      append(i);
+      const std::string k = Key(epoch, i + 1);
+      for (int t = 0; t < 6000 && !store_->Head(k).ok(); ++t) std::this_thread::sleep_for(10ms);
+      ASSERT_TRUE(store_->Head(k).ok()) << k;
+    }
+    auto fence = wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242);
+    ASSERT_TRUE(fence.ok()) << fence.status().ToString();
+    ASSERT_EQ(fence->cut, 1u);
+    hooked->before_mint = [&] { append(4); };  // pooled while the writer is halted
+    gated->Open(Key(epoch, 1));
+    for (size_t i = 0; i < values.size(); ++i) {
+      auto future = outcomes[i].get_future();
+      ASSERT_EQ(future.wait_for(60s), std::future_status::ready) << values[i] << " was left waiting";
+      AppendOutcome o = future.get();
+      ASSERT_TRUE(o.status.ok()) << values[i] << ": " << o.status.ToString();
+      EXPECT_EQ(o.ack.start_offset, i + 1) << values[i];
+    }
+    hooked->before_mint = nullptr;
+    EXPECT_EQ(engine_->epoch(), epoch + 1);
+    // The committed slot and the poison stay.
+    EXPECT_TRUE(store_->Head(Key(epoch, 0)).ok());
+    auto poison = store_->Head(Key(epoch, 1));
+    ASSERT_TRUE(poison.ok()) << poison.status().ToString();
+    EXPECT_EQ(poison->size, wal::kEnvelopeSize) << "slot 1 should hold the poison";
+    EXPECT_TRUE(store_->Head(Key(epoch + 1, 0)).ok()) << "re-published from seq 0 of the next epoch";
+    auto g = engine_->Append(kBasin, "s", Bodies({"g"}));
+    ASSERT_TRUE(g.status.ok()) << g.status.ToString();
+    EXPECT_EQ(g.ack.start_offset, 6u);
+    EXPECT_EQ(ReadAll("s"), kWant);
   }
-  auto fence = wal::Fence(*store_, wal::ChainRef{"n1", epoch}, 0, 4242);
-  ASSERT_TRUE(fence.ok()) << fence.status().ToString();
-  ASSERT_EQ(fence->cut, 1u);
-  hooked->before_mint = [&] { append(4); };  // pooled while the writer is halted
-  gated->Open(key(epoch, 1));
-  for (size_t i = 0; i < values.size(); ++i) {
-    auto future = outcomes[i].get_future();
-    ASSERT_EQ(future.wait_for(60s), std::future_status::ready) << values[i] << " was left waiting";
-    AppendOutcome o = future.get();
-    ASSERT_TRUE(o.status.ok()) << values[i] << ": " << o.status.ToString();
-    EXPECT_EQ(o.ack.start_offset, i + 1) << values[i];
+
+  // A restart (nothing settled) reads each append once, at its offset.
+  void RestartReadsEachAppendOnce() {
+    Restart();
+    ASSERT_TRUE(engine_);
+    EXPECT_EQ(CountKeys(*store_, "seg/"), 0u) << "nothing was to be settled: the restart replays the WAL";
+    auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->tail, kWant.size());
+    ASSERT_EQ(r->records.size(), kWant.size());
+    for (size_t i = 0; i < kWant.size(); ++i) {
+      EXPECT_EQ(r->records[i].offset, i);
+      EXPECT_EQ(r->records[i].record.value.value_or("<null>"), kWant[i]) << "offset " << i;
+    }
+    EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), kWant.size());
   }
-  EXPECT_EQ(engine_->epoch(), epoch + 1);
-  // The probe deleted what landed past the cut, and left the committed slot and the poison.
-  EXPECT_TRUE(store_->Head(key(epoch, 0)).ok());
-  auto poison = store_->Head(key(epoch, 1));
-  ASSERT_TRUE(poison.ok()) << poison.status().ToString();
-  EXPECT_EQ(poison->size, wal::kEnvelopeSize) << "slot 1 should hold the poison";
+
+  static std::string Key(uint64_t epoch, uint64_t seq) { return wal::SlotKey("n1", epoch, seq); }
+  const std::vector<std::string> kWant = {"a", "b", "c", "d", "e", "f", "g"};
+};
+
+TEST_F(HaltPastACutTest, AHaltDeletesTheSlotsPastItsCutAndARestartReplaysEachAppendOnce) {
+  uint64_t epoch = 0;
+  HaltAndResume(std::make_shared<testing::GatedStore>(store_), &epoch);
+  if (HasFatalFailure()) return;
   for (uint64_t seq = 2; seq <= 4; ++seq) {
-    EXPECT_EQ(store_->Head(key(epoch, seq)).status().code(), Code::kNotFound)
+    EXPECT_EQ(store_->Head(Key(epoch, seq)).status().code(), Code::kNotFound)
         << "slot " << seq << " landed past the cut and is garbage";
   }
-  EXPECT_TRUE(store_->Head(key(epoch + 1, 0)).ok()) << "re-published from seq 0 of the next epoch";
-  auto g = engine_->Append(kBasin, "s", Bodies({"g"}));
-  ASSERT_TRUE(g.status.ok()) << g.status.ToString();
-  EXPECT_EQ(g.ack.start_offset, 6u);
-  const std::vector<std::string> want = {"a", "b", "c", "d", "e", "f", "g"};
-  EXPECT_EQ(ReadAll("s"), want);
+  RestartReadsEachAppendOnce();
+}
 
-  Restart();
-  ASSERT_TRUE(engine_);
-  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u) << "nothing was to be settled: the restart replays the WAL";
-  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 1000, 1 << 20);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->tail, want.size());
-  ASSERT_EQ(r->records.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(r->records[i].offset, i);
-    EXPECT_EQ(r->records[i].record.value.value_or("<null>"), want[i]) << "offset " << i;
+// The same when the halt could not delete the garbage (its deletes failed):
+// slots 2..4 of E stay beside their appends' copies in E+1, and a restart
+// (and another after it) still replays each append once.
+TEST_F(HaltPastACutTest, GarbageTheHaltCouldNotDeleteIsNotReplayed) {
+  const uint64_t next_epoch = engine_->epoch() + 1;  // RestartHooked mints it
+  auto refusing = std::make_shared<RefusedDeletesStore>(store_);
+  for (uint64_t seq = 2; seq <= 4; ++seq) refusing->refused.insert(Key(next_epoch, seq));
+  uint64_t epoch = 0;
+  HaltAndResume(refusing, &epoch);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(epoch, next_epoch);
+  for (uint64_t seq = 2; seq <= 4; ++seq) {
+    EXPECT_TRUE(store_->Head(Key(epoch, seq)).ok()) << "slot " << seq << " should still be there";
   }
-  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), want.size());
+  RestartReadsEachAppendOnce();
+  if (HasFatalFailure()) return;
+  RestartReadsEachAppendOnce();
 }
 
 // The superseded path with a slot below the halt still uploading: slot 0
