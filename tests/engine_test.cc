@@ -470,6 +470,7 @@ TEST_F(EngineTest, ProducerWindowKeepsFiveBatches) {
   EXPECT_EQ(dup.ack.start_offset, 2u);
   o.producer->seq = 1;  // fell out of the window: cannot be told from out of order
   EXPECT_EQ(engine_->Append(kBasin, "s", Bodies({"v1"}), o).status.code(), Code::kOutOfRange);
+  EXPECT_EQ(*engine_->CheckTail(kBasin, "s"), 7u) << "neither the duplicate nor the refusal appended";
 }
 
 TEST_F(EngineTest, TimestampModes) {
