@@ -165,6 +165,10 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       "Flight DoGet calls open at once (each may hold a message of about 1 MiB its client has not taken); more "
       "are refused")
       ->check(CLI::Range(1, 1 << 20));
+  opt("--flight-max-info-calls", o.flight_max_info_calls,
+      "Flight GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, ListActions and DoAction calls open at once "
+      "(each holds its request and answer until the client takes it); more are refused")
+      ->check(CLI::Range(1, 1 << 20));
   // Checked by RunServe: CLI11's split would drop an empty piece ("50,").
   opt("--inject-put-latency-ms", o.inject_put_latency_ms, "Test/bench: object store PUT latency P50[,P99] in ms");
   opt("--inject-put-error-rate", o.inject_put_error_rate, "Test/bench: fraction of PUTs that fail")

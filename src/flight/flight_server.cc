@@ -379,10 +379,44 @@ namespace {
 // Answers a server-streaming call with a few messages (or none) and a
 // status. Send is called once (from any thread); writes then follow one
 // another on gRPC's threads. Deletes itself in OnDone.
+grpc::Status TooManyInfoCalls(size_t max) {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      fmt::format("more than {} calls of GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, "
+                                  "ListActions and DoAction are open",
+                                  max));
+}
+
+// A place among FlightOptions::max_info_calls, held from a call's start
+// until gRPC is done with it (its reactor is deleted).
+class InfoCallPlace {
+ public:
+  InfoCallPlace(FlightMetrics& m, size_t max) : m_(m), over_(m.open_info_calls.fetch_add(1) >= max) {
+    if (over_) m.info_calls_refused++;
+  }
+  ~InfoCallPlace() { m_.open_info_calls--; }
+  InfoCallPlace(const InfoCallPlace&) = delete;
+  InfoCallPlace& operator=(const InfoCallPlace&) = delete;
+  bool over() const { return over_; }
+
+ private:
+  FlightMetrics& m_;
+  const bool over_;
+};
+
+// A unary call's reactor (GetFlightInfo, GetSchema, PollFlightInfo) holding
+// its place; deleted by gRPC's OnDone.
+class UnaryCall final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryCall(FlightMetrics& m, size_t max) : place(m, max) {}
+  void OnDone() override { delete this; }
+  InfoCallPlace place;
+};
+
 template <typename T>
 class Replies final : public grpc::ServerWriteReactor<T> {
  public:
-  Replies() = default;
+  Replies(FlightMetrics& m, size_t max) : place(m, max) {}
+  InfoCallPlace place;
   void Send(std::vector<T> msgs, grpc::Status st) {
     {
       std::lock_guard lk(mu_);
@@ -425,14 +459,16 @@ class Replies final : public grpc::ServerWriteReactor<T> {
   grpc::Status status_;
 };
 
-// A Replies for a call; if the caller is not authorized it already answers
-// with that (UNAUTHENTICATED) and *refused is set.
+// A Replies for a call; if the caller is not authorized, or max_info_calls
+// are open, it already answers with that (UNAUTHENTICATED,
+// RESOURCE_EXHAUSTED) and *refused is set.
 template <typename T>
-Replies<T>* NewReplies(const FlightServer::Impl& impl, grpc::CallbackServerContext* ctx, bool* refused) {
-  auto* r = new Replies<T>();
-  grpc::Status auth = impl.Authorize(ctx);
-  *refused = !auth.ok();
-  if (*refused) r->Send(std::move(auth));
+Replies<T>* NewReplies(FlightServer::Impl& impl, grpc::CallbackServerContext* ctx, bool* refused) {
+  auto* r = new Replies<T>(impl.metrics, impl.options.max_info_calls);
+  grpc::Status st = impl.Authorize(ctx);
+  if (st.ok() && r->place.over()) st = TooManyInfoCalls(impl.options.max_info_calls);
+  *refused = !st.ok();
+  if (*refused) r->Send(std::move(st));
   return r;
 }
 
@@ -1377,9 +1413,13 @@ grpc::ServerWriteReactor<proto::FlightData>* FlightServer::Impl::DoGet(grpc::Cal
 
 grpc::ServerUnaryReactor* FlightServer::Impl::OnTable(grpc::CallbackServerContext* ctx,
                                                       const proto::FlightDescriptor* d, TableAnswer answer) {
-  auto* r = ctx->DefaultReactor();
+  auto* r = new UnaryCall(metrics, options.max_info_calls);
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
     r->Finish(auth);
+    return r;
+  }
+  if (r->place.over()) {
+    r->Finish(TooManyInfoCalls(options.max_info_calls));
     return r;
   }
   Post(readers, [this, r, d, answer = std::move(answer)] {

@@ -37,6 +37,11 @@ struct FlightOptions {
   // DoGet calls open at once (each holds up to one message of about 1 MiB
   // that its client has not taken); more are refused with RESOURCE_EXHAUSTED.
   size_t max_get_calls = 256;
+  // GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, ListActions and
+  // DoAction calls open at once, from their start until their answer is
+  // taken (each holds its request, and a ListFlights answer may list 100,000
+  // endpoints); more are refused with RESOURCE_EXHAUSTED.
+  size_t max_info_calls = 256;
   // A bucket's part of a batch, as a Kafka batch, at most (the engine's
   // max_batch_bytes).
   size_t max_batch_bytes = 1048588;
@@ -50,6 +55,7 @@ struct FlightOptions {
 struct FlightMetrics {
   std::atomic<uint64_t> put_calls{0}, put_calls_refused{0}, open_put_calls{0}, open_get_calls{0};
   std::atomic<uint64_t> get_calls_refused{0};
+  std::atomic<uint64_t> open_info_calls{0}, info_calls_refused{0};
   std::atomic<uint64_t> batches{0}, rows{0}, bytes{0}, duplicated_batches{0}, errors{0};
 };
 

@@ -492,7 +492,14 @@ void RenderFlightMetrics(std::string* out, const flight::FlightServer& f) {
                     m.put_calls_refused.load());
   http::PromCounter(out, "weir_flight_get_calls_refused_total", "Flight DoGet calls refused over --flight-max-get-calls",
                     m.get_calls_refused.load());
+  http::PromCounter(out, "weir_flight_info_calls_refused_total",
+                    "Flight GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, ListActions and DoAction calls "
+                    "refused over --flight-max-info-calls",
+                    m.info_calls_refused.load());
   http::PromGauge(out, "weir_flight_open_put_calls", "Flight DoPut calls open", m.open_put_calls.load());
+  http::PromGauge(out, "weir_flight_open_info_calls",
+                  "Flight GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, ListActions and DoAction calls open",
+                  m.open_info_calls.load());
   http::PromGauge(out, "weir_flight_open_get_calls", "Flight DoGet calls open (following a tail or not)",
                   m.open_get_calls.load());
   http::PromCounter(out, "weir_flight_batches_total", "Arrow record batches DoPut appended (durable)", m.batches.load());
@@ -876,6 +883,7 @@ int RunServe(const ServeOptions& o) {
     fo.max_message_bytes = o.flight_max_message_mib << 20;
     fo.max_put_calls = o.flight_max_put_calls;
     fo.max_get_calls = o.flight_max_get_calls;
+    fo.max_info_calls = o.flight_max_info_calls;
     fo.max_batch_bytes = eo.max_batch_bytes;
     fo.auth_token = token->value_or("");
     fo.default_basin = kafka::kKafkaBasin;

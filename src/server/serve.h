@@ -67,6 +67,7 @@ struct ServeOptions {
   size_t flight_max_message_mib = 16;  // one FlightData message (a batch and its header)
   size_t flight_max_put_calls = 64;    // DoPut calls open at once
   size_t flight_max_get_calls = 256;   // DoGet calls open at once
+  size_t flight_max_info_calls = 256;  // GetFlightInfo, ListFlights, DoAction... calls open at once
   // Object-store fault injection, for tests and benchmarks.
   std::string inject_put_latency_ms;  // "P50" or "P50,P99" (ms); "" injects none
   double inject_put_error_rate = 0;

@@ -1161,11 +1161,11 @@ describe("Arrow Flight stop while the store keeps failing", () => {
   });
 });
 
-describe("Arrow Flight with small limits: a 1 MiB WAL pool, two DoGet calls", () => {
+describe("Arrow Flight with small limits: a 1 MiB WAL pool, two DoGet calls, two info calls", () => {
   let server;
   before(async () => {
     server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0", "--pool-budget-mib", "1", "--max-slot-bytes",
-      "1048576", "--flight-max-get-calls", "2"] });
+      "1048576", "--flight-max-get-calls", "2", "--flight-max-info-calls", "2"] });
     await server.start();
   });
   after(async () => {
@@ -1222,5 +1222,47 @@ describe("Arrow Flight with small limits: a 1 MiB WAL pool, two DoGet calls", ()
     }
     b.cancel();
     await b.ended;
+  });
+
+  it("info calls past --flight-max-info-calls are refused RESOURCE_EXHAUSTED until one ends", T, async () => {
+    // A table of 10,000 buckets: its FlightInfo (an endpoint per bucket) is
+    // over a megabyte, more than flow control lets out to a client that
+    // does not read, so a ListFlights call whose client pauses stays open.
+    const table = unique("infocalls");
+    await doAction(server, "create-table", JSON.stringify({ table, buckets: 10000 }));
+    const openCount = async () => {
+      const m = await (await fetch(`${server.url}/metrics`)).text();
+      return Number(/^weir_flight_open_info_calls (\d+)$/m.exec(m)[1]);
+    };
+    const paused = [0, 1].map(() => {
+      const { c, md } = client(server);
+      const call = c.ListFlights({ expression: Buffer.from(JSON.stringify({ prefix: table })) }, md);
+      call.pause();
+      call.on("error", () => {});  // cancelled below
+      const ended = new Promise((resolve) => call.on("status", (st) => { c.close(); resolve(st); }));
+      return { call, ended };
+    });
+    for (let i = 0; (await openCount()) < 2; i++) {
+      assert.ok(i < 200, "the paused calls did not open");
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await assert.rejects(unary(server, "GetSchema", { type: "PATH", path: [table], cmd: Buffer.alloc(0) }),
+      (e) => e.code === grpc.status.RESOURCE_EXHAUSTED && /more than 2 calls of GetFlightInfo/.test(e.details));
+    await assert.rejects(doAction(server, "allocate-writer"),
+      (e) => e.code === grpc.status.RESOURCE_EXHAUSTED);
+    assert.match(await (await fetch(`${server.url}/metrics`)).text(), /^weir_flight_info_calls_refused_total 2$/m);
+    paused[0].call.cancel();
+    await paused[0].ended;
+    for (let i = 0; ; i++) {  // the cancelled call's OnDone comes after its status
+      try {
+        await unary(server, "GetSchema", { type: "PATH", path: [table], cmd: Buffer.alloc(0) });
+        break;
+      } catch (e) {
+        assert.ok(i < 100 && e.code === grpc.status.RESOURCE_EXHAUSTED, e.message);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    paused[1].call.cancel();
+    await paused[1].ended;
   });
 });
