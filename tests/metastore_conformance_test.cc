@@ -2115,6 +2115,24 @@ int64_t SqliteSchemaVersion(const std::string& path) {
   return version;
 }
 
+// SQLite's plan for deleting a topic's committed offsets, as one line.
+std::string SqliteTopicOffsetsDeletePlan(const std::string& path) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  std::string plan;
+  if (sqlite3_prepare_v2(db, "EXPLAIN QUERY PLAN DELETE FROM group_offsets WHERE topic = 'orders'", -1, &st,
+                         nullptr) == SQLITE_OK) {
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      plan += reinterpret_cast<const char*>(sqlite3_column_text(st, 3));
+      plan += "; ";
+    }
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return plan;
+}
+
 TEST(SqliteMetastoreErrors, AFullDatabaseIsRetryableAndChangesNothing) {
   // As the file store's ENOSPC: settle and retention may free space, so a
   // caller retries rather than failing hard.
@@ -2252,6 +2270,20 @@ TEST(SqliteSchemaUpgrade, Version3DatabaseGainsDeleteOnEmpty) {
   EXPECT_EQ(meta->GetBasin("weir-kafka")->config, on_append);
   EXPECT_EQ(meta->GetTable("weir-kafka", "orders")->bucket_count, 2u);
   EXPECT_EQ(SqliteSchemaVersion(path), kSchemaVersion);
+}
+
+// Deleting a topic deletes its committed offsets through an index by topic,
+// not a scan of every group's (schema 9; an upgraded file gains it too).
+TEST(SqliteSchemaUpgrade, TopicOffsetsAreDeletedByIndex) {
+  TempDir dir;
+  const std::string fresh = dir.path() + "/fresh.db", old = dir.path() + "/old.db";
+  ASSERT_OK(OpenMetastore("sqlite://" + fresh).status());
+  WriteSqliteFile(old, {kSqliteSchemaV1, kSqliteSchemaV3Additions});
+  ASSERT_OK(OpenMetastore("sqlite://" + old).status());
+  for (const std::string& path : {fresh, old}) {
+    const std::string plan = SqliteTopicOffsetsDeletePlan(path);
+    EXPECT_NE(plan.find("INDEX group_offsets_topic"), std::string::npos) << path << ": " << plan;
+  }
 }
 
 // ---- Names and URIs (backend-independent) --------------------------------------------

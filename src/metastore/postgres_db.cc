@@ -92,6 +92,7 @@ constexpr const char* kSchema[] = {
     "commit_time_ms BIGINT NOT NULL, PRIMARY KEY(group_id, topic, part))",
     "CREATE TABLE IF NOT EXISTS create_tokens(basin BYTEA NOT NULL, stream BYTEA NOT NULL, token BYTEA NOT NULL, "
     "PRIMARY KEY(basin, stream))",
+    "CREATE INDEX IF NOT EXISTS group_offsets_topic ON group_offsets(topic)",
 };
 #undef WEIR_BASIN_CONFIG_DDL
 

@@ -25,8 +25,10 @@ namespace weir::metastore {
 //   6: + nodes.heartbeat_ms (ALTER TABLE for a v1 to v5 database)
 //   7: + nodes.takeover (likewise, for a v1 to v6 database)
 //   8: + nodes.minted_by (likewise, for a v1 to v7 database)
+//   9: + an index of group_offsets by topic (a topic's delete deletes its
+//      committed offsets without a scan of every group's)
 // PostgreSQL databases start at 5.
-inline constexpr int kSchemaVersion = 8;
+inline constexpr int kSchemaVersion = 9;
 
 // A Metastore whose every query and rule is written once here; the driver
 // runs them. Each write method is one transaction of the driver's (writers

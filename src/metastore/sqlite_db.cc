@@ -69,6 +69,8 @@ constexpr const char* kSchema[] = {
     // Schema 3. The request token a basin (stream '') or stream was created with.
     "CREATE TABLE IF NOT EXISTS create_tokens(basin TEXT NOT NULL, stream TEXT NOT NULL, token TEXT NOT NULL, "
     "PRIMARY KEY(basin, stream)) WITHOUT ROWID",
+    // Schema 9. Deleting a topic deletes its committed offsets by topic.
+    "CREATE INDEX IF NOT EXISTS group_offsets_topic ON group_offsets(topic)",
 };
 
 // Schema 6: nodes.heartbeat_ms (likewise).
