@@ -340,6 +340,40 @@ TEST_F(RestTest, AReadsBytesLimitCountsWhatIsServedNotTheKafkaKey) {
   EXPECT_EQ(j["records"][0]["body"], "b");
 }
 
+// A record stored before 1970 (a Flight row's time, Kafka's -1) is shown at
+// 0; a read by time or until goes by the time shown.
+TEST_F(RestTest, RecordsBefore1970AreReadByTheTimeTheyAreShownWith) {
+  ASSERT_EQ(Call("POST", "/v1/streams", R"({"stream":"old","config":{"timestamping":{"uncapped":true}}})").status, 201);
+  std::vector<wal::Record> recs(2);
+  recs[0].timestamp = -1000;
+  recs[0].value = "a";
+  recs[1].timestamp = -1;
+  recs[1].value = "b";
+  std::string batch;
+  ASSERT_OK(wal::EncodeRecordBatch(recs, wal::EncodeOptions{}, &batch));
+  std::promise<log::AppendOutcome> done;
+  engine_->AppendBatchAsync("weir-default", "old", std::move(batch),
+                            [&](log::AppendOutcome o) { done.set_value(std::move(o)); });
+  ASSERT_OK(done.get_future().get().status);
+  auto bodies = [&](const std::string& query) {
+    Response r = Call("GET", "/v1/streams/old/records?" + query);
+    EXPECT_EQ(r.status, 200) << query << ": " << r.body;
+    std::vector<std::string> out;
+    if (r.status != 200) return out;
+    const Json j = Json::parse(r.body);
+    for (const auto& rec : j["records"]) {
+      EXPECT_EQ(rec["timestamp"], 0) << query;
+      out.push_back(rec["body"].get<std::string>());
+    }
+    return out;
+  };
+  const std::vector<std::string> both = {"a", "b"};
+  EXPECT_EQ(bodies("seq_num=0"), both);
+  EXPECT_EQ(bodies("timestamp=0"), both);
+  EXPECT_EQ(bodies("seq_num=0&until=1"), both);
+  EXPECT_EQ(bodies("seq_num=0&until=0"), std::vector<std::string>{});
+}
+
 // An exchange whose posted work waits until the test runs it.
 class QueuedPostExchange : public FakeExchange {
  public:

@@ -689,11 +689,13 @@ ReadParams ParseReadParams(const Request& req) {
   return p;
 }
 
-// Drops records at or past `until`; true if any were dropped (the read is done).
+// Drops records at or past `until`, by the time they are shown with (a
+// record stored before 1970 at 0); true if any were dropped (the read is done).
 bool CutAtUntil(std::vector<log::ReadRecord>* records, const std::optional<uint64_t>& until) {
   if (!until) return false;
   for (size_t i = 0; i < records->size(); ++i) {
-    if (*until <= static_cast<uint64_t>(INT64_MAX) && (*records)[i].record.timestamp >= static_cast<int64_t>(*until)) {
+    if (*until <= static_cast<uint64_t>(INT64_MAX) &&
+        std::max<int64_t>((*records)[i].record.timestamp, 0) >= static_cast<int64_t>(*until)) {
       records->resize(i);
       return true;
     }
@@ -2180,6 +2182,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         if (!p_.clamp) return Unsatisfiable(s->tail, s->tail_timestamp_ms);
         p_.start = {log::ReadStart::kOffset, s->tail};
       }
+      // Every record is shown at 0 or later (one stored before 1970, or as
+      // Kafka's -1, at 0): from 0 is from the first record.
+      if (p_.start.kind == log::ReadStart::kTimestamp && p_.start.value == 0) p_.start = {log::ReadStart::kOffset, 0};
     }
     // Pinned to the stream its first read found: one deleted and created
     // again under its name is another stream (the session ends, not-found).
