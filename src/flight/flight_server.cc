@@ -682,6 +682,13 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
                             parts.size(), bytes);
       return true;
     }
+    // A writer's retry of a batch its bucket's window holds needs no room:
+    // answered now, or once its original is durable (as Kafka's and REST's
+    // retries are), not after a wait that may end RESOURCE_EXHAUSTED.
+    if (target_->writer_id && parts.size() == 1 && AnswerRetried(parts.front())) {
+      *st = Status::Ok();
+      return true;
+    }
     if (auto ticket = engine->TryAdmission(bytes, parts.size())) {
       *st = Append(std::move(parts), ticket);
       return true;
@@ -730,6 +737,35 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
             Continue(ResourceExhausted("out of memory queueing the batch"));
           }
         });
+    return false;
+  }
+
+  // Whether the engine took `part` as a retry its bucket's window holds (its
+  // slot is then answered by Appended, in its turn). On the worker handling
+  // the message.
+  bool AnswerRetried(Part& part) {
+    if (!FollowTable().ok()) return false;  // Append says why
+    size_t index;
+    {
+      std::unique_lock lk(mu_);
+      if (Stopping()) return false;  // Append drops it
+      index = base_ + slots_.size();
+      Slot s;
+      s.waiting = 1;
+      s.rows = decoded_rows_;
+      s.body_bytes = decoded_body_bytes_;
+      slots_.push_back(std::move(s));
+    }
+    const uint32_t b = part.first;
+    log::AppendCallback done = [this, index, b](log::AppendOutcome o) { Appended(index, b, o); };
+    if (impl_->engine->AnswerRetriedBatch(target_->basin, metastore::BucketStreamName(target_->table, b), part.second,
+                                          done)) {
+      return true;
+    }
+    // Not a retry the window holds: the batch goes through admission. (The
+    // call cannot finish meanwhile: a message is being handled.)
+    std::unique_lock lk(mu_);
+    slots_.pop_back();
     return false;
   }
 

@@ -1115,6 +1115,46 @@ describe("Arrow Flight when room in the WAL pool does not come in time", () => {
     assert.equal(rows % rowsPerBatch, 0, `${rows} rows are not whole batches of ${rowsPerBatch}`);
     assert.ok(rows >= answered * rowsPerBatch, `${rows} rows, ${answered} batches answered`);
   });
+
+  it("a writer's retry of a batch its bucket holds is answered while the pool is full", T, async () => {
+    const topic = unique("retryfull");
+    await createTopic(server, topic, 2);
+    const [writer] = await doAction(server, "allocate-writer");
+    const desc = cmd({ append: { table: topic, bucket: 0, writer_id: writer.writer_id } });
+    // Batches of about 900 KiB: with the 4 MiB pool past 3.1 MiB used, one does not fit.
+    const value = "v".repeat(1024);
+    const big = logTable(Array.from({ length: 900 }, () => ({ value })), { withHeaders: false, withTimestamp: false });
+    let first;
+    for (let i = 0; ; i++) {  // the pool may be busy with the test before: a refusal writes nothing
+      first = await doPut(server, desc, [big], { metas: [{ batch_sequence: 0 }] });
+      if (first.status.code === "OK") break;
+      assert.ok(i < 100 && first.status.code === "RESOURCE_EXHAUSTED", JSON.stringify(first.status));
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.deepEqual(first.results, [{ first_offset: 0, last_offset: 899, duplicated: false }]);
+    // Fill the pool (300 ms PUTs) with bucket 1's batches, and retry while
+    // it is full: a retry needs no room.
+    const full = async () => (await metric(server, "weir_wal_pool_bytes")) > (4 << 20) - 1_000_000;
+    const retries = [];
+    for (let attempt = 0; retries.length === 0; attempt++) {
+      assert.ok(attempt < 5, "no retry was sent while the pool was full");
+      const filling = Promise.all(Array.from({ length: 8 }, () =>
+        doPut(server, cmd({ append: { table: topic, bucket: 1 } }), [big, big, big])));
+      for (let i = 0; !(await full()); i++) {
+        assert.ok(i < 6000, "the pool did not fill in 30 s");
+        await new Promise((r) => setTimeout(r, 5));
+      }
+      for (let i = 0; i < 5 && (await full()); i++) {
+        retries.push(await doPut(server, desc, [big], { metas: [{ batch_sequence: 0 }] }));
+      }
+      await filling;
+    }
+    for (const r of retries) {
+      assert.equal(r.status.code, "OK", JSON.stringify(r.status));
+      assert.deepEqual(r.results, [{ first_offset: 0, last_offset: 899, duplicated: true }]);
+    }
+    assert.equal(await tail(server, topic, 0), 900);
+  });
 });
 
 describe("Arrow Flight stop while the store keeps failing", () => {
