@@ -1847,8 +1847,9 @@ TEST_F(BrokerTest, AFetchOverManyColdPartitionsAnswersAsOneAtATimeWould) {
   EXPECT_EQ(meeting->segment_gets() - before, 1);
 }
 
-// A partition named many times in one fetch is read and answered once, for
-// its first entry (Kafka keys a fetch's partitions by name).
+// A partition named many times in one fetch is read and answered once,
+// where it was first named, with its last entry's offset and limit (Kafka
+// keys a fetch's partitions by name in a map).
 TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesReadsItOnce) {
   StopAll();
   auto meeting = std::make_shared<MeetingStore>(store_);
@@ -1860,10 +1861,11 @@ TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesReadsItOnce) {
   ASSERT_EQ(Produce("same", 0, sent).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("same", 1, Batch({"y"})).error_code, ErrorCode::kNone);
   ASSERT_OK(engine_->SettleNow());
-  std::vector<std::pair<int32_t, int64_t>> named(1000, {0, 0});
+  std::vector<std::pair<int32_t, int64_t>> named(1000, {0, 1});  // at its end
   named.emplace_back(1, 1);  // partition 1 at its end
   FetchRequest m = FetchReq("same", named, 0, 1, 1 << 20, /*partition_max_bytes=*/1);
-  m.topics.push_back(FetchTopic{"same", {FetchPartition{0, -1, 0, -1, 1}}});  // and again under a second entry
+  // The last entry for partition 0, under a second topic entry, reads from 0.
+  m.topics.push_back(FetchTopic{"same", {FetchPartition{0, -1, 0, -1, 1 << 20}}});
   const int before = meeting->segment_gets();
   auto resp = Call(m, 11, DecodeFetchResponse);
   EXPECT_EQ(meeting->segment_gets() - before, 1);

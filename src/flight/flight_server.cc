@@ -79,8 +79,9 @@ struct Target {
 // JSON a client sends in a ticket, a descriptor's command, a batch's
 // app_metadata, ListFlights criteria or an action body: a few hundred bytes.
 // A larger text is refused before it is parsed (a parsed tree costs up to
-// about 80 times its text, and a gRPC message may carry 16 MiB), and so is
-// nesting deeper than kMaxClientJsonDepth (dumps and copies recurse). A text
+// about 80 times its text, and a gRPC message may carry 16 MiB); nesting
+// deeper than kMaxClientJsonDepth is refused as it is parsed, its values
+// dropped (dumps and copies recurse). A text
 // that is not JSON parses to a discarded value, which no caller takes.
 constexpr size_t kMaxClientJsonBytes = 64 << 10;
 constexpr int kMaxClientJsonDepth = 64;
@@ -376,9 +377,6 @@ struct FlightServer::Impl final : public proto::FlightService::CallbackService {
 
 namespace {
 
-// Answers a server-streaming call with a few messages (or none) and a
-// status. Send is called once (from any thread); writes then follow one
-// another on gRPC's threads. Deletes itself in OnDone.
 grpc::Status TooManyInfoCalls(size_t max) {
   return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                       fmt::format("more than {} calls of GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, "
@@ -386,8 +384,9 @@ grpc::Status TooManyInfoCalls(size_t max) {
                                   max));
 }
 
-// A place among FlightOptions::max_info_calls, held from a call's start
-// until gRPC is done with it (its reactor is deleted).
+// A place among FlightOptions::max_info_calls, held by an authorized call's
+// reactor until gRPC is done with it (the reactor is deleted). Made on the
+// gRPC thread that starts the call; released on the one that runs OnDone.
 class InfoCallPlace {
  public:
   InfoCallPlace(FlightMetrics& m, size_t max) : m_(m), over_(m.open_info_calls.fetch_add(1) >= max) {
@@ -403,20 +402,23 @@ class InfoCallPlace {
   const bool over_;
 };
 
-// A unary call's reactor (GetFlightInfo, GetSchema, PollFlightInfo) holding
-// its place; deleted by gRPC's OnDone.
+// A unary call's reactor (GetFlightInfo, GetSchema, PollFlightInfo), with
+// its place once authorized. Created on a gRPC thread, finished on a
+// reader's; deletes itself in OnDone (a gRPC thread).
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
-  UnaryCall(FlightMetrics& m, size_t max) : place(m, max) {}
   void OnDone() override { delete this; }
-  InfoCallPlace place;
+  std::optional<InfoCallPlace> place;
 };
 
+// Answers a server-streaming call with a few messages (or none) and a
+// status, with its place once authorized. Send is called once (from any
+// thread); writes then follow one another on gRPC's threads. Deletes itself
+// in OnDone.
 template <typename T>
 class Replies final : public grpc::ServerWriteReactor<T> {
  public:
-  Replies(FlightMetrics& m, size_t max) : place(m, max) {}
-  InfoCallPlace place;
+  std::optional<InfoCallPlace> place;
   void Send(std::vector<T> msgs, grpc::Status st) {
     {
       std::lock_guard lk(mu_);
@@ -464,9 +466,11 @@ class Replies final : public grpc::ServerWriteReactor<T> {
 // RESOURCE_EXHAUSTED) and *refused is set.
 template <typename T>
 Replies<T>* NewReplies(FlightServer::Impl& impl, grpc::CallbackServerContext* ctx, bool* refused) {
-  auto* r = new Replies<T>(impl.metrics, impl.options.max_info_calls);
+  auto* r = new Replies<T>();
   grpc::Status st = impl.Authorize(ctx);
-  if (st.ok() && r->place.over()) st = TooManyInfoCalls(impl.options.max_info_calls);
+  if (st.ok() && r->place.emplace(impl.metrics, impl.options.max_info_calls).over()) {
+    st = TooManyInfoCalls(impl.options.max_info_calls);
+  }
   *refused = !st.ok();
   if (*refused) r->Send(std::move(st));
   return r;
@@ -1449,12 +1453,12 @@ grpc::ServerWriteReactor<proto::FlightData>* FlightServer::Impl::DoGet(grpc::Cal
 
 grpc::ServerUnaryReactor* FlightServer::Impl::OnTable(grpc::CallbackServerContext* ctx,
                                                       const proto::FlightDescriptor* d, TableAnswer answer) {
-  auto* r = new UnaryCall(metrics, options.max_info_calls);
+  auto* r = new UnaryCall();
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
     r->Finish(auth);
     return r;
   }
-  if (r->place.over()) {
+  if (r->place.emplace(metrics, options.max_info_calls).over()) {
     r->Finish(TooManyInfoCalls(options.max_info_calls));
     return r;
   }

@@ -2183,8 +2183,11 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
         p_.start = {log::ReadStart::kOffset, s->tail};
       }
       // Every record is shown at 0 or later (one stored before 1970, or as
-      // Kafka's -1, at 0): from 0 is from the first record.
-      if (p_.start.kind == log::ReadStart::kTimestamp && p_.start.value == 0) p_.start = {log::ReadStart::kOffset, 0};
+      // Kafka's -1, at 0): from 0 is from the first record (an empty
+      // stream's read from 0 stays one by time, as before: not the tail).
+      if (p_.start.kind == log::ReadStart::kTimestamp && p_.start.value == 0 && s->tail > 0) {
+        p_.start = {log::ReadStart::kOffset, 0};
+      }
     }
     // Pinned to the stream its first read found: one deleted and created
     // again under its name is another stream (the session ends, not-found).

@@ -732,14 +732,20 @@ void Broker::Fetch(const std::shared_ptr<Request>& req) {
     resp.error_code = ErrorCode::kFetchSessionIdNotFound;
     return Send(req, resp, EncodeFetchResponse);
   }
-  // A partition named more than once is read and answered once, for its
-  // first entry (Kafka keys a fetch's partitions by name): a request of a
-  // million entries naming one partition would otherwise read it a million
-  // times.
+  // A partition named more than once is read and answered once, where it
+  // was first named, with its last entry's offset and limit (Kafka keys a
+  // fetch's partitions by name in a map, whose later entries replace
+  // earlier ones): a request of a million entries naming one partition
+  // would otherwise read it a million times.
+  std::unordered_map<std::string, std::unordered_map<int32_t, FetchPartition>> last;
+  for (const auto& t : in.topics) {
+    for (const auto& p : t.partitions) last[t.topic][p.partition] = p;
+  }
   std::unordered_map<std::string, std::unordered_set<int32_t>> named;
   for (auto& t : in.topics) {
     auto& parts = named[t.topic];
     std::erase_if(t.partitions, [&](const FetchPartition& p) { return !parts.insert(p.partition).second; });
+    for (auto& p : t.partitions) p = last[t.topic][p.partition];
   }
   std::erase_if(in.topics, [](const FetchTopic& t) { return t.partitions.empty(); });
   auto state = std::make_shared<FetchState>();
@@ -949,8 +955,7 @@ void Broker::FetchOnce(const std::shared_ptr<Request>& req, const std::shared_pt
         });
         waits.clear();
       }
-      // One watch per stream, however often the request names its partition
-      // (Kafka keys a fetch's partitions by name too).
+      // One watch per stream (Fetch named each partition once).
       std::sort(waits.begin(), waits.end());
       waits.erase(std::unique(waits.begin(), waits.end(),
                               [](const auto& a, const auto& b) { return a.first == b.first; }),

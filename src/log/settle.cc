@@ -980,7 +980,7 @@ Status Engine::ReadSegment(const metastore::SegmentInfo& seg, uint64_t from, siz
   const size_t had = batches->size();
   bool cache_hit = false;
   Status st = ReadSegmentOnce(seg, from, max_bytes, at_time, /*use_cache=*/true, &cache_hit, batches);
-  if (!st.ok() && cache_hit) {
+  if (cache_hit && (st.code() == Code::kNotFound || st.code() == Code::kCorruption)) {
     // The object is gone (the caller looks at the stream's segments again),
     // or not as its entry says: the entry goes, and such a read is made again
     // from the object's own footer and index.
