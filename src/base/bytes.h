@@ -98,8 +98,9 @@ inline size_t VarintSize(int64_t v) {
   return UVarintSize((static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63));
 }
 
-// Sequential bounds-checked reader over a byte view. Every getter returns
-// false (and leaves the reader failed) when the input is too short.
+// Sequential bounds-checked reader over a byte view, a local of one parse
+// (one thread). Every getter returns false (and leaves the reader failed)
+// when the input is too short.
 class ByteReader {
  public:
   explicit ByteReader(std::string_view data) : data_(data) {}

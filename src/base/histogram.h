@@ -1,7 +1,8 @@
 // Histogram: a lock-free log-linear histogram of non-negative integer values
-// (latencies in nanoseconds, sizes in bytes). 32 linear sub-buckets per power
-// of two, so a reported percentile is within ~3% of the true value. Any
-// thread may Record concurrently; readers get a consistent-enough snapshot.
+// (latencies in nanoseconds, sizes in bytes), owned by the metrics struct that
+// holds it. 32 linear sub-buckets per power of two, so a reported percentile
+// is within ~3% of the true value. Any thread may Record concurrently; readers
+// get a consistent-enough snapshot.
 #pragma once
 
 #include <array>

@@ -22,6 +22,9 @@ class KeyedMutex {
   };
 
  public:
+  // Holds one key's lock: made by Lock, owned by its caller. Destroy it on
+  // the thread that took it (it unlocks a std::mutex), before the
+  // KeyedMutex goes; a moved-from Guard releases nothing.
   class Guard {
    public:
     Guard(Guard&& o) noexcept : owner_(o.owner_), it_(o.it_) { o.owner_ = nullptr; }

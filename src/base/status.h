@@ -40,6 +40,9 @@ constexpr bool IsRetryableCode(Code c) {
   return c == Code::kTimeout || c == Code::kUnavailable || c == Code::kResourceExhausted;
 }
 
+// An error or OK, as a value: copied freely, on any thread (copies share
+// one immutable message). OK costs no allocation; built with kOk it is OK
+// and keeps no message.
 class [[nodiscard]] Status {
  public:
   Status() = default;
@@ -94,7 +97,10 @@ WEIR_STATUS_HELPER(NotSupported)
 WEIR_STATUS_HELPER(Internal)
 #undef WEIR_STATUS_HELPER
 
-// Result<T>: a T or a non-OK Status.
+// Result<T>: a T or a non-OK Status, as a value (its owner's; not
+// synchronized). Built from an OK Status it asserts, or in a release build
+// holds kInternal. value(), * and -> need ok(): on an error they throw
+// std::bad_variant_access.
 template <typename T>
 class [[nodiscard]] Result {
   static_assert(!std::is_same_v<std::decay_t<T>, Status>, "Result<Status> is meaningless");

@@ -59,8 +59,9 @@ struct SseEvent {
   std::string id;
 };
 
-// Incremental SSE parser (the WHATWG event-stream format): feed it bytes as
-// they arrive, in chunks of any size; it calls back once per complete event.
+// Incremental SSE parser (the WHATWG event-stream format), owned by the read
+// that uses it, one thread: feed it bytes as they arrive, in chunks of any
+// size; it calls back once per complete event, in order.
 class SseParser {
  public:
   // Returns false as soon as `on_event` does (the rest of the chunk is dropped).

@@ -226,7 +226,9 @@ int64_t ArrayView::Int64(int64_t i) const { return static_cast<int64_t>(LoadLE64
 
 namespace {
 
-// Walks a batch's nodes and buffers in field order.
+// Walks a batch's nodes and buffers in field order: a local of one
+// ResolveBatch call, on its thread. Every node and buffer is bounds-checked
+// against the body; a bad one is an error, never an out-of-range read.
 class BatchWalker {
  public:
   BatchWalker(const RecordBatchMeta& batch, std::string_view body, std::deque<std::string>* storage)

@@ -88,7 +88,8 @@ Result<IpcMessage> ParseMessage(std::string_view header);
 
 // One column (or child) of a record batch, its buffers resolved against the
 // body: views into the body, or into `storage` of ResolveBatch when the body
-// was compressed. Only the layouts ResolveBatch accepts appear.
+// was compressed, so valid while both live; read-only, so any thread. Only the
+// layouts ResolveBatch accepts appear.
 struct ArrayView {
   const ArrowField* field = nullptr;
   int64_t length = 0;

@@ -271,6 +271,10 @@ constexpr const char* kDeleteTable = "delete-table";
 
 }  // namespace
 
+// FlightServer's state and gRPC service, owned by it. gRPC's threads call
+// the service methods; `workers`, `readers` and `actors` run their jobs;
+// `stopper` runs BeginStop's shutdown. followers (under followers_mu) lets
+// Stop end DoGet calls that follow the tail.
 struct FlightServer::Impl final : public proto::FlightService::CallbackService {
   Impl(const FlightOptions& o, log::Engine* e)
       : options(o), engine(e), workers(std::max<size_t>(o.workers, 1)), readers(kReaders), actors(kActors) {

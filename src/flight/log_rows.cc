@@ -215,7 +215,8 @@ std::string MessageOf(flatbuffers::FlatBufferBuilder& b, uint8_t header_type, Fb
   return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
 }
 
-// A column's buffers as the body lays them out (each padded to 8 bytes).
+// A record batch body being laid out, its columns' buffers each padded to 8
+// bytes: a local of one encode call (LogReadBatchMessage), on its thread.
 struct BodyWriter {
   std::string body;
   std::vector<std::pair<int64_t, int64_t>> buffers;  // (offset, length)

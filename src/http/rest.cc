@@ -105,8 +105,9 @@ std::pair<int, std::string_view> ErrorCodeFor(const Status& st, std::string_view
 }
 }  // namespace
 
-// What every handler needs to answer: the exchange, the basin, the metrics.
-// Cheap to copy into completion callbacks.
+// What every handler needs to answer: the exchange, the basin, the metrics. Made by Serve (or OpenBodyStream) for
+// one request; cheap to copy into its callbacks, each copy sharing the Exchange. Used on the I/O thread, a worker or
+// an engine callback. Send counts the response in RestMetrics by status class, then answers.
 struct RestApi::Ctx {
   std::shared_ptr<Exchange> ex;
   RestMetrics* metrics = nullptr;

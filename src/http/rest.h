@@ -8,6 +8,10 @@
 // is sent from the engine's completion callback. Every other request moves to an HTTP worker thread, where it may
 // block briefly on the metastore or the object store. Long polls and read sessions wait on tail watches and
 // timers, not threads.
+//
+// Guarantees: an append is answered 2xx only once the engine acknowledged it (durable); every request gets one
+// response, errors as S2 answers them ({code, message}); requests other than /health and /metrics get 503
+// server_starting before SetReady and 503 server_draining after SetDraining.
 #pragma once
 
 #include <atomic>

@@ -10,6 +10,8 @@ namespace {
 
 enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLen = 2, kFixed32 = 5 };
 
+// A protobuf wire-format cursor over one message: a local of one decode, on
+// its thread. Bounds-checked: a truncated or overlong field is InvalidArgument.
 class Reader {
  public:
   explicit Reader(std::string_view d) : d_(d) {}

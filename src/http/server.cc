@@ -92,7 +92,8 @@ constexpr size_t kRefuseHeadMinBody = 64 * 1024;
 // HttpServerMetrics::unwritten_bytes and in the connection's own count for
 // as long as it holds them: whatever path drops them (written, a reset
 // stream, a closed connection) gives them back. Owned by what holds the
-// bytes; moved, never copied.
+// bytes (a connection's output queue); moved, never copied. Used on the
+// connection's strand, dropped on any thread (the counts are atomic).
 class Charge {
  public:
   Charge() = default;
@@ -190,7 +191,10 @@ bool ParseTarget(std::string_view target, Request* req) {
   return true;
 }
 
-// A connection the server can close at shutdown.
+// A connection the server can close at shutdown. Owned (shared_ptr) by its
+// async operations and exchanges; the server keeps only a weak_ptr (conns).
+// Close, CloseIfStalled and Drain may be called from any thread (they post
+// to the strand). `unwritten` outlives the connection's Charges.
 class ConnBase {
  public:
   virtual ~ConnBase() = default;
@@ -236,6 +240,9 @@ class Receiving {
 
 }  // namespace
 
+// HttpServer's state, owned by it. Start runs it: the io_context on `threads`, handler work on `workers`;
+// connections, exchanges and Stop reach it from any thread (atomics, conns_mu, the budget's lock). Members are
+// declared so that exchanges destroyed with the io_context or the pool still find what they release into.
 class HttpServer::Impl {
  public:
   Impl(const ServerOptions& o, Handler* h)
@@ -326,8 +333,10 @@ void DropUnusedBody(Request& req, size_t& reserved, Budget& budget) {
   if (reserved > 0) budget.Release(std::exchange(reserved, 0));
 }
 
-// One TCP connection. Lives while an async operation or an Exchange holds it;
-// all its state is touched on its strand only.
+// One TCP connection: HTTP/1.1, unless it opens with the HTTP/2 preface (then
+// handed to an H2Conn). Lives while an async operation or an Exchange holds it;
+// all its state is touched on its strand only (Close posts there). Serves its
+// requests one at a time, in order.
 class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
  public:
   Conn(Socket socket, HttpServer::Impl* srv)
@@ -717,8 +726,9 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
 };
 
 // What both protocols' exchanges share: the in-flight count, the request
-// body's budget (released once the response is complete), timers and the
-// worker pool.
+// body's budget, timers and the worker pool. Held (shared_ptr) by the handler
+// and its callbacks; any thread. Counts in in_flight and holds the budget from
+// creation until Finish (the response complete), which gives both back once.
 class ExchangeBase : public Exchange {
  public:
   ExchangeBase(HttpServer::Impl* srv, size_t reserved, const std::atomic<int64_t>* conn_unwritten)
@@ -800,8 +810,10 @@ class ExchangeBase : public Exchange {
   std::atomic<bool> head_ended_{false};  // a HEAD's stream, answered with its head alone
 };
 
-// The Exchange of one HTTP/1.1 request. Calls from any thread hop onto the
-// connection's strand; completion callbacks hop onto the worker pool.
+// The Exchange of one HTTP/1.1 request, made by its Conn and kept alive by the
+// handler (it keeps the Conn). Calls from any thread hop onto the connection's
+// strand; completion callbacks hop onto the worker pool. The first answer
+// wins; dropped unanswered, it answers 500 and closes the connection.
 class ExchangeImpl : public ExchangeBase {
  public:
   ExchangeImpl(std::shared_ptr<Conn> conn, HttpServer::Impl* srv, bool keep_alive, size_t reserved, bool head_only,
@@ -1594,8 +1606,10 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   std::atomic<bool> in_order_parked_{false};   // a drain stopped while work was suspended
 };
 
-// The Exchange of one HTTP/2 stream: calls post to the connection's strand
-// (never run inline, so never inside an nghttp2 callback).
+// The Exchange of one HTTP/2 stream, made by its H2Conn and kept alive by the
+// handler (it keeps the H2Conn): calls post to the connection's strand (never
+// run inline, so never inside an nghttp2 callback). The first answer wins;
+// dropped unanswered, it answers 500 (a stream begun, it ends it).
 class H2Exchange : public ExchangeBase {
  public:
   H2Exchange(std::shared_ptr<H2Conn> conn, int32_t id, std::shared_ptr<std::atomic<bool>> gone,

@@ -65,7 +65,10 @@ struct Response {
   HeaderList headers;
 };
 
-// One request's way back to its client. Thread-safe; any thread may call it.
+// One request's way back to its client. Made by the HttpServer for each
+// request and shared (shared_ptr) by the handler and its callbacks;
+// thread-safe, any thread may call it. One response goes out: the first
+// answer wins, and an Exchange dropped unanswered answers 500.
 class Exchange {
  public:
   virtual ~Exchange() = default;
@@ -131,11 +134,10 @@ class Exchange {
 // is sized so that one always fits.
 inline constexpr size_t kMaxBodySinkUnitBytes = (2u << 20) + 3;
 
-// The body of a streamed request, delivered as it arrives (HTTP/2 only).
-// Calls come from one I/O thread at a time, in order; they must not block
-// for long (the connection's other streams wait). The client can send at
-// most one stream window (about 4 MiB) that the sink has not given back with
-// Exchange::ConsumeBody.
+// The body of a streamed request, delivered as it arrives (HTTP/2 only). Made by Handler::OpenBodyStream; the
+// connection keeps it (shared_ptr) for the stream's life. Calls come from one I/O thread at a time, in order, and
+// must not block for long (the connection's other streams wait); OnEnd comes last, once. The client can send at most
+// one stream window (about 4 MiB) that the sink has not given back with Exchange::ConsumeBody.
 class BodySink {
  public:
   virtual ~BodySink() = default;
@@ -154,6 +156,10 @@ class BodySink {
   virtual bool HoldsPartialInput() { return false; }
 };
 
+// What HttpServer serves requests with. Owned by the server front-end, not
+// by HttpServer, and must outlive it. Every method runs on an I/O thread and
+// must not block (Post blocking work). Each request handed to it must be
+// answered on its Exchange (one dropped unanswered gets 500).
 class Handler {
  public:
   virtual ~Handler() = default;

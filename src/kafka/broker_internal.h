@@ -12,8 +12,9 @@
 
 namespace weir::kafka {
 
-// One decoded request in flight. Decoded views (Produce records) point into
-// `frame`, so the request keeps it.
+// One decoded request in flight. Made by Broker::Handle on the I/O thread and
+// shared (shared_ptr) by the work and callbacks that answer it. Decoded views
+// (Produce records) point into `frame`, so the request keeps it.
 struct Broker::Request {
   Frame frame;
   DecodedRequest decoded;

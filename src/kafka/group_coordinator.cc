@@ -53,6 +53,8 @@ std::string_view GroupStateName(GroupState state) {
   return "Unknown";
 }
 
+// One member of a Group, owned by it (members); touched only under the
+// coordinator's mu_. Bytes() is what it is charged against max_total_bytes.
 struct GroupCoordinator::Member {
   std::string id;
   std::optional<std::string> instance_id;
@@ -87,6 +89,10 @@ struct GroupCoordinator::Member {
   }
 };
 
+// One group's membership state. Owned by the GroupCoordinator (groups_);
+// touched only under its mu_, from whichever thread calls the coordinator.
+// Its members' waiting callbacks are never run under mu_: what completes goes
+// to the caller's Outbox, run once mu_ is released.
 struct GroupCoordinator::Group {
   std::string id;
   GroupState state = GroupState::kEmpty;

@@ -26,6 +26,9 @@ using ErrorCode = boost::system::error_code;
 
 class Connection;
 
+// TcpServer's state, owned by it. The io_context runs on io_threads; ordered work on `workers`, reads on
+// `readers`; connections and replies reach it from any thread (atomics, the budgets' locks, mu). Members are
+// declared so that replies destroyed with a pool or the io_context still find what they release into.
 class TcpServer::Impl {
  public:
   Impl(const TcpServerOptions& o, FrameHandler* h)
@@ -85,7 +88,9 @@ class TcpServer::Impl {
   }
 };
 
-// One client connection. All state is touched on the connection's strand.
+// One client connection. Owned by the server's conns set (until Forget), its async operations and its Replies.
+// Its socket and I/O state are touched on its strand only (other threads post there, or touch atomics and the
+// ordered queue); responses are written in request order, whatever order they are answered in.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(TcpServer::Impl* srv, tcp::socket socket)
@@ -588,6 +593,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 namespace {
 
+// The Reply of request `seq` of a connection, which it keeps alive; any
+// thread. The first answer wins; the frame's bytes go back to the budget
+// once; dropped unanswered, it closes the connection after the earlier responses.
 class ReplyImpl : public Reply {
  public:
   // `reserved`: the frame's bytes of the request budget, released when the

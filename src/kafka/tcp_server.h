@@ -50,8 +50,10 @@
 
 namespace weir::kafka {
 
-// One request's way back to its client. Thread-safe; call exactly one of
-// Respond, NoResponse or Close, once.
+// One request's way back to its client. Made by the TcpServer for each
+// frame and shared (shared_ptr) by the handler and its callbacks;
+// thread-safe. Call exactly one of Respond, NoResponse or Close, once (later
+// calls do nothing); one dropped unanswered closes the connection.
 class Reply {
  public:
   virtual ~Reply() = default;
@@ -144,6 +146,9 @@ class Frame {
   size_t size_ = 0;
 };
 
+// What TcpServer hands request frames to (the Broker). Owned by the server
+// front-end and must outlive the TcpServer. Handle runs on an I/O thread and
+// must not block; every frame must be answered on its Reply.
 class FrameHandler {
  public:
   virtual ~FrameHandler() = default;

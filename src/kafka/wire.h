@@ -31,6 +31,7 @@ inline constexpr uint64_t kMaxArrayElements = 1u << 20;
 // end of frame (12 bytes left)"); every later read returns a zero value and
 // consumes nothing, so a decoder may check ok() once per loop and status() at
 // the end. Views returned by Bytes() point into the input, which must outlive them.
+// A local of one decode, on one thread; not thread-safe.
 class Reader {
  public:
   explicit Reader(std::string_view data) : data_(data) {}
@@ -127,6 +128,7 @@ class Reader {
 // 32767 bytes, more than 2^31-1 bytes or elements) records InvalidArgument
 // and writes an empty value instead. The caller checks status() once after
 // encoding a whole message and discards the bytes if it is not OK.
+// A local of one encode, on one thread, writing into its caller's string.
 class Writer {
  public:
   explicit Writer(std::string* out) : out_(out) {}

@@ -1557,6 +1557,8 @@ Status Engine::WaitForSettleRoom(TimePoint deadline) {
 
 namespace {
 // Bumps Engine::tables_version_ when a table change ends, whatever its outcome.
+// A local of the table-changing Engine method (its caller's thread, under tables_mu_);
+// the bump runs in its destructor, so an early return or an error still makes it.
 struct TablesChange {
   explicit TablesChange(std::atomic<uint64_t>* v) : version(v) {}
   ~TablesChange() { version->fetch_add(1, std::memory_order_acq_rel); }

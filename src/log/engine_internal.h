@@ -66,6 +66,10 @@ struct SegmentObject {
   size_t size = 0;
 };
 
+// A batch sequenced into a stream, not yet durable. Shared (shared_ptr) by
+// the stream's `pending` queue and its WAL callback; guarded by the stream's
+// `mu` (OnDurable runs on the WAL's releasing thread). OnDurable moves its waiters
+// and refusals out under `mu` and answers each once, outside it.
 struct Engine::Pending {
   bool log_append_time = false;
   uint64_t start = 0;
@@ -82,8 +86,10 @@ struct Engine::Pending {
   uint64_t trim_point = 0;  // the stream's trim point once this batch is applied
 };
 
-// One stream in memory. `mu` guards everything except `settled`, which only
-// the settle task (and recovery, before it starts) touches.
+// One stream in memory. Owned by the Engine (by_id_, shared_ptr); readers and
+// WAL callbacks keep a reference. Any thread: `mu` guards everything except
+// `settled`, which only the settle task (and recovery, before it starts)
+// touches. `tail` moves only as batches become durable, in offset order.
 struct Engine::Stream {
   std::mutex mu;
   std::condition_variable cv;  // readers waiting for the tail to move

@@ -45,8 +45,10 @@ struct SegmentFooter {
   uint32_t data_crc = 0;  // CRC-32C of bytes [0, data_end)
 };
 
-// Builds a segment. Add batches in offset order; each must start exactly at
-// the previous batch's end offset. Owned and used by one thread.
+// Builds a segment. Add batches in offset order; Add (or AddView) refuses
+// (kInvalidArgument, nothing changed) a malformed batch or one that does not
+// start exactly at the previous batch's end offset. Owned by its caller (a
+// settle or merge cycle), on that one thread.
 class SegmentBuilder {
  public:
   // `index_interval_bytes`: an index entry is written for the first batch and

@@ -49,7 +49,8 @@ struct StreamConfig {
 };
 
 // A partial stream config (S2's OptionalStreamConfig): a basin's defaults for
-// its new streams. An unset field falls back to StreamConfig's default.
+// its new streams. A plain value, copied freely; no shared state, so any thread.
+// An unset field falls back to the layer below (Over), then to StreamConfig's default (Resolve).
 struct StreamConfigLayer {
   std::optional<StorageClass> storage_class;
   std::optional<int64_t> retention_age_s;  // 0 = keep forever

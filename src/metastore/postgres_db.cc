@@ -157,8 +157,10 @@ std::string WithoutPassword(std::string message, std::string_view uri) {
 
 }  // namespace
 
-// The driver. Ownership: its SqlMetastore. Threads: one at a time (the
-// metastore's mutex). Guarantees: see OpenPostgresMetastore.
+// The driver: one connection. Ownership: its SqlMetastore, or
+// PostgresWalStore's pool (idle_, or the call that took it). Threads: one at a
+// time (the metastore's mutex, or that one WAL store call). Guarantees: see
+// OpenPostgresMetastore and OpenPostgresWalStore.
 class PostgresDb final : public SqlDb {
  public:
   // `kind` names its use in errors: "metastore" or "WAL store".
@@ -252,6 +254,8 @@ class PostgresDb final : public SqlDb {
 
 // One statement: its parameters are bound in binary (int8, bytea) and its
 // results read in binary; it runs at the first Step, with every row at once.
+// Owned by its PostgresDb (cached by SQL text); used by the thread that
+// borrowed it (Prepare) until Reset, which frees its result.
 class PostgresDb::Statement final : public SqlStatement {
  public:
   Statement(PostgresDb* owner, std::string sql) : owner_(owner), sql_(std::move(sql)) {}

@@ -17,7 +17,8 @@
 namespace weir::metastore {
 
 // One statement, borrowed from its SqlDb for one use: bind, step, read
-// columns, then Reset. Bind errors surface at the next Step.
+// columns, then Reset. Owned by its SqlDb (cached by SQL text); used by the
+// one thread that borrowed it, until Reset. Bind errors surface at the next Step.
 class SqlStatement {
  public:
   virtual ~SqlStatement() = default;
@@ -35,8 +36,10 @@ class SqlStatement {
   virtual void Reset() = 0;
 };
 
-// A connection. Ownership: one SqlMetastore owns its SqlDb. Threads: one at a
-// time (SqlMetastore serializes every call under its mutex).
+// A connection. Ownership: a SqlMetastore owns its SqlDb (PostgresWalStore
+// pools PostgresDbs of its own). Threads: one at a time (SqlMetastore's mutex,
+// or the WAL store call holding it). Guarantees: statements are cached by SQL
+// text and lent one at a time (kInternal if borrowed); the methods say the rest.
 class SqlDb {
  public:
   virtual ~SqlDb() = default;

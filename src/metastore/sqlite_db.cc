@@ -140,7 +140,9 @@ class SqliteDb final : public SqlDb {
   std::unordered_map<std::string, std::unique_ptr<Statement>> statements_;  // by SQL text
 };
 
-// A cached prepared statement. A bind failure is reported by the next Step.
+// A cached prepared statement. Owned by its SqliteDb (finalized with it);
+// used by the one thread that borrowed it, under the metastore's mutex, until
+// Reset clears its bindings. A bind failure is reported by the next Step.
 class SqliteDb::Statement final : public SqlStatement {
  public:
   Statement(const SqliteDb* owner, sqlite3_stmt* stmt) : owner_(owner), stmt_(stmt) {}

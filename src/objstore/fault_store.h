@@ -1,7 +1,8 @@
 // FaultStore: a decorator that injects latency, errors, timeouts and ambiguous
-// PUTs in front of any ObjectStore, for tests and benchmarks. Thread-safe. The
-// fault decisions come from one seeded PRNG, so the same sequence of calls
-// under the same seed sees the same faults.
+// PUTs in front of any ObjectStore, for tests and benchmarks. Owned by its
+// shared_ptr holders, as the store it wraps; thread-safe. The fault decisions
+// come from one seeded PRNG, so the same sequence of calls under the same seed
+// sees the same faults.
 #pragma once
 
 #include <atomic>

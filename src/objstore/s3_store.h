@@ -60,7 +60,8 @@ struct S3Options {
 Result<S3Options> ParseS3Uri(std::string_view uri);
 
 // Request counters by operation and response class, latency histograms,
-// retries and bytes. Lock-free; any thread may read while requests run.
+// retries and bytes. Owned by its S3Store; lock-free: any thread may read
+// while requests run.
 struct S3Metrics {
   enum Op { kPut, kGet, kHead, kList, kDelete, kDeleteMany, kOther, kOpCount };
   enum Outcome {

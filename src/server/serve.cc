@@ -42,7 +42,9 @@
 namespace weir::server {
 namespace {
 
-// An exclusive advisory lock on DATA_DIR/LOCK, held for the process's life.
+// An exclusive advisory lock (flock) on DATA_DIR/LOCK. Owned by RunServe (a
+// local, on its thread) until it returns; the fd closes with it. Acquire
+// fails kPreconditionFailed while another process holds the lock.
 class DataDirLock {
  public:
   ~DataDirLock() {

@@ -39,8 +39,9 @@ Status Damaged(int codec, std::string_view why) {
   return Corruption("{}-compressed records are corrupt: {}", CodecName(codec), why);
 }
 
-// An output buffer for streaming decoders that grows geometrically up to one
-// byte past the limit, so passing the limit is seen without writing past it.
+// An output buffer for streaming decoders, a local of one decompress call
+// (its thread). It grows geometrically up to one byte past the limit, so
+// passing the limit is seen (kCorruption) without writing past it.
 class BoundedOutput {
  public:
   BoundedOutput(int codec, size_t max_output)

@@ -31,10 +31,10 @@ constexpr const char* kNotQueued =
 // envelope (settle's read-back) without probing every store first.
 constexpr size_t kMaxRemembered = 16384;
 
-// One store and the threads that call it: a slow store's queue never holds
-// another store's requests. Reads, listings and deletes go ahead of slot
-// copies, and copies take at most three quarters of the threads, so a store
-// with a backlog of copies still answers them.
+// One store and the threads that call it: a slow store's queue never holds another store's requests. Owned by
+// QuorumStore::Impl (lanes). Submit is called from any thread; tasks run on the lane's own threads, reads, listings
+// and deletes ahead of slot copies, and copies take at most three quarters of the threads, so a store with a backlog
+// of copies still answers them. Destroying it joins its threads; tasks still queued are dropped.
 class Lane {
  public:
   Lane(std::shared_ptr<objstore::ObjectStore> store, size_t threads, size_t backlog_cap, size_t max_requests)
@@ -166,6 +166,9 @@ bool SameEnvelope(const Envelope& a, const Envelope& b) {
 
 }  // namespace
 
+// QuorumStore's state, owned by it. Any thread: lanes, w and grace are fixed
+// by Open; the stores known to hold this process's slots (holders) are under
+// remembered_mu, at most kMaxRemembered keys, oldest dropped first.
 struct QuorumStore::Impl {
   std::vector<std::unique_ptr<Lane>> lanes;
   size_t w = 0;

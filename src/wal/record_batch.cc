@@ -84,7 +84,8 @@ size_t RecordBodySize(const R& r, int64_t timestamp_delta, int64_t offset_delta)
   return n;
 }
 
-// Reads the fields of one record body; every error names the record index.
+// Reads the fields of one record body: a local of one decode, on its thread.
+// Bounds-checked; every error (kCorruption) names the record index and field.
 class RecordReader {
  public:
   RecordReader(std::string_view body, int32_t index) : r_(body), size_(body.size()), index_(index) {}

@@ -35,6 +35,10 @@ struct Writer::Entry {
   TimePoint submitted;
 };
 
+// One cut slot. Made and filled with entries by the flusher under mu_; shared
+// (shared_ptr) by slots_, jobs_ and the uploader writing it until released,
+// in slot order. Read by uploaders and Resume/Abandon/Close: the notes below
+// say what guards each field after the cut.
 struct Writer::Slot {
   uint64_t epoch = 0;
   uint64_t seq = 0;
