@@ -452,6 +452,17 @@ class BrokerTest : public ::testing::Test {
     engine_.reset();
   }
 
+  // Engine and broker again, on a MeetingStore over the store (segment
+  // GETs counted, and held until `meet` are in flight).
+  std::shared_ptr<MeetingStore> RestartOnMeetingStore() {
+    StopAll();
+    auto meeting = std::make_shared<MeetingStore>(store_);
+    store_ = meeting;
+    OpenEngine();
+    StartBroker(Options());
+    return meeting;
+  }
+
   // A new broker on the same engine (nothing may be in flight).
   void RestartBroker(BrokerOptions options, std::shared_ptr<metastore::Metastore> meta = nullptr) {
     broker_->Stop();
@@ -1779,11 +1790,7 @@ TEST_F(BrokerTest, ASupersededBrokerAnswersNotLeaderOrFollower) {
 // are read in parallel, not one GET after another; the answer is as a
 // sequential read's.
 TEST_F(BrokerTest, AFetchReadsColdPartitionsInParallel) {
-  StopAll();
-  auto meeting = std::make_shared<MeetingStore>(store_);
-  store_ = meeting;
-  OpenEngine();
-  StartBroker(Options());
+  auto meeting = RestartOnMeetingStore();
   ASSERT_EQ(CreateTopic("cold", 3).error_code, ErrorCode::kNone);
   std::vector<std::string> sent;
   for (int32_t p = 0; p < 3; ++p) {
@@ -1809,11 +1816,7 @@ TEST_F(BrokerTest, AFetchReadsColdPartitionsInParallel) {
 // Over more cold partitions than one wave reads, the answer is what reading
 // them one at a time gives; and no partition is read past the answer's room.
 TEST_F(BrokerTest, AFetchOverManyColdPartitionsAnswersAsOneAtATimeWould) {
-  StopAll();
-  auto meeting = std::make_shared<MeetingStore>(store_);
-  store_ = meeting;
-  OpenEngine();
-  StartBroker(Options());
+  auto meeting = RestartOnMeetingStore();
   constexpr int32_t kParts = 19;  // three waves
   ASSERT_EQ(CreateTopic("many", kParts).error_code, ErrorCode::kNone);
   std::vector<std::string> sent;
@@ -1851,11 +1854,7 @@ TEST_F(BrokerTest, AFetchOverManyColdPartitionsAnswersAsOneAtATimeWould) {
 // where it was first named, with its last entry's offset and limit (Kafka
 // keys a fetch's partitions by name in a map).
 TEST_F(BrokerTest, AFetchNamingAPartitionManyTimesReadsItOnce) {
-  StopAll();
-  auto meeting = std::make_shared<MeetingStore>(store_);
-  store_ = meeting;
-  OpenEngine();
-  StartBroker(Options());
+  auto meeting = RestartOnMeetingStore();
   ASSERT_EQ(CreateTopic("same", 2).error_code, ErrorCode::kNone);
   const std::string sent = Batch({std::string(2000, 'x')});
   ASSERT_EQ(Produce("same", 0, sent).error_code, ErrorCode::kNone);
