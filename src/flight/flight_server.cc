@@ -690,16 +690,23 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
                             parts.size(), bytes);
       return true;
     }
-    // A writer's retry of a batch its bucket's window holds needs no room:
-    // answered now, or once its original is durable (as Kafka's and REST's
-    // retries are), not after a wait that may end RESOURCE_EXHAUSTED.
-    if (target_->writer_id && parts.size() == 1 && AnswerRetried(parts.front())) {
-      *st = Status::Ok();
-      return true;
-    }
     if (auto ticket = engine->TryAdmission(bytes, parts.size())) {
       *st = Append(std::move(parts), ticket);
       return true;
+    }
+    // No room now. A writer's retry of a batch its bucket's window holds
+    // needs none: answered now, or once its original is durable (as Kafka's
+    // and REST's retries are), not after a wait that may end RESOURCE_EXHAUSTED.
+    if (target_->writer_id && parts.size() == 1) {
+      // (A table changed meanwhile ends the call, as Append would.)
+      if (Status followed = FollowTable(); !followed.ok()) {
+        *st = followed;
+        return true;
+      }
+      if (AnswerRetried(parts.front())) {
+        *st = Status::Ok();
+        return true;
+      }
     }
     using Wait = log::Engine::AdmissionWait;
     auto held = std::make_shared<std::vector<Part>>(std::move(parts));
@@ -750,31 +757,39 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
 
   // Whether the engine took `part` as a retry its bucket's window holds (its
   // slot is then answered by Appended, in its turn). On the worker handling
-  // the message.
+  // the message, after FollowTable.
   bool AnswerRetried(Part& part) {
-    if (!FollowTable().ok()) return false;  // Append says why
+    const uint32_t b = part.first;
+    const std::string stream = metastore::BucketStreamName(target_->table, b);
     size_t index;
+    log::AppendCallback done;
     {
       std::unique_lock lk(mu_);
-      if (Stopping()) return false;  // Append drops it
+      if (Stopping()) return false;  // admission drops it
       index = base_ + slots_.size();
+      done = [this, index, b](log::AppendOutcome o) { Appended(index, b, o); };
       Slot s;
       s.waiting = 1;
       s.rows = decoded_rows_;
       s.body_bytes = decoded_body_bytes_;
       slots_.push_back(std::move(s));
     }
-    const uint32_t b = part.first;
-    log::AppendCallback done = [this, index, b](log::AppendOutcome o) { Appended(index, b, o); };
-    if (impl_->engine->AnswerRetriedBatch(target_->basin, metastore::BucketStreamName(target_->table, b), part.second,
-                                          done)) {
-      return true;
+    // Not taken (not a retry the window holds, or a throw before the engine
+    // took `done`): the slot goes, and the batch goes through admission. The
+    // call cannot finish meanwhile: a message is being handled.
+    bool taken = false;
+    try {
+      taken = impl_->engine->AnswerRetriedBatch(target_->basin, stream, part.second, done);
+    } catch (...) {
+      std::unique_lock lk(mu_);
+      slots_.pop_back();
+      throw;
     }
-    // Not a retry the window holds: the batch goes through admission. (The
-    // call cannot finish meanwhile: a message is being handled.)
-    std::unique_lock lk(mu_);
-    slots_.pop_back();
-    return false;
+    if (!taken) {
+      std::unique_lock lk(mu_);
+      slots_.pop_back();
+    }
+    return taken;
   }
 
   // If a table changed since the call looked: its buckets may have grown

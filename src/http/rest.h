@@ -10,8 +10,8 @@
 // timers, not threads.
 //
 // Guarantees: an append is answered 2xx only once the engine acknowledged it (durable); every request gets one
-// response, errors as S2 answers them ({code, message}); requests other than /health and /metrics get 503
-// server_starting before SetReady and 503 server_draining after SetDraining.
+// response, errors as S2 answers them ({code, message}); authorized requests other than /health and
+// /metrics get 503 server_starting before SetReady and 503 server_draining after SetDraining.
 #pragma once
 
 #include <atomic>

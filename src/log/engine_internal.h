@@ -89,7 +89,8 @@ struct Engine::Pending {
 // One stream in memory. Owned by the Engine (by_id_, shared_ptr); readers and
 // WAL callbacks keep a reference. Any thread: `mu` guards everything except
 // `settled`, which only the settle task (and recovery, before it starts)
-// touches. `tail` moves only as batches become durable, in offset order.
+// touches. `tail` moves only as batches become durable (or as recovery
+// replays them), in offset order.
 struct Engine::Stream {
   std::mutex mu;
   std::condition_variable cv;  // readers waiting for the tail to move
