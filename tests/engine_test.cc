@@ -87,6 +87,8 @@ class EngineTest : public ::testing::Test {
     o.merge_min_age = merge_min_age_;
     o.merge_small_bytes = merge_small_bytes_;
     o.merge_parts_per_pass = merge_parts_per_pass_;
+    o.settle_min_bytes = settle_min_bytes_;
+    o.settle_max_delay = settle_max_delay_;
     o.retention_streams_per_txn = retention_streams_per_txn_;
     o.load_page_streams = load_page_streams_;
     o.load_page_segments = load_page_segments_;
@@ -200,6 +202,8 @@ class EngineTest : public ::testing::Test {
   size_t load_page_streams_ = 1000;
   size_t load_page_segments_ = 10000;
   size_t merge_parts_per_pass_ = 2048;
+  size_t settle_min_bytes_ = 1 << 20;
+  Duration settle_max_delay_ = std::chrono::seconds(10);
   bool settle_on_close_ = true;
   std::string node_ = "n1";
   Duration node_live_window_ = std::chrono::seconds(20);
@@ -1368,6 +1372,142 @@ TEST_F(EngineTest, ASettleCommitThatFailedOnIoAndDidNotLandKeepsItsSegments) {
   settle_on_close_ = false;
   Restart();
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a", "b"}));
+}
+
+// Segment objects written for stream `name` of kBasin.
+size_t SegmentObjects(metastore::Metastore& meta, objstore::ObjectStore& store, const std::string& name) {
+  auto info = meta.GetStream(kBasin, name);
+  EXPECT_TRUE(info.ok()) << info.status().ToString();
+  return info.ok() ? CountKeys(store, fmt::format("seg/{:020}/", info->id)) : 0;
+}
+
+TEST_F(EngineTest, ABackgroundRoundLeavesSmallStreamsToGatherAndAStartReplaysThem) {
+  // The big stream holds settle_min_bytes and settles; the small one waits,
+  // keeping the checkpoint (and the WAL slots from there) where its first
+  // batch is. A start replays those slots: the small stream's records come
+  // back, the big stream's settled ones are not applied twice.
+  settle_min_bytes_ = 4096;
+  settle_max_delay_ = std::chrono::hours(1);
+  Restart();
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "big", StreamConfig{}).ok());
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "small", StreamConfig{}).ok());
+  const std::string kilo(1000, 'k');
+  std::vector<std::string> big;
+  ASSERT_TRUE(engine_->Append(kBasin, "small", Bodies({"s1"})).status.ok());
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 5; ++i) {
+      big.push_back(fmt::format("{}-{}-{}", round, i, kilo));
+      ASSERT_TRUE(engine_->Append(kBasin, "big", Bodies({big.back()})).status.ok());
+    }
+    ASSERT_TRUE(engine_->Append(kBasin, "small", Bodies({fmt::format("s{}", round + 2)})).status.ok());
+    ASSERT_TRUE(engine_->SettleDue().ok());
+    EXPECT_EQ(SegmentObjects(*meta_, *store_, "big"), static_cast<size_t>(round + 1));
+    EXPECT_EQ(SegmentObjects(*meta_, *store_, "small"), 0u);
+    EXPECT_EQ(engine_->metrics().settle_waiting_streams.load(), 1u);
+  }
+  // The checkpoint stayed at the small stream's first slot: its slots, and
+  // every later one, are still there.
+  auto node = meta_->GetNode("n1");
+  ASSERT_TRUE(node.ok());
+  EXPECT_EQ(node->checkpoint, (metastore::ChainPosition{engine_->epoch(), 0}));
+  EXPECT_GE(CountKeys(*store_, "wal/n1/"), 13u);
+  EXPECT_EQ(ReadAll("small"), (std::vector<std::string>{"s1", "s2", "s3"}));
+
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadAll("small"), (std::vector<std::string>{"s1", "s2", "s3"}));
+  EXPECT_EQ(ReadAll("big"), big);
+  // SettleNow settles every stream; the slots go.
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "small"), 1u);
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "big"), 2u);
+  settle_on_close_ = true;
+  Restart();
+  EXPECT_EQ(ReadAll("small"), (std::vector<std::string>{"s1", "s2", "s3"}));
+  EXPECT_EQ(ReadAll("big"), big);
+}
+
+TEST_F(EngineTest, AWaitingStreamSettlesOnceItsOldestRecordIsOld) {
+  settle_max_delay_ = std::chrono::milliseconds(50);
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  ASSERT_TRUE(engine_->SettleDue().ok());
+  // Unless this thread slept 50 ms since the append, "a" waits; either way it
+  // settles once 50 ms have passed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  ASSERT_TRUE(engine_->SettleDue().ok());
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "s"), 1u);
+  EXPECT_EQ(engine_->metrics().settle_waiting_streams.load(), 0u);
+  EXPECT_EQ(engine_->unsettled_bytes(), 0u);
+}
+
+TEST_F(EngineTest, ALogCacheOverAQuarterFullSettlesTheStreamsCachingMost) {
+  // 64 KiB of cache: over 16 KiB cached, the streams caching most settle
+  // until those left cache at most 8 KiB.
+  cache_bytes_ = 64 << 10;
+  settle_max_delay_ = std::chrono::hours(1);
+  Restart();
+  const std::string kilo(1000, 'k');
+  for (const char* name : {"most", "more", "less"}) ASSERT_TRUE(engine_->CreateStream(kBasin, name, StreamConfig{}).ok());
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(engine_->Append(kBasin, "most", Bodies({kilo})).status.ok());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(engine_->Append(kBasin, "more", Bodies({kilo})).status.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine_->Append(kBasin, "less", Bodies({kilo})).status.ok());
+  ASSERT_TRUE(engine_->SettleDue().ok());
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "most"), 1u);
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "more"), 1u);
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "less"), 0u);
+  EXPECT_EQ(engine_->metrics().settle_waiting_streams.load(), 1u);
+  // Under a quarter: the rest waits.
+  ASSERT_TRUE(engine_->SettleDue().ok());
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "less"), 0u);
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadAll("less").size(), 3u);
+  EXPECT_EQ(ReadAll("more").size(), 6u);
+  EXPECT_EQ(ReadAll("most").size(), 12u);
+}
+
+TEST_F(EngineTest, AnAmbiguousSettleCommitThatLeftTheCheckpointIsToldByItsSegments) {
+  // A round whose checkpoint stays (a stream waits at it) cannot be told
+  // landed by the checkpoint: its segments tell. Landed with the answer
+  // lost: the round counts, the next one goes on. Not landed (a failure
+  // before the commit, as the process sees an I/O error): the round fails,
+  // its batches stay, and the next round settles them.
+  settle_min_bytes_ = 4096;
+  settle_max_delay_ = std::chrono::hours(1);
+  auto hooked = RestartHooked();
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "big", StreamConfig{}).ok());
+  const std::string kilo(1000, 'k');
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"waits"})).status.ok());
+  std::vector<std::string> big;
+  auto append_big = [&] {
+    for (int i = 0; i < 5; ++i) {
+      big.push_back(fmt::format("{}-{}", big.size(), kilo));
+      ASSERT_TRUE(engine_->Append(kBasin, "big", Bodies({big.back()})).status.ok());
+    }
+  };
+  append_big();
+  std::atomic<int> lost{1};
+  hooked->after_commit_settle = [&](Status st) { return st.ok() && lost.fetch_sub(1) > 0 ? Timeout("lost") : st; };
+  EXPECT_TRUE(engine_->SettleDue().ok());
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "big"), 1u);
+  append_big();
+  std::atomic<int> failing{1};
+  hooked->fail_commit_settle = [&] { return failing.fetch_sub(1) > 0 ? IOError("fsync failed") : Status::Ok(); };
+  EXPECT_FALSE(engine_->SettleDue().ok());
+  EXPECT_EQ(failing.load(), 0);
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "big"), 2u) << "a segment the metastore may name was deleted";
+  EXPECT_EQ(ReadAll("big"), big);
+  EXPECT_TRUE(engine_->SettleDue().ok());
+  append_big();
+  EXPECT_TRUE(engine_->SettleDue().ok());
+  EXPECT_EQ(SegmentObjects(*meta_, *store_, "big"), 3u);
+  settle_on_close_ = false;
+  Restart();
+  EXPECT_EQ(ReadAll("big"), big);
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"waits"}));
 }
 
 TEST_F(EngineTest, ASettleRoundBetweenADeleteAndItsForgetLeavesNoSegmentObject) {

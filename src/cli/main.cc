@@ -101,6 +101,13 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   opt("--max-unsettled-mib", o.max_unsettled_mib,
       "Acknowledged MiB not yet settled beyond which appends wait, then fail with 429 (settle is behind)")
       ->check(CLI::Range(1, 1 << 30));
+  opt("--settle-min-kib", o.settle_min_kib,
+      "A stream's records settle into a segment once it holds this many KiB, or the oldest is "
+      "--settle-max-delay-s old, or memory needs them (0: every stream every second)")
+      ->check(CLI::Range(0, 1 << 20));
+  opt("--settle-max-delay-s", o.settle_max_delay_s,
+      "Longest a record waits to settle (a start replays the WAL from the oldest record waiting)")
+      ->check(CLI::Range(0.0, 3600.0));
   opt("--retention-interval-s", o.retention_interval_s,
       "How often expired or trimmed segments, and streams due for delete_on_empty, are deleted")
       ->check(CLI::Range(0.1, 86400.0));

@@ -915,7 +915,7 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
     cache_bytes_ += batch.size();
   }
   auto h = wal::ParseBatchHeader(batch);
-  s.durable.push_back(BatchRef{before, s.live.next_offset, h->max_timestamp, where, std::move(bytes)});
+  s.durable.push_back(BatchRef{before, s.live.next_offset, h->max_timestamp, where, std::move(bytes), true, Now()});
   unsettled_bytes_ += where.length;
   unsettled_batches_++;
   return Status::Ok();
@@ -2226,7 +2226,7 @@ void Engine::OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<P
       bool cache = !s->deleted && size <= options_.log_cache_bytes;
       if (!s->deleted) {  // a deleted stream settles nothing more
         s->durable.push_back(
-            BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr, p->commands});
+            BatchRef{p->start, p->end, p->last_timestamp_ms, where, cache ? p->bytes : nullptr, p->commands, Now()});
         unsettled_bytes_ += where.length;
         unsettled_batches_++;
       }

@@ -82,6 +82,16 @@ struct EngineOptions {
   // Settle: every interval, acknowledged WAL slots become per-stream segments
   // in one metastore transaction; then the slots are deleted. 0 = only SettleNow.
   Duration settle_interval = std::chrono::seconds(1);
+  // A background round settles a stream once it holds settle_min_bytes of
+  // acknowledged batches, or its oldest is settle_max_delay old, or memory
+  // wants it (the log cache over a quarter full: the streams caching most
+  // settle until the others cache at most an eighth; the backlog half full:
+  // all). A stream waiting keeps the WAL checkpoint at its first slot, so
+  // later slots stay (a start replays them; batches settled meanwhile are
+  // skipped). Fewer, larger segments: a PUT each. 0 bytes = every stream
+  // every round. SettleNow settles every stream.
+  size_t settle_min_bytes = 1u << 20;
+  Duration settle_max_delay = std::chrono::seconds(10);
   // Retention and trim: expired or trimmed segments are deleted this often.
   Duration retention_interval = std::chrono::seconds(60);
   // Streams whose segment rows one retention transaction removes, at most
@@ -126,6 +136,9 @@ struct EngineMetrics {
   // Batch bytes settle took from the log cache, and read back from WAL slots.
   std::atomic<uint64_t> settle_cached_bytes{0}, settle_reread_bytes{0};
   std::atomic<uint64_t> settle_backlog_timeouts{0};  // appends refused: max_unsettled_bytes
+  // Streams the last settle round left waiting (settle_min_bytes), and the
+  // acknowledged bytes they held.
+  std::atomic<uint64_t> settle_waiting_streams{0}, settle_waiting_bytes{0};
   // Waits for admission without a thread (WhenAdmissible) that found no room
   // at first, by what was full; those that ran out, and those abandoned.
   std::atomic<uint64_t> admission_waits_pool{0}, admission_waits_backlog{0};
@@ -525,12 +538,16 @@ class Engine {
   bool KnowsProducerId(uint64_t id) const { return id != 0 && id <= producer_ids_seen_.load(); }
   Result<bool> ProducerIdAllocated(uint64_t id);
 
-  // Runs one settle cycle now (the background task calls it too): moves
-  // every released WAL slot's batches into segments, commits them with the
-  // streams' states and the new chain checkpoint in one metastore
-  // transaction per round, then deletes the settled slots. A round holds at
-  // most about log_cache_bytes of batches read back from slots (plus one slot).
+  // Runs one settle cycle now: moves every released WAL slot's batches into
+  // segments, commits them with the streams' states and the new chain
+  // checkpoint in one metastore transaction per round, then deletes the
+  // settled slots. A round holds at most about log_cache_bytes of batches
+  // read back from slots (plus one slot).
   Status SettleNow();
+  // The background task's cycle: as SettleNow, but only the streams that
+  // are due (EngineOptions::settle_min_bytes); the checkpoint stops at the
+  // first slot holding a batch of a stream left waiting.
+  Status SettleDue();
   // Deletes segments that are past retention or wholly below the trim point,
   // then the streams that delete_on_empty says are due (DeleteEmptyStreams).
   Status ApplyRetention();
@@ -783,17 +800,22 @@ class Engine {
   // before this process started count as made at its start). A table's
   // bucket streams are kept: the table owns them.
   Status DeleteEmptyStreams();
+  // SettleNow (all) or SettleDue.
+  Status Settle(bool all);
   // One settle round up to `target` (or an earlier slot, so the batches it
-  // reads back from slots stay within log_cache_bytes; *more is then set).
-  Status SettleRound(metastore::ChainPosition target, bool* more);
+  // reads back from slots stay within log_cache_bytes; *more is then set):
+  // every stream's batches before it (all), or the due streams' only.
+  Status SettleRound(metastore::ChainPosition target, bool all, bool* more);
   // Writes the segments (create-only). *created lists the keys this call
   // made: a key that already existed may be a committed segment's, so only
   // the created ones are ever deleted as garbage.
   Status UploadSegments(const std::vector<metastore::SegmentInfo>& segments,
                         const std::vector<SegmentObject>& objects, std::vector<std::string>* created);
   // After a settle commit that may have landed (timeout, unavailable): whether
-  // the node's checkpoint is `target`, read back (with retries).
-  Result<bool> SettleLanded(const metastore::ChainPosition& target);
+  // the node's checkpoint is `target`, read back (with retries), and, if the
+  // round left it where it was (`from`), one of `segments` is indexed.
+  Result<bool> SettleLanded(const metastore::ChainPosition& from, const metastore::ChainPosition& target,
+                            const std::vector<metastore::SegmentInfo>& segments);
   // Deletes WAL slots from `from` up to `to` (exclusive), across epochs, and
   // those of earlier rounds whose deletes failed (kept for the next round).
   void DeleteSlots(const metastore::ChainPosition& from, const metastore::ChainPosition& to);

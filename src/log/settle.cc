@@ -143,7 +143,7 @@ void Engine::SettleLoop() {
     settle_requested_ = false;
     if (superseded_) continue;  // nothing it does could commit (said when it was found)
     lk.unlock();
-    Status st = SettleNow();
+    Status st = SettleDue();
     if (!st.ok()) {
       metrics_.settle_failures.fetch_add(1);
       Log().warn("settle: {}", st.ToString());
@@ -160,53 +160,116 @@ void Engine::SettleLoop() {
   }
 }
 
-Status Engine::SettleNow() {
+Status Engine::SettleNow() { return Settle(true); }
+
+Status Engine::SettleDue() { return Settle(false); }
+
+Status Engine::Settle(bool all) {
   std::lock_guard settle(settle_mu_);
   WEIR_RETURN_IF_ERROR(RefuseIfSuperseded("settle"));
   auto [rel_epoch, rel_seq] = wal_->released_below();
   const metastore::ChainPosition released{rel_epoch, rel_seq};
   // Rounds, each holding at most about log_cache_bytes of batches read back
-  // from slots, until everything released is settled.
+  // from slots, until everything released (and due) is settled.
   bool more = true;
-  while (more) WEIR_RETURN_IF_ERROR(SettleRound(released, &more));
+  while (more) WEIR_RETURN_IF_ERROR(SettleRound(released, all, &more));
   return Status::Ok();
 }
 
-Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
+Status Engine::SettleRound(metastore::ChainPosition target, bool all, bool* more) {
   *more = false;
   if (std::pair(target.epoch, target.seq) <= std::pair(checkpoint_.epoch, checkpoint_.seq)) return Status::Ok();
 
-  std::vector<std::shared_ptr<Stream>> streams;
+  // What each stream holds before the target, and which of them settle now.
+  struct Held {
+    std::shared_ptr<Stream> stream;
+    uint64_t bytes = 0, cached = 0;
+    TimePoint oldest{};
+    metastore::ChainPosition first;  // its first batch's slot
+    bool due = false;
+  };
+  std::vector<Held> held;
   {
-    std::lock_guard lk(mu_);
-    for (auto& [id, s] : by_id_) streams.push_back(s);
+    std::vector<std::shared_ptr<Stream>> streams;
+    {
+      std::lock_guard lk(mu_);
+      streams.reserve(by_id_.size());
+      for (auto& [id, s] : by_id_) streams.push_back(s);
+    }
+    for (auto& s : streams) {
+      Held h;
+      std::lock_guard lk(s->mu);
+      for (const BatchRef& b : s->durable) {
+        if (!Before(b.where, target)) break;
+        if (h.bytes == 0) h = Held{s, 0, 0, b.acked, {b.where.epoch, b.where.seq}, false};
+        h.bytes += b.where.length;
+        if (b.bytes) h.cached += b.bytes->size();
+      }
+      if (h.bytes > 0) held.push_back(std::move(h));
+    }
+  }
+  // A backlog half full settles everything, as does SettleNow.
+  all = all || options_.settle_min_bytes == 0 || unsettled_bytes_.load() >= options_.max_unsettled_bytes / 2 ||
+        unsettled_batches_.load() >= options_.max_unsettled_batches / 2;
+  const TimePoint now = Now();
+  uint64_t waiting_cached = 0;
+  for (Held& h : held) {
+    h.due = all || h.bytes >= options_.settle_min_bytes || now - h.oldest >= options_.settle_max_delay;
+    if (!h.due) waiting_cached += h.cached;
+  }
+  // The log cache over a quarter full (settle was asked early): the streams
+  // caching most settle until those left cache at most an eighth of it.
+  if (!all && cache_bytes_.load() > options_.log_cache_bytes / 4 && waiting_cached > options_.log_cache_bytes / 8) {
+    std::vector<Held*> waiting;
+    for (Held& h : held) {
+      if (!h.due) waiting.push_back(&h);
+    }
+    std::sort(waiting.begin(), waiting.end(), [](const Held* a, const Held* b) { return a->cached > b->cached; });
+    for (Held* h : waiting) {
+      if (waiting_cached <= options_.log_cache_bytes / 8) break;
+      h->due = true;
+      waiting_cached -= h->cached;
+    }
   }
   // Batches no longer cached are read back and held until their segment is
   // written: stop this round at the slot where they would pass the budget.
   {
     std::vector<std::pair<std::pair<uint64_t, uint64_t>, uint64_t>> uncached;  // slot, bytes
-    for (auto& s : streams) {
-      std::lock_guard lk(s->mu);
-      for (const BatchRef& b : s->durable) {
+    for (const Held& h : held) {
+      if (!h.due) continue;
+      std::lock_guard lk(h.stream->mu);
+      for (const BatchRef& b : h.stream->durable) {
         if (!Before(b.where, target)) break;
         if (!b.bytes) uncached.push_back({{b.where.epoch, b.where.seq}, b.where.length});
       }
     }
     std::sort(uncached.begin(), uncached.end());
-    uint64_t held = 0;  // in whole slots before uncached[i]
+    uint64_t in_round = 0;  // in whole slots before uncached[i]
     for (size_t i = 0; i < uncached.size();) {
       const auto slot = uncached[i].first;
       uint64_t bytes = 0;
       for (; i < uncached.size() && uncached[i].first == slot; ++i) bytes += uncached[i].second;
-      if (held > 0 && held + bytes > options_.log_cache_bytes) {
-        // At least one earlier slot is in this round, so the checkpoint moves.
+      if (in_round > 0 && in_round + bytes > options_.log_cache_bytes) {
+        // At least one earlier slot is in this round, so it settles something.
         target = metastore::ChainPosition{slot.first, slot.second};
         *more = true;
         break;
       }
-      held += bytes;
+      in_round += bytes;
     }
   }
+  // The checkpoint stops at the first slot of a stream left waiting: the
+  // slots from there on stay, for its batches.
+  metastore::ChainPosition next = target;
+  uint64_t waiting_streams = 0, waiting_bytes = 0;
+  for (const Held& h : held) {
+    if (h.due) continue;
+    waiting_streams++;
+    waiting_bytes += h.bytes;
+    if (std::pair(h.first.epoch, h.first.seq) < std::pair(next.epoch, next.seq)) next = h.first;
+  }
+  metrics_.settle_waiting_streams.store(waiting_streams);
+  metrics_.settle_waiting_bytes.store(waiting_bytes);
   struct Work {
     std::shared_ptr<Stream> stream;
     size_t batches = 0;
@@ -217,11 +280,13 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
   std::vector<SegmentObject> objects;  // parallel to segments
   std::vector<metastore::SegmentInfo> segments;
   std::vector<metastore::StreamState> states;
-  // Every stream's batches of this round, then what is no longer cached read
-  // back for all of them at once (in parallel, a GET per run in a slot).
+  // Every due stream's batches of this round, then what is no longer cached
+  // read back for all of them at once (in parallel, a GET per run in a slot).
   std::vector<BatchRef> refs;
   std::vector<std::pair<std::shared_ptr<Stream>, size_t>> firsts;  // each stream's first index in refs
-  for (auto& s : streams) {
+  for (const Held& h : held) {
+    if (!h.due) continue;
+    const std::shared_ptr<Stream>& s = h.stream;
     const size_t first = refs.size();
     {
       std::lock_guard lk(s->mu);
@@ -276,10 +341,11 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
   }
 
   read_back.clear();  // the segments hold what they use
+  if (segments.empty() && next == checkpoint_) return Status::Ok();  // every stream waits
   std::vector<std::string> created;
   WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects, &created));
   objects.clear();  // releases the batches read back for this cycle
-  Status committed = meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, target, segments, states);
+  Status committed = meta_->CommitSettle(options_.node, epoch_.load(), checkpoint_, next, segments, states);
   if (!committed.ok()) {
     // Rejected (another epoch, a moved checkpoint, a bad row): nothing landed.
     // Any other failure may have (a timeout, or a COMMIT whose fsync failed
@@ -290,7 +356,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     if (!rejected) {
       // The commit may have landed: settle cannot go on until it knows (the
       // next round's commit would expect the old checkpoint for ever).
-      Result<bool> landed = SettleLanded(target);
+      Result<bool> landed = SettleLanded(checkpoint_, next, segments);
       if (landed.ok() && *landed) {
         Log().info("settle: the commit that answered {} had landed", committed.ToString());
         committed = Status::Ok();
@@ -306,7 +372,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
     }
   }
   metastore::ChainPosition old = checkpoint_;
-  checkpoint_ = target;
+  checkpoint_ = next;
   metrics_.settle_cycles.fetch_add(1);
   uint64_t settled_bytes = 0, settled_batches = 0;
   std::vector<std::string> orphans;  // segments of streams deleted meanwhile: no row names them
@@ -325,20 +391,41 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool* more) {
   }
   if (settled_batches > 0) SettledBytes(settled_bytes, settled_batches);
   if (!orphans.empty()) store_->DeleteMany(orphans).IgnoreError();  // else the next start's sweep
-  DeleteSlots(old, target);
+  DeleteSlots(old, next);
   return Status::Ok();
 }
 
-Result<bool> Engine::SettleLanded(const metastore::ChainPosition& target) {
+Result<bool> Engine::SettleLanded(const metastore::ChainPosition& from, const metastore::ChainPosition& target,
+                                  const std::vector<metastore::SegmentInfo>& segments) {
   // Asks until it knows (or the engine closes; Close's final settle asks a
   // few times): no later round can commit before this is known, since each
   // expects the checkpoint it leaves.
   Status last;
   Duration backoff = std::chrono::milliseconds(50);
   for (int attempt = 1; !closing_ || (final_settle_ && attempt <= 5); ++attempt) {
+    // Only this node's epoch moves its checkpoint (a successor's epoch,
+    // whatever its checkpoint, means no later round of ours commits).
     auto node = meta_->GetNode(options_.node);
-    // Only this node's settles move its checkpoint to a position of its epoch.
-    if (node.ok()) return node->checkpoint == target;
+    if (node.ok() && (node->epoch != epoch_.load() || node->checkpoint != target)) return false;
+    if (node.ok() && from != target) return true;
+    // The checkpoint stayed (a stream waits at it): the round landed if a
+    // segment of it is indexed (those of streams deleted meanwhile are not,
+    // and a round of only those is harmless to commit again).
+    if (node.ok()) {
+      bool found = false;
+      for (const metastore::SegmentInfo& seg : segments) {
+        auto at = meta_->FindSegments(seg.stream_id, seg.start_offset, 1);
+        if (!at.ok()) {
+          node = at.status();
+          break;
+        }
+        if (!at->empty() && at->front().start_offset == seg.start_offset && at->front().object_key == seg.object_key) {
+          found = true;
+          break;
+        }
+      }
+      if (node.ok()) return found;
+    }
     last = node.status();
     Log().warn("settle: reading the checkpoint back after an ambiguous commit: {}; retrying", last.ToString());
     std::this_thread::sleep_for(backoff);

@@ -429,6 +429,11 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
                     e.settle_reread_bytes.load());
   http::PromGauge(&out, "weir_unsettled_bytes", "Acknowledged bytes in WAL slots, not yet settled",
                   static_cast<double>(engine->unsettled_bytes()));
+  http::PromGauge(&out, "weir_settle_waiting_streams",
+                  "Streams the last settle round left to gather more (--settle-min-kib)",
+                  static_cast<double>(e.settle_waiting_streams.load()));
+  http::PromGauge(&out, "weir_settle_waiting_bytes", "Acknowledged bytes of the streams the last settle round left",
+                  static_cast<double>(e.settle_waiting_bytes.load()));
   out += "# HELP weir_admission_waits_total Waits for admission holding no thread (one per request, or per group of "
          "a request's batches or a session's inputs that fits the pool), by what was full\n"
          "# TYPE weir_admission_waits_total counter\n";
@@ -798,6 +803,8 @@ int RunServe(const ServeOptions& o) {
   eo.wal.close_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(o.wal_close_timeout_s));
   eo.log_cache_bytes = o.log_cache_mib << 20;
   eo.max_unsettled_bytes = uint64_t{o.max_unsettled_mib} << 20;
+  eo.settle_min_bytes = o.settle_min_kib << 10;
+  eo.settle_max_delay = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(o.settle_max_delay_s));
   eo.segment_uploads = (*store)->PreferredParallelPuts();
   eo.admission_timeout = std::chrono::microseconds(static_cast<int64_t>(o.admission_timeout_ms * 1000));
 

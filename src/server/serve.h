@@ -34,6 +34,10 @@ struct ServeOptions {
   // settle starts early once a quarter of it is used.
   size_t log_cache_mib = 256;
   size_t max_unsettled_mib = 4096;  // appends wait (then 429) while more awaits settle
+  // A stream settles once it holds this much, or its oldest record is
+  // settle_max_delay_s old (log::EngineOptions::settle_min_bytes).
+  size_t settle_min_kib = 1024;
+  double settle_max_delay_s = 10;
   // How often expired and trimmed segments, and empty streams with
   // delete_on_empty, are deleted.
   double retention_interval_s = 60;
