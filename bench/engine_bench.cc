@@ -33,15 +33,16 @@ Status RunEngineBench(const EngineBenchOptions& o) {
   if (o.streams < 1 || o.appenders < 1 || o.batch < 1 || o.duration_s <= 0) {
     return InvalidArgument("streams, appenders, batch and duration must be positive");
   }
-  std::shared_ptr<objstore::ObjectStore> store = objstore::NewMemStore();
-  if (o.put_latency_ms > 0) {
-    objstore::FaultOptions fo;
-    fo.put_latency = objstore::LatencySpec::Fixed(o.put_latency_ms);
-    store = std::make_shared<objstore::FaultStore>(store, fo);
-  }
+  // The fault store also counts PUTs and GETs (WAL slots and segments).
+  objstore::FaultOptions fo;
+  if (o.put_latency_ms > 0) fo.put_latency = objstore::LatencySpec::Fixed(o.put_latency_ms);
+  auto counted = std::make_shared<objstore::FaultStore>(objstore::NewMemStore(), fo);
+  std::shared_ptr<objstore::ObjectStore> store = counted;
   WEIR_ASSIGN_OR_RETURN(auto meta, metastore::OpenMetastore("sqlite://:memory:"));
   log::EngineOptions eo;
   eo.node = "bench";
+  eo.settle_min_bytes = o.settle_min_kib << 10;
+  eo.settle_max_delay = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(o.settle_max_delay_s));
   WEIR_ASSIGN_OR_RETURN(auto engine, log::Engine::Open(eo, store, meta));
   WEIR_RETURN_IF_ERROR(engine->CreateBasin(kBasin));
   for (int i = 0; i < o.streams; ++i) {
@@ -53,7 +54,16 @@ Status RunEngineBench(const EngineBenchOptions& o) {
   std::vector<std::thread> threads;
   for (int t = 0; t < o.appenders; ++t) {
     threads.emplace_back([&, t] {
+      // Open loop at --rate: each thread its share, on a fixed schedule.
+      const Duration every = o.rate > 0 ? std::chrono::duration_cast<Duration>(
+                                              std::chrono::duration<double>(o.appenders / o.rate))
+                                        : Duration::zero();
+      TimePoint next = Now();
       for (uint64_t n = 0; !stop.load(); ++n) {
+        if (o.rate > 0) {
+          next += every;
+          std::this_thread::sleep_until(next);
+        }
         std::string stream = "s" + std::to_string((static_cast<uint64_t>(t) + n * 7) % static_cast<uint64_t>(o.streams));
         auto out = engine->Append(kBasin, stream, MakeBatch(o.batch, o.record_bytes, n));
         (out.status.ok() ? appends : failures).fetch_add(1);
@@ -64,11 +74,15 @@ Status RunEngineBench(const EngineBenchOptions& o) {
   const auto& c = meta->counters();
   uint64_t ops0 = c.reads.load() + c.writes.load(), tx0 = c.transactions.load(), a0 = appends.load();
   uint64_t cycles0 = engine->metrics().settle_cycles.load();
+  const auto& fc = counted->counters();
+  uint64_t puts0 = fc.puts.load(), gets0 = fc.gets.load(), segs0 = engine->metrics().segments_written.load();
   TimePoint t0 = Now();
   std::this_thread::sleep_for(std::chrono::duration<double>(o.duration_s));
   double elapsed = Seconds(Now() - t0);
   uint64_t ops = c.reads.load() + c.writes.load() - ops0, tx = c.transactions.load() - tx0;
   uint64_t appended = appends.load() - a0, cycles = engine->metrics().settle_cycles.load() - cycles0;
+  uint64_t puts = fc.puts.load() - puts0, gets = fc.gets.load() - gets0;
+  uint64_t segments = engine->metrics().segments_written.load() - segs0;
 
   // Reads of the 1,000 most recent records of a stream, while appends go on.
   std::vector<double> read_ms;
@@ -91,6 +105,14 @@ Status RunEngineBench(const EngineBenchOptions& o) {
   j["metastore_ops_per_s"] = static_cast<double>(ops) / elapsed;
   j["metastore_tx_per_s"] = static_cast<double>(tx) / elapsed;
   j["settle_cycles_per_s"] = static_cast<double>(cycles) / elapsed;
+  // Object-store requests (WAL slots and segments) per GiB of record bodies.
+  const double gib = static_cast<double>(appended) * o.batch * static_cast<double>(o.record_bytes) / (1u << 30);
+  j["puts_per_s"] = static_cast<double>(puts) / elapsed;
+  j["segment_puts_per_s"] = static_cast<double>(segments) / elapsed;
+  j["gets_per_s"] = static_cast<double>(gets) / elapsed;
+  j["puts_per_gib"] = gib > 0 ? static_cast<double>(puts) / gib : 0;
+  j["settle_min_kib"] = o.settle_min_kib;
+  j["rate"] = o.rate;
   j["read_1000_recent_p50_ms"] = read_ms[read_ms.size() / 2];
   j["read_1000_recent_p99_ms"] = read_ms[(read_ms.size() * 99 + 99) / 100 - 1];  // nearest rank
   j["failures"] = failures.load();

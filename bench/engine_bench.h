@@ -16,6 +16,9 @@ struct EngineBenchOptions {
   int batch = 10;            // records per append
   double duration_s = 10;
   double put_latency_ms = 0; // injected, mem:// store
+  double rate = 0;            // appends per second in all (open loop); 0 = as fast as acks come
+  size_t settle_min_kib = 1024;  // EngineOptions::settle_min_bytes
+  double settle_max_delay_s = 10;
 };
 Status RunEngineBench(const EngineBenchOptions& options);
 

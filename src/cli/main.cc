@@ -274,6 +274,11 @@ int main(int argc, char** argv) {
   eng_cmd->add_option("--batch", eng.batch, "Records per append")->check(CLI::Range(1, 1000));
   eng_cmd->add_option("--duration", eng.duration_s, "Measured seconds")->check(CLI::Range(0.1, 3600.0));
   eng_cmd->add_option("--put-latency-ms", eng.put_latency_ms, "Injected PUT latency")->check(CLI::Range(0.0, 60000.0));
+  eng_cmd->add_option("--rate", eng.rate, "Appends per second in all, paced (0: each appender as fast as acks come)")
+      ->check(CLI::Range(0.0, 1e7));
+  eng_cmd->add_option("--settle-min-kib", eng.settle_min_kib, "As weir serve's")->check(CLI::Range(0, 1 << 20));
+  eng_cmd->add_option("--settle-max-delay-s", eng.settle_max_delay_s, "As weir serve's")
+      ->check(CLI::Range(0.0, 3600.0));
 
   weir::bench::RecoveryBenchOptions rec;
   auto* rec_cmd = bench->add_subcommand("recovery", "Time to recover N MiB of unsettled WAL");

@@ -345,6 +345,9 @@ void Engine::HandleHalt(uint64_t epoch) {
   // settle_mu_ (TrimTo) use it from here on.
   epoch_ = minted->epoch;
   uint64_t from = checkpoint_.epoch == epoch ? checkpoint_.seq : 0;
+  // Every slot below the released position is committed and still there
+  // (settle may have left the checkpoint well below it): the walk starts there.
+  if (const auto [rel_epoch, rel_seq] = wal_->released_below(); rel_epoch == epoch) from = std::max(from, rel_seq);
   Result<wal::FenceResult> fence = Status();
   for (;;) {
     fence = wal::Fence(*wal_store_, chain, from, nonce_);
@@ -915,7 +918,9 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
     cache_bytes_ += batch.size();
   }
   auto h = wal::ParseBatchHeader(batch);
-  s.durable.push_back(BatchRef{before, s.live.next_offset, h->max_timestamp, where, std::move(bytes), true, Now()});
+  // Acknowledged before this start, for how long is not known: due at once
+  // (a start replays the same slots again until they settle).
+  s.durable.push_back(BatchRef{before, s.live.next_offset, h->max_timestamp, where, std::move(bytes), true, {}});
   unsettled_bytes_ += where.length;
   unsettled_batches_++;
   return Status::Ok();

@@ -214,7 +214,8 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool all, bool* more
   const TimePoint now = Now();
   uint64_t waiting_cached = 0;
   for (Held& h : held) {
-    h.due = all || h.bytes >= options_.settle_min_bytes || now - h.oldest >= options_.settle_max_delay;
+    h.due = all || h.bytes >= options_.settle_min_bytes || h.oldest == TimePoint{} ||  // replayed
+            now - h.oldest >= options_.settle_max_delay;
     if (!h.due) waiting_cached += h.cached;
   }
   // The log cache over a quarter full (settle was asked early): the streams
@@ -341,7 +342,10 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool all, bool* more
   }
 
   read_back.clear();  // the segments hold what they use
-  if (segments.empty() && next == checkpoint_) return Status::Ok();  // every stream waits
+  if (segments.empty() && next == checkpoint_) {  // every stream waits
+    if (undeleted_slots_from_) DeleteSlots(checkpoint_, checkpoint_);  // deletes that failed before
+    return Status::Ok();
+  }
   std::vector<std::string> created;
   WEIR_RETURN_IF_ERROR(UploadSegments(segments, objects, &created));
   objects.clear();  // releases the batches read back for this cycle
