@@ -89,6 +89,7 @@ class EngineTest : public ::testing::Test {
     o.merge_parts_per_pass = merge_parts_per_pass_;
     o.settle_min_bytes = settle_min_bytes_;
     o.settle_max_delay = settle_max_delay_;
+    o.max_streams = max_streams_;
     o.retention_streams_per_txn = retention_streams_per_txn_;
     o.load_page_streams = load_page_streams_;
     o.load_page_segments = load_page_segments_;
@@ -204,6 +205,7 @@ class EngineTest : public ::testing::Test {
   size_t merge_parts_per_pass_ = 2048;
   size_t settle_min_bytes_ = 1 << 20;
   Duration settle_max_delay_ = std::chrono::seconds(10);
+  size_t max_streams_ = 100'000;
   bool settle_on_close_ = true;
   std::string node_ = "n1";
   Duration node_live_window_ = std::chrono::seconds(20);
@@ -1454,6 +1456,41 @@ TEST_F(EngineTest, AHaltWalksItsEpochFromTheReleasedSlotNotFromAFarCheckpoint) {
   EXPECT_EQ(ReadAll("s"), want);
   Restart();
   EXPECT_EQ(ReadAll("s"), want);
+}
+
+TEST_F(EngineTest, CreatesPastMaxStreamsAreRefusedAndChangeNothing) {
+  // "s" is one; streams, tables' buckets and added buckets all count, and a
+  // refused create leaves nothing behind. Streams stored always load.
+  max_streams_ = 4;
+  Restart();
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(engine_->CreateStream(kBasin, name, StreamConfig{}).ok());
+  auto refused = engine_->CreateStream(kBasin, "d", StreamConfig{});
+  EXPECT_EQ(refused.status().code(), Code::kQuotaExhausted) << refused.status().ToString();
+  EXPECT_FALSE(refused.status().retryable());
+  EXPECT_EQ(meta_->GetStream(kBasin, "d").status().code(), Code::kNotFound);
+  EXPECT_EQ(CreateTable("t", 1, StreamConfig{}).code(), Code::kQuotaExhausted);
+  EXPECT_EQ(meta_->GetTable(kBasin, "t").status().code(), Code::kNotFound);
+  EXPECT_EQ(engine_->CheckStreamRoom(1, "one more").code(), Code::kQuotaExhausted);
+  EXPECT_EQ(engine_->metrics().stream_creates_refused.load(), 3u);
+
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "a").ok());
+  ASSERT_TRUE(engine_->DeleteStream(kBasin, "b").ok());
+  EXPECT_TRUE(engine_->CheckStreamRoom(2, "two more").ok());
+  EXPECT_EQ(CreateTable("t", 3, StreamConfig{}).code(), Code::kQuotaExhausted);
+  ASSERT_TRUE(CreateTable("t", 1, StreamConfig{}).ok());
+  EXPECT_EQ(engine_->AddTableBuckets(kBasin, "t", 3).status().code(), Code::kQuotaExhausted);
+  auto table = meta_->GetTable(kBasin, "t");
+  ASSERT_TRUE(table.ok());
+  EXPECT_EQ(table->bucket_count, 1u);
+  ASSERT_TRUE(engine_->AddTableBuckets(kBasin, "t", 2).ok());
+  EXPECT_EQ(engine_->stream_count(), 4u);
+  ASSERT_TRUE(engine_->Append(kBasin, "c", Bodies({"kept"})).status.ok());
+
+  max_streams_ = 2;
+  Restart();
+  EXPECT_EQ(engine_->stream_count(), 4u);
+  EXPECT_EQ(ReadAll("c"), (std::vector<std::string>{"kept"}));
+  EXPECT_EQ(engine_->CreateStream(kBasin, "e", StreamConfig{}).status().code(), Code::kQuotaExhausted);
 }
 
 TEST_F(EngineTest, AWaitingStreamSettlesOnceItsOldestRecordIsOld) {

@@ -19,6 +19,7 @@ std::string_view CodeName(Code code) {
     case Code::kIOError: return "IOError";
     case Code::kNotSupported: return "NotSupported";
     case Code::kInternal: return "Internal";
+    case Code::kQuotaExhausted: return "QuotaExhausted";
   }
   return "Unknown";
 }

@@ -31,6 +31,7 @@ enum class Code : unsigned char {
   kIOError,             // local I/O failed (disk, permissions)
   kNotSupported,        // valid request this build or backend cannot do
   kInternal,            // a bug: an invariant did not hold
+  kQuotaExhausted,      // a configured count (streams) is reached; holds until something is deleted
 };
 
 std::string_view CodeName(Code code);
@@ -90,6 +91,7 @@ WEIR_STATUS_HELPER(Corruption)
 WEIR_STATUS_HELPER(Timeout)
 WEIR_STATUS_HELPER(Unavailable)
 WEIR_STATUS_HELPER(ResourceExhausted)
+WEIR_STATUS_HELPER(QuotaExhausted)
 WEIR_STATUS_HELPER(Fenced)
 WEIR_STATUS_HELPER(Cancelled)
 WEIR_STATUS_HELPER(IOError)

@@ -101,6 +101,10 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
   opt("--max-unsettled-mib", o.max_unsettled_mib,
       "Acknowledged MiB not yet settled beyond which appends wait, then fail with 429 (settle is behind)")
       ->check(CLI::Range(1, 1 << 30));
+  opt("--max-streams", o.max_streams,
+      "Streams this server holds at most (table buckets and Kafka partitions count); creates past it get 403 "
+      "quota_exhausted (Kafka: POLICY_VIOLATION)")
+      ->check(CLI::Range(1, 100'000'000));
   opt("--settle-min-kib", o.settle_min_kib,
       "A stream's records settle into a segment once it holds this many KiB, or the oldest is "
       "--settle-max-delay-s old, or memory needs them (0: every stream every second)")

@@ -48,7 +48,8 @@ grpc::StatusCode GrpcCode(Code c) {
     case Code::kAlreadyExists: return grpc::StatusCode::ALREADY_EXISTS;
     case Code::kPreconditionFailed: return grpc::StatusCode::FAILED_PRECONDITION;
     case Code::kOutOfRange: return grpc::StatusCode::OUT_OF_RANGE;
-    case Code::kResourceExhausted: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case Code::kResourceExhausted:
+    case Code::kQuotaExhausted: return grpc::StatusCode::RESOURCE_EXHAUSTED;
     case Code::kTimeout: return grpc::StatusCode::DEADLINE_EXCEEDED;
     case Code::kUnavailable:
     case Code::kFenced:

@@ -94,6 +94,7 @@ std::pair<int, std::string_view> ErrorCodeFor(const Status& st, std::string_view
     case Code::kAlreadyExists: return {409, "resource_already_exists"};
     case Code::kPreconditionFailed: return {409, "conflict"};
     case Code::kResourceExhausted: return {429, "rate_limited"};
+    case Code::kQuotaExhausted: return {403, "quota_exhausted"};
     case Code::kNotSupported: return {501, "not_implemented"};
     case Code::kTimeout:
     case Code::kUnavailable:

@@ -80,6 +80,8 @@ ErrorCode PartitionReadError(const Status& st) {
 ErrorCode AdminFailure(const Status& st) {
   // A topic deleted while the request ran (its check passed before).
   if (st.code() == Code::kNotFound) return ErrorCode::kUnknownTopicOrPartition;
+  // --max-streams: as a create policy's refusal.
+  if (st.code() == Code::kQuotaExhausted) return ErrorCode::kPolicyViolation;
   return IsRetryableCode(st.code()) || st.code() == Code::kFenced ? ErrorCode::kRequestTimedOut
                                                                    : ErrorCode::kUnknownServerError;
 }
@@ -541,7 +543,8 @@ void Broker::Produce(const std::shared_ptr<Request>& req, bool on_worker) {
     }
     for (const auto& topic : wanted) {
       auto n = TopicPartitions(topic, options_.auto_create_partitions);
-      if (!n.ok() && n.status().code() != Code::kNotFound) {
+      // Past --max-streams: as a topic that does not exist (said by CreateTopics).
+      if (!n.ok() && n.status().code() != Code::kNotFound && n.status().code() != Code::kQuotaExhausted) {
         Log().warn("kafka: auto-creating topic {}: {}", topic, n.status().ToString());
       }
       // The topic may have been there with a partition memory lacks (a
@@ -1179,7 +1182,9 @@ void Broker::Metadata(const std::shared_ptr<Request>& req) {
       auto n = TopicPartitions(t.name, create ? options_.auto_create_partitions : 0);
       if (n.ok()) {
         describe(t.name, ErrorCode::kNone, *n);
-      } else if (n.status().code() == Code::kNotFound) {
+      } else if (n.status().code() == Code::kNotFound || n.status().code() == Code::kQuotaExhausted) {
+        // Past --max-streams the topic stays missing (clients retry; a
+        // CreateTopics says why).
         describe(t.name, ErrorCode::kUnknownTopicOrPartition, 0);
       } else if (n.status().code() == Code::kInvalidArgument) {  // a name colliding with a topic's
         describe(t.name, ErrorCode::kInvalidTopicException, 0);
@@ -1512,6 +1517,8 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
         fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
       } else if (st.code() == Code::kInvalidArgument) {  // partitions and name were checked: a collision
         fail(ErrorCode::kInvalidTopicException, st.message());
+      } else if (st.code() == Code::kQuotaExhausted) {
+        fail(AdminFailure(st), st.message());
       } else if (!st.ok()) {
         fail(AdminFailure(st), st.ToString());
       }
@@ -1520,6 +1527,9 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
     } else if (r.error_code == ErrorCode::kNone) {
       if (Status c = CheckTopicCollision(t.name); c.code() == Code::kInvalidArgument) {
         fail(ErrorCode::kInvalidTopicException, c.message());
+      } else if (Status room = engine_->CheckStreamRoom(static_cast<size_t>(partitions), "topic " + t.name);
+                 !room.ok()) {
+        fail(AdminFailure(room), room.message());
       }
     }
     resp.topics.push_back(std::move(r));
@@ -1565,10 +1575,18 @@ void Broker::CreatePartitions(const std::shared_ptr<Request>& req) {
       fail(ErrorCode::kInvalidPartitions, fmt::format("a topic has at most {} partitions", options_.max_partitions));
     } else if (t.assignments) {
       fail(ErrorCode::kInvalidReplicaAssignment, "weir places partitions itself; manual assignments are not supported");
-    } else if (!in.validate_only) {
+    } else if (in.validate_only) {
+      const uint32_t more = static_cast<uint32_t>(t.count) - table->bucket_count;
+      if (Status room = engine_->CheckStreamRoom(more, fmt::format("{} more partitions of topic {}", more, t.name));
+          !room.ok()) {
+        fail(AdminFailure(room), room.message());
+      }
+    } else {
       auto grown = engine_->AddTableBuckets(options_.basin, t.name, static_cast<uint32_t>(t.count));
       if (!grown.ok()) {
-        Log().warn("kafka: adding partitions to topic {}: {}", t.name, grown.status().ToString());
+        if (grown.status().code() != Code::kQuotaExhausted) {
+          Log().warn("kafka: adding partitions to topic {}: {}", t.name, grown.status().ToString());
+        }
         fail(grown.status().code() == Code::kInvalidArgument ? ErrorCode::kInvalidPartitions
                                                               : AdminFailure(grown.status()),
              grown.status().message());

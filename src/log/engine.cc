@@ -1158,6 +1158,7 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
   // Create and register as one step, so a create that finds the name taken
   // (CreateIfConfigured losing a race) finds the stream registered too.
   std::lock_guard create(create_mu_);
+  WEIR_ASSIGN_OR_RETURN(const std::shared_ptr<void> room, ReserveStreams(1, fmt::format("stream {}/{}", basin, name)));
   metastore::StreamInfo info;
   info.basin = basin;
   info.name = name;
@@ -1580,6 +1581,8 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
   }
   WEIR_RETURN_IF_ERROR(ValidateStreamName(metastore::BucketStreamName(table.name, table.bucket_count)));
   std::lock_guard tables(tables_mu_);
+  WEIR_ASSIGN_OR_RETURN(const std::shared_ptr<void> room,
+                        ReserveStreams(table.bucket_count, fmt::format("table {}/{}", table.basin, table.name)));
   TablesChange change(&tables_version_);
   metastore::TableInfo t = table;
   t.created_at_ms = WallMillis();
@@ -1591,6 +1594,27 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
   return ResolveFailedCreate(
       *meta_, created.status(), [&] { return AdoptTableLocked(t.basin, t.name); },
       [&](const metastore::TableInfo& row) { return row.created_at_ms == t.created_at_ms; });
+}
+
+size_t Engine::stream_count() {
+  std::lock_guard lk(mu_);
+  return by_id_.size();
+}
+
+Status Engine::CheckStreamRoom(size_t n, std::string_view what) { return ReserveStreams(n, what).status(); }
+
+Result<std::shared_ptr<void>> Engine::ReserveStreams(size_t n, std::string_view what) {
+  std::lock_guard lk(mu_);
+  if (by_id_.size() + streams_reserved_ + n > options_.max_streams) {
+    metrics_.stream_creates_refused.fetch_add(1, std::memory_order_relaxed);
+    return QuotaExhausted("creating {} needs {} stream{}, and this server holds {} of its {} (--max-streams)", what, n,
+                          n == 1 ? "" : "s", by_id_.size() + streams_reserved_, options_.max_streams);
+  }
+  streams_reserved_ += n;
+  return std::shared_ptr<void>(nullptr, [this, n](void*) {
+    std::lock_guard unreserve(mu_);
+    streams_reserved_ -= n;
+  });
 }
 
 Result<metastore::TableInfo> Engine::AdoptTableLocked(const std::string& basin, const std::string& name) {
@@ -1668,6 +1692,12 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
   TablesChange change(&tables_version_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto first, GetStream(basin, metastore::BucketStreamName(name, 0)));
+  std::shared_ptr<void> room;
+  if (new_bucket_count > table.bucket_count) {
+    WEIR_ASSIGN_OR_RETURN(room, ReserveStreams(new_bucket_count - table.bucket_count,
+                                               fmt::format("{} more buckets of table {}/{}",
+                                                           new_bucket_count - table.bucket_count, basin, name)));
+  }
   const int64_t now_ms = WallMillis();
   auto added = AsThisNode([&](const metastore::EpochCheck& by) {
     return meta_->AddBuckets(table.id, new_bucket_count, first.info.config, now_ms, by);

@@ -92,6 +92,11 @@ struct EngineOptions {
   // every round. SettleNow settles every stream.
   size_t settle_min_bytes = 1u << 20;
   Duration settle_max_delay = std::chrono::seconds(10);
+  // Streams at most (table buckets and Kafka partitions count): a create
+  // that would pass it is kQuotaExhausted. Each stream costs memory (about
+  // 2 KB, loaded at every start) and a look from every settle round. Those
+  // stored always load, even past it.
+  size_t max_streams = 100'000;
   // Retention and trim: expired or trimmed segments are deleted this often.
   Duration retention_interval = std::chrono::seconds(60);
   // Streams whose segment rows one retention transaction removes, at most
@@ -139,6 +144,7 @@ struct EngineMetrics {
   // Streams the last settle round left waiting (settle_min_bytes), and the
   // acknowledged bytes they held.
   std::atomic<uint64_t> settle_waiting_streams{0}, settle_waiting_bytes{0};
+  std::atomic<uint64_t> stream_creates_refused{0};  // past max_streams
   // Waits for admission without a thread (WhenAdmissible) that found no room
   // at first, by what was full; those that ran out, and those abandoned.
   std::atomic<uint64_t> admission_waits_pool{0}, admission_waits_backlog{0};
@@ -318,6 +324,9 @@ class Engine {
                                   const metastore::StreamConfigLayer& requested = {});
   // Whether the stream is known here (memory only; for choosing a thread).
   bool HasStream(const std::string& basin, const std::string& name);
+  // kQuotaExhausted if `n` more streams would pass max_streams now (a
+  // validate-only create); `what` names them in the message.
+  Status CheckStreamRoom(size_t n, std::string_view what);
   // Whether admitting an append of about `bytes` may have to wait now (the
   // WAL pool or the settle backlog is full or nearly): front-ends then append
   // from a worker, not an I/O thread. A hint, read without locks.
@@ -581,6 +590,8 @@ class Engine {
   // eviction thread catches up).
   size_t cached_bytes() const { return cache_bytes_.load(); }
   uint64_t unsettled_bytes() const { return unsettled_bytes_.load(); }
+  // Streams in memory (every stream this node serves). Takes mu_.
+  size_t stream_count();
   wal::Writer& wal() { return *wal_; }
   // Where the WAL's slots go (EngineOptions::wal_store, or the object store).
   objstore::ObjectStore& wal_store() { return *wal_store_; }
@@ -855,6 +866,11 @@ class Engine {
   std::atomic<uint64_t> producer_ids_seen_{0};  // the largest producer id known allocated
   // Held by CreateStream across the metastore create and Register.
   std::mutex create_mu_;
+  // Room for `n` more streams under max_streams, held until the returned
+  // guard goes (so concurrent creates count each other): kQuotaExhausted if
+  // there is none. Any thread; takes mu_.
+  Result<std::shared_ptr<void>> ReserveStreams(size_t n, std::string_view what);
+  size_t streams_reserved_ = 0;  // guarded by mu_
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_;
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;
   std::atomic<size_t> cache_bytes_{0};

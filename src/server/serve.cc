@@ -429,6 +429,10 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
                     e.settle_reread_bytes.load());
   http::PromGauge(&out, "weir_unsettled_bytes", "Acknowledged bytes in WAL slots, not yet settled",
                   static_cast<double>(engine->unsettled_bytes()));
+  http::PromGauge(&out, "weir_streams", "Streams this server holds (--max-streams)",
+                  static_cast<double>(engine->stream_count()));
+  http::PromCounter(&out, "weir_stream_creates_refused_total", "Creates of streams, tables or topics refused by --max-streams",
+                    e.stream_creates_refused.load());
   http::PromGauge(&out, "weir_settle_waiting_streams",
                   "Streams the last settle round left to gather more (--settle-min-kib)",
                   static_cast<double>(e.settle_waiting_streams.load()));
@@ -804,6 +808,7 @@ int RunServe(const ServeOptions& o) {
   eo.log_cache_bytes = o.log_cache_mib << 20;
   eo.max_unsettled_bytes = uint64_t{o.max_unsettled_mib} << 20;
   eo.settle_min_bytes = o.settle_min_kib << 10;
+  eo.max_streams = o.max_streams;
   eo.settle_max_delay = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(o.settle_max_delay_s));
   eo.segment_uploads = (*store)->PreferredParallelPuts();
   eo.admission_timeout = std::chrono::microseconds(static_cast<int64_t>(o.admission_timeout_ms * 1000));

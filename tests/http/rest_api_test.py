@@ -2381,6 +2381,32 @@ class ServeFlagsTest(ClosingTestCase):
             proc.send_signal(signal.SIGTERM)
             self.assertEqual(proc.wait(timeout=120), 0)
 
+    def test_creates_past_max_streams_get_quota_exhausted(self):
+        server = start_server(args=["--max-streams", "3", "--kafka-addr", ""])
+        self.addCleanup(stop_server, server)
+        c = Client(server)
+        basin = unique("cap")
+        config = {"create_stream_on_append": True}
+        self.assertEqual(c.post("/v1/basins", json={"basin": basin, "config": config}).status_code, 201)
+        bc = Client(server, basin=basin)
+        names = [unique("cap") for _ in range(3)]
+        for s in names:
+            bc.create_stream(s)
+        r = bc.post("/v1/streams", json={"stream": "one-too-many"})
+        self.assertEqual((r.status_code, r.json()["code"]), (403, "quota_exhausted"), r.text)
+        self.assertIn("--max-streams", r.json()["message"])
+        # An append that would create its stream is refused too, and writes nothing.
+        r = bc.post("/v1/streams/by-append/records", json={"records": [{"body": "x"}]})
+        self.assertEqual((r.status_code, r.json()["code"]), (403, "quota_exhausted"), r.text)
+        listed = [s["name"] for s in bc.get("/v1/streams").json()["streams"]]
+        self.assertEqual(sorted(listed), sorted(names))
+        metrics = c.get("/metrics").text
+        self.assertRegex(metrics, r"(?m)^weir_streams 3$")
+        self.assertRegex(metrics, r"(?m)^weir_stream_creates_refused_total 2$")
+        # A delete makes room.
+        self.assertEqual(bc.delete(f"/v1/streams/{names[0]}").status_code, 202)
+        self.assertEqual(bc.append("by-append", [{"body": "x"}])["start"]["seq_num"], 0)
+
     def test_kafka_off_by_flag(self):
         server = start_server(args=["--kafka-addr", ""])
         self.addCleanup(stop_server, server)

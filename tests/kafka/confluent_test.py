@@ -393,6 +393,44 @@ class DefaultPartitions(ks.TestCase):
             ks.stop_server(server)
 
 
+class MaxStreams(ks.TestCase):
+    def test_topics_past_max_streams_are_a_policy_violation(self):
+        # --max-streams counts partitions: past it CreateTopics (also when
+        # only validating) and CreatePartitions are POLICY_VIOLATION, and a
+        # topic auto-created on first use stays missing.
+        server = ks.start_server(["--max-streams", "4", "--kafka-auto-create-partitions", "2"])
+        try:
+            a = admin(server)
+            first, second = unique("cap"), unique("cap")
+            create_topic(server, first, 3)
+
+            def refused(futures, name):
+                with self.assertRaises(KafkaException) as ctx:
+                    futures[name].result(timeout=OP_TIMEOUT)
+                err = ctx.exception.args[0]
+                self.assertEqual(err.code(), KafkaError.POLICY_VIOLATION, err)
+                self.assertIn("--max-streams", err.str())
+
+            for validate in (True, False):
+                refused(a.create_topics([NewTopic(second, num_partitions=2, replication_factor=1)],
+                                        validate_only=validate, operation_timeout=60, request_timeout=OP_TIMEOUT),
+                        second)
+            refused(a.create_partitions([NewPartitions(first, 5)], operation_timeout=60,
+                                        request_timeout=OP_TIMEOUT), first)
+            md = a.list_topics(timeout=OP_TIMEOUT)
+            self.assertNotIn(second, md.topics)
+            self.assertEqual(partitions_of(server, first), [0, 1, 2])
+            # Auto-creation (Metadata) past the limit: the topic stays missing.
+            md = a.list_topics(topic=unique("auto"), timeout=OP_TIMEOUT)
+            (t,) = md.topics.values()
+            self.assertEqual(t.error.code(), KafkaError.UNKNOWN_TOPIC_OR_PART, t.error)
+            # Room for one more partition.
+            create_topic(server, second, 1)
+            self.assertEqual(partitions_of(server, second), [0])
+        finally:
+            ks.stop_server(server)
+
+
 class IdempotentProducer(ks.TestCase):
     def test_keyed_records_across_four_partitions(self):
         topic = unique("idem")
