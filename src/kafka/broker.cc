@@ -1477,6 +1477,7 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
   CreateTopicsResponse resp;
   std::map<std::string, int> seen;
   for (auto& t : in.topics) seen[t.name]++;
+  size_t validated = 0;  // partitions the request's earlier topics would make (validate_only)
   for (auto& t : in.topics) {
     CreatableTopicResult r;
     r.name = t.name;
@@ -1527,9 +1528,12 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
     } else if (r.error_code == ErrorCode::kNone) {
       if (Status c = CheckTopicCollision(t.name); c.code() == Code::kInvalidArgument) {
         fail(ErrorCode::kInvalidTopicException, c.message());
-      } else if (Status room = engine_->CheckStreamRoom(static_cast<size_t>(partitions), "topic " + t.name);
+      } else if (Status room = engine_->CheckStreamRoom(validated + static_cast<size_t>(partitions),
+                                                        "topic " + t.name + " and the request's topics before it");
                  !room.ok()) {
         fail(AdminFailure(room), room.message());
+      } else {
+        validated += static_cast<size_t>(partitions);
       }
     }
     resp.topics.push_back(std::move(r));
@@ -1548,6 +1552,7 @@ void Broker::CreatePartitions(const std::shared_ptr<Request>& req) {
   CreatePartitionsResponse resp;
   std::map<std::string, int> seen;
   for (auto& t : in.topics) seen[t.name]++;
+  size_t validated = 0;  // partitions the request's earlier topics would add (validate_only)
   for (auto& t : in.topics) {
     CreatePartitionsTopicResult r;
     r.name = t.name;
@@ -1577,9 +1582,12 @@ void Broker::CreatePartitions(const std::shared_ptr<Request>& req) {
       fail(ErrorCode::kInvalidReplicaAssignment, "weir places partitions itself; manual assignments are not supported");
     } else if (in.validate_only) {
       const uint32_t more = static_cast<uint32_t>(t.count) - table->bucket_count;
-      if (Status room = engine_->CheckStreamRoom(more, fmt::format("{} more partitions of topic {}", more, t.name));
+      if (Status room = engine_->CheckStreamRoom(
+              validated + more, fmt::format("{} more partitions of topic {} (and the request's before it)", more, t.name));
           !room.ok()) {
         fail(AdminFailure(room), room.message());
+      } else {
+        validated += more;
       }
     } else {
       auto grown = engine_->AddTableBuckets(options_.basin, t.name, static_cast<uint32_t>(t.count));

@@ -1158,7 +1158,10 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
   // Create and register as one step, so a create that finds the name taken
   // (CreateIfConfigured losing a race) finds the stream registered too.
   std::lock_guard create(create_mu_);
-  WEIR_ASSIGN_OR_RETURN(const std::shared_ptr<void> room, ReserveStreams(1, fmt::format("stream {}/{}", basin, name)));
+  // A name that exists needs no room: the create answers kAlreadyExists
+  // (a request token's retry, a racing create-on-append).
+  StreamRoom room(this);
+  if (!HasStream(basin, name)) WEIR_RETURN_IF_ERROR(room.Reserve(1, fmt::format("stream {}/{}", basin, name)));
   metastore::StreamInfo info;
   info.basin = basin;
   info.name = name;
@@ -1167,7 +1170,7 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
   info.request_token = request_token;
   auto created = AsThisNode([&](const metastore::EpochCheck& by) { return meta_->CreateStream(info, by); });
   if (created.ok()) {
-    Register({*created});
+    Register({*created}, &room);
     return created;
   }
   return ResolveFailedCreate(
@@ -1183,8 +1186,9 @@ Result<metastore::StreamInfo> Engine::CreateStream(const std::string& basin, con
       });
 }
 
-void Engine::Register(const std::vector<metastore::StreamInfo>& created) {
+void Engine::Register(const std::vector<metastore::StreamInfo>& created, StreamRoom* room) {
   std::lock_guard lk(mu_);
+  if (room) room->ReleaseLocked();
   for (const auto& info : created) {
     // Never replaces a stream object appends may already hold.
     if (by_id_.count(info.id) != 0) continue;
@@ -1581,14 +1585,17 @@ Result<metastore::TableInfo> Engine::CreateTable(const metastore::TableInfo& tab
   }
   WEIR_RETURN_IF_ERROR(ValidateStreamName(metastore::BucketStreamName(table.name, table.bucket_count)));
   std::lock_guard tables(tables_mu_);
-  WEIR_ASSIGN_OR_RETURN(const std::shared_ptr<void> room,
-                        ReserveStreams(table.bucket_count, fmt::format("table {}/{}", table.basin, table.name)));
+  // A table that exists needs no room (its create answers kAlreadyExists).
+  StreamRoom room(this);
+  if (table.bucket_count > 0 && !HasStream(table.basin, metastore::BucketStreamName(table.name, 0))) {
+    WEIR_RETURN_IF_ERROR(room.Reserve(table.bucket_count, fmt::format("table {}/{}", table.basin, table.name)));
+  }
   TablesChange change(&tables_version_);
   metastore::TableInfo t = table;
   t.created_at_ms = WallMillis();
   auto created = AsThisNode([&](const metastore::EpochCheck& by) { return meta_->CreateTable(t, config, by); });
   if (created.ok()) {
-    Register(created->second);
+    Register(created->second, &room);
     return created->first;
   }
   return ResolveFailedCreate(
@@ -1601,20 +1608,32 @@ size_t Engine::stream_count() {
   return by_id_.size();
 }
 
-Status Engine::CheckStreamRoom(size_t n, std::string_view what) { return ReserveStreams(n, what).status(); }
+Status Engine::CheckStreamRoom(size_t n, std::string_view what) {
+  return StreamRoom(this).Reserve(n, what, /*count=*/false);
+}
 
-Result<std::shared_ptr<void>> Engine::ReserveStreams(size_t n, std::string_view what) {
-  std::lock_guard lk(mu_);
-  if (by_id_.size() + streams_reserved_ + n > options_.max_streams) {
-    metrics_.stream_creates_refused.fetch_add(1, std::memory_order_relaxed);
+Status Engine::StreamRoom::Reserve(size_t n, std::string_view what, bool count) {
+  std::lock_guard lk(e_->mu_);
+  const size_t held = e_->by_id_.size() + e_->streams_reserved_;
+  if (held + n > e_->options_.max_streams) {
+    if (count) e_->metrics_.stream_creates_refused.fetch_add(1, std::memory_order_relaxed);
     return QuotaExhausted("creating {} needs {} stream{}, and this server holds {} of its {} (--max-streams)", what, n,
-                          n == 1 ? "" : "s", by_id_.size() + streams_reserved_, options_.max_streams);
+                          n == 1 ? "" : "s", held, e_->options_.max_streams);
   }
-  streams_reserved_ += n;
-  return std::shared_ptr<void>(nullptr, [this, n](void*) {
-    std::lock_guard unreserve(mu_);
-    streams_reserved_ -= n;
-  });
+  e_->streams_reserved_ += n;
+  n_ += n;
+  return Status::Ok();
+}
+
+void Engine::StreamRoom::ReleaseLocked() {
+  e_->streams_reserved_ -= n_;
+  n_ = 0;
+}
+
+Engine::StreamRoom::~StreamRoom() {
+  if (n_ == 0) return;
+  std::lock_guard lk(e_->mu_);
+  ReleaseLocked();
 }
 
 Result<metastore::TableInfo> Engine::AdoptTableLocked(const std::string& basin, const std::string& name) {
@@ -1692,18 +1711,18 @@ Result<metastore::TableInfo> Engine::AddTableBuckets(const std::string& basin, c
   TablesChange change(&tables_version_);
   WEIR_ASSIGN_OR_RETURN(auto table, meta_->GetTable(basin, name));
   WEIR_ASSIGN_OR_RETURN(auto first, GetStream(basin, metastore::BucketStreamName(name, 0)));
-  std::shared_ptr<void> room;
+  StreamRoom room(this);
   if (new_bucket_count > table.bucket_count) {
-    WEIR_ASSIGN_OR_RETURN(room, ReserveStreams(new_bucket_count - table.bucket_count,
-                                               fmt::format("{} more buckets of table {}/{}",
-                                                           new_bucket_count - table.bucket_count, basin, name)));
+    WEIR_RETURN_IF_ERROR(room.Reserve(new_bucket_count - table.bucket_count,
+                                      fmt::format("{} more buckets of table {}/{}",
+                                                  new_bucket_count - table.bucket_count, basin, name)));
   }
   const int64_t now_ms = WallMillis();
   auto added = AsThisNode([&](const metastore::EpochCheck& by) {
     return meta_->AddBuckets(table.id, new_bucket_count, first.info.config, now_ms, by);
   });
   if (added.ok()) {
-    Register(added->second);
+    Register(added->second, &room);
     return added->first;
   }
   return ResolveFailedCreate(

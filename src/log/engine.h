@@ -598,6 +598,7 @@ class Engine {
   void Close();
 
  private:
+  class StreamRoom;  // below, with max_streams' count
   struct Stream;
   struct Pending;
   Engine(EngineOptions options, std::shared_ptr<objstore::ObjectStore> store,
@@ -626,8 +627,9 @@ class Engine {
   Result<std::shared_ptr<Stream>> Find(const std::string& basin, const std::string& name);
   // Find, superseded or not (to drop a watch).
   Result<std::shared_ptr<Stream>> FindAny(const std::string& basin, const std::string& name);
-  // Makes newly created streams (empty, as the metastore made them) findable.
-  void Register(const std::vector<metastore::StreamInfo>& created);
+  // Makes newly created streams (empty, as the metastore made them)
+  // findable; `room`'s reservation ends in the same step.
+  void Register(const std::vector<metastore::StreamInfo>& created, StreamRoom* room = nullptr);
   // Drops a deleted stream from memory and wakes its readers and watchers.
   // Returns the object keys of the segments memory held for it: a settle
   // round that committed after the metastore's delete (its rows skipped) but
@@ -866,10 +868,25 @@ class Engine {
   std::atomic<uint64_t> producer_ids_seen_{0};  // the largest producer id known allocated
   // Held by CreateStream across the metastore create and Register.
   std::mutex create_mu_;
-  // Room for `n` more streams under max_streams, held until the returned
-  // guard goes (so concurrent creates count each other): kQuotaExhausted if
-  // there is none. Any thread; takes mu_.
-  Result<std::shared_ptr<void>> ReserveStreams(size_t n, std::string_view what);
+  // Room for streams under max_streams, held by one create (so concurrent
+  // creates count each other) until Register takes it over (in the same
+  // step that makes the streams count) or the room goes. Owned by the
+  // creating call, on its thread; takes mu_.
+  class StreamRoom {
+   public:
+    explicit StreamRoom(Engine* e) : e_(e) {}
+    StreamRoom(const StreamRoom&) = delete;
+    StreamRoom& operator=(const StreamRoom&) = delete;
+    ~StreamRoom();
+    // kQuotaExhausted (counted in stream_creates_refused if `count`) if `n`
+    // more would pass max_streams; `what` names them in the message.
+    Status Reserve(size_t n, std::string_view what, bool count = true);
+    void ReleaseLocked();  // mu_ held
+
+   private:
+    Engine* e_;
+    size_t n_ = 0;
+  };
   size_t streams_reserved_ = 0;  // guarded by mu_
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_;
   std::map<std::pair<std::string, std::string>, uint64_t> by_name_;

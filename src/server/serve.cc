@@ -431,7 +431,7 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
                   static_cast<double>(engine->unsettled_bytes()));
   http::PromGauge(&out, "weir_streams", "Streams this server holds (--max-streams)",
                   static_cast<double>(engine->stream_count()));
-  http::PromCounter(&out, "weir_stream_creates_refused_total", "Creates of streams, tables or topics refused by --max-streams",
+  http::PromCounter(&out, "weir_stream_creates_refused_total", "Creates of streams, tables, topics or partitions refused by --max-streams",
                     e.stream_creates_refused.load());
   http::PromGauge(&out, "weir_settle_waiting_streams",
                   "Streams the last settle round left to gather more (--settle-min-kib)",

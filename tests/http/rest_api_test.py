@@ -2395,6 +2395,14 @@ class ServeFlagsTest(ClosingTestCase):
         r = bc.post("/v1/streams", json={"stream": "one-too-many"})
         self.assertEqual((r.status_code, r.json()["code"]), (403, "quota_exhausted"), r.text)
         self.assertIn("--max-streams", r.json()["message"])
+        # A name that exists needs no room: 409, or a request token's retry answered as made.
+        r = bc.post("/v1/streams", json={"stream": names[0]})
+        self.assertEqual((r.status_code, r.json()["code"]), (409, "resource_already_exists"), r.text)
+        tok = {"s2-request-token": unique("tok")}
+        self.assertEqual(bc.delete(f"/v1/streams/{names[2]}").status_code, 202)
+        self.assertEqual(bc.post("/v1/streams", json={"stream": names[2]}, headers=tok).status_code, 201)
+        r = bc.post("/v1/streams", json={"stream": names[2]}, headers=tok)
+        self.assertEqual(r.status_code, 201, r.text)
         # An append that would create its stream is refused too, and writes nothing.
         r = bc.post("/v1/streams/by-append/records", json={"records": [{"body": "x"}]})
         self.assertEqual((r.status_code, r.json()["code"]), (403, "quota_exhausted"), r.text)

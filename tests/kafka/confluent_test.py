@@ -421,12 +421,18 @@ class MaxStreams(ks.TestCase):
             self.assertNotIn(second, md.topics)
             self.assertEqual(partitions_of(server, first), [0, 1, 2])
             # Auto-creation (Metadata) past the limit: the topic stays missing.
-            md = a.list_topics(topic=unique("auto"), timeout=OP_TIMEOUT)
+            auto = unique("auto")
+            md = a.list_topics(topic=auto, timeout=OP_TIMEOUT)
             (t,) = md.topics.values()
             self.assertEqual(t.error.code(), KafkaError.UNKNOWN_TOPIC_OR_PART, t.error)
-            # Room for one more partition.
+            # Room for one more partition: a topic of one, but still not the
+            # auto-created topic's two.
             create_topic(server, second, 1)
             self.assertEqual(partitions_of(server, second), [0])
+            # A delete makes room: the same Metadata now creates it.
+            a.delete_topics([first], operation_timeout=60, request_timeout=OP_TIMEOUT)[first].result(timeout=OP_TIMEOUT)
+            md = a.list_topics(topic=auto, timeout=OP_TIMEOUT)
+            self.assertEqual(sorted(md.topics[auto].partitions), [0, 1], md.topics[auto].error)
         finally:
             ks.stop_server(server)
 

@@ -886,6 +886,33 @@ describe("Arrow Flight DoPut against weir", () => {
   });
 });
 
+describe("Arrow Flight with --max-streams 2", () => {
+  let server;
+  before(async () => {
+    server = new WeirServer(BIN, { args: ["--flight-addr", "127.0.0.1:0", "--max-streams", "2"] });
+    await server.start();
+  });
+  after(async () => {
+    if (server) {
+      await server.stop();
+      server.cleanup();
+    }
+  });
+
+  it("a create-table past it is RESOURCE_EXHAUSTED and makes nothing", T, async () => {
+    const topic = unique("capped");
+    await assert.rejects(doAction(server, "create-table", JSON.stringify({ table: topic, buckets: 3 })),
+      (e) => e.code === grpc.status.RESOURCE_EXHAUSTED && /--max-streams/.test(e.details));
+    const [made] = await doAction(server, "create-table", JSON.stringify({ table: topic, buckets: 2 }));
+    assert.deepEqual(made, { basin: "weir-kafka", table: topic, buckets: 2 });
+    await assert.rejects(doAction(server, "create-table", JSON.stringify({ table: unique("more") })),
+      (e) => e.code === grpc.status.RESOURCE_EXHAUSTED);
+    // A table that exists needs no room.
+    await assert.rejects(doAction(server, "create-table", JSON.stringify({ table: topic, buckets: 2 })),
+      (e) => e.code === grpc.status.ALREADY_EXISTS);
+  });
+});
+
 describe("Arrow Flight when weir stops with a DoGet following a tail", () => {
   let server;
   before(async () => {
