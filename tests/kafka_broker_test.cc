@@ -2771,6 +2771,25 @@ TEST_F(BrokerTest, DeletedTopicsLoseTheirCommittedOffsets) {
   EXPECT_EQ(resp.topics.at(0).partitions.at(0).committed_offset, -1);
 }
 
+TEST_F(BrokerTest, ACommitUnderAGroupIdNoJoinCouldUseIsInvalidGroupId) {
+  // JoinGroup takes group ids up to 255 bytes; a commit (a standalone one
+  // needs no join) takes no more, and stores nothing.
+  ASSERT_EQ(CreateTopic("long-group", 1).error_code, ErrorCode::kNone);
+  for (size_t size : {size_t{255}, size_t{256}, size_t{3000}}) {
+    SCOPED_TRACE(size);
+    OffsetCommitRequest c;
+    c.group_id = std::string(size, 'g');
+    c.topics.push_back(OffsetCommitRequestTopic{"long-group", {OffsetCommitRequestPartition{0, 0, -1, -1, ""}}});
+    EXPECT_EQ(Call(c, 2, DecodeOffsetCommitResponse).topics.at(0).partitions.at(0).error_code,
+              size <= 255 ? ErrorCode::kNone : ErrorCode::kInvalidGroupId);
+    OffsetFetchRequest f;
+    f.group_id = c.group_id;
+    f.topics = std::vector<OffsetFetchRequestTopic>{{"long-group", {0}}};
+    EXPECT_EQ(Call(f, 5, DecodeOffsetFetchResponse).topics.at(0).partitions.at(0).committed_offset,
+              size <= 255 ? 0 : -1);
+  }
+}
+
 // Once a successor holds the node (the same --node-id started elsewhere),
 // this process's listener changes no committed offset: its groups' commits
 // would overwrite the successor's.

@@ -102,8 +102,12 @@ void Broker::OffsetCommit(const std::shared_ptr<Request>& req) {
   // v0 names no generation or member: as on Kafka, a standalone commit
   // (generation -1), refused while the group has members.
   const bool v0 = req->version() == 0;
-  ErrorCode all = E(groups_.ValidateCommit(in.group_id, v0 ? -1 : in.generation_id, v0 ? "" : in.member_id,
-                                           v0 ? std::nullopt : in.group_instance_id, Now()));
+  // A group id no join could use (it would not fit PostgreSQL's index of
+  // committed offsets either).
+  ErrorCode all = in.group_id.size() > GroupCoordinator::kMaxGroupIdBytes
+                      ? ErrorCode::kInvalidGroupId
+                      : E(groups_.ValidateCommit(in.group_id, v0 ? -1 : in.generation_id, v0 ? "" : in.member_id,
+                                                 v0 ? std::nullopt : in.group_instance_id, Now()));
   std::vector<metastore::GroupOffset> offsets;
   std::vector<std::pair<size_t, size_t>> slots;  // response (topic, partition) of each offset
   int64_t now_ms = WallMillis();

@@ -382,7 +382,7 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
   }
   const bool unknown = in.member_id.empty();
   Group* g = FindGroup(in.group_id);
-  if (in.group_id.size() > kMaxGroupString) return fail(kErrInvalidGroupId, in.member_id);
+  if (in.group_id.size() > kMaxGroupIdBytes) return fail(kErrInvalidGroupId, in.member_id);
   const size_t wants = JoinBytes(in);
   if (in.protocols.size() > opts_.max_protocols_per_member || wants > opts_.max_member_bytes ||
       in.protocol_type.size() > kMaxGroupString) {

@@ -207,6 +207,9 @@ struct GroupCoordinatorStats {
 
 class GroupCoordinator {
  public:
+  // Longest group id any group API takes (INVALID_GROUP_ID beyond): a group
+  // keeps it uncharged, and PostgreSQL indexes it.
+  static constexpr size_t kMaxGroupIdBytes = 255;
   using JoinCallback = std::function<void(JoinGroupResult)>;
   using SyncCallback = std::function<void(SyncGroupResult)>;
 

@@ -2461,7 +2461,11 @@ Result<ReadResult> Engine::Read(const std::string& basin, const std::string& str
     const uint64_t before = SourceChanges(basin, stream, id);
     auto r = ReadOnce(basin, stream, start, max_records, max_bytes, wait_until, id);
     if (r.ok() || r.status().code() != Code::kNotFound) return r;
-    if (!FindAs(basin, stream, id).ok()) return r;  // the stream itself is gone
+    // The stream itself is gone, or this process was superseded meanwhile
+    // (its successor's merges and retention delete what it still lists).
+    if (auto again = FindAs(basin, stream, id); !again.ok()) {
+      return again.status().code() == Code::kFenced ? again.status() : r.status();
+    }
     if (!LookAgainAfterMiss(attempt, SourceChanges(basin, stream, id) != before, &strikes)) {
       return AnswerForMiss(basin, stream, id, r.status());
     }
@@ -2485,9 +2489,10 @@ uint64_t Engine::SourceChanges(const std::string& basin, const std::string& stre
 Status Engine::AnswerForMiss(const std::string& basin, const std::string& stream, uint64_t stream_id,
                              const Status& miss) {
   // A superseded process's objects go with its successor's merges and
-  // retention: not a loss of this one's records (also before this process
-  // has learnt it: the node's epoch tells).
-  if (superseded_) return miss;
+  // retention: not a loss of this one's records, nor a missing stream (also
+  // before this process has learnt it: the node's epoch tells). Its readers
+  // are told to go to the successor.
+  if (superseded_) return SupersededError(options_.node);
   auto s = FindAs(basin, stream, stream_id);
   if (!s.ok()) return miss;  // deleted, or deleted and created again
   {
@@ -2502,7 +2507,7 @@ Status Engine::AnswerForMiss(const std::string& basin, const std::string& stream
                        "took this node over ({}): retry",
                        stream, miss.message(), node.status().message());
   }
-  return node->epoch <= epoch_.load() ? ObjectMissing(stream, miss) : miss;
+  return node->epoch <= epoch_.load() ? ObjectMissing(stream, miss) : SupersededError(options_.node);
 }
 
 Result<ReadResult> Engine::ReadOnce(const std::string& basin, const std::string& stream, const ReadStart& start,

@@ -776,8 +776,10 @@ class Engine {
   Status ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std::vector<ReadBackBytes>* out);
   // After a read's last look found an object missing (`miss`): the read's
   // answer. ObjectMissing (records lost) if the stream is still this
-  // process's and there; `miss` if it was deleted or superseded meanwhile;
-  // Unavailable if the metastore cannot tell.
+  // process's and there; `miss` if it was deleted meanwhile; the superseded
+  // error (kFenced) if another process holds the node (its merges and
+  // retention delete what this one lists); Unavailable if the metastore
+  // cannot tell.
   Status AnswerForMiss(const std::string& basin, const std::string& stream, uint64_t stream_id, const Status& miss);
   // The stream's source changes (SegmentList::changes), 0 if it is gone.
   uint64_t SourceChanges(const std::string& basin, const std::string& stream, uint64_t stream_id);
