@@ -913,7 +913,23 @@ int S2sCompression(const Request& req) {
     auto comma = rest.find(',');
     std::string_view item = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    item = TrimOws(item.substr(0, item.find(';')));
+    // A coding with q=0 (RFC 9110: "not acceptable") is refused, not chosen.
+    const size_t semi = item.find(';');
+    if (semi != std::string_view::npos) {
+      std::string_view params = item.substr(semi + 1);
+      bool refused = false;
+      while (!params.empty()) {
+        const size_t next = params.find(';');
+        std::string_view p = TrimOws(params.substr(0, next));
+        params = next == std::string_view::npos ? std::string_view() : params.substr(next + 1);
+        if (p.size() >= 2 && (p[0] == 'q' || p[0] == 'Q') && p[1] == '=') {
+          std::string_view v = p.substr(2);
+          refused = !v.empty() && v.find_first_not_of("0.") == std::string_view::npos;
+        }
+      }
+      if (refused) continue;
+    }
+    item = TrimOws(item.substr(0, semi));
     auto is = [&](std::string_view name) { return EqualsLowercase(item, name); };
     if (is("zstd")) return 1;
     if (is("gzip")) gzip = true;

@@ -467,6 +467,13 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(pb_read_batch(payload)["records"][0]["body"], b"c" * 3000)
         flag, _ = read("br")
         self.assertEqual(flag & 0x60, 0)
+        # q=0 refuses a coding (RFC 9110): the next acceptable one is used.
+        flag, _ = read("zstd;q=0, gzip")
+        self.assertEqual(flag & 0x60, 0x40)
+        flag, _ = read("zstd; Q=0.000, gzip;q=0.0")
+        self.assertEqual(flag & 0x60, 0)
+        flag, _ = read("zstd;q=0.001")
+        self.assertEqual(flag & 0x60, 0x20)
 
     def test_read_past_the_tail_is_a_plain_416(self):
         stream = self.new_stream()
