@@ -64,6 +64,11 @@ struct Flags {
   std::string node = "crash-node";
   int node_live_window_ms = 20000;
   size_t cache_bytes = wl::EngineOptions{}.log_cache_bytes;
+  // Settle waits for a stream to hold this much, or its oldest record this
+  // long (EngineOptions::settle_min_bytes): kills then land where streams
+  // settled past a waiting one's slot.
+  size_t settle_min_bytes = wl::EngineOptions{}.settle_min_bytes;
+  int settle_max_delay_ms = 10000;
   // The WAL's own stores, file://DIR/wal-<i>: 0 = the object store, 2 or
   // more = a quorum (the express class).
   int wal_stores = 0;
@@ -233,6 +238,8 @@ Result<std::unique_ptr<wl::Engine>> OpenEngine(const Flags& f, bool faults, size
   o.wal.retry_max = 50ms;
   o.log_cache_bytes = cache_bytes;
   o.settle_interval = settle_interval;
+  o.settle_min_bytes = f.settle_min_bytes;
+  o.settle_max_delay = std::chrono::milliseconds(f.settle_max_delay_ms);
   WEIR_ASSIGN_OR_RETURN(auto engine, wl::Engine::Open(o, store, meta));
   if (down) {
     weir::objstore::FaultOptions all;
@@ -866,6 +873,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed);
   app.add_option("--cache-bytes", f.cache_bytes, "append mode: log cache size");
   app.add_option("--settle-ms", f.settle_ms, "append mode: settle interval")->check(CLI::Range(1, 600000));
+  app.add_option("--settle-min-bytes", f.settle_min_bytes, "a stream settles once it holds this much (0: every round)");
+  app.add_option("--settle-max-delay-ms", f.settle_max_delay_ms, "or once its oldest record is this old")
+      ->check(CLI::Range(0, 600000));
   app.add_option("--node", f.node, "node id (default crash-node)");
   app.add_option("--wal-stores", f.wal_stores, "WAL stores file://DIR/wal-<i> (0: the object store; 2+: a quorum)")
       ->check(CLI::Range(0, 8));

@@ -136,7 +136,11 @@ def cycle(rng, d, ack_log, extra, nodes, i, log, store):
     """One append run as one of `nodes`, killed at a random moment."""
     node = nodes[0] if len(nodes) == 1 else rng.choice(nodes)
     args = [CHILD, "--dir", d, "--mode", "append", "--ack-log", ack_log, "--node", node,
-            "--seed", str(rng.randrange(1, 1 << 62))] + store[0] + extra + EXTRA
+            "--seed", str(rng.randrange(1, 1 << 62)),
+            # Settle every stream each round, or let small ones wait (by
+            # size, by age): kills land where some settled past a waiting one.
+            "--settle-min-bytes", str(rng.choice([0, 2048, 16384, 1 << 20])),
+            "--settle-max-delay-ms", str(rng.choice([0, 100, 400, 10000]))] + store[0] + extra + EXTRA
     if "--wal-stores" in extra:
         args += ["--wal-down-store", str(rng.randrange(-1, int(extra[extra.index("--wal-stores") + 1])))]
     err_path = os.path.join(d, "append.err")

@@ -215,6 +215,7 @@ Status ApiError(long http_status, std::string_view body, const ErrorSubject& sub
   Code c = Code::kInternal;
   switch (http_status) {
     case 400: case 401: case 413: case 422: c = Code::kInvalidArgument; break;
+    case 403: c = code == "quota_exhausted" ? Code::kQuotaExhausted : Code::kInvalidArgument; break;
     case 404: c = Code::kNotFound; break;
     case 409:
       c = code == "out_of_order_sequence"     ? Code::kPreconditionFailed

@@ -1518,18 +1518,17 @@ void Broker::CreateTopics(const std::shared_ptr<Request>& req) {
         fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
       } else if (st.code() == Code::kInvalidArgument) {  // partitions and name were checked: a collision
         fail(ErrorCode::kInvalidTopicException, st.message());
-      } else if (st.code() == Code::kQuotaExhausted) {
-        fail(AdminFailure(st), st.message());
       } else if (!st.ok()) {
-        fail(AdminFailure(st), st.ToString());
+        fail(AdminFailure(st), st.code() == Code::kQuotaExhausted ? st.message() : st.ToString());
       }
     } else if (r.error_code == ErrorCode::kNone && engine_->GetTable(options_.basin, t.name).ok()) {
       fail(ErrorCode::kTopicAlreadyExists, fmt::format("topic '{}' already exists", t.name));
     } else if (r.error_code == ErrorCode::kNone) {
       if (Status c = CheckTopicCollision(t.name); c.code() == Code::kInvalidArgument) {
         fail(ErrorCode::kInvalidTopicException, c.message());
-      } else if (Status room = engine_->CheckStreamRoom(validated + static_cast<size_t>(partitions),
-                                                        "topic " + t.name + " and the request's topics before it");
+      } else if (Status room = engine_->CheckStreamRoom(
+                     validated + static_cast<size_t>(partitions),
+                     "topic " + t.name + (validated > 0 ? " and the request's topics before it" : ""));
                  !room.ok()) {
         fail(AdminFailure(room), room.message());
       } else {
@@ -1583,7 +1582,8 @@ void Broker::CreatePartitions(const std::shared_ptr<Request>& req) {
     } else if (in.validate_only) {
       const uint32_t more = static_cast<uint32_t>(t.count) - table->bucket_count;
       if (Status room = engine_->CheckStreamRoom(
-              validated + more, fmt::format("{} more partitions of topic {} (and the request's before it)", more, t.name));
+              validated + more, fmt::format("{} more partitions of topic {}{}", more, t.name,
+                                            validated > 0 ? " and the request's topics before it" : ""));
           !room.ok()) {
         fail(AdminFailure(room), room.message());
       } else {

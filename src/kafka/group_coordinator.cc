@@ -30,7 +30,7 @@ constexpr size_t kMaxMemberIdPrefix = 64;
 constexpr size_t kUuidBytes = 37;  // "-" and a UUID
 
 // Group ids and protocol types a join may bring (a group keeps them, uncharged).
-constexpr size_t kMaxGroupString = 255;
+constexpr size_t kMaxGroupString = GroupCoordinator::kMaxGroupIdBytes;
 
 // What a member joining with `in` will hold, its assignment aside: as
 // Member::Bytes counts it (its id is the one it sent, or a new one).
@@ -382,7 +382,7 @@ void GroupCoordinator::JoinLocked(const JoinGroupInput& in, int32_t rebalance_ms
   }
   const bool unknown = in.member_id.empty();
   Group* g = FindGroup(in.group_id);
-  if (in.group_id.size() > kMaxGroupIdBytes) return fail(kErrInvalidGroupId, in.member_id);
+  if (in.group_id.size() > kMaxGroupString) return fail(kErrInvalidGroupId, in.member_id);
   const size_t wants = JoinBytes(in);
   if (in.protocols.size() > opts_.max_protocols_per_member || wants > opts_.max_member_bytes ||
       in.protocol_type.size() > kMaxGroupString) {

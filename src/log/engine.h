@@ -79,8 +79,9 @@ struct EngineOptions {
   size_t max_read_records = 1000;
   size_t max_read_bytes = 1 << 20;
   Duration admission_timeout = std::chrono::seconds(10);
-  // Settle: every interval, acknowledged WAL slots become per-stream segments
-  // in one metastore transaction; then the slots are deleted. 0 = only SettleNow.
+  // Settle: every interval, the due streams' acknowledged batches (below)
+  // become per-stream segments in one metastore transaction; then the slots
+  // below the new checkpoint are deleted. 0 = only SettleNow.
   Duration settle_interval = std::chrono::seconds(1);
   // A background round settles a stream once it holds settle_min_bytes of
   // acknowledged batches, or its oldest is settle_max_delay old, or memory
@@ -106,8 +107,8 @@ struct EngineOptions {
   // and segments this many (1..10000).
   size_t load_page_streams = 1000;
   size_t load_page_segments = 10000;
-  // Merging small segments (each settle cycle writes one per stream that took
-  // appends): adjacent segments under merge_small_bytes are merged once they
+  // Merging small segments (settle writes one per due stream, a slow
+  // stream's every settle_max_delay): adjacent segments under merge_small_bytes are merged once they
   // add up to merge_small_bytes, or once the newest of them is merge_min_age
   // old (by record time), this often. 0 = only MergeSegmentsNow.
   Duration merge_interval = std::chrono::seconds(10);

@@ -55,7 +55,7 @@ struct BatchRef {
   wal::AckInfo where;
   std::shared_ptr<const std::string> bytes;  // null once evicted from the cache
   bool commands = true;  // may hold command records (false: none, as checked on append)
-  TimePoint acked{};  // when it became durable (or was replayed): settle_max_delay counts from here
+  TimePoint acked{};  // when it became durable (settle_max_delay counts from here); {} if replayed: due at once
 };
 
 // A segment as settle writes it: the batches in place (views into `held`),
