@@ -1781,6 +1781,61 @@ TEST_P(MetastoreConformance, ExpireGroupOffsetsRemovesWholeStaleGroups) {
   EXPECT_TRUE(removed.empty());
 }
 
+// Commits, deletes and expiries of more rows than one statement takes (128)
+// run as several statements in one transaction, with the same outcome.
+TEST_P(MetastoreConformance, GroupOffsetsOfManyPartitionsAndGroups) {
+  std::vector<GroupOffset> commit;
+  for (int32_t p = 0; p < 300; ++p) commit.push_back(Offset(p % 2 == 0 ? "t" : "u", p / 2, p, "m" + std::to_string(p)));
+  // A partition named again far from its first entry keeps its last offset.
+  commit.push_back(Offset("t", 0, 1000));
+  commit.push_back(Offset("u", 149, 2000));
+  ASSERT_OK(m().CommitGroupOffsets("g", commit, kNoNode));
+  ASSERT_OK_AND_ASSIGN(std::vector<GroupOffset> got, m().FetchGroupOffsets("g"));
+  ASSERT_EQ(got.size(), 300u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool t = i < 150;
+    const int32_t part = static_cast<int32_t>(t ? i : i - 150);
+    EXPECT_EQ(got[i].topic, t ? "t" : "u");
+    EXPECT_EQ(got[i].partition, part);
+    const int64_t first = 2 * part + (t ? 0 : 1);
+    const int64_t want = t && part == 0 ? 1000 : !t && part == 149 ? 2000 : first;
+    EXPECT_EQ(got[i].offset, want) << got[i].topic << " " << part;
+    EXPECT_EQ(got[i].metadata, want == first ? "m" + std::to_string(first) : "");
+  }
+
+  // Delete every partition of "t" but the last and the even ones of "u" (225).
+  std::vector<std::pair<std::string, int32_t>> gone;
+  for (int32_t p = 0; p < 149; ++p) gone.emplace_back("t", p);
+  for (int32_t p = 0; p < 150; p += 2) gone.emplace_back("u", p);
+  gone.emplace_back("t", 0);  // twice
+  ASSERT_OK(m().DeletePartitionOffsets("g", gone, kNoNode));
+  ASSERT_OK_AND_ASSIGN(got, m().FetchGroupOffsets("g"));
+  ASSERT_EQ(got.size(), 76u);
+  EXPECT_EQ(got[0].topic, "t");
+  EXPECT_EQ(got[0].partition, 149);
+  for (size_t i = 1; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].topic, "u");
+    EXPECT_EQ(got[i].partition, static_cast<int32_t>(2 * i - 1));
+  }
+
+  // 300 stale groups, 10 of them kept; one recent group.
+  std::vector<std::string> keep;
+  for (int i = 0; i < 300; ++i) {
+    const std::string group = "old-" + std::to_string(i);
+    ASSERT_OK(m().CommitGroupOffsets(group, {Offset("t", 0, i, "", -1, 100)}, kNoNode));
+    if (i % 30 == 7) keep.push_back(group);
+  }
+  ASSERT_OK(m().CommitGroupOffsets("new", {Offset("t", 0, 1, "", -1, 900)}, kNoNode));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed, m().ExpireGroupOffsets(500, keep, kNoNode));
+  EXPECT_EQ(removed.size(), 290u);
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> left, m().ListOffsetGroups());
+  std::vector<std::string> want = keep;
+  want.push_back("new");
+  want.push_back("g");
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(left, want);
+}
+
 TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
   const uint64_t id = MakeTable("b1", "topic", 2).first.id;
   StreamConfig cfg;

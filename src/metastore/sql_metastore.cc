@@ -3,12 +3,18 @@
 #include "metastore/sql_metastore.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <exception>
+#include <functional>
 #include <limits>
+#include <map>
 #include <new>
 #include <optional>
 #include <random>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -153,9 +159,6 @@ constexpr const char kGetState[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_st
 constexpr const char kListStates[] =
     "SELECT " WEIR_STATE_COLUMNS " FROM stream_states WHERE stream_id > ?1 ORDER BY stream_id LIMIT ?2";
 #undef WEIR_STATE_COLUMNS
-constexpr const char kUpdateState[] =
-    "UPDATE stream_states SET settled_offset = ?2, trim_point = CASE WHEN trim_point > ?3 THEN trim_point ELSE ?3 END, "
-    "fencing_token = ?4, last_timestamp_ms = ?5, producer_state = ?6 WHERE stream_id = ?1";
 constexpr const char kRaiseTrimPoint[] =
     "UPDATE stream_states SET trim_point = CASE WHEN trim_point > ?2 THEN trim_point ELSE ?2 END "
     "WHERE stream_id = ?1";
@@ -202,6 +205,7 @@ constexpr const char kSegmentByTimestamp[] =
 constexpr const char kDeleteSegmentsBelow[] =
     "DELETE FROM segments WHERE stream_id = ?1 AND start_offset < ?2 AND end_offset <= ?2 "
     "RETURNING " WEIR_SEGMENT_COLUMNS;
+constexpr const char kInsertSegmentsHead[] = "INSERT INTO segments(" WEIR_SEGMENT_COLUMNS ") VALUES";
 #undef WEIR_SEGMENT_COLUMNS
 constexpr const char kSegmentKeysOfStream[] =
     "SELECT object_key FROM segments WHERE stream_id = ?1 ORDER BY start_offset";
@@ -225,11 +229,6 @@ constexpr const char kListTablesOpen[] =
 constexpr const char kFirstTableOfBasin[] = "SELECT name FROM tables WHERE basin = ?1 ORDER BY name LIMIT 1";
 constexpr const char kDeleteTable[] = "DELETE FROM tables WHERE id = ?1";
 
-constexpr const char kUpsertGroupOffset[] =
-    "INSERT INTO group_offsets(group_id, topic, part, committed_offset, leader_epoch, metadata, commit_time_ms) "
-    "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(group_id, topic, part) DO UPDATE SET "
-    "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "
-    "metadata = excluded.metadata, commit_time_ms = excluded.commit_time_ms";
 constexpr const char kFetchGroupOffsets[] =
     "SELECT topic, part, committed_offset, leader_epoch, metadata, commit_time_ms FROM group_offsets "
     "WHERE group_id = ?1 ORDER BY topic, part";
@@ -238,10 +237,129 @@ constexpr const char kDeleteTopicOffsets[] = "DELETE FROM group_offsets WHERE to
 constexpr const char kStaleGroups[] =
     "SELECT group_id FROM group_offsets GROUP BY group_id HAVING MAX(commit_time_ms) < ?1";
 constexpr const char kDeleteAllGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1";
-constexpr const char kDeletePartitionOffset[] =
-    "DELETE FROM group_offsets WHERE group_id = ?1 AND topic = ?2 AND part = ?3";
 constexpr const char kListOffsetGroups[] = "SELECT DISTINCT group_id FROM group_offsets ORDER BY group_id";
 #undef WEIR_BASIN_COLUMNS
+
+// A statement over many rows, so that PostgreSQL runs many rows in one round
+// trip: its text for 1, 2, 4, ... 2^kBatchRowsLog2 rows, built once (the
+// driver caches statements by text: at most eight per kind). Immutable after
+// construction; any thread.
+constexpr int kBatchRowsLog2 = 7;  // 128 rows: at most 6 * 128 + 1 parameters
+
+class BatchSql {
+ public:
+  // The text is head, then row(0), sep, row(1), ..., then tail; row(i) names
+  // row i's parameters.
+  BatchSql(std::string_view head, std::string_view sep, std::string_view tail,
+           const std::function<std::string(size_t)>& row) {
+    for (int k = 0; k <= kBatchRowsLog2; ++k) {
+      std::string text(head);
+      for (size_t i = 0; i < (size_t{1} << k); ++i) {
+        if (i > 0) text += sep;
+        text += row(i);
+      }
+      text += tail;
+      sql_[static_cast<size_t>(k)] = std::move(text);
+    }
+  }
+  // The most rows, at most n (>= 1), that one statement takes, and its text.
+  std::pair<size_t, const char*> For(size_t n) const {
+    const int k = std::min(static_cast<int>(std::bit_width(n)) - 1, kBatchRowsLog2);
+    return {size_t{1} << k, sql_[static_cast<size_t>(k)].c_str()};
+  }
+
+ private:
+  std::array<std::string, kBatchRowsLog2 + 1> sql_;
+};
+
+// Covers rows [0, n) with the fewest statements of `sql`, largest first:
+// each(st, first, count) binds rows [first, first + count) to a statement
+// prepare(text) lent, and runs it. A template because SqlMetastore::Stmt is
+// private.
+template <typename Prepare, typename Each>
+Status ForEachBatch(const BatchSql& sql, size_t n, Prepare&& prepare, Each&& each) {
+  for (size_t first = 0; first < n;) {
+    const auto [count, text] = sql.For(n - first);
+    auto st = prepare(text);
+    if (!st.ok()) return st.status();
+    WEIR_RETURN_IF_ERROR(each(*st, first, count));
+    first += count;
+  }
+  return Status::Ok();
+}
+
+// ?1 is the group; row i's parameters follow from ?2 (offsets: 6 a row).
+const BatchSql& UpsertGroupOffsets() {
+  static const BatchSql sql(
+      "INSERT INTO group_offsets(group_id, topic, part, committed_offset, leader_epoch, metadata, commit_time_ms) "
+      "VALUES",
+      ", ",
+      " ON CONFLICT(group_id, topic, part) DO UPDATE SET "
+      "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "
+      "metadata = excluded.metadata, commit_time_ms = excluded.commit_time_ms",
+      [](size_t i) {
+        const size_t p = 2 + 6 * i;
+        return fmt::format("(?1, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5);
+      });
+  return sql;
+}
+// (topic, partition) pairs: 2 a row.
+const BatchSql& DeletePartitionOffsetRows() {
+  static const BatchSql sql("DELETE FROM group_offsets WHERE group_id = ?1 AND (", " OR ", ")", [](size_t i) {
+    const size_t p = 2 + 2 * i;
+    return fmt::format("(topic = ?{} AND part = ?{})", p, p + 1);
+  });
+  return sql;
+}
+// Settle (CommitSettle). Streams that exist, of ids from ?1.
+const BatchSql& LiveStreamIds() {
+  static const BatchSql sql("SELECT id FROM streams WHERE id IN (", ", ", ")",
+                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  return sql;
+}
+// Rows (stream id, start, end, row number), 4 a row from ?1: the row number
+// of one whose range [start, end) overlaps an indexed segment, if any. Two
+// index seeks a row: the segment at or before its start must end by it, and
+// none may start inside it (indexed segments never overlap).
+const BatchSql& OverlappingSegment() {
+  static const BatchSql sql(
+      "SELECT v.column4 FROM (VALUES ", ", ",
+      ") AS v WHERE (SELECT end_offset FROM segments WHERE stream_id = v.column1 AND start_offset <= v.column2 "
+      "ORDER BY start_offset DESC LIMIT 1) > v.column2 OR EXISTS (SELECT 1 FROM segments WHERE stream_id = "
+      "v.column1 AND start_offset > v.column2 AND start_offset < v.column3) LIMIT 1",
+      [](size_t i) {
+        const size_t p = 1 + 4 * i;
+        return fmt::format("(?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3);
+      });
+  return sql;
+}
+// Segment rows, 7 a row from ?1 (as kInsertSegment).
+const BatchSql& InsertSegments() {
+  static const BatchSql sql(kInsertSegmentsHead, ", ", "", [](size_t i) {
+    const size_t p = 1 + 7 * i;
+    return fmt::format("(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5, p + 6);
+  });
+  return sql;
+}
+// Stream states, 6 a row from ?1 (the trim point never moves back); a
+// deleted stream's row is not there to change.
+const BatchSql& UpdateStates() {
+  static const BatchSql sql(
+      "UPDATE stream_states SET settled_offset = v.column2, trim_point = CASE WHEN trim_point > v.column3 THEN "
+      "trim_point ELSE v.column3 END, fencing_token = v.column4, last_timestamp_ms = v.column5, producer_state = "
+      "v.column6 FROM (VALUES ",
+      ", ", ") AS v WHERE stream_states.stream_id = v.column1", [](size_t i) {
+        const size_t p = 1 + 6 * i;
+        return fmt::format("(?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5);
+      });
+  return sql;
+}
+// Groups: 1 a row, from ?1.
+const BatchSql& DeleteGroupsOffsets() {
+  static const BatchSql sql("DELETE FROM group_offsets WHERE group_id IN (", ", ", ")",
+                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  return sql;
+}
 
 }  // namespace
 
@@ -855,16 +973,42 @@ Status SqlMetastore::UpdateTableConfig(uint64_t table_id, std::string_view confi
   });
 }
 
+void SqlMetastore::BindSegment(Stmt& st, int p, const SegmentInfo& s) {
+  st.Int(p, I64(s.stream_id))
+      .Int(p + 1, I64(s.start_offset))
+      .Int(p + 2, I64(s.end_offset))
+      .Int(p + 3, s.first_timestamp_ms)
+      .Int(p + 4, s.last_timestamp_ms)
+      .Text(p + 5, s.object_key)
+      .Int(p + 6, I64(s.size_bytes));
+}
+
 Status SqlMetastore::InsertSegmentRow(const SegmentInfo& s) {
   WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertSegment));
-  ins.Int(1, I64(s.stream_id))
-      .Int(2, I64(s.start_offset))
-      .Int(3, I64(s.end_offset))
-      .Int(4, s.first_timestamp_ms)
-      .Int(5, s.last_timestamp_ms)
-      .Text(6, s.object_key)
-      .Int(7, I64(s.size_bytes));
+  BindSegment(ins, 1, s);
   return ins.Run("insert segment");
+}
+
+Status SqlMetastore::SegmentOverlap(const SegmentInfo& s) {
+  // The neighbours on either side.
+  for (const char* sql : {kSegmentAtOrBefore, kSegmentAfter}) {
+    WEIR_ASSIGN_OR_RETURN(Stmt nb, Prepare(sql));
+    WEIR_ASSIGN_OR_RETURN(const bool row,
+                          nb.Int(1, I64(s.stream_id)).Int(2, I64(s.start_offset)).Step("check segment overlap"));
+    if (!row) continue;
+    const uint64_t start = U64(nb.ColInt(0));
+    const uint64_t end = U64(nb.ColInt(1));
+    if (start == s.start_offset) {
+      return AlreadyExists("stream {}: a segment starting at offset {} is already indexed ([{}, {}))", s.stream_id,
+                           start, start, end);
+    }
+    if (start < s.end_offset && s.start_offset < end) {
+      return AlreadyExists("stream {}: segment [{}, {}) overlaps the indexed segment [{}, {})", s.stream_id,
+                           s.start_offset, s.end_offset, start, end);
+    }
+  }
+  return Internal("metastore {}: stream {}: segment [{}, {}) was found to overlap an indexed one, which is not there",
+                  describe_, s.stream_id, s.start_offset, s.end_offset);
 }
 
 Result<NodeState> SqlMetastore::NodeAtEpoch(std::string_view node, uint64_t epoch) {
@@ -1124,49 +1268,95 @@ Status SqlMetastore::CommitSettle(std::string_view node, uint64_t epoch, const C
                                   current.checkpoint.epoch, current.checkpoint.seq, expected.epoch, expected.seq);
       }
 
-      std::unordered_map<uint64_t, bool> exists;  // stream id -> still exists
-      auto stream_exists = [&](uint64_t id) -> Result<bool> {
-        auto it = exists.find(id);
-        if (it != exists.end()) return it->second;
-        WEIR_ASSIGN_OR_RETURN(const bool e, StreamExists(id));
-        exists.emplace(id, e);
-        return e;
-      };
-
+      // Statements of up to 128 rows each (one round trip each on
+      // PostgreSQL). A deleted stream's segments are left out.
+      std::vector<uint64_t> ids;
+      ids.reserve(segments.size());
+      for (const SegmentInfo& s : segments) ids.push_back(s.stream_id);
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      std::unordered_set<uint64_t> live;
+      WEIR_RETURN_IF_ERROR(ForEachBatch(
+          LiveStreamIds(), ids.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& st, size_t first, size_t count) -> Status {
+            for (size_t i = 0; i < count; ++i) st.Int(1 + static_cast<int>(i), I64(ids[first + i]));
+            while (true) {
+              WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("look up streams"));
+              if (!row) return Status::Ok();
+              live.insert(U64(st.ColInt(0)));
+            }
+          }));
+      std::vector<const SegmentInfo*> rows;
+      rows.reserve(segments.size());
       for (const SegmentInfo& s : segments) {
-        WEIR_ASSIGN_OR_RETURN(const bool live, stream_exists(s.stream_id));
-        if (!live) continue;
-        // Segments never overlap: check the neighbours on either side.
-        for (const char* sql : {kSegmentAtOrBefore, kSegmentAfter}) {
-          WEIR_ASSIGN_OR_RETURN(Stmt nb, Prepare(sql));
-          WEIR_ASSIGN_OR_RETURN(const bool row,
-                                nb.Int(1, I64(s.stream_id)).Int(2, I64(s.start_offset)).Step("check segment overlap"));
-          if (!row) continue;
-          const uint64_t start = U64(nb.ColInt(0));
-          const uint64_t end = U64(nb.ColInt(1));
-          if (start == s.start_offset) {
-            return AlreadyExists("stream {}: a segment starting at offset {} is already indexed ([{}, {}))",
-                                 s.stream_id, start, start, end);
-          }
-          if (start < s.end_offset && s.start_offset < end) {
-            return AlreadyExists("stream {}: segment [{}, {}) overlaps the indexed segment [{}, {})", s.stream_id,
-                                 s.start_offset, s.end_offset, start, end);
-          }
-        }
-        WEIR_RETURN_IF_ERROR(InsertSegmentRow(s));
+        if (live.count(s.stream_id) != 0) rows.push_back(&s);
       }
 
-      for (const StreamState& s : states) {
-        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpdateState));
-        st.Int(1, I64(s.stream_id))
-            .Int(2, I64(s.settled_offset))
-            .Int(3, I64(s.trim_point))
-            .Blob(4, s.fencing_token)
-            .Int(5, s.last_timestamp_ms)
-            .Blob(6, s.producer_state);
-        // No row changed: the stream was deleted (its state row went with it).
-        WEIR_RETURN_IF_ERROR(st.Run("update stream state"));
+      // Segments never overlap: not each other (in stream and offset order,
+      // each starts at or after the one before ends)...
+      std::vector<const SegmentInfo*> sorted = rows;
+      std::sort(sorted.begin(), sorted.end(), [](const SegmentInfo* a, const SegmentInfo* b) {
+        return std::pair(a->stream_id, a->start_offset) < std::pair(b->stream_id, b->start_offset);
+      });
+      for (size_t i = 1; i < sorted.size(); ++i) {
+        const SegmentInfo& a = *sorted[i - 1];
+        const SegmentInfo& b = *sorted[i];
+        if (a.stream_id == b.stream_id && b.start_offset < a.end_offset) {
+          return AlreadyExists("stream {}: segments [{}, {}) and [{}, {}) of one settle overlap", a.stream_id,
+                               a.start_offset, a.end_offset, b.start_offset, b.end_offset);
+        }
       }
+      // ...nor those indexed.
+      WEIR_RETURN_IF_ERROR(ForEachBatch(
+          OverlappingSegment(), rows.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& st, size_t first, size_t count) -> Status {
+            for (size_t i = 0; i < count; ++i) {
+              const SegmentInfo& s = *rows[first + i];
+              const int p = 1 + 4 * static_cast<int>(i);
+              st.Int(p, I64(s.stream_id))
+                  .Int(p + 1, I64(s.start_offset))
+                  .Int(p + 2, I64(s.end_offset))
+                  .Int(p + 3, static_cast<int64_t>(first + i));
+            }
+            WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("check segment overlap"));
+            if (!row) return Status::Ok();
+            const int64_t at = st.ColInt(0);
+            if (at < 0 || static_cast<size_t>(at) >= rows.size()) {
+              return Internal("metastore {}: segment overlap check named row {} of {}", describe_, at, rows.size());
+            }
+            return SegmentOverlap(*rows[static_cast<size_t>(at)]);
+          }));
+      WEIR_RETURN_IF_ERROR(ForEachBatch(
+          InsertSegments(), rows.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& st, size_t first, size_t count) {
+            for (size_t i = 0; i < count; ++i) BindSegment(st, 1 + 7 * static_cast<int>(i), *rows[first + i]);
+            return st.Run("insert segments");
+          }));
+
+      // One state a stream (the last given); PostgreSQL's UPDATE ... FROM
+      // would take any one of several.
+      std::unordered_map<uint64_t, const StreamState*> last;
+      for (const StreamState& s : states) last[s.stream_id] = &s;
+      std::vector<const StreamState*> updates;
+      updates.reserve(last.size());
+      for (const StreamState& s : states) {
+        if (last[s.stream_id] == &s) updates.push_back(&s);
+      }
+      WEIR_RETURN_IF_ERROR(ForEachBatch(
+          UpdateStates(), updates.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& st, size_t first, size_t count) {
+            for (size_t i = 0; i < count; ++i) {
+              const StreamState& s = *updates[first + i];
+              const int p = 1 + 6 * static_cast<int>(i);
+              st.Int(p, I64(s.stream_id))
+                  .Int(p + 1, I64(s.settled_offset))
+                  .Int(p + 2, I64(s.trim_point))
+                  .Blob(p + 3, s.fencing_token)
+                  .Int(p + 4, s.last_timestamp_ms)
+                  .Blob(p + 5, s.producer_state);
+            }
+            return st.Run("update stream states");
+          }));
 
       WEIR_ASSIGN_OR_RETURN(Stmt ckpt, Prepare(kSetCheckpoint));
       return ckpt.Text(1, node).Int(2, I64(next.epoch)).Int(3, I64(next.seq)).Run("move checkpoint");
@@ -1488,20 +1678,31 @@ Status SqlMetastore::CommitGroupOffsets(std::string_view group, const std::vecto
                                o.partition);
       }
     }
+    // A partition named twice keeps its last offset (as rows written in
+    // order would); PostgreSQL refuses one statement that updates a row twice.
+    std::map<std::pair<std::string_view, int32_t>, size_t> last;
+    for (size_t i = 0; i < offsets.size(); ++i) last[{offsets[i].topic, offsets[i].partition}] = i;
+    std::vector<const GroupOffset*> rows;
+    rows.reserve(last.size());
+    for (const auto& [key, i] : last) rows.push_back(&offsets[i]);
     return InTransaction("commit group offsets", [&]() -> Status {
       WEIR_RETURN_IF_ERROR(CheckEpoch(by));
-      for (const GroupOffset& o : offsets) {
-        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kUpsertGroupOffset));
-        st.Text(1, group)
-            .Text(2, o.topic)
-            .Int(3, o.partition)
-            .Int(4, o.offset)
-            .Int(5, o.leader_epoch)
-            .Blob(6, o.metadata)
-            .Int(7, o.commit_time_ms);
-        WEIR_RETURN_IF_ERROR(st.Run("upsert group offset"));
-      }
-      return Status::Ok();
+      return ForEachBatch(
+          UpsertGroupOffsets(), rows.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& st, size_t first, size_t count) {
+            st.Text(1, group);
+            for (size_t i = 0; i < count; ++i) {
+              const GroupOffset& o = *rows[first + i];
+              const int p = 2 + 6 * static_cast<int>(i);
+              st.Text(p, o.topic)
+                  .Int(p + 1, o.partition)
+                  .Int(p + 2, o.offset)
+                  .Int(p + 3, o.leader_epoch)
+                  .Blob(p + 4, o.metadata)
+                  .Int(p + 5, o.commit_time_ms);
+            }
+            return st.Run("upsert group offsets");
+          });
     });
   });
 }
@@ -1545,11 +1746,16 @@ Status SqlMetastore::DeletePartitionOffsets(std::string_view group,
   return Locked("DeletePartitionOffsets", [&]() -> Status {
     return InTransaction("delete partition offsets", [&]() -> Status {
       WEIR_RETURN_IF_ERROR(CheckEpoch(by));
-      for (const auto& [topic, part] : partitions) {
-        WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeletePartitionOffset));
-        WEIR_RETURN_IF_ERROR(st.Text(1, group).Text(2, topic).Int(3, part).Run("delete partition offset"));
-      }
-      return Status::Ok();
+      return ForEachBatch(
+          DeletePartitionOffsetRows(), partitions.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& st, size_t first, size_t count) {
+            st.Text(1, group);
+            for (size_t i = 0; i < count; ++i) {
+              const int p = 2 + 2 * static_cast<int>(i);
+              st.Text(p, partitions[first + i].first).Int(p + 1, partitions[first + i].second);
+            }
+            return st.Run("delete partition offsets");
+          });
     });
   });
 }
@@ -1603,12 +1809,17 @@ Result<std::vector<std::string>> SqlMetastore::ExpireGroupOffsets(int64_t commit
         }
       }
       const std::set<std::string_view> kept(keep.begin(), keep.end());
-      for (const std::string& group : stale) {
-        if (kept.count(group) != 0) continue;
-        WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteAllGroupOffsets));
-        WEIR_RETURN_IF_ERROR(del.Text(1, group).Run("delete group offsets"));
-        removed.push_back(group);
+      std::vector<std::string> expired;
+      for (std::string& group : stale) {
+        if (kept.count(group) == 0) expired.push_back(std::move(group));
       }
+      WEIR_RETURN_IF_ERROR(ForEachBatch(
+          DeleteGroupsOffsets(), expired.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& st, size_t first, size_t count) {
+            for (size_t i = 0; i < count; ++i) st.Text(1 + static_cast<int>(i), expired[first + i]);
+            return st.Run("delete group offsets");
+          }));
+      removed = std::move(expired);
       return Status::Ok();
     });
     if (!txn.ok()) return txn;

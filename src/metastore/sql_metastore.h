@@ -174,6 +174,10 @@ class SqlMetastore final : public Metastore {
   Status CheckEpoch(const EpochCheck& by);
   // In a transaction: one segment row, unchecked.
   Status InsertSegmentRow(const SegmentInfo& s);
+  // Binds a segment row to parameters p..p+6 (the segment columns' order).
+  static void BindSegment(Stmt& st, int p, const SegmentInfo& s);
+  // The kAlreadyExists error naming the indexed segment `s` overlaps (kInternal if none does).
+  Status SegmentOverlap(const SegmentInfo& s);
   // DeleteStream's transaction; `check` (if set) runs first inside it with
   // the stream's row and may refuse.
   Result<std::vector<std::string>> DeleteStreamIf(uint64_t id, const char* what,
