@@ -310,6 +310,22 @@ TEST(Secret, ConstantTimeEqualAndAuthCredentials) {
   EXPECT_EQ(AuthCredentials("", "basic"), std::nullopt);
 }
 
+TEST(Secret, RedactUriHidesPasswordsAndSecretParameters) {
+  EXPECT_EQ(RedactUri("postgres://weir:hunter2@db:5432/weir?sslmode=require"),
+            "postgres://weir:***@db:5432/weir?sslmode=require");
+  EXPECT_EQ(RedactUri("postgresql://u:p@ss@db/x"), "postgresql://u:***@db/x");  // the last @ ends the user info
+  EXPECT_EQ(RedactUri("postgres://weir@db/weir"), "postgres://weir@db/weir");
+  EXPECT_EQ(RedactUri("postgres://db/weir?user=u&password=pw&sslpassword=k"),
+            "postgres://db/weir?user=u&password=***&sslpassword=***");
+  EXPECT_EQ(RedactUri("s3://bucket/prefix?access_key=AK&secret_key=SK&session_token=T&region=r"),
+            "s3://bucket/prefix?access_key=AK&secret_key=***&session_token=***&region=r");
+  EXPECT_EQ(RedactUri("s3://bucket?secret_key=SK"), "s3://bucket?secret_key=***");
+  EXPECT_EQ(RedactUri("s3://b/p?x=1&my_secret_key=v"), "s3://b/p?x=1&my_secret_key=v");  // names match whole
+  EXPECT_EQ(RedactUri("file:///data/a@b:c/objects"), "file:///data/a@b:c/objects");     // @ past the host
+  EXPECT_EQ(RedactUri("mem://"), "mem://");
+  EXPECT_EQ(RedactUri("postgress://u:pw@h/d"), "postgress://u:***@h/d");
+}
+
 TEST(Histogram, BucketsBoundRelativeError) {
   for (uint64_t v : std::vector<uint64_t>{0, 1, 15, 16, 17, 1000, 123456789, UINT64_MAX}) {
     int b = Histogram::BucketOf(v);

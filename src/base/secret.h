@@ -1,9 +1,12 @@
-// Comparing secrets (bearer tokens) and reading the credentials of an
-// HTTP-style authorization header value. Header-only, stateless.
+// Comparing secrets (bearer tokens), reading the credentials of an
+// HTTP-style authorization header value, and hiding secrets in URIs.
+// Header-only, stateless.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace weir {
@@ -27,6 +30,42 @@ inline std::optional<std::string_view> AuthCredentials(std::string_view header, 
     if (lower(header[i]) != lower(scheme[i])) return std::nullopt;
   }
   return header.substr(scheme.size() + 1);
+}
+
+// `uri` for messages and logs: a password in its user info
+// ("scheme://user:PASSWORD@host") and the values of the query parameters
+// secret_key, session_token, password and sslpassword become "***".
+inline std::string RedactUri(std::string_view uri) {
+  std::string out(uri);
+  const size_t scheme = out.find("://");
+  if (scheme != std::string::npos) {
+    const size_t host_begin = scheme + 3;
+    const size_t host_end = std::min(out.find_first_of("/?", host_begin), out.size());
+    const size_t at = out.rfind('@', host_end);
+    if (at != std::string::npos && at >= host_begin) {
+      const size_t colon = out.find(':', host_begin);
+      if (colon < at) out.replace(colon + 1, at - colon - 1, "***");
+    }
+  }
+  const size_t query = out.find('?');
+  if (query == std::string::npos) return out;
+  std::string redacted = out.substr(0, query + 1);
+  for (size_t pos = query + 1; pos <= out.size();) {
+    size_t end = out.find('&', pos);
+    if (end == std::string::npos) end = out.size();
+    const std::string_view param = std::string_view(out).substr(pos, end - pos);
+    const size_t eq = param.find('=');
+    const std::string_view name = param.substr(0, eq);
+    if (eq != std::string_view::npos &&
+        (name == "secret_key" || name == "session_token" || name == "password" || name == "sslpassword")) {
+      redacted.append(param.substr(0, eq + 1)).append("***");
+    } else {
+      redacted.append(param);
+    }
+    if (end < out.size()) redacted += '&';
+    pos = end + 1;
+  }
+  return redacted;
 }
 
 }  // namespace weir

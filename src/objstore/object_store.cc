@@ -1,6 +1,7 @@
 // Key validation and URI dispatch for the ObjectStore interface.
 #include "objstore/object_store.h"
 
+#include "base/secret.h"
 #include "objstore/file_store.h"
 #include "objstore/internal.h"
 #include "objstore/mem_store.h"
@@ -79,7 +80,8 @@ constexpr std::string_view kS3 = "s3://";
 Status CheckObjectStoreScheme(std::string_view uri) {
   if (uri.starts_with(kS3) || uri.starts_with(kMem) || uri.starts_with(kFile)) return Status::Ok();
   return InvalidArgument(
-      "unsupported object store URI scheme in \"{}\"; supported: file://DIR, mem://, s3://BUCKET[/PREFIX]?...", uri);
+      "unsupported object store URI scheme in \"{}\"; supported: file://DIR, mem://, s3://BUCKET[/PREFIX]?...",
+      RedactUri(uri));
 }
 
 Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri, const OpenOptions& options) {

@@ -12,6 +12,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/secret.h"
 #include "base/utf8.h"
 #include "objstore/http_client.h"
 #include "objstore/internal.h"
@@ -64,28 +65,6 @@ bool ParseBool(std::string_view v, bool* out) {
 std::string EnvOr(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
-}
-
-// The URI with the values of secret parameters replaced, for messages.
-std::string RedactUri(std::string_view uri) {
-  std::string out;
-  size_t pos = 0;
-  while (pos < uri.size()) {
-    size_t end = uri.find('&', pos);
-    if (end == std::string_view::npos) end = uri.size();
-    std::string_view part = uri.substr(pos, end - pos);
-    const size_t q = part.find('?');
-    const std::string_view param = q == std::string_view::npos ? part : part.substr(q + 1);
-    if (param.starts_with("secret_key=") || param.starts_with("session_token=")) {
-      out += part.substr(0, part.find('=') + 1);
-      out += "***";
-    } else {
-      out += part;
-    }
-    if (end < uri.size()) out += '&';
-    pos = end + 1;
-  }
-  return out;
 }
 
 uint64_t RandomU64() {

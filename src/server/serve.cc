@@ -23,6 +23,7 @@
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "base/secret.h"
 #include "base/tcp.h"
 #include "flight/flight_server.h"
 #include "http/rest.h"
@@ -54,7 +55,9 @@ class DataDirLock {
     // Each directory made is synced in its parent: the data dir's own entry
     // must outlive a crash as surely as what is acknowledged inside it.
     std::error_code ec;
-    const std::string abs = std::filesystem::absolute(dir, ec).lexically_normal().string();
+    // Not normalised: "link/../d" is made where the OS takes it, as the
+    // lock below and the stores inside are opened.
+    const std::string abs = std::filesystem::absolute(dir, ec).string();
     if (ec) return IOError("cannot resolve data dir {}: {}", dir, ec.message());
     if (Status st = MakeDirsSynced(abs); !st.ok()) return st.WithContext("cannot create data dir " + dir);
     std::string path = dir + "/LOCK";
@@ -283,7 +286,7 @@ Result<std::shared_ptr<objstore::ObjectStore>> OpenWalStore(const ServeOptions& 
   std::vector<std::shared_ptr<objstore::ObjectStore>> stores;
   for (size_t i = 0; i < o.wal_stores.size(); ++i) {
     auto store = OpenOneStore(o, o.wal_stores[i], i + 1);
-    if (!store.ok()) return store.status().WithContext(fmt::format("--wal-store {}", o.wal_stores[i]));
+    if (!store.ok()) return store.status().WithContext(fmt::format("--wal-store {}", RedactUri(o.wal_stores[i])));
     stores.push_back(std::move(*store));
   }
   if (stores.size() == 1) return stores.front();
@@ -310,16 +313,16 @@ Status CheckWalStoreFlags(const ServeOptions& o, bool store_in_memory) {
   std::set<std::string> seen;
   for (const std::string& uri : o.wal_stores) {
     // The same store twice would take a copy's 412 for a second copy.
-    if (!seen.insert(uri).second) return InvalidArgument("--wal-store {} is given twice", uri);
+    if (!seen.insert(uri).second) return InvalidArgument("--wal-store {} is given twice", RedactUri(uri));
     if (!uri.starts_with("mem://") && store_in_memory) {
       return InvalidArgument("--object-store mem:// keeps nothing past exit, and --wal-store {} does: its slots "
                              "would outlive the records' catalog; use mem:// WAL stores with it",
-                             uri);
+                             RedactUri(uri));
     }
     if (uri.starts_with("mem://") && !store_in_memory) {
       return InvalidArgument("--wal-store {} keeps nothing past exit, and the object store and metastore do: a "
                              "restart would lose every unsettled record",
-                             uri);
+                             RedactUri(uri));
     }
   }
   return Status::Ok();
@@ -723,6 +726,12 @@ int RunServe(const ServeOptions& o) {
   }
   auto token = ReadToken(o.auth_token_file);
   if (!token.ok()) return fail(token.status());
+  if (token->has_value() && kafka_addr) {
+    // Kafka has no SASL here: its listener serves every client it reaches.
+    Log().warn("weir serve: --auth-token-file guards the REST API and Arrow Flight, not the Kafka listener on {}: "
+               "any client that reaches it may produce, fetch and delete topics (keep it on a trusted network)",
+               o.kafka_addr);
+  }
   RaiseOpenFileLimit(o);
 
   // A store in memory forgets every object at exit: a metastore on disk would
@@ -842,7 +851,9 @@ int RunServe(const ServeOptions& o) {
   stop_early.reset();
   if (!engine.ok()) return fail(engine.status().WithContext("recovery"));
   Status basin = (*engine)->CreateBasin(ro.default_basin);
-  if (!basin.ok() && basin.code() != Code::kAlreadyExists) return fail(basin);
+  if (!basin.ok() && basin.code() != Code::kAlreadyExists) {
+    return fail(basin.WithContext("creating the default basin " + ro.default_basin));
+  }
   // Kafka: after recovery (clients retry their connections meanwhile).
   std::unique_ptr<kafka::Broker> broker;
   std::unique_ptr<kafka::TcpServer> kafka_server;
@@ -876,17 +887,6 @@ int RunServe(const ServeOptions& o) {
                              : bound->first;
     bo.advertised_port = kafka_advertised ? kafka_advertised->second : bound->second;
     broker->SetAdvertised(bo.advertised_host, bo.advertised_port);
-    kafka_server->StartAccepting();
-    // Once another process holds this node, its Kafka clients can reach the
-    // successor only over a new connection: answering NOT_LEADER_OR_FOLLOWER,
-    // they would ask this process for metadata again, which names itself.
-    // So the listener closes, and each connection closes once answered (a
-    // long-polling fetch is woken; the broker answers waiting joins).
-    (*engine)->OnSuperseded([k = kafka_server.get()] {
-      Log().warn("kafka: node superseded by another process; closing the Kafka listener and its connections");
-      k->StopAccepting();
-      k->CloseConnectionsWhenAnswered();
-    });
   }
   // Arrow Flight: after recovery, as Kafka; log tables are the Kafka basin's.
   std::unique_ptr<flight::FlightServer> flight_server;
@@ -904,6 +904,22 @@ int RunServe(const ServeOptions& o) {
     auto fs = flight::FlightServer::Start(fo, (*engine).get());
     if (!fs.ok()) return fail(fs.status());
     flight_server = std::move(*fs);
+  }
+  // Kafka accepts only once nothing else can fail: a failed start destroys
+  // the broker and its listener before the engine, whose close would answer
+  // their produces' callbacks.
+  if (kafka_server) {
+    kafka_server->StartAccepting();
+    // Once another process holds this node, its Kafka clients can reach the
+    // successor only over a new connection: answering NOT_LEADER_OR_FOLLOWER,
+    // they would ask this process for metadata again, which names itself.
+    // So the listener closes, and each connection closes once answered (a
+    // long-polling fetch is woken; the broker answers waiting joins).
+    (*engine)->OnSuperseded([k = kafka_server.get()] {
+      Log().warn("kafka: node superseded by another process; closing the Kafka listener and its connections");
+      k->StopAccepting();
+      k->CloseConnectionsWhenAnswered();
+    });
   }
   rest.SetMetricsRenderer([e = (*engine).get(), m = (*meta).get(), s = (*store).get(), b = broker.get(),
                            k = kafka_server.get(), h = (*server).get(), f = flight_server.get()] {
