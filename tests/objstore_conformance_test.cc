@@ -820,23 +820,36 @@ TEST_F(FileStoreTest, AFileJoinsTheFreePoolOnlyOnceItsRemovalIsDurable) {
     return IOError("injected: sync of {} failed", dir);
   });
   EXPECT_EQ(store->Delete("seg/a").code(), Code::kIOError);
-  EXPECT_EQ(store->DeleteMany(std::vector<std::string>{"seg/b"}).code(), Code::kIOError);
   EXPECT_EQ(free_files(), 0u) << "a file whose removal is not durable was kept for reuse";
-  // A retry finds the key gone, and still syncs before it says so.
+  // The store refuses deletes and writes from then on, without syncing
+  // (a later sync could pass without making the removal durable).
   const int before = syncs.load();
+  EXPECT_EQ(store->DeleteMany(std::vector<std::string>{"seg/b"}).code(), Code::kIOError);
   EXPECT_EQ(store->Delete("seg/a").code(), Code::kIOError);
-  EXPECT_EQ(syncs.load(), before + 1);
+  EXPECT_EQ(store->Put("seg/d", "d").code(), Code::kIOError);
+  EXPECT_EQ(syncs.load(), before);
+  EXPECT_EQ(*store->Get("seg/b"), std::string(5000, 'b'));  // reads go on
   SetFileStoreDirSyncHookForTest(nullptr);
+  EXPECT_EQ(store->Delete("seg/b").code(), Code::kIOError);  // until a new store
+  store.reset();
+  store = Open();
+  ASSERT_TRUE(store);
+  // A retry finds the key gone, and still syncs before it says so.
   ASSERT_OK(store->Delete("seg/a"));
+  ASSERT_OK(store->Delete("seg/b"));
   ASSERT_OK(store->Delete("seg/c"));
-  EXPECT_EQ(free_files(), 1u);
+  EXPECT_EQ(free_files(), 2u);
   EXPECT_EQ(store->Get("seg/b").status().code(), Code::kNotFound);
+  EXPECT_EQ(store->Get("seg/d").status().code(), Code::kNotFound);
 }
 
 // "Already exists" is answered only once the existing object's name is
 // durable: a WAL writer retrying a create whose sync failed reads the slot
-// back and acknowledges it.
-TEST_F(FileStoreTest, ACreateOnlyPutSyncsTheExistingNameBeforeSayingItExists) {
+// back and acknowledges it. After a failed directory sync the store answers
+// no write at all: a later sync on a new descriptor may pass without making
+// the link durable (Linux reports a writeback error only to descriptors
+// open when it happened), so "exists" would be a lie.
+TEST_F(FileStoreTest, ACreateOnlyPutWhoseSyncFailedIsNeverAnsweredExists) {
   auto store = Open();
   ASSERT_TRUE(store);
   PutOptions create_only;
@@ -849,11 +862,21 @@ TEST_F(FileStoreTest, ACreateOnlyPutSyncsTheExistingNameBeforeSayingItExists) {
     return fail ? IOError("injected: sync of {} failed", dir) : Status::Ok();
   });
   EXPECT_EQ(store->Put("wal/1", "slot", create_only).code(), Code::kIOError);  // linked, not synced
-  EXPECT_EQ(store->Put("wal/1", "slot", create_only).code(), Code::kIOError);  // not "exists" yet
-  fail = false;
+  fail = false;                                                                  // as a new descriptor's sync
   syncs = 0;
+  const Status again = store->Put("wal/1", "slot", create_only);
+  EXPECT_EQ(again.code(), Code::kIOError) << again.ToString();
+  EXPECT_NE(again.message().find("directory sync failed"), std::string::npos) << again.ToString();
+  EXPECT_EQ(store->Put("wal/2", "slot", create_only).code(), Code::kIOError);
+  EXPECT_EQ(syncs, 0);
+  EXPECT_EQ(*store->Get("wal/1"), "slot");
+  // A new store (a restart) syncs the existing name before saying it exists.
+  store.reset();
+  store = Open();
+  ASSERT_TRUE(store);
   EXPECT_EQ(store->Put("wal/1", "slot", create_only).code(), Code::kPreconditionFailed);
   EXPECT_EQ(syncs, 1);
+  ASSERT_OK(store->Put("wal/2", "slot", create_only));
   SetFileStoreDirSyncHookForTest(nullptr);
 }
 

@@ -237,6 +237,15 @@ TEST(S3Client, APutThatMayHaveLandedIsNeverAPlainFailure) {
   EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
   EXPECT_EQ(*s->Get("k"), "new");
 
+  // The last attempt's 500 may have been applied too (the one before was
+  // refused unapplied).
+  fake.Inject(Fault::k409Conflict);
+  fake.Inject(Fault::k500AfterApply);
+  st = s->Put("wal/4", "mine", PutOptions{.if_none_match = true});
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
+  EXPECT_EQ(*s->Get("wal/4"), "mine");
+  EXPECT_EQ(s->metrics().ambiguous_creates.load(), 3u);
+
   // Nothing applied: the plain answers stay.
   fake.Inject(Fault::k403Denied);
   EXPECT_EQ(s->Put("wal/3", "mine", PutOptions{.if_none_match = true}).code(), Code::kIOError);

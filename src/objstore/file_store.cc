@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "base/log.h"
 #include "objstore/internal.h"
 
 namespace weir::objstore {
@@ -231,6 +232,22 @@ class FileStore final : public ObjectStore {
     return CatchAll("file:// Put", [&] { return DoPut(key, parts, options); });
   }
 
+  // The store refuses writes and deletes once a directory sync failed: the
+  // kernel may have dropped the entries that sync was to make durable, and
+  // a later sync (on a new descriptor) reports only errors after its open,
+  // so a retried create-only PUT could find its own unsynced link, have it
+  // "synced", and answer "exists" for an object a crash then loses (as
+  // PostgreSQL stops on a failed fsync). Reads go on; a restart (a new
+  // store) resumes writing. Any thread.
+  Status Failed() const {
+    if (!sync_failed_.load(std::memory_order_acquire)) return Status::Ok();
+    std::lock_guard lock(failed_mu_);
+    return IOError(
+        "file://{}: refusing writes since a directory sync failed ({}): a later sync could report success without "
+        "making the earlier change durable; restart weir once the file system is sound",
+        root_, failed_why_);
+  }
+
   Result<std::string> Get(std::string_view key, std::optional<ByteRange> range) override {
     return CatchAll("file:// Get", [&] { return DoGet(key, range); });
   }
@@ -261,8 +278,9 @@ class FileStore final : public ObjectStore {
     return CatchAll("file:// Delete", [&]() -> Status {
       std::vector<PendingFree> pending;
       WEIR_RETURN_IF_ERROR(CheckKey(key));
+      WEIR_RETURN_IF_ERROR(Failed());
       WEIR_RETURN_IF_ERROR(Unlink(key, &pending));
-      Status st = FsyncDirIfAny(std::string(ParentOf(Join(root_, key))));
+      Status st = SyncDir(std::string(ParentOf(Join(root_, key))), /*if_any=*/true);
       PoolFreeFiles(std::move(pending), st.ok());
       return st;
     });
@@ -270,6 +288,7 @@ class FileStore final : public ObjectStore {
 
   Status DeleteMany(std::span<const std::string> keys) override {
     return CatchAll("file:// DeleteMany", [&]() -> Status {
+      WEIR_RETURN_IF_ERROR(Failed());
       Status first;
       std::vector<std::string> dirs;  // parents to fsync once each, at the end
       std::map<std::string, std::vector<PendingFree>> pending;  // by parent
@@ -286,7 +305,7 @@ class FileStore final : public ObjectStore {
       std::sort(dirs.begin(), dirs.end());
       dirs.erase(std::unique(dirs.begin(), dirs.end()), dirs.end());
       for (const std::string& dir : dirs) {
-        Status st = FsyncDirIfAny(dir);
+        Status st = SyncDir(dir, /*if_any=*/true);
         PoolFreeFiles(std::move(pending[dir]), st.ok());
         if (first.ok() && !st.ok()) first = std::move(st);
       }
@@ -366,7 +385,7 @@ class FileStore final : public ObjectStore {
         if (RetryEintr([&] { return ::stat(path.c_str(), &st); }) != 0) return ErrnoStatus(errno, "stat", path);
         if (!S_ISDIR(st.st_mode)) return ConflictError(key, fmt::format("object {}", sub));
       }
-      WEIR_RETURN_IF_ERROR(FsyncDir(std::string(ParentOf(path))));
+      WEIR_RETURN_IF_ERROR(SyncDir(std::string(ParentOf(path)), /*if_any=*/false));
       std::lock_guard lock(dirs_mu_);
       known_dirs_.insert(sub);
     }
@@ -437,6 +456,7 @@ class FileStore final : public ObjectStore {
 
   Status DoPut(std::string_view key, std::span<const std::string_view> parts, const PutOptions& options) {
     WEIR_RETURN_IF_ERROR(CheckKey(key));
+    WEIR_RETURN_IF_ERROR(Failed());
     const std::string_view parent_rel = ParentOf(key);
     WEIR_RETURN_IF_ERROR(EnsureDir(key, parent_rel));
     WEIR_ASSIGN_OR_RETURN(std::string tmp, WriteTemp(parts, /*reuse=*/true));
@@ -482,7 +502,7 @@ class FileStore final : public ObjectStore {
         // a concurrent create's, or a failed attempt's whose sync failed, and
         // a caller told "it exists" may act on it (a WAL slot read back as
         // ours is acknowledged).
-        st = FsyncDir(std::string(ParentOf(path)));
+        st = SyncDir(std::string(ParentOf(path)), /*if_any=*/false);
         if (st.ok()) st = PreconditionFailed("object {} already exists", key);
       } else {
         st = ErrnoStatus(err, options.if_none_match ? "link" : "rename", path);
@@ -491,7 +511,24 @@ class FileStore final : public ObjectStore {
     }
     if (!tmp_consumed) ::unlink(tmp.c_str());
     if (!st.ok()) return st;
-    return FsyncDir(std::string(ParentOf(path)));
+    return SyncDir(std::string(ParentOf(path)), /*if_any=*/false);
+  }
+
+  // FsyncDir (FsyncDirIfAny if `if_any`), unless the store failed; a
+  // failure fails the store (Failed()).
+  Status SyncDir(const std::string& dir, bool if_any) {
+    WEIR_RETURN_IF_ERROR(Failed());
+    Status st = if_any ? FsyncDirIfAny(dir) : FsyncDir(dir);
+    if (st.ok()) return st;
+    {
+      std::lock_guard lock(failed_mu_);
+      if (failed_why_.empty()) failed_why_ = st.ToString();
+    }
+    if (!sync_failed_.exchange(true, std::memory_order_acq_rel)) {
+      Log().error("file://{}: a directory sync failed ({}); writes and deletes are refused until a restart", root_,
+                  st.ToString());
+    }
+    return st;
   }
 
   Result<std::string> DoGet(std::string_view key, std::optional<ByteRange> range) {
@@ -778,6 +815,9 @@ class FileStore final : public ObjectStore {
   size_t free_bytes_ = 0;      // their sizes, plus renames in progress
   std::mutex dirs_mu_;
   std::unordered_set<std::string> known_dirs_;  // key directories known to exist and be synced
+  std::atomic<bool> sync_failed_{false};  // a directory sync failed: see Failed()
+  mutable std::mutex failed_mu_;
+  std::string failed_why_;  // the first failure (failed_mu_)
 };
 
 // mkdir -p for the store root, fsyncing the parent of each directory it creates.

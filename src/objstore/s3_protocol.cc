@@ -73,7 +73,9 @@ bool IsRetryable(const Error& e) {
          e.code == "BadDigest" || e.code == "XAmzContentSHA256Mismatch";
 }
 
-bool MayHaveBeenApplied(const Error& e) { return e.http_status >= 500; }
+bool MayHaveBeenApplied(const Error& e) {
+  return e.http_status >= 500 && e.http_status != 501;  // 501: the service does not implement the request
+}
 
 Status ToStatus(const Error& e, std::string_view what) {
   const std::string detail = Describe(e);

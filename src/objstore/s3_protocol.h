@@ -31,7 +31,8 @@ Error ParseError(long http_status, std::string_view body, std::string_view reque
 bool IsRetryable(const Error& e);
 
 // Whether a failed attempt may still have been applied by the service: any
-// 5xx (S3 can complete a request that answered 500), not 4xx.
+// 5xx but 501 Not Implemented (S3 can complete a request that answered
+// 500), not 4xx.
 bool MayHaveBeenApplied(const Error& e);
 
 // The Status for an error response to `what` (e.g. "PUT s3://b/k").

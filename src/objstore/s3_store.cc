@@ -316,8 +316,9 @@ struct S3Store::Impl {
       if (resp->new_connection) metrics.connections_opened.fetch_add(1, std::memory_order_relaxed);
       if (Is2xx(resp->status)) return resp;
       const s3::Error err = ErrorOf(*resp);
-      if (!s3::IsRetryable(err) || attempt == attempts) return resp;
+      // A 5xx may have been applied, the last attempt's too.
       if (s3::MayHaveBeenApplied(err)) *maybe_applied = true;
+      if (!s3::IsRetryable(err) || attempt == attempts) return resp;
       last = s3::ToStatus(err, call.what);
       Log().debug("S3 {} attempt {} failed: {}", call.what, attempt, last.ToString());
     }
