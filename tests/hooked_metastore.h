@@ -215,12 +215,11 @@ class HookedMetastore final : public metastore::Metastore {
     }
     return m_->FetchGroupOffsets(g);
   }
-  Status DeleteGroupOffsets(std::string_view g, std::string_view t) override { return m_->DeleteGroupOffsets(g, t); }
   Status DeletePartitionOffsets(std::string_view g, const std::vector<std::pair<std::string, int32_t>>& p,
                                 const metastore::EpochCheck& by) override {
     return m_->DeletePartitionOffsets(g, p, by);
   }
-  Result<std::vector<std::string>> ListOffsetGroups() override { return m_->ListOffsetGroups(); }
+  Result<std::vector<std::string>> ListOffsetGroups(size_t limit) override { return m_->ListOffsetGroups(limit); }
   Result<bool> DeleteAllGroupOffsets(std::string_view g, const metastore::EpochCheck& by) override {
     if (auto f = std::exchange(before_delete_group_offsets, nullptr)) f();
     return m_->DeleteAllGroupOffsets(g, by);

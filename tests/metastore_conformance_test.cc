@@ -1034,6 +1034,13 @@ TEST_P(MetastoreConformance, RaisedTrimPointsNeverGoDown) {
   ASSERT_OK(m().CommitSettle("n1", 1, {1, 2}, {1, 3}, {Seg(a, 14, 20)}, {State(a, 20)}));  // trim 10
   EXPECT_EQ(m().GetStreamState(a)->trim_point, 10u);
   EXPECT_EQ(m().RaiseTrimPoint("n1", 1, a + 100, 1).code(), Code::kNotFound);
+  // Offsets past 2^63-1 are refused, not stored as negative numbers.
+  EXPECT_EQ(m().RaiseTrimPoint("n1", 1, a, uint64_t{1} << 63).code(), Code::kInvalidArgument);
+  StreamState huge = State(a, 30);
+  huge.trim_point = UINT64_MAX;
+  EXPECT_EQ(m().CommitSettle("n1", 1, {1, 3}, {1, 4}, {Seg(a, 20, 30)}, {huge}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m().GetStreamState(a)->trim_point, 10u);
+  EXPECT_EQ(m().GetStreamState(a)->settled_offset, 20u);
   // A superseded node raises nothing.
   MintTo("n1", 2);
   EXPECT_EQ(m().RaiseTrimPoint("n1", 1, a, 12).code(), Code::kPreconditionFailed);
@@ -1828,7 +1835,7 @@ TEST_P(MetastoreConformance, GroupOffsetsOfManyPartitionsAndGroups) {
   ASSERT_OK(m().CommitGroupOffsets("new", {Offset("t", 0, 1, "", -1, 900)}, kNoNode));
   ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed, m().ExpireGroupOffsets(500, keep, kNoNode));
   EXPECT_EQ(removed.size(), 290u);
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> left, m().ListOffsetGroups());
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> left, m().ListOffsetGroups(1000));
   std::vector<std::string> want = keep;
   want.push_back("new");
   want.push_back("g");
@@ -1873,13 +1880,16 @@ TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
 }
 
 TEST_P(MetastoreConformance, ListAndDeleteWholeGroups) {
-  ASSERT_OK_AND_ASSIGN(auto groups, m().ListOffsetGroups());
+  ASSERT_OK_AND_ASSIGN(auto groups, m().ListOffsetGroups(1000));
   EXPECT_TRUE(groups.empty());
   ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("u", 2, 2)}, kNoNode));
   ASSERT_OK(m().CommitGroupOffsets("caf\xc3\xa9", {Offset("t", 0, 3)}, kNoNode));
   ASSERT_OK(m().CommitGroupOffsets("a", {Offset("t", 1, 4)}, kNoNode));
-  ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups());
+  ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups(1000));
   EXPECT_EQ(groups, (std::vector<std::string>{"a", "caf\xc3\xa9", "g"}));  // sorted by bytes, each once
+  ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups(2));
+  EXPECT_EQ(groups, (std::vector<std::string>{"a", "caf\xc3\xa9"}));
+  EXPECT_EQ(m().ListOffsetGroups(0).status().code(), Code::kInvalidArgument);
   ASSERT_OK_AND_ASSIGN(bool had, m().DeleteAllGroupOffsets("g", kNoNode));
   EXPECT_TRUE(had);
   EXPECT_EQ(Offsets("g"), "[]");
@@ -1888,26 +1898,8 @@ TEST_P(MetastoreConformance, ListAndDeleteWholeGroups) {
   EXPECT_FALSE(had);
   ASSERT_OK_AND_ASSIGN(had, m().DeleteAllGroupOffsets("nobody", kNoNode));
   EXPECT_FALSE(had);
-  ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups());
+  ASSERT_OK_AND_ASSIGN(groups, m().ListOffsetGroups(1000));
   EXPECT_EQ(groups, (std::vector<std::string>{"a", "caf\xc3\xa9"}));
-}
-
-TEST_P(MetastoreConformance, DeleteGroupOffsetsOfATopic) {
-  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 1), Offset("t", 1, 2), Offset("t2", 0, 3), Offset("u", 0, 4)}, kNoNode));
-  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 0, 5)}, kNoNode));
-  ASSERT_OK(m().DeleteGroupOffsets("g", "t"));
-  EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("t2", 0, 3), Offset("u", 0, 4)}));
-  EXPECT_EQ(Offsets("h"), Str(std::vector<GroupOffset>{Offset("t", 0, 5)}));
-  // Nothing to delete is not an error.
-  ASSERT_OK(m().DeleteGroupOffsets("g", "t"));
-  ASSERT_OK(m().DeleteGroupOffsets("nobody", "t"));
-  ASSERT_OK(m().DeleteGroupOffsets("g", ""));
-  ASSERT_OK(m().DeleteGroupOffsets("g", "u"));
-  ASSERT_OK(m().DeleteGroupOffsets("g", "t2"));
-  EXPECT_EQ(Offsets("g"), "[]");
-  // A deleted partition can be committed again.
-  ASSERT_OK(m().CommitGroupOffsets("g", {Offset("t", 0, 7)}, kNoNode));
-  EXPECT_EQ(Offsets("g"), Str(std::vector<GroupOffset>{Offset("t", 0, 7)}));
 }
 
 // A table deleted as a Kafka topic takes every group's offsets of its name
@@ -1951,7 +1943,7 @@ TEST_P(MetastoreConformance, CountersForTablesAndGroupOffsets) {
   EXPECT_EQ(delta(), "r2 w3 t2");
   ASSERT_TRUE(m().FetchGroupOffsets("g").ok());
   EXPECT_EQ(delta(), "r3 w3 t2");
-  ASSERT_OK(m().DeleteGroupOffsets("g", "t"));
+  ASSERT_OK(m().DeletePartitionOffsets("g", {{"t", 0}}, kNoNode));
   EXPECT_EQ(delta(), "r3 w4 t3");
   EXPECT_EQ(m().DeleteStream(created.second[0].id, kNoNode).status().code(), Code::kPreconditionFailed);
   EXPECT_EQ(delta(), "r3 w5 t3");
@@ -2006,7 +1998,7 @@ TEST_P(MetastoreConformance, TablesAndGroupOffsetsSurviveReopen) {
                                             Offset("other", 0, 1, std::string("\0\xff", 2), -1, 222)};
   ASSERT_OK(m().CommitGroupOffsets("g1", offsets, kNoNode));
   ASSERT_OK(m().CommitGroupOffsets("g2", {Offset("events", 1, 5)}, kNoNode));
-  ASSERT_OK(m().DeleteGroupOffsets("g2", "events"));
+  ASSERT_OK(m().DeletePartitionOffsets("g2", {{"events", 1}}, kNoNode));
 
   Reopen();
   ASSERT_OK_AND_ASSIGN(TableInfo got, m().GetTable("weir-kafka", "events"));

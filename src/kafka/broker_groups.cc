@@ -11,6 +11,10 @@ namespace weir::kafka {
 namespace {
 ErrorCode E(int16_t code) { return static_cast<ErrorCode>(code); }
 
+// Most groups without members a ListGroups names (their ids sorted): offset
+// commits under new group ids can make any number of them.
+constexpr size_t kMaxListedOffsetGroups = 100000;
+
 // For a request whose answer may wait long: the frame and the decoded body
 // (moved from already) are freed, and their bytes leave the request budget,
 // so parked requests never hold up other connections' reads.
@@ -270,11 +274,14 @@ void Broker::ListGroups(const std::shared_ptr<Request>& req) {
   ListGroupsResponse resp;
   std::map<std::string, std::string> listed;  // group id -> protocol type
   for (const GroupOverview& g : groups_.ListGroups()) listed[g.group_id] = g.protocol_type;
-  auto with_offsets = meta_->ListOffsetGroups();
+  auto with_offsets = meta_->ListOffsetGroups(kMaxListedOffsetGroups);
   if (!with_offsets.ok()) {
     Log().warn("kafka: listing groups: {}", with_offsets.status().ToString());
     resp.error_code = ErrorCode::kCoordinatorNotAvailable;
     return Send(req, resp, EncodeListGroupsResponse);
+  }
+  if (with_offsets->size() >= kMaxListedOffsetGroups) {
+    Log().warn("kafka: ListGroups names only the first {} groups with committed offsets", kMaxListedOffsetGroups);
   }
   for (const std::string& id : *with_offsets) listed.emplace(id, "");
   for (auto& [id, type] : listed) resp.groups.push_back(ListedGroup{id, type});

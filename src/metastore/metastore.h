@@ -336,26 +336,24 @@ class Metastore {
   // (group, topic, partition). Commit upserts every entry in one transaction
   // (a later entry for the same key wins); kInvalidArgument (nothing stored)
   // for an empty topic or a negative partition. Fetch returns all of a
-  // group's offsets sorted by (topic bytes, partition), empty if none. Delete
-  // removes a group's offsets of one topic (topic deletion); no error if none.
+  // group's offsets sorted by (topic bytes, partition), empty if none. (A
+  // topic's offsets go with its table: DeleteTable.)
   //
-  // The writes (commit, and the deletes below but DeleteGroupOffsets, which
-  // goes with DeleteTable) take `by` and answer kPreconditionFailed, changing
+  // The writes (commit, and the deletes below) take `by` and answer kPreconditionFailed, changing
   // nothing, when it names a node not at that epoch: a superseded process's
   // Kafka listener must not overwrite or expire what its successor's groups
   // commit.
   virtual Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets,
                                     const EpochCheck& by) = 0;
   virtual Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) = 0;
-  virtual Status DeleteGroupOffsets(std::string_view group, std::string_view topic) = 0;
   // Removes a group's offsets of the given (topic, partition)s in one
   // transaction (Kafka OffsetDelete); no error for those it has none of.
   virtual Status DeletePartitionOffsets(std::string_view group,
                                         const std::vector<std::pair<std::string, int32_t>>& partitions,
                                         const EpochCheck& by) = 0;
-  // The groups that hold at least one committed offset, sorted (Kafka
-  // ListGroups lists them even without members).
-  virtual Result<std::vector<std::string>> ListOffsetGroups() = 0;
+  // The first `limit` (>= 1) groups, sorted, that hold at least one
+  // committed offset (Kafka ListGroups lists them even without members).
+  virtual Result<std::vector<std::string>> ListOffsetGroups(size_t limit) = 0;
   // Removes all of a group's offsets (Kafka DeleteGroups); returns whether
   // there were any.
   virtual Result<bool> DeleteAllGroupOffsets(std::string_view group, const EpochCheck& by) = 0;

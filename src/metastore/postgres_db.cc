@@ -215,9 +215,12 @@ class PostgresDb final : public SqlDb {
   }
   Result<int64_t> NowMs() override {
     WEIR_ASSIGN_OR_RETURN(SqlStatement * st, Prepare(kNowMs));
+    struct GiveBack {  // also if an exception unwinds (the statement stays usable)
+      SqlStatement* stmt;
+      ~GiveBack() { stmt->Reset(); }
+    } give_back{st};
     auto row = st->Step("read the server's clock");
     const int64_t ms = row.ok() && *row ? st->ColInt(0) : 0;
-    st->Reset();
     if (!row.ok()) return row.status();
     if (ms <= 0) return Internal("{} {}: the server's clock read {}", kind_, describe_, ms);
     return ms;

@@ -232,12 +232,12 @@ constexpr const char kDeleteTable[] = "DELETE FROM tables WHERE id = ?1";
 constexpr const char kFetchGroupOffsets[] =
     "SELECT topic, part, committed_offset, leader_epoch, metadata, commit_time_ms FROM group_offsets "
     "WHERE group_id = ?1 ORDER BY topic, part";
-constexpr const char kDeleteGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1 AND topic = ?2";
 constexpr const char kDeleteTopicOffsets[] = "DELETE FROM group_offsets WHERE topic = ?1";
 constexpr const char kStaleGroups[] =
     "SELECT group_id FROM group_offsets GROUP BY group_id HAVING MAX(commit_time_ms) < ?1";
 constexpr const char kDeleteAllGroupOffsets[] = "DELETE FROM group_offsets WHERE group_id = ?1";
-constexpr const char kListOffsetGroups[] = "SELECT DISTINCT group_id FROM group_offsets ORDER BY group_id";
+constexpr const char kListOffsetGroups[] =
+    "SELECT DISTINCT group_id FROM group_offsets ORDER BY group_id LIMIT ?1";
 #undef WEIR_BASIN_COLUMNS
 
 // A statement over many rows, so that PostgreSQL runs many rows in one round
@@ -1024,6 +1024,9 @@ Result<NodeState> SqlMetastore::NodeAtEpoch(std::string_view node, uint64_t epoc
 Status SqlMetastore::RaiseTrimPoint(std::string_view node, uint64_t epoch, uint64_t id, uint64_t trim_point) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("RaiseTrimPoint", [&]() -> Status {
+    if (trim_point > kMaxOffset) {
+      return InvalidArgument("stream id {}: trim point {} is beyond the largest offset 2^63-1", id, trim_point);
+    }
     return InTransaction("raise trim point", [&]() -> Status {
       WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
       WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kRaiseTrimPoint));
@@ -1260,6 +1263,12 @@ Status SqlMetastore::CommitSettle(std::string_view node, uint64_t epoch, const C
                              expected.epoch, expected.seq, next.epoch, next.seq);
     }
     for (const SegmentInfo& s : segments) WEIR_RETURN_IF_ERROR(ValidateSegment(s));
+    for (const StreamState& s : states) {
+      if (s.settled_offset > kMaxOffset || s.trim_point > kMaxOffset) {
+        return InvalidArgument("stream id {}: settled offset {} or trim point {} is beyond the largest offset 2^63-1",
+                               s.stream_id, s.settled_offset, s.trim_point);
+      }
+    }
 
     return InTransaction("commit settle", [&]() -> Status {
       WEIR_ASSIGN_OR_RETURN(const NodeState current, NodeAtEpoch(node, epoch));
@@ -1729,16 +1738,6 @@ Result<std::vector<GroupOffset>> SqlMetastore::FetchGroupOffsets(std::string_vie
   });
 }
 
-Status SqlMetastore::DeleteGroupOffsets(std::string_view group, std::string_view topic) {
-  counters_.writes.fetch_add(1, std::memory_order_relaxed);
-  return Locked("DeleteGroupOffsets", [&]() -> Status {
-    return InTransaction("delete group offsets", [&]() -> Status {
-      WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteGroupOffsets));
-      return st.Text(1, group).Text(2, topic).Run("delete group offsets");
-    });
-  });
-}
-
 Status SqlMetastore::DeletePartitionOffsets(std::string_view group,
                                                const std::vector<std::pair<std::string, int32_t>>& partitions,
                                                const EpochCheck& by) {
@@ -1760,10 +1759,12 @@ Status SqlMetastore::DeletePartitionOffsets(std::string_view group,
   });
 }
 
-Result<std::vector<std::string>> SqlMetastore::ListOffsetGroups() {
+Result<std::vector<std::string>> SqlMetastore::ListOffsetGroups(size_t limit) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("ListOffsetGroups", [&]() -> Result<std::vector<std::string>> {
+    if (limit < 1) return InvalidArgument("ListOffsetGroups: limit must be >= 1");
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kListOffsetGroups));
+    st.Int(1, static_cast<int64_t>(std::min<uint64_t>(limit, kMaxOffset)));
     std::vector<std::string> out;
     while (true) {
       WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list offset groups"));

@@ -116,11 +116,10 @@ class SqlMetastore final : public Metastore {
   Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets,
                             const EpochCheck& by) override;
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;
-  Status DeleteGroupOffsets(std::string_view group, std::string_view topic) override;
   Status DeletePartitionOffsets(std::string_view group,
                                 const std::vector<std::pair<std::string, int32_t>>& partitions,
                                 const EpochCheck& by) override;
-  Result<std::vector<std::string>> ListOffsetGroups() override;
+  Result<std::vector<std::string>> ListOffsetGroups(size_t limit) override;
   Result<bool> DeleteAllGroupOffsets(std::string_view group, const EpochCheck& by) override;
   Result<std::vector<std::string>> ExpireGroupOffsets(int64_t committed_before_ms,
                                                       const std::vector<std::string>& keep,
