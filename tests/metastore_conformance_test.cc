@@ -1879,6 +1879,76 @@ TEST_P(MetastoreConformance, AddBucketsGrowsATableInOneTransaction) {
   EXPECT_EQ(m().GetStream("b1", BucketStreamName("topic", 3)).status().code(), Code::kNotFound);
 }
 
+// Tables of more buckets than one statement takes (128): made, grown and
+// deleted as with few.
+TEST_P(MetastoreConformance, TablesOfManyBuckets) {
+  auto [table, streams] = MakeTable("b1", "big", 300);
+  ASSERT_EQ(streams.size(), 300u);
+  for (uint32_t b = 0; b < 300; ++b) {
+    EXPECT_EQ(streams[b].name, BucketStreamName("big", b));
+    EXPECT_EQ(streams[b].id, streams[0].id + b);
+  }
+  ASSERT_OK_AND_ASSIGN(auto got, m().GetStream("b1", BucketStreamName("big", 299)));
+  EXPECT_EQ(got.id, streams[299].id);
+  EXPECT_EQ(got.created_at_ms, 3000);
+  ASSERT_OK_AND_ASSIGN(auto states, m().ListStreamStates(0, 1000));
+  EXPECT_EQ(states.size(), 300u);
+  ASSERT_OK_AND_ASSIGN(const uint64_t last_id, m().LastStreamId());
+  EXPECT_EQ(last_id, streams[299].id);
+
+  // A name taken far into the new buckets changes nothing, and is named.
+  StreamInfo squatter;
+  squatter.basin = "b1";
+  squatter.name = BucketStreamName("big", 450);
+  ASSERT_OK_AND_ASSIGN(squatter, m().CreateStream(squatter, kNoNode));
+  StreamConfig cfg;
+  cfg.retention_age_s = 60;
+  const Status refused = m().AddBuckets(table.id, 600, cfg, 9, kNoNode).status();
+  EXPECT_EQ(refused.code(), Code::kAlreadyExists) << refused.ToString();
+  EXPECT_NE(refused.message().find("bucket 450 stream, " + BucketStreamName("big", 450)), std::string::npos)
+      << refused.ToString();
+  EXPECT_EQ(m().GetTable("b1", "big")->bucket_count, 300u);
+  EXPECT_EQ(m().GetStream("b1", BucketStreamName("big", 300)).status().code(), Code::kNotFound);
+  EXPECT_EQ(*m().LastStreamId(), squatter.id);
+  ASSERT_OK(m().DeleteStream(squatter.id, kNoNode).status());
+
+  ASSERT_OK_AND_ASSIGN(auto added, m().AddBuckets(table.id, 600, cfg, 9, kNoNode));
+  ASSERT_EQ(added.second.size(), 300u);
+  for (uint32_t i = 0; i < 300; ++i) {
+    EXPECT_EQ(added.second[i].name, BucketStreamName("big", 300 + i));
+    EXPECT_EQ(added.second[i].id, squatter.id + 1 + i);
+    EXPECT_EQ(added.second[i].config.retention_age_s, 60);
+  }
+  ASSERT_OK_AND_ASSIGN(got, m().GetStream("b1", BucketStreamName("big", 450)));
+  EXPECT_EQ(got.id, added.second[150].id);
+  EXPECT_EQ(got.config.retention_age_s, 60);
+  ASSERT_OK_AND_ASSIGN(auto state, m().GetStreamState(added.second[299].id));
+  EXPECT_EQ(state.settled_offset, 0u);
+
+  // Deleting the table removes every bucket and returns each segment's key.
+  MintTo("n1", 1);
+  const uint64_t a = streams[0].id, b = streams[200].id, c = added.second[299].id;
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1}, {Seg(c, 0, 5), Seg(a, 0, 10), Seg(b, 0, 3), Seg(a, 10, 12)},
+                             {State(a, 12), State(b, 3), State(c, 5)}));
+  // Retention cuts of every bucket (more than one statement takes), newest
+  // first: what goes is returned by cut, then offset.
+  std::vector<SegmentCut> cuts;
+  for (auto it = added.second.rbegin(); it != added.second.rend(); ++it) cuts.push_back({it->id, 10});
+  for (auto it = streams.rbegin(); it != streams.rend(); ++it) cuts.push_back({it->id, 10});
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> cut, m().DeleteSegmentsBelow("n1", 1, cuts));
+  EXPECT_EQ(Str(cut), Str(std::vector<SegmentInfo>{Seg(c, 0, 5), Seg(b, 0, 3), Seg(a, 0, 10)}));
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, {Seg(b, 3, 8)}, {State(b, 8)}));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> keys, m().DeleteTable(table.id, false, kNoNode));
+  EXPECT_EQ(keys, (std::vector<std::string>{Seg(a, 10, 12).object_key, Seg(b, 3, 8).object_key}));
+  EXPECT_EQ(m().GetStream("b1", BucketStreamName("big", 450)).status().code(), Code::kNotFound);
+  EXPECT_EQ(m().GetStream("b1", BucketStreamName("big", 0)).status().code(), Code::kNotFound);
+  ASSERT_OK_AND_ASSIGN(states, m().ListStreamStates(0, 1000));
+  EXPECT_TRUE(states.empty());
+  EXPECT_TRUE(m().FindSegments(a, 0, 10)->empty());
+  // The names are free again.
+  MakeTable("b1", "big", 200);
+}
+
 TEST_P(MetastoreConformance, ListAndDeleteWholeGroups) {
   ASSERT_OK_AND_ASSIGN(auto groups, m().ListOffsetGroups(1000));
   EXPECT_TRUE(groups.empty());

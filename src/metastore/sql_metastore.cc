@@ -103,6 +103,9 @@ constexpr const char kUpgradeSchemaVersion[] = "UPDATE schema_version SET versio
 constexpr const char kBumpCounter[] =
     "INSERT INTO counters(name, value) VALUES(?1, 1) "
     "ON CONFLICT(name) DO UPDATE SET value = counters.value + 1 RETURNING value";
+constexpr const char kBumpCounterBy[] =
+    "INSERT INTO counters(name, value) VALUES(?1, ?2) "
+    "ON CONFLICT(name) DO UPDATE SET value = counters.value + ?2 RETURNING value";
 constexpr const char kCounterValue[] = "SELECT value FROM counters WHERE name = ?1";
 constexpr const char kInsertCounterIfAbsent[] =
     "INSERT INTO counters(name, value) VALUES(?1, ?2) ON CONFLICT(name) DO NOTHING";
@@ -145,16 +148,17 @@ constexpr const char kListStreamsOpen[] =
     "SELECT " WEIR_STREAM_COLUMNS " FROM streams WHERE basin = ?1 AND name > ?2 AND name >= ?3 ORDER BY name LIMIT ?5";
 constexpr const char kInsertStream[] =
     "INSERT INTO streams(" WEIR_STREAM_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+constexpr const char kInsertStreamsHead[] = "INSERT INTO streams(" WEIR_STREAM_COLUMNS ") VALUES";
 #undef WEIR_STREAM_COLUMNS
 constexpr const char kStreamExists[] = "SELECT 1 FROM streams WHERE id = ?1";
 constexpr const char kUpdateConfig[] =
     "UPDATE streams SET storage_class = ?2, retention_age_s = ?3, timestamping = ?4, uncapped = ?5, "
     "delete_on_empty_s = ?6 WHERE id = ?1";
-constexpr const char kDeleteStream[] = "DELETE FROM streams WHERE id = ?1";
 
 #define WEIR_STATE_COLUMNS "stream_id, settled_offset, trim_point, fencing_token, last_timestamp_ms, producer_state"
 constexpr const char kInsertZeroState[] =
     "INSERT INTO stream_states(" WEIR_STATE_COLUMNS ") VALUES(?1, 0, 0, ?2, 0, ?2)";  // ?2: an empty blob
+constexpr const char kInsertZeroStatesHead[] = "INSERT INTO stream_states(" WEIR_STATE_COLUMNS ") VALUES";
 constexpr const char kGetState[] = "SELECT " WEIR_STATE_COLUMNS " FROM stream_states WHERE stream_id = ?1";
 constexpr const char kListStates[] =
     "SELECT " WEIR_STATE_COLUMNS " FROM stream_states WHERE stream_id > ?1 ORDER BY stream_id LIMIT ?2";
@@ -162,7 +166,6 @@ constexpr const char kListStates[] =
 constexpr const char kRaiseTrimPoint[] =
     "UPDATE stream_states SET trim_point = CASE WHEN trim_point > ?2 THEN trim_point ELSE ?2 END "
     "WHERE stream_id = ?1";
-constexpr const char kDeleteState[] = "DELETE FROM stream_states WHERE stream_id = ?1";
 
 #define WEIR_NODE_COLUMNS "node, epoch, \"window\", ckpt_epoch, ckpt_seq, heartbeat_ms, takeover, minted_by"
 constexpr const char kGetNode[] = "SELECT " WEIR_NODE_COLUMNS " FROM nodes WHERE node = ?1";
@@ -202,14 +205,9 @@ constexpr const char kSegmentByTimestamp[] =
     "SELECT " WEIR_SEGMENT_COLUMNS
     " FROM segments WHERE stream_id = ?1 AND last_ts >= ?2 ORDER BY start_offset LIMIT 1";
 // "start_offset < ?2" is implied by "end_offset <= ?2"; it bounds the index range.
-constexpr const char kDeleteSegmentsBelow[] =
-    "DELETE FROM segments WHERE stream_id = ?1 AND start_offset < ?2 AND end_offset <= ?2 "
-    "RETURNING " WEIR_SEGMENT_COLUMNS;
+constexpr const char kDeleteSegmentsBelowTail[] = ") RETURNING " WEIR_SEGMENT_COLUMNS;
 constexpr const char kInsertSegmentsHead[] = "INSERT INTO segments(" WEIR_SEGMENT_COLUMNS ") VALUES";
 #undef WEIR_SEGMENT_COLUMNS
-constexpr const char kSegmentKeysOfStream[] =
-    "SELECT object_key FROM segments WHERE stream_id = ?1 ORDER BY start_offset";
-constexpr const char kDeleteSegmentsOfStream[] = "DELETE FROM segments WHERE stream_id = ?1";
 constexpr const char kSegmentKeyAt[] =
     "SELECT end_offset, object_key FROM segments WHERE stream_id = ?1 AND start_offset = ?2";
 constexpr const char kDeleteSegmentAt[] = "DELETE FROM segments WHERE stream_id = ?1 AND start_offset = ?2";
@@ -352,6 +350,69 @@ const BatchSql& UpdateStates() {
         const size_t p = 1 + 6 * i;
         return fmt::format("(?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5);
       });
+  return sql;
+}
+// Buckets (CreateTable, AddBuckets, DeleteTable). ?1 is the basin; names
+// from ?2: the first taken, and the ids of those that exist.
+const BatchSql& StreamNamesTaken() {
+  static const BatchSql sql("SELECT name FROM streams WHERE basin = ?1 AND name IN (", ", ", ") LIMIT 1",
+                            [](size_t i) { return fmt::format("?{}", i + 2); });
+  return sql;
+}
+const BatchSql& StreamIdsByName() {
+  static const BatchSql sql("SELECT id FROM streams WHERE basin = ?1 AND name IN (", ", ", ")",
+                            [](size_t i) { return fmt::format("?{}", i + 2); });
+  return sql;
+}
+// Stream rows, 8 a row from ?2 (?1: the basin), as kInsertStream.
+const BatchSql& InsertStreams() {
+  static const BatchSql sql(kInsertStreamsHead, ", ", "", [](size_t i) {
+    const size_t p = 2 + 8 * i;
+    return fmt::format("(?{}, ?1, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5, p + 6,
+                       p + 7);
+  });
+  return sql;
+}
+// Zero states of stream ids from ?2 (?1: an empty blob), as kInsertZeroState.
+const BatchSql& InsertZeroStates() {
+  static const BatchSql sql(kInsertZeroStatesHead, ", ", "",
+                            [](size_t i) { return fmt::format("(?{}, 0, 0, ?1, 0, ?1)", i + 2); });
+  return sql;
+}
+// Create tokens of stream names from ?2 (?1: the basin).
+const BatchSql& DeleteTokens() {
+  static const BatchSql sql("DELETE FROM create_tokens WHERE basin = ?1 AND stream IN (", ", ", ")",
+                            [](size_t i) { return fmt::format("?{}", i + 2); });
+  return sql;
+}
+// Removing streams (RemoveStreams), ids from ?1.
+const BatchSql& SegmentKeysOfStreams() {
+  static const BatchSql sql("SELECT object_key FROM segments WHERE stream_id IN (", ", ",
+                            ") ORDER BY stream_id, start_offset", [](size_t i) { return fmt::format("?{}", i + 1); });
+  return sql;
+}
+const BatchSql& DeleteSegmentsOfStreams() {
+  static const BatchSql sql("DELETE FROM segments WHERE stream_id IN (", ", ", ")",
+                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  return sql;
+}
+const BatchSql& DeleteStatesOfStreams() {
+  static const BatchSql sql("DELETE FROM stream_states WHERE stream_id IN (", ", ", ")",
+                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  return sql;
+}
+const BatchSql& DeleteStreamRows() {
+  static const BatchSql sql("DELETE FROM streams WHERE id IN (", ", ", ")",
+                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  return sql;
+}
+// Retention cuts (stream id, below offset), 2 a row from ?1: the segments
+// wholly below each cut go, and are returned.
+const BatchSql& DeleteSegmentsBelowCuts() {
+  static const BatchSql sql("DELETE FROM segments WHERE (", " OR ", kDeleteSegmentsBelowTail, [](size_t i) {
+    const size_t p = 1 + 2 * i;
+    return fmt::format("(stream_id = ?{} AND start_offset < ?{} AND end_offset <= ?{})", p, p + 1, p + 1);
+  });
   return sql;
 }
 // Groups: 1 a row, from ?1.
@@ -660,19 +721,25 @@ Status SqlMetastore::InsertStream(StreamInfo* info) {
   return SetToken(info->basin, info->name, info->request_token);
 }
 
-Status SqlMetastore::RemoveStream(uint64_t id, std::vector<std::string>* keys) {
-  {
-    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kSegmentKeysOfStream));
-    st.Int(1, I64(id));
-    while (true) {
-      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list segments of stream"));
-      if (!row) break;
-      keys->push_back(st.ColText(0));
-    }
-  }
-  for (const char* sql : {kDeleteSegmentsOfStream, kDeleteState, kDeleteStream}) {
-    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(sql));
-    WEIR_RETURN_IF_ERROR(st.Int(1, I64(id)).Run("delete stream"));
+Status SqlMetastore::RemoveStreams(const std::vector<uint64_t>& ids, std::vector<std::string>* keys) {
+  auto prepare = [&](const char* sql) { return Prepare(sql); };
+  auto bind_ids = [&](Stmt& st, size_t first, size_t count) {
+    for (size_t i = 0; i < count; ++i) st.Int(1 + static_cast<int>(i), I64(ids[first + i]));
+  };
+  WEIR_RETURN_IF_ERROR(
+      ForEachBatch(SegmentKeysOfStreams(), ids.size(), prepare, [&](Stmt& st, size_t first, size_t count) -> Status {
+        bind_ids(st, first, count);
+        while (true) {
+          WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("list segments of streams"));
+          if (!row) return Status::Ok();
+          keys->push_back(st.ColText(0));
+        }
+      }));
+  for (const BatchSql* sql : {&DeleteSegmentsOfStreams(), &DeleteStatesOfStreams(), &DeleteStreamRows()}) {
+    WEIR_RETURN_IF_ERROR(ForEachBatch(*sql, ids.size(), prepare, [&](Stmt& st, size_t first, size_t count) {
+      bind_ids(st, first, count);
+      return st.Run("delete streams");
+    }));
   }
   return Status::Ok();
 }
@@ -701,10 +768,12 @@ Result<uint64_t> SqlMetastore::LastStreamId() { return CounterValue("LastStreamI
 
 Result<uint64_t> SqlMetastore::LastProducerId() { return CounterValue("LastProducerId", kProducerIdCounter); }
 
-Result<uint64_t> SqlMetastore::NextCounter(std::string_view name) {
-  WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kBumpCounter));
+Result<uint64_t> SqlMetastore::NextCounter(std::string_view name, uint64_t n) {
+  WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(n == 1 ? kBumpCounter : kBumpCounterBy));
   const std::string what = fmt::format("allocate {}", name);
-  WEIR_ASSIGN_OR_RETURN(const bool row, st.Text(1, name).Step(what));
+  st.Text(1, name);
+  if (n != 1) st.Int(2, I64(n));
+  WEIR_ASSIGN_OR_RETURN(const bool row, st.Step(what));
   if (!row) return Internal("metastore {}: {}: no value returned", Describe(), what);
   const uint64_t value = U64(st.ColInt(0));
   WEIR_ASSIGN_OR_RETURN(const bool more, st.Step(what));
@@ -1080,7 +1149,7 @@ Result<std::vector<std::string>> SqlMetastore::DeleteStreamIf(
             name, table->name);
       }
       WEIR_RETURN_IF_ERROR(SetToken(basin, name, ""));
-      return RemoveStream(id, &keys);
+      return RemoveStreams({id}, &keys);
     });
     if (!txn.ok()) return txn;
     return keys;
@@ -1444,20 +1513,31 @@ Result<std::vector<SegmentInfo>> SqlMetastore::DeleteSegmentsBelow(std::string_v
     const Status txn = InTransaction("delete segments", [&]() -> Status {
       removed.clear();
       WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
+      std::vector<const SegmentCut*> live;  // ids are stored as int64: none at or past 2^63
+      std::unordered_map<uint64_t, size_t> order;  // stream id -> its first cut's place
       for (const SegmentCut& cut : cuts) {
-        if (cut.stream_id >= kMaxOffset) continue;  // ids are stored as int64: no such stream
-        const size_t first = removed.size();
-        WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteSegmentsBelow));
-        del.Int(1, I64(cut.stream_id)).Int(2, I64(std::min(cut.below_offset, kMaxOffset)));
-        while (true) {
-          WEIR_ASSIGN_OR_RETURN(const bool row, del.Step("delete segments"));
-          if (!row) break;
-          removed.push_back(ReadSegment(del));
-        }
-        // RETURNING has no order.
-        std::sort(removed.begin() + static_cast<std::ptrdiff_t>(first), removed.end(),
-                  [](const SegmentInfo& a, const SegmentInfo& b) { return a.start_offset < b.start_offset; });
+        if (cut.stream_id >= kMaxOffset) continue;
+        live.push_back(&cut);
+        order.emplace(cut.stream_id, order.size());
       }
+      WEIR_RETURN_IF_ERROR(ForEachBatch(
+          DeleteSegmentsBelowCuts(), live.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& del, size_t first, size_t count) -> Status {
+            for (size_t i = 0; i < count; ++i) {
+              const int p = 1 + 2 * static_cast<int>(i);
+              del.Int(p, I64(live[first + i]->stream_id))
+                  .Int(p + 1, I64(std::min(live[first + i]->below_offset, kMaxOffset)));
+            }
+            while (true) {
+              WEIR_ASSIGN_OR_RETURN(const bool row, del.Step("delete segments"));
+              if (!row) return Status::Ok();
+              removed.push_back(ReadSegment(del));
+            }
+          }));
+      // RETURNING has no order: by cut, then offset.
+      std::sort(removed.begin(), removed.end(), [&](const SegmentInfo& a, const SegmentInfo& b) {
+        return std::pair(order[a.stream_id], a.start_offset) < std::pair(order[b.stream_id], b.start_offset);
+      });
       return Status::Ok();
     });
     if (!txn.ok()) return txn;
@@ -1549,22 +1629,61 @@ Result<std::pair<TableInfo, std::vector<StreamInfo>>> SqlMetastore::CreateTable(
 Status SqlMetastore::InsertBucketStreams(const TableInfo& table, uint32_t from, uint32_t to,
                                             const StreamConfig& config, int64_t created_at_ms,
                                             std::vector<StreamInfo>* out) {
-  out->reserve(out->size() + (to - from));
-  for (uint32_t b = from; b < to; ++b) {
-    StreamInfo stream;
-    stream.basin = table.basin;
-    stream.name = BucketStreamName(table.name, b);
-    stream.config = config;
-    stream.created_at_ms = created_at_ms;
-    Status st = InsertStream(&stream);
-    if (!st.ok()) {
-      return st.code() == Code::kAlreadyExists
-                 ? AlreadyExists("table {}/{}: the name of its bucket {} stream, {}, is taken by another stream",
-                                 table.basin, table.name, b, stream.name)
-                 : st;
-    }
-    out->push_back(std::move(stream));
+  // As InsertStream for each bucket, in statements of up to 128 rows.
+  if (to <= from) return Status::Ok();
+  const size_t n = to - from;
+  std::vector<StreamInfo> made(n);
+  for (size_t i = 0; i < n; ++i) {
+    made[i].basin = table.basin;
+    made[i].name = BucketStreamName(table.name, from + static_cast<uint32_t>(i));
+    made[i].config = config;
+    made[i].created_at_ms = created_at_ms;
   }
+  auto prepare = [&](const char* sql) { return Prepare(sql); };
+  auto bind_names = [&](Stmt& st, size_t first, size_t count) {
+    st.Text(1, table.basin);
+    for (size_t i = 0; i < count; ++i) st.Text(2 + static_cast<int>(i), made[first + i].name);
+  };
+  WEIR_RETURN_IF_ERROR(
+      ForEachBatch(StreamNamesTaken(), n, prepare, [&](Stmt& st, size_t first, size_t count) -> Status {
+        bind_names(st, first, count);
+        WEIR_ASSIGN_OR_RETURN(const bool taken, st.Step("look up streams"));
+        if (!taken) return Status::Ok();
+        const std::string name = st.ColText(0);
+        const std::optional<BucketRef> ref = ParseBucketStreamName(name);
+        return AlreadyExists("table {}/{}: the name of its bucket {} stream, {}, is taken by another stream",
+                             table.basin, table.name, ref ? ref->bucket : 0, name);
+      }));
+  WEIR_ASSIGN_OR_RETURN(const uint64_t last_id, NextCounter(kStreamIdCounter, n));
+  for (size_t i = 0; i < n; ++i) made[i].id = last_id - n + 1 + i;
+  WEIR_RETURN_IF_ERROR(ForEachBatch(InsertStreams(), n, prepare, [&](Stmt& st, size_t first, size_t count) {
+    st.Text(1, table.basin);
+    for (size_t i = 0; i < count; ++i) {
+      const StreamInfo& s = made[first + i];
+      const int p = 2 + 8 * static_cast<int>(i);
+      st.Int(p, I64(s.id))
+          .Text(p + 1, s.name)
+          .Text(p + 2, StorageClassName(s.config.storage_class))
+          .Int(p + 3, s.config.retention_age_s)
+          .Text(p + 4, TimestampingModeName(s.config.timestamping))
+          .Int(p + 5, s.config.uncapped_timestamps ? 1 : 0)
+          .Int(p + 6, s.created_at_ms)
+          .Int(p + 7, s.config.delete_on_empty_min_age_s);
+    }
+    return st.Run("insert streams");
+  }));
+  WEIR_RETURN_IF_ERROR(ForEachBatch(InsertZeroStates(), n, prepare, [&](Stmt& st, size_t first, size_t count) {
+    st.Blob(1, "");
+    for (size_t i = 0; i < count; ++i) st.Int(2 + static_cast<int>(i), I64(made[first + i].id));
+    return st.Run("insert stream states");
+  }));
+  // A stream name reused after a delete starts without the old token.
+  WEIR_RETURN_IF_ERROR(ForEachBatch(DeleteTokens(), n, prepare, [&](Stmt& st, size_t first, size_t count) {
+    bind_names(st, first, count);
+    return st.Run("delete create tokens");
+  }));
+  out->reserve(out->size() + n);
+  for (StreamInfo& s : made) out->push_back(std::move(s));
   return Status::Ok();
 }
 
@@ -1651,17 +1770,24 @@ Result<std::vector<std::string>> SqlMetastore::DeleteTable(uint64_t table_id, bo
         if (!row) return NotFound("table id {} does not exist", table_id);
         WEIR_ASSIGN_OR_RETURN(table, ReadTable(st));
       }
-      for (uint32_t b = 0; b < table.bucket_count; ++b) {
-        std::optional<uint64_t> stream_id;
-        {
-          WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kStreamByName));
-          WEIR_ASSIGN_OR_RETURN(const bool row,
-                                st.Text(1, table.basin).Text(2, BucketStreamName(table.name, b)).Step("read stream"));
-          if (row) stream_id = U64(st.ColInt(0));
-        }
-        // DeleteStream refuses bucket streams, so each is there; skip one that is not.
-        if (stream_id) WEIR_RETURN_IF_ERROR(RemoveStream(*stream_id, &keys));
-      }
+      // DeleteStream refuses bucket streams, so each is there; skip one that is not.
+      std::vector<std::string> names;
+      names.reserve(table.bucket_count);
+      for (uint32_t b = 0; b < table.bucket_count; ++b) names.push_back(BucketStreamName(table.name, b));
+      std::vector<uint64_t> ids;
+      WEIR_RETURN_IF_ERROR(ForEachBatch(
+          StreamIdsByName(), names.size(), [&](const char* sql) { return Prepare(sql); },
+          [&](Stmt& st, size_t first, size_t count) -> Status {
+            st.Text(1, table.basin);
+            for (size_t i = 0; i < count; ++i) st.Text(2 + static_cast<int>(i), names[first + i]);
+            while (true) {
+              WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("read bucket streams"));
+              if (!row) return Status::Ok();
+              ids.push_back(U64(st.ColInt(0)));
+            }
+          }));
+      std::sort(ids.begin(), ids.end());  // keys in bucket order, as the streams were made
+      WEIR_RETURN_IF_ERROR(RemoveStreams(ids, &keys));
       if (with_group_offsets) {
         WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kDeleteTopicOffsets));
         WEIR_RETURN_IF_ERROR(st.Text(1, table.name).Run("delete topic offsets"));

@@ -158,11 +158,13 @@ class SqlMetastore final : public Metastore {
   static void BindBasinConfig(Stmt& st, const BasinConfig& config);
   // Runs kUpdateConfig for stream `id` (in a transaction); kNotFound if it is missing.
   Status WriteStreamConfig(uint64_t id, const StreamConfig& config);
-  // Deletes a stream's segment rows, state and row; appends the segment object keys.
-  Status RemoveStream(uint64_t id, std::vector<std::string>* keys);
+  // Deletes streams' segment rows, states and rows; appends their segment object keys
+  // (by stream id, then offset).
+  Status RemoveStreams(const std::vector<uint64_t>& ids, std::vector<std::string>* keys);
   // The table whose bucket `stream` backs, if any.
   Result<std::optional<TableInfo>> TableOfBucket(std::string_view basin, std::string_view stream);
-  Result<uint64_t> NextCounter(std::string_view name);
+  // Adds n (>= 1) to a counter; its new value (so n - 1 below it are also taken).
+  Result<uint64_t> NextCounter(std::string_view name, uint64_t n = 1);
   // A counter's value (0 before its first use), as operation `op`.
   Result<uint64_t> CounterValue(std::string_view op, std::string_view name);
   Result<std::optional<NodeState>> ReadNode(std::string_view node);
