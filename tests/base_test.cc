@@ -324,6 +324,15 @@ TEST(Secret, RedactUriHidesPasswordsAndSecretParameters) {
   EXPECT_EQ(RedactUri("file:///data/a@b:c/objects"), "file:///data/a@b:c/objects");     // @ past the host
   EXPECT_EQ(RedactUri("mem://"), "mem://");
   EXPECT_EQ(RedactUri("postgress://u:pw@h/d"), "postgress://u:***@h/d");
+  // Passwords holding '?', '/' or '@'.
+  EXPECT_EQ(RedactUri("postgres://u:pa?ss@host/db"), "postgres://u:***@host/db");
+  EXPECT_EQ(RedactUri("postgres://u:pa/ss@host/db"), "postgres://u:***@host/db");
+  EXPECT_EQ(RedactUri("postgres://u:a/b?c@d@host:5432/db?sslmode=require"),
+            "postgres://u:***@host:5432/db?sslmode=require");
+  EXPECT_EQ(RedactUri("postgres://u@[::1]:5432/db"), "postgres://u@[::1]:5432/db");
+  EXPECT_EQ(RedactUri("postgres://u:p@[::1]:5432/db"), "postgres://u:***@[::1]:5432/db");
+  // Parameter names percent-encoded.
+  EXPECT_EQ(RedactUri("postgres://db/x?pass%77ord=pw&secret%5Fkey=k"), "postgres://db/x?pass%77ord=***&secret%5Fkey=***");
 }
 
 TEST(Histogram, BucketsBoundRelativeError) {

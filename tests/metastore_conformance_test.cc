@@ -1157,6 +1157,20 @@ TEST_P(MetastoreConformance, CommitSettleBadInputChangesNothing) {
   EXPECT_EQ(Snapshot("n1", {a}), before);
 }
 
+// A stream named twice in one settle's states ends as rows updated in order
+// would leave it: the last state, and the highest trim point.
+TEST_P(MetastoreConformance, ASettleNamingAStreamTwiceKeepsTheLastStateAndHighestTrim) {
+  const uint64_t a = MakeStream("b", "a");
+  MintTo("n1", 1);
+  StreamState low = State(a, 24, "tok");
+  low.trim_point = 2;
+  ASSERT_OK(m().CommitSettle("n1", 1, {0, 0}, {1, 1}, {Seg(a, 0, 24)}, {State(a, 20), low}));
+  ASSERT_OK_AND_ASSIGN(StreamState st, m().GetStreamState(a));
+  EXPECT_EQ(st.settled_offset, 24u);
+  EXPECT_EQ(st.trim_point, 10u);
+  EXPECT_EQ(st.fencing_token, "tok");
+}
+
 TEST_P(MetastoreConformance, DuplicateOrOverlappingSegmentRollsBack) {
   const uint64_t a = MakeStream("b", "a");
   const uint64_t c = MakeStream("b", "c");

@@ -34,19 +34,34 @@ inline std::optional<std::string_view> AuthCredentials(std::string_view header, 
 
 // `uri` for messages and logs: a password in its user info
 // ("scheme://user:PASSWORD@host") and the values of the query parameters
-// secret_key, session_token, password and sslpassword become "***".
+// secret_key, session_token, password and sslpassword (names
+// percent-decoded) become "***". A password may hold '/', '?' or '@', so
+// the user info is taken to end at the last '@' with a ':' between it and
+// the scheme: a query value holding '@' may hide more than the password.
 inline std::string RedactUri(std::string_view uri) {
   std::string out(uri);
   const size_t scheme = out.find("://");
   if (scheme != std::string::npos) {
-    const size_t host_begin = scheme + 3;
-    const size_t host_end = std::min(out.find_first_of("/?", host_begin), out.size());
-    const size_t at = out.rfind('@', host_end);
-    if (at != std::string::npos && at >= host_begin) {
-      const size_t colon = out.find(':', host_begin);
-      if (colon < at) out.replace(colon + 1, at - colon - 1, "***");
-    }
+    const size_t user_begin = scheme + 3;
+    const size_t at = out.rfind('@');
+    const size_t colon = out.find(':', user_begin);
+    if (at != std::string::npos && at > user_begin && colon < at) out.replace(colon + 1, at - colon - 1, "***");
   }
+  auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  };
+  auto decoded = [&](std::string_view name) {
+    std::string d;
+    for (size_t i = 0; i < name.size(); ++i) {
+      if (name[i] == '%' && i + 2 < name.size() && hex(name[i + 1]) >= 0 && hex(name[i + 2]) >= 0) {
+        d += static_cast<char>(hex(name[i + 1]) * 16 + hex(name[i + 2]));
+        i += 2;
+      } else {
+        d += name[i];
+      }
+    }
+    return d;
+  };
   const size_t query = out.find('?');
   if (query == std::string::npos) return out;
   std::string redacted = out.substr(0, query + 1);
@@ -55,7 +70,7 @@ inline std::string RedactUri(std::string_view uri) {
     if (end == std::string::npos) end = out.size();
     const std::string_view param = std::string_view(out).substr(pos, end - pos);
     const size_t eq = param.find('=');
-    const std::string_view name = param.substr(0, eq);
+    const std::string name = decoded(param.substr(0, eq));
     if (eq != std::string_view::npos &&
         (name == "secret_key" || name == "session_token" || name == "password" || name == "sslpassword")) {
       redacted.append(param.substr(0, eq + 1)).append("***");

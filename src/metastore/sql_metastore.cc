@@ -1411,15 +1411,24 @@ Status SqlMetastore::CommitSettle(std::string_view node, uint64_t epoch, const C
             return st.Run("insert segments");
           }));
 
-      // One state a stream (the last given); PostgreSQL's UPDATE ... FROM
-      // would take any one of several.
-      std::unordered_map<uint64_t, const StreamState*> last;
-      for (const StreamState& s : states) last[s.stream_id] = &s;
-      std::vector<const StreamState*> updates;
-      updates.reserve(last.size());
+      // One state a stream, as rows updated in order would leave it: the
+      // last given, with the highest trim point (PostgreSQL's UPDATE ...
+      // FROM would take any one of several).
+      std::unordered_map<uint64_t, size_t> last;  // stream id -> its place in `merged`
+      std::vector<StreamState> merged;
       for (const StreamState& s : states) {
-        if (last[s.stream_id] == &s) updates.push_back(&s);
+        auto [it, fresh] = last.emplace(s.stream_id, merged.size());
+        if (fresh) {
+          merged.push_back(s);
+        } else {
+          const uint64_t trim = std::max(merged[it->second].trim_point, s.trim_point);
+          merged[it->second] = s;
+          merged[it->second].trim_point = trim;
+        }
       }
+      std::vector<const StreamState*> updates;
+      updates.reserve(merged.size());
+      for (const StreamState& s : merged) updates.push_back(&s);
       WEIR_RETURN_IF_ERROR(ForEachBatch(
           UpdateStates(), updates.size(), [&](const char* sql) { return Prepare(sql); },
           [&](Stmt& st, size_t first, size_t count) {

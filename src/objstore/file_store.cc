@@ -164,15 +164,24 @@ Status FsyncDir(const std::string& path) {
   return weir::FsyncDir(path);
 }
 
-// FsyncDir for a directory that may not exist (nothing in it to make durable).
-Status FsyncDirIfAny(const std::string& path) {
-  if (g_dir_sync_hook_set.load(std::memory_order_acquire)) WEIR_RETURN_IF_ERROR(DirSyncHook()(path));
+// FsyncDir, saying whether fsync(2) itself failed (`*sync_failed`; the test
+// hook's failures count as such) rather than the open; with `if_any`, a
+// directory that does not exist is fine (nothing in it to make durable).
+Status SyncDirTelling(const std::string& path, bool if_any, bool* sync_failed) {
+  *sync_failed = false;
+  if (g_dir_sync_hook_set.load(std::memory_order_acquire)) {
+    Status st = DirSyncHook()(path);
+    *sync_failed = !st.ok();
+    WEIR_RETURN_IF_ERROR(st);
+  }
   Fd fd(RetryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); }));
   if (!fd.valid()) {
-    if (errno == ENOENT || errno == ENOTDIR) return Status::Ok();
+    if (if_any && (errno == ENOENT || errno == ENOTDIR)) return Status::Ok();
     return ErrnoStatus(errno, "open directory", path);
   }
-  return Fsync(fd.get(), path);
+  Status st = Fsync(fd.get(), path);
+  *sync_failed = !st.ok();
+  return st;
 }
 
 std::string_view ParentOf(std::string_view path) {
@@ -514,12 +523,20 @@ class FileStore final : public ObjectStore {
     return SyncDir(std::string(ParentOf(path)), /*if_any=*/false);
   }
 
-  // FsyncDir (FsyncDirIfAny if `if_any`), unless the store failed; a
-  // failure fails the store (Failed()).
+  // A directory's fsync (with `if_any`, of one that may not exist), unless
+  // the store failed; a failed fsync fails the store (Failed()).
   Status SyncDir(const std::string& dir, bool if_any) {
     WEIR_RETURN_IF_ERROR(Failed());
-    Status st = if_any ? FsyncDirIfAny(dir) : FsyncDir(dir);
-    if (st.ok()) return st;
+    bool sync_failed = false;
+    Status st = SyncDirTelling(dir, if_any, &sync_failed);
+    // A sync that passed while another thread's failed (its error reported
+    // to that thread only) may not have made this entry durable either: the
+    // latch is looked at again (the window left is the failing thread's few
+    // instructions between its fsync and the latch).
+    if (st.ok()) return Failed();
+    // An open that failed (out of descriptors, say) consumed no writeback
+    // error: a later sync will still report it.
+    if (!sync_failed) return st;
     {
       std::lock_guard lock(failed_mu_);
       if (failed_why_.empty()) failed_why_ = st.ToString();
