@@ -450,6 +450,31 @@ TEST(WalWriter, LingerFollowsThePutEstimate) {
   }
 }
 
+// StalledFor tells how long a slot whose PUT failed has waited (what
+// /health and weir_wal_stalled_seconds show), and is zero again once it lands.
+TEST(WalWriter, StalledForShowsASlotWhosePutsFail) {
+  auto faulty = std::make_shared<objstore::FaultStore>(testing::NewTestStore(), objstore::FaultOptions{});
+  auto w = Writer::Start(faulty, Opts());
+  ASSERT_TRUE(w.ok());
+  Acks acks;
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("fine"), acks.For(0), Later()).ok());
+  ASSERT_TRUE(acks.WaitFor(1));
+  EXPECT_EQ((*w)->StalledFor(Now()), Duration::zero());
+  objstore::FaultOptions failing;
+  failing.put_error_rate = 1.0;
+  faulty->SetOptions(failing);
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("waits"), acks.For(1), Later()).ok());
+  for (int i = 0; i < 6000 && (*w)->metrics().put_retries.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_GT((*w)->metrics().put_retries.load(), 0u);
+  EXPECT_GT((*w)->StalledFor(Now() + std::chrono::hours(1)), std::chrono::minutes(59));
+  faulty->SetOptions(objstore::FaultOptions{});
+  ASSERT_TRUE(acks.WaitFor(2));
+  EXPECT_TRUE(acks.Snapshot()[1].status.ok());
+  for (int i = 0; i < 6000 && (*w)->StalledFor(Now()) != Duration::zero(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ((*w)->StalledFor(Now()), Duration::zero());
+  (*w)->Close();
+}
+
 TEST(WalWriter, CloseGivesUpOnAStoreThatTakesNoWrite) {
   // A slot lands, then the store fails every PUT: Close waits its
   // close_timeout, then fails what is not durable (kUnavailable) and returns;

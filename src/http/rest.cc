@@ -578,6 +578,9 @@ constexpr auto kRoomPoll = std::chrono::milliseconds(20);
 constexpr auto kRoomPollMax = std::chrono::milliseconds(100);
 constexpr auto kRoomWaitLimit = std::chrono::seconds(5);
 constexpr size_t kMaxTombstones = 10000;
+// /health answers 503 wal_stalled once a WAL slot whose PUT failed has
+// waited this long to be durable.
+constexpr auto kHealthWalStall = std::chrono::seconds(30);
 
 // S2's s2-provision-result header: what a create or ensure did.
 HeaderList Provisioned(std::string_view outcome) { return {{"s2-provision-result", std::string(outcome)}}; }
@@ -810,6 +813,14 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker, b
       if (c.engine != nullptr && !draining_) {  // ready (c.engine is set once it is)
         // Appends here are fenced: a load balancer should send them elsewhere.
         if (c.engine->superseded()) return c.Reply(503, Json{{"status", "superseded"}});
+        // A WAL slot that keeps failing (a store down or refusing writes):
+        // appends here wait; send them elsewhere (and restart a process
+        // whose file:// store refused writes after a failed sync).
+        const Duration stalled = c.engine->wal().StalledFor(Now());
+        if (stalled >= kHealthWalStall) {
+          return c.Reply(503, Json{{"status", "wal_stalled"},
+                                   {"stalled_s", std::chrono::duration_cast<std::chrono::seconds>(stalled).count()}});
+        }
         return c.Reply(200, Json{{"status", "ok"}});
       }
       return c.Reply(503, Json{{"status", draining_ ? "draining" : "starting"}});

@@ -121,6 +121,14 @@ std::optional<uint64_t> Writer::halted_seq() const {
   return halted_seq_;
 }
 
+Duration Writer::StalledFor(TimePoint now) const {
+  std::lock_guard lk(mu_);
+  for (const auto& slot : slots_) {  // claim order: the first found is the oldest
+    if (!slot->durable && !slot->abandoned && !slot->last_error.ok()) return now - slot->claimed;
+  }
+  return Duration::zero();
+}
+
 std::pair<uint64_t, uint64_t> Writer::released_below() const {
   // If callbacks are running, wait (briefly) for that round to finish so
   // every acknowledgement already delivered is covered by the answer.

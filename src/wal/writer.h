@@ -212,6 +212,10 @@ class Writer {
   static constexpr int kUnreadableEnvelopeReads = 5;
   uint64_t nonce() const { return options_.nonce; }
   std::optional<uint64_t> halted_seq() const;
+  // How long the oldest slot whose PUT failed and is not yet durable has
+  // been claimed (zero if none): a store failing for good shows here while
+  // the uploader retries. Any thread.
+  Duration StalledFor(TimePoint now) const;
   // (epoch, seq): every slot before it in chain order is released and its
   // acknowledgement callbacks have returned. It waits up to 100 ms for a
   // running release round, then answers as of the round before: it may lag
