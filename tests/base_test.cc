@@ -331,6 +331,11 @@ TEST(Secret, RedactUriHidesPasswordsAndSecretParameters) {
             "postgres://u:***@host:5432/db?sslmode=require");
   EXPECT_EQ(RedactUri("postgres://u@[::1]:5432/db"), "postgres://u@[::1]:5432/db");
   EXPECT_EQ(RedactUri("postgres://u:p@[::1]:5432/db"), "postgres://u:***@[::1]:5432/db");
+  // Secrets holding '@' after a ':' (a port, an endpoint) are hidden whole.
+  EXPECT_EQ(RedactUri("postgresql://host:5432/db?password=p@ssw0rd"), "postgresql://host:5432/db?password=***");
+  EXPECT_EQ(RedactUri("s3://bkt/p?endpoint=http://minio:9000&secret_key=abc@def"),
+            "s3://bkt/p?endpoint=http://minio:9000&secret_key=***");
+  EXPECT_EQ(RedactUri("s3://b?x=1?secret_key=k"), "s3://b?x=1?secret_key=***");
   // Parameter names percent-encoded.
   EXPECT_EQ(RedactUri("postgres://db/x?pass%77ord=pw&secret%5Fkey=k"), "postgres://db/x?pass%77ord=***&secret%5Fkey=***");
 }

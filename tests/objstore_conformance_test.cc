@@ -1041,7 +1041,9 @@ TEST(OpenObjectStoreTest, BadUris) {
   EXPECT_EQ(msg.find("bucket"), std::string::npos) << msg;
   const std::string no_scheme = OpenObjectStore("s3:/b?secret_key=SEKRIT").status().message();
   EXPECT_EQ(no_scheme.find("SEKRIT"), std::string::npos) << no_scheme;
-  EXPECT_NE(no_scheme.find("no \"://\""), std::string::npos) << no_scheme;
+  EXPECT_NE(no_scheme.find("does not start with one"), std::string::npos) << no_scheme;
+  const std::string late = OpenObjectStore("s3:/b?secret_key=SEKRIT&endpoint=http://h:9000").status().message();
+  EXPECT_EQ(late.find("SEKRIT"), std::string::npos) << late;
 }
 
 }  // namespace

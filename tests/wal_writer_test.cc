@@ -450,8 +450,8 @@ TEST(WalWriter, LingerFollowsThePutEstimate) {
   }
 }
 
-// StalledFor tells how long a slot whose PUT failed has waited (what
-// /health and weir_wal_stalled_seconds show), and is zero again once it lands.
+// StalledFor tells how long a slot not yet durable has waited (what /health
+// and weir_wal_stalled_seconds show), and is zero again once it lands.
 TEST(WalWriter, StalledForShowsASlotWhosePutsFail) {
   auto faulty = std::make_shared<objstore::FaultStore>(testing::NewTestStore(), objstore::FaultOptions{});
   auto w = Writer::Start(faulty, Opts());

@@ -32,21 +32,14 @@ inline std::optional<std::string_view> AuthCredentials(std::string_view header, 
   return header.substr(scheme.size() + 1);
 }
 
-// `uri` for messages and logs: a password in its user info
-// ("scheme://user:PASSWORD@host") and the values of the query parameters
+// `uri` for messages and logs: the values of the query parameters
 // secret_key, session_token, password and sslpassword (names
-// percent-decoded) become "***". A password may hold '/', '?' or '@', so
-// the user info is taken to end at the last '@' with a ':' between it and
-// the scheme: a query value holding '@' may hide more than the password.
+// percent-decoded; parameters split at '&' and at every '?') and a password
+// in its user info ("scheme://user:PASSWORD@host") become "***", in that
+// order. A password may hold '/', '?' or '@', so the user info is taken to
+// end at the last '@' with a ':' between it and the scheme: a query value
+// holding '@' may hide more than the password.
 inline std::string RedactUri(std::string_view uri) {
-  std::string out(uri);
-  const size_t scheme = out.find("://");
-  if (scheme != std::string::npos) {
-    const size_t user_begin = scheme + 3;
-    const size_t at = out.rfind('@');
-    const size_t colon = out.find(':', user_begin);
-    if (at != std::string::npos && at > user_begin && colon < at) out.replace(colon + 1, at - colon - 1, "***");
-  }
   auto hex = [](char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
   };
@@ -62,25 +55,36 @@ inline std::string RedactUri(std::string_view uri) {
     }
     return d;
   };
-  const size_t query = out.find('?');
-  if (query == std::string::npos) return out;
-  std::string redacted = out.substr(0, query + 1);
-  for (size_t pos = query + 1; pos <= out.size();) {
-    size_t end = out.find('&', pos);
-    if (end == std::string::npos) end = out.size();
-    const std::string_view param = std::string_view(out).substr(pos, end - pos);
-    const size_t eq = param.find('=');
-    const std::string name = decoded(param.substr(0, eq));
-    if (eq != std::string_view::npos &&
-        (name == "secret_key" || name == "session_token" || name == "password" || name == "sslpassword")) {
-      redacted.append(param.substr(0, eq + 1)).append("***");
-    } else {
-      redacted.append(param);
+  std::string out;
+  const size_t query = uri.find('?');
+  if (query == std::string_view::npos) {
+    out = uri;
+  } else {
+    out = uri.substr(0, query + 1);
+    for (size_t pos = query + 1; pos <= uri.size();) {
+      size_t end = uri.find_first_of("&?", pos);
+      if (end == std::string_view::npos) end = uri.size();
+      const std::string_view param = uri.substr(pos, end - pos);
+      const size_t eq = param.find('=');
+      const std::string name = decoded(param.substr(0, eq));
+      if (eq != std::string_view::npos &&
+          (name == "secret_key" || name == "session_token" || name == "password" || name == "sslpassword")) {
+        out.append(param.substr(0, eq + 1)).append("***");
+      } else {
+        out.append(param);
+      }
+      if (end < uri.size()) out += uri[end];
+      pos = end + 1;
     }
-    if (end < out.size()) redacted += '&';
-    pos = end + 1;
   }
-  return redacted;
+  const size_t scheme = out.find("://");
+  if (scheme != std::string::npos) {
+    const size_t user_begin = scheme + 3;
+    const size_t at = out.rfind('@');
+    const size_t colon = out.find(':', user_begin);
+    if (at != std::string::npos && at > user_begin && colon < at) out.replace(colon + 1, at - colon - 1, "***");
+  }
+  return out;
 }
 
 }  // namespace weir

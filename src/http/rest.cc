@@ -578,8 +578,8 @@ constexpr auto kRoomPoll = std::chrono::milliseconds(20);
 constexpr auto kRoomPollMax = std::chrono::milliseconds(100);
 constexpr auto kRoomWaitLimit = std::chrono::seconds(5);
 constexpr size_t kMaxTombstones = 10000;
-// /health answers 503 wal_stalled once a WAL slot whose PUT failed has
-// waited this long to be durable.
+// /health answers 503 wal_stalled once a WAL slot has waited this long to
+// be durable.
 constexpr auto kHealthWalStall = std::chrono::seconds(30);
 
 // S2's s2-provision-result header: what a create or ensure did.
@@ -813,9 +813,11 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker, b
       if (c.engine != nullptr && !draining_) {  // ready (c.engine is set once it is)
         // Appends here are fenced: a load balancer should send them elsewhere.
         if (c.engine->superseded()) return c.Reply(503, Json{{"status", "superseded"}});
-        // A WAL slot that keeps failing (a store down or refusing writes):
-        // appends here wait; send them elsewhere (and restart a process
-        // whose file:// store refused writes after a failed sync).
+        // A WAL slot not durable for long (a store down, hanging or
+        // refusing writes; a halt not resolved): appends here wait. A
+        // writer that takes no append again (a halt it gave up on) needs a
+        // restart.
+        if (c.engine->wal().takes_no_appends()) return c.Reply(503, Json{{"status", "wal_closed"}});
         const Duration stalled = c.engine->wal().StalledFor(Now());
         if (stalled >= kHealthWalStall) {
           return c.Reply(503, Json{{"status", "wal_stalled"},

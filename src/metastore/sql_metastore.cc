@@ -242,7 +242,7 @@ constexpr const char kListOffsetGroups[] =
 // trip: its text for 1, 2, 4, ... 2^kBatchRowsLog2 rows, built once (the
 // driver caches statements by text: at most eight per kind). Immutable after
 // construction; any thread.
-constexpr int kBatchRowsLog2 = 7;  // 128 rows: at most 6 * 128 + 1 parameters
+constexpr int kBatchRowsLog2 = 7;  // 128 rows: at most 8 * 128 + 1 parameters
 
 class BatchSql {
  public:
@@ -270,6 +270,18 @@ class BatchSql {
   std::array<std::string, kBatchRowsLog2 + 1> sql_;
 };
 
+// "?first, ?first+1, ..." for n parameters.
+std::string Params(size_t first, size_t n) {
+  std::string out;
+  for (size_t k = 0; k < n; ++k) out += fmt::format("{}?{}", k > 0 ? ", " : "", first + k);
+  return out;
+}
+// A statement of head, a list of one parameter a row from ?first, tail
+// (IN lists).
+BatchSql ListSql(std::string_view head, size_t first, std::string_view tail) {
+  return BatchSql(head, ", ", tail, [first](size_t i) { return fmt::format("?{}", first + i); });
+}
+
 // Covers rows [0, n) with the fewest statements of `sql`, largest first:
 // each(st, first, count) binds rows [first, first + count) to a statement
 // prepare(text) lent, and runs it. A template because SqlMetastore::Stmt is
@@ -295,10 +307,7 @@ const BatchSql& UpsertGroupOffsets() {
       " ON CONFLICT(group_id, topic, part) DO UPDATE SET "
       "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "
       "metadata = excluded.metadata, commit_time_ms = excluded.commit_time_ms",
-      [](size_t i) {
-        const size_t p = 2 + 6 * i;
-        return fmt::format("(?1, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5);
-      });
+      [](size_t i) { return "(?1, " + Params(2 + 6 * i, 6) + ")"; });
   return sql;
 }
 // (topic, partition) pairs: 2 a row.
@@ -311,8 +320,7 @@ const BatchSql& DeletePartitionOffsetRows() {
 }
 // Settle (CommitSettle). Streams that exist, of ids from ?1.
 const BatchSql& LiveStreamIds() {
-  static const BatchSql sql("SELECT id FROM streams WHERE id IN (", ", ", ")",
-                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  static const BatchSql sql = ListSql("SELECT id FROM streams WHERE id IN (", 1, ")");
   return sql;
 }
 // Rows (stream id, start, end, row number), 4 a row from ?1: the row number
@@ -325,18 +333,13 @@ const BatchSql& OverlappingSegment() {
       ") AS v WHERE (SELECT end_offset FROM segments WHERE stream_id = v.column1 AND start_offset <= v.column2 "
       "ORDER BY start_offset DESC LIMIT 1) > v.column2 OR EXISTS (SELECT 1 FROM segments WHERE stream_id = "
       "v.column1 AND start_offset > v.column2 AND start_offset < v.column3) LIMIT 1",
-      [](size_t i) {
-        const size_t p = 1 + 4 * i;
-        return fmt::format("(?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3);
-      });
+      [](size_t i) { return "(" + Params(1 + 4 * i, 4) + ")"; });
   return sql;
 }
 // Segment rows, 7 a row from ?1 (as kInsertSegment).
 const BatchSql& InsertSegments() {
-  static const BatchSql sql(kInsertSegmentsHead, ", ", "", [](size_t i) {
-    const size_t p = 1 + 7 * i;
-    return fmt::format("(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5, p + 6);
-  });
+  static const BatchSql sql(kInsertSegmentsHead, ", ", "",
+                            [](size_t i) { return "(" + Params(1 + 7 * i, 7) + ")"; });
   return sql;
 }
 // Stream states, 6 a row from ?1 (the trim point never moves back); a
@@ -346,30 +349,25 @@ const BatchSql& UpdateStates() {
       "UPDATE stream_states SET settled_offset = v.column2, trim_point = CASE WHEN trim_point > v.column3 THEN "
       "trim_point ELSE v.column3 END, fencing_token = v.column4, last_timestamp_ms = v.column5, producer_state = "
       "v.column6 FROM (VALUES ",
-      ", ", ") AS v WHERE stream_states.stream_id = v.column1", [](size_t i) {
-        const size_t p = 1 + 6 * i;
-        return fmt::format("(?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5);
-      });
+      ", ", ") AS v WHERE stream_states.stream_id = v.column1",
+      [](size_t i) { return "(" + Params(1 + 6 * i, 6) + ")"; });
   return sql;
 }
 // Buckets (CreateTable, AddBuckets, DeleteTable). ?1 is the basin; names
 // from ?2: the first taken, and the ids of those that exist.
 const BatchSql& StreamNamesTaken() {
-  static const BatchSql sql("SELECT name FROM streams WHERE basin = ?1 AND name IN (", ", ", ") LIMIT 1",
-                            [](size_t i) { return fmt::format("?{}", i + 2); });
+  static const BatchSql sql = ListSql("SELECT name FROM streams WHERE basin = ?1 AND name IN (", 2, ") LIMIT 1");
   return sql;
 }
 const BatchSql& StreamIdsByName() {
-  static const BatchSql sql("SELECT id FROM streams WHERE basin = ?1 AND name IN (", ", ", ")",
-                            [](size_t i) { return fmt::format("?{}", i + 2); });
+  static const BatchSql sql = ListSql("SELECT id FROM streams WHERE basin = ?1 AND name IN (", 2, ")");
   return sql;
 }
 // Stream rows, 8 a row from ?2 (?1: the basin), as kInsertStream.
 const BatchSql& InsertStreams() {
   static const BatchSql sql(kInsertStreamsHead, ", ", "", [](size_t i) {
     const size_t p = 2 + 8 * i;
-    return fmt::format("(?{}, ?1, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4, p + 5, p + 6,
-                       p + 7);
+    return fmt::format("(?{}, ?1, {})", p, Params(p + 1, 7));
   });
   return sql;
 }
@@ -381,29 +379,24 @@ const BatchSql& InsertZeroStates() {
 }
 // Create tokens of stream names from ?2 (?1: the basin).
 const BatchSql& DeleteTokens() {
-  static const BatchSql sql("DELETE FROM create_tokens WHERE basin = ?1 AND stream IN (", ", ", ")",
-                            [](size_t i) { return fmt::format("?{}", i + 2); });
+  static const BatchSql sql = ListSql("DELETE FROM create_tokens WHERE basin = ?1 AND stream IN (", 2, ")");
   return sql;
 }
 // Removing streams (RemoveStreams), ids from ?1.
 const BatchSql& SegmentKeysOfStreams() {
-  static const BatchSql sql("SELECT object_key FROM segments WHERE stream_id IN (", ", ",
-                            ") ORDER BY stream_id, start_offset", [](size_t i) { return fmt::format("?{}", i + 1); });
+  static const BatchSql sql = ListSql("SELECT object_key FROM segments WHERE stream_id IN (", 1, ") ORDER BY stream_id, start_offset");
   return sql;
 }
 const BatchSql& DeleteSegmentsOfStreams() {
-  static const BatchSql sql("DELETE FROM segments WHERE stream_id IN (", ", ", ")",
-                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  static const BatchSql sql = ListSql("DELETE FROM segments WHERE stream_id IN (", 1, ")");
   return sql;
 }
 const BatchSql& DeleteStatesOfStreams() {
-  static const BatchSql sql("DELETE FROM stream_states WHERE stream_id IN (", ", ", ")",
-                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  static const BatchSql sql = ListSql("DELETE FROM stream_states WHERE stream_id IN (", 1, ")");
   return sql;
 }
 const BatchSql& DeleteStreamRows() {
-  static const BatchSql sql("DELETE FROM streams WHERE id IN (", ", ", ")",
-                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  static const BatchSql sql = ListSql("DELETE FROM streams WHERE id IN (", 1, ")");
   return sql;
 }
 // Retention cuts (stream id, below offset), 2 a row from ?1: the segments
@@ -417,8 +410,7 @@ const BatchSql& DeleteSegmentsBelowCuts() {
 }
 // Groups: 1 a row, from ?1.
 const BatchSql& DeleteGroupsOffsets() {
-  static const BatchSql sql("DELETE FROM group_offsets WHERE group_id IN (", ", ", ")",
-                            [](size_t i) { return fmt::format("?{}", i + 1); });
+  static const BatchSql sql = ListSql("DELETE FROM group_offsets WHERE group_id IN (", 1, ")");
   return sql;
 }
 

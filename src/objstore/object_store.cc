@@ -1,6 +1,9 @@
 // Key validation and URI dispatch for the ObjectStore interface.
 #include "objstore/object_store.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "objstore/file_store.h"
 #include "objstore/internal.h"
 #include "objstore/mem_store.h"
@@ -78,12 +81,17 @@ constexpr std::string_view kS3 = "s3://";
 
 Status CheckObjectStoreScheme(std::string_view uri) {
   if (uri.starts_with(kS3) || uri.starts_with(kMem) || uri.starts_with(kFile)) return Status::Ok();
-  // Only the scheme is named: the rest may hold secrets in a form no redaction knows.
+  // Only the scheme is named: the rest may hold secrets in a form no
+  // redaction knows. A scheme is a letter, then letters, digits, + - .
   const size_t scheme = uri.find("://");
+  const bool named = scheme != std::string_view::npos && scheme >= 1 && scheme <= 32 &&
+                     std::isalpha(static_cast<unsigned char>(uri[0])) &&
+                     std::all_of(uri.begin(), uri.begin() + static_cast<std::ptrdiff_t>(scheme), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.';
+                     });
   return InvalidArgument(
       "unsupported object store URI scheme {}; supported: file://DIR, mem://, s3://BUCKET[/PREFIX]?...",
-      scheme == std::string_view::npos ? std::string("(none: no \"://\")")
-                                       : fmt::format("\"{}://\"", uri.substr(0, std::min<size_t>(scheme, 32))));
+      named ? fmt::format("\"{}://\"", uri.substr(0, scheme)) : std::string("(none: the URI does not start with one)"));
 }
 
 Result<std::shared_ptr<ObjectStore>> OpenObjectStore(std::string_view uri, const OpenOptions& options) {

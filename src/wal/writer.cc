@@ -124,7 +124,7 @@ std::optional<uint64_t> Writer::halted_seq() const {
 Duration Writer::StalledFor(TimePoint now) const {
   std::lock_guard lk(mu_);
   for (const auto& slot : slots_) {  // claim order: the first found is the oldest
-    if (!slot->durable && !slot->abandoned && !slot->last_error.ok()) return now - slot->claimed;
+    if (!slot->durable && !slot->abandoned) return now - slot->claimed;
   }
   return Duration::zero();
 }

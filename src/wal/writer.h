@@ -212,9 +212,9 @@ class Writer {
   static constexpr int kUnreadableEnvelopeReads = 5;
   uint64_t nonce() const { return options_.nonce; }
   std::optional<uint64_t> halted_seq() const;
-  // How long the oldest slot whose PUT failed and is not yet durable has
-  // been claimed (zero if none): a store failing for good shows here while
-  // the uploader retries. Any thread.
+  // How long the oldest slot not yet durable has been claimed (zero if
+  // none): a store that fails or hangs shows here while the uploader
+  // retries, and so does a halt waiting for its fence. Any thread.
   Duration StalledFor(TimePoint now) const;
   // (epoch, seq): every slot before it in chain order is released and its
   // acknowledgement callbacks have returned. It waits up to 100 ms for a
