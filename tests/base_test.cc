@@ -336,6 +336,7 @@ TEST(Secret, RedactUriHidesPasswordsAndSecretParameters) {
   EXPECT_EQ(RedactUri("s3://bkt/p?endpoint=http://minio:9000&secret_key=abc@def"),
             "s3://bkt/p?endpoint=http://minio:9000&secret_key=***");
   EXPECT_EQ(RedactUri("s3://b?x=1?secret_key=k"), "s3://b?x=1?secret_key=***");
+  EXPECT_EQ(RedactUri("s3://b/p?access_key=A&secret_key=ab?cd&region=r"), "s3://b/p?access_key=A&secret_key=***&region=r");
   // Parameter names percent-encoded.
   EXPECT_EQ(RedactUri("postgres://db/x?pass%77ord=pw&secret%5Fkey=k"), "postgres://db/x?pass%77ord=***&secret%5Fkey=***");
 }

@@ -475,6 +475,29 @@ TEST(WalWriter, StalledForShowsASlotWhosePutsFail) {
   (*w)->Close();
 }
 
+// A PUT that hangs (no failure, no retry) shows too, once nothing was
+// released for as long: the slots behind it land but wait for it.
+TEST(WalWriter, StalledForShowsAPutThatHangs) {
+  auto mem = testing::NewTestStore();
+  auto gated = std::make_shared<GatedStore>(mem);
+  gated->Gate(SlotKey("n1", 1, 1));
+  auto w = Writer::Start(gated, Opts());
+  ASSERT_TRUE(w.ok());
+  Acks acks;
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("lands"), acks.For(0), Later()).ok());
+  ASSERT_TRUE(acks.WaitFor(1));
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("hangs"), acks.For(1), Later()).ok());
+  ASSERT_TRUE(gated->WaitBlocked(SlotKey("n1", 1, 1)));
+  ASSERT_TRUE((*w)->Append(1, OneRecordBatch("behind"), acks.For(2), Later()).ok());
+  EXPECT_GT((*w)->StalledFor(Now() + std::chrono::hours(1)), std::chrono::minutes(59));
+  EXPECT_EQ((*w)->metrics().put_retries.load(), 0u);
+  gated->Open(SlotKey("n1", 1, 1));
+  ASSERT_TRUE(acks.WaitFor(3));
+  for (int i = 0; i < 6000 && (*w)->StalledFor(Now()) != Duration::zero(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ((*w)->StalledFor(Now()), Duration::zero());
+  (*w)->Close();
+}
+
 TEST(WalWriter, CloseGivesUpOnAStoreThatTakesNoWrite) {
   // A slot lands, then the store fails every PUT: Close waits its
   // close_timeout, then fails what is not durable (kUnavailable) and returns;

@@ -3,7 +3,6 @@
 // Header-only, stateless.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -34,7 +33,8 @@ inline std::optional<std::string_view> AuthCredentials(std::string_view header, 
 
 // `uri` for messages and logs: the values of the query parameters
 // secret_key, session_token, password and sslpassword (names
-// percent-decoded; parameters split at '&' and at every '?') and a password
+// percent-decoded; parameters split at '&' and at every '?' but inside a
+// secret's value) and a password
 // in its user info ("scheme://user:PASSWORD@host") become "***", in that
 // order. A password may hold '/', '?' or '@', so the user info is taken to
 // end at the last '@' with a ':' between it and the scheme: a query value
@@ -70,6 +70,8 @@ inline std::string RedactUri(std::string_view uri) {
       if (eq != std::string_view::npos &&
           (name == "secret_key" || name == "session_token" || name == "password" || name == "sslpassword")) {
         out.append(param.substr(0, eq + 1)).append("***");
+        end = uri.find('&', pos);  // a secret may hold '?': hidden up to the next '&'
+        if (end == std::string_view::npos) end = uri.size();
       } else {
         out.append(param);
       }

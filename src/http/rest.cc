@@ -579,7 +579,7 @@ constexpr auto kRoomPollMax = std::chrono::milliseconds(100);
 constexpr auto kRoomWaitLimit = std::chrono::seconds(5);
 constexpr size_t kMaxTombstones = 10000;
 // /health answers 503 wal_stalled once a WAL slot has waited this long to
-// be durable.
+// be durable, with nothing acknowledged for as long (Writer::StalledFor).
 constexpr auto kHealthWalStall = std::chrono::seconds(30);
 
 // S2's s2-provision-result header: what a create or ensure did.

@@ -397,7 +397,8 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
                     w.put_ambiguous_resolved.load());
   http::PromCounter(&out, "weir_wal_halts_total", "WAL chain halts (foreign slot occupant)", w.halts.load());
   http::PromGauge(&out, "weir_wal_stalled_seconds",
-                  "How long the oldest WAL slot not yet durable has waited (0: none)",
+                  "How long the oldest WAL slot not yet durable has waited, or since slots were last acknowledged if "
+                  "less (0: none pending)",
                   std::chrono::duration<double>(engine->wal().StalledFor(Now())).count());
   if (auto* q = dynamic_cast<wal::QuorumStore*>(&engine->wal_store())) RenderQuorumMetrics(*q, &out);
   out += "# HELP weir_wal_stalls_total Appends or cuts that waited, by cause\n# TYPE weir_wal_stalls_total counter\n";

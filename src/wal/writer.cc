@@ -124,7 +124,9 @@ std::optional<uint64_t> Writer::halted_seq() const {
 Duration Writer::StalledFor(TimePoint now) const {
   std::lock_guard lk(mu_);
   for (const auto& slot : slots_) {  // claim order: the first found is the oldest
-    if (!slot->durable && !slot->abandoned) return now - slot->claimed;
+    if (!slot->durable && !slot->abandoned) {
+      return std::max(Duration::zero(), std::min(now - slot->claimed, now - last_release_));
+    }
   }
   return Duration::zero();
 }
@@ -524,6 +526,7 @@ void Writer::DrainReleases() {
       slots_.pop_front();
     }
     if (ready.empty()) break;
+    last_release_ = Now();
     metrics_.slots_in_flight.store(static_cast<int64_t>(slots_.size()), std::memory_order_relaxed);
     // The budget comes back before the callbacks run: an appender waiting
     // for room holds its stream's lock, which the callbacks of that stream

@@ -212,9 +212,11 @@ class Writer {
   static constexpr int kUnreadableEnvelopeReads = 5;
   uint64_t nonce() const { return options_.nonce; }
   std::optional<uint64_t> halted_seq() const;
-  // How long the oldest slot not yet durable has been claimed (zero if
-  // none): a store that fails or hangs shows here while the uploader
-  // retries, and so does a halt waiting for its fence. Any thread.
+  // How long the oldest slot not yet durable has been claimed, or, if
+  // less, since slots were last released (acknowledged; zero if none is
+  // pending): a store that fails or hangs shows here while the uploader
+  // retries, and so does a halt waiting for its fence; a slow store whose
+  // slots still land, in order, does not. Any thread.
   Duration StalledFor(TimePoint now) const;
   // (epoch, seq): every slot before it in chain order is released and its
   // acknowledgement callbacks have returned. It waits up to 100 ms for a
@@ -285,6 +287,7 @@ class Writer {
   // (put_ewma_: NextPutEstimate over the PUTs so far).
   Duration put_ewma_ = Duration::zero();
   TimePoint last_cut_;
+  TimePoint last_release_ = Now();  // slots were last released (StalledFor)
   // Every slot before (epoch, seq) in chain order has been released and its
   // callbacks have returned.
   std::pair<uint64_t, uint64_t> released_below_;
