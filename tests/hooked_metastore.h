@@ -60,7 +60,8 @@ class HookedMetastore final : public metastore::Metastore {
   std::function<void()> before_commit_group_offsets;  // runs once, then is cleared
   std::function<void()> before_delete_group_offsets;  // runs once, then is cleared
   std::function<void()> before_expire_group_offsets;  // runs once, then is cleared
-  std::function<Status()> fail_fetch_group_offsets;   // non-OK: FetchGroupOffsets answers it
+  // Non-OK: FetchGroupOffsets, FetchPartitionOffsets and GroupHasOffsets answer it.
+  std::function<Status()> fail_fetch_group_offsets;
   std::function<Status()> fail_allocate_producer_id;  // non-OK: AllocateProducerId answers it
   // Maps RaiseTrimPoint's real answer (after it ran): a trim stored with its answer lost.
   std::function<Status(Status)> map_raise_trim_answer;
@@ -214,6 +215,19 @@ class HookedMetastore final : public metastore::Metastore {
       if (Status st = fail_fetch_group_offsets(); !st.ok()) return st;
     }
     return m_->FetchGroupOffsets(g);
+  }
+  Result<std::vector<GroupOffset>> FetchPartitionOffsets(
+      std::string_view g, const std::vector<std::pair<std::string, int32_t>>& p) override {
+    if (fail_fetch_group_offsets) {
+      if (Status st = fail_fetch_group_offsets(); !st.ok()) return st;
+    }
+    return m_->FetchPartitionOffsets(g, p);
+  }
+  Result<bool> GroupHasOffsets(std::string_view g) override {
+    if (fail_fetch_group_offsets) {
+      if (Status st = fail_fetch_group_offsets(); !st.ok()) return st;
+    }
+    return m_->GroupHasOffsets(g);
   }
   Status DeletePartitionOffsets(std::string_view g, const std::vector<std::pair<std::string, int32_t>>& p,
                                 const metastore::EpochCheck& by) override {

@@ -2790,6 +2790,47 @@ TEST_F(BrokerTest, ACommitUnderAGroupIdNoJoinCouldUseIsInvalidGroupId) {
   }
 }
 
+// OffsetFetch answers the partitions named, in their order, whether it looks
+// them up one by one or (past 1024 named) reads the group's offsets whole.
+TEST_F(BrokerTest, OffsetFetchAnswersTheNamedPartitionsInTheirOrder) {
+  ASSERT_EQ(CreateTopic("four", 4).error_code, ErrorCode::kNone);
+  ASSERT_EQ(CreateTopic("one", 1).error_code, ErrorCode::kNone);
+  OffsetCommitRequest c;
+  c.group_id = "g-named";
+  c.topics.push_back(OffsetCommitRequestTopic{
+      "four", {OffsetCommitRequestPartition{3, 30, -1, -1, "three"}, OffsetCommitRequestPartition{0, 10, -1, -1, ""},
+               OffsetCommitRequestPartition{2, 20, -1, -1, ""}}});
+  c.topics.push_back(OffsetCommitRequestTopic{"one", {OffsetCommitRequestPartition{0, 5, -1, -1, ""}}});
+  for (const auto& t : Call(c, 2, DecodeOffsetCommitResponse).topics) {
+    for (const auto& p : t.partitions) ASSERT_EQ(p.error_code, ErrorCode::kNone);
+  }
+  const std::map<std::pair<std::string, int32_t>, int64_t> committed = {
+      {{"four", 0}, 10}, {{"four", 2}, 20}, {{"four", 3}, 30}, {{"one", 0}, 5}};
+  for (int32_t extra : {0, 1100}) {
+    SCOPED_TRACE(extra);
+    OffsetFetchRequest f;
+    f.group_id = "g-named";
+    std::vector<int32_t> four = {3, 1, 0};
+    for (int32_t p = 0; p < extra; ++p) four.push_back(p);
+    f.topics = std::vector<OffsetFetchRequestTopic>{{"one", {0}}, {"four", four}, {"never", {0}}};
+    auto resp = Call(f, 5, DecodeOffsetFetchResponse);
+    ASSERT_EQ(resp.error_code, ErrorCode::kNone);
+    ASSERT_EQ(resp.topics.size(), 3u);
+    for (size_t t = 0; t < 3; ++t) {
+      const auto& want = f.topics->at(t);
+      EXPECT_EQ(resp.topics[t].name, want.name);
+      ASSERT_EQ(resp.topics[t].partitions.size(), want.partition_indexes.size());
+      for (size_t i = 0; i < want.partition_indexes.size(); ++i) {
+        const auto& got = resp.topics[t].partitions[i];
+        EXPECT_EQ(got.partition_index, want.partition_indexes[i]);
+        auto it = committed.find({want.name, got.partition_index});
+        EXPECT_EQ(got.committed_offset, it == committed.end() ? -1 : it->second) << want.name << " " << i;
+      }
+    }
+    EXPECT_EQ(resp.topics[1].partitions[0].metadata, "three");
+  }
+}
+
 // Once a successor holds the node (the same --node-id started elsewhere),
 // this process's listener changes no committed offset: its groups' commits
 // would overwrite the successor's.

@@ -1346,6 +1346,45 @@ TEST_P(SegmentIndexTest, ReplaceSegmentsMergesAdjacentRowsOrChangesNothing) {
   EXPECT_EQ(m().ReplaceSegments("n1", 1, a_, run, merged).code(), Code::kPreconditionFailed);
 }
 
+// A run of many segments (a merge takes up to 256) is checked and swapped
+// whole; any segment of it indexed otherwise, missing, or followed within
+// the span by one the run does not name refuses it, changing nothing.
+TEST_P(SegmentIndexTest, ReplaceSegmentsOfALongRun) {
+  using V = std::vector<uint64_t>;
+  std::vector<SegmentInfo> run;
+  for (uint64_t i = 0; i < 200; ++i) run.push_back(Seg(other_, 100 + 3 * i, 103 + 3 * i, 1000 + i, 1000 + i));
+  ASSERT_OK(m().CommitSettle("n1", 1, {1, 1}, {1, 2}, run, {}));
+  SegmentInfo merged = Seg(other_, 100, 700, 1000, 1199);
+  merged.object_key = "segments/merged-long";
+  SegmentInfo moved = run[150];
+  moved.object_key = "segments/elsewhere";
+  std::vector<SegmentInfo> with_moved = run;
+  with_moved[150] = moved;
+  const Status refused = m().ReplaceSegments("n1", 1, other_, with_moved, merged);
+  EXPECT_EQ(refused.code(), Code::kPreconditionFailed);
+  EXPECT_NE(refused.message().find("[550, 553) is not indexed as segments/elsewhere"), std::string::npos)
+      << refused.ToString();
+  // Naming one past the indexed ones: [700, 705) is not indexed.
+  std::vector<SegmentInfo> longer = run;
+  longer.push_back(Seg(other_, 700, 705));
+  const Status missing = m().ReplaceSegments("n1", 1, other_, longer, Seg(other_, 100, 705));
+  EXPECT_EQ(missing.code(), Code::kPreconditionFailed);
+  EXPECT_NE(missing.message().find("[700, 705)"), std::string::npos) << missing.ToString();
+  // Two of a's segments named as one run [20, 45): a's [40, 50) starts inside it.
+  EXPECT_EQ(m().ReplaceSegments("n1", 1, a_, {Seg(a_, 20, 35), Seg(a_, 35, 45)}, Seg(a_, 20, 45)).code(),
+            Code::kPreconditionFailed);
+  // All but the last: swapped, the last stays.
+  std::vector<SegmentInfo> tail_short(run.begin(), run.end() - 1);
+  SegmentInfo short_merged = Seg(other_, 100, 697);
+  EXPECT_EQ(Starts(other_).size(), 201u);
+  ASSERT_EQ(Starts(a_), (V{0, 10, 20, 40}));
+
+  ASSERT_OK(m().ReplaceSegments("n1", 1, other_, tail_short, short_merged));
+  EXPECT_EQ(Starts(other_), (V{0, 100, 697}));
+  EXPECT_EQ(Str(Segments(other_, 650, 1)), Str(std::vector<SegmentInfo>{short_merged}));
+  EXPECT_EQ(Str(Segments(other_, 697, 1)), Str(std::vector<SegmentInfo>{run.back()}));
+}
+
 TEST_P(SegmentIndexTest, DeleteSegmentsBelow) {
   using V = std::vector<uint64_t>;
   auto starts_of = [](const std::vector<SegmentInfo>& segs) {
@@ -1800,6 +1839,45 @@ TEST_P(MetastoreConformance, ExpireGroupOffsetsRemovesWholeStaleGroups) {
   EXPECT_EQ(removed, (std::vector<std::string>{"kept"}));
   ASSERT_OK_AND_ASSIGN(removed, m().ExpireGroupOffsets(500, {}, kNoNode));
   EXPECT_TRUE(removed.empty());
+}
+
+// OffsetFetch's lookups: only the named partitions the group holds, each
+// once, sorted; more than one statement takes (128) in several.
+TEST_P(MetastoreConformance, FetchPartitionOffsetsFindsOnlyThoseNamed) {
+  std::vector<GroupOffset> commit;
+  for (int32_t p = 0; p < 200; ++p) commit.push_back(Offset("t", p, 10 * p, "m" + std::to_string(p), 7));
+  commit.push_back(Offset("u", 0, 5));
+  ASSERT_OK(m().CommitGroupOffsets("g", commit, kNoNode));
+  ASSERT_OK(m().CommitGroupOffsets("h", {Offset("t", 1000, 1)}, kNoNode));
+  EXPECT_TRUE(*m().GroupHasOffsets("g"));
+  EXPECT_TRUE(*m().GroupHasOffsets("h"));
+  EXPECT_FALSE(*m().GroupHasOffsets("nobody"));
+  EXPECT_TRUE(m().FetchPartitionOffsets("g", {})->empty());
+
+  // Odd partitions of t from the top down (one named twice), u's, two the
+  // group lacks (one is h's), and a partition of a topic nobody has.
+  std::vector<std::pair<std::string, int32_t>> named;
+  for (int32_t p = 199; p >= 1; p -= 2) named.emplace_back("t", p);
+  named.emplace_back("t", 3);
+  named.emplace_back("u", 0);
+  named.emplace_back("t", 1000);
+  named.emplace_back("t", 200);
+  named.emplace_back("none", 0);
+  ASSERT_OK_AND_ASSIGN(std::vector<GroupOffset> got, m().FetchPartitionOffsets("g", named));
+  ASSERT_EQ(got.size(), 101u);
+  for (size_t i = 0; i < 100; ++i) {
+    const int32_t p = static_cast<int32_t>(2 * i + 1);
+    EXPECT_EQ(got[i].topic, "t");
+    EXPECT_EQ(got[i].partition, p);
+    EXPECT_EQ(got[i].offset, 10 * p);
+    EXPECT_EQ(got[i].metadata, "m" + std::to_string(p));
+  }
+  EXPECT_EQ(got[100].topic, "u");
+  EXPECT_EQ(got[100].offset, 5);
+  ASSERT_OK_AND_ASSIGN(got, m().FetchPartitionOffsets("h", named));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].partition, 1000);
+  EXPECT_TRUE(m().FetchPartitionOffsets("nobody", named)->empty());
 }
 
 // Commits, deletes and expiries of more rows than one statement takes (128)

@@ -15,6 +15,10 @@ ErrorCode E(int16_t code) { return static_cast<ErrorCode>(code); }
 // commits under new group ids can make any number of them.
 constexpr size_t kMaxListedOffsetGroups = 100000;
 
+// Most partitions an OffsetFetch looks up one by one; past that it reads
+// the group's offsets whole.
+constexpr size_t kMaxSeekedOffsetPartitions = 1024;
+
 // For a request whose answer may wait long: the frame and the decoded body
 // (moved from already) are freed, and their bytes leave the request budget,
 // so parked requests never hold up other connections' reads.
@@ -188,7 +192,22 @@ void Broker::OffsetFetch(const std::shared_ptr<Request>& req) {
     }
     Send(req, resp, EncodeOffsetFetchResponse);
   };
-  auto committed = meta_->FetchGroupOffsets(in.group_id);
+  // The named partitions by index seeks (a consumer names those it was
+  // assigned, a few of a group's), unless so many are named that reading the
+  // whole group costs less.
+  size_t named_count = 0;
+  if (in.topics) {
+    for (const auto& t : *in.topics) named_count += t.partition_indexes.size();
+  }
+  std::vector<std::pair<std::string, int32_t>> named;
+  const bool seek = in.topics && named_count <= kMaxSeekedOffsetPartitions;
+  if (seek) {
+    named.reserve(named_count);
+    for (const auto& t : *in.topics) {
+      for (int32_t p : t.partition_indexes) named.emplace_back(t.name, p);
+    }
+  }
+  auto committed = seek ? meta_->FetchPartitionOffsets(in.group_id, named) : meta_->FetchGroupOffsets(in.group_id);
   if (!committed.ok()) {
     Log().warn("kafka: fetching offsets of group {}: {}", in.group_id, committed.status().ToString());
     // As Kafka while it loads a group's offsets: Java consumers before 3.8.1
@@ -255,14 +274,14 @@ void Broker::DescribeGroups(const std::shared_ptr<Request>& req) {
                                                  stable ? m.metadata : "", stable ? m.assignment : ""});
       }
     } else {
-      auto offsets = meta_->FetchGroupOffsets(id);
-      if (!offsets.ok()) {
-        Log().warn("kafka: describing group {}: {}", id, offsets.status().ToString());
+      auto has_offsets = meta_->GroupHasOffsets(id);
+      if (!has_offsets.ok()) {
+        Log().warn("kafka: describing group {}: {}", id, has_offsets.status().ToString());
         g.error_code = ErrorCode::kCoordinatorNotAvailable;
       }
       // Kafka (before DescribeGroups v6) answers an unknown group with state
       // Dead and no error.
-      g.group_state = offsets.ok() && !offsets->empty() ? "Empty" : "Dead";
+      g.group_state = has_offsets.ok() && *has_offsets ? "Empty" : "Dead";
     }
     resp.groups.push_back(std::move(g));
   }

@@ -346,6 +346,13 @@ class Metastore {
   virtual Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets,
                                     const EpochCheck& by) = 0;
   virtual Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) = 0;
+  // The group's offsets of the given (topic, partition)s it holds (each once,
+  // sorted as Fetch sorts), in index seeks: Kafka OffsetFetch names the
+  // partitions a consumer was assigned, a few of a group's many.
+  virtual Result<std::vector<GroupOffset>> FetchPartitionOffsets(
+      std::string_view group, const std::vector<std::pair<std::string, int32_t>>& partitions) = 0;
+  // Whether the group holds any committed offset (one index seek).
+  virtual Result<bool> GroupHasOffsets(std::string_view group) = 0;
   // Removes a group's offsets of the given (topic, partition)s in one
   // transaction (Kafka OffsetDelete); no error for those it has none of.
   virtual Status DeletePartitionOffsets(std::string_view group,

@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -208,9 +209,12 @@ constexpr const char kSegmentByTimestamp[] =
 constexpr const char kDeleteSegmentsBelowTail[] = ") RETURNING " WEIR_SEGMENT_COLUMNS;
 constexpr const char kInsertSegmentsHead[] = "INSERT INTO segments(" WEIR_SEGMENT_COLUMNS ") VALUES";
 #undef WEIR_SEGMENT_COLUMNS
-constexpr const char kSegmentKeyAt[] =
-    "SELECT end_offset, object_key FROM segments WHERE stream_id = ?1 AND start_offset = ?2";
-constexpr const char kDeleteSegmentAt[] = "DELETE FROM segments WHERE stream_id = ?1 AND start_offset = ?2";
+// The segments starting in [?2, ?3) of stream ?1 (a merge's run), at most ?4.
+constexpr const char kSegmentsStartingIn[] =
+    "SELECT start_offset, end_offset, object_key FROM segments "
+    "WHERE stream_id = ?1 AND start_offset >= ?2 AND start_offset < ?3 ORDER BY start_offset LIMIT ?4";
+constexpr const char kDeleteSegmentsStartingIn[] =
+    "DELETE FROM segments WHERE stream_id = ?1 AND start_offset >= ?2 AND start_offset < ?3";
 
 #define WEIR_TABLE_COLUMNS "id, basin, name, kind, bucket_count, config, created_at_ms"
 constexpr const char kInsertTable[] = "INSERT INTO tables(" WEIR_TABLE_COLUMNS ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)";
@@ -230,6 +234,7 @@ constexpr const char kDeleteTable[] = "DELETE FROM tables WHERE id = ?1";
 constexpr const char kFetchGroupOffsets[] =
     "SELECT topic, part, committed_offset, leader_epoch, metadata, commit_time_ms FROM group_offsets "
     "WHERE group_id = ?1 ORDER BY topic, part";
+constexpr const char kGroupHasOffsets[] = "SELECT 1 FROM group_offsets WHERE group_id = ?1 LIMIT 1";
 constexpr const char kDeleteTopicOffsets[] = "DELETE FROM group_offsets WHERE topic = ?1";
 constexpr const char kStaleGroups[] =
     "SELECT group_id FROM group_offsets GROUP BY group_id HAVING MAX(commit_time_ms) < ?1";
@@ -311,11 +316,19 @@ const BatchSql& UpsertGroupOffsets() {
   return sql;
 }
 // (topic, partition) pairs: 2 a row.
+std::string PartitionOffsetRow(size_t i) {
+  const size_t p = 2 + 2 * i;
+  return fmt::format("(topic = ?{} AND part = ?{})", p, p + 1);
+}
+const BatchSql& FetchPartitionOffsetRows() {
+  static const BatchSql sql(
+      "SELECT topic, part, committed_offset, leader_epoch, metadata, commit_time_ms FROM group_offsets "
+      "WHERE group_id = ?1 AND (",
+      " OR ", ")", PartitionOffsetRow);
+  return sql;
+}
 const BatchSql& DeletePartitionOffsetRows() {
-  static const BatchSql sql("DELETE FROM group_offsets WHERE group_id = ?1 AND (", " OR ", ")", [](size_t i) {
-    const size_t p = 2 + 2 * i;
-    return fmt::format("(topic = ?{} AND part = ?{})", p, p + 1);
-  });
+  static const BatchSql sql("DELETE FROM group_offsets WHERE group_id = ?1 AND (", " OR ", ")", PartitionOffsetRow);
   return sql;
 }
 // Settle (CommitSettle). Streams that exist, of ids from ?1.
@@ -1567,17 +1580,34 @@ Status SqlMetastore::ReplaceSegments(std::string_view node, uint64_t epoch, uint
       WEIR_RETURN_IF_ERROR(NodeAtEpoch(node, epoch).status());
       WEIR_ASSIGN_OR_RETURN(const bool live, StreamExists(stream_id));
       if (!live) return NotFound("stream id {} does not exist", stream_id);
-      for (const SegmentInfo& old : replaced) {
-        WEIR_ASSIGN_OR_RETURN(Stmt at, Prepare(kSegmentKeyAt));
-        WEIR_ASSIGN_OR_RETURN(const bool row, at.Int(1, I64(stream_id)).Int(2, I64(old.start_offset)).Step("read segment"));
-        if (!row || U64(at.ColInt(0)) != old.end_offset || at.ColText(1) != old.object_key) {
-          return PreconditionFailed("stream {}: segment [{}, {}) is not indexed as {} any more", stream_id,
-                                    old.start_offset, old.end_offset, old.object_key);
+      // The run is adjacent, so the index holds it as it was exactly when the
+      // rows starting in its span are its segments (two statements for any
+      // run: a merge takes up to 256 segments).
+      const int64_t from = I64(merged.start_offset);
+      const int64_t to = I64(merged.end_offset);
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt at, Prepare(kSegmentsStartingIn));
+        at.Int(1, I64(stream_id)).Int(2, from).Int(3, to).Int(4, I64(replaced.size() + 1));
+        for (size_t i = 0;; ++i) {
+          WEIR_ASSIGN_OR_RETURN(const bool row, at.Step("read segments"));
+          if (!row && i == replaced.size()) break;
+          // The first segment of the run not indexed as it was (or, past the
+          // run, a row that should not be there: the span overlaps it).
+          const SegmentInfo& old = replaced[std::min(i, replaced.size() - 1)];
+          if (!row || i == replaced.size() || U64(at.ColInt(0)) != old.start_offset ||
+              U64(at.ColInt(1)) != old.end_offset || at.ColText(2) != old.object_key) {
+            return PreconditionFailed("stream {}: segment [{}, {}) is not indexed as {} any more", stream_id,
+                                      old.start_offset, old.end_offset, old.object_key);
+          }
         }
       }
-      for (const SegmentInfo& old : replaced) {
-        WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteSegmentAt));
-        WEIR_RETURN_IF_ERROR(del.Int(1, I64(stream_id)).Int(2, I64(old.start_offset)).Run("delete segment"));
+      {
+        WEIR_ASSIGN_OR_RETURN(Stmt del, Prepare(kDeleteSegmentsStartingIn));
+        WEIR_RETURN_IF_ERROR(del.Int(1, I64(stream_id)).Int(2, from).Int(3, to).Run("delete segments"));
+        if (U64(del.Changes()) != replaced.size()) {
+          return Internal("stream {}: deleting {} merged segments removed {} rows", stream_id, replaced.size(),
+                          del.Changes());
+        }
       }
       return InsertSegmentRow(merged);
     });
@@ -1843,25 +1873,65 @@ Status SqlMetastore::CommitGroupOffsets(std::string_view group, const std::vecto
   });
 }
 
+// Appends the rows of a statement selecting kFetchGroupOffsets' columns.
+Status SqlMetastore::ReadGroupOffsets(Stmt& st, std::vector<GroupOffset>& out) {
+  while (true) {
+    WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("fetch group offsets"));
+    if (!row) return Status::Ok();
+    GroupOffset o;
+    o.topic = st.ColText(0);
+    o.partition = static_cast<int32_t>(st.ColInt(1));
+    o.offset = st.ColInt(2);
+    o.leader_epoch = static_cast<int32_t>(st.ColInt(3));
+    o.metadata = st.ColBlob(4);
+    o.commit_time_ms = st.ColInt(5);
+    out.push_back(std::move(o));
+  }
+}
+
 Result<std::vector<GroupOffset>> SqlMetastore::FetchGroupOffsets(std::string_view group) {
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   return Locked("FetchGroupOffsets", [&]() -> Result<std::vector<GroupOffset>> {
     WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kFetchGroupOffsets));
     st.Text(1, group);
     std::vector<GroupOffset> out;
-    while (true) {
-      WEIR_ASSIGN_OR_RETURN(const bool row, st.Step("fetch group offsets"));
-      if (!row) break;
-      GroupOffset o;
-      o.topic = st.ColText(0);
-      o.partition = static_cast<int32_t>(st.ColInt(1));
-      o.offset = st.ColInt(2);
-      o.leader_epoch = static_cast<int32_t>(st.ColInt(3));
-      o.metadata = st.ColBlob(4);
-      o.commit_time_ms = st.ColInt(5);
-      out.push_back(std::move(o));
-    }
+    WEIR_RETURN_IF_ERROR(ReadGroupOffsets(st, out));
     return out;
+  });
+}
+
+Result<std::vector<GroupOffset>> SqlMetastore::FetchPartitionOffsets(
+    std::string_view group, const std::vector<std::pair<std::string, int32_t>>& partitions) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("FetchPartitionOffsets", [&]() -> Result<std::vector<GroupOffset>> {
+    // Each partition once (an OR list would find a row named twice once, but
+    // two batches would both find it).
+    std::set<std::pair<std::string_view, int32_t>> unique;
+    for (const auto& [topic, part] : partitions) unique.emplace(topic, part);
+    const std::vector<std::pair<std::string_view, int32_t>> rows(unique.begin(), unique.end());
+    std::vector<GroupOffset> out;
+    WEIR_RETURN_IF_ERROR(ForEachBatch(
+        FetchPartitionOffsetRows(), rows.size(), [&](const char* sql) { return Prepare(sql); },
+        [&](Stmt& st, size_t first, size_t count) {
+          st.Text(1, group);
+          for (size_t i = 0; i < count; ++i) {
+            const int p = 2 + 2 * static_cast<int>(i);
+            st.Text(p, rows[first + i].first).Int(p + 1, rows[first + i].second);
+          }
+          return ReadGroupOffsets(st, out);
+        }));
+    std::sort(out.begin(), out.end(), [](const GroupOffset& a, const GroupOffset& b) {
+      return std::tie(a.topic, a.partition) < std::tie(b.topic, b.partition);
+    });
+    return out;
+  });
+}
+
+Result<bool> SqlMetastore::GroupHasOffsets(std::string_view group) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("GroupHasOffsets", [&]() -> Result<bool> {
+    WEIR_ASSIGN_OR_RETURN(Stmt st, Prepare(kGroupHasOffsets));
+    return st.Text(1, group).Step("look up group offsets");
   });
 }
 

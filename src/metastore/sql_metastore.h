@@ -116,6 +116,9 @@ class SqlMetastore final : public Metastore {
   Status CommitGroupOffsets(std::string_view group, const std::vector<GroupOffset>& offsets,
                             const EpochCheck& by) override;
   Result<std::vector<GroupOffset>> FetchGroupOffsets(std::string_view group) override;
+  Result<std::vector<GroupOffset>> FetchPartitionOffsets(
+      std::string_view group, const std::vector<std::pair<std::string, int32_t>>& partitions) override;
+  Result<bool> GroupHasOffsets(std::string_view group) override;
   Status DeletePartitionOffsets(std::string_view group,
                                 const std::vector<std::pair<std::string, int32_t>>& partitions,
                                 const EpochCheck& by) override;
@@ -177,6 +180,8 @@ class SqlMetastore final : public Metastore {
   Status InsertSegmentRow(const SegmentInfo& s);
   // Binds a segment row to parameters p..p+6 (the segment columns' order).
   static void BindSegment(Stmt& st, int p, const SegmentInfo& s);
+  // Appends a statement's group offset rows (kFetchGroupOffsets' columns) to `out`.
+  static Status ReadGroupOffsets(Stmt& st, std::vector<GroupOffset>& out);
   // The kAlreadyExists error naming the indexed segment `s` overlaps (kInternal if none does).
   Status SegmentOverlap(const SegmentInfo& s);
   // DeleteStream's transaction; `check` (if set) runs first inside it with
