@@ -3544,6 +3544,34 @@ TEST_F(EngineTest, ASupersedingStartDuringRecoveryDoesNotRaceTheStreamsLoading) 
   settle_on_close_ = false;
 }
 
+// A start superseded while it replays: the successor (minted after it)
+// fenced the chain, settled and deleted its first slots, so this start's
+// walk meets a deleted slot. The slots past it are the successor's to
+// replay: this start deletes none of them as garbage, and fails.
+TEST_F(EngineTest, AStartSupersededWhileItReplaysDeletesNoSlotItsSuccessorNeeds) {
+  settle_on_close_ = false;
+  Restart();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"r" + std::to_string(i)})).status.ok());
+  const uint64_t epoch = engine_->epoch();
+  engine_->Close();
+  engine_.reset();
+  for (uint64_t seq = 0; seq < 10; ++seq) ASSERT_TRUE(store_->Head(wal::SlotKey("n1", epoch, seq)).ok()) << seq;
+  auto hooked = std::make_shared<testing::HookedMetastore>(meta_);
+  hooked->after_list_stream_states = [&] {
+    auto node = meta_->GetNode("n1");
+    ASSERT_TRUE(node.ok());
+    ASSERT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());  // the successor
+    // ... which settled slots 0 to 4 and deleted them.
+    for (uint64_t seq = 0; seq < 5; ++seq) ASSERT_TRUE(store_->Delete(wal::SlotKey("n1", epoch, seq)).ok());
+  };
+  auto opened = Engine::Open(Options(), store_, hooked);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), Code::kFenced) << opened.status().ToString();
+  for (uint64_t seq = 5; seq < 10; ++seq) {
+    EXPECT_TRUE(store_->Head(wal::SlotKey("n1", epoch, seq)).ok()) << "slot " << seq << " was deleted";
+  }
+}
+
 TEST_F(EngineTest, TablesAreReadFromTheMetastoreOnlyAfterAChange) {
   // Kafka Metadata and every Flight call ask for a table: from memory until
   // a table change ends (a missing table too), not a metastore read each.

@@ -253,6 +253,24 @@ std::pair<uint64_t, Status> Engine::SupersededCut(const wal::ChainRef& chain, ui
   return {seq, Fenced("node {} was superseded", options_.node)};
 }
 
+bool Engine::DeleteGarbageIfStillOurs(const wal::ChainRef& chain, uint64_t cut, uint64_t window) {
+  // A successor that minted since our mint may have fenced this chain, then
+  // settled and deleted its slots: our walk then met a deleted slot, and the
+  // slots past that cut are ones it still needs. After the probe below a
+  // successor's fence meets our poison, and the slots past it are garbage to
+  // it too.
+  const std::optional<bool> superseded = LearnIfSuperseded();
+  if (superseded.value_or(false)) return false;
+  if (!superseded) {
+    Log().warn("garbage probe of {}/{}: skipped, since whether this process still holds the node could not be read",
+               chain.node, chain.epoch);
+    return true;
+  }
+  auto garbage = wal::DeleteGarbage(*wal_store_, chain, cut, window);
+  if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", chain.node, chain.epoch, garbage.status().ToString());
+  return true;
+}
+
 Status Engine::OwnFlights(const wal::ChainRef& chain, uint64_t from, uint64_t to) {
   for (uint64_t seq = from; seq < to; ++seq) {
     // An envelope that does not decode is read again, as the writer reads it
@@ -405,8 +423,7 @@ void Engine::HandleHalt(uint64_t epoch) {
     if (!garbage_probed) {
       garbage_probed = true;
       epoch_cuts_[epoch] = fence->cut;
-      auto garbage = wal::DeleteGarbage(*wal_store_, chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
-      if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, epoch, garbage.status().ToString());
+      DeleteGarbageIfStillOurs(chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
       continue;  // the probe takes a while: look at the halt again
     }
     st = wal_->Resume(minted->epoch, fence->cut, read_back_from);
@@ -643,8 +660,10 @@ Status Engine::Recover() {
     const wal::FenceResult& fence = *fenced;
     epoch_cuts_[e] = fence.cut;
     uint64_t garbage_window = e + 1 == epoch_ && prev.window > 0 ? prev.window : window;
-    auto garbage = wal::DeleteGarbage(*wal_store_, chain, fence.cut, garbage_window);
-    if (!garbage.ok()) Log().warn("garbage probe of {}/{}: {}", options_.node, e, garbage.status().ToString());
+    std::unique_lock settle(settle_mu_);
+    if (!DeleteGarbageIfStillOurs(chain, fence.cut, garbage_window)) {
+      return SupersededError(options_.node).WithContext(fmt::format("replaying WAL epoch {}", e));
+    }
   }
   if (first < epoch_) {
     Log().info("node {} recovered epochs {}..{} ({} slots), now epoch {}", options_.node, first, epoch_ - 1, slots,

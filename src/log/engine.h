@@ -758,6 +758,11 @@ class Engine {
   // our flight, else the one after `halted`), and what the appends from there
   // on get.
   std::pair<uint64_t, Status> SupersededCut(const wal::ChainRef& chain, uint64_t halted);
+  // With settle_mu_ held, after a fence of `chain` cut at `cut`: deletes the flights in the
+  // `window` slots past it, unless a successor holds the node now (then
+  // false, marked superseded; nothing deleted). When that cannot be read,
+  // deletes nothing and answers true.
+  bool DeleteGarbageIfStillOurs(const wal::ChainRef& chain, uint64_t cut, uint64_t window);
   // For HandleHalt when the fence walked past the halted slot: Ok if slots
   // [from, to) of `chain` are all our own flights; Corruption at another
   // writer's; Unavailable if one cannot be read or is no flight now.
