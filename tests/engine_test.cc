@@ -20,6 +20,7 @@
 #include "test_util.h"
 #include "wal/compression.h"
 #include "wal/fence.h"
+#include "wal/quorum_store.h"
 #include "log/engine_internal.h"
 #include "log/segment_format.h"
 #include "metastore/sql_metastore.h"
@@ -1987,6 +1988,96 @@ TEST_F(EngineTest, ASegmentWithABatchAtTheWrongOffsetIsCorruption) {
   damage(large, 1, uint64_t{0x7ffffffffffffff0});
   EXPECT_EQ(read_from("big", 1, 1000), Code::kCorruption);
   EXPECT_EQ(read_from("big", 0, 4u << 20), Code::kCorruption);
+}
+
+// A segment past 8 MiB is read by range, where its data CRC is not checked:
+// a batch whose length was damaged must not end the read quietly (a Kafka
+// fetch then went on with the next segment's records, past a gap, with no
+// error), and a damaged record byte must fail its batch's CRC.
+TEST_F(EngineTest, ALargeSegmentReadByRangeServesNoGapAndNoDamagedBatch) {
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "big", StreamConfig{}).ok());
+  const std::string big(900u << 10, 'x');
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(engine_->Append(kBasin, "big", Bodies({big})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  ASSERT_TRUE(engine_->Append(kBasin, "big", Bodies({"after-0", "after-1"})).status.ok());
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  auto id = engine_->GetStream(kBasin, "big");
+  ASSERT_TRUE(id.ok());
+  ASSERT_OK_AND_ASSIGN(auto segs, meta_->FindSegments(id->info.id, 0, 10));
+  ASSERT_EQ(segs.size(), 2u);
+  ASSERT_GT(segs[0].size_bytes, 8u << 20);
+  const std::string key = segs[0].object_key;
+  const std::string good = *store_->Get(key);
+  // The offsets a whole read from 0 returns, batch by batch (contiguous, or
+  // the read failed).
+  auto read_all = [&]() -> Result<std::vector<uint64_t>> {
+    WEIR_ASSIGN_OR_RETURN(BatchReadResult r, engine_->ReadBatches(kBasin, "big", 0, 32u << 20));
+    std::vector<uint64_t> bases;
+    for (const auto& b : r.batches) bases.push_back(LoadBE64(b->data()));
+    return bases;
+  };
+  ASSERT_OK_AND_ASSIGN(auto all, read_all());
+  EXPECT_EQ(all, (std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  auto at_batch = [&](size_t n) {
+    size_t at = 0;
+    for (size_t i = 0; i < n; ++i) at += 12 + LoadBE32(good.data() + at + 8);
+    return at;
+  };
+  for (const bool length : {true, false}) {
+    SCOPED_TRACE(length ? "a damaged length" : "a damaged record byte");
+    std::string object = good;
+    if (length) {
+      object[at_batch(6) + 9] ^= 0x10;  // batchLength of the batch at offset 6
+    } else {
+      object[at_batch(7) + 500] ^= 0x01;  // a record byte of the batch at offset 7
+    }
+    ASSERT_OK(store_->Put(key, object));
+    auto got = read_all();
+    std::string served;
+    for (uint64_t base : got.ok() ? *got : std::vector<uint64_t>{}) served += std::to_string(base) + " ";
+    EXPECT_EQ(got.status().code(), Code::kCorruption) << "served batches at " << served;
+  }
+  ASSERT_OK(store_->Put(key, good));
+  EXPECT_TRUE(read_all().ok());
+}
+
+// A quorum WAL store (Express) whose first holder of a slot has a damaged
+// copy: a batch read back by range (out of the cache) fails its CRC and is
+// read again from the whole slot, which the quorum store takes from a
+// holder whose copy is intact; settle goes on.
+TEST_F(EngineTest, AnUnsettledBatchWhoseQuorumCopyIsDamagedIsReadFromAnother) {
+  engine_->Close();
+  engine_.reset();
+  std::vector<std::shared_ptr<objstore::ObjectStore>> copies;
+  for (int i = 0; i < 3; ++i) copies.push_back(objstore::NewMemStore());
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<wal::QuorumStore> quorum, wal::QuorumStore::Open(copies, {}));
+  store_ = objstore::NewMemStore();
+  auto meta = metastore::OpenMetastore("sqlite://:memory:");
+  ASSERT_TRUE(meta.ok());
+  meta_ = *meta;
+  EngineOptions o = Options();
+  o.wal_store = quorum;
+  o.log_cache_bytes = 4096;
+  auto opened = Engine::Open(o, store_, meta_);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  engine_ = std::move(*opened);
+  ASSERT_TRUE(engine_->CreateBasin(kBasin).ok());
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "s", StreamConfig{}).ok());
+  std::vector<std::string> want;
+  for (int i = 0; i < 5; ++i) {
+    want.push_back("rec-" + std::to_string(i) + "-" + std::string(2000, static_cast<char>('a' + i)));
+    ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({want.back()})).status.ok());
+  }
+  // Damage the first record's value in store 0's copy of its slot.
+  const std::string slot = wal::SlotKey("n1", engine_->epoch(), 0);
+  std::string copy = *copies[0]->Get(slot);
+  const size_t at = copy.find("rec-0-");
+  ASSERT_NE(at, std::string::npos);
+  copy[at + 100] ^= 0x01;
+  ASSERT_OK(copies[0]->Put(slot, copy));
+  EXPECT_EQ(ReadAll("s"), want);
+  ASSERT_TRUE(engine_->SettleNow().ok());
+  EXPECT_EQ(ReadAll("s"), want);
 }
 
 // A reader that goes on reading (a read session) pins the stream its first

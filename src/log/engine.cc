@@ -2696,7 +2696,15 @@ Status Engine::FetchSources(const std::vector<metastore::SegmentInfo>& segments,
     // or after it, and every record after that one is read, whatever its time.
     const std::optional<int64_t> seek = i == 0 ? at_time : std::nullopt;
     WEIR_RETURN_IF_ERROR(ReadSegment(seg, std::max(from, seg.start_offset), max_bytes, seek, &fetched));
+    // A segment not read to its end is the last source: what follows it
+    // must not come after a gap.
+    bool cut_short = false;
+    if (!fetched.empty()) {
+      auto last = wal::ParseBatchHeader(fetched.back());
+      cut_short = !last.ok() || last->last_offset() < 0 || static_cast<uint64_t>(last->last_offset()) + 1 < seg.end_offset;
+    }
     for (auto& b : fetched) batches->push_back(std::make_shared<const std::string>(std::move(b)));
+    if (cut_short) return Status::Ok();
   }
   std::vector<ReadBackBytes> read_back;
   WEIR_RETURN_IF_ERROR(ReadBack(refs, std::min<size_t>(options_.segment_uploads, 4), &read_back));

@@ -10,6 +10,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "base/bytes.h"
 #include "base/crc32c.h"
 #include "base/log.h"
 #include "base/thread.h"
@@ -23,6 +24,9 @@ namespace {
 bool Before(const wal::AckInfo& where, const metastore::ChainPosition& p) {
   return std::pair(where.epoch, where.seq) < std::pair(p.epoch, p.seq);
 }
+// The bytes the batch starting `data` says it spans (at least 12 bytes in
+// hand): its length field, unchecked, plus the 12 before it.
+uint64_t BatchBytes(std::string_view data) { return 12 + uint64_t{LoadBE32(data.data() + 8)}; }
 }  // namespace
 
 namespace {
@@ -101,34 +105,50 @@ Status Engine::ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std:
   ForEachParallel(runs.size(), parallel, "read-back", [&](size_t k) {
     const Run& run = runs[k];
     const wal::AckInfo& w = refs[run.first].where;
-    auto got = wal_store_->Get(wal::SlotKey(options_.node, w.epoch, w.seq), objstore::ByteRange{w.offset, run.length});
-    if (!got.ok()) {
-      failed[k] = got.status().WithContext("reading an unsettled batch");
-      return;
-    }
-    if (got->size() != run.length) {
-      failed[k] = Corruption("WAL slot {}/{}: batches at byte {} are cut short", w.epoch, w.seq, w.offset);
-      return;
-    }
-    auto buffer = std::make_shared<const std::string>(std::move(*got));
-    size_t at = 0;
-    for (size_t i = run.first; i <= run.last; ++i) {
-      const std::string_view view = std::string_view(*buffer).substr(at, refs[i].where.length);
-      // The batch's CRC does not cover its baseOffset: the offsets are
-      // checked against the index, as a segment's are, so damaged bytes
-      // there are an error, not records served at other offsets.
-      auto h = wal::ParseBatchHeader(view);
-      if (!h.ok() || h->total_size() != view.size() || static_cast<uint64_t>(h->base_offset) != refs[i].start ||
-          static_cast<uint64_t>(h->last_offset()) + 1 != refs[i].end) {
-        failed[k] = Corruption("WAL slot {}/{}: the batch at byte {} is not offsets [{}, {}) ({})", w.epoch, w.seq,
-                               refs[i].where.offset, refs[i].start, refs[i].end,
-                               h.ok() ? fmt::format("it holds [{}, {}]", h->base_offset, h->last_offset())
-                                      : h.status().ToString());
-        return;
+    const std::string key = wal::SlotKey(options_.node, w.epoch, w.seq);
+    // The run's batches from its range, or from the whole slot (`whole`).
+    auto take = [&](bool whole) -> Status {
+      std::optional<objstore::ByteRange> range;
+      if (!whole) range = objstore::ByteRange{w.offset, run.length};
+      auto got = wal_store_->Get(key, range);
+      if (!got.ok()) return got.status().WithContext("reading an unsettled batch");
+      const uint64_t base = whole ? w.offset : 0;
+      if (got->size() < base + run.length || (!whole && got->size() != run.length)) {
+        return Corruption("WAL slot {}/{}: batches at byte {} are cut short", w.epoch, w.seq, w.offset);
       }
-      (*out)[i] = ReadBackBytes{buffer, view};
-      at += refs[i].where.length;
+      auto buffer = std::make_shared<const std::string>(std::move(*got));
+      size_t at = base;
+      for (size_t i = run.first; i <= run.last; ++i) {
+        const std::string_view view = std::string_view(*buffer).substr(at, refs[i].where.length);
+        // The batch's CRC (a range is not covered by the slot's), and its
+        // offsets, which the CRC does not cover, against the index: damaged
+        // bytes are an error, not records served (or settled) as they are.
+        auto h = wal::VerifyBatch(view);
+        if (!h.ok() || h->total_size() != view.size() || static_cast<uint64_t>(h->base_offset) != refs[i].start ||
+            static_cast<uint64_t>(h->last_offset()) + 1 != refs[i].end) {
+          return Corruption("WAL slot {}/{}: the batch at byte {} is not offsets [{}, {}) ({})", w.epoch, w.seq,
+                            refs[i].where.offset, refs[i].start, refs[i].end,
+                            h.ok() ? fmt::format("it holds [{}, {}]", h->base_offset, h->last_offset())
+                                   : h.status().ToString());
+        }
+        (*out)[i] = ReadBackBytes{buffer, view};
+        at += refs[i].where.length;
+      }
+      return Status::Ok();
+    };
+    Status st = take(false);
+    if (st.code() == Code::kCorruption) {
+      // Once more, whole: a quorum WAL store checks a whole copy it returns
+      // and passes a damaged one over for the next holder, which it cannot
+      // do for a range.
+      Status whole = take(true);
+      if (whole.ok()) {
+        Log().warn("WAL slot {}/{}: a range read back was damaged ({}); the whole slot read back holds it intact",
+                   w.epoch, w.seq, st.message());
+      }
+      if (whole.ok() || whole.code() == Code::kCorruption) st = whole;
     }
+    failed[k] = std::move(st);
   });
   for (Status& st : failed) WEIR_RETURN_IF_ERROR(st);
   return Status::Ok();
@@ -1155,11 +1175,21 @@ Status Engine::ReadSegmentOnce(const metastore::SegmentInfo& seg, uint64_t from,
   std::string data_bytes;
   uint64_t want = std::min<uint64_t>(footer.data_end - pos, window);
   WEIR_ASSIGN_OR_RETURN(std::string_view data, range(pos, want, &data_bytes));
+  // A window short of the data's end may cut its last batch; one that
+  // reaches it cuts none, so a batch running past it is damage (else a read
+  // would stop there quietly, and a Kafka fetch go on with the next segment's
+  // records past a gap).
+  const bool to_data_end = pos + want == footer.data_end;
   size_t at = 0;
   size_t taken = 0;
   while (at < data.size() && taken < max_bytes) {
-    auto h = wal::ParseBatchHeader(data.substr(at));
-    if (!h.ok() || at + h->total_size() > data.size()) break;  // the window ended mid-batch
+    const std::string_view rest = data.substr(at);
+    if (!to_data_end && (rest.size() < wal::kRecordBatchHeaderSize || BatchBytes(rest) > rest.size())) break;
+    // Bytes read by range are not covered by the data CRC: each batch's CRC
+    // is checked instead (it covers all but its offset and length, checked
+    // below and by the framing).
+    auto h = whole.empty() ? wal::VerifyBatch(rest) : wal::ParseBatchHeader(rest);
+    if (!h.ok()) return Corruption("segment {}: the batch at byte {}: {}", seg.object_key, pos + at, h.status().message());
     if (h->base_offset < 0 || static_cast<uint64_t>(h->base_offset) != next ||
         static_cast<uint64_t>(h->last_offset_delta) >= footer.end_offset - next) {
       return Corruption("segment {}: the batch at byte {} holds [{}, +{}], expected to start at {} and end by {}",
@@ -1174,6 +1204,10 @@ Status Engine::ReadSegmentOnce(const metastore::SegmentInfo& seg, uint64_t from,
   }
   if (batches->empty() && footer.data_end > pos) {
     return Corruption("segment {}: no whole batch at byte {}", seg.object_key, pos);
+  }
+  if (to_data_end && at == data.size() && next != footer.end_offset) {
+    return Corruption("segment {}: its batches end at offset {}, its footer says {}", seg.object_key, next,
+                      footer.end_offset);
   }
   return Status::Ok();
 }
