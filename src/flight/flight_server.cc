@@ -17,6 +17,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 #include <nlohmann/json.hpp>
 
 #include "base/base64.h"
@@ -86,6 +87,10 @@ struct Target {
 // that is not JSON parses to a discarded value, which no caller takes.
 constexpr size_t kMaxClientJsonBytes = 64 << 10;
 constexpr int kMaxClientJsonDepth = 64;
+// A request that a call keeps while it is open (a DoGet's ticket) is at most
+// this much larger than kMaxClientJsonBytes: room for its other fields, not
+// for fields weir does not know (Arrow's clients send none).
+constexpr size_t kMaxRequestSlackBytes = 1 << 10;
 Result<json> ParseClientJson(std::string_view text, std::string_view what) {
   if (text.size() > kMaxClientJsonBytes) {
     return InvalidArgument("{}: at most {} bytes of JSON, got {}", what, kMaxClientJsonBytes, text.size());
@@ -264,6 +269,10 @@ struct Follow {
   std::optional<grpc::Status> end;  // cancelled, or the listener stopping
 };
 
+// HTTP/2 streams (calls) open at once on one connection (the SETTINGS the
+// server announces; gRPC's clients queue calls past it).
+constexpr int kMaxStreamsPerConnection = 100;
+
 constexpr const char* kAllocateWriter = "allocate-writer";
 // A ListFlights answer holds at most this many endpoints (buckets) in all.
 constexpr size_t kMaxListedEndpoints = 100000;
@@ -389,21 +398,23 @@ grpc::Status TooManyInfoCalls(size_t max) {
                                   max));
 }
 
-// A place among FlightOptions::max_info_calls, held by an authorized call's
+// A place among `max` calls counted by `open` (an authorized info call's
+// among FlightOptions::max_info_calls, or a Handshake's), held by the call's
 // reactor until gRPC is done with it (the reactor is deleted). Made on the
 // gRPC thread that starts the call; released on the one that runs OnDone.
-class InfoCallPlace {
+class CallPlace {
  public:
-  InfoCallPlace(FlightMetrics& m, size_t max) : m_(m), over_(m.open_info_calls.fetch_add(1) >= max) {
-    if (over_) m.info_calls_refused++;
+  CallPlace(std::atomic<uint64_t>& open, std::atomic<uint64_t>& refused, size_t max)
+      : open_(open), over_(open.fetch_add(1) >= max) {
+    if (over_) refused++;
   }
-  ~InfoCallPlace() { m_.open_info_calls--; }
-  InfoCallPlace(const InfoCallPlace&) = delete;
-  InfoCallPlace& operator=(const InfoCallPlace&) = delete;
+  ~CallPlace() { open_--; }
+  CallPlace(const CallPlace&) = delete;
+  CallPlace& operator=(const CallPlace&) = delete;
   bool over() const { return over_; }
 
  private:
-  FlightMetrics& m_;
+  std::atomic<uint64_t>& open_;
   const bool over_;
 };
 
@@ -413,7 +424,7 @@ class InfoCallPlace {
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
   void OnDone() override { delete this; }
-  std::optional<InfoCallPlace> place;
+  std::optional<CallPlace> place;
 };
 
 // Answers a server-streaming call with a few messages (or none) and a
@@ -423,7 +434,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 template <typename T>
 class Replies final : public grpc::ServerWriteReactor<T> {
  public:
-  std::optional<InfoCallPlace> place;
+  std::optional<CallPlace> place;
   void Send(std::vector<T> msgs, grpc::Status st) {
     {
       std::lock_guard lk(mu_);
@@ -473,7 +484,8 @@ template <typename T>
 Replies<T>* NewReplies(FlightServer::Impl& impl, grpc::CallbackServerContext* ctx, bool* refused) {
   auto* r = new Replies<T>();
   grpc::Status st = impl.Authorize(ctx);
-  if (st.ok() && r->place.emplace(impl.metrics, impl.options.max_info_calls).over()) {
+  if (st.ok() && r->place.emplace(impl.metrics.open_info_calls, impl.metrics.info_calls_refused,
+                                  impl.options.max_info_calls).over()) {
     st = TooManyInfoCalls(impl.options.max_info_calls);
   }
   *refused = !st.ok();
@@ -710,16 +722,28 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
       }
     }
     using Wait = log::Engine::AdmissionWait;
+    // The parts, encoded, until they are appended: outside the pool's budget
+    // (up to max_batch_bytes per bucket; FlightOptions::max_put_calls).
     auto held = std::make_shared<std::vector<Part>>(std::move(parts));
+    // The wait ends once: by `ready`, or by a look that threw before it (the
+    // call cannot finish while it waits: `handling_`).
+    auto ended = std::make_shared<std::atomic<bool>>(false);
     FlightServer::Impl* impl = impl_;
     engine->WhenAdmissible(
         bytes, held->size(), Now() + engine->admission_timeout(),
-        [impl](Duration delay, std::function<void()> fn) {
+        [this, impl, ended](Duration delay, std::function<void()> fn) {
           auto timer = std::make_shared<net::steady_timer>(impl->workers, delay);
-          timer->async_wait([timer, fn = std::move(fn)](const boost::system::error_code&) {
+          timer->async_wait([this, ended, timer, fn = std::move(fn)](const boost::system::error_code&) {
             try {
               fn();
             } catch (const std::exception& e) {
+              // A look that throws schedules no other: unless it got as far
+              // as `ready`, the call would wait for ever, and Stop with it.
+              if (!ended->exchange(true)) {
+                Continue(dynamic_cast<const std::bad_alloc*>(&e) != nullptr
+                             ? ResourceExhausted("out of memory waiting for room in the WAL pool")
+                             : Internal("waiting for room in the WAL pool: {}", e.what()));
+              }
               Log().error("flight: an admission look failed: {}", e.what());
             }
           });
@@ -728,7 +752,8 @@ class PutCall final : public grpc::ServerBidiReactor<proto::FlightData, proto::P
           std::lock_guard lk(mu_);
           return Stopping();
         },
-        [this, held, bytes](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
+        [this, held, bytes, ended](Wait how, std::shared_ptr<log::AdmissionTicket> ticket) {
+          ended->store(true);  // (a look's throw from here on is not the wait's to end)
           auto append = [this, held, bytes, how, ticket = std::move(ticket)]() mutable {
             Status appended;
             try {
@@ -1111,6 +1136,14 @@ class GetCall final : public grpc::ServerWriteReactor<proto::FlightData> {
       Finish(ToGrpc(t.status()));
       return;
     }
+    // gRPC keeps the request until the call ends (a follower's, for ever):
+    // other fields must not ride along with a ticket that fits.
+    if (const size_t n = ticket.ByteSizeLong(); n > kMaxClientJsonBytes + kMaxRequestSlackBytes) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          fmt::format("ticket: the request is {} bytes; at most {} (its ticket at most {})", n,
+                                      kMaxClientJsonBytes + kMaxRequestSlackBytes, kMaxClientJsonBytes)));
+      return;
+    }
     ticket_ = std::move(*t);
     stream_ = metastore::BucketStreamName(ticket_.table, ticket_.bucket);
     if (ticket_.follow) impl_->AddFollower(follow_);
@@ -1340,18 +1373,33 @@ void FlightServer::Impl::RemoveFollower(const std::shared_ptr<Follow>& f) {
 // <token>", the header the client then sends with every call, and a request
 // gets one response (its protocol version, the token as payload). Without a
 // token every handshake succeeds. Requests after the first are read and
-// dropped until the client half-closes. A caller without credentials in
-// its header that sends no request within kHandshakeWait is cancelled
-// (every other method refuses such a caller at once). gRPC's threads call
-// it, one reaction at a time (at most one operation is outstanding), so it
-// holds no lock but for what it shares with that timer (`pending_`); it
+// dropped until the client half-closes; one of more than kMaxRequestBytes
+// beyond the token ends the call INVALID_ARGUMENT, and each read goes to a
+// fresh message (none is kept past the next read). A caller without
+// credentials in its header that sends no request within kHandshakeWait is
+// cancelled (every other method refuses such a caller at once). At most
+// max_info_calls handshakes are open at once (places of their own, held
+// until OnDone: callers without the token open them too). gRPC's threads
+// call it, one reaction at a time (at most one operation is outstanding), so
+// it holds no lock but for what it shares with that timer (`pending_`); it
 // deletes itself in OnDone.
 class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeRequest, proto::HandshakeResponse> {
  public:
   static constexpr auto kHandshakeWait = std::chrono::seconds(10);
+  // A request's bytes beyond the token's (a protocol version; a BasicAuth
+  // message's user name).
+  static constexpr size_t kMaxRequestBytes = 4 << 10;
 
   HandshakeCall(FlightServer::Impl* impl, grpc::CallbackServerContext* ctx)
-      : token_(impl->options.auth_token), ctx_(ctx) {
+      : token_(impl->options.auth_token),
+        ctx_(ctx),
+        place_(impl->metrics.open_handshake_calls, impl->metrics.handshake_calls_refused,
+               impl->options.max_info_calls) {
+    if (place_.over()) {
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          fmt::format("more than {} Handshake calls are open", impl->options.max_info_calls)));
+      return;
+    }
     header_ok_ = token_.empty() || impl->Authorize(ctx).ok() || impl->BasicMatches(ctx);
     if (!header_ok_) {
       pending_ = std::make_shared<Pending>();
@@ -1370,7 +1418,7 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
         return;
       }
     }
-    StartRead(&in_);
+    ReadNext();
   }
 
   void OnReadDone(bool ok) override {
@@ -1384,7 +1432,13 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
       AddBearer();
       return StartSendInitialMetadata();
     }
-    if (answered_) return StartRead(&in_);
+    if (const size_t n = in_.ByteSizeLong(); n > token_.size() + kMaxRequestBytes) {
+      Decided();
+      return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 fmt::format("handshake: a request of {} bytes; at most {}", n,
+                                             token_.size() + kMaxRequestBytes)));
+    }
+    if (answered_) return ReadNext();
     Decided();
     if (!header_ok_ && !ConstantTimeEqual(in_.payload(), token_) && !BasicAuthMatches(in_.payload())) {
       return Finish(Refused());
@@ -1400,7 +1454,7 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
   }
   void OnWriteDone(bool ok) override {
     if (!ok) return Finish(grpc::Status::CANCELLED);
-    StartRead(&in_);
+    ReadNext();
   }
   void OnDone() override {
     Decided();
@@ -1433,6 +1487,12 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
   void AddBearer() {
     if (!token_.empty()) ctx_->AddInitialMetadata("authorization", "Bearer " + token_);
   }
+  // Reads the next request into a fresh message: Clear() would keep the
+  // last one's buffers (a payload's capacity, up to a whole gRPC message).
+  void ReadNext() {
+    in_ = proto::HandshakeRequest();
+    StartRead(&in_);
+  }
   // A payload that is Arrow Java's BasicAuth message with the token as the
   // password (the user name is not checked).
   bool BasicAuthMatches(const std::string& payload) const {
@@ -1442,6 +1502,7 @@ class HandshakeCall final : public grpc::ServerBidiReactor<proto::HandshakeReque
   }
   const std::string token_;
   grpc::CallbackServerContext* ctx_;
+  CallPlace place_;
   bool header_ok_ = false;
   bool answered_ = false;
   std::shared_ptr<Pending> pending_;  // without credentials in the header
@@ -1478,7 +1539,7 @@ grpc::ServerUnaryReactor* FlightServer::Impl::OnTable(grpc::CallbackServerContex
     r->Finish(auth);
     return r;
   }
-  if (r->place.emplace(metrics, options.max_info_calls).over()) {
+  if (r->place.emplace(metrics.open_info_calls, metrics.info_calls_refused, options.max_info_calls).over()) {
     r->Finish(TooManyInfoCalls(options.max_info_calls));
     return r;
   }
@@ -1741,6 +1802,16 @@ Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& o
   b.AddListeningPort(addr, grpc::InsecureServerCredentials(), &impl->port);
   b.RegisterService(impl.get());
   b.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(options.max_message_bytes, INT32_MAX)));
+  // gRPC takes in a whole request before a method (its token check, its call
+  // limit) sees it, on as many calls as clients open: what requests still
+  // arriving, calls' arenas and connections' buffers take is kept near a
+  // quota (past it gRPC cancels calls), and a connection opens at most
+  // kMaxStreamsPerConnection calls at once.
+  // It has room for a message on every DoPut call at once, and a few more.
+  grpc::ResourceQuota quota("weir-flight");
+  quota.Resize(std::max(options.max_grpc_memory_bytes, (options.max_put_calls + 4) * options.max_message_bytes));
+  b.SetResourceQuota(quota);  // (the builder takes a reference, and passes it to the server)
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   // One port per server: gRPC would otherwise let a second process bind it too.
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // A client that vanished without closing (a host gone, a cable pulled)

@@ -32,7 +32,10 @@ struct FlightOptions {
   // A FlightData message (an Arrow batch and its header) is at most this.
   size_t max_message_bytes = 16u << 20;
   // DoPut calls open at once; more are refused with RESOURCE_EXHAUSTED.
-  // Each holds at most one message (max_message_bytes) undecoded.
+  // Each holds at most one message (max_message_bytes) undecoded, or, while
+  // its batch waits for room in the WAL pool, that batch encoded instead (up
+  // to max_batch_bytes per bucket it reaches: more than its message when a
+  // compressed body fans out to many buckets).
   size_t max_put_calls = 64;
   // DoGet calls open at once (each holds up to one message of about 1 MiB
   // that its client has not taken); more are refused with RESOURCE_EXHAUSTED.
@@ -40,8 +43,15 @@ struct FlightOptions {
   // GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, ListActions and
   // DoAction calls open at once, from their start until their answer is
   // taken (each holds its request, and a ListFlights answer may list 100,000
-  // endpoints); more are refused with RESOURCE_EXHAUSTED.
+  // endpoints); more are refused with RESOURCE_EXHAUSTED. Handshake calls
+  // (which callers without the token open too) are counted apart, up to the
+  // same number.
   size_t max_info_calls = 256;
+  // gRPC's own memory (requests still arriving, before any check of ours;
+  // calls' arenas; connection buffers) is kept near this, or near
+  // (max_put_calls + 4) messages if that is more (1,088 MiB at the
+  // defaults): past it gRPC cancels calls of its choosing (RESOURCE_EXHAUSTED).
+  size_t max_grpc_memory_bytes = 512u << 20;
   // A bucket's part of a batch, as a Kafka batch, at most (the engine's
   // max_batch_bytes).
   size_t max_batch_bytes = 1048588;
@@ -56,6 +66,7 @@ struct FlightMetrics {
   std::atomic<uint64_t> put_calls{0}, put_calls_refused{0}, open_put_calls{0}, open_get_calls{0};
   std::atomic<uint64_t> get_calls_refused{0};
   std::atomic<uint64_t> open_info_calls{0}, info_calls_refused{0};
+  std::atomic<uint64_t> open_handshake_calls{0}, handshake_calls_refused{0};
   std::atomic<uint64_t> batches{0}, rows{0}, bytes{0}, duplicated_batches{0}, errors{0};
 };
 

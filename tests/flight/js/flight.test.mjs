@@ -1290,6 +1290,81 @@ describe("Arrow Flight with small limits: a 1 MiB WAL pool, two DoGet calls, two
     await b.ended;
   });
 
+  it("Handshake calls are counted apart, up to --flight-max-info-calls, and their requests are capped", T, async () => {
+    // Two handshakes left open (no token file: no timeout); a third is refused.
+    const open = [0, 1].map(() => {
+      const { c, md } = client(server);
+      const call = c.Handshake(md);
+      call.on("error", () => {});  // cancelled below
+      const ended = new Promise((resolve) => call.on("status", (st) => { c.close(); resolve(st); }));
+      return { call, ended };
+    });
+    let third;
+    for (let i = 0; ; i++) {  // until both hold their places
+      third = await handshake(server, { payload: "" });
+      if (third.status.code === "RESOURCE_EXHAUSTED") break;
+      assert.ok(i < 100, `a third handshake was not refused: ${JSON.stringify(third.status)}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.match(third.status.details, /more than 2 Handshake calls are open/);
+    // Info calls have places of their own.
+    await unary(server, "GetSchema", { type: "PATH", path: [unique("nosuch")], cmd: Buffer.alloc(0) })
+      .catch((e) => assert.equal(e.code, grpc.status.NOT_FOUND, e.message));
+    for (const h of open) h.call.cancel();
+    await Promise.all(open.map((h) => h.ended));
+    // A request past 4 KiB (no token) ends the call; one within is answered.
+    for (let i = 0; ; i++) {  // the cancelled calls' OnDone comes after their status
+      const ok = await handshake(server, { payload: "p".repeat(4000) });
+      if (ok.status.code === "OK") break;
+      assert.ok(i < 100 && ok.status.code === "RESOURCE_EXHAUSTED", JSON.stringify(ok.status));
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const big = await handshake(server, { payload: "p".repeat(5000) });
+    assert.equal(big.status.code, "INVALID_ARGUMENT", JSON.stringify(big.status));
+    assert.match(big.status.details, /handshake: a request of \d+ bytes; at most 4096/);
+  });
+
+  it("a DoGet whose Ticket carries more than its JSON is refused INVALID_ARGUMENT", T, async () => {
+    // gRPC keeps a call's request until it ends: a follower's for ever. A
+    // field weir does not know (15, bytes) rides along with a good ticket.
+    const topic = unique("fatticket");
+    await createTopic(server, topic, 1);
+    const ticket = Buffer.from(JSON.stringify({ table: topic, bucket: 0, follow: true }));
+    const field = (tag, bytes) => {
+      const len = [];
+      for (let n = bytes.length; ; n >>>= 7) {
+        if (n < 0x80) { len.push(n); break; }
+        len.push((n & 0x7f) | 0x80);
+      }
+      return Buffer.concat([Buffer.from([tag, ...len]), bytes]);
+    };
+    const body = Buffer.concat([field(0x0a, ticket), field(0x7a, Buffer.alloc(100 * 1024, 1))]);
+    const session = http2.connect(`http://${server.flightAddr}`);
+    session.on("error", () => {});
+    const stream = session.request({ ":method": "POST", ":path": "/arrow.flight.protocol.FlightService/DoGet",
+      "content-type": "application/grpc", te: "trailers" });
+    stream.on("error", () => {});
+    const prefix = Buffer.alloc(5);
+    prefix.writeUInt32BE(body.length, 1);
+    const trailers = await new Promise((resolve) => {
+      stream.on("data", () => {});
+      // A call answered with no message has its status in its headers (Trailers-Only).
+      stream.on("response", (h) => { if (h["grpc-status"] !== undefined) resolve(h); });
+      stream.on("trailers", resolve);
+      stream.on("close", () => resolve(null));
+      stream.end(Buffer.concat([prefix, body]));
+    });
+    session.close();
+    assert.ok(trailers, "the call ended without its status");
+    assert.equal(trailers["grpc-status"], String(grpc.status.INVALID_ARGUMENT), JSON.stringify(trailers));
+    assert.match(decodeURIComponent(trailers["grpc-message"]), /ticket: the request is \d+ bytes/);
+    // The same ticket alone follows.
+    const f = follow(server, { table: topic, bucket: 0, follow: true });
+    await f.waitFor([]);
+    f.cancel();
+    await f.ended;
+  });
+
   it("info calls past --flight-max-info-calls are refused RESOURCE_EXHAUSTED until one ends", T, async () => {
     // A table of 10,000 buckets: its FlightInfo (an endpoint per bucket) is
     // over a megabyte, more than flow control lets out to a client that
