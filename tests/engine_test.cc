@@ -897,6 +897,36 @@ TEST_F(EngineTest, AForeignSlotAtTheHaltedKeyFailsTheAppendsInIt) {
   EXPECT_FALSE(ticket->has_room());
 }
 
+// Another writer's slots at our epoch's keys 0 and 1, while our PUT of slot
+// 0 is still out (a retry, say): slot 1's PUT finds its key taken and the
+// chain halts there. The fence counts slot 0 as committed, but it holds the
+// other writer's records: the append in it is not acknowledged as ours.
+TEST_F(EngineTest, AForeignSlotBelowTheHaltedOneIsNotAcknowledgedAsOurs) {
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(gated);
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  std::promise<AppendOutcome> first;
+  const std::string slot0 = AppendHeldAtSlotZero(*gated, &first);
+  wal::SlotBuilder foreign;
+  ASSERT_OK(store_->Put(slot0, foreign.Finish(epoch, 0, 4242)));
+  ASSERT_OK(store_->Put(wal::SlotKey("n1", epoch, 1), foreign.Finish(epoch, 1, 4242)));
+  std::promise<AppendOutcome> second;
+  engine_->AppendAsync(kBasin, "s", Bodies({"y"}), {}, [&second](AppendOutcome o) { second.set_value(std::move(o)); });
+  auto second_future = second.get_future();
+  ASSERT_EQ(second_future.wait_for(60s), std::future_status::ready) << "the append in slot 1 was left waiting";
+  EXPECT_FALSE(second_future.get().status.ok());
+  auto first_future = first.get_future();
+  const bool answered = first_future.wait_for(5s) == std::future_status::ready;
+  gated->Open(slot0);
+  ASSERT_TRUE(answered || first_future.wait_for(60s) == std::future_status::ready) << "the append was left waiting";
+  const AppendOutcome o = first_future.get();
+  EXPECT_FALSE(o.status.ok()) << "acknowledged at " << o.ack.start_offset << " in another writer's slot";
+  settle_on_close_ = false;
+}
+
 TEST_F(EngineTest, AnUnreadableObjectAtTheHaltedKeyFailsTheAppendsInIt) {
   // The fence cannot walk past it: the halt fails what it cannot
   // acknowledge instead of retrying the fence for ever.

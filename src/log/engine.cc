@@ -271,8 +271,9 @@ bool Engine::DeleteGarbageIfStillOurs(const wal::ChainRef& chain, uint64_t cut, 
   return true;
 }
 
-Status Engine::OwnFlights(const wal::ChainRef& chain, uint64_t from, uint64_t to) {
+Status Engine::OwnFlights(const wal::ChainRef& chain, uint64_t from, uint64_t to, uint64_t* failed_at) {
   for (uint64_t seq = from; seq < to; ++seq) {
+    if (failed_at) *failed_at = seq;
     // An envelope that does not decode is read again, as the writer reads it
     // before it halts: the store garbled reads just now.
     auto probe = wal::ProbeSlot(*wal_store_, chain, seq);
@@ -396,10 +397,24 @@ void Engine::HandleHalt(uint64_t epoch) {
   // at our epoch's keys, or our own (a PUT that landed with its answer lost,
   // whose envelope read back garbled until the writer halted). Ours are
   // committed and resumed past; otherwise nothing at or after the halted
-  // slot can be acknowledged (the slots below it are ours).
+  // slot can be acknowledged (the slots below it were read back first).
   // The halt may move lower while this runs (an upload below it finding its
   // key taken too): the slots from the new halt are read back as well, and
   // the writer refuses a resume past a halt lower than what was read back.
+  // First the slots below the halt not yet released (PUTs still out, say
+  // retrying after a 5xx): one holding another writer's flight is not ours
+  // to acknowledge.
+  if (std::optional<uint64_t> halted = wal_->halted_seq()) {
+    const auto [rel_epoch, rel_seq] = wal_->released_below();
+    uint64_t failed_at = 0;
+    if (Status theirs = OwnFlights(chain, rel_epoch == epoch ? rel_seq : 0, std::min(*halted, fence->cut), &failed_at);
+        !theirs.ok()) {
+      Log().error("WAL chain {}/{}: failing appends from slot {} on: {}", options_.node, epoch, failed_at,
+                  theirs.ToString());
+      abandon(failed_at, theirs);
+      return;
+    }
+  }
   std::optional<uint64_t> read_back_from;  // slots [it, fence->cut) are our own flights
   auto halted_past_read_back = [&]() -> std::optional<uint64_t> {
     std::optional<uint64_t> halted = wal_->halted_seq();

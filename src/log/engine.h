@@ -763,10 +763,11 @@ class Engine {
   // false, marked superseded; nothing deleted). When that cannot be read,
   // deletes nothing and answers true.
   bool DeleteGarbageIfStillOurs(const wal::ChainRef& chain, uint64_t cut, uint64_t window);
-  // For HandleHalt when the fence walked past the halted slot: Ok if slots
-  // [from, to) of `chain` are all our own flights; Corruption at another
-  // writer's; Unavailable if one cannot be read or is no flight now.
-  Status OwnFlights(const wal::ChainRef& chain, uint64_t from, uint64_t to);
+  // For HandleHalt when the fence walked past the halted slot, or over slots
+  // below it not yet released: Ok if slots [from, to) of `chain` are all our
+  // own flights; Corruption at another writer's; Unavailable if one cannot be
+  // read or is no flight now. *failed_at (if set) is the slot that failed.
+  Status OwnFlights(const wal::ChainRef& chain, uint64_t from, uint64_t to, uint64_t* failed_at = nullptr);
   void SettleLoop();
   // Batches evicted from the log cache, read back from their WAL slots: one
   // ranged GET per run of `refs` adjacent in one slot (a stream's batches in
