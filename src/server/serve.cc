@@ -514,7 +514,12 @@ void RenderFlightMetrics(std::string* out, const flight::FlightServer& f) {
                     "Flight GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, ListActions and DoAction calls "
                     "refused over --flight-max-info-calls",
                     m.info_calls_refused.load());
+  http::PromCounter(out, "weir_flight_handshake_calls_refused_total",
+                    "Flight Handshake calls refused over --flight-max-info-calls (counted apart)",
+                    m.handshake_calls_refused.load());
   http::PromGauge(out, "weir_flight_open_put_calls", "Flight DoPut calls open", m.open_put_calls.load());
+  http::PromGauge(out, "weir_flight_open_handshake_calls", "Flight Handshake calls open",
+                  m.open_handshake_calls.load());
   http::PromGauge(out, "weir_flight_open_info_calls",
                   "Flight GetFlightInfo, GetSchema, PollFlightInfo, ListFlights, ListActions and DoAction calls open",
                   m.open_info_calls.load());

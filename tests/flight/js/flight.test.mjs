@@ -1307,11 +1307,14 @@ describe("Arrow Flight with small limits: a 1 MiB WAL pool, two DoGet calls, two
       await new Promise((r) => setTimeout(r, 50));
     }
     assert.match(third.status.details, /more than 2 Handshake calls are open/);
+    await waitForMetric(server, "weir_flight_open_handshake_calls", 2);  // the refused one's OnDone may trail
+    assert.ok(await metric(server, "weir_flight_handshake_calls_refused_total") >= 1);
     // Info calls have places of their own.
     await unary(server, "GetSchema", { type: "PATH", path: [unique("nosuch")], cmd: Buffer.alloc(0) })
       .catch((e) => assert.equal(e.code, grpc.status.NOT_FOUND, e.message));
     for (const h of open) h.call.cancel();
     await Promise.all(open.map((h) => h.ended));
+    await waitForMetric(server, "weir_flight_open_handshake_calls", 0);
     // A request past 4 KiB (no token) ends the call; one within is answered.
     for (let i = 0; ; i++) {  // the cancelled calls' OnDone comes after their status
       const ok = await handshake(server, { payload: "p".repeat(4000) });
