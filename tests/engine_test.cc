@@ -847,6 +847,36 @@ TEST_F(EngineTest, AHaltWhoseMintAnswerWasLostKeepsTheNode) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"x", "y"}));
 }
 
+// The mint after a halt lands, and a successor mints the epoch after it
+// before the halt's garbage probe: the successor may hold our chain's slots
+// from the cut on (it fenced, replayed, perhaps settled and deleted them), so
+// the halt deletes none of them and resumes nothing into an epoch the
+// successor has fenced too; the append in the halted slot fails as unknown.
+TEST_F(EngineTest, AHaltSupersededAfterItsMintResumesNothing) {
+  auto gated = std::make_shared<testing::GatedStore>(store_);
+  auto hooked = RestartHooked(gated);
+  ASSERT_TRUE(engine_);
+  const uint64_t epoch = engine_->epoch();
+  std::atomic<int> reads{0};
+  hooked->fail_get_node = [&]() -> Status {
+    if (reads.fetch_add(1) == 0) {
+      auto node = meta_->GetNode("n1");
+      EXPECT_TRUE(node.ok() && node->epoch == epoch + 1);
+      if (node.ok()) {
+        EXPECT_TRUE(meta_->MintEpoch("n1", node->epoch, node->window).ok());  // the successor
+      }
+    }
+    return Status::Ok();
+  };
+  auto o = AppendIntoPoisonedSlotZero(*gated);
+  EXPECT_EQ(o.status.code(), Code::kUnavailable) << o.status.ToString();
+  EXPECT_GE(reads.load(), 1);
+  EXPECT_TRUE(engine_->superseded());
+  EXPECT_FALSE(store_->Head(wal::SlotKey("n1", epoch + 1, 0)).ok()) << "resumed into the fenced epoch";
+  EXPECT_FALSE(engine_->Append(kBasin, "s", Bodies({"y"})).status.ok());
+  settle_on_close_ = false;
+}
+
 // The other way round: the mint after a halt fails without landing, and a
 // successor mints the next epoch meanwhile. The row names another minter: the
 // node is the successor's, and the appends in the halted slot fail.

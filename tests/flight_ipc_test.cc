@@ -280,6 +280,28 @@ TEST(LogRows, RefusesUnknownDuplicateAndMissingColumns) {
   ts.is_signed = true;
   s.fields = {value, ts};
   EXPECT_NE(CheckLogSchema(s).status().message().find("column 'timestamp' is int"), std::string::npos);
+  // headers: a map whose entries are a struct of two byte columns, none
+  // dictionary-encoded; anything else is refused at the schema.
+  ArrowField entries;
+  entries.name = "entries";
+  entries.type = ArrowType::kStruct;
+  ArrowField k = value, v = value;
+  k.name = "key";
+  v.name = "value";
+  entries.children = {k, v};
+  ArrowField headers;
+  headers.name = "headers";
+  headers.type = ArrowType::kMap;
+  headers.children = {entries};
+  s.fields = {value, headers};
+  EXPECT_TRUE(CheckLogSchema(s).ok());
+  headers.children[0].type = ArrowType::kList;
+  s.fields = {value, headers};
+  EXPECT_NE(CheckLogSchema(s).status().message().find("column 'headers' is"), std::string::npos);
+  headers.children[0].type = ArrowType::kStruct;
+  headers.children[0].dictionary_encoded = true;
+  s.fields = {value, headers};
+  EXPECT_EQ(CheckLogSchema(s).status().code(), Code::kInvalidArgument);
 }
 
 // DoGet's messages read back by the reader (the JavaScript suite reads them

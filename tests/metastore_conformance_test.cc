@@ -1370,7 +1370,7 @@ TEST_P(SegmentIndexTest, ReplaceSegmentsOfALongRun) {
   const Status missing = m().ReplaceSegments("n1", 1, other_, longer, Seg(other_, 100, 705));
   EXPECT_EQ(missing.code(), Code::kPreconditionFailed);
   EXPECT_NE(missing.message().find("[700, 705)"), std::string::npos) << missing.ToString();
-  // Two of a's segments named as one run [20, 45): a's [40, 50) starts inside it.
+  // A run naming [35, 45) where a's index holds [40, 50): refused at that row.
   EXPECT_EQ(m().ReplaceSegments("n1", 1, a_, {Seg(a_, 20, 35), Seg(a_, 35, 45)}, Seg(a_, 20, 45)).code(),
             Code::kPreconditionFailed);
   // All but the last: swapped, the last stays.

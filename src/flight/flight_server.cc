@@ -269,9 +269,6 @@ struct Follow {
   std::optional<grpc::Status> end;  // cancelled, or the listener stopping
 };
 
-// HTTP/2 streams (calls) open at once on one connection (the SETTINGS the
-// server announces; gRPC's clients queue calls past it).
-constexpr int kMaxStreamsPerConnection = 100;
 
 constexpr const char* kAllocateWriter = "allocate-writer";
 // A ListFlights answer holds at most this many endpoints (buckets) in all.
@@ -1806,12 +1803,19 @@ Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& o
   // limit) sees it, on as many calls as clients open: what requests still
   // arriving, calls' arenas and connections' buffers take is kept near a
   // quota (past it gRPC cancels calls), and a connection opens at most
-  // kMaxStreamsPerConnection calls at once.
-  // It has room for a message on every DoPut call at once, and a few more.
+  // as many calls at once as all the limits below allow together (gRPC's
+  // clients queue calls past it: a client following many buckets over one
+  // channel must not wait for ever).
+  // It has room for two messages on every DoPut call at once (a stream
+  // buffers up to its flow-control window besides the message being read),
+  // and a few more.
   grpc::ResourceQuota quota("weir-flight");
-  quota.Resize(std::max(options.max_grpc_memory_bytes, (options.max_put_calls + 4) * options.max_message_bytes));
+  quota.Resize(
+      std::max(options.max_grpc_memory_bytes, (2 * options.max_put_calls + 8) * options.max_message_bytes));
   b.SetResourceQuota(quota);  // (the builder takes a reference, and passes it to the server)
-  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                       static_cast<int>(std::min<size_t>(
+                           options.max_put_calls + options.max_get_calls + 2 * options.max_info_calls, INT32_MAX)));
   // One port per server: gRPC would otherwise let a second process bind it too.
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // A client that vanished without closing (a host gone, a cable pulled)

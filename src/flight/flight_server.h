@@ -49,7 +49,7 @@ struct FlightOptions {
   size_t max_info_calls = 256;
   // gRPC's own memory (requests still arriving, before any check of ours;
   // calls' arenas; connection buffers) is kept near this, or near
-  // (max_put_calls + 4) messages if that is more (1,088 MiB at the
+  // (2 * max_put_calls + 8) messages if that is more (2,176 MiB at the
   // defaults): past it gRPC cancels calls of its choosing (RESOURCE_EXHAUSTED).
   size_t max_grpc_memory_bytes = 512u << 20;
   // A bucket's part of a batch, as a Kafka batch, at most (the engine's

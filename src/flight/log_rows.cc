@@ -59,7 +59,8 @@ Result<LogColumns> CheckLogSchema(const ArrowSchema& schema) {
       c.timestamp = idx;
     } else if (f.name == "headers") {
       WEIR_RETURN_IF_ERROR(twice(c.headers));
-      if (f.type != ArrowType::kMap || f.children.size() != 1 || f.children[0].children.size() != 2 ||
+      if (f.type != ArrowType::kMap || f.children.size() != 1 || f.children[0].type != ArrowType::kStruct ||
+          f.children[0].dictionary_encoded || f.children[0].children.size() != 2 ||
           !IsBytes(f.children[0].children[0].type) || !IsBytes(f.children[0].children[1].type) ||
           f.children[0].children[0].dictionary_encoded || f.children[0].children[1].dictionary_encoded) {
         return wrong();

@@ -438,7 +438,17 @@ void Engine::HandleHalt(uint64_t epoch) {
     if (!garbage_probed) {
       garbage_probed = true;
       epoch_cuts_[epoch] = fence->cut;
-      DeleteGarbageIfStillOurs(chain, fence->cut, static_cast<uint64_t>(options_.wal.window));
+      if (!DeleteGarbageIfStillOurs(chain, fence->cut, static_cast<uint64_t>(options_.wal.window))) {
+        // A successor minted after us, and fenced (perhaps replayed, settled
+        // and deleted) this chain: it holds the slots from our cut on, or
+        // poisoned them. Nothing is resumed into an epoch it has fenced too.
+        abandon(fence->cut,
+                Unavailable("node {} was superseded while its WAL halt was handled: whether the append landed is "
+                            "unknown",
+                            options_.node),
+                Fenced("node {} was superseded", options_.node), read_back_from);
+        return;
+      }
       continue;  // the probe takes a while: look at the halt again
     }
     st = wal_->Resume(minted->epoch, fence->cut, read_back_from);

@@ -760,8 +760,8 @@ class Engine {
   std::pair<uint64_t, Status> SupersededCut(const wal::ChainRef& chain, uint64_t halted);
   // With settle_mu_ held, after a fence of `chain` cut at `cut`: deletes the flights in the
   // `window` slots past it, unless a successor holds the node now (then
-  // false, marked superseded; nothing deleted). When that cannot be read,
-  // deletes nothing and answers true.
+  // false, marked superseded; nothing deleted: the caller must not go on as
+  // the node's). When that cannot be read, deletes nothing and answers true.
   bool DeleteGarbageIfStillOurs(const wal::ChainRef& chain, uint64_t cut, uint64_t window);
   // For HandleHalt when the fence walked past the halted slot, or over slots
   // below it not yet released: Ok if slots [from, to) of `chain` are all our

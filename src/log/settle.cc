@@ -113,11 +113,12 @@ Status Engine::ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std:
       auto got = wal_store_->Get(key, range);
       if (!got.ok()) return got.status().WithContext("reading an unsettled batch");
       const uint64_t base = whole ? w.offset : 0;
-      if (got->size() < base + run.length || (!whole && got->size() != run.length)) {
+      if (got->size() < base || got->size() - base < run.length || (!whole && got->size() != run.length)) {
         return Corruption("WAL slot {}/{}: batches at byte {} are cut short", w.epoch, w.seq, w.offset);
       }
-      auto buffer = std::make_shared<const std::string>(std::move(*got));
-      size_t at = base;
+      // Only the run's bytes are kept (a whole slot is up to the slot cap).
+      auto buffer = std::make_shared<const std::string>(whole ? got->substr(base, run.length) : std::move(*got));
+      size_t at = 0;
       for (size_t i = run.first; i <= run.last; ++i) {
         const std::string_view view = std::string_view(*buffer).substr(at, refs[i].where.length);
         // The batch's CRC (a range is not covered by the slot's), and its
@@ -146,7 +147,7 @@ Status Engine::ReadBack(const std::vector<BatchRef>& refs, size_t parallel, std:
         Log().warn("WAL slot {}/{}: a range read back was damaged ({}); the whole slot read back holds it intact",
                    w.epoch, w.seq, st.message());
       }
-      if (whole.ok() || whole.code() == Code::kCorruption) st = whole;
+      st = std::move(whole);  // damaged there too, or a failure to retry (a slot settled and deleted meanwhile)
     }
     failed[k] = std::move(st);
   });

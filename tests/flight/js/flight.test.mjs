@@ -1296,9 +1296,12 @@ describe("Arrow Flight with small limits: a 1 MiB WAL pool, two DoGet calls, two
       const { c, md } = client(server);
       const call = c.Handshake(md);
       call.on("error", () => {});  // cancelled below
+      call.on("data", () => {});
       const ended = new Promise((resolve) => call.on("status", (st) => { c.close(); resolve(st); }));
+      call.write({ protocol_version: 7, payload: Buffer.alloc(0) });  // answered; the call stays open
       return { call, ended };
     });
+    await waitForMetric(server, "weir_flight_open_handshake_calls", 2);
     let third;
     for (let i = 0; ; i++) {  // until both hold their places
       third = await handshake(server, { payload: "" });
