@@ -481,6 +481,34 @@ def append_waits_for_a_server_that_is_starting():
 
 
 @case
+def a_follower_that_never_got_a_session_gives_up():
+    # A listener that hangs up at once (another protocol's port, say): a
+    # follower reconnected for ever; until a session was accepted, only a
+    # weir server's 503 server_starting is waited out.
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def hang_up():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.close()
+    threading.Thread(target=hang_up, daemon=True).start()
+    try:
+        out = weir("read", "s1", "--follow", server=f"http://127.0.0.1:{listener.getsockname()[1]}", ok=False,
+                   timeout=60)
+        assert out.returncode == 1, out
+        assert "reconnecting" not in out.stderr, out.stderr
+        error_line(out)
+    finally:
+        listener.close()
+
+
+@case
 def an_append_whose_answer_was_lost_says_it_may_have_landed():
     # A server that reads the request and hangs up: the append may have
     # been applied, so without --producer it is not sent again, and the
