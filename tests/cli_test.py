@@ -801,6 +801,24 @@ class ScriptedServer:
 
 
 @case
+def a_producer_append_whose_tries_ran_out_says_it_may_have_landed():
+    # With --producer, failures that may have appended are retried (a resend
+    # is a duplicate to the server); once the 10 tries are used up, the
+    # error says the batch may have landed, as it does without --producer.
+    server = ScriptedServer([(200, {"id": 7, "epoch": 0})] +
+                            [(503, {"code": "unavailable", "message": "store down"})])
+    try:
+        out = weir("append", "s", "--producer", input="x\n", server=server.url, ok=False, timeout=90)
+        assert out.returncode == 1, out
+        last = out.stderr.splitlines()[-1]
+        assert last.startswith("weir: ") and "the batch may have been appended (its retries ran out)" in last, \
+            out.stderr
+        assert len([1 for m, _ in server.seen if m == "POST"]) == 11, server.seen  # the producer, then 10 tries
+    finally:
+        server.close()
+
+
+@case
 def refusals_waited_out_do_not_use_up_the_tries():
     # An append with --producer behind a stretch of 429s (more than the 10
     # tries other failures get), then a 503 that may have done something:

@@ -322,12 +322,14 @@ Result<client::AppendAck> AppendWithRetry(ClientCommandsState& s, Client& c, con
     unknown = *nothing == Client::NothingAppended::kUnknown;
     return r;
   });
-  if (!ack.ok() && !s.producer && ack.status().retryable() && unknown) {
+  if (!ack.ok() && ack.status().retryable() && unknown) {
     // A timeout, a lost connection, a 503 that may have landed: sending it
-    // again could append it twice.
-    return Status(ack.status().code(), ack.status().message() +
-                                           "; the batch may have been appended (with --producer, `weir append` "
-                                           "retries such failures without duplicates)");
+    // again could append it twice. With --producer the tries ran out (a new
+    // run is a new producer, whose resend is not a duplicate to the server).
+    return Status(ack.status().code(),
+                  ack.status().message() + (s.producer ? "; the batch may have been appended (its retries ran out)"
+                                                       : "; the batch may have been appended (with --producer, `weir "
+                                                         "append` retries such failures without duplicates)"));
   }
   return ack;
 }
