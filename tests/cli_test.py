@@ -801,6 +801,21 @@ class ScriptedServer:
 
 
 @case
+def a_follower_waits_out_a_server_that_is_starting():
+    # Before its first session, a follower waits out a weir server's refusal
+    # that did nothing (503 server_starting), then takes its answer.
+    # A weir server that is starting is waited out, then its answer taken.
+    server = ScriptedServer([(503, {"code": "server_starting", "message": "recovering"})] * 2 +
+                            [(404, {"code": "stream_not_found", "message": "no such stream"})])
+    try:
+        out = weir("read", "s1", "--follow", server=server.url, ok=False, timeout=60)
+        assert "not found" in out.stderr.splitlines()[-1], out.stderr
+        assert len(server.seen) == 3, server.seen
+    finally:
+        server.close()
+
+
+@case
 def a_producer_append_whose_tries_ran_out_says_it_may_have_landed():
     # With --producer, failures that may have appended are retried (a resend
     # is a duplicate to the server); once the 10 tries are used up, the

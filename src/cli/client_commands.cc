@@ -579,13 +579,11 @@ int Follow(ClientCommandsState& s, Client& c) {
     if (!printed.ok()) return Fail(s, printed);
     if (st.ok()) return 0;
     bool transient = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
-    // Until a session was once accepted, only a weir server's "not yet" is
-    // waited out: anything else (no server, a listener that hangs up or
-    // never answers, another protocol's port) would be retried for ever.
-    const std::string& why = st.message();
-    const bool not_yet = why.ends_with(" server_starting)") || why.ends_with(" server_draining)") ||
-                         why.ends_with(" rate_limited)");
-    if (!transient || (!connected && !not_yet)) return Fail(s, st);
+    // Until a session was once accepted, only a weir server's refusal that
+    // did nothing (503 starting or draining, 429) is waited out: anything
+    // else (no server, a listener that hangs up or never answers, another
+    // protocol's port) would be retried for ever.
+    if (!transient || (!connected && !c.last_refused())) return Fail(s, st);
     if (!failing) std::cerr << "weir: " << st.message() << "; reconnecting\n";
     failing = true;
     std::this_thread::sleep_for(backoff);

@@ -255,8 +255,12 @@ Status Client::ReadSession(std::string_view stream, const ReadOptions& options, 
   auto on_2xx = [&] {
     if (on_event_seen) on_event_seen();
   };
+  last_refused_ = false;
   WEIR_ASSIGN_OR_RETURN(HttpResponse resp, http_->Stream(req, on_data, on_2xx));
-  if (!Is2xx(resp.status)) return ApiError(resp.status, resp.body, ErrorSubject{options_.basin, stream});
+  if (!Is2xx(resp.status)) {
+    last_refused_ = ErrorHasNoSideEffects(resp.status, resp.body);
+    return ApiError(resp.status, resp.body, ErrorSubject{options_.basin, stream});
+  }
   return outcome;
 }
 

@@ -72,9 +72,9 @@ class Client {
                      const std::function<bool(const ReadBatch&)>& on_batch,
                      const std::function<void()>& on_event_seen = nullptr);
 
-  // Whether the last call (not a read session) failed with an answer that
-  // says the server did nothing (ErrorHasNoSideEffects: 429, a 503 while it
-  // starts or drains): a caller may wait such refusals out.
+  // Whether the last call (a read session's opening answer too) failed with
+  // an answer that says the server did nothing (ErrorHasNoSideEffects: 429,
+  // a 503 while it starts or drains): a caller may wait such refusals out.
   bool last_refused() const { return last_refused_; }
 
  private:
