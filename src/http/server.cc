@@ -826,7 +826,7 @@ class ExchangeImpl : public ExchangeBase {
   ~ExchangeImpl() override {
     if (!answered_.exchange(true)) {
       Log().error("http: a request was dropped without a response");
-      std::string body = ErrorBody("internal", "no response was produced");
+      std::string body = ErrorBody("other", "no response was produced");
       Emit(StatusLine(500) +
                fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                            body.size()) +
@@ -1629,7 +1629,7 @@ class H2Exchange : public ExchangeBase {
     if (!answered_.exchange(true)) {
       Log().error("http: a request was dropped without a response");
       On([id = id_](H2Conn* c) {
-        c->Respond(id, Response{500, "application/json", ErrorBody("internal", "no response was produced"), {}});
+        c->Respond(id, Response{500, "application/json", ErrorBody("other", "no response was produced"), {}});
       });
     } else if (streaming_ && !finished_) {
       On([id = id_](H2Conn* c) { c->End(id); });
