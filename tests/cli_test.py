@@ -437,6 +437,53 @@ def follow_across_a_restart():
         srv.stop()
 
 
+@case
+def a_follower_stops_at_a_stream_made_again_while_it_was_away():
+    # A follower resumes by sequence number: one that comes back to a stream
+    # deleted and made again meanwhile must stop, not go on from its old
+    # position in the new stream (skipping "x" and "y", printing "z" as if
+    # it followed "b").
+    srv = start_server(os.path.join(tmp.name, "data-reborn"))
+    port, base_command = srv.port, srv.command
+
+    def same_port():
+        cmd = base_command()
+        cmd[cmd.index("--http-addr") + 1] = f"127.0.0.1:{port}"
+        return cmd
+
+    proc = None
+    try:
+        weir("stream", "create", "reborn", server=srv.base_url)
+        weir("append", "reborn", input="a\nb\n", server=srv.base_url)
+        proc = subprocess.Popen([WEIR, "read", "reborn", "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=dict(os.environ, WEIR_SERVER=srv.base_url))
+        got = queue.Queue()
+        reader = threading.Thread(target=lambda: [got.put(l) for l in proc.stdout], daemon=True)
+        reader.start()
+        assert [got.get(timeout=30) for _ in range(2)] == ["a\n", "b\n"]
+        # Away (the server up on another port), the stream is made again.
+        srv.stop()
+        srv.start()
+        weir("stream", "delete", "reborn", server=srv.base_url)
+        weir("stream", "create", "reborn", server=srv.base_url)
+        weir("append", "reborn", input="x\ny\nz\n", server=srv.base_url)
+        srv.stop()
+        assert proc.poll() is None, f"the follower gave up: {proc.stderr.read()}"
+        srv.command = same_port
+        srv.start()
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read()
+        assert rc == 1, (rc, err)
+        assert "made again" in err, err
+        reader.join(timeout=30)  # every line it printed is queued
+        assert got.empty(), "the follower printed records of the new stream"
+    finally:
+        if proc and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        srv.stop()
+
+
 def append_waits_for_a_server_that_is_starting_with(flags):
     name = "late" + "".join(f.strip("-") for f in flags)
     srv = start_server(os.path.join(tmp.name, "data-starting-" + name))
@@ -805,12 +852,14 @@ def a_follower_waits_out_a_server_that_is_starting():
     # Before its first session, a follower waits out a weir server's refusal
     # that did nothing (503 server_starting), then takes its answer.
     # A weir server that is starting is waited out, then its answer taken.
-    server = ScriptedServer([(503, {"code": "server_starting", "message": "recovering"})] * 2 +
+    # (Each try looks the stream up first, then opens its session.)
+    server = ScriptedServer([(503, {"code": "server_starting", "message": "recovering"})] * 4 +
                             [(404, {"code": "stream_not_found", "message": "no such stream"})])
     try:
         out = weir("read", "s1", "--follow", server=server.url, ok=False, timeout=60)
         assert "not found" in out.stderr.splitlines()[-1], out.stderr
-        assert len(server.seen) == 3, server.seen
+        assert len(server.seen) == 6, server.seen
+        assert [p for _, p in server.seen[1::2]] == ["/v1/streams/s1/records?seq_num=0"] * 3, server.seen
     finally:
         server.close()
 

@@ -557,14 +557,41 @@ int Follow(ClientCommandsState& s, Client& c) {
   // A session bounded by a count ends at the tail unless told to wait; a
   // follower waits for records as long as it takes.
   if (s.count) ro.wait_s = std::numeric_limits<int>::max();
+  // Which stream is followed (its creation time, looked up before each
+  // session until one is accepted): a session resumes by sequence number,
+  // so one that reconnects to a stream deleted and made again meanwhile
+  // must stop rather than go on from its old position in the new one.
+  // Unknown (a failed look, or no stream: the basin may make it on read):
+  // not checked. Before a session was accepted a failed look is let be:
+  // the session's own failure tells what is wrong.
+  std::optional<std::string> created_at;
+  bool connected = false;  // ever
+  auto same_stream = [&]() -> Status {
+    auto found = c.FindStream(s.name);
+    if (!connected) {
+      created_at.reset();
+      if (found.ok() && *found) created_at = (*found)->created_at;
+      return Status::Ok();
+    }
+    if (!created_at) return Status::Ok();
+    if (!found.ok()) return found.status();
+    if (!*found) return NotFound("stream {} was deleted while the follower was away", s.name);
+    if ((*found)->created_at != *created_at) {
+      return PreconditionFailed(
+          "stream {} was deleted and made again while the follower was away (created {}, was {}): its records "
+          "are not those followed; read it anew",
+          s.name, (*found)->created_at, *created_at);
+    }
+    return Status::Ok();
+  };
   uint64_t delivered = 0;  // records received: a follower stops at --count itself
   std::string last_event_id;
-  bool connected = false;  // ever
-  bool failing = false;    // since the last connect
+  bool failing = false;  // since the last connect
   auto backoff = std::chrono::milliseconds(500);
   for (;;) {
     Status printed;
-    Status st = c.ReadSession(s.name, ro, &last_event_id, [&](const client::ReadBatch& b) {
+    Status st = same_stream();
+    if (st.ok()) st = c.ReadSession(s.name, ro, &last_event_id, [&](const client::ReadBatch& b) {
       printed = PrintRecords(s, b);
       if (!printed.ok()) return false;
       delivered += b.records.size();

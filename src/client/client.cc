@@ -131,6 +131,16 @@ Result<std::vector<StreamInfo>> Client::ListStreams(std::string_view prefix) {
   return List("/v1/streams", "streams", prefix);
 }
 
+Result<std::optional<StreamInfo>> Client::FindStream(std::string_view name) {
+  // Names list in order, so the first with the name as prefix is the name itself, if any.
+  const std::string target = "/v1/streams?limit=1&prefix=" + UrlEncode(name);
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(Request("GET", target), {}));
+  bool has_more = false;
+  WEIR_ASSIGN_OR_RETURN(auto page, DecodeNamedList(resp.body, "streams", &has_more));
+  if (page.empty() || page.front().name != name) return std::optional<StreamInfo>();
+  return std::optional<StreamInfo>(std::move(page.front()));
+}
+
 Result<StreamConfig> Client::GetStreamConfig(std::string_view name) {
   WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(Request("GET", StreamPath(name)), name));
   return DecodeStreamConfig(resp.body);

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,9 @@ class Client {
   Result<StreamInfo> CreateStream(std::string_view name, std::string_view config_json = {});
   Result<std::vector<StreamInfo>> ListStreams(std::string_view prefix = "");  // every page
   Result<StreamConfig> GetStreamConfig(std::string_view name);
+  // The stream of that name, or nullopt if there is none: its created_at
+  // tells it from a stream of the same name made after it was deleted.
+  Result<std::optional<StreamInfo>> FindStream(std::string_view name);
   Status DeleteStream(std::string_view name);
 
   // On failure, `*nothing_appended` (if given) says whether the append
