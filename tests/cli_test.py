@@ -382,6 +382,28 @@ def follow_ends_when_its_stream_is_deleted():
 
 
 @case
+def a_follower_whose_reader_is_gone_ends_while_its_stream_is_idle():
+    # `weir read --follow | head -1`: once head has its line the follower
+    # ends as a write would end it (SIGPIPE), at the server's next ping
+    # (every 5 s), not at the next record, which may never come.
+    weir("stream", "create", "headed")
+    weir("append", "headed", input="only\n")
+    r, w = os.pipe()
+    proc = subprocess.Popen([WEIR, "read", "headed", "--follow"], stdout=w, stderr=subprocess.PIPE,
+                            env=dict(os.environ, WEIR_SERVER=SERVER.base_url))
+    os.close(w)
+    try:
+        with os.fdopen(r) as reader:
+            assert reader.readline() == "only\n"
+        rc = proc.wait(timeout=60)
+        assert rc == -signal.SIGPIPE, (rc, proc.stderr.read())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+@case
 def follow_across_a_restart():
     # --tail-offset and --timestamp are resolved once: a follower that
     # reconnects before its first batch must not skip what was appended

@@ -1,9 +1,11 @@
 #include "cli/client_commands.h"
 
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -527,6 +529,15 @@ client::ReadStart StartOf(const ClientCommandsState& s) {
 // event id) when the connection drops, for as long as it takes once it has
 // connected (a server restart, or a recovery answering 503 for a while): the
 // first failure of each outage is one line on stderr.
+// Whether standard output is a pipe whose reader is gone (`| head -1`
+// done): a write would raise SIGPIPE, and an idle follower writes nothing.
+bool OutputPipeClosed() {
+  struct stat st {};
+  if (fstat(STDOUT_FILENO, &st) != 0 || !S_ISFIFO(st.st_mode)) return false;
+  pollfd pfd{STDOUT_FILENO, 0, 0};  // POLLERR is reported whatever is asked
+  return poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLERR) != 0;
+}
+
 int Follow(ClientCommandsState& s, Client& c) {
   client::ReadOptions ro;
   ro.start = StartOf(s);
@@ -598,10 +609,15 @@ int Follow(ClientCommandsState& s, Client& c) {
       // Not waiting for [DONE]: a session resumed after the last record
       // would wait at the tail for one more.
       return !s.count || delivered < *s.count;
-    }, [&] {  // connected: the failures so far are over
+    }, [&] {  // connected (or an event, pings every 5 s included): the failures so far are over
       connected = true;
       failing = false;
       backoff = std::chrono::milliseconds(500);
+      // Ends as a write to the pipe would, without waiting for a record.
+      if (OutputPipeClosed()) {
+        std::signal(SIGPIPE, SIG_DFL);  // libcurl ignores it during a transfer
+        std::raise(SIGPIPE);
+      }
     });
     if (!printed.ok()) return Fail(s, printed);
     if (st.ok()) return 0;
