@@ -1110,18 +1110,26 @@ TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {
     EXPECT_EQ(Produce("strict", 0, length_in(5)).error_code, ErrorCode::kNone);
     EXPECT_EQ(Latest("strict"), 2);
   }
-  // A baseOffset other than 0 (Kafka: the log assigns offsets).
+  // A baseOffset other than 0 is replaced, as Kafka's broker does (the log
+  // assigns offsets): appended at the tail, stored with the tail's offset.
   {
     std::string b = Batch({"a", "b"});
     StoreBE32(b.data(), 0x7fffffff);  // outside the CRC
-    EXPECT_EQ(Produce("strict", 0, b).error_code, ErrorCode::kInvalidRecord);
+    auto pr = Produce("strict", 0, b);
+    EXPECT_EQ(pr.error_code, ErrorCode::kNone);
+    EXPECT_EQ(pr.base_offset, 2);
+    EXPECT_EQ(Latest("strict"), 4);
+    auto got = Batches(Fetch("strict", 0, 2));
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(BaseOffset(got[0]), 2);
+    EXPECT_EQ(got[0], WithBaseOffset(b, 2));
   }
   // zstd before Produce v7.
   {
     std::string z = WithAttributes(Batch({"z"}), 4);
     EXPECT_EQ(Produce("strict", 0, z, 6).error_code, ErrorCode::kUnsupportedCompressionType);
   }
-  EXPECT_EQ(Latest("strict"), 2);
+  EXPECT_EQ(Latest("strict"), 4);
 
   // acks other than 0, 1 and -1.
   {
@@ -1164,7 +1172,7 @@ TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {
   EXPECT_EQ(Produce("no/slash", 0, Batch({"x"})).error_code, ErrorCode::kInvalidTopicException);
   EXPECT_EQ(engine_->GetTable(kKafkaBasin, "no").status().code(), Code::kNotFound);
 
-  EXPECT_EQ(Latest("strict"), 2);
+  EXPECT_EQ(Latest("strict"), 4);
   EXPECT_EQ(Earliest("strict"), 0);
 }
 
@@ -2090,6 +2098,22 @@ TEST_F(BrokerTest, FetchSessionsAreNotKept) {
   m.session_epoch = 3;
   resp = Call(m, 7, DecodeFetchResponse);
   EXPECT_EQ(resp.error_code, ErrorCode::kFetchSessionIdNotFound);
+  // Any epoch but 0 (a new session) and -1 (none) names an open session,
+  // whatever the id (KIP-227): none is open.
+  for (int32_t epoch : {5, -2}) {
+    m.session_id = 0;
+    m.session_epoch = epoch;
+    resp = Call(m, 7, DecodeFetchResponse);
+    EXPECT_EQ(resp.error_code, ErrorCode::kFetchSessionIdNotFound) << epoch;
+  }
+  // A new session asked for under an old id, or none: a full fetch.
+  for (int32_t epoch : {0, -1}) {
+    m.session_id = 7;
+    m.session_epoch = epoch;
+    resp = Call(m, 7, DecodeFetchResponse);
+    EXPECT_EQ(resp.error_code, ErrorCode::kNone) << epoch;
+    EXPECT_EQ(resp.session_id, 0);
+  }
 }
 
 // retention.ms drops settled segments whose records are older: the log start

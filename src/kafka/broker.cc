@@ -728,9 +728,10 @@ struct FetchState {
 
 void Broker::Fetch(const std::shared_ptr<Request>& req) {
   auto& in = req->body<FetchRequest>();
-  if (in.session_id != 0 && in.session_epoch > 0) {
-    // weir creates no fetch sessions (it answers session id 0), so a client
-    // cannot hold one.
+  if (in.session_epoch != 0 && in.session_epoch != -1) {
+    // Epochs 0 (a new session) and -1 (none) ask for a full fetch; any
+    // other names an open session (KIP-227), whatever the id: weir opens
+    // none (it answers session id 0), so a client cannot hold one.
     FetchResponse resp;
     resp.error_code = ErrorCode::kFetchSessionIdNotFound;
     return Send(req, resp, EncodeFetchResponse);

@@ -2194,8 +2194,8 @@ Result<Engine::CheckedBatch> Engine::CheckBatch(std::string_view batch) const {
   if (h.record_count <= 0 || h.last_offset_delta != h.record_count - 1) {
     return InvalidArgument("record batch: {} records with lastOffsetDelta {}", h.record_count, h.last_offset_delta);
   }
-  // As Kafka's broker: the log assigns offsets, a producer sends 0.
-  if (h.base_offset != 0) return InvalidArgument("record batch baseOffset is {}; a producer's must be 0", h.base_offset);
+  // The log assigns offsets: a baseOffset sent (producers send 0) is
+  // replaced, unchecked, as Kafka's broker does.
   if (h.attributes & (wal::kTransactionalFlag | wal::kControlFlag)) {
     return NotSupported("transactional and control batches are not supported");
   }
