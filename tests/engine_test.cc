@@ -1930,6 +1930,50 @@ TEST_F(EngineTest, SettledSlotsWhoseDeletesFailedAreDeletedByTheNextRound) {
   EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a0", "a1", "a2", "b0", "b1", "b2"}));
 }
 
+// Segment objects whose deletes failed (a store refusing deletes for a
+// while) stayed, unreferenced, until the next start's sweep, and were
+// counted as deleted: a trim's, a deleted stream's. Each retention pass
+// tries them again; only deletes done are counted.
+TEST_F(EngineTest, SegmentsWhoseDeletesFailedAreDeletedByTheNextRetentionPass) {
+  auto failing = std::make_shared<FailingDeletesStore>(store_);
+  engine_->Close();
+  engine_.reset();
+  Start(failing);
+  ASSERT_TRUE(engine_);
+  ASSERT_TRUE(engine_->CreateStream(kBasin, "gone", StreamConfig{}).ok());
+  for (const char* stream : {"s", "gone"}) {
+    ASSERT_TRUE(engine_->Append(kBasin, stream, Bodies({"a", "b"})).status.ok());
+    ASSERT_OK(engine_->SettleNow());
+  }
+  ASSERT_EQ(CountKeys(*store_, "seg/"), 2u);
+  std::vector<AppendRecord> trim;
+  trim.push_back(Command("trim", Be64(2)));
+  ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(trim)).status.ok());
+  failing->failures = 2;  // the trim's delete, then the stream's
+  ASSERT_OK(engine_->ApplyRetention());
+  ASSERT_OK(engine_->DeleteStream(kBasin, "gone"));
+  EXPECT_EQ(failing->failures.load(), 0);
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 2u) << "the failed deletes deleted nothing";
+  const auto& m = engine_->metrics();
+  EXPECT_EQ(m.segments_deleted.load(), 0u);
+  EXPECT_EQ(m.segment_delete_failures.load(), 2u);
+  EXPECT_EQ(m.segments_undeleted.load(), 2);
+  // Still refused: kept for the pass after.
+  failing->failures = 1;
+  ASSERT_OK(engine_->ApplyRetention());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 2u);
+  EXPECT_EQ(m.segments_undeleted.load(), 2);
+  ASSERT_OK(engine_->ApplyRetention());
+  EXPECT_EQ(CountKeys(*store_, "seg/"), 0u) << "unreferenced segments were left behind";
+  EXPECT_EQ(m.segments_undeleted.load(), 0);
+  EXPECT_EQ(m.segments_deleted.load(), 1u);  // the trim's; the deleted stream's is not retention's
+  EXPECT_EQ(m.segment_delete_failures.load(), 3u);
+  auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 0}, 10, 1000);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->records.size(), 1u);  // the trim command
+  EXPECT_EQ(r->records[0].offset, 2u);
+}
+
 // DESIGN §2.8: the metastore is off the append path. Appends of every kind
 // (plain, by an idempotent producer, with match_seq_num, with a fencing
 // token; retries and misses too) read and write nothing there; their settle

@@ -1416,13 +1416,52 @@ Status Engine::DeleteStream(const std::string& basin, const std::string& name) {
   return Status::Ok();
 }
 
-void Engine::DeleteObjects(std::vector<std::string> keys, std::string_view what) {
+void Engine::DeleteObjects(std::vector<std::string> keys, std::string_view what, bool expired) {
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   if (keys.empty()) return;
-  // Unreferenced now; a failure leaves them to the next start's sweep.
   Status st = store_->DeleteMany(keys);
-  if (!st.ok()) Log().warn("deleting {}: {}", what, st.ToString());
+  if (st.ok()) {
+    if (expired) metrics_.segments_deleted.fetch_add(keys.size());
+    return;
+  }
+  metrics_.segment_delete_failures.fetch_add(1);
+  size_t kept = 0;
+  {
+    std::lock_guard lk(undeleted_mu_);
+    for (std::string& key : keys) {
+      if (undeleted_objects_.size() >= kMaxUndeletedObjects) break;
+      if (undeleted_objects_.emplace(std::move(key), expired).second) ++kept;
+    }
+    metrics_.segments_undeleted.store(static_cast<int64_t>(undeleted_objects_.size()));
+  }
+  Log().warn("deleting {} ({} objects): {}; {} of them are tried again by the next retention pass{}", what,
+             keys.size(), st.ToString(), kept, kept < keys.size() ? ", the rest by the next start's sweep" : "");
+}
+
+void Engine::RetryUndeletedObjects() {
+  std::map<std::string, bool> retry;
+  {
+    std::lock_guard lk(undeleted_mu_);
+    if (undeleted_objects_.empty()) return;
+    retry = undeleted_objects_;
+  }
+  std::vector<std::string> keys;
+  keys.reserve(retry.size());
+  for (const auto& [key, expired] : retry) keys.push_back(key);
+  if (Status st = store_->DeleteMany(keys); !st.ok()) {
+    metrics_.segment_delete_failures.fetch_add(1);
+    Log().warn("deleting {} segment objects whose deletes failed before: {}", keys.size(), st.ToString());
+    return;
+  }
+  size_t expired_deleted = 0;
+  std::lock_guard lk(undeleted_mu_);
+  for (const auto& [key, expired] : retry) {
+    expired_deleted += expired ? 1 : 0;
+    undeleted_objects_.erase(key);
+  }
+  metrics_.segments_deleted.fetch_add(expired_deleted);
+  metrics_.segments_undeleted.store(static_cast<int64_t>(undeleted_objects_.size()));
 }
 
 Result<bool> Engine::StreamRowGone(const Stream& s) {

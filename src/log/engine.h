@@ -137,6 +137,10 @@ struct EngineOptions {
 struct EngineMetrics {
   std::atomic<uint64_t> settle_cycles{0}, segments_written{0}, segment_bytes{0};
   std::atomic<uint64_t> slots_deleted{0}, segments_deleted{0}, settle_failures{0};
+  // Segment objects no row names whose delete failed (a store refusing
+  // deletes): tried again by each retention pass (Engine::DeleteObjects).
+  std::atomic<uint64_t> segment_delete_failures{0};  // failed DeleteMany calls
+  std::atomic<int64_t> segments_undeleted{0};        // objects waiting for a retry now
   std::atomic<uint64_t> empty_streams_deleted{0};  // by delete_on_empty
   std::atomic<uint64_t> segment_merges{0}, segments_merged{0};  // merged objects written, and the segments they replaced
   // Batch bytes settle took from the log cache, and read back from WAL slots.
@@ -668,8 +672,16 @@ class Engine {
   // Status or a Result.
   template <typename Change>
   auto AsThisNode(Change change) -> decltype(change(metastore::EpochCheck{}));
-  // Deletes `keys` (duplicates allowed), logging a failure.
-  void DeleteObjects(std::vector<std::string> keys, std::string_view what);
+  // Deletes segment objects no row names any more (duplicates allowed);
+  // `expired`: retention's, counted in segments_deleted once deleted. A
+  // failure is logged and the keys kept for RetryUndeletedObjects (up to
+  // kMaxUndeletedObjects; past that, left to the next start's sweep). Any
+  // thread.
+  void DeleteObjects(std::vector<std::string> keys, std::string_view what, bool expired = false);
+  // Deletes the objects earlier DeleteObjects failed to; from retention
+  // passes, while this process holds its node.
+  void RetryUndeletedObjects();
+  static constexpr size_t kMaxUndeletedObjects = 100'000;
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                  const wal::AckInfo& where);
   // Drops the oldest cached batches until the cache is at 3/4 of its budget.
@@ -921,6 +933,9 @@ class Engine {
   // Settled WAL slots from here on were not deleted (a DeleteMany failed):
   // the next round deletes them with its own.
   std::optional<metastore::ChainPosition> undeleted_slots_from_;
+  // DeleteObjects' failures: key -> expired (counted in segments_deleted once deleted).
+  std::mutex undeleted_mu_;
+  std::map<std::string, bool> undeleted_objects_;
   TimePoint last_retention_;
   TimePoint last_merge_;
   uint64_t merge_resume_at_ = 0;  // the stream id the last merge pass stopped at (settle thread, settle_mu_)

@@ -415,7 +415,7 @@ Status Engine::SettleRound(metastore::ChainPosition target, bool all, bool* more
     s.segments.Append(w.segment);
   }
   if (settled_batches > 0) SettledBytes(settled_bytes, settled_batches);
-  if (!orphans.empty()) store_->DeleteMany(orphans).IgnoreError();  // else the next start's sweep
+  DeleteObjects(std::move(orphans), "segments settled for deleted streams");
   DeleteSlots(old, next);
   return Status::Ok();
 }
@@ -618,6 +618,7 @@ Status Engine::ApplyRetention() {
   std::lock_guard settle(settle_mu_);  // not while a merge swaps segments
   last_retention_ = Now();
   WEIR_RETURN_IF_ERROR(RefuseIfSuperseded("retention"));
+  RetryUndeletedObjects();
   std::vector<std::shared_ptr<Stream>> streams;
   {
     std::lock_guard lk(mu_);
@@ -749,10 +750,7 @@ Status Engine::ApplyRetention() {
       }
       for (std::string& key : keys) garbage.push_back(std::move(key));
     }
-    if (garbage.empty()) continue;
-    Status st = store_->DeleteMany(garbage);
-    if (!st.ok()) Log().warn("deleting {} expired segment object(s): {}", garbage.size(), st.ToString());
-    metrics_.segments_deleted.fetch_add(garbage.size());
+    DeleteObjects(std::move(garbage), "expired segments", /*expired=*/true);
   }
   Status empty = DeleteEmptyStreams();
   return first_error.ok() ? empty : first_error;
@@ -1048,9 +1046,7 @@ Status Engine::MergeRun(const std::shared_ptr<Stream>& s, const std::vector<meta
   std::vector<std::string> old;
   for (const auto& seg : run) old.push_back(seg.object_key);
   // A reader that picked a replaced segment before the swap finds it gone and looks again.
-  if (Status st = store_->DeleteMany(old); !st.ok()) {
-    Log().warn("deleting {} merged segments of stream {}: {}", old.size(), s->info.id, st.ToString());
-  }
+  DeleteObjects(std::move(old), fmt::format("merged segments of stream {}", s->info.id));
   metrics_.segment_merges.fetch_add(1);
   metrics_.segments_merged.fetch_add(run.size());
   return Status::Ok();

@@ -424,6 +424,11 @@ std::string RenderEngineMetrics(log::Engine* engine, metastore::Metastore* meta,
   http::PromCounter(&out, "weir_segment_bytes_total", "Bytes in segments written", e.segment_bytes.load());
   http::PromCounter(&out, "weir_segments_deleted_total", "Segments deleted by retention or trim",
                     e.segments_deleted.load());
+  http::PromCounter(&out, "weir_segment_delete_failures_total",
+                    "Deletes of unreferenced segment objects that failed (tried again by retention passes)",
+                    e.segment_delete_failures.load());
+  http::PromGauge(&out, "weir_segments_undeleted", "Unreferenced segment objects waiting for a delete retried",
+                  e.segments_undeleted.load());
   http::PromCounter(&out, "weir_empty_streams_deleted_total", "Streams deleted by delete_on_empty",
                     e.empty_streams_deleted.load());
   http::PromCounter(&out, "weir_segment_merges_total", "Merged segments written from runs of small ones",
