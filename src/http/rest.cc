@@ -2042,16 +2042,31 @@ void RestApi::AppendToStream(const Ctx& c, const std::string& stream, AppendInpu
 
 void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput in, bool proto_out, size_t records,
                            size_t bytes) {
-  // On the I/O thread only when admission looked free (Handle); should it
-  // fill meanwhile, a 429 now rather than a wait that stalls the thread.
-  if (!c.on_worker) return AppendNow(c, stream, std::move(in), proto_out, records, bytes);
+  const size_t room = log::Engine::AdmissionBytes(in.records);
+  if (!c.on_worker) {
+    // On the I/O thread only when admission looked free (Handle, by the
+    // body's size): room taken now. Should there be none (others filled the
+    // pool meanwhile, or the records count more than their body), the
+    // append moves to a worker, in the connection's order, and waits there
+    // as if admission had looked full (it was answered 429 at once).
+    if (auto ticket = engine_->TryAdmission(room, 1)) {
+      in.options.ticket = std::move(ticket);
+      return AppendNow(c, stream, std::move(in), proto_out, records, bytes);
+    }
+    auto held = std::make_shared<AppendInput>(std::move(in));
+    c.ex->PostInOrder([this, c, stream, held, proto_out, records, bytes] {
+      Ctx on_worker = c;
+      on_worker.on_worker = true;
+      SubmitAppend(on_worker, stream, std::move(*held), proto_out, records, bytes);
+    });
+    return;
+  }
   // On a worker, room taken now (held by the ticket: a look then an append
   // would leave the worker waiting should others take the room in between)
   // or waited for without holding the worker (the pool serves every
   // connection's reads and appends): the connection's later in-order work
   // waits instead (HTTP/2; HTTP/1.1 sends no request meanwhile). The append
   // itself never waits (an append too large for the pool is refused).
-  const size_t room = log::Engine::AdmissionBytes(in.records);
   if (auto ticket = engine_->TryAdmission(room, 1)) {
     in.options.ticket = std::move(ticket);
     return AppendNow(c, stream, std::move(in), proto_out, records, bytes);

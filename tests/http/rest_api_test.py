@@ -2258,6 +2258,66 @@ class RetryUnderBackpressureTest(ClosingTestCase):
             server.cleanup()
 
 
+class AdmissionAfterALookTest(ClosingTestCase):
+    """An append is served on the I/O thread when admission looks free by
+    its body's size; its records may take more room than their body (a
+    header of 9 bytes of JSON takes 21), so the room may not be there. It
+    then waits for admission on a worker, as an append that looked full
+    does, rather than being answered 429 at once."""
+
+    def test_an_append_without_room_after_the_look_waits_for_it(self):
+        server = start_server(args=["--pool-budget-mib", "2", "--max-slot-bytes", str(128 << 10),
+                                    "--inject-put-latency-ms", "15000,15000", "--admission-timeout-ms", "1500"])
+        try:
+            c = Client(server)
+            name = unique("look")
+            c.create_stream(name)
+
+            def metric(pattern):
+                m = re.search(pattern, Client(server).get("/metrics").text)
+                return float(m.group(1))
+
+            def waits():
+                return metric(r'(?m)^weir_admission_waits_total\{cause="wal_pool"\} (\S+)$')
+
+            def fill():
+                try:
+                    Client(server).post(f"/v1/streams/{q(name)}/records", json={"records": [{"body": "f" * 125_000}]},
+                                        timeout=120)
+                except requests.RequestException:  # the server is killed at the end
+                    pass
+
+            # About 1.38 MB of the 2 MiB pool held by PUTs that take 15 s (the
+            # server's start waited out one).
+            for _ in range(11):
+                threading.Thread(target=fill, daemon=True).start()
+            deadline = time.monotonic() + 60
+            while metric(r"(?m)^weir_wal_pool_bytes (\S+)$") < 1_375_000 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            pooled = metric(r"(?m)^weir_wal_pool_bytes (\S+)$")
+            self.assertGreaterEqual(pooled, 1_375_000, "the pool never filled")
+            self.assertLess(pooled, 1_500_000)
+            # 360 KB of body looks as if it fits beside them (with a slot's
+            # margin); its 40,000 headers take about 840 KB of the pool, which
+            # is not there.
+            body = json.dumps({"records": [{"body": "p", "headers": [["h", ""]] * 40_000}]},
+                              separators=(",", ":"))
+            self.assertLess(len(body), 361_000)
+            before = waits()
+            r = c.post(f"/v1/streams/{q(name)}/records", data=body, headers={"Content-Type": "application/json"},
+                       timeout=60)
+            self.assertEqual(r.status_code, 429, r.text)
+            self.assertEqual(r.json()["code"], "rate_limited")
+            self.assertEqual(r.headers.get("Retry-After"), "1", r.headers)
+            self.assertEqual(waits(), before + 1, "the append did not wait for room")
+            self.assertEqual(c.tail(name)["seq_num"], 0)  # the fillers' PUTs have not landed
+        finally:
+            server.kill()  # a drain would wait out the slow PUTs
+            if sys.exc_info()[0] is not None:
+                print(server.log_tail())
+            server.cleanup()
+
+
 class ServeFlagsTest(ClosingTestCase):
     """weir serve's flags through their WEIR_<NAME> variables, on servers of
     their own; and the SSE error event a draining server ends sessions with."""
