@@ -6,6 +6,7 @@ and --follow, tail, --json, error lines and exit codes (missing stream, bad
 names, auth, server down), and a short `weir bench http`.
 
 Usage: cli_test.py WEIR_BINARY"""
+import base64
 import json
 import os
 import queue
@@ -855,7 +856,7 @@ class ScriptedServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = answer
+            do_GET = do_POST = do_PUT = do_DELETE = answer
 
             def log_message(self, *args):
                 pass
@@ -882,6 +883,54 @@ def a_follower_waits_out_a_server_that_is_starting():
         assert "not found" in out.stderr.splitlines()[-1], out.stderr
         assert len(server.seen) == 6, server.seen
         assert [p for _, p in server.seen[1::2]] == ["/v1/streams/s1/records?seq_num=0"] * 3, server.seen
+    finally:
+        server.close()
+
+
+@case
+def changes_wait_out_a_server_that_is_starting():
+    # A create or a delete refused by a weir server that is starting (503
+    # server_starting: nothing done) is tried again; a failure after which
+    # it may have been done is not (a delete tried again would say "not found").
+    starting = (503, {"code": "server_starting", "message": "recovering"})
+    created = {"name": "s1", "created_at": "2026-12-07T00:00:00.000Z", "deleted_at": None}
+    for args, script, said in ((("stream", "create", "s1"), [starting, starting, (201, created)], "created"),
+                               (("stream", "delete", "s1"), [starting, (202, {})], "deleted"),
+                               (("basin", "create", "basin-one"), [starting, (201, dict(created, name="basin-one"))],
+                                "created"),
+                               (("basin", "delete", "basin-one"), [starting, (202, {})], "deleted")):
+        server = ScriptedServer(script)
+        try:
+            out = weir(*args, server=server.url, timeout=60)
+            assert said in out.stdout, (args, out.stdout, out.stderr)
+            assert len(server.seen) == len(script), (args, server.seen)
+        finally:
+            server.close()
+    server = ScriptedServer([(500, {"code": "other", "message": "boom"}), (202, {})])
+    try:
+        out = weir("stream", "delete", "s1", server=server.url, ok=False, timeout=60)
+        assert "boom" in error_line(out), out.stderr
+        assert len(server.seen) == 1, server.seen
+    finally:
+        server.close()
+
+
+@case
+def a_read_stops_at_the_tail_it_began_with():
+    # Without --follow a read goes up to the tail as it was when it began:
+    # records appended meanwhile (here in the page the read gets) are left
+    # to a follower, and no further page is asked for.
+    def rec(n):
+        return {"seq_num": n, "timestamp": 0, "headers": [], "body": base64.b64encode(f"r{n}".encode()).decode()}
+
+    server = ScriptedServer([(200, {"tail": {"seq_num": 3, "timestamp": 0}}),
+                             (200, {"records": [rec(n) for n in range(5)]}),
+                             (200, {"records": [rec(n) for n in range(5, 8)]})])
+    try:
+        out = weir("read", "s1", server=server.url, timeout=60)
+        assert out.stdout == "r0\nr1\nr2\n", (out.stdout, out.stderr)
+        assert [p.split("?")[0] for _, p in server.seen] == ["/v1/streams/s1/records/tail", "/v1/streams/s1/records"], \
+            server.seen
     finally:
         server.close()
 

@@ -1036,7 +1036,7 @@ TEST_F(BrokerTest, ProduceWithAcksZeroSendsNoResponseAndTheDataLands) {
   EXPECT_EQ(Wait(r).kind, Answer::kClose);
 }
 
-TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothing) {
+TEST_F(BrokerTest, ProduceRejectsBadBatchesAndAppendsNothingOfThem) {
   ASSERT_EQ(CreateTopic("strict", 1).error_code, ErrorCode::kNone);
   ASSERT_EQ(Produce("strict", 0, Batch({"ok"})).error_code, ErrorCode::kNone);
 

@@ -272,6 +272,30 @@ auto Reread(Client& c, Attempt&& attempt) -> decltype(attempt()) {
       /*fail_without_server=*/true);
 }
 
+Status StatusOf(const Status& st) { return st; }
+template <typename T>
+Status StatusOf(const Result<T>& r) {
+  return r.status();
+}
+
+// A change (a create, a delete) is tried again only after a weir server's
+// refusal that did nothing (503 while it starts or drains, 429): any other
+// failure may have changed something (a delete tried again after it landed
+// would say "not found"), and no server at all is not waited for.
+template <typename Attempt>
+Status RetryRefused(Client& c, Attempt&& attempt) {
+  return RetryWhileSafe(
+             /*unknown_is_safe=*/false,
+             [&](Client::NothingAppended* nothing) -> Result<bool> {
+               Status st = StatusOf(attempt());
+               if (st.ok()) return true;
+               if (c.last_refused()) *nothing = Client::NothingAppended::kRefused;
+               return st;
+             },
+             /*fail_without_server=*/true)
+      .status();
+}
+
 std::string RetentionText(const client::StreamConfig& c) {
   if (!c.retention_age_s) return "infinite";
   int64_t s = *c.retention_age_s;
@@ -613,10 +637,14 @@ int Follow(ClientCommandsState& s, Client& c) {
       connected = true;
       failing = false;
       backoff = std::chrono::milliseconds(500);
-      // Ends as a write to the pipe would, without waiting for a record.
+      // Ends as a write to the pipe would, without waiting for a record:
+      // by SIGPIPE, or (the signal ignored, as under systemd) with EPIPE's
+      // error; from inside the transfer, so at once.
       if (OutputPipeClosed()) {
-        std::signal(SIGPIPE, SIG_DFL);  // libcurl ignores it during a transfer
-        std::raise(SIGPIPE);
+        struct sigaction now {};
+        if (sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler != SIG_IGN) std::raise(SIGPIPE);
+        std::cerr << "weir: writing standard output failed: " << std::strerror(EPIPE) << "\n";
+        std::_Exit(1);
       }
     });
     if (!printed.ok()) return Fail(s, printed);
@@ -641,15 +669,30 @@ int Read(ClientCommandsState& s, Client& c) {
   client::ReadOptions ro;
   ro.start = StartOf(s);
   std::optional<uint64_t> left = s.count;
+  // Up to the tail as it is when the read begins: records appended
+  // meanwhile are a follower's (--follow); a writer faster than the pages
+  // would otherwise keep the read going. (No stream: the read says so.)
+  std::optional<uint64_t> end;
+  {
+    auto tail = Reread(c, [&] { return c.CheckTail(s.name); });
+    if (tail.ok()) {
+      end = tail->seq_num;
+    } else if (tail.status().code() != Code::kNotFound) {
+      return Fail(s, tail.status());
+    }
+  }
   while (!left || *left > 0) {
     ro.count = left ? std::optional<uint64_t>(std::min<uint64_t>(*left, 1000)) : std::nullopt;
     auto batch = Reread(c, [&] { return c.Read(s.name, ro); });
     if (!batch.ok()) return Fail(s, batch.status());
+    if (end) {
+      std::erase_if(batch->records, [&](const client::SequencedRecord& r) { return r.seq_num >= *end; });
+    }
     if (Status printed = PrintRecords(s, *batch); !printed.ok()) return Fail(s, printed);
     if (batch->records.empty()) break;
     if (left) *left -= batch->records.size();
     uint64_t next = batch->records.back().seq_num + 1;
-    if (batch->tail && next >= batch->tail->seq_num) break;
+    if ((end && next >= *end) || (batch->tail && next >= batch->tail->seq_num)) break;
     ro.start = {client::ReadStart::Kind::kSeqNum, next};
   }
   return 0;
@@ -807,20 +850,24 @@ int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
     if (!defaults->empty()) config["default_stream_config"] = std::move(*defaults);
     if (s.create_stream_on_append) config["create_stream_on_append"] = true;
     if (s.create_stream_on_read) config["create_stream_on_read"] = true;
-    auto r = c.CreateBasin(s.name, config.empty() ? std::string() : config.dump());
-    return PrintDone(s, r.status(), "basin", "created");
+    const std::string body = config.empty() ? std::string() : config.dump();
+    return PrintDone(s, RetryRefused(c, [&] { return c.CreateBasin(s.name, body); }), "basin", "created");
   }
   if (cmd == s.basin_list) return PrintNamed(s, Reread(c, [&] { return c.ListBasins(s.prefix); }));
-  if (cmd == s.basin_delete) return PrintDone(s, c.DeleteBasin(s.name), "basin", "deleted");
+  if (cmd == s.basin_delete) {
+    return PrintDone(s, RetryRefused(c, [&] { return c.DeleteBasin(s.name); }), "basin", "deleted");
+  }
   if (cmd == s.stream_create) {
     auto config = StreamConfigJson(s);
     if (!config.ok()) return Fail(s, config.status());
-    auto r = c.CreateStream(s.name, config->empty() ? std::string() : config->dump());
-    return PrintDone(s, r.status(), "stream", "created");
+    const std::string body = config->empty() ? std::string() : config->dump();
+    return PrintDone(s, RetryRefused(c, [&] { return c.CreateStream(s.name, body); }), "stream", "created");
   }
   if (cmd == s.stream_list) return PrintNamed(s, Reread(c, [&] { return c.ListStreams(s.prefix); }));
   if (cmd == s.stream_info) return StreamInfo(s, c);
-  if (cmd == s.stream_delete) return PrintDone(s, c.DeleteStream(s.name), "stream", "deleted");
+  if (cmd == s.stream_delete) {
+    return PrintDone(s, RetryRefused(c, [&] { return c.DeleteStream(s.name); }), "stream", "deleted");
+  }
   if (cmd == s.append) return Append(s, c);
   if (cmd == s.read) return Read(s, c);
   return Tail(s, c);

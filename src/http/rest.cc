@@ -2055,6 +2055,8 @@ void RestApi::SubmitAppend(const Ctx& c, const std::string& stream, AppendInput 
     }
     auto held = std::make_shared<AppendInput>(std::move(in));
     c.ex->PostInOrder([this, c, stream, held, proto_out, records, bytes] {
+      // A client gone meanwhile gets no append (its retry would be a second copy).
+      if (c.ex->closed()) return c.Error(503, "unavailable", "the client went away");
       Ctx on_worker = c;
       on_worker.on_worker = true;
       SubmitAppend(on_worker, stream, std::move(*held), proto_out, records, bytes);

@@ -1440,28 +1440,35 @@ void Engine::DeleteObjects(std::vector<std::string> keys, std::string_view what,
 }
 
 void Engine::RetryUndeletedObjects() {
-  std::map<std::string, bool> retry;
+  std::vector<std::pair<std::string, bool>> retry;
   {
     std::lock_guard lk(undeleted_mu_);
     if (undeleted_objects_.empty()) return;
-    retry = undeleted_objects_;
+    for (const auto& entry : undeleted_objects_) {
+      if (retry.size() >= kUndeletedRetryPerPass) break;
+      retry.push_back(entry);
+    }
   }
-  std::vector<std::string> keys;
-  keys.reserve(retry.size());
-  for (const auto& [key, expired] : retry) keys.push_back(key);
-  if (Status st = store_->DeleteMany(keys); !st.ok()) {
-    metrics_.segment_delete_failures.fetch_add(1);
-    Log().warn("deleting {} segment objects whose deletes failed before: {}", keys.size(), st.ToString());
-    return;
+  // In chunks, each let go once deleted: a key the store keeps refusing
+  // holds back only its own chunk.
+  for (size_t begin = 0; begin < retry.size(); begin += kUndeletedRetryChunk) {
+    const size_t end = std::min(retry.size(), begin + kUndeletedRetryChunk);
+    std::vector<std::string> keys;
+    for (size_t i = begin; i < end; ++i) keys.push_back(retry[i].first);
+    if (Status st = store_->DeleteMany(keys); !st.ok()) {
+      metrics_.segment_delete_failures.fetch_add(1);
+      Log().warn("deleting {} segment objects whose deletes failed before: {}", keys.size(), st.ToString());
+      continue;
+    }
+    size_t expired_deleted = 0;
+    std::lock_guard lk(undeleted_mu_);
+    for (size_t i = begin; i < end; ++i) {
+      expired_deleted += retry[i].second ? 1 : 0;
+      undeleted_objects_.erase(retry[i].first);
+    }
+    metrics_.segments_deleted.fetch_add(expired_deleted);
+    metrics_.segments_undeleted.store(static_cast<int64_t>(undeleted_objects_.size()));
   }
-  size_t expired_deleted = 0;
-  std::lock_guard lk(undeleted_mu_);
-  for (const auto& [key, expired] : retry) {
-    expired_deleted += expired ? 1 : 0;
-    undeleted_objects_.erase(key);
-  }
-  metrics_.segments_deleted.fetch_add(expired_deleted);
-  metrics_.segments_undeleted.store(static_cast<int64_t>(undeleted_objects_.size()));
 }
 
 Result<bool> Engine::StreamRowGone(const Stream& s) {

@@ -678,10 +678,13 @@ class Engine {
   // kMaxUndeletedObjects; past that, left to the next start's sweep). Any
   // thread.
   void DeleteObjects(std::vector<std::string> keys, std::string_view what, bool expired = false);
-  // Deletes the objects earlier DeleteObjects failed to; from retention
-  // passes, while this process holds its node.
+  // Deletes the objects earlier DeleteObjects failed to (up to
+  // kUndeletedRetryPerPass, in DeleteMany calls of kUndeletedRetryChunk);
+  // from retention passes, while this process holds its node.
   void RetryUndeletedObjects();
   static constexpr size_t kMaxUndeletedObjects = 100'000;
+  static constexpr size_t kUndeletedRetryPerPass = 10'000;
+  static constexpr size_t kUndeletedRetryChunk = 1'000;
   void OnDurable(const std::shared_ptr<Stream>& s, const std::shared_ptr<Pending>& p, const Status& st,
                  const wal::AckInfo& where);
   // Drops the oldest cached batches until the cache is at 3/4 of its budget.

@@ -762,14 +762,14 @@ class InputBudgetTest(unittest.TestCase):
 
     def test_decoded_records_count_against_the_request_budget(self):
         # A body's decoded form may take far more room than its bytes (a
-        # header ["h",""] is 9 bytes of JSON and 73 decoded; a gzip body may
+        # header ("h", "") is 5 bytes of protobuf and 73 decoded; a gzip body may
         # decode to 8 MiB): what it adds is taken from the budget too, and an
         # append it does not fit is 429 (with nothing appended) instead of
         # memory past --http-max-in-flight-mib.
         server, h2c, path = self.start()
         url = f"{server.base_url}{path}"
-        many_headers = json.dumps({"records": [{"body": "h", "headers": [["h", ""]] * 20_000}]},
-                                  separators=(",", ":")).encode()
+        # (Protobuf: a JSON body's parse takes its own share first, tested below.)
+        many_headers = pb_append_input([pb_append_record(b"h", headers=[(b"h", b"")] * 20_000)])
         # 1 MB of body and 1 MB of white space: 2 MB decoded.
         inflated = gzip.compress(json.dumps({"records": [{"body": "g" * 1_000_000}]}).encode() + b" " * 1_000_000)
         self.assertLess(len(many_headers), 200_000)
@@ -777,9 +777,11 @@ class InputBudgetTest(unittest.TestCase):
         gz = {"content-type": "application/json", "content-encoding": "gzip"}
         held = self.hold_three_mb(server, h2c, path)
         refusals = metric(server.base_url, "weir_backpressure_total")
-        for body, headers in ((many_headers, {"content-type": "application/json"}), (inflated, gz)):
+        proto = {"content-type": "application/protobuf"}
+        for body, headers in ((many_headers, proto), (inflated, gz)):
             r = requests.post(url, data=body, headers=headers, timeout=TIMEOUT)
             self.assertEqual(r.status_code, 429, r.text[:300])
+            self.assertIn("bytes decoded" if body is many_headers else "decodes to", r.json()["message"])
             self.assertEqual(r.json()["code"], "rate_limited", r.text[:300])
             self.assertEqual(r.headers.get("Retry-After"), "1")
             self.assertIn("--http-max-in-flight-mib", r.json()["message"])
@@ -789,7 +791,7 @@ class InputBudgetTest(unittest.TestCase):
         self.assertEqual(tail, 0)  # nothing appended
         # With the room back, both are appended (a request alone always fits).
         self.release(server, h2c, held)
-        for body, headers in ((many_headers, {"content-type": "application/json"}), (inflated, gz)):
+        for body, headers in ((many_headers, proto), (inflated, gz)):
             r = requests.post(url, data=body, headers=headers, timeout=TIMEOUT)
             self.assertEqual(r.status_code, 200, r.text[:300])
         first, second = (requests.get(url, params={"seq_num": n, "count": 1}, timeout=TIMEOUT).json()["records"]
