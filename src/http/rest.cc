@@ -1186,7 +1186,9 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
           extra = 0;
           for (const auto& i : inputs) c_.ex->ConsumeBody(i.frame_bytes);
           inputs.clear();
-          if (!undecodable) undecodable = Ctx::ErrorResponse(
+          // The first failure: the inputs let go come before a frame that
+          // did not decode.
+          undecodable = Ctx::ErrorResponse(
               429, "rate_limited",
               fmt::format("the session's next inputs take {} bytes decoded, more than the server's memory for "
                           "requests (--http-max-in-flight-mib) has left now; retry",

@@ -732,6 +732,16 @@ class InputBudgetTest(unittest.TestCase):
         self.assertEqual(len(r.json()["records"]), 2, r.text[:200])
         self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 0)
 
+    def test_a_round_over_the_budget_ends_with_429_whatever_follows_it(self):
+        # An input whose decoded records do not fit, then a frame that does
+        # not decode, in one round: the first failure is the 429 (retryable),
+        # not the bad frame's 400 after an input neither appended nor acked.
+        server, h2c, path = self.start()
+        held = self.hold_three_mb(server, h2c, path)
+        big = frame(pb_append_input([pb_append_record(b"m", headers=[(b"h", b"")] * 20_000)]))
+        self.ends_with_429_after_one_ack(h2c, path, big + frame(b"\xff\xff"))
+        self.release(server, h2c, held)
+
     def ends_with_429_after_one_ack(self, h2c, path, more):
         """A session with one whole input (acked), then `more`, which does not
         fit: it ends with a terminal 429 after that one ack."""
