@@ -1005,7 +1005,10 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   // Answers 200 and takes frames once the stream exists: a basin that creates
   // streams on append creates it first, on a worker (a metastore write).
   void Open() {
-    if (api_->engine_->HasStream(c_.basin, stream_)) return Ready(true);
+    if (auto id = api_->engine_->StreamIdOf(c_.basin, stream_)) {
+      stream_id_ = *id;
+      return Ready(true);
+    }
     auto self = shared_from_this();
     c_.ex->Post([self] {
       auto created = self->api_->engine_->CreateIfConfigured(
@@ -1013,9 +1016,9 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
           [&self](const metastore::StreamConfig& config) { return self->CheckFirstInput(config); },
           self->c_.create_config);
       if (!created.ok() && created.status().code() != Code::kNotFound) return self->Refuse(created.status());
-      if (!self->api_->engine_->HasStream(self->c_.basin, self->stream_)) {
-        return self->Refuse(NotFound("stream \"{}\" does not exist", self->stream_));
-      }
+      auto id = self->api_->engine_->StreamIdOf(self->c_.basin, self->stream_);
+      if (!id) return self->Refuse(NotFound("stream \"{}\" does not exist", self->stream_));
+      self->stream_id_ = *id;
       self->Ready(false);
     });
   }
@@ -1473,6 +1476,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
       c.Acked(o.ack, records, bytes);
       self->Deliver(index, Response{200, "", EncodeS2sFrame(ProtoAck(o.ack)), {}});
     };
+    in.options.stream_id = stream_id_;  // never a stream made again under the name since
     const bool refused =
         api_->engine_->AppendAsync(c_.basin, stream_, std::move(in.records), in.options, std::move(done));
     // Its 412 may come once earlier inputs are durable: nothing after it is
@@ -1565,6 +1569,7 @@ class RestApi::AppendSession : public BodySink, public std::enable_shared_from_t
   RestApi* api_;
   Ctx c_;
   std::string stream_;
+  uint64_t stream_id_ = 0;  // the stream opened (set before Ready): inputs go to it alone
   std::mutex in_mu_;  // before out_mu_ when both are held
   std::string buf_;   // input not yet parsed (a partial frame)
   size_t whole_ = 0;  // buf_[0, whole_) holds whole frames (in_mu_)

@@ -1004,6 +1004,13 @@ bool Engine::HasStream(const std::string& basin, const std::string& name) {
   return by_name_.count({basin, name}) != 0;
 }
 
+std::optional<uint64_t> Engine::StreamIdOf(const std::string& basin, const std::string& name) {
+  std::lock_guard lk(mu_);
+  auto it = by_name_.find({basin, name});
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
 Result<std::string> Engine::CreateToken(const std::string& basin, const std::string& stream) {
   return meta_->CreateToken(basin, stream);
 }
@@ -1967,6 +1974,10 @@ bool Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   if (s->deleted) {
     lk.unlock();  // callbacks never run under a stream lock
     return fail(NotFound("stream \"{}\" was deleted", stream));
+  }
+  if (options.stream_id && s->info.id != *options.stream_id) {
+    lk.unlock();
+    return fail(NotFound("stream \"{}\" was deleted (the name now names a stream created since)", stream));
   }
   if (s->deleting) {
     lk.unlock();

@@ -215,6 +215,9 @@ struct AppendOptions {
   // settle backlog now is kResourceExhausted at once.
   bool may_wait = true;
   std::shared_ptr<AdmissionTicket> ticket = nullptr;  // room held for this append (TryAdmission)
+  // Only to this stream (StreamIdOf): kNotFound once the name names another
+  // (this one deleted, and a stream made again under its name).
+  std::optional<uint64_t> stream_id;
 };
 
 struct AppendAck {
@@ -329,6 +332,8 @@ class Engine {
                                   const metastore::StreamConfigLayer& requested = {});
   // Whether the stream is known here (memory only; for choosing a thread).
   bool HasStream(const std::string& basin, const std::string& name);
+  // The id of the stream the name names now, if any (AppendOptions::stream_id).
+  std::optional<uint64_t> StreamIdOf(const std::string& basin, const std::string& name);
   // kQuotaExhausted if `n` more streams would pass max_streams now (a
   // validate-only create); `what` names them in the message.
   Status CheckStreamRoom(size_t n, std::string_view what);

@@ -392,6 +392,32 @@ class S2sTest(unittest.TestCase):
         self.h2.wait_end(probe)
         self.assertEqual(self.records(stream), ["a", "d"])
 
+    def test_a_session_whose_stream_is_made_again_appends_nothing_to_the_new_one(self):
+        # A session appends to the stream it opened: once that is deleted and
+        # a stream made again under its name, the next input ends the session
+        # with 404 rather than landing at seq 0 of the new stream (an ack
+        # going backwards, in a stream someone else just made).
+        stream = self.new_stream()
+        sid = self.append_session(stream, frame(pb_append_input([pb_append_record(b"old")])))
+        self.assertEqual(len(self.h2.wait_frames(sid, 1)), 1)
+        r = requests.delete(f"{SERVER.base_url}/v1/streams/{stream}", timeout=TIMEOUT)
+        self.assertEqual(r.status_code, 202, r.text)
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # the name is taken until the delete is done
+            r = requests.post(f"{SERVER.base_url}/v1/streams", json={"stream": stream}, timeout=TIMEOUT)
+            if r.status_code != 409 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertEqual(r.status_code, 201, r.text)
+        self.h2.send(sid, frame(pb_append_input([pb_append_record(b"stray")])), end=True)
+        frames, _ = parse_frames(self.h2.wait_end(sid)["data"])
+        self.assertEqual(len(frames), 2, frames)
+        self.assertIsNone(terminal(*frames[0]))
+        t = terminal(*frames[1])
+        self.assertEqual((t[0], t[1]["code"]), (404, "stream_not_found"), t)
+        r = requests.get(f"{SERVER.base_url}/v1/streams/{stream}/records/tail", timeout=TIMEOUT)
+        self.assertEqual(r.json()["tail"]["seq_num"], 0, r.text)
+
     def test_missing_stream_is_a_plain_404(self):
         sid = self.append_session(unique("absent"), frame(pb_append_input([pb_append_record(b"x")])), end=True)
         st = self.h2.wait_end(sid)
