@@ -2162,8 +2162,9 @@ class RestApi::ReadSession : public std::enable_shared_from_this<RestApi::ReadSe
       s.remove_prefix(comma + 1);
     }
     if (v.size() != 3) throw BadRequest{"Last-Event-ID must be SEQ,COUNT,BYTES", "bad_header"};
+    // As S2: the next record, under the request's own clamp (a stream now
+    // shorter than the id says, one made again, answers 416).
     p_.start = {log::ReadStart::kOffset, v[0] == UINT64_MAX ? v[0] : v[0] + 1};
-    p_.clamp = true;
     sent_records_ = v[1];
     sent_bytes_ = v[2];
   }

@@ -1729,6 +1729,19 @@ class SseTest(ApiTestCase):
         self.assertEqual(sse.resp.status, 416)
         self.assertEqual(json.loads(sse.resp.read())["tail"]["seq_num"], 5)
 
+    def test_resume_past_the_tail_is_a_416_unless_clamped(self):
+        # As S2: an id past the tail (the stream is shorter than the session
+        # saw: made again since) is not clamped unless the request says so.
+        s, _ = self.filled(5)
+        sse = self.open(s, {"seq_num": 0, "wait": 1}, headers={"Last-Event-ID": "1000,1,10"})
+        self.assertEqual(sse.resp.status, 416)
+        self.assertEqual(json.loads(sse.resp.read())["tail"]["seq_num"], 5)
+        sse = self.open(s, {"seq_num": 0, "wait": 1, "clamp": "true"}, headers={"Last-Event-ID": "1000,1,10"})
+        self.assertEqual(sse.resp.status, 200)
+        records, _, events = self.collect(sse)
+        self.assertEqual(records, [])
+        self.assertEqual(events[-1], {"data": "[DONE]"})
+
     def test_a_zero_limit_is_a_limit(self):
         # As S2 (and its SDK, which resumes with what is left of a limit): 0
         # records or 0 bytes means nothing, not "no limit".
