@@ -217,7 +217,7 @@ struct AppendOptions {
   std::shared_ptr<AdmissionTicket> ticket = nullptr;  // room held for this append (TryAdmission)
   // Only to this stream (StreamIdOf): kNotFound once the name names another
   // (this one deleted, and a stream made again under its name).
-  std::optional<uint64_t> stream_id;
+  std::optional<uint64_t> stream_id = std::nullopt;
 };
 
 struct AppendAck {
