@@ -936,6 +936,32 @@ def a_read_stops_at_the_tail_it_began_with():
 
 
 @case
+def lists_print_each_page_as_it_comes():
+    # A page at a time, asking for the next after the last name printed; a
+    # failure on a later page comes after the pages before it.
+    def info(name):
+        return {"name": name, "created_at": "2026-12-07T00:00:00.000Z", "deleted_at": None}
+
+    server = ScriptedServer([(200, {"streams": [info("a"), info("b")], "has_more": True}),
+                             (200, {"streams": [info("c")], "has_more": False})])
+    try:
+        out = weir("stream", "list", server=server.url, timeout=60)
+        assert out.stdout == "a\nb\nc\n", out.stdout
+        assert [p for _, p in server.seen] == ["/v1/streams?limit=1000", "/v1/streams?limit=1000&start_after=b"], \
+            server.seen
+    finally:
+        server.close()
+    server = ScriptedServer([(200, {"basins": [info("basin-one")], "has_more": True}),
+                             (403, {"code": "permission_denied", "message": "no more for you"})])
+    try:
+        out = weir("basin", "list", server=server.url, ok=False, timeout=60)
+        assert out.stdout == "basin-one\n", out.stdout
+        assert "no more for you" in error_line(out), out.stderr
+    finally:
+        server.close()
+
+
+@case
 def a_producer_append_whose_tries_ran_out_says_it_may_have_landed():
     # With --producer, failures that may have appended are retried (a resend
     # is a duplicate to the server); once the 10 tries are used up, the

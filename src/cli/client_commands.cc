@@ -168,17 +168,6 @@ Status PrintRecords(const ClientCommandsState& s, const client::ReadBatch& batch
   return StdoutWritten();
 }
 
-int PrintNamed(const ClientCommandsState& s, const Result<std::vector<client::NamedInfo>>& list) {
-  if (!list.ok()) return Fail(s, list.status());
-  for (const auto& e : *list) {
-    if (s.json_out) {
-      PrintJson({{"name", e.name}, {"created_at", e.created_at}});
-    } else {
-      std::cout << e.name << "\n";
-    }
-  }
-  return 0;
-}
 
 // An S2 StreamConfig object from the stream config flags; empty if none is set.
 Result<json> StreamConfigJson(const ClientCommandsState& s) {
@@ -270,6 +259,28 @@ auto Reread(Client& c, Attempt&& attempt) -> decltype(attempt()) {
         return result;
       },
       /*fail_without_server=*/true);
+}
+
+// Prints each page as it comes (`page(start_after, &more)`: one page, each
+// tried again as reads are), so a long list starts at once and holds one
+// page in memory.
+template <typename Page>
+int PrintNamedPages(const ClientCommandsState& s, Client& c, Page&& page) {
+  std::string start_after;
+  for (bool more = true; more;) {
+    auto got = Reread(c, [&] { return page(start_after, &more); });
+    if (!got.ok()) return Fail(s, got.status());
+    for (const auto& e : *got) {
+      if (s.json_out) {
+        PrintJson({{"name", e.name}, {"created_at", e.created_at}});
+      } else {
+        std::cout << e.name << "\n";
+      }
+    }
+    if (Status written = StdoutWritten(); !written.ok()) return Fail(s, written);
+    if (!got->empty()) start_after = got->back().name;
+  }
+  return 0;
 }
 
 Status StatusOf(const Status& st) { return st; }
@@ -853,7 +864,11 @@ int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
     const std::string body = config.empty() ? std::string() : config.dump();
     return PrintDone(s, RetryRefused(c, [&] { return c.CreateBasin(s.name, body); }), "basin", "created");
   }
-  if (cmd == s.basin_list) return PrintNamed(s, Reread(c, [&] { return c.ListBasins(s.prefix); }));
+  if (cmd == s.basin_list) {
+    return PrintNamedPages(s, c, [&](const std::string& after, bool* more) {
+      return c.ListBasinsPage(s.prefix, after, more);
+    });
+  }
   if (cmd == s.basin_delete) {
     return PrintDone(s, RetryRefused(c, [&] { return c.DeleteBasin(s.name); }), "basin", "deleted");
   }
@@ -863,7 +878,11 @@ int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
     const std::string body = config->empty() ? std::string() : config->dump();
     return PrintDone(s, RetryRefused(c, [&] { return c.CreateStream(s.name, body); }), "stream", "created");
   }
-  if (cmd == s.stream_list) return PrintNamed(s, Reread(c, [&] { return c.ListStreams(s.prefix); }));
+  if (cmd == s.stream_list) {
+    return PrintNamedPages(s, c, [&](const std::string& after, bool* more) {
+      return c.ListStreamsPage(s.prefix, after, more);
+    });
+  }
   if (cmd == s.stream_info) return StreamInfo(s, c);
   if (cmd == s.stream_delete) {
     return PrintDone(s, RetryRefused(c, [&] { return c.DeleteStream(s.name); }), "stream", "deleted");

@@ -86,21 +86,37 @@ Result<HttpResponse> Client::Call(const HttpRequest& req, std::string_view strea
   return resp;
 }
 
+Result<std::vector<NamedInfo>> Client::ListPage(std::string_view path, std::string_view key, std::string_view prefix,
+                                                std::string_view start_after, bool* has_more) {
+  std::string target = fmt::format("{}?limit=1000", path);
+  if (!prefix.empty()) target += "&prefix=" + UrlEncode(prefix);
+  if (!start_after.empty()) target += "&start_after=" + UrlEncode(start_after);
+  WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(Request("GET", target), {}));
+  *has_more = false;
+  WEIR_ASSIGN_OR_RETURN(auto page, DecodeNamedList(resp.body, key, has_more));
+  if (page.empty()) *has_more = false;  // nothing to go on from
+  return page;
+}
+
 Result<std::vector<NamedInfo>> Client::List(std::string_view path, std::string_view key, std::string_view prefix) {
   std::vector<NamedInfo> all;
   std::string start_after;
-  for (;;) {
-    std::string target = fmt::format("{}?limit=1000", path);
-    if (!prefix.empty()) target += "&prefix=" + UrlEncode(prefix);
-    if (!start_after.empty()) target += "&start_after=" + UrlEncode(start_after);
-    WEIR_ASSIGN_OR_RETURN(HttpResponse resp, Call(Request("GET", target), {}));
-    bool has_more = false;
-    WEIR_ASSIGN_OR_RETURN(auto page, DecodeNamedList(resp.body, key, &has_more));
-    if (page.empty()) return all;
-    start_after = page.back().name;
+  for (bool more = true; more;) {
+    WEIR_ASSIGN_OR_RETURN(auto page, ListPage(path, key, prefix, start_after, &more));
+    if (!page.empty()) start_after = page.back().name;
     for (auto& e : page) all.push_back(std::move(e));
-    if (!has_more) return all;
   }
+  return all;
+}
+
+Result<std::vector<StreamInfo>> Client::ListStreamsPage(std::string_view prefix, std::string_view start_after,
+                                                        bool* has_more) {
+  return ListPage("/v1/streams", "streams", prefix, start_after, has_more);
+}
+
+Result<std::vector<BasinInfo>> Client::ListBasinsPage(std::string_view prefix, std::string_view start_after,
+                                                      bool* has_more) {
+  return ListPage("/v1/basins", "basins", prefix, start_after, has_more);
 }
 
 Result<BasinInfo> Client::CreateBasin(std::string_view name, std::string_view config_json) {

@@ -44,6 +44,12 @@ class Client {
   // `config_json`: an S2 StreamConfig object as JSON text, or empty for the defaults.
   Result<StreamInfo> CreateStream(std::string_view name, std::string_view config_json = {});
   Result<std::vector<StreamInfo>> ListStreams(std::string_view prefix = "");  // every page
+  // One page (S2's pagination): up to 1000 names after `start_after`;
+  // `*has_more` says whether more follow.
+  Result<std::vector<StreamInfo>> ListStreamsPage(std::string_view prefix, std::string_view start_after,
+                                                  bool* has_more);
+  Result<std::vector<BasinInfo>> ListBasinsPage(std::string_view prefix, std::string_view start_after,
+                                                bool* has_more);
   Result<StreamConfig> GetStreamConfig(std::string_view name);
   // The stream of that name, or nullopt if there is none: its created_at
   // tells it from a stream of the same name made after it was deleted.
@@ -90,6 +96,8 @@ class Client {
   // given) to whether the request certainly changed nothing.
   Result<HttpResponse> CallNoting(const HttpRequest& req, std::string_view stream, NothingAppended* nothing);
   Result<std::vector<NamedInfo>> List(std::string_view path, std::string_view key, std::string_view prefix);
+  Result<std::vector<NamedInfo>> ListPage(std::string_view path, std::string_view key, std::string_view prefix,
+                                          std::string_view start_after, bool* has_more);
   // http_->Do, noting in last_refused_ whether the answer was such a refusal.
   Result<HttpResponse> Do(const HttpRequest& req);
 
