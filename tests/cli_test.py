@@ -404,13 +404,10 @@ def a_follower_whose_reader_is_gone_ends_while_its_stream_is_idle():
             proc.wait(timeout=30)
 
 
-@case
-def follow_across_a_restart():
-    # --tail-offset and --timestamp are resolved once: a follower that
-    # reconnects before its first batch must not skip what was appended
-    # while it was away (a time past every record's read again would start
-    # at the tail as it is then).
-    srv = start_server(os.path.join(tmp.name, "data-follow"))
+def start_server_to_bring_back(data_name):
+    """A server of its own on a data dir of that name, and a command that
+    starts it again on the port it has now (set srv.command to it)."""
+    srv = start_server(os.path.join(tmp.name, data_name))
     port, base_command = srv.port, srv.command
 
     def same_port():
@@ -418,6 +415,16 @@ def follow_across_a_restart():
         cmd[cmd.index("--http-addr") + 1] = f"127.0.0.1:{port}"
         return cmd
 
+    return srv, same_port
+
+
+@case
+def follow_across_a_restart():
+    # --tail-offset and --timestamp are resolved once: a follower that
+    # reconnects before its first batch must not skip what was appended
+    # while it was away (a time past every record's read again would start
+    # at the tail as it is then).
+    srv, same_port = start_server_to_bring_back("data-follow")
     procs = []
     try:
         weir("stream", "create", "quiet", server=srv.base_url)
@@ -466,14 +473,7 @@ def a_follower_stops_at_a_stream_made_again_while_it_was_away():
     # deleted and made again meanwhile must stop, not go on from its old
     # position in the new stream (skipping "x" and "y", printing "z" as if
     # it followed "b").
-    srv = start_server(os.path.join(tmp.name, "data-reborn"))
-    port, base_command = srv.port, srv.command
-
-    def same_port():
-        cmd = base_command()
-        cmd[cmd.index("--http-addr") + 1] = f"127.0.0.1:{port}"
-        return cmd
-
+    srv, same_port = start_server_to_bring_back("data-reborn")
     proc = None
     try:
         weir("stream", "create", "reborn", server=srv.base_url)

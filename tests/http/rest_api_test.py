@@ -2218,6 +2218,15 @@ class BackpressureTest(ClosingTestCase):
             server.cleanup()
 
 
+def metric_matching(server, pattern):
+    """The value a /metrics line matching `pattern` (one group) has now."""
+    m = re.search(pattern, Client(server).get("/metrics").text)
+    return float(m.group(1))
+
+
+ADMISSION_WAITS = r'(?m)^weir_admission_waits_total\{cause="wal_pool"\} (\S+)$'
+
+
 class RetryUnderBackpressureTest(ClosingTestCase):
     """An idempotent producer's retry of an append already acknowledged needs
     no room in the WAL pool: it is answered (duplicated) while the pool is
@@ -2237,11 +2246,10 @@ class RetryUnderBackpressureTest(ClosingTestCase):
             self.assertEqual(first.status_code, 200, first.text)
 
             def metric(pattern):
-                m = re.search(pattern, Client(server).get("/metrics").text)
-                return float(m.group(1))
+                return metric_matching(server, pattern)
 
             def waits():
-                return metric(r'(?m)^weir_admission_waits_total\{cause="wal_pool"\} (\S+)$')
+                return metric(ADMISSION_WAITS)
 
             before = waits()
             big = {"records": [{"body": "b" * 900_000}]}
@@ -2287,11 +2295,10 @@ class AdmissionAfterALookTest(ClosingTestCase):
             c.create_stream(name)
 
             def metric(pattern):
-                m = re.search(pattern, Client(server).get("/metrics").text)
-                return float(m.group(1))
+                return metric_matching(server, pattern)
 
             def waits():
-                return metric(r'(?m)^weir_admission_waits_total\{cause="wal_pool"\} (\S+)$')
+                return metric(ADMISSION_WAITS)
 
             def fill():
                 try:
