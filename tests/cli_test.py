@@ -933,6 +933,16 @@ def a_read_stops_at_the_tail_it_began_with():
             server.seen
     finally:
         server.close()
+    # --tail-offset counts back from that tail, not from one that has moved
+    # since (which would start past it and print nothing).
+    server = ScriptedServer([(200, {"tail": {"seq_num": 10, "timestamp": 0}}),
+                             (200, {"records": [rec(n) for n in range(8, 12)]})])
+    try:
+        out = weir("read", "s1", "--tail-offset", "2", server=server.url, timeout=60)
+        assert out.stdout == "r8\nr9\n", (out.stdout, out.stderr)
+        assert server.seen[1][1] == "/v1/streams/s1/records?seq_num=8", server.seen
+    finally:
+        server.close()
 
 
 @case
@@ -957,6 +967,15 @@ def lists_print_each_page_as_it_comes():
         out = weir("basin", "list", server=server.url, ok=False, timeout=60)
         assert out.stdout == "basin-one\n", out.stdout
         assert "no more for you" in error_line(out), out.stderr
+    finally:
+        server.close()
+    # A server that ignores start_after would be listed for ever.
+    server = ScriptedServer([(200, {"streams": [info("a")], "has_more": True})])
+    try:
+        out = weir("stream", "list", server=server.url, ok=False, timeout=60)
+        assert out.stdout == "a\n", out.stdout
+        assert "listed \"a\" again" in error_line(out), out.stderr
+        assert len(server.seen) == 2, server.seen
     finally:
         server.close()
 

@@ -270,6 +270,12 @@ int PrintNamedPages(const ClientCommandsState& s, Client& c, Page&& page) {
   for (bool more = true; more;) {
     auto got = Reread(c, [&] { return page(start_after, &more); });
     if (!got.ok()) return Fail(s, got.status());
+    if (got->empty()) break;
+    if (!start_after.empty() && got->front().name <= start_after) {
+      // A server that ignores start_after would be listed for ever.
+      return Fail(s, InvalidArgument("the server listed \"{}\" again after it: not a weir or S2 server?",
+                                     got->front().name));
+    }
     for (const auto& e : *got) {
       if (s.json_out) {
         PrintJson({{"name", e.name}, {"created_at", e.created_at}});
@@ -278,7 +284,7 @@ int PrintNamedPages(const ClientCommandsState& s, Client& c, Page&& page) {
       }
     }
     if (Status written = StdoutWritten(); !written.ok()) return Fail(s, written);
-    if (!got->empty()) start_after = got->back().name;
+    start_after = got->back().name;
   }
   return 0;
 }
@@ -691,6 +697,13 @@ int Read(ClientCommandsState& s, Client& c) {
     } else if (tail.status().code() != Code::kNotFound) {
       return Fail(s, tail.status());
     }
+  }
+  if (end && ro.start.kind == client::ReadStart::Kind::kTailOffset) {
+    // N back from that tail, not from one that has moved since.
+    ro.start = {client::ReadStart::Kind::kSeqNum, *end - std::min(*end, ro.start.value)};
+  }
+  if (end && ro.start.kind == client::ReadStart::Kind::kSeqNum && ro.start.value > *end) {
+    end.reset();  // past the tail: the server says so (416), or reads what came meanwhile
   }
   while (!left || *left > 0) {
     ro.count = left ? std::optional<uint64_t>(std::min<uint64_t>(*left, 1000)) : std::nullopt;

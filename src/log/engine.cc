@@ -1965,7 +1965,7 @@ bool Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   }
   auto admitted =
       Admit(basin, stream, options.producer, records.size(), AdmissionBytes(records), options.may_wait, done,
-            options.ticket.get());
+            options.ticket.get(), options.stream_id);
   if (!admitted) return false;
   std::shared_ptr<Stream> s = std::move(admitted->stream);
   auto& room = admitted->room;
@@ -1974,10 +1974,6 @@ bool Engine::AppendAsync(const std::string& basin, const std::string& stream, st
   if (s->deleted) {
     lk.unlock();  // callbacks never run under a stream lock
     return fail(NotFound("stream \"{}\" was deleted", stream));
-  }
-  if (options.stream_id && s->info.id != *options.stream_id) {
-    lk.unlock();
-    return fail(NotFound("stream \"{}\" was deleted (the name now names a stream created since)", stream));
   }
   if (s->deleting) {
     lk.unlock();
@@ -2067,24 +2063,30 @@ bool Engine::AppendAsync(const std::string& basin, const std::string& stream, st
 
 std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const std::string& stream,
                                               const std::optional<ProducerRef>& producer, size_t count, size_t bytes,
-                                              bool may_wait, AppendCallback& done, AdmissionTicket* ticket) {
+                                              bool may_wait, AppendCallback& done, AdmissionTicket* ticket,
+                                              std::optional<uint64_t> stream_id) {
   auto fail = [&](Status st) {
     AppendOutcome o{std::move(st), {}, std::nullopt, std::nullopt};
     o.not_admitted = true;
     done(std::move(o));
     return std::nullopt;
   };
+  // Another stream of the name is not this append's: not found, whatever
+  // that stream's windows or room would answer.
+  if (stream_id) {
+    if (auto found = FindAs(basin, stream, stream_id); !found.ok()) return fail(found.status());
+  }
   if (producer && DuplicateAnsweredBeforeAdmission(basin, stream, *producer, count, bytes, done)) return std::nullopt;
   // Room waited for and held (the settle backlog had room then): no wait.
   if (auto held = ticket ? ticket->Take(bytes) : std::nullopt) {
-    auto found = Find(basin, stream);
+    auto found = FindAs(basin, stream, stream_id);
     if (!found.ok()) return fail(found.status());
     return Admitted{std::move(*found), std::move(*held)};
   }
   // One admission_timeout for both waits (settle room, then pool budget).
   const TimePoint admit_by = may_wait ? Now() + options_.admission_timeout : Now();
   if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
-  auto found = Find(basin, stream);
+  auto found = FindAs(basin, stream, stream_id);
   if (!found.ok()) return fail(found.status());
   auto room = wal_->Reserve(bytes, admit_by);
   if (!room.ok()) {

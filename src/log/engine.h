@@ -728,9 +728,12 @@ class Engine {
     std::shared_ptr<Stream> stream;
     wal::Writer::Reservation room;
   };
+  // `stream_id`: only that stream (kNotFound, before any wait, for another
+  // of the name).
   std::optional<Admitted> Admit(const std::string& basin, const std::string& stream,
                                 const std::optional<ProducerRef>& producer, size_t count, size_t bytes, bool may_wait,
-                                AppendCallback& done, AdmissionTicket* ticket);
+                                AppendCallback& done, AdmissionTicket* ticket,
+                                std::optional<uint64_t> stream_id = std::nullopt);
   // Before the admission waits, while they may wait: a producer's retry of a
   // batch its window holds needs no pool or settle room, so it is answered
   // (or queued behind its original) at once. True when it took `done`.
