@@ -550,11 +550,9 @@ def append_waits_for_a_server_that_is_starting():
         append_waits_for_a_server_that_is_starting_with(flags)
 
 
-@case
-def a_follower_that_never_got_a_session_gives_up():
-    # A listener that hangs up at once (another protocol's port, say): a
-    # follower reconnected for ever; until a session was accepted, only a
-    # weir server's 503 server_starting is waited out.
+def hanging_up_listener(read_first):
+    """A loopback listener that hangs up on each connection, at once or
+    (`read_first`) once it has read the request; closed by the caller."""
     import socket
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -566,8 +564,23 @@ def a_follower_that_never_got_a_session_gives_up():
                 conn, _ = listener.accept()
             except OSError:
                 return
-            conn.close()
+            with conn:
+                if read_first:
+                    conn.settimeout(10)
+                    try:
+                        conn.recv(65536)
+                    except OSError:
+                        pass
     threading.Thread(target=hang_up, daemon=True).start()
+    return listener
+
+
+@case
+def a_follower_that_never_got_a_session_gives_up():
+    # A listener that hangs up at once (another protocol's port, say): a
+    # follower reconnected for ever; until a session was accepted, only a
+    # weir server's 503 server_starting is waited out.
+    listener = hanging_up_listener(read_first=False)
     try:
         out = weir("read", "s1", "--follow", server=f"http://127.0.0.1:{listener.getsockname()[1]}", ok=False,
                    timeout=60)
@@ -583,25 +596,7 @@ def an_append_whose_answer_was_lost_says_it_may_have_landed():
     # A server that reads the request and hangs up: the append may have
     # been applied, so without --producer it is not sent again, and the
     # error says why.
-    import socket
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-
-    def hang_up():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(10)
-                try:
-                    conn.recv(65536)
-                except OSError:
-                    pass
-    t = threading.Thread(target=hang_up, daemon=True)
-    t.start()
+    listener = hanging_up_listener(read_first=True)
     try:
         out = weir("append", "anywhere", input="x\n", ok=False,
                    server=f"http://127.0.0.1:{listener.getsockname()[1]}")

@@ -429,8 +429,10 @@ constexpr size_t kKeptParserCapacity = 2 << 20;
 // What simdjson's DOM parser allocates for a body of `n` bytes, besides the
 // body: a tape of 8 bytes and a structural index of 4 bytes per byte, a
 // string buffer of 5/3 of it, and a padded copy when the body has no spare
-// room for the padding. Taken from the in-flight budget while it parses.
-constexpr size_t JsonParseBytes(size_t n) { return 15 * n + (64 << 10); }
+// room for the padding. Taken from the in-flight budget while it parses a
+// body larger than the parser keeps (a smaller one's buffers are the
+// thread's, bounded per thread: no budget call on the hot path).
+constexpr size_t JsonParseBytes(size_t n) { return n <= kKeptParserCapacity ? 0 : 15 * n + (64 << 10); }
 
 AppendInput ParseJsonAppend(const std::string& body, Format f, const AppendLimits& limits) {
   thread_local simdjson::dom::parser parser;
@@ -1942,7 +1944,7 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     // spaces (gzip makes 8 MiB of them from a few KiB) takes 15 times its
     // bytes, whatever it appends.
     const size_t parse_bytes = JsonParseBytes(req.body.size());
-    if (!c.ex->TakeBudget(parse_bytes)) {
+    if (parse_bytes > 0 && !c.ex->TakeBudget(parse_bytes)) {
       return c.Fail(ResourceExhausted(
           "parsing the append's {} bytes of JSON takes about {} bytes, more than the server's memory for requests "
           "(--http-max-in-flight-mib) has left now; retry, or send protobuf",
@@ -1951,7 +1953,9 @@ void RestApi::Append(Request& req, const Ctx& c, const std::string& stream) {
     struct GiveBack {
       Exchange* ex;
       size_t n;
-      ~GiveBack() { ex->GiveBackBudget(n); }
+      ~GiveBack() {
+        if (n > 0) ex->GiveBackBudget(n);
+      }
     } give_back{c.ex.get(), parse_bytes};
     in = ParseJsonAppend(req.body, ParseFormat(req), append_limits());
   }

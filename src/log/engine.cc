@@ -2071,22 +2071,30 @@ std::optional<Engine::Admitted> Engine::Admit(const std::string& basin, const st
     done(std::move(o));
     return std::nullopt;
   };
-  // Another stream of the name is not this append's: not found, whatever
-  // that stream's windows or room would answer.
+  // A pinned stream is looked up first, once: another stream of the name
+  // is not this append's (not found, whatever its windows or room would
+  // answer); one deleted during the waits is refused by the caller.
+  std::shared_ptr<Stream> pinned;
   if (stream_id) {
-    if (auto found = FindAs(basin, stream, stream_id); !found.ok()) return fail(found.status());
+    auto found = FindAs(basin, stream, stream_id);
+    if (!found.ok()) return fail(found.status());
+    pinned = std::move(*found);
   }
+  auto find = [&]() -> Result<std::shared_ptr<Stream>> {
+    if (pinned) return pinned;
+    return Find(basin, stream);
+  };
   if (producer && DuplicateAnsweredBeforeAdmission(basin, stream, *producer, count, bytes, done)) return std::nullopt;
   // Room waited for and held (the settle backlog had room then): no wait.
   if (auto held = ticket ? ticket->Take(bytes) : std::nullopt) {
-    auto found = FindAs(basin, stream, stream_id);
+    auto found = find();
     if (!found.ok()) return fail(found.status());
     return Admitted{std::move(*found), std::move(*held)};
   }
   // One admission_timeout for both waits (settle room, then pool budget).
   const TimePoint admit_by = may_wait ? Now() + options_.admission_timeout : Now();
   if (Status room = WaitForSettleRoom(admit_by); !room.ok()) return fail(room);
-  auto found = FindAs(basin, stream, stream_id);
+  auto found = find();
   if (!found.ok()) return fail(found.status());
   auto room = wal_->Reserve(bytes, admit_by);
   if (!room.ok()) {

@@ -839,12 +839,19 @@ class InputBudgetTest(unittest.TestCase):
         # Parsing JSON takes about 15 times the body (simdjson's tape and
         # index), whatever it appends: a body of fields the server ignores
         # (gzip makes megabytes of them from a few KiB) appends one small
-        # record. The parse's share is taken from the budget while it runs.
-        server, h2c, path = self.start()
+        # record. Past what a thread's parser keeps (2 MiB), the parse's
+        # share is taken from the budget while it runs. (16 MiB here: the
+        # body decoded, 2.2 MB, fits beside the 3 MB held; its parse does not.)
+        server, stream = start_with_stream(self, "parse", args=["--http-max-in-flight-mib", "16"])
+        h2c = H2Client(server.port)
+        self.addCleanup(h2c.close)
+        path = f"/v1/streams/{stream}/records"
         url = f"{server.base_url}{path}"
-        padded = json.dumps({"records": [{"body": "p", "pad": "x" * 100_000}]}).encode()
+        padded = gzip.compress(json.dumps({"records": [{"body": "p", "pad": "x" * 2_200_000}]}).encode())
+        self.assertLess(len(padded), 20_000)
+        gz = {"content-type": "application/json", "content-encoding": "gzip"}
         held = self.hold_three_mb(server, h2c, path)
-        r = requests.post(url, data=padded, headers={"content-type": "application/json"}, timeout=TIMEOUT)
+        r = requests.post(url, data=padded, headers=gz, timeout=TIMEOUT)
         self.assertEqual(r.status_code, 429, r.text[:300])
         self.assertEqual(r.json()["code"], "rate_limited", r.text[:300])
         self.assertIn("parsing", r.json()["message"])
@@ -852,12 +859,12 @@ class InputBudgetTest(unittest.TestCase):
         # Its share is given back with the answer.
         self.assertEqual(metric(server.base_url, "weir_http_request_bytes_in_flight"), 3_000_000)
         self.assertEqual(requests.get(f"{url}/tail", timeout=TIMEOUT).json()["tail"]["seq_num"], 0)
-        # A small body's parse fits beside the held bytes.
+        # A small body's parse takes no share: it is appended beside the held bytes.
         r = requests.post(url, json={"records": [{"body": "small"}]}, timeout=TIMEOUT)
         self.assertEqual(r.status_code, 200, r.text[:300])
         # With the room back, the padded body is appended (a request alone always fits).
         self.release(server, h2c, held)
-        r = requests.post(url, data=padded, headers={"content-type": "application/json"}, timeout=TIMEOUT)
+        r = requests.post(url, data=padded, headers=gz, timeout=TIMEOUT)
         self.assertEqual(r.status_code, 200, r.text[:300])
         records = requests.get(url, params={"seq_num": 0}, timeout=TIMEOUT).json()["records"]
         self.assertEqual([x["body"] for x in records], ["small", "p"])
