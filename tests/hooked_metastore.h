@@ -85,7 +85,10 @@ class HookedMetastore final : public metastore::Metastore {
   using ChainPosition = metastore::ChainPosition;
   using SegmentInfo = metastore::SegmentInfo;
 
-  Status CreateBasin(const BasinInfo& b, const metastore::EpochCheck& by) override { return m_->CreateBasin(b, by); }
+  using Metastore::CreateBasin;
+  Status CreateBasin(const BasinInfo& b, const metastore::EpochCheck& by, size_t max_basins) override {
+    return m_->CreateBasin(b, by, max_basins);
+  }
   Result<BasinInfo> GetBasin(std::string_view n) override { return m_->GetBasin(n); }
   Status ReconfigureBasin(std::string_view n, const BasinConfig& c, const metastore::EpochCheck& by) override {
     return m_->ReconfigureBasin(n, c, by);

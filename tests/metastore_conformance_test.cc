@@ -320,6 +320,29 @@ TEST_P(MetastoreConformance, BasinCreateGetDelete) {
   EXPECT_EQ(m().GetBasin("orders")->created_at_ms, 5);
 }
 
+// A create past max_basins is refused and writes nothing; a name that
+// exists is kAlreadyExists whatever the count; a delete makes room.
+TEST_P(MetastoreConformance, BasinCreatesStopAtMaxBasins) {
+  ASSERT_OK(m().CreateBasin(BasinInfo{"first", 1}, kNoNode, 2));
+  ASSERT_OK(m().CreateBasin(BasinInfo{"second", 2}, kNoNode, 2));
+  const Status past = m().CreateBasin(BasinInfo{"third", 3, "tok"}, kNoNode, 2);
+  EXPECT_EQ(past.code(), Code::kQuotaExhausted) << past.ToString();
+  EXPECT_EQ(m().GetBasin("third").status().code(), Code::kNotFound);
+  ASSERT_OK_AND_ASSIGN(std::string token, m().CreateToken("third", ""));
+  EXPECT_EQ(token, "");  // the refused create's token was not kept
+  EXPECT_EQ(m().CreateBasin(BasinInfo{"first", 4}, kNoNode, 2).code(), Code::kAlreadyExists);
+  EXPECT_EQ(m().CreateBasin(BasinInfo{"first", 4}, kNoNode, 1).code(), Code::kAlreadyExists);
+  ASSERT_OK(m().CreateBasin(BasinInfo{"third", 3}, kNoNode, 3));  // a larger cap
+  EXPECT_EQ(m().CreateBasin(BasinInfo{"fourth", 4}, kNoNode, 3).code(), Code::kQuotaExhausted);
+  ASSERT_OK(m().DeleteBasin("second", kNoNode));
+  ASSERT_OK(m().CreateBasin(BasinInfo{"fourth", 4}, kNoNode, 3));
+  ASSERT_OK_AND_ASSIGN(auto basins, m().ListBasins("", "", 10));
+  ASSERT_EQ(basins.size(), 3u);
+  EXPECT_EQ(basins[0].name, "first");
+  EXPECT_EQ(basins[1].name, "fourth");
+  EXPECT_EQ(basins[2].name, "third");
+}
+
 // AwaitCommitsInFlight takes the writers' lock and gives it back: it leaves
 // no transaction open, and writes and reads go on after it.
 TEST_P(MetastoreConformance, AwaitCommitsInFlightLeavesNothingOpen) {

@@ -31,7 +31,7 @@ enum class Code : unsigned char {
   kIOError,             // local I/O failed (disk, permissions)
   kNotSupported,        // valid request this build or backend cannot do
   kInternal,            // a bug: an invariant did not hold
-  kQuotaExhausted,      // a configured count (streams) is reached; holds until something is deleted
+  kQuotaExhausted,      // a configured count (streams, basins) is reached; holds until something is deleted
 };
 
 std::string_view CodeName(Code code);

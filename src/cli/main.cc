@@ -105,6 +105,10 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       "Streams this server holds at most (table buckets and Kafka partitions count); creates past it get 403 "
       "quota_exhausted (Kafka: POLICY_VIOLATION)")
       ->check(CLI::Range(1, 100'000'000));
+  opt("--max-basins", o.max_basins,
+      "Basins the metastore holds at most (all nodes'); clients' creates past it get 403 quota_exhausted (the "
+      "server's own basins are made whatever the count)")
+      ->check(CLI::Range(1, 100'000'000));
   opt("--settle-min-kib", o.settle_min_kib,
       "A stream's records settle into a segment once it holds this many KiB, or the oldest is "
       "--settle-max-delay-s old, or memory needs them (0: every stream every second)")

@@ -1718,7 +1718,7 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
         return c.Fail(st);
       }
       const std::string key = CreationKey(RequestToken(req), BasinConfigJson(config));
-      Status created = engine_->CreateBasin(basin, key, config);
+      Status created = engine_->CreateBasin(basin, key, config, log::Engine::BasinCreator::kClient);
       // A retry of a create that succeeded (same token, same config) succeeds again.
       if (!created.ok() && !(created.code() == Code::kAlreadyExists && SameCreation(engine_, key, basin, ""))) {
         return c.Fail(created);
@@ -1736,27 +1736,22 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     return c.Reply(200, BasinConfigJson(info->config));
   }
   if (req.method == "PUT") {
-    // S2's create-or-reconfigure: `config` is a BasinReconfiguration, applied
-    // to a new basin's defaults or to the existing basin's config (fields it
-    // leaves out stay as they are).
+    // S2's ensure: `config` is the whole BasinConfig, for a new basin or an
+    // existing one (fields it leaves out take their defaults).
     Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     if (!j.is_null() && !j.is_object()) throw BadRequest{"the body must be a JSON object"};
-    const Json reconfiguration = j.is_object() ? FieldOrNull(j, "config") : Json();
     metastore::BasinConfig config;
-    if (Status st = ApplyBasinConfig(reconfiguration, &config, ConfigMode::kReconfigure); !st.ok()) {
+    if (Status st = ApplyBasinConfig(j.is_object() ? FieldOrNull(j, "config") : Json(), &config, ConfigMode::kCreate);
+        !st.ok()) {
       return c.Fail(st);
     }
     std::lock_guard lk(config_mu_);  // read, compare, write
-    Status st = engine_->CreateBasin(*name, "", config);
+    Status st = engine_->CreateBasin(*name, "", config, log::Engine::BasinCreator::kClient);
     if (!st.ok() && st.code() != Code::kAlreadyExists) return c.Fail(st);
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");
     if (st.ok()) return c.Reply(201, BasinInfoJson(*info), Provisioned("created"));
-    config = info->config;
-    if (Status re = ApplyBasinConfig(reconfiguration, &config, ConfigMode::kReconfigure); !re.ok()) {
-      return c.Fail(re);
-    }
     if (info->config == config) return c.Reply(200, BasinInfoJson(*info), Provisioned("noop"));
     if (Status re = engine_->ReconfigureBasin(*name, config); !re.ok()) return c.Fail(re, "basin_not_found");
     return c.Reply(200, BasinInfoJson(*info), Provisioned("updated"));
@@ -1842,9 +1837,11 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     return c.Reply(200, StreamConfigJson(s->info.config));
   }
   if (req.method == "PUT" || req.method == "PATCH") {
-    // PATCH reconfigures a stream; PUT (S2's create-or-reconfigure) does the
-    // same to an existing stream, or creates it with the reconfiguration
-    // over the basin's defaults. Either way fields the body leaves out stay.
+    // PATCH reconfigures a stream: fields the body leaves out stay. PUT is
+    // S2's ensure: the body is the whole StreamConfig (over the basin's
+    // defaults), for a new stream or an existing one, except a table's
+    // bucket (a Kafka partition), whose defaults are its table's: a PUT
+    // there changes only what it names, as PATCH.
     Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     // (PATCH needs the object; a PUT may leave it out.)
@@ -1854,13 +1851,14 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     // Read, changed and written under the engine's config lock: a change
     // made meanwhile (another PATCH, Kafka AlterConfigs) is not lost.
     // (A body refused as malformed is thrown here, not inside the engine.)
-    auto reconfigure = [&](bool* changed) {
+    auto reconfigure = [&](bool* changed, bool ensure) {
       std::optional<BadRequest> bad;
       auto config = engine_->ReconfigureStream(
           c.basin, *name, [&](const metastore::StreamConfig& old) -> Result<metastore::StreamConfig> {
             try {
-              auto updated = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure,
-                                                 metastore::StreamConfigLayer::Of(old));
+              auto updated = ensure ? ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kCreate)
+                                    : ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure,
+                                                          metastore::StreamConfigLayer::Of(old));
               if (updated.ok() && changed != nullptr) *changed = !(*updated == old);
               return updated;
             } catch (const BadRequest& e) {
@@ -1872,7 +1870,7 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       return config;
     };
     if (req.method == "PATCH") {
-      auto config = reconfigure(nullptr);
+      auto config = reconfigure(nullptr, /*ensure=*/false);
       if (!config.ok()) return c.Fail(config.status(), "stream_not_found");
       return c.Reply(200, StreamConfigJson(*config));
     }
@@ -1880,7 +1878,7 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     auto s = engine_->GetStream(c.basin, *name);
     if (!s.ok()) {
       if (s.status().code() != Code::kNotFound) return c.Fail(s.status());
-      auto resolved = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kReconfigure);
+      auto resolved = ResolveStreamConfig(engine_, c.basin, j, ConfigMode::kCreate);
       if (!resolved.ok()) return c.Fail(resolved.status(), "basin_not_found");
       auto info = engine_->CreateStream(c.basin, *name, *resolved);
       if (info.ok()) return c.Reply(201, StreamInfoJson(*info), Provisioned("created"));
@@ -1888,8 +1886,10 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
       s = engine_->GetStream(c.basin, *name);  // lost a race with another create
       if (!s.ok()) return c.Fail(s.status(), "stream_not_found");
     }
+    const auto bucket = metastore::ParseBucketStreamName(*name);
+    const bool of_table = bucket && engine_->GetTable(c.basin, std::string(bucket->table)).ok();
     bool changed = false;
-    auto config = reconfigure(&changed);
+    auto config = reconfigure(&changed, /*ensure=*/!of_table);
     if (!config.ok()) return c.Fail(config.status(), "stream_not_found");
     return c.Reply(200, StreamInfoJson(s->info), Provisioned(changed ? "updated" : "noop"));
   }

@@ -973,10 +973,11 @@ Status Engine::ReplayBatch(uint64_t stream_id, std::string_view batch, const wal
 // ---- Basins and streams -------------------------------------------------------
 
 Status Engine::CreateBasin(const std::string& name, const std::string& request_token,
-                           const metastore::BasinConfig& config) {
+                           const metastore::BasinConfig& config, BasinCreator creator) {
   WEIR_RETURN_IF_ERROR(ValidateBasinName(name));
   const metastore::BasinInfo info{name, WallMillis(), request_token, config};
-  return AsThisNode([&](const metastore::EpochCheck& by) { return meta_->CreateBasin(info, by); });
+  const size_t cap = creator == BasinCreator::kClient ? options_.max_basins : SIZE_MAX;
+  return AsThisNode([&](const metastore::EpochCheck& by) { return meta_->CreateBasin(info, by, cap); });
 }
 
 Status Engine::ReconfigureBasin(const std::string& name, const metastore::BasinConfig& config) {

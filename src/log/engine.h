@@ -98,6 +98,10 @@ struct EngineOptions {
   // 2 KB, loaded at every start) and a look from every settle round. Those
   // stored always load, even past it.
   size_t max_streams = 100'000;
+  // Basins at most in the metastore (all nodes'), for creates by clients
+  // (BasinCreator::kClient): past it they are kQuotaExhausted. The server's
+  // own basins (the default basin, Kafka's) are made whatever the count.
+  size_t max_basins = 10'000;
   // Retention and trim: expired or trimmed segments are deleted this often.
   Duration retention_interval = std::chrono::seconds(60);
   // Streams whose segment rows one retention transaction removes, at most
@@ -315,8 +319,10 @@ class Engine {
   // `request_token` (S2's s2-request-token, may be empty) is kept so a retry
   // of the create can be told from a conflicting one: CreateToken.
   // `config` is S2's basin config: defaults for new streams and auto-creation.
+  // `creator`: a client's create counts against max_basins.
+  enum class BasinCreator { kServer, kClient };
   Status CreateBasin(const std::string& name, const std::string& request_token = "",
-                     const metastore::BasinConfig& config = {});
+                     const metastore::BasinConfig& config = {}, BasinCreator creator = BasinCreator::kServer);
   Status ReconfigureBasin(const std::string& name, const metastore::BasinConfig& config);  // kNotFound
   // Creates stream `name` with the basin's default stream config when the
   // basin creates missing streams on `when` (a metastore write: call it off

@@ -232,7 +232,10 @@ class Metastore {
 
   // Basins. Names are validated by the engine, not here. Writes are checked
   // against `by` as stream changes are (kPreconditionFailed when superseded).
-  virtual Status CreateBasin(const BasinInfo& basin, const EpochCheck& by) = 0;  // kAlreadyExists
+  // kAlreadyExists; kQuotaExhausted when `max_basins` exist already (checked
+  // in the create's transaction, after kAlreadyExists).
+  virtual Status CreateBasin(const BasinInfo& basin, const EpochCheck& by, size_t max_basins) = 0;
+  Status CreateBasin(const BasinInfo& basin, const EpochCheck& by) { return CreateBasin(basin, by, SIZE_MAX); }
   virtual Result<BasinInfo> GetBasin(std::string_view name) = 0;  // kNotFound
   // Replaces the basin's config; kNotFound if it does not exist. Streams keep
   // the config they were created with.

@@ -124,6 +124,7 @@ constexpr const char kUpdateBasinConfig[] =
     "UPDATE basins SET on_append = ?3, on_read = ?4, default_storage_class = ?5, default_retention_age_s = ?6, "
     "default_timestamping = ?7, default_uncapped = ?8, default_delete_on_empty_s = ?9 WHERE name = ?1";
 constexpr const char kGetBasin[] = "SELECT " WEIR_BASIN_COLUMNS " FROM basins WHERE name = ?1";
+constexpr const char kCountBasins[] = "SELECT COUNT(*) FROM basins";
 constexpr const char kListBasinsBounded[] = "SELECT " WEIR_BASIN_COLUMNS
                                             " FROM basins WHERE name > ?1 AND name >= ?2 AND name < ?3 "
                                             "ORDER BY name LIMIT ?4";
@@ -796,7 +797,7 @@ Result<std::optional<NodeState>> SqlMetastore::ReadNode(std::string_view node) {
 
 // ---- Basins -----------------------------------------------------------------
 
-Status SqlMetastore::CreateBasin(const BasinInfo& basin, const EpochCheck& by) {
+Status SqlMetastore::CreateBasin(const BasinInfo& basin, const EpochCheck& by, size_t max_basins) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("CreateBasin", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(ValidateConfig(basin.config.default_stream_config.Resolve()));
@@ -806,6 +807,16 @@ Status SqlMetastore::CreateBasin(const BasinInfo& basin, const EpochCheck& by) {
         WEIR_ASSIGN_OR_RETURN(Stmt get, Prepare(kGetBasin));
         WEIR_ASSIGN_OR_RETURN(const bool exists, get.Text(1, basin.name).Step("look up basin"));
         if (exists) return AlreadyExists("basin {} already exists", basin.name);
+      }
+      if (max_basins != SIZE_MAX) {
+        WEIR_ASSIGN_OR_RETURN(Stmt count, Prepare(kCountBasins));
+        WEIR_ASSIGN_OR_RETURN(const bool row, count.Step("count basins"));
+        const int64_t held = row ? count.ColInt(0) : 0;
+        if (held >= 0 && static_cast<uint64_t>(held) >= max_basins) {
+          return QuotaExhausted("creating basin {} would pass the {} basins this deployment holds at most "
+                                "(--max-basins; it holds {})",
+                                basin.name, max_basins, held);
+        }
       }
       WEIR_ASSIGN_OR_RETURN(Stmt ins, Prepare(kInsertBasin));
       BindBasinConfig(ins.Text(1, basin.name).Int(2, basin.created_at_ms), basin.config);

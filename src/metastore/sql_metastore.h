@@ -53,7 +53,8 @@ class SqlMetastore final : public Metastore {
   SqlMetastore(const SqlMetastore&) = delete;
   SqlMetastore& operator=(const SqlMetastore&) = delete;
 
-  Status CreateBasin(const BasinInfo& basin, const EpochCheck& by) override;
+  using Metastore::CreateBasin;
+  Status CreateBasin(const BasinInfo& basin, const EpochCheck& by, size_t max_basins) override;
   Result<BasinInfo> GetBasin(std::string_view name) override;
   Status ReconfigureBasin(std::string_view name, const BasinConfig& config, const EpochCheck& by) override;
   Result<std::vector<BasinInfo>> ListBasins(std::string_view prefix, std::string_view start_after,

@@ -832,6 +832,7 @@ int RunServe(const ServeOptions& o) {
   eo.max_unsettled_bytes = uint64_t{o.max_unsettled_mib} << 20;
   eo.settle_min_bytes = o.settle_min_kib << 10;
   eo.max_streams = o.max_streams;
+  eo.max_basins = o.max_basins;
   eo.settle_max_delay = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(o.settle_max_delay_s));
   eo.segment_uploads = (*store)->PreferredParallelPuts();
   eo.admission_timeout = std::chrono::microseconds(static_cast<int64_t>(o.admission_timeout_ms * 1000));

@@ -38,6 +38,7 @@ struct ServeOptions {
   // settle_max_delay_s old (log::EngineOptions::settle_min_bytes).
   size_t settle_min_kib = 1024;
   size_t max_streams = 100'000;  // log::EngineOptions::max_streams
+  size_t max_basins = 10'000;    // log::EngineOptions::max_basins
   double settle_max_delay_s = 10;
   // How often expired and trimmed segments, and empty streams with
   // delete_on_empty, are deleted.

@@ -595,19 +595,30 @@ class BasinTest(ApiTestCase):
                           "timestamping": {"mode": "arrival", "uncapped": None}, "delete_on_empty": None})
         r = self.c.patch(f"/v1/basins/{name}", json={"default_stream_config": None})
         self.assertIsNone(self.assertJson(r)["default_stream_config"])
-        # PUT (create or reconfigure) of an existing basin is a reconfiguration
-        # too: what it leaves out stays (as on S2).
-        r = self.c.put(f"/v1/basins/{name}", json={"config": {"create_stream_on_read": False,
-                                                              "default_stream_config": {"storage_class": "express"}}})
+        # PUT (S2's ensure) of an existing basin sets its whole config: what
+        # the body leaves out takes its default.
+        whole = {"create_stream_on_append": True, "default_stream_config": {"storage_class": "express"}}
+        r = self.c.put(f"/v1/basins/{name}", json={"config": whole})
         self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "updated"), r.text)
         got = self.assertJson(self.c.get(f"/v1/basins/{name}"))
         self.assertEqual((got["create_stream_on_append"], got["create_stream_on_read"]), (True, False))
-        self.assertEqual(got["default_stream_config"]["storage_class"], "express")
-        r = self.c.put(f"/v1/basins/{name}", json={"config": {"create_stream_on_read": False}})
-        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
-        r = self.c.put(f"/v1/basins/{name}")
+        self.assertEqual(got["default_stream_config"],
+                         {"storage_class": "express", "retention_policy": None, "timestamping": None,
+                          "delete_on_empty": None})
+        r = self.c.put(f"/v1/basins/{name}", json={"config": whole})
         self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
         self.assertEqual(self.assertJson(self.c.get(f"/v1/basins/{name}")), got)
+        for body in ({"config": {"create_stream_on_read": True}}, None):
+            r = self.c.put(f"/v1/basins/{name}", json=body)
+            self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "updated"), r.text)
+        got = self.assertJson(self.c.get(f"/v1/basins/{name}"))
+        self.assertEqual(got, {"create_stream_on_append": False, "create_stream_on_read": False,
+                               "default_stream_config": None, "stream_cipher": None})
+        r = self.c.put(f"/v1/basins/{name}")
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
+        r = self.c.put(f"/v1/basins/{name}", json={"config": whole})
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "updated"), r.text)
+        got = self.assertJson(self.c.get(f"/v1/basins/{name}"))
         # Bad configs change nothing.
         before = self.assertJson(self.c.get(f"/v1/basins/{name}"))
         self.assertError(self.c.patch(f"/v1/basins/{name}", json={"stream_cipher": "aegis-256"}),
@@ -916,20 +927,29 @@ class StreamTest(ApiTestCase):
         r = self.c.put(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 7200}})
         self.assertEqual(r.status_code, 200, r.text)
         self.assertEqual(r.headers.get("s2-provision-result"), "noop")
-        # An existing stream's PUT is a reconfiguration (S2's create-or-
-        # reconfigure): the fields it leaves out stay as they are.
-        r = self.c.put(f"/v1/streams/{q(name)}", json={"timestamping": {"mode": "arrival"},
-                                                       "delete_on_empty": {"min_age_secs": 60}})
-        self.assertEqual(r.headers.get("s2-provision-result"), "updated", r.text)
-        r = self.c.put(f"/v1/streams/{q(name)}", json={"storage_class": "express"})
+        # An existing stream's PUT (S2's ensure) sets its whole config: the
+        # fields it leaves out take the basin's defaults, then weir's.
+        whole = {"timestamping": {"mode": "arrival"}, "delete_on_empty": {"min_age_secs": 60},
+                 "storage_class": "express"}
+        r = self.c.put(f"/v1/streams/{q(name)}", json=whole)
         self.assertEqual(r.headers.get("s2-provision-result"), "updated", r.text)
         cfg = self.config(name)
         self.assertEqual((cfg["retention_policy"], cfg["timestamping"]["mode"], cfg["delete_on_empty"],
-                          cfg["storage_class"]), ({"age": 7200}, "arrival", {"min_age_secs": 60}, "express"), cfg)
-        for body in ({}, None):
-            r = self.c.put(f"/v1/streams/{q(name)}", json=body)
-            self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
+                          cfg["storage_class"]), (DEFAULT_CONFIG["retention_policy"], "arrival",
+                                                  {"min_age_secs": 60}, "express"), cfg)
+        r = self.c.put(f"/v1/streams/{q(name)}", json=whole)
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "noop"), r.text)
         self.assertEqual(self.config(name), cfg)
+        r = self.c.put(f"/v1/streams/{q(name)}", json=dict(whole, delete_on_empty={}))
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "updated"), r.text)
+        self.assertIsNone(self.config(name)["delete_on_empty"])
+        for body, outcome in (({}, "updated"), (None, "noop")):
+            r = self.c.put(f"/v1/streams/{q(name)}", json=body)
+            self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, outcome), r.text)
+            self.assertConfigHas(self.config(name), DEFAULT_CONFIG)
+        r = self.c.put(f"/v1/streams/{q(name)}", json=whole)
+        self.assertEqual(r.headers.get("s2-provision-result"), "updated", r.text)
+        cfg = self.config(name)
         # Bad values change nothing.
         self.assertError(self.c.put(f"/v1/streams/{q(name)}", json={"retention_policy": {"age": 0}}), 422, "invalid")
         self.assertError(self.c.put(f"/v1/streams/{q(name)}", json=[]), 400, "bad_json")
@@ -2494,6 +2514,36 @@ class ServeFlagsTest(ClosingTestCase):
         # A delete makes room.
         self.assertEqual(bc.delete(f"/v1/streams/{names[0]}").status_code, 202)
         self.assertEqual(bc.append("by-append", [{"body": "x"}])["start"]["seq_num"], 0)
+
+    def test_basin_creates_past_max_basins_get_quota_exhausted(self):
+        # The server's own basins (the default one, Kafka's) are made whatever
+        # the cap, and count against it.
+        server = start_server(args=["--max-basins", "3"])
+        self.addCleanup(stop_server, server)
+        c = Client(server)
+        own = sorted(b["name"] for b in c.get("/v1/basins").json()["basins"])
+        self.assertEqual(own, ["weir-default", "weir-kafka"])
+        first, second = unique("cap"), unique("cap")
+        tok = {"s2-request-token": unique("tok")}
+        self.assertEqual(c.post("/v1/basins", json={"basin": first}, headers=tok).status_code, 201)
+        r = c.post("/v1/basins", json={"basin": second})
+        self.assertEqual((r.status_code, r.json()["code"]), (403, "quota_exhausted"), r.text)
+        self.assertIn("--max-basins", r.json()["message"])
+        r = c.put(f"/v1/basins/{second}", json={})
+        self.assertEqual((r.status_code, r.json()["code"]), (403, "quota_exhausted"), r.text)
+        self.assertEqual(c.get(f"/v1/basins/{second}").status_code, 404)
+        # A basin that exists needs no room: a retry of its create, a PUT, a 409.
+        r = c.post("/v1/basins", json={"basin": first}, headers=tok)
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (201, "noop"), r.text)
+        r = c.put(f"/v1/basins/{first}", json={"config": {"create_stream_on_append": True}})
+        self.assertEqual((r.status_code, r.headers.get("s2-provision-result")), (200, "updated"), r.text)
+        r = c.post("/v1/basins", json={"basin": first})
+        self.assertEqual((r.status_code, r.json()["code"]), (409, "resource_already_exists"), r.text)
+        # A delete makes room.
+        self.assertEqual(c.delete(f"/v1/basins/{first}").status_code, 202)
+        self.assertEqual(c.put(f"/v1/basins/{second}", json={}).status_code, 201)
+        names = sorted(b["name"] for b in c.get("/v1/basins").json()["basins"])
+        self.assertEqual(names, sorted(own + [second]))
 
     def test_kafka_off_by_flag(self):
         server = start_server(args=["--kafka-addr", ""])
