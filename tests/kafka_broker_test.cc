@@ -3317,6 +3317,34 @@ TEST_F(GroupTest, TwoMembersRebalanceSyncCommitAndLeave) {
   EXPECT_EQ(everything.topics[0].partitions.size(), 2u);
 }
 
+// A group whose members hold more than the room left for unwritten
+// responses is not copied into an answer: COORDINATOR_LOAD_IN_PROGRESS
+// (retried by clients) until there is room. Groups without members and
+// unknown ones need none.
+TEST_F(GroupTest, DescribeGroupsCopiesMembersOnlyIntoRoomLeftForResponses) {
+  ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
+  std::string a;
+  JoinAlone(std::string(4000, 'm'), std::string(4000, 'a'), &a);
+  ASSERT_EQ(CommitStandalone("standalone", "events", 0, 7), ErrorCode::kNone);
+  DescribeGroupsRequest d;
+  d.groups = {kGroup, "standalone", "nobody"};
+  g_large_response_room = 1000;
+  auto refused = Call(d, 4, DecodeDescribeGroupsResponse);
+  ASSERT_EQ(refused.groups.size(), 3u);
+  EXPECT_EQ(refused.groups[0].error_code, ErrorCode::kCoordinatorLoadInProgress);
+  EXPECT_TRUE(refused.groups[0].members.empty());
+  EXPECT_EQ(refused.groups[1].error_code, ErrorCode::kNone);
+  EXPECT_EQ(refused.groups[1].group_state, "Empty");
+  EXPECT_EQ(refused.groups[2].group_state, "Dead");
+  g_large_response_room = 9000;  // room for its members (8,000 bytes and their ids)
+  auto described = Call(d, 4, DecodeDescribeGroupsResponse);
+  ASSERT_EQ(described.groups.size(), 3u);
+  EXPECT_EQ(described.groups[0].error_code, ErrorCode::kNone);
+  ASSERT_EQ(described.groups[0].members.size(), 1u);
+  EXPECT_EQ(described.groups[0].members[0].member_metadata, std::string(4000, 'm'));
+  EXPECT_EQ(described.groups[0].members[0].member_assignment, std::string(4000, 'a'));
+}
+
 TEST_F(GroupTest, DescribeListAndDeleteGroups) {
   ASSERT_EQ(CreateTopic("events", 1).error_code, ErrorCode::kNone);
   // kGroup has a stable member; "standalone" only a committed offset.

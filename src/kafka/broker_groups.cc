@@ -258,11 +258,23 @@ void Broker::DescribeGroups(const std::shared_ptr<Request>& req) {
   auto& in = req->body<DescribeGroupsRequest>();
   DescribeGroupsResponse resp;
   std::set<std::string_view> seen;  // a group named twice is described once (its members could be large)
+  // A group's members (up to the coordinator's whole byte budget) are copied
+  // only while the answer fits the room left for responses not yet written
+  // (as a Fetch is cut to it): otherwise clients that ask and never read
+  // could make the server hold a copy per connection. A group left out is
+  // COORDINATOR_LOAD_IN_PROGRESS, which clients retry.
+  size_t room = req->reply->ResponseRoom(/*small=*/false);
   for (const std::string& id : in.groups) {
     if (!seen.insert(id).second) continue;
     DescribedGroup g;
     g.group_id = id;
-    if (auto d = groups_.DescribeGroup(id)) {
+    if (auto d = groups_.DescribeGroup(id, room)) {
+      if (d->members_left_out) {
+        g.error_code = ErrorCode::kCoordinatorLoadInProgress;
+        resp.groups.push_back(std::move(g));
+        continue;
+      }
+      room -= d->member_bytes;
       g.group_state = std::string(GroupStateName(d->state));
       g.protocol_type = d->protocol_type;
       // As Kafka: the protocol and each member's metadata and assignment
@@ -270,8 +282,10 @@ void Broker::DescribeGroups(const std::shared_ptr<Request>& req) {
       const bool stable = d->state == GroupState::kStable;
       if (stable) g.protocol_data = d->protocol_name;
       for (auto& m : d->members) {
-        g.members.push_back(DescribedGroupMember{m.member_id, m.group_instance_id, m.client_id, m.client_host,
-                                                 stable ? m.metadata : "", stable ? m.assignment : ""});
+        g.members.push_back(DescribedGroupMember{std::move(m.member_id), std::move(m.group_instance_id),
+                                                 std::move(m.client_id), std::move(m.client_host),
+                                                 stable ? std::move(m.metadata) : "",
+                                                 stable ? std::move(m.assignment) : ""});
       }
     } else {
       auto has_offsets = meta_->GroupHasOffsets(id);

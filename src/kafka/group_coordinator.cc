@@ -87,6 +87,15 @@ struct GroupCoordinator::Member {
     }
     return {};
   }
+  // Bytes of what a description of this member copies (MemberDescription).
+  size_t DescribedBytes(std::string_view protocol) const {
+    size_t n = id.size() + (instance_id ? instance_id->size() : 0) + client_id.size() + client_host.size() +
+               assignment.size();
+    for (const auto& [name, metadata] : protocols) {
+      if (name == protocol) n += metadata.size();
+    }
+    return n;
+  }
 };
 
 // One group's membership state. Owned by the GroupCoordinator (groups_);
@@ -1022,7 +1031,8 @@ void GroupCoordinator::Shutdown() {
 
 // ---- Introspection -----------------------------------------------------------
 
-std::optional<GroupDescription> GroupCoordinator::DescribeGroup(std::string_view group_id) const {
+std::optional<GroupDescription> GroupCoordinator::DescribeGroup(std::string_view group_id,
+                                                                size_t max_member_bytes) const {
   std::lock_guard lock(mu_);
   auto it = groups_.find(group_id);
   if (it == groups_.end()) return std::nullopt;
@@ -1035,6 +1045,11 @@ std::optional<GroupDescription> GroupCoordinator::DescribeGroup(std::string_view
   d.protocol_name = g.protocol_name;
   d.leader = g.leader;
   d.pending_member_ids = g.pending.size();
+  for (const auto& [id, m] : g.members) d.member_bytes += m.DescribedBytes(g.protocol_name);
+  if (d.member_bytes > max_member_bytes) {
+    d.members_left_out = true;
+    return d;
+  }
   for (const Member* m : g.Ordered()) {
     d.members.push_back(MemberDescription{m->id, m->instance_id, m->client_id, m->client_host,
                                           m->MetadataFor(g.protocol_name), m->assignment});

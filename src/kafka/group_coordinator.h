@@ -186,6 +186,10 @@ struct GroupDescription {
   std::string leader;         // "" when there are no members
   std::vector<MemberDescription> members;  // in join order
   size_t pending_member_ids = 0;  // handed out by MEMBER_ID_REQUIRED, not yet used
+  // Bytes of strings `members` holds (or would hold); past DescribeGroup's
+  // max_member_bytes, `members` is left empty (nothing of them copied).
+  size_t member_bytes = 0;
+  bool members_left_out = false;
 };
 
 struct GroupOverview {
@@ -244,7 +248,9 @@ class GroupCoordinator {
   // get COORDINATOR_NOT_AVAILABLE too. Call before tearing down connections.
   void Shutdown();
 
-  std::optional<GroupDescription> DescribeGroup(std::string_view group_id) const;
+  // Copies the members only when that copies at most `max_member_bytes`
+  // (GroupDescription::members_left_out otherwise).
+  std::optional<GroupDescription> DescribeGroup(std::string_view group_id, size_t max_member_bytes = SIZE_MAX) const;
   std::vector<GroupOverview> ListGroups() const;  // sorted by group id
   GroupCoordinatorStats Stats() const;
 
