@@ -550,9 +550,10 @@ def append_waits_for_a_server_that_is_starting():
         append_waits_for_a_server_that_is_starting_with(flags)
 
 
-def hanging_up_listener(read_first):
+def hanging_up_listener(read_first, hold_s=0):
     """A loopback listener that hangs up on each connection, at once or
-    (`read_first`) once it has read the request; closed by the caller."""
+    (`read_first`) once it has read the request and waited `hold_s`
+    seconds without answering; closed by the caller."""
     import socket
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -571,6 +572,7 @@ def hanging_up_listener(read_first):
                         conn.recv(65536)
                     except OSError:
                         pass
+                    time.sleep(hold_s)
     threading.Thread(target=hang_up, daemon=True).start()
     return listener
 
@@ -602,6 +604,26 @@ def an_append_whose_answer_was_lost_says_it_may_have_landed():
                    server=f"http://127.0.0.1:{listener.getsockname()[1]}")
         line = error_line(out)
         assert "may have been appended" in line and "--producer" in line, line
+    finally:
+        listener.close()
+
+
+@case
+def a_server_that_never_answers_fails_the_command_after_one_timeout():
+    # A listener that takes requests and answers none: one --timeout (or
+    # WEIR_TIMEOUT), not ten of them (each was 90 s).
+    listener = hanging_up_listener(read_first=True, hold_s=60)
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        for args, env_vars in ((["stream", "list", "--timeout", "2"], None),
+                               (["append", "s1", "--producer"], {"WEIR_TIMEOUT": "2"})):
+            started = time.monotonic()
+            out = weir(*args, input="x\n", server=url, ok=False, timeout=60, env_vars=env_vars)
+            assert "timed out" in error_line(out), out.stderr
+            assert time.monotonic() - started < 15, (args, time.monotonic() - started)
+        assert "--timeout" in weir("stream", "list", "--help").stdout
+        out = weir("stream", "list", "--timeout", "0", server=url, ok=False)
+        assert "--timeout" in error_line(out), out.stderr
     finally:
         listener.close()
 

@@ -31,6 +31,7 @@ using json = nlohmann::ordered_json;
 // Every flag of every command registered here; one command runs per process.
 struct ClientCommandsState {
   client::ClientOptions conn;
+  double timeout_s = 90;  // --timeout: into conn.timeout_ms
   bool json_out = false;
   std::string name;    // NAME or STREAM
   std::string prefix;  // list --prefix
@@ -67,9 +68,15 @@ struct ClientCommandsState {
 
 namespace {
 
-// --server, --basin, --auth-token and --json, on every client command.
+// --server, --basin, --auth-token, --timeout and --json, on every client command.
 void AddConnectionFlags(CLI::App* cmd, ClientCommandsState& s) {
   cmd->add_option("--server", s.conn.server, "weir server URL")->envname("WEIR_SERVER")->capture_default_str();
+  cmd->add_option("--timeout", s.timeout_s,
+                  "Seconds a request waits for its answer (one that timed out before any request of the run "
+                  "was answered is not tried again)")
+      ->envname("WEIR_TIMEOUT")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--basin", s.conn.basin, "Basin (s2-basin header; default: the server's weir-default)")
       ->envname("WEIR_BASIN");
   cmd->add_option("--auth-token", s.conn.auth_token, "Bearer token")->envname("WEIR_AUTH_TOKEN");
@@ -209,7 +216,9 @@ int PrintDone(const ClientCommandsState& s, const Status& st, const char* kind, 
 // Other retryable failures (no server answering included) get 10 tries,
 // counted apart from the refusals waited out (a restart after a stretch of
 // 429s still gets its 10); with `fail_without_server`, none when no server
-// has answered this run yet.
+// has answered this run yet. A request that timed out before any answered
+// this run is not tried again (a server that never answers would take 10
+// timeouts).
 bool g_server_answered = false;  // a call of this run succeeded (the CLI is one thread)
 bool g_said_retrying = false;    // the "retrying" line was printed
 template <typename Attempt>
@@ -231,6 +240,7 @@ auto RetryWhileSafe(bool unknown_is_safe, Attempt&& attempt, bool fail_without_s
     if (!wait_out) ++tries;
     if (!st.retryable() || (unknown && !unknown_is_safe) || (!wait_out && tries >= 10) ||
         std::chrono::steady_clock::now() >= give_up_at ||
+        (!g_server_answered && st.code() == Code::kTimeout) ||
         (fail_without_server && !g_server_answered && st.message().starts_with("cannot connect"))) {
       return result;
     }
@@ -864,6 +874,7 @@ int RunClientCommand(ClientCommandsState& s, CLI::App* cmd) {
                                     {"--fencing-token", &token}}) {
     if (!IsValidUtf8(*value)) return Fail(s, InvalidArgument("{} is not valid UTF-8", what));
   }
+  s.conn.timeout_ms = static_cast<int>(s.timeout_s * 1000);
   auto connected = Client::Connect(s.conn);
   if (!connected.ok()) return Fail(s, connected.status());
   Client& c = **connected;
