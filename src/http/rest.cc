@@ -285,6 +285,12 @@ Status ApplyStreamLayer(const Json& j, metastore::StreamConfigLayer* l, ConfigMo
   }
   if (auto it = j.find("retention_policy"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) throw BadRequest{"retention_policy must be an object"};
+    if (it->contains("age") && it->contains("infinite")) {
+      throw BadRequest{"retention_policy takes \"age\" or \"infinite\", not both"};
+    }
+    if (it->contains("infinite") && !(*it)["infinite"].is_object()) {
+      throw BadRequest{"retention_policy.infinite must be an object ({})"};
+    }
     if (it->contains("age")) {
       const Json& a = (*it)["age"];
       if (!a.is_number_unsigned() || a.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
@@ -348,6 +354,17 @@ Result<metastore::StreamConfig> ResolveStreamConfig(log::Engine* engine, const s
   WEIR_RETURN_IF_ERROR(ApplyStreamLayer(j, &layer, mode));
   WEIR_ASSIGN_OR_RETURN(metastore::BasinInfo b, engine->GetBasin(basin));
   return layer.Over(b.config.default_stream_config).Resolve();
+}
+
+// A basin create's `scope`: null or one of S2's scopes (weir has one
+// location, so it is not kept; BasinInfo's scope reads back null).
+void CheckBasinScope(const Json& j) {
+  auto it = j.find("scope");
+  if (it == j.end() || it->is_null()) return;
+  static constexpr std::string_view kScopes[] = {"aws:us-east-1", "aws:us-west-2", "aws:eu-north-1"};
+  if (!it->is_string() || std::find(std::begin(kScopes), std::end(kScopes), it->get<std::string>()) == std::end(kScopes)) {
+    throw BadRequest{"scope must be null, \"aws:us-east-1\", \"aws:us-west-2\" or \"aws:eu-north-1\""};
+  }
 }
 
 // Applies a BasinConfig (create, PUT: onto a default config) or a
@@ -1712,6 +1729,7 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
       Json j = ParseRequestJson(req.body);
       if (j.is_discarded() || !j.is_object()) throw BadRequest{"the body must be a JSON object"};
       if (!j.contains("basin") || !j["basin"].is_string()) throw BadRequest{"CreateBasinRequest needs \"basin\""};
+      CheckBasinScope(j);
       std::string basin = j["basin"].get<std::string>();
       metastore::BasinConfig config;
       if (Status st = ApplyBasinConfig(FieldOrNull(j, "config"), &config, ConfigMode::kCreate); !st.ok()) {
@@ -1741,6 +1759,7 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     Json j = req.body.empty() ? Json() : ParseRequestJson(req.body);
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     if (!j.is_null() && !j.is_object()) throw BadRequest{"the body must be a JSON object"};
+    if (j.is_object()) CheckBasinScope(j);
     metastore::BasinConfig config;
     if (Status st = ApplyBasinConfig(j.is_object() ? FieldOrNull(j, "config") : Json(), &config, ConfigMode::kCreate);
         !st.ok()) {

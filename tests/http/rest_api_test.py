@@ -2000,6 +2000,15 @@ class ErrorStatusTest(ApiTestCase):
                                                                  headers={"Content-Type": "application/json"})),
             ("malformed basin create", "bad_json", lambda: self.c.post("/v1/basins", data=b"[1,",
                                                                        headers={"Content-Type": "application/json"})),
+            ("a scope S2 does not have", "bad_json",
+             lambda: self.c.post("/v1/basins", json={"basin": unique("scoped"), "scope": "mars"})),
+            ("a scope that is not a string, in a PUT", "bad_json",
+             lambda: self.c.put(f"/v1/basins/{unique('scoped')}", json={"scope": 5})),
+            ("retention by age and infinite at once", "bad_json",
+             lambda: self.c.post("/v1/streams", json={"stream": unique("ret"),
+                                                      "config": {"retention_policy": {"age": 10, "infinite": {}}}})),
+            ("infinite retention that is not an object", "bad_json",
+             lambda: self.c.patch(f"/v1/streams/{q(s)}", json={"retention_policy": {"infinite": 5}})),
             ("bad protobuf", "bad_proto", lambda: self.c.post(rec, data=b"\x0a\xff",
                                                               headers={"Content-Type": "application/protobuf"})),
             # A field given twice is refused (S2's serde does), not one of them taken.
@@ -2026,6 +2035,13 @@ class ErrorStatusTest(ApiTestCase):
             with self.subTest(what):
                 self.assertError(fn(), 400, code)
         self.assertEqual(self.c.tail(s)["seq_num"], 0)
+        self.assertEqual(self.c.get(f"/v1/streams/{q(s)}").json()["retention_policy"],
+                         DEFAULT_CONFIG["retention_policy"])
+        basins = [b["name"] for b in self.c.get("/v1/basins", params={"prefix": "scoped"}).json()["basins"]]
+        self.assertEqual(basins, [])
+        r = self.c.post("/v1/basins", json={"basin": unique("scoped"), "scope": "aws:eu-north-1"})
+        self.assertEqual(r.status_code, 201, r.text)
+        self.assertIsNone(r.json()["scope"])
 
     def test_a_bad_escape_in_the_path_is_bad_path(self):
         # Sent as is (requests would encode the "%").
