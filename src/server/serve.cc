@@ -43,6 +43,14 @@
 namespace weir::server {
 namespace {
 
+// A line on stderr whatever became of it: stderr piped into a reader that
+// left fails the write (EPIPE; SIGPIPE is ignored), which fmt::print would
+// throw out of the server. Log lines go through spdlog, which drops them.
+void SayOnStderr(const std::string& line) {
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
 // An exclusive advisory lock (flock) on DATA_DIR/LOCK. Owned by RunServe (a
 // local, on its thread) until it returns; the fd closes with it. Acquire
 // fails kPreconditionFailed while another process holds the lock.
@@ -643,7 +651,7 @@ int RunServe(const ServeOptions& o) {
     if (Log().should_log(spdlog::level::err)) {
       Log().error("weir serve: {}", st.message());
     } else {
-      fmt::print(stderr, "weir serve: {}\n", st.message());
+      SayOnStderr(fmt::format("weir serve: {}\n", st.message()));
     }
     return 1;
   };
@@ -947,16 +955,15 @@ int RunServe(const ServeOptions& o) {
   rest.SetEngine((*engine).get());
   rest.SetReady();
   // Printed at every log level: scripts and tests wait for this line.
-  fmt::print(stderr, "weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}{}{}\n",
-             ToMillis(Now() - started), (*engine)->epoch(), (*server)->address(),
-             kafka_server ? " and kafka://" + kafka_server->address() : std::string(),
-             flight_server ? fmt::format(" and grpc://{}:{} (flight)",
-                                         flight_addr->first.find(':') != std::string::npos
-                                             ? "[" + flight_addr->first + "]"
-                                             : flight_addr->first,
-                                         flight_server->port())
-                           : std::string());
-  fflush(stderr);
+  SayOnStderr(fmt::format(
+      "weir serve: recovered in {:.0f} ms; epoch {}; listening on http://{}{}{}\n", ToMillis(Now() - started),
+      (*engine)->epoch(), (*server)->address(),
+      kafka_server ? " and kafka://" + kafka_server->address() : std::string(),
+      flight_server ? fmt::format(" and grpc://{}:{} (flight)",
+                                  flight_addr->first.find(':') != std::string::npos ? "[" + flight_addr->first + "]"
+                                                                                    : flight_addr->first,
+                                  flight_server->port())
+                    : std::string()));
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -2930,6 +2930,40 @@ class LifecycleTest(ClosingTestCase):
             code = ended_by(p, signal.SIGTERM, timeout=120, before=ready_then_reader_leaves)
             self.assertEqual(code, 0, "weir serve did not end its drain cleanly (-13 is SIGPIPE)")
 
+    def test_a_stderr_pipe_whose_reader_left_before_the_ready_line_does_not_end_the_server(self):
+        # The ready line (printed at every log level) goes to a pipe nobody
+        # reads any more: the server serves on (it ended with SIGABRT, the
+        # failed write thrown out of it) and drains cleanly.
+        with tempfile.TemporaryDirectory() as d:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            cmd = [WEIR, "serve", "--data-dir", os.path.join(d, "data"), "--http-addr", f"127.0.0.1:{port}",
+                   "--kafka-addr", ""]
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                 env=dict(os.environ, WEIR_LOG_LEVEL="info"))
+
+            def reader_leaves_then_server_serves():
+                first = p.stderr.readline()
+                self.assertNotIn(b"listening on", first)
+                p.stderr.close()  # the reader leaves before the ready line
+                deadline = time.monotonic() + 120
+                while True:
+                    self.assertIsNone(p.poll(), "weir serve ended (-6 is SIGABRT)")
+                    try:
+                        if requests.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200:
+                            break
+                    except requests.RequestException:
+                        pass  # not listening yet
+                    self.assertLess(time.monotonic(), deadline, "weir serve never became healthy")
+                    time.sleep(0.05)
+                s = unique("piped")
+                r = requests.post(f"http://127.0.0.1:{port}/v1/streams", json={"stream": s}, timeout=REQ_TIMEOUT)
+                self.assertEqual(r.status_code, 201, r.text)
+                self.assertIsNone(p.poll(), "weir serve ended (-6 is SIGABRT)")
+            code = ended_by(p, signal.SIGTERM, timeout=120, before=reader_leaves_then_server_serves)
+            self.assertEqual(code, 0, "weir serve did not end cleanly")
+
     def test_drain_answers_appends_left_open_by_the_drain_timeout(self):
         # Every PUT takes 3 s and the drain gives up at once: the WAL's close
         # still acknowledges the append in flight before connections close.
