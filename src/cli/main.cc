@@ -107,7 +107,7 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       ->check(CLI::Range(1, 100'000'000));
   opt("--max-basins", o.max_basins,
       "Basins the metastore holds at most (all nodes'); clients' creates past it get 403 quota_exhausted (the "
-      "server's own basins are made whatever the count)")
+      "server's own, the default basin and Kafka's, are made whatever the count)")
       ->check(CLI::Range(1, 100'000'000));
   opt("--settle-min-kib", o.settle_min_kib,
       "A stream's records settle into a segment once it holds this many KiB, or the oldest is "
@@ -148,7 +148,7 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
       ->check(CLI::Range(1.0, 86400.0));
   opt("--kafka-addr", o.kafka_addr, "Kafka listen address HOST:PORT (port 0 picks a free one; \"\" turns it off)");
   opt("--kafka-advertised-addr", o.kafka_advertised_addr,
-      "Kafka address given to clients in metadata (default: the bound address)");
+      "Kafka address given to clients in metadata (default: --kafka-addr as given, with the port bound for 0)");
   opt("--kafka-auto-create-partitions", o.kafka_auto_create_partitions,
       "Partitions of a topic created on first use, and of CreateTopics asking for the default (Kafka's "
       "num.partitions; 0: no auto-creation, and CreateTopics' default is 1)")
