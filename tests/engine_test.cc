@@ -655,6 +655,29 @@ TEST_F(EngineTest, AReadNearTheEndOfALargeSegmentDoesNotFetchItWhole) {
   EXPECT_LT(counting->got_bytes() - before, 3u << 20);
 }
 
+// A read starting at a large segment's last record counts only that record's
+// share of the segment against its limits, and goes on into the next one
+// (it counted the whole segment, and returned the one record).
+TEST_F(EngineTest, AReadStartingLateInASegmentGoesOnIntoTheNext) {
+  for (char c : {'a', 'b'}) {
+    std::vector<AppendRecord> records(100);
+    for (auto& r : records) r.body = std::string(1000, c);
+    ASSERT_TRUE(engine_->Append(kBasin, "s", std::move(records)).status.ok());
+    ASSERT_TRUE(engine_->SettleNow().ok());  // a segment of about 100 KB each
+  }
+  for (bool restarted : {false, true}) {
+    if (restarted) Restart();  // nothing cached: the read goes to the segments
+    auto r = engine_->Read(kBasin, "s", ReadStart{ReadStart::kOffset, 99}, 1000, 64 << 10);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_GT(r->records.size(), 40u) << "restarted: " << restarted;
+    EXPECT_LE(r->records.size(), (64u << 10) / 1000);
+    for (size_t i = 0; i < r->records.size(); ++i) {
+      EXPECT_EQ(r->records[i].offset, 99 + i);
+      EXPECT_EQ(r->records[i].record.value.value_or(""), std::string(1000, i == 0 ? 'a' : 'b'));
+    }
+  }
+}
+
 // A reader paging through a large segment (read by range) GETs its footer
 // and index once: each later page is one GET, of its own bytes.
 TEST_F(EngineTest, PagesOfALargeSegmentAfterTheFirstAreOneGetEach) {

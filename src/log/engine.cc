@@ -2753,7 +2753,13 @@ uint64_t Engine::NextReaching(const Stream& s, uint64_t from, int64_t at_time) {
 void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, size_t max_bytes,
                             std::vector<metastore::SegmentInfo>* segments, std::vector<BatchRef>* refs) {
   // Sources in offset order, until they surely cover the limits: settled
-  // segments, then acknowledged batches still in the WAL.
+  // segments, then acknowledged batches still in the WAL. A source counts
+  // the share of its bytes at or after `from` (a read starting at a large
+  // segment's last record goes on to the next source).
+  auto share = [](uint64_t bytes, uint64_t part, uint64_t whole) -> size_t {
+    if (whole == 0 || part >= whole) return bytes;
+    return static_cast<size_t>(static_cast<double>(bytes) * static_cast<double>(part) / static_cast<double>(whole));
+  };
   size_t bytes = 0;
   uint64_t count = 0;
   auto seg = std::upper_bound(s.segments.begin(), s.segments.end(), from,
@@ -2761,8 +2767,9 @@ void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, 
   for (; seg != s.segments.end() && count < max_records && bytes < max_bytes; ++seg) {
     if (segments->size() == kMaxSegmentsPerRead) return;  // the next read goes on from there
     segments->push_back(*seg);
-    count += seg->end_offset - std::max(seg->start_offset, from);
-    bytes += seg->size_bytes;
+    const uint64_t n = seg->end_offset - std::max(seg->start_offset, from);
+    count += n;
+    bytes += share(seg->size_bytes, n, seg->end_offset - seg->start_offset);
   }
   // Batches start where the segments end (settle drops the ones it
   // indexed); should both ever cover an offset, it is read once.
@@ -2771,8 +2778,9 @@ void Engine::CollectSources(const Stream& s, uint64_t from, size_t max_records, 
                              [](uint64_t off, const BatchRef& b) { return off < b.end; });
   for (; it != s.durable.end() && count < max_records && bytes < max_bytes; ++it) {
     refs->push_back(*it);
-    count += it->end - std::max(it->start, after);
-    bytes += it->where.length;
+    const uint64_t n = it->end - std::max(it->start, after);
+    count += n;
+    bytes += share(it->where.length, n, it->end - it->start);
   }
 }
 
