@@ -54,7 +54,8 @@ void ScopeEnvToTheCommandRun(CLI::App& app) {
 
 // Registers `weir serve` and its flags; each flag NAME also reads WEIR_NAME.
 CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<EmptyEnv>* empty_env) {
-  auto* cmd = app.add_subcommand("serve", "Run a weir node: the S2-compatible HTTP API over the WAL");
+  auto* cmd = app.add_subcommand(
+      "serve", "Run a weir node: the S2-compatible HTTP API, the Kafka listener and Arrow Flight over the WAL");
   auto opt = [&](const std::string& flag, auto& value, const std::string& help) {
     std::string env = "WEIR_";
     for (char c : flag.substr(2)) env += c == '-' ? '_' : static_cast<char>(std::toupper(c));
