@@ -202,7 +202,7 @@ CLI::App* AddServe(CLI::App& app, weir::server::ServeOptions& o, std::vector<Emp
 // word or between a command group (basin, stream, bench) and its command; the
 // rest is left in place (a flag that fits no command is still an error).
 std::vector<char*> ConnectionFlagsAfterTheCommand(int argc, char** argv) {
-  static const std::set<std::string, std::less<>> kValued = {"--server", "--basin", "--auth-token"};
+  static const std::set<std::string, std::less<>> kValued = {"--server", "--basin", "--auth-token", "--timeout"};
   static const std::set<std::string, std::less<>> kGroups = {"basin", "stream", "bench"};
   std::vector<char*> moved;
   std::vector<char*> words{argv[0]};
@@ -312,7 +312,8 @@ int main(int argc, char** argv) {
   ScopeEnvToTheCommandRun(app);
   app.footer(
       "Client commands (basin, stream, append, read, tail, bench http) take --server URL, --basin NAME, "
-      "--auth-token TOKEN and --json before or after the command (or WEIR_SERVER, WEIR_BASIN, WEIR_AUTH_TOKEN); "
+      "--auth-token TOKEN, --timeout S and --json before or after the command (or WEIR_SERVER, WEIR_BASIN, "
+      "WEIR_AUTH_TOKEN, WEIR_TIMEOUT; bench http takes all but --timeout); "
       "`weir COMMAND --help` lists a command's own flags.");
   std::vector<char*> args = ConnectionFlagsAfterTheCommand(argc, argv);
   // A first word that is no command is named (CLI11 would only say that a
