@@ -73,7 +73,7 @@ void AddConnectionFlags(CLI::App* cmd, ClientCommandsState& s) {
   cmd->add_option("--server", s.conn.server, "weir server URL")->envname("WEIR_SERVER")->capture_default_str();
   cmd->add_option("--timeout", s.timeout_s,
                   "Seconds a request waits for its answer (one that timed out before any request of the run "
-                  "was answered is not tried again)")
+                  "succeeded is not tried again)")
       ->envname("WEIR_TIMEOUT")
       ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
@@ -216,7 +216,7 @@ int PrintDone(const ClientCommandsState& s, const Status& st, const char* kind, 
 // Other retryable failures (no server answering included) get 10 tries,
 // counted apart from the refusals waited out (a restart after a stretch of
 // 429s still gets its 10); with `fail_without_server`, none when no server
-// has answered this run yet. A request that timed out before any answered
+// has answered this run yet. A request that timed out before any succeeded
 // this run is not tried again (a server that never answers would take 10
 // timeouts).
 bool g_server_answered = false;  // a call of this run succeeded (the CLI is one thread)

@@ -1865,7 +1865,8 @@ void RestApi::Streams(Request& req, const Ctx& c, const std::string* name) {
     if (j.is_discarded()) throw BadRequest{"the body is not valid JSON"};
     // (PATCH needs the object; a PUT may leave it out.)
     if (!j.is_object() && (req.method == "PATCH" || !j.is_null())) {
-      throw BadRequest{"the body must be a StreamReconfiguration object"};
+      throw BadRequest{req.method == "PATCH" ? "the body must be a StreamReconfiguration object"
+                                             : "the body must be a StreamConfig object"};
     }
     // Read, changed and written under the engine's config lock: a change
     // made meanwhile (another PATCH, Kafka AlterConfigs) is not lost.
