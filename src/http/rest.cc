@@ -1748,6 +1748,8 @@ void RestApi::Basins(Request& req, const Ctx& c, const std::string* name) {
     return c.Error(405, "method_not_allowed", fmt::format("{} is not allowed here", req.method),
                    {{"Allow", "GET, POST"}});
   }
+  // As S2, whose path extractor refuses a name that breaks the rule.
+  if (Status valid = log::ValidateBasinName(*name); !valid.ok()) throw BadRequest{valid.message(), "bad_path"};
   if (req.method == "GET") {
     auto info = engine_->GetBasin(*name);
     if (!info.ok()) return c.Fail(info.status(), "basin_not_found");

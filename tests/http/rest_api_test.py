@@ -851,7 +851,11 @@ class BasinTest(ApiTestCase):
         for name in bad:
             with self.subTest(name=name):
                 self.assertError(self.c.post("/v1/basins", json={"basin": name}), 422, "invalid")
-        self.assertError(self.c.put("/v1/basins/Bad_Name_Here", json={}), 422, "invalid")
+        # In a path, as S2's path extractor: 400 bad_path, whatever the method.
+        self.assertError(self.c.put("/v1/basins/Bad_Name_Here", json={}), 400, "bad_path")
+        for method in ("GET", "PATCH", "DELETE"):
+            with self.subTest(method=method):
+                self.assertError(self.c.request(method, "/v1/basins/short", json={}), 400, "bad_path")
 
 
 # --------------------------------------------------------------------------
