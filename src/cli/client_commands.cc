@@ -782,7 +782,8 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
   for (CLI::App* cmd : {s.stream_create, s.basin_create}) {
     const bool basin = cmd == s.basin_create;
     cmd->add_option("--storage-class", s.storage_class,
-                    basin ? "New streams' storage class: standard or express" : "standard or express (default: the basin's, else standard)")
+                    basin ? "New streams' storage class: standard or express"
+                          : "standard or express (default: the basin's, else standard)")
         ->check(CLI::IsMember({"standard", "express"}));
     cmd->add_option("--retention", s.retention,
                     basin ? "New streams keep records this many seconds, or \"infinite\""
@@ -793,7 +794,8 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
         ->check(CLI::IsMember({"client-prefer", "client-require", "arrival"}));
     cmd->add_option("--delete-on-empty-min-age", s.delete_on_empty_min_age,
                     basin ? "New streams are deleted once empty and idle for this many seconds"
-                          : "Delete the stream once empty and idle for this many seconds (default: the basin's, else never)")
+                          : "Delete the stream once empty and idle for this many seconds (default: the basin's, "
+                            "else never)")
         ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   }
   s.basin_create->add_flag("--create-stream-on-append", s.create_stream_on_append,
@@ -809,7 +811,9 @@ ClientCommands::ClientCommands(CLI::App& app, CLI::App& bench) : s_(std::make_un
       ->check(CLI::Range(0.0, 60000.0))->capture_default_str();
   s.append->add_option("--max-batch-records", s.max_batch_records, "Records per append at most")
       ->check(CLI::Range(1, 1000))->capture_default_str();
-  s.append->add_option("--max-batch-bytes", s.max_batch_bytes, "Metered bytes per append at most (a longer line is sent alone)")
+  s.append
+      ->add_option("--max-batch-bytes", s.max_batch_bytes,
+                   "Metered bytes per append at most (a longer line is sent alone)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   s.append
       ->add_option("--input", s.input,

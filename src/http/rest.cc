@@ -362,7 +362,8 @@ void CheckBasinScope(const Json& j) {
   auto it = j.find("scope");
   if (it == j.end() || it->is_null()) return;
   static constexpr std::string_view kScopes[] = {"aws:us-east-1", "aws:us-west-2", "aws:eu-north-1"};
-  if (!it->is_string() || std::find(std::begin(kScopes), std::end(kScopes), it->get<std::string>()) == std::end(kScopes)) {
+  if (!it->is_string() ||
+      std::find(std::begin(kScopes), std::end(kScopes), it->get<std::string>()) == std::end(kScopes)) {
     throw BadRequest{"scope must be null, \"aws:us-east-1\", \"aws:us-west-2\" or \"aws:eu-north-1\""};
   }
 }

@@ -558,7 +558,8 @@ void RenderKafkaMetrics(std::string* out, const kafka::Broker& b, const kafka::T
                     m.bad_requests.load());
   http::PromCounter(out, "weir_kafka_produce_batches_total", "Record batches produced", m.produce_batches.load());
   http::PromCounter(out, "weir_kafka_produce_bytes_total", "Record batch bytes produced", m.produce_bytes.load());
-  http::PromCounter(out, "weir_kafka_produce_errors_total", "Produced batches whose append failed", m.produce_errors.load());
+  http::PromCounter(out, "weir_kafka_produce_errors_total", "Produced batches whose append failed",
+                    m.produce_errors.load());
   http::PromCounter(out, "weir_kafka_fetch_bytes_total", "Record batch bytes fetched", m.fetch_bytes.load());
   http::PromCounter(out, "weir_kafka_offset_commits_total", "Committed group offsets", m.offset_commits.load());
   http::PromCounter(out, "weir_kafka_offset_groups_expired_total",
