@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cstring>
 #include <strings.h>
 #include <deque>
@@ -82,8 +83,30 @@ constexpr size_t kBodyPadding = 64;
 // Each connection's read buffer: a request up to this size arrives in one recv.
 constexpr size_t kReadBufferBytes = 8192;
 // What an HTTP/1.1 connection's read buffer may grow to: a head (64 KiB at
-// most) or a chunk-size line or trailer section of a chunked body.
-constexpr size_t kMaxReadBufferBytes = 1u << 20;
+// most) or a chunk-size line or trailer section of a chunked body. An idle
+// connection's buffer shrinks back to what it holds once it is past 64 KiB.
+constexpr size_t kMaxReadBufferBytes = 128 * 1024;
+constexpr size_t kKeptBufferBytes = 64 * 1024;
+// An HTTP/1.1 request head's limit (431 past it).
+constexpr size_t kMaxHeadBytes = 64 * 1024;
+
+// Beast's request parser, but the trailer fields of a chunked body are
+// dropped (RFC 9110 lets a recipient discard them): Beast would add them to
+// the head's fields after the handler's checks of the head, and a field of
+// 64 KiB or more (past Beast's field limit) throws out of the read. The read
+// buffer's bound is the trailer section's. Owned by its connection.
+class RequestParser final : public bhttp::request_parser<bhttp::string_body> {
+ private:
+  void on_field_impl(bhttp::field name, beast::string_view name_string, beast::string_view value,
+                     beast::error_code& ec) override {
+    if (is_header_done()) return;  // a trailer field
+    if (name_string.size() >= kMaxHeadBytes || value.size() >= kMaxHeadBytes) {
+      ec = bhttp::error::header_limit;
+      return;
+    }
+    get().insert(name, name_string, value);
+  }
+};
 // HTTP/1.1 request bodies of this size or more are refused on their head when the
 // handler's RefuseHead says so (below it, after the body, keeping the connection).
 constexpr size_t kRefuseHeadMinBody = 64 * 1024;
@@ -270,7 +293,16 @@ class HttpServer::Impl {
     for (int i = 0; i < std::max(1, options.io_threads); ++i) {
       threads.emplace_back([this] {
         SetThreadName("http-io");
-        ioc.run();
+        // A handler that throws (Boost's parts may) drops what it held, its
+        // connection with it; the thread goes on serving the others.
+        while (true) {
+          try {
+            ioc.run();
+            return;
+          } catch (const std::exception& e) {
+            Log().error("http: an I/O handler threw ({}); its connection is dropped", e.what());
+          }
+        }
       });
     }
   }
@@ -421,8 +453,10 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   void ReadHeader() {
     if (closed_) return;
     head_ = false;
+    // A large head or trailer section left its buffer grown: not kept idle.
+    if (buf_.capacity() > kKeptBufferBytes && buf_.size() <= kReadBufferBytes) buf_.shrink_to_fit();
     parser_.emplace();
-    parser_->header_limit(64 * 1024);
+    parser_->header_limit(kMaxHeadBytes);
     parser_->body_limit(srv_->options.max_request_bytes);
     stream_.expires_after(srv_->options.idle_timeout);
     bhttp::async_read_header(stream_, buf_, *parser_,
@@ -439,7 +473,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     // A body coded other than chunked (last) has no length this server can
     // know: refused, or its bytes would be read as the next request.
     if (parser_->get().find(bhttp::field::transfer_encoding) != parser_->get().end() && !parser_->chunked()) {
-      return Reject(400, "bad_request", "a Transfer-Encoding whose last coding is not chunked is not supported");
+      return Reject(501, "not_implemented", "a Transfer-Encoding whose last coding is not chunked is not supported");
     }
     auto len = parser_->content_length();
     if (len && *len > srv_->options.max_request_bytes) {
@@ -703,7 +737,7 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
   // and Beast limits neither (over the bound: buffer_overflow, the
   // connection closed).
   beast::flat_buffer buf_{kMaxReadBufferBytes};
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<RequestParser> parser_;
   std::string body_;  // a sized request body being read
   net::steady_timer budget_timer_;  // a request waiting for the budget gives up at the stall timeout
   bool waiting_budget_ = false;     // queued in the budget; Admitted() has not come
@@ -1236,6 +1270,21 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       return;
     }
     if (!srv_->handler->WantsBodyStream(st->req)) {  // the body is read whole
+      // A length over the limit is refused before its body is sent, as on HTTP/1.1
+      // (nghttp2 resets a stream whose DATA does not match its content-length).
+      const size_t limit = srv_->options.max_request_bytes;
+      if (const std::string* cl = st->req.Header("content-length")) {
+        uint64_t n = 0;
+        auto [end, ec] = std::from_chars(cl->data(), cl->data() + cl->size(), n);
+        if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == cl->data() + cl->size() && n > limit)) {
+          Refuse(st, Response{413, "application/json",
+                              ErrorBody("request_too_large",
+                                        fmt::format("request body of {} bytes is over the limit of {} bytes", *cl,
+                                                    limit)),
+                              {}});
+          return;
+        }
+      }
       st->receiving.emplace(&srv_->receiving);  // BodyDone follows at once when there is none
       return;
     }
@@ -1452,6 +1501,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (!take()) return Shutdown();
     }
     if (wbuf_.empty()) {
+      // A write of 256 KiB or more left it grown: an idle connection keeps no more than 64 KiB.
+      if (wbuf_.capacity() > kKeptBufferBytes) std::string().swap(wbuf_);
       if (closing_ || (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_))) Shutdown();
       return;
     }

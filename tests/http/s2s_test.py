@@ -591,6 +591,18 @@ class S2sTest(unittest.TestCase):
         self.assertEqual(st["status"], 200)
         self.assertEqual(bytes(st["data"]), b"")
 
+    def test_a_content_length_over_the_limit_is_refused_before_the_body(self):
+        # As on HTTP/1.1: a declared length over --max-request-bytes (64 KiB
+        # here) is answered 413 on the head, not once the client sent 64 KiB.
+        stream = self.new_stream()
+        sid = self.h2.request("POST", f"/v1/streams/{stream}/records",
+                              [("content-type", "application/json"), ("content-length", "100000")], end=False)
+        st = self.h2.wait_end(sid)
+        self.assertEqual(st["status"], 413, bytes(st["data"]))
+        self.assertEqual(json.loads(bytes(st["data"]))["code"], "request_too_large", bytes(st["data"]))
+        r = requests.get(f"{SERVER.base_url}/v1/streams/{stream}/records/tail", timeout=TIMEOUT)
+        self.assertEqual(r.json()["tail"]["seq_num"], 0, r.text)
+
     def test_a_client_that_stops_reading_is_resumed_by_its_window_updates(self):
         # Read sessions whose batches wait for the client's window (over 4 MiB
         # of them): the server must keep reading the socket, or it would never
