@@ -2825,14 +2825,23 @@ TEST_F(EngineTest, AStoreHoldingThisNodesWalRefusesAMetastoreThatNeverSawTheNode
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Code::kPreconditionFailed) << refused.status().ToString();
   EXPECT_NE(refused.status().message().find("node n1 is live"), std::string::npos) << refused.status().ToString();
+  // A start refused mints no epoch (each would cost the node's next start a fence).
+  auto n2_state = meta_->GetNode("n2");
+  ASSERT_TRUE(n2_state.ok()) << n2_state.status().ToString();
+  EXPECT_EQ(n2_state->epoch, 0u);
   // Once n1 has stopped, it starts: n1's WAL and segments are not its business.
   engine_->Close();
   engine_.reset();
   auto e2 = Engine::Open(other, store_, meta_);
   ASSERT_TRUE(e2.ok()) << e2.status().ToString();
   // Now n1 waits for n2 (a restart of n2 itself is not held up).
+  auto n1_before = meta_->GetNode("n1");
+  ASSERT_TRUE(n1_before.ok()) << n1_before.status().ToString();
   auto n1 = Engine::Open(Options(), store_, meta_);
   EXPECT_EQ(n1.status().code(), Code::kPreconditionFailed) << n1.status().ToString();
+  auto n1_after = meta_->GetNode("n1");
+  ASSERT_TRUE(n1_after.ok()) << n1_after.status().ToString();
+  EXPECT_EQ(n1_after->epoch, n1_before->epoch);
   (*e2)->Close();
   e2->reset();
   e2 = Engine::Open(other, store_, meta_);

@@ -273,6 +273,9 @@ class HookedMetastore final : public metastore::Metastore {
     return minted;
   }
   Status Heartbeat(std::string_view n, uint64_t e, int64_t window) override { return m_->Heartbeat(n, e, window); }
+  Status CheckNoOtherLiveNode(std::string_view n, int64_t window) override {
+    return m_->CheckNoOtherLiveNode(n, window);
+  }
   Result<uint64_t> AllocateProducerId() override {
     if (fail_allocate_producer_id) {
       if (Status st = fail_allocate_producer_id(); !st.ok()) return st;

@@ -2231,7 +2231,13 @@ TEST_P(MetastoreConformance, HeartbeatsKeepOneNodeServing) {
   Status st = m().Heartbeat("n2", 1, kLong);
   EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
   EXPECT_NE(st.message().find("node n1 is live"), std::string::npos) << st.ToString();
+  // The look alone (a start's, before its mint): the same answer, for any node but n1.
+  st = m().CheckNoOtherLiveNode("n3", kLong);
+  EXPECT_EQ(st.code(), Code::kPreconditionFailed) << st.ToString();
+  EXPECT_NE(st.message().find("node n1 is live"), std::string::npos) << st.ToString();
+  ASSERT_OK(m().CheckNoOtherLiveNode("n1", kLong));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_OK(m().CheckNoOtherLiveNode("n3", 5));
   ASSERT_OK(m().Heartbeat("n2", 1, 5));  // n1's is more than 5 ms old: stale
   EXPECT_EQ(m().Heartbeat("n1", 1, kLong).code(), Code::kPreconditionFailed);  // n2 serves
   // Clearing checks no other node; a cleared heartbeat is never live.
@@ -2387,6 +2393,36 @@ TEST(SqliteMetastoreErrors, AFullDatabaseIsRetryableAndChangesNothing) {
   EXPECT_EQ(m->GetStream("b", info.name).status().code(), Code::kNotFound);
   info.name = "after";
   EXPECT_OK(m->CreateStream(info, kNoNode).status());
+}
+
+// An upgrade's DDL waits for a lock another session holds (a pg_dump, a
+// session idle in a transaction) past the session's 5 s lock_timeout: it
+// failed the start after 5 s.
+TEST(PostgresSchemaUpgrade, WaitsForALockHeldPastTheSessionsLockTimeout) {
+  BackendEnv env = MakePostgresEnv();
+  if (!env.meta) GTEST_SKIP() << "PostgreSQL is not configured (WEIR_TEST_POSTGRES_ENV)";
+  env.meta.reset();
+  ASSERT_TRUE(PostgresExec(env.uri, "ALTER TABLE nodes DROP COLUMN minted_by"));
+  ASSERT_TRUE(PostgresExec(env.uri, "UPDATE schema_version SET version = 7"));
+  PGconn* holder = PQconnectdb(env.uri.c_str());
+  ASSERT_EQ(PQstatus(holder), CONNECTION_OK) << PQerrorMessage(holder);
+  for (const char* sql : {"BEGIN", "SELECT count(*) FROM nodes"}) {
+    PGresult* res = PQexec(holder, sql);
+    EXPECT_TRUE(PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK)
+        << sql << ": " << PQresultErrorMessage(res);
+    PQclear(res);
+  }
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(7));
+    PQclear(PQexec(holder, "COMMIT"));
+  });
+  auto meta = OpenMetastore(env.uri);
+  release.join();
+  PQfinish(holder);
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  ASSERT_OK((*meta)->MintEpoch("n1", 0, 8, 42).status());
+  ASSERT_OK_AND_ASSIGN(NodeState node, (*meta)->GetNode("n1"));
+  EXPECT_EQ(node.minted_by, 42u);
 }
 
 TEST(SqliteSchemaUpgrade, Version1DatabaseGainsTablesAndGroupOffsets) {

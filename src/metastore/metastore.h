@@ -399,6 +399,9 @@ class Metastore {
   // and at most live_window_ms old (the message names it): that node is
   // live, and this one must not serve.
   virtual Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) = 0;
+  // Heartbeat's look for another live node, alone (reads only): a start asks
+  // before it mints an epoch, so a start refused takes none.
+  virtual Status CheckNoOtherLiveNode(std::string_view node, int64_t live_window_ms) = 0;
 
   // Producer ids: unique, increasing, never reused across restarts.
   virtual Result<uint64_t> AllocateProducerId() = 0;

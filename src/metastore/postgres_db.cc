@@ -204,7 +204,15 @@ class PostgresDb final : public SqlDb {
     const PGTransactionStatusType t = PQtransactionStatus(conn_);
     if (t == PQTRANS_INTRANS || t == PQTRANS_INERROR) PQclear(PQexec(conn_, "ROLLBACK"));
   }
-  std::vector<const char*> Schema() const override { return {std::begin(kSchema), std::end(kSchema)}; }
+  // Run only when the stored version is not this build's: the DDL may wait
+  // for locks other sessions hold (a pg_dump's, a session idle in a
+  // transaction) and build an index over a large table, longer than the
+  // session's 5 s and 60 s timeouts allow (SET LOCAL: this transaction only).
+  std::vector<const char*> Schema() const override {
+    std::vector<const char*> out = {"SET LOCAL lock_timeout = '300s'", "SET LOCAL statement_timeout = 0"};
+    out.insert(out.end(), std::begin(kSchema), std::end(kSchema));
+    return out;
+  }
   // PostgreSQL databases start at 5.
   std::vector<const char*> Upgrade(int from_version) const override {
     std::vector<const char*> out;

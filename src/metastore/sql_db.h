@@ -55,7 +55,8 @@ class SqlDb {
   virtual Status Commit(std::string_view what) = 0;
   virtual void RollbackIfActive() = 0;
   // The driver's CREATE TABLE IF NOT EXISTS statements for schema
-  // kSchemaVersion (sql_metastore.h), and the changes that bring a database
+  // kSchemaVersion (sql_metastore.h), after any settings their transaction
+  // needs (run only when the stored version is another), and the changes that bring a database
   // of an older version up to it (tables the first list creates aside).
   virtual std::vector<const char*> Schema() const = 0;
   virtual std::vector<const char*> Upgrade(int from_version) const = 0;

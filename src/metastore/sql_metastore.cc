@@ -584,10 +584,14 @@ Result<std::shared_ptr<SqlMetastore>> SqlMetastore::Open(std::unique_ptr<SqlDb> 
   return store;
 }
 
-std::optional<int64_t> SqlMetastore::StoredSchemaVersion() {
+std::optional<int64_t> SqlMetastore::StoredSchemaVersion(Status* read_error) {
   auto get = Prepare(kGetSchemaVersion);
-  if (!get.ok()) return std::nullopt;
+  if (!get.ok()) {
+    *read_error = get.status();
+    return std::nullopt;
+  }
   auto first = get->Step("read schema version");
+  if (!first.ok()) *read_error = first.status();
   if (!first.ok() || !*first) return std::nullopt;
   const int64_t version = get->ColInt(0);
   auto second = get->Step("read schema version");
@@ -601,14 +605,18 @@ Status SqlMetastore::Init() {
   // CREATE on the schema before IF NOT EXISTS, and 15 grants it to nobody
   // by default). Read outside a transaction: on PostgreSQL a failed
   // statement (no table yet) would abort one.
-  if (const auto stored = StoredSchemaVersion()) {
+  Status read_error;
+  if (const auto stored = StoredSchemaVersion(&read_error)) {
     if (*stored == kSchemaVersion) return Status::Ok();
     if (*stored > kSchemaVersion) {  // before any DDL, which this role may not have the rights for
       return NotSupported("metastore {}: schema version {} is newer than this build supports ({}); upgrade weir",
                           describe_, *stored, kSchemaVersion);
     }
   }
-  return InTransaction("create or upgrade the schema", [&]() -> Status {
+  // A missing table is the usual reason the read failed (a new database);
+  // when the DDL fails too, the read's error may be the one that matters
+  // (a role without the right to read schema_version).
+  const Status made = InTransaction("create or upgrade the schema", [&]() -> Status {
     WEIR_RETURN_IF_ERROR(db_->Exec(kCreateSchemaVersion, "create schema_version"));
     std::vector<int64_t> versions;
     {
@@ -647,6 +655,9 @@ Status SqlMetastore::Init() {
     }
     return Status::Ok();
   });
+  if (made.ok() || read_error.ok()) return made;
+  return Status(made.code(), fmt::format("{} (reading schema_version first failed too: {})", made.message(),
+                                         read_error.message()));
 }
 
 Status SqlMetastore::ExecForTest(const std::string& sql) {
@@ -1242,6 +1253,26 @@ Result<std::vector<NodeState>> SqlMetastore::ListNodes() {
   });
 }
 
+// Caller holds the lock (and a transaction, for a write that depends on it).
+Status SqlMetastore::FindOtherLiveNode(std::string_view node, int64_t now_ms, int64_t live_window_ms) {
+  WEIR_ASSIGN_OR_RETURN(Stmt live, Prepare(kLiveOtherNode));
+  WEIR_ASSIGN_OR_RETURN(const bool row, live.Text(1, node).Int(2, now_ms - live_window_ms).Step("find live nodes"));
+  if (!row) return Status::Ok();
+  return PreconditionFailed(
+      "node {} is live on this metastore (its last heartbeat was {} ms ago): a metastore is served by one node at "
+      "a time until stream leases land; stop it first (a process started as {} would take over its streams and "
+      "fence the one running)",
+      live.ColText(0), now_ms - live.ColInt(1), live.ColText(0));
+}
+
+Status SqlMetastore::CheckNoOtherLiveNode(std::string_view node, int64_t live_window_ms) {
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
+  return Locked("CheckNoOtherLiveNode", [&]() -> Status {
+    WEIR_ASSIGN_OR_RETURN(const int64_t now_ms, db_->NowMs());
+    return FindOtherLiveNode(node, now_ms, live_window_ms);
+  });
+}
+
 Status SqlMetastore::Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) {
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return Locked("Heartbeat", [&]() -> Status {
@@ -1250,16 +1281,7 @@ Status SqlMetastore::Heartbeat(std::string_view node, uint64_t epoch, int64_t li
       int64_t now_ms = 0;  // 0: cleared
       if (live_window_ms > 0) {
         WEIR_ASSIGN_OR_RETURN(now_ms, db_->NowMs());
-        WEIR_ASSIGN_OR_RETURN(Stmt live, Prepare(kLiveOtherNode));
-        WEIR_ASSIGN_OR_RETURN(const bool row,
-                              live.Text(1, node).Int(2, now_ms - live_window_ms).Step("find live nodes"));
-        if (row) {
-          return PreconditionFailed(
-              "node {} is live on this metastore (its last heartbeat was {} ms before this one's): a metastore is "
-              "served by one node at a time until stream leases land; stop it first (a process started as {} "
-              "would take over its streams and fence the one running)",
-              live.ColText(0), now_ms - live.ColInt(1), live.ColText(0));
-        }
+        WEIR_RETURN_IF_ERROR(FindOtherLiveNode(node, now_ms, live_window_ms));
       }
       WEIR_ASSIGN_OR_RETURN(Stmt set, Prepare(kSetHeartbeat));
       return set.Text(1, node).Int(2, now_ms).Int(3, now_ms > 0 ? 1 : 0).Run("store the heartbeat");

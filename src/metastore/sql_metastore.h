@@ -84,6 +84,7 @@ class SqlMetastore final : public Metastore {
   Result<std::vector<NodeState>> ListNodes() override;
   Result<NodeState> MintEpoch(std::string_view node, uint64_t expected, uint32_t window, uint64_t minter = 0) override;
   Status Heartbeat(std::string_view node, uint64_t epoch, int64_t live_window_ms) override;
+  Status CheckNoOtherLiveNode(std::string_view node, int64_t live_window_ms) override;
 
   Result<uint64_t> AllocateProducerId() override;
   Result<uint64_t> DeploymentId() override;
@@ -142,8 +143,9 @@ class SqlMetastore final : public Metastore {
   // All below: mu_ held.
   Status Init();
   // The version in schema_version if it holds exactly one row (read outside
-  // a transaction); nullopt otherwise, or if the table is missing.
-  std::optional<int64_t> StoredSchemaVersion();
+  // a transaction); nullopt otherwise, or if the table is missing (or could
+  // not be read: then *read_error says why).
+  std::optional<int64_t> StoredSchemaVersion(Status* read_error);
   Result<Stmt> Prepare(const char* sql);
   // Runs body inside the driver's write transaction; rolls back if it fails.
   template <typename F>
@@ -175,6 +177,9 @@ class SqlMetastore final : public Metastore {
   // In a transaction: the node's state, or kPreconditionFailed unless `node`
   // holds `epoch` (a successor minted a later one, or it was never minted).
   Result<NodeState> NodeAtEpoch(std::string_view node, uint64_t epoch);
+  // kPreconditionFailed naming another node whose heartbeat is set and at
+  // most live_window_ms older than now_ms (the metastore's clock).
+  Status FindOtherLiveNode(std::string_view node, int64_t now_ms, int64_t live_window_ms);
   // NodeAtEpoch for `by`; nothing to check for an empty node.
   Status CheckEpoch(const EpochCheck& by);
   // In a transaction: one segment row, unchecked.

@@ -162,7 +162,15 @@ class SqliteDb::Statement final : public SqlStatement {
   void BindNull(int i) override { Check(sqlite3_bind_null(stmt_, i)); }
 
   Result<bool> Step(std::string_view what) override {
-    if (bind_rc_ != SQLITE_OK) return owner_->Error(bind_rc_, what);
+    if (bind_rc_ != SQLITE_OK) {
+      // Said by the bind's own code: the connection's last message may be
+      // another call's (a later bind that succeeded resets it).
+      const std::string text =
+          fmt::format("metastore {}: {}: binding a value: {}", owner_->Describe(), what, sqlite3_errstr(bind_rc_));
+      if ((bind_rc_ & 0xff) == SQLITE_NOMEM) return ResourceExhausted("{}", text);
+      if ((bind_rc_ & 0xff) == SQLITE_TOOBIG) return InvalidArgument("{} (over SQLite's length limit)", text);
+      return Internal("{}", text);
+    }
     const int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;

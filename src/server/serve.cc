@@ -247,6 +247,9 @@ Result<std::optional<std::string>> ReadToken(const std::string& file) {
 
 // Opens one store, behind the fault injector when a fault flag is set
 // (`which` seeds it, so each store of a quorum draws its own faults).
+// The largest slot a WAL store on PostgreSQL takes (a value is at most 1 GB there).
+constexpr size_t kMaxPostgresSlotBytes = 512u << 20;
+
 // A WAL store (`which` > 0) may also be postgres:// (slots as rows).
 Result<std::shared_ptr<objstore::ObjectStore>> OpenOneStore(const ServeOptions& o, const std::string& uri,
                                                             uint64_t which) {
@@ -741,7 +744,15 @@ int RunServe(const ServeOptions& o) {
     }
   }
   for (const std::string& w : o.wal_stores) {
-    if (w.starts_with("postgres://") || w.starts_with("postgresql://")) continue;  // a WAL store on PostgreSQL
+    if (w.starts_with("postgres://") || w.starts_with("postgresql://")) {  // a WAL store on PostgreSQL
+      // A slot is one bytea value, and PostgreSQL refuses any value over 1 GB
+      // (the connection drops, which reads as "retry": its PUT would be sent for ever).
+      if (o.max_slot_bytes > kMaxPostgresSlotBytes) {
+        return fail(InvalidArgument("--max-slot-bytes {} is over {} bytes, the most a --wal-store on PostgreSQL takes",
+                                    o.max_slot_bytes, kMaxPostgresSlotBytes));
+      }
+      continue;
+    }
     if (Status st = objstore::CheckObjectStoreScheme(w); !st.ok()) return fail(st.WithContext("--wal-store"));
   }
   if (!o.metastore.empty()) {

@@ -2670,6 +2670,9 @@ class LifecycleTest(ClosingTestCase):
                                   # WAL flags are checked before the data dir is made.
                                   (["--node-id", "a/b"], "--node-id"),
                                   (["--pool-budget-mib", "4"], "--pool-budget-mib 4 must hold at least one slot"),
+                                  # A slot is one bytea value on PostgreSQL (1 GB at most there).
+                                  (["--wal-store", "postgres://127.0.0.1:1/x", "--max-slot-bytes", str(1 << 30),
+                                    "--pool-budget-mib", "2048"], "the most a --wal-store on PostgreSQL takes"),
                                   (["--auth-token-file", d], "is a directory")):
                 code, out = run_expecting_exit([WEIR, "serve", "--data-dir", f"{d}/data", "--http-addr", "127.0.0.1:0"]
                                                + flags)
