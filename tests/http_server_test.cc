@@ -378,6 +378,9 @@ TEST_F(HttpServerLimits, MalformedRequestsGetAnAnswerBeforeTheClose) {
       {"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\nGET /y HTTP/1.1\r\nHost: t\r\n\r\n",
        "HTTP/1.1 501"},  // RFC 9112 §6.1: a transfer coding not understood
       {"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n", "HTTP/1.1 400"},
+      // RFC 9112 §3.2: exactly one Host.
+      {"GET /x HTTP/1.1\r\n\r\n", "HTTP/1.1 400"},
+      {"GET /x HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "HTTP/1.1 400"},
       {"GET /x HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(70 * 1024, 'a') + "\r\n\r\n", "HTTP/1.1 431"},
   };
   for (const auto& [bytes, status] : cases) {

@@ -470,6 +470,10 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     }
     if (ec) return RejectMalformed(ec) ? void() : Fail(ec);
     head_ = parser_->get().method() == bhttp::verb::head;
+    // RFC 9112 §3.2: an HTTP/1.1 request has exactly one Host.
+    if (parser_->get().version() >= 11 && parser_->get().count(bhttp::field::host) != 1) {
+      return Reject(400, "bad_request", "an HTTP/1.1 request needs exactly one Host header");
+    }
     // A body coded other than chunked (last) has no length this server can
     // know: refused, or its bytes would be read as the next request.
     if (parser_->get().find(bhttp::field::transfer_encoding) != parser_->get().end() && !parser_->chunked()) {
