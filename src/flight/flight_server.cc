@@ -3,6 +3,8 @@
 #include "flight/flight_server.h"
 
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -1790,6 +1792,21 @@ FlightServer::FlightServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 FlightServer::~FlightServer() { Stop(0); }
 
+namespace {
+// Whether gRPC's version string ("1.51.1") is below `fixed`; false if it does not parse.
+bool GrpcOlderThan(const std::string& version, std::array<int, 3> fixed) {
+  std::array<int, 3> v{};
+  std::string_view rest = version;
+  for (int& part : v) {
+    auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), part);
+    if (ec != std::errc()) return false;
+    rest.remove_prefix(static_cast<size_t>(end - rest.data()));
+    if (!rest.empty() && rest.front() == '.') rest.remove_prefix(1);
+  }
+  return v < fixed;
+}
+}  // namespace
+
 Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& options, log::Engine* engine) {
   auto impl = std::make_unique<Impl>(options, engine);
   grpc::ServerBuilder b;
@@ -1829,6 +1846,13 @@ Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& o
   if (!impl->server || impl->port == 0) {
     // (The pools stop and join as impl goes.)
     return Unavailable("--flight-addr {}: cannot listen there", addr);
+  }
+  if (GrpcOlderThan(grpc::Version(), {1, 56, 2})) {
+    Log().warn("flight: gRPC {} has known denial-of-service flaws that weir cannot work around (CVE-2023-33953: "
+               "a client's endless CONTINUATION frames grow memory without bound; CVE-2023-4785: the listener "
+               "stops accepting for good once the process runs out of file descriptors); serve --flight-addr to "
+               "trusted clients only (docs/flight.md)",
+               grpc::Version());
   }
   return std::unique_ptr<FlightServer>(new FlightServer(std::move(impl)));
 }

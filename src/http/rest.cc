@@ -867,6 +867,11 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker, b
     c.Error(e.status, e.code, e.message);
   } catch (const Json::exception& e) {
     c.Error(400, "bad_json", fmt::format("bad JSON field: {}", e.what()));
+  } catch (const std::exception& e) {
+    // Nothing is known to throw here; on a worker thread, an exception that
+    // escaped would end the process.
+    Log().error("http: {} {} threw: {}", req.method, req.path, e.what());
+    c.Error(500, "other", fmt::format("internal error: {}", e.what()));
   }
 }
 

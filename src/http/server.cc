@@ -100,7 +100,9 @@ class RequestParser final : public bhttp::request_parser<bhttp::string_body> {
   void on_field_impl(bhttp::field name, beast::string_view name_string, beast::string_view value,
                      beast::error_code& ec) override {
     if (is_header_done()) return;  // a trailer field
-    if (name_string.size() >= kMaxHeadBytes || value.size() >= kMaxHeadBytes) {
+    // Beast's fields take a name or value of at most 65,533 bytes (a head
+    // within kMaxHeadBytes cannot hold a longer one; checked all the same).
+    if (name_string.size() > 65533 || value.size() > 65533) {
       ec = bhttp::error::header_limit;
       return;
     }
@@ -976,7 +978,7 @@ class ExchangeImpl : public ExchangeBase {
 class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
  public:
   H2Conn(Socket socket, HttpServer::Impl* srv)
-      : sock_(std::move(socket)), srv_(srv), timer_(sock_.get_executor()) {}
+      : sock_(std::move(socket)), srv_(srv), timer_(sock_.get_executor()), linger_timer_(sock_.get_executor()) {}
   ~H2Conn() override {
     if (session_) nghttp2_session_del(session_);
   }
@@ -1454,7 +1456,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   }
 
   void Feed(const char* data, size_t n) {
-    if (closed_) return;
+    if (closed_ || lingering_) return;
     last_activity_ = Now();
     auto r = nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(data), n);
     if (r < 0) {
@@ -1507,6 +1509,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     if (wbuf_.empty()) {
       // A write of 256 KiB or more left it grown: an idle connection keeps no more than 64 KiB.
       if (wbuf_.capacity() > kKeptBufferBytes) std::string().swap(wbuf_);
+      if (closing_ && goaway_sent_) return Linger();
       if (closing_ || (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_))) Shutdown();
       return;
     }
@@ -1599,6 +1602,20 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     return stream_window - stream_used > 0 && conn_window - conn_used > 0;
   }
 
+  // The GOAWAY is written: the write side is shut (FIN) and what the client
+  // still sends (a request that crossed the GOAWAY) is read and dropped until
+  // it closes, or for two seconds, so that the close is not a reset, which
+  // can cut off the GOAWAY before the client reads it (RFC 9113 §6.8).
+  void Linger() {
+    if (std::exchange(lingering_, true)) return;
+    beast::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return Shutdown();
+    linger_timer_.expires_after(std::chrono::seconds(2));
+    linger_timer_.async_wait([self = shared_from_this()](beast::error_code) { self->Shutdown(); });
+    ReadMore();  // already reading, unless the close came from a write's end
+  }
+
   void Shutdown() {
     if (closed_.exchange(true)) return;
     srv_->metrics.open_connections--;
@@ -1606,6 +1623,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
     timer_.cancel();
+    linger_timer_.cancel();
     auto streams = std::move(streams_);
     streams_.clear();
     for (auto& [id, st] : streams) Drop(st.get());
@@ -1615,6 +1633,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
   Socket sock_;
   HttpServer::Impl* srv_;
   net::steady_timer timer_;
+  net::steady_timer linger_timer_;  // ends a Linger
+  bool lingering_ = false;          // GOAWAY written, write side shut: input is dropped until EOF or the timer
   nghttp2_session* session_ = nullptr;
   std::map<int32_t, std::unique_ptr<H2Stream>> streams_;
   size_t header_bytes_ = 0;  // the open streams' header_bytes

@@ -1461,6 +1461,20 @@ class DrainTest(unittest.TestCase):
         server.proc.send_signal(15)
         idle.pump(lambda: idle.closed)
         self.assertEqual(idle.open_at_goaway, set(), "closed without GOAWAY")
+        # What the client sends after the GOAWAY (a request that crossed it)
+        # is read and dropped for a while: the server's side ends with a FIN,
+        # not with a reset, which could cut off the GOAWAY before the client
+        # read it. (A close without that answers the bytes with a reset, and
+        # the next send fails.)
+        idle.sock.settimeout(TIMEOUT)
+        try:
+            idle.sock.sendall(b"\0" * 4096)
+            time.sleep(0.3)
+            idle.sock.sendall(b"\0" * 4096)
+            while idle.sock.recv(65536):
+                pass
+        except OSError as e:
+            self.fail(f"the connection was reset after its GOAWAY: {e!r}")
         # The append's ack has not been sent yet: the drain is still on.
         # (What the busy connection has received so far is taken in without waiting.)
         busy.sock.setblocking(False)
