@@ -376,7 +376,9 @@ TEST_F(HttpServerLimits, MalformedRequestsGetAnAnswerBeforeTheClose) {
   Start(ServerOptions{});
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\nGET /y HTTP/1.1\r\nHost: t\r\n\r\n",
-       "HTTP/1.1 501"},  // RFC 9112 §6.1: a transfer coding not understood
+       "HTTP/1.1 400"},  // RFC 9112 §6.3: the last coding is not chunked
+      {"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+       "HTTP/1.1 501"},  // §6.1: a transfer coding not understood
       {"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n", "HTTP/1.1 400"},
       // RFC 9112 §3.2: exactly one Host.
       {"GET /x HTTP/1.1\r\n\r\n", "HTTP/1.1 400"},

@@ -1848,10 +1848,11 @@ Result<std::unique_ptr<FlightServer>> FlightServer::Start(const FlightOptions& o
     return Unavailable("--flight-addr {}: cannot listen there", addr);
   }
   if (GrpcOlderThan(grpc::Version(), {1, 56, 2})) {
-    Log().warn("flight: gRPC {} has known denial-of-service flaws that weir cannot work around (CVE-2023-33953: "
-               "a client's endless CONTINUATION frames grow memory without bound; CVE-2023-4785: the listener "
-               "stops accepting for good once the process runs out of file descriptors); serve --flight-addr to "
-               "trusted clients only (docs/flight.md)",
+    // (Point releases of 1.53 to 1.55 and distributions' builds may carry the fixes; the version cannot tell.)
+    Log().warn("flight: gRPC {} may have denial-of-service flaws that weir cannot work around (fixed in 1.56.2: "
+               "CVE-2023-33953, a client's endless CONTINUATION frames grow memory without bound; CVE-2023-4785, "
+               "the listener stops accepting for good once the process runs out of file descriptors); serve "
+               "--flight-addr to trusted clients only (docs/flight.md)",
                grpc::Version());
   }
   return std::unique_ptr<FlightServer>(new FlightServer(std::move(impl)));

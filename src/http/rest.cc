@@ -871,7 +871,7 @@ void RestApi::Serve(Request req, std::shared_ptr<Exchange> ex, bool on_worker, b
     // Nothing is known to throw here; on a worker thread, an exception that
     // escaped would end the process.
     Log().error("http: {} {} threw: {}", req.method, req.path, e.what());
-    c.Error(500, "other", fmt::format("internal error: {}", e.what()));
+    c.Error(500, "other", "internal error (logged by the server)");
   }
 }
 

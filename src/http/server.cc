@@ -295,16 +295,7 @@ class HttpServer::Impl {
     for (int i = 0; i < std::max(1, options.io_threads); ++i) {
       threads.emplace_back([this] {
         SetThreadName("http-io");
-        // A handler that throws (Boost's parts may) drops what it held, its
-        // connection with it; the thread goes on serving the others.
-        while (true) {
-          try {
-            ioc.run();
-            return;
-          } catch (const std::exception& e) {
-            Log().error("http: an I/O handler threw ({}); its connection is dropped", e.what());
-          }
-        }
+        ioc.run();
       });
     }
   }
@@ -456,7 +447,10 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     if (closed_) return;
     head_ = false;
     // A large head or trailer section left its buffer grown: not kept idle.
-    if (buf_.capacity() > kKeptBufferBytes && buf_.size() <= kReadBufferBytes) buf_.shrink_to_fit();
+    if (buf_.capacity() > kKeptBufferBytes && buf_.size() <= kReadBufferBytes) {
+      buf_.shrink_to_fit();
+      buf_.reserve(kReadBufferBytes);  // a head still comes in one read
+    }
     parser_.emplace();
     parser_->header_limit(kMaxHeadBytes);
     parser_->body_limit(srv_->options.max_request_bytes);
@@ -476,10 +470,23 @@ class Conn : public ConnBase, public std::enable_shared_from_this<Conn> {
     if (parser_->get().version() >= 11 && parser_->get().count(bhttp::field::host) != 1) {
       return Reject(400, "bad_request", "an HTTP/1.1 request needs exactly one Host header");
     }
-    // A body coded other than chunked (last) has no length this server can
-    // know: refused, or its bytes would be read as the next request.
-    if (parser_->get().find(bhttp::field::transfer_encoding) != parser_->get().end() && !parser_->chunked()) {
-      return Reject(501, "not_implemented", "a Transfer-Encoding whose last coding is not chunked is not supported");
+    // RFC 9112 §6.3: a body coded other than chunked (last) has no length
+    // this server can know: refused (400), or its bytes would be read as the
+    // next request. §6.1: codings before chunked are not understood (501).
+    if (parser_->get().find(bhttp::field::transfer_encoding) != parser_->get().end()) {
+      if (!parser_->chunked()) {
+        return Reject(400, "bad_request", "a Transfer-Encoding whose last coding is not chunked is not supported");
+      }
+      auto [first, last] = parser_->get().equal_range(bhttp::field::transfer_encoding);
+      for (auto it = first; it != last; ++it) {
+        for (const auto& coding : bhttp::token_list(it->value())) {
+          if (!beast::iequals(coding, "chunked")) {
+            return Reject(501, "not_implemented",
+                          fmt::format("the transfer coding \"{}\" is not supported (only chunked is)",
+                                      std::string_view(coding.data(), coding.size())));
+          }
+        }
+      }
     }
     auto len = parser_->content_length();
     if (len && *len > srv_->options.max_request_bytes) {
@@ -1282,7 +1289,8 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (const std::string* cl = st->req.Header("content-length")) {
         uint64_t n = 0;
         auto [end, ec] = std::from_chars(cl->data(), cl->data() + cl->size(), n);
-        if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == cl->data() + cl->size() && n > limit)) {
+        const bool whole = ec == std::errc() && end == cl->data() + cl->size();
+        if (ec == std::errc::result_out_of_range || (whole && n > limit)) {
           Refuse(st, Response{413, "application/json",
                               ErrorBody("request_too_large",
                                         fmt::format("request body of {} bytes is over the limit of {} bytes", *cl,
@@ -1507,7 +1515,7 @@ class H2Conn : public ConnBase, public std::enable_shared_from_this<H2Conn> {
       if (!take()) return Shutdown();
     }
     if (wbuf_.empty()) {
-      // A write of 256 KiB or more left it grown: an idle connection keeps no more than 64 KiB.
+      // A large write left it grown: an idle connection keeps no more than 64 KiB.
       if (wbuf_.capacity() > kKeptBufferBytes) std::string().swap(wbuf_);
       if (closing_ && goaway_sent_) return Linger();
       if (closing_ || (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_))) Shutdown();

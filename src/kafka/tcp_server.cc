@@ -748,16 +748,7 @@ Result<std::unique_ptr<TcpServer>> TcpServer::Start(const TcpServerOptions& opti
   for (int i = 0; i < std::max(1, options.io_threads); ++i) {
     impl->io_threads.emplace_back([io = &impl->ioc] {
       SetThreadName("kafka-io");
-      // A handler that throws drops what it held, its connection with it;
-      // the thread goes on serving the others.
-      while (true) {
-        try {
-          io->run();
-          return;
-        } catch (const std::exception& e) {
-          Log().error("kafka: an I/O handler threw ({}); its connection is dropped", e.what());
-        }
-      }
+      io->run();
     });
   }
   return std::unique_ptr<TcpServer>(new TcpServer(std::move(impl)));

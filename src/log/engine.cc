@@ -617,9 +617,8 @@ Status Engine::Recover() {
     // Asked again (in the heartbeat's transaction) after the mint, for a
     // start racing this one; asked first so that a start refused mints no
     // epoch (each would cost the next start a fence of its chain).
-    WEIR_RETURN_IF_ERROR(meta_->CheckNoOtherLiveNode(
-        options_.node,
-        std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(options_.node_live_window).count())));
+    const int64_t live_ms = std::chrono::duration_cast<std::chrono::milliseconds>(options_.node_live_window).count();
+    WEIR_RETURN_IF_ERROR(meta_->CheckNoOtherLiveNode(options_.node, std::max<int64_t>(1, live_ms)));
   }
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   // This process's nonce: its mints and its fences carry it.

@@ -56,8 +56,9 @@ class SqlDb {
   virtual void RollbackIfActive() = 0;
   // The driver's CREATE TABLE IF NOT EXISTS statements for schema
   // kSchemaVersion (sql_metastore.h), after any settings their transaction
-  // needs (run only when the stored version is another), and the changes that bring a database
-  // of an older version up to it (tables the first list creates aside).
+  // needs (run only when the stored version is another), and the changes
+  // that bring a database of an older version up to it (tables the first
+  // list creates aside).
   virtual std::vector<const char*> Schema() const = 0;
   virtual std::vector<const char*> Upgrade(int from_version) const = 0;
   // The database's clock, in milliseconds since the Unix epoch: one clock

@@ -245,11 +245,11 @@ Result<std::optional<std::string>> ReadToken(const std::string& file) {
   return std::optional<std::string>(token);
 }
 
-// Opens one store, behind the fault injector when a fault flag is set
-// (`which` seeds it, so each store of a quorum draws its own faults).
 // The largest slot a WAL store on PostgreSQL takes (a value is at most 1 GB there).
 constexpr size_t kMaxPostgresSlotBytes = 512u << 20;
 
+// Opens one store, behind the fault injector when a fault flag is set
+// (`which` seeds it, so each store of a quorum draws its own faults).
 // A WAL store (`which` > 0) may also be postgres:// (slots as rows).
 Result<std::shared_ptr<objstore::ObjectStore>> OpenOneStore(const ServeOptions& o, const std::string& uri,
                                                             uint64_t which) {

@@ -1469,7 +1469,7 @@ class DrainTest(unittest.TestCase):
         idle.sock.settimeout(TIMEOUT)
         try:
             idle.sock.sendall(b"\0" * 4096)
-            time.sleep(0.3)
+            time.sleep(0.1)
             idle.sock.sendall(b"\0" * 4096)
             while idle.sock.recv(65536):
                 pass
