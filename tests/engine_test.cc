@@ -2885,6 +2885,81 @@ TEST_F(EngineTest, AStoreIsServedOnlyWithTheMetastoreItWasUsedWith) {
   EXPECT_EQ(*marker, fmt::format("{:016x}\n", *id));
 }
 
+// A store that holds nothing, not even its marker, while the metastore says
+// records are in it (a mistyped bucket or prefix, a store emptied or made
+// again) is refused: served, its fences moved the nodes' checkpoints past
+// their WAL, and the next start on the right store deleted those slots as
+// settled (acknowledged records lost).
+TEST_F(EngineTest, AnEmptyStoreIsRefusedWhereTheMetastoreSaysRecordsAre) {
+  settle_on_close_ = false;  // the close leaves the record in the WAL and the heartbeat set, as a kill
+  Restart();
+  ASSERT_TRUE(engine_->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  engine_->Close();
+  engine_.reset();
+  auto wrong = objstore::NewMemStore();
+  auto refused = Engine::Open(Options(), wrong, meta_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kPreconditionFailed) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("holding records in its WAL"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_EQ(CountKeys(*wrong, ""), 0u) << "the refused start wrote to the empty store";
+  // Another node, taking n1 over once its heartbeat is stale, likewise.
+  EngineOptions other = Options();
+  other.node = "n2";
+  other.node_live_window = 5ms;
+  std::this_thread::sleep_for(20ms);
+  refused = Engine::Open(other, wrong, meta_);
+  EXPECT_EQ(refused.status().code(), Code::kPreconditionFailed) << refused.status().ToString();
+  EXPECT_EQ(CountKeys(*wrong, ""), 0u) << "the refused takeover wrote to the empty store";
+  // The right store has the record; once it is settled, an empty store is
+  // refused for the segments the metastore indexes.
+  settle_on_close_ = true;
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
+  engine_->Close();
+  engine_.reset();
+  refused = Engine::Open(Options(), objstore::NewMemStore(), meta_);
+  EXPECT_EQ(refused.status().code(), Code::kPreconditionFailed) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("indexes segments"), std::string::npos) << refused.status().ToString();
+  Start();
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
+}
+
+// A start that must take over a dead node whose WAL is in another store
+// than its own is refused before it mints an epoch: refused in the takeover
+// (after the mint), it left its heartbeat and WAL store recorded, and every
+// later start, of either node, was refused.
+TEST_F(EngineTest, ATakeoverAcrossWalStoresIsRefusedBeforeTheStartChangesAnything) {
+  engine_->Close();
+  engine_.reset();
+  settle_on_close_ = false;  // n1's close leaves its record in its WAL and its heartbeat set, as a kill
+  auto wal = objstore::NewMemStore();
+  EngineOptions n1 = Options();
+  n1.wal_store = wal;
+  ASSERT_OK_AND_ASSIGN(auto e1, Engine::Open(n1, store_, meta_));
+  ASSERT_TRUE(e1->Append(kBasin, "s", Bodies({"a"})).status.ok());
+  e1->Close();
+  e1.reset();
+  EngineOptions n2 = Options();
+  n2.node = "n2";
+  n2.node_live_window = 5ms;
+  n2.settle_on_close = true;
+  std::this_thread::sleep_for(20ms);  // n1's heartbeat is stale
+  auto refused = Engine::Open(n2, store_, meta_);  // its WAL in the object store
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kPreconditionFailed) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("this start changed nothing"), std::string::npos)
+      << refused.status().ToString();
+  ASSERT_OK_AND_ASSIGN(metastore::NodeState n2_state, meta_->GetNode("n2"));
+  EXPECT_EQ(n2_state.epoch, 0u);
+  EXPECT_EQ(store_->Get("_weir/wal-store/n2").status().code(), Code::kNotFound);
+  // With n1's WAL store, n2 takes it over.
+  n2.wal_store = wal;
+  ASSERT_OK_AND_ASSIGN(engine_, Engine::Open(n2, store_, meta_));
+  EXPECT_EQ(ReadAll("s"), (std::vector<std::string>{"a"}));
+  settle_on_close_ = true;
+}
+
 // A node that died (no Close) holds the metastore until its heartbeat is
 // older than node_live_window; the heartbeat thread keeps a live one fresh.
 TEST_F(EngineTest, ANodesHeartbeatKeepsOthersOutUntilItGoesStale) {

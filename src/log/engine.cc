@@ -501,6 +501,7 @@ Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view wh
     if (found.status().code() != Code::kNotFound) {
       return found.status().WithContext(fmt::format("reading the deployment marker of the {} {}", what, store.Describe()));
     }
+    if (attempt == 1 && &store == store_.get()) WEIR_RETURN_IF_ERROR(CheckUnmarkedStoreIsOurs(key, id));
     // Unclaimed (a new store, or one from before the marker): ours, unless
     // another metastore's server claims it first. The claim is read back,
     // whatever its answer: one whose outcome is unknown may have landed, and
@@ -521,6 +522,38 @@ Status Engine::CheckDeployment(objstore::ObjectStore& store, std::string_view wh
     }
     return put.WithContext(fmt::format("writing the deployment marker to the {} {}", what, store.Describe()));
   }
+}
+
+// An object store without the marker that holds nothing at all, while the
+// metastore says records are there (segments it indexes, or, with the WAL
+// in the object store, a node whose heartbeat is set: stopped without
+// settling all it acknowledged, or live), is not this metastore's store: a
+// mistyped bucket or prefix, a store emptied or made again. Served, its
+// fences would move the nodes' checkpoints past their WAL, and the next
+// start on the right store would delete those slots as settled.
+Status Engine::CheckUnmarkedStoreIsOurs(const std::string& key, uint64_t id) {
+  WEIR_ASSIGN_OR_RETURN(const auto any, store_->List("", "", 1));
+  if (!any.objects.empty()) return Status::Ok();
+  std::string what;
+  WEIR_ASSIGN_OR_RETURN(const auto segments, meta_->ListSegmentsFrom(0, 0, 1));
+  if (!segments.empty()) what = fmt::format("indexes segments in it (e.g. {})", segments.front().object_key);
+  if (what.empty() && !options_.wal_store) {
+    WEIR_ASSIGN_OR_RETURN(const auto nodes, meta_->ListNodes());
+    for (const auto& n : nodes) {
+      if (n.heartbeat_ms <= 0) continue;
+      what = fmt::format("has node {} holding records in its WAL there (its heartbeat is set: it is live, or "
+                         "stopped without settling all it acknowledged)",
+                         n.node);
+      break;
+    }
+  }
+  if (what.empty()) return Status::Ok();
+  return PreconditionFailed(
+      "the object store {} is empty (not even its deployment marker {}), but the metastore {} {}: it is not the "
+      "store this metastore was used with (a mistyped bucket or prefix, or a store emptied or made again). "
+      "Point --object-store at the right one; to serve this metastore from this store anyway (what the "
+      "metastore holds there is lost), write the line \"{:016x}\" to the object {} and start again",
+      store_->Describe(), key, meta_->Describe(), what, id, key);
 }
 
 // A --wal-store is shared state as the object store is: two deployments on
@@ -552,18 +585,47 @@ Status Engine::CheckWalStoreDeployment() {
 
 std::string Engine::WalStoreMarkerKey() const { return fmt::format("_weir/wal-store/{}", options_.node); }
 
-Result<std::optional<std::string>> Engine::CheckWalStore(const metastore::NodeState& prev) {
-  const std::string key = WalStoreMarkerKey();
-  // No object means the object store (the default, and every build before
-  // the object): a moved data dir or a renamed bucket is still the same WAL.
-  constexpr std::string_view kSameStore = "the object store";
-  const std::string ours = options_.wal_store ? wal_store_->Location() : std::string(kSameStore);
+namespace {
+// No marker means the object store (the default, and every build before
+// the marker): a moved data dir or a renamed bucket is still the same WAL.
+constexpr std::string_view kSameStore = "the object store";
+}  // namespace
+
+std::string Engine::OurWalStore() const {
+  return options_.wal_store ? wal_store_->Location() : std::string(kSameStore);
+}
+
+Result<std::string> Engine::RecordedWalStore(const std::string& node) const {
+  const std::string key = fmt::format("_weir/wal-store/{}", node);
   auto found = store_->Get(key);
   if (!found.ok() && found.status().code() != Code::kNotFound) {
     return found.status().WithContext("reading " + key);
   }
   std::string theirs = found.ok() ? *found : std::string(kSameStore);
   while (!theirs.empty() && (theirs.back() == '\n' || theirs.back() == '\r')) theirs.pop_back();
+  return theirs;
+}
+
+Status Engine::CheckTakeoverWalStores() {
+  WEIR_ASSIGN_OR_RETURN(const std::vector<metastore::NodeState> nodes, meta_->ListNodes());
+  const std::string ours = OurWalStore();
+  for (const metastore::NodeState& n : nodes) {
+    if (n.node == options_.node || n.heartbeat_ms == 0 || !n.takeover) continue;  // as TakeOverDeadNodes
+    WEIR_ASSIGN_OR_RETURN(const std::string theirs, RecordedWalStore(n.node));
+    if (theirs == ours) continue;
+    return PreconditionFailed(
+        "node {} stopped without settling everything it acknowledged, so this start must take its WAL over, "
+        "and node {}'s WAL is in {} where this start's WAL store is {}: start with --wal-store as node {} had "
+        "it (this start changed nothing)",
+        n.node, n.node, theirs, ours, n.node);
+  }
+  return Status::Ok();
+}
+
+Result<std::optional<std::string>> Engine::CheckWalStore(const metastore::NodeState& prev) {
+  const std::string key = WalStoreMarkerKey();
+  const std::string ours = OurWalStore();
+  WEIR_ASSIGN_OR_RETURN(const std::string theirs, RecordedWalStore(options_.node));
   if (theirs == ours) return std::optional<std::string>();
   if (prev.epoch != 0) {
     // A clean stop clears the heartbeat once everything is settled: then
@@ -619,6 +681,10 @@ Status Engine::Recover() {
     // epoch (each would cost the next start a fence of its chain).
     const int64_t live_ms = std::chrono::duration_cast<std::chrono::milliseconds>(options_.node_live_window).count();
     WEIR_RETURN_IF_ERROR(meta_->CheckNoOtherLiveNode(options_.node, std::max<int64_t>(1, live_ms)));
+    // Likewise a takeover this start could not do (TakeOverDeadNodes, after
+    // the mint, checks again): refused after the mint, the start left its
+    // heartbeat and WAL store recorded, which held up every later start.
+    WEIR_RETURN_IF_ERROR(CheckTakeoverWalStores());
   }
   uint32_t window = static_cast<uint32_t>(options_.wal.window);
   // This process's nonce: its mints and its fences carry it.

@@ -629,6 +629,10 @@ class Engine {
   // Refuses a store (`what`: "object store", ...) whose marker object `key`
   // names another metastore; claims an unclaimed one for this metastore.
   Status CheckDeployment(objstore::ObjectStore& store, std::string_view what, const std::string& key);
+  // Before the object store's marker `key` (deployment `id`) is first
+  // written: kPreconditionFailed if the store is empty where the metastore
+  // says records are.
+  Status CheckUnmarkedStoreIsOurs(const std::string& key, uint64_t id);
   // CheckDeployment for the --wal-store (each store of a quorum).
   Status CheckWalStoreDeployment();
   // Refuses a start whose WAL store differs from the one this node's
@@ -636,6 +640,13 @@ class Engine {
   // it); returns what to record there once the node is ours, if anything.
   Result<std::optional<std::string>> CheckWalStore(const metastore::NodeState& prev);
   std::string WalStoreMarkerKey() const;
+  // Where this start's WAL is, as a marker names it; where `node`'s marker
+  // says its WAL is (no marker: the object store).
+  std::string OurWalStore() const;
+  Result<std::string> RecordedWalStore(const std::string& node) const;
+  // Before the mint: kPreconditionFailed if a node this start would take
+  // over (its heartbeat set) has its WAL in another store than this start's.
+  Status CheckTakeoverWalStores();
   Status ReplayBatch(uint64_t stream_id, std::string_view batch, const wal::AckInfo& where);
   // The stream a front-end names: kNotFound if there is none; kFenced once
   // this process is superseded (its successor serves the streams: what
